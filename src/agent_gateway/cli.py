@@ -1,0 +1,168 @@
+"""``agent-gateway serve | check | tools``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import uvicorn
+
+from agent_gateway.config import GatewayConfig, load_config
+from agent_gateway.errors import ConfigError
+from agent_gateway.http import build_app
+from agent_gateway.server import Gateway
+
+logger = logging.getLogger("agent_gateway")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config, os.environ)
+        return int(args.run(args, config))
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agent-gateway", description="One MCP endpoint in front of many.")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="serve the federated catalog over stdio or HTTP")
+    _config_arg(serve)
+    serve.add_argument("--transport", choices=["stdio", "http"], help="overrides server.transport")
+    serve.add_argument("--host", help="overrides server.host")
+    serve.add_argument("--port", type=int, help="overrides server.port")
+    serve.set_defaults(run=_serve)
+
+    check = commands.add_parser("check", help="validate a configuration file and print a summary")
+    _config_arg(check)
+    check.set_defaults(run=_check)
+
+    tools = commands.add_parser("tools", help="connect to every upstream, print the catalog, exit")
+    _config_arg(tools)
+    tools.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    tools.set_defaults(run=_tools)
+    return parser
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-c", "--config", default="gateway.yaml", help="gateway.yaml or an mcpServers JSON file"
+    )
+
+
+def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
+    print(f"{args.config}: valid")
+    server = config.server
+    where = "stdio" if server.transport == "stdio" else f"http://{server.host}:{server.port}{server.path}"
+    print(f"  serves: {where}")
+    for name, upstream in config.upstreams.items():
+        target = upstream.url or " ".join([upstream.command or "", *upstream.args])
+        state = "" if upstream.enabled else " (disabled)"
+        print(f"  upstream {name}: {upstream.kind} {target}{state}")
+    return 0
+
+
+def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
+    server = config.server.model_copy(
+        update={k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
+    )
+    gateway = Gateway(config.model_copy(update={"server": server}))
+    runner = _serve_stdio if server.transport == "stdio" else _serve_http
+    anyio.run(runner, gateway)
+    return 0
+
+
+async def _serve_stdio(gateway: Gateway) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        async with gateway.running():
+            await gateway.server.run_stdio_async(show_banner=False)
+        tg.cancel_scope.cancel()
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logger.info("received %s, shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def _serve_http(gateway: Gateway) -> None:
+    server = gateway.config.server
+    config = uvicorn.Config(
+        build_app(gateway), host=server.host, port=server.port, log_level="warning", lifespan="on"
+    )
+    async with gateway.running():
+        logger.info("serving on http://%s:%d%s", server.host, server.port, server.path)
+        # uvicorn handles SIGINT/SIGTERM itself and returns; leaving running() reaps children.
+        await uvicorn.Server(config).serve()
+
+
+def _tools(args: argparse.Namespace, config: GatewayConfig) -> int:
+    return anyio.run(_print_catalog, Gateway(config), bool(args.json))
+
+
+async def _print_catalog(gateway: Gateway, as_json: bool) -> int:
+    async with gateway.running():
+        report = catalog_report(gateway)
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_table(report)
+    return 0 if all(u["state"] == "up" for u in report["upstreams"]) else 1
+
+
+def catalog_report(gateway: Gateway) -> dict[str, Any]:
+    """The catalog and upstream states as plain data (what ``tools --json`` prints)."""
+    snap = gateway.catalog.snapshot
+    return {
+        "tools": [
+            {"name": n, "upstream": o.upstream, "original": o.name, "description": o.item.description or ""}
+            for n, o in snap.tools.items()
+        ],
+        "prompts": [
+            {"name": n, "upstream": o.upstream, "original": o.name, "description": o.item.description or ""}
+            for n, o in snap.prompts.items()
+        ],
+        "resources": [
+            {"uri": u, "upstream": o.upstream, "name": o.item.name} for u, o in snap.resources.items()
+        ],
+        "templates": [{"uri_template": e.public, "upstream": e.origin.upstream} for e in snap.templates],
+        "upstreams": [s.as_dict() for s in gateway.pool.statuses()],
+    }
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    for section in ("tools", "prompts"):
+        print(f"{section.upper()} ({len(report[section])})")
+        for row in report[section]:
+            summary = (row["description"].strip().splitlines() or [""])[0][:70]
+            print(f"  {row['name']:<48} {row['upstream']:<14} {summary}")
+    print(f"RESOURCES ({len(report['resources'])}), TEMPLATES ({len(report['templates'])})")
+    print("UPSTREAMS")
+    for up in report["upstreams"]:
+        error = f"  last error: {up['last_error']}" if up["last_error"] else ""
+        print(f"  {up['name']:<14} {up['transport']:<16} {up['state']}{error}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

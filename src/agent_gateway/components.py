@@ -1,0 +1,251 @@
+"""FastMCP components (tools, prompts, resources, templates) that forward through the proxy.
+
+This is the boundary where the gateway's errors become FastMCP's: a ``GatewayError`` from a
+tool call becomes an ``isError`` result carrying its message; from a prompt or a resource,
+an MCP error carrying its message.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import mcp_types as types
+from fastmcp.exceptions import PromptError, ResourceError, ToolError
+from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
+from fastmcp.resources.base import Resource, ResourceContent, ResourceResult
+from fastmcp.resources.template import ResourceTemplate
+from fastmcp.server.dependencies import get_context
+from fastmcp.server.providers import Provider
+from fastmcp.tools.base import Tool, ToolResult
+from fastmcp.utilities.versions import VersionSpec
+from mcp.shared.dispatcher import ProgressFnT
+from pydantic import AnyUrl, PrivateAttr
+
+from agent_gateway.catalog import Catalog, CatalogSnapshot
+from agent_gateway.errors import GatewayError, UnknownName
+from agent_gateway.proxy import Proxy
+
+
+class GatewayTool(Tool):
+    """An upstream tool under its public name."""
+
+    _proxy: Proxy = PrivateAttr()
+
+    @classmethod
+    def build(cls, public: str, tool: types.Tool, proxy: Proxy) -> GatewayTool:
+        component = cls(
+            name=public,
+            title=tool.title,
+            description=tool.description,
+            parameters=tool.input_schema,
+            output_schema=tool.output_schema,
+            annotations=tool.annotations,
+            icons=tool.icons,
+            meta=tool.meta,
+        )
+        component._proxy = proxy
+        return component
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        try:
+            result = await self._proxy.call_tool(self.name, arguments, progress=_progress_relay())
+        except GatewayError as exc:
+            raise ToolError(str(exc)) from exc
+        return ToolResult(
+            content=result.content,
+            structured_content=result.structured_content,
+            meta=result.meta,
+            is_error=result.is_error,
+        )
+
+
+def _progress_relay() -> ProgressFnT | None:
+    """Relay upstream progress to the calling client under the client's own token."""
+    context = get_context()
+
+    async def relay(progress: float, total: float | None, message: str | None) -> None:
+        await context.report_progress(progress, total, message)
+
+    return relay
+
+
+class GatewayPrompt(Prompt):
+    """An upstream prompt under its public name."""
+
+    _proxy: Proxy = PrivateAttr()
+
+    @classmethod
+    def build(cls, public: str, prompt: types.Prompt, proxy: Proxy) -> GatewayPrompt:
+        arguments = [
+            PromptArgument(name=a.name, description=a.description, required=bool(a.required))
+            for a in prompt.arguments or []
+        ]
+        component = cls(
+            name=public,
+            title=prompt.title,
+            description=prompt.description,
+            arguments=arguments,
+            icons=prompt.icons,
+            meta=prompt.meta,
+        )
+        component._proxy = proxy
+        return component
+
+    async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
+        try:
+            result = await self._proxy.get_prompt(self.name, _as_strings(arguments))
+        except GatewayError as exc:
+            raise PromptError(str(exc)) from exc
+        messages = [Message(m.content, role=m.role) for m in result.messages]
+        return PromptResult(messages=messages, description=result.description, meta=result.meta)
+
+
+def _as_strings(arguments: dict[str, Any] | None) -> dict[str, str] | None:
+    if arguments is None:
+        return None
+    return {k: v if isinstance(v, str) else str(v) for k, v in arguments.items()}
+
+
+class GatewayResource(Resource):
+    """An upstream resource (listed, or read through a template) under its public URI."""
+
+    _proxy: Proxy = PrivateAttr()
+    _public_uri: str = PrivateAttr()
+
+    @classmethod
+    def build(
+        cls, public: str, resource: types.Resource | types.ResourceTemplate, proxy: Proxy
+    ) -> GatewayResource:
+        component = cls(
+            uri=AnyUrl(public),
+            name=resource.name,
+            title=resource.title,
+            description=resource.description,
+            mime_type=resource.mime_type or "text/plain",
+            icons=resource.icons,
+            annotations=resource.annotations,
+            meta=resource.meta,
+        )
+        component._proxy = proxy
+        # AnyUrl may normalise the URI; the catalog knows it as the upstream wrote it.
+        component._public_uri = public
+        return component
+
+    async def read(self) -> ResourceResult:
+        try:
+            result = await self._proxy.read_resource(self._public_uri)
+        except GatewayError as exc:
+            raise ResourceError(str(exc)) from exc
+        return ResourceResult(contents=[_content(item) for item in result.contents], meta=result.meta)
+
+
+def _content(item: types.TextResourceContents | types.BlobResourceContents) -> ResourceContent:
+    if isinstance(item, types.BlobResourceContents):
+        return ResourceContent(base64.b64decode(item.blob), mime_type=item.mime_type, meta=item.meta)
+    return ResourceContent(item.text, mime_type=item.mime_type, meta=item.meta)
+
+
+class GatewayTemplate(ResourceTemplate):
+    """An upstream resource template under its public URI template."""
+
+    _proxy: Proxy = PrivateAttr()
+    _template: types.ResourceTemplate = PrivateAttr()
+
+    @classmethod
+    def build(cls, public: str, template: types.ResourceTemplate, proxy: Proxy) -> GatewayTemplate:
+        component = cls(
+            uri_template=public,
+            name=template.name,
+            title=template.title,
+            description=template.description,
+            mime_type=template.mime_type or "text/plain",
+            icons=template.icons,
+            annotations=template.annotations,
+            parameters={},
+            meta=template.meta,
+        )
+        component._proxy = proxy
+        component._template = template
+        return component
+
+    async def create_resource(self, uri: str, params: dict[str, Any]) -> Resource:
+        return GatewayResource.build(uri, self._template, self._proxy)
+
+
+@dataclass(frozen=True)
+class _Components:
+    version: int
+    tools: dict[str, GatewayTool] = field(default_factory=dict)
+    prompts: dict[str, GatewayPrompt] = field(default_factory=dict)
+    resources: dict[str, GatewayResource] = field(default_factory=dict)
+    templates: list[GatewayTemplate] = field(default_factory=list)
+
+
+def _build_components(snapshot: CatalogSnapshot, proxy: Proxy) -> _Components:
+    return _Components(
+        version=snapshot.version,
+        tools={n: GatewayTool.build(n, o.item, proxy) for n, o in snapshot.tools.items()},
+        prompts={n: GatewayPrompt.build(n, o.item, proxy) for n, o in snapshot.prompts.items()},
+        resources=_resources(snapshot, proxy),
+        templates=[GatewayTemplate.build(e.public, e.origin.item, proxy) for e in snapshot.templates],
+    )
+
+
+def _resources(snapshot: CatalogSnapshot, proxy: Proxy) -> dict[str, GatewayResource]:
+    built = [GatewayResource.build(uri, origin.item, proxy) for uri, origin in snapshot.resources.items()]
+    # Indexed by both spellings, so a client echoing the normalised URI still finds it.
+    return {uri: r for r in built for uri in {r._public_uri, str(r.uri)}}  # pyright: ignore[reportPrivateUsage]
+
+
+class CatalogProvider(Provider):
+    """Supplies FastMCP with the catalog's components, rebuilt once per catalog version."""
+
+    def __init__(self, catalog: Catalog, proxy: Proxy) -> None:
+        super().__init__()
+        self._catalog = catalog
+        self._proxy = proxy
+        self._components = _Components(version=-1)
+
+    def _current(self) -> _Components:
+        snapshot = self._catalog.snapshot
+        if self._components.version != snapshot.version:
+            self._components = _build_components(snapshot, self._proxy)
+        return self._components
+
+    async def _list_tools(self) -> Sequence[Tool]:
+        return list(self._current().tools.values())
+
+    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        return self._current().tools.get(name)
+
+    async def _list_prompts(self) -> Sequence[Prompt]:
+        return list(self._current().prompts.values())
+
+    async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
+        return self._current().prompts.get(name)
+
+    async def _list_resources(self) -> Sequence[Resource]:
+        return list({id(r): r for r in self._current().resources.values()}.values())
+
+    async def _get_resource(self, uri: str, version: VersionSpec | None = None) -> Resource | None:
+        components = self._current()
+        if (listed := components.resources.get(uri)) is not None:
+            return listed
+        try:
+            self._catalog.snapshot.resource(uri)
+        except UnknownName:
+            return None
+        return GatewayResource.build(uri, _template_for(self._catalog.snapshot, uri), self._proxy)
+
+    async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
+        return list(self._current().templates)
+
+
+def _template_for(snapshot: CatalogSnapshot, uri: str) -> types.ResourceTemplate:
+    for entry in snapshot.templates:
+        if uri.startswith(entry.prefix) and entry.matcher.match(uri) is not None:
+            return entry.origin.item
+    raise UnknownName("resource", uri)

@@ -1,0 +1,231 @@
+"""``gateway.yaml`` (or an ``mcpServers`` JSON file): models, interpolation, load and validate once.
+
+Every problem is reported as one ``ConfigError`` whose message names the file, the field
+path (``upstreams.search.timeout``) and the reason. Nothing below ``cli``/``server`` reads
+the environment: the caller passes it in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from agent_gateway.errors import ConfigError
+from agent_gateway.naming import DEFAULT_SEPARATOR, upstream_name_problem
+
+Transport = Literal["stdio", "streamable-http", "sse", "websocket"]
+ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
+Seconds = Annotated[float, Field(gt=0, le=86_400)]
+
+_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class UpstreamConfig(_Strict):
+    """One upstream MCP server, in the shape clients already use in ``mcpServers``."""
+
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    # repr=False: values here are often secrets and must never reach a log line.
+    env: dict[str, str] = Field(default_factory=dict, repr=False)
+    cwd: str | None = None
+    url: str | None = None
+    transport: Transport | None = None
+    headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    protocol: ProtocolMode = "auto"
+    timeout: Seconds = 30.0
+    connect_timeout: Seconds = 60.0
+    prefix: bool = True
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    rename: dict[str, str] = Field(default_factory=dict)
+    enabled: bool = True
+
+    @model_validator(mode="after")
+    def _one_target(self) -> UpstreamConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("set exactly one of 'command' (stdio) or 'url' (remote)")
+        if self.command is not None and self.transport not in (None, "stdio"):
+            raise ValueError(f"transport {self.transport!r} needs a 'url', not a 'command'")
+        if self.url is not None and self.transport == "stdio":
+            raise ValueError("transport 'stdio' needs a 'command', not a 'url'")
+        if self.transport == "websocket":
+            raise ValueError("websocket upstreams are not supported yet; use streamable-http or sse")
+        if self.url is not None and not re.match(r"^(https?|wss?)://", self.url):
+            raise ValueError(f"url must start with http://, https://, ws:// or wss://, got {self.url!r}")
+        return self
+
+    @property
+    def kind(self) -> Transport:
+        """The transport in effect: stdio for a command, streamable-http by default for a url."""
+        if self.command is not None:
+            return "stdio"
+        return self.transport or "streamable-http"
+
+
+class ServerConfig(_Strict):
+    """How the gateway itself is served."""
+
+    name: str = "agent-gateway"
+    transport: Literal["stdio", "http"] = "http"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65_535)
+    path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9_./-]*$")
+    separator: str = Field(default=DEFAULT_SEPARATOR, pattern=r"^[A-Za-z0-9_-]{1,3}$")
+    instructions: str | None = None
+
+
+class GatewayConfig(_Strict):
+    """The whole validated configuration."""
+
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _upstream_names(self) -> GatewayConfig:
+        for name in self.upstreams:
+            if (problem := upstream_name_problem(name, self.server.separator)) is not None:
+                raise _FieldProblem(("upstreams", name), f"upstream name {name!r} {problem}")
+        return self
+
+    @property
+    def active_upstreams(self) -> dict[str, UpstreamConfig]:
+        """Upstreams that are not switched off with ``enabled: false``."""
+        return {name: up for name, up in self.upstreams.items() if up.enabled}
+
+
+class _FieldProblem(ValueError):
+    """A validator's complaint about a specific field path."""
+
+    def __init__(self, path: tuple[str, ...], reason: str) -> None:
+        super().__init__(reason)
+        self.path = path
+        self.reason = reason
+
+
+def load_config(path: str | Path, environ: Mapping[str, str]) -> GatewayConfig:
+    """Read, interpolate and validate the file at ``path``.
+
+    Raises:
+        ConfigError: the file is missing, unparsable or invalid; the message names the
+            file, the field path and the reason.
+    """
+    path = Path(path)
+    raw = _read(path)
+    return parse_config(raw, environ, source=str(path))
+
+
+def parse_config(raw: object, environ: Mapping[str, str], *, source: str) -> GatewayConfig:
+    """Validate already-parsed data (``source`` names it in errors).
+
+    Raises:
+        ConfigError: the data is invalid.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
+    data = _from_mcp_servers(raw)
+    data = _interpolate(data, environ, source, ())
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(source, exc)) from None
+
+
+def _read(path: Path) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+
+
+def _from_mcp_servers(raw: dict[str, Any]) -> dict[str, Any]:
+    """Accept the Claude Desktop / Cursor (``mcpServers``) and VS Code (``servers``) layouts."""
+    key = next((k for k in ("mcpServers", "servers") if k in raw and "upstreams" not in raw), None)
+    if key is None:
+        return raw
+    servers = raw[key]
+    upstreams = (
+        {name: _from_client_entry(entry) for name, entry in servers.items()}
+        if isinstance(servers, dict)
+        else servers
+    )
+    rest = {k: v for k, v in raw.items() if k not in (key, "inputs")}
+    return {**rest, "upstreams": upstreams}
+
+
+def _from_client_entry(entry: object) -> object:
+    if not isinstance(entry, dict):
+        return entry
+    converted: dict[str, Any] = dict(entry)  # pyright: ignore[reportUnknownArgumentType]
+    kind = converted.pop("type", None)
+    if "disabled" in converted:
+        converted["enabled"] = not converted.pop("disabled")
+    if kind is not None and "transport" not in converted:
+        converted["transport"] = {"http": "streamable-http", "ws": "websocket"}.get(kind, kind)
+    return converted
+
+
+def _interpolate(value: object, environ: Mapping[str, str], source: str, at: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return _substitute(value, environ, source, at)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, environ, source, (*at, str(k))) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, list):
+        return [_interpolate(v, environ, source, (*at, str(i))) for i, v in enumerate(value)]  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return value
+
+
+def _substitute(text: str, environ: Mapping[str, str], source: str, at: tuple[str, ...]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group(1), match.group(2)
+        if name in environ and (environ[name] or default is None):
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{source}: {_dotted(at)}: environment variable {name} is not set "
+            f"(set it, or write ${{{name}:-default}})"
+        )
+
+    return _VARIABLE.sub(replace, text)
+
+
+def _describe(source: str, exc: ValidationError) -> str:
+    lines = [_describe_one(error) for error in exc.errors(include_url=False)]
+    if len(lines) == 1:
+        return f"{source}: {lines[0]}"
+    return f"{source}: {len(lines)} problems:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _describe_one(error: Any) -> str:
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, _FieldProblem):
+        return f"{_dotted(cause.path)}: {cause.reason}"
+    loc = tuple(str(part) for part in error["loc"])
+    reason = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        reason = f"unknown key {loc[-1]!r}"
+    elif error["type"] == "missing":
+        reason = f"required key {loc[-1]!r} is missing"
+    return f"{_dotted(loc) or '(top level)'}: {reason}"
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path)

@@ -1,0 +1,85 @@
+"""The gateway's one exception tree and its single mapping to MCP error codes.
+
+    GatewayError
+    ├── ConfigError            bad gateway.yaml / mcpServers file (names file, field, reason)
+    ├── UnknownName            a tool, prompt or resource the catalog does not have
+    ├── InvalidArguments       tool arguments that fail the tool's inputSchema
+    └── UpstreamError          anything that went wrong talking to one upstream
+        ├── UpstreamUnavailable    not connected, or the connection died mid-call
+        ├── UpstreamTimeout        no answer within the upstream's timeout
+        └── UpstreamRejected       the upstream answered with a JSON-RPC error
+
+Foreign errors (mcp's ``MCPError``, transport errors) are translated into this tree in
+``upstreams.connection`` only; the server layer turns the tree into MCP results/errors
+through ``to_error_data``.
+"""
+
+from __future__ import annotations
+
+import mcp_types as types
+
+
+class GatewayError(Exception):
+    """Base of every error the gateway raises on purpose."""
+
+    code: int = types.INTERNAL_ERROR
+
+
+class ConfigError(GatewayError):
+    """The configuration file is invalid; the message names file, field path and reason."""
+
+    code = types.INVALID_PARAMS
+
+
+class UnknownName(GatewayError):
+    """A public name (tool, prompt, resource URI) that the catalog does not hold."""
+
+    code = types.INVALID_PARAMS
+
+    def __init__(self, kind: str, name: str) -> None:
+        super().__init__(f"Unknown {kind}: {name!r}")
+        self.kind = kind
+        self.name = name
+
+
+class InvalidArguments(GatewayError):
+    """Arguments rejected against the tool's inputSchema before leaving the gateway."""
+
+    code = types.INVALID_PARAMS
+
+    def __init__(self, tool: str, reason: str) -> None:
+        super().__init__(f"Invalid arguments for tool {tool!r}: {reason}")
+        self.tool = tool
+        self.reason = reason
+
+
+class UpstreamError(GatewayError):
+    """A failure attributable to one upstream; the message always names it."""
+
+    def __init__(self, upstream: str, message: str) -> None:
+        super().__init__(f"upstream {upstream!r}: {message}")
+        self.upstream = upstream
+        self.detail = message
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream is not connected, or its connection closed while the call waited."""
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not answer within its configured timeout."""
+
+    code = types.REQUEST_TIMEOUT
+
+
+class UpstreamRejected(UpstreamError):
+    """The upstream answered the request with a JSON-RPC error; its code is kept."""
+
+    def __init__(self, upstream: str, message: str, code: int) -> None:
+        super().__init__(upstream, message)
+        self.code = code
+
+
+def to_error_data(exc: GatewayError) -> types.ErrorData:
+    """The JSON-RPC error a client receives for ``exc``."""
+    return types.ErrorData(code=exc.code, message=str(exc))

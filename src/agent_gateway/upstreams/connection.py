@@ -1,0 +1,307 @@
+"""One upstream MCP server: open, list, watch, reconnect with backoff, close; and calls to it.
+
+This module is the one boundary where the ``mcp`` client's errors (``MCPError``, transport
+and validation errors) are translated into the gateway's tree (``UpstreamError``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.session import IncomingMessage
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from agent_gateway.config import UpstreamConfig
+from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.upstreams.transports import open_transport, watched
+
+logger = logging.getLogger(__name__)
+
+CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
+_PAGE_CAP = 1000
+_LIST_CHANGED = (
+    types.ToolListChangedNotification,
+    types.PromptListChangedNotification,
+    types.ResourceListChangedNotification,
+)
+
+T = TypeVar("T")
+
+
+class UpstreamState(StrEnum):
+    CONNECTING = "connecting"
+    UP = "up"
+    DOWN = "down"
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Everything an upstream offers, as it last told us."""
+
+    tools: tuple[types.Tool, ...] = ()
+    prompts: tuple[types.Prompt, ...] = ()
+    resources: tuple[types.Resource, ...] = ()
+    templates: tuple[types.ResourceTemplate, ...] = ()
+    instructions: str | None = None
+    protocol_version: str = ""
+
+
+ListingCallback = Callable[[str, Listing], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Exponential backoff with full jitter, reset after a good connection."""
+
+    initial: float = 0.5
+    maximum: float = 30.0
+    attempt: int = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum, self.initial * 2**self.attempt)
+        self.attempt += 1
+        return random.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Upstream:
+    """The life of one upstream connection and the calls made over it."""
+
+    def __init__(self, name: str, config: UpstreamConfig, on_listing: ListingCallback) -> None:
+        self.name = name
+        self.config = config
+        self.state = UpstreamState.CONNECTING
+        self.last_error: str | None = None
+        self.up_since: float | None = None
+        self.down_since: float | None = None
+        self.settled = anyio.Event()
+        """Set once the first connection attempt has either succeeded or failed."""
+        self._on_listing = on_listing
+        self._client: Client | None = None
+        self._lost = anyio.Event()
+        self._refresh = anyio.Event()
+        self._backoff = Backoff()
+
+    # -- life ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect, serve, and reconnect with backoff until cancelled."""
+        while True:
+            try:
+                await self._connect_and_serve()
+            except Exception as exc:  # top of this upstream's life: record, log, retry
+                self._mark_down(exc)
+            finally:
+                self._client = None
+                self.settled.set()
+            await anyio.sleep(self._backoff.next_delay())
+
+    async def _connect_and_serve(self) -> None:
+        self.state = UpstreamState.CONNECTING
+        self._lost = anyio.Event()
+        # One scope around the whole connection: a deadline while connecting, none after.
+        # (A timeout scope around only the entry would exit before the client's task group.)
+        with anyio.CancelScope(deadline=anyio.current_time() + self.config.connect_timeout) as connecting:
+            async with self._new_client() as client:
+                listing = await fetch_listing(client)
+                connecting.deadline = math.inf
+                self._client = client
+                self._mark_up(client)
+                await self._on_listing(self.name, listing)
+                self.settled.set()
+                await self._serve(client)
+        if connecting.cancelled_caught:
+            raise UpstreamUnavailable(self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)")
+        raise UpstreamUnavailable(self.name, "connection closed")
+
+    async def _serve(self, client: Client) -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._refresh_on_change, client)
+            if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                tg.start_soon(self._listen_for_changes, client)
+            await self._lost.wait()
+            tg.cancel_scope.cancel()
+
+    def _new_client(self) -> Client:
+        return Client(
+            watched(open_transport(self.config), self._lost),
+            mode=self.config.protocol,
+            read_timeout_seconds=self.config.timeout,
+            message_handler=self._on_message,
+            client_info=CLIENT_INFO,
+            cache=None,  # the catalog is our cache; a second one would serve stale listings
+        )
+
+    def _mark_up(self, client: Client) -> None:
+        self.state = UpstreamState.UP
+        self.up_since = time.time()
+        self.down_since = None
+        self.last_error = None
+        self._backoff.reset()
+        logger.info("upstream %s connected (protocol %s)", self.name, client.protocol_version)
+
+    def _mark_down(self, exc: BaseException) -> None:
+        was_up = self.state == UpstreamState.UP
+        self.state = UpstreamState.DOWN
+        self.last_error = describe(exc)
+        if was_up or self.down_since is None:
+            self.down_since = time.time()
+        logger.warning("upstream %s is down: %s", self.name, self.last_error)
+
+    async def _on_message(self, message: IncomingMessage) -> None:
+        # Runs on the dispatcher's read loop: never await session I/O here.
+        if isinstance(message, _LIST_CHANGED):
+            self._refresh.set()
+
+    async def _refresh_on_change(self, client: Client) -> None:
+        while True:
+            await self._refresh.wait()
+            self._refresh = anyio.Event()
+            with self._translated("list"):
+                listing = await fetch_listing(client)
+            logger.info("upstream %s changed its catalog; refreshed", self.name)
+            await self._on_listing(self.name, listing)
+
+    async def _listen_for_changes(self, client: Client) -> None:
+        caps = client.server_capabilities
+        tools = bool(caps.tools and caps.tools.list_changed)
+        prompts = bool(caps.prompts and caps.prompts.list_changed)
+        resources = bool(caps.resources and caps.resources.list_changed)
+        if not (tools or prompts or resources):
+            return
+        listen = client.listen(
+            tools_list_changed=tools, prompts_list_changed=prompts, resources_list_changed=resources
+        )
+        async with listen as subscription:
+            async for _event in subscription:
+                self._refresh.set()
+
+    # -- calls --------------------------------------------------------------------------
+
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        meta: dict[str, Any] | None = None,
+        progress: ProgressFnT | None = None,
+    ) -> types.CallToolResult:
+        """Call ``name`` upstream.
+
+        Raises:
+            UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
+        """
+        client = self._connected()
+        with self._translated(f"tool {name!r}"):
+            return await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None, *, meta: dict[str, Any] | None = None
+    ) -> types.GetPromptResult:
+        """Render prompt ``name`` upstream (raises like ``call_tool``)."""
+        client = self._connected()
+        with self._translated(f"prompt {name!r}"):
+            return await client.get_prompt(name, arguments, meta=meta)  # pyright: ignore[reportArgumentType]
+
+    async def read_resource(
+        self, uri: str, *, meta: dict[str, Any] | None = None
+    ) -> types.ReadResourceResult:
+        """Read ``uri`` upstream (raises like ``call_tool``)."""
+        client = self._connected()
+        with self._translated(f"resource {uri!r}"):
+            return await client.read_resource(uri, meta=meta)  # pyright: ignore[reportArgumentType]
+
+    def _connected(self) -> Client:
+        client = self._client
+        if client is None or self.state != UpstreamState.UP:
+            reason = f": {self.last_error}" if self.last_error else ""
+            raise UpstreamUnavailable(self.name, f"not connected ({self.state}{reason})")
+        return client
+
+    @contextmanager
+    def _translated(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except MCPError as exc:
+            raise self._from_mcp_error(exc, what) from exc
+        except (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._lost.set()
+            raise UpstreamUnavailable(self.name, f"{what}: connection failed: {describe(exc)}") from exc
+        except ValidationError as exc:
+            raise UpstreamRejected(
+                self.name,
+                f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
+                types.INTERNAL_ERROR,
+            ) from exc
+
+    def _from_mcp_error(self, exc: MCPError, what: str) -> Exception:
+        code = exc.error.code
+        if code == types.REQUEST_TIMEOUT:
+            return UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s")
+        if code == types.CONNECTION_CLOSED:
+            self._lost.set()
+            return UpstreamUnavailable(self.name, f"{what}: connection closed during the call")
+        return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
+
+
+async def fetch_listing(client: Client) -> Listing:
+    """Everything the upstream lists, all pages, for what its capabilities say it has."""
+    caps = client.server_capabilities
+    return Listing(
+        tools=await _all_pages(client.list_tools, lambda r: r.tools) if caps.tools else (),
+        prompts=await _all_pages(client.list_prompts, lambda r: r.prompts) if caps.prompts else (),
+        resources=await _all_pages(client.list_resources, lambda r: r.resources) if caps.resources else (),
+        templates=(
+            await _all_pages(client.list_resource_templates, lambda r: r.resource_templates)
+            if caps.resources
+            else ()
+        ),
+        instructions=client.instructions,
+        protocol_version=client.protocol_version,
+    )
+
+
+async def _all_pages(fetch: Callable[..., Awaitable[Any]], items: Callable[[Any], list[T]]) -> tuple[T, ...]:
+    collected: list[T] = []
+    cursor: str | None = None
+    for _ in range(_PAGE_CAP):
+        page = await fetch(cursor=cursor)
+        collected.extend(items(page))
+        cursor = page.next_cursor
+        if not cursor:
+            break
+    return tuple(collected)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line, secret-free description of a failure (groups unwrapped)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, MCPError):
+        return exc.error.message
+    if isinstance(exc, httpx2.HTTPError):
+        # The request URL may carry credentials; name the kind of failure only.
+        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0]}"
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, UpstreamUnavailable) else f"{type(exc).__name__}: {text}"

@@ -1,0 +1,95 @@
+"""All upstreams together: started concurrently, looked up by name, reported on, stopped."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import anyio
+
+from agent_gateway.config import UpstreamConfig
+from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.upstreams.connection import ListingCallback, Upstream, UpstreamState
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamStatus:
+    """What ``/readyz`` and ``agent-gateway tools`` report about one upstream."""
+
+    name: str
+    transport: str
+    state: UpstreamState
+    last_error: str | None
+    down_for_seconds: float | None
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "transport": self.transport,
+            "state": str(self.state),
+            "last_error": self.last_error,
+            "down_for_seconds": None if self.down_for_seconds is None else round(self.down_for_seconds, 1),
+        }
+
+
+class UpstreamPool:
+    """Holds one ``Upstream`` per configured server."""
+
+    def __init__(self, configs: Mapping[str, UpstreamConfig], on_listing: ListingCallback) -> None:
+        self.upstreams = {name: Upstream(name, config, on_listing) for name, config in configs.items()}
+
+    @asynccontextmanager
+    async def running(self, *, settle_timeout: float | None = None) -> AsyncIterator[UpstreamPool]:
+        """Connect every upstream concurrently; yield once each has connected or failed once.
+
+        A failed upstream does not stop the others: it keeps retrying in the background.
+        Leaving the context closes every connection and reaps every child process.
+        """
+        async with anyio.create_task_group() as tg:
+            for upstream in self.upstreams.values():
+                tg.start_soon(upstream.run, name=f"upstream {upstream.name}")
+            await self._settle(settle_timeout)
+            try:
+                yield self
+            finally:
+                tg.cancel_scope.cancel()
+
+    async def _settle(self, limit: float | None) -> None:
+        bound = (
+            limit
+            if limit is not None
+            else max((u.config.connect_timeout for u in self.upstreams.values()), default=0)
+        )
+        with anyio.move_on_after(bound + 1):
+            for upstream in self.upstreams.values():
+                await upstream.settled.wait()
+
+    def get(self, name: str) -> Upstream:
+        """The upstream called ``name``.
+
+        Raises:
+            UpstreamUnavailable: no such upstream is configured.
+        """
+        upstream = self.upstreams.get(name)
+        if upstream is None:
+            raise UpstreamUnavailable(name, "not configured")
+        return upstream
+
+    def statuses(self) -> list[UpstreamStatus]:
+        now = time.time()
+        return [
+            UpstreamStatus(
+                name=u.name,
+                transport=u.config.kind,
+                state=u.state,
+                last_error=u.last_error,
+                down_for_seconds=None if u.down_since is None else now - u.down_since,
+            )
+            for u in self.upstreams.values()
+        ]
+
+    @property
+    def ready(self) -> bool:
+        return all(u.state == UpstreamState.UP for u in self.upstreams.values())

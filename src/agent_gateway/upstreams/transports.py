@@ -1,0 +1,97 @@
+"""Building the client transport for one upstream, and watching it for end-of-stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from types import TracebackType
+from typing import Any
+
+import anyio
+from mcp.client._transport import Transport, TransportStreams
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._stream_protocols import ReadStream
+from mcp.shared.message import SessionMessage
+
+from agent_gateway.config import UpstreamConfig
+
+
+class WatchedReadStream:
+    """A read stream that sets ``closed`` when the peer's stream ends.
+
+    Wraps rather than relays, so there is no extra hop per message and the sender's
+    context snapshot (``last_context``) stays visible to the dispatcher.
+    """
+
+    def __init__(self, inner: ReadStream[SessionMessage | Exception], closed: anyio.Event) -> None:
+        self._inner = inner
+        self._closed = closed
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> SessionMessage | Exception:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._closed.set()
+            raise
+
+    def __aiter__(self) -> WatchedReadStream:
+        return self
+
+    async def __anext__(self) -> SessionMessage | Exception:
+        try:
+            return await self.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise StopAsyncIteration from None
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> WatchedReadStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        await self.aclose()
+        return None
+
+
+@asynccontextmanager
+async def watched(transport: Transport, closed: anyio.Event) -> AsyncIterator[TransportStreams]:
+    """Enter ``transport``; ``closed`` is set when its read side reaches end-of-stream."""
+    async with transport as (read_stream, write_stream):
+        yield WatchedReadStream(read_stream, closed), write_stream
+
+
+@asynccontextmanager
+async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStreams]:
+    """Open the transport ``config`` names; leaving the context closes it (and reaps a child)."""
+    async with AsyncExitStack() as stack:
+        kind = config.kind
+        if kind == "stdio":
+            assert config.command is not None  # guaranteed by UpstreamConfig validation
+            params = StdioServerParameters(
+                command=config.command,
+                args=list(config.args),
+                env={**get_default_environment(), **config.env},
+                cwd=config.cwd,
+            )
+            transport: Transport = stdio_client(params)
+        else:
+            assert config.url is not None
+            if kind == "sse":
+                transport = sse_client(config.url, headers=dict(config.headers))
+            else:
+                http = await stack.enter_async_context(create_mcp_http_client(headers=dict(config.headers)))
+                transport = streamable_http_client(config.url, http_client=http)
+        yield await stack.enter_async_context(transport)
