@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Generator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import anyio
@@ -92,18 +93,27 @@ def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 async def _serve_stdio(gateway: Gateway) -> None:
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_cancel_on_signal, tg.cancel_scope)
+        tg.start_soon(_on_signal, tg.cancel_scope.cancel)
         async with gateway.running():
             await gateway.server.run_stdio_async(show_banner=False)
         tg.cancel_scope.cancel()
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+async def _on_signal(stop: Callable[[], None]) -> None:
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async for signum in signals:
             logger.info("received %s, shutting down", signal.Signals(signum).name)
-            scope.cancel()
+            stop()
             return
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: it re-raises the signal after shutdown,
+    which would kill the process before the gateway has closed its upstreams."""
+
+    @contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
 
 
 async def _serve_http(gateway: Gateway) -> None:
@@ -111,10 +121,16 @@ async def _serve_http(gateway: Gateway) -> None:
     config = uvicorn.Config(
         build_app(gateway), host=server.host, port=server.port, log_level="warning", lifespan="on"
     )
-    async with gateway.running():
+    http = _Uvicorn(config)
+
+    def stop() -> None:
+        http.should_exit = True
+
+    async with gateway.running(), anyio.create_task_group() as tg:
+        tg.start_soon(_on_signal, stop)
         logger.info("serving on http://%s:%d%s", server.host, server.port, server.path)
-        # uvicorn handles SIGINT/SIGTERM itself and returns; leaving running() reaps children.
-        await uvicorn.Server(config).serve()
+        await http.serve()
+        tg.cancel_scope.cancel()
 
 
 def _tools(args: argparse.Namespace, config: GatewayConfig) -> int:

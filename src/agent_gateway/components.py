@@ -63,11 +63,27 @@ class GatewayTool(Tool):
 
 
 def _progress_relay() -> ProgressFnT | None:
-    """Relay upstream progress to the calling client under the client's own token."""
+    """Relay upstream progress to the calling client under the client's own token.
+
+    Everything is read now, in the request's task: the relay later runs on the upstream
+    connection's read loop, where FastMCP's request context variables are not this request's.
+    """
     context = get_context()
+    request = context.request_context
+    meta = request.meta if request is not None else None  # the raw wire `_meta`
+    token = meta.get("progressToken") if meta is not None else None
+    if token is None:
+        return None
+    session, request_id = context.session, context.request_id
 
     async def relay(progress: float, total: float | None, message: str | None) -> None:
-        await context.report_progress(progress, total, message)
+        await session.send_progress_notification(
+            progress_token=token,
+            progress=progress,
+            total=total,
+            message=message,
+            related_request_id=request_id,
+        )
 
     return relay
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import weakref
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
-import mcp_types as types
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
-from mcp.server.session import ServerSession
+from mcp.server.connection import Connection
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     ListenHandler,
@@ -40,7 +40,9 @@ class ListChangedNotifier(Middleware):
     """Remembers live handshake-era sessions and fans catalog changes out to every client."""
 
     def __init__(self) -> None:
-        self._sessions: weakref.WeakSet[ServerSession] = weakref.WeakSet()
+        # Connections, not ServerSession objects: a ServerSession is made per request and
+        # would be gone (weakly held) before the catalog changes.
+        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
         self.bus = InMemorySubscriptionBus()
         self.listen_handler = ListenHandler(self.bus)
 
@@ -48,28 +50,22 @@ class ListChangedNotifier(Middleware):
         ctx = context.fastmcp_context
         request = ctx.request_context if ctx is not None else None
         if request is not None and request.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._sessions.add(request.session)
+            self._connections.add(request.session._connection)  # pyright: ignore[reportPrivateUsage]
         return await call_next(context)
 
     async def notify(self, kinds: frozenset[Kind]) -> None:
         """Send one list_changed per changed kind to every session, and publish to listeners."""
         for kind in sorted(kinds):
             await self.bus.publish(_EVENTS[kind])
-        for session in list(self._sessions):
-            await self._notify_session(session, kinds)
-
-    async def _notify_session(self, session: ServerSession, kinds: frozenset[Kind]) -> None:
-        with anyio.move_on_after(_SEND_TIMEOUT):
-            try:
+        for connection in list(self._connections):
+            # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
+            with anyio.move_on_after(_SEND_TIMEOUT):
                 for kind in sorted(kinds):
-                    await session.send_notification(_notification(kind))
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                self._sessions.discard(session)
+                    await _SENDERS[kind](connection)
 
 
-def _notification(kind: Kind) -> types.ServerNotification:
-    if kind == "tools":
-        return types.ToolListChangedNotification()
-    if kind == "prompts":
-        return types.PromptListChangedNotification()
-    return types.ResourceListChangedNotification()
+_SENDERS: dict[Kind, Callable[[Connection], Awaitable[None]]] = {
+    "tools": lambda c: c.send_tool_list_changed(),
+    "prompts": lambda c: c.send_prompt_list_changed(),
+    "resources": lambda c: c.send_resource_list_changed(),
+}

@@ -12,6 +12,7 @@ from fastmcp import FastMCP
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig
+from agent_gateway.errors import ConfigError
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
 from agent_gateway.upstreams import UpstreamPool
@@ -47,14 +48,21 @@ class Gateway:
         Raises:
             ConfigError: two upstreams produce the same public name at start-up.
         """
+        refused: ConfigError | None = None
         async with self.pool.running(settle_timeout=settle_timeout):
-            snapshot = self.catalog.start()
-            self.server.instructions = _instructions(self.config.server.instructions, snapshot)
-            _log_start(self, snapshot)
             try:
-                yield self
-            finally:
-                self.notifier.listen_handler.close()
+                snapshot = self.catalog.start()
+            except ConfigError as exc:
+                refused = exc  # raised below, once the pool is closed, not inside its task group
+            else:
+                self.server.instructions = _instructions(self.config.server.instructions, snapshot)
+                _log_start(self, snapshot)
+                try:
+                    yield self
+                finally:
+                    self.notifier.listen_handler.close()
+        if refused is not None:
+            raise refused
 
 
 def _instructions(own: str | None, snapshot: CatalogSnapshot) -> str | None:

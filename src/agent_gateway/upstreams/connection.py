@@ -128,7 +128,9 @@ class Upstream:
                 self.settled.set()
                 await self._serve(client)
         if connecting.cancelled_caught:
-            raise UpstreamUnavailable(self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)")
+            raise UpstreamUnavailable(
+                self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)"
+            )
         raise UpstreamUnavailable(self.name, "connection closed")
 
     async def _serve(self, client: Client) -> None:

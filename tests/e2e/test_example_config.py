@@ -1,0 +1,118 @@
+"""The repository's own gateway.yaml, run as shipped: npx reference servers and the notes server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from agent_gateway.config import load_config
+from agent_gateway.http import build_app
+from agent_gateway.server import Gateway
+from tests.e2e.peers import MODES, connected, hold, text_of
+from tests.support import ROOT, gateway_env, serving
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+
+@dataclass(frozen=True)
+class Example:
+    gateway: Gateway
+    url: str
+    memory_file: Path
+
+
+@asynccontextmanager
+async def served(gateway: Gateway) -> AsyncIterator[str]:
+    """``gateway`` running and served over HTTP on loopback; yields its MCP endpoint."""
+    async with gateway.running(), serving(build_app(gateway)) as base:
+        yield f"{base}{gateway.config.server.path}"
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def example(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Example]:
+    memory_file = tmp_path_factory.mktemp("example") / "memory.jsonl"
+    config = load_config(ROOT / "gateway.yaml", {"AGENT_GATEWAY_MEMORY_FILE": str(memory_file)})
+    # Upstreams inherit PATH from this process: `python` must be this venv's, for demo_server.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PATH", gateway_env()["PATH"])
+        gateway = Gateway(config)
+        url, stop = await hold(served(gateway))
+    try:
+        yield Example(gateway, url, memory_file)
+    finally:
+        await stop()
+
+
+async def test_the_example_config_loads_with_its_defaults() -> None:
+    config = load_config(ROOT / "gateway.yaml", {})
+    assert (config.server.transport, config.server.host, config.server.port) == ("http", "127.0.0.1", 8000)
+    assert list(config.upstreams) == ["everything", "memory", "notes"]
+    assert config.upstreams["memory"].env == {"MEMORY_FILE_PATH": ".agent-gateway/memory.jsonl"}
+
+
+async def test_every_upstream_of_the_example_config_comes_up(example: Example) -> None:
+    statuses = {s.name: (str(s.state), s.last_error) for s in example.gateway.pool.statuses()}
+    assert statuses == {"everything": ("up", None), "memory": ("up", None), "notes": ("up", None)}
+
+
+async def test_the_catalog_holds_tools_of_all_three_upstreams_with_rename_and_exclude_applied(
+    example: Example,
+) -> None:
+    tools = example.gateway.catalog.snapshot.tools
+    assert {origin.upstream for origin in tools.values()} == {"everything", "memory", "notes"}
+    assert {"everything__get-sum", "memory__read_graph", "notes__list_notes"} <= set(tools)
+    assert (tools["notes__add"].upstream, tools["notes__add"].name) == ("notes", "add_note")
+    assert "notes__add_note" not in tools
+    assert "notes__word_count" not in tools
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_client_sees_the_renamed_tool_and_not_the_excluded_one(example: Example, mode: str) -> None:
+    async with connected(example.url, mode) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        prompts = {prompt.name for prompt in (await client.list_prompts()).prompts}
+    assert "notes__add" in names
+    assert not {"notes__add_note", "notes__word_count"} & names
+    assert "notes__summarize_notes" in prompts
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_renamed_tool_is_called_under_its_public_name(example: Example, mode: str) -> None:
+    text = f"remember the {mode} era"
+    async with connected(example.url, mode) as client:
+        added = await client.call_tool("notes__add", {"text": text})
+        listed = await client.call_tool("notes__list_notes", {})
+        excluded = await client.call_tool("notes__word_count", {"text": "one two"})
+    assert not added.is_error, text_of(added)
+    assert added.structured_content is not None
+    assert isinstance(added.structured_content["number"], int)
+    assert text in json.dumps(listed.structured_content)
+    assert excluded.is_error
+    assert "notes__word_count" in text_of(excluded)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_memory_upstream_writes_to_the_file_named_by_the_environment(
+    example: Example, mode: str
+) -> None:
+    entity = {"name": f"example-{mode}", "entityType": "test", "observations": ["from gateway.yaml"]}
+    async with connected(example.url, mode) as client:
+        created = await client.call_tool("memory__create_entities", {"entities": [entity]})
+    assert not created.is_error, text_of(created)
+    lines = example.memory_file.read_text(encoding="utf-8").splitlines()
+    assert {"type": "entity", **entity} in [json.loads(line) for line in lines]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_server_everything_from_npx_answers_through_the_example_gateway(
+    example: Example, mode: str
+) -> None:
+    async with connected(example.url, mode) as client:
+        result = await client.call_tool("everything__get-sum", {"a": 1, "b": 1})
+    assert text_of(result) == "The sum of 1 and 1 is 2."

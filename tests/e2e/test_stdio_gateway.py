@@ -1,0 +1,129 @@
+"""``agent-gateway serve --transport stdio`` as a client's subprocess, and its exit with the client."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+import yaml
+from anyio.streams.buffered import BufferedByteReceiveStream
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from tests.e2e.peers import (
+    BOUND,
+    MODES,
+    PROTOCOL_OF_MODE,
+    command_of,
+    descendants,
+    exited,
+    processes_with_arg,
+    text_of,
+)
+from tests.support import gateway_env, npm_server
+
+pytestmark = pytest.mark.e2e
+
+AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
+
+
+def write_config(directory: Path) -> Path:
+    """A gateway.yaml in ``directory`` with two stdio npm upstreams."""
+    memory = {**npm_server("server-memory"), "env": {"MEMORY_FILE_PATH": str(directory / "memory.jsonl")}}
+    config = {
+        "server": {"transport": "stdio"},
+        "upstreams": {"everything": npm_server("server-everything", "stdio"), "memory": memory},
+    }
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+def serve_args(config: Path) -> list[str]:
+    return ["--log-level", "warning", "serve", "--transport", "stdio", "-c", str(config)]
+
+
+async def all_exited(pids: set[int]) -> None:
+    """Return once every process in ``pids`` has terminated; fail naming the survivors."""
+    try:
+        with anyio.fail_after(BOUND):
+            for pid in pids:
+                await exited(pid)
+    except TimeoutError:
+        survivors = {pid: command_of(pid) for pid in pids}
+        raise AssertionError(f"processes outlived the gateway: {survivors}") from None
+
+
+def upstream_commands(pids: set[int]) -> list[str]:
+    return [command_of(pid) for pid in pids]
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_client_calls_a_tool_through_the_gateway_launched_over_stdio(
+    tmp_path: Path, mode: str
+) -> None:
+    config = write_config(tmp_path)
+    params = StdioServerParameters(command=AGENT_GATEWAY, args=serve_args(config), env=gateway_env())
+    with anyio.fail_after(BOUND):
+        async with Client(params, mode=mode) as client:
+            assert client.protocol_version == PROTOCOL_OF_MODE[mode]
+            result = await client.call_tool("everything__get-sum", {"a": 2, "b": 3})
+            entity = {"name": f"stdio-{mode}", "entityType": "test", "observations": []}
+            created = await client.call_tool("memory__create_entities", {"entities": [entity]})
+    assert text_of(result) == "The sum of 2 and 3 is 5."
+    assert not created.is_error, text_of(created)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_gateway_and_its_upstreams_are_gone_after_the_client_closes(
+    tmp_path: Path, mode: str
+) -> None:
+    config = write_config(tmp_path)
+    params = StdioServerParameters(command=AGENT_GATEWAY, args=serve_args(config), env=gateway_env())
+    with anyio.fail_after(BOUND):
+        async with Client(params, mode=mode) as client:
+            await client.call_tool("everything__echo", {"message": "still here"})
+            [gateway] = processes_with_arg(str(config))
+            children = descendants(gateway)
+            commands = upstream_commands(children)
+            assert any("server-everything" in c for c in commands), commands
+            assert any("server-memory" in c for c in commands), commands
+    await all_exited({gateway, *children})
+
+
+async def test_the_gateway_exits_cleanly_on_end_of_input_and_reaps_its_upstreams(tmp_path: Path) -> None:
+    stderr = (tmp_path / "gateway.stderr").open("wb")
+    process = await anyio.open_process(
+        [AGENT_GATEWAY, *serve_args(write_config(tmp_path))], env=gateway_env(), stderr=stderr
+    )
+    async with process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        with anyio.fail_after(BOUND):
+            await process.stdin.send(json.dumps(_initialize()).encode() + b"\n")
+            reply = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 1_000_000)
+        assert json.loads(reply)["result"]["protocolVersion"] == "2025-11-25"
+        children = descendants(process.pid)
+        assert len(children) >= 2, upstream_commands(children)
+        await process.stdin.aclose()
+        with anyio.fail_after(BOUND):
+            returncode = await process.wait()
+    stderr.close()
+    assert returncode == 0, (tmp_path / "gateway.stderr").read_text()
+    await all_exited(children)
+
+
+def _initialize() -> dict[str, object]:
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "e2e", "version": "0"},
+        },
+    }

@@ -1,0 +1,166 @@
+"""server-everything as a Streamable HTTP upstream (its own node process on loopback)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import mcp_types as types
+import pytest
+import pytest_asyncio
+from anyio.abc import ByteReceiveStream, Process
+
+from tests.e2e.peers import BOUND, EVERYTHING, FORCE_LOOPBACK, MODES, connected, hold, text_of
+from tests.support import RunningGateway, free_socket, running_gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+LISTENING = "listening on port"
+LOOPBACK_HEX = "0100007F"
+"""127.0.0.1 as /proc/net/tcp writes it."""
+
+
+@dataclass(frozen=True)
+class HttpUpstream:
+    url: str
+    """server-everything's MCP endpoint (its transport serves POST/GET/DELETE on /mcp)."""
+    port: int
+
+
+@dataclass(frozen=True)
+class Deployment:
+    gateway: RunningGateway
+    upstream: HttpUpstream
+
+
+def unused_port() -> int:
+    with free_socket() as sock:
+        return sock.getsockname()[1]
+
+
+async def collect_output(stream: ByteReceiveStream, lines: list[str], listening: anyio.Event) -> None:
+    """Keep the child's stderr drained; set ``listening`` when it is, or when it ends."""
+    buffered = ""
+    async for chunk in stream:
+        buffered += chunk.decode(errors="replace")
+        *complete, buffered = buffered.split("\n")
+        lines.extend(complete)
+        if any(LISTENING in line for line in complete):
+            listening.set()
+    listening.set()
+
+
+async def stop_process(process: Process) -> None:
+    """Terminate ``process`` (kill it if it lingers) and close its pipes."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.terminate()
+        with anyio.move_on_after(5):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+        with anyio.fail_after(5):
+            await process.aclose()
+
+
+@asynccontextmanager
+async def everything_over_http() -> AsyncIterator[HttpUpstream]:
+    """server-everything's streamableHttp transport on a free loopback port; killed on exit."""
+    port = unused_port()
+    command = ["node", "--require", str(FORCE_LOOPBACK), str(EVERYTHING / "index.js"), "streamableHttp"]
+    process = await anyio.open_process(
+        command, env={**os.environ, "PORT": str(port)}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+    )
+    lines: list[str] = []
+    listening = anyio.Event()
+    try:
+        assert process.stderr is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect_output, process.stderr, lines, listening)
+            with anyio.fail_after(BOUND):
+                await listening.wait()
+            assert any(LISTENING in line for line in lines), f"server-everything did not start: {lines}"
+            await _accepts(port)
+            yield HttpUpstream(f"http://127.0.0.1:{port}/mcp", port)
+            tg.cancel_scope.cancel()
+    finally:
+        await stop_process(process)
+
+
+async def _accepts(port: int) -> None:
+    # The "listening" line is printed from the listen callback: the port accepts by now.
+    with anyio.fail_after(BOUND):
+        stream = await anyio.connect_tcp("127.0.0.1", port)
+        await stream.aclose()
+
+
+@asynccontextmanager
+async def deployed() -> AsyncIterator[Deployment]:
+    async with everything_over_http() as upstream:
+        config = {"upstreams": {"everything": {"url": upstream.url}}}
+        async with running_gateway(config) as gateway:
+            assert gateway.gateway.pool.ready, gateway.gateway.pool.statuses()
+            yield Deployment(gateway, upstream)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def deployment() -> AsyncIterator[Deployment]:
+    value, stop = await hold(deployed())
+    try:
+        yield value
+    finally:
+        await stop()
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) with a socket listening on ``port``."""
+    found: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
+async def test_the_upstream_listens_on_loopback_only(deployment: Deployment) -> None:
+    assert listening_addresses(deployment.upstream.port) == {LOOPBACK_HEX}
+
+
+async def test_the_gateway_holds_one_live_streamable_http_connection_to_the_upstream(
+    deployment: Deployment,
+) -> None:
+    [status] = deployment.gateway.gateway.pool.statuses()
+    assert (status.name, status.transport, str(status.state)) == ("everything", "streamable-http", "up")
+    tools = deployment.gateway.gateway.catalog.snapshot.tools
+    assert {"everything__echo", "everything__get-sum"} <= set(tools)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_tool_call_through_the_gateway_reaches_the_http_upstream(
+    deployment: Deployment, mode: str
+) -> None:
+    async with connected(deployment.gateway.url, mode) as client:
+        total = await client.call_tool("everything__get-sum", {"a": 40, "b": 2})
+        echo = await client.call_tool("everything__echo", {"message": f"over http, {mode}"})
+    assert text_of(total) == "The sum of 40 and 2 is 42."
+    assert text_of(echo) == f"Echo: over http, {mode}"
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_structured_content_and_templates_work_through_the_http_upstream(
+    deployment: Deployment, mode: str
+) -> None:
+    async with connected(deployment.gateway.url, mode) as client:
+        weather = await client.call_tool("everything__get-structured-content", {"location": "New York"})
+        resource = await client.read_resource("demo://resource/dynamic/text/3")
+    assert weather.structured_content == {"temperature": 33, "conditions": "Cloudy", "humidity": 82}
+    [content] = resource.contents
+    assert isinstance(content, types.TextResourceContents)
+    assert content.text.startswith("Resource 3: This is a plaintext resource")

@@ -1,0 +1,101 @@
+"""Real servers for tests: ASGI apps on loopback, inline FastMCP upstreams, a running gateway."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+from fastmcp import FastMCP
+from starlette.types import ASGIApp
+
+from agent_gateway.config import GatewayConfig, parse_config
+from agent_gateway.http import build_app
+from agent_gateway.server import Gateway
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE_MODULES = ROOT / "tests" / "e2e" / "node_modules"
+SERVERS = ROOT / "tests" / "servers"
+STARTUP_BOUND = 20.0
+
+
+def free_socket() -> socket.socket:
+    """A listening-ready socket bound to an ephemeral loopback port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@asynccontextmanager
+async def serving(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on loopback (on ``sock`` if given); yield its base URL."""
+    sock = sock or free_socket()
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the test runner owns signals
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.serve, [sock])
+            with anyio.fail_after(STARTUP_BOUND):
+                while not server.started:
+                    await anyio.sleep(0.005)
+            try:
+                yield f"http://127.0.0.1:{port}"
+            finally:
+                server.should_exit = True
+    finally:
+        sock.close()
+
+
+@asynccontextmanager
+async def serving_upstream(server: FastMCP, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """Serve an inline FastMCP upstream over Streamable HTTP; yield its ``/mcp`` URL."""
+    async with serving(server.http_app(path="/mcp"), sock) as base:
+        yield f"{base}/mcp"
+
+
+def config_of(data: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:
+    return parse_config(dict(data), dict(environ or {}), source="test-config")
+
+
+@dataclass
+class RunningGateway:
+    gateway: Gateway
+    url: str
+    """The gateway's MCP endpoint, e.g. http://127.0.0.1:PORT/mcp"""
+    base: str
+
+
+@asynccontextmanager
+async def running_gateway(
+    data: Mapping[str, Any], environ: Mapping[str, str] | None = None, settle_timeout: float | None = None
+) -> AsyncIterator[RunningGateway]:
+    """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback."""
+    gateway = Gateway(config_of(data, environ))
+    async with gateway.running(settle_timeout=settle_timeout), serving(build_app(gateway)) as base:
+        yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
+
+
+def python_upstream(script: str, **extra: Any) -> dict[str, Any]:
+    """Config for a stdio upstream running ``tests/servers/<script>`` with this interpreter."""
+    return {"command": sys.executable, "args": [str(SERVERS / script)], **extra}
+
+
+def npm_server(package: str, *args: str) -> dict[str, Any]:
+    """Config for a stdio upstream running an installed npm reference server with node."""
+    entry = NODE_MODULES / "@modelcontextprotocol" / package / "dist" / "index.js"
+    return {"command": "node", "args": [str(entry), *args]}
+
+
+def gateway_env() -> dict[str, str]:
+    """The environment for a gateway subprocess: this venv's scripts first on PATH."""
+    bin_dir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}

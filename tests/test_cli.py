@@ -1,0 +1,111 @@
+"""The command line: check, tools, serve (with a clean shutdown that reaps children)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+import yaml
+from mcp import Client
+
+from agent_gateway.cli import main
+from tests.support import SERVERS, free_socket, gateway_env
+
+
+def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"server": server, "upstreams": upstreams}))
+    return path
+
+
+def counter() -> dict[str, object]:
+    return {"command": sys.executable, "args": [str(SERVERS / "counter.py")]}
+
+
+def test_check_prints_a_summary_and_exits_zero_for_a_valid_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"counter": counter(), "remote": {"url": "http://127.0.0.1:1/mcp"}})
+    assert main(["check", "-c", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: valid" in out
+    assert "upstream counter: stdio" in out
+    assert "upstream remote: streamable-http http://127.0.0.1:1/mcp" in out
+
+
+def test_check_prints_file_field_and_reason_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"bad name": counter()})
+    assert main(["check", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {path}: upstreams.bad name: upstream name 'bad name'" in err
+
+
+def test_tools_json_prints_the_catalog_and_upstream_states(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"counter": counter()})
+    assert main(["--log-level", "warning", "tools", "-c", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    names = {tool["name"]: tool for tool in report["tools"]}
+    assert names["counter__increment"]["upstream"] == "counter"
+    assert names["counter__increment"]["description"].startswith("Add ``by``")
+    assert report["upstreams"] == [
+        {"name": "counter", "transport": "stdio", "state": "up", "last_error": None, "down_for_seconds": None}
+    ]
+
+
+def test_tools_reports_a_failed_upstream_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(
+        tmp_path, {"counter": counter(), "broken": {"command": "/nonexistent/server", "connect_timeout": 5}}
+    )
+    assert main(["--log-level", "error", "tools", "-c", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "counter__increment" in out
+    assert "broken" in out
+    assert "down" in out
+    assert "last error:" in out
+
+
+async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp_path: Path) -> None:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    path = write_config(tmp_path, {"counter": counter()}, port=port)
+    gateway = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        if (await http.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await anyio.sleep(0.05)
+        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+            result = await client.call_tool("counter__pid", {})
+        block = result.content[0]
+        assert isinstance(block, types.TextContent)
+        child = int(block.text)
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(timeout=20) == 0
+        with pytest.raises(ProcessLookupError):
+            os.kill(child, 0)
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)

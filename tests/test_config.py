@@ -1,0 +1,110 @@
+"""gateway.yaml loading: interpolation, validation, error messages, mcpServers JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agent_gateway.config import load_config, parse_config
+from agent_gateway.errors import ConfigError
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_minimal_file_loads_with_defaults(tmp_path: Path) -> None:
+    config = load_config(write(tmp_path, "g.yaml", "upstreams:\n  a: {command: echo}\n"), {})
+    assert config.server.host == "127.0.0.1"
+    assert config.server.path == "/mcp"
+    assert config.upstreams["a"].kind == "stdio"
+    assert config.upstreams["a"].prefix is True
+
+
+def test_variables_are_interpolated_with_defaults(tmp_path: Path) -> None:
+    text = "upstreams:\n  s:\n    url: http://127.0.0.1:${PORT:-3101}/mcp\n    headers: {Authorization: 'Bearer ${TOKEN}'}\n"
+    config = load_config(write(tmp_path, "g.yaml", text), {"TOKEN": "t0k"})
+    assert config.upstreams["s"].url == "http://127.0.0.1:3101/mcp"
+    assert config.upstreams["s"].headers == {"Authorization": "Bearer t0k"}
+    assert config.upstreams["s"].kind == "streamable-http"
+
+
+def test_a_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
+    path = write(tmp_path, "g.yaml", "upstreams:\n  s:\n    url: http://x/${SEARCH_TOKEN}\n")
+    with pytest.raises(
+        ConfigError, match=r"g\.yaml: upstreams\.s\.url: environment variable SEARCH_TOKEN is not set"
+    ):
+        load_config(path, {})
+
+
+def test_an_unknown_key_is_reported_with_its_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "g.yaml", "upstreams:\n  a: {command: echo, timout: 3}\n")
+    with pytest.raises(ConfigError, match=r"g\.yaml: upstreams\.a\.timout: unknown key 'timout'"):
+        load_config(path, {})
+
+
+def test_a_wrong_type_is_reported_with_its_path(tmp_path: Path) -> None:
+    path = write(tmp_path, "g.yaml", "upstreams:\n  a: {command: echo, timeout: soon}\n")
+    with pytest.raises(ConfigError, match=r"upstreams\.a\.timeout: Input should be a valid number"):
+        load_config(path, {})
+
+
+def test_a_bad_upstream_name_is_rejected(tmp_path: Path) -> None:
+    path = write(tmp_path, "g.yaml", "upstreams:\n  'my server': {command: echo}\n")
+    with pytest.raises(ConfigError, match=r"upstreams\.my server: upstream name 'my server' must be"):
+        load_config(path, {})
+
+
+def test_an_upstream_needs_exactly_one_of_command_or_url() -> None:
+    with pytest.raises(ConfigError, match=r"upstreams\.a: set exactly one of 'command'"):
+        parse_config({"upstreams": {"a": {"command": "x", "url": "http://y"}}}, {}, source="s")
+
+
+def test_several_problems_are_reported_together() -> None:
+    with pytest.raises(ConfigError, match="2 problems") as caught:
+        parse_config({"upstreams": {"a": {"command": "x", "bogus": 1, "timeout": -1}}}, {}, source="s")
+    assert "upstreams.a.bogus" in str(caught.value)
+    assert "upstreams.a.timeout" in str(caught.value)
+
+
+def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"g\.yaml: not valid YAML"):
+        load_config(write(tmp_path, "g.yaml", "upstreams: [unclosed\n"), {})
+
+
+def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read the file"):
+        load_config(tmp_path / "nope.yaml", {})
+
+
+def test_the_mcp_servers_json_format_is_accepted(tmp_path: Path) -> None:
+    data = {
+        "mcpServers": {
+            "fs": {"command": "npx", "args": ["-y", "server-filesystem", "/tmp"], "env": {"A": "1"}},
+            "remote": {"type": "http", "url": "http://127.0.0.1:9/mcp", "headers": {"X": "y"}},
+            "old": {"type": "sse", "url": "http://127.0.0.1:9/sse", "disabled": True},
+        }
+    }
+    config = load_config(write(tmp_path, "claude.json", json.dumps(data)), {})
+    assert config.upstreams["fs"].args == ("-y", "server-filesystem", "/tmp")
+    assert config.upstreams["remote"].kind == "streamable-http"
+    assert config.upstreams["old"].kind == "sse"
+    assert list(config.active_upstreams) == ["fs", "remote"]
+
+
+def test_secrets_do_not_appear_in_the_config_repr() -> None:
+    config = parse_config(
+        {"upstreams": {"a": {"url": "http://x", "headers": {"Authorization": "Bearer s3cret"}}}},
+        {},
+        source="s",
+    )
+    assert "s3cret" not in repr(config)
+
+
+def test_the_example_gateway_yaml_is_valid() -> None:
+    config = load_config(Path(__file__).resolve().parent.parent / "gateway.yaml", {})
+    assert set(config.upstreams) >= {"everything", "memory", "notes"}

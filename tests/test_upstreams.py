@@ -1,0 +1,208 @@
+"""Upstream life: failures at start-up, recovery, crashes, hangs, catalog changes, reaping."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+from anyio.abc import TaskStatus
+from fastmcp import FastMCP
+from mcp import Client
+from mcp.client.session import IncomingMessage
+
+from tests.support import free_socket, python_upstream, running_gateway, serving_upstream
+
+
+def gated_server(gate: anyio.Event) -> FastMCP:
+    server = FastMCP("slow")
+
+    @server.tool
+    async def wait() -> str:
+        """Wait until the test opens the gate."""
+        await gate.wait()
+        return "released"
+
+    @server.tool
+    def ping() -> str:
+        """Answer at once."""
+        return "pong"
+
+    return server
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def wait_until(predicate: Any, bound: float) -> None:
+    with anyio.fail_after(bound):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+def text_of(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_an_upstream_down_at_start_up_does_not_stop_the_others_and_is_reported() -> None:
+    dead = free_socket()  # bound, never listening: connections are refused
+    config = {
+        "upstreams": {
+            "counter": python_upstream("counter.py"),
+            "gone": {"url": f"http://127.0.0.1:{dead.getsockname()[1]}/mcp"},
+        }
+    }
+    try:
+        async with (
+            running_gateway(config) as gw,
+            Client(gw.url) as client,
+            httpx.AsyncClient(base_url=gw.base) as http,
+        ):
+            assert text_of(await client.call_tool("counter__increment", {"by": 2})) == "2"
+            ready = await http.get("/readyz")
+            assert ready.status_code == 503
+            assert [m["name"] for m in ready.json()["missing"]] == ["gone"]
+            assert ready.json()["missing"][0]["last_error"]
+    finally:
+        dead.close()
+
+
+async def serve_until(server: FastMCP, stop: anyio.Event, *, task_status: TaskStatus[str]) -> None:
+    """Serve ``server`` in this task (so it can stop while others run) until ``stop`` is set."""
+    async with serving_upstream(server) as url:
+        task_status.started(url)
+        await stop.wait()
+
+
+async def test_a_call_to_an_upstream_that_went_away_fails_quickly_naming_it() -> None:
+    stop, stopped = anyio.Event(), anyio.Event()
+
+    async def upstream(*, task_status: TaskStatus[str]) -> None:
+        await serve_until(gated_server(anyio.Event()), stop, task_status=task_status)
+        stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(upstream)
+        config = {"upstreams": {"slow": {"url": url, "timeout": 30}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            assert text_of(await client.call_tool("slow__ping", {})) == "pong"
+            stop.set()
+            with anyio.fail_after(10):
+                await stopped.wait()
+            started = time.monotonic()
+            result = await client.call_tool("slow__ping", {})
+            elapsed = time.monotonic() - started
+            again = await client.call_tool("slow__ping", {})
+            assert result.is_error
+            assert "upstream 'slow'" in text_of(result)
+            assert elapsed < 10  # well inside the 30 s timeout
+            assert again.is_error
+            assert "upstream 'slow'" in text_of(again)
+
+
+async def test_an_upstream_that_comes_up_later_is_connected_and_clients_are_told() -> None:
+    sock = free_socket()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    changes: list[IncomingMessage] = []
+
+    async def record(message: IncomingMessage) -> None:
+        changes.append(message)
+
+    async with (
+        running_gateway({"upstreams": {"late": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy", message_handler=record) as client,
+    ):
+        assert (await client.list_tools()).tools == []
+        async with serving_upstream(gated_server(anyio.Event()), sock):
+            await wait_until(
+                lambda: any(isinstance(m, types.ToolListChangedNotification) for m in changes), 20
+            )
+            assert "late__ping" in {t.name for t in (await client.list_tools()).tools}
+            assert text_of(await client.call_tool("late__ping", {})) == "pong"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstream_tool_list_change_is_relayed_to_clients(mode: str) -> None:
+    changed = anyio.Event()
+
+    async def record(message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with (
+        running_gateway(config) as gw,
+        Client(gw.url, mode="legacy", message_handler=record) as watcher,
+    ):
+        async with Client(gw.url, mode=mode) as caller:
+            await caller.call_tool("counter__add_tool", {"name": "fresh"})
+        with anyio.fail_after(10):
+            await changed.wait()
+        assert "counter__fresh" in {t.name for t in (await watcher.list_tools()).tools}
+
+
+async def test_a_modern_client_hears_of_catalog_changes_on_its_listen_stream() -> None:
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url, mode="auto") as client:
+        async with client.listen(tools_list_changed=True) as subscription:
+            await client.call_tool("counter__add_tool", {"name": "later"})
+            with anyio.fail_after(10):
+                event = await subscription.__anext__()
+        assert type(event).__name__ == "ToolsListChanged"
+        assert "counter__later" in {t.name for t in (await client.list_tools()).tools}
+
+
+async def test_a_crashing_stdio_upstream_fails_the_call_at_once_and_is_restarted() -> None:
+    config = {"upstreams": {"counter": python_upstream("counter.py", timeout=60)}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        first_pid = int(text_of(await client.call_tool("counter__pid", {})))
+        started = time.monotonic()
+        crashed = await client.call_tool("counter__crash", {})
+        assert crashed.is_error
+        assert "upstream 'counter'" in text_of(crashed)
+        assert time.monotonic() - started < 5  # not the 60 s timeout
+        upstream = gw.gateway.pool.get("counter")
+        await wait_until(lambda: upstream.state == "up", 20)
+        second_pid = int(text_of(await client.call_tool("counter__pid", {})))
+    assert second_pid != first_pid
+    assert not pid_alive(first_pid)
+
+
+async def test_a_hung_call_times_out_naming_the_upstream_while_others_keep_working() -> None:
+    gate = anyio.Event()
+    async with serving_upstream(gated_server(gate)) as url:
+        config = {"upstreams": {"slow": {"url": url, "timeout": 1}, "counter": python_upstream("counter.py")}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            outcome: dict[str, types.CallToolResult] = {}
+
+            async def hang() -> None:
+                outcome["hung"] = await client.call_tool("slow__wait", {})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(hang)
+                for _ in range(5):
+                    assert not (await client.call_tool("counter__increment", {})).is_error
+            gate.set()
+    hung = outcome["hung"]
+    assert hung.is_error
+    assert "upstream 'slow'" in text_of(hung)
+    assert "no answer within 1s" in text_of(hung)
+
+
+async def test_stdio_children_are_reaped_when_the_gateway_stops() -> None:
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        pid = int(text_of(await client.call_tool("counter__pid", {})))
+        assert pid_alive(pid)
+    await wait_until(lambda: not pid_alive(pid), 10)
