@@ -8,11 +8,12 @@ from types import TracebackType
 from typing import Any
 
 import anyio
+import httpx2
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
 from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
@@ -73,6 +74,16 @@ async def watched(transport: Transport, closed: anyio.Event) -> AsyncIterator[Tr
         yield WatchedReadStream(read_stream, closed), write_stream
 
 
+def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
+    # The upstream connection is shared by every client of the gateway: keep enough idle
+    # connections alive for them (httpx2 keeps 20 by default, so 32 callers churn sockets).
+    return httpx2.AsyncClient(
+        headers=dict(config.headers),
+        timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
+        limits=httpx2.Limits(max_connections=256, max_keepalive_connections=128),
+    )
+
+
 @asynccontextmanager
 async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStreams]:
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child)."""
@@ -92,6 +103,6 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
             if kind == "sse":
                 transport = sse_client(config.url, headers=dict(config.headers))
             else:
-                http = await stack.enter_async_context(create_mcp_http_client(headers=dict(config.headers)))
+                http = await stack.enter_async_context(_http_client(config))
                 transport = streamable_http_client(config.url, http_client=http)
         yield await stack.enter_async_context(transport)
