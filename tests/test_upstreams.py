@@ -167,13 +167,14 @@ async def test_a_crashing_stdio_upstream_fails_the_call_at_once_and_is_restarted
     config = {"upstreams": {"counter": python_upstream("counter.py", timeout=60)}}
     async with running_gateway(config) as gw, Client(gw.url) as client:
         first_pid = int(text_of(await client.call_tool("counter__pid", {})))
+        first_up = gw.gateway.pool.get("counter").up_since
         started = time.monotonic()
         crashed = await client.call_tool("counter__crash", {})
         assert crashed.is_error
         assert "upstream 'counter'" in text_of(crashed)
         assert time.monotonic() - started < 5  # not the 60 s timeout
         upstream = gw.gateway.pool.get("counter")
-        await wait_until(lambda: upstream.state == "up", 20)
+        await wait_until(lambda: upstream.state == "up" and upstream.up_since != first_up, 20)
         second_pid = int(text_of(await client.call_tool("counter__pid", {})))
     assert second_pid != first_pid
     assert not pid_alive(first_pid)
