@@ -25,25 +25,26 @@ import logging
 import math
 import multiprocessing
 import shlex
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 
 import anyio
-import uvicorn
 from fastmcp import Client as FastMCPClient
 from fastmcp import FastMCP
 from fastmcp.server import create_proxy
 from mcp import Client
-from starlette.types import ASGIApp
 
 from agent_gateway.config import parse_config
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: make `tests` importable
+from tests.support import serving
 
 STARTUP_BOUND = 30.0
 """Seconds a server (or a child process serving one) may take to start."""
@@ -75,34 +76,9 @@ def make_upstream() -> FastMCP:
 
 
 @asynccontextmanager
-async def serving(app: ASGIApp, path: str = "/mcp") -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on an ephemeral loopback port; yield ``http://...{path}``."""
-    # IPPROTO_TCP, not the default 0: asyncio sets TCP_NODELAY only on sockets that name it, and
-    # without it a response written as headers then body waits out a 40 ms delayed ACK.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # we own shutdown
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(server.serve, [sock])
-            with anyio.fail_after(STARTUP_BOUND):
-                while not server.started:
-                    await anyio.sleep(0.005)
-            try:
-                yield f"http://127.0.0.1:{port}{path}"
-            finally:
-                server.should_exit = True
-    finally:
-        sock.close()
-
-
-@asynccontextmanager
 async def upstream_server(_: str = "") -> AsyncIterator[str]:
-    async with serving(make_upstream().http_app(path="/mcp")) as url:
-        yield url
+    async with serving(make_upstream().http_app(path="/mcp")) as base:
+        yield f"{base}/mcp"
 
 
 @asynccontextmanager
@@ -114,7 +90,7 @@ async def direct(upstream: str) -> AsyncIterator[str]:
 async def via_gateway(upstream: str) -> AsyncIterator[str]:
     config = parse_config({"upstreams": {"up": {"url": upstream}}}, {}, source="bench")
     gateway = Gateway(config)
-    async with gateway.running(settle_timeout=STARTUP_BOUND), serving(build_app(gateway), "") as base:
+    async with gateway.running(settle_timeout=STARTUP_BOUND), serving(build_app(gateway)) as base:
         yield f"{base}{config.server.path}"
 
 
@@ -123,14 +99,14 @@ async def via_fastmcp_reused(upstream: str) -> AsyncIterator[str]:
     # A connected plain fastmcp.Client makes create_proxy reuse its one session for every call.
     async with FastMCPClient(upstream, timeout=CALL_TIMEOUT) as backend:
         proxy = create_proxy(backend, name="fastmcp-proxy-reused")
-        async with serving(proxy.http_app(path="/mcp")) as url:
-            yield url
+        async with serving(proxy.http_app(path="/mcp")) as base:
+            yield f"{base}/mcp"
 
 
 @asynccontextmanager
 async def via_fastmcp_default(upstream: str) -> AsyncIterator[str]:
-    async with serving(create_proxy(upstream, name="fastmcp-proxy").http_app(path="/mcp")) as url:
-        yield url
+    async with serving(create_proxy(upstream, name="fastmcp-proxy").http_app(path="/mcp")) as base:
+        yield f"{base}/mcp"
 
 
 SERVERS: dict[str, Serve] = {
