@@ -19,14 +19,16 @@ from fastmcp.resources.base import Resource, ResourceContent, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers import Provider
-from fastmcp.tools.base import Tool, ToolResult
+from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
-from mcp.shared.dispatcher import ProgressFnT
 from pydantic import AnyUrl, PrivateAttr
 
+from agent_gateway import sessions
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.errors import GatewayError, UnknownName
-from agent_gateway.proxy import Proxy
+from agent_gateway.proxy import Caller, Proxy
+
+_LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
 
 
 class GatewayTool(Tool):
@@ -51,9 +53,11 @@ class GatewayTool(Tool):
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
         try:
-            result = await self._proxy.call_tool(self.name, arguments, progress=_progress_relay())
+            result = await self._proxy.call_tool(self.name, arguments, current_caller())
         except GatewayError as exc:
             raise ToolError(str(exc)) from exc
+        if isinstance(result, types.InputRequiredResult):
+            return InputRequiredToolResult(result)  # the upstream asks; a modern client answers
         return ToolResult(
             content=result.content,
             structured_content=result.structured_content,
@@ -62,30 +66,24 @@ class GatewayTool(Tool):
         )
 
 
-def _progress_relay() -> ProgressFnT | None:
-    """Relay upstream progress to the calling client under the client's own token.
-
-    Everything is read now, in the request's task: the relay later runs on the upstream
-    connection's read loop, where FastMCP's request context variables are not this request's.
-    """
+def current_caller() -> Caller | None:
+    """The client request being served, captured in its own task (None outside a request)."""
+    session = sessions.CURRENT.get()
     context = get_context()
     request = context.request_context
-    meta = request.meta if request is not None else None  # the raw wire `_meta`
-    token = meta.get("progressToken") if meta is not None else None
-    if token is None:
+    if session is None or request is None:
         return None
-    session, request_id = context.session, context.request_id
-
-    async def relay(progress: float, total: float | None, message: str | None) -> None:
-        await session.send_progress_notification(
-            progress_token=token,
-            progress=progress,
-            total=total,
-            message=message,
-            related_request_id=request_id,
-        )
-
-    return relay
+    meta = request.meta or {}  # the raw wire `_meta` (camelCase keys)
+    level = meta.get(_LOG_LEVEL_META_KEY)
+    return Caller(
+        session=session,
+        server_session=context.session,
+        request_id=request.request_id,
+        progress_token=meta.get("progressToken"),
+        request_log_level=level if level in sessions.LEVELS else None,
+        input_responses=context.input_responses,
+        request_state=context.request_state,
+    )
 
 
 class GatewayPrompt(Prompt):
@@ -112,7 +110,7 @@ class GatewayPrompt(Prompt):
 
     async def render(self, arguments: dict[str, Any] | None = None) -> PromptResult:
         try:
-            result = await self._proxy.get_prompt(self.name, _as_strings(arguments))
+            result = await self._proxy.get_prompt(self.name, _as_strings(arguments), current_caller())
         except GatewayError as exc:
             raise PromptError(str(exc)) from exc
         messages = [Message(m.content, role=m.role) for m in result.messages]
@@ -152,7 +150,7 @@ class GatewayResource(Resource):
 
     async def read(self) -> ResourceResult:
         try:
-            result = await self._proxy.read_resource(self._public_uri)
+            result = await self._proxy.read_resource(self._public_uri, current_caller())
         except GatewayError as exc:
             raise ResourceError(str(exc)) from exc
         return ResourceResult(contents=[_content(item) for item in result.contents], meta=result.meta)

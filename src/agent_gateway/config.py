@@ -48,6 +48,8 @@ class UpstreamConfig(_Strict):
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
     rename: dict[str, str] = Field(default_factory=dict)
+    session: Literal["shared", "per_client"] = "shared"
+    """``shared``: one multiplexed upstream session; ``per_client``: one per downstream session."""
     enabled: bool = True
 
     @model_validator(mode="after")
@@ -82,6 +84,8 @@ class ServerConfig(_Strict):
     path: str = Field(default="/mcp", pattern=r"^/[A-Za-z0-9_./-]*$")
     separator: str = Field(default=DEFAULT_SEPARATOR, pattern=r"^[A-Za-z0-9_-]{1,3}$")
     instructions: str | None = None
+    session_idle_timeout: Seconds = 1800.0
+    """An HTTP session with no request for this long is ended (and what it held released)."""
 
 
 class GatewayConfig(_Strict):

@@ -1,4 +1,4 @@
-"""The Starlette app: the MCP endpoint plus ``/healthz`` and ``/readyz``."""
+"""The Starlette app: the MCP endpoint plus ``/healthz``, ``/readyz`` and ``/status``."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from agent_gateway.server import Gateway
 
 def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
-    mcp_app = gateway.server.http_app(path=gateway.config.server.path)
+    mcp_app = gateway.server.http_app(
+        path=gateway.config.server.path, session_idle_timeout=gateway.config.server.session_idle_timeout
+    )
 
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
@@ -26,6 +28,9 @@ def build_app(gateway: Gateway) -> Starlette:
         body = {"ready": not missing, "missing": missing, "upstreams": [s.as_dict() for s in statuses]}
         return JSONResponse(body, status_code=200 if not missing else 503)
 
+    async def status(_: Request) -> JSONResponse:
+        return JSONResponse(gateway.status())
+
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         # The gateway itself (upstreams, catalog) is run by the caller around the server,
@@ -34,6 +39,11 @@ def build_app(gateway: Gateway) -> Starlette:
             yield
 
     return Starlette(
-        routes=[Route("/healthz", healthz), Route("/readyz", readyz), Mount("/", app=mcp_app)],
+        routes=[
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/status", status),
+            Mount("/", app=mcp_app),
+        ],
         lifespan=lifespan,
     )

@@ -7,12 +7,9 @@ Handshake-era sessions get ``notifications/*/list_changed`` on their connection;
 from __future__ import annotations
 
 import logging
-import weakref
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable
 
 import anyio
-from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.server.connection import Connection
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
@@ -22,7 +19,6 @@ from mcp.server.subscriptions import (
     ServerEvent,
     ToolsListChanged,
 )
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.catalog import Kind
 
@@ -36,28 +32,19 @@ _EVENTS: dict[Kind, ServerEvent] = {
 }
 
 
-class ListChangedNotifier(Middleware):
-    """Remembers live handshake-era sessions and fans catalog changes out to every client."""
+class ListChangedNotifier:
+    """Fans catalog changes out to every client, in both eras."""
 
-    def __init__(self) -> None:
-        # Connections, not ServerSession objects: a ServerSession is made per request and
-        # would be gone (weakly held) before the catalog changes.
-        self._connections: weakref.WeakSet[Connection] = weakref.WeakSet()
+    def __init__(self, connections: Callable[[], Iterable[Connection]]) -> None:
+        self._connections = connections
         self.bus = InMemorySubscriptionBus()
         self.listen_handler = ListenHandler(self.bus)
-
-    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
-        ctx = context.fastmcp_context
-        request = ctx.request_context if ctx is not None else None
-        if request is not None and request.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._connections.add(request.session._connection)  # pyright: ignore[reportPrivateUsage]
-        return await call_next(context)
 
     async def notify(self, kinds: frozenset[Kind]) -> None:
         """Send one list_changed per changed kind to every session, and publish to listeners."""
         for kind in sorted(kinds):
             await self.bus.publish(_EVENTS[kind])
-        for connection in list(self._connections):
+        for connection in list(self._connections()):
             # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
             with anyio.move_on_after(_SEND_TIMEOUT):
                 for kind in sorted(kinds):

@@ -1,30 +1,125 @@
-"""Forwarding one request to the upstream that owns it: lookup, validation, call."""
+"""Forwarding one request to the upstream that owns it, and carrying back what the upstream
+sends during it: progress under the client's token, log lines tagged with the upstream's
+name, sampling / elicitation / roots requests answered by the client that caused them.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
+import warnings
+from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import mcp_types as types
+from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
 
 from agent_gateway.catalog import Catalog
+from agent_gateway.errors import GatewayError
+from agent_gateway.sessions import LEVELS, DownstreamSession, refusal, result_type, tagged, wanted
 from agent_gateway.upstreams import UpstreamPool
+from agent_gateway.upstreams.dedicated import DedicatedSessions
+from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 
+_SEND_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, eq=False)
+class Caller:
+    """One client request being served: where its progress, logs and questions go.
+
+    Everything is captured in the request's own task: the relays run later on an upstream
+    connection's tasks, where the server's request context is not this request's.
+    """
+
+    session: DownstreamSession
+    server_session: ServerSession
+    request_id: types.RequestId | None
+    progress_token: types.ProgressToken | None = None
+    request_log_level: types.LoggingLevel | None = None
+    input_responses: types.InputResponses | None = None
+    request_state: str | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.session.id
+
+    @property
+    def modern(self) -> bool:
+        return self.session.modern
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self.session.capabilities
+
+    @property
+    def log_level(self) -> types.LoggingLevel | None:
+        return self.request_log_level if self.modern else self.session.log_level
+
+    def progress_relay(self) -> ProgressFnT | None:
+        token = self.progress_token
+        if token is None:
+            return None
+
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            await self.server_session.send_progress_notification(
+                progress_token=token,
+                progress=progress,
+                total=total,
+                message=message,
+                related_request_id=None if self.request_id is None else str(self.request_id),
+            )
+
+        return relay
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        # The modern era filters by the request's own opt-in inside send_log_message.
+        if not self.modern and not wanted(params.level, self.session.log_level):
+            return
+        with warnings.catch_warnings(), anyio.move_on_after(_SEND_TIMEOUT):
+            warnings.simplefilter("ignore")  # logging is deprecated in 2026-07-28, still served
+            await self.server_session.send_log_message(
+                params.level, params.data, logger=tagged(upstream, params), related_request_id=self.request_id
+            )
+
+    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        if (refused := refusal(self.session, request)) is not None:
+            logger.warning(
+                "%s from %s for session %s refused: %s",
+                request.method,
+                upstream,
+                self.session_id,
+                refused.message,
+            )
+            return refused
+        logger.info("relaying %s from %s to session %s", request.method, upstream, self.session_id)
+        try:
+            return await self.server_session.send_request(
+                request,  # pyright: ignore[reportArgumentType]
+                result_type(request),
+                metadata=ServerMessageMetadata(related_request_id=self.request_id),
+            )
+        except MCPError as exc:
+            return exc.error
+
 
 class Proxy:
-    """Routes public names to upstreams through the current catalog snapshot."""
+    """Routes public names to upstream sessions through the current catalog snapshot."""
 
-    def __init__(self, catalog: Catalog, pool: UpstreamPool) -> None:
+    def __init__(self, catalog: Catalog, pool: UpstreamPool, dedicated: DedicatedSessions) -> None:
         self._catalog = catalog
         self._pool = pool
+        self._dedicated = dedicated
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, progress: ProgressFnT | None = None
-    ) -> types.CallToolResult:
+        self, name: str, arguments: dict[str, Any], caller: Caller | None = None
+    ) -> types.CallToolResult | types.InputRequiredResult:
         """Validate and forward a tool call.
 
         Raises:
@@ -34,19 +129,66 @@ class Proxy:
         origin = snapshot.tool(name)
         snapshot.validate_arguments(name, arguments)
         started = time.perf_counter()
+        session = await self._session(origin.upstream, caller)
         try:
-            return await self._pool.get(origin.upstream).call_tool(origin.name, arguments, progress=progress)
+            return await session.call_tool(origin.name, arguments, caller)
         finally:
             logger.debug(
-                "tools/call %s -> %s (%.1f ms)", name, origin.upstream, (time.perf_counter() - started) * 1e3
+                "tools/call %s -> %s (%.1f ms)", name, session.id, (time.perf_counter() - started) * 1e3
             )
 
-    async def get_prompt(self, name: str, arguments: dict[str, str] | None) -> types.GetPromptResult:
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None, caller: Caller | None = None
+    ) -> types.GetPromptResult:
         """Forward a prompt render (raises UnknownName or UpstreamError)."""
         origin = self._catalog.snapshot.prompt(name)
-        return await self._pool.get(origin.upstream).get_prompt(origin.name, arguments)
+        session = await self._session(origin.upstream, caller)
+        return await session.get_prompt(origin.name, arguments, caller)
 
-    async def read_resource(self, uri: str) -> types.ReadResourceResult:
+    async def read_resource(self, uri: str, caller: Caller | None = None) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        return await self._pool.get(upstream).read_resource(upstream_uri)
+        session = await self._session(upstream, caller)
+        return await session.read_resource(upstream_uri, caller)
+
+    async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
+        shared = self._pool.get(upstream)
+        if caller is None or shared.config.session != "per_client":
+            session = shared.session()
+        else:
+            session = await self._dedicated.get(upstream, caller.session)
+        if caller is not None:
+            caller.session.used(session.id)
+        return session
+
+    async def apply_log_level(self, session: DownstreamSession, sessions: list[DownstreamSession]) -> None:
+        """Apply a client's ``logging/setLevel`` upstream.
+
+        A dedicated upstream session takes the client's level as it is; a shared one takes
+        the most verbose level any client asked for (each client's lines are filtered to its
+        own level on the way back).
+        """
+        levels: list[types.LoggingLevel] = [s.log_level for s in sessions if s.log_level is not None]
+        shared_level: types.LoggingLevel | None = min(levels, key=LEVELS.index) if levels else None
+        targets: list[tuple[UpstreamSession, types.LoggingLevel]] = []
+        for upstream in self._pool.upstreams.values():
+            live = upstream.live_session()
+            if live is not None and shared_level is not None:
+                targets.append((live, shared_level))
+        for dedicated in self._dedicated.live:
+            if dedicated.owner is session and session.log_level is not None:
+                targets.append((dedicated, session.log_level))
+        for target, level in targets:
+            with anyio.move_on_after(_SEND_TIMEOUT):
+                try:
+                    await target.set_logging_level(level)
+                except GatewayError as exc:  # one upstream refusing must not fail the client's request
+                    logger.warning("logging/setLevel %s on %s failed: %s", level, target.id, exc)
+
+    def pending(self) -> int:
+        """Calls in flight upstream, on shared and dedicated sessions."""
+        shared = [u.live_session() for u in self._pool.upstreams.values()]
+        return sum(s.pending for s in shared if s is not None) + sum(s.pending for s in self._dedicated.live)
+
+    async def end_session(self, session: DownstreamSession) -> None:
+        await self._dedicated.close(session.id)

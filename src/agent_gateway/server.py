@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import mcp_types as types
 from fastmcp import FastMCP
@@ -15,7 +18,9 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
+from agent_gateway.sessions import DownstreamSession, SessionRegistry
 from agent_gateway.upstreams import UpstreamPool
+from agent_gateway.upstreams.dedicated import DedicatedSessions
 
 logger = logging.getLogger(__name__)
 
@@ -26,15 +31,19 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.catalog = Catalog(config)
-        self.pool = UpstreamPool(config.active_upstreams, self.catalog.update)
-        self.proxy = Proxy(self.catalog, self.pool)
-        self.notifier = ListChangedNotifier()
+        self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
+        self.pool = UpstreamPool(config.active_upstreams, self.catalog.update, self.sessions.broadcast_log)
+        self.dedicated = DedicatedSessions(config.active_upstreams)
+        self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
+        self.notifier = ListChangedNotifier(
+            lambda: (s.connection for s in self.sessions.handshake_sessions() if s.connection is not None)
+        )
         self.catalog.subscribe(self.notifier.notify)
         self.server = FastMCP(
             config.server.name,
             instructions=config.server.instructions,
             providers=[CatalogProvider(self.catalog, self.proxy)],
-            middleware=[self.notifier],
+            middleware=[self.sessions],
         )
         # FastMCP does not serve subscriptions/listen; modern clients learn of changes there.
         self.server._mcp_server.add_request_handler(  # pyright: ignore[reportPrivateUsage]
@@ -49,7 +58,7 @@ class Gateway:
             ConfigError: two upstreams produce the same public name at start-up.
         """
         refused: ConfigError | None = None
-        async with self.pool.running(settle_timeout=settle_timeout):
+        async with self.pool.running(settle_timeout=settle_timeout), self.dedicated.running():
             try:
                 snapshot = self.catalog.start()
             except ConfigError as exc:
@@ -63,6 +72,41 @@ class Gateway:
                     self.notifier.listen_handler.close()
         if refused is not None:
             raise refused
+
+    async def _session_ended(self, session: DownstreamSession) -> None:
+        await self.proxy.end_session(session)
+
+    async def _level_set(self, session: DownstreamSession) -> None:
+        await self.proxy.apply_log_level(session, list(self.sessions.live.values()))
+
+    def status(self) -> dict[str, object]:
+        """Live counts for ``/status``: what tests and operators check for leaks."""
+        shared = [u.live_session() for u in self.pool.upstreams.values()]
+        return {
+            "sessions": {
+                "live": len(self.sessions.live),
+                "opened": self.sessions.opened,
+                "ended": self.sessions.ended,
+            },
+            "upstream_sessions": {
+                "shared": sum(s is not None for s in shared),
+                "dedicated": len(self.dedicated.live),
+                "dedicated_opened": self.dedicated.opened,
+            },
+            "pending_calls": self.proxy.pending(),
+            "tasks": len(asyncio.all_tasks()),
+            "child_processes": len(child_pids()),
+            "upstreams": [s.as_dict() for s in self.pool.statuses()],
+        }
+
+
+def child_pids() -> list[int]:
+    """This process's live child processes (Linux ``/proc``; empty where it is absent)."""
+    pids: list[int] = []
+    for path in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in path.read_text().split()]
+    return pids
 
 
 def _instructions(own: str | None, snapshot: CatalogSnapshot) -> str | None:

@@ -10,29 +10,24 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
 import anyio
-import httpx2
 import mcp_types as types
 from mcp import Client
 from mcp.client.session import IncomingMessage
-from mcp.shared.dispatcher import ProgressFnT
-from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.upstreams.session import Broadcast, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)
 
-CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
 _PAGE_CAP = 1000
 _LIST_CHANGED = (
     types.ToolListChangedNotification,
@@ -82,9 +77,15 @@ class Backoff:
 
 
 class Upstream:
-    """The life of one upstream connection and the calls made over it."""
+    """The life of one upstream's shared connection: connect, list, watch, reconnect."""
 
-    def __init__(self, name: str, config: UpstreamConfig, on_listing: ListingCallback) -> None:
+    def __init__(
+        self,
+        name: str,
+        config: UpstreamConfig,
+        on_listing: ListingCallback,
+        broadcast: Broadcast | None = None,
+    ) -> None:
         self.name = name
         self.config = config
         self.state = UpstreamState.CONNECTING
@@ -94,8 +95,8 @@ class Upstream:
         self.settled = anyio.Event()
         """Set once the first connection attempt has either succeeded or failed."""
         self._on_listing = on_listing
-        self._client: Client | None = None
-        self._lost = anyio.Event()
+        self._broadcast = broadcast
+        self._session: UpstreamSession | None = None
         self._refresh = anyio.Event()
         self._backoff = Backoff()
 
@@ -109,47 +110,39 @@ class Upstream:
             except Exception as exc:  # top of this upstream's life: record, log, retry
                 self._mark_down(exc)
             finally:
-                self._client = None
+                self._session = None
                 self.settled.set()
             await anyio.sleep(self._backoff.next_delay())
 
     async def _connect_and_serve(self) -> None:
         self.state = UpstreamState.CONNECTING
-        self._lost = anyio.Event()
+        session = UpstreamSession(self.name, self.config, broadcast=self._broadcast)
         # One scope around the whole connection: a deadline while connecting, none after.
         # (A timeout scope around only the entry would exit before the client's task group.)
         with anyio.CancelScope(deadline=anyio.current_time() + self.config.connect_timeout) as connecting:
-            async with self._new_client() as client:
+            transport = watched(open_transport(self.config), session.lost)
+            async with session.new_client(transport, self._on_message) as client:
                 listing = await fetch_listing(client)
                 connecting.deadline = math.inf
-                self._client = client
+                session.attach(client)
+                self._session = session
                 self._mark_up(client)
                 await self._on_listing(self.name, listing)
                 self.settled.set()
-                await self._serve(client)
+                await self._serve(client, session)
         if connecting.cancelled_caught:
             raise UpstreamUnavailable(
                 self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)"
             )
         raise UpstreamUnavailable(self.name, "connection closed")
 
-    async def _serve(self, client: Client) -> None:
+    async def _serve(self, client: Client, session: UpstreamSession) -> None:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(self._refresh_on_change, client)
+            tg.start_soon(self._refresh_on_change, client, session)
             if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 tg.start_soon(self._listen_for_changes, client)
-            await self._lost.wait()
+            await session.lost.wait()
             tg.cancel_scope.cancel()
-
-    def _new_client(self) -> Client:
-        return Client(
-            watched(open_transport(self.config), self._lost),
-            mode=self.config.protocol,
-            read_timeout_seconds=self.config.timeout,
-            message_handler=self._on_message,
-            client_info=CLIENT_INFO,
-            cache=None,  # the catalog is our cache; a second one would serve stale listings
-        )
 
     def _mark_up(self, client: Client) -> None:
         self.state = UpstreamState.UP
@@ -172,11 +165,11 @@ class Upstream:
         if isinstance(message, _LIST_CHANGED):
             self._refresh.set()
 
-    async def _refresh_on_change(self, client: Client) -> None:
+    async def _refresh_on_change(self, client: Client, session: UpstreamSession) -> None:
         while True:
             await self._refresh.wait()
             self._refresh = anyio.Event()
-            with self._translated("list"):
+            with session.translated("list"):
                 listing = await fetch_listing(client)
             logger.info("upstream %s changed its catalog; refreshed", self.name)
             await self._on_listing(self.name, listing)
@@ -197,70 +190,22 @@ class Upstream:
 
     # -- calls --------------------------------------------------------------------------
 
-    async def call_tool(
-        self,
-        name: str,
-        arguments: dict[str, Any],
-        *,
-        meta: dict[str, Any] | None = None,
-        progress: ProgressFnT | None = None,
-    ) -> types.CallToolResult:
-        """Call ``name`` upstream.
+    def live_session(self) -> UpstreamSession | None:
+        """The shared session if the upstream is connected now."""
+        session = self._session
+        return session if session is not None and session.client is not None else None
+
+    def session(self) -> UpstreamSession:
+        """The shared session calls go over.
 
         Raises:
-            UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
+            UpstreamUnavailable: the upstream is not connected now.
         """
-        client = self._connected()
-        with self._translated(f"tool {name!r}"):
-            return await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
-
-    async def get_prompt(
-        self, name: str, arguments: dict[str, str] | None, *, meta: dict[str, Any] | None = None
-    ) -> types.GetPromptResult:
-        """Render prompt ``name`` upstream (raises like ``call_tool``)."""
-        client = self._connected()
-        with self._translated(f"prompt {name!r}"):
-            return await client.get_prompt(name, arguments, meta=meta)  # pyright: ignore[reportArgumentType]
-
-    async def read_resource(
-        self, uri: str, *, meta: dict[str, Any] | None = None
-    ) -> types.ReadResourceResult:
-        """Read ``uri`` upstream (raises like ``call_tool``)."""
-        client = self._connected()
-        with self._translated(f"resource {uri!r}"):
-            return await client.read_resource(uri, meta=meta)  # pyright: ignore[reportArgumentType]
-
-    def _connected(self) -> Client:
-        client = self._client
-        if client is None or self.state != UpstreamState.UP:
+        session = self._session
+        if session is None or session.client is None or self.state != UpstreamState.UP:
             reason = f": {self.last_error}" if self.last_error else ""
             raise UpstreamUnavailable(self.name, f"not connected ({self.state}{reason})")
-        return client
-
-    @contextmanager
-    def _translated(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except MCPError as exc:
-            raise self._from_mcp_error(exc, what) from exc
-        except (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self._lost.set()
-            raise UpstreamUnavailable(self.name, f"{what}: connection failed: {describe(exc)}") from exc
-        except ValidationError as exc:
-            raise UpstreamRejected(
-                self.name,
-                f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
-                types.INTERNAL_ERROR,
-            ) from exc
-
-    def _from_mcp_error(self, exc: MCPError, what: str) -> Exception:
-        code = exc.error.code
-        if code == types.REQUEST_TIMEOUT:
-            return UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s")
-        if code == types.CONNECTION_CLOSED:
-            self._lost.set()
-            return UpstreamUnavailable(self.name, f"{what}: connection closed during the call")
-        return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
+        return session
 
 
 async def fetch_listing(client: Client) -> Listing:
@@ -290,20 +235,3 @@ async def _all_pages(fetch: Callable[..., Awaitable[Any]], items: Callable[[Any]
         if not cursor:
             break
     return tuple(collected)
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line, secret-free description of a failure (groups unwrapped)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(describe(e) for e in exc.exceptions)
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, MCPError):
-        return exc.error.message
-    if isinstance(exc, httpx2.HTTPError):
-        # The request URL may carry credentials; name the kind of failure only.
-        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0]}"
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, UpstreamUnavailable) else f"{type(exc).__name__}: {text}"

@@ -12,6 +12,7 @@ import anyio
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
 from agent_gateway.upstreams.connection import ListingCallback, Upstream, UpstreamState
+from agent_gateway.upstreams.session import Broadcast
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +38,15 @@ class UpstreamStatus:
 class UpstreamPool:
     """Holds one ``Upstream`` per configured server."""
 
-    def __init__(self, configs: Mapping[str, UpstreamConfig], on_listing: ListingCallback) -> None:
-        self.upstreams = {name: Upstream(name, config, on_listing) for name, config in configs.items()}
+    def __init__(
+        self,
+        configs: Mapping[str, UpstreamConfig],
+        on_listing: ListingCallback,
+        broadcast: Broadcast | None = None,
+    ) -> None:
+        self.upstreams = {
+            name: Upstream(name, config, on_listing, broadcast) for name, config in configs.items()
+        }
 
     @asynccontextmanager
     async def running(self, *, settle_timeout: float | None = None) -> AsyncIterator[UpstreamPool]:

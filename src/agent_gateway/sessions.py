@@ -1,0 +1,241 @@
+"""Downstream sessions: who is connected, their gateway session ids, and when they end.
+
+A handshake-era client has one session for its connection (the HTTP ``Mcp-Session-Id``,
+or the stdio pipe). The modern era (2026-07-28) is stateless: each request is a session
+of its own, ended when the request ends. Whatever a session held upstream (dedicated
+upstream sessions) is released when it ends: HTTP DELETE, idle expiry, stdio EOF, or
+server shutdown all unwind the connection's exit stack, which is where we hook in.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import time
+import uuid
+import warnings
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types as types
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp.server.connection import Connection
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+logger = logging.getLogger(__name__)
+
+LEVELS: tuple[types.LoggingLevel, ...] = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+_END_TIMEOUT = 5.0
+_SEND_TIMEOUT = 5.0
+_STATE_KEY = "agent_gateway.session"
+
+CURRENT: contextvars.ContextVar[DownstreamSession | None] = contextvars.ContextVar(
+    "agent_gateway_session", default=None
+)
+"""The downstream session of the request being handled."""
+
+
+def wanted(level: types.LoggingLevel, threshold: types.LoggingLevel | None) -> bool:
+    """Whether a line at ``level`` passes a client's ``threshold`` (None: no filter set)."""
+    return threshold is None or LEVELS.index(level) >= LEVELS.index(threshold)
+
+
+def tagged(upstream: str, params: types.LoggingMessageNotificationParams) -> str:
+    """The logger name a relayed line carries: the upstream's name, then its own logger."""
+    return f"{upstream}.{params.logger}" if params.logger else upstream
+
+
+@dataclass(eq=False)
+class DownstreamSession:
+    """One client session as the gateway knows it."""
+
+    id: str
+    era: str
+    """``handshake`` or ``modern``."""
+    transport: str
+    connection: Connection | None
+    """The handshake-era channel outside any request (None in the modern era)."""
+    capabilities: types.ClientCapabilities | None = None
+    log_level: types.LoggingLevel | None = None
+    started: float = field(default_factory=time.monotonic)
+    upstream_sessions: set[str] = field(default_factory=set)
+    """Ids of the upstream sessions this session has used (for the mapping in logs)."""
+
+    # -- the Downstream protocol, at session level (no request in flight) ---------------------
+
+    @property
+    def session_id(self) -> str:
+        return self.id
+
+    @property
+    def modern(self) -> bool:
+        return self.era == "modern"
+
+    @property
+    def input_responses(self) -> types.InputResponses | None:
+        return None
+
+    @property
+    def request_state(self) -> str | None:
+        return None
+
+    def progress_relay(self) -> ProgressFnT | None:
+        return None
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        if self.connection is None or not wanted(params.level, self.log_level):
+            return
+        with anyio.move_on_after(_SEND_TIMEOUT):
+            await self.connection.log(params.level, params.data, logger=tagged(upstream, params))
+
+    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        if (refused := refusal(self, request)) is not None:
+            return refused
+        assert self.connection is not None  # refusal() covers the modern era
+        data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+        try:
+            raw = await self.connection.send_raw_request(data["method"], data.get("params"))
+        except MCPError as exc:
+            return exc.error
+        return result_type(request).model_validate(raw, by_name=False)
+
+    def used(self, upstream_session_id: str) -> None:
+        if upstream_session_id not in self.upstream_sessions:
+            self.upstream_sessions.add(upstream_session_id)
+            logger.info("session %s -> upstream session %s", self.id, upstream_session_id)
+
+
+def refusal(session: DownstreamSession, request: types.InputRequest) -> types.ErrorData | None:
+    """Why ``request`` cannot be relayed to the client of ``session``, as an error for the upstream."""
+    if session.modern:
+        return types.ErrorData(
+            code=types.INVALID_REQUEST,
+            message=f"agent-gateway: the client speaks MCP 2026-07-28, which cannot answer {request.method} "
+            "from a handshake-era upstream",
+        )
+    caps = session.capabilities or types.ClientCapabilities()
+    capability = {
+        "sampling/createMessage": caps.sampling,
+        "elicitation/create": caps.elicitation,
+        "roots/list": caps.roots,
+    }[request.method]
+    if capability is None:
+        return types.ErrorData(
+            code=types.INVALID_REQUEST,
+            message=f"agent-gateway: the client did not declare the capability for {request.method}",
+        )
+    return None
+
+
+def result_type(request: types.InputRequest) -> type[types.InputResponse]:
+    """The result model of an input request, as the client's answer is validated."""
+    if isinstance(request, types.CreateMessageRequest):
+        with_tools = request.params.tools is not None or request.params.tool_choice is not None
+        return types.CreateMessageResultWithTools if with_tools else types.CreateMessageResult
+    if isinstance(request, types.ElicitRequest):
+        return types.ElicitResult
+    return types.ListRootsResult
+
+
+SessionHook = Callable[[DownstreamSession], Awaitable[None]]
+
+
+class SessionRegistry(Middleware):
+    """Gives every request its downstream session, and ends sessions when their clients go."""
+
+    def __init__(self, on_end: SessionHook, on_set_level: SessionHook) -> None:
+        self.live: dict[str, DownstreamSession] = {}
+        self.opened = 0
+        self.ended = 0
+        self._on_end = on_end
+        self._on_set_level = on_set_level
+
+    def handshake_sessions(self) -> Iterator[DownstreamSession]:
+        return (s for s in list(self.live.values()) if s.connection is not None)
+
+    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        ctx = context.fastmcp_context
+        request = ctx.request_context if ctx is not None else None
+        if request is None:
+            return await call_next(context)
+        session = self._attach(request)
+        if context.method == "logging/setLevel" and isinstance(context.message, Mapping):
+            await self._set_level(session, context.message.get("level"))  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+        bound = CURRENT.set(session)
+        try:
+            return await call_next(context)
+        finally:
+            CURRENT.reset(bound)
+            if session.modern:
+                await self.end(session)
+
+    def _attach(self, request: Any) -> DownstreamSession:
+        connection: Connection = request.session._connection
+        if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return self._open(uuid.uuid4().hex, "modern", None, request.session.client_capabilities)
+        known = connection.state.get(_STATE_KEY)
+        if isinstance(known, DownstreamSession):
+            if known.capabilities is None:  # stored only once initialize has completed
+                known.capabilities = request.session.client_capabilities
+            return known
+        session = self._open(
+            connection.session_id or uuid.uuid4().hex,
+            "handshake",
+            connection,
+            request.session.client_capabilities,
+        )
+        connection.state[_STATE_KEY] = session
+        # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
+        connection.exit_stack.push_async_callback(self.end, session)
+        return session
+
+    def _open(
+        self, sid: str, era: str, connection: Connection | None, caps: types.ClientCapabilities | None
+    ) -> DownstreamSession:
+        transport = "stdio" if connection is not None and connection.session_id is None else "http"
+        session = DownstreamSession(sid, era, transport, connection, capabilities=caps)
+        self.live[sid] = session
+        self.opened += 1
+        if era == "handshake":
+            logger.info("session %s started (%s, %s era)", sid, transport, era)
+        return session
+
+    async def end(self, session: DownstreamSession) -> None:
+        """Forget ``session`` and release what it held upstream (bounded, shielded)."""
+        if self.live.pop(session.id, None) is None:
+            return
+        self.ended += 1
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+            await self._on_end(session)
+        if session.era == "handshake":
+            logger.info(
+                "session %s ended after %.1fs (upstream sessions used: %s)",
+                session.id,
+                time.monotonic() - session.started,
+                ", ".join(sorted(session.upstream_sessions)) or "none",
+            )
+
+    async def _set_level(self, session: DownstreamSession, level: Any) -> None:
+        if level in LEVELS:
+            session.log_level = level
+            await self._on_set_level(session)
+
+    async def broadcast_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        """A log line no single call owns goes to every handshake-era client."""
+        for session in self.handshake_sessions():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # logging is deprecated in 2026-07-28, not here
+                await session.log(upstream, params)

@@ -1,0 +1,132 @@
+"""Dedicated upstream sessions (``session: per_client``): one per downstream session and
+upstream, opened on the first call that needs it and closed when the downstream session ends.
+
+For stateful servers, roots and subscriptions: everything the upstream keeps, and everything
+it sends back, belongs to one client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp.client.session import IncomingMessage
+
+from agent_gateway.config import UpstreamConfig
+from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.upstreams.session import Downstream, UpstreamSession, describe
+from agent_gateway.upstreams.transports import open_transport, watched
+
+logger = logging.getLogger(__name__)
+
+_CLOSE_TIMEOUT = 5.0
+
+
+@dataclass(eq=False)
+class _Dedicated:
+    session: UpstreamSession
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    close: anyio.Event = field(default_factory=anyio.Event)
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: str | None = None
+
+
+class DedicatedSessions:
+    """Opens, hands out and closes dedicated upstream sessions."""
+
+    def __init__(self, configs: Mapping[str, UpstreamConfig]) -> None:
+        self._configs = configs
+        self._sessions: dict[tuple[str, str], _Dedicated] = {}
+        self._tg: TaskGroup | None = None
+        self.opened = 0
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[DedicatedSessions]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield self
+            finally:
+                self._tg = None
+                tg.cancel_scope.cancel()
+
+    @property
+    def live(self) -> list[UpstreamSession]:
+        return [entry.session for entry in self._sessions.values()]
+
+    async def get(self, upstream: str, owner: Downstream) -> UpstreamSession:
+        """The dedicated session of ``owner`` on ``upstream``, opened now if it has none.
+
+        Raises:
+            UpstreamUnavailable: it could not be opened within the upstream's connect_timeout.
+        """
+        config = self._configs[upstream]
+        key = (owner.session_id, upstream)
+        entry = self._sessions.get(key)
+        if entry is None or entry.done.is_set():
+            if self._tg is None:
+                raise UpstreamUnavailable(upstream, "the gateway is shutting down")
+            entry = _Dedicated(UpstreamSession(upstream, config, owner=owner))
+            self._sessions[key] = entry
+            self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
+        with anyio.move_on_after(config.connect_timeout + 1):
+            await entry.ready.wait()
+        if entry.session.client is None:
+            reason = entry.error or f"no answer within connect_timeout ({config.connect_timeout:g}s)"
+            raise UpstreamUnavailable(upstream, f"dedicated session for {owner.session_id}: {reason}")
+        return entry.session
+
+    async def _run(self, key: tuple[str, str], entry: _Dedicated) -> None:
+        session = entry.session
+        try:
+            with anyio.CancelScope(deadline=anyio.current_time() + session.config.connect_timeout) as scope:
+                transport = watched(open_transport(session.config), session.lost)
+                async with session.new_client(transport, _ignore) as client:
+                    scope.deadline = math.inf
+                    session.attach(client)
+                    self.opened += 1
+                    entry.ready.set()
+                    logger.info("dedicated upstream session %s opened for %s", session.id, key[0])
+                    if session.owner is not None and session.owner.log_level is not None:
+                        with session.translated("logging/setLevel"):
+                            await session.set_logging_level(session.owner.log_level)
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_set_on, session.lost, entry.close)
+                        await entry.close.wait()
+                        tg.cancel_scope.cancel()
+            if scope.cancelled_caught:
+                entry.error = "timed out connecting"
+        except Exception as exc:  # this session's life only: report to the waiting caller
+            entry.error = describe(exc)
+            logger.warning("dedicated upstream session %s failed: %s", session.id, entry.error)
+        finally:
+            session.detach()
+            if self._sessions.get(key) is entry:
+                del self._sessions[key]
+            entry.ready.set()
+            entry.done.set()
+            logger.info("dedicated upstream session %s closed", session.id)
+
+    async def close(self, downstream_id: str) -> None:
+        """Close every dedicated session of ``downstream_id`` and wait (bounded) until they are."""
+        entries = [e for (owner, _), e in self._sessions.items() if owner == downstream_id]
+        for entry in entries:
+            entry.close.set()
+        with anyio.move_on_after(_CLOSE_TIMEOUT):
+            for entry in entries:
+                await entry.done.wait()
+
+
+async def _set_on(source: anyio.Event, target: anyio.Event) -> None:
+    await source.wait()
+    target.set()
+
+
+async def _ignore(message: IncomingMessage) -> None:
+    # Catalog changes are watched on the shared connection; nothing to do per client.
+    await anyio.lowlevel.checkpoint()

@@ -1,0 +1,359 @@
+"""One live client session to an upstream: the calls in flight on it, and what the upstream
+sends back during them (progress, log lines, sampling / elicitation / roots requests).
+
+An upstream's messages say nothing about which of our calls caused them (JSON-RPC has no
+"related request" field), so they are attributed by what is in flight: to the one
+downstream session with calls on this upstream session, to the owner of a dedicated
+(``per_client``) session, or, for log lines nobody's call can own, to every client.
+
+This module is the one boundary where the ``mcp`` client's errors (``MCPError``, transport
+and validation errors) are translated into the gateway's tree (``UpstreamError``).
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.session import ClientRequestContext, MessageHandlerFnT
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from agent_gateway.config import UpstreamConfig
+from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+
+logger = logging.getLogger(__name__)
+
+SESSION_META_KEY = "io.agent-gateway/session-id"
+"""The ``_meta`` key carrying the downstream session id to upstreams."""
+
+CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
+_LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
+
+T = TypeVar("T")
+
+
+class Downstream(Protocol):
+    """The client side of a call, as the upstream layer sees it (implemented by the proxy)."""
+
+    @property
+    def session_id(self) -> str: ...
+
+    @property
+    def log_level(self) -> types.LoggingLevel | None:
+        """The lowest level the client wants log lines at; ``None``: it asked for none."""
+        ...
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None: ...
+
+    @property
+    def modern(self) -> bool:
+        """Whether the client speaks the modern (2026-07-28) era on this call."""
+        ...
+
+    @property
+    def input_responses(self) -> types.InputResponses | None:
+        """A modern client's answers to the input requests of its previous round."""
+        ...
+
+    @property
+    def request_state(self) -> str | None: ...
+
+    def progress_relay(self) -> ProgressFnT | None:
+        """Where upstream progress for this call goes, if the client asked for progress."""
+        ...
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        """Deliver one upstream log line to the client (filtered by its level)."""
+        ...
+
+    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        """Relay a sampling, elicitation or roots request to the client and return its answer."""
+        ...
+
+
+_CALLER: contextvars.ContextVar[Downstream | None] = contextvars.ContextVar(
+    "agent_gateway_caller", default=None
+)
+"""The caller of the upstream call this task is making. The ``mcp`` client runs callbacks
+for requests sent on a call's own HTTP stream, and a modern upstream's input requests, in
+a copy of the caller's context: there, this names the caller exactly."""
+
+Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+
+
+class UpstreamSession:
+    """A connected ``mcp.Client`` and the calls in flight on it."""
+
+    def __init__(
+        self,
+        name: str,
+        config: UpstreamConfig,
+        *,
+        owner: Downstream | None = None,
+        broadcast: Broadcast | None = None,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.owner = owner
+        """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
+        self.id = f"{name}/{uuid.uuid4().hex[:8]}"
+        self.lost = anyio.Event()
+        """Set when a call finds the connection broken (the life loop then reconnects)."""
+        self._broadcast = broadcast
+        self._client: Client | None = None
+        self._in_flight: dict[int, Downstream] = {}
+        self._tokens = itertools.count()
+
+    # -- the client -----------------------------------------------------------------------
+
+    def new_client(self, transport: Any, message_handler: MessageHandlerFnT) -> Client:
+        """The ``mcp.Client`` for this session, declaring only what can be relayed.
+
+        A dedicated session declares exactly its owner's capabilities. A shared one declares
+        them all: a call from a client without the capability gets a clear error upstream.
+        """
+        caps = self.owner.capabilities if self.owner is not None else _EVERYTHING
+        caps = caps or types.ClientCapabilities()
+        return Client(
+            transport,
+            mode=self.config.protocol,
+            # No session-wide read timeout: it would bound the handshake too (connect_timeout
+            # does); each call gets `timeout` in _calling, and its cancel reaches the upstream.
+            message_handler=message_handler,
+            logging_callback=self._on_log,
+            sampling_callback=self._on_sampling if caps.sampling is not None else None,
+            sampling_capabilities=caps.sampling,
+            elicitation_callback=self._on_elicitation if caps.elicitation is not None else None,
+            list_roots_callback=self._on_roots if caps.roots is not None else None,
+            client_info=CLIENT_INFO,
+            cache=None,  # the catalog is our cache; a second one would serve stale listings
+        )
+
+    def attach(self, client: Client) -> None:
+        self._client = client
+
+    def detach(self) -> None:
+        self._client = None
+
+    @property
+    def client(self) -> Client | None:
+        return self._client
+
+    @property
+    def modern(self) -> bool:
+        return self._client is not None and self._client.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+    @property
+    def pending(self) -> int:
+        """Calls in flight on this session."""
+        return len(self._in_flight)
+
+    # -- calls ------------------------------------------------------------------------------
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], caller: Downstream | None
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """Call ``name`` upstream on behalf of ``caller``.
+
+        When both the caller and this upstream speak the modern era, the upstream's input
+        requests (``InputRequiredResult``) are returned as they are, for the client to answer
+        and retry; otherwise the ``mcp`` client answers them through our callbacks.
+
+        Raises:
+            UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
+        """
+        with self._calling(caller, f"tool {name!r}") as client:
+            progress = caller.progress_relay() if caller is not None else None
+            meta = self._meta(caller)
+            if caller is None or not (caller.modern and self.modern):
+                return await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
+            result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
+                name,
+                arguments,
+                progress_callback=progress,
+                input_responses=caller.input_responses,
+                request_state=caller.request_state,
+                meta=meta,  # pyright: ignore[reportArgumentType]
+                allow_input_required=True,
+            )
+            if isinstance(result, types.CallToolResult | types.InputRequiredResult):
+                return result
+            raise UpstreamRejected(
+                self.name, f"tool {name!r}: answered with an unknown result", types.INTERNAL_ERROR
+            )
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str] | None, caller: Downstream | None
+    ) -> types.GetPromptResult:
+        """Render prompt ``name`` upstream (raises like ``call_tool``)."""
+        with self._calling(caller, f"prompt {name!r}") as client:
+            return await client.get_prompt(name, arguments, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
+
+    async def read_resource(self, uri: str, caller: Downstream | None) -> types.ReadResourceResult:
+        """Read ``uri`` upstream (raises like ``call_tool``)."""
+        with self._calling(caller, f"resource {uri!r}") as client:
+            return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
+
+    async def set_logging_level(self, level: types.LoggingLevel) -> None:
+        """Apply a log level upstream (handshake era; modern upstreams take it per request)."""
+        if self.modern:
+            return
+        with self._calling(None, "logging/setLevel") as client:
+            await client.set_logging_level(level)
+
+    def _meta(self, caller: Downstream | None) -> dict[str, Any] | None:
+        if caller is None:
+            return None
+        meta: dict[str, Any] = {SESSION_META_KEY: caller.session_id}
+        if self.modern and caller.log_level is not None:
+            meta[_LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
+        return meta
+
+    @contextmanager
+    def _calling(self, caller: Downstream | None, what: str) -> Iterator[Client]:
+        client = self._client
+        if client is None:
+            raise UpstreamUnavailable(self.name, "not connected")
+        token = next(self._tokens)
+        if caller is not None:
+            self._in_flight[token] = caller
+        bound = _CALLER.set(caller)
+        try:
+            with anyio.fail_after(self.config.timeout), self.translated(what):
+                yield client
+        except TimeoutError as exc:
+            raise UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s") from exc
+        finally:
+            _CALLER.reset(bound)
+            self._in_flight.pop(token, None)
+
+    @contextmanager
+    def translated(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except MCPError as exc:
+            raise self._from_mcp_error(exc, what) from exc
+        except (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self.lost.set()
+            raise UpstreamUnavailable(self.name, f"{what}: connection failed: {describe(exc)}") from exc
+        except ValidationError as exc:
+            raise UpstreamRejected(
+                self.name,
+                f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
+                types.INTERNAL_ERROR,
+            ) from exc
+
+    def _from_mcp_error(self, exc: MCPError, what: str) -> Exception:
+        code = exc.error.code
+        if code == types.REQUEST_TIMEOUT:
+            return UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s")
+        if code == types.CONNECTION_CLOSED:
+            self.lost.set()
+            return UpstreamUnavailable(self.name, f"{what}: connection closed during the call")
+        return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
+
+    # -- what the upstream sends back -------------------------------------------------------
+
+    def _attributed(self) -> Downstream | None:
+        """The one downstream session this session's traffic can belong to, if there is one."""
+        if (exact := _CALLER.get()) is not None:
+            return exact
+        callers = {c.session_id: c for c in self._in_flight.values()}
+        if len(callers) == 1:
+            return next(iter(callers.values()))
+        if not callers:
+            return self.owner
+        return None
+
+    async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        # Chosen before any await: the call may finish right after its last log line.
+        target = self._attributed()
+        if target is not None:
+            await target.log(self.name, params)
+        elif not self._in_flight and self._broadcast is not None:
+            await self._broadcast(self.name, params)
+        else:
+            logger.debug("log line from %s dropped: several clients have calls in flight", self.name)
+
+    async def _on_sampling(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        answer = await self._relay(types.CreateMessageRequest(params=params))
+        if isinstance(
+            answer, types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
+        ):
+            return answer
+        return _wrong_answer("sampling/createMessage")
+
+    async def _on_elicitation(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        answer = await self._relay(types.ElicitRequest(params=params))
+        if isinstance(answer, types.ElicitResult | types.ErrorData):
+            return answer
+        return _wrong_answer("elicitation/create")
+
+    async def _on_roots(self, context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
+        answer = await self._relay(types.ListRootsRequest())
+        if isinstance(answer, types.ListRootsResult | types.ErrorData):
+            return answer
+        return _wrong_answer("roots/list")
+
+    async def _relay(self, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        target = self._attributed()
+        if target is None:
+            reason = (
+                "several clients have calls in flight on this shared upstream session "
+                "(configure `session: per_client` for this upstream)"
+                if self._in_flight
+                else "no client call is in flight to answer it"
+            )
+            logger.warning("%s from %s refused: %s", request.method, self.name, reason)
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
+        return await target.ask(self.name, request)
+
+
+_EVERYTHING = types.ClientCapabilities(
+    sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+    elicitation=types.ElicitationCapability(
+        form=types.FormElicitationCapability(), url=types.UrlElicitationCapability()
+    ),
+    roots=types.RootsCapability(list_changed=True),
+)
+
+
+def _wrong_answer(method: str) -> types.ErrorData:
+    return types.ErrorData(
+        code=types.INTERNAL_ERROR,
+        message=f"agent-gateway: the client's answer to {method} has the wrong shape",
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line, secret-free description of a failure (groups unwrapped)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(describe(e) for e in exc.exceptions)
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, MCPError):
+        return exc.error.message
+    if isinstance(exc, httpx2.HTTPError):
+        # The request URL may carry credentials; name the kind of failure only.
+        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0]}"
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, UpstreamUnavailable) else f"{type(exc).__name__}: {text}"

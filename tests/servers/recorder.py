@@ -1,0 +1,166 @@
+"""An upstream that records what reaches it: request ids, ``_meta``, cancellations, logs.
+
+Built inline by HTTP tests (``build(events)``) or run as a stdio script, which appends
+every event as one JSON line to the file named by ``RECORDER_LOG``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+import mcp_types as types
+from fastmcp import Context, FastMCP
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+Sink = Callable[[dict[str, Any]], None]
+
+
+class _Notifications(Middleware):
+    """Records every notification the upstream receives (cancellations above all)."""
+
+    def __init__(self, sink: Sink) -> None:
+        self._sink = sink
+
+    async def on_notification(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        params = context.message  # the raw wire params (a dict) for notifications
+        dumped = dict(params) if isinstance(params, Mapping) else {}
+        self._sink({"event": "notification", "method": context.method, "params": dumped})
+        return await call_next(context)
+
+    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        if context.method == "logging/setLevel":
+            params = context.message
+            level = params.get("level") if isinstance(params, Mapping) else getattr(params, "level", None)
+            self._sink({"event": "set_level", "level": level})
+        return await call_next(context)
+
+
+def _request(ctx: Context) -> dict[str, Any]:
+    request = ctx.request_context
+    meta = dict(request.meta or {}) if request is not None else {}
+    return {"request_id": ctx.request_id, "meta": meta}
+
+
+def _modern(ctx: Context) -> bool:
+    request = ctx.request_context
+    return request is not None and request.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def build(sink: Sink) -> FastMCP:
+    server = FastMCP("recorder", instructions="Records what it receives.", middleware=[_Notifications(sink)])
+    value = {"n": 0}
+
+    @server.tool
+    async def wait(seconds: float, ctx: Context) -> str:
+        """Sleep for ``seconds``, reporting progress; records start and cancellation."""
+        seen = _request(ctx)
+        sink({"event": "started", **seen})
+        try:
+            await ctx.report_progress(0, 1, "started")
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            sink({"event": "handler_cancelled", **seen})
+            raise
+        return "done"
+
+    @server.tool
+    async def whoami(ctx: Context) -> dict[str, Any]:
+        """The request id and ``_meta`` this call arrived with."""
+        return _request(ctx)
+
+    @server.tool
+    async def steps(count: int, ctx: Context) -> int:
+        """Report ``count`` progress steps, in order, then return ``count``."""
+        for step in range(1, count + 1):
+            await ctx.report_progress(step, count, f"step {step}")
+        return count
+
+    @server.tool
+    async def say(text: str, ctx: Context, level: str = "info") -> str:
+        """Send ``text`` as a log message at ``level`` during the call."""
+        await ctx.log(text, level=level)  # type: ignore[arg-type]
+        return text
+
+    @server.tool
+    async def sample(prompt: str, ctx: Context) -> str | types.InputRequiredResult:
+        """Ask the client's model (sampling/createMessage, or an input request when modern)."""
+        message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))
+        if not _modern(ctx):
+            with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+                reply = await ctx.session.create_message(
+                    messages=[message], max_tokens=50, related_request_id=ctx.request_id
+                )
+            return reply.content.text if isinstance(reply.content, types.TextContent) else str(reply.content)
+        request = types.CreateMessageRequest(
+            params=types.CreateMessageRequestParams(messages=[message], max_tokens=50)
+        )
+        answer = ctx.input_responses
+        if answer is None:
+            return types.InputRequiredResult(input_requests={"llm": request})
+        content = answer["llm"].content  # type: ignore[union-attr]
+        return content.text if isinstance(content, types.TextContent) else str(content)
+
+    @server.tool
+    async def ask(question: str, ctx: Context) -> str | types.InputRequiredResult:
+        """Ask the user (elicitation/create, or an input request when modern) for a string."""
+        if not _modern(ctx):
+            result = await ctx.elicit(question, response_type=str)
+            return f"{result.action}:{getattr(result, 'data', '')}"
+        schema = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
+        request = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message=question, requested_schema=schema)
+        )
+        if ctx.input_responses is None:
+            return types.InputRequiredResult(input_requests={"ask": request})
+        answer = ctx.input_responses["ask"]
+        assert isinstance(answer, types.ElicitResult)
+        return f"{answer.action}:{(answer.content or {}).get('value', '')}"
+
+    @server.tool
+    async def roots(ctx: Context) -> list[str] | types.InputRequiredResult:
+        """The client's roots (roots/list, or an input request when modern)."""
+        if not _modern(ctx):
+            with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+                listed = await ctx.session.list_roots()  # on the session's own channel, not the call's
+            return [str(root.uri) for root in listed.roots]
+        if ctx.input_responses is None:
+            return types.InputRequiredResult(input_requests={"roots": types.ListRootsRequest()})
+        answer = ctx.input_responses["roots"]
+        assert isinstance(answer, types.ListRootsResult)
+        return [str(root.uri) for root in answer.roots]
+
+    @server.resource("counter://value", mime_type="text/plain")
+    def counter() -> str:
+        return str(value["n"])
+
+    @server.tool
+    async def bump(ctx: Context) -> int:
+        """Increment counter://value and announce the update to subscribers."""
+        value["n"] += 1
+        await ctx.send_notification(
+            types.ResourceUpdatedNotification(
+                params=types.ResourceUpdatedNotificationParams(uri="counter://value")
+            )
+        )
+        return value["n"]
+
+    return server
+
+
+def _file_sink(path: str) -> Sink:
+    def write(event: dict[str, Any]) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(event, default=str) + "\n")
+
+    return write
+
+
+if __name__ == "__main__":
+    log = os.environ.get("RECORDER_LOG")
+    build(_file_sink(log) if log else (lambda _: None)).run(show_banner=False, log_level="WARNING")

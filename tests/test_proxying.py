@@ -1,0 +1,232 @@
+"""What happens during a call crosses the gateway intact: session ids, cancellation, progress.
+
+Each test observes the effect at the far end, in a recording upstream reached over stdio
+and over Streamable HTTP, with the official client downstream in both eras.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+from pydantic import FileUrl
+
+from tests.servers import recorder
+from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
+
+MODES = ["legacy", "auto"]
+TRANSPORTS = ["stdio", "http"]
+# Each upstream transport in each era: how a cancel reaches it differs by era on HTTP.
+UPSTREAMS = [("stdio", "legacy"), ("stdio", "auto"), ("http", "legacy"), ("http", "auto")]
+BOUND = 10.0
+
+
+@dataclass
+class Recorded:
+    """What the recording upstream has seen, from memory (HTTP) or its log file (stdio)."""
+
+    memory: list[dict[str, Any]] = field(default_factory=list)
+    path: Path | None = None
+
+    def all(self) -> list[dict[str, Any]]:
+        if self.path is None:
+            return list(self.memory)
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+    def of(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.all() if e["event"] == event]
+
+    async def wait_for(self, predicate: Callable[[list[dict[str, Any]]], bool]) -> list[dict[str, Any]]:
+        with anyio.fail_after(BOUND):
+            while not predicate(events := self.all()):
+                await anyio.sleep(0.01)
+        return events
+
+
+@asynccontextmanager
+async def recorded_gateway(
+    transport: str, tmp_path: Path, **extra: Any
+) -> AsyncIterator[tuple[RunningGateway, Recorded]]:
+    if transport == "stdio":
+        seen = Recorded(path=tmp_path / "recorder.jsonl")
+        upstream = python_upstream("recorder.py", env={"RECORDER_LOG": str(seen.path)}, **extra)
+        async with running_gateway({"upstreams": {"rec": upstream}}) as gw:
+            yield gw, seen
+        return
+    seen = Recorded()
+    async with (
+        serving_upstream(recorder.build(seen.memory.append)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url, **extra}}}) as gw,
+    ):
+        yield gw, seen
+
+
+def cancels(events: list[dict[str, Any]]) -> list[str]:
+    return [
+        str(e["params"]["requestId"])
+        for e in events
+        if e["event"] == "notification" and e["method"] == "notifications/cancelled"
+    ]
+
+
+@pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_cancelled_call_is_cancelled_upstream_under_the_upstreams_own_id(
+    transport: str, protocol: str, mode: str, tmp_path: Path
+) -> None:
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, seen),
+        Client(gw.url, mode=mode) as client,
+    ):
+        started: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "rec__wait", {"seconds": 30})
+            started = (await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev)))[-1]
+            tg.cancel_scope.cancel()
+        events = await seen.wait_for(lambda ev: any(e["event"] == "handler_cancelled" for e in ev))
+    upstream_id = started["request_id"]
+    assert [e["request_id"] for e in events if e["event"] == "handler_cancelled"] == [upstream_id]
+    modern_http = transport == "http" and protocol != "legacy"
+    # A modern HTTP upstream is cancelled by closing the request's stream, not by a notification.
+    assert cancels(events) == ([] if modern_http else [upstream_id])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_call_that_times_out_is_cancelled_upstream(transport: str, tmp_path: Path) -> None:
+    async with (
+        recorded_gateway(transport, tmp_path, timeout=0.5, protocol="legacy") as (gw, seen),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await client.call_tool("rec__wait", {"seconds": 30})
+        events = await seen.wait_for(lambda ev: bool(cancels(ev)))
+    assert result.is_error
+    assert "no answer within 0.5s" in str(result.content[0])
+    started = [e["request_id"] for e in events if e["event"] == "started"]
+    assert cancels(events) == started
+
+
+SESSION_KEY = "io.agent-gateway/session-id"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_each_downstream_session_has_its_own_id_sent_upstream_in_meta(
+    transport: str, tmp_path: Path
+) -> None:
+    async with recorded_gateway(transport, tmp_path) as (gw, _):
+        seen: dict[str, set[str]] = {}
+
+        async def one_client(n: int) -> None:
+            async with Client(gw.url, mode="legacy") as client:
+                for _ in range(3):
+                    result = await client.call_tool("rec__whoami", {})
+                    assert result.structured_content is not None
+                    seen.setdefault(f"client{n}", set()).add(result.structured_content["meta"][SESSION_KEY])
+
+        async with anyio.create_task_group() as tg:
+            for n in range(4):
+                tg.start_soon(one_client, n)
+    ids = [ids for ids in seen.values()]
+    assert all(len(one) == 1 for one in ids)  # stable within a session
+    assert len(set().union(*ids)) == 4  # distinct between sessions
+
+
+async def test_a_modern_request_carries_a_session_id_of_its_own(tmp_path: Path) -> None:
+    async with recorded_gateway("http", tmp_path) as (gw, _), Client(gw.url, mode="auto") as client:
+        first = (await client.call_tool("rec__whoami", {})).structured_content
+        second = (await client.call_tool("rec__whoami", {})).structured_content
+    assert first is not None
+    assert second is not None
+    assert first["meta"][SESSION_KEY] != second["meta"][SESSION_KEY]
+
+
+@pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_progress_reaches_the_client_under_its_own_token_in_order(
+    transport: str, protocol: str, mode: str, tmp_path: Path
+) -> None:
+    received: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, total, message))
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, _),
+        Client(gw.url, mode=mode) as client,
+    ):
+        result = await client.call_tool("rec__steps", {"count": 5}, progress_callback=on_progress)
+        with anyio.fail_after(BOUND):
+            while len(received) < 5:
+                await anyio.sleep(0.01)
+    assert not result.is_error
+    assert received == [(float(n), 5.0, f"step {n}") for n in range(1, 6)]
+
+
+async def sampled(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+    prompt = params.messages[0].content
+    text = prompt.text if isinstance(prompt, types.TextContent) else "?"
+    return types.CreateMessageResult(
+        role="assistant",
+        content=types.TextContent(type="text", text=f"model says: {text}"),
+        model="test-model",
+    )
+
+
+async def elicited(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"value": f"answer to {params.message}"})
+
+
+async def rooted(context: Any) -> types.ListRootsResult:
+    return types.ListRootsResult(roots=[types.Root(uri=FileUrl("file:///work/project"), name="project")])
+
+
+def answering_client(url: str, mode: str) -> Client:
+    return Client(
+        url, mode=mode, sampling_callback=sampled, elicitation_callback=elicited, list_roots_callback=rooted
+    )
+
+
+@pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_sampling_elicitation_and_roots_are_answered_by_the_calling_client(
+    transport: str, protocol: str, mode: str, tmp_path: Path
+) -> None:
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, _),
+        answering_client(gw.url, mode) as client,
+    ):
+        sample = await client.call_tool("rec__sample", {"prompt": "hi"})
+        ask = await client.call_tool("rec__ask", {"question": "name?"})
+        roots = await client.call_tool("rec__roots", {})
+    if mode == "auto" and protocol == "legacy":
+        # A modern client has no channel for a handshake-era upstream's requests: a clear error.
+        assert sample.is_error
+        assert "cannot answer sampling/createMessage" in str(sample.content[0])
+        return
+    assert not sample.is_error, sample.content
+    assert sample.content[0] == types.TextContent(type="text", text="model says: hi")
+    assert ask.content[0] == types.TextContent(type="text", text="accept:answer to name?")
+    assert roots.structured_content == {"result": ["file:///work/project"]}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_client_without_the_capability_gets_a_clear_error_not_a_hang(
+    transport: str, tmp_path: Path
+) -> None:
+    async with (
+        recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("rec__sample", {"prompt": "hi"})
+    assert result.is_error
+    assert "did not declare the capability for sampling/createMessage" in str(result.content[0])
