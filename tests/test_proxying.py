@@ -7,6 +7,7 @@ and over Streamable HTTP, with the official client downstream in both eras.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -14,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import FileUrl
 
 from tests.servers import recorder
@@ -230,3 +233,179 @@ async def test_a_client_without_the_capability_gets_a_clear_error_not_a_hang(
             result = await client.call_tool("rec__sample", {"prompt": "hi"})
     assert result.is_error
     assert "did not declare the capability for sampling/createMessage" in str(result.content[0])
+
+
+@pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_upstream_log_lines_reach_the_calling_client_tagged_with_the_upstream(
+    transport: str, protocol: str, mode: str, tmp_path: Path
+) -> None:
+    lines: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(params)
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, _),
+        # A modern client opts in per request; a handshake-era one gets lines by default.
+        Client(gw.url, mode=mode, logging_callback=on_log, log_level="debug") as client,
+    ):
+        await client.call_tool("rec__say", {"text": "hello", "level": "warning"})
+        with anyio.fail_after(BOUND):
+            while not lines:
+                await anyio.sleep(0.01)
+    # FastMCP's ctx.log sends {"msg": ..., "extra": ...}; the gateway passes data through as is.
+    assert [(line.level, line.data["msg"], line.logger) for line in lines] == [("warning", "hello", "rec")]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_set_level_is_applied_upstream_and_filters_what_the_client_gets(
+    transport: str, tmp_path: Path
+) -> None:
+    lines: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(params)
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, seen),
+        Client(gw.url, mode="legacy", logging_callback=on_log) as client,
+    ):
+        with pytest.warns(MCPDeprecationWarning) as warned:
+            await client.set_logging_level("error")
+        assert not [w for w in warned if "agent_gateway" in w.filename]  # only the client warns
+        await seen.wait_for(lambda ev: any(e["event"] == "set_level" for e in ev))
+        await client.call_tool("rec__say", {"text": "quiet", "level": "info"})
+        await client.call_tool("rec__say", {"text": "loud", "level": "error"})
+        with anyio.fail_after(BOUND):
+            while not lines:
+                await anyio.sleep(0.01)
+    assert [e["level"] for e in seen.of("set_level")] == ["error"]
+    assert [line.data["msg"] for line in lines] == ["loud"]
+
+
+async def status(gw: RunningGateway) -> dict[str, Any]:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(f"{gw.base}/status")).json()
+
+
+async def settled(gw: RunningGateway, predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    with anyio.fail_after(BOUND):
+        while not predicate(now := await status(gw)):
+            await anyio.sleep(0.02)
+    return now
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_per_client_upstreams_get_a_session_per_client_closed_when_it_ends(
+    transport: str, tmp_path: Path
+) -> None:
+    async with recorded_gateway(transport, tmp_path, session="per_client", protocol="legacy") as (gw, _):
+        before = await status(gw)
+        async with Client(gw.url, mode="legacy") as a, Client(gw.url, mode="legacy") as b:
+            seen_a = [(await a.call_tool("rec__whoami", {})).structured_content for _ in range(2)]
+            seen_b = (await b.call_tool("rec__whoami", {})).structured_content
+            during = await status(gw)
+        after = await settled(gw, lambda s: s["upstream_sessions"]["dedicated"] == 0)
+    assert seen_a[0] is not None
+    assert seen_a[1] is not None
+    assert seen_b is not None
+    who = "pid" if transport == "stdio" else "session"
+    assert seen_a[0][who] == seen_a[1][who] != seen_b[who]
+    assert during["upstream_sessions"]["dedicated"] == 2
+    assert during["sessions"]["live"] == 2
+    assert after["sessions"]["live"] == 0
+    assert after["child_processes"] == before["child_processes"]
+
+
+async def test_concurrent_clients_never_see_each_others_state(tmp_path: Path) -> None:
+    rounds = 10
+
+    # A stateful upstream: handshake era, where the upstream's session is the state's key.
+    async with recorded_gateway("http", tmp_path, session="per_client", protocol="legacy") as (gw, _):
+        totals: dict[int, list[int]] = {}
+
+        async def one_client(n: int) -> None:
+            async with Client(gw.url, mode="legacy") as client:
+                for _ in range(rounds):
+                    result = await client.call_tool("rec__tally", {"by": n})
+                    totals.setdefault(n, []).append(int(result.content[0].text))  # type: ignore[union-attr]
+
+        async with anyio.create_task_group() as tg:
+            for n in range(1, 9):
+                tg.start_soon(one_client, n)
+    assert totals == {n: [n * k for k in range(1, rounds + 1)] for n in range(1, 9)}
+
+
+# Each session costs ~80 ms of CPU here (two MCP handshakes); CI runs 250, AGW_SESSIONS=1000 the full count.
+CHURN = int(os.environ.get("AGW_SESSIONS", "250"))
+
+
+async def test_sessions_opened_and_closed_by_the_hundred_leave_nothing_behind(tmp_path: Path) -> None:
+    async with recorded_gateway("http", tmp_path, session="per_client") as (gw, _):
+        async with Client(gw.url, mode="legacy") as warm:  # first-use allocations, not leaks
+            await warm.call_tool("rec__whoami", {})
+        before = await settled(
+            gw, lambda s: s["sessions"]["live"] == 0 and s["upstream_sessions"]["dedicated"] == 0
+        )
+        limiter = anyio.Semaphore(16)
+
+        async def one_session(n: int) -> None:
+            async with limiter, Client(gw.url, mode="legacy" if n % 2 else "auto") as client:
+                await client.call_tool("rec__whoami", {})
+
+        async with anyio.create_task_group() as tg:
+            for n in range(CHURN):
+                tg.start_soon(one_session, n)
+        after = await settled(
+            gw,
+            lambda s: (
+                s["sessions"]["live"] == 0
+                and s["upstream_sessions"]["dedicated"] == 0
+                and s["tasks"] <= before["tasks"]
+            ),
+        )
+    # A modern client's every request (discover, the call) is a session of its own.
+    assert after["sessions"]["opened"] - before["sessions"]["opened"] >= CHURN
+    assert (
+        after["upstream_sessions"]["dedicated_opened"] - before["upstream_sessions"]["dedicated_opened"]
+        == CHURN
+    )
+    assert after["pending_calls"] == 0
+    assert after["child_processes"] == before["child_processes"]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("session", ["shared", "per_client"])
+async def test_resource_updates_reach_the_subscribed_client_only(
+    transport: str, session: str, tmp_path: Path
+) -> None:
+    updates: dict[str, list[str]] = {"subscriber": [], "bystander": []}
+
+    def collect(who: str) -> Any:
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ResourceUpdatedNotification):
+                updates[who].append(message.params.uri)
+
+        return on_message
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol="legacy", session=session) as (gw, seen),
+        Client(gw.url, mode="legacy", message_handler=collect("subscriber")) as subscriber,
+        Client(gw.url, mode="legacy", message_handler=collect("bystander")) as bystander,
+    ):
+        await bystander.call_tool("rec__whoami", {})
+        with pytest.warns(MCPDeprecationWarning):
+            await subscriber.subscribe_resource("counter://value")
+        await subscriber.call_tool("rec__bump", {})
+        with anyio.fail_after(BOUND):
+            while not updates["subscriber"]:
+                await anyio.sleep(0.01)
+        with pytest.warns(MCPDeprecationWarning):
+            await subscriber.unsubscribe_resource("counter://value")
+        events = await seen.wait_for(lambda ev: any(e["event"] == "unsubscribe" for e in ev))
+    assert updates == {"subscriber": ["counter://value"], "bystander": []}
+    assert [(e["event"], e["uri"]) for e in events if "subscribe" in e["event"]] == [
+        ("subscribe", "counter://value"),
+        ("unsubscribe", "counter://value"),
+    ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +19,7 @@ from mcp.shared.message import ServerMessageMetadata
 
 from agent_gateway.catalog import Catalog
 from agent_gateway.errors import GatewayError
-from agent_gateway.sessions import LEVELS, DownstreamSession, refusal, result_type, tagged, wanted
+from agent_gateway.sessions import LEVELS, DownstreamSession, refusal, relabelled, result_type, wanted
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpstreamSession
@@ -60,7 +59,11 @@ class Caller:
 
     @property
     def log_level(self) -> types.LoggingLevel | None:
-        return self.request_log_level if self.modern else self.session.log_level
+        if self.modern:
+            return self.request_log_level
+        # A handshake-era client that never set a level gets every line, as a handshake-era
+        # server would send them; a modern upstream needs that said per request.
+        return self.session.log_level or "debug"
 
     def progress_relay(self) -> ProgressFnT | None:
         token = self.progress_token
@@ -79,14 +82,13 @@ class Caller:
         return relay
 
     async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
-        # The modern era filters by the request's own opt-in inside send_log_message.
-        if not self.modern and not wanted(params.level, self.session.log_level):
+        # Modern clients opt in per request; handshake-era ones filter with logging/setLevel.
+        threshold = self.request_log_level if self.modern else self.session.log_level
+        if (self.modern and threshold is None) or not wanted(params.level, threshold):
             return
-        with warnings.catch_warnings(), anyio.move_on_after(_SEND_TIMEOUT):
-            warnings.simplefilter("ignore")  # logging is deprecated in 2026-07-28, still served
-            await self.server_session.send_log_message(
-                params.level, params.data, logger=tagged(upstream, params), related_request_id=self.request_id
-            )
+        line = types.LoggingMessageNotification(params=relabelled(upstream, params))
+        with anyio.move_on_after(_SEND_TIMEOUT):
+            await self.server_session.send_notification(line, related_request_id=self.request_id)
 
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         if (refused := refusal(self.session, request)) is not None:
@@ -151,14 +153,23 @@ class Proxy:
         session = await self._session(upstream, caller)
         return await session.read_resource(upstream_uri, caller)
 
+    async def resource_session(self, uri: str, owner: DownstreamSession) -> tuple[UpstreamSession, str]:
+        """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
+        upstream, upstream_uri = self._catalog.snapshot.resource(uri)
+        return await self._session_of(upstream, owner), upstream_uri
+
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
+        if caller is None:
+            return self._pool.get(upstream).session()
+        return await self._session_of(upstream, caller.session)
+
+    async def _session_of(self, upstream: str, owner: DownstreamSession) -> UpstreamSession:
         shared = self._pool.get(upstream)
-        if caller is None or shared.config.session != "per_client":
-            session = shared.session()
+        if shared.config.session == "per_client":
+            session = await self._dedicated.get(upstream, owner)
         else:
-            session = await self._dedicated.get(upstream, caller.session)
-        if caller is not None:
-            caller.session.used(session.id)
+            session = shared.session()
+        owner.used(session.id)
         return session
 
     async def apply_log_level(self, session: DownstreamSession, sessions: list[DownstreamSession]) -> None:

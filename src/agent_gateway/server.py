@@ -19,8 +19,10 @@ from agent_gateway.errors import ConfigError
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
 from agent_gateway.sessions import DownstreamSession, SessionRegistry
+from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
+from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 
@@ -32,9 +34,12 @@ class Gateway:
         self.config = config
         self.catalog = Catalog(config)
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
-        self.pool = UpstreamPool(config.active_upstreams, self.catalog.update, self.sessions.broadcast_log)
-        self.dedicated = DedicatedSessions(config.active_upstreams)
+        self.pool = UpstreamPool(
+            config.active_upstreams, self.catalog.update, self.sessions.broadcast_log, self._resource_updated
+        )
+        self.dedicated = DedicatedSessions(config.active_upstreams, self._resource_updated)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
+        self.subscriptions = ResourceSubscriptions(self.proxy)
         self.notifier = ListChangedNotifier(
             lambda: (s.connection for s in self.sessions.handshake_sessions() if s.connection is not None)
         )
@@ -45,9 +50,16 @@ class Gateway:
             providers=[CatalogProvider(self.catalog, self.proxy)],
             middleware=[self.sessions],
         )
-        # FastMCP does not serve subscriptions/listen; modern clients learn of changes there.
-        self.server._mcp_server.add_request_handler(  # pyright: ignore[reportPrivateUsage]
+        lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
+        # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
+        lowlevel.add_request_handler(
             "subscriptions/listen", types.SubscriptionsListenRequestParams, self.notifier.listen_handler
+        )
+        lowlevel.add_request_handler(
+            "resources/subscribe", types.SubscribeRequestParams, self.subscriptions.subscribe
+        )
+        lowlevel.add_request_handler(
+            "resources/unsubscribe", types.UnsubscribeRequestParams, self.subscriptions.unsubscribe
         )
 
     @asynccontextmanager
@@ -74,7 +86,11 @@ class Gateway:
             raise refused
 
     async def _session_ended(self, session: DownstreamSession) -> None:
+        await self.subscriptions.session_ended(session)
         await self.proxy.end_session(session)
+
+    async def _resource_updated(self, upstream: UpstreamSession, uri: str) -> None:
+        await self.subscriptions.updated(upstream, uri)
 
     async def _level_set(self, session: DownstreamSession) -> None:
         await self.proxy.apply_log_level(session, list(self.sessions.live.values()))
@@ -94,6 +110,7 @@ class Gateway:
                 "dedicated_opened": self.dedicated.opened,
             },
             "pending_calls": self.proxy.pending(),
+            "subscriptions": self.subscriptions.count,
             "tasks": len(asyncio.all_tasks()),
             "child_processes": len(child_pids()),
             "upstreams": [s.as_dict() for s in self.pool.statuses()],

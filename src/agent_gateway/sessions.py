@@ -13,7 +13,6 @@ import contextvars
 import logging
 import time
 import uuid
-import warnings
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ LEVELS: tuple[types.LoggingLevel, ...] = (
 )
 _END_TIMEOUT = 5.0
 _SEND_TIMEOUT = 5.0
-_STATE_KEY = "agent_gateway.session"
+STATE_KEY = "agent_gateway.session"
 
 CURRENT: contextvars.ContextVar[DownstreamSession | None] = contextvars.ContextVar(
     "agent_gateway_session", default=None
@@ -53,9 +52,12 @@ def wanted(level: types.LoggingLevel, threshold: types.LoggingLevel | None) -> b
     return threshold is None or LEVELS.index(level) >= LEVELS.index(threshold)
 
 
-def tagged(upstream: str, params: types.LoggingMessageNotificationParams) -> str:
-    """The logger name a relayed line carries: the upstream's name, then its own logger."""
-    return f"{upstream}.{params.logger}" if params.logger else upstream
+def relabelled(
+    upstream: str, params: types.LoggingMessageNotificationParams
+) -> types.LoggingMessageNotificationParams:
+    """A relayed line's params: its logger name is the upstream's name, then its own logger."""
+    name = f"{upstream}.{params.logger}" if params.logger else upstream
+    return params.model_copy(update={"logger": name})
 
 
 @dataclass(eq=False)
@@ -98,8 +100,10 @@ class DownstreamSession:
     async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         if self.connection is None or not wanted(params.level, self.log_level):
             return
+        line = relabelled(upstream, params).model_dump(by_alias=True, mode="json", exclude_none=True)
         with anyio.move_on_after(_SEND_TIMEOUT):
-            await self.connection.log(params.level, params.data, logger=tagged(upstream, params))
+            # Connection.notify, not the deprecated Connection.log: same frame, no warning.
+            await self.connection.notify("notifications/message", line)
 
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         if (refused := refusal(self, request)) is not None:
@@ -186,7 +190,7 @@ class SessionRegistry(Middleware):
         connection: Connection = request.session._connection
         if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return self._open(uuid.uuid4().hex, "modern", None, request.session.client_capabilities)
-        known = connection.state.get(_STATE_KEY)
+        known = connection.state.get(STATE_KEY)
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed
                 known.capabilities = request.session.client_capabilities
@@ -197,7 +201,7 @@ class SessionRegistry(Middleware):
             connection,
             request.session.client_capabilities,
         )
-        connection.state[_STATE_KEY] = session
+        connection.state[STATE_KEY] = session
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)
         return session
@@ -236,6 +240,4 @@ class SessionRegistry(Middleware):
     async def broadcast_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         """A log line no single call owns goes to every handshake-era client."""
         for session in self.handshake_sessions():
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # logging is deprecated in 2026-07-28, not here
-                await session.log(upstream, params)
+            await session.log(upstream, params)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 from fastmcp import Context, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
@@ -71,8 +72,18 @@ def build(sink: Sink) -> FastMCP:
 
     @server.tool
     async def whoami(ctx: Context) -> dict[str, Any]:
-        """The request id and ``_meta`` this call arrived with."""
-        return _request(ctx)
+        """The request id and ``_meta`` this call arrived with, and who answered it."""
+        return {**_request(ctx), "pid": os.getpid(), "session": ctx.session_id}
+
+    tallies: dict[str, int] = {}
+
+    @server.tool
+    async def tally(by: int, ctx: Context) -> int:
+        """Add ``by`` to this upstream session's own tally (state a session must not share)."""
+        key = ctx.session_id
+        tallies[key] = tallies.get(key, 0) + by
+        await anyio.lowlevel.checkpoint()  # let other sessions' calls interleave
+        return tallies[key]
 
     @server.tool
     async def steps(count: int, ctx: Context) -> int:
@@ -84,7 +95,8 @@ def build(sink: Sink) -> FastMCP:
     @server.tool
     async def say(text: str, ctx: Context, level: str = "info") -> str:
         """Send ``text`` as a log message at ``level`` during the call."""
-        await ctx.log(text, level=level)  # type: ignore[arg-type]
+        with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+            await ctx.log(text, level=level)  # type: ignore[arg-type]
         return text
 
     @server.tool
@@ -150,6 +162,18 @@ def build(sink: Sink) -> FastMCP:
         )
         return value["n"]
 
+    # FastMCP serves no resources/subscribe; a real stateful server would.
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        sink({"event": "subscribe", "uri": params.uri})
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        sink({"event": "unsubscribe", "uri": params.uri})
+        return types.EmptyResult()
+
+    lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
+    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
     return server
 
 

@@ -23,7 +23,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
-from agent_gateway.upstreams.session import Broadcast, UpstreamSession, describe
+from agent_gateway.upstreams.session import Broadcast, ResourceUpdated, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class Upstream:
         config: UpstreamConfig,
         on_listing: ListingCallback,
         broadcast: Broadcast | None = None,
+        on_updated: ResourceUpdated | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -96,6 +97,7 @@ class Upstream:
         """Set once the first connection attempt has either succeeded or failed."""
         self._on_listing = on_listing
         self._broadcast = broadcast
+        self._on_updated = on_updated
         self._session: UpstreamSession | None = None
         self._refresh = anyio.Event()
         self._backoff = Backoff()
@@ -121,15 +123,18 @@ class Upstream:
         # (A timeout scope around only the entry would exit before the client's task group.)
         with anyio.CancelScope(deadline=anyio.current_time() + self.config.connect_timeout) as connecting:
             transport = watched(open_transport(self.config), session.lost)
-            async with session.new_client(transport, self._on_message) as client:
-                listing = await fetch_listing(client)
-                connecting.deadline = math.inf
-                session.attach(client)
-                self._session = session
-                self._mark_up(client)
-                await self._on_listing(self.name, listing)
-                self.settled.set()
-                await self._serve(client, session)
+            try:
+                async with session.new_client(transport, self._on_message) as client:
+                    listing = await fetch_listing(client)
+                    connecting.deadline = math.inf
+                    session.attach(client)
+                    self._session = session
+                    self._mark_up(client)
+                    await self._on_listing(self.name, listing)
+                    self.settled.set()
+                    await self._serve(client, session)
+            finally:
+                session.detach()
         if connecting.cancelled_caught:
             raise UpstreamUnavailable(
                 self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)"
@@ -139,6 +144,8 @@ class Upstream:
     async def _serve(self, client: Client, session: UpstreamSession) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._refresh_on_change, client, session)
+            if self._on_updated is not None:
+                tg.start_soon(session.relay_updates, self._on_updated)
             if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
                 tg.start_soon(self._listen_for_changes, client)
             await session.lost.wait()

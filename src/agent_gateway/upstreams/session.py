@@ -92,6 +92,9 @@ for requests sent on a call's own HTTP stream, and a modern upstream's input req
 a copy of the caller's context: there, this names the caller exactly."""
 
 Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+ResourceUpdated = Callable[["UpstreamSession", str], Awaitable[None]]
+"""Told of each ``notifications/resources/updated`` (the session it came on, the upstream URI)."""
+_UPDATES_BUFFER = 256
 
 
 class UpstreamSession:
@@ -116,6 +119,7 @@ class UpstreamSession:
         self._client: Client | None = None
         self._in_flight: dict[int, Downstream] = {}
         self._tokens = itertools.count()
+        self._updates_in, self._updates_out = anyio.create_memory_object_stream[str](_UPDATES_BUFFER)
 
     # -- the client -----------------------------------------------------------------------
 
@@ -132,7 +136,7 @@ class UpstreamSession:
             mode=self.config.protocol,
             # No session-wide read timeout: it would bound the handshake too (connect_timeout
             # does); each call gets `timeout` in _calling, and its cancel reaches the upstream.
-            message_handler=message_handler,
+            message_handler=self._watching(message_handler),
             logging_callback=self._on_log,
             sampling_callback=self._on_sampling if caps.sampling is not None else None,
             sampling_capabilities=caps.sampling,
@@ -142,11 +146,52 @@ class UpstreamSession:
             cache=None,  # the catalog is our cache; a second one would serve stale listings
         )
 
+    def _watching(self, handler: MessageHandlerFnT) -> MessageHandlerFnT:
+        async def on_message(message: Any) -> None:
+            # On the read loop: queue without waiting; relay_updates does the sending.
+            if isinstance(message, types.ResourceUpdatedNotification):
+                try:
+                    self._updates_in.send_nowait(message.params.uri)
+                except anyio.WouldBlock:
+                    logger.warning("resource updates from %s dropped: clients are not keeping up", self.id)
+            await handler(message)
+
+        return on_message
+
+    async def relay_updates(self, on_updated: ResourceUpdated) -> None:
+        """Hand each resource update to ``on_updated``; run by whoever owns this session."""
+        async with self._updates_out:
+            async for uri in self._updates_out:
+                await on_updated(self, uri)
+
+    async def subscribe(self, uri: str, *, subscribe: bool = True) -> None:
+        """Subscribe to (or unsubscribe from) updates of ``uri`` upstream.
+
+        Raises:
+            UpstreamRejected: a modern-era upstream (its updates come through
+            ``subscriptions/listen``, which is not relayed yet), or the upstream refused.
+        """
+        method = "resources/subscribe" if subscribe else "resources/unsubscribe"
+        if self.modern:
+            raise UpstreamRejected(
+                self.name, f"{method}: not relayed to 2026-07-28 upstreams yet", types.INVALID_REQUEST
+            )
+        request: types.SubscribeRequest | types.UnsubscribeRequest = (
+            types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+            if subscribe
+            else types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+        )
+        with self._calling(None, f"{method} {uri!r}") as client:
+            await client.session.send_request(request, types.EmptyResult)
+
     def attach(self, client: Client) -> None:
         self._client = client
 
     def detach(self) -> None:
+        """The session is over: no more calls, and its update queue is closed."""
         self._client = None
+        self._updates_in.close()
+        self._updates_out.close()
 
     @property
     def client(self) -> Client | None:
@@ -211,8 +256,10 @@ class UpstreamSession:
         """Apply a log level upstream (handshake era; modern upstreams take it per request)."""
         if self.modern:
             return
+        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
         with self._calling(None, "logging/setLevel") as client:
-            await client.set_logging_level(level)
+            # The request itself, not the deprecated helper: the era makes it current here.
+            await client.session.send_request(request, types.EmptyResult)
 
     def _meta(self, caller: Downstream | None) -> dict[str, Any] | None:
         if caller is None:
