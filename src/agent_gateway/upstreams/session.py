@@ -18,20 +18,20 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client
 from mcp.client.session import ClientRequestContext, MessageHandlerFnT
-from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.upstreams.downstream import Downstream
 
 logger = logging.getLogger(__name__)
 
@@ -42,46 +42,6 @@ CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
 _LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
 
 T = TypeVar("T")
-
-
-class Downstream(Protocol):
-    """The client side of a call, as the upstream layer sees it (implemented by the proxy)."""
-
-    @property
-    def session_id(self) -> str: ...
-
-    @property
-    def log_level(self) -> types.LoggingLevel | None:
-        """The lowest level the client wants log lines at; ``None``: it asked for none."""
-        ...
-
-    @property
-    def capabilities(self) -> types.ClientCapabilities | None: ...
-
-    @property
-    def modern(self) -> bool:
-        """Whether the client speaks the modern (2026-07-28) era on this call."""
-        ...
-
-    @property
-    def input_responses(self) -> types.InputResponses | None:
-        """A modern client's answers to the input requests of its previous round."""
-        ...
-
-    @property
-    def request_state(self) -> str | None: ...
-
-    def progress_relay(self) -> ProgressFnT | None:
-        """Where upstream progress for this call goes, if the client asked for progress."""
-        ...
-
-    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
-        """Deliver one upstream log line to the client (filtered by its level)."""
-        ...
-
-    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
-        """Relay a sampling, elicitation or roots request to the client and return its answer."""
-        ...
 
 
 _CALLER: contextvars.ContextVar[Downstream | None] = contextvars.ContextVar(

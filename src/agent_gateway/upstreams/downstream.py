@@ -1,0 +1,48 @@
+"""The client side of a call, as the upstream layer sees it (the proxy implements it)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import mcp_types as types
+from mcp.shared.dispatcher import ProgressFnT
+
+
+class Downstream(Protocol):
+    """The client side of a call, as the upstream layer sees it (implemented by the proxy)."""
+
+    @property
+    def session_id(self) -> str:
+        """The gateway session id of the client."""
+        ...  # a Protocol member: the signature is the contract
+
+    @property
+    def log_level(self) -> types.LoggingLevel | None:
+        """The lowest level the client wants log lines at; ``None``: it asked for none."""
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        """What the client declared it can answer (sampling, elicitation, roots)."""
+
+    @property
+    def modern(self) -> bool:
+        """Whether the client speaks the modern (2026-07-28) era on this call."""
+        ...  # a Protocol member: the signature is the contract
+
+    @property
+    def input_responses(self) -> types.InputResponses | None:
+        """A modern client's answers to the input requests of its previous round."""
+
+    @property
+    def request_state(self) -> str | None:
+        """The opaque state a modern client echoes back with its answers."""
+
+    def progress_relay(self) -> ProgressFnT | None:
+        """Where upstream progress for this call goes, if the client asked for progress."""
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        """Deliver one upstream log line to the client (filtered by its level)."""
+
+    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        """Relay a sampling, elicitation or roots request to the client and return its answer."""
+        ...  # a Protocol member: the signature is the contract
