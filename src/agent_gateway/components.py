@@ -28,8 +28,6 @@ from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.errors import GatewayError, UnknownName
 from agent_gateway.proxy import Caller, Proxy
 
-_LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
-
 
 class GatewayTool(Tool):
     """An upstream tool under its public name."""
@@ -74,7 +72,7 @@ def current_caller() -> Caller | None:
     if session is None or request is None:
         return None
     meta = request.meta or {}  # the raw wire `_meta` (camelCase keys)
-    level = meta.get(_LOG_LEVEL_META_KEY)
+    level = meta.get(types.LOG_LEVEL_META_KEY)
     return Caller(
         session=session,
         server_session=context.session,

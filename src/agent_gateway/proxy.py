@@ -182,9 +182,8 @@ class Proxy:
         levels: list[types.LoggingLevel] = [s.log_level for s in sessions if s.log_level is not None]
         shared_level: types.LoggingLevel | None = min(levels, key=LEVELS.index) if levels else None
         targets: list[tuple[UpstreamSession, types.LoggingLevel]] = []
-        for upstream in self._pool.upstreams.values():
-            live = upstream.live_session()
-            if live is not None and shared_level is not None:
+        if shared_level is not None:
+            for live in self._pool.live_sessions():
                 targets.append((live, shared_level))
         for dedicated in self._dedicated.live:
             if dedicated.owner is session and session.log_level is not None:
@@ -198,8 +197,7 @@ class Proxy:
 
     def pending(self) -> int:
         """Calls in flight upstream, on shared and dedicated sessions."""
-        shared = [u.live_session() for u in self._pool.upstreams.values()]
-        return sum(s.pending for s in shared if s is not None) + sum(s.pending for s in self._dedicated.live)
+        return sum(s.pending for s in [*self._pool.live_sessions(), *self._dedicated.live])
 
     async def end_session(self, session: DownstreamSession) -> None:
         await self._dedicated.close(session.id)

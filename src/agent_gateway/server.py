@@ -97,7 +97,6 @@ class Gateway:
 
     def status(self) -> dict[str, object]:
         """Live counts for ``/status``: what tests and operators check for leaks."""
-        shared = [u.live_session() for u in self.pool.upstreams.values()]
         return {
             "sessions": {
                 "live": len(self.sessions.live),
@@ -105,7 +104,7 @@ class Gateway:
                 "ended": self.sessions.ended,
             },
             "upstream_sessions": {
-                "shared": sum(s is not None for s in shared),
+                "shared": len(self.pool.live_sessions()),
                 "dedicated": len(self.dedicated.live),
                 "dedicated_opened": self.dedicated.opened,
             },

@@ -57,6 +57,11 @@ async def all_exited(pids: set[int]) -> None:
         raise AssertionError(f"processes outlived the gateway: {survivors}") from None
 
 
+def gateway_over_stdio(config: Path) -> StdioServerParameters:
+    """How a client launches the gateway on ``config`` as its stdio server."""
+    return StdioServerParameters(command=AGENT_GATEWAY, args=serve_args(config), env=gateway_env())
+
+
 def upstream_commands(pids: set[int]) -> list[str]:
     return [command_of(pid) for pid in pids]
 
@@ -65,8 +70,7 @@ def upstream_commands(pids: set[int]) -> list[str]:
 async def test_a_client_calls_a_tool_through_the_gateway_launched_over_stdio(
     tmp_path: Path, mode: str
 ) -> None:
-    config = write_config(tmp_path)
-    params = StdioServerParameters(command=AGENT_GATEWAY, args=serve_args(config), env=gateway_env())
+    params = gateway_over_stdio(write_config(tmp_path))
     with anyio.fail_after(BOUND):
         async with Client(params, mode=mode) as client:
             assert client.protocol_version == PROTOCOL_OF_MODE[mode]
@@ -82,7 +86,7 @@ async def test_the_gateway_and_its_upstreams_are_gone_after_the_client_closes(
     tmp_path: Path, mode: str
 ) -> None:
     config = write_config(tmp_path)
-    params = StdioServerParameters(command=AGENT_GATEWAY, args=serve_args(config), env=gateway_env())
+    params = gateway_over_stdio(config)
     with anyio.fail_after(BOUND):
         async with Client(params, mode=mode) as client:
             await client.call_tool("everything__echo", {"message": "still here"})

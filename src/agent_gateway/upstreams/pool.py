@@ -12,7 +12,7 @@ import anyio
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
 from agent_gateway.upstreams.connection import ListingCallback, Upstream, UpstreamState
-from agent_gateway.upstreams.session import Broadcast, ResourceUpdated
+from agent_gateway.upstreams.session import Broadcast, ResourceUpdated, UpstreamSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +99,10 @@ class UpstreamPool:
             )
             for u in self.upstreams.values()
         ]
+
+    def live_sessions(self) -> list[UpstreamSession]:
+        """The shared sessions of the upstreams connected now."""
+        return [s for u in self.upstreams.values() if (s := u.live_session()) is not None]
 
     @property
     def ready(self) -> bool:

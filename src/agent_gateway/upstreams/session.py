@@ -39,7 +39,6 @@ SESSION_META_KEY = "io.agent-gateway/session-id"
 """The ``_meta`` key carrying the downstream session id to upstreams."""
 
 CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
-_LOG_LEVEL_META_KEY = "io.modelcontextprotocol/logLevel"
 
 T = TypeVar("T")
 
@@ -226,7 +225,7 @@ class UpstreamSession:
             return None
         meta: dict[str, Any] = {SESSION_META_KEY: caller.session_id}
         if self.modern and caller.log_level is not None:
-            meta[_LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
+            meta[types.LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
         return meta
 
     @contextmanager
