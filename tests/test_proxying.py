@@ -409,3 +409,80 @@ async def test_resource_updates_reach_the_subscribed_client_only(
         ("subscribe", "counter://value"),
         ("unsubscribe", "counter://value"),
     ]
+
+
+def upstream_subscriptions(events: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """What the recorder was asked to watch: subscribe/unsubscribe, or listen streams opened and ended."""
+    shown: list[tuple[str, list[str]]] = []
+    for e in events:
+        if e["event"] in ("subscribe", "unsubscribe"):
+            shown.append((e["event"], [e["uri"]]))
+        elif e["event"] in ("listen", "listen_ended") and e["uris"]:
+            shown.append((e["event"], e["uris"]))
+    return shown
+
+
+@pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_resource_updates_cross_the_gateway_in_both_eras(
+    transport: str, protocol: str, mode: str, tmp_path: Path
+) -> None:
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        # A modern client's listen events show here too: count them from the stream only.
+        if isinstance(message, types.ResourceUpdatedNotification) and mode == "legacy":
+            updates.append(message.params.uri)
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, seen),
+        Client(gw.url, mode=mode, message_handler=on_message) as client,
+    ):
+        if mode == "legacy":
+            with pytest.warns(MCPDeprecationWarning):
+                await client.subscribe_resource("counter://value")
+            await client.call_tool("rec__bump", {})
+            with anyio.fail_after(BOUND):
+                while not updates:
+                    await anyio.sleep(0.01)
+            with pytest.warns(MCPDeprecationWarning):
+                await client.unsubscribe_resource("counter://value")
+        else:
+            async with client.listen(resource_subscriptions=["counter://value"]) as subscription:
+                await client.call_tool("rec__bump", {})
+                with anyio.fail_after(BOUND):
+                    async for event in subscription:
+                        updates.append(event.uri)  # type: ignore[union-attr]
+                        break
+        stopped = "unsubscribe" if protocol == "legacy" else "listen_ended"
+        events = await seen.wait_for(lambda ev: any(e["event"] == stopped for e in ev))
+        after = await settled(gw, lambda s: s["subscriptions"] == 0)
+    assert updates == ["counter://value"]
+    started = "subscribe" if protocol == "legacy" else "listen"
+    assert upstream_subscriptions(events) == [(started, ["counter://value"]), (stopped, ["counter://value"])]
+    assert after["pending_calls"] == 0
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_roots_list_changed_reaches_the_clients_own_upstream_session(
+    transport: str, tmp_path: Path
+) -> None:
+    roots = ["file:///work/one"]
+
+    async def current_roots(context: Any) -> types.ListRootsResult:
+        return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in roots])
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol="legacy", session="per_client") as (gw, seen),
+        Client(gw.url, mode="legacy", list_roots_callback=current_roots) as client,
+    ):
+        first = await client.call_tool("rec__roots", {})
+        roots[:] = ["file:///work/two"]
+        await client.session.send_notification(types.RootsListChangedNotification())
+        events = await seen.wait_for(
+            lambda ev: any(e.get("method") == "notifications/roots/list_changed" for e in ev)
+        )
+        second = await client.call_tool("rec__roots", {})
+    assert first.structured_content == {"result": ["file:///work/one"]}
+    assert second.structured_content == {"result": ["file:///work/two"]}
+    assert len([e for e in events if e.get("method") == "notifications/roots/list_changed"]) == 1

@@ -13,7 +13,6 @@ import anyio
 from mcp.server.connection import Connection
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
-    ListenHandler,
     PromptsListChanged,
     ResourcesListChanged,
     ServerEvent,
@@ -38,7 +37,7 @@ class ListChangedNotifier:
     def __init__(self, connections: Callable[[], Iterable[Connection]]) -> None:
         self._connections = connections
         self.bus = InMemorySubscriptionBus()
-        self.listen_handler = ListenHandler(self.bus)
+        """Catalog changes for modern clients' listen streams (served by ResourceSubscriptions)."""
 
     async def notify(self, kinds: frozenset[Kind]) -> None:
         """Send one list_changed per changed kind to every session, and publish to listeners."""

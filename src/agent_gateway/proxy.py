@@ -195,6 +195,20 @@ class Proxy:
                 except GatewayError as exc:  # one upstream refusing must not fail the client's request
                     logger.warning("logging/setLevel %s on %s failed: %s", level, target.id, exc)
 
+    async def roots_changed(self, session: DownstreamSession) -> None:
+        """Pass a client's ``notifications/roots/list_changed`` to its dedicated upstream sessions.
+
+        Shared sessions are not told: the roots they would ask for again belong to no one client.
+        """
+        for dedicated in self._dedicated.live:
+            if dedicated.owner is session:
+                with anyio.move_on_after(_SEND_TIMEOUT):
+                    try:
+                        await dedicated.roots_changed()
+                    except GatewayError as exc:
+                        logger.warning("roots/list_changed to %s failed: %s", dedicated.id, exc)
+                logger.info("session %s roots changed: told %s", session.id, dedicated.id)
+
     def pending(self) -> int:
         """Calls in flight upstream, on shared and dedicated sessions."""
         return sum(s.pending for s in [*self._pool.live_sessions(), *self._dedicated.live])

@@ -8,6 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import mcp_types as types
 from fastmcp import FastMCP
@@ -18,7 +19,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
-from agent_gateway.sessions import DownstreamSession, SessionRegistry
+from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -39,10 +40,10 @@ class Gateway:
         )
         self.dedicated = DedicatedSessions(config.active_upstreams, self._resource_updated)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
-        self.subscriptions = ResourceSubscriptions(self.proxy)
         self.notifier = ListChangedNotifier(
             lambda: (s.connection for s in self.sessions.handshake_sessions() if s.connection is not None)
         )
+        self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus)
         self.catalog.subscribe(self.notifier.notify)
         self.server = FastMCP(
             config.server.name,
@@ -53,13 +54,16 @@ class Gateway:
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
         # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
         lowlevel.add_request_handler(
-            "subscriptions/listen", types.SubscriptionsListenRequestParams, self.notifier.listen_handler
+            "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
         )
         lowlevel.add_request_handler(
             "resources/subscribe", types.SubscribeRequestParams, self.subscriptions.subscribe
         )
         lowlevel.add_request_handler(
             "resources/unsubscribe", types.UnsubscribeRequestParams, self.subscriptions.unsubscribe
+        )
+        lowlevel.add_notification_handler(
+            "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
 
     @asynccontextmanager
@@ -81,13 +85,18 @@ class Gateway:
                 try:
                     yield self
                 finally:
-                    self.notifier.listen_handler.close()
+                    self.subscriptions.close_streams()
         if refused is not None:
             raise refused
 
     async def _session_ended(self, session: DownstreamSession) -> None:
         await self.subscriptions.session_ended(session)
         await self.proxy.end_session(session)
+
+    async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
+        session = ctx.session._connection.state.get(STATE_KEY)
+        if isinstance(session, DownstreamSession):
+            await self.proxy.roots_changed(session)
 
     async def _resource_updated(self, upstream: UpstreamSession, uri: str) -> None:
         await self.subscriptions.updated(upstream, uri)

@@ -1,19 +1,22 @@
 """Resource subscriptions routed between subscribing clients and the upstream owning the resource.
 
-A client subscribes to a public URI; the gateway subscribes once upstream per upstream
-session and URI, however many clients share it, and unsubscribes when the last one leaves
-(or its session ends). Each ``notifications/resources/updated`` from an upstream session
-goes to exactly the clients subscribed through that session, under the URI they used.
+A client subscribes to a public URI: with ``resources/subscribe`` in the handshake era, by
+naming it in a ``subscriptions/listen`` stream in the modern era. The gateway subscribes
+once upstream per upstream session and URI, however many clients share it, and unsubscribes
+when the last one leaves (or its session ends). Each update from an upstream session goes to
+exactly the clients subscribed through that session, under the URI they used.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import anyio
 import mcp_types as types
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway import sessions
@@ -25,6 +28,7 @@ from agent_gateway.upstreams.session import UpstreamSession
 logger = logging.getLogger(__name__)
 
 _SEND_TIMEOUT = 5.0
+MAX_LISTEN_STREAMS = 1024
 
 Key = tuple[str, str]
 """(upstream session id, upstream URI)"""
@@ -33,24 +37,16 @@ Key = tuple[str, str]
 class ResourceSubscriptions:
     """Who is subscribed to what, through which upstream session."""
 
-    def __init__(self, proxy: Proxy) -> None:
+    def __init__(self, proxy: Proxy, catalog_events: InMemorySubscriptionBus) -> None:
         self._proxy = proxy
+        self._catalog_events = catalog_events
         self._subscribers: dict[Key, dict[DownstreamSession, str]] = defaultdict(dict)
         self._upstream: dict[Key, UpstreamSession] = {}
+        self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
-        session = _session(ctx)
-        try:
-            upstream, uri = await self._proxy.resource_session(params.uri, session)
-            key = (upstream.id, uri)
-            if key not in self._upstream:
-                await upstream.subscribe(uri)
-                self._upstream[key] = upstream
-        except GatewayError as exc:
-            raise MCPError.from_error_data(to_error_data(exc)) from exc
-        self._subscribers[key][session] = params.uri
-        logger.info("session %s subscribed to %s (%s on %s)", session.id, params.uri, uri, upstream.id)
+        await self._join(_session(ctx), params.uri)
         return types.EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
@@ -61,10 +57,47 @@ class ResourceSubscriptions:
                 await self._leave(key, session)
         return types.EmptyResult()
 
+    async def listen(
+        self, ctx: Any, params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        """The ``subscriptions/listen`` handler (modern clients): one stream of catalog changes
+        and of updates to the resources it names, subscribed upstream for as long as it is open.
+        """
+        session = _session(ctx)
+        if len(self._streams) >= MAX_LISTEN_STREAMS:
+            raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
+        own = InMemorySubscriptionBus()
+        handler = ListenHandler(_Joined(self._catalog_events, own), max_subscriptions=1)
+        self._streams[session] = (own, handler)
+        try:
+            for uri in params.notifications.resource_subscriptions or ():
+                await self._join(session, uri)
+            return await handler(ctx, params)
+        finally:
+            # The request's session ends with the stream; that leaves its subscriptions.
+            del self._streams[session]
+
+    def close_streams(self) -> None:
+        """End every open listen stream gracefully (shutdown)."""
+        for _, handler in list(self._streams.values()):
+            handler.close()
+
     async def session_ended(self, session: DownstreamSession) -> None:
         for key, subscribers in list(self._subscribers.items()):
             if session in subscribers:
                 await self._leave(key, session)
+
+    async def _join(self, session: DownstreamSession, public: str) -> None:
+        try:
+            upstream, uri = await self._proxy.resource_session(public, session)
+            key = (upstream.id, uri)
+            if key not in self._upstream:
+                await upstream.subscribe(uri)
+                self._upstream[key] = upstream
+        except GatewayError as exc:
+            raise MCPError.from_error_data(to_error_data(exc)) from exc
+        self._subscribers[key][session] = public
+        logger.info("session %s subscribed to %s (%s on %s)", session.id, public, uri, upstream.id)
 
     async def _leave(self, key: Key, session: DownstreamSession) -> None:
         subscribers = self._subscribers[key]
@@ -83,13 +116,36 @@ class ResourceSubscriptions:
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
         for session, public in list(self._subscribers.get((upstream.id, uri), {}).items()):
-            if session.connection is not None:
-                with anyio.move_on_after(_SEND_TIMEOUT):
+            with anyio.move_on_after(_SEND_TIMEOUT):
+                if session.connection is not None:
                     await session.connection.send_resource_updated(public)
+                elif (stream := self._streams.get(session)) is not None:
+                    await stream[0].publish(ResourceUpdated(uri=public))
 
     @property
     def count(self) -> int:
         return sum(len(s) for s in self._subscribers.values())
+
+
+class _Joined:
+    """One listen stream's events: the catalog's, shared by all, and its own resource updates."""
+
+    def __init__(self, shared: InMemorySubscriptionBus, own: InMemorySubscriptionBus) -> None:
+        self._shared = shared
+        self._own = own
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self._own.publish(event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        leave_shared = self._shared.subscribe(listener)
+        leave_own = self._own.subscribe(listener)
+
+        def unsubscribe() -> None:
+            leave_shared()
+            leave_own()
+
+        return unsubscribe
 
 
 def _session(ctx: Any) -> DownstreamSession:

@@ -17,6 +17,7 @@ import anyio.lowlevel
 import mcp_types as types
 from fastmcp import Context, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 Sink = Callable[[dict[str, Any]], None]
@@ -35,10 +36,18 @@ class _Notifications(Middleware):
         return await call_next(context)
 
     async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        params = context.message
         if context.method == "logging/setLevel":
-            params = context.message
             level = params.get("level") if isinstance(params, Mapping) else getattr(params, "level", None)
             self._sink({"event": "set_level", "level": level})
+        if context.method == "subscriptions/listen" and isinstance(params, Mapping):
+            wanted: Any = params.get("notifications", {})  # pyright: ignore[reportUnknownMemberType]
+            uris = wanted.get("resourceSubscriptions") or []
+            self._sink({"event": "listen", "uris": uris})
+            try:
+                return await call_next(context)
+            finally:
+                self._sink({"event": "listen_ended", "uris": uris})
         return await call_next(context)
 
 
@@ -56,6 +65,7 @@ def _modern(ctx: Context) -> bool:
 def build(sink: Sink) -> FastMCP:
     server = FastMCP("recorder", instructions="Records what it receives.", middleware=[_Notifications(sink)])
     value = {"n": 0}
+    events = InMemorySubscriptionBus()
 
     @server.tool
     async def wait(seconds: float, ctx: Context) -> str:
@@ -155,6 +165,9 @@ def build(sink: Sink) -> FastMCP:
     async def bump(ctx: Context) -> int:
         """Increment counter://value and announce the update to subscribers."""
         value["n"] += 1
+        if _modern(ctx):  # 2026-07-28: on the listen streams that named the resource
+            await events.publish(ResourceUpdated(uri="counter://value"))
+            return value["n"]
         await ctx.send_notification(
             types.ResourceUpdatedNotification(
                 params=types.ResourceUpdatedNotificationParams(uri="counter://value")
@@ -174,6 +187,9 @@ def build(sink: Sink) -> FastMCP:
     lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
     lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+    lowlevel.add_request_handler(
+        "subscriptions/listen", types.SubscriptionsListenRequestParams, ListenHandler(events)
+    )
     return server
 
 

@@ -17,20 +17,24 @@ import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import mcp_types as types
+from anyio.abc import TaskGroup, TaskStatus
 from mcp import Client
 from mcp.client.session import ClientRequestContext, MessageHandlerFnT
+from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.client.subscriptions import ResourceUpdated as ListenedUpdate
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.errors import GatewayError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.upstreams.downstream import Downstream
 
 logger = logging.getLogger(__name__)
@@ -54,6 +58,7 @@ Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[No
 ResourceUpdated = Callable[["UpstreamSession", str], Awaitable[None]]
 """Told of each ``notifications/resources/updated`` (the session it came on, the upstream URI)."""
 _UPDATES_BUFFER = 256
+_RELISTEN_DELAY = 1.0
 
 
 class UpstreamSession:
@@ -79,6 +84,9 @@ class UpstreamSession:
         self._in_flight: dict[int, Downstream] = {}
         self._tokens = itertools.count()
         self._updates_in, self._updates_out = anyio.create_memory_object_stream[str](_UPDATES_BUFFER)
+        self._listeners: TaskGroup | None = None
+        self._listening: dict[str, anyio.CancelScope] = {}
+        """Upstream URI -> the scope of its listen stream (modern upstreams)."""
 
     # -- the client -----------------------------------------------------------------------
 
@@ -108,33 +116,50 @@ class UpstreamSession:
     def _watching(self, handler: MessageHandlerFnT) -> MessageHandlerFnT:
         async def on_message(message: Any) -> None:
             # On the read loop: queue without waiting; relay_updates does the sending.
-            if isinstance(message, types.ResourceUpdatedNotification):
-                try:
-                    self._updates_in.send_nowait(message.params.uri)
-                except anyio.WouldBlock:
-                    logger.warning("resource updates from %s dropped: clients are not keeping up", self.id)
+            # A modern upstream's updates come on listen streams (_listening_to), and the
+            # client also shows them here: taking both would relay each one twice.
+            if isinstance(message, types.ResourceUpdatedNotification) and not self.modern:
+                self._queue_update(message.params.uri)
             await handler(message)
 
         return on_message
 
+    def _queue_update(self, uri: str) -> None:
+        try:
+            self._updates_in.send_nowait(uri)
+        except anyio.WouldBlock:
+            logger.warning("resource updates from %s dropped: clients are not keeping up", self.id)
+        except anyio.ClosedResourceError:
+            pass  # the session is closing: nobody is left to tell
+
     async def relay_updates(self, on_updated: ResourceUpdated) -> None:
-        """Hand each resource update to ``on_updated``; run by whoever owns this session."""
-        async with self._updates_out:
-            async for uri in self._updates_out:
-                await on_updated(self, uri)
+        """Hand each resource update to ``on_updated``; run by whoever owns this session.
+
+        Also hosts the ``subscriptions/listen`` streams of a modern upstream, so they end
+        with the session.
+        """
+        async with anyio.create_task_group() as tg, self._updates_out:
+            self._listeners = tg
+            try:
+                async for uri in self._updates_out:
+                    await on_updated(self, uri)
+            finally:
+                self._listeners = None
+                tg.cancel_scope.cancel()
 
     async def subscribe(self, uri: str, *, subscribe: bool = True) -> None:
         """Subscribe to (or unsubscribe from) updates of ``uri`` upstream.
 
+        A handshake-era upstream gets ``resources/subscribe``; a modern one (2026-07-28),
+        which has no such request, gets a ``subscriptions/listen`` stream for ``uri``.
+
         Raises:
-            UpstreamRejected: a modern-era upstream (its updates come through
-            ``subscriptions/listen``, which is not relayed yet), or the upstream refused.
+            UpstreamRejected, UpstreamUnavailable, UpstreamTimeout: the upstream refused or failed.
         """
-        method = "resources/subscribe" if subscribe else "resources/unsubscribe"
         if self.modern:
-            raise UpstreamRejected(
-                self.name, f"{method}: not relayed to 2026-07-28 upstreams yet", types.INVALID_REQUEST
-            )
+            await (self._listen(uri) if subscribe else self._stop_listening(uri))
+            return
+        method = "resources/subscribe" if subscribe else "resources/unsubscribe"
         request: types.SubscribeRequest | types.UnsubscribeRequest = (
             types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
             if subscribe
@@ -142,6 +167,49 @@ class UpstreamSession:
         )
         with self._calling(None, f"{method} {uri!r}") as client:
             await client.session.send_request(request, types.EmptyResult)
+
+    async def _listen(self, uri: str) -> None:
+        if uri in self._listening:
+            return
+        if self._listeners is None:
+            raise UpstreamUnavailable(self.name, f"subscribe {uri!r}: the session is closing")
+        self._listening[uri] = await self._listeners.start(self._listening_to, uri)
+
+    async def _stop_listening(self, uri: str) -> None:
+        scope = self._listening.pop(uri, None)
+        if scope is not None:
+            scope.cancel()
+        await anyio.lowlevel.checkpoint()
+
+    async def _listening_to(self, uri: str, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
+        """One listen stream for ``uri``, re-opened if the upstream drops it, until cancelled."""
+        with anyio.CancelScope() as scope:
+            started = False
+            while True:
+                try:
+                    async with AsyncExitStack() as stack:
+                        with self._calling(None, f"subscriptions/listen {uri!r}") as client:
+                            listen = client.listen(resource_subscriptions=[uri])
+                            subscription = await stack.enter_async_context(listen)
+                        if not started:
+                            task_status.started(scope)
+                            started = True
+                        async for event in subscription:
+                            if isinstance(event, ListenedUpdate):
+                                self._queue_update(event.uri)
+                except (GatewayError, SubscriptionLost, ListenNotSupportedError) as exc:
+                    if not started:
+                        raise
+                    # No replay in this era: re-listen; clients re-read on the next update.
+                    logger.warning("listen stream for %s on %s ended: %s; re-listening", uri, self.id, exc)
+                await anyio.sleep(_RELISTEN_DELAY)
+
+    async def roots_changed(self) -> None:
+        """Tell the upstream its client's roots changed (handshake era; modern has no roots)."""
+        if self.modern:
+            return
+        with self._calling(None, "notifications/roots/list_changed") as client:
+            await client.session.send_notification(types.RootsListChangedNotification())
 
     def attach(self, client: Client) -> None:
         self._client = client
