@@ -1,10 +1,13 @@
 """Cancel storm: open many calls through agent-gateway, cancel each mid-flight, count what is left.
 
-A gateway runs in this process in front of the recording upstream (``tests/servers/recorder.py``,
-tool ``wait``), reached over stdio (a child process) and/or Streamable HTTP (served inline on
-loopback), both in the handshake era (``protocol: legacy``), where a cancel reaches the upstream
+The recording upstream (``tests/servers/recorder.py``, tool ``wait``) is reached over stdio and/or
+Streamable HTTP, in the handshake era (``protocol: legacy``), where a cancel reaches the upstream
 as ``notifications/cancelled``. (A modern-era HTTP upstream is cancelled by closing the request's
 stream instead, so it receives no notification to count.)
+
+Layouts: ``split`` (default) runs ``agent-gateway serve`` in a process of its own and the HTTP
+recorder in another, so the clients' load is not the gateway's; ``inline`` runs the gateway,
+the HTTP recorder and the clients in this process and event loop.
 
 ``--concurrency`` workers, each with its own ``mcp.Client`` session (``mode="legacy"``), share
 ``--calls`` calls of ``rec__wait {"seconds": 60}``. A worker starts a call, waits until the
@@ -13,41 +16,48 @@ worker's gateway session id in ``_meta``, so each start is matched to its call),
 the call and starts the next one. Afterwards the script waits (bounded) for the upstream to
 settle and reports: calls started upstream, ``notifications/cancelled`` received upstream, how
 many of those name a started upstream request id, ids it does not know, handlers cancelled,
-the gateway's pending calls, asyncio tasks and this process's RSS before and after, and (HTTP
-only, where the upstream shares this process's clock) the latency from the client's cancel to
-the upstream's receipt of the notification.
+the gateway's pending calls, asyncio tasks and RSS before and after, and the latency from the
+client's cancel to the upstream's receipt (the recorder stamps its events with
+``time.perf_counter()``, CLOCK_MONOTONIC, which every process on the machine shares).
 
 Run from the repository root::
 
-    .venv/bin/python bench/cancel_storm.py [--calls 1000] [--concurrency 50] [--upstream stdio|http|both]
+    .venv/bin/python bench/cancel_storm.py [--calls 1000] [--concurrency 50] \
+        [--upstream stdio|http|both] [--layout split|inline]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import logging
 import math
+import os
 import shlex
+import socket
+import subprocess
 import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+from anyio.abc import Process
 from mcp import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: make `tests` importable
 from tests.servers import recorder
-from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
+from tests.support import RunningGateway, gateway_env, python_upstream, running_gateway, serving_upstream
 
+RECORDER = Path(__file__).resolve().parent.parent / "tests" / "servers" / "recorder.py"
+GATEWAY = Path(sys.executable).parent / "agent-gateway"
 STARTUP_BOUND = 30.0
 """Seconds the gateway (and its upstream) may take to start."""
 STORM_BOUND = 30.0
@@ -67,6 +77,9 @@ SESSION_KEY = "io.agent-gateway/session-id"
 """The ``_meta`` key in which the gateway tells the upstream the downstream session id."""
 CANCELLED = "notifications/cancelled"
 QUIET = ("uvicorn", "uvicorn.error", "uvicorn.access", "fastmcp", "mcp", "httpx", "agent_gateway")
+SILENT = ("mcp.client.streamable_http",)
+"""Loggers muted entirely: the client logs an SSE event that lands after its call was cancelled
+(and its stream closed) as an error with a traceback; for this script that is expected."""
 
 
 # -- what the upstream saw ---------------------------------------------------------------------
@@ -82,7 +95,8 @@ class Watch:
     _wake: dict[str, anyio.Event] = field(default_factory=dict)
 
     def add(self, event: dict[str, Any]) -> None:
-        self.events.append((time.perf_counter(), event))
+        # A recorder in another process stamps its events (same CLOCK_MONOTONIC as ours).
+        self.events.append((float(event.get("at", time.perf_counter())), event))
         if event.get("event") == "started":
             meta = event.get("meta") or {}
             sid = str(meta.get(SESSION_KEY))
@@ -142,6 +156,105 @@ async def tail(path: Path, watch: Watch) -> None:
                 if line.strip():
                     watch.add(json.loads(line))
         await anyio.sleep(POLL)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The gateway under test, wherever it runs: its MCP URL, its /status, its RSS."""
+
+    url: str
+    status: Callable[[], Awaitable[dict[str, Any]]]
+    rss: Callable[[], float]
+    cpu: Callable[[], float]
+    """CPU seconds (user + system) the gateway's process has used so far."""
+
+
+@asynccontextmanager
+async def inline_gateway(kind: str) -> AsyncIterator[tuple[Target, Watch]]:
+    """The gateway (and an HTTP recorder) in this process and event loop, next to the clients."""
+    async with recorded_gateway(kind) as (gw, watch):
+
+        async def status() -> dict[str, Any]:
+            return gw.gateway.status()
+
+        yield Target(gw.url, status, rss_mib, cpu_seconds), watch
+
+
+@asynccontextmanager
+async def split_gateway(kind: str) -> AsyncIterator[tuple[Target, Watch]]:
+    """The gateway as ``agent-gateway serve`` in a process of its own, the HTTP recorder in another
+    (a stdio recorder is the gateway's child): the clients' load is not the gateway's."""
+    watch = Watch()
+    with tempfile.TemporaryDirectory(prefix="cancel-storm-") as tmp:
+        log = Path(tmp) / "recorder.jsonl"
+        env = {"RECORDER_LOG": str(log)}
+        async with AsyncExitStack() as stack:
+            if kind == "http":
+                port = free_port()
+                recorder_cmd = [sys.executable, str(RECORDER), "--http", str(port)]
+                await stack.enter_async_context(
+                    child(recorder_cmd, {**os.environ, **env}, Path(tmp) / "recorder.stderr")
+                )
+                upstream: dict[str, Any] = {"url": f"http://127.0.0.1:{port}/mcp", "protocol": "legacy"}
+            else:
+                upstream = python_upstream("recorder.py", env=env, protocol="legacy")
+            gw_port = free_port()
+            config = Path(tmp) / "gateway.yaml"  # JSON is YAML
+            server = {"transport": "http", "port": gw_port}
+            config.write_text(json.dumps({"server": server, "upstreams": {"rec": upstream}}))
+            command = [str(GATEWAY), "--log-level", "warning", "serve", "-c", str(config)]
+            gateway = await stack.enter_async_context(
+                child(command, gateway_env(), Path(tmp) / "gateway.stderr")
+            )
+            http = await stack.enter_async_context(httpx.AsyncClient(base_url=f"http://127.0.0.1:{gw_port}"))
+            await until_ready(http)
+
+            async def status() -> dict[str, Any]:
+                return (await http.get("/status")).json()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(tail, log, watch)
+                url = f"http://127.0.0.1:{gw_port}/mcp"
+                yield (
+                    Target(url, status, lambda: rss_mib(gateway.pid), lambda: cpu_seconds(gateway.pid)),
+                    watch,
+                )
+                tg.cancel_scope.cancel()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def child(command: list[str], env: dict[str, str], stderr: Path) -> AsyncIterator[Process]:
+    """Run ``command`` (its stderr kept in ``stderr``); on exit SIGTERM it, wait (bounded), SIGKILL."""
+    with stderr.open("wb") as errors:
+        process = await anyio.open_process(command, env=env, stdout=subprocess.DEVNULL, stderr=errors)
+        try:
+            yield process
+        finally:
+            with anyio.CancelScope(shield=True):
+                process.terminate()
+                with anyio.move_on_after(SETTLE_BOUND):
+                    await process.wait()
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()
+
+
+async def until_ready(http: httpx.AsyncClient) -> None:
+    """Wait until the gateway answers /readyz with every upstream up."""
+    with anyio.fail_after(STARTUP_BOUND):
+        while True:
+            try:
+                if (await http.get("/readyz")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass  # not listening yet
+            await anyio.sleep(0.1)
 
 
 @asynccontextmanager
@@ -250,16 +363,18 @@ async def warm_up(url: str, watch: Watch) -> None:
 # -- measuring ---------------------------------------------------------------------------------
 
 
-def rss_mib() -> float:
-    """This process's resident set size (``VmRSS``), in MiB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU seconds used by ``pid`` (default: this process), from /proc."""
+    fields = Path(f"/proc/{pid or 'self'}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mib(pid: int | None = None) -> float:
+    """The resident set size (``VmRSS``) of ``pid`` (default: this process), in MiB."""
+    for line in Path(f"/proc/{pid or 'self'}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return math.nan
-
-
-def tasks() -> int:
-    return len(asyncio.all_tasks())
 
 
 @dataclass
@@ -280,6 +395,8 @@ class Row:
     sessions_live: object = None
     tasks_before: int = 0
     tasks_after: int = 0
+    cpu: float = 0.0
+    """CPU seconds the gateway's process used during the storm."""
     rss_before: float = 0.0
     rss_after: float = 0.0
     latencies: list[float] = field(default_factory=list)
@@ -293,43 +410,46 @@ class Row:
         return ordered[rank - 1] * 1e3
 
 
-def settled(watch: Watch, gw: RunningGateway, skip: int, expected: int) -> bool:
+async def settled(watch: Watch, target: Target, skip: int, expected: int) -> bool:
     """Whether every cancelled call's cancel and handler cancellation reached the upstream."""
     seen = watch.since(skip)
     return (
         len(seen.cancels()) >= expected
         and len(seen.of("handler_cancelled")) >= expected
-        and gw.gateway.status()["pending_calls"] == 0
+        and (await target.status())["pending_calls"] == 0
     )
 
 
-async def storm_through(kind: str, calls: int, concurrency: int) -> Row:
+async def storm_through(kind: str, options: Options) -> Row:
+    calls, concurrency = options.calls, options.concurrency
     row = Row(kind, calls=calls)
-    async with recorded_gateway(kind) as (gw, watch):
+    gateway = split_gateway if options.layout == "split" else inline_gateway
+    async with gateway(kind) as (gw, watch):
         await warm_up(gw.url, watch)
         skip_started = {str(e["request_id"]) for e in watch.of("started")}
         skip = len(watch.events)  # the warm-up's events are not the storm's
         gc.collect()
-        row.tasks_before, row.rss_before = tasks(), rss_mib()
+        row.tasks_before, row.rss_before = (await gw.status())["tasks"], gw.rss()
 
         storm = Storm(calls)
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), gw.cpu()
         with anyio.fail_after(STORM_BOUND + STORM_BOUND_PER_CALL * calls):
             async with anyio.create_task_group() as tg:
                 for _ in range(min(concurrency, calls)):
                     tg.start_soon(worker, gw.url, watch, storm)
         row.seconds = time.perf_counter() - began
+        row.cpu = gw.cpu() - cpu_began
         row.cancelled = len(storm.cancelled_at)
 
         quiet = time.perf_counter()
         with anyio.move_on_after(SETTLE_BOUND):
-            while not settled(watch, gw, skip, row.cancelled):
+            while not await settled(watch, gw, skip, row.cancelled):
                 await anyio.sleep(0.05)
         row.settle = time.perf_counter() - quiet
 
-        status = gw.gateway.status()
+        status = await gw.status()
         gc.collect()
-        row.tasks_after, row.rss_after = tasks(), rss_mib()
+        row.tasks_after, row.rss_after = status["tasks"], gw.rss()
         row.pending = status["pending_calls"]
         sessions = status["sessions"]
         row.sessions_live = sessions.get("live") if isinstance(sessions, dict) else None
@@ -347,17 +467,15 @@ async def storm_through(kind: str, calls: int, concurrency: int) -> Row:
         row.never_cancelled = len(started - set(ids))
         row.finished_early = storm.finished_early
         row.errors = storm.errors
-        if kind == "http":  # the upstream shares this process's clock only when served inline
-            # Receipt: the first sign of the cancel upstream, the notification or the handler's end.
-            first: dict[str, float] = {}
-            ends = [
-                (at, str(e.get("request_id")))
-                for at, e in events.events
-                if e.get("event") == "handler_cancelled"
-            ]
-            for at, rid in sorted([*cancels, *ends]):
-                first.setdefault(rid, at)
-            row.latencies = [first[rid] - at for rid, at in storm.cancelled_at.items() if rid in first]
+        # Every event is on our clock (stamped by the recorder, CLOCK_MONOTONIC, or seen here).
+        # Receipt: the first sign of the cancel upstream, the notification or the handler's end.
+        first: dict[str, float] = {}
+        ends = [
+            (at, str(e.get("request_id"))) for at, e in events.events if e.get("event") == "handler_cancelled"
+        ]
+        for at, rid in sorted([*cancels, *ends]):
+            first.setdefault(rid, at)
+        row.latencies = [first[rid] - at for rid, at in storm.cancelled_at.items() if rid in first]
     return row
 
 
@@ -366,7 +484,7 @@ async def run(options: Options) -> list[Row]:
     rows: list[Row] = []
     for kind in kinds:
         print(f"storming {kind} upstream ...", file=sys.stderr, flush=True)
-        rows.append(await storm_through(kind, options.calls, options.concurrency))
+        rows.append(await storm_through(kind, options))
     return rows
 
 
@@ -375,11 +493,11 @@ async def run(options: Options) -> list[Row]:
 
 def table(rows: list[Row]) -> str:
     lines = [
-        "| upstream | calls cancelled mid-flight | wall s | started upstream "
+        "| upstream | calls cancelled mid-flight | wall s | gateway CPU s | started upstream "
         "| notifications/cancelled upstream | matching ids | unknown ids | handlers cancelled "
         "| pending calls after | asyncio tasks before → after | RSS MiB before → after "
         "| cancel → upstream p50 / p95 / max ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         latency = (
@@ -388,7 +506,7 @@ def table(rows: list[Row]) -> str:
             else "n/a"
         )
         lines.append(
-            f"| {r.upstream} (legacy) | {r.cancelled} / {r.calls} | {r.seconds:.1f} | {r.started} "
+            f"| {r.upstream} (legacy) | {r.cancelled} / {r.calls} | {r.seconds:.1f} | {r.cpu:.1f} | {r.started} "
             f"| {r.cancels} | {r.matching} | {r.unknown} | {r.handler_cancelled} | {r.pending} "
             f"| {r.tasks_before} → {r.tasks_after} | {r.rss_before:.1f} → {r.rss_after:.1f} "
             f"({r.rss_after - r.rss_before:+.1f}) | {latency} |"
@@ -438,11 +556,14 @@ class Options:
     calls: int
     concurrency: int
     upstream: str
+    layout: str
 
 
 def quiet_logging() -> None:
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in SILENT:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -457,10 +578,29 @@ def parse_args(argv: list[str] | None = None) -> Options:
         default="both",
         help="the recorder upstream's transport; both (default) storms each once",
     )
+    parser.add_argument(
+        "--layout",
+        choices=("split", "inline"),
+        default="split",
+        help="split (default): gateway and HTTP upstream in processes of their own; "
+        "inline: everything in this process and event loop",
+    )
     args = parser.parse_args(argv)
     if args.calls < 1 or args.concurrency < 1:
         parser.error("--calls and --concurrency must be at least 1")
-    return Options(args.calls, args.concurrency, args.upstream)
+    return Options(args.calls, args.concurrency, args.upstream, args.layout)
+
+
+LAYOUTS = {
+    "split": "`agent-gateway serve` in a process of its own (RSS and asyncio tasks are that process's, "
+    "from /proc and /status; the stdio upstream is its child, not counted), the HTTP upstream in "
+    "another, the clients in this one; before = after one warm-up call cancelled the same way, "
+    "after = once the upstream settled and every client session closed",
+    "inline": "gateway, clients and the HTTP upstream share this process and its event loop, so RSS "
+    "and asyncio tasks are this whole process's (the stdio upstream is a child process, not counted), "
+    "and after includes this script's own record of ~3 upstream events per call; before = after one "
+    "warm-up call cancelled the same way, after = once the upstream settled and every client session closed",
+}
 
 
 def main() -> None:
@@ -470,13 +610,7 @@ def main() -> None:
     print(table(rows))
     print()
     print(f"command: `{shlex.join(sys.orig_argv)}`")
-    print(
-        f"layout: gateway, clients{' and the HTTP upstream' if options.upstream != 'stdio' else ''} "
-        "share this process and its event loop, so RSS and asyncio tasks are this whole process's "
-        "(the stdio upstream is a child process, not counted), and after includes this script's own "
-        "record of ~3 upstream events per call; before = after one warm-up call cancelled the same "
-        "way, after = once the upstream settled and every client session closed"
-    )
+    print(f"layout: {LAYOUTS[options.layout]}")
     print(
         f"each of {options.concurrency} client sessions (mcp.Client, mode=legacy) calls {TOOL} "
         f'{{"seconds": {WAIT_SECONDS:g}}} and cancels it once the upstream has recorded it started; '
@@ -484,9 +618,13 @@ def main() -> None:
         "(a modern-era HTTP upstream is cancelled by closing the request's stream instead)"
     )
     print(
-        "cancel → upstream latency: from the client's cancel to the first sign of it in the HTTP "
-        "upstream (its notifications/cancelled or its handler's cancellation), on one clock; n/a for "
-        "stdio (the recorder's log has no timestamps)"
+        "cancel → upstream latency: from the client's cancel to the first sign of it upstream "
+        "(its notifications/cancelled or its handler's cancellation), on one clock (CLOCK_MONOTONIC); "
+        + (
+            "n/a for the stdio upstream inline (its log is read by polling)"
+            if options.layout == "inline"
+            else ""
+        )
     )
     problems = findings(rows)
     print("findings: " + ("none" if not problems else ""))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -15,6 +17,7 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import mcp_types as types
+import uvicorn
 from fastmcp import Context, FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
@@ -195,12 +198,21 @@ def build(sink: Sink) -> FastMCP:
 
 def _file_sink(path: str) -> Sink:
     def write(event: dict[str, Any]) -> None:
+        # perf_counter is CLOCK_MONOTONIC here: comparable with other processes' on this machine.
+        stamped = {**event, "at": time.perf_counter()}
         with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(event, default=str) + "\n")
+            f.write(json.dumps(stamped, default=str) + "\n")
 
     return write
 
 
 if __name__ == "__main__":
+    # stdio by default; `--http PORT` serves Streamable HTTP on loopback at /mcp instead.
     log = os.environ.get("RECORDER_LOG")
-    build(_file_sink(log) if log else (lambda _: None)).run(show_banner=False, log_level="WARNING")
+    server = build(_file_sink(log) if log else (lambda _: None))
+    if sys.argv[1:2] == ["--http"]:
+        uvicorn.run(
+            server.http_app(path="/mcp"), host="127.0.0.1", port=int(sys.argv[2]), log_level="warning"
+        )
+    else:
+        server.run(show_banner=False, log_level="WARNING")
