@@ -21,9 +21,11 @@ Run from the repository root::
 from __future__ import annotations
 
 import argparse
+import cProfile
 import logging
 import math
 import multiprocessing
+import os
 import shlex
 import sys
 import time
@@ -49,6 +51,8 @@ from tests.support import serving
 STARTUP_BOUND = 30.0
 """Seconds a server (or a child process serving one) may take to start."""
 STOP_BOUND = 15.0
+PROFILE_ENV = "AGW_BENCH_PROFILE"
+"""With ``--isolate``: a directory where each server child writes ``<role>.prof`` (cProfile)."""
 MEASURE_BOUND = 150.0
 """Seconds one measurement (one scenario, one shape, warm-up included) may take."""
 CALL_TIMEOUT = 30.0
@@ -122,7 +126,15 @@ SERVERS: dict[str, Serve] = {
 
 def _child_main(role: str, upstream: str, conn: Connection) -> None:
     quiet_logging()
-    anyio.run(_child_serve, role, upstream, conn)
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if not profile_dir:
+        anyio.run(_child_serve, role, upstream, conn)
+        return
+    # One cProfile per isolated server: where its time goes, open with pstats or snakeviz.
+    profiler = cProfile.Profile()
+    profiler.runcall(anyio.run, _child_serve, role, upstream, conn)
+    slug = "".join(c if c.isalnum() else "-" for c in role)
+    profiler.dump_stats(Path(profile_dir) / f"{slug}.prof")
 
 
 async def _child_serve(role: str, upstream: str, conn: Connection) -> None:

@@ -71,17 +71,10 @@ def current_caller() -> Caller | None:
     request = context.request_context
     if session is None or request is None:
         return None
-    meta = request.meta or {}  # the raw wire `_meta` (camelCase keys)
-    level = meta.get(types.LOG_LEVEL_META_KEY)
-    return Caller(
-        session=session,
-        server_session=context.session,
-        request_id=request.request_id,
-        progress_token=meta.get("progressToken"),
-        request_log_level=level if level in sessions.LEVELS else None,
-        input_responses=context.input_responses,
-        request_state=context.request_state,
+    rounds = types.InputResponseRequestParams(
+        input_responses=context.input_responses, request_state=context.request_state
     )
+    return Caller.of_request(session, context.session, request.request_id, request.meta, rounds)
 
 
 class GatewayPrompt(Prompt):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,29 @@ class Caller:
     request_log_level: types.LoggingLevel | None = None
     input_responses: types.InputResponses | None = None
     request_state: str | None = None
+
+    @classmethod
+    def of_request(
+        cls,
+        session: DownstreamSession,
+        server_session: ServerSession,
+        request_id: types.RequestId | None,
+        meta: Mapping[str, Any] | None,
+        params: types.InputResponseRequestParams | None = None,
+    ) -> Caller:
+        """The caller of one request: ``meta`` is its raw wire ``_meta`` (camelCase keys)."""
+        meta = meta or {}
+        level = meta.get(types.LOG_LEVEL_META_KEY)
+        return cls(
+            session=session,
+            server_session=server_session,
+            # As a string, as FastMCP passes it: the transport finds the request's stream by it.
+            request_id=None if request_id is None else str(request_id),
+            progress_token=meta.get("progressToken"),
+            request_log_level=level if level in LEVELS else None,
+            input_responses=params.input_responses if params is not None else None,
+            request_state=params.request_state if params is not None else None,
+        )
 
     @property
     def session_id(self) -> str:

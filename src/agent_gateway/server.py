@@ -21,6 +21,7 @@ from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
 from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.subscriptions import ResourceSubscriptions
+from agent_gateway.tool_calls import ToolCalls
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpstreamSession
@@ -52,6 +53,13 @@ class Gateway:
             middleware=[self.sessions],
         )
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
+        fastmcp_call = lowlevel.get_request_handler("tools/call")
+        assert fastmcp_call is not None, "FastMCP registers tools/call"
+        lowlevel.add_request_handler(
+            "tools/call",
+            types.CallToolRequestParams,
+            ToolCalls(self.catalog, self.proxy, self.sessions, fastmcp_call.handler),
+        )
         # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
         lowlevel.add_request_handler(
             "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen

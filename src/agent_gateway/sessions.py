@@ -13,7 +13,8 @@ import contextvars
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -175,12 +176,19 @@ class SessionRegistry(Middleware):
         request = ctx.request_context if ctx is not None else None
         if request is None:
             return await call_next(context)
+        async with self.serving(request) as session:
+            if context.method == "logging/setLevel" and isinstance(context.message, Mapping):
+                await self._set_level(session, context.message.get("level"))  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
+            return await call_next(context)
+
+    @asynccontextmanager
+    async def serving(self, request: Any) -> AsyncIterator[DownstreamSession]:
+        """The session of ``request`` (an SDK or FastMCP request context), current while it is
+        served; a modern request's session ends with it."""
         session = self._attach(request)
-        if context.method == "logging/setLevel" and isinstance(context.message, Mapping):
-            await self._set_level(session, context.message.get("level"))  # pyright: ignore[reportUnknownMemberType, reportUnknownArgumentType]
         bound = CURRENT.set(session)
         try:
-            return await call_next(context)
+            yield session
         finally:
             CURRENT.reset(bound)
             if session.modern:
