@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
 from mcp import Client
 
-from tests.support import NODE_MODULES
+from tests.support import NODE_MODULES, running_gateway
 
 T = TypeVar("T")
 
@@ -79,6 +79,16 @@ async def hold(context: AbstractAsyncContextManager[T]) -> tuple[T, Callable[[],
             await owner
 
     return value, stop
+
+
+@asynccontextmanager
+async def gateway_url(upstreams: Mapping[str, Any]) -> AsyncIterator[str]:
+    """The MCP URL of a gateway over ``upstreams``, for a module-scoped fixture (see ``hold``)."""
+    gateway, stop = await hold(running_gateway({"upstreams": dict(upstreams)}))
+    try:
+        yield gateway.url
+    finally:
+        await stop()
 
 
 def processes_with_arg(arg: str) -> set[int]:

@@ -17,8 +17,8 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import FileUrl
 
 from agent_gateway.sessions import LEVELS
-from tests.e2e.peers import BOUND, MODES, PROTOCOL_OF_MODE, hold, text_of
-from tests.support import npm_server, running_gateway
+from tests.e2e.peers import BOUND, MODES, PROTOCOL_OF_MODE, gateway_url, text_of
+from tests.support import npm_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -28,24 +28,16 @@ DOCUMENT = "demo://resource/static/document/architecture.md"
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def shared_url() -> AsyncIterator[str]:
     """A gateway whose clients share one server-everything session (the default)."""
-    gateway, stop = await hold(
-        running_gateway({"upstreams": {"everything": npm_server("server-everything", "stdio")}})
-    )
-    try:
-        yield gateway.url
-    finally:
-        await stop()
+    async with gateway_url({"everything": npm_server("server-everything", "stdio")}) as url:
+        yield url
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def per_client_url() -> AsyncIterator[str]:
     """A gateway giving each client its own server-everything process (``session: per_client``)."""
     upstream = {**npm_server("server-everything", "stdio"), "session": "per_client"}
-    gateway, stop = await hold(running_gateway({"upstreams": {"everything": upstream}}))
-    try:
-        yield gateway.url
-    finally:
-        await stop()
+    async with gateway_url({"everything": upstream}) as url:
+        yield url
 
 
 async def test_a_sampling_request_is_answered_by_the_calling_clients_model(shared_url: str) -> None:
