@@ -486,3 +486,76 @@ async def test_roots_list_changed_reaches_the_clients_own_upstream_session(
     assert first.structured_content == {"result": ["file:///work/one"]}
     assert second.structured_content == {"result": ["file:///work/two"]}
     assert len([e for e in events if e.get("method") == "notifications/roots/list_changed"]) == 1
+
+
+@pytest.mark.parametrize("session", ["shared", "per_client"])
+async def test_modern_clients_listening_at_once_each_get_each_update_once(
+    session: str, tmp_path: Path
+) -> None:
+    got: dict[int, list[str]] = {0: [], 1: []}
+    listening: list[anyio.CancelScope] = []
+
+    async with recorded_gateway("http", tmp_path, protocol="auto", session=session) as (gw, seen):
+
+        async def listener(n: int, ready: anyio.Event) -> None:
+            async with (
+                Client(gw.url, mode="auto") as client,
+                client.listen(resource_subscriptions=["counter://value"]) as subscription,
+            ):
+                with anyio.CancelScope() as scope:
+                    listening.append(scope)
+                    ready.set()
+                    async for event in subscription:
+                        got[n].append(event.uri)  # type: ignore[union-attr]
+
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                ready = [anyio.Event(), anyio.Event()]
+                for n in (0, 1):  # subscribing at the same moment
+                    tg.start_soon(listener, n, ready[n])
+                for event in ready:
+                    await event.wait()
+                async with Client(gw.url, mode="auto") as bumper:
+                    await bumper.call_tool("rec__bump", {})
+                while not (got[0] and got[1]):
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.3)  # a duplicate would arrive by now
+                for scope in listening:
+                    scope.cancel()
+        after = await settled(gw, lambda s: s["subscriptions"] == 0)
+        events = await seen.wait_for(
+            lambda ev: (
+                len([e for e in ev if e["event"] == "listen_ended" and e["uris"]])
+                == len([e for e in ev if e["event"] == "listen" and e["uris"]])
+            )
+        )
+    assert got == {0: ["counter://value"], 1: ["counter://value"]}
+    # Shared: one upstream stream serves both clients; per_client: one on each client's session.
+    assert len([e for e in events if e["event"] == "listen" and e["uris"]]) == (
+        1 if session == "shared" else 2
+    )
+    assert after["pending_calls"] == 0
+
+
+async def test_a_subscription_lost_with_its_upstream_tells_the_client(tmp_path: Path) -> None:
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    async with (
+        recorded_gateway("stdio", tmp_path, protocol="legacy") as (gw, _),
+        Client(gw.url, mode="legacy", message_handler=on_message) as client,
+    ):
+        pid = (await client.call_tool("rec__whoami", {})).structured_content["pid"]  # type: ignore[index]
+        with pytest.warns(MCPDeprecationWarning):
+            await client.subscribe_resource("counter://value")
+        assert (await status(gw))["subscriptions"] == 1
+        os.kill(pid, 9)
+        with anyio.fail_after(BOUND):
+            while not updates:
+                await anyio.sleep(0.01)
+        after = await settled(gw, lambda s: s["subscriptions"] == 0)
+    assert updates == ["counter://value"]  # read it again: the upstream that held it is gone
+    assert after["pending_calls"] == 0

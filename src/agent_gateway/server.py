@@ -24,7 +24,7 @@ from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.tool_calls import ToolCalls
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
-from agent_gateway.upstreams.session import UpstreamSession
+from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +36,11 @@ class Gateway:
         self.config = config
         self.catalog = Catalog(config)
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
+        self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.pool = UpstreamPool(
-            config.active_upstreams, self.catalog.update, self.sessions.broadcast_log, self._resource_updated
+            config.active_upstreams, self.catalog.update, self.sessions.broadcast_log, self._updates
         )
-        self.dedicated = DedicatedSessions(config.active_upstreams, self._resource_updated)
+        self.dedicated = DedicatedSessions(config.active_upstreams, self._updates)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.notifier = ListChangedNotifier(
             lambda: (s.connection for s in self.sessions.handshake_sessions() if s.connection is not None)
@@ -108,6 +109,9 @@ class Gateway:
 
     async def _resource_updated(self, upstream: UpstreamSession, uri: str) -> None:
         await self.subscriptions.updated(upstream, uri)
+
+    async def _upstream_ended(self, upstream: UpstreamSession) -> None:
+        await self.subscriptions.upstream_ended(upstream)
 
     async def _level_set(self, session: DownstreamSession) -> None:
         await self.proxy.apply_log_level(session, list(self.sessions.live.values()))

@@ -43,6 +43,8 @@ class ResourceSubscriptions:
         self._subscribers: dict[Key, dict[DownstreamSession, str]] = defaultdict(dict)
         self._upstream: dict[Key, UpstreamSession] = {}
         self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        self._locks: dict[Key, anyio.Lock] = {}
+        """One per key: subscribing and unsubscribing upstream happen one at a time."""
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
@@ -91,27 +93,59 @@ class ResourceSubscriptions:
         try:
             upstream, uri = await self._proxy.resource_session(public, session)
             key = (upstream.id, uri)
-            if key not in self._upstream:
-                await upstream.subscribe(uri)
-                self._upstream[key] = upstream
+            async with self._lock(key):
+                if key not in self._upstream:
+                    await upstream.subscribe(uri)
+                    self._upstream[key] = upstream
+                self._subscribers[key][session] = public
         except GatewayError as exc:
             raise MCPError.from_error_data(to_error_data(exc)) from exc
-        self._subscribers[key][session] = public
         logger.info("session %s subscribed to %s (%s on %s)", session.id, public, uri, upstream.id)
 
     async def _leave(self, key: Key, session: DownstreamSession) -> None:
-        subscribers = self._subscribers[key]
-        subscribers.pop(session, None)
-        if subscribers:
-            return
-        del self._subscribers[key]
-        upstream = self._upstream.pop(key, None)
-        if upstream is not None and upstream.client is not None:
-            with anyio.move_on_after(_SEND_TIMEOUT):
-                try:
-                    await upstream.subscribe(key[1], subscribe=False)
-                except GatewayError as exc:  # the upstream may be gone already: nothing left to undo
-                    logger.info("unsubscribe %s on %s: %s", key[1], upstream.id, exc)
+        async with self._lock(key):
+            subscribers = self._subscribers.get(key, {})
+            subscribers.pop(session, None)
+            if subscribers:
+                return
+            self._subscribers.pop(key, None)
+            upstream = self._upstream.pop(key, None)
+            if upstream is not None and upstream.client is not None:
+                with anyio.move_on_after(_SEND_TIMEOUT):
+                    try:
+                        await upstream.subscribe(key[1], subscribe=False)
+                    except GatewayError as exc:  # the upstream may be gone already: nothing to undo
+                        logger.info("unsubscribe %s on %s: %s", key[1], upstream.id, exc)
+        lock = self._locks.get(key)
+        if lock is not None and not lock.locked() and lock.statistics().tasks_waiting == 0:
+            del self._locks[key]
+
+    def _lock(self, key: Key) -> anyio.Lock:
+        return self._locks.setdefault(key, anyio.Lock())
+
+    async def upstream_ended(self, upstream: UpstreamSession) -> None:
+        """``upstream`` is gone, and its subscriptions with it: tell their clients.
+
+        A modern client's listen stream is ended, so it listens again (reaching the upstream's
+        next session); a handshake-era client is sent ``resources/updated`` to read the
+        resource again, and must subscribe again for further updates.
+        """
+        for key in [k for k in self._subscribers if k[0] == upstream.id]:
+            subscribers = self._subscribers.pop(key)
+            self._upstream.pop(key, None)
+            self._locks.pop(key, None)
+            for session, public in subscribers.items():
+                logger.warning(
+                    "session %s: subscription to %s lost with upstream session %s",
+                    session.id,
+                    public,
+                    upstream.id,
+                )
+                with anyio.move_on_after(_SEND_TIMEOUT):
+                    if session.connection is not None:
+                        await session.connection.send_resource_updated(public)
+                    elif (stream := self._streams.get(session)) is not None:
+                        stream[1].close()
 
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""

@@ -17,13 +17,14 @@ from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
+from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import IncomingMessage
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
-from agent_gateway.upstreams.session import Broadcast, ResourceUpdated, UpstreamSession, describe
+from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ class Upstream:
         config: UpstreamConfig,
         on_listing: ListingCallback,
         broadcast: Broadcast | None = None,
-        on_updated: ResourceUpdated | None = None,
+        updates: UpdateSink | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -97,7 +98,7 @@ class Upstream:
         """Set once the first connection attempt has either succeeded or failed."""
         self._on_listing = on_listing
         self._broadcast = broadcast
-        self._on_updated = on_updated
+        self._updates = updates
         self._session: UpstreamSession | None = None
         self._refresh = anyio.Event()
         self._backoff = Backoff()
@@ -128,11 +129,14 @@ class Upstream:
                     listing = await fetch_listing(client)
                     connecting.deadline = math.inf
                     session.attach(client)
-                    self._session = session
-                    self._mark_up(client)
-                    await self._on_listing(self.name, listing)
-                    self.settled.set()
-                    await self._serve(client, session)
+                    async with anyio.create_task_group() as tg:
+                        if self._updates is not None:  # running before anyone can subscribe
+                            await tg.start(session.relay_updates, self._updates)
+                        self._session = session
+                        self._mark_up(client)
+                        await self._on_listing(self.name, listing)
+                        self.settled.set()
+                        await self._serve(client, session, tg)
             finally:
                 session.detach()
         if connecting.cancelled_caught:
@@ -141,15 +145,12 @@ class Upstream:
             )
         raise UpstreamUnavailable(self.name, "connection closed")
 
-    async def _serve(self, client: Client, session: UpstreamSession) -> None:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._refresh_on_change, client, session)
-            if self._on_updated is not None:
-                tg.start_soon(session.relay_updates, self._on_updated)
-            if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-                tg.start_soon(self._listen_for_changes, client)
-            await session.lost.wait()
-            tg.cancel_scope.cancel()
+    async def _serve(self, client: Client, session: UpstreamSession, tg: TaskGroup) -> None:
+        tg.start_soon(self._refresh_on_change, client, session)
+        if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            tg.start_soon(self._listen_for_changes, client)
+        await session.lost.wait()
+        tg.cancel_scope.cancel()
 
     def _mark_up(self, client: Client) -> None:
         self.state = UpstreamState.UP

@@ -19,7 +19,7 @@ from mcp.client.session import IncomingMessage
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
-from agent_gateway.upstreams.session import Downstream, ResourceUpdated, UpstreamSession, describe
+from agent_gateway.upstreams.session import Downstream, UpdateSink, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)
@@ -39,11 +39,9 @@ class _Dedicated:
 class DedicatedSessions:
     """Opens, hands out and closes dedicated upstream sessions."""
 
-    def __init__(
-        self, configs: Mapping[str, UpstreamConfig], on_updated: ResourceUpdated | None = None
-    ) -> None:
+    def __init__(self, configs: Mapping[str, UpstreamConfig], updates: UpdateSink | None = None) -> None:
         self._configs = configs
-        self._on_updated = on_updated
+        self._updates = updates
         self._sessions: dict[tuple[str, str], _Dedicated] = {}
         self._tg: TaskGroup | None = None
         self.opened = 0
@@ -92,16 +90,16 @@ class DedicatedSessions:
                 async with session.new_client(transport, _ignore) as client:
                     scope.deadline = math.inf
                     session.attach(client)
-                    self.opened += 1
-                    entry.ready.set()
-                    logger.info("dedicated upstream session %s opened for %s", session.id, key[0])
-                    if session.owner is not None and session.owner.log_level is not None:
-                        with session.translated("logging/setLevel"):
-                            await session.set_logging_level(session.owner.log_level)
                     async with anyio.create_task_group() as tg:
+                        if self._updates is not None:  # running before the caller can subscribe
+                            await tg.start(session.relay_updates, self._updates)
+                        self.opened += 1
+                        entry.ready.set()
+                        logger.info("dedicated upstream session %s opened for %s", session.id, key[0])
+                        if session.owner is not None and session.owner.log_level is not None:
+                            with session.translated("logging/setLevel"):
+                                await session.set_logging_level(session.owner.log_level)
                         tg.start_soon(_set_on, session.lost, entry.close)
-                        if self._on_updated is not None:
-                            tg.start_soon(session.relay_updates, self._on_updated)
                         await entry.close.wait()
                         tg.cancel_scope.cancel()
             if scope.cancelled_caught:

@@ -12,7 +12,7 @@ import anyio
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
 from agent_gateway.upstreams.connection import ListingCallback, Upstream, UpstreamState
-from agent_gateway.upstreams.session import Broadcast, ResourceUpdated, UpstreamSession
+from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +43,10 @@ class UpstreamPool:
         configs: Mapping[str, UpstreamConfig],
         on_listing: ListingCallback,
         broadcast: Broadcast | None = None,
-        on_updated: ResourceUpdated | None = None,
+        updates: UpdateSink | None = None,
     ) -> None:
         self.upstreams = {
-            name: Upstream(name, config, on_listing, broadcast, on_updated)
-            for name, config in configs.items()
+            name: Upstream(name, config, on_listing, broadcast, updates) for name, config in configs.items()
         }
 
     @asynccontextmanager

@@ -16,8 +16,9 @@ import contextvars
 import itertools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -27,7 +28,7 @@ import mcp_types as types
 from anyio.abc import TaskGroup, TaskStatus
 from mcp import Client
 from mcp.client.session import ClientRequestContext, MessageHandlerFnT
-from mcp.client.subscriptions import ListenNotSupportedError, SubscriptionLost
+from mcp.client.subscriptions import ListenNotSupportedError, Subscription, SubscriptionLost
 from mcp.client.subscriptions import ResourceUpdated as ListenedUpdate
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -55,10 +56,22 @@ for requests sent on a call's own HTTP stream, and a modern upstream's input req
 a copy of the caller's context: there, this names the caller exactly."""
 
 Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
-ResourceUpdated = Callable[["UpstreamSession", str], Awaitable[None]]
-"""Told of each ``notifications/resources/updated`` (the session it came on, the upstream URI)."""
+
+
+@dataclass(frozen=True)
+class UpdateSink:
+    """Where a session's resource updates go, and who hears that the session ended."""
+
+    updated: Callable[[UpstreamSession, str], Awaitable[None]]
+    """Each ``notifications/resources/updated``: the session it came on, the upstream URI."""
+    ended: Callable[[UpstreamSession], Awaitable[None]]
+    """The session is over: its subscriptions are gone with it."""
+
+
 _UPDATES_BUFFER = 256
-_RELISTEN_DELAY = 1.0
+_RELISTEN_FIRST_DELAY = 1.0
+_RELISTEN_MAX_DELAY = 30.0
+_ENDED_TIMEOUT = 5.0
 
 
 class UpstreamSession:
@@ -132,20 +145,29 @@ class UpstreamSession:
         except anyio.ClosedResourceError:
             pass  # the session is closing: nobody is left to tell
 
-    async def relay_updates(self, on_updated: ResourceUpdated) -> None:
-        """Hand each resource update to ``on_updated``; run by whoever owns this session.
+    async def relay_updates(
+        self, sink: UpdateSink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Hand each resource update to ``sink``, and tell it when the session ends; run by
+        whoever owns this session, with ``TaskGroup.start`` before the session is handed out
+        (subscribing needs this running).
 
         Also hosts the ``subscriptions/listen`` streams of a modern upstream, so they end
         with the session.
         """
-        async with anyio.create_task_group() as tg, self._updates_out:
-            self._listeners = tg
-            try:
-                async for uri in self._updates_out:
-                    await on_updated(self, uri)
-            finally:
-                self._listeners = None
-                tg.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as tg, self._updates_out:
+                self._listeners = tg
+                task_status.started()
+                try:
+                    async for uri in self._updates_out:
+                        await sink.updated(self, uri)
+                finally:
+                    self._listeners = None
+                    tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_ENDED_TIMEOUT):
+                await sink.ended(self)
 
     async def subscribe(self, uri: str, *, subscribe: bool = True) -> None:
         """Subscribe to (or unsubscribe from) updates of ``uri`` upstream.
@@ -172,7 +194,7 @@ class UpstreamSession:
         if uri in self._listening:
             return
         if self._listeners is None:
-            raise UpstreamUnavailable(self.name, f"subscribe {uri!r}: the session is closing")
+            raise UpstreamUnavailable(self.name, f"subscribe {uri!r}: the session is not serving")
         self._listening[uri] = await self._listeners.start(self._listening_to, uri)
 
     async def _stop_listening(self, uri: str) -> None:
@@ -182,27 +204,52 @@ class UpstreamSession:
         await anyio.lowlevel.checkpoint()
 
     async def _listening_to(self, uri: str, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
-        """One listen stream for ``uri``, re-opened if the upstream drops it, until cancelled."""
+        """One listen stream for ``uri``, re-opened with capped backoff whenever it ends, until
+        cancelled (unsubscribe, or the session's end)."""
         with anyio.CancelScope() as scope:
             started = False
+            delay = _RELISTEN_FIRST_DELAY
             while True:
                 try:
-                    async with AsyncExitStack() as stack:
-                        with self._calling(None, f"subscriptions/listen {uri!r}") as client:
-                            listen = client.listen(resource_subscriptions=[uri])
-                            subscription = await stack.enter_async_context(listen)
+                    async with self._listen_stream(uri) as subscription:
                         if not started:
                             task_status.started(scope)
                             started = True
+                        else:
+                            # No replay in this era: what changed while the stream was down is
+                            # unknown, so subscribers are told to read the resource again.
+                            self._queue_update(uri)
+                        delay = _RELISTEN_FIRST_DELAY
                         async for event in subscription:
                             if isinstance(event, ListenedUpdate):
                                 self._queue_update(event.uri)
-                except (GatewayError, SubscriptionLost, ListenNotSupportedError) as exc:
+                    reason = "closed by the upstream"
+                except (GatewayError, SubscriptionLost, MCPError) as exc:
                     if not started:
                         raise
-                    # No replay in this era: re-listen; clients re-read on the next update.
-                    logger.warning("listen stream for %s on %s ended: %s; re-listening", uri, self.id, exc)
-                await anyio.sleep(_RELISTEN_DELAY)
+                    reason = describe(exc)
+                logger.warning(
+                    "listen stream for %s on %s ended (%s); re-listening in %.0fs",
+                    uri,
+                    self.id,
+                    reason,
+                    delay,
+                )
+                await anyio.sleep(delay)
+                delay = min(delay * 2, _RELISTEN_MAX_DELAY)
+
+    @asynccontextmanager
+    async def _listen_stream(self, uri: str) -> AsyncIterator[Subscription]:
+        """An acknowledged listen stream for ``uri`` (the ack within ``timeout``)."""
+        async with AsyncExitStack() as stack:
+            with self._calling(None, f"subscriptions/listen {uri!r}") as client:
+                try:
+                    subscription = await stack.enter_async_context(
+                        client.listen(resource_subscriptions=[uri])
+                    )
+                except (SubscriptionLost, ListenNotSupportedError) as exc:
+                    raise UpstreamUnavailable(self.name, f"subscriptions/listen {uri!r}: {exc}") from exc
+            yield subscription
 
     async def roots_changed(self) -> None:
         """Tell the upstream its client's roots changed (handshake era; modern has no roots)."""
