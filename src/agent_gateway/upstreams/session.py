@@ -16,8 +16,8 @@ import contextvars
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,18 +25,17 @@ import anyio
 import anyio.lowlevel
 import httpx2
 import mcp_types as types
-from anyio.abc import TaskGroup, TaskStatus
+from anyio.abc import TaskStatus
 from mcp import Client
 from mcp.client.session import ClientRequestContext, MessageHandlerFnT
-from mcp.client.subscriptions import ListenNotSupportedError, Subscription, SubscriptionLost
-from mcp.client.subscriptions import ResourceUpdated as ListenedUpdate
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import GatewayError, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.upstreams.downstream import Downstream
+from agent_gateway.upstreams.listening import ListenStreams
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +68,6 @@ class UpdateSink:
 
 
 _UPDATES_BUFFER = 256
-_RELISTEN_FIRST_DELAY = 1.0
-_RELISTEN_MAX_DELAY = 30.0
 _ENDED_TIMEOUT = 5.0
 
 
@@ -97,9 +94,10 @@ class UpstreamSession:
         self._in_flight: dict[int, Downstream] = {}
         self._tokens = itertools.count()
         self._updates_in, self._updates_out = anyio.create_memory_object_stream[str](_UPDATES_BUFFER)
-        self._listeners: TaskGroup | None = None
-        self._listening: dict[str, anyio.CancelScope] = {}
-        """Upstream URI -> the scope of its listen stream (modern upstreams)."""
+        self._streams = ListenStreams(
+            name, self.id, lambda what: self._calling(None, what), self._queue_update
+        )
+        """A modern upstream's subscriptions: one listen stream per URI."""
 
     # -- the client -----------------------------------------------------------------------
 
@@ -129,7 +127,7 @@ class UpstreamSession:
     def _watching(self, handler: MessageHandlerFnT) -> MessageHandlerFnT:
         async def on_message(message: Any) -> None:
             # On the read loop: queue without waiting; relay_updates does the sending.
-            # A modern upstream's updates come on listen streams (_listening_to), and the
+            # A modern upstream's updates come on listen streams (ListenStreams), and the
             # client also shows them here: taking both would relay each one twice.
             if isinstance(message, types.ResourceUpdatedNotification) and not self.modern:
                 self._queue_update(message.params.uri)
@@ -157,14 +155,13 @@ class UpstreamSession:
         """
         try:
             async with anyio.create_task_group() as tg, self._updates_out:
-                self._listeners = tg
-                task_status.started()
-                try:
-                    async for uri in self._updates_out:
-                        await sink.updated(self, uri)
-                finally:
-                    self._listeners = None
-                    tg.cancel_scope.cancel()
+                with self._streams.hosted_by(tg):
+                    task_status.started()
+                    try:
+                        async for uri in self._updates_out:
+                            await sink.updated(self, uri)
+                    finally:
+                        tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(_ENDED_TIMEOUT):
                 await sink.ended(self)
@@ -179,7 +176,7 @@ class UpstreamSession:
             UpstreamRejected, UpstreamUnavailable, UpstreamTimeout: the upstream refused or failed.
         """
         if self.modern:
-            await (self._listen(uri) if subscribe else self._stop_listening(uri))
+            await (self._streams.open(uri) if subscribe else self._streams.close(uri))
             return
         method = "resources/subscribe" if subscribe else "resources/unsubscribe"
         request: types.SubscribeRequest | types.UnsubscribeRequest = (
@@ -189,67 +186,6 @@ class UpstreamSession:
         )
         with self._calling(None, f"{method} {uri!r}") as client:
             await client.session.send_request(request, types.EmptyResult)
-
-    async def _listen(self, uri: str) -> None:
-        if uri in self._listening:
-            return
-        if self._listeners is None:
-            raise UpstreamUnavailable(self.name, f"subscribe {uri!r}: the session is not serving")
-        self._listening[uri] = await self._listeners.start(self._listening_to, uri)
-
-    async def _stop_listening(self, uri: str) -> None:
-        scope = self._listening.pop(uri, None)
-        if scope is not None:
-            scope.cancel()
-        await anyio.lowlevel.checkpoint()
-
-    async def _listening_to(self, uri: str, *, task_status: TaskStatus[anyio.CancelScope]) -> None:
-        """One listen stream for ``uri``, re-opened with capped backoff whenever it ends, until
-        cancelled (unsubscribe, or the session's end)."""
-        with anyio.CancelScope() as scope:
-            started = False
-            delay = _RELISTEN_FIRST_DELAY
-            while True:
-                try:
-                    async with self._listen_stream(uri) as subscription:
-                        if not started:
-                            task_status.started(scope)
-                            started = True
-                        else:
-                            # No replay in this era: what changed while the stream was down is
-                            # unknown, so subscribers are told to read the resource again.
-                            self._queue_update(uri)
-                        delay = _RELISTEN_FIRST_DELAY
-                        async for event in subscription:
-                            if isinstance(event, ListenedUpdate):
-                                self._queue_update(event.uri)
-                    reason = "closed by the upstream"
-                except (GatewayError, SubscriptionLost, MCPError) as exc:
-                    if not started:
-                        raise
-                    reason = describe(exc)
-                logger.warning(
-                    "listen stream for %s on %s ended (%s); re-listening in %.0fs",
-                    uri,
-                    self.id,
-                    reason,
-                    delay,
-                )
-                await anyio.sleep(delay)
-                delay = min(delay * 2, _RELISTEN_MAX_DELAY)
-
-    @asynccontextmanager
-    async def _listen_stream(self, uri: str) -> AsyncIterator[Subscription]:
-        """An acknowledged listen stream for ``uri`` (the ack within ``timeout``)."""
-        async with AsyncExitStack() as stack:
-            with self._calling(None, f"subscriptions/listen {uri!r}") as client:
-                try:
-                    subscription = await stack.enter_async_context(
-                        client.listen(resource_subscriptions=[uri])
-                    )
-                except (SubscriptionLost, ListenNotSupportedError) as exc:
-                    raise UpstreamUnavailable(self.name, f"subscriptions/listen {uri!r}: {exc}") from exc
-            yield subscription
 
     async def roots_changed(self) -> None:
         """Tell the upstream its client's roots changed (handshake era; modern has no roots)."""
