@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import uvicorn
 from fastmcp import FastMCP
+from langchain_core.language_models import BaseChatModel
 from starlette.types import ASGIApp
 
 from agent_gateway.config import GatewayConfig, parse_config
@@ -78,10 +79,13 @@ class RunningGateway:
 
 @asynccontextmanager
 async def running_gateway(
-    data: Mapping[str, Any], environ: Mapping[str, str] | None = None, settle_timeout: float | None = None
+    data: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    settle_timeout: float | None = None,
+    chat_model: BaseChatModel | None = None,
 ) -> AsyncIterator[RunningGateway]:
     """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback."""
-    gateway = Gateway(config_of(data, environ))
+    gateway = Gateway(config_of(data, environ), chat_model=chat_model)
     async with gateway.running(settle_timeout=settle_timeout), serving(build_app(gateway)) as base:
         yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
 

@@ -112,7 +112,8 @@ def build_snapshot(config: GatewayConfig, listings: Mapping[str, Listing], versi
     """
     ordered = [(n, listings[n], config.upstreams[n]) for n in config.upstreams if n in listings]
     sep = config.server.separator
-    tools = build_table("tool", [e for n, li, up in ordered for e in _tool_entries(n, li, up, sep)])
+    entries = [e for n, li, up in ordered for e in _tool_entries(n, li, up, sep)]
+    tools = build_table("tool", [e for e in entries if not _reserved(config, *e)])
     prompts = build_table("prompt", [e for n, li, up in ordered for e in _prompt_entries(n, li, up, sep)])
     return CatalogSnapshot(
         tools=tools,
@@ -122,6 +123,20 @@ def build_snapshot(config: GatewayConfig, listings: Mapping[str, Listing], versi
         instructions={n: li.instructions for n, li, _ in ordered if li.instructions},
         version=version,
     )
+
+
+def _reserved(config: GatewayConfig, public: str, origin: Origin[types.Tool]) -> bool:
+    """Whether an upstream tool would take the name of the gateway's own ``ask_agent``."""
+    if not (config.agent.enabled and public == config.agent.name):
+        return False
+    logger.warning(
+        "upstream %s: tool %r is hidden: its public name %r is the gateway's own agent tool "
+        "(rename it, or set agent.name)",
+        origin.upstream,
+        origin.name,
+        public,
+    )
+    return True
 
 
 def _tool_entries(

@@ -88,11 +88,84 @@ class ServerConfig(_Strict):
     """An HTTP session with no request for this long is ended (and what it held released)."""
 
 
+Provider = Literal["openai", "anthropic", "sampling"]
+
+
+class ModelConfig(_Strict):
+    """The model behind ``ask_agent``: an API provider, or the calling client's own (sampling)."""
+
+    provider: Provider
+    model: str | None = None
+    base_url: str | None = None
+    # repr=False: a secret; it reaches the provider's client and nothing else.
+    api_key: str | None = Field(default=None, repr=False)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int = Field(default=4096, gt=0)
+    timeout: Seconds = 120.0
+    max_retries: int = Field(default=2, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _complete(self) -> ModelConfig:
+        if self.provider == "sampling":
+            return self
+        if not self.model:
+            raise _FieldProblem(("agent", "model", "model"), f"provider {self.provider!r} needs a model name")
+        if not self.api_key:
+            raise _FieldProblem(
+                ("agent", "model", "api_key"),
+                f"provider {self.provider!r} needs an API key (e.g. api_key: ${{{_KEY_VARIABLE[self.provider]}}})",
+            )
+        if self.base_url is not None and not re.match(r"^https?://", self.base_url):
+            raise _FieldProblem(
+                ("agent", "model", "base_url"), f"must start with http:// or https://, got {self.base_url!r}"
+            )
+        return self
+
+
+_KEY_VARIABLE = {"openai": "OPENAI_API_KEY", "anthropic": "ANTHROPIC_API_KEY"}
+
+
+class AgentToolsConfig(_Strict):
+    """Which catalog tools the agent may call (globs over public names)."""
+
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+
+
+class MemoryConfig(_Strict):
+    """Where conversations are kept: a SQLite file (survives restarts) or this process only."""
+
+    store: Literal["sqlite", "memory"] = "sqlite"
+    path: str = ".agent-gateway/conversations.sqlite"
+
+
+class AgentConfig(_Strict):
+    """``ask_agent``: the gateway's own LangGraph agent over the catalog."""
+
+    enabled: bool = True
+    name: str = Field(default="ask_agent", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    model: ModelConfig | None = None
+    """None: the calling client's model through sampling, when it offers sampling."""
+    instructions: str = (
+        "You are agent-gateway's tool agent. Answer the user's request, calling the available "
+        "tools when they help. Call independent tools together in one turn. Be concise."
+    )
+    max_steps: int = Field(default=10, ge=1, le=100)
+    max_context_tokens: int = Field(default=32_000, ge=256)
+    tools: AgentToolsConfig = Field(default_factory=AgentToolsConfig)
+    require_approval: tuple[str, ...] = ()
+    """Tools (globs over public names) that run only after the client approves (elicitation)."""
+    approve_destructive: Literal["ask", "auto"] = "ask"
+    """``ask``: tools annotated ``destructiveHint: true`` need approval too."""
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+
 class GatewayConfig(_Strict):
     """The whole validated configuration."""
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
 
     @model_validator(mode="after")
     def _upstream_names(self) -> GatewayConfig:

@@ -8,6 +8,11 @@
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
         ├── UpstreamTimeout        no answer within the upstream's timeout
         └── UpstreamRejected       the upstream answered with a JSON-RPC error
+    └── AgentError             an ``ask_agent`` run that could not produce an answer
+        ├── ModelUnavailable       no model configured and the client offers no sampling
+        ├── ModelFailed            the model call raised (provider error, refused sampling)
+        ├── BadModelOutput         the model's answer could not be understood after re-prompts
+        └── StepLimitReached       the model still wanted tools after ``agent.max_steps`` turns
 
 Foreign errors (mcp's ``MCPError``, transport errors) are translated into this tree in
 ``upstreams.connection`` only; the server layer turns the tree into MCP results/errors
@@ -78,6 +83,26 @@ class UpstreamRejected(UpstreamError):
     def __init__(self, upstream: str, message: str, code: int) -> None:
         super().__init__(upstream, message)
         self.code = code
+
+
+class AgentError(GatewayError):
+    """An ``ask_agent`` run ended without an answer; the client gets it as an ``isError`` result."""
+
+
+class ModelUnavailable(AgentError):
+    """No model is configured and the calling client cannot lend its own through sampling."""
+
+
+class ModelFailed(AgentError):
+    """The model call failed: the provider's error, or the client's refusal to sample."""
+
+
+class BadModelOutput(AgentError):
+    """The model kept answering in a form the agent cannot use (after its re-prompts)."""
+
+
+class StepLimitReached(AgentError):
+    """The model asked for more tool calls after the configured number of steps."""
 
 
 def to_error_data(exc: GatewayError) -> types.ErrorData:

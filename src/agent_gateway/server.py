@@ -12,7 +12,11 @@ from typing import Any
 
 import mcp_types as types
 from fastmcp import FastMCP
+from fastmcp.server.providers import Provider
+from langchain_core.language_models import BaseChatModel
 
+from agent_gateway.agent.runner import AgentRunner
+from agent_gateway.agent.tool import AgentProvider
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig
@@ -32,7 +36,12 @@ logger = logging.getLogger(__name__)
 class Gateway:
     """Everything one running gateway owns. Use ``async with gateway.running():``."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, *, chat_model: BaseChatModel | None = None) -> None:
+        """``chat_model`` replaces the configured ``agent.model`` (tests, embedding).
+
+        Raises:
+            ConfigError: the agent's model provider refuses its configured settings.
+        """
         self.config = config
         self.catalog = Catalog(config)
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
@@ -47,10 +56,15 @@ class Gateway:
         )
         self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus)
         self.catalog.subscribe(self.notifier.notify)
+        providers: list[Provider] = [CatalogProvider(self.catalog, self.proxy)]
+        self.agent: AgentRunner | None = None
+        if config.agent.enabled:
+            self.agent = AgentRunner(config.agent, self.catalog, self.proxy, chat_model)
+            providers.append(AgentProvider(self.agent, self.catalog))
         self.server = FastMCP(
             config.server.name,
             instructions=config.server.instructions,
-            providers=[CatalogProvider(self.catalog, self.proxy)],
+            providers=providers,
             middleware=[self.sessions],
         )
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
@@ -83,7 +97,11 @@ class Gateway:
             ConfigError: two upstreams produce the same public name at start-up.
         """
         refused: ConfigError | None = None
-        async with self.pool.running(settle_timeout=settle_timeout), self.dedicated.running():
+        async with (
+            self.pool.running(settle_timeout=settle_timeout),
+            self.dedicated.running(),
+            self._agent_running(),
+        ):
             try:
                 snapshot = self.catalog.start()
             except ConfigError as exc:
@@ -97,6 +115,14 @@ class Gateway:
                     self.subscriptions.close_streams()
         if refused is not None:
             raise refused
+
+    @asynccontextmanager
+    async def _agent_running(self) -> AsyncIterator[None]:
+        if self.agent is None:
+            yield
+            return
+        async with self.agent.running():
+            yield
 
     async def _session_ended(self, session: DownstreamSession) -> None:
         await self.subscriptions.session_ended(session)

@@ -1,0 +1,123 @@
+"""Running one model turn's tool calls, concurrently, through the gateway's own proxy path.
+
+Every call goes through ``Proxy.call_tool`` under the client's session, so argument
+validation, per-client upstream sessions, cancellation and timeouts are those of any other
+call. A failing call is a result the model reads, never an exception out of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from langchain_core.messages import InvalidToolCall, ToolCall, ToolMessage
+
+from agent_gateway.agent.approvals import refusal
+from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.toolbox import Toolbox
+from agent_gateway.errors import GatewayError
+from agent_gateway.proxy import Caller, Proxy
+
+MAX_RESULT_CHARS = 100_000
+"""A tool result longer than this reaches the model cut, with a note saying so."""
+
+Outcome = tuple[ToolMessage, ToolCallRecord]
+
+
+@dataclass(frozen=True)
+class ToolRunner:
+    """Runs tool calls for one agent run."""
+
+    toolbox: Toolbox
+    proxy: Proxy
+    caller: Caller | None
+    """The client's request, minus its progress token: the agent reports its own progress."""
+    observer: RunObserver
+    asker: str
+    """Whom approval requests are from (the agent tool's name)."""
+
+    async def run(self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> list[Outcome]:
+        """One outcome per call, in the model's order; the calls run concurrently."""
+        outcomes: list[Outcome | None] = [None] * len(calls)
+
+        async def one(index: int, call: ToolCall) -> None:
+            outcomes[index] = await self._run_one(call)
+
+        async with anyio.create_task_group() as tg:
+            for index, call in enumerate(calls):
+                tg.start_soon(one, index, call)
+        done = [o for o in outcomes if o is not None]
+        return done + [_unparsable(call) for call in invalid]
+
+    async def _run_one(self, call: ToolCall) -> Outcome:
+        name, arguments = call["name"], call["args"]
+        await self.observer.tool_started(name, arguments)
+        started = time.perf_counter()
+        text, is_error = await self._outcome(name, arguments)
+        record = ToolCallRecord(
+            name=name,
+            arguments=arguments,
+            is_error=is_error,
+            duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+        )
+        await self.observer.tool_finished(record)
+        message = ToolMessage(
+            content=text,
+            tool_call_id=call["id"] or name,
+            name=name,
+            status="error" if is_error else "success",
+        )
+        return message, record
+
+    async def _outcome(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+        tool = self.toolbox.tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self.toolbox.tools)) or "none"
+            return f"Unknown tool {name!r}. The tools are: {known}.", True
+        if tool.needs_approval and (refused := await refusal(tool, arguments, self.caller, self.asker)):
+            return refused, True
+        try:
+            result = await self.proxy.call_tool(name, arguments, self.caller)
+        except GatewayError as exc:
+            return str(exc), True
+        if isinstance(result, types.InputRequiredResult):
+            return f"Tool {name} asked for input from the user, which the agent cannot supply.", True
+        return render(result), bool(result.is_error)
+
+
+def _unparsable(call: InvalidToolCall) -> Outcome:
+    name = call.get("name") or "(unnamed)"
+    text = f"The call to {name} was not run: {call.get('error') or 'its arguments are not a JSON object'}."
+    record = ToolCallRecord(name=name, arguments={"raw": call.get("args")}, is_error=True, duration_ms=0.0)
+    message = ToolMessage(content=text, tool_call_id=call.get("id") or name, name=name, status="error")
+    return message, record
+
+
+def render(result: types.CallToolResult) -> str:
+    """A tool result as text for the model: text blocks as they are, other blocks described."""
+    parts = [_block_text(block) for block in result.content]
+    if not parts and result.structured_content is not None:
+        parts = [json.dumps(result.structured_content, ensure_ascii=False, default=str)]
+    text = "\n".join(parts) if parts else "(no content)"
+    if len(text) > MAX_RESULT_CHARS:
+        cut = len(text) - MAX_RESULT_CHARS
+        text = f"{text[:MAX_RESULT_CHARS]}\n[… {cut} more characters cut by the gateway]"
+    return text
+
+
+def _block_text(block: types.ContentBlock) -> str:
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return f"[{block.type} content, {block.mime_type}, {len(block.data)} bytes of base64]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource link: {block.uri}]"
+    resource = block.resource
+    if isinstance(resource, types.TextResourceContents):
+        return resource.text
+    return f"[binary resource {resource.uri}, {resource.mime_type or 'unknown type'}]"

@@ -1,0 +1,134 @@
+"""The agent's LangGraph graph: a model node and a tools node joined by a conditional edge.
+
+The graph is compiled once per catalog version (the toolbox is part of it); everything that
+belongs to one run — the model, the client's request, where progress goes — arrives as the
+run's context, so one compiled graph serves every client at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypedDict
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AnyMessage
+from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.graph import END, START, StateGraph
+from langgraph.graph.message import add_messages
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.runtime import Runtime
+
+from agent_gateway.agent.calls import ToolRunner
+from agent_gateway.agent.memory import model_view
+from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.toolbox import Toolbox
+from agent_gateway.errors import AgentError, ModelFailed
+
+
+class Usage(TypedDict):
+    input_tokens: int
+    output_tokens: int
+
+
+class AgentState(TypedDict):
+    """A thread's state. ``messages`` persist across runs; the rest is reset by each run's input."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
+    steps: int
+    usage: Usage
+    tool_calls: list[ToolCallRecord]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What one run brings to the shared graph."""
+
+    model: BaseChatModel
+    tools: ToolRunner
+    observer: RunObserver
+    system_prompt: str
+    max_steps: int
+    max_context_tokens: int
+    scrub: tuple[str, ...] = ()
+    """Strings (secrets) that must not appear in an error message."""
+
+
+AgentGraph = CompiledStateGraph[AgentState, RunContext, Any, Any]
+
+
+def run_input(query: str) -> dict[str, Any]:
+    """The input of one run: the user's message, and the per-run counters reset."""
+    return {
+        "messages": [("user", query)],
+        "steps": 0,
+        "usage": Usage(input_tokens=0, output_tokens=0),
+        "tool_calls": [],
+    }
+
+
+def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
+    """The compiled graph for ``toolbox``'s catalog version, keeping threads in ``checkpointer``."""
+    specs = toolbox.specs
+
+    async def model(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+        run = runtime.context
+        step = state["steps"] + 1
+        await run.observer.model_turn(step)
+        bound = run.model.bind_tools(specs) if specs else run.model
+        view = model_view(run.system_prompt, state["messages"], run.max_context_tokens)
+        try:
+            reply = await bound.ainvoke(view)
+        except AgentError:
+            raise
+        except Exception as exc:  # any provider failure ends the run as a clear isError result
+            raise ModelFailed(
+                _scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", run.scrub)
+            ) from exc
+        if not isinstance(reply, AIMessage):
+            raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
+        return {"messages": [reply], "steps": step, "usage": _added(state["usage"], reply)}
+
+    async def tools(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
+        last = state["messages"][-1]
+        assert isinstance(last, AIMessage)  # routed here only after a model turn with calls
+        outcomes = await runtime.context.tools.run(last.tool_calls, last.invalid_tool_calls)
+        return {
+            "messages": [message for message, _ in outcomes],
+            "tool_calls": [*state["tool_calls"], *(record for _, record in outcomes)],
+        }
+
+    def route(state: AgentState, runtime: Runtime[RunContext]) -> Literal["tools", "__end__"]:
+        last = state["messages"][-1]
+        wants_tools = isinstance(last, AIMessage) and bool(last.tool_calls or last.invalid_tool_calls)
+        # At the step limit the run ends with the calls unanswered; the runner reports it.
+        return "tools" if wants_tools and state["steps"] < runtime.context.max_steps else "__end__"
+
+    graph = StateGraph(AgentState, context_schema=RunContext)
+    graph.add_node("model", model)
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph.compile(checkpointer=checkpointer, name=f"agent-gateway-v{toolbox.version}")
+
+
+def recursion_limit(max_steps: int) -> int:
+    """LangGraph's own super-step bound, above ours so that ours is the one that ends a run."""
+    return 2 * max_steps + 4
+
+
+def _added(usage: Usage, reply: AIMessage) -> Usage:
+    meta = reply.usage_metadata
+    if meta is None:
+        return usage
+    return Usage(
+        input_tokens=usage["input_tokens"] + meta.get("input_tokens", 0),
+        output_tokens=usage["output_tokens"] + meta.get("output_tokens", 0),
+    )
+
+
+def _scrubbed(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    return text

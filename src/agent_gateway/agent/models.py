@@ -1,0 +1,112 @@
+"""One factory for the agent's chat model: an OpenAI-compatible endpoint, Anthropic, or the
+calling client's own model through MCP sampling.
+
+API models are built once, at start-up, so a bad provider setting fails there; a sampling
+model is built per run, bound to the client that called.
+"""
+
+from __future__ import annotations
+
+from langchain_anthropic import ChatAnthropic
+from langchain_core.language_models import BaseChatModel
+from langchain_openai import ChatOpenAI
+from pydantic import SecretStr, ValidationError
+
+from agent_gateway.agent.sampling import SamplingChatModel
+from agent_gateway.config import ModelConfig
+from agent_gateway.errors import ConfigError, ModelUnavailable
+from agent_gateway.proxy import Caller
+
+_HOW_TO_CONFIGURE = (
+    "no model is configured for the agent and this client does not offer sampling. Either connect "
+    "with a client that declares the sampling capability (its own model is then used), or set "
+    "agent.model in gateway.yaml, e.g. {provider: openai, model: gpt-4o-mini, api_key: ${OPENAI_API_KEY}}"
+)
+
+
+class ModelSource:
+    """Where each run's chat model comes from."""
+
+    def __init__(self, config: ModelConfig | None, override: BaseChatModel | None = None) -> None:
+        """Raises ``ConfigError`` when the provider refuses the configured settings."""
+        self._config = config
+        self._fixed = override if override is not None else _api_model(config)
+
+    @property
+    def secret(self) -> str | None:
+        """The configured API key, for scrubbing from error messages."""
+        return self._config.api_key if self._config is not None else None
+
+    @property
+    def label(self) -> str:
+        """The configured model's name, until a reply names the model that answered."""
+        if self._fixed is not None:
+            return (
+                getattr(self._fixed, "model_name", None)
+                or getattr(self._fixed, "model", None)
+                or self._fixed._llm_type
+            )
+        return "client model (sampling)"
+
+    def for_run(self, caller: Caller | None, asker: str) -> BaseChatModel:
+        """The model for one run by ``caller`` (None: a run with no MCP client, e.g. the CLI).
+
+        Raises:
+            ModelUnavailable: sampling is needed and the caller cannot provide it.
+        """
+        if self._fixed is not None:
+            return self._fixed
+        if caller is None:
+            raise ModelUnavailable(
+                "the agent's model is the calling client's (sampling), and this run has no MCP client; "
+                "set agent.model to an API provider to run it from the command line"
+            )
+        if caller.modern:
+            raise ModelUnavailable(
+                "the agent's model is the calling client's (sampling), which a client speaking MCP "
+                "2026-07-28 cannot lend to a running tool; connect in the handshake era or set agent.model"
+            )
+        caps = caller.capabilities
+        if caps is None or caps.sampling is None:
+            raise ModelUnavailable(f"agent: {_HOW_TO_CONFIGURE}")
+        config = self._config
+        return SamplingChatModel(
+            caller=caller,
+            asker=asker,
+            max_tokens=config.max_tokens if config is not None else 4096,
+            temperature=config.temperature if config is not None else None,
+            timeout=config.timeout if config is not None else 120.0,
+        )
+
+
+def _api_model(config: ModelConfig | None) -> BaseChatModel | None:
+    if config is None or config.provider == "sampling":
+        return None
+    # ModelConfig has checked both.
+    assert config.model is not None
+    assert config.api_key is not None
+    try:
+        if config.provider == "openai":
+            return ChatOpenAI(
+                model=config.model,
+                base_url=config.base_url,
+                api_key=SecretStr(config.api_key),
+                temperature=config.temperature,
+                max_completion_tokens=config.max_tokens,
+                timeout=config.timeout,
+                max_retries=config.max_retries,
+                stream_usage=True,
+            )
+        return ChatAnthropic(
+            model_name=config.model,
+            base_url=config.base_url,
+            api_key=SecretStr(config.api_key),
+            temperature=config.temperature,
+            max_tokens_to_sample=config.max_tokens,
+            timeout=config.timeout,
+            max_retries=config.max_retries,
+            stop=None,
+        )
+    except ValidationError as exc:
+        reasons = "; ".join(str(e["msg"]) for e in exc.errors(include_url=False))
+        raise ConfigError(f"agent.model: {config.provider} refuses these settings: {reasons}") from None

@@ -1,0 +1,112 @@
+"""What an agent run tells the outside while it runs: the client's progress and log stream,
+the gateway's own log, or a terminal.
+
+Progress goes out once per model turn and once per tool call, so that a client whose request
+timeout resets on progress never times out a long run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Protocol, TypedDict
+
+import anyio
+import mcp_types as types
+
+from agent_gateway.proxy import Caller
+
+logger = logging.getLogger(__name__)
+
+_SEND_TIMEOUT = 5.0
+
+
+class ToolCallRecord(TypedDict):
+    """One tool call of a run, as ``structuredContent.tool_calls`` lists it."""
+
+    name: str
+    arguments: dict[str, Any]
+    is_error: bool
+    duration_ms: float
+
+
+class RunObserver(Protocol):
+    """Told of each step of a run, in order (tool events of one turn may interleave)."""
+
+    async def model_turn(self, step: int) -> None: ...
+
+    async def tool_started(self, name: str, arguments: dict[str, Any]) -> None: ...
+
+    async def tool_finished(self, record: ToolCallRecord) -> None: ...
+
+
+class LogObserver:
+    """The gateway's own log: names and argument keys only, never argument values."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run = run_id
+
+    async def model_turn(self, step: int) -> None:
+        logger.debug("agent run %s: model turn %d", self._run, step)
+
+    async def tool_started(self, name: str, arguments: dict[str, Any]) -> None:
+        logger.info(
+            "agent run %s: calling %s (arguments: %s)", self._run, name, ", ".join(arguments) or "none"
+        )
+
+    async def tool_finished(self, record: ToolCallRecord) -> None:
+        logger.info(
+            "agent run %s: %s %s in %.1f ms",
+            self._run,
+            record["name"],
+            "failed" if record["is_error"] else "returned",
+            record["duration_ms"],
+        )
+
+
+class ClientObserver:
+    """Progress under the client's token and log lines on the client's log stream."""
+
+    def __init__(self, caller: Caller, tool_name: str, also: RunObserver) -> None:
+        self._caller = caller
+        self._name = tool_name
+        self._also = also
+        self._progress = 0
+        # Concurrent tool calls report at once; progress must reach the client increasing.
+        self._lock = anyio.Lock()
+
+    async def model_turn(self, step: int) -> None:
+        await self._also.model_turn(step)
+        await self._report(f"step {step}: asking the model")
+
+    async def tool_started(self, name: str, arguments: dict[str, Any]) -> None:
+        await self._also.tool_started(name, arguments)
+        await self._report(f"calling {name}")
+        await self._log("info", {"event": "tool_started", "tool": name, "arguments": arguments})
+
+    async def tool_finished(self, record: ToolCallRecord) -> None:
+        await self._also.tool_finished(record)
+        await self._log("error" if record["is_error"] else "info", {"event": "tool_finished", **record})
+
+    async def _report(self, message: str) -> None:
+        token = self._caller.progress_token
+        if token is None:
+            return
+        async with self._lock:
+            self._progress += 1
+            with anyio.move_on_after(_SEND_TIMEOUT):
+                await self._caller.server_session.send_progress_notification(
+                    progress_token=token,
+                    progress=self._progress,
+                    message=message,
+                    related_request_id=None
+                    if self._caller.request_id is None
+                    else str(self._caller.request_id),
+                )
+
+    async def _log(self, level: types.LoggingLevel, data: dict[str, Any]) -> None:
+        # Round-tripped through JSON so any argument value the model produced can be sent.
+        line = types.LoggingMessageNotificationParams(
+            level=level, data=json.loads(json.dumps(data, default=str))
+        )
+        await self._caller.log(self._name, line)

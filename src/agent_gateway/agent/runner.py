@@ -1,0 +1,229 @@
+"""One ``ask_agent`` run, start to finish: thread, model, graph, and the record it returns.
+
+Every way a run can fail ends here as a ``RunOutcome`` with an error message and the partial
+record (steps taken, tool calls made, tokens used); nothing raises out of ``AgentRunner.run``
+but cancellation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.runnables import RunnableConfig
+
+from agent_gateway.agent.calls import ToolRunner
+from agent_gateway.agent.graph import AgentGraph, RunContext, build_graph, recursion_limit, run_input
+from agent_gateway.agent.memory import Conversations
+from agent_gateway.agent.models import ModelSource
+from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
+from agent_gateway.agent.toolbox import Toolbox, build_toolbox, system_prompt
+from agent_gateway.catalog import Catalog
+from agent_gateway.config import AgentConfig
+from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
+from agent_gateway.proxy import Caller, Proxy
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AgentRequest:
+    """The arguments of one ``ask_agent`` call."""
+
+    query: str
+    conversation_id: str | None = None
+    context: Mapping[str, Any] | None = None
+
+    @property
+    def text(self) -> str:
+        if not self.context:
+            return self.query
+        return f"{self.query}\n\nContext (JSON): {json.dumps(self.context, ensure_ascii=False, default=str)}"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What a run returns: ``record`` is the tool's ``structuredContent``."""
+
+    record: dict[str, Any]
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.error if self.error is not None else str(self.record["answer"])
+
+
+class AgentRunner:
+    """Runs the agent for any number of concurrent callers. Use ``async with runner.running():``."""
+
+    def __init__(
+        self, config: AgentConfig, catalog: Catalog, proxy: Proxy, chat_model: BaseChatModel | None = None
+    ) -> None:
+        """Raises ``ConfigError`` when the configured model provider refuses its settings."""
+        self.config = config
+        self._catalog = catalog
+        self._proxy = proxy
+        self._models = ModelSource(config.model, chat_model)
+        self._conversations = Conversations(config.memory)
+        self._graphs: dict[int, tuple[Toolbox, AgentGraph]] = {}
+        self._lock = anyio.Lock()
+        # Runs on one thread take turns: two at once would interleave one conversation.
+        self._threads: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[AgentRunner]:
+        async with self._conversations:
+            yield self
+
+    def toolbox(self) -> Toolbox:
+        return build_toolbox(self._catalog.snapshot, self.config)
+
+    async def run(
+        self, request: AgentRequest, caller: Caller | None, observer: RunObserver | None = None
+    ) -> RunOutcome:
+        """Run the agent on ``request`` for ``caller`` (None: no MCP client, e.g. the CLI)."""
+        run_id = uuid.uuid4().hex
+        thread = request.conversation_id or _default_thread(caller, run_id)
+        record = _new_record(thread, run_id, self._models.label)
+        log = LogObserver(run_id)
+        report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
+        logger.info("agent run %s started (thread %s)", run_id, thread)
+        config = RunnableConfig(
+            configurable={"thread_id": thread}, recursion_limit=recursion_limit(self.config.max_steps)
+        )
+        graph: AgentGraph | None = None
+        try:
+            toolbox, graph = await self._graph()
+            context = self._context(toolbox, caller, report)
+            async with self._thread_lock(thread):
+                final = await graph.ainvoke(run_input(request.text), config, context=context)
+            outcome = self._finished(record, final)
+        except AgentError as exc:
+            outcome = await self._failed(record, graph, config, str(exc))
+        except Exception as exc:  # the top of a run: log the traceback, answer with a clear error
+            logger.exception("agent run %s failed unexpectedly", run_id)
+            outcome = await self._failed(
+                record, graph, config, f"the agent run failed: {type(exc).__name__}: {exc}"
+            )
+        _log_end(outcome)
+        return outcome
+
+    async def _graph(self) -> tuple[Toolbox, AgentGraph]:
+        version = self._catalog.snapshot.version
+        async with self._lock:
+            if (built := self._graphs.get(version)) is None:
+                toolbox = self.toolbox()
+                checkpointer = await self._conversations.checkpointer()
+                # Only the current version is kept: runs on an older one hold their own reference.
+                built = (toolbox, build_graph(toolbox, checkpointer))
+                self._graphs = {version: built}
+                logger.info("agent graph built for catalog v%d: %s", version, toolbox.summary())
+            return built
+
+    def _thread_lock(self, thread: str) -> anyio.Lock:
+        lock = self._threads.get(thread)
+        if lock is None:
+            lock = self._threads[thread] = anyio.Lock()
+        return lock
+
+    def _context(self, toolbox: Toolbox, caller: Caller | None, report: RunObserver) -> RunContext:
+        # The agent reports its own progress; the upstreams' progress would count on the same token.
+        tool_caller = (
+            dataclasses.replace(caller, progress_token=None, input_responses=None, request_state=None)
+            if caller
+            else None
+        )
+        secret = self._models.secret
+        return RunContext(
+            model=self._models.for_run(caller, self.config.name),
+            tools=ToolRunner(toolbox, self._proxy, tool_caller, report, self.config.name),
+            observer=report,
+            system_prompt=system_prompt(self.config.instructions, toolbox),
+            max_steps=self.config.max_steps,
+            max_context_tokens=self.config.max_context_tokens,
+            scrub=(secret,) if secret else (),
+        )
+
+    def _finished(self, record: dict[str, Any], final: Mapping[str, Any]) -> RunOutcome:
+        _fill(record, final)
+        last = final["messages"][-1]
+        if isinstance(last, AIMessage) and (last.tool_calls or last.invalid_tool_calls):
+            raise StepLimitReached(
+                f"the agent reached its step limit ({self.config.max_steps} model turns) and still wanted "
+                f"to call tools; raise agent.max_steps or ask for less at once"
+            )
+        answer = last.text if isinstance(last, AIMessage) else ""
+        if not answer.strip():
+            raise BadModelOutput("the model ended the run with an empty answer")
+        record["answer"] = answer
+        return RunOutcome(record)
+
+    async def _failed(
+        self, record: dict[str, Any], graph: AgentGraph | None, config: RunnableConfig, message: str
+    ) -> RunOutcome:
+        if graph is not None and record["ended_at"] is None:  # not yet filled from a final state
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+                _fill(record, (await graph.aget_state(config)).values)
+        record["ended_at"] = _now()
+        record["error"] = message
+        return RunOutcome(record, error=f"ask_agent failed: {message}")
+
+
+def _default_thread(caller: Caller | None, run_id: str) -> str:
+    # A modern-era request is a session of its own: a fresh thread, returned for continuing.
+    if caller is not None and not caller.modern:
+        return caller.session_id
+    return f"run-{run_id}"
+
+
+def _new_record(thread: str, run_id: str, model: str) -> dict[str, Any]:
+    return {
+        "answer": None,
+        "thread_id": thread,
+        "run_id": run_id,
+        "steps": 0,
+        "tool_calls": [],
+        "usage": {"input_tokens": 0, "output_tokens": 0},
+        "model": model,
+        "started_at": _now(),
+        "ended_at": None,
+        "error": None,
+    }
+
+
+def _fill(record: dict[str, Any], state: Mapping[str, Any]) -> None:
+    record["steps"] = state.get("steps", 0)
+    record["tool_calls"] = list(state.get("tool_calls", []))
+    record["usage"] = dict(state.get("usage") or record["usage"])
+    replies = [m for m in state.get("messages", []) if isinstance(m, AIMessage)]
+    if replies and (name := replies[-1].response_metadata.get("model_name")):
+        record["model"] = name
+    record["ended_at"] = _now()
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _log_end(outcome: RunOutcome) -> None:
+    record = outcome.record
+    logger.info(
+        "agent run %s %s: %d steps, %d tool calls, %d+%d tokens",
+        record["run_id"],
+        "failed" if outcome.error else "answered",
+        record["steps"],
+        len(record["tool_calls"]),
+        record["usage"]["input_tokens"],
+        record["usage"]["output_tokens"],
+    )

@@ -1,0 +1,232 @@
+"""A LangChain chat model that is the calling client's own model, reached through MCP sampling.
+
+With a client that declares ``sampling.tools``, tools travel in the ``sampling/createMessage``
+request and tool calls come back as ``tool_use`` blocks. Otherwise the JSON envelope protocol
+(``envelope``) carries them in plain text, with bounded corrections of malformed replies.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import mcp_types as types
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage, ToolCall, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
+from pydantic import ConfigDict
+
+from agent_gateway.agent import envelope
+from agent_gateway.errors import BadModelOutput, ModelFailed
+from agent_gateway.proxy import Caller
+
+logger = logging.getLogger(__name__)
+
+Blocks = list[types.SamplingMessageContentBlock]
+
+
+class SamplingChatModel(BaseChatModel):
+    """The model of the client in ``caller``; async only (the gateway never calls it sync)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    caller: Caller
+    asker: str
+    """Whom the sampling requests are from (the agent tool's name), for the gateway's log."""
+    max_tokens: int = 4096
+    temperature: float | None = None
+    timeout: float = 120.0
+
+    @property
+    def _llm_type(self) -> str:
+        return "mcp-sampling"
+
+    @property
+    def with_tools(self) -> bool:
+        """Whether the client takes tools in sampling requests (``sampling.tools``)."""
+        caps = self.caller.capabilities
+        return caps is not None and caps.sampling is not None and caps.sampling.tools is not None
+
+    def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
+        return self.bind(tools=[_mcp_tool(t) for t in tools], **kwargs)
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        raise ModelFailed("the sampling model answers only in async runs")
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        tools: list[types.Tool] = kwargs.get("tools") or []
+        if tools and self.with_tools:
+            reply = await self._turn_with_tools(messages, tools)
+        elif tools:
+            reply = await self._turn_with_envelope(messages, tools)
+        else:
+            system, turns = _text_turns(messages)
+            reply = _answer(await self._sample(system, turns, None))
+        return ChatResult(generations=[ChatGeneration(message=reply)])
+
+    async def _turn_with_tools(self, messages: list[BaseMessage], tools: list[types.Tool]) -> AIMessage:
+        system, turns = _tool_turns(messages)
+        result = await self._sample(system, turns, tools)
+        blocks = _blocks(result)
+        text = "".join(b.text for b in blocks if isinstance(b, types.TextContent))
+        calls = [
+            ToolCall(name=b.name, args=b.input, id=b.id)
+            for b in blocks
+            if isinstance(b, types.ToolUseContent)
+        ]
+        return AIMessage(content=text, tool_calls=calls, response_metadata={"model_name": result.model})
+
+    async def _turn_with_envelope(self, messages: list[BaseMessage], tools: list[types.Tool]) -> AIMessage:
+        system, turns = _text_turns(messages)
+        system = "\n\n".join(p for p in (system, envelope.instructions(tools)) if p)
+        problem = ""
+        for _ in range(envelope.MAX_CORRECTIONS + 1):
+            result = await self._sample(system, turns, None)
+            text = "".join(b.text for b in _blocks(result) if isinstance(b, types.TextContent))
+            try:
+                parsed = envelope.parse(text)
+            except envelope.EnvelopeError as exc:
+                problem = str(exc)
+                logger.info("sampling reply rejected (%s); correcting", problem)
+                turns += [_turn("assistant", text), _turn("user", envelope.correction(problem))]
+                continue
+            return _from_envelope(parsed, result.model)
+        raise BadModelOutput(
+            f"the client's model did not answer with a valid JSON envelope after "
+            f"{envelope.MAX_CORRECTIONS} corrections: {problem}"
+        )
+
+    async def _sample(
+        self, system: str | None, turns: list[types.SamplingMessage], tools: list[types.Tool] | None
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools:
+        params = types.CreateMessageRequestParams(
+            messages=turns,
+            system_prompt=system,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            tools=tools,
+            tool_choice=types.ToolChoice(mode="auto") if tools else None,
+        )
+        answer: types.InputResponse | types.ErrorData | None = None
+        with anyio.move_on_after(self.timeout):
+            answer = await self.caller.ask(self.asker, types.CreateMessageRequest(params=params))
+        if answer is None:
+            raise ModelFailed(f"the client's model (sampling) did not answer within {self.timeout:g}s")
+        if isinstance(answer, types.ErrorData):
+            raise ModelFailed(f"the client's model (sampling) failed: {answer.message}")
+        if not isinstance(answer, types.CreateMessageResult | types.CreateMessageResultWithTools):
+            raise BadModelOutput(f"the client answered sampling with {type(answer).__name__}")
+        return answer
+
+
+def _mcp_tool(spec: Any) -> types.Tool:
+    function = spec["function"]
+    return types.Tool(
+        name=function["name"], description=function.get("description"), input_schema=function["parameters"]
+    )
+
+
+def _blocks(result: types.CreateMessageResult | types.CreateMessageResultWithTools) -> Blocks:
+    content = result.content
+    return list(content) if isinstance(content, list) else [content]
+
+
+def _answer(result: types.CreateMessageResult | types.CreateMessageResultWithTools) -> AIMessage:
+    text = "".join(b.text for b in _blocks(result) if isinstance(b, types.TextContent))
+    return AIMessage(content=text, response_metadata={"model_name": result.model})
+
+
+def _from_envelope(parsed: envelope.Envelope, model: str) -> AIMessage:
+    meta = {"model_name": model}
+    if isinstance(parsed, envelope.FinalEnvelope):
+        return AIMessage(content=parsed.answer, response_metadata=meta)
+    call = ToolCall(name=parsed.tool, args=parsed.arguments, id=f"call_{uuid.uuid4().hex[:12]}")
+    return AIMessage(content="", tool_calls=[call], response_metadata=meta)
+
+
+def _turn(role: types.Role, text: str) -> types.SamplingMessage:
+    return types.SamplingMessage(role=role, content=types.TextContent(type="text", text=text))
+
+
+def _system(messages: list[BaseMessage]) -> str | None:
+    return "\n\n".join(m.text for m in messages if isinstance(m, SystemMessage)) or None
+
+
+def _tool_turns(messages: list[BaseMessage]) -> tuple[str | None, list[types.SamplingMessage]]:
+    """Messages in the sampling-with-tools shape: calls as ``tool_use``, results as ``tool_result``."""
+    turns: list[types.SamplingMessage] = []
+    for message in messages:
+        blocks = _tool_blocks(message)
+        if not blocks:
+            continue
+        role: types.Role = "assistant" if isinstance(message, AIMessage) else "user"
+        # The results of one turn's calls travel together, in one user message of results only.
+        if isinstance(message, ToolMessage) and turns and _only_results(turns[-1]):
+            turns[-1] = types.SamplingMessage(role="user", content=[*turns[-1].content_as_list, *blocks])
+        else:
+            turns.append(types.SamplingMessage(role=role, content=blocks))
+    return _system(messages), turns
+
+
+def _tool_blocks(message: BaseMessage) -> Blocks:
+    if isinstance(message, ToolMessage):
+        text = types.TextContent(type="text", text=message.text)
+        return [
+            types.ToolResultContent(
+                tool_use_id=message.tool_call_id, content=[text], is_error=message.status == "error"
+            )
+        ]
+    if isinstance(message, AIMessage):
+        blocks: Blocks = [types.TextContent(type="text", text=message.text)] if message.text else []
+        calls = [
+            types.ToolUseContent(id=c["id"] or c["name"], name=c["name"], input=c["args"])
+            for c in message.tool_calls
+        ]
+        return [*blocks, *calls]
+    if isinstance(message, HumanMessage):
+        return [types.TextContent(type="text", text=message.text)]
+    return []
+
+
+def _only_results(turn: types.SamplingMessage) -> bool:
+    return all(isinstance(b, types.ToolResultContent) for b in turn.content_as_list)
+
+
+def _text_turns(messages: list[BaseMessage]) -> tuple[str | None, list[types.SamplingMessage]]:
+    """Messages as plain text turns, tool calls and results written as the envelope shows them."""
+    turns: list[types.SamplingMessage] = []
+    for message in messages:
+        if isinstance(message, SystemMessage):
+            continue
+        role: types.Role = "assistant" if isinstance(message, AIMessage) else "user"
+        text = _as_text(message)
+        last = turns[-1] if turns else None
+        if last is not None and last.role == role and isinstance(last.content, types.TextContent):
+            turns[-1] = _turn(role, f"{last.content.text}\n\n{text}")
+        else:
+            turns.append(_turn(role, text))
+    return _system(messages), turns
+
+
+def _as_text(message: BaseMessage) -> str:
+    if isinstance(message, AIMessage) and message.tool_calls:
+        return "\n".join(envelope.render_call(c["name"], c["args"]) for c in message.tool_calls)
+    if isinstance(message, ToolMessage):
+        return envelope.render_result(message.name or "tool", message.text, message.status == "error")
+    return message.text

@@ -1,0 +1,153 @@
+"""``ask_agent`` as a FastMCP tool, listed next to the catalog's and rebuilt with it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mcp_types as types
+from fastmcp.server.providers import Provider
+from fastmcp.tools.base import Tool, ToolResult
+from fastmcp.utilities.versions import VersionSpec
+from jsonschema import Draft202012Validator
+from pydantic import PrivateAttr
+
+from agent_gateway.agent.runner import AgentRequest, AgentRunner
+from agent_gateway.catalog import Catalog
+from agent_gateway.components import current_caller
+
+INPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "minLength": 1,
+            "pattern": r"\S",
+            "description": "What you want done or answered, in plain words.",
+        },
+        "conversation_id": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Continue this conversation (the thread_id of an earlier answer). "
+            "Default: this MCP session's conversation.",
+        },
+        "context": {"type": "object", "description": "Extra facts for the agent, as a JSON object."},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+_RECORD = {"type": "object", "additionalProperties": True}
+OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": ["string", "null"]},
+        "thread_id": {"type": "string"},
+        "run_id": {"type": "string"},
+        "steps": {"type": "integer"},
+        "tool_calls": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "arguments": _RECORD,
+                    "is_error": {"type": "boolean"},
+                    "duration_ms": {"type": "number"},
+                },
+                "required": ["name", "arguments", "is_error", "duration_ms"],
+            },
+        },
+        "usage": {
+            "type": "object",
+            "properties": {"input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}},
+            "required": ["input_tokens", "output_tokens"],
+        },
+        "model": {"type": "string"},
+        "started_at": {"type": "string"},
+        "ended_at": {"type": ["string", "null"]},
+        "error": {"type": ["string", "null"]},
+    },
+    "required": [
+        "answer",
+        "thread_id",
+        "run_id",
+        "steps",
+        "tool_calls",
+        "usage",
+        "model",
+        "started_at",
+        "ended_at",
+    ],
+}
+
+_VALIDATOR = Draft202012Validator(INPUT_SCHEMA)
+
+
+class AskAgentTool(Tool):
+    """The gateway's own tool: a request in plain words, answered by the agent."""
+
+    _runner: AgentRunner = PrivateAttr()
+
+    @classmethod
+    def build(cls, runner: AgentRunner) -> AskAgentTool:
+        reach = runner.toolbox().summary()
+        tool = cls(
+            name=runner.config.name,
+            title="Ask the gateway's agent",
+            description=(
+                "Ask agent-gateway's own agent to do something with the tools behind this gateway. "
+                "It plans, calls the tools it needs (several at once when it can) and answers in "
+                f"plain words, with a record of every tool call. It can reach: {reach}. "
+                "Pass conversation_id (an earlier answer's thread_id) to continue a conversation."
+            ),
+            parameters=INPUT_SCHEMA,
+            output_schema=OUTPUT_SCHEMA,
+            annotations=types.ToolAnnotations(read_only_hint=False, open_world_hint=True),
+        )
+        tool._runner = runner
+        return tool
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        if (problem := invalid(arguments, self.name)) is not None:
+            return ToolResult(content=[types.TextContent(type="text", text=problem)], is_error=True)
+        request = AgentRequest(arguments["query"], arguments.get("conversation_id"), arguments.get("context"))
+        outcome = await self._runner.run(request, current_caller())
+        return ToolResult(
+            content=[types.TextContent(type="text", text=outcome.text)],
+            structured_content=outcome.record,
+            is_error=outcome.error is not None,
+        )
+
+
+def invalid(arguments: dict[str, Any], tool: str) -> str | None:
+    """Why ``arguments`` do not fit ``INPUT_SCHEMA``, or None."""
+    error = next(iter(_VALIDATOR.iter_errors(arguments)), None)
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    if where == "query" and error.validator in ("minLength", "pattern"):
+        return f"Invalid arguments for {tool}: query: must not be empty"
+    return f"Invalid arguments for {tool}: {where + ': ' if where else ''}{error.message}"
+
+
+class AgentProvider(Provider):
+    """Supplies FastMCP with ``ask_agent``, its description rebuilt when the catalog changes."""
+
+    def __init__(self, runner: AgentRunner, catalog: Catalog) -> None:
+        super().__init__()
+        self._runner = runner
+        self._catalog = catalog
+        self._built: tuple[int, AskAgentTool] | None = None
+
+    def _tool(self) -> AskAgentTool:
+        version = self._catalog.snapshot.version
+        if self._built is None or self._built[0] != version:
+            self._built = (version, AskAgentTool.build(self._runner))
+        return self._built[1]
+
+    async def _list_tools(self) -> Sequence[Tool]:
+        return [self._tool()]
+
+    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
+        return self._tool() if name == self._runner.config.name else None

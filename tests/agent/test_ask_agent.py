@@ -1,0 +1,238 @@
+"""ask_agent over real upstreams with a scripted model: the graph, tools, limits, failures, memory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from langchain_core.messages import SystemMessage, ToolMessage
+from mcp import Client
+
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.agent.upstreams import Ran, two_upstreams
+from tests.support import RunningGateway, running_gateway
+
+BOUND = 20.0
+
+
+@asynccontextmanager
+async def agent_gateway(
+    model: ScriptedChatModel, tmp_path: Path, **agent: Any
+) -> AsyncIterator[tuple[RunningGateway, Ran, Ran]]:
+    memory = {"store": "sqlite", "path": str(tmp_path / "conversations.sqlite")}
+    async with two_upstreams() as (upstreams, math, words):
+        config = {"upstreams": upstreams, "agent": {"memory": memory, **agent}}
+        async with running_gateway(config, chat_model=model) as gw:
+            yield gw, math, words
+
+
+async def ask(client: Client, query: str, **extra: Any) -> types.CallToolResult:
+    with anyio.fail_after(BOUND):
+        return await client.call_tool("ask_agent", {"query": query, **extra})
+
+
+def record(result: types.CallToolResult) -> dict[str, Any]:
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+def text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_ask_agent_is_listed_with_its_input_schema_and_what_it_can_reach(tmp_path: Path) -> None:
+    async with (
+        agent_gateway(ScriptedChatModel(), tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+    tool = tools["ask_agent"]
+    assert tool.input_schema["required"] == ["query"]
+    assert set(tool.input_schema["properties"]) == {"query", "conversation_id", "context"}
+    assert tool.description is not None
+    assert "math (4 tools)" in tool.description
+    assert "words (2 tools)" in tool.description  # prefixed, words__ask_agent is just another tool
+    assert "words__ask_agent" in tools
+
+
+async def test_a_run_calls_tools_of_two_upstreams_in_turn_and_answers_with_the_record(tmp_path: Path) -> None:
+    model = ScriptedChatModel(
+        script=[
+            calls(call("math__add", a=2, b=3)),
+            calls(call("words__upper", text="five")),
+            answer("2 + 3 is FIVE."),
+        ]
+    )
+    async with agent_gateway(model, tmp_path) as (gw, math, words), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Add 2 and 3, then shout it.")
+    assert not result.is_error, text(result)
+    assert text(result) == "2 + 3 is FIVE."
+    out = record(result)
+    assert out["answer"] == "2 + 3 is FIVE."
+    assert out["steps"] == 3
+    assert [(c["name"], c["arguments"], c["is_error"]) for c in out["tool_calls"]] == [
+        ("math__add", {"a": 2, "b": 3}, False),
+        ("words__upper", {"text": "five"}, False),
+    ]
+    assert all(c["duration_ms"] > 0 for c in out["tool_calls"])
+    assert out["usage"] == {"input_tokens": 30, "output_tokens": 15}
+    assert out["model"] == "scripted"
+    assert out["started_at"] <= out["ended_at"]
+    assert math.calls == [("add", {"a": 2, "b": 3})]
+    assert words.calls == [("upper", {"text": "five"})]
+    # The model saw each tool's result, and a system prompt with each upstream's instructions.
+    results = [m.content for m in model.seen[2] if isinstance(m, ToolMessage)]
+    assert results == ["5", "FIVE"]
+    system = model.seen[0][0]
+    assert isinstance(system, SystemMessage)
+    assert "[math] Math answers are exact integers." in system.text
+    assert "[words] Words are returned in upper case." in system.text
+    # Tools reach the model with their JSON schema intact, minus the agent itself.
+    specs = {t["function"]["name"]: t["function"] for t in model.tools}
+    assert specs["math__add"]["parameters"]["required"] == ["a", "b"]
+    assert specs["math__add"]["description"] == "Add two integers."
+    assert "ask_agent" not in specs
+
+
+async def test_independent_tool_calls_of_one_turn_run_at_the_same_time(tmp_path: Path) -> None:
+    # Each meet call waits for the other: run one after the other, both would time out.
+    model = ScriptedChatModel(
+        script=[calls(call("math__meet", who="ann"), call("math__meet", who="bob")), answer("They met.")]
+    )
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Have ann and bob meet.")
+    assert not result.is_error, text(result)
+    assert [c["is_error"] for c in record(result)["tool_calls"]] == [False, False]
+    assert sorted(math.names()) == ["meet", "meet"]
+    seen = sorted(m.text for m in model.seen[1] if isinstance(m, ToolMessage))
+    assert seen == ["ann met 1 other", "bob met 1 other"]
+
+
+async def test_the_step_limit_ends_the_run_with_an_error_and_the_partial_record(tmp_path: Path) -> None:
+    model = ScriptedChatModel(respond=lambda _: calls(call("math__add", a=1, b=1)))
+    async with (
+        agent_gateway(model, tmp_path, max_steps=3) as (gw, math, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Keep adding.")
+        status = gw.gateway.status()
+    assert result.is_error
+    assert "step limit (3 model turns)" in text(result)
+    out = record(result)
+    assert out["steps"] == 3
+    assert len(out["tool_calls"]) == 2
+    assert out["answer"] is None
+    assert "step limit" in out["error"]
+    assert len(math.calls) == 2
+    assert status["pending_calls"] == 0
+
+
+async def test_a_model_that_raises_ends_the_run_with_its_error_and_the_partial_record(tmp_path: Path) -> None:
+    model = ScriptedChatModel(script=[calls(call("math__add", a=1, b=2)), RuntimeError("provider exploded")])
+    async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Add.")
+        # The gateway goes on serving: the next run answers.
+        model.script = [answer("fine")]
+        again = await ask(client, "Again.")
+    assert result.is_error
+    assert "the model call failed: RuntimeError: provider exploded" in text(result)
+    out = record(result)
+    assert out["steps"] == 1
+    assert [c["name"] for c in out["tool_calls"]] == ["math__add"]
+    assert out["usage"] == {"input_tokens": 10, "output_tokens": 5}
+    assert not again.is_error
+    assert text(again) == "fine"
+
+
+async def test_failing_unknown_and_invalid_tool_calls_reach_the_model_as_errors(tmp_path: Path) -> None:
+    model = ScriptedChatModel(
+        script=[
+            calls(call("math__fail"), call("math__nope"), call("math__add", a="two", b=1)),
+            answer("Nothing worked."),
+        ]
+    )
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Try things.")
+    assert not result.is_error, text(result)
+    out = record(result)
+    assert [(c["name"], c["is_error"]) for c in out["tool_calls"]] == [
+        ("math__fail", True),
+        ("math__nope", True),
+        ("math__add", True),
+    ]
+    seen = {m.name: m for m in model.seen[1] if isinstance(m, ToolMessage)}
+    assert "the disk is full" in seen["math__fail"].text
+    assert "Unknown tool 'math__nope'" in seen["math__nope"].text
+    assert "Invalid arguments for tool 'math__add'" in seen["math__add"].text
+    assert all(m.status == "error" for m in seen.values())
+    assert math.names() == ["fail"]  # invalid arguments never left the gateway
+
+
+async def test_an_empty_or_malformed_request_gets_a_clear_error(tmp_path: Path) -> None:
+    async with (
+        agent_gateway(ScriptedChatModel(), tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        empty = await ask(client, "   ")
+        extra = await ask(client, "hi", colour="red")
+        bad_context = await ask(client, "hi", context="not an object")
+    assert empty.is_error
+    assert text(empty) == "Invalid arguments for ask_agent: query: must not be empty"
+    assert extra.is_error
+    assert "'colour' was unexpected" in text(extra)
+    assert bad_context.is_error
+    assert "context: 'not an object' is not of type 'object'" in text(bad_context)
+
+
+async def test_an_upstream_tool_cannot_take_the_agents_name(tmp_path: Path) -> None:
+    async with (
+        two_upstreams() as (upstreams, _, _),
+        running_gateway(
+            {"upstreams": {"words": {**upstreams["words"], "prefix": False}}}, chat_model=ScriptedChatModel()
+        ) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        tools = [t.name for t in (await client.list_tools()).tools]
+    assert sorted(tools) == ["ask_agent", "upper"]
+    assert gw.gateway.catalog.snapshot.tools.keys() == {"upper"}
+
+
+@pytest.mark.parametrize("store", ["sqlite", "memory"])
+async def test_a_conversation_continues_within_a_session_and_by_its_id(tmp_path: Path, store: str) -> None:
+    model = ScriptedChatModel(script=[answer("Noted: blue."), answer("Blue."), answer("Blue, still.")])
+    async with agent_gateway(
+        model, tmp_path, memory={"store": store, "path": str(tmp_path / "c.sqlite")}
+    ) as (
+        gw,
+        _,
+        _,
+    ):
+        async with Client(gw.url, mode="legacy") as client:
+            first = await ask(client, "My colour is blue.")
+            second = await ask(client, "What is my colour?")
+        async with Client(gw.url, mode="legacy") as other:
+            third = await ask(other, "And now?", conversation_id=record(first)["thread_id"])
+    assert record(first)["thread_id"] == record(second)["thread_id"] == record(third)["thread_id"]
+    assert _human_turns(model, 1) == ["My colour is blue.", "What is my colour?"]
+    assert _human_turns(model, 2) == ["My colour is blue.", "What is my colour?", "And now?"]
+
+
+async def test_a_conversation_survives_a_gateway_restart(tmp_path: Path) -> None:
+    model = ScriptedChatModel(script=[answer("Noted: 42."), answer("It was 42.")])
+    async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
+        first = await ask(client, "Remember 42.", conversation_id="project-x")
+    async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
+        second = await ask(client, "What was the number?", conversation_id="project-x")
+    assert record(first)["thread_id"] == record(second)["thread_id"] == "project-x"
+    assert [m.text for m in model.seen[1][1:]] == ["Remember 42.", "Noted: 42.", "What was the number?"]
+
+
+def _human_turns(model: ScriptedChatModel, call_index: int) -> list[str]:
+    return [m.text for m in model.seen[call_index] if m.type == "human"]
