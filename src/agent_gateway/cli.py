@@ -1,4 +1,4 @@
-"""``agent-gateway serve | check | tools``."""
+"""``agent-gateway serve | check | tools | ask``."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from typing import Any
 import anyio
 import uvicorn
 
+from agent_gateway.agent.reporting import TerminalObserver
+from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.config import GatewayConfig, load_config
 from agent_gateway.errors import ConfigError
 from agent_gateway.http import build_app
@@ -60,6 +62,15 @@ def _parser() -> argparse.ArgumentParser:
     _config_arg(tools)
     tools.add_argument("--json", action="store_true", help="print JSON instead of a table")
     tools.set_defaults(run=_tools)
+
+    ask = commands.add_parser(
+        "ask", help="run the agent in-process on one question; print its steps and answer"
+    )
+    _config_arg(ask)
+    ask.add_argument("query", help="the request, in plain words")
+    ask.add_argument("--conversation", help="continue this conversation id (thread_id)")
+    ask.add_argument("--json", action="store_true", help="print the structured result (steps go to stderr)")
+    ask.set_defaults(run=_ask)
     return parser
 
 
@@ -145,6 +156,27 @@ async def _print_catalog(gateway: Gateway, as_json: bool) -> int:
     else:
         _print_table(report)
     return 0 if all(u["state"] == "up" for u in report["upstreams"]) else 1
+
+
+def _ask(args: argparse.Namespace, config: GatewayConfig) -> int:
+    if not config.agent.enabled:
+        raise ConfigError(f"{args.config}: agent.enabled: the agent is switched off in this file")
+    return anyio.run(
+        _run_agent, Gateway(config), AgentRequest(args.query, args.conversation), bool(args.json)
+    )
+
+
+async def _run_agent(gateway: Gateway, request: AgentRequest, as_json: bool) -> int:
+    assert gateway.agent is not None  # _ask checked agent.enabled
+    stream = sys.stderr if as_json else sys.stdout
+    observer = TerminalObserver(lambda line: print(line, file=stream, flush=True))
+    async with gateway.running():
+        outcome = await gateway.agent.run(request, None, observer)
+    if as_json:
+        print(json.dumps(outcome.record, indent=2, ensure_ascii=False))
+    else:
+        print(f"\n{outcome.text}")
+    return 1 if outcome.error else 0
 
 
 def catalog_report(gateway: Gateway) -> dict[str, Any]:

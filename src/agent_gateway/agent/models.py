@@ -7,9 +7,10 @@ model is built per run, bound to the client that called.
 
 from __future__ import annotations
 
-from langchain_anthropic import ChatAnthropic
+from typing import Protocol
+
+import anyio
 from langchain_core.language_models import BaseChatModel
-from langchain_openai import ChatOpenAI
 from pydantic import SecretStr, ValidationError
 
 from agent_gateway.agent.sampling import SamplingChatModel
@@ -24,13 +25,24 @@ _HOW_TO_CONFIGURE = (
 )
 
 
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
 class ModelSource:
     """Where each run's chat model comes from."""
 
     def __init__(self, config: ModelConfig | None, override: BaseChatModel | None = None) -> None:
         """Raises ``ConfigError`` when the provider refuses the configured settings."""
         self._config = config
-        self._fixed = override if override is not None else _api_model(config)
+        self._http: list[_Closable] = []
+        self._fixed = override if override is not None else _api_model(config, self._http)
+
+    async def aclose(self) -> None:
+        """Close the provider's HTTP connections (the SDKs would leave them to the GC)."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            for client in self._http:
+                await client.aclose()
 
     @property
     def secret(self) -> str | None:
@@ -79,7 +91,7 @@ class ModelSource:
         )
 
 
-def _api_model(config: ModelConfig | None) -> BaseChatModel | None:
+def _api_model(config: ModelConfig | None, owned: list[_Closable]) -> BaseChatModel | None:
     if config is None or config.provider == "sampling":
         return None
     # ModelConfig has checked both.
@@ -87,26 +99,54 @@ def _api_model(config: ModelConfig | None) -> BaseChatModel | None:
     assert config.api_key is not None
     try:
         if config.provider == "openai":
-            return ChatOpenAI(
-                model=config.model,
-                base_url=config.base_url,
-                api_key=SecretStr(config.api_key),
-                temperature=config.temperature,
-                max_completion_tokens=config.max_tokens,
-                timeout=config.timeout,
-                max_retries=config.max_retries,
-                stream_usage=True,
-            )
-        return ChatAnthropic(
-            model_name=config.model,
-            base_url=config.base_url,
-            api_key=SecretStr(config.api_key),
-            temperature=config.temperature,
-            max_tokens_to_sample=config.max_tokens,
-            timeout=config.timeout,
-            max_retries=config.max_retries,
-            stop=None,
-        )
+            return _openai(config, config.model, config.api_key, owned)
+        return _anthropic(config, config.model, config.api_key, owned)
     except ValidationError as exc:
         reasons = "; ".join(str(e["msg"]) for e in exc.errors(include_url=False))
         raise ConfigError(f"agent.model: {config.provider} refuses these settings: {reasons}") from None
+
+
+# Each provider's SDK is imported only when that provider is configured: together they add
+# over a second to every gateway start, IDE launches over stdio included.
+
+
+def _openai(config: ModelConfig, model: str, key: str, owned: list[_Closable]) -> BaseChatModel:
+    import openai
+    from langchain_openai import ChatOpenAI
+
+    http = openai.DefaultAsyncHttpxClient(timeout=config.timeout)
+    owned.append(http)
+    return ChatOpenAI(
+        http_async_client=http,
+        model=model,
+        base_url=config.base_url,
+        api_key=SecretStr(key),
+        temperature=config.temperature,
+        max_completion_tokens=config.max_tokens,
+        timeout=config.timeout,
+        max_retries=config.max_retries,
+        stream_usage=True,
+    )
+
+
+def _anthropic(config: ModelConfig, model: str, key: str, owned: list[_Closable]) -> BaseChatModel:
+    import anthropic
+    from langchain_anthropic import ChatAnthropic
+
+    chat = ChatAnthropic(
+        model_name=model,
+        base_url=config.base_url,
+        api_key=SecretStr(key),
+        temperature=config.temperature,
+        max_tokens_to_sample=config.max_tokens,
+        timeout=config.timeout,
+        max_retries=config.max_retries,
+        stop=None,
+    )
+    # ChatAnthropic takes no HTTP client, and its default is shared and never closed: give it
+    # the SDK client it would build, over a connection pool the gateway owns and closes.
+    http = anthropic.DefaultAsyncHttpxClient(timeout=config.timeout)
+    owned.append(http)
+    params = chat._client_params  # pyright: ignore[reportPrivateUsage]
+    object.__setattr__(chat, "_async_client", anthropic.AsyncClient(**params, http_client=http))
+    return chat

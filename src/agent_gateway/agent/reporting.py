@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Protocol, TypedDict
 
 import anyio
@@ -110,3 +111,20 @@ class ClientObserver:
             level=level, data=json.loads(json.dumps(data, default=str))
         )
         await self._caller.log(self._name, line)
+
+
+class TerminalObserver:
+    """A run's steps as lines for a person at a terminal (``agent-gateway ask``)."""
+
+    def __init__(self, write: Callable[[str], None]) -> None:
+        self._write = write
+
+    async def model_turn(self, step: int) -> None:
+        self._write(f"[step {step}] asking the model")
+
+    async def tool_started(self, name: str, arguments: dict[str, Any]) -> None:
+        self._write(f"  -> {name} {json.dumps(arguments, ensure_ascii=False, default=str)}")
+
+    async def tool_finished(self, record: ToolCallRecord) -> None:
+        outcome = "failed" if record["is_error"] else "ok"
+        self._write(f"  <- {record['name']} {outcome} ({record['duration_ms']:.1f} ms)")

@@ -83,8 +83,11 @@ class AgentRunner:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentRunner]:
-        async with self._conversations:
-            yield self
+        try:
+            async with self._conversations:
+                yield self
+        finally:
+            await self._models.aclose()
 
     def toolbox(self) -> Toolbox:
         return build_toolbox(self._catalog.snapshot, self.config)

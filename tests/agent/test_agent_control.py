@@ -1,0 +1,178 @@
+"""Controlling a run from the client: cancellation, approvals through elicitation, progress, logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from langchain_core.messages import ToolMessage
+from mcp import Client
+
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
+from tests.servers import recorder
+from tests.support import running_gateway, serving_upstream
+from tests.test_proxying import Recorded, cancels
+
+
+@pytest.mark.parametrize("protocol", ["legacy", "auto"])
+async def test_cancelling_ask_agent_cancels_every_tool_call_in_flight_upstream(protocol: str) -> None:
+    model = ScriptedChatModel(script=[calls(call("rec__wait", seconds=30), call("rec__wait", seconds=31))])
+    seen = Recorded()
+    async with (
+        serving_upstream(recorder.build(seen.memory.append)) as url,
+        running_gateway(
+            {
+                "upstreams": {"rec": {"url": url, "protocol": protocol}},
+                "agent": {"memory": {"store": "memory"}},
+            },
+            chat_model=model,
+        ) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        started: list[dict[str, Any]] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "ask_agent", {"query": "wait twice"})
+            started = await seen.wait_for(lambda ev: len([e for e in ev if e["event"] == "started"]) == 2)
+            tg.cancel_scope.cancel()
+        events = await seen.wait_for(
+            lambda ev: len([e for e in ev if e["event"] == "handler_cancelled"]) == 2
+        )
+        with anyio.fail_after(BOUND):
+            while gw.gateway.status()["pending_calls"]:
+                await anyio.sleep(0.01)
+    ids = sorted(e["request_id"] for e in started if e["event"] == "started")
+    assert sorted(e["request_id"] for e in events if e["event"] == "handler_cancelled") == ids
+    # A handshake-era upstream is told by notification; a modern HTTP one by the closed stream.
+    assert sorted(cancels(events)) == (ids if protocol == "legacy" else [])
+
+
+def approving(action: str, asked: list[str]) -> Any:
+    async def user(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action=action, content={"approve": True} if action == "accept" else None)  # type: ignore[arg-type]
+
+    return user
+
+
+async def test_a_destructive_tool_runs_once_the_client_approves(tmp_path: Path) -> None:
+    asked: list[str] = []
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("Dropped.")])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, math, _),
+        Client(gw.url, mode="legacy", elicitation_callback=approving("accept", asked)) as client,
+    ):
+        result = await ask(client, "Drop the users table.")
+    assert not result.is_error, text(result)
+    assert math.calls == [("drop_table", {"table": "users"})]
+    assert len(asked) == 1
+    assert "math__drop_table" in asked[0]
+    assert '"table": "users"' in asked[0]
+    assert record(result)["tool_calls"][0]["is_error"] is False
+
+
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_a_declined_tool_is_not_run_and_the_model_is_told(tmp_path: Path, action: str) -> None:
+    asked: list[str] = []
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("I did not.")])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, math, _),
+        Client(gw.url, mode="legacy", elicitation_callback=approving(action, asked)) as client,
+    ):
+        result = await ask(client, "Drop the users table.")
+    assert not result.is_error, text(result)
+    assert math.calls == []
+    assert record(result)["tool_calls"][0]["is_error"] is True
+    told = [m.text for m in model.seen[1] if isinstance(m, ToolMessage)]
+    verb = "declined to run" if action == "decline" else "dismissed the request to run"
+    assert told == [f"The user {verb} math__drop_table. It was not run; do not try it again in this run."]
+
+
+async def test_a_client_without_elicitation_gets_the_tool_refused_with_a_message_the_model_sees(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("Could not.")])
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Drop the users table.")
+    assert not result.is_error, text(result)
+    assert math.calls == []
+    told = [m.text for m in model.seen[1] if isinstance(m, ToolMessage)]
+    assert len(told) == 1
+    assert told[0].startswith("Tool math__drop_table needs the user's approval, which could not be asked")
+    assert "did not declare the capability for elicitation/create" in told[0]
+
+
+async def test_require_approval_globs_add_tools_and_auto_skips_destructive_ones(tmp_path: Path) -> None:
+    asked: list[str] = []
+    model = ScriptedChatModel(
+        script=[calls(call("math__add", a=1, b=2), call("math__drop_table", table="t")), answer("Done.")]
+    )
+    async with (
+        agent_gateway(model, tmp_path, require_approval=["math__a*"], approve_destructive="auto") as (
+            gw,
+            math,
+            _,
+        ),
+        Client(gw.url, mode="legacy", elicitation_callback=approving("accept", asked)) as client,
+    ):
+        result = await ask(client, "Add, then drop.")
+    assert not result.is_error, text(result)
+    assert sorted(math.names()) == ["add", "drop_table"]
+    assert len(asked) == 1
+    assert "math__add" in asked[0]
+
+
+async def test_a_run_reports_progress_per_model_turn_and_tool_call_and_logs_each_tool(tmp_path: Path) -> None:
+    reports: list[tuple[float, str | None]] = []
+    lines: list[types.LoggingMessageNotificationParams] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        reports.append((progress, message))
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(params)
+
+    model = ScriptedChatModel(script=[calls(call("math__add", a=1, b=2)), answer("3")])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy", logging_callback=on_log) as client,
+    ):
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("ask_agent", {"query": "1+2"}, progress_callback=on_progress)
+            while len(lines) < 2:
+                await anyio.sleep(0.01)
+    assert not result.is_error, text(result)
+    assert [m for _, m in reports] == [
+        "step 1: asking the model",
+        "calling math__add",
+        "step 2: asking the model",
+    ]
+    assert [v for v, _ in reports] == [1, 2, 3]
+    assert [(line.logger, line.level, line.data["event"]) for line in lines] == [
+        ("ask_agent", "info", "tool_started"),
+        ("ask_agent", "info", "tool_finished"),
+    ]
+    assert lines[0].data["arguments"] == {"a": 1, "b": 2}
+    assert lines[1].data["is_error"] is False
+
+
+async def test_without_a_model_or_client_sampling_the_answer_says_how_to_configure_one(
+    tmp_path: Path,
+) -> None:
+    async with (
+        running_gateway({"agent": {"memory": {"store": "memory"}}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Hello?")
+        modern = None
+        async with Client(gw.url, mode="auto") as modern_client:
+            modern = await ask(modern_client, "Hello?")
+    assert result.is_error
+    assert "no model is configured for the agent and this client does not offer sampling" in text(result)
+    assert "agent.model" in text(result)
+    assert record(result)["steps"] == 0
+    assert modern.is_error
+    assert "MCP 2026-07-28" in text(modern)

@@ -1,0 +1,252 @@
+"""The model factory's three kinds, each over its real path: OpenAI-compatible HTTP, Anthropic
+HTTP, and the calling client's own model through MCP sampling (with tools, and the envelope)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import ClientRequestContext, SamplingFnT
+
+from agent_gateway.config import parse_config
+from agent_gateway.errors import ConfigError
+from tests.agent.model_apis import Turn, anthropic_api, openai_api
+from tests.agent.test_ask_agent import ask, record, text
+from tests.agent.upstreams import Ran, two_upstreams
+from tests.support import RunningGateway, running_gateway, serving
+
+SECRET = "sk-test-0123456789abcdef"
+
+
+@asynccontextmanager
+async def gateway_with_model(model: dict[str, Any] | None) -> AsyncIterator[tuple[RunningGateway, Ran]]:
+    agent: dict[str, Any] = {"memory": {"store": "memory"}}
+    if model is not None:
+        agent["model"] = model
+    async with (
+        two_upstreams() as (upstreams, math, _),
+        running_gateway({"upstreams": upstreams, "agent": agent}) as gw,
+    ):
+        yield gw, math
+
+
+async def test_the_openai_provider_calls_tools_over_an_openai_compatible_endpoint() -> None:
+    app, api = openai_api([Turn(calls=[("math__add", {"a": 2, "b": 3})]), Turn(text="It is 5.")])
+    async with serving(app) as base:
+        model = {
+            "provider": "openai",
+            "model": "gpt-test",
+            "base_url": f"{base}/v1",
+            "api_key": SECRET,
+            "temperature": 0,
+        }
+        async with gateway_with_model(model) as (gw, math), Client(gw.url, mode="legacy") as client:
+            result = await ask(client, "What is 2 + 3?")
+    assert not result.is_error, text(result)
+    assert text(result) == "It is 5."
+    out = record(result)
+    assert out["model"] == "gpt-test"
+    assert out["usage"] == {"input_tokens": 22, "output_tokens": 14}
+    assert math.calls == [("add", {"a": 2, "b": 3})]
+    first, second = api.requests
+    assert api.headers[0]["authorization"] == f"Bearer {SECRET}"
+    assert first["model"] == "gpt-test"
+    assert first["temperature"] == 0
+    tools = {t["function"]["name"]: t["function"] for t in first["tools"]}
+    assert tools["math__add"]["parameters"]["properties"] == {
+        "a": {"type": "integer"},
+        "b": {"type": "integer"},
+    }
+    assert first["messages"][0]["role"] == "system"
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_0", "content": "5"}
+
+
+async def test_the_anthropic_provider_calls_tools_over_the_messages_api() -> None:
+    app, api = anthropic_api([Turn(calls=[("math__add", {"a": 4, "b": 5})]), Turn(text="Nine.")])
+    async with serving(app) as base:
+        model = {"provider": "anthropic", "model": "claude-test", "base_url": base, "api_key": SECRET}
+        async with gateway_with_model(model) as (gw, math), Client(gw.url, mode="legacy") as client:
+            result = await ask(client, "4 + 5?")
+    assert not result.is_error, text(result)
+    assert text(result) == "Nine."
+    assert record(result)["model"] == "claude-test"
+    assert record(result)["usage"] == {"input_tokens": 26, "output_tokens": 16}
+    assert math.calls == [("add", {"a": 4, "b": 5})]
+    first, second = api.requests
+    # The SDK picks the header (x-api-key, or a bearer token in its newer releases).
+    sent = api.headers[0]
+    assert SECRET in (sent.get("x-api-key"), sent.get("authorization", "").removeprefix("Bearer "))
+    assert "Math answers are exact integers." in str(first["system"])
+    assert {t["name"] for t in first["tools"]} >= {"math__add", "words__upper"}
+    result_block = second["messages"][-1]["content"][0]
+    assert result_block["type"] == "tool_result"
+    assert result_block["tool_use_id"] == "toolu_0"
+
+
+async def test_a_provider_error_is_an_error_result_that_never_shows_the_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    app, _ = openai_api([Turn(status=401, error=f"Incorrect API key provided: {SECRET}")])
+    async with serving(app) as base:
+        model = {
+            "provider": "openai",
+            "model": "gpt-test",
+            "base_url": f"{base}/v1",
+            "api_key": SECRET,
+            "max_retries": 0,
+        }
+        async with gateway_with_model(model) as (gw, _), Client(gw.url, mode="legacy") as client:
+            result = await ask(client, "Hi")
+    assert result.is_error
+    assert "the model call failed: OpenAIAuthenticationError: Error code: 401" in text(result)
+    assert "[redacted]" in text(result)
+    assert SECRET not in text(result)
+    assert SECRET not in str(record(result))
+    assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_an_api_provider_without_a_key_fails_at_start_up_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse_config(
+            {
+                "agent": {
+                    "model": {"provider": "openai", "model": "gpt-4o-mini", "api_key": "${OPENAI_API_KEY}"}
+                }
+            },
+            {},
+            source="gateway.yaml",
+        )
+    assert str(raised.value) == (
+        "gateway.yaml: agent.model.api_key: environment variable OPENAI_API_KEY is not set "
+        "(set it, or write ${OPENAI_API_KEY:-default})"
+    )
+    with pytest.raises(ConfigError, match=r"agent.model.api_key: provider 'anthropic' needs an API key"):
+        parse_config(
+            {"agent": {"model": {"provider": "anthropic", "model": "claude"}}}, {}, source="gateway.yaml"
+        )
+
+
+SampleReply = types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
+
+
+def sampling_script(replies: list[Any], seen: list[types.CreateMessageRequestParams]) -> SamplingFnT:
+    async def sample(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> SampleReply:
+        seen.append(params)
+        return replies.pop(0)
+
+    return sample
+
+
+def said(text_: str) -> types.CreateMessageResult:
+    return types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text=text_), model="client-model"
+    )
+
+
+@pytest.mark.parametrize("configured", [None, {"provider": "sampling"}])
+async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
+    configured: dict[str, Any] | None,
+) -> None:
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [
+        types.CreateMessageResultWithTools(
+            role="assistant",
+            content=[types.ToolUseContent(id="t1", name="math__add", input={"a": 20, "b": 22})],
+            model="client-model",
+            stop_reason="toolUse",
+        ),
+        types.CreateMessageResultWithTools(
+            role="assistant", content=[types.TextContent(type="text", text="42")], model="client-model"
+        ),
+    ]
+    async with (
+        gateway_with_model(configured) as (gw, math),
+        Client(
+            gw.url,
+            mode="legacy",
+            sampling_callback=sampling_script(replies, seen),
+            sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+        ) as client,
+    ):
+        result = await ask(client, "20 + 22?")
+    assert not result.is_error, text(result)
+    assert text(result) == "42"
+    assert record(result)["model"] == "client-model"
+    assert math.calls == [("add", {"a": 20, "b": 22})]
+    first, second = seen
+    assert first.tools is not None
+    tools = {t.name: t for t in first.tools}
+    assert tools["math__add"].input_schema["required"] == ["a", "b"]
+    assert first.system_prompt is not None
+    assert "[math] Math answers are exact integers." in first.system_prompt
+    last = second.messages[-1]
+    assert last.role == "user"
+    block = last.content_as_list[0]
+    assert isinstance(block, types.ToolResultContent)
+    assert block.tool_use_id == "t1"
+    assert block.content == [types.TextContent(type="text", text="42")]
+
+
+async def test_a_client_model_without_tool_support_uses_the_json_envelope_and_is_corrected() -> None:
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [
+        said("Sure! I will add them."),
+        said('{"type": "tool_call", "tool": "math__add", "arguments": {"a": 1, "b": 2}}'),
+        said('```json\n{"type": "final", "answer": "3"}\n```'),
+    ]
+    async with (
+        gateway_with_model(None) as (gw, math),
+        Client(gw.url, mode="legacy", sampling_callback=sampling_script(replies, seen)) as client,
+    ):
+        result = await ask(client, "1 + 2?")
+    assert not result.is_error, text(result)
+    assert text(result) == "3"
+    assert math.calls == [("add", {"a": 1, "b": 2})]
+    assert all(p.tools is None for p in seen)
+    assert seen[0].system_prompt is not None
+    assert '{"type": "tool_call", "tool": "<tool name>"' in seen[0].system_prompt
+    assert "- math__add: Add two integers." in seen[0].system_prompt
+    correction = seen[1].messages[-1]
+    assert correction.role == "user"
+    assert isinstance(correction.content, types.TextContent)
+    assert correction.content.text.startswith(
+        "Your last reply could not be used: the reply is not a single JSON object"
+    )
+    # The tool's result comes back as a user turn after the call, written as the envelope shows it.
+    assert isinstance(seen[2].messages[-1].content, types.TextContent)
+    assert seen[2].messages[-1].content.text == "Tool math__add returned:\n3"
+
+
+async def test_a_client_model_that_never_answers_in_the_envelope_ends_the_run_with_an_error() -> None:
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [said("no"), said("[1, 2]"), said('{"type": "final"}'), said('{"type": "maybe"}')]
+    async with (
+        gateway_with_model(None) as (gw, _),
+        Client(gw.url, mode="legacy", sampling_callback=sampling_script(replies, seen)) as client,
+    ):
+        result = await ask(client, "Hi")
+    assert result.is_error
+    assert text(result) == (
+        "ask_agent failed: the client's model did not answer with a valid JSON envelope after 3 corrections: "
+        '"type" must be "tool_call" or "final"'
+    )
+    assert len(seen) == 4
+
+
+async def test_a_client_that_refuses_sampling_ends_the_run_with_its_reason() -> None:
+    async def refuse(context: Any, params: types.CreateMessageRequestParams) -> types.ErrorData:
+        return types.ErrorData(code=types.INVALID_REQUEST, message="user rejected sampling")
+
+    async with (
+        gateway_with_model(None) as (gw, _),
+        Client(gw.url, mode="legacy", sampling_callback=refuse) as client,
+    ):
+        result = await ask(client, "Hi")
+    assert result.is_error
+    assert "the client's model (sampling) failed: user rejected sampling" in text(result)
