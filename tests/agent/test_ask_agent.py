@@ -15,7 +15,7 @@ from mcp import Client
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.upstreams import Ran, two_upstreams
-from tests.support import RunningGateway, running_gateway
+from tests.support import RunningGateway, python_upstream, running_gateway
 
 BOUND = 20.0
 
@@ -236,3 +236,76 @@ async def test_a_conversation_survives_a_gateway_restart(tmp_path: Path) -> None
 
 def _human_turns(model: ScriptedChatModel, call_index: int) -> list[str]:
     return [m.text for m in model.seen[call_index] if m.type == "human"]
+
+
+async def test_the_graph_is_rebuilt_with_the_new_tools_when_the_catalog_changes(tmp_path: Path) -> None:
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    model = ScriptedChatModel(script=[answer("first"), calls(call("counter__fresh")), answer("done")])
+    config = {
+        "upstreams": {"counter": python_upstream("counter.py")},
+        "agent": {"memory": {"store": "memory"}},
+    }
+    async with (
+        running_gateway(config, chat_model=model) as gw,
+        Client(gw.url, mode="legacy", message_handler=on_message) as client,
+    ):
+        await ask(client, "Before.")
+        before = {t["function"]["name"] for t in model.tools}
+        await client.call_tool("counter__add_tool", {"name": "fresh"})
+        with anyio.fail_after(BOUND):
+            await changed.wait()
+        described = {t.name: t.description for t in (await client.list_tools()).tools}["ask_agent"]
+        result = await ask(client, "After.")
+    assert "counter__fresh" not in before
+    assert "counter__fresh" in {t["function"]["name"] for t in model.tools}
+    assert "counter (5 tools)" in str(described)  # increment, pid, add_tool, crash, fresh
+    assert not result.is_error, text(result)
+    assert record(result)["tool_calls"][0] | {"duration_ms": 0} == {
+        "name": "counter__fresh",
+        "arguments": {},
+        "is_error": False,
+        "duration_ms": 0,
+    }
+
+
+async def test_agent_tools_globs_limit_what_the_model_may_call(tmp_path: Path) -> None:
+    model = ScriptedChatModel(script=[calls(call("words__upper", text="x")), answer("no")])
+    async with (
+        agent_gateway(
+            model, tmp_path, tools={"include": ["math__*", "words__*"], "exclude": ["words__*"]}
+        ) as (
+            gw,
+            _,
+            words,
+        ),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Shout x.")
+    assert {t["function"]["name"] for t in model.tools} == {
+        "math__add",
+        "math__meet",
+        "math__fail",
+        "math__drop_table",
+    }
+    assert record(result)["tool_calls"][0]["is_error"] is True
+    assert words.calls == []
+
+
+async def test_a_modern_client_gets_a_fresh_thread_per_request_and_continues_by_its_id(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedChatModel(script=[answer("one"), answer("two"), answer("three")])
+    async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="auto") as client:
+        first = await ask(client, "First.")
+        second = await ask(client, "Second.")
+        third = await ask(client, "Third.", conversation_id=record(first)["thread_id"])
+    assert not first.is_error, text(first)
+    assert record(first)["thread_id"] != record(second)["thread_id"]
+    assert record(third)["thread_id"] == record(first)["thread_id"]
+    assert _human_turns(model, 1) == ["Second."]
+    assert _human_turns(model, 2) == ["First.", "Third."]

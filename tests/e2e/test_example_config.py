@@ -8,10 +8,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import mcp_types as types
 import pytest
 import pytest_asyncio
+from mcp import Client
+from mcp.client.session import ClientRequestContext
 
-from agent_gateway.config import load_config
+from agent_gateway.config import MemoryConfig, load_config
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
 from tests.e2e.peers import MODES, connected, hold, text_of
@@ -38,6 +41,8 @@ async def served(gateway: Gateway) -> AsyncIterator[str]:
 async def example(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Example]:
     memory_file = tmp_path_factory.mktemp("example") / "memory.jsonl"
     config = load_config(ROOT / "gateway.yaml", {"AGENT_GATEWAY_MEMORY_FILE": str(memory_file)})
+    agent = config.agent.model_copy(update={"memory": MemoryConfig(store="memory")})
+    config = config.model_copy(update={"agent": agent})
     # Upstreams inherit PATH from this process: `python` must be this venv's, for demo_server.
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PATH", gateway_env()["PATH"])
@@ -116,3 +121,50 @@ async def test_server_everything_from_npx_answers_through_the_example_gateway(
     async with connected(example.url, mode) as client:
         result = await client.call_tool("everything__get-sum", {"a": 1, "b": 1})
     assert text_of(result) == "The sum of 1 and 1 is 2."
+
+
+async def test_ask_agent_on_the_example_config_uses_the_clients_model_across_two_upstreams(
+    example: Example,
+) -> None:
+    """As shipped there is no model configured: the client's own lends itself through sampling."""
+    seen: list[types.CreateMessageRequestParams] = []
+
+    async def model(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> SampleReply:
+        seen.append(params)
+        last = params.messages[-1].content_as_list[0]
+        if len(seen) == 1:
+            return _uses("everything__get-sum", {"a": 19, "b": 23})
+        if len(seen) == 2:
+            assert isinstance(last, types.ToolResultContent)
+            return _uses("notes__add", {"text": text_of(types.CallToolResult(content=last.content))})
+        return types.CreateMessageResultWithTools(
+            role="assistant", content=[types.TextContent(type="text", text="Noted: 42.")], model="ide-model"
+        )
+
+    tools = types.SamplingCapability(tools=types.SamplingToolsCapability())
+    async with Client(
+        example.url, mode="legacy", sampling_callback=model, sampling_capabilities=tools
+    ) as client:
+        result = await client.call_tool("ask_agent", {"query": "Add 19 and 23 and keep a note of it."})
+        notes = await client.call_tool("notes__list_notes", {})
+    assert not result.is_error, text_of(result)
+    assert text_of(result) == "Noted: 42."
+    assert result.structured_content is not None
+    assert [c["name"] for c in result.structured_content["tool_calls"]] == [
+        "everything__get-sum",
+        "notes__add",
+    ]
+    assert result.structured_content["model"] == "ide-model"
+    assert "The sum of 19 and 23 is 42." in json.dumps(notes.structured_content)
+    assert seen[0].tools is not None
+    assert {"everything__get-sum", "memory__read_graph", "notes__add"} <= {t.name for t in seen[0].tools}
+
+
+SampleReply = types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
+
+
+def _uses(tool: str, arguments: dict[str, object]) -> types.CreateMessageResultWithTools:
+    block = types.ToolUseContent(id=f"use-{tool}", name=tool, input=arguments)
+    return types.CreateMessageResultWithTools(
+        role="assistant", content=[block], model="ide-model", stop_reason="toolUse"
+    )
