@@ -176,3 +176,24 @@ async def test_without_a_model_or_client_sampling_the_answer_says_how_to_configu
     assert record(result)["steps"] == 0
     assert modern.is_error
     assert "MCP 2026-07-28" in text(modern)
+
+
+async def test_cancelling_ask_agent_cancels_the_model_call_in_flight(tmp_path: Path) -> None:
+    asked, cancelled = anyio.Event(), anyio.Event()
+
+    async def thinking(messages: Any) -> Any:
+        asked.set()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    model = ScriptedChatModel(script=[thinking])
+    async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "ask_agent", {"query": "think"})
+            with anyio.fail_after(BOUND):
+                await asked.wait()
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(BOUND):
+            await cancelled.wait()

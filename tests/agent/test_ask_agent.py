@@ -11,6 +11,7 @@ import anyio
 import mcp_types as types
 import pytest
 from langchain_core.messages import SystemMessage, ToolMessage
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
@@ -309,3 +310,22 @@ async def test_a_modern_client_gets_a_fresh_thread_per_request_and_continues_by_
     assert record(third)["thread_id"] == record(first)["thread_id"]
     assert _human_turns(model, 1) == ["Second."]
     assert _human_turns(model, 2) == ["First.", "Third."]
+
+
+async def test_history_out_of_the_context_window_is_dropped_from_the_stored_thread(tmp_path: Path) -> None:
+    filler = " ".join(["word"] * 60)
+    model = ScriptedChatModel(respond=lambda _: answer(f"ok {filler}"))
+    async with (
+        agent_gateway(model, tmp_path, max_context_tokens=300) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        for n in range(8):
+            result = await ask(client, f"turn {n} {filler}", conversation_id="long")
+            assert not result.is_error, text(result)
+    async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "conversations.sqlite")) as saver:
+        stored = await saver.aget_tuple({"configurable": {"thread_id": "long"}})
+    assert stored is not None
+    kept = [m.text.split(" ")[:2] for m in stored.checkpoint["channel_values"]["messages"]]
+    # 16 messages were written; only those the last model call could still see remain.
+    assert kept == [["turn", "7"], ["ok", "word"]]
+    assert [m.text.split(" ")[:2] for m in model.seen[-1][1:]] == [["turn", "7"]]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypedDict
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, AnyMessage
+from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -19,7 +19,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
 from agent_gateway.agent.calls import ToolRunner
-from agent_gateway.agent.memory import model_view
+from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.toolbox import Toolbox
 from agent_gateway.errors import AgentError, ModelFailed
@@ -75,7 +75,8 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
         step = state["steps"] + 1
         await run.observer.model_turn(step)
         bound = run.model.bind_tools(specs) if specs else run.model
-        view = model_view(run.system_prompt, state["messages"], run.max_context_tokens)
+        history = state["messages"]
+        view = model_view(run.system_prompt, history, run.max_context_tokens)
         try:
             reply = await bound.ainvoke(view)
         except AgentError:
@@ -86,7 +87,8 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
             ) from exc
         if not isinstance(reply, AIMessage):
             raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
-        return {"messages": [reply], "steps": step, "usage": _added(state["usage"], reply)}
+        forget = [RemoveMessage(id=m.id) for m in out_of_view(history, view) if m.id]
+        return {"messages": [*forget, reply], "steps": step, "usage": _added(state["usage"], reply)}
 
     async def tools(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         last = state["messages"][-1]

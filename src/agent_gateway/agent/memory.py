@@ -89,6 +89,20 @@ def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> l
     return trimmed
 
 
+def out_of_view(history: Sequence[AnyMessage], view: Sequence[AnyMessage]) -> list[AnyMessage]:
+    """The stored messages older than the oldest one ``view`` still sends.
+
+    The window only ever moves forward (same budget, history only grows), so these can never
+    be sent again: dropping them from the thread keeps every checkpoint, and the SQLite file,
+    bounded by the window instead of growing with the whole conversation.
+    """
+    first = next((m for m in view if not isinstance(m, SystemMessage)), None)
+    for index, message in enumerate(history):
+        if message is first:
+            return list(history[:index])
+    return []
+
+
 def _answered(history: Sequence[AnyMessage]) -> list[AnyMessage]:
     answered = {m.tool_call_id for m in history if isinstance(m, ToolMessage)}
     out: list[AnyMessage] = []

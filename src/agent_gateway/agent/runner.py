@@ -110,7 +110,11 @@ class AgentRunner:
             toolbox, graph = await self._graph()
             context = self._context(toolbox, caller, report)
             async with self._thread_lock(thread):
-                final = await graph.ainvoke(run_input(request.text), config, context=context)
+                # One checkpoint per run, written on the way out (failures and cancellation
+                # included), rather than one per step of a history that only grows.
+                final = await graph.ainvoke(
+                    run_input(request.text), config, context=context, durability="exit"
+                )
             outcome = self._finished(record, final)
         except AgentError as exc:
             outcome = await self._failed(record, graph, config, str(exc))
