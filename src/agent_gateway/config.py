@@ -143,7 +143,7 @@ class AgentConfig(_Strict):
     """``ask_agent``: the gateway's own LangGraph agent over the catalog."""
 
     enabled: bool = True
-    name: str = Field(default="ask_agent", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(default="ask_agent", pattern=r"^[A-Za-z0-9_-]{1,64}$")
     model: ModelConfig | None = None
     """None: the calling client's model through sampling, when it offers sampling."""
     instructions: str = (
@@ -157,6 +157,8 @@ class AgentConfig(_Strict):
     """Tools (globs over public names) that run only after the client approves (elicitation)."""
     approve_destructive: Literal["ask", "auto"] = "ask"
     """``ask``: tools annotated ``destructiveHint: true`` need approval too."""
+    approval_timeout: Seconds = 300.0
+    """How long the client has to answer an approval request before the tool is refused."""
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
 

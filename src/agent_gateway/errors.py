@@ -14,9 +14,10 @@
         ├── BadModelOutput         the model's answer could not be understood after re-prompts
         └── StepLimitReached       the model still wanted tools after ``agent.max_steps`` turns
 
-Foreign errors (mcp's ``MCPError``, transport errors) are translated into this tree in
-``upstreams.connection`` only; the server layer turns the tree into MCP results/errors
-through ``to_error_data``.
+Foreign errors are translated into this tree at two boundaries: mcp's ``MCPError`` and
+transport errors in ``upstreams.connection``; model providers' errors in ``agent.graph`` (the
+model node). The server layer turns the tree into MCP results/errors through
+``to_error_data``; an agent run turns ``AgentError`` into an ``isError`` result.
 """
 
 from __future__ import annotations

@@ -76,6 +76,8 @@ class DownstreamSession:
     started: float = field(default_factory=time.monotonic)
     upstream_sessions: set[str] = field(default_factory=set)
     """Ids of the upstream sessions this session has used (for the mapping in logs)."""
+    conversation: str = field(default_factory=lambda: f"session-{uuid.uuid4().hex}")
+    """The agent's default thread for this session: random, since upstreams see ``id``."""
 
     # -- the Downstream protocol, at session level (no request in flight) ---------------------
 

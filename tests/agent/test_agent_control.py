@@ -197,3 +197,49 @@ async def test_cancelling_ask_agent_cancels_the_model_call_in_flight(tmp_path: P
             tg.cancel_scope.cancel()
         with anyio.fail_after(BOUND):
             await cancelled.wait()
+
+
+async def test_a_cancelled_run_stays_in_the_conversation_with_its_call_marked_unfinished(
+    tmp_path: Path,
+) -> None:
+    model = ScriptedChatModel(script=[calls(call("rec__wait", seconds=30)), answer("It may have run.")])
+    seen = Recorded()
+    async with (
+        serving_upstream(recorder.build(seen.memory.append)) as url,
+        running_gateway(
+            {
+                "upstreams": {"rec": {"url": url}},
+                "agent": {"memory": {"store": "sqlite", "path": str(tmp_path / "m")}},
+            },
+            chat_model=model,
+        ) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "ask_agent", {"query": "wait once"})
+            await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev))
+            tg.cancel_scope.cancel()
+        again = await ask(client, "Did it run?")
+    assert not again.is_error, text(again)
+    history = model.seen[1][1:]
+    assert [type(m).__name__ for m in history] == ["HumanMessage", "AIMessage", "ToolMessage", "HumanMessage"]
+    assert history[0].text == "wait once"
+    assert history[2].text.startswith("No result: the run ended (cancelled, failed or at its step limit)")
+
+
+async def test_a_run_that_fails_before_it_starts_never_shows_another_runs_record() -> None:
+    async def lend_model(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="mine"), model="a-model"
+        )
+
+    async with running_gateway({"agent": {"memory": {"store": "memory"}}}) as gw:
+        async with Client(gw.url, mode="legacy", sampling_callback=lend_model) as first:
+            mine = await ask(first, "secret plans", conversation_id="shared")
+            own = await ask(first, "and mine?")
+        async with Client(gw.url, mode="legacy") as second:
+            theirs = await ask(second, "what did they say?", conversation_id="shared")
+    assert not mine.is_error, text(mine)
+    assert record(own)["thread_id"].startswith("session-")  # never the session id upstreams see
+    assert theirs.is_error
+    assert (record(theirs)["steps"], record(theirs)["model"]) == (0, "client model (sampling)")

@@ -10,6 +10,7 @@ import json
 import logging
 from typing import Any
 
+import anyio
 import mcp_types as types
 
 from agent_gateway.agent.toolbox import AgentTool
@@ -33,12 +34,19 @@ _SHOWN_ARGUMENTS = 2_000
 
 
 async def refusal(
-    tool: AgentTool, arguments: dict[str, Any], caller: Caller | None, asker: str
+    tool: AgentTool, arguments: dict[str, Any], caller: Caller | None, asker: str, wait_limit: float
 ) -> str | None:
     """None when ``tool`` may run; otherwise why not, in words the model can act on."""
     if caller is None:
         return f"Tool {tool.name} needs a user's approval, and this run has no client to ask."
-    answer = await caller.ask(asker, _request(tool, arguments))
+    answer: types.InputResponse | types.ErrorData | None = None
+    with anyio.move_on_after(wait_limit):
+        try:
+            answer = await caller.ask(asker, _request(tool, arguments))
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            return f"Tool {tool.name} was not run: the client went away before approving it."
+    if answer is None:
+        return f"Tool {tool.name} was not run: no approval came within {wait_limit:g}s."
     if isinstance(answer, types.ErrorData):
         logger.info("approval for %s could not be asked: %s", tool.name, answer.message)
         return (

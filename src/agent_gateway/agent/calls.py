@@ -40,6 +40,7 @@ class ToolRunner:
     observer: RunObserver
     asker: str
     """Whom approval requests are from (the agent tool's name)."""
+    approval_timeout: float = 300.0
 
     async def run(self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> list[Outcome]:
         """One outcome per call, in the model's order; the calls run concurrently."""
@@ -79,7 +80,9 @@ class ToolRunner:
         if tool is None:
             known = ", ".join(sorted(self.toolbox.tools)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
-        if tool.needs_approval and (refused := await refusal(tool, arguments, self.caller, self.asker)):
+        if tool.needs_approval and (
+            refused := await refusal(tool, arguments, self.caller, self.asker, self.approval_timeout)
+        ):
             return refused, True
         try:
             result = await self.proxy.call_tool(name, arguments, self.caller)

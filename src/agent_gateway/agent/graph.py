@@ -7,7 +7,7 @@ run's context, so one compiled graph serves every client at once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
 
 from langchain_core.language_models import BaseChatModel
@@ -49,7 +49,7 @@ class RunContext:
     system_prompt: str
     max_steps: int
     max_context_tokens: int
-    scrub: tuple[str, ...] = ()
+    scrub: tuple[str, ...] = field(default=(), repr=False)
     """Strings (secrets) that must not appear in an error message."""
 
 
@@ -83,7 +83,7 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
             raise
         except Exception as exc:  # any provider failure ends the run as a clear isError result
             raise ModelFailed(
-                _scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", run.scrub)
+                scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", run.scrub)
             ) from exc
         if not isinstance(reply, AIMessage):
             raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
@@ -129,7 +129,8 @@ def _added(usage: Usage, reply: AIMessage) -> Usage:
     )
 
 
-def _scrubbed(text: str, secrets: tuple[str, ...]) -> str:
+def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every secret replaced."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "[redacted]")

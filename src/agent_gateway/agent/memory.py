@@ -23,6 +23,12 @@ from agent_gateway.errors import AgentError
 
 logger = logging.getLogger(__name__)
 
+_NO_RESULT = (
+    "No result: the run ended (cancelled, failed or at its step limit) before this call returned; "
+    "it may or may not have taken effect."
+)
+_CLOSE_TIMEOUT = 5.0
+
 
 class Conversations:
     """Owns the checkpointer. Use ``async with conversations:``; it closes the store on exit."""
@@ -37,7 +43,7 @@ class Conversations:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
             await self._stack.aclose()
         self._saver = None
 
@@ -110,9 +116,7 @@ def _answered(history: Sequence[AnyMessage]) -> list[AnyMessage]:
         out.append(message)
         if isinstance(message, AIMessage):
             out += [
-                ToolMessage(
-                    content="Not run: the run ended before this call.", tool_call_id=c, status="error"
-                )
+                ToolMessage(content=_NO_RESULT, tool_call_id=c, status="error")
                 for c in _call_ids(message)
                 if c not in answered
             ]

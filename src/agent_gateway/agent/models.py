@@ -80,6 +80,11 @@ class ModelSource:
             )
         caps = caller.capabilities
         if caps is None or caps.sampling is None:
+            if self._config is not None:  # provider: sampling, chosen on purpose
+                raise ModelUnavailable(
+                    "agent.model.provider is 'sampling' (the calling client's own model), and this "
+                    "client does not declare the sampling capability"
+                )
             raise ModelUnavailable(f"agent: {_HOW_TO_CONFIGURE}")
         config = self._config
         return SamplingChatModel(

@@ -7,6 +7,7 @@ timeout resets on progress never times out a long run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -95,7 +96,8 @@ class ClientObserver:
             return
         async with self._lock:
             self._progress += 1
-            with anyio.move_on_after(_SEND_TIMEOUT):
+            # A client that has gone away only stops hearing; the run goes on to its end.
+            with anyio.move_on_after(_SEND_TIMEOUT), _gone_quietly():
                 await self._caller.server_session.send_progress_notification(
                     progress_token=token,
                     progress=self._progress,
@@ -110,7 +112,12 @@ class ClientObserver:
         line = types.LoggingMessageNotificationParams(
             level=level, data=json.loads(json.dumps(data, default=str))
         )
-        await self._caller.log(self._name, line)
+        with _gone_quietly():
+            await self._caller.log(self._name, line)
+
+
+def _gone_quietly() -> contextlib.suppress:
+    return contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError)
 
 
 class TerminalObserver:

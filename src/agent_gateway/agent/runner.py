@@ -22,9 +22,17 @@ import anyio
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
+from langsmith import tracing_context
 
 from agent_gateway.agent.calls import ToolRunner
-from agent_gateway.agent.graph import AgentGraph, RunContext, build_graph, recursion_limit, run_input
+from agent_gateway.agent.graph import (
+    AgentGraph,
+    RunContext,
+    build_graph,
+    recursion_limit,
+    run_input,
+    scrubbed,
+)
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
@@ -35,6 +43,8 @@ from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
 from agent_gateway.proxy import Caller, Proxy
 
 logger = logging.getLogger(__name__)
+
+_READ_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -102,29 +112,39 @@ class AgentRunner:
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
         logger.info("agent run %s started (thread %s)", run_id, thread)
-        config = RunnableConfig(
-            configurable={"thread_id": thread}, recursion_limit=recursion_limit(self.config.max_steps)
-        )
-        graph: AgentGraph | None = None
         try:
             toolbox, graph = await self._graph()
             context = self._context(toolbox, caller, report)
-            async with self._thread_lock(thread):
-                # One checkpoint per run, written on the way out (failures and cancellation
-                # included), rather than one per step of a history that only grows.
-                final = await graph.ainvoke(
-                    run_input(request.text), config, context=context, durability="exit"
-                )
-            outcome = self._finished(record, final)
         except AgentError as exc:
-            outcome = await self._failed(record, graph, config, str(exc))
-        except Exception as exc:  # the top of a run: log the traceback, answer with a clear error
-            logger.exception("agent run %s failed unexpectedly", run_id)
-            outcome = await self._failed(
-                record, graph, config, f"the agent run failed: {type(exc).__name__}: {exc}"
-            )
+            outcome = _failure(record, str(exc))
+        else:
+            async with self._thread_lock(thread):
+                outcome = await self._invoke(graph, context, record, request.text)
         _log_end(outcome)
         return outcome
+
+    async def _invoke(
+        self, graph: AgentGraph, context: RunContext, record: dict[str, Any], text: str
+    ) -> RunOutcome:
+        config = RunnableConfig(
+            configurable={"thread_id": record["thread_id"]},
+            recursion_limit=recursion_limit(self.config.max_steps),
+        )
+        try:
+            # LangChain would send every message to LangSmith if its variables are set.
+            with tracing_context(enabled=False):
+                # "sync": each step is stored before the next begins, so a cancelled run's tool
+                # calls stay in the thread (with "async" or "exit" the last write is lost).
+                final = await graph.ainvoke(run_input(text), config, context=context, durability="sync")
+            return self._finished(record, final)
+        except AgentError as exc:
+            message = str(exc)
+        except Exception as exc:  # the top of a run: log the traceback, answer with a clear error
+            logger.exception("agent run %s failed unexpectedly", record["run_id"])
+            message = f"the agent run failed: {type(exc).__name__}: {exc}"
+        if record["ended_at"] is None:  # not yet filled from a final state
+            await _read_partial(record, graph, config)
+        return _failure(record, scrubbed(message, context.scrub))
 
     async def _graph(self) -> tuple[Toolbox, AgentGraph]:
         version = self._catalog.snapshot.version
@@ -154,7 +174,9 @@ class AgentRunner:
         secret = self._models.secret
         return RunContext(
             model=self._models.for_run(caller, self.config.name),
-            tools=ToolRunner(toolbox, self._proxy, tool_caller, report, self.config.name),
+            tools=ToolRunner(
+                toolbox, self._proxy, tool_caller, report, self.config.name, self.config.approval_timeout
+            ),
             observer=report,
             system_prompt=system_prompt(self.config.instructions, toolbox),
             max_steps=self.config.max_steps,
@@ -176,21 +198,27 @@ class AgentRunner:
         record["answer"] = answer
         return RunOutcome(record)
 
-    async def _failed(
-        self, record: dict[str, Any], graph: AgentGraph | None, config: RunnableConfig, message: str
-    ) -> RunOutcome:
-        if graph is not None and record["ended_at"] is None:  # not yet filled from a final state
-            with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-                _fill(record, (await graph.aget_state(config)).values)
-        record["ended_at"] = _now()
-        record["error"] = message
-        return RunOutcome(record, error=f"ask_agent failed: {message}")
+
+async def _read_partial(record: dict[str, Any], graph: AgentGraph, config: RunnableConfig) -> None:
+    """Fill ``record`` from the run's last checkpoint (under the thread's lock, so it is this run's)."""
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_READ_TIMEOUT):
+        try:
+            _fill(record, (await graph.aget_state(config)).values)
+        except Exception:  # a broken store must not turn a clear error into a crash
+            logger.exception("agent run %s: its partial record could not be read", record["run_id"])
+
+
+def _failure(record: dict[str, Any], message: str) -> RunOutcome:
+    record["ended_at"] = _now()
+    record["error"] = message
+    return RunOutcome(record, error=f"ask_agent failed: {message}")
 
 
 def _default_thread(caller: Caller | None, run_id: str) -> str:
+    # A session's own thread has a random id, never the session id (which upstreams see).
     # A modern-era request is a session of its own: a fresh thread, returned for continuing.
     if caller is not None and not caller.modern:
-        return caller.session_id
+        return caller.session.conversation
     return f"run-{run_id}"
 
 

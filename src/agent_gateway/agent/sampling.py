@@ -198,6 +198,12 @@ def _tool_blocks(message: BaseMessage) -> Blocks:
             types.ToolUseContent(id=c["id"] or c["name"], name=c["name"], input=c["args"])
             for c in message.tool_calls
         ]
+        # Unparsable calls were answered with an error result, which needs its tool_use.
+        calls += [
+            types.ToolUseContent(id=c["id"], name=c["name"] or "unknown", input={})
+            for c in message.invalid_tool_calls
+            if c["id"]
+        ]
         return [*blocks, *calls]
     if isinstance(message, HumanMessage):
         return [types.TextContent(type="text", text=message.text)]
