@@ -324,6 +324,9 @@ async def test_history_out_of_the_context_window_is_dropped_from_the_stored_thre
             assert not result.is_error, text(result)
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "conversations.sqlite")) as saver:
         stored = await saver.aget_tuple({"configurable": {"thread_id": "long"}})
+        # Only the latest checkpoint is kept: the file does not grow with every step.
+        async with saver.conn.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'long'") as rows:
+            assert await rows.fetchone() == (1,)
     assert stored is not None
     kept = [m.text.split(" ")[:2] for m in stored.checkpoint["channel_values"]["messages"]]
     # 16 messages were written; only those the last model call could still see remain.

@@ -28,6 +28,11 @@ _NO_RESULT = (
     "it may or may not have taken effect."
 )
 _CLOSE_TIMEOUT = 5.0
+# LangGraph's SQLite schema: checkpoint ids sort in time order (its own "latest" is MAX).
+_PRUNE = (
+    "DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id < "
+    "(SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '')"
+)
 
 
 class Conversations:
@@ -70,6 +75,25 @@ class Conversations:
             raise AgentError(f"conversation memory {path}: cannot open the SQLite file: {exc}") from exc
         logger.info("conversation memory: %s", path)
         return saver
+
+    async def compact(self, thread: str) -> None:
+        """Keep only ``thread``'s latest checkpoint in the SQLite store.
+
+        Each step stores the whole (window-bounded) state; nothing reads older checkpoints, so
+        without this a long conversation would write its window to disk once per step, for
+        ever. The in-memory store is not compacted (it is for tests and short-lived use).
+        """
+        saver = self._saver
+        if not isinstance(saver, AsyncSqliteSaver):
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+            try:
+                async with saver.lock:
+                    for table in ("writes", "checkpoints"):
+                        await saver.conn.execute(_PRUNE.format(table=table), (thread, thread))
+                    await saver.conn.commit()
+            except Exception:  # a store that cannot be compacted still serves; say so
+                logger.exception("conversation memory: thread %s could not be compacted", thread)
 
 
 def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> list[AnyMessage]:

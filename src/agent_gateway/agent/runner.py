@@ -120,6 +120,7 @@ class AgentRunner:
         else:
             async with self._thread_lock(thread):
                 outcome = await self._invoke(graph, context, record, request.text)
+                await self._conversations.compact(thread)
         _log_end(outcome)
         return outcome
 
