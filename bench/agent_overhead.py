@@ -60,6 +60,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from mcp import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: make `tests` importable
+from bench.overhead import Starter
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
@@ -289,28 +290,6 @@ class ConcurrentRow:
     finished: list[float] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     pending_after: int | None = None
-
-
-@dataclass
-class Starter:
-    """Holds the sessions back until all are connected, then releases them at once."""
-
-    sessions: int
-    ready: int = 0
-    all_ready: anyio.Event = field(default_factory=anyio.Event)
-    go: anyio.Event = field(default_factory=anyio.Event)
-    started: float = 0.0
-
-    async def arrive(self) -> None:
-        self.ready += 1
-        if self.ready == self.sessions:
-            self.all_ready.set()
-        await self.go.wait()
-
-    async def release(self) -> None:
-        await self.all_ready.wait()
-        self.started = time.perf_counter()
-        self.go.set()
 
 
 def numbers(index: int) -> tuple[int, int]:

@@ -35,18 +35,19 @@ async def gateway_with_model(model: dict[str, Any] | None) -> AsyncIterator[tupl
         yield gw, math
 
 
+def openai_model(base: str, **extra: Any) -> dict[str, Any]:
+    """``agent.model`` for the scripted OpenAI-compatible endpoint at ``base``."""
+    return {"provider": "openai", "model": "gpt-test", "base_url": f"{base}/v1", "api_key": SECRET, **extra}
+
+
 async def test_the_openai_provider_calls_tools_over_an_openai_compatible_endpoint() -> None:
     app, api = openai_api([Turn(calls=[("math__add", {"a": 2, "b": 3})]), Turn(text="It is 5.")])
-    async with serving(app) as base:
-        model = {
-            "provider": "openai",
-            "model": "gpt-test",
-            "base_url": f"{base}/v1",
-            "api_key": SECRET,
-            "temperature": 0,
-        }
-        async with gateway_with_model(model) as (gw, math), Client(gw.url, mode="legacy") as client:
-            result = await ask(client, "What is 2 + 3?")
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base, temperature=0)) as (gw, math),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "What is 2 + 3?")
     assert not result.is_error, text(result)
     assert text(result) == "It is 5."
     out = record(result)
@@ -93,16 +94,12 @@ async def test_a_provider_error_is_an_error_result_that_never_shows_the_key(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     app, _ = openai_api([Turn(status=401, error=f"Incorrect API key provided: {SECRET}")])
-    async with serving(app) as base:
-        model = {
-            "provider": "openai",
-            "model": "gpt-test",
-            "base_url": f"{base}/v1",
-            "api_key": SECRET,
-            "max_retries": 0,
-        }
-        async with gateway_with_model(model) as (gw, _), Client(gw.url, mode="legacy") as client:
-            result = await ask(client, "Hi")
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base, max_retries=0)) as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Hi")
     assert result.is_error
     assert "the model call failed: OpenAIAuthenticationError: Error code: 401" in text(result)
     assert "[redacted]" in text(result)
