@@ -135,7 +135,8 @@ class SamplingChatModel(BaseChatModel):
         return answer
 
 
-def _mcp_tool(spec: Any) -> types.Tool:
+def _mcp_tool(spec: dict[str, Any]) -> types.Tool:
+    """A tool the graph bound (OpenAI function format) as a sampling request carries it."""
     function = spec["function"]
     return types.Tool(
         name=function["name"], description=function.get("description"), input_schema=function["parameters"]

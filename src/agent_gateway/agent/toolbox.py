@@ -39,11 +39,6 @@ class AgentTool:
             },
         }
 
-    @property
-    def as_mcp(self) -> types.Tool:
-        """The tool under its public name, for sampling requests that carry tools."""
-        return self.tool.model_copy(update={"name": self.name})
-
 
 @dataclass(frozen=True)
 class Toolbox:
