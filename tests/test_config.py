@@ -108,3 +108,12 @@ def test_secrets_do_not_appear_in_the_config_repr() -> None:
 def test_the_example_gateway_yaml_is_valid() -> None:
     config = load_config(Path(__file__).resolve().parent.parent / "gateway.yaml", {})
     assert set(config.upstreams) >= {"everything", "memory", "notes"}
+
+
+def test_a_short_state_key_is_rejected_without_showing_it(tmp_path: Path) -> None:
+    path = write(tmp_path, "g.yaml", "server:\n  state_keys: ['${KEY}']\n")
+    with pytest.raises(
+        ConfigError, match=r"server\.state_keys\.0: String should have at least 32 characters"
+    ) as caught:
+        load_config(path, {"KEY": "short-secret"})
+    assert "short-secret" not in str(caught.value)

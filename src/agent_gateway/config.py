@@ -86,6 +86,10 @@ class ServerConfig(_Strict):
     instructions: str | None = None
     session_idle_timeout: Seconds = 1800.0
     """An HTTP session with no request for this long is ended (and what it held released)."""
+    state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
+    """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
+    first seals, every one unseals (rotation). None: a random key per process, so a paused
+    call cannot be resumed after a restart or on another replica."""
 
 
 Provider = Literal["openai", "anthropic", "sampling"]
@@ -137,6 +141,8 @@ class MemoryConfig(_Strict):
 
     store: Literal["sqlite", "memory"] = "sqlite"
     path: str = ".agent-gateway/conversations.sqlite"
+    retention_days: float | None = Field(default=30.0, gt=0)
+    """A thread no run has used for this long is deleted; None keeps threads for ever."""
 
 
 class AgentConfig(_Strict):

@@ -14,12 +14,13 @@ import mcp_types as types
 from fastmcp import FastMCP
 from fastmcp.server.providers import Provider
 from langchain_core.language_models import BaseChatModel
+from mcp.server.request_state import RequestStateSecurity
 
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import AgentProvider
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
-from agent_gateway.config import GatewayConfig
+from agent_gateway.config import GatewayConfig, ServerConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
@@ -66,6 +67,7 @@ class Gateway:
             instructions=config.server.instructions,
             providers=providers,
             middleware=[self.sessions],
+            request_state_security=_state_security(config.server),
         )
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
         fastmcp_call = lowlevel.get_request_handler("tools/call")
@@ -192,3 +194,10 @@ def _log_start(gateway: Gateway, snapshot: CatalogSnapshot) -> None:
         len(snapshot.templates),
         len(gateway.pool.upstreams),
     )
+
+
+def _state_security(config: ServerConfig) -> RequestStateSecurity | None:
+    """The configured keys for sealing ``requestState``, or None for FastMCP's per-process key."""
+    if not config.state_keys:
+        return None
+    return RequestStateSecurity(keys=list(config.state_keys), audience=config.name)

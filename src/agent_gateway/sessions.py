@@ -133,7 +133,14 @@ def refusal(session: DownstreamSession, request: types.InputRequest) -> types.Er
             message=f"agent-gateway: the client speaks MCP 2026-07-28, which cannot answer {request.method} "
             "from a handshake-era upstream",
         )
-    caps = session.capabilities or types.ClientCapabilities()
+    return unsupported(session.capabilities, request)
+
+
+def unsupported(
+    capabilities: types.ClientCapabilities | None, request: types.InputRequest
+) -> types.ErrorData | None:
+    """Why a client with ``capabilities`` cannot answer ``request``, or None if it can."""
+    caps = capabilities or types.ClientCapabilities()
     capability = {
         "sampling/createMessage": caps.sampling,
         "elicitation/create": caps.elicitation,

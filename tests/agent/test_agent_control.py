@@ -58,12 +58,17 @@ def approving(action: str, asked: list[str]) -> Any:
     return user
 
 
-async def test_a_destructive_tool_runs_once_the_client_approves(tmp_path: Path) -> None:
+# "auto" speaks 2026-07-28: the run pauses for the approval, and the client's retry resumes it.
+ERAS = pytest.mark.parametrize("mode", ["legacy", "auto"])
+
+
+@ERAS
+async def test_a_destructive_tool_runs_once_the_client_approves(tmp_path: Path, mode: str) -> None:
     asked: list[str] = []
     model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("Dropped.")])
     async with (
         agent_gateway(model, tmp_path) as (gw, math, _),
-        Client(gw.url, mode="legacy", elicitation_callback=approving("accept", asked)) as client,
+        Client(gw.url, mode=mode, elicitation_callback=approving("accept", asked)) as client,
     ):
         result = await ask(client, "Drop the users table.")
     assert not result.is_error, text(result)
@@ -74,13 +79,16 @@ async def test_a_destructive_tool_runs_once_the_client_approves(tmp_path: Path) 
     assert record(result)["tool_calls"][0]["is_error"] is False
 
 
+@ERAS
 @pytest.mark.parametrize("action", ["decline", "cancel"])
-async def test_a_declined_tool_is_not_run_and_the_model_is_told(tmp_path: Path, action: str) -> None:
+async def test_a_declined_tool_is_not_run_and_the_model_is_told(
+    tmp_path: Path, action: str, mode: str
+) -> None:
     asked: list[str] = []
     model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("I did not.")])
     async with (
         agent_gateway(model, tmp_path) as (gw, math, _),
-        Client(gw.url, mode="legacy", elicitation_callback=approving(action, asked)) as client,
+        Client(gw.url, mode=mode, elicitation_callback=approving(action, asked)) as client,
     ):
         result = await ask(client, "Drop the users table.")
     assert not result.is_error, text(result)
@@ -91,11 +99,12 @@ async def test_a_declined_tool_is_not_run_and_the_model_is_told(tmp_path: Path, 
     assert told == [f"The user {verb} math__drop_table. It was not run; do not try it again in this run."]
 
 
+@ERAS
 async def test_a_client_without_elicitation_gets_the_tool_refused_with_a_message_the_model_sees(
-    tmp_path: Path,
+    tmp_path: Path, mode: str
 ) -> None:
     model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("Could not.")])
-    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode=mode) as client:
         result = await ask(client, "Drop the users table.")
     assert not result.is_error, text(result)
     assert math.calls == []
@@ -175,7 +184,7 @@ async def test_without_a_model_or_client_sampling_the_answer_says_how_to_configu
     assert "agent.model" in text(result)
     assert record(result)["steps"] == 0
     assert modern.is_error
-    assert "MCP 2026-07-28" in text(modern)
+    assert "this client does not offer sampling" in text(modern)
 
 
 async def test_cancelling_ask_agent_cancels_the_model_call_in_flight(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.client.client import ConnectMode
 from mcp.client.session import ClientRequestContext, SamplingFnT
 
 from agent_gateway.config import parse_config
@@ -146,9 +147,14 @@ def said(text_: str) -> types.CreateMessageResult:
     )
 
 
+# "auto" speaks 2026-07-28, where the run pauses for each sampling round and the client retries.
+ERAS = pytest.mark.parametrize("mode", ["legacy", "auto"])
+
+
+@ERAS
 @pytest.mark.parametrize("configured", [None, {"provider": "sampling"}])
 async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
-    configured: dict[str, Any] | None,
+    configured: dict[str, Any] | None, mode: ConnectMode
 ) -> None:
     seen: list[types.CreateMessageRequestParams] = []
     replies = [
@@ -166,7 +172,7 @@ async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
         gateway_with_model(configured) as (gw, math),
         Client(
             gw.url,
-            mode="legacy",
+            mode=mode,
             sampling_callback=sampling_script(replies, seen),
             sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
         ) as client,
@@ -190,7 +196,10 @@ async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
     assert block.content == [types.TextContent(type="text", text="42")]
 
 
-async def test_a_client_model_without_tool_support_uses_the_json_envelope_and_is_corrected() -> None:
+@ERAS
+async def test_a_client_model_without_tool_support_uses_the_json_envelope_and_is_corrected(
+    mode: ConnectMode,
+) -> None:
     seen: list[types.CreateMessageRequestParams] = []
     replies = [
         said("Sure! I will add them."),
@@ -199,7 +208,7 @@ async def test_a_client_model_without_tool_support_uses_the_json_envelope_and_is
     ]
     async with (
         gateway_with_model(None) as (gw, math),
-        Client(gw.url, mode="legacy", sampling_callback=sampling_script(replies, seen)) as client,
+        Client(gw.url, mode=mode, sampling_callback=sampling_script(replies, seen)) as client,
     ):
         result = await ask(client, "1 + 2?")
     assert not result.is_error, text(result)
@@ -220,12 +229,15 @@ async def test_a_client_model_without_tool_support_uses_the_json_envelope_and_is
     assert seen[2].messages[-1].content.text == "Tool math__add returned:\n3"
 
 
-async def test_a_client_model_that_never_answers_in_the_envelope_ends_the_run_with_an_error() -> None:
+@ERAS
+async def test_a_client_model_that_never_answers_in_the_envelope_ends_the_run_with_an_error(
+    mode: ConnectMode,
+) -> None:
     seen: list[types.CreateMessageRequestParams] = []
     replies = [said("no"), said("[1, 2]"), said('{"type": "final"}'), said('{"type": "maybe"}')]
     async with (
         gateway_with_model(None) as (gw, _),
-        Client(gw.url, mode="legacy", sampling_callback=sampling_script(replies, seen)) as client,
+        Client(gw.url, mode=mode, sampling_callback=sampling_script(replies, seen)) as client,
     ):
         result = await ask(client, "Hi")
     assert result.is_error

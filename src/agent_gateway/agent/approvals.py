@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import anyio
 import mcp_types as types
 
+from agent_gateway.agent.asking import Answer, Asker
 from agent_gateway.agent.toolbox import AgentTool
-from agent_gateway.proxy import Caller
 
 logger = logging.getLogger(__name__)
 
@@ -33,38 +34,54 @@ _SCHEMA: dict[str, Any] = {
 _SHOWN_ARGUMENTS = 2_000
 
 
-async def refusal(
-    tool: AgentTool, arguments: dict[str, Any], caller: Caller | None, asker: str, wait_limit: float
-) -> str | None:
-    """None when ``tool`` may run; otherwise why not, in words the model can act on."""
-    if caller is None:
-        return f"Tool {tool.name} needs a user's approval, and this run has no client to ask."
-    answer: types.InputResponse | types.ErrorData | None = None
-    with anyio.move_on_after(wait_limit):
-        try:
-            answer = await caller.ask(asker, _request(tool, arguments))
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-            return f"Tool {tool.name} was not run: the client went away before approving it."
+@dataclass(frozen=True)
+class Proposed:
+    """A tool call the model proposed that needs approval before it runs."""
+
+    tool: AgentTool
+    arguments: dict[str, Any]
+
+
+async def refusals(
+    proposed: Mapping[str, Proposed], asker: Asker | None, wait_limit: float
+) -> dict[str, str | None]:
+    """For each proposed call (keyed by the caller), None when it may run, else why not.
+
+    All are asked at once: a modern client answers them in one round, and a person sees
+    every call of a model turn before any of them runs.
+    """
+    if not proposed:
+        return {}
+    if asker is None:
+        return {
+            k: f"Tool {p.tool.name} needs a user's approval, and this run has no client to ask."
+            for k, p in proposed.items()
+        }
+    answers = await asker.ask({k: _request(p) for k, p in proposed.items()}, wait_limit)
+    return {k: _verdict(p.tool.name, answers.get(k), wait_limit) for k, p in proposed.items()}
+
+
+def _verdict(name: str, answer: Answer, wait_limit: float) -> str | None:
     if answer is None:
-        return f"Tool {tool.name} was not run: no approval came within {wait_limit:g}s."
+        return f"Tool {name} was not run: no approval came within {wait_limit:g}s."
     if isinstance(answer, types.ErrorData):
-        logger.info("approval for %s could not be asked: %s", tool.name, answer.message)
-        return (
-            f"Tool {tool.name} needs the user's approval, which could not be asked "
-            f"({answer.message}). It was not run."
-        )
+        logger.info("approval for %s could not be asked: %s", name, answer.message)
+        return f"Tool {name} needs the user's approval, which could not be asked ({answer.message}). It was not run."
     if not isinstance(answer, types.ElicitResult):
-        return f"Tool {tool.name} was not run: the client answered the approval request with {type(answer).__name__}."
+        return (
+            f"Tool {name} was not run: the client answered the approval request with {type(answer).__name__}."
+        )
     approved = answer.action == "accept" and (answer.content or {}).get("approve", True) is not False
-    logger.info("approval for %s: %s", tool.name, "granted" if approved else answer.action)
+    logger.info("approval for %s: %s", name, "granted" if approved else answer.action)
     if approved:
         return None
     verb = "dismissed the request to run" if answer.action == "cancel" else "declined to run"
-    return f"The user {verb} {tool.name}. It was not run; do not try it again in this run."
+    return f"The user {verb} {name}. It was not run; do not try it again in this run."
 
 
-def _request(tool: AgentTool, arguments: dict[str, Any]) -> types.ElicitRequest:
-    shown = json.dumps(arguments, ensure_ascii=False, default=str)
+def _request(proposed: Proposed) -> types.ElicitRequest:
+    tool = proposed.tool
+    shown = json.dumps(proposed.arguments, ensure_ascii=False, default=str)
     if len(shown) > _SHOWN_ARGUMENTS:
         shown = shown[:_SHOWN_ARGUMENTS] + " …"
     why = "it may change or delete data" if _destructive(tool.tool) else "it is configured to need approval"

@@ -17,7 +17,8 @@ import anyio
 import mcp_types as types
 from langchain_core.messages import InvalidToolCall, ToolCall, ToolMessage
 
-from agent_gateway.agent.approvals import refusal
+from agent_gateway.agent.approvals import Proposed, refusals
+from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.toolbox import Toolbox
 from agent_gateway.errors import GatewayError
@@ -38,16 +39,21 @@ class ToolRunner:
     caller: Caller | None
     """The client's request, minus its progress token: the agent reports its own progress."""
     observer: RunObserver
-    asker: str
-    """Whom approval requests are from (the agent tool's name)."""
+    asker: Asker | None
+    """Where approvals are asked (None: nowhere, so tools that need one are refused)."""
     approval_timeout: float = 300.0
 
     async def run(self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> list[Outcome]:
-        """One outcome per call, in the model's order; the calls run concurrently."""
+        """One outcome per call, in the model's order; the calls run concurrently.
+
+        Approvals are asked first, all at once: asking may pause the run (a modern client),
+        and on resume this runs again from the start, so no tool may have run before it.
+        """
+        refused = await self._approvals(calls)
         outcomes: list[Outcome | None] = [None] * len(calls)
 
         async def one(index: int, call: ToolCall) -> None:
-            outcomes[index] = await self._run_one(call)
+            outcomes[index] = await self._run_one(call, refused.get(_key(index)))
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
@@ -55,11 +61,19 @@ class ToolRunner:
         done = [o for o in outcomes if o is not None]
         return done + [_unparsable(call) for call in invalid]
 
-    async def _run_one(self, call: ToolCall) -> Outcome:
+    async def _approvals(self, calls: Sequence[ToolCall]) -> dict[str, str | None]:
+        proposed: dict[str, Proposed] = {}
+        for index, call in enumerate(calls):
+            tool = self.toolbox.tools.get(call["name"])
+            if tool is not None and tool.needs_approval:
+                proposed[_key(index)] = Proposed(tool, call["args"])
+        return await refusals(proposed, self.asker, self.approval_timeout)
+
+    async def _run_one(self, call: ToolCall, refused: str | None) -> Outcome:
         name, arguments = call["name"], call["args"]
         await self.observer.tool_started(name, arguments)
         started = time.perf_counter()
-        text, is_error = await self._outcome(name, arguments)
+        text, is_error = (refused, True) if refused is not None else await self._outcome(name, arguments)
         record = ToolCallRecord(
             name=name,
             arguments=arguments,
@@ -76,14 +90,9 @@ class ToolRunner:
         return message, record
 
     async def _outcome(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-        tool = self.toolbox.tools.get(name)
-        if tool is None:
+        if name not in self.toolbox.tools:
             known = ", ".join(sorted(self.toolbox.tools)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
-        if tool.needs_approval and (
-            refused := await refusal(tool, arguments, self.caller, self.asker, self.approval_timeout)
-        ):
-            return refused, True
         try:
             result = await self.proxy.call_tool(name, arguments, self.caller)
         except GatewayError as exc:
@@ -91,6 +100,10 @@ class ToolRunner:
         if isinstance(result, types.InputRequiredResult):
             return f"Tool {name} asked for input from the user, which the agent cannot supply.", True
         return render(result), bool(result.is_error)
+
+
+def _key(index: int) -> str:
+    return f"approve-{index}"
 
 
 def _unparsable(call: InvalidToolCall) -> Outcome:

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal, TypedDict
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
+from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
@@ -79,7 +80,7 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
         view = model_view(run.system_prompt, history, run.max_context_tokens)
         try:
             reply = await bound.ainvoke(view)
-        except AgentError:
+        except (AgentError, GraphBubbleUp):  # GraphBubbleUp: the run pauses to ask the client
             raise
         except Exception as exc:  # any provider failure ends the run as a clear isError result
             raise ModelFailed(

@@ -7,6 +7,7 @@ call ``ask_agent`` creates no file.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -28,21 +29,46 @@ _NO_RESULT = (
     "it may or may not have taken effect."
 )
 _CLOSE_TIMEOUT = 5.0
+_DAY = 86_400.0
 # LangGraph's SQLite schema: checkpoint ids sort in time order (its own "latest" is MAX).
 _PRUNE = (
     "DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id < "
     "(SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '')"
 )
+# When each thread was last used, next to LangGraph's tables; threads from before the table
+# existed count as used when the store is opened.
+_THREADS = (
+    "CREATE TABLE IF NOT EXISTS agent_gateway_threads (thread_id TEXT PRIMARY KEY, used_at REAL NOT NULL)"
+)
+_ADOPT = "INSERT OR IGNORE INTO agent_gateway_threads SELECT DISTINCT thread_id, ? FROM checkpoints"
+_USED = (
+    "INSERT INTO agent_gateway_threads VALUES (?, ?) "
+    "ON CONFLICT(thread_id) DO UPDATE SET used_at = excluded.used_at"
+)
+_EXPIRED = "SELECT thread_id FROM agent_gateway_threads WHERE used_at < ?"
+_USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = ?"
+_FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = ?"
 
 
 class Conversations:
-    """Owns the checkpointer. Use ``async with conversations:``; it closes the store on exit."""
+    """Owns the checkpointer. Use ``async with conversations:``; it closes the store on exit.
+
+    Each thread is compacted to its latest checkpoint after every run, and a thread no run
+    has used for ``retention_days`` is deleted (``expired`` finds them, ``forget`` deletes).
+    """
 
     def __init__(self, config: MemoryConfig) -> None:
         self._config = config
         self._lock = anyio.Lock()
         self._stack = AsyncExitStack()
         self._saver: BaseCheckpointSaver[str] | None = None
+        self._used: dict[str, float] = {}  # the in-memory store's use times
+
+    @property
+    def retention(self) -> float | None:
+        """Seconds a thread is kept unused, or None (for ever)."""
+        days = self._config.retention_days
+        return None if days is None else days * _DAY
 
     async def __aenter__(self) -> Conversations:
         return self
@@ -71,29 +97,99 @@ class Conversations:
             path.parent.mkdir(parents=True, exist_ok=True)
             saver = await self._stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
             await saver.setup()
+            async with saver.lock:
+                await saver.conn.execute(_THREADS)
+                await saver.conn.execute(_ADOPT, (time.time(),))
+                await saver.conn.commit()
         except Exception as exc:  # sqlite3 and OS errors alike: the run reports it, the gateway goes on
             raise AgentError(f"conversation memory {path}: cannot open the SQLite file: {exc}") from exc
         logger.info("conversation memory: %s", path)
         return saver
 
+    async def used(self, thread: str) -> None:
+        """Mark ``thread`` as used now (a run on it is starting), so it is not expired under it."""
+        saver = await self.checkpointer()
+        self._used[thread] = time.time()
+        if isinstance(saver, AsyncSqliteSaver):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+                try:
+                    async with saver.lock:
+                        await saver.conn.execute(_USED, (thread, self._used.pop(thread)))
+                        await saver.conn.commit()
+                except Exception:  # the run goes on; the thread may only expire early
+                    logger.exception("conversation memory: thread %s could not be marked used", thread)
+
     async def compact(self, thread: str) -> None:
-        """Keep only ``thread``'s latest checkpoint in the SQLite store.
+        """Keep only ``thread``'s latest checkpoint.
 
         Each step stores the whole (window-bounded) state; nothing reads older checkpoints, so
-        without this a long conversation would write its window to disk once per step, for
-        ever. The in-memory store is not compacted (it is for tests and short-lived use).
+        without this a long conversation would store its window once per step, for ever.
         """
         saver = self._saver
-        if not isinstance(saver, AsyncSqliteSaver):
-            return
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
             try:
-                async with saver.lock:
-                    for table in ("writes", "checkpoints"):
-                        await saver.conn.execute(_PRUNE.format(table=table), (thread, thread))
-                    await saver.conn.commit()
+                if isinstance(saver, AsyncSqliteSaver):
+                    async with saver.lock:
+                        for table in ("writes", "checkpoints"):
+                            await saver.conn.execute(_PRUNE.format(table=table), (thread, thread))
+                        await saver.conn.commit()
+                elif isinstance(saver, InMemorySaver):
+                    _compact_in_memory(saver, thread)
             except Exception:  # a store that cannot be compacted still serves; say so
                 logger.exception("conversation memory: thread %s could not be compacted", thread)
+
+    async def expired(self) -> list[str]:
+        """Threads no run has used for longer than the retention (none before the store opens)."""
+        if self._saver is None or (cutoff := self._cutoff()) is None:
+            return []
+        if not isinstance(self._saver, AsyncSqliteSaver):
+            return [t for t, at in self._used.items() if at < cutoff]
+        saver = self._saver
+        async with saver.lock, saver.conn.execute(_EXPIRED, (cutoff,)) as rows:
+            return [str(row[0]) for row in await rows.fetchall()]
+
+    async def forget(self, thread: str) -> bool:
+        """Delete ``thread`` and all it holds if it is (still) expired; call under its run lock."""
+        cutoff, used_at = self._cutoff(), await self._used_at(thread)
+        if cutoff is None or used_at is None or used_at >= cutoff:
+            return False
+        saver = await self.checkpointer()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+            await saver.adelete_thread(thread)
+            self._used.pop(thread, None)
+            if isinstance(saver, AsyncSqliteSaver):
+                async with saver.lock:
+                    await saver.conn.execute(_FORGET, (thread,))
+                    await saver.conn.commit()
+        logger.info("conversation memory: thread %s expired and was deleted", thread)
+        return True
+
+    async def _used_at(self, thread: str) -> float | None:
+        saver = self._saver
+        if not isinstance(saver, AsyncSqliteSaver):
+            return self._used.get(thread)
+        async with saver.lock, saver.conn.execute(_USED_AT, (thread,)) as rows:
+            row = await rows.fetchone()
+        return None if row is None else float(row[0])
+
+    def _cutoff(self) -> float | None:
+        retention = self.retention
+        return None if retention is None else time.time() - retention
+
+
+def _compact_in_memory(saver: InMemorySaver, thread: str) -> None:
+    """``Conversations.compact`` for LangGraph's in-memory store, whose three maps are public."""
+    checkpoints = saver.storage[thread][""]
+    if len(checkpoints) <= 1:
+        return
+    latest = max(checkpoints)
+    stored, _, _ = checkpoints[latest]
+    versions = saver.serde.loads_typed(stored)["channel_versions"]
+    for old in [c for c in checkpoints if c != latest]:
+        del checkpoints[old]
+        saver.writes.pop((thread, "", old), None)
+    for key in [k for k in saver.blobs if k[0] == thread and k[1] == "" and versions.get(k[2]) != k[3]]:
+        del saver.blobs[key]
 
 
 def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> list[AnyMessage]:

@@ -13,6 +13,7 @@ import anyio
 from langchain_core.language_models import BaseChatModel
 from pydantic import SecretStr, ValidationError
 
+from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.sampling import SamplingChatModel
 from agent_gateway.config import ModelConfig
 from agent_gateway.errors import ConfigError, ModelUnavailable
@@ -60,23 +61,19 @@ class ModelSource:
             )
         return "client model (sampling)"
 
-    def for_run(self, caller: Caller | None, asker: str) -> BaseChatModel:
-        """The model for one run by ``caller`` (None: a run with no MCP client, e.g. the CLI).
+    def for_run(self, caller: Caller | None, asker: Asker | None) -> BaseChatModel:
+        """The model for one run by ``caller`` (None: a run with no MCP client, e.g. the CLI),
+        asking the client's model through ``asker`` when that is the model.
 
         Raises:
             ModelUnavailable: sampling is needed and the caller cannot provide it.
         """
         if self._fixed is not None:
             return self._fixed
-        if caller is None:
+        if caller is None or asker is None:
             raise ModelUnavailable(
                 "the agent's model is the calling client's (sampling), and this run has no MCP client; "
                 "set agent.model to an API provider to run it from the command line"
-            )
-        if caller.modern:
-            raise ModelUnavailable(
-                "the agent's model is the calling client's (sampling), which a client speaking MCP "
-                "2026-07-28 cannot lend to a running tool; connect in the handshake era or set agent.model"
             )
         caps = caller.capabilities
         if caps is None or caps.sampling is None:
@@ -88,8 +85,8 @@ class ModelSource:
             raise ModelUnavailable(f"agent: {_HOW_TO_CONFIGURE}")
         config = self._config
         return SamplingChatModel(
-            caller=caller,
             asker=asker,
+            with_tools=caps.sampling.tools is not None,
             max_tokens=config.max_tokens if config is not None else 4096,
             temperature=config.temperature if config is not None else None,
             timeout=config.timeout if config is not None else 120.0,

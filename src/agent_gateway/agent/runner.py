@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import secrets
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Mapping
@@ -19,11 +20,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import mcp_types as types
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.types import Command, Interrupt
 from langsmith import tracing_context
 
+from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker, responses_value
 from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.graph import (
     AgentGraph,
@@ -45,6 +49,7 @@ from agent_gateway.proxy import Caller, Proxy
 logger = logging.getLogger(__name__)
 
 _READ_TIMEOUT = 5.0
+_SWEEP_EVERY = 3600.0
 
 
 @dataclass(frozen=True)
@@ -64,10 +69,15 @@ class AgentRequest:
 
 @dataclass(frozen=True)
 class RunOutcome:
-    """What a run returns: ``record`` is the tool's ``structuredContent``."""
+    """What a run returns: ``record`` is the tool's ``structuredContent``.
+
+    A run paused to ask a modern client something returns ``pending`` instead: the tool's
+    answer is then that ``InputRequiredResult``, and the client's retry resumes the run.
+    """
 
     record: dict[str, Any]
     error: str | None = None
+    pending: types.InputRequiredResult | None = None
 
     @property
     def text(self) -> str:
@@ -94,10 +104,30 @@ class AgentRunner:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentRunner]:
         try:
-            async with self._conversations:
+            async with self._conversations, anyio.create_task_group() as tg:
+                tg.start_soon(self._expire_threads)
                 yield self
+                tg.cancel_scope.cancel()
         finally:
             await self._models.aclose()
+
+    async def _expire_threads(self) -> None:
+        """Delete, now and then, the threads unused for longer than ``agent.memory.retention_days``."""
+        retention = self._conversations.retention
+        if retention is None:
+            return
+        while True:
+            await anyio.sleep(min(retention / 10, _SWEEP_EVERY))
+            try:
+                for thread in await self._conversations.expired():
+                    lock = self._thread_lock(thread)
+                    if lock.locked():  # a run is on it: in use, not expired
+                        continue
+                    # Under the lock, re-checked: a run that began since keeps it.
+                    async with lock:
+                        await self._conversations.forget(thread)
+            except Exception:  # the sweeper's top: a failing store must not end the gateway
+                logger.exception("conversation memory: expired threads could not be deleted")
 
     def toolbox(self) -> Toolbox:
         return build_toolbox(self._catalog.snapshot, self.config)
@@ -105,38 +135,73 @@ class AgentRunner:
     async def run(
         self, request: AgentRequest, caller: Caller | None, observer: RunObserver | None = None
     ) -> RunOutcome:
-        """Run the agent on ``request`` for ``caller`` (None: no MCP client, e.g. the CLI)."""
-        run_id = uuid.uuid4().hex
-        thread = request.conversation_id or _default_thread(caller, run_id)
-        record = _new_record(thread, run_id, self._models.label)
+        """Run the agent on ``request`` for ``caller`` (None: no MCP client, e.g. the CLI).
+
+        A caller whose ``request_state`` is one this runner issued resumes that paused run.
+        """
+        try:
+            resumed = Resumption.of(caller)
+        except AgentError as exc:
+            outcome = _failure(_new_record("", "", self._models.label), str(exc))
+            _log_end(outcome)
+            return outcome
+        run_id = resumed.run if resumed else uuid.uuid4().hex
+        thread = resumed.thread if resumed else request.conversation_id or _default_thread(caller, run_id)
+        record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
-        logger.info("agent run %s started (thread %s)", run_id, thread)
+        token = secrets.token_urlsafe(16)
+        logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
         try:
             toolbox, graph = await self._graph()
-            context = self._context(toolbox, caller, report)
+            context = self._context(toolbox, caller, report, token)
         except AgentError as exc:
             outcome = _failure(record, str(exc))
         else:
             async with self._thread_lock(thread):
-                outcome = await self._invoke(graph, context, record, request.text)
+                await self._conversations.used(thread)
+                outcome = await self._on_thread(graph, context, record, request, resumed, token)
                 await self._conversations.compact(thread)
         _log_end(outcome)
         return outcome
 
-    async def _invoke(
-        self, graph: AgentGraph, context: RunContext, record: dict[str, Any], text: str
+    async def _on_thread(
+        self,
+        graph: AgentGraph,
+        context: RunContext,
+        record: dict[str, Any],
+        request: AgentRequest,
+        resumed: Resumption | None,
+        token: str,
     ) -> RunOutcome:
+        """The run, under its thread's lock: started, or resumed if the thread still waits for it."""
         config = RunnableConfig(
             configurable={"thread_id": record["thread_id"]},
             recursion_limit=recursion_limit(self.config.max_steps),
         )
         try:
+            start = await _resume_input(graph, config, resumed) if resumed else run_input(request.text)
+        except AgentError as exc:  # not this run's state to report: the thread has moved on
+            return _failure(record, str(exc))
+        return await self._invoke(graph, context, config, record, start, token)
+
+    async def _invoke(
+        self,
+        graph: AgentGraph,
+        context: RunContext,
+        config: RunnableConfig,
+        record: dict[str, Any],
+        start: dict[str, Any] | Command[Any],
+        token: str,
+    ) -> RunOutcome:
+        try:
             # LangChain would send every message to LangSmith if its variables are set.
             with tracing_context(enabled=False):
                 # "sync": each step is stored before the next begins, so a cancelled run's tool
                 # calls stay in the thread (with "async" or "exit" the last write is lost).
-                final = await graph.ainvoke(run_input(text), config, context=context, durability="sync")
+                final = await graph.ainvoke(start, config, context=context, durability="sync")
+            if (pause := _pause(final)) is not None:
+                return _paused(record, final, pause, token)
             return self._finished(record, final)
         except AgentError as exc:
             message = str(exc)
@@ -165,25 +230,33 @@ class AgentRunner:
             lock = self._threads[thread] = anyio.Lock()
         return lock
 
-    def _context(self, toolbox: Toolbox, caller: Caller | None, report: RunObserver) -> RunContext:
+    def _context(
+        self, toolbox: Toolbox, caller: Caller | None, report: RunObserver, token: str
+    ) -> RunContext:
         # The agent reports its own progress; the upstreams' progress would count on the same token.
         tool_caller = (
             dataclasses.replace(caller, progress_token=None, input_responses=None, request_state=None)
             if caller
             else None
         )
+        asker = self._asker(caller, token)
         secret = self._models.secret
         return RunContext(
-            model=self._models.for_run(caller, self.config.name),
-            tools=ToolRunner(
-                toolbox, self._proxy, tool_caller, report, self.config.name, self.config.approval_timeout
-            ),
+            model=self._models.for_run(caller, asker),
+            tools=ToolRunner(toolbox, self._proxy, tool_caller, report, asker, self.config.approval_timeout),
             observer=report,
             system_prompt=system_prompt(self.config.instructions, toolbox),
             max_steps=self.config.max_steps,
             max_context_tokens=self.config.max_context_tokens,
             scrub=(secret,) if secret else (),
         )
+
+    def _asker(self, caller: Caller | None, token: str) -> Asker | None:
+        if caller is None:
+            return None
+        if caller.modern:  # no requests to a modern client: the run pauses and it retries
+            return RoundAsker(token, caller.capabilities)
+        return SessionAsker(caller, self.config.name)
 
     def _finished(self, record: dict[str, Any], final: Mapping[str, Any]) -> RunOutcome:
         _fill(record, final)
@@ -209,6 +282,79 @@ async def _read_partial(record: dict[str, Any], graph: AgentGraph, config: Runna
             logger.exception("agent run %s: its partial record could not be read", record["run_id"])
 
 
+@dataclass(frozen=True)
+class Resumption:
+    """A paused run, as the ``requestState`` of its ``InputRequiredResult`` names it.
+
+    The state is sealed by the MCP server's request-state boundary (authentic, unexpired,
+    bound to this tool call's arguments); the token further ties it to the thread's latest
+    pause, so an answer to an older pause, or a second answer to this one, resumes nothing.
+    """
+
+    thread: str
+    run: str
+    token: str
+    started: str
+    answers: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
+    """The client's answers (plain JSON), which the paused interrupt returns on resume."""
+
+    @classmethod
+    def of(cls, caller: Caller | None) -> Resumption | None:
+        """The run ``caller`` resumes, or None for a new run.
+
+        Raises:
+            AgentError: the request state is not one an ``ask_agent`` pause issued.
+        """
+        if caller is None or caller.request_state is None:
+            return None
+        try:
+            state = json.loads(caller.request_state)
+            named = (str(state["thread"]), str(state["run"]), str(state["token"]), str(state["started"]))
+        except (ValueError, TypeError, KeyError):
+            raise AgentError(
+                "the request state is not one this agent issued; call again without it"
+            ) from None
+        return cls(*named, answers=responses_value(caller.input_responses))
+
+    def encode(self) -> str:
+        state = {"thread": self.thread, "run": self.run, "token": self.token, "started": self.started}
+        return json.dumps(state, separators=(",", ":"))
+
+
+async def _resume_input(graph: AgentGraph, config: RunnableConfig, resumed: Resumption) -> Command[Any]:
+    """What resumes ``resumed``: the client's answers, if its thread still waits for them.
+
+    Raises:
+        AgentError: the thread's latest pause is not this one.
+    """
+    state = await graph.aget_state(config)
+    pending = [p for p in map(Pause.of_value, (i.value for i in state.interrupts)) if p is not None]
+    if not any(p.token == resumed.token for p in pending):
+        raise AgentError(
+            f"run {resumed.run} is no longer waiting for this answer (it was answered already, or a "
+            f"later run on thread {resumed.thread} replaced it); call again without the request state"
+        )
+    return Command(resume=resumed.answers)
+
+
+def _pause(final: Mapping[str, Any]) -> Pause | None:
+    interrupts: list[Interrupt] = final.get("__interrupt__") or []
+    return next((p for p in map(Pause.of_value, (i.value for i in interrupts)) if p is not None), None)
+
+
+def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, token: str) -> RunOutcome:
+    _fill(record, final)
+    record["ended_at"] = None
+    state = Resumption(record["thread_id"], record["run_id"], token, record["started_at"]).encode()
+    asked = pause.input_requests()
+    logger.info(
+        "agent run %s paused for the client: %s",
+        record["run_id"],
+        ", ".join(r.method for r in asked.values()),
+    )
+    return RunOutcome(record, pending=types.InputRequiredResult(input_requests=asked, request_state=state))
+
+
 def _failure(record: dict[str, Any], message: str) -> RunOutcome:
     record["ended_at"] = _now()
     record["error"] = message
@@ -223,7 +369,7 @@ def _default_thread(caller: Caller | None, run_id: str) -> str:
     return f"run-{run_id}"
 
 
-def _new_record(thread: str, run_id: str, model: str) -> dict[str, Any]:
+def _new_record(thread: str, run_id: str, model: str, started: str | None = None) -> dict[str, Any]:
     return {
         "answer": None,
         "thread_id": thread,
@@ -232,7 +378,7 @@ def _new_record(thread: str, run_id: str, model: str) -> dict[str, Any]:
         "tool_calls": [],
         "usage": {"input_tokens": 0, "output_tokens": 0},
         "model": model,
-        "started_at": _now(),
+        "started_at": started or _now(),
         "ended_at": None,
         "error": None,
     }
@@ -257,7 +403,7 @@ def _log_end(outcome: RunOutcome) -> None:
     logger.info(
         "agent run %s %s: %d steps, %d tool calls, %d+%d tokens",
         record["run_id"],
-        "failed" if outcome.error else "answered",
+        "failed" if outcome.error else "paused" if outcome.pending else "answered",
         record["steps"],
         len(record["tool_calls"]),
         record["usage"]["input_tokens"],

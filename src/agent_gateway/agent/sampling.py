@@ -12,7 +12,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import anyio
 import mcp_types as types
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel
@@ -21,8 +20,8 @@ from langchain_core.outputs import ChatGeneration, ChatResult
 from pydantic import ConfigDict
 
 from agent_gateway.agent import envelope
+from agent_gateway.agent.asking import Asker
 from agent_gateway.errors import BadModelOutput, ModelFailed
-from agent_gateway.proxy import Caller
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +29,14 @@ Blocks = list[types.SamplingMessageContentBlock]
 
 
 class SamplingChatModel(BaseChatModel):
-    """The model of the client in ``caller``; async only (the gateway never calls it sync)."""
+    """The calling client's model; async only (the gateway never calls it sync)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    caller: Caller
-    asker: str
-    """Whom the sampling requests are from (the agent tool's name), for the gateway's log."""
+    asker: Asker
+    """Asks the client (a request on its session, or a pause of the run for a modern client)."""
+    with_tools: bool
+    """Whether the client takes tools in sampling requests (``sampling.tools``)."""
     max_tokens: int = 4096
     temperature: float | None = None
     timeout: float = 120.0
@@ -44,12 +44,6 @@ class SamplingChatModel(BaseChatModel):
     @property
     def _llm_type(self) -> str:
         return "mcp-sampling"
-
-    @property
-    def with_tools(self) -> bool:
-        """Whether the client takes tools in sampling requests (``sampling.tools``)."""
-        caps = self.caller.capabilities
-        return caps is not None and caps.sampling is not None and caps.sampling.tools is not None
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
         return self.bind(tools=[_mcp_tool(t) for t in tools], **kwargs)
@@ -123,9 +117,8 @@ class SamplingChatModel(BaseChatModel):
             tools=tools,
             tool_choice=types.ToolChoice(mode="auto") if tools else None,
         )
-        answer: types.InputResponse | types.ErrorData | None = None
-        with anyio.move_on_after(self.timeout):
-            answer = await self.caller.ask(self.asker, types.CreateMessageRequest(params=params))
+        answers = await self.asker.ask({"model": types.CreateMessageRequest(params=params)}, self.timeout)
+        answer = answers.get("model")
         if answer is None:
             raise ModelFailed(f"the client's model (sampling) did not answer within {self.timeout:g}s")
         if isinstance(answer, types.ErrorData):

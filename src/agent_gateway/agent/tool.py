@@ -7,7 +7,7 @@ from typing import Any
 
 import mcp_types as types
 from fastmcp.server.providers import Provider
-from fastmcp.tools.base import Tool, ToolResult
+from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from jsonschema import Draft202012Validator
 from pydantic import PrivateAttr
@@ -113,6 +113,8 @@ class AskAgentTool(Tool):
             return ToolResult(content=[types.TextContent(type="text", text=problem)], is_error=True)
         request = AgentRequest(arguments["query"], arguments.get("conversation_id"), arguments.get("context"))
         outcome = await self._runner.run(request, current_caller())
+        if outcome.pending is not None:
+            return InputRequiredToolResult(outcome.pending)
         return ToolResult(
             content=[types.TextContent(type="text", text=outcome.text)],
             structured_content=outcome.record,

@@ -1,0 +1,135 @@
+"""How a run asks its client something (the client's model, an approval), in either protocol era.
+
+A handshake-era client is asked by a request on its session, while the run waits. A modern
+(2026-07-28) client cannot be sent requests: the run pauses instead. ``RoundAsker`` raises a
+LangGraph interrupt carrying the requests; the graph's state is stored in the thread's
+checkpoint, the tool answers with an ``InputRequiredResult``, and the client's retry, carrying
+the answers, resumes the graph, where the interrupt now returns them. A node that asks is
+re-run from its start on resume, so every node asks before it does anything it must not do
+twice (the tools node asks all its approvals first, then calls the tools).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+import mcp_types as types
+from langgraph.types import interrupt
+from pydantic import TypeAdapter, ValidationError
+
+from agent_gateway.proxy import Caller
+from agent_gateway.sessions import result_type, unsupported
+
+Answer = types.InputResponse | types.ErrorData | None
+"""What came back for one request: the client's answer, its refusal, or None (no answer in time)."""
+
+_REQUEST: TypeAdapter[types.InputRequest] = TypeAdapter(types.InputRequest)
+
+
+@runtime_checkable
+class Asker(Protocol):
+    """Asks the client several things at once; the answers are keyed as the requests were."""
+
+    async def ask(
+        self, requests: Mapping[str, types.InputRequest], wait_limit: float
+    ) -> dict[str, Answer]: ...
+
+
+class SessionAsker:
+    """A handshake-era client: each request sent on its session, concurrently, each bounded."""
+
+    def __init__(self, caller: Caller, name: str) -> None:
+        self._caller = caller
+        self._name = name
+
+    async def ask(self, requests: Mapping[str, types.InputRequest], wait_limit: float) -> dict[str, Answer]:
+        answers: dict[str, Answer] = dict.fromkeys(requests)
+
+        async def one(key: str, request: types.InputRequest) -> None:
+            with anyio.move_on_after(wait_limit):
+                try:
+                    answers[key] = await self._caller.ask(self._name, request)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    answers[key] = types.ErrorData(code=types.INTERNAL_ERROR, message="the client went away")
+
+        async with anyio.create_task_group() as tg:
+            for key, request in requests.items():
+                tg.start_soon(one, key, request)
+        return answers
+
+
+class RoundAsker:
+    """A modern client: the run pauses (a LangGraph interrupt) until the client's retry answers.
+
+    ``token`` marks this round's pause; the retry must bring it back (in ``requestState``) for
+    the run to resume, so only the latest pause of a thread can be answered, and only once.
+    """
+
+    def __init__(self, token: str, capabilities: types.ClientCapabilities | None) -> None:
+        self._token = token
+        self._capabilities = capabilities
+
+    async def ask(self, requests: Mapping[str, types.InputRequest], wait_limit: float) -> dict[str, Answer]:
+        # A request the client did not declare it can answer would fail its whole call.
+        answers: dict[str, Answer] = {k: unsupported(self._capabilities, r) for k, r in requests.items()}
+        asked = {k: r for k, r in requests.items() if answers[k] is None}
+        if asked:
+            # Plain JSON in the checkpoint: the store's serializer need not know MCP's types.
+            pause = Pause(token=self._token, requests={k: _wire(r) for k, r in asked.items()})
+            given: Any = interrupt(pause.as_value())
+            raw: Mapping[str, Any] = given if isinstance(given, Mapping) else {}  # pyright: ignore[reportUnknownVariableType]
+            answers |= {key: _answer(request, raw.get(key)) for key, request in asked.items()}
+        return answers
+
+
+class Pause:
+    """What a paused run waits for: stored as the interrupt's value, sent as the input requests."""
+
+    def __init__(self, token: str, requests: dict[str, dict[str, Any]]) -> None:
+        self.token = token
+        self.requests = requests
+
+    def as_value(self) -> dict[str, Any]:
+        return {"token": self.token, "requests": self.requests}
+
+    @classmethod
+    def of_value(cls, value: object) -> Pause | None:
+        """The pause an interrupt's value describes, or None if it is not one of ours."""
+        if not isinstance(value, Mapping):
+            return None
+        token, requests = value.get("token"), value.get("requests")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        if not isinstance(token, str) or not isinstance(requests, dict):
+            return None
+        return cls(token, dict(requests))  # pyright: ignore[reportUnknownArgumentType]
+
+    def input_requests(self) -> types.InputRequests:
+        return {key: _REQUEST.validate_python(raw) for key, raw in self.requests.items()}
+
+
+def responses_value(responses: types.InputResponses | None) -> dict[str, Any]:
+    """The client's answers as the resume value of a pause (plain JSON, like the pause itself)."""
+    return {
+        key: r.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for key, r in (responses or {}).items()
+    }
+
+
+def _wire(request: types.InputRequest) -> dict[str, Any]:
+    return request.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _answer(request: types.InputRequest, raw: Any) -> Answer:
+    if raw is None:
+        return types.ErrorData(
+            code=types.INVALID_PARAMS, message=f"the client's retry carried no answer to {request.method}"
+        )
+    try:
+        return result_type(request).model_validate(raw)
+    except ValidationError as exc:
+        reason = exc.errors(include_url=False)[0]["msg"]
+        return types.ErrorData(
+            code=types.INVALID_PARAMS,
+            message=f"the client's answer to {request.method} is malformed: {reason}",
+        )

@@ -1,0 +1,98 @@
+"""What conversation memory keeps: a thread's latest checkpoint only, and a thread only until it
+has gone unused for ``agent.memory.retention_days``."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Annotated, TypedDict
+
+import anyio
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
+from mcp import Client
+
+from agent_gateway.agent.memory import Conversations
+from agent_gateway.config import MemoryConfig
+from tests.agent.scripted import ScriptedChatModel, answer
+from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, text
+
+SECONDS = 1 / 86_400  # retention_days is in days
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def echo(state: Chat) -> Chat:
+    return Chat(messages=[AIMessage(f"echo {len(state['messages'])}")])
+
+
+def thread(name: str) -> RunnableConfig:
+    return RunnableConfig(configurable={"thread_id": name})
+
+
+async def test_the_in_memory_store_keeps_only_a_threads_latest_checkpoint() -> None:
+    async with Conversations(MemoryConfig(store="memory")) as conversations:
+        saver = await conversations.checkpointer()
+        assert isinstance(saver, InMemorySaver)
+        graph = StateGraph(Chat)
+        graph.add_node("echo", echo)
+        graph.add_edge(START, "echo")
+        app = graph.compile(checkpointer=saver)
+        for n in range(5):
+            await app.ainvoke(Chat(messages=[HumanMessage(f"q{n}")]), thread("t"))
+            await conversations.compact("t")
+        assert len([c async for c in saver.alist(thread("t"))]) == 1
+        # One stored value per channel, not one per step.
+        assert len([k for k in saver.blobs if k[0] == "t"]) <= 3
+        state = await app.aget_state(thread("t"))
+    assert [m.text for m in state.values["messages"]][-2:] == ["q4", "echo 9"]
+
+
+async def test_an_unused_in_memory_thread_expires_and_a_used_one_stays() -> None:
+    config = MemoryConfig(store="memory", retention_days=0.3 * SECONDS)
+    async with Conversations(config) as conversations:
+        await conversations.checkpointer()
+        await conversations.used("old")
+        with anyio.fail_after(BOUND):
+            while await conversations.expired() != ["old"]:
+                await anyio.sleep(0.02)
+        await conversations.used("old")  # a run began on it since: it is kept
+        assert await conversations.forget("old") is False
+        with anyio.fail_after(BOUND):
+            while not await conversations.expired():
+                await anyio.sleep(0.02)
+        assert await conversations.forget("old") is True
+        assert await conversations.expired() == []
+
+
+def stored_threads(path: Path) -> set[str]:
+    with sqlite3.connect(path) as db:
+        return {row[0] for row in db.execute("SELECT DISTINCT thread_id FROM checkpoints")}
+
+
+async def test_the_gateway_deletes_a_thread_unused_for_its_retention_and_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "conversations.sqlite"
+    memory = {"store": "sqlite", "path": str(path), "retention_days": 1.5 * SECONDS}
+    model = ScriptedChatModel(respond=lambda _: answer("ok"))
+    async with (
+        agent_gateway(model, tmp_path, memory=memory) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        await ask(client, "Remember 7.", conversation_id="old")
+        with anyio.fail_after(BOUND):
+            # "fresh" is used while "old" ages: "old" goes, "fresh" stays.
+            while "old" in stored_threads(path):
+                await ask(client, "Still here.", conversation_id="fresh")
+                await anyio.sleep(0.1)
+        assert stored_threads(path) == {"fresh"}
+        again = await ask(client, "What was it?", conversation_id="old")
+    assert not again.is_error, text(again)
+    # The conversation starts over: the model sees only the new question.
+    assert [m.text for m in model.seen[-1][1:]] == ["What was it?"]
