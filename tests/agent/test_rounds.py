@@ -192,3 +192,22 @@ async def test_a_paused_run_resumes_after_a_gateway_restart_when_the_state_key_i
                 return
             done = finished(await call_round(client, question, reply, first.request_state))
     assert text(done) == "Hello again"
+
+
+async def test_a_new_question_replaces_a_pause_that_was_never_answered() -> None:
+    one, two = {"query": "One?", "conversation_id": "c"}, {"query": "Two?", "conversation_id": "c"}
+    reply = {"model": sampled(types.TextContent(type="text", text="Both."))}
+    async with (
+        gateway_with_model(None) as (gw, _),
+        Client(gw.url, mode="auto", sampling_callback=unused, sampling_capabilities=WITH_TOOLS) as client,
+    ):
+        abandoned = paused(await call_round(client, one))
+        second = paused(await call_round(client, two))
+        stale = finished(await call_round(client, one, reply, abandoned.request_state))
+        done = finished(await call_round(client, two, reply, second.request_state))
+    # The unanswered question stays in the thread, joined with the new one in one user turn.
+    messages = second.input_requests["model"].params.messages  # type: ignore[index, union-attr]
+    assert [(m.role, [b.text for b in m.content_as_list]) for m in messages] == [("user", ["One?", "Two?"])]  # type: ignore[union-attr]
+    assert stale.is_error
+    assert "is no longer waiting for this answer" in text(stale)
+    assert text(done) == "Both."

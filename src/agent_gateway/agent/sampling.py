@@ -170,9 +170,16 @@ def _tool_turns(messages: list[BaseMessage]) -> tuple[str | None, list[types.Sam
         if not blocks:
             continue
         role: types.Role = "assistant" if isinstance(message, AIMessage) else "user"
-        # The results of one turn's calls travel together, in one user message of results only.
-        if isinstance(message, ToolMessage) and turns and _only_results(turns[-1]):
-            turns[-1] = types.SamplingMessage(role="user", content=[*turns[-1].content_as_list, *blocks])
+        last = turns[-1] if turns else None
+        # The results of one turn's calls travel together, in one user message of results only;
+        # user text after user text (a run that paused and was never resumed) joins it.
+        joins = last is not None and (
+            _only_results(last)
+            if isinstance(message, ToolMessage)
+            else role == "user" == last.role and not _only_results(last)
+        )
+        if last is not None and joins:
+            turns[-1] = types.SamplingMessage(role="user", content=[*last.content_as_list, *blocks])
         else:
             turns.append(types.SamplingMessage(role=role, content=blocks))
     return _system(messages), turns
