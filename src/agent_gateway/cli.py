@@ -19,27 +19,48 @@ from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.config import GatewayConfig, load_config
 from agent_gateway.errors import ConfigError
+from agent_gateway.exporters import install
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
+from agent_gateway.telemetry import JsonFormatter, TraceIds
 
 logger = logging.getLogger("agent_gateway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    handler = _log_handler("text")
+    logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     try:
         config = load_config(args.config, os.environ)
+        handler.setFormatter(_log_handler(config.telemetry.log_format).formatter)
         return int(args.run(args, config))
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _log_handler(log_format: str) -> logging.Handler:
+    """Log lines on stderr, each with the current trace and span ids (text or JSON)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TraceIds())
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    return handler
+
+
+@contextmanager
+def _telemetry(config: GatewayConfig) -> Generator[None, None, None]:
+    """The process's telemetry for a command that serves or runs the agent, flushed at exit."""
+    installed = install(config.telemetry, os.environ)
+    try:
+        yield
+    finally:
+        installed.shutdown()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,9 +117,9 @@ def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
     server = config.server.model_copy(
         update={k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
     )
-    gateway = Gateway(config.model_copy(update={"server": server}))
     runner = _serve_stdio if server.transport == "stdio" else _serve_http
-    anyio.run(runner, gateway)
+    with _telemetry(config):
+        anyio.run(runner, Gateway(config.model_copy(update={"server": server})))
     return 0
 
 
@@ -161,9 +182,10 @@ async def _print_catalog(gateway: Gateway, as_json: bool) -> int:
 def _ask(args: argparse.Namespace, config: GatewayConfig) -> int:
     if not config.agent.enabled:
         raise ConfigError(f"{args.config}: agent.enabled: the agent is switched off in this file")
-    return anyio.run(
-        _run_agent, Gateway(config), AgentRequest(args.query, args.conversation), bool(args.json)
-    )
+    with _telemetry(config):
+        return anyio.run(
+            _run_agent, Gateway(config), AgentRequest(args.query, args.conversation), bool(args.json)
+        )
 
 
 async def _run_agent(gateway: Gateway, request: AgentRequest, as_json: bool) -> int:

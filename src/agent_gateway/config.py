@@ -168,12 +168,28 @@ class AgentConfig(_Strict):
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
 
+class TelemetryConfig(_Strict):
+    """OpenTelemetry: where traces and metrics go. The standard ``OTEL_*`` variables win."""
+
+    service_name: str = "agent-gateway"
+    otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://")
+    """The collector's OTLP/HTTP base URL (``/v1/traces`` is appended). None: no export."""
+    otlp_headers: dict[str, str] = Field(default_factory=dict, repr=False)
+    """Sent with every export (often a token): never logged."""
+    sampling_ratio: float = Field(default=1.0, ge=0.0, le=1.0)
+    """Share of new traces recorded; a sampled caller's trace is always continued."""
+    metrics: bool = True
+    """Serve ``/metrics`` (HTTP transport), and export metrics over OTLP when it is set."""
+    log_format: Literal["text", "json"] = "text"
+
+
 class GatewayConfig(_Strict):
     """The whole validated configuration."""
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="after")
     def _upstream_names(self) -> GatewayConfig:

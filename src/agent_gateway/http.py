@@ -1,12 +1,14 @@
-"""The Starlette app: the MCP endpoint plus ``/healthz``, ``/readyz`` and ``/status``."""
+"""The Starlette app: the MCP endpoint plus ``/healthz``, ``/readyz``, ``/status`` and ``/metrics``."""
 
 from __future__ import annotations
 
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agent_gateway.exporters import installed
 from agent_gateway.server import Gateway
 
 
@@ -28,6 +30,9 @@ def build_app(gateway: Gateway) -> Starlette:
     async def status(_: Request) -> JSONResponse:
         return JSONResponse(gateway.status())
 
+    async def prometheus(_: Request) -> Response:
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
     # Added to FastMCP's own app rather than mounting it in a second Starlette app: every MCP
     # request would otherwise pass two middleware stacks and routers (~5 % of a call's CPU).
     mcp_app.router.routes[:0] = [
@@ -35,4 +40,6 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/readyz", readyz),
         Route("/status", status),
     ]
+    if (telemetry := installed()) is not None and telemetry.prometheus:
+        mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
     return mcp_app

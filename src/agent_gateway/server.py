@@ -21,11 +21,12 @@ from agent_gateway.agent.tool import AgentProvider
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
-from agent_gateway.errors import ConfigError
+from agent_gateway.errors import ConfigError, UnknownName
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Proxy
 from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.subscriptions import ResourceSubscriptions
+from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
 from agent_gateway.tool_calls import ToolCalls
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -69,7 +70,10 @@ class Gateway:
             middleware=[self.sessions],
             request_state_security=_state_security(config.server),
         )
+        watch_upstreams(self.pool)
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
+        # First in the chain: the request's span covers everything the gateway does for it.
+        lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of))
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
         lowlevel.add_request_handler(
@@ -90,6 +94,20 @@ class Gateway:
         lowlevel.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
+
+    def _upstream_of(self, method: str, target: str) -> str | None:
+        """The upstream a request for ``target`` goes to (for its span and metrics), or None."""
+        snapshot = self.catalog.snapshot
+        try:
+            if method == "tools/call":
+                return snapshot.tool(target).upstream if target in snapshot.tools else None
+            if method == "prompts/get":
+                return snapshot.prompt(target).upstream if target in snapshot.prompts else None
+            if method.startswith("resources/"):
+                return snapshot.resource(target)[0]
+        except UnknownName:
+            return None
+        return None
 
     @asynccontextmanager
     async def running(self, *, settle_timeout: float | None = None) -> AsyncIterator[Gateway]:

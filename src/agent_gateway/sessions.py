@@ -26,6 +26,8 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from agent_gateway.telemetry import sessions_active
+
 logger = logging.getLogger(__name__)
 
 LEVELS: tuple[types.LoggingLevel, ...] = (
@@ -230,6 +232,7 @@ class SessionRegistry(Middleware):
         session = DownstreamSession(sid, era, transport, connection, capabilities=caps)
         self.live[sid] = session
         self.opened += 1
+        sessions_active.add(1, {"mcp.era": era})
         if era == "handshake":
             logger.info("session %s started (%s, %s era)", sid, transport, era)
         return session
@@ -239,6 +242,7 @@ class SessionRegistry(Middleware):
         if self.live.pop(session.id, None) is None:
             return
         self.ended += 1
+        sessions_active.add(-1, {"mcp.era": session.era})
         with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
             await self._on_end(session)
         if session.era == "handshake":

@@ -23,6 +23,7 @@ from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.toolbox import Toolbox
 from agent_gateway.errors import GatewayError
 from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.telemetry import tool_span
 
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
@@ -73,7 +74,11 @@ class ToolRunner:
         name, arguments = call["name"], call["args"]
         await self.observer.tool_started(name, arguments)
         started = time.perf_counter()
-        text, is_error = (refused, True) if refused is not None else await self._outcome(name, arguments)
+        tool = self.toolbox.tools.get(name)
+        with tool_span(name, tool.upstream if tool else None) as traced:
+            text, is_error = (refused, True) if refused is not None else await self._outcome(name, arguments)
+            if is_error:
+                traced.error_type = "tool_error"
         record = ToolCallRecord(
             name=name,
             arguments=arguments,

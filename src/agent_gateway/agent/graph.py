@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, TypedDict
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage
+from langchain_core.runnables import Runnable
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
@@ -24,6 +25,7 @@ from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.toolbox import Toolbox
 from agent_gateway.errors import AgentError, ModelFailed
+from agent_gateway.telemetry import chat_span
 
 
 class Usage(TypedDict):
@@ -45,6 +47,9 @@ class RunContext:
     """What one run brings to the shared graph."""
 
     model: BaseChatModel
+    model_name: str
+    """The configured model's name, for spans (the reply may name the one that answered)."""
+    provider: str
     tools: ToolRunner
     observer: RunObserver
     system_prompt: str
@@ -78,16 +83,14 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
         bound = run.model.bind_tools(specs) if specs else run.model
         history = state["messages"]
         view = model_view(run.system_prompt, history, run.max_context_tokens)
-        try:
-            reply = await bound.ainvoke(view)
-        except (AgentError, GraphBubbleUp):  # GraphBubbleUp: the run pauses to ask the client
-            raise
-        except Exception as exc:  # any provider failure ends the run as a clear isError result
-            raise ModelFailed(
-                scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", run.scrub)
-            ) from exc
-        if not isinstance(reply, AIMessage):
-            raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
+        with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
+            reply = await _reply(bound, view, run.scrub)
+            usage = reply.usage_metadata or {}
+            call.answered(
+                reply.response_metadata.get("model_name"),
+                usage.get("input_tokens", 0),
+                usage.get("output_tokens", 0),
+            )
         forget = [RemoveMessage(id=m.id) for m in out_of_view(history, view) if m.id]
         return {"messages": [*forget, reply], "steps": step, "usage": _added(state["usage"], reply)}
 
@@ -113,6 +116,18 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
     graph.add_conditional_edges("model", route, ["tools", END])
     graph.add_edge("tools", "model")
     return graph.compile(checkpointer=checkpointer, name=f"agent-gateway-v{toolbox.version}")
+
+
+async def _reply(model: Runnable[Any, Any], view: list[AnyMessage], scrub: tuple[str, ...]) -> AIMessage:
+    try:
+        reply = await model.ainvoke(view)
+    except (AgentError, GraphBubbleUp):  # GraphBubbleUp: the run pauses to ask the client
+        raise
+    except Exception as exc:  # any provider failure ends the run as a clear isError result
+        raise ModelFailed(scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", scrub)) from exc
+    if not isinstance(reply, AIMessage):
+        raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
+    return reply
 
 
 def recursion_limit(max_steps: int) -> int:

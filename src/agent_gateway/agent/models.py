@@ -61,6 +61,13 @@ class ModelSource:
             )
         return "client model (sampling)"
 
+    @property
+    def provider(self) -> str:
+        """The provider's name for spans (``gen_ai.provider.name``)."""
+        if self._config is not None and self._config.provider != "sampling":
+            return self._config.provider
+        return "mcp.sampling" if self._fixed is None else self._fixed._llm_type
+
     def for_run(self, caller: Caller | None, asker: Asker | None) -> BaseChatModel:
         """The model for one run by ``caller`` (None: a run with no MCP client, e.g. the CLI),
         asking the client's model through ``asker`` when that is the model.

@@ -45,6 +45,7 @@ from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
 from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.telemetry import agent_finished, agent_span
 
 logger = logging.getLogger(__name__)
 
@@ -151,17 +152,19 @@ class AgentRunner:
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
         token = secrets.token_urlsafe(16)
-        logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
-        try:
-            toolbox, graph = await self._graph()
-            context = self._context(toolbox, caller, report, token)
-        except AgentError as exc:
-            outcome = _failure(record, str(exc))
-        else:
-            async with self._thread_lock(thread):
-                await self._conversations.used(thread)
-                outcome = await self._on_thread(graph, context, record, request, resumed, token)
-                await self._conversations.compact(thread)
+        with agent_span(self.config.name, run_id, thread) as span:
+            logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
+            try:
+                toolbox, graph = await self._graph()
+                context = self._context(toolbox, caller, report, token)
+            except AgentError as exc:
+                outcome = _failure(record, str(exc))
+            else:
+                async with self._thread_lock(thread):
+                    await self._conversations.used(thread)
+                    outcome = await self._on_thread(graph, context, record, request, resumed, token)
+                    await self._conversations.compact(thread)
+            agent_finished(span, _status(outcome), outcome.error)
         _log_end(outcome)
         return outcome
 
@@ -243,6 +246,8 @@ class AgentRunner:
         secret = self._models.secret
         return RunContext(
             model=self._models.for_run(caller, asker),
+            model_name=self._models.label,
+            provider=self._models.provider,
             tools=ToolRunner(toolbox, self._proxy, tool_caller, report, asker, self.config.approval_timeout),
             observer=report,
             system_prompt=system_prompt(self.config.instructions, toolbox),
@@ -398,12 +403,16 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+def _status(outcome: RunOutcome) -> str:
+    return "failed" if outcome.error else "paused" if outcome.pending else "answered"
+
+
 def _log_end(outcome: RunOutcome) -> None:
     record = outcome.record
     logger.info(
         "agent run %s %s: %d steps, %d tool calls, %d+%d tokens",
         record["run_id"],
-        "failed" if outcome.error else "paused" if outcome.pending else "answered",
+        _status(outcome),
         record["steps"],
         len(record["tool_calls"]),
         record["usage"]["input_tokens"],

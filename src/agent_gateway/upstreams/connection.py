@@ -24,6 +24,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.telemetry import reconnects
 from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
@@ -153,6 +154,8 @@ class Upstream:
         tg.cancel_scope.cancel()
 
     def _mark_up(self, client: Client) -> None:
+        if self.down_since is not None and self.up_since is not None:  # it had been up before
+            reconnects.add(1, {"agent_gateway.upstream": self.name})
         self.state = UpstreamState.UP
         self.up_since = time.time()
         self.down_since = None

@@ -86,6 +86,9 @@ class UpstreamPool:
             raise UpstreamUnavailable(name, "not configured")
         return upstream
 
+    def up_states(self) -> list[tuple[str, bool]]:
+        return [(s.name, s.state == "up") for s in self.statuses()]
+
     def statuses(self) -> list[UpstreamStatus]:
         now = time.time()
         return [

@@ -17,7 +17,7 @@ import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.telemetry import mark_upstream_error, upstream_call
 from agent_gateway.upstreams.downstream import Downstream
 from agent_gateway.upstreams.listening import ListenStreams
 
@@ -230,11 +231,14 @@ class UpstreamSession:
         Raises:
             UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
         """
-        with self._calling(caller, f"tool {name!r}") as client:
+        with self._calling(caller, f"tool {name!r}", ("tools/call", name)) as client:
             progress = caller.progress_relay() if caller is not None else None
             meta = self._meta(caller)
             if caller is None or not (caller.modern and self.modern):
-                return await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
+                answered = await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
+                if answered.is_error:
+                    mark_upstream_error("tool_error")
+                return answered
             result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
                 name,
                 arguments,
@@ -245,6 +249,8 @@ class UpstreamSession:
                 allow_input_required=True,
             )
             if isinstance(result, types.CallToolResult | types.InputRequiredResult):
+                if isinstance(result, types.CallToolResult) and result.is_error:
+                    mark_upstream_error("tool_error")
                 return result
             raise UpstreamRejected(
                 self.name, f"tool {name!r}: answered with an unknown result", types.INTERNAL_ERROR
@@ -254,12 +260,12 @@ class UpstreamSession:
         self, name: str, arguments: dict[str, str] | None, caller: Downstream | None
     ) -> types.GetPromptResult:
         """Render prompt ``name`` upstream (raises like ``call_tool``)."""
-        with self._calling(caller, f"prompt {name!r}") as client:
+        with self._calling(caller, f"prompt {name!r}", ("prompts/get", name)) as client:
             return await client.get_prompt(name, arguments, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def read_resource(self, uri: str, caller: Downstream | None) -> types.ReadResourceResult:
         """Read ``uri`` upstream (raises like ``call_tool``)."""
-        with self._calling(caller, f"resource {uri!r}") as client:
+        with self._calling(caller, f"resource {uri!r}", ("resources/read", uri)) as client:
             return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
@@ -280,7 +286,11 @@ class UpstreamSession:
         return meta
 
     @contextmanager
-    def _calling(self, caller: Downstream | None, what: str) -> Iterator[Client]:
+    def _calling(
+        self, caller: Downstream | None, what: str, operation: tuple[str, str] | None = None
+    ) -> Iterator[Client]:
+        """The client, for one request: bounded by the timeout, its errors translated, and,
+        for an ``operation`` (method, target), its span enriched and its duration recorded."""
         client = self._client
         if client is None:
             raise UpstreamUnavailable(self.name, "not connected")
@@ -288,8 +298,11 @@ class UpstreamSession:
         if caller is not None:
             self._in_flight[token] = caller
         bound = _CALLER.set(caller)
+        measured = (
+            upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
+        )
         try:
-            with anyio.fail_after(self.config.timeout), self.translated(what):
+            with measured, anyio.fail_after(self.config.timeout), self.translated(what):
                 yield client
         except TimeoutError as exc:
             raise UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s") from exc

@@ -18,6 +18,7 @@ from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
 from agent_gateway.config import UpstreamConfig
+from agent_gateway.telemetry import trace_headers
 
 
 class WatchedReadStream:
@@ -81,6 +82,7 @@ def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
         headers=dict(config.headers),
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
         limits=httpx2.Limits(max_connections=256, max_keepalive_connections=128),
+        event_hooks={"request": [trace_headers]},
     )
 
 

@@ -1,0 +1,130 @@
+"""Where telemetry goes: the OpenTelemetry SDK's providers, OTLP export, Prometheus ``/metrics``.
+
+``install`` runs once per process (the SDK's providers are process-global, and so are the
+``mcp`` and FastMCP tracers that share them). The standard ``OTEL_*`` variables win over the
+``telemetry:`` block; with no endpoint anywhere, no trace is recorded or exported, and the
+gateway still passes its callers' trace context on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from opentelemetry import metrics, trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+from agent_gateway.config import TelemetryConfig
+from agent_gateway.telemetry import UpstreamSpans
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The telemetry settings in effect: the config, overridden by ``OTEL_*`` variables."""
+
+    service_name: str
+    endpoint: str | None
+    headers: dict[str, str]
+    sampling_ratio: float
+    metrics: bool
+    disabled: bool
+
+    @classmethod
+    def of(cls, config: TelemetryConfig, environ: Mapping[str, str]) -> Settings:
+        endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or config.otlp_endpoint
+        ratio = config.sampling_ratio
+        if environ.get("OTEL_TRACES_SAMPLER_ARG"):
+            ratio = min(max(float(environ["OTEL_TRACES_SAMPLER_ARG"]), 0.0), 1.0)
+        return cls(
+            service_name=environ.get("OTEL_SERVICE_NAME") or config.service_name,
+            endpoint=endpoint.rstrip("/") if endpoint else None,
+            headers=_headers(environ.get("OTEL_EXPORTER_OTLP_HEADERS")) or dict(config.otlp_headers),
+            sampling_ratio=ratio,
+            metrics=config.metrics and environ.get("OTEL_METRICS_EXPORTER", "") != "none",
+            disabled=environ.get("OTEL_SDK_DISABLED", "").lower() == "true",
+        )
+
+
+@dataclass
+class Installed:
+    """The providers this process exports through; ``shutdown`` flushes what is pending."""
+
+    settings: Settings
+    tracer_provider: TracerProvider | None
+    meter_provider: MeterProvider | None
+    prometheus: bool
+
+    def shutdown(self) -> None:
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown()
+
+
+_installed: Installed | None = None
+
+
+def install(config: TelemetryConfig, environ: Mapping[str, str]) -> Installed:
+    """Set up this process's providers from ``config`` (once: later calls return the first)."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    settings = Settings.of(config, environ)
+    resource = Resource.create({"service.name": settings.service_name})
+    tracing = None if settings.disabled or settings.endpoint is None else _tracer_provider(settings, resource)
+    meters, prometheus = (
+        (None, False) if settings.disabled or not settings.metrics else _meter_provider(settings, resource)
+    )
+    if tracing is not None:
+        trace.set_tracer_provider(tracing)
+    if meters is not None:
+        metrics.set_meter_provider(meters)
+    _installed = Installed(settings, tracing, meters, prometheus)
+    logger.info(
+        "telemetry: traces %s, metrics %s",
+        f"to {settings.endpoint} (sampling {settings.sampling_ratio:g})" if tracing else "off",
+        "on /metrics" + (" and OTLP" if settings.endpoint else "") if meters else "off",
+    )
+    return _installed
+
+
+def installed() -> Installed | None:
+    return _installed
+
+
+def _tracer_provider(settings: Settings, resource: Resource) -> TracerProvider:
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    provider = TracerProvider(
+        resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio))
+    )
+    provider.add_span_processor(UpstreamSpans())
+    exporter = OTLPSpanExporter(endpoint=f"{settings.endpoint}/v1/traces", headers=settings.headers)
+    provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
+    return provider
+
+
+def _meter_provider(settings: Settings, resource: Resource) -> tuple[MeterProvider, bool]:
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+    readers: list[MetricReader] = [PrometheusMetricReader()]
+    if settings.endpoint is not None:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        exporter = OTLPMetricExporter(endpoint=f"{settings.endpoint}/v1/metrics", headers=settings.headers)
+        readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=15_000))
+    return MeterProvider(resource=resource, metric_readers=readers), True
+
+
+def _headers(raw: str | None) -> dict[str, str]:
+    """``OTEL_EXPORTER_OTLP_HEADERS``: ``key=value`` pairs, comma-separated."""
+    pairs = (item.split("=", 1) for item in (raw or "").split(",") if "=" in item)
+    return {key.strip(): value.strip() for key, value in pairs}

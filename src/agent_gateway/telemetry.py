@@ -1,0 +1,511 @@
+"""OpenTelemetry for the gateway: provider set-up, trace context in and out, MCP spans and metrics.
+
+The gateway instruments through the OpenTelemetry API only; until ``install`` sets the SDK's
+providers every span is a no-op that still carries the caller's context, so a trace passes
+through an unconfigured gateway to the upstreams unbroken.
+
+Spans, by the OpenTelemetry MCP semantic conventions:
+- a SERVER span per request received (``TelemetryMiddleware``, first in the MCP server's
+  chain; FastMCP's own per-request span is suppressed so there is one);
+- a CLIENT span per request sent upstream: the ``mcp`` client's own span, which is the one
+  whose context reaches the upstream in ``_meta``, renamed and given the upstream's name and
+  address by ``UpstreamSpans`` from what ``upstream_call`` put in the context;
+- the agent's GenAI spans (``agent_span``, ``chat_span``, ``tool_span``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+import anyio
+import httpx2
+import mcp_types as types
+from fastmcp.telemetry import suppress_fastmcp_telemetry
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+from opentelemetry.sdk.trace import Span as SdkSpan
+from opentelemetry.trace import Span, SpanKind, StatusCode
+
+PROMETHEUS_METRICS: frozenset[str] = frozenset(
+    {
+        "mcp_server_operation_duration_seconds",
+        "mcp_client_operation_duration_seconds",
+        "agent_gateway_upstream_up",
+        "agent_gateway_upstream_reconnects_total",
+        "agent_gateway_sessions_active",
+        "agent_gateway_agent_runs_total",
+        "gen_ai_client_token_usage",
+        "gen_ai_client_operation_duration_seconds",
+    }
+)
+"""The metric families ``/metrics`` exports (histograms add ``_bucket``, ``_count``, ``_sum``)."""
+
+SCOPE = "agent-gateway"
+MCP_CLIENT_SCOPE = "mcp-python-sdk"  # the mcp package's tracer: its client spans are ours to enrich
+_CARRIER_KEYS = ("traceparent", "tracestate", "baggage")
+# Seconds; the semantic conventions' advice for MCP and GenAI operation durations.
+_DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+
+tracer = trace.get_tracer(SCOPE)
+_meter = metrics.get_meter(SCOPE)
+server_duration = _meter.create_histogram(
+    "mcp.server.operation.duration",
+    unit="s",
+    description="MCP requests the gateway served, by method, tool, upstream and error type.",
+    explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+)
+client_duration = _meter.create_histogram(
+    "mcp.client.operation.duration",
+    unit="s",
+    description="MCP requests the gateway sent upstream, by method, tool, upstream and error type.",
+    explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+)
+reconnects = _meter.create_counter(
+    "agent_gateway.upstream.reconnects", description="Upstream connections re-established after a loss."
+)
+sessions_active = _meter.create_up_down_counter(
+    "agent_gateway.sessions.active", description="Downstream MCP sessions open now."
+)
+_upstream_sources: weakref.WeakSet[UpstreamStates] = weakref.WeakSet()
+
+
+class UpstreamStates(Protocol):
+    def up_states(self) -> list[tuple[str, bool]]:
+        """(upstream name, whether it is up) for each upstream."""
+        ...
+
+
+def watch_upstreams(source: UpstreamStates) -> None:
+    """Report ``source``'s upstreams in ``agent_gateway.upstream.up`` while it exists."""
+    _upstream_sources.add(source)
+
+
+def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
+    for source in list(_upstream_sources):
+        for name, up in source.up_states():
+            yield Observation(1 if up else 0, {"agent_gateway.upstream": name})
+
+
+_meter.create_observable_gauge(
+    "agent_gateway.upstream.up", callbacks=[_observe_up], description="1 while an upstream is connected."
+)
+agent_runs = _meter.create_counter("agent_gateway.agent.runs", description="ask_agent runs, by outcome.")
+token_usage = _meter.create_histogram(
+    "gen_ai.client.token.usage",
+    unit="{token}",
+    description="Tokens per model call of the agent, by type and model.",
+    explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
+)
+model_duration = _meter.create_histogram(
+    "gen_ai.client.operation.duration",
+    unit="s",
+    description="The agent's model calls, by model and error type.",
+    explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+)
+
+
+# -- trace context in ------------------------------------------------------------------------
+
+
+def incoming_context(meta: object, headers: Mapping[str, str] | None) -> Context | None:
+    """The caller's trace context: from ``_meta`` (also FastMCP's ``fastmcp.*`` keys), else
+    from the HTTP request's headers; None when neither carries a valid ``traceparent``."""
+    carrier = _meta_carrier(meta)
+    if "traceparent" not in carrier and headers is not None:
+        carrier = {k: headers[k] for k in _CARRIER_KEYS if k in headers}
+    if "traceparent" not in carrier:
+        return None
+    # Onto the current context, so values already set in it (suppression markers) survive.
+    extracted = propagate.extract(carrier, context=otel_context.get_current())
+    return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None
+
+
+def _meta_carrier(meta: object) -> dict[str, str]:
+    if not isinstance(meta, Mapping):
+        return {}
+    carrier: dict[str, str] = {}
+    for key in _CARRIER_KEYS:
+        value = meta.get(key, meta.get(f"fastmcp.{key}"))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        if isinstance(value, str):
+            carrier[key] = value
+    return carrier
+
+
+# -- server spans ----------------------------------------------------------------------------
+
+
+class TelemetryMiddleware:
+    """The SERVER span and duration metric of every request the gateway serves."""
+
+    def __init__(self, upstream_of: Any) -> None:
+        """``upstream_of(method, target)``: the upstream a request goes to, or None."""
+        self._upstream_of = upstream_of
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        if ctx.request_id is None:  # a notification: no request/response to span
+            return await call_next(ctx)
+        params = ctx.params or {}
+        target = _target(ctx.method, params)
+        upstream = self._upstream_of(ctx.method, target) if target is not None else None
+        labels = _labels(ctx.method, target if ctx.method in _NAMED else None, upstream)
+        parent = incoming_context(params.get("_meta"), _headers(ctx.request))
+        token = otel_context.attach(parent) if parent is not None else None
+        started = time.perf_counter()
+        outcome = Outcome()
+        try:
+            with (
+                suppress_fastmcp_telemetry(),
+                tracer.start_as_current_span(
+                    f"{ctx.method} {target}" if ctx.method in _NAMED and target else ctx.method,
+                    kind=SpanKind.SERVER,
+                    attributes=_server_attributes(ctx, params, target, upstream),
+                    record_exception=False,
+                    set_status_on_exception=False,
+                ) as span,
+                outcome.recorded(span),
+            ):
+                result = await call_next(ctx)
+                if _is_tool_error(result):
+                    outcome.fail(span, "tool_error", None)
+                return result
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+            server_duration.record(time.perf_counter() - started, outcome.labelled(labels))
+
+
+_NAMED = ("tools/call", "prompts/get")
+
+
+def _target(method: str, params: Mapping[str, Any]) -> str | None:
+    key = "uri" if method in ("resources/read", "resources/subscribe", "resources/unsubscribe") else "name"
+    value = params.get(key)
+    return value if isinstance(value, str) else None
+
+
+def _server_attributes(
+    ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any], target: str | None, upstream: str | None
+) -> dict[str, Any]:
+    attributes: dict[str, Any] = {
+        "mcp.method.name": ctx.method,
+        "mcp.protocol.version": ctx.protocol_version,
+        "jsonrpc.request.id": str(ctx.request_id),
+        "network.transport": "tcp" if ctx.request is not None else "pipe",
+    }
+    headers = _headers(ctx.request)
+    if headers is not None and (session := headers.get("mcp-session-id")):
+        attributes["mcp.session.id"] = session
+    if upstream is not None:
+        attributes["agent_gateway.upstream"] = upstream
+    if target is not None:
+        attributes.update(_target_attributes(ctx.method, target))
+    return attributes
+
+
+def _target_attributes(method: str, target: str) -> dict[str, str]:
+    if method == "tools/call":
+        return {"gen_ai.tool.name": target, "gen_ai.operation.name": "execute_tool"}
+    if method == "prompts/get":
+        return {"gen_ai.prompt.name": target}
+    return {"mcp.resource.uri": target}
+
+
+def _headers(request: object) -> Mapping[str, str] | None:
+    headers = getattr(request, "headers", None)
+    return headers if isinstance(headers, Mapping) else None  # pyright: ignore[reportUnknownVariableType]
+
+
+def _is_tool_error(result: object) -> bool:
+    if isinstance(result, types.CallToolResult):
+        return bool(result.is_error)
+    return isinstance(result, Mapping) and result.get("isError") is True  # pyright: ignore[reportUnknownMemberType]
+
+
+def _labels(method: str, tool: str | None, upstream: str | None) -> dict[str, str]:
+    labels = {"mcp.method.name": method}
+    if tool is not None:
+        labels["gen_ai.tool.name"] = tool
+    if upstream is not None:
+        labels["agent_gateway.upstream"] = upstream
+    return labels
+
+
+@dataclass
+class Outcome:
+    """How an operation ended, for its span's status and its metric's ``error.type``."""
+
+    error_type: str | None = None
+
+    def fail(self, span: Span, error_type: str, message: str | None) -> None:
+        self.error_type = error_type
+        span.set_attribute("error.type", error_type)
+        span.set_status(StatusCode.ERROR, message)
+
+    @contextmanager
+    def recorded(self, span: Span, expected: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+        """Record on ``span`` (and here) how the block ended, then let it end that way; an
+        ``expected`` exception is not a failure (an agent run pausing for its client)."""
+        try:
+            yield
+        except expected:
+            raise
+        except MCPError as exc:
+            self.fail(span, str(exc.error.code), exc.error.message)
+            raise
+        except anyio.get_cancelled_exc_class():
+            self.fail(span, "cancelled", "cancelled")
+            raise
+        except Exception as exc:
+            span.record_exception(exc)
+            self.fail(span, type(exc).__qualname__, str(exc))
+            raise
+
+    def labelled(self, labels: Mapping[str, str]) -> dict[str, str]:
+        return {**labels, "error.type": self.error_type} if self.error_type else dict(labels)
+
+
+# -- client spans ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UpstreamCall:
+    """The request being sent upstream in this context, for its span and metric."""
+
+    upstream: str
+    method: str
+    target: str | None
+    address: tuple[str, int | None] | None
+    outcome: Outcome = field(default_factory=Outcome)
+
+
+_UPSTREAM_CALL: ContextVar[UpstreamCall | None] = ContextVar("agent_gateway_upstream_call", default=None)
+
+
+@contextmanager
+def upstream_call(upstream: str, method: str, target: str | None, url: str | None) -> Iterator[UpstreamCall]:
+    """Around one request to ``upstream``: its span is enriched, its duration recorded."""
+    call = UpstreamCall(upstream, method, target, _address(url))
+    bound = _UPSTREAM_CALL.set(call)
+    started = time.perf_counter()
+    try:
+        with call.outcome.recorded(trace.INVALID_SPAN):
+            yield call
+    finally:
+        _UPSTREAM_CALL.reset(bound)
+        labels = _labels(method, target if method in _NAMED else None, upstream)
+        client_duration.record(time.perf_counter() - started, call.outcome.labelled(labels))
+
+
+def _address(url: str | None) -> tuple[str, int | None] | None:
+    if url is None:
+        return None
+    parts = urlsplit(url)
+    return (parts.hostname, parts.port) if parts.hostname else None
+
+
+class UpstreamSpans(SpanProcessor):
+    """Gives the ``mcp`` client's span of an upstream request its MCP name and the gateway's
+    attributes (it is the span whose context the upstream receives, so it must be the one)."""
+
+    def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
+        call = _UPSTREAM_CALL.get()
+        scope = span.instrumentation_scope
+        if call is None or scope is None or scope.name != MCP_CLIENT_SCOPE or span.kind != SpanKind.CLIENT:
+            return
+        if (span.attributes or {}).get("mcp.method.name") != call.method:
+            return  # another request the client made on its own (a re-list), not this call
+        named = call.method in _NAMED and call.target is not None
+        span.update_name(f"{call.method} {call.target}" if named else call.method)
+        attributes: dict[str, Any] = {"agent_gateway.upstream": call.upstream}
+        if call.target is not None:
+            attributes.update(_target_attributes(call.method, call.target))
+        if call.address is not None:
+            attributes["server.address"] = call.address[0]
+            if call.address[1] is not None:
+                attributes["server.port"] = call.address[1]
+        span.set_attributes(attributes)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        return None
+
+
+def mark_upstream_error(error_type: str) -> None:
+    """The current upstream request ended in an error that is a result (``isError``)."""
+    call = _UPSTREAM_CALL.get()
+    if call is not None:
+        call.outcome.error_type = error_type
+
+
+# -- trace context out over HTTP -------------------------------------------------------------
+
+_TRACE_FIELD = re.compile(rb'"traceparent"\s*:')
+
+
+async def trace_headers(request: httpx2.Request) -> None:
+    """An httpx event hook: the trace context the ``mcp`` client put in the body's ``_meta``
+    also goes in the HTTP headers (the POST is sent from the transport's task, whose own
+    context is not the request's)."""
+    if request.method != "POST":
+        return
+    try:
+        body = request.content
+    except httpx2.RequestNotRead:
+        return
+    if not _TRACE_FIELD.search(body):
+        return
+    meta = _body_meta(body)
+    for key in _CARRIER_KEYS:
+        value = meta.get(key)
+        if isinstance(value, str) and key not in request.headers:
+            request.headers[key] = value
+
+
+def _body_meta(body: bytes) -> Mapping[str, Any]:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return {}
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta if isinstance(meta, dict) else {}  # pyright: ignore[reportUnknownVariableType]
+
+
+# -- logs ------------------------------------------------------------------------------------
+
+
+class TraceIds(logging.Filter):
+    """Puts the current ``trace_id`` and ``span_id`` (hex, or empty) on every log record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = trace.get_current_span().get_span_context()
+        record.trace_id = format(context.trace_id, "032x") if context.is_valid else ""
+        record.span_id = format(context.span_id, "016x") if context.is_valid else ""
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, trace and span ids, exception."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "trace_id": getattr(record, "trace_id", ""),
+            "span_id": getattr(record, "span_id", ""),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False)
+
+
+# -- the agent's GenAI spans -----------------------------------------------------------------
+
+
+@contextmanager
+def agent_span(agent: str, run_id: str, thread: str) -> Iterator[Span]:
+    """The span of one ``ask_agent`` run (``invoke_agent``), parent of its model and tool spans."""
+    attributes = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.agent.name": agent,
+        "gen_ai.conversation.id": thread,
+        "agent_gateway.run_id": run_id,
+    }
+    with tracer.start_as_current_span(
+        f"invoke_agent {agent}", kind=SpanKind.INTERNAL, attributes=attributes
+    ) as span:
+        yield span
+
+
+def agent_finished(span: Span, outcome: str, error: str | None) -> None:
+    """Record how a run ended on its span and in ``agent_gateway.agent.runs``."""
+    agent_runs.add(1, {"agent_gateway.outcome": outcome})
+    span.set_attribute("agent_gateway.outcome", outcome)
+    if error is not None:
+        span.set_attribute("error.type", "agent_error")
+        span.set_status(StatusCode.ERROR, error)
+
+
+@dataclass
+class ModelCall:
+    """One model call of the agent, filled in as it returns."""
+
+    span: Span
+    model: str
+    outcome: Outcome = field(default_factory=Outcome)
+
+    def answered(self, model: str | None, input_tokens: int, output_tokens: int) -> None:
+        if model:
+            self.model = model
+            self.span.set_attribute("gen_ai.response.model", model)
+        self.span.set_attributes(
+            {"gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens}
+        )
+        labels = {"gen_ai.request.model": self.model}
+        token_usage.record(input_tokens, {**labels, "gen_ai.token.type": "input"})
+        token_usage.record(output_tokens, {**labels, "gen_ai.token.type": "output"})
+
+
+@contextmanager
+def chat_span(
+    provider: str, model: str, pausing: tuple[type[BaseException], ...] = ()
+) -> Iterator[ModelCall]:
+    """A model call (``chat``); an exception of a ``pausing`` type ends it without error."""
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": provider,
+        "gen_ai.request.model": model,
+    }
+    started = time.perf_counter()
+    with tracer.start_as_current_span(
+        f"chat {model}",
+        kind=SpanKind.CLIENT,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        call = ModelCall(span, model)
+        try:
+            with call.outcome.recorded(span, expected=pausing):
+                yield call
+        finally:
+            labels = {"gen_ai.request.model": model, "gen_ai.provider.name": provider}
+            model_duration.record(time.perf_counter() - started, call.outcome.labelled(labels))
+
+
+@contextmanager
+def tool_span(tool: str, upstream: str | None) -> Iterator[Outcome]:
+    """One tool call of the agent (``execute_tool``), parent of the upstream request's span."""
+    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool}
+    if upstream is not None:
+        attributes["agent_gateway.upstream"] = upstream
+    with tracer.start_as_current_span(
+        f"execute_tool {tool}",
+        kind=SpanKind.INTERNAL,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        outcome = Outcome()
+        with outcome.recorded(span):
+            yield outcome
+        if outcome.error_type is not None:
+            span.set_attribute("error.type", outcome.error_type)
+            span.set_status(StatusCode.ERROR)
