@@ -238,6 +238,10 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
             await client.call_tool("pipe__fail", {})
         async with httpx.AsyncClient() as http:
             scraped = (await http.get(f"{traced.gateway}/metrics")).text
+    # The same metrics went out over OTLP too (at the latest when the gateway stopped).
+    exported = await traced.received.wait_for_metrics(lambda m: len(m) > 0)
+    names = {m.name for e in exported for r in e.resource_metrics for s in r.scope_metrics for m in s.metrics}
+    assert {"mcp.server.operation.duration", "mcp.client.operation.duration"} <= names
     server = _samples(scraped, "mcp_server_operation_duration_seconds_count")
     assert server[("tools/call", "web__echo", "web", "")] == 3
     assert server[("tools/call", "pipe__fail", "pipe", "tool_error")] == 1
