@@ -4,6 +4,7 @@ receiver the test runs; ``/metrics`` counts; and no secret in any span, label or
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import anyio
 import httpx
 import yaml
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -236,6 +238,8 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
             for _ in range(3):
                 await client.call_tool("web__echo", {"text": "x"})
             await client.call_tool("pipe__fail", {})
+            with contextlib.suppress(MCPError):  # a made-up name: its own span, but no series
+                await client.call_tool("made_up_tool", {})
         async with httpx.AsyncClient() as http:
             scraped = (await http.get(f"{traced.gateway}/metrics")).text
     # The same metrics went out over OTLP too (at the latest when the gateway stopped).
@@ -250,6 +254,7 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     assert sent[("tools/call", "fail", "pipe", "tool_error")] == 1
     assert 'agent_gateway_upstream_up{agent_gateway_upstream="web"' in scraped
     assert "agent_gateway_sessions_active" in scraped
+    assert "made_up_tool" not in scraped
     assert API_KEY not in scraped
     assert UPSTREAM_TOKEN not in scraped
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from opentelemetry import metrics, trace
 from opentelemetry.sdk.metrics import MeterProvider
@@ -21,6 +22,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
 from agent_gateway.config import TelemetryConfig
+from agent_gateway.errors import ConfigError
 from agent_gateway.telemetry import UpstreamSpans
 
 logger = logging.getLogger(__name__)
@@ -41,8 +43,13 @@ class Settings:
     def of(cls, config: TelemetryConfig, environ: Mapping[str, str]) -> Settings:
         endpoint = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or config.otlp_endpoint
         ratio = config.sampling_ratio
-        if environ.get("OTEL_TRACES_SAMPLER_ARG"):
-            ratio = min(max(float(environ["OTEL_TRACES_SAMPLER_ARG"]), 0.0), 1.0)
+        if raw := environ.get("OTEL_TRACES_SAMPLER_ARG"):
+            try:
+                ratio = min(max(float(raw), 0.0), 1.0)
+            except ValueError:
+                raise ConfigError(
+                    f"OTEL_TRACES_SAMPLER_ARG: {raw!r} is not a number between 0 and 1"
+                ) from None
         return cls(
             service_name=environ.get("OTEL_SERVICE_NAME") or config.service_name,
             endpoint=endpoint.rstrip("/") if endpoint else None,
@@ -90,7 +97,7 @@ def install(config: TelemetryConfig, environ: Mapping[str, str]) -> Installed:
     _installed = Installed(settings, tracing, meters, prometheus)
     logger.info(
         "telemetry: traces %s, metrics %s",
-        f"to {settings.endpoint} (sampling {settings.sampling_ratio:g})" if tracing else "off",
+        f"to {_where(settings.endpoint)} (sampling {settings.sampling_ratio:g})" if tracing else "off",
         "on /metrics" + (" and OTLP" if settings.endpoint else "") if meters else "off",
     )
     return _installed
@@ -122,6 +129,12 @@ def _meter_provider(settings: Settings, resource: Resource) -> tuple[MeterProvid
         exporter = OTLPMetricExporter(endpoint=f"{settings.endpoint}/v1/metrics", headers=settings.headers)
         readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=15_000))
     return MeterProvider(resource=resource, metric_readers=readers), True
+
+
+def _where(endpoint: str | None) -> str:
+    """An endpoint as logged: scheme, host and port only (no credentials, no path)."""
+    parts = urlsplit(endpoint or "")
+    return f"{parts.scheme}://{parts.hostname}{f':{parts.port}' if parts.port else ''}"
 
 
 def _headers(raw: str | None) -> dict[str, str]:

@@ -73,7 +73,8 @@ class Gateway:
         watch_upstreams(self.pool)
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
         # First in the chain: the request's span covers everything the gateway does for it.
-        lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of))
+        own = {config.agent.name} if config.agent.enabled else set[str]()
+        lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own))
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
         lowlevel.add_request_handler(

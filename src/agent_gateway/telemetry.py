@@ -20,7 +20,7 @@ import logging
 import re
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ import mcp_types as types
 from fastmcp.telemetry import suppress_fastmcp_telemetry
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from mcp_types.methods import SPEC_CLIENT_METHODS
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
@@ -40,6 +41,9 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Span, SpanKind, StatusCode
+from pydantic import ValidationError
+
+from agent_gateway.errors import GatewayError
 
 PROMETHEUS_METRICS: frozenset[str] = frozenset(
     {
@@ -153,9 +157,13 @@ def _meta_carrier(meta: object) -> dict[str, str]:
 class TelemetryMiddleware:
     """The SERVER span and duration metric of every request the gateway serves."""
 
-    def __init__(self, upstream_of: Any) -> None:
-        """``upstream_of(method, target)``: the upstream a request goes to, or None."""
+    def __init__(
+        self, upstream_of: Callable[[str, str], str | None], own_tools: Callable[[], set[str]]
+    ) -> None:
+        """``upstream_of(method, target)``: the upstream a request goes to, or None;
+        ``own_tools()``: the tools the gateway serves itself (``ask_agent``)."""
         self._upstream_of = upstream_of
+        self._own_tools = own_tools
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.request_id is None:  # a notification: no request/response to span
@@ -163,7 +171,11 @@ class TelemetryMiddleware:
         params = ctx.params or {}
         target = _target(ctx.method, params)
         upstream = self._upstream_of(ctx.method, target) if target is not None else None
-        labels = _labels(ctx.method, target if ctx.method in _NAMED else None, upstream)
+        # Labels only from what the gateway knows: a client's made-up names must not each
+        # become a metric series (the span, which is not aggregated, keeps them).
+        known = upstream is not None or (ctx.method == "tools/call" and target in self._own_tools())
+        method = ctx.method if ctx.method in SPEC_CLIENT_METHODS else "_OTHER"
+        labels = _labels(method, target if ctx.method in _NAMED and known else None, upstream)
         parent = incoming_context(params.get("_meta"), _headers(ctx.request))
         token = otel_context.attach(parent) if parent is not None else None
         started = time.perf_counter()
@@ -271,9 +283,14 @@ class Outcome:
         except anyio.get_cancelled_exc_class():
             self.fail(span, "cancelled", "cancelled")
             raise
+        except ValidationError:
+            self.fail(
+                span, str(types.INVALID_PARAMS), "Invalid request parameters"
+            )  # its text is client input
+            raise
         except Exception as exc:
-            span.record_exception(exc)
-            self.fail(span, type(exc).__qualname__, str(exc))
+            # No stack trace: a chained provider error may hold what the message was scrubbed of.
+            self.fail(span, type(exc).__qualname__, str(exc) if isinstance(exc, GatewayError) else None)
             raise
 
     def labelled(self, labels: Mapping[str, str]) -> dict[str, str]:
@@ -448,17 +465,16 @@ class ModelCall:
     """One model call of the agent, filled in as it returns."""
 
     span: Span
-    model: str
+    requested: str
     outcome: Outcome = field(default_factory=Outcome)
 
     def answered(self, model: str | None, input_tokens: int, output_tokens: int) -> None:
-        if model:
-            self.model = model
+        if model:  # the reply's own name for it (with sampling, the client's say): span only
             self.span.set_attribute("gen_ai.response.model", model)
         self.span.set_attributes(
             {"gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens}
         )
-        labels = {"gen_ai.request.model": self.model}
+        labels = {"gen_ai.request.model": self.requested}
         token_usage.record(input_tokens, {**labels, "gen_ai.token.type": "input"})
         token_usage.record(output_tokens, {**labels, "gen_ai.token.type": "output"})
 

@@ -211,3 +211,15 @@ async def test_a_new_question_replaces_a_pause_that_was_never_answered() -> None
     assert stale.is_error
     assert "is no longer waiting for this answer" in text(stale)
     assert text(done) == "Both."
+
+
+async def test_a_retry_without_the_answers_ends_the_run_with_a_clear_error() -> None:
+    question = {"query": "Hi"}
+    async with (
+        gateway_with_model(None) as (gw, _),
+        Client(gw.url, mode="auto", sampling_callback=unused, sampling_capabilities=WITH_TOOLS) as client,
+    ):
+        first = paused(await call_round(client, question))
+        done = finished(await call_round(client, question, None, first.request_state))
+    assert done.is_error
+    assert "the client's retry carried no answer to sampling/createMessage" in text(done)

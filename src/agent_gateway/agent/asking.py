@@ -11,6 +11,7 @@ twice (the tools node asks all its approvals first, then calls the tools).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -22,9 +23,11 @@ from pydantic import TypeAdapter, ValidationError
 from agent_gateway.proxy import Caller
 from agent_gateway.sessions import result_type, unsupported
 
+ANSWERS = "answers"
 Answer = types.InputResponse | types.ErrorData | None
 """What came back for one request: the client's answer, its refusal, or None (no answer in time)."""
 
+logger = logging.getLogger(__name__)
 _REQUEST: TypeAdapter[types.InputRequest] = TypeAdapter(types.InputRequest)
 
 
@@ -53,6 +56,11 @@ class SessionAsker:
                     answers[key] = await self._caller.ask(self._name, request)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     answers[key] = types.ErrorData(code=types.INTERNAL_ERROR, message="the client went away")
+                except Exception as exc:  # one failed question must not fail the others as a group
+                    logger.exception("asking the client %s failed", request.method)
+                    answers[key] = types.ErrorData(
+                        code=types.INTERNAL_ERROR, message=f"{type(exc).__name__}: {exc}"
+                    )
 
         async with anyio.create_task_group() as tg:
             for key, request in requests.items():
@@ -79,7 +87,8 @@ class RoundAsker:
             # Plain JSON in the checkpoint: the store's serializer need not know MCP's types.
             pause = Pause(token=self._token, requests={k: _wire(r) for k, r in asked.items()})
             given: Any = interrupt(pause.as_value())
-            raw: Mapping[str, Any] = given if isinstance(given, Mapping) else {}  # pyright: ignore[reportUnknownVariableType]
+            answered = given.get(ANSWERS) if isinstance(given, Mapping) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+            raw: Mapping[str, Any] = answered if isinstance(answered, Mapping) else {}  # pyright: ignore[reportUnknownVariableType]
             answers |= {key: _answer(request, raw.get(key)) for key, request in asked.items()}
         return answers
 
@@ -109,11 +118,16 @@ class Pause:
 
 
 def responses_value(responses: types.InputResponses | None) -> dict[str, Any]:
-    """The client's answers as the resume value of a pause (plain JSON, like the pause itself)."""
-    return {
+    """The client's answers as the resume value of a pause (plain JSON, like the pause itself).
+
+    Wrapped: LangGraph reads a bare mapping as answers keyed by interrupt id, and an empty
+    one (a retry without answers) would resume nothing and pause again, for ever.
+    """
+    answers = {
         key: r.model_dump(mode="json", by_alias=True, exclude_none=True)
         for key, r in (responses or {}).items()
     }
+    return {ANSWERS: answers}
 
 
 def _wire(request: types.InputRequest) -> dict[str, Any]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import TaskGroup
 from mcp.client.session import IncomingMessage
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
@@ -83,6 +85,15 @@ class DedicatedSessions:
         return entry.session
 
     async def _run(self, key: tuple[str, str], entry: _Dedicated) -> None:
+        # Started from a client's request, this task copied its trace context; the session
+        # outlives that request, so its own traffic must not be traced as part of it.
+        token = otel_context.attach(Context())
+        try:
+            await self._serve(key, entry)
+        finally:
+            otel_context.detach(token)
+
+    async def _serve(self, key: tuple[str, str], entry: _Dedicated) -> None:
         session = entry.session
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + session.config.connect_timeout) as scope:
