@@ -13,9 +13,14 @@ on loopback, each measured sequentially (one session, one call after another) an
 By default every server shares this process's event loop (so the numbers compare CPU cost per
 call on one core); ``--isolate`` runs each server in its own process instead, as deployed.
 
+``--traced`` adds two rows, both always in a process of their own: ``agent-gateway (isolated)``
+(the gateway, untraced) and ``agent-gateway (traced)`` (the same, with the OpenTelemetry SDK
+installed: every trace sampled, spans exported over OTLP/HTTP to a local receiver, metrics on),
+and reports tracing's cost as same-run ratios of the two.
+
 Run from the repository root::
 
-    .venv/bin/python bench/overhead.py [--calls 300] [--concurrency 32] [--mode legacy|auto]
+    .venv/bin/python bench/overhead.py [--calls 300] [--concurrency 32] [--mode legacy|auto] [--traced]
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import multiprocessing
 import os
 import shlex
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -41,11 +48,13 @@ from fastmcp import FastMCP
 from fastmcp.server import create_proxy
 from mcp import Client
 
-from agent_gateway.config import parse_config
+from agent_gateway.config import TelemetryConfig, parse_config
+from agent_gateway.exporters import install
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: make `tests` importable
+from tests.otlp import otlp_receiver
 from tests.support import serving
 
 STARTUP_BOUND = 30.0
@@ -63,6 +72,17 @@ QUIET = ("uvicorn", "uvicorn.error", "uvicorn.access", "fastmcp", "mcp", "httpx"
 
 Serve = Callable[[str], AbstractAsyncContextManager[str]]
 """Given the upstream's URL, serve one way of reaching it; yield the URL clients call."""
+ChildStats = dict[str, float]
+"""What a server child reports when it stops: ``cpu_s`` (the CPU time of the whole process,
+every thread, from serving its URL until stopped) and, from the OTLP receiver, what it received."""
+
+ISOLATED = "agent-gateway (isolated)"
+TRACED = "agent-gateway (traced)"
+RECEIVER = "otlp-receiver"
+SPAN_PREFIX = "span "
+"""Receiver stats keyed ``span <name>`` count the spans received by name."""
+THREAD_PREFIX = "thread "
+"""Child stats keyed ``thread <name>``: CPU seconds of its threads but the main one, by name."""
 
 
 # -- servers ------------------------------------------------------------------------------
@@ -113,48 +133,120 @@ async def via_fastmcp_default(upstream: str) -> AsyncIterator[str]:
         yield f"{base}/mcp"
 
 
+CHILD_STATS: ChildStats = {}
+"""In a server child: what its server adds to the report it sends when stopped."""
+
+
+@asynccontextmanager
+async def otlp_collector(_: str = "") -> AsyncIterator[str]:
+    """The tests' OTLP/HTTP receiver; yield its base URL, count what it got into ``CHILD_STATS``."""
+    async with otlp_receiver() as (base, received):
+        try:
+            yield base
+        finally:
+            CHILD_STATS.update(
+                spans=len(received.spans),
+                trace_requests=received.trace_requests,
+                metric_requests=received.metric_requests,
+                rejected=received.rejected,
+            )
+            names = Counter(span.name for span in received.spans)
+            CHILD_STATS.update({f"{SPAN_PREFIX}{name}": n for name, n in names.items()})
+
+
 SERVERS: dict[str, Serve] = {
     "upstream": upstream_server,
     "agent-gateway": via_gateway,
     "fastmcp-proxy (reused)": via_fastmcp_reused,
     "fastmcp-proxy (default)": via_fastmcp_default,
 }
+CHILD_ONLY: dict[str, Serve] = {
+    ISOLATED: via_gateway,
+    TRACED: via_gateway,  # in a child whose SDK providers ``install`` has set (see traced_gateway)
+    RECEIVER: otlp_collector,
+}
+"""Roles that always run in a child process, with or without ``--isolate``."""
+
+
+def serve_of(role: str) -> Serve:
+    return SERVERS[role] if role in SERVERS else CHILD_ONLY[role]
 
 
 # -- servers in child processes (--isolate) -------------------------------------------------
 
 
-def _child_main(role: str, upstream: str, conn: Connection) -> None:
+def _child_main(role: str, upstream: str, conn: Connection, otlp_endpoint: str | None) -> None:
     quiet_logging()
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
-        anyio.run(_child_serve, role, upstream, conn)
+        anyio.run(_child_serve, role, upstream, conn, otlp_endpoint)
         return
     # One cProfile per isolated server: where its time goes, open with pstats or snakeviz.
     profiler = cProfile.Profile()
-    profiler.runcall(anyio.run, _child_serve, role, upstream, conn)
+    profiler.runcall(anyio.run, _child_serve, role, upstream, conn, otlp_endpoint)
     slug = "".join(c if c.isalnum() else "-" for c in role)
     profiler.dump_stats(Path(profile_dir) / f"{slug}.prof")
 
 
-async def _child_serve(role: str, upstream: str, conn: Connection) -> None:
+async def _child_serve(role: str, upstream: str, conn: Connection, otlp_endpoint: str | None) -> None:
+    # With an endpoint: this process's SDK providers, set before the app is built (as `serve`
+    # does), so the gateway's spans and metrics are recorded and exported from the start.
+    telemetry = (
+        install(TelemetryConfig(otlp_endpoint=otlp_endpoint, sampling_ratio=1.0, metrics=True), {})
+        if otlp_endpoint
+        else None
+    )
+    started = 0.0
     try:
-        async with SERVERS[role](upstream) as url:
+        async with serve_of(role)(upstream) as url:
             conn.send(("url", url))
+            started = time.process_time()
             with suppress(EOFError):
                 await anyio.to_thread.run_sync(conn.recv)  # the parent's "stop", or its exit
+            CHILD_STATS.update(thread_cpu())  # before the SDK's export threads end at shutdown
+        if telemetry is not None:
+            telemetry.shutdown()  # export the spans still batched: part of what tracing costs
+        with suppress(OSError):
+            conn.send(("stats", {"cpu_s": time.process_time() - started, **CHILD_STATS}))
     except Exception as exc:
         with suppress(OSError):
             conn.send(("error", f"{type(exc).__name__}: {exc}"))
         raise
 
 
+def thread_cpu() -> ChildStats:
+    """CPU seconds of this process's live threads but the main one, by name (Linux only).
+
+    The OpenTelemetry SDK exports from threads of its own (``OtelBatchSpanRecordProcessor``),
+    which hold the GIL while they encode: this is how much CPU they took from the event loop.
+    """
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu: ChildStats = {}
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.native_id is None:
+            continue
+        try:
+            stat = Path(f"/proc/self/task/{thread.native_id}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": fields 3 onwards
+        key = f"{THREAD_PREFIX}{thread.name}"
+        cpu[key] = cpu.get(key, 0.0) + (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return cpu
+
+
 @asynccontextmanager
-async def in_child(role: str, upstream: str) -> AsyncIterator[str]:
-    """Serve ``role`` in a child process of its own; stop and reap it on exit."""
+async def in_child(
+    role: str, upstream: str, *, otlp_endpoint: str | None = None, stats: ChildStats | None = None
+) -> AsyncIterator[str]:
+    """Serve ``role`` in a child process of its own; stop and reap it on exit.
+
+    With ``otlp_endpoint`` the child installs tracing (sampling 1.0) and metrics exporting there.
+    ``stats`` receives what the child reports when it stops (see ``ChildStats``).
+    """
     context = multiprocessing.get_context("spawn")
     parent, child = context.Pipe()
-    process = context.Process(target=_child_main, args=(role, upstream, child), daemon=True)
+    process = context.Process(target=_child_main, args=(role, upstream, child, otlp_endpoint), daemon=True)
     process.start()
     child.close()
     try:
@@ -167,6 +259,13 @@ async def in_child(role: str, upstream: str) -> AsyncIterator[str]:
     finally:
         with suppress(OSError):
             parent.send("stop")
+        with suppress(EOFError, OSError):
+            if await anyio.to_thread.run_sync(parent.poll, STOP_BOUND):
+                kind, value = parent.recv()
+                if kind == "stats" and stats is not None:
+                    stats.update(value)
+                elif kind == "error":
+                    print(f"{role}: child failed while stopping: {value}", file=sys.stderr, flush=True)
         await anyio.to_thread.run_sync(process.join, STOP_BOUND)
         if process.is_alive():
             process.kill()
@@ -174,14 +273,42 @@ async def in_child(role: str, upstream: str) -> AsyncIterator[str]:
         parent.close()
 
 
-def server_for(role: str, isolate: bool) -> Serve:
+@asynccontextmanager
+async def traced_gateway(upstream: str, stats: ChildStats, received: ChildStats) -> AsyncIterator[str]:
+    """The gateway with tracing and metrics on, in a child, exporting to a receiver in another.
+
+    The receiver gets a process of its own: in the gateway's child it would share (and steal)
+    the gateway's one event loop, and this process is not idle either: its loop runs every
+    benchmark client (and, without ``--isolate``, the upstream), so a receiver there would
+    delay the very calls being timed. A process of its own is what a collector is in
+    deployment; it only competes for the machine's cores, and it reports what it received
+    (and its CPU time) when stopped. It stops last, after the gateway has flushed its spans.
+    """
+    async with (
+        in_child(RECEIVER, "", stats=received) as endpoint,
+        in_child(TRACED, upstream, otlp_endpoint=endpoint, stats=stats) as url,
+    ):
+        yield url
+
+
+def server_for(
+    role: str, isolate: bool, stats: ChildStats | None = None, received: ChildStats | None = None
+) -> Serve:
     if role == "direct":
         return direct
-    if not isolate:
+    if role == TRACED:
+
+        def traced(upstream: str) -> AbstractAsyncContextManager[str]:
+            return traced_gateway(
+                upstream, {} if stats is None else stats, {} if received is None else received
+            )
+
+        return traced
+    if not isolate and role not in CHILD_ONLY:
         return SERVERS[role]
 
     def isolated(upstream: str) -> AbstractAsyncContextManager[str]:
-        return in_child(role, upstream)
+        return in_child(role, upstream, stats=stats)
 
     return isolated
 
@@ -202,6 +329,8 @@ SCENARIOS = (
     Scenario("fastmcp-proxy (reused)", "echo"),
     Scenario("fastmcp-proxy (default)", "echo", share=SLOW_SHARE),
 )
+TRACING_SCENARIOS = (Scenario(ISOLATED, "up__echo"), Scenario(TRACED, "up__echo"))
+"""With ``--traced``: both always isolated, both up at once, measured shape by shape, compared."""
 
 
 @dataclass
@@ -313,26 +442,85 @@ class Options:
     per_caller: int
     mode: str
     isolate: bool
+    traced: bool = False
 
 
-async def measure(scenario: Scenario, upstream: str, options: Options) -> list[Result]:
+@dataclass
+class Served:
+    """What a server child under test reported: its CPU time and the ``tools/call`` it answered."""
+
+    scenario: str
+    calls: int
+    """``tools/call`` answered, warm-ups included (sessions' initialize and tools/list are not)."""
+    stats: ChildStats
+    received: ChildStats
+    """The OTLP receiver's report (traced gateway only)."""
+
+    @property
+    def cpu_ms_per_call(self) -> float:
+        return self.stats.get("cpu_s", 0.0) * 1e3 / self.calls if self.calls else 0.0
+
+
+async def measure(scenario: Scenario, upstream: str, options: Options) -> tuple[list[Result], Served]:
     calls = max(1, round(options.calls * scenario.share))
     per_caller = max(1, round(options.per_caller * scenario.share))
-    async with server_for(scenario.name, options.isolate)(upstream) as url:
+    served = Served(scenario.name, 0, {}, {})
+    async with server_for(scenario.name, options.isolate, served.stats, served.received)(upstream) as url:
         with anyio.fail_after(MEASURE_BOUND):
             seq = await sequential(url, scenario, calls, options.mode)
         with anyio.fail_after(MEASURE_BOUND):
             conc = await concurrent(url, scenario, options.concurrency, per_caller, options.mode)
-    return [seq, conc]
+    served.calls = calls_served(seq, conc, options)
+    return [seq, conc], served
 
 
-async def run(options: Options) -> list[Result]:
+def calls_served(seq: Result, conc: Result, options: Options) -> int:
+    return seq.calls + WARMUP_CALLS + conc.calls + 2 * options.concurrency
+
+
+async def measure_tracing(upstream: str, options: Options) -> tuple[list[Result], list[Served]]:
+    """The untraced and the traced gateway, both up at once, each shape measured on one and
+    then the other back to back: a change in the machine's load (other tenants, a test run)
+    then falls inside as few pairs as possible, and each ratio compares neighbours in time."""
+    plain, traced = (Served(s.name, 0, {}, {}) for s in TRACING_SCENARIOS)
+    plain_scenario, traced_scenario = TRACING_SCENARIOS
+    async with (
+        server_for(ISOLATED, options.isolate, plain.stats)(upstream) as plain_url,
+        server_for(TRACED, options.isolate, traced.stats, traced.received)(upstream) as traced_url,
+    ):
+        pairs = ((plain_scenario, plain_url), (traced_scenario, traced_url))
+        seq: list[Result] = []
+        for scenario, url in pairs:
+            print(f"measuring {scenario.name}, sequential ...", file=sys.stderr, flush=True)
+            with anyio.fail_after(MEASURE_BOUND):
+                seq.append(await sequential(url, scenario, options.calls, options.mode))
+        conc: list[Result] = []
+        for scenario, url in pairs:
+            print(f"measuring {scenario.name}, concurrent ...", file=sys.stderr, flush=True)
+            with anyio.fail_after(MEASURE_BOUND):
+                conc.append(
+                    await concurrent(url, scenario, options.concurrency, options.per_caller, options.mode)
+                )
+    for report, one, many in zip((plain, traced), seq, conc, strict=True):
+        report.calls = calls_served(one, many, options)
+    return [seq[0], conc[0], seq[1], conc[1]], [plain, traced]
+
+
+async def run(options: Options) -> tuple[list[Result], list[Served]]:
     results: list[Result] = []
+    served: list[Served] = []
     async with server_for("upstream", options.isolate)("") as upstream:
         for scenario in SCENARIOS:
             print(f"measuring {scenario.name} ...", file=sys.stderr, flush=True)
-            results += await measure(scenario, upstream, options)
-    return results
+            measured, report = await measure(scenario, upstream, options)
+            results += measured
+            if report.stats:
+                served.append(report)
+        if options.traced:
+            measured, reports = await measure_tracing(upstream, options)
+            results += measured
+            served += reports
+    return results, served
 
 
 # -- reporting ------------------------------------------------------------------------------
@@ -376,6 +564,67 @@ def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
 
+def tracing_summary(results: list[Result], served: list[Served], concurrency: int) -> str:
+    """Tracing's cost: the traced gateway over the untraced one, both isolated, in this run."""
+
+    def pick(scenario: str, shape: str) -> Result:
+        return next(r for r in results if r.scenario == scenario and r.shape == shape)
+
+    shapes = ("sequential", f"{concurrency} concurrent")
+    rows = [
+        f"| traced / isolated (untraced) | {shapes[0]} | {shapes[1]} |",
+        "|---|---:|---:|",
+        "| p50 latency | "
+        + " | ".join(
+            f"{pick(TRACED, s).percentile(50) / pick(ISOLATED, s).percentile(50):.2f}x" for s in shapes
+        )
+        + " |",
+        "| p99 latency | "
+        + " | ".join(
+            f"{pick(TRACED, s).percentile(99) / pick(ISOLATED, s).percentile(99):.2f}x" for s in shapes
+        )
+        + " |",
+        "| throughput | "
+        + " | ".join(f"{pick(TRACED, s).throughput / pick(ISOLATED, s).throughput:.2f}x" for s in shapes)
+        + " |",
+    ]
+    by_role = {s.scenario: s for s in served}
+    lines = ["\n".join(rows)]
+    if ISOLATED in by_role and TRACED in by_role:
+        plain, traced = by_role[ISOLATED], by_role[TRACED]
+        received = traced.received
+        spans = int(received.get("spans", 0))
+        names = sorted(
+            ((k.removeprefix(SPAN_PREFIX), int(v)) for k, v in received.items() if k.startswith(SPAN_PREFIX)),
+            key=lambda item: -item[1],
+        )
+        lines += [
+            "",
+            "| server process | tools/call served | CPU s | CPU ms per tools/call |",
+            "|---|---:|---:|---:|",
+            *(
+                f"| {s.scenario} | {s.calls} | {s.stats.get('cpu_s', 0.0):.2f} | {s.cpu_ms_per_call:.2f} |"
+                for s in (plain, traced)
+            ),
+            f"| {RECEIVER} (for the traced gateway) | | {received.get('cpu_s', 0.0):.2f} | "
+            f"{received.get('cpu_s', 0.0) * 1e3 / traced.calls:.2f} |",
+            "",
+            f"gateway CPU per tools/call, traced / untraced: {traced.cpu_ms_per_call / plain.cpu_ms_per_call:.2f}x",
+            f"spans received: {spans} ({spans / traced.calls:.2f} per tools/call) in "
+            f"{int(received.get('trace_requests', 0))} trace export requests; "
+            f"{int(received.get('metric_requests', 0))} metric export requests; "
+            f"{int(received.get('rejected', 0))} rejected",
+            "spans by name: " + ", ".join(f"{name} {n}" for name, n in names),
+            "CPU s of the traced gateway's other threads (before its final flush): "
+            + ", ".join(
+                f"{key.removeprefix(THREAD_PREFIX)} {value:.2f}"
+                for key, value in sorted(traced.stats.items())
+                if key.startswith(THREAD_PREFIX)
+            ),
+        ]
+    return "\n".join(lines)
+
+
 # -- entry point ----------------------------------------------------------------------------
 
 
@@ -395,21 +644,35 @@ def parse_args(argv: list[str] | None = None) -> Options:
         help="the benchmark clients' connect mode: legacy (handshake era, default) or auto (modern era)",
     )
     parser.add_argument("--isolate", action="store_true", help="run each server in its own process")
+    parser.add_argument(
+        "--traced",
+        action="store_true",
+        help="also measure the gateway isolated, untraced and traced (OTLP to a local receiver), and compare",
+    )
     args = parser.parse_args(argv)
-    return Options(args.calls, args.concurrency, args.per_caller, args.mode, args.isolate)
+    return Options(args.calls, args.concurrency, args.per_caller, args.mode, args.isolate, args.traced)
 
 
 def main() -> None:
     options = parse_args()
     quiet_logging()
-    results = anyio.run(run, options)
+    results, served = anyio.run(run, options)
     print(table(results))
     print()
     print(verdicts(results, options.concurrency))
     print()
+    if options.traced:
+        print(tracing_summary(results, served, options.concurrency))
+        print()
     print(f"command: `{shlex.join(sys.orig_argv)}`")
     layout = "each server in its own process" if options.isolate else "all servers in one event loop"
     print(f"layout: {layout}; warm-up {WARMUP_CALLS} calls per sequential session, 2 per concurrent one")
+    if options.traced:
+        print(
+            f"{ISOLATED} and {TRACED}: each in its own process whatever the layout; the traced one "
+            "samples every trace and exports spans (BatchSpanProcessor) and metrics over OTLP/HTTP "
+            f"to {RECEIVER}, a third process"
+        )
 
 
 if __name__ == "__main__":
