@@ -1,0 +1,65 @@
+"""Where the trace context and the telemetry settings come from: ``_meta`` before headers,
+FastMCP's older keys too, and ``OTEL_*`` variables over the ``telemetry:`` block."""
+
+from __future__ import annotations
+
+import pytest
+from opentelemetry import baggage, trace
+
+from agent_gateway.config import TelemetryConfig
+from agent_gateway.errors import ConfigError
+from agent_gateway.exporters import Settings
+from agent_gateway.telemetry import incoming_context
+
+TRACE = "0af7651916cd43dd8448eb211c80319c"
+PARENT = f"00-{TRACE}-b7ad6b7169203331-01"
+OTHER = "00-11111111111111111111111111111111-2222222222222222-01"
+
+
+def trace_id(meta: object, headers: dict[str, str] | None = None) -> str | None:
+    context = incoming_context(meta, headers)
+    if context is None:
+        return None
+    return format(trace.get_current_span(context).get_span_context().trace_id, "032x")
+
+
+def test_meta_wins_over_headers_and_fastmcps_keys_are_read_too() -> None:
+    assert trace_id({"traceparent": PARENT}, {"traceparent": OTHER}) == TRACE
+    assert trace_id({"fastmcp.traceparent": PARENT}) == TRACE
+    assert trace_id({}, {"traceparent": PARENT}) == TRACE
+
+
+def test_a_missing_or_malformed_traceparent_gives_no_context() -> None:
+    assert trace_id(None) is None
+    assert trace_id({"traceparent": "not-a-traceparent"}) is None
+    assert trace_id({"traceparent": 42}) is None
+
+
+def test_baggage_comes_with_the_context() -> None:
+    context = incoming_context({"traceparent": PARENT, "baggage": "tenant=blue"}, None)
+    assert context is not None
+    assert baggage.get_baggage("tenant", context) == "blue"
+
+
+def test_otel_variables_win_over_the_telemetry_block() -> None:
+    config = TelemetryConfig(service_name="from-file", otlp_endpoint="http://file:4318", sampling_ratio=0.5)
+    environ = {
+        "OTEL_SERVICE_NAME": "from-env",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://env:4318/",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer x,tenant=blue",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+    }
+    settings = Settings.of(config, environ)
+    assert (settings.service_name, settings.endpoint, settings.sampling_ratio) == (
+        "from-env",
+        "http://env:4318",
+        0.25,
+    )
+    assert settings.headers == {"authorization": "Bearer x", "tenant": "blue"}
+    assert Settings.of(config, {}).endpoint == "http://file:4318"
+    assert Settings.of(config, {"OTEL_SDK_DISABLED": "true"}).disabled
+
+
+def test_a_bad_sampler_argument_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
+        Settings.of(TelemetryConfig(), {"OTEL_TRACES_SAMPLER_ARG": "most"})
