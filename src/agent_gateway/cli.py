@@ -21,8 +21,8 @@ from agent_gateway.config import GatewayConfig, load_config
 from agent_gateway.errors import ConfigError
 from agent_gateway.exporters import install
 from agent_gateway.http import build_app
+from agent_gateway.logs import JsonFormatter, TraceIds
 from agent_gateway.server import Gateway
-from agent_gateway.telemetry import JsonFormatter, TraceIds
 
 logger = logging.getLogger("agent_gateway")
 

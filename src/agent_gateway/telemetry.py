@@ -10,13 +10,12 @@ Spans, by the OpenTelemetry MCP semantic conventions:
 - a CLIENT span per request sent upstream: the ``mcp`` client's own span, which is the one
   whose context reaches the upstream in ``_meta``, renamed and given the upstream's name and
   address by ``UpstreamSpans`` from what ``upstream_call`` put in the context;
-- the agent's GenAI spans (``agent_span``, ``chat_span``, ``tool_span``).
+- the agent's GenAI spans (``agent/spans.py``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import re
 import time
 import weakref
@@ -63,36 +62,34 @@ SCOPE = "agent-gateway"
 MCP_CLIENT_SCOPE = "mcp-python-sdk"  # the mcp package's tracer: its client spans are ours to enrich
 _CARRIER_KEYS = ("traceparent", "tracestate", "baggage")
 # Seconds; the semantic conventions' advice for MCP and GenAI operation durations.
-_DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-_TOKEN_BUCKETS = (1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 tracer = trace.get_tracer(SCOPE)
-_meter = metrics.get_meter(SCOPE)
-server_duration = _meter.create_histogram(
+meter = metrics.get_meter(SCOPE)
+server_duration = meter.create_histogram(
     "mcp.server.operation.duration",
     unit="s",
     description="MCP requests the gateway served, by method, tool, upstream and error type.",
-    explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
 )
-client_duration = _meter.create_histogram(
+client_duration = meter.create_histogram(
     "mcp.client.operation.duration",
     unit="s",
     description="MCP requests the gateway sent upstream, by method, tool, upstream and error type.",
-    explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
+    explicit_bucket_boundaries_advisory=DURATION_BUCKETS,
 )
-reconnects = _meter.create_counter(
+reconnects = meter.create_counter(
     "agent_gateway.upstream.reconnects", description="Upstream connections re-established after a loss."
 )
-sessions_active = _meter.create_up_down_counter(
+sessions_active = meter.create_up_down_counter(
     "agent_gateway.sessions.active", description="Downstream MCP sessions open now."
 )
 _upstream_sources: weakref.WeakSet[UpstreamStates] = weakref.WeakSet()
 
 
 class UpstreamStates(Protocol):
-    def up_states(self) -> list[tuple[str, bool]]:
-        """(upstream name, whether it is up) for each upstream."""
-        ...
+    up_states: Callable[[], list[tuple[str, bool]]]
+    """(upstream name, whether it is up) for each upstream."""
 
 
 def watch_upstreams(source: UpstreamStates) -> None:
@@ -106,24 +103,9 @@ def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
             yield Observation(1 if up else 0, {"agent_gateway.upstream": name})
 
 
-_meter.create_observable_gauge(
+meter.create_observable_gauge(
     "agent_gateway.upstream.up", callbacks=[_observe_up], description="1 while an upstream is connected."
 )
-agent_runs = _meter.create_counter("agent_gateway.agent.runs", description="ask_agent runs, by outcome.")
-token_usage = _meter.create_histogram(
-    "gen_ai.client.token.usage",
-    unit="{token}",
-    description="Tokens per model call of the agent, by type and model.",
-    explicit_bucket_boundaries_advisory=_TOKEN_BUCKETS,
-)
-model_duration = _meter.create_histogram(
-    "gen_ai.client.operation.duration",
-    unit="s",
-    description="The agent's model calls, by model and error type.",
-    explicit_bucket_boundaries_advisory=_DURATION_BUCKETS,
-)
-
-
 # -- trace context in ------------------------------------------------------------------------
 
 
@@ -401,127 +383,3 @@ def _body_meta(body: bytes) -> Mapping[str, Any]:
     params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None
     return meta if isinstance(meta, dict) else {}  # pyright: ignore[reportUnknownVariableType]
-
-
-# -- logs ------------------------------------------------------------------------------------
-
-
-class TraceIds(logging.Filter):
-    """Puts the current ``trace_id`` and ``span_id`` (hex, or empty) on every log record."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        context = trace.get_current_span().get_span_context()
-        record.trace_id = format(context.trace_id, "032x") if context.is_valid else ""
-        record.span_id = format(context.span_id, "016x") if context.is_valid else ""
-        return True
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, trace and span ids, exception."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-            "trace_id": getattr(record, "trace_id", ""),
-            "span_id": getattr(record, "span_id", ""),
-        }
-        if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
-
-
-# -- the agent's GenAI spans -----------------------------------------------------------------
-
-
-@contextmanager
-def agent_span(agent: str, run_id: str, thread: str) -> Iterator[Span]:
-    """The span of one ``ask_agent`` run (``invoke_agent``), parent of its model and tool spans."""
-    attributes = {
-        "gen_ai.operation.name": "invoke_agent",
-        "gen_ai.agent.name": agent,
-        "gen_ai.conversation.id": thread,
-        "agent_gateway.run_id": run_id,
-    }
-    with tracer.start_as_current_span(
-        f"invoke_agent {agent}", kind=SpanKind.INTERNAL, attributes=attributes
-    ) as span:
-        yield span
-
-
-def agent_finished(span: Span, outcome: str, error: str | None) -> None:
-    """Record how a run ended on its span and in ``agent_gateway.agent.runs``."""
-    agent_runs.add(1, {"agent_gateway.outcome": outcome})
-    span.set_attribute("agent_gateway.outcome", outcome)
-    if error is not None:
-        span.set_attribute("error.type", "agent_error")
-        span.set_status(StatusCode.ERROR, error)
-
-
-@dataclass
-class ModelCall:
-    """One model call of the agent, filled in as it returns."""
-
-    span: Span
-    requested: str
-    outcome: Outcome = field(default_factory=Outcome)
-
-    def answered(self, model: str | None, input_tokens: int, output_tokens: int) -> None:
-        if model:  # the reply's own name for it (with sampling, the client's say): span only
-            self.span.set_attribute("gen_ai.response.model", model)
-        self.span.set_attributes(
-            {"gen_ai.usage.input_tokens": input_tokens, "gen_ai.usage.output_tokens": output_tokens}
-        )
-        labels = {"gen_ai.request.model": self.requested}
-        token_usage.record(input_tokens, {**labels, "gen_ai.token.type": "input"})
-        token_usage.record(output_tokens, {**labels, "gen_ai.token.type": "output"})
-
-
-@contextmanager
-def chat_span(
-    provider: str, model: str, pausing: tuple[type[BaseException], ...] = ()
-) -> Iterator[ModelCall]:
-    """A model call (``chat``); an exception of a ``pausing`` type ends it without error."""
-    attributes = {
-        "gen_ai.operation.name": "chat",
-        "gen_ai.provider.name": provider,
-        "gen_ai.request.model": model,
-    }
-    started = time.perf_counter()
-    with tracer.start_as_current_span(
-        f"chat {model}",
-        kind=SpanKind.CLIENT,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        call = ModelCall(span, model)
-        try:
-            with call.outcome.recorded(span, expected=pausing):
-                yield call
-        finally:
-            labels = {"gen_ai.request.model": model, "gen_ai.provider.name": provider}
-            model_duration.record(time.perf_counter() - started, call.outcome.labelled(labels))
-
-
-@contextmanager
-def tool_span(tool: str, upstream: str | None) -> Iterator[Outcome]:
-    """One tool call of the agent (``execute_tool``), parent of the upstream request's span."""
-    attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool}
-    if upstream is not None:
-        attributes["agent_gateway.upstream"] = upstream
-    with tracer.start_as_current_span(
-        f"execute_tool {tool}",
-        kind=SpanKind.INTERNAL,
-        attributes=attributes,
-        record_exception=False,
-        set_status_on_exception=False,
-    ) as span:
-        outcome = Outcome()
-        with outcome.recorded(span):
-            yield outcome
-        if outcome.error_type is not None:
-            span.set_attribute("error.type", outcome.error_type)
-            span.set_status(StatusCode.ERROR)

@@ -20,10 +20,10 @@ from langchain_core.messages import InvalidToolCall, ToolCall, ToolMessage
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import Toolbox
 from agent_gateway.errors import GatewayError
 from agent_gateway.proxy import Caller, Proxy
-from agent_gateway.telemetry import tool_span
 
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""

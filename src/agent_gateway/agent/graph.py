@@ -23,9 +23,9 @@ from langgraph.runtime import Runtime
 from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import Toolbox
 from agent_gateway.errors import AgentError, ModelFailed
-from agent_gateway.telemetry import chat_span
 
 
 class Usage(TypedDict):

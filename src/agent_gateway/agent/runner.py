@@ -40,12 +40,12 @@ from agent_gateway.agent.graph import (
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
+from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.toolbox import Toolbox, build_toolbox, system_prompt
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
 from agent_gateway.proxy import Caller, Proxy
-from agent_gateway.telemetry import agent_finished, agent_span
 
 logger = logging.getLogger(__name__)
 
