@@ -7,6 +7,7 @@ the environment: the caller passes it in.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from collections.abc import Mapping
@@ -30,6 +31,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class HealthConfig(_Strict):
+    """Pings that find an upstream which stopped answering while its connection looks open."""
+
+    interval: Seconds | None = 30.0
+    """Seconds between pings on the shared connection; None: no pings."""
+    timeout: Seconds = 10.0
+    """A ping not answered within this marks the upstream down (and fails its pending calls)."""
+
+
+class RetryConfig(_Strict):
+    """Reconnecting to a down upstream: exponential backoff with jitter."""
+
+    initial_delay: Seconds = 0.5
+    max_delay: Seconds = 30.0
+
+
+class BreakerConfig(_Strict):
+    """The circuit breaker: stop sending calls to an upstream whose calls keep failing."""
+
+    failures: int = Field(default=5, ge=1, le=1000)
+    """Consecutive failed calls (connection lost, timed out) that open the circuit."""
+    reset: Seconds = 30.0
+    """Seconds the circuit stays open before one probe call is let through (half-open)."""
+
+
 class UpstreamConfig(_Strict):
     """One upstream MCP server, in the shape clients already use in ``mcpServers``."""
 
@@ -51,6 +77,18 @@ class UpstreamConfig(_Strict):
     session: Literal["shared", "per_client"] = "shared"
     """``shared``: one multiplexed upstream session; ``per_client``: one per downstream session."""
     enabled: bool = True
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    breaker: BreakerConfig | None = Field(default_factory=BreakerConfig)
+    """None: no circuit breaker."""
+    failure_mode: Literal["fail_open", "hide"] = "fail_open"
+    """While the upstream is down: ``fail_open`` keeps its tools listed (calls fail at once
+    with a clear error); ``hide`` takes them out of the catalog until it is back."""
+    max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    """Calls in flight to this upstream at once (all clients together); one more is refused."""
+    tool_timeouts: dict[str, Seconds] = Field(default_factory=dict)
+    """Per-tool timeouts: globs over the upstream's own tool names; the first match wins
+    over ``timeout``."""
 
     @model_validator(mode="after")
     def _one_target(self) -> UpstreamConfig:
@@ -60,18 +98,34 @@ class UpstreamConfig(_Strict):
             raise ValueError(f"transport {self.transport!r} needs a 'url', not a 'command'")
         if self.url is not None and self.transport == "stdio":
             raise ValueError("transport 'stdio' needs a 'command', not a 'url'")
-        if self.transport == "websocket":
-            raise ValueError("websocket upstreams are not supported yet; use streamable-http or sse")
+        if self.url is not None and self.transport is not None and self.transport != "stdio":
+            websocket_url = self.url.startswith(("ws://", "wss://"))
+            if websocket_url != (self.transport == "websocket"):
+                wanted = "a ws:// or wss://" if self.transport == "websocket" else "an http:// or https://"
+                raise ValueError(f"transport {self.transport!r} needs {wanted} url, got {self.url!r}")
         if self.url is not None and not re.match(r"^(https?|wss?)://", self.url):
             raise ValueError(f"url must start with http://, https://, ws:// or wss://, got {self.url!r}")
+        if self.retry.initial_delay > self.retry.max_delay:
+            raise ValueError("retry.initial_delay must not exceed retry.max_delay")
         return self
+
+    def timeout_of(self, tool: str) -> float:
+        """The timeout for one call of the upstream's tool ``tool``."""
+        for pattern, seconds in self.tool_timeouts.items():
+            if fnmatch.fnmatchcase(tool, pattern):
+                return seconds
+        return self.timeout
 
     @property
     def kind(self) -> Transport:
-        """The transport in effect: stdio for a command, streamable-http by default for a url."""
+        """The transport in effect: stdio for a command; for a url, websocket when it is
+        ws:// or wss://, streamable-http otherwise, unless ``transport`` says."""
         if self.command is not None:
             return "stdio"
-        return self.transport or "streamable-http"
+        if self.transport is not None:
+            return self.transport
+        assert self.url is not None
+        return "websocket" if self.url.startswith(("ws://", "wss://")) else "streamable-http"
 
 
 class ServerConfig(_Strict):

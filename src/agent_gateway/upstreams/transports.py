@@ -11,14 +11,16 @@ import anyio
 import httpx2
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT
+from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.telemetry import trace_headers
+from agent_gateway.upstreams.stdio import stdio_transport
+from agent_gateway.upstreams.websocket import websocket_client
 
 
 class WatchedReadStream:
@@ -86,6 +88,17 @@ def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
     )
 
 
+def _traced(
+    headers: dict[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+) -> httpx2.AsyncClient:
+    """The SSE transport's HTTP client: the SDK's, plus the trace-context hook."""
+    client = create_mcp_http_client(headers, timeout, auth)
+    client.event_hooks["request"].append(trace_headers)
+    return client
+
+
 @asynccontextmanager
 async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStreams]:
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child)."""
@@ -99,11 +112,13 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
                 env={**get_default_environment(), **config.env},
                 cwd=config.cwd,
             )
-            transport: Transport = stdio_client(params)
+            transport: Transport = stdio_transport(params)
         else:
             assert config.url is not None
             if kind == "sse":
-                transport = sse_client(config.url, headers=dict(config.headers))
+                transport = sse_client(config.url, headers=dict(config.headers), httpx_client_factory=_traced)
+            elif kind == "websocket":
+                transport = websocket_client(config.url, config.headers)
             else:
                 http = await stack.enter_async_context(_http_client(config))
                 transport = streamable_http_client(config.url, http_client=http)

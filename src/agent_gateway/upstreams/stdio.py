@@ -1,0 +1,168 @@
+"""The stdio transport to a child-process upstream, with a line reader linear in the line's size.
+
+``mcp.client.stdio.stdio_client`` joins its carried-over text to each new 64 KiB chunk and
+splits the whole string again, so one long line costs time quadratic in its length: a 50 MB
+tool result (100 MB of JSON with its structured copy) took 70 s, all of it on the event
+loop, stalling every other client of the gateway. This reader keeps the pieces of an
+unfinished line in a list and joins them once, when its newline arrives (about 1 s for the
+same result).
+
+Spawning (own process group), the shutdown order (close stdin, grace period, SIGTERM to the
+group, SIGKILL) and the environment rules are the SDK's, reused where they are public. On
+Windows the SDK's own transport is used as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from typing import TextIO
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+from anyio.abc import ByteReceiveStream, Process
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.client._transport import TransportStreams
+from mcp.client.stdio import (
+    FORCE_KILL_TIMEOUT,
+    PROCESS_TERMINATION_TIMEOUT,
+    StdioServerParameters,
+    get_default_environment,
+    stdio_client,
+)
+from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.shared.message import SessionMessage
+
+logger = logging.getLogger(__name__)
+
+_READ_SIZE = 1 << 20
+_FLUSH_TIMEOUT = 0.5
+_REAP_TIMEOUT = 2.0
+_POLL = 0.02
+
+
+@asynccontextmanager
+async def stdio_transport(params: StdioServerParameters) -> AsyncIterator[TransportStreams]:
+    """Spawn ``params``' server and talk to it over its stdin/stdout; leaving the context
+    stops the whole process group (shielded, every wait bounded)."""
+    if sys.platform == "win32":  # pragma: no cover
+        async with stdio_client(params) as streams:
+            yield streams
+        return
+    process = await anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=_stderr(),
+        cwd=params.cwd,
+        start_new_session=True,  # its own group: the whole tree is stopped with it
+    )
+    incoming_in, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
+    outgoing, outgoing_out = anyio.create_memory_object_stream[SessionMessage](0)
+    written = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_read, process, incoming_in)
+        tg.start_soon(_write, process, outgoing_out, incoming_in, written)
+        try:
+            yield incoming, outgoing
+        finally:
+            with anyio.CancelScope(shield=True):
+                incoming.close()  # the reader drains from here on: a full pipe cannot block exit
+                outgoing.close()
+                with anyio.move_on_after(_FLUSH_TIMEOUT):
+                    await written.wait()
+                await _stop(process)
+            tg.cancel_scope.cancel()
+
+
+def _stderr() -> TextIO | None:
+    """Where the child's stderr goes: ours, or the process's own when ours has no file
+    descriptor (replaced by a capturing object, as under pytest)."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            if stream is not None:
+                stream.fileno()
+                return stream
+        except (OSError, ValueError):  # io.UnsupportedOperation is both
+            continue
+    return None
+
+
+async def _read(process: Process, incoming: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+    assert process.stdout is not None
+    async with incoming:
+        async for line in _lines(process.stdout):
+            # Closed when shutting down: keep draining, so the server can flush and exit.
+            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                await incoming.send(_parse(line))
+
+
+async def _lines(stdout: ByteReceiveStream) -> AsyncIterator[bytes]:
+    pieces: list[bytes] = []
+    with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        while True:
+            chunk = await stdout.receive(_READ_SIZE)
+            *complete, rest = chunk.split(b"\n")
+            if complete:
+                complete[0] = b"".join([*pieces, complete[0]])
+                pieces.clear()
+                for line in complete:
+                    if line.strip():
+                        yield line
+            if rest:
+                pieces.append(rest)
+
+
+def _parse(line: bytes) -> SessionMessage | Exception:
+    try:
+        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+    except ValueError as exc:  # handed to the session, which reports it and reads on
+        logger.warning("upstream wrote a line that is not JSON-RPC (%d bytes)", len(line))
+        return exc
+
+
+async def _write(
+    process: Process,
+    outgoing: MemoryObjectReceiveStream[SessionMessage],
+    incoming: MemoryObjectSendStream[SessionMessage | Exception],
+    written: anyio.Event,
+) -> None:
+    assert process.stdin is not None
+    try:
+        async with outgoing:
+            async for message in outgoing:
+                data = message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                await process.stdin.send(data.encode() + b"\n")
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        # Its stdin is gone, so it is as good as gone: end the read side too, so the
+        # session sees the connection close instead of a request waiting for ever.
+        await incoming.aclose()
+    finally:
+        written.set()
+
+
+async def _stop(process: Process) -> None:
+    """Close stdin, give it a grace period, then SIGTERM and SIGKILL its group; reap it."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdin.aclose()
+    if not await _exited(process, PROCESS_TERMINATION_TIMEOUT):
+        await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
+        if not await _exited(process, _REAP_TIMEOUT):
+            logger.warning("upstream process %d survived SIGKILL; abandoning it", process.pid)
+    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdout.aclose()
+    with anyio.move_on_after(_REAP_TIMEOUT):
+        await process.aclose()
+
+
+async def _exited(process: Process, within: float) -> bool:
+    # Polled, not process.wait(): that also waits for EOF on pipes a grandchild may hold.
+    with anyio.move_on_after(within):
+        while process.returncode is None:  # noqa: ASYNC110  (no event exists for it)
+            await anyio.sleep(_POLL)
+        return True
+    return False

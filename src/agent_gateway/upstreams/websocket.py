@@ -1,0 +1,114 @@
+"""The client transport for ``transport: websocket`` upstreams: MCP over one WebSocket.
+
+mcp 1.x shipped this transport (``mcp.client.websocket``); mcp 2.x dropped it, but servers
+that speak it are still deployed, so the gateway keeps the same wire here: the client asks
+for the ``mcp`` subprotocol and each JSON-RPC message travels as one text frame.
+
+The connection is bridged to the memory streams an ``mcp.Client`` expects, like the SDK's
+own stdio and SSE clients: a frame that does not parse reaches the session as an exception
+value, and a closed connection ends the read stream so the gateway sees the upstream go.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import anyio
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.client._transport import TransportStreams
+from mcp.shared.message import SessionMessage
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.typing import Data, Subprotocol
+
+logger = logging.getLogger(__name__)
+
+SUBPROTOCOL = Subprotocol("mcp")
+MAX_MESSAGE_BYTES = 64 * 2**20
+"""The largest message accepted from the upstream: tool results can be big (images, files)."""
+CLOSE_TIMEOUT = 2.0
+"""How long the closing handshake may take before the socket is dropped."""
+
+Incoming = SessionMessage | Exception
+
+
+@asynccontextmanager
+async def websocket_client(url: str, headers: Mapping[str, str]) -> AsyncIterator[TransportStreams]:
+    """Connect to the MCP server at ``url`` (ws:// or wss://), sending ``headers`` in the
+    handshake; yield its read and write streams. Leaving the context closes the connection.
+
+    Opening is not bounded here: the caller bounds it (the gateway's ``connect_timeout``).
+    """
+    connection = await _connect(url, headers)
+    try:
+        async with _bridged(connection) as streams:
+            yield streams
+    finally:
+        # Bounded by CLOSE_TIMEOUT, and shielded so a cancelled caller still frees the socket.
+        with anyio.CancelScope(shield=True):
+            await connection.close()
+
+
+async def _connect(url: str, headers: Mapping[str, str]) -> ClientConnection:
+    return await connect(
+        url,
+        subprotocols=[SUBPROTOCOL],
+        additional_headers=dict(headers),
+        max_size=MAX_MESSAGE_BYTES,
+        open_timeout=None,
+        close_timeout=CLOSE_TIMEOUT,
+    )
+
+
+@asynccontextmanager
+async def _bridged(connection: ClientConnection) -> AsyncIterator[TransportStreams]:
+    """Relay frames to and from memory streams in two tasks, stopped when the context exits."""
+    read_writer, read_stream = anyio.create_memory_object_stream[Incoming](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
+    # Every end is closed here too: a task cancelled before its first step closes nothing.
+    async with read_writer, read_stream, write_stream, write_reader, anyio.create_task_group() as tg:
+        tg.start_soon(_read_frames, connection, read_writer)
+        tg.start_soon(_write_frames, connection, write_reader)
+        try:
+            yield read_stream, write_stream
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _read_frames(connection: ClientConnection, sink: MemoryObjectSendStream[Incoming]) -> None:
+    """Pass each frame on as a message until the connection closes, then end the stream."""
+    async with sink:
+        try:
+            while True:
+                await sink.send(_parse(await connection.recv()))
+        except ConnectionClosed as closed:  # a clean close and a lost connection alike
+            logger.info("websocket connection to an upstream ended: %s", closed)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the session stopped reading: it is closing
+
+
+def _parse(frame: Data) -> Incoming:
+    """One frame as a message, or the parse error as a value for the session to surface."""
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(frame, by_name=False)
+    except ValueError as exc:
+        logger.warning("unparseable message from a websocket upstream: %s", exc)
+        return exc
+    return SessionMessage(message)
+
+
+async def _write_frames(
+    connection: ClientConnection, source: MemoryObjectReceiveStream[SessionMessage]
+) -> None:
+    """Send each message as one text frame; stop when the session or the connection closes."""
+    async with source:  # once closed here, the session's sends fail instead of hanging
+        try:
+            async for session_message in source:
+                await connection.send(
+                    session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                )
+        except ConnectionClosed:
+            pass  # the reader sees the same close and ends the read stream

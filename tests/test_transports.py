@@ -1,0 +1,264 @@
+"""Legacy SSE and WebSocket upstreams, each served by a real server of its kind.
+
+SSE is FastMCP's own legacy SSE app; WebSocket is FastMCP's server bridged to a Starlette
+WebSocket route (tests/websocket_server.py), since no current SDK serves it. The first tests
+drive the gateway's WebSocket client directly; the rest go through a running gateway with
+the official client downstream.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from anyio.abc import TaskStatus
+from fastmcp import Context, FastMCP
+from fastmcp.exceptions import ToolError
+from mcp import Client
+from mcp.shared.message import SessionMessage
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from agent_gateway.upstreams.websocket import websocket_client
+from tests.support import free_socket, running_gateway, serving
+from tests.websocket_server import serving_websocket_upstream
+
+PROTOCOLS = ["legacy", "auto"]
+"""The upstream's era: the initialize handshake (what 1.x-era SSE and WebSocket servers
+speak), or the gateway's first choice, the modern era (which FastMCP serves on both)."""
+BOUND = 10.0
+BIG = "x" * (2 * 2**20)
+"""Twice the websockets library's default frame limit."""
+
+
+def kit_server() -> FastMCP:
+    server = FastMCP("kit")
+
+    @server.tool
+    def ping() -> str:
+        """Answer at once."""
+        return "pong"
+
+    @server.tool
+    def weather(city: str) -> dict[str, Any]:
+        """Structured weather."""
+        return {"city": city, "celsius": 21.5}
+
+    @server.tool
+    def broken() -> str:
+        """Always fails."""
+        raise ToolError("kit exploded")
+
+    @server.tool
+    async def steps(count: int, ctx: Context) -> int:
+        """Report ``count`` progress steps, in order, then return ``count``."""
+        for step in range(1, count + 1):
+            await ctx.report_progress(step, count, f"step {step}")
+        return count
+
+    @server.resource("kit://readme", mime_type="text/plain")
+    def readme() -> str:
+        return "kit readme"
+
+    return server
+
+
+@asynccontextmanager
+async def serving_sse_upstream(server: FastMCP) -> AsyncIterator[str]:
+    """Serve ``server`` with FastMCP's legacy SSE app; yield its ``/sse`` URL."""
+    async with serving(server.http_app(transport="sse", path="/sse")) as base:
+        yield f"{base}/sse"
+
+
+def text_of(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def wait_until(predicate: Callable[[], bool], bound: float) -> None:
+    with anyio.fail_after(bound):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+# -- the WebSocket client on its own ------------------------------------------------------
+
+
+async def echo_once(websocket: WebSocket) -> None:
+    """Accept ``mcp``, send a frame that is not JSON, echo one frame, then close."""
+    await websocket.accept(subprotocol="mcp")
+    await websocket.send_text("this is not json")
+    await websocket.send_text(await websocket.receive_text())
+    await websocket.close()
+
+
+async def test_the_websocket_client_frames_messages_surfaces_bad_ones_and_ends_on_close() -> None:
+    note = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/message", params={"data": BIG})
+    async with serving(Starlette(routes=[WebSocketRoute("/ws", echo_once)])) as base:
+        url = f"ws://{base.removeprefix('http://')}/ws"
+        with anyio.fail_after(BOUND):
+            async with websocket_client(url, {}) as (read_stream, write_stream):
+                bad = await read_stream.receive()
+                await write_stream.send(SessionMessage(note))
+                echoed = await read_stream.receive()
+                with pytest.raises(anyio.EndOfStream):
+                    await read_stream.receive()
+    assert isinstance(bad, ValueError)
+    assert isinstance(echoed, SessionMessage)
+    assert echoed.message == note  # 2 MiB: past the library's default limit
+
+
+async def test_leaving_the_websocket_client_closes_the_connection_even_when_cancelled() -> None:
+    gone = anyio.Event()
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept(subprotocol="mcp")
+        try:
+            await websocket.receive_text()
+        except WebSocketDisconnect:
+            gone.set()
+
+    async with serving(Starlette(routes=[WebSocketRoute("/ws", endpoint)])) as base:
+        url = f"ws://{base.removeprefix('http://')}/ws"
+        with anyio.CancelScope() as scope:
+            async with websocket_client(url, {}) as (read_stream, _):
+                scope.cancel()
+                await read_stream.receive()  # cancelled here: nothing ever arrives
+        assert scope.cancelled_caught
+        with anyio.fail_after(BOUND):
+            await gone.wait()
+
+
+# -- through the gateway ------------------------------------------------------------------
+
+UpstreamFactory = Callable[[FastMCP], AbstractAsyncContextManager[str]]
+KINDS: dict[str, tuple[UpstreamFactory, dict[str, str]]] = {
+    "sse": (serving_sse_upstream, {"transport": "sse"}),
+    "websocket": (serving_websocket_upstream, {"transport": "websocket"}),
+    "websocket-by-url": (serving_websocket_upstream, {}),
+}
+
+
+@asynccontextmanager
+async def kit_gateway(kind: str, protocol: str) -> AsyncIterator[tuple[str, str]]:
+    """A gateway over the kit upstream served as ``kind``; yields (gateway URL, transport)."""
+    serve, extra = KINDS[kind]
+    async with serve(kit_server()) as upstream:
+        config = {"upstreams": {"kit": {"url": upstream, "protocol": protocol, **extra}}}
+        async with running_gateway(config) as gw:
+            [status] = gw.gateway.pool.statuses()
+            assert str(status.state) == "up", status
+            yield gw.url, status.transport
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("kind", list(KINDS))
+async def test_an_upstream_is_aggregated_over_its_transport(kind: str, protocol: str) -> None:
+    async with kit_gateway(kind, protocol) as (url, transport), Client(url) as client:
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        pong = await client.call_tool("kit__ping", {})
+        weather = await client.call_tool("kit__weather", {"city": "Oslo"})
+        broken = await client.call_tool("kit__broken", {})
+        readme = await client.read_resource("kit://readme")
+    assert transport == kind.removesuffix("-by-url")
+    assert {"kit__ping", "kit__weather", "kit__broken", "kit__steps"} <= names
+    assert text_of(pong) == "pong"
+    assert weather.structured_content == {"city": "Oslo", "celsius": 21.5}
+    assert broken.is_error
+    assert "kit exploded" in text_of(broken)
+    [content] = readme.contents
+    assert isinstance(content, types.TextResourceContents)
+    assert content.text == "kit readme"
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("kind", ["sse", "websocket"])
+async def test_progress_from_the_upstream_reaches_the_client_in_order(kind: str, protocol: str) -> None:
+    received: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append((progress, total, message))
+
+    async with kit_gateway(kind, protocol) as (url, _), Client(url) as client:
+        result = await client.call_tool("kit__steps", {"count": 5}, progress_callback=on_progress)
+        await wait_until(lambda: len(received) >= 5, BOUND)
+    assert not result.is_error
+    assert received == [(float(n), 5.0, f"step {n}") for n in range(1, 6)]
+
+
+async def test_a_websocket_upstream_receives_its_configured_headers() -> None:
+    handshakes: list[Mapping[str, str]] = []
+    async with serving_websocket_upstream(kit_server(), on_handshake=handshakes.append) as url:
+        upstream = {"url": url, "headers": {"Authorization": "Bearer ${KIT_TOKEN}", "X-Tenant": "acme"}}
+        async with (
+            running_gateway({"upstreams": {"kit": upstream}}, environ={"KIT_TOKEN": "s3cret"}) as gw,
+            Client(gw.url) as client,
+        ):
+            assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert handshakes, "the upstream saw no handshake"
+    for headers in handshakes:
+        assert headers["authorization"] == "Bearer s3cret"
+        assert headers["x-tenant"] == "acme"
+        assert headers["sec-websocket-protocol"] == "mcp"
+
+
+async def test_a_websocket_upstream_that_never_answers_the_handshake_is_down_after_connect_timeout() -> None:
+    with free_socket() as silent:
+        silent.listen()  # the kernel completes TCP connections; nobody ever answers the upgrade
+        url = f"ws://127.0.0.1:{silent.getsockname()[1]}/ws"
+        started = time.monotonic()
+        async with running_gateway({"upstreams": {"mute": {"url": url, "connect_timeout": 0.5}}}) as gw:
+            [status] = gw.gateway.pool.statuses()
+            elapsed = time.monotonic() - started
+    assert str(status.state) == "down"
+    assert status.last_error is not None
+    assert "connect_timeout (0.5s)" in status.last_error
+    assert elapsed < 5
+
+
+def socket_on(port: int) -> socket.socket:
+    """A loopback socket bound to ``port`` again (SO_REUSEADDR, as ``free_socket`` sets)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
+async def test_a_websocket_upstream_that_goes_away_fails_calls_naming_it_and_is_back_when_it_is() -> None:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    stop, stopped = anyio.Event(), anyio.Event()
+
+    async def first_life(*, task_status: TaskStatus[str]) -> None:
+        async with serving_websocket_upstream(kit_server(), sock) as url:
+            task_status.started(url)
+            await stop.wait()
+        stopped.set()
+
+    async with anyio.create_task_group() as tg:
+        url = await tg.start(first_life)
+        config = {"upstreams": {"kit": {"url": url, "timeout": 30}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+            stop.set()
+            with anyio.fail_after(BOUND):
+                await stopped.wait()
+            started = time.monotonic()
+            gone = await client.call_tool("kit__ping", {})
+            assert time.monotonic() - started < 5  # well inside the 30 s timeout
+            assert gone.is_error
+            assert "upstream 'kit'" in text_of(gone)
+            upstream = gw.gateway.pool.get("kit")
+            await wait_until(lambda: upstream.state != "up", BOUND)
+            async with serving_websocket_upstream(kit_server(), socket_on(port)) as again:
+                assert again == url
+                await wait_until(lambda: upstream.state == "up", 20)
+                assert text_of(await client.call_tool("kit__ping", {})) == "pong"
