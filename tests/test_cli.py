@@ -59,9 +59,19 @@ def test_tools_json_prints_the_catalog_and_upstream_states(
     names = {tool["name"]: tool for tool in report["tools"]}
     assert names["counter__increment"]["upstream"] == "counter"
     assert names["counter__increment"]["description"].startswith("Add ``by``")
-    assert report["upstreams"] == [
-        {"name": "counter", "transport": "stdio", "state": "up", "last_error": None, "down_for_seconds": None}
-    ]
+    [upstream] = report["upstreams"]
+    assert upstream | {"last_up_at": None} == {
+        "name": "counter",
+        "transport": "stdio",
+        "state": "up",
+        "circuit": "closed",
+        "last_error": None,
+        "down_for_seconds": None,
+        "last_up_at": None,
+        "connections": 1,
+        "in_flight": 0,
+    }
+    assert upstream["last_up_at"]
 
 
 def test_tools_reports_a_failed_upstream_and_exits_non_zero(

@@ -230,6 +230,13 @@ class Catalog:
         self._live = True
         return self.snapshot
 
+    async def withdraw(self, upstream: str) -> None:
+        """Take ``upstream``'s part out until it lists again (``failure_mode: hide``)."""
+        if self._listings.pop(upstream, None) is None or not self._live:
+            return
+        logger.info("upstream %s is down: its part of the catalog is hidden until it is back", upstream)
+        await self._publish(build_snapshot(self._config, self._listings, self.snapshot.version + 1))
+
     async def update(self, upstream: str, listing: Listing) -> None:
         """Take ``upstream``'s new listing; after start-up, rebuild and notify listeners."""
         previous = self._listings.get(upstream)
@@ -246,6 +253,9 @@ class Catalog:
             logger.error("upstream %s: catalog update refused: %s", upstream, exc)
             return
         self.problems.pop(upstream, None)
+        await self._publish(snapshot)
+
+    async def _publish(self, snapshot: CatalogSnapshot) -> None:
         changed = _changed_kinds(self.snapshot, snapshot)
         self.snapshot = snapshot
         if changed:

@@ -176,7 +176,7 @@ async def _print_catalog(gateway: Gateway, as_json: bool) -> int:
         print(json.dumps(report, indent=2))
     else:
         _print_table(report)
-    return 0 if all(u["state"] == "up" for u in report["upstreams"]) else 1
+    return 0 if gateway.pool.ready else 1
 
 
 def _ask(args: argparse.Namespace, config: GatewayConfig) -> int:
@@ -230,8 +230,11 @@ def _print_table(report: dict[str, Any]) -> None:
     print(f"RESOURCES ({len(report['resources'])}), TEMPLATES ({len(report['templates'])})")
     print("UPSTREAMS")
     for up in report["upstreams"]:
+        state = up["state"] if up["circuit"] == "closed" else f"{up['state']} (circuit {up['circuit']})"
+        down = f" for {up['down_for_seconds']:g}s" if up["down_for_seconds"] is not None else ""
+        last_up = f", last up {up['last_up_at']}" if up["state"] != "up" and up["last_up_at"] else ""
         error = f"  last error: {up['last_error']}" if up["last_error"] else ""
-        print(f"  {up['name']:<14} {up['transport']:<16} {up['state']}{error}")
+        print(f"  {up['name']:<14} {up['transport']:<16} {state}{down}{last_up}{error}")
 
 
 if __name__ == "__main__":

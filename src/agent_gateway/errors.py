@@ -6,6 +6,8 @@
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
+        │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)
+        ├── UpstreamBusy           not sent: the upstream's max_concurrency is reached
         ├── UpstreamTimeout        no answer within the upstream's timeout
         └── UpstreamRejected       the upstream answered with a JSON-RPC error
     └── AgentError             an ``ask_agent`` run that could not produce an answer
@@ -70,6 +72,14 @@ class UpstreamError(GatewayError):
 
 class UpstreamUnavailable(UpstreamError):
     """The upstream is not connected, or its connection closed while the call waited."""
+
+
+class CircuitOpen(UpstreamUnavailable):
+    """Not sent: the upstream's recent calls kept failing, so its circuit breaker is open."""
+
+
+class UpstreamBusy(UpstreamError):
+    """Not sent: the upstream already has its ``max_concurrency`` calls in flight."""
 
 
 class UpstreamTimeout(UpstreamError):

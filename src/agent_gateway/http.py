@@ -23,7 +23,7 @@ def build_app(gateway: Gateway) -> Starlette:
 
     async def readyz(_: Request) -> JSONResponse:
         statuses = gateway.pool.statuses()
-        missing = [s.as_dict() for s in statuses if s.state != "up"]
+        missing = [s.as_dict() for s in statuses if not s.serving]
         body = {"ready": not missing, "missing": missing, "upstreams": [s.as_dict() for s in statuses]}
         return JSONResponse(body, status_code=200 if not missing else 503)
 

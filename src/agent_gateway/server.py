@@ -49,9 +49,13 @@ class Gateway:
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.pool = UpstreamPool(
-            config.active_upstreams, self.catalog.update, self.sessions.broadcast_log, self._updates
+            config.active_upstreams,
+            self.catalog.update,
+            self.sessions.broadcast_log,
+            self._updates,
+            on_down=self.catalog.withdraw,
         )
-        self.dedicated = DedicatedSessions(config.active_upstreams, self._updates)
+        self.dedicated = DedicatedSessions(config.active_upstreams, self._updates, self.pool.guards)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.notifier = ListChangedNotifier(
             lambda: (s.connection for s in self.sessions.handshake_sessions() if s.connection is not None)

@@ -81,6 +81,14 @@ client_duration = meter.create_histogram(
 reconnects = meter.create_counter(
     "agent_gateway.upstream.reconnects", description="Upstream connections re-established after a loss."
 )
+breaker_transitions = meter.create_counter(
+    "agent_gateway.upstream.circuit_transitions",
+    description="Upstream circuit breaker changes, by the state entered (open, closed).",
+)
+health_failures = meter.create_counter(
+    "agent_gateway.upstream.health_failures",
+    description="Health pings an upstream failed to answer in time (each marks it down).",
+)
 sessions_active = meter.create_up_down_counter(
     "agent_gateway.sessions.active", description="Downstream MCP sessions open now."
 )

@@ -20,11 +20,13 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import IncomingMessage
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamUnavailable
-from agent_gateway.telemetry import reconnects
+from agent_gateway.errors import UpstreamError, UpstreamUnavailable
+from agent_gateway.telemetry import health_failures, reconnects
+from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
@@ -59,6 +61,7 @@ class Listing:
 
 
 ListingCallback = Callable[[str, Listing], Awaitable[None]]
+DownCallback = Callable[[str], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -88,39 +91,47 @@ class Upstream:
         on_listing: ListingCallback,
         broadcast: Broadcast | None = None,
         updates: UpdateSink | None = None,
+        on_down: DownCallback | None = None,
     ) -> None:
         self.name = name
         self.config = config
+        self.guard = Guard(name, config)
         self.state = UpstreamState.CONNECTING
         self.last_error: str | None = None
         self.up_since: float | None = None
         self.down_since: float | None = None
+        self.connections = 0
+        """Connections made so far (a restarted stdio upstream counts again)."""
         self.settled = anyio.Event()
         """Set once the first connection attempt has either succeeded or failed."""
         self._on_listing = on_listing
+        self._on_down = on_down
         self._broadcast = broadcast
         self._updates = updates
         self._session: UpstreamSession | None = None
         self._refresh = anyio.Event()
-        self._backoff = Backoff()
+        self._backoff = Backoff(config.retry.initial_delay, config.retry.max_delay)
 
     # -- life ---------------------------------------------------------------------------
 
     async def run(self) -> None:
         """Connect, serve, and reconnect with backoff until cancelled."""
         while True:
+            was_up = False
             try:
                 await self._connect_and_serve()
             except Exception as exc:  # top of this upstream's life: record, log, retry
-                self._mark_down(exc)
+                was_up = self._mark_down(exc)
             finally:
                 self._session = None
                 self.settled.set()
+            if was_up and self._on_down is not None and self.config.failure_mode == "hide":
+                await self._on_down(self.name)
             await anyio.sleep(self._backoff.next_delay())
 
     async def _connect_and_serve(self) -> None:
         self.state = UpstreamState.CONNECTING
-        session = UpstreamSession(self.name, self.config, broadcast=self._broadcast)
+        session = UpstreamSession(self.name, self.config, broadcast=self._broadcast, guard=self.guard)
         # One scope around the whole connection: a deadline while connecting, none after.
         # (A timeout scope around only the entry would exit before the client's task group.)
         with anyio.CancelScope(deadline=anyio.current_time() + self.config.connect_timeout) as connecting:
@@ -144,32 +155,57 @@ class Upstream:
             raise UpstreamUnavailable(
                 self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)"
             )
-        raise UpstreamUnavailable(self.name, "connection closed")
+        raise UpstreamUnavailable(self.name, session.lost_reason or "connection closed")
 
     async def _serve(self, client: Client, session: UpstreamSession, tg: TaskGroup) -> None:
         tg.start_soon(self._refresh_on_change, client, session)
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            tg.start_soon(self._listen_for_changes, client)
+            tg.start_soon(self._listen_for_changes, client, session)
+        if self.config.health.interval is not None:
+            tg.start_soon(self._ping, client, session, self.config.health.interval)
         await session.lost.wait()
         tg.cancel_scope.cancel()
 
+    async def _ping(self, client: Client, session: UpstreamSession, interval: float) -> None:
+        """Ping every ``interval``; an unanswered ping gives the connection up. Pings bypass
+        the guard: they must reach an upstream whose circuit is open, to see it recover."""
+        timeout = self.config.health.timeout
+        while True:
+            await anyio.sleep(interval)
+            try:
+                with anyio.fail_after(timeout), session.translated("ping"):
+                    await probe(client)
+            except TimeoutError:
+                reason = f"health check: no answer within {timeout:g}s"
+            except UpstreamError as exc:
+                reason = f"health check: {exc.detail}"
+            else:
+                continue
+            health_failures.add(1, {"agent_gateway.upstream": self.name})
+            session.lose(reason)
+            return
+
     def _mark_up(self, client: Client) -> None:
-        if self.down_since is not None and self.up_since is not None:  # it had been up before
+        if self.connections:
             reconnects.add(1, {"agent_gateway.upstream": self.name})
+        self.connections += 1
         self.state = UpstreamState.UP
         self.up_since = time.time()
         self.down_since = None
         self.last_error = None
         self._backoff.reset()
+        self.guard.reset()
         logger.info("upstream %s connected (protocol %s)", self.name, client.protocol_version)
 
-    def _mark_down(self, exc: BaseException) -> None:
-        was_up = self.state == UpstreamState.UP
+    def _mark_down(self, exc: BaseException) -> bool:
+        """Record the failure; True when the upstream had been up until now."""
+        was_up = self.up_since is not None and self.down_since is None
         self.state = UpstreamState.DOWN
         self.last_error = describe(exc)
         if was_up or self.down_since is None:
             self.down_since = time.time()
         logger.warning("upstream %s is down: %s", self.name, self.last_error)
+        return was_up
 
     async def _on_message(self, message: IncomingMessage) -> None:
         # Runs on the dispatcher's read loop: never await session I/O here.
@@ -185,7 +221,7 @@ class Upstream:
             logger.info("upstream %s changed its catalog; refreshed", self.name)
             await self._on_listing(self.name, listing)
 
-    async def _listen_for_changes(self, client: Client) -> None:
+    async def _listen_for_changes(self, client: Client, session: UpstreamSession) -> None:
         caps = client.server_capabilities
         tools = bool(caps.tools and caps.tools.list_changed)
         prompts = bool(caps.prompts and caps.prompts.list_changed)
@@ -195,9 +231,16 @@ class Upstream:
         listen = client.listen(
             tools_list_changed=tools, prompts_list_changed=prompts, resources_list_changed=resources
         )
-        async with listen as subscription:
-            async for _event in subscription:
-                self._refresh.set()
+        try:
+            async with listen as subscription:
+                async for _event in subscription:
+                    self._refresh.set()
+        except MCPError as exc:  # it announced list_changed but refuses the stream
+            logger.warning("upstream %s refused subscriptions/listen: %s", self.name, exc.error.message)
+            return
+        # A modern upstream holds no connection but this stream: its end is the only sign,
+        # short of a health check, that the server went away.
+        session.lose("the upstream ended its change notification stream")
 
     # -- calls --------------------------------------------------------------------------
 
@@ -217,6 +260,15 @@ class Upstream:
             reason = f": {self.last_error}" if self.last_error else ""
             raise UpstreamUnavailable(self.name, f"not connected ({self.state}{reason})")
         return session
+
+
+async def probe(client: Client) -> None:
+    """One health check: ``ping`` in the handshake era; ``server/discover`` in the modern
+    era, which has no ping (discover is side-effect free and answered by every server)."""
+    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await client.session.send_discover(client.protocol_version)
+    else:
+        await client.session.send_request(types.PingRequest(), types.EmptyResult)
 
 
 async def fetch_listing(client: Client) -> Listing:

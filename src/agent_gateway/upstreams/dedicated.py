@@ -21,6 +21,7 @@ from opentelemetry.context import Context
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.session import Downstream, UpdateSink, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
@@ -41,9 +42,15 @@ class _Dedicated:
 class DedicatedSessions:
     """Opens, hands out and closes dedicated upstream sessions."""
 
-    def __init__(self, configs: Mapping[str, UpstreamConfig], updates: UpdateSink | None = None) -> None:
+    def __init__(
+        self,
+        configs: Mapping[str, UpstreamConfig],
+        updates: UpdateSink | None = None,
+        guards: Mapping[str, Guard] | None = None,
+    ) -> None:
         self._configs = configs
         self._updates = updates
+        self._guards = guards or {}
         self._sessions: dict[tuple[str, str], _Dedicated] = {}
         self._tg: TaskGroup | None = None
         self.opened = 0
@@ -74,7 +81,8 @@ class DedicatedSessions:
         if entry is None or entry.done.is_set():
             if self._tg is None:
                 raise UpstreamUnavailable(upstream, "the gateway is shutting down")
-            entry = _Dedicated(UpstreamSession(upstream, config, owner=owner))
+            guard = self._guards.get(upstream)
+            entry = _Dedicated(UpstreamSession(upstream, config, owner=owner, guard=guard))
             self._sessions[key] = entry
             self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
         with anyio.move_on_after(config.connect_timeout + 1):

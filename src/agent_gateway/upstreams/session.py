@@ -36,6 +36,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, upstream_call
 from agent_gateway.upstreams.downstream import Downstream
+from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 
 logger = logging.getLogger(__name__)
@@ -82,14 +83,18 @@ class UpstreamSession:
         *,
         owner: Downstream | None = None,
         broadcast: Broadcast | None = None,
+        guard: Guard | None = None,
     ) -> None:
         self.name = name
         self.config = config
         self.owner = owner
+        self.guard = guard or Guard(name, config)
+        """The upstream's breaker and concurrency cap, shared with its other sessions."""
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
+        self.lost_reason: str | None = None
         self._broadcast = broadcast
         self._client: Client | None = None
         self._in_flight: dict[int, Downstream] = {}
@@ -195,6 +200,12 @@ class UpstreamSession:
         with self._calling(None, "notifications/roots/list_changed") as client:
             await client.session.send_notification(types.RootsListChangedNotification())
 
+    def lose(self, reason: str) -> None:
+        """Give the connection up (its owner closes it, failing every pending call)."""
+        if not self.lost.is_set():
+            self.lost_reason = reason
+            self.lost.set()
+
     def attach(self, client: Client) -> None:
         self._client = client
 
@@ -231,7 +242,8 @@ class UpstreamSession:
         Raises:
             UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
         """
-        with self._calling(caller, f"tool {name!r}", ("tools/call", name)) as client:
+        timeout = self.config.timeout_of(name)
+        with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout) as client:
             progress = caller.progress_relay() if caller is not None else None
             meta = self._meta(caller)
             if caller is None or not (caller.modern and self.modern):
@@ -287,13 +299,33 @@ class UpstreamSession:
 
     @contextmanager
     def _calling(
-        self, caller: Downstream | None, what: str, operation: tuple[str, str] | None = None
+        self,
+        caller: Downstream | None,
+        what: str,
+        operation: tuple[str, str] | None = None,
+        timeout: float | None = None,
     ) -> Iterator[Client]:
-        """The client, for one request: bounded by the timeout, its errors translated, and,
-        for an ``operation`` (method, target), its span enriched and its duration recorded."""
+        """The client, for one request: admitted by the guard, bounded by the timeout, its
+        errors translated, and, for an ``operation`` (method, target), its span enriched and
+        its duration recorded."""
         client = self._client
         if client is None:
             raise UpstreamUnavailable(self.name, "not connected")
+        if self.lost.is_set():  # closing: its pending calls are being failed
+            raise UpstreamUnavailable(self.name, f"{what}: connection lost ({self.lost_reason})")
+        limit = timeout or self.config.timeout
+        with self.guard.admitted(), self._bounded(client, caller, what, operation, limit) as bound:
+            yield bound
+
+    @contextmanager
+    def _bounded(
+        self,
+        client: Client,
+        caller: Downstream | None,
+        what: str,
+        operation: tuple[str, str] | None,
+        timeout: float,
+    ) -> Iterator[Client]:
         token = next(self._tokens)
         if caller is not None:
             self._in_flight[token] = caller
@@ -302,10 +334,10 @@ class UpstreamSession:
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
         try:
-            with measured, anyio.fail_after(self.config.timeout), self.translated(what):
+            with measured, anyio.fail_after(timeout), self.translated(what):
                 yield client
         except TimeoutError as exc:
-            raise UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s") from exc
+            raise UpstreamTimeout(self.name, f"{what}: no answer within {timeout:g}s") from exc
         finally:
             _CALLER.reset(bound)
             self._in_flight.pop(token, None)
@@ -317,7 +349,7 @@ class UpstreamSession:
         except MCPError as exc:
             raise self._from_mcp_error(exc, what) from exc
         except (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self.lost.set()
+            self.lose(f"{what}: connection failed: {describe(exc)}")
             raise UpstreamUnavailable(self.name, f"{what}: connection failed: {describe(exc)}") from exc
         except ValidationError as exc:
             raise UpstreamRejected(
@@ -329,10 +361,11 @@ class UpstreamSession:
     def _from_mcp_error(self, exc: MCPError, what: str) -> Exception:
         code = exc.error.code
         if code == types.REQUEST_TIMEOUT:
-            return UpstreamTimeout(self.name, f"{what}: no answer within {self.config.timeout:g}s")
+            return UpstreamTimeout(self.name, f"{what}: timed out upstream: {exc.error.message}")
         if code == types.CONNECTION_CLOSED:
-            self.lost.set()
-            return UpstreamUnavailable(self.name, f"{what}: connection closed during the call")
+            reason = self.lost_reason or "connection closed"
+            self.lose(reason)
+            return UpstreamUnavailable(self.name, f"{what}: connection closed during the call ({reason})")
         return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
 
     # -- what the upstream sends back -------------------------------------------------------

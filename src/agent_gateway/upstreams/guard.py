@@ -1,0 +1,180 @@
+"""What stands between callers and one upstream: its circuit breaker and its concurrency cap.
+
+One ``Guard`` per upstream, shared by its shared session and every dedicated one, so the
+upstream's health is judged from all of its traffic.
+
+The breaker counts *consecutive* calls that failed for the upstream's sake (connection lost,
+no answer in time). A JSON-RPC error or an ``isError`` result is an answer, so it counts as
+a success: the upstream is alive. After ``breaker.failures`` of them the circuit opens and
+calls fail at once without being sent; after ``breaker.reset`` seconds one call at a time is
+let through as a probe (half-open): its success closes the circuit, its failure re-opens it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+
+from agent_gateway.config import BreakerConfig, UpstreamConfig
+from agent_gateway.errors import (
+    CircuitOpen,
+    UpstreamBusy,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+)
+from agent_gateway.telemetry import breaker_transitions
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+class Circuit(StrEnum):
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+
+class CircuitBreaker:
+    """Closed → open after consecutive failures → half-open after ``reset`` → closed or open."""
+
+    def __init__(self, upstream: str, config: BreakerConfig, clock: Clock = time.monotonic) -> None:
+        self._upstream = upstream
+        self._config = config
+        self._clock = clock
+        self._failures = 0
+        self._opened_at: float | None = None
+        self._probing = False
+        self.last_failure: str | None = None
+
+    @property
+    def state(self) -> Circuit:
+        if self._opened_at is None:
+            return Circuit.CLOSED
+        if self._clock() - self._opened_at >= self._config.reset:
+            return Circuit.HALF_OPEN
+        return Circuit.OPEN
+
+    def admit(self) -> bool:
+        """Let one call through; True when it is the half-open probe.
+
+        Raises:
+            CircuitOpen: the circuit is open, or half-open with its probe already in flight.
+        """
+        state = self.state
+        if state is Circuit.CLOSED:
+            return False
+        if state is Circuit.HALF_OPEN and not self._probing:
+            self._probing = True
+            logger.info("upstream %s: circuit half-open, sending a probe call", self._upstream)
+            return True
+        assert self._opened_at is not None
+        wait = max(0.0, self._config.reset - (self._clock() - self._opened_at))
+        raise CircuitOpen(
+            self._upstream,
+            f"circuit open after {self._failures} failed calls (last: {self.last_failure}); "
+            + (f"next probe in {wait:.0f}s" if state is Circuit.OPEN else "a probe call is in flight"),
+        )
+
+    def succeeded(self, probe: bool) -> None:
+        if probe:
+            self._probing = False
+        if self._opened_at is not None and (probe or self.state is Circuit.HALF_OPEN):
+            self._transition(Circuit.CLOSED)
+            self._opened_at = None
+        self._failures = 0
+
+    def failed(self, probe: bool, reason: str) -> None:
+        self.last_failure = reason
+        self._failures += 1
+        if probe:
+            self._probing = False
+            self._opened_at = self._clock()
+            self._transition(Circuit.OPEN)
+        elif self._opened_at is None and self._failures >= self._config.failures:
+            self._opened_at = self._clock()
+            self._transition(Circuit.OPEN)
+
+    def released(self, probe: bool) -> None:
+        """A call ended without telling anything about the upstream (it was cancelled)."""
+        if probe:
+            self._probing = False
+
+    def reset(self) -> None:
+        """A fresh connection: forget the old one's failures."""
+        if self._opened_at is not None:
+            self._transition(Circuit.CLOSED)
+        self._failures = 0
+        self._opened_at = None
+        self._probing = False
+
+    def _transition(self, to: Circuit) -> None:
+        breaker_transitions.add(1, {"agent_gateway.upstream": self._upstream, "state": str(to)})
+        if to is Circuit.OPEN:
+            logger.warning(
+                "upstream %s: circuit open after %d failed calls (last: %s); probing in %gs",
+                self._upstream,
+                self._failures,
+                self.last_failure,
+                self._config.reset,
+            )
+        else:
+            logger.info("upstream %s: circuit closed", self._upstream)
+
+
+class Guard:
+    """The breaker and the concurrency cap of one upstream, applied around each call."""
+
+    def __init__(self, upstream: str, config: UpstreamConfig, clock: Clock = time.monotonic) -> None:
+        self.upstream = upstream
+        self.breaker = CircuitBreaker(upstream, config.breaker, clock) if config.breaker else None
+        self._limit = config.max_concurrency
+        self.in_flight = 0
+
+    def reset(self) -> None:
+        """A fresh connection: the breaker starts closed again."""
+        if self.breaker is not None:
+            self.breaker.reset()
+
+    @property
+    def circuit(self) -> Circuit:
+        return self.breaker.state if self.breaker is not None else Circuit.CLOSED
+
+    @contextmanager
+    def admitted(self) -> Iterator[None]:
+        """One call: refused at once when the circuit is open or the cap is reached; its
+        outcome is recorded on the breaker.
+
+        Raises:
+            CircuitOpen, UpstreamBusy: the call was not sent.
+        """
+        if self._limit is not None and self.in_flight >= self._limit:
+            raise UpstreamBusy(
+                self.upstream,
+                f"{self.in_flight} calls in flight, the limit (max_concurrency) is {self._limit}",
+            )
+        probe = self.breaker.admit() if self.breaker is not None else False
+        self.in_flight += 1
+        try:
+            yield
+        except (UpstreamUnavailable, UpstreamTimeout) as exc:
+            if self.breaker is not None:
+                self.breaker.failed(probe, exc.detail)
+            raise
+        except UpstreamRejected:
+            if self.breaker is not None:  # an error answer is still an answer: it is alive
+                self.breaker.succeeded(probe)
+            raise
+        except BaseException:
+            if self.breaker is not None:  # cancelled: no verdict either way
+                self.breaker.released(probe)
+            raise
+        else:
+            if self.breaker is not None:
+                self.breaker.succeeded(probe)
+        finally:
+            self.in_flight -= 1

@@ -1,0 +1,177 @@
+"""Health and recovery: the circuit breaker, ``failure_mode``, ``max_concurrency``, and what
+``/readyz`` says about each upstream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import IncomingMessage
+
+from agent_gateway.config import BreakerConfig
+from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
+from agent_gateway.upstreams.guard import Circuit, Guard
+from tests.faults.harness import HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
+from tests.support import config_of
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def guard_of(failures: int = 2, reset: float = 10.0) -> tuple[Guard, FakeClock]:
+    clock = FakeClock()
+    config = config_of({"upstreams": {"u": {"url": "http://127.0.0.1:1/mcp", "breaker": {}}}}).upstreams["u"]
+    config = config.model_copy(update={"breaker": BreakerConfig(failures=failures, reset=reset)})
+    return Guard("u", config, clock), clock
+
+
+def fail(guard: Guard, error: BaseException) -> None:
+    with pytest.raises(type(error)), guard.admitted():
+        raise error
+
+
+def test_the_breaker_opens_after_consecutive_failures_only() -> None:
+    guard, _ = guard_of(failures=2)
+    fail(guard, UpstreamTimeout("u", "slow"))
+    with guard.admitted():
+        pass  # a success in between: the count starts again
+    fail(guard, UpstreamTimeout("u", "slow"))
+    assert guard.circuit is Circuit.CLOSED
+    fail(guard, UpstreamTimeout("u", "slow again"))
+    assert guard.circuit is Circuit.OPEN
+    with pytest.raises(CircuitOpen, match=r"circuit open after 2 failed calls \(last: slow again\)"):
+        guard.admitted().__enter__()
+
+
+def test_an_error_answer_is_an_answer_and_a_cancelled_probe_lets_the_next_one_through() -> None:
+    guard, clock = guard_of(failures=1, reset=10)
+    fail(guard, UpstreamRejected("u", "no such thing", -32602))
+    assert guard.circuit is Circuit.CLOSED  # the upstream answered: it is alive
+    fail(guard, UpstreamTimeout("u", "slow"))
+    clock.now = 10
+    assert guard.circuit is Circuit.HALF_OPEN
+    fail(guard, asyncio.CancelledError())  # the probe was cancelled: no verdict
+    # So the next call is the probe (and it succeeds), and the one after it waits.
+    with guard.admitted(), pytest.raises(CircuitOpen, match="a probe call is in flight"):
+        guard.admitted().__enter__()
+    assert guard.circuit is Circuit.CLOSED
+
+
+def test_a_failed_probe_opens_the_circuit_for_another_reset_period() -> None:
+    guard, clock = guard_of(failures=1, reset=10)
+    fail(guard, UpstreamTimeout("u", "slow"))
+    clock.now = 10
+    fail(guard, UpstreamTimeout("u", "still slow"))
+    assert guard.circuit is Circuit.OPEN
+    clock.now = 19.9
+    assert guard.circuit is Circuit.OPEN
+    clock.now = 20
+    assert guard.circuit is Circuit.HALF_OPEN
+
+
+async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_closes_it() -> None:
+    config = faulty_stdio(tool_timeouts={"hang": 0.3}, breaker={"failures": 2, "reset": 1})
+    async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        for _ in range(2):
+            assert "no answer within 0.3s" in text_of(await client.call_tool("faulty__hang", {}))
+        started = time.monotonic()
+        refused = await client.call_tool("faulty__ping", {})
+        assert time.monotonic() - started < 0.5
+        assert "upstream 'faulty': circuit open after 2 failed calls" in text_of(refused)
+        ready = await faulted.readyz()
+        assert ready.status_code == 503
+        [missing] = ready.json()["missing"]
+        assert (missing["name"], missing["state"], missing["circuit"]) == ("faulty", "up", "open")
+        assert "no answer within 0.3s" in missing["last_error"]
+
+        await wait_until(lambda: guard.circuit is Circuit.HALF_OPEN)
+        probe: dict[str, types.CallToolResult] = {}
+        async with anyio.create_task_group() as tg:
+
+            async def send_probe() -> None:
+                probe["slow"] = await client.call_tool("faulty__slow", {"seconds": 0.5})
+
+            tg.start_soon(send_probe)
+            await wait_until(lambda: guard.in_flight == 1)
+            assert "a probe call is in flight" in text_of(await client.call_tool("faulty__ping", {}))
+        assert text_of(probe["slow"]) == "slept 0.5s"
+        assert guard.circuit is Circuit.CLOSED
+        assert (await faulted.readyz()).status_code == 200
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+
+
+async def test_a_down_upstream_is_hidden_or_kept_listed_by_its_failure_mode() -> None:
+    hidden, listed = HttpProcess(), HttpProcess()
+    changes: list[IncomingMessage] = []
+
+    async def record(message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changes.append(message)
+
+    async def tool_names(client: Client) -> set[str]:
+        return {t.name for t in (await client.list_tools()).tools}
+
+    # A modern HTTP upstream holds no connection open: the health check notices it is gone.
+    fast_retry = {"retry": {"max_delay": 0.5}, "health": {"interval": 0.2, "timeout": 1}}
+    upstreams = {
+        "hidden": {"url": hidden.url, "failure_mode": "hide", **fast_retry},
+        "listed": {"url": listed.url, "failure_mode": "fail_open", **fast_retry},
+    }
+    async with (
+        hidden.running(),
+        listed.running(),
+        gateway_under_fault(upstreams) as faulted,
+        Client(faulted.gw.url, mode="legacy", message_handler=record) as client,
+    ):
+        assert {"hidden__ping", "listed__ping"} <= await tool_names(client)
+        await hidden.kill()
+        await listed.kill()
+        await wait_until(lambda: len(changes) == 1)
+        names = await tool_names(client)
+        assert "listed__ping" in names
+        assert not any(name.startswith("hidden__") for name in names)
+        started = time.monotonic()
+        down = await client.call_tool("listed__ping", {})
+        assert time.monotonic() - started < 1
+        assert "upstream 'listed': not connected (down" in text_of(down)
+
+        report = {u["name"]: u for u in (await faulted.readyz()).json()["upstreams"]}
+        for name in ("hidden", "listed"):
+            assert report[name]["state"] == "down"
+            assert report[name]["last_error"]
+            assert report[name]["down_for_seconds"] is not None
+            assert report[name]["last_up_at"] is not None
+
+        await hidden.start()
+        await listed.start()
+        await wait_until(lambda: len(changes) == 2)
+        assert {"hidden__ping", "listed__ping"} <= await tool_names(client)
+        await wait_until(lambda: faulted.gw.gateway.pool.ready)
+        assert text_of(await client.call_tool("hidden__ping", {})) == "pong"
+        await hidden.kill()
+        await listed.kill()
+
+
+async def test_a_call_over_the_upstreams_concurrency_limit_is_refused_at_once() -> None:
+    config = faulty_stdio(max_concurrency=2, tool_timeouts={"hang": 2})
+    async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(client.call_tool, "faulty__hang", {})
+            await wait_until(lambda: guard.in_flight == 2)
+            busy = await client.call_tool("faulty__ping", {})
+            assert busy.is_error
+            assert "upstream 'faulty': 2 calls in flight, the limit (max_concurrency) is 2" in text_of(busy)
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        assert guard.circuit is Circuit.CLOSED  # a refusal is not the upstream failing
