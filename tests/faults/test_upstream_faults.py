@@ -1,0 +1,202 @@
+"""Upstreams that crash, hang, freeze, dawdle, lie or flood: each call gets a clear answer,
+other clients keep being served, and nothing leaks (see ``harness``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import anyio
+import mcp_types as types
+from mcp import Client
+
+from tests.faults.harness import (
+    Faulted,
+    HttpProcess,
+    faulty_stdio,
+    gateway_under_fault,
+    pid_alive,
+    text_of,
+    wait_until,
+)
+
+
+async def call_in_background(
+    client: Client, name: str, outcome: dict[str, types.CallToolResult], tg: anyio.abc.TaskGroup
+) -> None:
+    async def call() -> None:
+        outcome[name] = await client.call_tool(name, {})
+
+    tg.start_soon(call)
+
+
+async def in_flight(faulted: Faulted, upstream: str, count: int = 1) -> None:
+    guard = faulted.gw.gateway.pool.get(upstream).guard
+    await wait_until(lambda: guard.in_flight >= count)
+
+
+async def test_an_upstream_killed_mid_call_fails_the_call_at_once_and_is_restarted() -> None:
+    async with gateway_under_fault({"faulty": faulty_stdio(timeout=60)}) as faulted:
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        async with Client(faulted.gw.url) as client:
+            first = int(text_of(await client.call_tool("faulty__pid", {})))
+            outcome: dict[str, types.CallToolResult] = {}
+            started = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                await call_in_background(client, "faulty__hang", outcome, tg)
+                await in_flight(faulted, "faulty")
+                started = time.monotonic()
+                os.kill(first, signal.SIGKILL)
+            assert time.monotonic() - started < 5  # not the 60 s timeout
+            assert outcome["faulty__hang"].is_error
+            assert "upstream 'faulty'" in text_of(outcome["faulty__hang"])
+            await wait_until(lambda: upstream.connections == 2 and upstream.state == "up")
+            second = int(text_of(await client.call_tool("faulty__pid", {})))
+        assert second != first
+        assert not pid_alive(first)
+
+
+async def test_an_http_upstream_killed_mid_call_fails_the_call_and_is_reconnected_when_back() -> None:
+    process = HttpProcess()
+    async with (
+        process.running(),
+        gateway_under_fault(
+            {"faulty": {"url": process.url, "timeout": 60, "retry": {"max_delay": 1}}}
+        ) as faulted,
+    ):
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        async with Client(faulted.gw.url) as client:
+            outcome: dict[str, types.CallToolResult] = {}
+            started = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                await call_in_background(client, "faulty__hang", outcome, tg)
+                await in_flight(faulted, "faulty")
+                started = time.monotonic()
+                await process.kill()
+            assert time.monotonic() - started < 5
+            assert outcome["faulty__hang"].is_error
+            assert "upstream 'faulty'" in text_of(outcome["faulty__hang"])
+            await process.start()
+            await wait_until(lambda: upstream.connections == 2 and upstream.state == "up")
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        await process.kill()  # the restarted one, before the leak check looks for children
+
+
+async def test_a_call_the_upstream_never_answers_times_out_and_the_upstream_stays_up() -> None:
+    config = faulty_stdio(timeout=30, tool_timeouts={"hang": 0.5})
+    async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
+        started = time.monotonic()
+        hung = await client.call_tool("faulty__hang", {})
+        assert hung.is_error
+        assert "upstream 'faulty': tool 'hang': no answer within 0.5s" in text_of(hung)
+        assert time.monotonic() - started < 10  # the per-tool timeout, not the upstream's 30 s
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        assert faulted.gw.gateway.pool.get("faulty").connections == 1
+
+
+async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_ping_and_is_restarted() -> None:
+    config = faulty_stdio(timeout=60, health={"interval": 0.3, "timeout": 0.5})
+    async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        first = int(text_of(await client.call_tool("faulty__pid", {})))
+        outcome: dict[str, types.CallToolResult] = {}
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            await call_in_background(client, "faulty__hang", outcome, tg)
+            await in_flight(faulted, "faulty")
+            outcome["faulty__freeze"] = await client.call_tool("faulty__freeze", {})
+        assert time.monotonic() - started < 15  # well before the 60 s call timeout
+        for result in outcome.values():
+            assert result.is_error
+            assert "health check: no answer within 0.5s" in text_of(result)
+        await wait_until(lambda: upstream.connections == 2 and upstream.state == "up")
+        assert int(text_of(await client.call_tool("faulty__pid", {}))) != first
+        await wait_until(lambda: not pid_alive(first))
+
+
+async def test_a_slow_call_does_not_hold_up_other_calls_to_the_same_upstream() -> None:
+    async with gateway_under_fault({"faulty": faulty_stdio(timeout=30)}) as faulted:
+        outcome: dict[str, types.CallToolResult] = {}
+        async with Client(faulted.gw.url) as client, anyio.create_task_group() as tg:
+
+            async def slow() -> None:
+                outcome["slow"] = await client.call_tool("faulty__slow", {"seconds": 2})
+
+            tg.start_soon(slow)
+            await in_flight(faulted, "faulty")
+            for _ in range(5):
+                started = time.monotonic()
+                assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+                assert time.monotonic() - started < 1.5
+            assert "slow" not in outcome  # the pings were all answered while it was pending
+        assert text_of(outcome["slow"]) == "slept 2s"
+
+
+async def test_lines_that_are_not_json_rpc_and_stray_responses_are_ignored() -> None:
+    async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted, Client(faulted.gw.url) as client:
+        assert text_of(await client.call_tool("faulty__garbage", {})) == "wrote garbage"
+        assert text_of(await client.call_tool("faulty__stray", {})) == "wrote a stray response"
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        assert (upstream.connections, upstream.state) == (1, "up")
+
+
+async def test_a_50_mb_result_arrives_whole_and_the_gateway_keeps_serving() -> None:
+    config = faulty_stdio(timeout=120)
+    async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
+        result = await client.call_tool("faulty__big", {"megabytes": 50})
+        assert not result.is_error
+        assert len(text_of(result)) == 50 * 1024 * 1024
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+
+
+FLAP_SECONDS = float(os.environ.get("AGENT_GATEWAY_FLAP_SECONDS", "60"))
+
+
+async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> None:
+    process = HttpProcess()
+    config = {
+        "url": process.url,
+        "timeout": 5,
+        "retry": {"initial_delay": 0.1, "max_delay": 0.5},
+        "health": {"interval": 0.5, "timeout": 1},
+    }
+    answered: dict[str, int] = {"ok": 0, "upstream error": 0}
+    async with process.running(), gateway_under_fault({"faulty": config}) as faulted:
+
+        async def caller() -> None:
+            async with Client(faulted.gw.url) as client:
+                while True:
+                    with anyio.fail_after(15):  # every call is answered: never a hang
+                        result = await client.call_tool("faulty__ping", {})
+                    if not result.is_error:
+                        answered["ok"] += 1
+                    else:
+                        assert "upstream 'faulty'" in text_of(result), text_of(result)
+                        answered["upstream error"] += 1
+                    await anyio.sleep(0.01)
+
+        async def flap() -> None:
+            while True:
+                await anyio.sleep(2)
+                await process.kill()
+                await anyio.sleep(1)
+                await process.start()
+
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(caller)
+            tg.start_soon(flap)
+            await anyio.sleep(FLAP_SECONDS)
+            tg.cancel_scope.cancel()
+        if process.process is None:
+            await process.start()
+        await wait_until(lambda: upstream.state == "up")
+        async with Client(faulted.gw.url) as client:
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        await process.kill()
+    assert answered["ok"] > 0
+    assert answered["upstream error"] > 0
+    assert upstream.connections >= FLAP_SECONDS / 3 / 2  # it came back again and again
