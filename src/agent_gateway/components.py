@@ -23,7 +23,7 @@ from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from pydantic import AnyUrl, PrivateAttr
 
-from agent_gateway import sessions
+from agent_gateway import access, sessions
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.errors import GatewayError, UnknownName
 from agent_gateway.proxy import Caller, Proxy
@@ -220,20 +220,23 @@ class CatalogProvider(Provider):
             self._components = _build_components(snapshot, self._proxy)
         return self._components
 
+    # Each client is shown only what its policy allows (access.current(): its principal).
+
     async def _list_tools(self) -> Sequence[Tool]:
-        return list(self._current().tools.values())
+        return [t for name, t in self._current().tools.items() if _visible("tool", name)]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return self._current().tools.get(name)
+        return self._current().tools.get(name) if _visible("tool", name) else None
 
     async def _list_prompts(self) -> Sequence[Prompt]:
-        return list(self._current().prompts.values())
+        return [p for name, p in self._current().prompts.items() if _visible("prompt", name)]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
-        return self._current().prompts.get(name)
+        return self._current().prompts.get(name) if _visible("prompt", name) else None
 
     async def _list_resources(self) -> Sequence[Resource]:
-        return list({id(r): r for r in self._current().resources.values()}.values())
+        visible = [r for uri, r in self._current().resources.items() if _visible("resource", uri)]
+        return list({id(r): r for r in visible}.values())
 
     async def _get_resource(self, uri: str, version: VersionSpec | None = None) -> Resource | None:
         components = self._current()
@@ -246,7 +249,12 @@ class CatalogProvider(Provider):
         return GatewayResource.build(uri, _template_for(self._catalog.snapshot, uri), self._proxy)
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
-        return list(self._current().templates)
+        return [t for t in self._current().templates if _visible("resource", t.uri_template)]
+
+
+def _visible(kind: access.Kind, name: str) -> bool:
+    client = access.current()
+    return client is None or client.allows(kind, name)
 
 
 def _template_for(snapshot: CatalogSnapshot, uri: str) -> types.ResourceTemplate:

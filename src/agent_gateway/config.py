@@ -128,6 +128,9 @@ class UpstreamConfig(_Strict):
         return "websocket" if self.url.startswith(("ws://", "wss://")) else "streamable-http"
 
 
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 class ServerConfig(_Strict):
     """How the gateway itself is served."""
 
@@ -140,6 +143,13 @@ class ServerConfig(_Strict):
     instructions: str | None = None
     session_idle_timeout: Seconds = 1800.0
     """An HTTP session with no request for this long is ended (and what it held released)."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Host header values accepted besides loopback names and the bound address (DNS-rebinding
+    protection); globs, ``*`` turns the check off."""
+    allowed_origins: tuple[str, ...] = ()
+    """Browser Origins accepted besides the server's own."""
+    max_body_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31)
+    """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
     """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
     first seals, every one unseals (rotation). None: a random key per process, so a paused
@@ -237,6 +247,91 @@ class TelemetryConfig(_Strict):
     log_format: Literal["text", "json"] = "text"
 
 
+class RateLimit(_Strict):
+    """A token bucket: ``per_minute`` requests on average, at most ``burst`` at once."""
+
+    per_minute: float = Field(gt=0, le=1_000_000)
+    burst: int = Field(default=10, ge=1, le=100_000)
+
+
+class ClientPolicy(_Strict):
+    """What one client may reach (globs over public names and URIs) and how fast."""
+
+    tools: tuple[str, ...] = ("*",)
+    prompts: tuple[str, ...] = ("*",)
+    resources: tuple[str, ...] = ("*",)
+    rate_limit: RateLimit | None = None
+    max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    """Tool calls this client may have in flight at once; one more is refused."""
+
+
+class StaticToken(_Strict):
+    """A bearer token the gateway accepts, stored as its SHA-256 or read from the environment."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.@:-]{1,64}$")
+    """The client's name: its subject in logs, spans and policies."""
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    token: str | None = Field(default=None, min_length=16, repr=False)
+    policy: str = "default"
+
+    @model_validator(mode="after")
+    def _one_secret(self) -> StaticToken:
+        if (self.sha256 is None) == (self.token is None):
+            raise ValueError("set exactly one of 'sha256' (hex digest of the token) or 'token' (e.g. ${VAR})")
+        return self
+
+
+class JwtConfig(_Strict):
+    """JWTs from an identity provider: keys from a JWKS URL, or a shared secret (HS*)."""
+
+    jwks_url: str | None = Field(default=None, pattern=r"^https?://")
+    secret: str | None = Field(default=None, min_length=32, repr=False)
+    algorithm: str = "RS256"
+    issuer: str | None = None
+    audience: str | None = None
+
+    @model_validator(mode="after")
+    def _one_key(self) -> JwtConfig:
+        if (self.jwks_url is None) == (self.secret is None):
+            raise ValueError("set exactly one of 'jwks_url' or 'secret'")
+        if self.secret is not None and not self.algorithm.startswith("HS"):
+            raise ValueError(f"a shared secret needs an HS* algorithm, not {self.algorithm!r}")
+        return self
+
+
+class AuthConfig(_Strict):
+    """Who may use the HTTP endpoint, and each client's policy."""
+
+    mode: Literal["none", "bearer", "jwt"] = "none"
+    allow_unauthenticated: bool = False
+    """Allow ``mode: none`` on an address other than loopback (you secure it some other way)."""
+    tokens: tuple[StaticToken, ...] = ()
+    jwt: JwtConfig | None = None
+    subjects: dict[str, str] = Field(default_factory=dict)
+    """JWT subject globs to policy names, first match wins; others get ``default``."""
+    policies: dict[str, ClientPolicy] = Field(default_factory=dict)
+    """Named policies; ``default`` (everything, no limits unless set) applies to the rest."""
+    public_url: str | None = Field(default=None, pattern=r"^https?://[^/]+/?$")
+    """This gateway's public base URL (``https://gw.example.com``): with ``server.path`` it is
+    the resource advertised in OAuth protected-resource metadata (RFC 9728)."""
+    authorization_servers: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _complete(self) -> AuthConfig:
+        if self.mode == "bearer" and not self.tokens:
+            raise _FieldProblem(("auth", "tokens"), "mode 'bearer' needs at least one token")
+        if self.mode == "jwt" and self.jwt is None:
+            raise _FieldProblem(("auth", "jwt"), "mode 'jwt' needs a 'jwt' block")
+        names = [t.policy for t in self.tokens] + list(self.subjects.values())
+        for name in names:
+            if name != "default" and name not in self.policies:
+                raise _FieldProblem(("auth", "policies"), f"policy {name!r} is used but not defined")
+        return self
+
+    def policy(self, name: str) -> ClientPolicy:
+        return self.policies.get(name) or ClientPolicy()
+
+
 class GatewayConfig(_Strict):
     """The whole validated configuration."""
 
@@ -244,6 +339,19 @@ class GatewayConfig(_Strict):
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+
+    @model_validator(mode="after")
+    def _secured(self) -> GatewayConfig:
+        server, auth = self.server, self.auth
+        exposed = server.transport == "http" and server.host not in _LOOPBACK
+        if exposed and auth.mode == "none" and not auth.allow_unauthenticated:
+            raise _FieldProblem(
+                ("auth", "mode"),
+                f"server.host {server.host!r} is not loopback and auth is 'none': set auth.mode "
+                "(bearer or jwt), or auth.allow_unauthenticated: true if something else guards it",
+            )
+        return self
 
     @model_validator(mode="after")
     def _upstream_names(self) -> GatewayConfig:

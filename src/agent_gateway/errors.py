@@ -4,6 +4,8 @@
     ├── ConfigError            bad gateway.yaml / mcpServers file (names file, field, reason)
     ├── UnknownName            a tool, prompt or resource the catalog does not have
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
+    ├── NotAllowed             a name outside the calling client's policy (never forwarded)
+    ├── ClientLimited          the calling client is over its own limit (never forwarded)
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
         │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)
@@ -59,6 +61,24 @@ class InvalidArguments(GatewayError):
         super().__init__(f"Invalid arguments for tool {tool!r}: {reason}")
         self.tool = tool
         self.reason = reason
+
+
+class NotAllowed(GatewayError):
+    """A tool, prompt or resource outside the calling client's policy: never forwarded."""
+
+    code = types.INVALID_PARAMS
+
+    def __init__(self, kind: str, name: str, client: str) -> None:
+        super().__init__(f"{kind} {name!r} is not allowed for client {client!r}")
+        self.kind = kind
+        self.name = name
+
+
+class ClientLimited(GatewayError):
+    """The calling client is over its own limit (concurrent calls): never forwarded."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"client limit: {reason}")
 
 
 class UpstreamError(GatewayError):

@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent_gateway.exporters import installed
+from agent_gateway.limits import BodyLimit
 from agent_gateway.server import Gateway
 
 
 def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
+    server = gateway.config.server
+    # Host and Origin are checked on every request (DNS rebinding): loopback names and the
+    # bound address always pass; anything else must be listed in server.allowed_hosts.
     mcp_app = gateway.server.http_app(
-        path=gateway.config.server.path, session_idle_timeout=gateway.config.server.session_idle_timeout
+        path=server.path,
+        session_idle_timeout=server.session_idle_timeout,
+        host_origin_protection="*" not in server.allowed_hosts,
+        allowed_hosts=list(server.allowed_hosts),
+        allowed_origins=list(server.allowed_origins),
+        middleware=[Middleware(BodyLimit, limit=server.max_body_bytes)],
     )
 
     async def healthz(_: Request) -> JSONResponse:

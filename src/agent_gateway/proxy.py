@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,9 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
+from agent_gateway import access
 from agent_gateway.catalog import Catalog
-from agent_gateway.errors import GatewayError
+from agent_gateway.errors import GatewayError, UnknownName
 from agent_gateway.sessions import LEVELS, DownstreamSession, refusal, relabelled, result_type, wanted
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -135,6 +137,11 @@ class Caller:
             return exc.error
 
 
+def _check(kind: access.Kind, name: str) -> None:
+    if (client := access.current()) is not None:
+        client.check(kind, name)
+
+
 class Proxy:
     """Routes public names to upstream sessions through the current catalog snapshot."""
 
@@ -146,18 +153,22 @@ class Proxy:
     async def call_tool(
         self, name: str, arguments: dict[str, Any], caller: Caller | None = None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """Validate and forward a tool call.
+        """Check the client's policy, validate and forward a tool call.
 
         Raises:
-            UnknownName, InvalidArguments, UpstreamError
+            UnknownName, NotAllowed, ClientLimited, InvalidArguments, UpstreamError
         """
         snapshot = self._catalog.snapshot
         origin = snapshot.tool(name)
+        client = access.current()
+        if client is not None:
+            client.check("tool", name)
         snapshot.validate_arguments(name, arguments)
         started = time.perf_counter()
         session = await self._session(origin.upstream, caller)
         try:
-            return await session.call_tool(origin.name, arguments, caller)
+            with client.calling() if client is not None else nullcontext():
+                return await session.call_tool(origin.name, arguments, caller)
         finally:
             logger.debug(
                 "tools/call %s -> %s (%.1f ms)", name, session.id, (time.perf_counter() - started) * 1e3
@@ -166,20 +177,43 @@ class Proxy:
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None, caller: Caller | None = None
     ) -> types.GetPromptResult:
-        """Forward a prompt render (raises UnknownName or UpstreamError)."""
+        """Forward a prompt render (raises UnknownName, NotAllowed or UpstreamError)."""
         origin = self._catalog.snapshot.prompt(name)
+        _check("prompt", name)
         session = await self._session(origin.upstream, caller)
         return await session.get_prompt(origin.name, arguments, caller)
 
     async def read_resource(self, uri: str, caller: Caller | None = None) -> types.ReadResourceResult:
-        """Forward a resource read (raises UnknownName or UpstreamError)."""
+        """Forward a resource read (raises UnknownName, NotAllowed or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
+        _check("resource", uri)
         session = await self._session(upstream, caller)
         return await session.read_resource(upstream_uri, caller)
+
+    async def complete(
+        self, params: types.CompleteRequestParams, caller: Caller | None = None
+    ) -> types.CompleteResult:
+        """Forward ``completion/complete`` for a public prompt or template to its upstream,
+        with the reference in the upstream's own names (raises like ``get_prompt``)."""
+        snapshot = self._catalog.snapshot
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            origin = snapshot.prompt(ref.name)
+            _check("prompt", ref.name)
+            upstream, ref = origin.upstream, ref.model_copy(update={"name": origin.name})
+        else:
+            entry = next((e for e in snapshot.templates if e.public == ref.uri), None)
+            if entry is None:
+                raise UnknownName("resource template", ref.uri)
+            _check("resource", ref.uri)
+            upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
+        session = await self._session(upstream, caller)
+        return await session.complete(params.model_copy(update={"ref": ref}), caller)
 
     async def resource_session(self, uri: str, owner: DownstreamSession) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
+        _check("resource", uri)
         return await self._session_of(upstream, owner), upstream_uri
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:

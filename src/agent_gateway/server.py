@@ -15,15 +15,17 @@ from fastmcp import FastMCP
 from fastmcp.server.providers import Provider
 from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
+from mcp.shared.exceptions import MCPError
 
+from agent_gateway.access import AccessControl, AccessMiddleware, build_auth
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import AgentProvider
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
-from agent_gateway.errors import ConfigError, UnknownName
+from agent_gateway.errors import ConfigError, GatewayError, UnknownName, to_error_data
 from agent_gateway.notifier import ListChangedNotifier
-from agent_gateway.proxy import Proxy
+from agent_gateway.proxy import Caller, Proxy
 from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
@@ -73,12 +75,18 @@ class Gateway:
             providers=providers,
             middleware=[self.sessions],
             request_state_security=_state_security(config.server),
+            auth=build_auth(config.auth),  # HTTP only: stdio clients are local processes
+            # Upstream schemas pass through as written ($defs and $ref kept), not inlined.
+            dereference_schemas=False,
         )
+        self.access = AccessControl(config.auth)
         watch_upstreams(self.pool)
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
         # First in the chain: the request's span covers everything the gateway does for it.
         own = {config.agent.name} if config.agent.enabled else set[str]()
         lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own))
+        # Next: the client is known, and over its rate limit refused, before any handler runs.
+        lowlevel.middleware.insert(1, AccessMiddleware(self.access))
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
         lowlevel.add_request_handler(
@@ -99,6 +107,17 @@ class Gateway:
         lowlevel.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
+        lowlevel.add_request_handler("completion/complete", types.CompleteRequestParams, self._complete)
+
+    async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
+        """``completion/complete``, forwarded to the upstream that owns the prompt or template."""
+        async with self.sessions.serving(ctx) as session:
+            meta = ctx.params.get("_meta") if ctx.params is not None else None
+            caller = Caller.of_request(session, ctx.session, ctx.request_id, meta)
+            try:
+                return await self.proxy.complete(params, caller)
+            except GatewayError as exc:
+                raise MCPError.from_error_data(to_error_data(exc)) from exc
 
     def _upstream_of(self, method: str, target: str) -> str | None:
         """The upstream a request for ``target`` goes to (for its span and metrics), or None."""

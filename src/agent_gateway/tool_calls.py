@@ -17,8 +17,9 @@ from typing import Any
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 
+from agent_gateway import access
 from agent_gateway.catalog import Catalog
-from agent_gateway.errors import GatewayError
+from agent_gateway.errors import GatewayError, NotAllowed
 from agent_gateway.proxy import Caller, Proxy
 from agent_gateway.sessions import SessionRegistry
 
@@ -39,6 +40,9 @@ class ToolCalls:
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> Any:
         if params.name not in self._catalog.snapshot.tools:
+            if (client := access.current()) is not None and not client.allows("tool", params.name):
+                # The gateway's own tools (ask_agent) are under the client's policy too.
+                return _error_result(NotAllowed("tool", params.name, client.subject))
             return await self._fallback(ctx, params)
         async with self._sessions.serving(ctx) as session:
             meta = ctx.params.get("_meta") if ctx.params is not None else None
@@ -46,7 +50,9 @@ class ToolCalls:
             try:
                 return await self._proxy.call_tool(params.name, params.arguments or {}, caller)
             except GatewayError as exc:
-                # A tool's failure is a result the model can read, not a protocol error.
-                return types.CallToolResult(
-                    content=[types.TextContent(type="text", text=str(exc))], is_error=True
-                )
+                return _error_result(exc)
+
+
+def _error_result(exc: GatewayError) -> types.CallToolResult:
+    # A tool's failure is a result the model can read, not a protocol error.
+    return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)

@@ -12,6 +12,7 @@ from fastmcp.utilities.versions import VersionSpec
 from jsonschema import Draft202012Validator
 from pydantic import PrivateAttr
 
+from agent_gateway import access
 from agent_gateway.agent.runner import AgentRequest, AgentRunner
 from agent_gateway.catalog import Catalog
 from agent_gateway.components import current_caller
@@ -149,7 +150,13 @@ class AgentProvider(Provider):
         return self._built[1]
 
     async def _list_tools(self) -> Sequence[Tool]:
-        return [self._tool()]
+        return [self._tool()] if _visible(self._runner.config.name) else []
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return self._tool() if name == self._runner.config.name else None
+        return self._tool() if name == self._runner.config.name and _visible(name) else None
+
+
+def _visible(name: str) -> bool:
+    """Whether the calling client's policy lets it see the agent tool."""
+    client = access.current()
+    return client is None or client.allows("tool", name)

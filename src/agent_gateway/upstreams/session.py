@@ -275,6 +275,19 @@ class UpstreamSession:
         with self._calling(caller, f"prompt {name!r}", ("prompts/get", name)) as client:
             return await client.get_prompt(name, arguments, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
+    async def complete(
+        self, params: types.CompleteRequestParams, caller: Downstream | None
+    ) -> types.CompleteResult:
+        """Ask for completions of a prompt or template argument; an upstream that offers none
+        answers with no values (the gateway offers completions for all its upstreams)."""
+        client = self._client
+        if client is not None and client.server_capabilities.completions is None:
+            return types.CompleteResult(completion=types.Completion(values=[]))
+        target = params.ref.name if isinstance(params.ref, types.PromptReference) else params.ref.uri
+        with self._calling(caller, f"completion for {target!r}", ("completion/complete", target)) as client:
+            context = params.context.arguments if params.context is not None else None
+            return await client.complete(params.ref, params.argument.model_dump(), context)
+
     async def read_resource(self, uri: str, caller: Downstream | None) -> types.ReadResourceResult:
         """Read ``uri`` upstream (raises like ``call_tool``)."""
         with self._calling(caller, f"resource {uri!r}", ("resources/read", uri)) as client:
@@ -450,7 +463,9 @@ def describe(exc: BaseException) -> str:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(describe(e) for e in exc.exceptions)
+        # A transport's group often holds the same failure several times over.
+        parts = dict.fromkeys(text for e in exc.exceptions if (text := describe(e).rstrip(": ")))
+        return "; ".join(parts)
     if isinstance(exc, TimeoutError):
         return "timed out"
     if isinstance(exc, MCPError):

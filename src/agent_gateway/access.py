@@ -1,0 +1,244 @@
+"""Who a request comes from and what that client may do: authentication on HTTP, each
+client's policy (allowed names, rate limit, concurrent calls), enforced before anything is
+forwarded.
+
+Token checking is FastMCP's (its bearer middleware answers 401 with the
+``WWW-Authenticate`` challenge, ``JWTVerifier`` checks signature, expiry, issuer and
+audience against a JWKS URL or a secret, ``RemoteAuthProvider`` serves the OAuth
+protected-resource metadata). Static tokens are kept here as SHA-256 digests only. The
+request's client (a ``Principal``) is found once per request by ``AccessMiddleware`` and
+held in a context variable, so the proxy (and the agent's tool calls, which go through it)
+check the same client without being handed it.
+
+The client's own credentials stop here: upstream connections carry only the headers and
+environment configured for each upstream.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import fnmatch
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastmcp.server.auth import AccessToken, AuthProvider, JWTVerifier, RemoteAuthProvider, TokenVerifier
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.shared.exceptions import MCPError
+
+from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
+from agent_gateway.errors import ClientLimited, NotAllowed
+
+logger = logging.getLogger(__name__)
+
+Kind = Literal["tool", "prompt", "resource"]
+Clock = Callable[[], float]
+
+ANONYMOUS = "anonymous"
+RATE_LIMITED = -32029
+"""JSON-RPC code for a request refused by the client's rate limit (implementation-defined range)."""
+_UNMETERED = frozenset({"initialize", "notifications/initialized", "server/discover", "ping"})
+
+
+class TokenBucket:
+    """``per_minute`` tokens a minute, holding at most ``burst``; each request takes one."""
+
+    def __init__(self, limit: RateLimit, clock: Clock = time.monotonic) -> None:
+        self._rate = limit.per_minute / 60.0
+        self._burst = float(limit.burst)
+        self._tokens = float(limit.burst)
+        self._clock = clock
+        self._at = clock()
+
+    def take(self) -> float | None:
+        """Take one token; None if taken, else the seconds until one is there."""
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
+        self._at = now
+        if self._tokens >= 1.0:
+            self._tokens -= 1.0
+            return None
+        return (1.0 - self._tokens) / self._rate
+
+
+@dataclass(eq=False)
+class Principal:
+    """One client as the policy sees it: its name, its policy and its running counts."""
+
+    subject: str
+    policy_name: str
+    policy: ClientPolicy
+    bucket: TokenBucket | None = None
+    in_flight: int = 0
+    _allowed: dict[tuple[Kind, str], bool] = field(default_factory=dict, repr=False)
+
+    def allows(self, kind: Kind, name: str) -> bool:
+        """Whether the policy lets this client reach the public ``name`` of ``kind``."""
+        key = (kind, name)
+        if (known := self._allowed.get(key)) is None:
+            patterns = {"tool": self.policy.tools, "prompt": self.policy.prompts}.get(
+                kind, self.policy.resources
+            )
+            known = self._allowed[key] = any(fnmatch.fnmatchcase(name, p) for p in patterns)
+        return known
+
+    def check(self, kind: Kind, name: str) -> None:
+        """Raises ``NotAllowed`` when the policy does not let this client reach ``name``."""
+        if not self.allows(kind, name):
+            logger.warning("client %s refused %s %r (policy %s)", self.subject, kind, name, self.policy_name)
+            raise NotAllowed(kind, name, self.subject)
+
+    @contextmanager
+    def calling(self) -> Iterator[None]:
+        """One tool call in flight, refused at once over the policy's ``max_concurrency``."""
+        limit = self.policy.max_concurrency
+        if limit is not None and self.in_flight >= limit:
+            raise ClientLimited(
+                f"{self.in_flight} calls already in flight, the limit (max_concurrency) is {limit}"
+            )
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+
+
+_CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "agent_gateway_principal", default=None
+)
+
+
+def current() -> Principal | None:
+    """The client of the request being handled (None outside a request, e.g. the CLI)."""
+    return _CURRENT.get()
+
+
+class AccessControl:
+    """The configured policies, and one ``Principal`` per client, made on first sight."""
+
+    def __init__(self, config: AuthConfig, clock: Clock = time.monotonic) -> None:
+        self._config = config
+        self._clock = clock
+        self._principals: dict[str, Principal] = {}
+        self._policy_of_token = {t.name: t.policy for t in config.tokens}
+
+    def principal(self, token: AccessToken | None) -> Principal:
+        """The client a verified ``token`` belongs to (or the anonymous client)."""
+        subject = ANONYMOUS if token is None else (token.subject or token.client_id)
+        principal = self._principals.get(subject)
+        if principal is None:
+            name = self._policy_name(subject, token)
+            policy = self._config.policy(name)
+            bucket = TokenBucket(policy.rate_limit, self._clock) if policy.rate_limit else None
+            principal = self._principals[subject] = Principal(subject, name, policy, bucket)
+        return principal
+
+    def client(self, subject: str) -> Principal | None:
+        """The client called ``subject``, if it has made a request."""
+        return self._principals.get(subject)
+
+    def _policy_name(self, subject: str, token: AccessToken | None) -> str:
+        if token is None:
+            return "default"
+        if (name := self._policy_of_token.get(token.client_id)) is not None and token.claims.get(_STATIC):
+            return name
+        for pattern, name in self._config.subjects.items():
+            if fnmatch.fnmatchcase(subject, pattern):
+                return name
+        return "default"
+
+
+_STATIC = "agent_gateway_static"
+"""A claim only our static-token verifier sets: a JWT cannot pose as a configured token."""
+
+
+class AccessMiddleware:
+    """Low-level middleware: find the request's client, apply its rate limit, bind it."""
+
+    def __init__(self, access: AccessControl) -> None:
+        self._access = access
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        principal = self._access.principal(_token_of(ctx.request))
+        if ctx.request_id is not None and ctx.method not in _UNMETERED and principal.bucket is not None:
+            wait = principal.bucket.take()
+            if wait is not None:
+                logger.warning("client %s over its rate limit (%s)", principal.subject, ctx.method)
+                raise MCPError(
+                    code=RATE_LIMITED,
+                    message=f"rate limit exceeded for client {principal.subject!r}: retry in {wait:.1f}s",
+                    data={"retryAfterSeconds": round(wait, 1)},
+                )
+        token = _CURRENT.set(principal)
+        try:
+            return await call_next(ctx)
+        finally:
+            _CURRENT.reset(token)
+
+
+def _token_of(request: Any) -> AccessToken | None:
+    scope = getattr(request, "scope", None)
+    user = scope.get("user") if isinstance(scope, dict) else None
+    if isinstance(user, AuthenticatedUser) and isinstance(user.access_token, AccessToken):
+        return user.access_token
+    return None
+
+
+class HashedTokenVerifier(TokenVerifier):
+    """Static bearer tokens, compared by SHA-256 digest in constant time."""
+
+    def __init__(self, config: AuthConfig, base_url: str | None = None) -> None:
+        super().__init__(base_url=base_url)
+        self._digests = [(t.name, _digest_of(t.sha256, t.token)) for t in config.tokens]
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        presented = hashlib.sha256(token.encode()).digest()
+        # Every digest compared, matched or not: the time taken says nothing about which.
+        matched = [name for name, digest in self._digests if hmac.compare_digest(presented, digest)]
+        if not matched:
+            return None
+        # The token itself is not kept: nothing downstream needs it, so nothing can leak it.
+        return AccessToken(
+            token="", client_id=matched[0], scopes=[], subject=matched[0], claims={_STATIC: True}
+        )
+
+
+def _digest_of(sha256: str | None, token: str | None) -> bytes:
+    if sha256 is not None:
+        return bytes.fromhex(sha256)
+    assert token is not None  # StaticToken validation: exactly one is set
+    return hashlib.sha256(token.encode()).digest()
+
+
+def build_auth(config: AuthConfig) -> AuthProvider | None:
+    """FastMCP's auth provider for ``config`` (None for ``mode: none``)."""
+    if config.mode == "none":
+        return None
+    verifier: TokenVerifier
+    if config.mode == "bearer":
+        verifier = HashedTokenVerifier(config, base_url=config.public_url)
+    else:
+        assert config.jwt is not None  # AuthConfig validation
+        jwt = config.jwt
+        verifier = JWTVerifier(
+            public_key=jwt.secret,
+            jwks_uri=jwt.jwks_url,
+            issuer=jwt.issuer,
+            audience=jwt.audience,
+            algorithm=jwt.algorithm,
+            base_url=config.public_url,
+        )
+    if config.public_url is None:
+        return verifier
+    # The metadata clients follow from the 401 challenge (RFC 9728): where tokens come from.
+    return RemoteAuthProvider(
+        verifier,
+        authorization_servers=list(config.authorization_servers),  # pyright: ignore[reportArgumentType]
+        base_url=config.public_url,
+    )

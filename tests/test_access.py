@@ -1,0 +1,364 @@
+"""Auth and per-client policy on HTTP: bearer tokens, JWTs (JWKS and shared secret), the
+protected-resource metadata, allowed names, rate limits, concurrency, Host/Origin checks,
+the body limit, and no client credential passed upstream."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import jwt
+import mcp_types as types
+import pytest
+from cryptography.hazmat.primitives.asymmetric import rsa
+from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_http_headers
+from jwt.algorithms import RSAAlgorithm
+from langchain_core.messages import ToolMessage
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agent_gateway.errors import ConfigError
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.support import config_of, python_upstream, running_gateway, serving, serving_upstream
+
+CI_TOKEN = "ci-token-0123456789abcdef"
+ADMIN_TOKEN = "admin-token-0123456789abcdef"
+POLICIES = {
+    "readonly": {"tools": ["counter__increment"], "prompts": [], "resources": []},
+    "limited": {"rate_limit": {"per_minute": 60, "burst": 3}},
+    "single": {"max_concurrency": 1},
+}
+
+
+@asynccontextmanager
+async def client_with(url: str, token: str | None = None, **headers: str) -> AsyncIterator[Client]:
+    """An ``mcp`` client sending ``token`` (and ``headers``) with every request."""
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    async with (
+        httpx2.AsyncClient(headers=headers) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
+
+
+def text_of(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def bearer_config(**policies: Any) -> dict[str, Any]:
+    return {
+        "upstreams": {"counter": python_upstream("counter.py")},
+        "auth": {
+            "mode": "bearer",
+            "tokens": [
+                {"name": "ci", "sha256": hashlib.sha256(CI_TOKEN.encode()).hexdigest(), "policy": "readonly"},
+                {"name": "admin", "token": "${ADMIN_TOKEN}"},
+                {"name": "burst", "token": "burst-token-0123456789abcdef", "policy": "limited"},
+                {"name": "one", "token": "one-token-0123456789abcdef", "policy": "single"},
+            ],
+            "policies": POLICIES | policies,
+        },
+    }
+
+
+@asynccontextmanager
+async def bearer_gateway() -> AsyncIterator[Any]:
+    async with running_gateway(bearer_config(), environ={"ADMIN_TOKEN": ADMIN_TOKEN}) as gw:
+        yield gw
+
+
+# -- configuration -------------------------------------------------------------------------
+
+
+def test_no_auth_on_a_public_address_is_refused_unless_explicitly_allowed() -> None:
+    with pytest.raises(ConfigError, match=r"auth\.mode: server\.host '0\.0\.0\.0' is not loopback"):
+        config_of({"server": {"host": "0.0.0.0"}})
+    assert config_of({"server": {"host": "0.0.0.0"}, "auth": {"allow_unauthenticated": True}})
+    assert config_of({"server": {"host": "0.0.0.0", "transport": "stdio"}})
+
+
+def test_auth_configuration_problems_name_the_field() -> None:
+    with pytest.raises(ConfigError, match=r"auth\.tokens: mode 'bearer' needs at least one token"):
+        config_of({"auth": {"mode": "bearer"}})
+    with pytest.raises(ConfigError, match=r"auth\.policies: policy 'nope' is used but not defined"):
+        config_of(
+            {"auth": {"mode": "bearer", "tokens": [{"name": "a", "token": "x" * 16, "policy": "nope"}]}}
+        )
+    with pytest.raises(ConfigError, match=r"exactly one of 'sha256'"):
+        config_of({"auth": {"mode": "bearer", "tokens": [{"name": "a"}]}})
+    with pytest.raises(ConfigError, match=r"needs an HS\* algorithm"):
+        config_of({"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "RS256"}}})
+
+
+def test_secrets_are_not_in_the_configs_repr() -> None:
+    config = config_of(bearer_config(), {"ADMIN_TOKEN": ADMIN_TOKEN})
+    assert ADMIN_TOKEN not in repr(config)
+
+
+# -- bearer tokens and policies ------------------------------------------------------------
+
+
+async def test_requests_without_a_valid_token_get_401_with_a_challenge() -> None:
+    async with bearer_gateway() as gw, httpx.AsyncClient() as http:
+        for headers in ({}, {"Authorization": "Bearer wrong-token-0123456789"}):
+            answer = await http.post(
+                gw.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}, headers=headers
+            )
+            assert answer.status_code == 401
+            assert answer.headers["www-authenticate"].startswith("Bearer")
+        assert (await http.get(f"{gw.base}/healthz")).status_code == 200
+
+
+async def test_a_client_sees_and_reaches_only_what_its_policy_allows() -> None:
+    async with bearer_gateway() as gw:
+        async with client_with(gw.url, CI_TOKEN) as ci:
+            assert {t.name for t in (await ci.list_tools()).tools} == {"counter__increment"}
+            assert text_of(await ci.call_tool("counter__increment", {})) == "1"
+            refused = await ci.call_tool("counter__pid", {})
+            assert refused.is_error
+            assert text_of(refused) == "tool 'counter__pid' is not allowed for client 'ci'"
+            refused = await ci.call_tool("ask_agent", {"query": "hi"})
+            assert "tool 'ask_agent' is not allowed for client 'ci'" in text_of(refused)
+        async with client_with(gw.url, ADMIN_TOKEN) as admin:
+            names = {t.name for t in (await admin.list_tools()).tools}
+            assert {"counter__increment", "counter__pid", "ask_agent"} <= names
+            assert text_of(await admin.call_tool("counter__increment", {})) == "2"  # never forwarded
+
+
+async def test_a_client_over_its_rate_limit_is_refused_with_the_wait() -> None:
+    async with bearer_gateway() as gw, client_with(gw.url, "burst-token-0123456789abcdef") as client:
+        served = 0
+        refused: MCPError | None = None
+        for _ in range(5):  # a burst of 3 requests (the client may list tools once, too)
+            try:
+                await client.call_tool("counter__increment", {})
+            except MCPError as exc:
+                refused = exc
+                break
+            served += 1
+        assert refused is not None
+        assert re.fullmatch(
+            r"rate limit exceeded for client 'burst': retry in \d\.\ds", refused.error.message
+        )
+        assert refused.error.code == -32029
+        assert 1 <= served <= 3
+        async with client_with(gw.url, ADMIN_TOKEN) as admin:  # other clients are not limited by it
+            assert not (await admin.call_tool("counter__increment", {})).is_error
+
+
+async def test_a_client_over_its_concurrency_limit_is_refused_at_once() -> None:
+    gate = anyio.Event()
+    slow = FastMCP("slow")
+
+    @slow.tool
+    async def wait() -> str:
+        await gate.wait()
+        return "done"
+
+    async with serving_upstream(slow) as url:
+        config = bearer_config()
+        config["upstreams"] = {"slow": {"url": url}}
+        async with (
+            running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}) as gw,
+            client_with(gw.url, "one-token-0123456789abcdef") as client,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(client.call_tool, "slow__wait", {})
+            with anyio.fail_after(10):
+                while (one := gw.gateway.access.client("one")) is None or one.in_flight == 0:
+                    await anyio.sleep(0.01)
+            busy = await client.call_tool("slow__wait", {})
+            assert (
+                text_of(busy) == "client limit: 1 calls already in flight, the limit (max_concurrency) is 1"
+            )
+            gate.set()
+
+
+async def test_the_clients_credentials_never_reach_an_upstream() -> None:
+    echo = FastMCP("echo")
+
+    @echo.tool
+    def headers() -> dict[str, str]:
+        """The HTTP headers this call arrived with."""
+        return get_http_headers(include_all=True)
+
+    async with serving_upstream(echo) as url:
+        config = bearer_config()
+        config["upstreams"] = {"echo": {"url": url, "headers": {"X-Upstream-Key": "upstream-secret"}}}
+        async with (
+            running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}) as gw,
+            client_with(gw.url, ADMIN_TOKEN, **{"X-Client-Secret": "client-secret"}) as client,
+        ):
+            seen = (await client.call_tool("echo__headers", {})).structured_content
+    assert seen is not None
+    assert seen["x-upstream-key"] == "upstream-secret"
+    assert "authorization" not in seen
+    assert "client-secret" not in json.dumps(seen)
+
+
+# -- JWT -----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def identity_provider() -> AsyncIterator[tuple[str, Any]]:
+    """A JWKS endpoint on loopback; yields its URL and the private key that signs tokens."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+
+    async def jwks(_: Request) -> JSONResponse:
+        return JSONResponse({"keys": [public | {"kid": "k1", "use": "sig", "alg": "RS256"}]})
+
+    async with serving(Starlette(routes=[Route("/jwks.json", jwks)])) as base:
+        yield f"{base}/jwks.json", key
+
+
+def signed(key: Any, **claims: Any) -> str:
+    now = int(time.time())
+    body = {"iss": "https://idp.test", "aud": "agent-gateway", "iat": now, "exp": now + 300} | claims
+    return jwt.encode(body, key, algorithm="RS256", headers={"kid": "k1"})
+
+
+async def test_jwts_are_checked_for_signature_expiry_issuer_and_audience() -> None:
+    async with identity_provider() as (jwks_url, key):
+        config = {
+            "upstreams": {"counter": python_upstream("counter.py")},
+            "auth": {
+                "mode": "jwt",
+                "jwt": {"jwks_url": jwks_url, "issuer": "https://idp.test", "audience": "agent-gateway"},
+                "subjects": {"svc-*": "readonly"},
+                "policies": POLICIES,
+                "public_url": "https://gateway.test",
+                "authorization_servers": ["https://idp.test"],
+            },
+        }
+        async with running_gateway(config) as gw:
+            async with client_with(gw.url, signed(key, sub="svc-reports")) as service:
+                assert {t.name for t in (await service.list_tools()).tools} == {"counter__increment"}
+            async with client_with(gw.url, signed(key, sub="alice")) as person:
+                assert "counter__pid" in {t.name for t in (await person.list_tools()).tools}
+            other = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            bad = {
+                "expired": signed(key, sub="alice", exp=int(time.time()) - 120),
+                "wrong audience": signed(key, sub="alice", aud="someone-else"),
+                "wrong issuer": signed(key, sub="alice", iss="https://evil.test"),
+                "wrong key": signed(other, sub="alice"),
+            }
+            async with httpx.AsyncClient() as http:
+                for why, token in bad.items():
+                    answer = await http.post(
+                        gw.url,
+                        json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                        headers={"Authorization": f"Bearer {token}"},
+                    )
+                    assert answer.status_code == 401, why
+                    assert "resource_metadata=" in answer.headers["www-authenticate"]
+                metadata = (await http.get(f"{gw.base}/.well-known/oauth-protected-resource/mcp")).json()
+            assert metadata["resource"] == "https://gateway.test/mcp"
+            assert metadata["authorization_servers"] == ["https://idp.test"]
+
+
+async def test_jwts_signed_with_a_shared_secret() -> None:
+    secret = "a-shared-secret-of-at-least-32-chars!"
+    config = {
+        "upstreams": {"counter": python_upstream("counter.py")},
+        "auth": {"mode": "jwt", "jwt": {"secret": secret, "algorithm": "HS256", "audience": "gw"}},
+    }
+    async with running_gateway(config) as gw:
+        token = jwt.encode(
+            {"sub": "bot", "aud": "gw", "exp": int(time.time()) + 60}, secret, algorithm="HS256"
+        )
+        async with client_with(gw.url, token) as client:
+            assert text_of(await client.call_tool("counter__increment", {})) == "1"
+        forged = jwt.encode(
+            {"sub": "bot", "aud": "gw"}, "another-secret-of-32-characters!!", algorithm="HS256"
+        )
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(
+                gw.url,
+                json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                headers={"Authorization": f"Bearer {forged}"},
+            )
+        assert answer.status_code == 401
+
+
+# -- Host, Origin and size -----------------------------------------------------------------
+
+
+async def test_foreign_host_and_origin_headers_are_refused() -> None:
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    config = {"server": {"allowed_hosts": ["gateway.test"], "allowed_origins": ["https://ide.test"]}}
+    async with running_gateway(config) as gw, httpx.AsyncClient() as http:
+        rebinding = await http.post(gw.url, json=ping, headers={"Host": "evil.test"})
+        assert rebinding.status_code == 421
+        foreign = await http.post(gw.url, json=ping, headers={"Origin": "https://evil.test"})
+        assert foreign.status_code == 403
+        for headers in ({"Host": "gateway.test"}, {"Origin": "https://ide.test"}):
+            answer = await http.post(
+                gw.url, json=ping, headers={**headers, "Accept": "application/json, text/event-stream"}
+            )
+            assert answer.status_code not in (403, 421), headers
+
+
+async def test_a_request_body_over_the_limit_gets_413_and_a_json_rpc_error() -> None:
+    config = {"server": {"max_body_bytes": 65536}, "upstreams": {"counter": python_upstream("counter.py")}}
+    huge = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "x", "arguments": {"a": "x" * 70000}},
+    }
+    async with running_gateway(config) as gw, httpx.AsyncClient() as http:
+        declared = await http.post(gw.url, json=huge)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            data = json.dumps(huge).encode()
+            for start in range(0, len(data), 8192):
+                yield data[start : start + 8192]
+
+        streamed = await http.post(gw.url, content=chunks(), headers={"Content-Type": "application/json"})
+        for answer in (declared, streamed):
+            assert answer.status_code == 413
+            error = answer.json()["error"]
+            assert error["code"] == -32600
+            assert "the limit (server.max_body_bytes) is 65536" in error["message"]
+        async with Client(gw.url) as client:  # and the gateway serves on
+            assert text_of(await client.call_tool("counter__increment", {})) == "1"
+
+
+async def test_the_agents_tool_calls_are_held_to_the_calling_clients_policy(tmp_path: Path) -> None:
+    model = ScriptedChatModel(
+        script=[calls(call("counter__pid"), call("counter__increment")), answer("done")]
+    )
+    config = bearer_config(agent_user={"tools": ["ask_agent", "counter__increment"]})
+    config["auth"]["tokens"].append(
+        {"name": "asker", "token": "asker-token-0123456789abcdef", "policy": "agent_user"}
+    )
+    config["agent"] = {"memory": {"store": "memory"}}
+    async with (
+        running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}, chat_model=model) as gw,
+        client_with(gw.url, "asker-token-0123456789abcdef") as client,
+    ):
+        result = await client.call_tool("ask_agent", {"query": "go"})
+    assert not result.is_error
+    [_, tool_turn] = model.seen
+    replies = {m.name: str(m.content) for m in tool_turn if isinstance(m, ToolMessage)}
+    assert "tool 'counter__pid' is not allowed for client 'asker'" in replies["counter__pid"]
+    assert replies["counter__increment"] == "1"
