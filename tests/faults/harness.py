@@ -6,7 +6,9 @@ check afterwards (tasks, pending calls, child processes, file descriptors).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -172,6 +174,7 @@ class HttpProcess:
             [sys.executable, str(FAULTY), "http", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
         )
         await wait_until(self._listening)
 
@@ -202,6 +205,15 @@ class HttpProcess:
         finally:
             with anyio.CancelScope(shield=True):
                 await self.kill()
+
+
+def _die_with_parent() -> None:
+    """In the child: be killed if the test process dies first (Linux), so that a test that
+    fails or is interrupted at any point leaves no server running."""
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def pid_alive(pid: int) -> bool:
