@@ -148,8 +148,10 @@ class ServerConfig(_Strict):
     protection); globs, ``*`` turns the check off."""
     allowed_origins: tuple[str, ...] = ()
     """Browser Origins accepted besides the server's own."""
-    max_body_bytes: int = Field(default=8 * 2**20, ge=1024, le=2**31)
-    """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error."""
+    max_body_bytes: int = Field(default=4 * 2**20, ge=1024, le=4 * 2**20)
+    """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error.
+    At most 4 MiB: the mcp SDK's Streamable HTTP transport refuses more (with a bare 413),
+    and FastMCP offers no way to raise its limit."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
     """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
     first seals, every one unseals (rotation). None: a random key per process, so a paused

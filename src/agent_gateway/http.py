@@ -10,7 +10,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent_gateway.exporters import installed
-from agent_gateway.limits import BodyLimit
+from agent_gateway.limits import RequestGuard
 from agent_gateway.server import Gateway
 
 
@@ -25,7 +25,7 @@ def build_app(gateway: Gateway) -> Starlette:
         host_origin_protection="*" not in server.allowed_hosts,
         allowed_hosts=list(server.allowed_hosts),
         allowed_origins=list(server.allowed_origins),
-        middleware=[Middleware(BodyLimit, limit=server.max_body_bytes)],
+        middleware=[Middleware(RequestGuard, limit=server.max_body_bytes)],
     )
 
     async def healthz(_: Request) -> JSONResponse:

@@ -1,15 +1,21 @@
-"""The HTTP request body limit: a body over ``server.max_body_bytes`` is refused with 413 and
-a JSON-RPC error before the MCP layer parses (and holds) any of it.
+"""Guards in front of the MCP endpoint for what the SDK's HTTP transport lets through badly.
 
-A declared ``Content-Length`` is refused up front. A chunked body is counted as it arrives;
-past the limit the rest is not read, the client gets the same answer, and the app sees a
-disconnect, so nothing half-read is handled.
+- The body limit: a body over ``server.max_body_bytes`` is refused with 413 and a JSON-RPC
+  error before any of it is parsed. A declared ``Content-Length`` is refused up front; a
+  chunked body is counted as it arrives and refused as soon as it passes the limit.
+- The request id: the SDK reads a message whose ``id`` is not a string or an integer (an
+  array, an object, a float, a boolean) as a notification and answers 202 with nothing, so
+  the client waits for an answer that never comes. Such a request gets a JSON-RPC
+  ``Invalid Request`` error instead (with a null id, as JSON-RPC says for an unreadable id).
+
+The body is read here in full (the SDK reads it in full too) and handed on unchanged.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -18,61 +24,91 @@ logger = logging.getLogger(__name__)
 INVALID_REQUEST = -32600
 
 
-class BodyLimit:
-    """ASGI middleware refusing request bodies larger than ``limit`` bytes."""
+class RequestGuard:
+    """ASGI middleware: the body limit and the request-id check (see the module docstring)."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.limit:
-            await self._refuse(send, declared)
+            await _refuse(send, 413, self._too_large(f"{declared} bytes"))
             return
-        received = 0
-        refused = False
+        body = await self._read(receive)
+        if body is None:
+            await _refuse(send, 413, self._too_large(f"over {self.limit} bytes"))
+            return
+        if (problem := _id_problem(body)) is not None:
+            await _refuse(send, 400, problem)
+            return
+        await self.app(scope, _replay(body, receive), send)
 
-        async def counted() -> Message:
-            nonlocal received, refused
-            if refused:
-                return {"type": "http.disconnect"}
+    async def _read(self, receive: Receive) -> bytes | None:
+        """The whole body, or None as soon as it passes the limit."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.limit:
-                    refused = True
-                    await self._refuse(send, None)
-                    return {"type": "http.disconnect"}
-            return message
+            if message["type"] != "http.request":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
 
-        async def sent(message: Message) -> None:
-            if not refused:  # once refused, the client has its answer: the app's is dropped
-                await send(message)
+    def _too_large(self, size: str) -> str:
+        return f"request body is {size}; the limit (server.max_body_bytes) is {self.limit}"
 
-        await self.app(scope, counted, sent)
 
-    async def _refuse(self, send: Send, size: int | None) -> None:
-        told = f"{size} bytes" if size is not None else f"over {self.limit} bytes"
-        message = f"request body is {told}; the limit (server.max_body_bytes) is {self.limit}"
-        logger.warning("refused an HTTP request: %s", message)
-        body = json.dumps(
-            {"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+def _replay(body: bytes, receive: Receive) -> Receive:
+    delivered = False
+
+    async def replayed() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # afterwards only a disconnect can come
+
+    return replayed
+
+
+def _id_problem(body: bytes) -> str | None:
+    if b'"id"' not in body:
+        return None
+    try:
+        message: Any = json.loads(body)
+    except ValueError:
+        return None  # not JSON: the SDK answers that with its parse error
+    if not isinstance(message, dict) or "id" not in message or "method" not in message:
+        return None
+    request_id = message["id"]
+    if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        return f"a request id must be a string or an integer, not {type(request_id).__name__}"
+    return None
+
+
+async def _refuse(send: Send, status: int, message: str) -> None:
+    logger.warning("refused an HTTP request: %s", message)
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}})
+    data = body.encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": data})
 
 
 def _content_length(scope: Scope) -> int | None:

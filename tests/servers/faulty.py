@@ -75,6 +75,12 @@ def stray() -> str:
 
 
 @server.tool
+def size(blob: str) -> int:
+    """The length of ``blob`` (for large arguments)."""
+    return len(blob)
+
+
+@server.tool
 def big(megabytes: int) -> str:
     """Return a text result of ``megabytes`` MB."""
     return "x" * (megabytes * 1024 * 1024)

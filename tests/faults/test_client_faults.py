@@ -1,0 +1,161 @@
+"""Clients that send garbage, ask for what does not exist, flood, or hang up mid-call: each
+gets a well-formed answer (or is let go), other clients are served throughout, and nothing
+leaks (see ``harness``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+from mcp import Client
+
+from tests.faults.harness import Faulted, faulty_stdio, gateway_under_fault, text_of, wait_until
+
+MODERN = "2026-07-28"
+HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+async def post(faulted: Faulted, body: bytes | dict[str, Any], session: str | None = None) -> httpx.Response:
+    headers = HEADERS | ({"Mcp-Session-Id": session} if session else {})
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with httpx.AsyncClient(timeout=30) as http:
+        return await http.post(faulted.gw.url, content=content, headers=headers)
+
+
+def rpc_error(answer: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC error in an answer (plain JSON, or the first SSE data line)."""
+    text = answer.text
+    if answer.headers.get("content-type", "").startswith("text/event-stream"):
+        text = next(line[5:] for line in text.splitlines() if line.startswith("data:"))
+    message = json.loads(text)
+    assert message["jsonrpc"] == "2.0"
+    return message["error"]
+
+
+async def handshake(faulted: Faulted) -> str:
+    answer = await post(
+        faulted,
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"},
+            },
+        },
+    )
+    session = answer.headers["mcp-session-id"]
+    await post(faulted, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
+    return session
+
+
+async def test_malformed_json_unknown_methods_and_wrong_types_get_json_rpc_errors() -> None:
+    async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted:
+        garbage = await post(faulted, b'{"jsonrpc": "2.0", "id": 1, "method": ')
+        assert garbage.status_code == 400
+        assert rpc_error(garbage)["code"] == types.PARSE_ERROR
+
+        session = await handshake(faulted)
+        unknown = await post(faulted, {"jsonrpc": "2.0", "id": 2, "method": "no/such/method"}, session)
+        assert rpc_error(unknown)["code"] == types.METHOD_NOT_FOUND
+
+        wrong = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": 42}}
+        assert rpc_error(await post(faulted, wrong, session))["code"] == types.INVALID_PARAMS
+
+        not_rpc = await post(faulted, {"hello": "world"}, session)
+        assert not_rpc.status_code == 400
+        assert rpc_error(not_rpc)["code"] in (types.INVALID_REQUEST, types.PARSE_ERROR, types.INVALID_PARAMS)
+
+        for bad_id in ([], {}, 1.5, True, None):  # the SDK would take these for notifications
+            odd = await post(faulted, {"jsonrpc": "2.0", "id": bad_id, "method": "ping"}, session)
+            assert odd.status_code == 400
+            assert "a request id must be a string or an integer" in rpc_error(odd)["message"]
+
+        async with Client(faulted.gw.url) as client:
+            bad_arguments = await client.call_tool("faulty__slow", {"seconds": "soon"})
+            assert bad_arguments.is_error
+            assert "Invalid arguments for tool 'faulty__slow': seconds: 'soon' is not of type" in text_of(
+                bad_arguments
+            )
+            unknown_tool = await client.call_tool("faulty__nope", {})
+            assert unknown_tool.is_error
+            assert "Unknown tool: 'faulty__nope'" in text_of(unknown_tool)
+
+
+async def test_huge_arguments_are_refused_before_they_are_read_and_large_ones_pass() -> None:
+    async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted:
+        huge = {"jsonrpc": "2.0", "id": 9, "method": "tools/call"}
+        huge["params"] = {"name": "faulty__ping", "arguments": {"blob": "x" * (5 * 2**20)}}
+        refused = await post(faulted, huge)
+        assert refused.status_code == 413
+        assert "the limit (server.max_body_bytes) is 4194304" in rpc_error(refused)["message"]
+        async with Client(faulted.gw.url) as client:  # under the limit: forwarded whole
+            blob = "x" * 3 * 2**20
+            assert text_of(await client.call_tool("faulty__size", {"blob": blob})) == str(len(blob))
+
+
+async def test_ten_thousand_concurrent_requests_are_each_answered() -> None:
+    config = faulty_stdio(max_concurrency=200)
+    async with gateway_under_fault({"faulty": config}) as faulted:
+        outcomes: dict[str, int] = {}
+        lowlevel = faulted.gw.gateway.server._mcp_server  # pyright: ignore[reportPrivateUsage]
+
+        # In memory: 10,000 requests really in flight at once on one session, no sockets.
+        async def one(client: Client) -> None:
+            result = await client.call_tool("faulty__ping", {})
+            kind = "ok" if not result.is_error else text_of(result).split(":", 1)[1].strip()
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+
+        with anyio.fail_after(240):
+            async with Client(lowlevel) as client, anyio.create_task_group() as tg:
+                for _ in range(10_000):
+                    tg.start_soon(one, client)
+        assert sum(outcomes.values()) == 10_000, outcomes
+        assert outcomes.get("ok", 0) >= 200, outcomes
+        assert set(outcomes) <= {"ok", "200 calls in flight, the limit (max_concurrency) is 200"}, outcomes
+
+
+async def test_a_client_that_hangs_up_mid_call_leaves_nothing_pending() -> None:
+    # Handshake era: a dropped connection is not a cancel (the spec says so), so the call
+    # runs out its timeout (2 s here), and then nothing is left of it.
+    config = faulty_stdio(timeout=60, tool_timeouts={"hang": 2})
+    async with gateway_under_fault({"faulty": config}) as faulted:
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "faulty__hang"}}
+        headers = HEADERS | {"Mcp-Session-Id": await handshake(faulted)}
+        async with (
+            httpx.AsyncClient(timeout=30) as http,
+            http.stream("POST", faulted.gw.url, json=call, headers=headers) as response,
+        ):
+            assert response.status_code == 200
+            await wait_until(lambda: guard.in_flight == 1)
+        # Leaving the block closed the connection with the call still pending.
+        await wait_until(lambda: guard.in_flight == 0 and faulted.pending == 0)
+        async with Client(faulted.gw.url) as client:
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+
+
+async def test_a_modern_client_that_abandons_its_request_has_the_call_cancelled_at_once() -> None:
+    # Modern era: the mcp client aborts the request's POST, and that is the cancel.
+    async with gateway_under_fault({"faulty": faulty_stdio(timeout=60)}) as faulted:
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        async with Client(faulted.gw.url, mode=MODERN) as client:
+            with anyio.CancelScope() as scope:
+
+                async def abandon() -> None:
+                    await wait_until(lambda: guard.in_flight == 1)
+                    scope.cancel()
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(abandon)
+                    await client.call_tool("faulty__hang", {})
+            abandoned = time.monotonic()
+            await wait_until(lambda: guard.in_flight == 0 and faulted.pending == 0)
+            assert time.monotonic() - abandoned < 5  # cancelled, not the 60 s timeout
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
