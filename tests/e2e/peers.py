@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
+from anyio.abc import ByteReceiveStream, Process
 from mcp import Client
 
 from tests.support import NODE_MODULES, running_gateway
@@ -145,3 +146,31 @@ def command_of(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return f"(pid {pid} gone)"
+
+
+async def collect_output(
+    stream: ByteReceiveStream, lines: list[str], ready: anyio.Event, marker: str
+) -> None:
+    """Keep a child's output drained into ``lines``; set ``ready`` when a line holds
+    ``marker`` (the server listens), or when the output ends."""
+    buffered = ""
+    async for chunk in stream:
+        buffered += chunk.decode(errors="replace")
+        *complete, buffered = buffered.split("\n")
+        lines.extend(complete)
+        if any(marker in line for line in complete):
+            ready.set()
+    ready.set()
+
+
+async def stop_process(process: Process) -> None:
+    """Terminate ``process`` (kill it if it lingers) and close its pipes."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            process.terminate()
+        with anyio.move_on_after(5):
+            await process.wait()
+        if process.returncode is None:
+            process.kill()
+        with anyio.fail_after(5):
+            await process.aclose()

@@ -9,40 +9,23 @@ from contextlib import asynccontextmanager
 
 import anyio
 import pytest
-from anyio.abc import ByteReceiveStream, Process
 
-from tests.e2e.peers import BOUND, EVERYTHING, FORCE_LOOPBACK, MODES, connected, text_of
+from tests.e2e.peers import (
+    BOUND,
+    EVERYTHING,
+    FORCE_LOOPBACK,
+    MODES,
+    collect_output,
+    connected,
+    stop_process,
+    text_of,
+)
 from tests.support import free_socket, running_gateway
 
 pytestmark = pytest.mark.e2e
 
 READY = "Server is running on port"
 """What server-everything's SSE transport prints (to stderr) from its listen callback."""
-
-
-async def drain(stream: ByteReceiveStream, lines: list[str], ready: anyio.Event) -> None:
-    """Keep the child's stderr drained; set ``ready`` when it listens, or when it ends."""
-    buffered = ""
-    async for chunk in stream:
-        buffered += chunk.decode(errors="replace")
-        *complete, buffered = buffered.split("\n")
-        lines.extend(complete)
-        if any(READY in line for line in complete):
-            ready.set()
-    ready.set()
-
-
-async def stop(process: Process) -> None:
-    """Terminate ``process`` (kill it if it lingers) and close its pipes."""
-    with anyio.CancelScope(shield=True):
-        if process.returncode is None:
-            process.terminate()
-        with anyio.move_on_after(5):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-        with anyio.fail_after(5):
-            await process.aclose()
 
 
 @asynccontextmanager
@@ -59,14 +42,14 @@ async def everything_over_sse() -> AsyncIterator[str]:
     try:
         assert process.stderr is not None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(drain, process.stderr, lines, ready)
+            tg.start_soon(collect_output, process.stderr, lines, ready, READY)
             with anyio.fail_after(BOUND):
                 await ready.wait()
             assert any(READY in line for line in lines), f"server-everything did not start: {lines}"
             yield f"http://127.0.0.1:{port}/sse"
             tg.cancel_scope.cancel()
     finally:
-        await stop(process)
+        await stop_process(process)
 
 
 async def test_the_echo_tool_of_an_sse_upstream_answers_through_the_gateway() -> None:

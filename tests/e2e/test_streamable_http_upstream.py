@@ -13,9 +13,18 @@ import anyio
 import mcp_types as types
 import pytest
 import pytest_asyncio
-from anyio.abc import ByteReceiveStream, Process
 
-from tests.e2e.peers import BOUND, EVERYTHING, FORCE_LOOPBACK, MODES, connected, hold, text_of
+from tests.e2e.peers import (
+    BOUND,
+    EVERYTHING,
+    FORCE_LOOPBACK,
+    MODES,
+    collect_output,
+    connected,
+    hold,
+    stop_process,
+    text_of,
+)
 from tests.support import RunningGateway, free_socket, running_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -43,31 +52,6 @@ def unused_port() -> int:
         return sock.getsockname()[1]
 
 
-async def collect_output(stream: ByteReceiveStream, lines: list[str], listening: anyio.Event) -> None:
-    """Keep the child's stderr drained; set ``listening`` when it is, or when it ends."""
-    buffered = ""
-    async for chunk in stream:
-        buffered += chunk.decode(errors="replace")
-        *complete, buffered = buffered.split("\n")
-        lines.extend(complete)
-        if any(LISTENING in line for line in complete):
-            listening.set()
-    listening.set()
-
-
-async def stop_process(process: Process) -> None:
-    """Terminate ``process`` (kill it if it lingers) and close its pipes."""
-    with anyio.CancelScope(shield=True):
-        if process.returncode is None:
-            process.terminate()
-        with anyio.move_on_after(5):
-            await process.wait()
-        if process.returncode is None:
-            process.kill()
-        with anyio.fail_after(5):
-            await process.aclose()
-
-
 @asynccontextmanager
 async def everything_over_http() -> AsyncIterator[HttpUpstream]:
     """server-everything's streamableHttp transport on a free loopback port; killed on exit."""
@@ -81,7 +65,7 @@ async def everything_over_http() -> AsyncIterator[HttpUpstream]:
     try:
         assert process.stderr is not None
         async with anyio.create_task_group() as tg:
-            tg.start_soon(collect_output, process.stderr, lines, listening)
+            tg.start_soon(collect_output, process.stderr, lines, listening, LISTENING)
             with anyio.fail_after(BOUND):
                 await listening.wait()
             assert any(LISTENING in line for line in lines), f"server-everything did not start: {lines}"
