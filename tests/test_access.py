@@ -343,7 +343,7 @@ async def test_a_request_body_over_the_limit_gets_413_and_a_json_rpc_error() -> 
             assert text_of(await client.call_tool("counter__increment", {})) == "1"
 
 
-async def test_the_agents_tool_calls_are_held_to_the_calling_clients_policy(tmp_path: Path) -> None:
+async def test_the_agent_shows_and_calls_only_what_the_calling_clients_policy_allows(tmp_path: Path) -> None:
     model = ScriptedChatModel(
         script=[calls(call("counter__pid"), call("counter__increment")), answer("done")]
     )
@@ -357,8 +357,15 @@ async def test_the_agents_tool_calls_are_held_to_the_calling_clients_policy(tmp_
         client_with(gw.url, "asker-token-0123456789abcdef") as client,
     ):
         result = await client.call_tool("ask_agent", {"query": "go"})
+        shown = {tool["function"]["name"] if "function" in tool else tool["name"] for tool in model.tools}
+        async with client_with(gw.url, ADMIN_TOKEN) as admin:  # another policy, another toolbox
+            model.script = [answer("ok")]
+            await admin.call_tool("ask_agent", {"query": "and you?"})
+            shown_to_admin = {t["function"]["name"] if "function" in t else t["name"] for t in model.tools}
     assert not result.is_error
-    [_, tool_turn] = model.seen
+    assert shown == {"counter__increment"}
+    assert {"counter__increment", "counter__pid"} <= shown_to_admin
+    [_, tool_turn, *_] = model.seen
     replies = {m.name: str(m.content) for m in tool_turn if isinstance(m, ToolMessage)}
-    assert "tool 'counter__pid' is not allowed for client 'asker'" in replies["counter__pid"]
+    assert replies["counter__pid"].startswith("Unknown tool 'counter__pid'")  # never forwarded
     assert replies["counter__increment"] == "1"

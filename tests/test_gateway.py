@@ -256,3 +256,25 @@ async def test_many_concurrent_clients_get_their_own_answers() -> None:
                 for i in range(16):
                     tg.start_soon(one, i)
     assert results == {i: f"caller-{i}" for i in range(16)}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_relayed_results_do_not_carry_the_upstreams_identity(mode: str) -> None:
+    upstream = FastMCP("upstream-identity")
+
+    @upstream.tool
+    def hello() -> str:
+        return "hi"
+
+    @upstream.prompt
+    def greet() -> str:
+        return "hello"
+
+    async with (
+        serving_upstream(upstream) as url,
+        running_gateway({"upstreams": {"u": {"url": url}}}) as gw,
+        Client(gw.url, mode=mode) as client,
+    ):
+        answers = [await client.call_tool("u__hello", {}), await client.get_prompt("u__greet")]
+    for answer in answers:
+        assert "upstream-identity" not in str(answer.meta or {})

@@ -86,6 +86,9 @@ class UpstreamConfig(_Strict):
     with a clear error); ``hide`` takes them out of the catalog until it is back."""
     max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
     """Calls in flight to this upstream at once (all clients together); one more is refused."""
+    max_message_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**31)
+    """The largest message accepted from this upstream (stdio and WebSocket). Over it, on
+    stdio the call it answers fails at once saying so; on WebSocket the connection closes."""
     tool_timeouts: dict[str, Seconds] = Field(default_factory=dict)
     """Per-tool timeouts: globs over the upstream's own tool names; the first match wins
     over ``timeout``."""

@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -137,6 +137,20 @@ class Caller:
             return exc.error
 
 
+_RESERVED_META = "io.modelcontextprotocol/"
+R = TypeVar("R", bound=types.Result)
+
+
+def _relayed(result: R) -> R:
+    """An upstream's result as the gateway's: the protocol's reserved ``_meta`` keys (the
+    upstream's serverInfo, its protocol version) describe the upstream, not the gateway."""
+    meta = result.meta
+    if not meta or not any(key.startswith(_RESERVED_META) for key in meta):
+        return result
+    kept = {key: value for key, value in meta.items() if not key.startswith(_RESERVED_META)}
+    return result.model_copy(update={"meta": kept or None})
+
+
 def _check(kind: access.Kind, name: str) -> None:
     if (client := access.current()) is not None:
         client.check(kind, name)
@@ -168,7 +182,7 @@ class Proxy:
         session = await self._session(origin.upstream, caller)
         try:
             with client.calling() if client is not None else nullcontext():
-                return await session.call_tool(origin.name, arguments, caller)
+                return _relayed(await session.call_tool(origin.name, arguments, caller))
         finally:
             logger.debug(
                 "tools/call %s -> %s (%.1f ms)", name, session.id, (time.perf_counter() - started) * 1e3
@@ -181,14 +195,14 @@ class Proxy:
         origin = self._catalog.snapshot.prompt(name)
         _check("prompt", name)
         session = await self._session(origin.upstream, caller)
-        return await session.get_prompt(origin.name, arguments, caller)
+        return _relayed(await session.get_prompt(origin.name, arguments, caller))
 
     async def read_resource(self, uri: str, caller: Caller | None = None) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, NotAllowed or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
         _check("resource", uri)
         session = await self._session(upstream, caller)
-        return await session.read_resource(upstream_uri, caller)
+        return _relayed(await session.read_resource(upstream_uri, caller))
 
     async def complete(
         self, params: types.CompleteRequestParams, caller: Caller | None = None

@@ -200,3 +200,14 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
     assert answered["ok"] > 0
     assert answered["upstream error"] > 0
     assert upstream.connections >= FLAP_SECONDS / 3 / 2  # it came back again and again
+
+
+async def test_a_result_over_max_message_bytes_fails_its_call_clearly_and_the_rest_goes_on() -> None:
+    config = faulty_stdio(max_message_bytes=2**20)
+    async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
+        result = await client.call_tool("faulty__big", {"megabytes": 3})
+        assert result.is_error
+        assert "over max_message_bytes (1048576)" in text_of(result)
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        assert (upstream.connections, upstream.state) == (1, "up")  # read past, not reconnected

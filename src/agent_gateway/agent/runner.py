@@ -27,6 +27,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, Interrupt
 from langsmith import tracing_context
 
+from agent_gateway import access
 from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker, responses_value
 from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.graph import (
@@ -97,7 +98,7 @@ class AgentRunner:
         self._proxy = proxy
         self._models = ModelSource(config.model, chat_model)
         self._conversations = Conversations(config.memory)
-        self._graphs: dict[int, tuple[Toolbox, AgentGraph]] = {}
+        self._graphs: dict[tuple[int, str | None], tuple[Toolbox, AgentGraph]] = {}
         self._lock = anyio.Lock()
         # Runs on one thread take turns: two at once would interleave one conversation.
         self._threads: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
@@ -216,15 +217,25 @@ class AgentRunner:
         return _failure(record, scrubbed(message, context.scrub))
 
     async def _graph(self) -> tuple[Toolbox, AgentGraph]:
+        """The graph for the current catalog and the calling client's policy: the model is
+        shown only the tools that client may call."""
         version = self._catalog.snapshot.version
+        client = access.current()
+        key = (version, client.policy_name if client is not None else None)
         async with self._lock:
-            if (built := self._graphs.get(version)) is None:
-                toolbox = self.toolbox()
+            if (built := self._graphs.get(key)) is None:
+                toolbox = build_toolbox(
+                    self._catalog.snapshot,
+                    self.config,
+                    (lambda name: client.allows("tool", name)) if client is not None else None,
+                )
                 checkpointer = await self._conversations.checkpointer()
                 # Only the current version is kept: runs on an older one hold their own reference.
-                built = (toolbox, build_graph(toolbox, checkpointer))
-                self._graphs = {version: built}
-                logger.info("agent graph built for catalog v%d: %s", version, toolbox.summary())
+                self._graphs = {k: v for k, v in self._graphs.items() if k[0] == version}
+                built = self._graphs[key] = (toolbox, build_graph(toolbox, checkpointer))
+                logger.info(
+                    "agent graph built for catalog v%d, policy %s: %s", version, key[1], toolbox.summary()
+                )
             return built
 
     def _thread_lock(self, thread: str) -> anyio.Lock:

@@ -7,7 +7,7 @@ no second mapping exists to drift from the catalog.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,11 +62,16 @@ class Toolbox:
         return ", ".join(f"{upstream} ({n} tools)" for upstream, n in sorted(counts.items()))
 
 
-def build_toolbox(snapshot: CatalogSnapshot, config: AgentConfig) -> Toolbox:
-    """The tools of ``snapshot`` the agent may use under ``config`` (its own tool excluded)."""
+def build_toolbox(
+    snapshot: CatalogSnapshot, config: AgentConfig, allowed: Callable[[str], bool] | None = None
+) -> Toolbox:
+    """The tools of ``snapshot`` the agent may use under ``config`` (its own tool excluded),
+    and, given ``allowed(name)`` (the calling client's policy), only those it allows."""
     tools: dict[str, AgentTool] = {}
     for public, origin in snapshot.tools.items():
         if public == config.name or not is_selected(public, config.tools.include, config.tools.exclude):
+            continue
+        if allowed is not None and not allowed(public):
             continue
         tools[public] = AgentTool(
             public, origin.item, origin.upstream, _needs_approval(public, origin.item, config)

@@ -14,16 +14,19 @@ Windows the SDK's own transport is used as it is.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 from typing import TextIO
 
 import anyio
 import anyio.lowlevel
 import mcp_types as types
-from anyio.abc import ByteReceiveStream, Process
+from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.client._transport import TransportStreams
 from mcp.client.stdio import (
@@ -45,7 +48,9 @@ _POLL = 0.02
 
 
 @asynccontextmanager
-async def stdio_transport(params: StdioServerParameters) -> AsyncIterator[TransportStreams]:
+async def stdio_transport(
+    params: StdioServerParameters, max_message_bytes: int = 2**31
+) -> AsyncIterator[TransportStreams]:
     """Spawn ``params``' server and talk to it over its stdin/stdout; leaving the context
     stops the whole process group (shielded, every wait bounded)."""
     if sys.platform == "win32":  # pragma: no cover
@@ -63,7 +68,7 @@ async def stdio_transport(params: StdioServerParameters) -> AsyncIterator[Transp
     outgoing, outgoing_out = anyio.create_memory_object_stream[SessionMessage](0)
     written = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_read, process, incoming_in)
+        tg.start_soon(_read, process, incoming_in, max_message_bytes)
         tg.start_soon(_write, process, outgoing_out, incoming_in, written)
         try:
             yield incoming, outgoing
@@ -90,29 +95,81 @@ def _stderr() -> TextIO | None:
     return None
 
 
-async def _read(process: Process, incoming: MemoryObjectSendStream[SessionMessage | Exception]) -> None:
+async def _read(
+    process: Process, incoming: MemoryObjectSendStream[SessionMessage | Exception], limit: int
+) -> None:
     assert process.stdout is not None
+    lines = Lines(limit)
     async with incoming:
-        async for line in _lines(process.stdout):
-            # Closed when shutting down: keep draining, so the server can flush and exit.
-            with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                await incoming.send(_parse(line))
+        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            while True:
+                for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
+                    message = _parse(line) if isinstance(line, bytes) else _refusal(line, limit)
+                    # Closed when shutting down: keep draining, so the server can flush and exit.
+                    with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                        await incoming.send(message)
 
 
-async def _lines(stdout: ByteReceiveStream) -> AsyncIterator[bytes]:
-    pieces: list[bytes] = []
-    with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-        while True:
-            chunk = await stdout.receive(_READ_SIZE)
-            *complete, rest = chunk.split(b"\n")
-            if complete:
-                complete[0] = b"".join([*pieces, complete[0]])
-                pieces.clear()
-                for line in complete:
-                    if line.strip():
-                        yield line
-            if rest:
-                pieces.append(rest)
+@dataclass(frozen=True, slots=True)
+class Oversized:
+    """A line over the limit: its first bytes (where the id is) and its size; the rest was
+    read and dropped, never held."""
+
+    head: bytes
+    size: int
+
+
+class Lines:
+    """Splits a byte stream into lines, in time linear in their size, holding at most
+    ``limit`` bytes of any one line."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pieces: list[bytes] = []
+        self._size = 0
+        self._head: bytes | None = None
+        """Set once the current line passed the limit: what is kept of it."""
+
+    def feed(self, chunk: bytes) -> list[bytes | Oversized]:
+        *complete, rest = chunk.split(b"\n")
+        finished = [self._finish(part) for part in complete]
+        self._add(rest)
+        return [line for line in finished if not isinstance(line, bytes) or line.strip()]
+
+    def _add(self, part: bytes) -> None:
+        self._size += len(part)
+        if self._head is None and self._size > self._limit:
+            self._head = b"".join([*self._pieces, part[:_HEAD]])[:_HEAD]
+            self._pieces.clear()
+        elif self._head is None and part:
+            self._pieces.append(part)
+
+    def _finish(self, part: bytes) -> bytes | Oversized:
+        self._add(part)
+        line: bytes | Oversized = (
+            b"".join(self._pieces) if self._head is None else Oversized(self._head, self._size)
+        )
+        self._pieces.clear()
+        self._size = 0
+        self._head = None
+        return line
+
+
+_HEAD = 512
+_ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+
+
+def _refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
+    """For an oversized response: an error answer to the request it answers, so that call
+    fails at once saying why; for anything else, an error the session logs."""
+    reason = f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
+    logger.warning("%s: dropped", reason)
+    found = _ID.search(line.head)
+    if found is None or b'"method"' in line.head:
+        return ValueError(reason)
+    request_id = json.loads(found.group(1))
+    error = types.ErrorData(code=types.INTERNAL_ERROR, message=reason)
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
 
 def _parse(line: bytes) -> SessionMessage | Exception:

@@ -112,13 +112,13 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
                 env={**get_default_environment(), **config.env},
                 cwd=config.cwd,
             )
-            transport: Transport = stdio_transport(params)
+            transport: Transport = stdio_transport(params, config.max_message_bytes)
         else:
             assert config.url is not None
             if kind == "sse":
                 transport = sse_client(config.url, headers=dict(config.headers), httpx_client_factory=_traced)
             elif kind == "websocket":
-                transport = websocket_client(config.url, config.headers)
+                transport = websocket_client(config.url, config.headers, config.max_message_bytes)
             else:
                 http = await stack.enter_async_context(_http_client(config))
                 transport = streamable_http_client(config.url, http_client=http)

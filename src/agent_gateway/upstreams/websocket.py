@@ -36,13 +36,15 @@ Incoming = SessionMessage | Exception
 
 
 @asynccontextmanager
-async def websocket_client(url: str, headers: Mapping[str, str]) -> AsyncIterator[TransportStreams]:
+async def websocket_client(
+    url: str, headers: Mapping[str, str], max_message_bytes: int = MAX_MESSAGE_BYTES
+) -> AsyncIterator[TransportStreams]:
     """Connect to the MCP server at ``url`` (ws:// or wss://), sending ``headers`` in the
     handshake; yield its read and write streams. Leaving the context closes the connection.
 
     Opening is not bounded here: the caller bounds it (the gateway's ``connect_timeout``).
     """
-    connection = await _connect(url, headers)
+    connection = await _connect(url, headers, max_message_bytes)
     try:
         async with _bridged(connection) as streams:
             yield streams
@@ -52,12 +54,12 @@ async def websocket_client(url: str, headers: Mapping[str, str]) -> AsyncIterato
             await connection.close()
 
 
-async def _connect(url: str, headers: Mapping[str, str]) -> ClientConnection:
+async def _connect(url: str, headers: Mapping[str, str], max_message_bytes: int) -> ClientConnection:
     return await connect(
         url,
         subprotocols=[SUBPROTOCOL],
         additional_headers=dict(headers),
-        max_size=MAX_MESSAGE_BYTES,
+        max_size=max_message_bytes,  # a bigger frame closes the connection (code 1009)
         open_timeout=None,
         close_timeout=CLOSE_TIMEOUT,
     )
