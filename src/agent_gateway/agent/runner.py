@@ -24,11 +24,11 @@ import mcp_types as types
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.types import Command, Interrupt
+from langgraph.types import Command
 from langsmith import tracing_context
 
 from agent_gateway import access
-from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker, responses_value
+from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker
 from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.graph import (
     AgentGraph,
@@ -41,6 +41,7 @@ from agent_gateway.agent.graph import (
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
+from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.toolbox import Toolbox, build_toolbox, system_prompt
 from agent_gateway.catalog import Catalog
@@ -184,7 +185,7 @@ class AgentRunner:
             recursion_limit=recursion_limit(self.config.max_steps),
         )
         try:
-            start = await _resume_input(graph, config, resumed) if resumed else run_input(request.text)
+            start = await resume_input(graph, config, resumed) if resumed else run_input(request.text)
         except AgentError as exc:  # not this run's state to report: the thread has moved on
             return _failure(record, str(exc))
         return await self._invoke(graph, context, config, record, start, token)
@@ -204,7 +205,7 @@ class AgentRunner:
                 # "sync": each step is stored before the next begins, so a cancelled run's tool
                 # calls stay in the thread (with "async" or "exit" the last write is lost).
                 final = await graph.ainvoke(start, config, context=context, durability="sync")
-            if (pause := _pause(final)) is not None:
+            if (pause := pause_of(final)) is not None:
                 return _paused(record, final, pause, token)
             return self._finished(record, final)
         except AgentError as exc:
@@ -296,66 +297,6 @@ async def _read_partial(record: dict[str, Any], graph: AgentGraph, config: Runna
             _fill(record, (await graph.aget_state(config)).values)
         except Exception:  # a broken store must not turn a clear error into a crash
             logger.exception("agent run %s: its partial record could not be read", record["run_id"])
-
-
-@dataclass(frozen=True)
-class Resumption:
-    """A paused run, as the ``requestState`` of its ``InputRequiredResult`` names it.
-
-    The state is sealed by the MCP server's request-state boundary (authentic, unexpired,
-    bound to this tool call's arguments); the token further ties it to the thread's latest
-    pause, so an answer to an older pause, or a second answer to this one, resumes nothing.
-    """
-
-    thread: str
-    run: str
-    token: str
-    started: str
-    answers: dict[str, Any] = dataclasses.field(default_factory=dict[str, Any])
-    """The client's answers (plain JSON), which the paused interrupt returns on resume."""
-
-    @classmethod
-    def of(cls, caller: Caller | None) -> Resumption | None:
-        """The run ``caller`` resumes, or None for a new run.
-
-        Raises:
-            AgentError: the request state is not one an ``ask_agent`` pause issued.
-        """
-        if caller is None or caller.request_state is None:
-            return None
-        try:
-            state = json.loads(caller.request_state)
-            named = (str(state["thread"]), str(state["run"]), str(state["token"]), str(state["started"]))
-        except (ValueError, TypeError, KeyError):
-            raise AgentError(
-                "the request state is not one this agent issued; call again without it"
-            ) from None
-        return cls(*named, answers=responses_value(caller.input_responses))
-
-    def encode(self) -> str:
-        state = {"thread": self.thread, "run": self.run, "token": self.token, "started": self.started}
-        return json.dumps(state, separators=(",", ":"))
-
-
-async def _resume_input(graph: AgentGraph, config: RunnableConfig, resumed: Resumption) -> Command[Any]:
-    """What resumes ``resumed``: the client's answers, if its thread still waits for them.
-
-    Raises:
-        AgentError: the thread's latest pause is not this one.
-    """
-    state = await graph.aget_state(config)
-    pending = [p for p in map(Pause.of_value, (i.value for i in state.interrupts)) if p is not None]
-    if not any(p.token == resumed.token for p in pending):
-        raise AgentError(
-            f"run {resumed.run} is no longer waiting for this answer (it was answered already, or a "
-            f"later run on thread {resumed.thread} replaced it); call again without the request state"
-        )
-    return Command(resume=resumed.answers)
-
-
-def _pause(final: Mapping[str, Any]) -> Pause | None:
-    interrupts: list[Interrupt] = final.get("__interrupt__") or []
-    return next((p for p in map(Pause.of_value, (i.value for i in interrupts)) if p is not None), None)
 
 
 def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, token: str) -> RunOutcome:
