@@ -32,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from agent_gateway.access import Principal
+from agent_gateway.config import ClientPolicy
 from agent_gateway.errors import ConfigError
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import config_of, python_upstream, running_gateway, serving, serving_upstream
@@ -42,6 +44,7 @@ POLICIES = {
     "readonly": {"tools": ["counter__increment"], "prompts": [], "resources": []},
     "limited": {"rate_limit": {"per_minute": 60, "burst": 3}},
     "single": {"max_concurrency": 1},
+    "pid_only": {"tools": ["counter__pid"]},
 }
 
 
@@ -73,6 +76,7 @@ def bearer_config(**policies: Any) -> dict[str, Any]:
                 {"name": "admin", "token": "${ADMIN_TOKEN}"},
                 {"name": "burst", "token": "burst-token-0123456789abcdef", "policy": "limited"},
                 {"name": "one", "token": "one-token-0123456789abcdef", "policy": "single"},
+                {"name": "pids", "token": "pids-token-0123456789abcdef", "policy": "pid_only"},
             ],
             "policies": POLICIES | policies,
         },
@@ -105,7 +109,25 @@ def test_auth_configuration_problems_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"exactly one of 'sha256'"):
         config_of({"auth": {"mode": "bearer", "tokens": [{"name": "a"}]}})
     with pytest.raises(ConfigError, match=r"needs an HS\* algorithm"):
-        config_of({"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "RS256"}}})
+        config_of(
+            {"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "RS256", "audience": "a"}}}
+        )
+    with pytest.raises(ConfigError, match=r"set 'audience'"):
+        config_of({"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "HS256"}}})
+    with pytest.raises(ConfigError, match=r"set 'issuer'"):
+        config_of({"auth": {"mode": "jwt", "jwt": {"jwks_url": "https://idp.test/jwks", "audience": "a"}}})
+    jwt_block = {"secret": "s" * 32, "algorithm": "HS256", "audience": "a"}
+    with pytest.raises(ConfigError, match=r"auth\.tokens: static tokens are for mode 'bearer'"):
+        config_of({"auth": {"mode": "jwt", "jwt": jwt_block, "tokens": [{"name": "a", "token": "x" * 16}]}})
+    with pytest.raises(ConfigError, match=r"auth\.tokens: two tokens have the same name"):
+        config_of(
+            {
+                "auth": {
+                    "mode": "bearer",
+                    "tokens": [{"name": "a", "token": "x" * 16}, {"name": "a", "token": "y" * 16}],
+                }
+            }
+        )
 
 
 def test_secrets_are_not_in_the_configs_repr() -> None:
@@ -137,10 +159,14 @@ async def test_a_client_sees_and_reaches_only_what_its_policy_allows() -> None:
             assert text_of(refused) == "tool 'counter__pid' is not allowed for client 'ci'"
             refused = await ci.call_tool("ask_agent", {"query": "hi"})
             assert "tool 'ask_agent' is not allowed for client 'ci'" in text_of(refused)
+        async with client_with(gw.url, "pids-token-0123456789abcdef") as pids:
+            refused = await pids.call_tool("counter__increment", {})
+            assert text_of(refused) == "tool 'counter__increment' is not allowed for client 'pids'"
         async with client_with(gw.url, ADMIN_TOKEN) as admin:
             names = {t.name for t in (await admin.list_tools()).tools}
             assert {"counter__increment", "counter__pid", "ask_agent"} <= names
-            assert text_of(await admin.call_tool("counter__increment", {})) == "2"  # never forwarded
+            # 2, not 3: the refused increment never reached the upstream.
+            assert text_of(await admin.call_tool("counter__increment", {})) == "2"
 
 
 async def test_a_client_over_its_rate_limit_is_refused_with_the_wait() -> None:
@@ -369,3 +395,98 @@ async def test_the_agent_shows_and_calls_only_what_the_calling_clients_policy_al
     replies = {m.name: str(m.content) for m in tool_turn if isinstance(m, ToolMessage)}
     assert replies["counter__pid"].startswith("Unknown tool 'counter__pid'")  # never forwarded
     assert replies["counter__increment"] == "1"
+
+
+async def test_prompts_resources_templates_and_completions_are_under_the_policy_too() -> None:
+    docs = FastMCP("docs")
+
+    @docs.prompt
+    def brief(topic: str) -> str:
+        return f"brief on {topic}"
+
+    @docs.resource("file:///docs/readme")
+    def readme() -> str:
+        return "read me"
+
+    @docs.resource("file:///secret/key")
+    def key() -> str:
+        return "the key"
+
+    @docs.resource("file:///files/{name}")
+    def a_file(name: str) -> str:
+        return f"file {name}"
+
+    async with serving_upstream(docs) as url:
+        config = bearer_config(docs_reader={"tools": [], "prompts": [], "resources": ["file:///docs/*"]})
+        config["upstreams"] = {"docs": {"url": url, "prefix": False}}
+        config["auth"]["tokens"].append(
+            {"name": "reader", "token": "reader-token-0123456789abcdef", "policy": "docs_reader"}
+        )
+        async with (
+            running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}) as gw,
+            client_with(gw.url, "reader-token-0123456789abcdef") as reader,
+        ):
+            assert [p.name for p in (await reader.list_prompts()).prompts] == []
+            listed = {str(r.uri) for r in (await reader.list_resources()).resources}
+            assert listed == {"file:///docs/readme"}
+            assert (await reader.list_resource_templates()).resource_templates == []
+            readme_text = (await reader.read_resource("file:///docs/readme")).contents[0]
+            assert getattr(readme_text, "text", None) == "read me"
+            refusals = [
+                reader.get_prompt("brief", {"topic": "x"}),
+                reader.read_resource("file:///secret/key"),
+                reader.read_resource("file:///files/key"),
+                reader.complete(
+                    types.PromptReference(type="ref/prompt", name="brief"), {"name": "topic", "value": "a"}
+                ),
+            ]
+            for refused in refusals:  # hidden ones are unknown to it, listed ones not allowed
+                with pytest.raises(
+                    MCPError, match=r"is not allowed for client 'reader'|Unknown prompt: 'brief'"
+                ):
+                    await refused
+
+
+def test_a_resource_glob_cannot_be_left_through_dot_segments() -> None:
+    policy = ClientPolicy(resources=("file:///docs/*",))
+    reader = Principal("reader", "docs", policy)
+    assert reader.allows("resource", "file:///docs/guide/intro.md")
+    for escape in ("file:///docs/../etc/passwd", "file:///docs/%2e%2e/etc/passwd", "file:///docs/./../x"):
+        assert not reader.allows("resource", escape), escape
+    assert Principal("admin", "default", ClientPolicy()).allows("resource", "file:///docs/../x")
+
+
+async def test_an_authenticated_clients_conversations_are_its_own(tmp_path: Path) -> None:
+    model = ScriptedChatModel(script=[answer("one"), answer("two")])
+    config = bearer_config()
+    config["agent"] = {"memory": {"store": "memory"}}
+    async with running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}, chat_model=model) as gw:
+        async with client_with(gw.url, ADMIN_TOKEN) as admin:
+            mine = await admin.call_tool("ask_agent", {"query": "my secret plan", "conversation_id": "main"})
+        async with client_with(gw.url, "one-token-0123456789abcdef") as other:
+            theirs = await other.call_tool(
+                "ask_agent", {"query": "what was said?", "conversation_id": "main"}
+            )
+    assert mine.structured_content is not None
+    assert theirs.structured_content is not None
+    assert mine.structured_content["thread_id"] == "admin/main"
+    assert theirs.structured_content["thread_id"] == "one/main"
+    assert "my secret plan" not in str(model.seen[1])
+
+
+async def test_status_needs_a_token_when_auth_is_on_and_odd_bodies_get_400() -> None:
+    async with bearer_gateway() as gw, httpx.AsyncClient() as http:
+        assert (await http.get(f"{gw.base}/status")).status_code == 401
+        authorized = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        assert (await http.get(f"{gw.base}/status", headers=authorized)).status_code == 200
+        deep = (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "ping", "params": '
+            + b"[" * 100_000
+            + b"]" * 100_000
+            + b"}"
+        )
+        answer = await http.post(
+            gw.url, content=deep, headers={"Content-Type": "application/json", **authorized}
+        )
+        assert answer.status_code == 400
+        assert "nested too deeply" in answer.json()["error"]["message"]

@@ -119,3 +119,12 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait(timeout=10)
+
+
+def test_serve_on_a_public_address_from_the_command_line_meets_the_auth_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"counter": counter()})
+    assert main(["serve", "-c", str(path), "--host", "0.0.0.0"]) == 2
+    err = capsys.readouterr().err
+    assert "(with the command line's options): auth.mode: server.host '0.0.0.0' is not loopback" in err

@@ -16,7 +16,7 @@ from agent_gateway.config import BreakerConfig
 from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.guard import Circuit, Guard
 from tests.faults.harness import HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
-from tests.support import config_of
+from tests.support import config_of, python_upstream
 
 
 class FakeClock:
@@ -175,3 +175,16 @@ async def test_a_call_over_the_upstreams_concurrency_limit_is_refused_at_once() 
             assert "upstream 'faulty': 2 calls in flight, the limit (max_concurrency) is 2" in text_of(busy)
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
         assert guard.circuit is Circuit.CLOSED  # a refusal is not the upstream failing
+
+
+async def test_an_upstream_that_dies_on_every_call_is_cut_off_by_its_breaker() -> None:
+    # Each crash reconnects it; the breaker's count survives that, so the loop stops.
+    config = python_upstream("counter.py", breaker={"failures": 2, "reset": 60})
+    async with gateway_under_fault({"counter": config}) as faulted, Client(faulted.gw.url) as client:
+        upstream = faulted.gw.gateway.pool.get("counter")
+        for attempt in range(2):
+            assert (await client.call_tool("counter__crash", {})).is_error
+            await wait_until(lambda n=attempt: upstream.connections == n + 2 and upstream.state == "up")
+        refused = await client.call_tool("counter__crash", {})
+        assert "circuit open after 2 failed calls" in text_of(refused)
+        assert upstream.connections == 3  # refused unsent: it did not crash again

@@ -1,8 +1,11 @@
-"""The stdio upstream's line reader: lines in any chunking, and the size limit."""
+"""The stdio upstream's line reader: lines in any chunking, the size limit, and the answer
+an oversized response turns into."""
 
 from __future__ import annotations
 
-from agent_gateway.upstreams.stdio import Lines, Oversized
+import mcp_types as types
+
+from agent_gateway.upstreams.stdio import Lines, Oversized, refusal
 
 
 def fed(lines: Lines, *chunks: bytes) -> list[bytes | Oversized]:
@@ -18,12 +21,41 @@ def test_lines_come_out_whole_however_they_are_chunked() -> None:
     assert [len(line) for line in whole if isinstance(line, bytes)] == [8, 5009, 8]
 
 
-def test_a_line_over_the_limit_is_reported_with_its_head_and_size_not_kept() -> None:
-    lines = Lines(100)
-    big = b'{"jsonrpc": "2.0", "id": 7, "result": "' + b"y" * 1000 + b'"}'
-    out = fed(lines, big[:50], big[50:600], big[600:] + b'\n{"id": 8}\n')
-    assert len(out) == 2
-    assert isinstance(out[0], Oversized)
-    assert out[0].size == len(big)
-    assert out[0].head.startswith(b'{"jsonrpc": "2.0", "id": 7')
-    assert out[1] == b'{"id": 8}'
+def test_a_line_at_the_limit_passes_and_one_byte_more_does_not() -> None:
+    assert fed(Lines(10), b"0123456789\n") == [b"0123456789"]
+    [over] = fed(Lines(10), b"0123456789A\n")
+    assert isinstance(over, Oversized)
+    assert over.size == 11
+
+
+def oversized(line: bytes, limit: int = 100, step: int = 333) -> Oversized:
+    [out] = fed(Lines(limit), *[line[i : i + step] for i in range(0, len(line), step)], b"\n")
+    assert isinstance(out, Oversized)
+    assert out.size == len(line)
+    return out
+
+
+def error_id(message: object) -> object:
+    assert not isinstance(message, Exception), message
+    answer = message.message  # type: ignore[attr-defined]
+    assert isinstance(answer, types.JSONRPCError)
+    assert "over max_message_bytes (100)" in answer.error.message
+    return answer.id
+
+
+def test_an_oversized_response_fails_the_call_it_answers_whichever_sdk_wrote_it() -> None:
+    body = b'"' + b"y" * 2000 + b'"'
+    python_order = b'{"jsonrpc": "2.0", "id": 7, "result": {"id": 99, "text": ' + body + b"}}"
+    typescript_order = b'{"result": {"id": 99, "text": ' + body + b'}, "jsonrpc": "2.0", "id": "r-8"}'
+    assert error_id(refusal(oversized(python_order), 100)) == 7
+    assert error_id(refusal(oversized(typescript_order), 100)) == "r-8"
+
+
+def test_an_oversized_message_that_is_no_response_is_only_reported() -> None:
+    request = (
+        b'{"jsonrpc": "2.0", "id": 3, "method": "sampling/createMessage", "params": "' + b"z" * 2000 + b'"}'
+    )
+    nested_only = b'{"jsonrpc": "2.0", "method": "x", "params": {"id": 5, "v": "' + b"z" * 2000 + b'"}}'
+    bad_escape = b'{"jsonrpc": "2.0", "id": "a\\q", "result": "' + b"z" * 2000 + b'"}'
+    for line in (request, nested_only, bad_escape):
+        assert isinstance(refusal(oversized(line), 100), ValueError)

@@ -22,6 +22,7 @@ import hashlib
 import hmac
 import logging
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -85,7 +86,12 @@ class Principal:
             patterns = {"tool": self.policy.tools, "prompt": self.policy.prompts}.get(
                 kind, self.policy.resources
             )
-            known = self._allowed[key] = any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            known = any(fnmatch.fnmatchcase(name, p) for p in patterns)
+            if kind == "resource" and known and patterns != ("*",) and _climbs(name):
+                known = False  # file:///docs/../etc would match file:///docs/*
+            if len(self._allowed) >= _CACHED:  # names come from clients: keep the cache bounded
+                self._allowed.clear()
+            self._allowed[key] = known
         return known
 
     def check(self, kind: Kind, name: str) -> None:
@@ -107,6 +113,16 @@ class Principal:
             yield
         finally:
             self.in_flight -= 1
+
+
+_CACHED = 4096
+
+
+def _climbs(uri: str) -> bool:
+    """Whether a URI has dot segments (also percent-encoded), which could lead out of the
+    prefix a resource glob allows."""
+    path = urllib.parse.unquote(uri.partition("?")[0]).replace("\\", "/")
+    return any(segment in (".", "..") for segment in path.split("/"))
 
 
 _CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
@@ -146,16 +162,16 @@ class AccessControl:
     def _policy_name(self, subject: str, token: AccessToken | None) -> str:
         if token is None:
             return "default"
-        if (name := self._policy_of_token.get(token.client_id)) is not None and token.claims.get(_STATIC):
-            return name
+        if isinstance(token, StaticAccessToken):  # made by our verifier only: no JWT can be one
+            return self._policy_of_token.get(token.client_id, "default")
         for pattern, name in self._config.subjects.items():
             if fnmatch.fnmatchcase(subject, pattern):
                 return name
         return "default"
 
 
-_STATIC = "agent_gateway_static"
-"""A claim only our static-token verifier sets: a JWT cannot pose as a configured token."""
+class StaticAccessToken(AccessToken):
+    """A configured static token, verified: a type, not a claim, so no JWT can pose as one."""
 
 
 class AccessMiddleware:
@@ -204,9 +220,7 @@ class HashedTokenVerifier(TokenVerifier):
         if not matched:
             return None
         # The token itself is not kept: nothing downstream needs it, so nothing can leak it.
-        return AccessToken(
-            token="", client_id=matched[0], scopes=[], subject=matched[0], claims={_STATIC: True}
-        )
+        return StaticAccessToken(token="", client_id=matched[0], scopes=[], subject=matched[0])
 
 
 def _digest_of(sha256: str | None, token: str | None) -> bytes:

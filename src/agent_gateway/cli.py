@@ -17,7 +17,7 @@ import uvicorn
 
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
-from agent_gateway.config import GatewayConfig, load_config
+from agent_gateway.config import GatewayConfig, load_config, with_server
 from agent_gateway.errors import ConfigError
 from agent_gateway.exporters import install
 from agent_gateway.http import build_app
@@ -114,12 +114,11 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
-    server = config.server.model_copy(
-        update={k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
-    )
-    runner = _serve_stdio if server.transport == "stdio" else _serve_http
+    overrides = {k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
+    config = with_server(config, f"{args.config} (with the command line's options)", **overrides)
+    runner = _serve_stdio if config.server.transport == "stdio" else _serve_http
     with _telemetry(config):
-        anyio.run(runner, Gateway(config.model_copy(update={"server": server})))
+        anyio.run(runner, Gateway(config))
     return 0
 
 

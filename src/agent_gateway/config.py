@@ -31,6 +31,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _scheme(url: str) -> str:
+    """What an error may show of a URL: its scheme (the rest can hold credentials)."""
+    scheme, found, _ = url.partition("://")
+    return f"{scheme}://..." if found else "a url without a scheme"
+
+
 class HealthConfig(_Strict):
     """Pings that find an upstream which stopped answering while its connection looks open."""
 
@@ -105,9 +111,11 @@ class UpstreamConfig(_Strict):
             websocket_url = self.url.startswith(("ws://", "wss://"))
             if websocket_url != (self.transport == "websocket"):
                 wanted = "a ws:// or wss://" if self.transport == "websocket" else "an http:// or https://"
-                raise ValueError(f"transport {self.transport!r} needs {wanted} url, got {self.url!r}")
+                raise ValueError(f"transport {self.transport!r} needs {wanted} url, not {_scheme(self.url)}")
         if self.url is not None and not re.match(r"^(https?|wss?)://", self.url):
-            raise ValueError(f"url must start with http://, https://, ws:// or wss://, got {self.url!r}")
+            raise ValueError(
+                f"url must start with http://, https://, ws:// or wss://, not {_scheme(self.url)}"
+            )
         if self.retry.initial_delay > self.retry.max_delay:
             raise ValueError("retry.initial_delay must not exceed retry.max_delay")
         return self
@@ -301,6 +309,11 @@ class JwtConfig(_Strict):
             raise ValueError("set exactly one of 'jwks_url' or 'secret'")
         if self.secret is not None and not self.algorithm.startswith("HS"):
             raise ValueError(f"a shared secret needs an HS* algorithm, not {self.algorithm!r}")
+        # Without them any token the key signs is accepted, minted for whichever application.
+        if self.audience is None:
+            raise ValueError("set 'audience' (this gateway's name in the tokens' aud claim)")
+        if self.jwks_url is not None and self.issuer is None:
+            raise ValueError("set 'issuer' (the identity provider's iss) with a jwks_url")
         return self
 
 
@@ -327,8 +340,12 @@ class AuthConfig(_Strict):
             raise _FieldProblem(("auth", "tokens"), "mode 'bearer' needs at least one token")
         if self.mode == "jwt" and self.jwt is None:
             raise _FieldProblem(("auth", "jwt"), "mode 'jwt' needs a 'jwt' block")
-        names = [t.policy for t in self.tokens] + list(self.subjects.values())
-        for name in names:
+        if self.mode != "bearer" and self.tokens:
+            raise _FieldProblem(("auth", "tokens"), f"static tokens are for mode 'bearer', not {self.mode!r}")
+        names = [t.name for t in self.tokens]
+        if len(set(names)) != len(names):
+            raise _FieldProblem(("auth", "tokens"), "two tokens have the same name")
+        for name in [t.policy for t in self.tokens] + list(self.subjects.values()):
             if name != "default" and name not in self.policies:
                 raise _FieldProblem(("auth", "policies"), f"policy {name!r} is used but not defined")
         return self
@@ -390,6 +407,21 @@ def load_config(path: str | Path, environ: Mapping[str, str]) -> GatewayConfig:
     path = Path(path)
     raw = _read(path)
     return parse_config(raw, environ, source=str(path))
+
+
+def with_server(config: GatewayConfig, source: str, **overrides: Any) -> GatewayConfig:
+    """``config`` with ``server`` fields replaced, validated again as a whole (so that, e.g.,
+    ``--host 0.0.0.0`` meets the same auth check as ``server.host`` in the file).
+
+    Raises:
+        ConfigError: the result is invalid.
+    """
+    data = config.model_dump()
+    data["server"] = {**data["server"], **overrides}
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(source, exc)) from None
 
 
 def parse_config(raw: object, environ: Mapping[str, str], *, source: str) -> GatewayConfig:

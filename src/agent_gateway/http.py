@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -22,7 +23,7 @@ def build_app(gateway: Gateway) -> Starlette:
     mcp_app = gateway.server.http_app(
         path=server.path,
         session_idle_timeout=server.session_idle_timeout,
-        host_origin_protection="*" not in server.allowed_hosts,
+        host_origin_protection=True,  # "*" in allowed_hosts passes any Host; Origin is still checked
         allowed_hosts=list(server.allowed_hosts),
         allowed_origins=list(server.allowed_origins),
         middleware=[Middleware(RequestGuard, limit=server.max_body_bytes)],
@@ -37,7 +38,12 @@ def build_app(gateway: Gateway) -> Starlette:
         body = {"ready": not missing, "missing": missing, "upstreams": [s.as_dict() for s in statuses]}
         return JSONResponse(body, status_code=200 if not missing else 503)
 
-    async def status(_: Request) -> JSONResponse:
+    async def status(request: Request) -> JSONResponse:
+        # Upstream names, errors and counts: for authenticated clients when auth is on.
+        if gateway.config.auth.mode != "none" and not isinstance(
+            request.scope.get("user"), AuthenticatedUser
+        ):
+            return JSONResponse({"error": "authentication required"}, status_code=401)
         return JSONResponse(gateway.status())
 
     async def prometheus(_: Request) -> Response:

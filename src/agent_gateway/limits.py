@@ -40,6 +40,8 @@ class RequestGuard:
             await _refuse(send, 413, self._too_large(f"{declared} bytes"))
             return
         body = await self._read(receive)
+        if body is _GONE:
+            return  # the client left before its body was whole: nothing to answer
         if body is None:
             await _refuse(send, 413, self._too_large(f"over {self.limit} bytes"))
             return
@@ -49,13 +51,13 @@ class RequestGuard:
         await self.app(scope, _replay(body, receive), send)
 
     async def _read(self, receive: Receive) -> bytes | None:
-        """The whole body, or None as soon as it passes the limit."""
+        """The whole body; None as soon as it passes the limit; ``_GONE`` if the client left."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                break
+                return _GONE
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.limit:
@@ -67,6 +69,10 @@ class RequestGuard:
 
     def _too_large(self, size: str) -> str:
         return f"request body is {size}; the limit (server.max_body_bytes) is {self.limit}"
+
+
+_GONE = b"\x00gone"
+"""A sentinel for a body cut short by a disconnect (compared by identity)."""
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:
@@ -89,6 +95,8 @@ def _id_problem(body: bytes) -> str | None:
         message: Any = json.loads(body)
     except ValueError:
         return None  # not JSON: the SDK answers that with its parse error
+    except RecursionError:
+        return "the request is nested too deeply to read"
     if not isinstance(message, dict) or "id" not in message or "method" not in message:
         return None
     request_id = message["id"]

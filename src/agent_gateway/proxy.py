@@ -137,17 +137,17 @@ class Caller:
             return exc.error
 
 
-_RESERVED_META = "io.modelcontextprotocol/"
+_UPSTREAM_META = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
 R = TypeVar("R", bound=types.Result)
 
 
 def _relayed(result: R) -> R:
-    """An upstream's result as the gateway's: the protocol's reserved ``_meta`` keys (the
-    upstream's serverInfo, its protocol version) describe the upstream, not the gateway."""
+    """An upstream's result as the gateway's: the ``_meta`` keys that describe the upstream
+    itself (its serverInfo, its protocol version) are dropped; the rest pass through."""
     meta = result.meta
-    if not meta or not any(key.startswith(_RESERVED_META) for key in meta):
+    if not meta or _UPSTREAM_META.isdisjoint(meta):
         return result
-    kept = {key: value for key, value in meta.items() if not key.startswith(_RESERVED_META)}
+    kept = {key: value for key, value in meta.items() if key not in _UPSTREAM_META}
     return result.model_copy(update={"meta": kept or None})
 
 
@@ -222,7 +222,7 @@ class Proxy:
             _check("resource", ref.uri)
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
-        return await session.complete(params.model_copy(update={"ref": ref}), caller)
+        return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
 
     async def resource_session(self, uri: str, owner: DownstreamSession) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""

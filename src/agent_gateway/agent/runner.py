@@ -149,7 +149,7 @@ class AgentRunner:
             _log_end(outcome)
             return outcome
         run_id = resumed.run if resumed else uuid.uuid4().hex
-        thread = resumed.thread if resumed else request.conversation_id or _default_thread(caller, run_id)
+        thread = resumed.thread if resumed else _thread_of(request, caller, run_id)
         record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
@@ -316,6 +316,19 @@ def _failure(record: dict[str, Any], message: str) -> RunOutcome:
     record["ended_at"] = _now()
     record["error"] = message
     return RunOutcome(record, error=f"ask_agent failed: {message}")
+
+
+def _thread_of(request: AgentRequest, caller: Caller | None, run_id: str) -> str:
+    """The run's thread. An authenticated client's own ids live under its name, so no other
+    client can name (and read) its conversations."""
+    if request.conversation_id is None:
+        return _default_thread(caller, run_id)
+    client = access.current()
+    if client is None or client.subject == access.ANONYMOUS:
+        return request.conversation_id
+    scope = f"{client.subject}/"
+    wanted = request.conversation_id
+    return wanted if wanted.startswith(scope) else scope + wanted
 
 
 def _default_thread(caller: Caller | None, run_id: str) -> str:

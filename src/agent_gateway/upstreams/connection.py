@@ -24,7 +24,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamError, UpstreamUnavailable
+from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession, describe
@@ -177,6 +177,8 @@ class Upstream:
                     await probe(client)
             except TimeoutError:
                 reason = f"health check: no answer within {timeout:g}s"
+            except UpstreamRejected:
+                continue  # an error answer is still an answer: it is alive
             except UpstreamError as exc:
                 reason = f"health check: {exc.detail}"
             else:
@@ -194,7 +196,8 @@ class Upstream:
         self.down_since = None
         self.last_error = None
         self._backoff.reset()
-        self.guard.reset()
+        # The breaker is not reset here: an upstream that dies on every call reconnects each
+        # time, and only the breaker's memory across connections stops that loop.
         logger.info("upstream %s connected (protocol %s)", self.name, client.protocol_version)
 
     def _mark_down(self, exc: BaseException) -> bool:

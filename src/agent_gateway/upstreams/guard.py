@@ -104,14 +104,6 @@ class CircuitBreaker:
         if probe:
             self._probing = False
 
-    def reset(self) -> None:
-        """A fresh connection: forget the old one's failures."""
-        if self._opened_at is not None:
-            self._transition(Circuit.CLOSED)
-        self._failures = 0
-        self._opened_at = None
-        self._probing = False
-
     def _transition(self, to: Circuit) -> None:
         breaker_transitions.add(1, {"agent_gateway.upstream": self._upstream, "state": str(to)})
         if to is Circuit.OPEN:
@@ -134,11 +126,6 @@ class Guard:
         self.breaker = CircuitBreaker(upstream, config.breaker, clock) if config.breaker else None
         self._limit = config.max_concurrency
         self.in_flight = 0
-
-    def reset(self) -> None:
-        """A fresh connection: the breaker starts closed again."""
-        if self.breaker is not None:
-            self.breaker.reset()
 
     @property
     def circuit(self) -> Circuit:

@@ -104,7 +104,7 @@ async def _read(
         with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             while True:
                 for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
-                    message = _parse(line) if isinstance(line, bytes) else _refusal(line, limit)
+                    message = _parse(line) if isinstance(line, bytes) else refusal(line, limit)
                     # Closed when shutting down: keep draining, so the server can flush and exit.
                     with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                         await incoming.send(message)
@@ -112,11 +112,15 @@ async def _read(
 
 @dataclass(frozen=True, slots=True)
 class Oversized:
-    """A line over the limit: its first bytes (where the id is) and its size; the rest was
-    read and dropped, never held."""
+    """A line over the limit: its first and last bytes (where a response's id is) and its
+    size; the rest was read and dropped, never held."""
 
     head: bytes
+    tail: bytes
     size: int
+
+
+_EDGE = 512
 
 
 class Lines:
@@ -128,7 +132,8 @@ class Lines:
         self._pieces: list[bytes] = []
         self._size = 0
         self._head: bytes | None = None
-        """Set once the current line passed the limit: what is kept of it."""
+        """Set once the current line passed the limit: its first bytes."""
+        self._tail = b""
 
     def feed(self, chunk: bytes) -> list[bytes | Oversized]:
         *complete, rest = chunk.split(b"\n")
@@ -138,36 +143,52 @@ class Lines:
 
     def _add(self, part: bytes) -> None:
         self._size += len(part)
-        if self._head is None and self._size > self._limit:
-            self._head = b"".join([*self._pieces, part[:_HEAD]])[:_HEAD]
+        if self._head is not None:
+            self._tail = (self._tail + part[-_EDGE:])[-_EDGE:]
+        elif self._size > self._limit:
+            first = b"".join(p[:_EDGE] for p in self._pieces[:_EDGE]) + part[:_EDGE]
+            self._head, self._tail = first[:_EDGE], part[-_EDGE:]
             self._pieces.clear()
-        elif self._head is None and part:
+        elif part:
             self._pieces.append(part)
 
     def _finish(self, part: bytes) -> bytes | Oversized:
         self._add(part)
         line: bytes | Oversized = (
-            b"".join(self._pieces) if self._head is None else Oversized(self._head, self._size)
+            b"".join(self._pieces) if self._head is None else Oversized(self._head, self._tail, self._size)
         )
         self._pieces.clear()
         self._size = 0
         self._head = None
+        self._tail = b""
         return line
 
 
-_HEAD = 512
-_ID = re.compile(rb'"id"\s*:\s*(-?\d+|"(?:[^"\\]|\\.)*")')
+# A response's id at the top level: right after "jsonrpc" at the start (as Python SDKs write
+# it), or as the last member (as the TypeScript SDK writes it). Anchored, so an "id" nested
+# in the result is never taken for it.
+_VALUE = rb'(-?\d+|"(?:[^"\\]|\\.)*")'
+_ID_FIRST = re.compile(
+    rb'^\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*' + _VALUE + rb'\s*,\s*"(?:result|error)"'
+)
+_ID_LAST = re.compile(rb'"id"\s*:\s*' + _VALUE + rb"\s*\}\s*$")
+_RESPONSE_START = re.compile(rb'^\s*\{\s*"(?:result|error)"\s*:')
 
 
-def _refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
+def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
     """For an oversized response: an error answer to the request it answers, so that call
     fails at once saying why; for anything else, an error the session logs."""
     reason = f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
     logger.warning("%s: dropped", reason)
-    found = _ID.search(line.head)
-    if found is None or b'"method"' in line.head:
+    found = _ID_FIRST.match(line.head)
+    if found is None and _RESPONSE_START.match(line.head):
+        found = _ID_LAST.search(line.tail)
+    if found is None:
         return ValueError(reason)
-    request_id = json.loads(found.group(1))
+    try:
+        request_id = json.loads(found.group(1))
+    except ValueError:
+        return ValueError(reason)
     error = types.ErrorData(code=types.INTERNAL_ERROR, message=reason)
     return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
