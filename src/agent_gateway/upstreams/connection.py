@@ -27,7 +27,8 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession, describe
+from agent_gateway.upstreams.replies import Broadcast
+from agent_gateway.upstreams.session import UpdateSink, UpstreamSession, describe
 from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
 from agent_gateway.upstreams.connection import DownCallback, ListingCallback, Upstream, UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
-from agent_gateway.upstreams.session import Broadcast, UpdateSink, UpstreamSession
+from agent_gateway.upstreams.replies import Broadcast
+from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 
 
 @dataclass(frozen=True, slots=True)

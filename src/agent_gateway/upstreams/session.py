@@ -1,10 +1,6 @@
-"""One live client session to an upstream: the calls in flight on it, and what the upstream
-sends back during them (progress, log lines, sampling / elicitation / roots requests).
-
-An upstream's messages say nothing about which of our calls caused them (JSON-RPC has no
-"related request" field), so they are attributed by what is in flight: to the one
-downstream session with calls on this upstream session, to the owner of a dedicated
-(``per_client``) session, or, for log lines nobody's call can own, to every client.
+"""One live client session to an upstream: its calls (guarded, bounded, their errors
+translated), its resource subscriptions, and its end. What the upstream sends back during
+a call (log lines, sampling / elicitation / roots requests) is relayed by ``replies``.
 
 This module is the one boundary where the ``mcp`` client's errors (``MCPError``, transport
 and validation errors) are translated into the gateway's tree (``UpstreamError``).
@@ -12,8 +8,6 @@ and validation errors) are translated into the gateway's tree (``UpstreamError``
 
 from __future__ import annotations
 
-import contextvars
-import itertools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -27,7 +21,7 @@ import httpx2
 import mcp_types as types
 from anyio.abc import TaskStatus
 from mcp import Client
-from mcp.client.session import ClientRequestContext, MessageHandlerFnT
+from mcp.client.session import MessageHandlerFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
@@ -38,6 +32,7 @@ from agent_gateway.telemetry import mark_upstream_error, upstream_call
 from agent_gateway.upstreams.downstream import Downstream
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
+from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
 
 logger = logging.getLogger(__name__)
 
@@ -47,16 +42,6 @@ SESSION_META_KEY = "io.agent-gateway/session-id"
 CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
 
 T = TypeVar("T")
-
-
-_CALLER: contextvars.ContextVar[Downstream | None] = contextvars.ContextVar(
-    "agent_gateway_caller", default=None
-)
-"""The caller of the upstream call this task is making. The ``mcp`` client runs callbacks
-for requests sent on a call's own HTTP stream, and a modern upstream's input requests, in
-a copy of the caller's context: there, this names the caller exactly."""
-
-Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -95,10 +80,9 @@ class UpstreamSession:
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
         self.lost_reason: str | None = None
-        self._broadcast = broadcast
+        self.replies = Replies(name, owner, broadcast)
+        """Where the upstream's log lines and requests go: the client whose call caused them."""
         self._client: Client | None = None
-        self._in_flight: dict[int, Downstream] = {}
-        self._tokens = itertools.count()
         self._updates_in, self._updates_out = anyio.create_memory_object_stream[str](_UPDATES_BUFFER)
         self._streams = ListenStreams(
             name, self.id, lambda what: self._calling(None, what), self._queue_update
@@ -113,7 +97,7 @@ class UpstreamSession:
         A dedicated session declares exactly its owner's capabilities. A shared one declares
         them all: a call from a client without the capability gets a clear error upstream.
         """
-        caps = self.owner.capabilities if self.owner is not None else _EVERYTHING
+        caps = self.owner.capabilities if self.owner is not None else EVERYTHING
         caps = caps or types.ClientCapabilities()
         return Client(
             transport,
@@ -121,11 +105,11 @@ class UpstreamSession:
             # No session-wide read timeout: it would bound the handshake too (connect_timeout
             # does); each call gets `timeout` in _calling, and its cancel reaches the upstream.
             message_handler=self._watching(message_handler),
-            logging_callback=self._on_log,
-            sampling_callback=self._on_sampling if caps.sampling is not None else None,
+            logging_callback=self.replies.on_log,
+            sampling_callback=self.replies.on_sampling if caps.sampling is not None else None,
             sampling_capabilities=caps.sampling,
-            elicitation_callback=self._on_elicitation if caps.elicitation is not None else None,
-            list_roots_callback=self._on_roots if caps.roots is not None else None,
+            elicitation_callback=self.replies.on_elicitation if caps.elicitation is not None else None,
+            list_roots_callback=self.replies.on_roots if caps.roots is not None else None,
             client_info=CLIENT_INFO,
             cache=None,  # the catalog is our cache; a second one would serve stale listings
         )
@@ -226,7 +210,7 @@ class UpstreamSession:
     @property
     def pending(self) -> int:
         """Calls in flight on this session."""
-        return len(self._in_flight)
+        return self.replies.pending
 
     # -- calls ------------------------------------------------------------------------------
 
@@ -339,21 +323,14 @@ class UpstreamSession:
         operation: tuple[str, str] | None,
         timeout: float,
     ) -> Iterator[Client]:
-        token = next(self._tokens)
-        if caller is not None:
-            self._in_flight[token] = caller
-        bound = _CALLER.set(caller)
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
         try:
-            with measured, anyio.fail_after(timeout), self.translated(what):
+            with self.replies.calling(caller), measured, anyio.fail_after(timeout), self.translated(what):
                 yield client
         except TimeoutError as exc:
             raise UpstreamTimeout(self.name, f"{what}: no answer within {timeout:g}s") from exc
-        finally:
-            _CALLER.reset(bound)
-            self._in_flight.pop(token, None)
 
     @contextmanager
     def translated(self, what: str) -> Iterator[None]:
@@ -380,82 +357,6 @@ class UpstreamSession:
             self.lose(reason)
             return UpstreamUnavailable(self.name, f"{what}: connection closed during the call ({reason})")
         return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
-
-    # -- what the upstream sends back -------------------------------------------------------
-
-    def _attributed(self) -> Downstream | None:
-        """The one downstream session this session's traffic can belong to, if there is one."""
-        if (exact := _CALLER.get()) is not None:
-            return exact
-        callers = {c.session_id: c for c in self._in_flight.values()}
-        if len(callers) == 1:
-            return next(iter(callers.values()))
-        if not callers:
-            return self.owner
-        return None
-
-    async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
-        # Chosen before any await: the call may finish right after its last log line.
-        target = self._attributed()
-        if target is not None:
-            await target.log(self.name, params)
-        elif not self._in_flight and self._broadcast is not None:
-            await self._broadcast(self.name, params)
-        else:
-            logger.debug("log line from %s dropped: several clients have calls in flight", self.name)
-
-    async def _on_sampling(
-        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
-    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
-        answer = await self._relay(types.CreateMessageRequest(params=params))
-        if isinstance(
-            answer, types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
-        ):
-            return answer
-        return _wrong_answer("sampling/createMessage")
-
-    async def _on_elicitation(
-        self, context: ClientRequestContext, params: types.ElicitRequestParams
-    ) -> types.ElicitResult | types.ErrorData:
-        answer = await self._relay(types.ElicitRequest(params=params))
-        if isinstance(answer, types.ElicitResult | types.ErrorData):
-            return answer
-        return _wrong_answer("elicitation/create")
-
-    async def _on_roots(self, context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
-        answer = await self._relay(types.ListRootsRequest())
-        if isinstance(answer, types.ListRootsResult | types.ErrorData):
-            return answer
-        return _wrong_answer("roots/list")
-
-    async def _relay(self, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
-        target = self._attributed()
-        if target is None:
-            reason = (
-                "several clients have calls in flight on this shared upstream session "
-                "(configure `session: per_client` for this upstream)"
-                if self._in_flight
-                else "no client call is in flight to answer it"
-            )
-            logger.warning("%s from %s refused: %s", request.method, self.name, reason)
-            return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
-        return await target.ask(self.name, request)
-
-
-_EVERYTHING = types.ClientCapabilities(
-    sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),
-    elicitation=types.ElicitationCapability(
-        form=types.FormElicitationCapability(), url=types.UrlElicitationCapability()
-    ),
-    roots=types.RootsCapability(list_changed=True),
-)
-
-
-def _wrong_answer(method: str) -> types.ErrorData:
-    return types.ErrorData(
-        code=types.INTERNAL_ERROR,
-        message=f"agent-gateway: the client's answer to {method} has the wrong shape",
-    )
 
 
 def describe(exc: BaseException) -> str:

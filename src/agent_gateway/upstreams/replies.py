@@ -1,0 +1,136 @@
+"""What an upstream sends during a call besides its answer: log lines, and sampling,
+elicitation and roots requests, relayed to the downstream client whose call caused them.
+
+An upstream's messages say nothing about which of our calls caused them (JSON-RPC has no
+"related request" field), so they are attributed by what is in flight: to the caller named
+by the context the ``mcp`` client runs the callback in, to the one downstream session with
+calls on this upstream session, to the owner of a dedicated (``per_client``) session, or,
+for log lines nobody's call can own, to every client.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+
+import mcp_types as types
+from mcp.client.session import ClientRequestContext
+
+from agent_gateway.upstreams.downstream import Downstream
+
+logger = logging.getLogger(__name__)
+
+Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+
+_CALLER: contextvars.ContextVar[Downstream | None] = contextvars.ContextVar(
+    "agent_gateway_caller", default=None
+)
+"""The caller of the upstream call this task is making. The ``mcp`` client runs callbacks
+for requests sent on a call's own HTTP stream, and a modern upstream's input requests, in
+a copy of the caller's context: there, this names the caller exactly."""
+
+
+class Replies:
+    """One upstream session's calls in flight, and the relays of what the upstream sends."""
+
+    def __init__(self, name: str, owner: Downstream | None, broadcast: Broadcast | None) -> None:
+        self.name = name
+        self.owner = owner
+        self._broadcast = broadcast
+        self._in_flight: dict[int, Downstream] = {}
+        self._tokens = itertools.count()
+
+    @property
+    def pending(self) -> int:
+        """Calls in flight on this session."""
+        return len(self._in_flight)
+
+    @contextmanager
+    def calling(self, caller: Downstream | None) -> Iterator[None]:
+        """One call by ``caller`` in flight: what the upstream sends meanwhile may be theirs."""
+        token = next(self._tokens)
+        if caller is not None:
+            self._in_flight[token] = caller
+        bound = _CALLER.set(caller)
+        try:
+            yield
+        finally:
+            _CALLER.reset(bound)
+            self._in_flight.pop(token, None)
+
+    def attributed(self) -> Downstream | None:
+        """The one downstream session this session's traffic can belong to, if there is one."""
+        if (exact := _CALLER.get()) is not None:
+            return exact
+        callers = {c.session_id: c for c in self._in_flight.values()}
+        if len(callers) == 1:
+            return next(iter(callers.values()))
+        if not callers:
+            return self.owner
+        return None
+
+    async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        # Chosen before any await: the call may finish right after its last log line.
+        target = self.attributed()
+        if target is not None:
+            await target.log(self.name, params)
+        elif not self._in_flight and self._broadcast is not None:
+            await self._broadcast(self.name, params)
+        else:
+            logger.debug("log line from %s dropped: several clients have calls in flight", self.name)
+
+    async def on_sampling(
+        self, context: ClientRequestContext, params: types.CreateMessageRequestParams
+    ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
+        answer = await self._relay(types.CreateMessageRequest(params=params))
+        if isinstance(
+            answer, types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
+        ):
+            return answer
+        return _wrong_answer("sampling/createMessage")
+
+    async def on_elicitation(
+        self, context: ClientRequestContext, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        answer = await self._relay(types.ElicitRequest(params=params))
+        if isinstance(answer, types.ElicitResult | types.ErrorData):
+            return answer
+        return _wrong_answer("elicitation/create")
+
+    async def on_roots(self, context: ClientRequestContext) -> types.ListRootsResult | types.ErrorData:
+        answer = await self._relay(types.ListRootsRequest())
+        if isinstance(answer, types.ListRootsResult | types.ErrorData):
+            return answer
+        return _wrong_answer("roots/list")
+
+    async def _relay(self, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        target = self.attributed()
+        if target is None:
+            reason = (
+                "several clients have calls in flight on this shared upstream session "
+                "(configure `session: per_client` for this upstream)"
+                if self._in_flight
+                else "no client call is in flight to answer it"
+            )
+            logger.warning("%s from %s refused: %s", request.method, self.name, reason)
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
+        return await target.ask(self.name, request)
+
+
+EVERYTHING = types.ClientCapabilities(
+    sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+    elicitation=types.ElicitationCapability(
+        form=types.FormElicitationCapability(), url=types.UrlElicitationCapability()
+    ),
+    roots=types.RootsCapability(list_changed=True),
+)
+
+
+def _wrong_answer(method: str) -> types.ErrorData:
+    return types.ErrorData(
+        code=types.INTERNAL_ERROR,
+        message=f"agent-gateway: the client's answer to {method} has the wrong shape",
+    )
