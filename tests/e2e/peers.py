@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ import mcp_types as types
 from anyio.abc import ByteReceiveStream, Process
 from mcp import Client
 
-from tests.support import NODE_MODULES, running_gateway
+from tests.support import NODE_MODULES, free_socket, running_gateway
 
 T = TypeVar("T")
 
@@ -174,3 +175,28 @@ async def stop_process(process: Process) -> None:
             process.kill()
         with anyio.fail_after(5):
             await process.aclose()
+
+
+@asynccontextmanager
+async def everything_on_a_port(transport: str, ready_marker: str) -> AsyncIterator[int]:
+    """server-everything's ``transport`` (``sse`` or ``streamableHttp``) on a free loopback
+    port, once it prints ``ready_marker``; yields the port; the process is stopped on exit."""
+    with free_socket() as sock:
+        port = sock.getsockname()[1]
+    command = ["node", "--require", str(FORCE_LOOPBACK), str(EVERYTHING / "index.js"), transport]
+    process = await anyio.open_process(
+        command, env={**os.environ, "PORT": str(port)}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+    )
+    lines: list[str] = []
+    ready = anyio.Event()
+    try:
+        assert process.stderr is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(collect_output, process.stderr, lines, ready, ready_marker)
+            with anyio.fail_after(BOUND):
+                await ready.wait()
+            assert any(ready_marker in line for line in lines), f"server-everything did not start: {lines}"
+            yield port
+            tg.cancel_scope.cancel()
+    finally:
+        await stop_process(process)

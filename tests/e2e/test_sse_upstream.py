@@ -2,25 +2,18 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import anyio
 import pytest
 
 from tests.e2e.peers import (
-    BOUND,
-    EVERYTHING,
-    FORCE_LOOPBACK,
     MODES,
-    collect_output,
     connected,
-    stop_process,
+    everything_on_a_port,
     text_of,
 )
-from tests.support import free_socket, running_gateway
+from tests.support import running_gateway
 
 pytestmark = pytest.mark.e2e
 
@@ -31,25 +24,8 @@ READY = "Server is running on port"
 @asynccontextmanager
 async def everything_over_sse() -> AsyncIterator[str]:
     """server-everything's SSE transport on a free loopback port; yield its /sse URL."""
-    with free_socket() as sock:
-        port = sock.getsockname()[1]
-    command = ["node", "--require", str(FORCE_LOOPBACK), str(EVERYTHING / "index.js"), "sse"]
-    process = await anyio.open_process(
-        command, env={**os.environ, "PORT": str(port)}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-    )
-    lines: list[str] = []
-    ready = anyio.Event()
-    try:
-        assert process.stderr is not None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(collect_output, process.stderr, lines, ready, READY)
-            with anyio.fail_after(BOUND):
-                await ready.wait()
-            assert any(READY in line for line in lines), f"server-everything did not start: {lines}"
-            yield f"http://127.0.0.1:{port}/sse"
-            tg.cancel_scope.cancel()
-    finally:
-        await stop_process(process)
+    async with everything_on_a_port("sse", READY) as port:
+        yield f"http://127.0.0.1:{port}/sse"
 
 
 async def test_the_echo_tool_of_an_sse_upstream_answers_through_the_gateway() -> None:

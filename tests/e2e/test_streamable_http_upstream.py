@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -16,16 +14,13 @@ import pytest_asyncio
 
 from tests.e2e.peers import (
     BOUND,
-    EVERYTHING,
-    FORCE_LOOPBACK,
     MODES,
-    collect_output,
     connected,
+    everything_on_a_port,
     hold,
-    stop_process,
     text_of,
 )
-from tests.support import RunningGateway, free_socket, running_gateway
+from tests.support import RunningGateway, running_gateway
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -47,33 +42,12 @@ class Deployment:
     upstream: HttpUpstream
 
 
-def unused_port() -> int:
-    with free_socket() as sock:
-        return sock.getsockname()[1]
-
-
 @asynccontextmanager
 async def everything_over_http() -> AsyncIterator[HttpUpstream]:
     """server-everything's streamableHttp transport on a free loopback port; killed on exit."""
-    port = unused_port()
-    command = ["node", "--require", str(FORCE_LOOPBACK), str(EVERYTHING / "index.js"), "streamableHttp"]
-    process = await anyio.open_process(
-        command, env={**os.environ, "PORT": str(port)}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
-    )
-    lines: list[str] = []
-    listening = anyio.Event()
-    try:
-        assert process.stderr is not None
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(collect_output, process.stderr, lines, listening, LISTENING)
-            with anyio.fail_after(BOUND):
-                await listening.wait()
-            assert any(LISTENING in line for line in lines), f"server-everything did not start: {lines}"
-            await _accepts(port)
-            yield HttpUpstream(f"http://127.0.0.1:{port}/mcp", port)
-            tg.cancel_scope.cancel()
-    finally:
-        await stop_process(process)
+    async with everything_on_a_port("streamableHttp", LISTENING) as port:
+        await _accepts(port)
+        yield HttpUpstream(f"http://127.0.0.1:{port}/mcp", port)
 
 
 async def _accepts(port: int) -> None:
