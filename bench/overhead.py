@@ -48,7 +48,8 @@ from fastmcp import FastMCP
 from fastmcp.server import create_proxy
 from mcp import Client
 
-from agent_gateway.config import TelemetryConfig, parse_config
+from agent_gateway.config import TelemetryConfig
+from agent_gateway.config_files import parse_config
 from agent_gateway.exporters import install
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway

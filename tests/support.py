@@ -17,7 +17,8 @@ from fastmcp import FastMCP
 from langchain_core.language_models import BaseChatModel
 from starlette.types import ASGIApp
 
-from agent_gateway.config import GatewayConfig, parse_config
+from agent_gateway.config import GatewayConfig
+from agent_gateway.config_files import parse_config
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_gateway.config import load_config, parse_config
+from agent_gateway.config_files import load_config, parse_config
 from agent_gateway.errors import ConfigError
 
 

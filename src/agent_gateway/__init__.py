@@ -1,6 +1,7 @@
 """agent-gateway: one MCP endpoint in front of many upstream MCP servers."""
 
-from agent_gateway.config import GatewayConfig, UpstreamConfig, load_config
+from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.config_files import load_config
 from agent_gateway.errors import (
     ConfigError,
     GatewayError,

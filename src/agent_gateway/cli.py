@@ -17,7 +17,8 @@ import uvicorn
 
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
-from agent_gateway.config import GatewayConfig, load_config, with_server
+from agent_gateway.config import GatewayConfig
+from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import ConfigError
 from agent_gateway.exporters import install
 from agent_gateway.http import build_app

@@ -8,23 +8,16 @@ the environment: the caller passes it in.
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agent_gateway.errors import ConfigError
 from agent_gateway.naming import DEFAULT_SEPARATOR, upstream_name_problem
 
 Transport = Literal["stdio", "streamable-http", "sse", "websocket"]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
 Seconds = Annotated[float, Field(gt=0, le=86_400)]
-
-_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class _Strict(BaseModel):
@@ -190,14 +183,14 @@ class ModelConfig(_Strict):
         if self.provider == "sampling":
             return self
         if not self.model:
-            raise _FieldProblem(("agent", "model", "model"), f"provider {self.provider!r} needs a model name")
+            raise FieldProblem(("agent", "model", "model"), f"provider {self.provider!r} needs a model name")
         if not self.api_key:
-            raise _FieldProblem(
+            raise FieldProblem(
                 ("agent", "model", "api_key"),
                 f"provider {self.provider!r} needs an API key (e.g. api_key: ${{{_KEY_VARIABLE[self.provider]}}})",
             )
         if self.base_url is not None and not re.match(r"^https?://", self.base_url):
-            raise _FieldProblem(
+            raise FieldProblem(
                 ("agent", "model", "base_url"), f"must start with http:// or https://, got {self.base_url!r}"
             )
         return self
@@ -337,17 +330,17 @@ class AuthConfig(_Strict):
     @model_validator(mode="after")
     def _complete(self) -> AuthConfig:
         if self.mode == "bearer" and not self.tokens:
-            raise _FieldProblem(("auth", "tokens"), "mode 'bearer' needs at least one token")
+            raise FieldProblem(("auth", "tokens"), "mode 'bearer' needs at least one token")
         if self.mode == "jwt" and self.jwt is None:
-            raise _FieldProblem(("auth", "jwt"), "mode 'jwt' needs a 'jwt' block")
+            raise FieldProblem(("auth", "jwt"), "mode 'jwt' needs a 'jwt' block")
         if self.mode != "bearer" and self.tokens:
-            raise _FieldProblem(("auth", "tokens"), f"static tokens are for mode 'bearer', not {self.mode!r}")
+            raise FieldProblem(("auth", "tokens"), f"static tokens are for mode 'bearer', not {self.mode!r}")
         names = [t.name for t in self.tokens]
         if len(set(names)) != len(names):
-            raise _FieldProblem(("auth", "tokens"), "two tokens have the same name")
+            raise FieldProblem(("auth", "tokens"), "two tokens have the same name")
         for name in [t.policy for t in self.tokens] + list(self.subjects.values()):
             if name != "default" and name not in self.policies:
-                raise _FieldProblem(("auth", "policies"), f"policy {name!r} is used but not defined")
+                raise FieldProblem(("auth", "policies"), f"policy {name!r} is used but not defined")
         return self
 
     def policy(self, name: str) -> ClientPolicy:
@@ -368,7 +361,7 @@ class GatewayConfig(_Strict):
         server, auth = self.server, self.auth
         exposed = server.transport == "http" and server.host not in _LOOPBACK
         if exposed and auth.mode == "none" and not auth.allow_unauthenticated:
-            raise _FieldProblem(
+            raise FieldProblem(
                 ("auth", "mode"),
                 f"server.host {server.host!r} is not loopback and auth is 'none': set auth.mode "
                 "(bearer or jwt), or auth.allow_unauthenticated: true if something else guards it",
@@ -379,7 +372,7 @@ class GatewayConfig(_Strict):
     def _upstream_names(self) -> GatewayConfig:
         for name in self.upstreams:
             if (problem := upstream_name_problem(name, self.server.separator)) is not None:
-                raise _FieldProblem(("upstreams", name), f"upstream name {name!r} {problem}")
+                raise FieldProblem(("upstreams", name), f"upstream name {name!r} {problem}")
         return self
 
     @property
@@ -388,144 +381,10 @@ class GatewayConfig(_Strict):
         return {name: up for name, up in self.upstreams.items() if up.enabled}
 
 
-class _FieldProblem(ValueError):
+class FieldProblem(ValueError):
     """A validator's complaint about a specific field path."""
 
     def __init__(self, path: tuple[str, ...], reason: str) -> None:
         super().__init__(reason)
         self.path = path
         self.reason = reason
-
-
-def load_config(path: str | Path, environ: Mapping[str, str]) -> GatewayConfig:
-    """Read, interpolate and validate the file at ``path``.
-
-    Raises:
-        ConfigError: the file is missing, unparsable or invalid; the message names the
-            file, the field path and the reason.
-    """
-    path = Path(path)
-    raw = _read(path)
-    return parse_config(raw, environ, source=str(path))
-
-
-def with_server(config: GatewayConfig, source: str, **overrides: Any) -> GatewayConfig:
-    """``config`` with ``server`` fields replaced, validated again as a whole (so that, e.g.,
-    ``--host 0.0.0.0`` meets the same auth check as ``server.host`` in the file).
-
-    Raises:
-        ConfigError: the result is invalid.
-    """
-    data = config.model_dump()
-    data["server"] = {**data["server"], **overrides}
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_describe(source, exc)) from None
-
-
-def parse_config(raw: object, environ: Mapping[str, str], *, source: str) -> GatewayConfig:
-    """Validate already-parsed data (``source`` names it in errors).
-
-    Raises:
-        ConfigError: the data is invalid.
-    """
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
-    data = _from_mcp_servers(raw)
-    data = _interpolate(data, environ, source, ())
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(_describe(source, exc)) from None
-
-
-def _read(path: Path) -> object:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
-        ) from None
-
-
-def _from_mcp_servers(raw: dict[str, Any]) -> dict[str, Any]:
-    """Accept the Claude Desktop / Cursor (``mcpServers``) and VS Code (``servers``) layouts."""
-    key = next((k for k in ("mcpServers", "servers") if k in raw and "upstreams" not in raw), None)
-    if key is None:
-        return raw
-    servers = raw[key]
-    upstreams = (
-        {name: _from_client_entry(entry) for name, entry in servers.items()}
-        if isinstance(servers, dict)
-        else servers
-    )
-    rest = {k: v for k, v in raw.items() if k not in (key, "inputs")}
-    return {**rest, "upstreams": upstreams}
-
-
-def _from_client_entry(entry: object) -> object:
-    if not isinstance(entry, dict):
-        return entry
-    converted: dict[str, Any] = dict(entry)  # pyright: ignore[reportUnknownArgumentType]
-    kind = converted.pop("type", None)
-    if "disabled" in converted:
-        converted["enabled"] = not converted.pop("disabled")
-    if kind is not None and "transport" not in converted:
-        converted["transport"] = {"http": "streamable-http", "ws": "websocket"}.get(kind, kind)
-    return converted
-
-
-def _interpolate(value: object, environ: Mapping[str, str], source: str, at: tuple[str, ...]) -> Any:
-    if isinstance(value, str):
-        return _substitute(value, environ, source, at)
-    if isinstance(value, dict):
-        return {k: _interpolate(v, environ, source, (*at, str(k))) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
-    if isinstance(value, list):
-        return [_interpolate(v, environ, source, (*at, str(i))) for i, v in enumerate(value)]  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-    return value
-
-
-def _substitute(text: str, environ: Mapping[str, str], source: str, at: tuple[str, ...]) -> str:
-    def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "$$":
-            return "$"
-        name, default = match.group(1), match.group(2)
-        if name in environ and (environ[name] or default is None):
-            return environ[name]
-        if default is not None:
-            return default
-        raise ConfigError(
-            f"{source}: {_dotted(at)}: environment variable {name} is not set "
-            f"(set it, or write ${{{name}:-default}})"
-        )
-
-    return _VARIABLE.sub(replace, text)
-
-
-def _describe(source: str, exc: ValidationError) -> str:
-    lines = [_describe_one(error) for error in exc.errors(include_url=False)]
-    if len(lines) == 1:
-        return f"{source}: {lines[0]}"
-    return f"{source}: {len(lines)} problems:\n" + "\n".join(f"  {line}" for line in lines)
-
-
-def _describe_one(error: Any) -> str:
-    cause = error.get("ctx", {}).get("error")
-    if isinstance(cause, _FieldProblem):
-        return f"{_dotted(cause.path)}: {cause.reason}"
-    loc = tuple(str(part) for part in error["loc"])
-    reason = str(error["msg"]).removeprefix("Value error, ")
-    if error["type"] == "extra_forbidden":
-        reason = f"unknown key {loc[-1]!r}"
-    elif error["type"] == "missing":
-        reason = f"required key {loc[-1]!r} is missing"
-    return f"{_dotted(loc) or '(top level)'}: {reason}"
-
-
-def _dotted(path: tuple[str, ...]) -> str:
-    return ".".join(path)

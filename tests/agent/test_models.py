@@ -14,7 +14,7 @@ from mcp import Client
 from mcp.client.client import ConnectMode
 from mcp.client.session import ClientRequestContext, SamplingFnT
 
-from agent_gateway.config import parse_config
+from agent_gateway.config_files import parse_config
 from agent_gateway.errors import ConfigError
 from tests.agent.model_apis import Turn, anthropic_api, openai_api
 from tests.agent.test_ask_agent import ask, record, text

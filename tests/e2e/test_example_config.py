@@ -14,7 +14,8 @@ import pytest_asyncio
 from mcp import Client
 from mcp.client.session import ClientRequestContext
 
-from agent_gateway.config import MemoryConfig, load_config
+from agent_gateway.config import MemoryConfig
+from agent_gateway.config_files import load_config
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
 from tests.e2e.peers import MODES, connected, hold, text_of

@@ -1,0 +1,154 @@
+"""Reading a configuration: a ``gateway.yaml`` or ``mcpServers`` JSON file, ``${VAR}``
+interpolation from the environment, and the one ``ConfigError`` per problem that names the
+file, the field path and the reason. The models themselves are in ``config``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from agent_gateway.config import FieldProblem, GatewayConfig
+from agent_gateway.errors import ConfigError
+
+_VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def load_config(path: str | Path, environ: Mapping[str, str]) -> GatewayConfig:
+    """Read, interpolate and validate the file at ``path``.
+
+    Raises:
+        ConfigError: the file is missing, unparsable or invalid; the message names the
+            file, the field path and the reason.
+    """
+    path = Path(path)
+    raw = _read(path)
+    return parse_config(raw, environ, source=str(path))
+
+
+def with_server(config: GatewayConfig, source: str, **overrides: Any) -> GatewayConfig:
+    """``config`` with ``server`` fields replaced, validated again as a whole (so that, e.g.,
+    ``--host 0.0.0.0`` meets the same auth check as ``server.host`` in the file).
+
+    Raises:
+        ConfigError: the result is invalid.
+    """
+    data = config.model_dump()
+    data["server"] = {**data["server"], **overrides}
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(source, exc)) from None
+
+
+def parse_config(raw: object, environ: Mapping[str, str], *, source: str) -> GatewayConfig:
+    """Validate already-parsed data (``source`` names it in errors).
+
+    Raises:
+        ConfigError: the data is invalid.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
+    data = _from_mcp_servers(raw)
+    data = _interpolate(data, environ, source, ())
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(source, exc)) from None
+
+
+def _read(path: Path) -> object:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(
+            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
+
+
+def _from_mcp_servers(raw: dict[str, Any]) -> dict[str, Any]:
+    """Accept the Claude Desktop / Cursor (``mcpServers``) and VS Code (``servers``) layouts."""
+    key = next((k for k in ("mcpServers", "servers") if k in raw and "upstreams" not in raw), None)
+    if key is None:
+        return raw
+    servers = raw[key]
+    upstreams = (
+        {name: _from_client_entry(entry) for name, entry in servers.items()}
+        if isinstance(servers, dict)
+        else servers
+    )
+    rest = {k: v for k, v in raw.items() if k not in (key, "inputs")}
+    return {**rest, "upstreams": upstreams}
+
+
+def _from_client_entry(entry: object) -> object:
+    if not isinstance(entry, dict):
+        return entry
+    converted: dict[str, Any] = dict(entry)  # pyright: ignore[reportUnknownArgumentType]
+    kind = converted.pop("type", None)
+    if "disabled" in converted:
+        converted["enabled"] = not converted.pop("disabled")
+    if kind is not None and "transport" not in converted:
+        converted["transport"] = {"http": "streamable-http", "ws": "websocket"}.get(kind, kind)
+    return converted
+
+
+def _interpolate(value: object, environ: Mapping[str, str], source: str, at: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return _substitute(value, environ, source, at)
+    if isinstance(value, dict):
+        return {k: _interpolate(v, environ, source, (*at, str(k))) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, list):
+        return [_interpolate(v, environ, source, (*at, str(i))) for i, v in enumerate(value)]  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return value
+
+
+def _substitute(text: str, environ: Mapping[str, str], source: str, at: tuple[str, ...]) -> str:
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, default = match.group(1), match.group(2)
+        if name in environ and (environ[name] or default is None):
+            return environ[name]
+        if default is not None:
+            return default
+        raise ConfigError(
+            f"{source}: {_dotted(at)}: environment variable {name} is not set "
+            f"(set it, or write ${{{name}:-default}})"
+        )
+
+    return _VARIABLE.sub(replace, text)
+
+
+def _describe(source: str, exc: ValidationError) -> str:
+    lines = [_describe_one(error) for error in exc.errors(include_url=False)]
+    if len(lines) == 1:
+        return f"{source}: {lines[0]}"
+    return f"{source}: {len(lines)} problems:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def _describe_one(error: Any) -> str:
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, FieldProblem):
+        return f"{_dotted(cause.path)}: {cause.reason}"
+    loc = tuple(str(part) for part in error["loc"])
+    reason = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        reason = f"unknown key {loc[-1]!r}"
+    elif error["type"] == "missing":
+        reason = f"required key {loc[-1]!r} is missing"
+    return f"{_dotted(loc) or '(top level)'}: {reason}"
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path)
