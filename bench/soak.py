@@ -218,6 +218,17 @@ async def in_session(url: str, mode: str, tally: Tally, body: Callable[[Client],
     return opened
 
 
+async def keep_session(
+    url: str, mode: str, tally: Tally, calls: Callable[[Client], Awaitable[None]], stop: anyio.Event
+) -> None:
+    """Run ``calls`` in a session until stopped; a new session after one ended by an error."""
+    while not stop.is_set():
+        if not await in_session(url, mode, tally, calls):
+            await anyio.sleep(0.2)
+        elif not stop.is_set():
+            tally.reopened += 1
+
+
 async def caller(url: str, mode: str, tally: Tally, rng: random.Random, stop: anyio.Event) -> None:
     """One long-lived session calling the mix back to back; a new session after a call raised."""
 
@@ -227,11 +238,7 @@ async def caller(url: str, mode: str, tally: Tally, rng: random.Random, stop: an
             if not await one_call(client, tool, arguments, tally):
                 return
 
-    while not stop.is_set():
-        if not await in_session(url, mode, tally, calls):
-            await anyio.sleep(0.2)
-        elif not stop.is_set():
-            tally.reopened += 1
+    await keep_session(url, mode, tally, calls, stop)
 
 
 async def canceller(url: str, mode: str, tally: Tally, rng: random.Random, stop: anyio.Event) -> None:
@@ -244,11 +251,7 @@ async def canceller(url: str, mode: str, tally: Tally, rng: random.Random, stop:
             if not await one_call(client, tool, arguments, tally, cancel_after=rng.uniform(*CANCEL_DELAY)):
                 return
 
-    while not stop.is_set():
-        if not await in_session(url, mode, tally, calls):
-            await anyio.sleep(0.2)
-        elif not stop.is_set():
-            tally.reopened += 1
+    await keep_session(url, mode, tally, calls, stop)
 
 
 async def churner(url: str, mode: str, tally: Tally, rng: random.Random, stop: anyio.Event) -> None:
