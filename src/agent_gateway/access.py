@@ -135,6 +135,18 @@ def current() -> Principal | None:
     return _CURRENT.get()
 
 
+def visible(kind: Kind, name: str) -> bool:
+    """Whether the current client may see (and reach) ``name``; everything, outside a request."""
+    client = _CURRENT.get()
+    return client is None or client.allows(kind, name)
+
+
+def check(kind: Kind, name: str) -> None:
+    """Raises ``NotAllowed`` when the current client's policy does not cover ``name``."""
+    if (client := _CURRENT.get()) is not None:
+        client.check(kind, name)
+
+
 class AccessControl:
     """The configured policies, and one ``Principal`` per client, made on first sight."""
 

@@ -223,19 +223,19 @@ class CatalogProvider(Provider):
     # Each client is shown only what its policy allows (access.current(): its principal).
 
     async def _list_tools(self) -> Sequence[Tool]:
-        return [t for name, t in self._current().tools.items() if _visible("tool", name)]
+        return [t for name, t in self._current().tools.items() if access.visible("tool", name)]
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return self._current().tools.get(name) if _visible("tool", name) else None
+        return self._current().tools.get(name) if access.visible("tool", name) else None
 
     async def _list_prompts(self) -> Sequence[Prompt]:
-        return [p for name, p in self._current().prompts.items() if _visible("prompt", name)]
+        return [p for name, p in self._current().prompts.items() if access.visible("prompt", name)]
 
     async def _get_prompt(self, name: str, version: VersionSpec | None = None) -> Prompt | None:
-        return self._current().prompts.get(name) if _visible("prompt", name) else None
+        return self._current().prompts.get(name) if access.visible("prompt", name) else None
 
     async def _list_resources(self) -> Sequence[Resource]:
-        visible = [r for uri, r in self._current().resources.items() if _visible("resource", uri)]
+        visible = [r for uri, r in self._current().resources.items() if access.visible("resource", uri)]
         return list({id(r): r for r in visible}.values())
 
     async def _get_resource(self, uri: str, version: VersionSpec | None = None) -> Resource | None:
@@ -249,12 +249,7 @@ class CatalogProvider(Provider):
         return GatewayResource.build(uri, _template_for(self._catalog.snapshot, uri), self._proxy)
 
     async def _list_resource_templates(self) -> Sequence[ResourceTemplate]:
-        return [t for t in self._current().templates if _visible("resource", t.uri_template)]
-
-
-def _visible(kind: access.Kind, name: str) -> bool:
-    client = access.current()
-    return client is None or client.allows(kind, name)
+        return [t for t in self._current().templates if access.visible("resource", t.uri_template)]
 
 
 def _template_for(snapshot: CatalogSnapshot, uri: str) -> types.ResourceTemplate:

@@ -151,11 +151,6 @@ def _relayed(result: R) -> R:
     return result.model_copy(update={"meta": kept or None})
 
 
-def _check(kind: access.Kind, name: str) -> None:
-    if (client := access.current()) is not None:
-        client.check(kind, name)
-
-
 class Proxy:
     """Routes public names to upstream sessions through the current catalog snapshot."""
 
@@ -193,14 +188,14 @@ class Proxy:
     ) -> types.GetPromptResult:
         """Forward a prompt render (raises UnknownName, NotAllowed or UpstreamError)."""
         origin = self._catalog.snapshot.prompt(name)
-        _check("prompt", name)
+        access.check("prompt", name)
         session = await self._session(origin.upstream, caller)
         return _relayed(await session.get_prompt(origin.name, arguments, caller))
 
     async def read_resource(self, uri: str, caller: Caller | None = None) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, NotAllowed or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        _check("resource", uri)
+        access.check("resource", uri)
         session = await self._session(upstream, caller)
         return _relayed(await session.read_resource(upstream_uri, caller))
 
@@ -213,13 +208,13 @@ class Proxy:
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             origin = snapshot.prompt(ref.name)
-            _check("prompt", ref.name)
+            access.check("prompt", ref.name)
             upstream, ref = origin.upstream, ref.model_copy(update={"name": origin.name})
         else:
             entry = next((e for e in snapshot.templates if e.public == ref.uri), None)
             if entry is None:
                 raise UnknownName("resource template", ref.uri)
-            _check("resource", ref.uri)
+            access.check("resource", ref.uri)
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
         return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
@@ -227,7 +222,7 @@ class Proxy:
     async def resource_session(self, uri: str, owner: DownstreamSession) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        _check("resource", uri)
+        access.check("resource", uri)
         return await self._session_of(upstream, owner), upstream_uri
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:

@@ -40,9 +40,10 @@ class ToolCalls:
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams) -> Any:
         if params.name not in self._catalog.snapshot.tools:
-            if (client := access.current()) is not None and not client.allows("tool", params.name):
-                # The gateway's own tools (ask_agent) are under the client's policy too.
-                return _error_result(NotAllowed("tool", params.name, client.subject))
+            try:  # the gateway's own tools (ask_agent) are under the client's policy too
+                access.check("tool", params.name)
+            except NotAllowed as exc:
+                return _error_result(exc)
             return await self._fallback(ctx, params)
         async with self._sessions.serving(ctx) as session:
             meta = ctx.params.get("_meta") if ctx.params is not None else None

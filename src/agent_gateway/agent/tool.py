@@ -150,13 +150,7 @@ class AgentProvider(Provider):
         return self._built[1]
 
     async def _list_tools(self) -> Sequence[Tool]:
-        return [self._tool()] if _visible(self._runner.config.name) else []
+        return [self._tool()] if access.visible("tool", self._runner.config.name) else []
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return self._tool() if name == self._runner.config.name and _visible(name) else None
-
-
-def _visible(name: str) -> bool:
-    """Whether the calling client's policy lets it see the agent tool."""
-    client = access.current()
-    return client is None or client.allows("tool", name)
+        return self._tool() if name == self._runner.config.name and access.visible("tool", name) else None
