@@ -19,6 +19,7 @@ from mcp.shared.message import SessionMessage
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.telemetry import trace_headers
+from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context
 from agent_gateway.upstreams.stdio import stdio_transport
 from agent_gateway.upstreams.websocket import websocket_client
 
@@ -78,12 +79,14 @@ async def watched(transport: Transport, closed: anyio.Event) -> AsyncIterator[Tr
 
 
 def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
-    # The upstream connection is shared by every client of the gateway: keep enough idle
-    # connections alive for them (httpx2 keeps 20 by default, so 32 callers churn sockets).
+    assert config.url is not None
+    secure = config.url.startswith("https:")
     return httpx2.AsyncClient(
         headers=dict(config.headers),
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-        limits=httpx2.Limits(max_connections=256, max_keepalive_connections=128),
+        # The upstream connection is shared by every client of the gateway: enough
+        # connections for all of them at once, kept alive between calls.
+        transport=AiohttpTransport(max_connections=256, ssl_context=ssl_context() if secure else None),
         event_hooks={"request": [trace_headers]},
     )
 
