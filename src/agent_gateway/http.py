@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastmcp.server.http import StreamableHTTPASGIApp
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.applications import Starlette
@@ -9,9 +13,11 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Lifespan
 
 from agent_gateway.exporters import installed
 from agent_gateway.limits import RequestGuard
+from agent_gateway.responses import defer_responses
 from agent_gateway.server import Gateway
 
 
@@ -58,4 +64,30 @@ def build_app(gateway: Gateway) -> Starlette:
     ]
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
+    mcp_app.router.lifespan_context = _deferring(
+        mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path)
+    )
     return mcp_app
+
+
+def _endpoint(app: Starlette, path: str) -> StreamableHTTPASGIApp:
+    """FastMCP's MCP endpoint in ``app`` (behind its auth middleware when auth is on)."""
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.path == path:
+            endpoint = getattr(route.app, "app", route.app)  # RequireAuthMiddleware wraps it
+            if isinstance(endpoint, StreamableHTTPASGIApp):
+                return endpoint
+    raise RuntimeError(f"FastMCP's app has no MCP endpoint at {path}")
+
+
+def _deferring(lifespan: Lifespan[Starlette], endpoint: StreamableHTTPASGIApp) -> Lifespan[Starlette]:
+    """FastMCP's lifespan, with its session manager answering silent calls with JSON."""
+
+    @asynccontextmanager
+    async def started(app: Starlette) -> AsyncIterator[None]:
+        async with lifespan(app):
+            # FastMCP makes the manager as the app starts, before any request is served.
+            defer_responses(endpoint.session_manager)
+            yield
+
+    return started

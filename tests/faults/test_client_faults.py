@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from functools import partial
 from typing import Any
 
 import anyio
@@ -129,13 +130,12 @@ async def test_a_client_that_hangs_up_mid_call_leaves_nothing_pending() -> None:
         guard = faulted.gw.gateway.pool.get("faulty").guard
         call = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "faulty__hang"}}
         headers = HEADERS | {"Mcp-Session-Id": await handshake(faulted)}
-        async with (
-            httpx.AsyncClient(timeout=30) as http,
-            http.stream("POST", faulted.gw.url, json=call, headers=headers) as response,
-        ):
-            assert response.status_code == 200
+        async with httpx.AsyncClient(timeout=30) as http, anyio.create_task_group() as tg:
+            # No answer comes yet: the call has sent nothing, so the gateway holds its reply.
+            tg.start_soon(partial(http.post, faulted.gw.url, json=call, headers=headers))
             await wait_until(lambda: guard.in_flight == 1)
-        # Leaving the block closed the connection with the call still pending.
+            tg.cancel_scope.cancel()
+        # Cancelling the request closed the connection with the call still pending.
         await wait_until(lambda: guard.in_flight == 0 and faulted.pending == 0)
         async with Client(faulted.gw.url) as client:
             assert text_of(await client.call_tool("faulty__ping", {})) == "pong"

@@ -1,0 +1,207 @@
+"""How a handshake-era ``POST`` is answered: one JSON body, unless the call has something to stream.
+
+The SDK's handshake-era transport answers every request with an SSE stream, even the
+(overwhelmingly common) call that sends nothing before its result. That stream costs both
+ends: a response task group of four tasks on the gateway, an SSE parser on the client; in
+``bench/overhead.py`` it was a third of the gateway's CPU per call and about 0.7 ms of the
+client's. The spec lets the server pick ``application/json`` or ``text/event-stream`` per
+request, and the SDK's own modern-era path already defers the choice. This does the same
+for the handshake era: the response waits until the call's first message. The result alone
+goes back as JSON. Anything sent before it (progress, a log line, a sampling or elicitation
+request) commits the stream, and so does ``PING_INTERVAL`` of silence, as the SDK's
+keepalive would. Everything else stays the SDK's: sessions, validation, error answers,
+resumability (with an event store the SDK's path is kept as is, priming event included).
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from http import HTTPStatus
+from typing import cast
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream
+from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.streamable_http import (
+    CONTENT_TYPE_SSE,
+    MCP_SESSION_ID_HEADER,
+    REQUEST_CANCELLED,
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventMessage,
+    SSEEvent,
+    StreamableHTTPServerTransport,
+    check_accept_headers,
+)
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    INTERNAL_ERROR,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
+from pydantic import ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
+
+PING_INTERVAL = EventSourceResponse.DEFAULT_PING_INTERVAL
+"""Seconds a silent call may keep its answer waiting before the stream is committed."""
+
+EventReader = MemoryObjectReceiveStream[EventMessage]
+
+
+class DeferredStreamTransport(StreamableHTTPServerTransport):
+    """The SDK's handshake-era server transport, answering a silent call with JSON."""
+
+    async def _handle_post_request(
+        self, scope: Scope, request: Request, receive: Receive, send: Send
+    ) -> None:
+        message = await self._deferrable(request)
+        if message is None:  # not a plain request: the SDK's path answers it (and its errors)
+            await super()._handle_post_request(scope, request, receive, send)
+            return
+        if not await self._validate_request_headers(request, send):
+            return
+        try:
+            await self._answer(message, request, send)
+        except Exception as exc:  # the SDK's top-level answer for a POST it failed to serve
+            logger.exception("error answering POST")
+            await self._create_error_response(
+                "Error handling POST request", HTTPStatus.INTERNAL_SERVER_ERROR, INTERNAL_ERROR
+            )(scope, receive, send)
+            if self._read_stream_writer is not None:
+                await self._read_stream_writer.send(exc)
+
+    async def _deferrable(self, request: Request) -> JSONRPCRequest | None:
+        """The request in this POST when its answer can wait, else None."""
+        if self._event_store is not None or self.is_json_response_enabled:
+            return None
+        has_json, has_sse = check_accept_headers(request)
+        if not (has_json and has_sse and self._check_content_type(request)):
+            return None
+        try:
+            message = jsonrpc_message_adapter.validate_json(await request.body(), by_name=False)
+        except (ValueError, ValidationError):
+            return None
+        if not isinstance(message, JSONRPCRequest) or message.method == "initialize":
+            return None
+        return message
+
+    async def _answer(self, message: JSONRPCRequest, request: Request, send: Send) -> None:
+        writer = self._read_stream_writer
+        assert writer is not None, "connect() runs before any request is served"
+        request_id = str(message.id)
+        streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        self._request_streams[request_id] = streams
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+        await writer.send(self._create_session_message(message, request, request_id, version))
+        first, ended = await _first_event(streams[1])
+        if ended:  # the session ended with the call in flight: the SDK's answer
+            await self._clean_up_memory_streams(request_id)
+            await self._create_error_response(
+                "Session terminated before the request completed",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                INTERNAL_ERROR,
+            )(request.scope, request.receive, send)
+        elif first is not None and _plain_answer(first):
+            await self._clean_up_memory_streams(request_id)
+            await self._create_json_response(first.message)(request.scope, request.receive, send)
+        else:
+            await self._stream(request_id, request, send, _Prepended(first, streams[1]))
+
+    async def _stream(self, request_id: str, request: Request, send: Send, events: _Prepended) -> None:
+        """Commit ``text/event-stream`` and write the call's messages, the SDK's way."""
+        sse_writer, sse_reader = anyio.create_memory_object_stream[SSEEvent](0)
+        self._sse_stream_writers[request_id] = sse_writer
+        headers = {
+            "Cache-Control": "no-cache, no-transform",
+            "Connection": "keep-alive",
+            "Content-Type": CONTENT_TYPE_SSE,
+            **({MCP_SESSION_ID_HEADER: self.mcp_session_id} if self.mcp_session_id else {}),
+        }
+        writing = partial(self._run_sse_writer, request_id, sse_writer, cast(EventReader, events), None)
+        response = EventSourceResponse(content=sse_reader, data_sender_callable=writing, headers=headers)
+        try:
+            await response(request.scope, request.receive, send)
+        finally:
+            await sse_reader.aclose()
+
+
+def _plain_answer(event: EventMessage) -> bool:
+    """Whether ``event`` is the call's own result (or error), to be sent as one JSON body.
+
+    The SDK's answer to a cancelled call stays on a stream: the client gave the call up
+    and may be closing, and the SDK's client drops a late message it reads from a stream
+    but fails on one in a JSON body (its read side is already closed).
+    """
+    message = event.message
+    if isinstance(message, JSONRPCError):
+        return message.error.code != REQUEST_CANCELLED
+    return isinstance(message, JSONRPCResponse)
+
+
+class _Prepended:
+    """A request's event stream with the event already taken from it put back in front."""
+
+    def __init__(self, first: EventMessage | None, rest: EventReader) -> None:
+        self._first = first
+        self._rest = rest
+
+    async def __aenter__(self) -> _Prepended:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._rest.aclose()
+
+    def __aiter__(self) -> _Prepended:
+        return self
+
+    async def __anext__(self) -> EventMessage:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return await self._rest.__anext__()
+
+
+async def _first_event(reader: EventReader) -> tuple[EventMessage | None, bool]:
+    """The call's first message, or None after ``PING_INTERVAL``; and whether its stream ended.
+
+    A client that hangs up meanwhile is not watched for: in this era a disconnect does not
+    cancel the call, and its answer is dropped when written, as the SDK's stream drops it.
+    """
+    with anyio.move_on_after(PING_INTERVAL):
+        try:
+            return await reader.receive(), False
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            return None, True
+    return None, False
+
+
+class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
+    """FastMCP's session manager, with each new session on ``DeferredStreamTransport``."""
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        transport = super()._admit_session(requestor)
+        if transport is not None:
+            # The subclass adds behaviour, no state: the SDK built the transport, and this
+            # makes it answer with the methods above (the SDK has no factory to pass).
+            transport.__class__ = DeferredStreamTransport
+        return transport
+
+
+def defer_responses(manager: object) -> bool:
+    """Make ``manager`` (FastMCP's, once its app has started) answer silent calls with JSON.
+
+    Returns False, leaving every answer an SSE stream, for a manager of another kind.
+    """
+    if type(manager) is not FastMCPStreamableHTTPSessionManager:
+        logger.warning("session manager %s not recognised: answering every call with SSE", type(manager))
+        return False
+    manager.__class__ = DeferredSessionManager
+    return True

@@ -1,0 +1,185 @@
+"""How the gateway answers a handshake-era POST: JSON for a silent call, a stream otherwise."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastmcp import Context, FastMCP
+
+from agent_gateway import responses
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+BOUND = 10.0
+VERSION = "2025-11-25"
+
+
+def upstream() -> FastMCP:
+    server = FastMCP("steps")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    @server.tool
+    async def steps(count: int, ctx: Context) -> str:
+        for step in range(1, count + 1):
+            await ctx.report_progress(step, count)
+        return f"{count} steps"
+
+    @server.tool
+    async def chatty(ctx: Context) -> str:
+        with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+            await ctx.info("working on it")
+        return "said it"
+
+    @server.tool
+    async def slow(seconds: float) -> str:
+        await anyio.sleep(seconds)
+        return "slept"
+
+    return server
+
+
+@dataclass
+class Answer:
+    content_type: str
+    messages: list[dict[str, Any]]
+
+
+@dataclass
+class Session:
+    """A handshake-era client speaking raw HTTP, to see each answer's media type."""
+
+    http: httpx.AsyncClient
+    gw: RunningGateway
+    session_id: str = ""
+
+    def headers(self) -> dict[str, str]:
+        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        if self.session_id:
+            headers |= {"mcp-session-id": self.session_id, "mcp-protocol-version": VERSION}
+        return headers
+
+    async def post(self, message: dict[str, Any]) -> Answer:
+        response = await self.http.post(
+            self.gw.url, json={"jsonrpc": "2.0", **message}, headers=self.headers()
+        )
+        content_type = response.headers.get("content-type", "").split(";")[0]
+        if response.status_code == 202:  # a notification's acknowledgement
+            return Answer(content_type, [])
+        if content_type == "application/json":
+            return Answer(content_type, [response.json()])
+        return Answer(content_type, events(response.text))
+
+    async def call(self, tool: str, arguments: dict[str, Any], **meta: Any) -> Answer:
+        params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        if meta:
+            params["_meta"] = meta
+        return await self.post({"id": tool, "method": "tools/call", "params": params})
+
+
+def events(text: str) -> list[dict[str, Any]]:
+    """The JSON-RPC messages in an SSE body (``data:`` lines; pings and priming skipped)."""
+    found = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        data = "\n".join(line[5:].lstrip() for line in block.split("\n") if line.startswith("data:"))
+        if data:
+            found.append(json.loads(data))
+    return found
+
+
+@asynccontextmanager
+async def session() -> AsyncIterator[Session]:
+    async with (
+        serving_upstream(upstream()) as url,
+        running_gateway({"upstreams": {"up": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        client = Session(http, gw)
+        init = {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+        response = await http.post(
+            gw.url,
+            json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init},
+            headers=client.headers(),
+        )
+        client.session_id = response.headers["mcp-session-id"]
+        await client.post({"method": "notifications/initialized"})
+        yield client
+
+
+async def test_a_call_that_sends_nothing_before_its_result_is_answered_with_one_json_body() -> None:
+    async with session() as client:
+        answer = await client.call("up__echo", {"text": "hi"})
+    assert answer.content_type == "application/json"
+    [result] = answer.messages
+    assert result["id"] == "up__echo"
+    assert result["result"]["content"][0]["text"] == "hi"
+
+
+async def test_a_tool_error_is_a_json_body_too() -> None:
+    async with session() as client:
+        answer = await client.call("up__echo", {"text": 42})
+    assert answer.content_type == "application/json"
+    assert answer.messages[0]["result"]["isError"] is True
+
+
+async def test_progress_before_the_result_commits_a_stream_with_everything_in_order() -> None:
+    async with session() as client:
+        answer = await client.call("up__steps", {"count": 2}, progressToken="p1")
+    assert answer.content_type == "text/event-stream"
+    methods = [m.get("method", "result") for m in answer.messages]
+    assert methods == ["notifications/progress", "notifications/progress", "result"]
+    assert [m["params"]["progress"] for m in answer.messages[:2]] == [1, 2]
+    assert all(m["params"]["progressToken"] == "p1" for m in answer.messages[:2])
+    assert answer.messages[2]["result"]["content"][0]["text"] == "2 steps"
+
+
+async def test_a_log_line_before_the_result_commits_a_stream() -> None:
+    async with session() as client:
+        answer = await client.call("up__chatty", {})
+    assert answer.content_type == "text/event-stream"
+    log, result = answer.messages
+    assert log["method"] == "notifications/message"
+    assert log["params"]["data"]["msg"] == "working on it"
+    assert result["result"]["content"][0]["text"] == "said it"
+
+
+async def test_a_call_silent_past_the_keepalive_interval_is_answered_on_a_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A proxy between client and gateway may cut a response idle for long: after the
+    # interval the stream is committed so keepalive pings can flow, as the SDK would.
+    monkeypatch.setattr(responses, "PING_INTERVAL", 0.2)
+    async with session() as client:
+        answer = await client.call("up__slow", {"seconds": 0.6})
+    assert answer.content_type == "text/event-stream"
+    assert answer.messages[-1]["result"]["content"][0]["text"] == "slept"
+
+
+async def test_a_cancelled_call_is_answered_on_a_stream_as_the_sdk_answers_it() -> None:
+    answers: list[Answer] = []
+    async with session() as client, anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            answers.append(await client.call("up__slow", {"seconds": 30}))
+
+        tg.start_soon(call)
+        with anyio.fail_after(BOUND):  # until the call is in flight upstream
+            while not client.gw.gateway.status()["pending_calls"]:
+                await anyio.sleep(0.01)
+        cancel = {"requestId": "up__slow", "reason": "changed my mind"}
+        await client.post({"method": "notifications/cancelled", "params": cancel})
+        with anyio.fail_after(BOUND):
+            while not answers:
+                await anyio.sleep(0.01)
+    [answer] = answers
+    assert answer.content_type == "text/event-stream"
+    assert answer.messages[-1]["error"]["code"] == -32800
