@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import yaml
 from mcp import Client
 
+from agent_gateway import runtime
 from agent_gateway.cli import main
 from tests.support import SERVERS, free_socket, gateway_env
 
@@ -106,6 +108,11 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
                     except httpx.TransportError:
                         pass
                     await anyio.sleep(0.05)
+            status = (await http.get("/status")).json()
+        # serve's process settings (runtime.py): uvloop, and the start-up heap frozen.
+        assert status["runtime"]["event_loop"] == "uvloop"
+        assert status["runtime"]["gc_frozen_objects"] > 10_000
+        assert status["runtime"]["gc_thresholds"][0] == runtime.GEN0_THRESHOLD
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:
             result = await client.call_tool("counter__pid", {})
         block = result.content[0]
@@ -128,3 +135,18 @@ def test_serve_on_a_public_address_from_the_command_line_meets_the_auth_check(
     assert main(["serve", "-c", str(path), "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err
     assert "(with the command line's options): auth.mode: server.host '0.0.0.0' is not loopback" in err
+
+
+@pytest.mark.parametrize(("flag", "expected"), [("info", logging.WARNING), ("debug", logging.DEBUG)])
+def test_http_client_libraries_log_each_request_only_at_debug(
+    tmp_path: Path, flag: str, expected: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"counter": counter()})
+    chatty = [logging.getLogger(name) for name in runtime.CHATTY_LOGGERS]
+    before = [logger.level for logger in chatty]
+    try:
+        assert main(["--log-level", flag, "check", "-c", str(path)]) == 0
+        assert [logger.level for logger in chatty] == [expected] * len(chatty)
+    finally:
+        for logger, level in zip(chatty, before, strict=True):
+            logger.setLevel(level)

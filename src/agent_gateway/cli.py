@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import uvicorn
 
+from agent_gateway import runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.config import GatewayConfig
@@ -27,11 +28,14 @@ from agent_gateway.server import Gateway
 
 logger = logging.getLogger("agent_gateway")
 
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = _log_handler("text")
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
+    runtime.quiet_libraries(_LEVELS[args.log_level])
     try:
         config = load_config(args.config, os.environ)
         handler.setFormatter(_log_handler(config.telemetry.log_format).formatter)
@@ -66,7 +70,7 @@ def _telemetry(config: GatewayConfig) -> Generator[None, None, None]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-gateway", description="One MCP endpoint in front of many.")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=list(_LEVELS))
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve the federated catalog over stdio or HTTP")
@@ -119,7 +123,7 @@ def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
     config = with_server(config, f"{args.config} (with the command line's options)", **overrides)
     runner = _serve_stdio if config.server.transport == "stdio" else _serve_http
     with _telemetry(config):
-        anyio.run(runner, Gateway(config))
+        runtime.run(runner, Gateway(config))
     return 0
 
 
@@ -127,6 +131,7 @@ async def _serve_stdio(gateway: Gateway) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, tg.cancel_scope.cancel)
         async with gateway.running():
+            runtime.settle_heap()
             await gateway.server.run_stdio_async(show_banner=False)
         tg.cancel_scope.cancel()
 
@@ -161,6 +166,7 @@ async def _serve_http(gateway: Gateway) -> None:
     async with gateway.running(), anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, stop)
         logger.info("serving on http://%s:%d%s", server.host, server.port, server.path)
+        runtime.settle_heap()
         await http.serve()
         tg.cancel_scope.cancel()
 

@@ -17,6 +17,7 @@ from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway import runtime
 from agent_gateway.access import AccessControl, AccessMiddleware, build_auth
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import AgentProvider
@@ -203,6 +204,7 @@ class Gateway:
             "subscriptions": self.subscriptions.count,
             "tasks": len(asyncio.all_tasks()),
             "child_processes": len(child_pids()),
+            "runtime": runtime.describe(),
             "upstreams": [s.as_dict() for s in self.pool.statuses()],
         }
 
