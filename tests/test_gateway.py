@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import httpx
@@ -15,11 +15,13 @@ from fastmcp.exceptions import ToolError
 from fastmcp.utilities.types import Image
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from pydantic import Field
 
 from agent_gateway.errors import ConfigError
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
 MODES = ["legacy", "auto"]
+MODERN = "2026-07-28"
 TINY_PNG = bytes.fromhex(
     "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
     "1f15c4890000000d49444154789c6360000002000100e221bc330000000049454e44ae426082"
@@ -278,3 +280,39 @@ async def test_relayed_results_do_not_carry_the_upstreams_identity(mode: str) ->
         answers = [await client.call_tool("u__hello", {}), await client.get_prompt("u__greet")]
     for answer in answers:
         assert "upstream-identity" not in str(answer.meta or {})
+
+
+async def test_a_modern_calls_mcp_param_headers_are_checked_against_the_tools_schema() -> None:
+    # The gateway answers the SDK's schema lookup from its catalog (server.py): a header that
+    # disagrees with its argument is still refused, as the spec requires, before any upstream.
+    server = FastMCP("geo")
+
+    @server.tool
+    def locate(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+        return f"located in {region}"
+
+    meta = {
+        types.PROTOCOL_VERSION_META_KEY: MODERN,
+        types.CLIENT_CAPABILITIES_META_KEY: {},
+        types.CLIENT_INFO_META_KEY: {"name": "raw", "version": "1"},
+    }
+    params = {"name": "geo__locate", "arguments": {"region": "eu"}, "_meta": meta}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+    headers = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": "geo__locate",
+    }
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"geo": {"url": url}}}) as gw,
+        httpx.AsyncClient() as http,
+    ):
+        agreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "eu"})
+        disagreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "us"})
+    assert agreeing.status_code == 200, agreeing.text
+    assert agreeing.json()["result"]["content"][0]["text"] == "located in eu"
+    assert disagreeing.status_code == 400
+    assert disagreeing.json()["error"]["code"] == types.HEADER_MISMATCH

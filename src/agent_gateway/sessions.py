@@ -124,7 +124,9 @@ class DownstreamSession:
     def used(self, upstream_session_id: str) -> None:
         if upstream_session_id not in self.upstream_sessions:
             self.upstream_sessions.add(upstream_session_id)
-            logger.info("session %s -> upstream session %s", self.id, upstream_session_id)
+            # A modern-era "session" is one request: a line for each would be one per call.
+            level = logging.INFO if self.era == "handshake" else logging.DEBUG
+            logger.log(level, "session %s -> upstream session %s", self.id, upstream_session_id)
 
 
 def refusal(session: DownstreamSession, request: types.InputRequest) -> types.ErrorData | None:
