@@ -10,8 +10,10 @@ on loopback, each measured sequentially (one session, one call after another) an
   already-connected ``fastmcp.Client`` (FastMCP's fastest proxy configuration);
 - ``fastmcp-proxy (default)``: ``create_proxy(url)``, which opens a new upstream session per call.
 
-By default every server shares this process's event loop (so the numbers compare CPU cost per
-call on one core); ``--isolate`` runs each server in its own process instead, as deployed.
+By default each server runs in a process of its own, as deployed: the gateway as
+``agent-gateway serve`` runs it (uvloop, its heap settled once up: ``agent_gateway.runtime``),
+the upstream and FastMCP's proxies as FastMCP runs a server. ``--one-loop`` serves everything
+in this process's one event loop instead, so the numbers compare CPU cost per call on one core.
 
 ``--traced`` adds two rows, both always in a process of their own: ``agent-gateway (isolated)``
 (the gateway, untraced) and ``agent-gateway (traced)`` (the same, with the OpenTelemetry SDK
@@ -20,7 +22,7 @@ and reports tracing's cost as same-run ratios of the two.
 
 Run from the repository root::
 
-    .venv/bin/python bench/overhead.py [--calls 300] [--concurrency 32] [--mode legacy|auto] [--traced]
+    .venv/bin/python bench/overhead.py [--calls 300] [--concurrency 32] [--mode legacy|auto] [--one-loop] [--traced]
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from fastmcp import FastMCP
 from fastmcp.server import create_proxy
 from mcp import Client
 
+from agent_gateway import runtime
 from agent_gateway.config import TelemetryConfig
 from agent_gateway.config_files import parse_config
 from agent_gateway.exporters import install
@@ -62,7 +65,7 @@ STARTUP_BOUND = 30.0
 """Seconds a server (or a child process serving one) may take to start."""
 STOP_BOUND = 15.0
 PROFILE_ENV = "AGW_BENCH_PROFILE"
-"""With ``--isolate``: a directory where each server child writes ``<role>.prof`` (cProfile)."""
+"""In the processes layout: a directory where each server child writes ``<role>.prof`` (cProfile)."""
 MEASURE_BOUND = 150.0
 """Seconds one measurement (one scenario, one shape, warm-up included) may take."""
 CALL_TIMEOUT = 30.0
@@ -166,27 +169,37 @@ CHILD_ONLY: dict[str, Serve] = {
     TRACED: via_gateway,  # in a child whose SDK providers ``install`` has set (see traced_gateway)
     RECEIVER: otlp_collector,
 }
-"""Roles that always run in a child process, with or without ``--isolate``."""
+"""Roles that always run in a child process, whatever the layout."""
+GATEWAYS = frozenset({"agent-gateway", ISOLATED, TRACED})
+"""Roles whose child runs as ``agent-gateway serve`` runs: uvloop, and the heap settled once up
+(``agent_gateway.runtime``). The others run as FastMCP runs a server: asyncio, default GC."""
 
 
 def serve_of(role: str) -> Serve:
     return SERVERS[role] if role in SERVERS else CHILD_ONLY[role]
 
 
-# -- servers in child processes (--isolate) -------------------------------------------------
+# -- servers in child processes (the default layout) --------------------------------------------
 
 
 def _child_main(role: str, upstream: str, conn: Connection, otlp_endpoint: str | None) -> None:
     quiet_logging()
     profile_dir = os.environ.get(PROFILE_ENV)
     if not profile_dir:
-        anyio.run(_child_serve, role, upstream, conn, otlp_endpoint)
+        _run_child(role, upstream, conn, otlp_endpoint)
         return
     # One cProfile per isolated server: where its time goes, open with pstats or snakeviz.
     profiler = cProfile.Profile()
-    profiler.runcall(anyio.run, _child_serve, role, upstream, conn, otlp_endpoint)
+    profiler.runcall(_run_child, role, upstream, conn, otlp_endpoint)
     slug = "".join(c if c.isalnum() else "-" for c in role)
     profiler.dump_stats(Path(profile_dir) / f"{slug}.prof")
+
+
+def _run_child(role: str, upstream: str, conn: Connection, otlp_endpoint: str | None) -> None:
+    if role in GATEWAYS:
+        runtime.run(_child_serve, role, upstream, conn, otlp_endpoint)
+    else:
+        anyio.run(_child_serve, role, upstream, conn, otlp_endpoint)
 
 
 async def _child_serve(role: str, upstream: str, conn: Connection, otlp_endpoint: str | None) -> None:
@@ -200,6 +213,8 @@ async def _child_serve(role: str, upstream: str, conn: Connection, otlp_endpoint
     started = 0.0
     try:
         async with serve_of(role)(upstream) as url:
+            if role in GATEWAYS:
+                runtime.settle_heap()
             conn.send(("url", url))
             started = time.process_time()
             with suppress(EOFError):
@@ -280,7 +295,7 @@ async def traced_gateway(upstream: str, stats: ChildStats, received: ChildStats)
 
     The receiver gets a process of its own: in the gateway's child it would share (and steal)
     the gateway's one event loop, and this process is not idle either: its loop runs every
-    benchmark client (and, without ``--isolate``, the upstream), so a receiver there would
+    benchmark client (and, with ``--one-loop``, the upstream), so a receiver there would
     delay the very calls being timed. A process of its own is what a collector is in
     deployment; it only competes for the machine's cores, and it reports what it received
     (and its CPU time) when stopped. It stops last, after the gateway has flushed its spans.
@@ -561,6 +576,13 @@ def verdicts(results: list[Result], concurrency: int) -> str:
     )
 
 
+def cpu_table(served: list[Served]) -> str:
+    """Each server process's CPU per ``tools/call`` it answered (both shapes and warm-ups)."""
+    lines = ["| server process | tools/call served | CPU ms per tools/call |", "|---|---:|---:|"]
+    lines += [f"| {s.scenario} | {s.calls} | {s.cpu_ms_per_call:.2f} |" for s in served]
+    return "\n".join(lines)
+
+
 def _yes(ok: bool) -> str:
     return "yes" if ok else "**no**"
 
@@ -644,14 +666,19 @@ def parse_args(argv: list[str] | None = None) -> Options:
         default="legacy",
         help="the benchmark clients' connect mode: legacy (handshake era, default) or auto (modern era)",
     )
-    parser.add_argument("--isolate", action="store_true", help="run each server in its own process")
+    parser.add_argument(
+        "--one-loop",
+        action="store_true",
+        help="serve everything in this process's one event loop (compares CPU per call) instead of "
+        "each server in a process of its own, as deployed (the default)",
+    )
     parser.add_argument(
         "--traced",
         action="store_true",
         help="also measure the gateway isolated, untraced and traced (OTLP to a local receiver), and compare",
     )
     args = parser.parse_args(argv)
-    return Options(args.calls, args.concurrency, args.per_caller, args.mode, args.isolate, args.traced)
+    return Options(args.calls, args.concurrency, args.per_caller, args.mode, not args.one_loop, args.traced)
 
 
 def main() -> None:
@@ -662,6 +689,9 @@ def main() -> None:
     print()
     print(verdicts(results, options.concurrency))
     print()
+    if served and not options.traced:
+        print(cpu_table(served))
+        print()
     if options.traced:
         print(tracing_summary(results, served, options.concurrency))
         print()
