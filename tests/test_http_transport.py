@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
 import httpx2
 import pytest
+from anyio.abc import SocketStream
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway.upstreams.http_transport import AiohttpTransport
@@ -25,23 +25,25 @@ async def client(read_timeout: float = 5.0) -> AsyncIterator[httpx2.AsyncClient]
 
 
 class Peers:
-    """An ASGI app that records which client port each request came from."""
+    """An ASGI app that records each request's client port and headers."""
 
     def __init__(self) -> None:
         self.ports: list[int] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []
         self.release = anyio.Event()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         self.ports.append(scope["client"][1])
+        self.headers.append(list(scope["headers"]))
         body = b""
         while True:
             message = await receive()
             body += message.get("body", b"")
             if not message.get("more_body"):
                 break
-        headers = [(b"content-type", b"text/plain"), (b"x-seen", scope["path"].encode())]
+        headers = [(b"content-type", b"text/plain"), (b"set-cookie", b"sid=abc; Path=/")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         if scope["path"] == "/stream":  # one chunk now, the next once the test says so
             await send({"type": "http.response.body", "body": b"first", "more_body": True})
@@ -49,18 +51,42 @@ class Peers:
                 await self.release.wait()
             await send({"type": "http.response.body", "body": b"second"})
         elif scope["path"] == "/silent":
-            await anyio.sleep(BOUND)
+            with anyio.fail_after(BOUND):
+                await self.release.wait()
+            await send({"type": "http.response.body", "body": b"late"})
         else:
             await send({"type": "http.response.body", "body": b"echo:" + body})
 
+    def header(self, request: int, name: bytes) -> list[bytes]:
+        return [value for key, value in self.headers[request] if key == name]
 
-async def test_a_request_goes_out_with_its_headers_and_body_and_the_answer_comes_back() -> None:
+
+async def test_a_request_goes_out_with_its_headers_and_body_each_once_and_the_answer_comes_back() -> None:
     peers = Peers()
     async with serving(peers) as base, client() as http:
-        response = await http.post(f"{base}/echo", content=b"hello", headers={"x-trace": "1"})
+        response = await http.post(f"{base}/echo", content=b"hello", headers={"x-trace": "t1"})
     assert response.status_code == 200
-    assert response.headers["x-seen"] == "/echo"
     assert response.text == "echo:hello"
+    assert peers.header(0, b"x-trace") == [b"t1"]
+    for name in (b"host", b"content-length", b"user-agent", b"accept-encoding"):
+        assert len(peers.header(0, name)) == 1, name
+
+
+async def test_cookies_are_httpx2s_alone_and_sent_once() -> None:
+    peers = Peers()
+    async with serving(peers) as base, client() as http:
+        local = base.replace("127.0.0.1", "localhost")  # aiohttp's own jar skips IP hosts
+        await http.get(f"{local}/echo")
+        await http.get(f"{local}/echo")
+    assert peers.header(1, b"cookie") == [b"sid=abc"]
+
+
+async def test_credentials_in_the_url_become_one_authorization_header() -> None:
+    peers = Peers()
+    async with serving(peers) as base, client() as http:
+        response = await http.get(base.replace("http://", "http://user:secret@") + "/echo")
+    assert response.status_code == 200
+    assert peers.header(0, b"authorization") == [b"Basic dXNlcjpzZWNyZXQ="]
 
 
 async def test_a_streamed_body_arrives_chunk_by_chunk_as_the_server_sends_it() -> None:
@@ -81,6 +107,7 @@ async def test_a_finished_answer_gives_its_connection_back_and_an_abandoned_one_
         async with http.stream("GET", f"{base}/stream") as response:
             await anext(response.aiter_bytes())  # left part-read: its remaining bytes are not ours
         await http.post(f"{base}/echo", content=b"3")
+        peers.release.set()
     first, second, abandoned, after = peers.ports
     assert first == second == abandoned
     assert after != abandoned
@@ -96,25 +123,61 @@ async def test_a_refused_connection_is_httpx2s_connect_error() -> None:
 
 
 async def test_a_server_that_does_not_answer_in_time_is_httpx2s_read_timeout() -> None:
-    async with serving(Peers()) as base, client(read_timeout=0.3) as http:
+    peers = Peers()
+    async with serving(peers) as base, client(read_timeout=0.3) as http:
         with pytest.raises(httpx2.ReadTimeout):
             await http.get(f"{base}/silent")
+        peers.release.set()
+
+
+@asynccontextmanager
+async def raw_server(answer: Callable[[bytes], bytes]) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A one-shot TCP server: records the request's head, writes ``answer(head)``, closes."""
+    heads: list[bytes] = []
+
+    async def serve(stream: SocketStream) -> None:
+        async with stream:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += await stream.receive()
+            heads.append(head)
+            await stream.send(answer(head))
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        yield f"http://127.0.0.1:{port}", heads
+        tg.cancel_scope.cancel()
 
 
 async def test_a_body_cut_short_by_the_server_is_httpx2s_remote_protocol_error() -> None:
-    listener = free_socket()
-    listener.listen()
-    port = listener.getsockname()[1]
-
-    def cut_short() -> None:
-        peer, _ = listener.accept()
-        peer.recv(65536)
-        peer.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b")
-        peer.shutdown(socket.SHUT_RDWR)
-        peer.close()
-
-    async with anyio.create_task_group() as tg, client() as http:
-        tg.start_soon(anyio.to_thread.run_sync, cut_short)
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b"
+    async with raw_server(lambda _: cut) as (base, _), client() as http:
         with pytest.raises(httpx2.RemoteProtocolError):
-            await http.get(f"http://127.0.0.1:{port}/")
-    listener.close()
+            await http.get(f"{base}/")
+
+
+async def test_a_malformed_answer_is_reported_without_the_url_and_its_secrets() -> None:
+    broken = b"HTTP/1.1 200 OK\r\nNot a header\r\n\r\n"
+    async with raw_server(lambda _: broken) as (base, _), client() as http:
+        with pytest.raises(httpx2.RemoteProtocolError) as raised:
+            await http.get(f"{base}/mcp?api_key=SECRET")
+    assert "SECRET" not in str(raised.value)
+
+
+async def test_the_environments_proxy_carries_requests_and_no_proxy_hosts_go_direct(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\nConnection: close\r\n\r\nproxied"
+    peers = Peers()
+    async with raw_server(lambda _: ok) as (proxy, heads), serving(peers) as base:
+        monkeypatch.setenv("HTTP_PROXY", proxy)
+        monkeypatch.setenv("NO_PROXY", "localhost")
+        async with client() as http:
+            proxied = await http.post("http://upstream.invalid/mcp", content=b"{}")
+            direct = await http.get(base.replace("127.0.0.1", "localhost") + "/echo")
+    assert proxied.text == "proxied"
+    assert heads[0].startswith(b"POST http://upstream.invalid/mcp HTTP/1.1")
+    assert direct.text == "echo:"
+    assert len(peers.ports) == 1

@@ -19,8 +19,11 @@ from contextlib import contextmanager
 
 import aiohttp
 import httpx2
+import yarl
+from httpx2._utils import URLPattern, get_environment_proxies
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
+_HEADER_LIMIT = 64 * 1024
 
 
 class AiohttpTransport(httpx2.AsyncBaseTransport):
@@ -34,6 +37,12 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         self._max_connections = max_connections
         self._ssl = ssl_context
         self._session: aiohttp.ClientSession | None = None
+        # HTTP(S)_PROXY and NO_PROXY, read once as httpx2 reads them when it makes a client (it
+        # stops reading them once given a transport, so this one must). Not aiohttp's
+        # trust_env: that re-reads the environment and ~/.netrc on every request (+0.3 ms).
+        # httpx2's own reading and matching (private helpers), so the rules are exactly its.
+        patterns = ((URLPattern(key), proxy) for key, proxy in get_environment_proxies().items())
+        self._proxies = sorted(patterns, key=lambda item: item[0])
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -41,9 +50,17 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 limit=self._max_connections,
                 ssl=self._ssl if self._ssl is not None else True,
             )
-            # httpx2 decodes Content-Encoding itself, and it set every header already.
             self._session = aiohttp.ClientSession(
-                connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent",)
+                connector=connector,
+                # httpx2 decodes Content-Encoding itself, and it set every header already.
+                auto_decompress=False,
+                skip_auto_headers=("User-Agent",),
+                # Cookies are httpx2's to keep (per client); aiohttp's jar would add its own.
+                cookie_jar=aiohttp.DummyCookieJar(),
+                # h11 (httpx2's parser) takes header lines of any length up to its 16 KiB
+                # event limit; aiohttp's default is 8 KiB.
+                max_line_size=_HEADER_LIMIT,
+                max_field_size=_HEADER_LIMIT,
             )
         return self._session
 
@@ -59,11 +76,12 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         with _translated(request, connecting=True):
             response = await self._client().request(
                 request.method,
-                str(request.url),
+                _target(request.url),
                 headers=request.headers.multi_items(),
                 data=body or None,
                 allow_redirects=False,  # the SDK decides which redirects to follow
                 timeout=timeout,
+                proxy=self._proxy_for(request.url),
             )
         return httpx2.Response(
             response.status,
@@ -72,6 +90,10 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
             request=request,
         )
+
+    def _proxy_for(self, url: httpx2.URL) -> str | None:
+        """The proxy for ``url``: the most specific pattern that matches (None: go direct)."""
+        return next((proxy for pattern, proxy in self._proxies if pattern.matches(url)), None)
 
     async def aclose(self) -> None:
         if self._session is not None:
@@ -100,6 +122,12 @@ class _Body(httpx2.AsyncByteStream):
             self._response.release()
         else:
             self._response.close()
+
+
+def _target(url: httpx2.URL) -> yarl.URL:
+    """``url`` as sent: its bytes kept as they are, its credentials left out (httpx2 has already
+    turned them into the Authorization header; aiohttp refuses both at once)."""
+    return yarl.URL(str(url.copy_with(userinfo=b"")), encoded=True)
 
 
 def _timeout(request: httpx2.Request) -> aiohttp.ClientTimeout:
@@ -136,7 +164,12 @@ def _translated(request: httpx2.Request, *, connecting: bool) -> Iterator[None]:
     except aiohttp.ClientPayloadError as exc:
         raise httpx2.RemoteProtocolError(str(exc), request=request) from exc
     except aiohttp.ClientResponseError as exc:  # a malformed status line or headers
-        raise httpx2.RemoteProtocolError(str(exc), request=request) from exc
+        # Its str() names the URL, which may carry a secret in its query: the message only.
+        raise httpx2.RemoteProtocolError(f"{exc.status}, {exc.message}", request=request) from exc
+    except (aiohttp.InvalidURL, ValueError) as exc:
+        raise httpx2.UnsupportedProtocol(
+            f"cannot send to this URL: {type(exc).__name__}", request=request
+        ) from exc
     except (aiohttp.ClientError, OSError) as exc:
         error = httpx2.ConnectError if connecting else httpx2.ReadError
         raise error(str(exc) or type(exc).__name__, request=request) from exc

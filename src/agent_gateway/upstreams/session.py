@@ -373,6 +373,6 @@ def describe(exc: BaseException) -> str:
         return exc.error.message
     if isinstance(exc, httpx2.HTTPError):
         # The request URL may carry credentials; name the kind of failure only.
-        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0]}"
+        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
     text = str(exc) or type(exc).__name__
     return text if isinstance(exc, UpstreamUnavailable) else f"{type(exc).__name__}: {text}"
