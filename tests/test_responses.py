@@ -183,3 +183,25 @@ async def test_a_cancelled_call_is_answered_on_a_stream_as_the_sdk_answers_it() 
     [answer] = answers
     assert answer.content_type == "text/event-stream"
     assert answer.messages[-1]["error"]["code"] == -32800
+
+
+async def test_a_call_whose_session_ends_meanwhile_gets_a_stream_that_ends_unanswered() -> None:
+    # As the SDK's stream would end: the client reads "connection closed", not an HTTP error.
+    answers: list[Answer] = []
+    async with session() as client, anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            answers.append(await client.call("up__slow", {"seconds": 30}))
+
+        tg.start_soon(call)
+        with anyio.fail_after(BOUND):
+            while not client.gw.gateway.status()["pending_calls"]:
+                await anyio.sleep(0.01)
+        ended = await client.http.delete(client.gw.url, headers=client.headers())
+        assert ended.status_code == 200
+        with anyio.fail_after(BOUND):
+            while not answers:
+                await anyio.sleep(0.01)
+    [answer] = answers
+    assert answer.content_type == "text/event-stream"
+    assert answer.messages == []

@@ -54,6 +54,8 @@ PING_INTERVAL = EventSourceResponse.DEFAULT_PING_INTERVAL
 """Seconds a silent call may keep its answer waiting before the stream is committed."""
 
 EventReader = MemoryObjectReceiveStream[EventMessage]
+_KEEPALIVE: SSEEvent = {"comment": "keepalive"}
+"""Sent first when a silent call's answer becomes a stream, as the SDK's modern path pings."""
 
 
 class DeferredStreamTransport(StreamableHTTPServerTransport):
@@ -102,20 +104,19 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
         await writer.send(self._create_session_message(message, request, request_id, version))
         first, ended = await _first_event(streams[1])
-        if ended:  # the session ended with the call in flight: the SDK's answer
-            await self._clean_up_memory_streams(request_id)
-            await self._create_error_response(
-                "Session terminated before the request completed",
-                HTTPStatus.INTERNAL_SERVER_ERROR,
-                INTERNAL_ERROR,
-            )(request.scope, request.receive, send)
-        elif first is not None and _plain_answer(first):
+        if first is not None and _plain_answer(first):
             await self._clean_up_memory_streams(request_id)
             await self._create_json_response(first.message)(request.scope, request.receive, send)
-        else:
-            await self._stream(request_id, request, send, _Prepended(first, streams[1]))
+            return
+        # Commit the stream: with the first message, or (silent so far) a keepalive at once.
+        # A session that ended meanwhile gets an empty stream, as the SDK's would end: the
+        # client reads "connection closed", not an HTTP error.
+        lead = None if first is not None or ended else _KEEPALIVE
+        await self._stream(request_id, request, send, _Prepended(first, streams[1]), lead)
 
-    async def _stream(self, request_id: str, request: Request, send: Send, events: _Prepended) -> None:
+    async def _stream(
+        self, request_id: str, request: Request, send: Send, events: _Prepended, lead: SSEEvent | None
+    ) -> None:
         """Commit ``text/event-stream`` and write the call's messages, the SDK's way."""
         sse_writer, sse_reader = anyio.create_memory_object_stream[SSEEvent](0)
         self._sse_stream_writers[request_id] = sse_writer
@@ -125,10 +126,14 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
             "Content-Type": CONTENT_TYPE_SSE,
             **({MCP_SESSION_ID_HEADER: self.mcp_session_id} if self.mcp_session_id else {}),
         }
-        writing = partial(self._run_sse_writer, request_id, sse_writer, cast(EventReader, events), None)
+        writing = partial(self._run_sse_writer, request_id, sse_writer, cast(EventReader, events), lead)
         response = EventSourceResponse(content=sse_reader, data_sender_callable=writing, headers=headers)
         try:
             await response(request.scope, request.receive, send)
+        except Exception:  # the headers may be out: no error answer now, as in the SDK
+            logger.exception("SSE response error")
+            await sse_writer.aclose()
+            await self._clean_up_memory_streams(request_id)
         finally:
             await sse_reader.aclose()
 
