@@ -110,7 +110,7 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
                     await anyio.sleep(0.05)
             status = (await http.get("/status")).json()
         # serve's process settings (runtime.py): uvloop, and the start-up heap frozen.
-        assert status["runtime"]["event_loop"] == "uvloop"
+        assert status["runtime"]["event_loop"] == ("uvloop" if runtime.has_uvloop() else "asyncio")
         assert status["runtime"]["gc_frozen_objects"] > 10_000
         assert status["runtime"]["gc_thresholds"][0] == runtime.GEN0_THRESHOLD
         async with Client(f"http://127.0.0.1:{port}/mcp") as client:

@@ -310,9 +310,22 @@ async def test_a_modern_calls_mcp_param_headers_are_checked_against_the_tools_sc
         running_gateway({"upstreams": {"geo": {"url": url}}}) as gw,
         httpx.AsyncClient() as http,
     ):
+        lookup = gw.gateway.server._mcp_server.get_tool_input_schema  # pyright: ignore[reportPrivateUsage]
+        assert lookup is not None  # answered from the catalog, not by a tools/list per call
+        assert lookup("geo__locate")["properties"]["region"]["x-mcp-header"] == "Region"  # type: ignore[index]
         agreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "eu"})
         disagreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "us"})
     assert agreeing.status_code == 200, agreeing.text
     assert agreeing.json()["result"]["content"][0]["text"] == "located in eu"
     assert disagreeing.status_code == 400
     assert disagreeing.json()["error"]["code"] == types.HEADER_MISMATCH
+
+
+async def test_with_client_policies_the_schema_lookup_is_left_to_the_callers_own_listing() -> None:
+    # The SDK's hook runs before any middleware, so it cannot be scoped to the caller.
+    policies = {"auth": {"policies": {"default": {"tools": ["geo__*"]}}}}
+    async with (
+        serving_upstream(FastMCP("geo")) as url,
+        running_gateway({"upstreams": {"geo": {"url": url}}, **policies}) as gw,
+    ):
+        assert gw.gateway.server._mcp_server.get_tool_input_schema is None  # pyright: ignore[reportPrivateUsage]
