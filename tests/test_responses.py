@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -164,44 +164,42 @@ async def test_a_call_silent_past_the_keepalive_interval_is_answered_on_a_stream
     assert answer.messages[-1]["result"]["content"][0]["text"] == "slept"
 
 
-async def test_a_cancelled_call_is_answered_on_a_stream_as_the_sdk_answers_it() -> None:
+@asynccontextmanager
+async def slow_call_in_flight(client: Session) -> AsyncIterator[Callable[[], Awaitable[Answer]]]:
+    """A 30 s call, in flight upstream on entry; the context yields a wait for its answer."""
     answers: list[Answer] = []
-    async with session() as client, anyio.create_task_group() as tg:
 
-        async def call() -> None:
-            answers.append(await client.call("up__slow", {"seconds": 30}))
+    async def call() -> None:
+        answers.append(await client.call("up__slow", {"seconds": 30}))
 
-        tg.start_soon(call)
-        with anyio.fail_after(BOUND):  # until the call is in flight upstream
-            while not client.gw.gateway.status()["pending_calls"]:
-                await anyio.sleep(0.01)
-        cancel = {"requestId": "up__slow", "reason": "changed my mind"}
-        await client.post({"method": "notifications/cancelled", "params": cancel})
+    async def answer() -> Answer:
         with anyio.fail_after(BOUND):
             while not answers:
                 await anyio.sleep(0.01)
-    [answer] = answers
+        return answers[0]
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        with anyio.fail_after(BOUND):
+            while not client.gw.gateway.status()["pending_calls"]:
+                await anyio.sleep(0.01)
+        yield answer
+
+
+async def test_a_cancelled_call_is_answered_on_a_stream_as_the_sdk_answers_it() -> None:
+    async with session() as client, slow_call_in_flight(client) as answered:
+        cancel = {"requestId": "up__slow", "reason": "changed my mind"}
+        await client.post({"method": "notifications/cancelled", "params": cancel})
+        answer = await answered()
     assert answer.content_type == "text/event-stream"
     assert answer.messages[-1]["error"]["code"] == -32800
 
 
 async def test_a_call_whose_session_ends_meanwhile_gets_a_stream_that_ends_unanswered() -> None:
     # As the SDK's stream would end: the client reads "connection closed", not an HTTP error.
-    answers: list[Answer] = []
-    async with session() as client, anyio.create_task_group() as tg:
-
-        async def call() -> None:
-            answers.append(await client.call("up__slow", {"seconds": 30}))
-
-        tg.start_soon(call)
-        with anyio.fail_after(BOUND):
-            while not client.gw.gateway.status()["pending_calls"]:
-                await anyio.sleep(0.01)
+    async with session() as client, slow_call_in_flight(client) as answered:
         ended = await client.http.delete(client.gw.url, headers=client.headers())
         assert ended.status_code == 200
-        with anyio.fail_after(BOUND):
-            while not answers:
-                await anyio.sleep(0.01)
-    [answer] = answers
+        answer = await answered()
     assert answer.content_type == "text/event-stream"
     assert answer.messages == []
