@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
+import uvicorn
 from anyio.abc import SocketStream
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.upstreams.http_transport import AiohttpTransport
+from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context
 from tests.support import free_socket, serving
 
 BOUND = 10.0
@@ -20,7 +28,8 @@ BOUND = 10.0
 @asynccontextmanager
 async def client(read_timeout: float = 5.0) -> AsyncIterator[httpx2.AsyncClient]:
     timeout = httpx2.Timeout(5.0, read=read_timeout)
-    async with httpx2.AsyncClient(transport=AiohttpTransport(max_connections=8), timeout=timeout) as http:
+    transport = AiohttpTransport(max_connections=8, ssl_context=ssl_context())
+    async with httpx2.AsyncClient(transport=transport, timeout=timeout) as http:
         yield http
 
 
@@ -181,3 +190,64 @@ async def test_the_environments_proxy_carries_requests_and_no_proxy_hosts_go_dir
     assert heads[0].startswith(b"POST http://upstream.invalid/mcp HTTP/1.1")
     assert direct.text == "echo:"
     assert len(peers.ports) == 1
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, as PEM files in ``directory``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+@asynccontextmanager
+async def serving_tls(app: Peers, cert: Path, key: Path) -> AsyncIterator[str]:
+    sock = free_socket()
+    config = uvicorn.Config(app, log_level="warning", lifespan="off", ssl_certfile=cert, ssl_keyfile=key)
+    server = uvicorn.Server(config)
+    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        with anyio.fail_after(BOUND):
+            while not server.started:
+                await anyio.sleep(0.005)
+        yield f"https://127.0.0.1:{sock.getsockname()[1]}"
+        server.should_exit = True
+    sock.close()
+
+
+async def test_https_upstreams_are_verified_against_the_store_httpx2_would_use(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = self_signed(tmp_path)
+    peers = Peers()
+    async with serving_tls(peers, cert, key) as base:
+        async with client() as http:  # the system store: this certificate is unknown to it
+            with pytest.raises(httpx2.ConnectError):
+                await http.get(f"{base}/echo")
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # how an operator trusts a private CA
+        transport = AiohttpTransport(max_connections=2, ssl_context=ssl_context())
+        async with httpx2.AsyncClient(transport=transport) as http:
+            response = await http.post(f"{base}/echo", content=b"over tls")
+    assert response.text == "echo:over tls"
