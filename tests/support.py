@@ -39,11 +39,15 @@ def free_socket() -> socket.socket:
 
 
 @asynccontextmanager
-async def serving(app: ASGIApp, sock: socket.socket | None = None) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on loopback (on ``sock`` if given); yield its base URL."""
+async def serving(app: ASGIApp, sock: socket.socket | None = None, **options: Any) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on loopback (on ``sock`` if given); yield its base URL.
+
+    ``options`` go to ``uvicorn.Config`` (``ssl_certfile`` and ``ssl_keyfile`` make it https).
+    """
     sock = sock or free_socket()
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    scheme = "https" if options.get("ssl_certfile") else "http"
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the test runner owns signals
     try:
         async with anyio.create_task_group() as tg:
@@ -52,7 +56,7 @@ async def serving(app: ASGIApp, sock: socket.socket | None = None) -> AsyncItera
                 while not server.started:
                     await anyio.sleep(0.005)
             try:
-                yield f"http://127.0.0.1:{port}"
+                yield f"{scheme}://127.0.0.1:{port}"
             finally:
                 server.should_exit = True
     finally:

@@ -11,7 +11,6 @@ from pathlib import Path
 import anyio
 import httpx2
 import pytest
-import uvicorn
 from anyio.abc import SocketStream
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -221,28 +220,12 @@ def self_signed(directory: Path) -> tuple[Path, Path]:
     return cert_file, key_file
 
 
-@asynccontextmanager
-async def serving_tls(app: Peers, cert: Path, key: Path) -> AsyncIterator[str]:
-    sock = free_socket()
-    config = uvicorn.Config(app, log_level="warning", lifespan="off", ssl_certfile=cert, ssl_keyfile=key)
-    server = uvicorn.Server(config)
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        with anyio.fail_after(BOUND):
-            while not server.started:
-                await anyio.sleep(0.005)
-        yield f"https://127.0.0.1:{sock.getsockname()[1]}"
-        server.should_exit = True
-    sock.close()
-
-
 async def test_https_upstreams_are_verified_against_the_store_httpx2_would_use(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cert, key = self_signed(tmp_path)
     peers = Peers()
-    async with serving_tls(peers, cert, key) as base:
+    async with serving(peers, ssl_certfile=cert, ssl_keyfile=key) as base:
         async with client() as http:  # the system store: this certificate is unknown to it
             with pytest.raises(httpx2.ConnectError):
                 await http.get(f"{base}/echo")

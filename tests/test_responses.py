@@ -168,14 +168,15 @@ async def test_a_call_silent_past_the_keepalive_interval_is_answered_on_a_stream
 async def slow_call_in_flight(client: Session) -> AsyncIterator[Callable[[], Awaitable[Answer]]]:
     """A 30 s call, in flight upstream on entry; the context yields a wait for its answer."""
     answers: list[Answer] = []
+    answered = anyio.Event()
 
     async def call() -> None:
         answers.append(await client.call("up__slow", {"seconds": 30}))
+        answered.set()
 
     async def answer() -> Answer:
         with anyio.fail_after(BOUND):
-            while not answers:
-                await anyio.sleep(0.01)
+            await answered.wait()
         return answers[0]
 
     async with anyio.create_task_group() as tg:
