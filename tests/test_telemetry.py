@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -254,6 +255,10 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     assert sent[("tools/call", "fail", "pipe", "tool_error")] == 1
     assert 'agent_gateway_upstream_up{agent_gateway_upstream="web"' in scraped
     assert "agent_gateway_sessions_active" in scraped
+    # Every call sent nothing before its result: each was answered with one JSON body.
+    answers = re.findall(r'^agent_gateway_http_answers_total\{form="(\w+)".*\} (\S+)$', scraped, re.M)
+    assert dict(answers).keys() == {"json"}
+    assert float(dict(answers)["json"]) >= 5
     assert "made_up_tool" not in scraped
     assert API_KEY not in scraped
     assert UPSTREAM_TOKEN not in scraped

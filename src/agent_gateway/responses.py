@@ -48,6 +48,8 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from agent_gateway.telemetry import http_answers
+
 logger = logging.getLogger(__name__)
 
 PING_INTERVAL = EventSourceResponse.DEFAULT_PING_INTERVAL
@@ -105,13 +107,16 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         await writer.send(self._create_session_message(message, request, request_id, version))
         first, ended = await _first_event(streams[1])
         if first is not None and _plain_answer(first):
+            http_answers.add(1, {"form": "json"})
             await self._clean_up_memory_streams(request_id)
             await self._create_json_response(first.message)(request.scope, request.receive, send)
             return
         # Commit the stream: with the first message, or (silent so far) a keepalive at once.
         # A session that ended meanwhile gets an empty stream, as the SDK's would end: the
         # client reads "connection closed", not an HTTP error.
-        lead = None if first is not None or ended else _KEEPALIVE
+        form = "stream" if first is not None else "ended" if ended else "idle"
+        http_answers.add(1, {"form": form})
+        lead = _KEEPALIVE if form == "idle" else None
         await self._stream(request_id, request, send, _Prepended(first, streams[1]), lead)
 
     async def _stream(

@@ -89,6 +89,12 @@ health_failures = meter.create_counter(
     "agent_gateway.upstream.health_failures",
     description="Health pings an upstream failed to answer in time (each marks it down).",
 )
+http_answers = meter.create_counter(
+    "agent_gateway.http.answers",
+    description="Handshake-era HTTP calls by how they were answered: json (one body), stream (the "
+    "call sent something first), idle (silent past the keepalive interval) or ended (the session "
+    "ended first).",
+)
 sessions_active = meter.create_up_down_counter(
     "agent_gateway.sessions.active", description="Downstream MCP sessions open now."
 )
