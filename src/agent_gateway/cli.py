@@ -28,14 +28,12 @@ from agent_gateway.server import Gateway
 
 logger = logging.getLogger("agent_gateway")
 
-_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     handler = _log_handler("text")
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
-    runtime.quiet_libraries(_LEVELS[args.log_level])
+    runtime.quiet_libraries(logging.getLevelNamesMapping()[args.log_level.upper()])
     try:
         config = load_config(args.config, os.environ)
         handler.setFormatter(_log_handler(config.telemetry.log_format).formatter)
@@ -70,7 +68,7 @@ def _telemetry(config: GatewayConfig) -> Generator[None, None, None]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-gateway", description="One MCP endpoint in front of many.")
-    parser.add_argument("--log-level", default="info", choices=list(_LEVELS))
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve the federated catalog over stdio or HTTP")
