@@ -27,7 +27,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agent_gateway.upstreams.websocket import websocket_client
-from tests.support import free_socket, running_gateway, serving
+from tests.support import free_socket, running_gateway, serving, serving_upstream
 from tests.websocket_server import serving_websocket_upstream
 
 PROTOCOLS = ["legacy", "auto"]
@@ -62,6 +62,11 @@ def kit_server() -> FastMCP:
         for step in range(1, count + 1):
             await ctx.report_progress(step, count, f"step {step}")
         return count
+
+    @server.tool
+    def big(size: int) -> str:
+        """A result of ``size`` bytes."""
+        return "x" * size
 
     @server.resource("kit://readme", mime_type="text/plain")
     def readme() -> str:
@@ -262,3 +267,34 @@ async def test_a_websocket_upstream_that_goes_away_fails_calls_naming_it_and_is_
                 assert again == url
                 await wait_until(lambda: upstream.state == "up", 20)
                 assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+
+
+# -- Streamable HTTP: the size of one message -----------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_streamable_http_result_over_a_mebibyte_arrives_in_either_era(protocol: str) -> None:
+    # A handshake-era upstream answers on an SSE stream, where the SDK's own bound is 1 MiB
+    # per event; the gateway's is max_message_bytes (128 MiB by default).
+    async with serving_upstream(kit_server()) as upstream:
+        config = {"upstreams": {"kit": {"url": upstream, "protocol": protocol}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            result = await client.call_tool("kit__big", {"size": len(BIG)})
+            [status] = gw.gateway.pool.statuses()
+    assert not result.is_error
+    assert text_of(result) == BIG
+    assert str(status.state) == "up"
+
+
+async def test_a_streamable_http_answer_over_max_message_bytes_fails_that_call_alone() -> None:
+    async with serving_upstream(kit_server()) as upstream:
+        config = {"upstreams": {"kit": {"url": upstream, "max_message_bytes": 2**20}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            oversized = await client.call_tool("kit__big", {"size": len(BIG)})
+            after = await client.call_tool("kit__ping", {})
+            [status] = gw.gateway.pool.statuses()
+    assert oversized.is_error
+    assert f"over max_message_bytes ({2**20} bytes)" in text_of(oversized)
+    assert text_of(after) == "pong"
+    assert str(status.state) == "up"
+    assert status.as_dict()["connections"] == 1  # not reconnected: the call failed, not the link

@@ -33,9 +33,18 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
     closed by ``aclose`` (which ``httpx2.AsyncClient.aclose`` calls).
     """
 
-    def __init__(self, *, max_connections: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        ssl_context: ssl.SSLContext | None = None,
+        max_body_bytes: int | None = None,
+    ) -> None:
+        """``max_body_bytes`` bounds one answer's body (an SSE stream's events are the SDK's to
+        bound: it reads them one at a time)."""
         self._max_connections = max_connections
         self._ssl = ssl_context
+        self._max_body = max_body_bytes
         self._session: aiohttp.ClientSession | None = None
         # HTTP(S)_PROXY and NO_PROXY, read once as httpx2 reads them when it makes a client (it
         # stops reading them once given a transport, so this one must). Not aiohttp's
@@ -83,10 +92,11 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 timeout=timeout,
                 proxy=self._proxy_for(request.url),
             )
+        streamed = response.content_type == "text/event-stream"
         return httpx2.Response(
             response.status,
             headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
-            stream=_Body(request, response),
+            stream=_Body(request, response, None if streamed else self._max_body),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
             request=request,
         )
@@ -101,16 +111,31 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             await session.close()
 
 
+class OversizedBody(httpx2.StreamError):
+    """An answer's body grew past ``max_message_bytes``; the rest is not read.
+
+    A ``StreamError``, which the SDK turns into an error answer for the one request whose
+    body it was reading, leaving the connection to the upstream as it is.
+    """
+
+
 class _Body(httpx2.AsyncByteStream):
     """One response's body, read from its aiohttp connection chunk by chunk."""
 
-    def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse) -> None:
+    def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None) -> None:
         self._request = request
         self._response = response
+        self._limit = limit
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        read = 0
         with _translated(self._request, connecting=False):
             async for chunk in self._response.content.iter_any():
+                read += len(chunk)
+                if self._limit is not None and read > self._limit:
+                    raise OversizedBody(
+                        f"the upstream's answer is over max_message_bytes ({self._limit} bytes)"
+                    )
                 yield chunk
 
     async def aclose(self) -> None:

@@ -86,7 +86,11 @@ def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
         # The upstream connection is shared by every client of the gateway: enough
         # connections for all of them at once, kept alive between calls.
-        transport=AiohttpTransport(max_connections=256, ssl_context=ssl_context() if secure else None),
+        transport=AiohttpTransport(
+            max_connections=256,
+            ssl_context=ssl_context() if secure else None,
+            max_body_bytes=config.max_message_bytes,
+        ),
         event_hooks={"request": [trace_headers]},
     )
 
@@ -124,5 +128,9 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
                 transport = websocket_client(config.url, config.headers, config.max_message_bytes)
             else:
                 http = await stack.enter_async_context(_http_client(config))
-                transport = streamable_http_client(config.url, http_client=http)
+                # One SSE event holds one message: the SDK's own bound (1 MiB) would refuse
+                # a larger result and count it as the connection lost.
+                transport = streamable_http_client(
+                    config.url, http_client=http, max_sse_event_size=config.max_message_bytes
+                )
         yield await stack.enter_async_context(transport)
