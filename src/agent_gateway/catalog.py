@@ -7,9 +7,9 @@ each upstream's latest ``Listing`` whenever one changes, then tells its listener
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import mcp_types as types
 from jsonschema import validators
@@ -25,7 +25,8 @@ from agent_gateway.upstreams.connection import Listing
 logger = logging.getLogger(__name__)
 
 Kind = Literal["tools", "prompts", "resources"]
-ChangeListener = Callable[[frozenset[Kind]], Awaitable[None]]
+ChangeListener = Callable[["CatalogChange"], Awaitable[None]]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +42,35 @@ class TemplateEntry:
         return uri[len(self.prefix) :]
 
 
+@dataclass(frozen=True, eq=False)
+class Part:
+    """One upstream's share of the catalog: its tools and prompts under their public names.
+
+    Built once per listing the upstream sends; a change of one upstream builds only its part,
+    and the other parts (and whatever was derived from them) are reused as they are.
+    """
+
+    upstream: str
+    listing: Listing
+    tools: Mapping[str, Origin[types.Tool]] = field(default_factory=dict)
+    listed: Mapping[str, types.Tool] = field(default_factory=dict)
+    """The tools as clients see them: the upstream's definitions under their public names."""
+    prompts: Mapping[str, Origin[types.Prompt]] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class CatalogSnapshot:
     """One consistent view of everything the gateway offers."""
 
     tools: Mapping[str, Origin[types.Tool]] = field(default_factory=dict)
+    listed: Mapping[str, types.Tool] = field(default_factory=dict)
     prompts: Mapping[str, Origin[types.Prompt]] = field(default_factory=dict)
     resources: Mapping[str, Origin[types.Resource]] = field(default_factory=dict)
     templates: tuple[TemplateEntry, ...] = ()
     instructions: Mapping[str, str] = field(default_factory=dict)
     version: int = 0
+    parts: Mapping[str, Part] = field(default_factory=dict)
+    """Each upstream's part, in configuration order."""
     _validators: dict[str, Validator] = field(default_factory=dict, repr=False, compare=False)
 
     def tool(self, name: str) -> Origin[types.Tool]:
@@ -104,34 +124,90 @@ def _compile(schema: dict[str, Any]) -> Validator:
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def build_snapshot(config: GatewayConfig, listings: Mapping[str, Listing], version: int) -> CatalogSnapshot:
+def build_part(
+    config: GatewayConfig, upstream: str, listing: Listing, reserved: frozenset[str] = frozenset()
+) -> Part:
+    """``upstream``'s share of the catalog: its tools and prompts under their public names,
+    minus tools whose public name is one of the gateway's own (``reserved``).
+
+    Raises:
+        NameCollision: two of the upstream's own names become the same public name.
+    """
+    up = config.upstreams[upstream]
+    sep = config.server.separator
+    entries = [e for e in _tool_entries(upstream, listing, up, sep) if not _reserved(reserved, *e)]
+    tools = build_table("tool", entries)
+    listed = {public: origin.item.model_copy(update={"name": public}) for public, origin in tools.items()}
+    prompts = build_table("prompt", _prompt_entries(upstream, listing, up, sep))
+    return Part(upstream, listing, tools, listed, prompts)
+
+
+def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None = None) -> CatalogSnapshot:
+    """One snapshot of ``parts`` (in configuration order).
+
+    Validators compiled for the previous snapshot's tools are kept for the tools whose part
+    is the same object, so one upstream's change recompiles only its own.
+
+    Raises:
+        NameCollision: two upstreams produce the same public tool or prompt name.
+    """
+    tools: dict[str, Origin[types.Tool]] = {}
+    listed: dict[str, types.Tool] = {}
+    prompts: dict[str, Origin[types.Prompt]] = {}
+    for part in parts:
+        _add_all("tool", tools, part.tools)
+        listed.update(part.listed)
+        _add_all("prompt", prompts, part.prompts)
+    ordered = [(p.upstream, p.listing) for p in parts]
+    return CatalogSnapshot(
+        tools=tools,
+        listed=listed,
+        prompts=prompts,
+        resources=_resource_table(ordered),
+        templates=_template_entries(ordered),
+        instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
+        version=version,
+        parts={p.upstream: p for p in parts},
+        _validators=_kept_validators(previous, parts),
+    )
+
+
+def _add_all(kind: str, table: dict[str, Origin[T]], entries: Mapping[str, Origin[T]]) -> None:
+    for public, origin in entries.items():
+        if (existing := table.get(public)) is not None:
+            raise NameCollision(kind, public, existing, origin)  # type: ignore[arg-type]
+        table[public] = origin
+
+
+def _kept_validators(previous: CatalogSnapshot | None, parts: Sequence[Part]) -> dict[str, Validator]:
+    if previous is None or not previous._validators:
+        return {}
+    same = {p.upstream for p in parts if previous.parts.get(p.upstream) is p}
+    return {name: v for name, v in previous._validators.items() if previous.tools[name].upstream in same}
+
+
+def build_snapshot(
+    config: GatewayConfig,
+    listings: Mapping[str, Listing],
+    version: int,
+    reserved: frozenset[str] = frozenset(),
+) -> CatalogSnapshot:
     """Merge ``listings`` (taken in config order) into one snapshot.
 
     Raises:
         NameCollision: two upstreams produce the same public tool or prompt name.
     """
-    ordered = [(n, listings[n], config.upstreams[n]) for n in config.upstreams if n in listings]
-    sep = config.server.separator
-    entries = [e for n, li, up in ordered for e in _tool_entries(n, li, up, sep)]
-    tools = build_table("tool", [e for e in entries if not _reserved(config, *e)])
-    prompts = build_table("prompt", [e for n, li, up in ordered for e in _prompt_entries(n, li, up, sep)])
-    return CatalogSnapshot(
-        tools=tools,
-        prompts=prompts,
-        resources=_resource_table(ordered),
-        templates=_template_entries(ordered),
-        instructions={n: li.instructions for n, li, _ in ordered if li.instructions},
-        version=version,
-    )
+    names = [n for n in config.upstreams if n in listings]
+    return merge([build_part(config, n, listings[n], reserved) for n in names], version)
 
 
-def _reserved(config: GatewayConfig, public: str, origin: Origin[types.Tool]) -> bool:
-    """Whether an upstream tool would take the name of the gateway's own ``ask_agent``."""
-    if not (config.agent.enabled and public == config.agent.name):
+def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool]) -> bool:
+    """Whether an upstream tool would take the name of one of the gateway's own tools."""
+    if public not in reserved:
         return False
     logger.warning(
-        "upstream %s: tool %r is hidden: its public name %r is the gateway's own agent tool "
-        "(rename it, or set agent.name)",
+        "upstream %s: tool %r is hidden: its public name %r is one of the gateway's own tools "
+        "(rename it, or rename the gateway's tool: agent.name)",
         origin.upstream,
         origin.name,
         public,
@@ -164,13 +240,13 @@ def _prompt_entries(
     ]
 
 
-def _resource_table(ordered: list[tuple[str, Listing, UpstreamConfig]]) -> dict[str, Origin[types.Resource]]:
+def _resource_table(ordered: list[tuple[str, Listing]]) -> dict[str, Origin[types.Resource]]:
     owners: dict[str, int] = {}
-    for _, listing, _ in ordered:
+    for _, listing in ordered:
         for uri in {str(r.uri) for r in listing.resources}:
             owners[uri] = owners.get(uri, 0) + 1
     table: dict[str, Origin[types.Resource]] = {}
-    for upstream, listing, _ in ordered:
+    for upstream, listing in ordered:
         for resource in listing.resources:
             uri = str(resource.uri)
             # A URI two upstreams share is qualified with the upstream's name, never dropped.
@@ -179,13 +255,13 @@ def _resource_table(ordered: list[tuple[str, Listing, UpstreamConfig]]) -> dict[
     return table
 
 
-def _template_entries(ordered: list[tuple[str, Listing, UpstreamConfig]]) -> tuple[TemplateEntry, ...]:
+def _template_entries(ordered: list[tuple[str, Listing]]) -> tuple[TemplateEntry, ...]:
     counts: dict[str, int] = {}
-    for _, listing, _ in ordered:
+    for _, listing in ordered:
         for template in listing.templates:
             counts[template.uri_template] = counts.get(template.uri_template, 0) + 1
     entries: list[TemplateEntry] = []
-    for upstream, listing, _ in ordered:
+    for upstream, listing in ordered:
         for template in listing.templates:
             prefix = "" if counts[template.uri_template] == 1 else f"{upstream}+"
             public = prefix + template.uri_template
@@ -202,19 +278,34 @@ def _template_entries(ordered: list[tuple[str, Listing, UpstreamConfig]]) -> tup
     return tuple(entries)
 
 
-class Catalog:
-    """The current snapshot, rebuilt when an upstream's listing changes."""
+@dataclass(frozen=True)
+class CatalogChange:
+    """What one update did: the snapshots before and after, the upstreams whose part changed,
+    and which kinds of list changed (empty: nothing a client sees)."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    before: CatalogSnapshot
+    after: CatalogSnapshot
+    upstreams: frozenset[str]
+    kinds: frozenset[Kind]
+
+
+class Catalog:
+    """The current snapshot; one upstream's new listing rebuilds only that upstream's part."""
+
+    def __init__(self, config: GatewayConfig, reserved: frozenset[str] = frozenset()) -> None:
+        """``reserved``: the public names of the gateway's own tools, which no upstream may take."""
         self._config = config
-        self._listings: dict[str, Listing] = {}
+        self._reserved = reserved
+        self._parts: dict[str, Part] = {}
         self._listeners: list[ChangeListener] = []
         self._live = False
+        self._refused: NameCollision | None = None
         self.snapshot = CatalogSnapshot()
         self.problems: dict[str, str] = {}
         """Upstreams whose latest listing was refused (a collision), with the reason."""
 
     def subscribe(self, listener: ChangeListener) -> None:
+        """Call ``listener`` after each change, in the order of subscription."""
         self._listeners.append(listener)
 
     def start(self) -> CatalogSnapshot:
@@ -224,7 +315,9 @@ class Catalog:
             ConfigError: two upstreams produce the same public name.
         """
         try:
-            self.snapshot = build_snapshot(self._config, self._listings, version=1)
+            if self._refused is not None:
+                raise self._refused
+            self.snapshot = merge(self._ordered(), version=1)
         except NameCollision as exc:
             raise ConfigError(f"catalog: {exc}") from None
         self._live = True
@@ -232,57 +325,76 @@ class Catalog:
 
     async def withdraw(self, upstream: str) -> None:
         """Take ``upstream``'s part out until it lists again (``failure_mode: hide``)."""
-        if self._listings.pop(upstream, None) is None or not self._live:
+        if self._parts.pop(upstream, None) is None or not self._live:
             return
         logger.info("upstream %s is down: its part of the catalog is hidden until it is back", upstream)
-        await self._publish(build_snapshot(self._config, self._listings, self.snapshot.version + 1))
+        await self._publish(upstream, merge(self._ordered(), self.snapshot.version + 1, self.snapshot))
 
     async def update(self, upstream: str, listing: Listing) -> None:
-        """Take ``upstream``'s new listing; after start-up, rebuild and notify listeners."""
-        previous = self._listings.get(upstream)
-        self._listings[upstream] = listing
-        if not self._live:
-            return
+        """Take ``upstream``'s new listing; after start-up, rebuild its part and notify listeners."""
+        previous = self._parts.get(upstream)
         try:
-            snapshot = build_snapshot(self._config, self._listings, self.snapshot.version + 1)
+            self._parts[upstream] = build_part(self._config, upstream, listing, self._reserved)
+            snapshot = (
+                merge(self._ordered(), self.snapshot.version + 1, self.snapshot) if self._live else None
+            )
         except NameCollision as exc:
             # After start-up a collision must not take down what already works: keep
             # serving the previous listing of the newcomer and report the conflict.
             self._restore(upstream, previous)
             self.problems[upstream] = str(exc)
-            logger.error("upstream %s: catalog update refused: %s", upstream, exc)
+            if self._live:
+                logger.error("upstream %s: catalog update refused: %s", upstream, exc)
+            else:
+                self._refused = exc  # start() refuses to start with it
             return
         self.problems.pop(upstream, None)
-        await self._publish(snapshot)
+        if snapshot is not None:
+            await self._publish(upstream, snapshot)
 
-    async def _publish(self, snapshot: CatalogSnapshot) -> None:
-        changed = _changed_kinds(self.snapshot, snapshot)
+    def _ordered(self) -> list[Part]:
+        return [self._parts[n] for n in self._config.upstreams if n in self._parts]
+
+    async def _publish(self, upstream: str, snapshot: CatalogSnapshot) -> None:
+        before = self.snapshot
         self.snapshot = snapshot
-        if changed:
-            for listener in self._listeners:
-                await listener(changed)
+        change = CatalogChange(
+            before, snapshot, frozenset({upstream}), _changed_kinds(before, snapshot, upstream)
+        )
+        for listener in self._listeners:
+            await listener(change)
 
-    def _restore(self, upstream: str, previous: Listing | None) -> None:
+    def _restore(self, upstream: str, previous: Part | None) -> None:
         if previous is None:
-            del self._listings[upstream]
+            self._parts.pop(upstream, None)
         else:
-            self._listings[upstream] = previous
+            self._parts[upstream] = previous
 
 
-def _changed_kinds(old: CatalogSnapshot, new: CatalogSnapshot) -> frozenset[Kind]:
+def _changed_kinds(old: CatalogSnapshot, new: CatalogSnapshot, upstream: str) -> frozenset[Kind]:
+    """The kinds of list that differ, comparing only ``upstream``'s part (the others are shared)."""
+    before, after = old.parts.get(upstream), new.parts.get(upstream)
     kinds: set[Kind] = set()
-    if _signature(old.tools) != _signature(new.tools):
+    if _tools_of(before) != _tools_of(after):
         kinds.add("tools")
-    if _signature(old.prompts) != _signature(new.prompts):
+    if _prompts_of(before) != _prompts_of(after):
         kinds.add("prompts")
-    if _signature(old.resources) != _signature(new.resources) or _templates(old) != _templates(new):
+    if _listing(before).resources != _listing(after).resources or _templates(old) != _templates(new):
         kinds.add("resources")
     return frozenset(kinds)
 
 
+def _tools_of(part: Part | None) -> Mapping[str, types.Tool]:
+    return part.listed if part is not None else {}
+
+
+def _prompts_of(part: Part | None) -> dict[str, types.Prompt]:
+    return {name: origin.item for name, origin in part.prompts.items()} if part is not None else {}
+
+
+def _listing(part: Part | None) -> Listing:
+    return part.listing if part is not None else Listing()
+
+
 def _templates(snapshot: CatalogSnapshot) -> list[tuple[str, types.ResourceTemplate]]:
     return [(entry.public, entry.origin.item) for entry in snapshot.templates]
-
-
-def _signature(table: Mapping[str, Origin[Any]]) -> dict[str, Any]:
-    return {name: origin.item for name, origin in table.items()}

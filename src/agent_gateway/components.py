@@ -1,8 +1,7 @@
-"""FastMCP components (tools, prompts, resources, templates) that forward through the proxy.
+"""FastMCP components (prompts, resources, templates) that forward through the proxy.
 
 This is the boundary where the gateway's errors become FastMCP's: a ``GatewayError`` from a
-tool call becomes an ``isError`` result carrying its message; from a prompt or a resource,
-an MCP error carrying its message.
+prompt or a resource becomes an MCP error carrying its message.
 """
 
 from __future__ import annotations
@@ -13,13 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
-from fastmcp.exceptions import PromptError, ResourceError, ToolError
+from fastmcp.exceptions import PromptError, ResourceError
 from fastmcp.prompts.base import Message, Prompt, PromptArgument, PromptResult
 from fastmcp.resources.base import Resource, ResourceContent, ResourceResult
 from fastmcp.resources.template import ResourceTemplate
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers import Provider
-from fastmcp.tools.base import InputRequiredToolResult, Tool, ToolResult
 from fastmcp.utilities.versions import VersionSpec
 from pydantic import AnyUrl, PrivateAttr
 
@@ -27,41 +25,6 @@ from agent_gateway import access, sessions
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.errors import GatewayError, UnknownName
 from agent_gateway.proxy import Caller, Proxy
-
-
-class GatewayTool(Tool):
-    """An upstream tool under its public name."""
-
-    _proxy: Proxy = PrivateAttr()
-
-    @classmethod
-    def build(cls, public: str, tool: types.Tool, proxy: Proxy) -> GatewayTool:
-        component = cls(
-            name=public,
-            title=tool.title,
-            description=tool.description,
-            parameters=tool.input_schema,
-            output_schema=tool.output_schema,
-            annotations=tool.annotations,
-            icons=tool.icons,
-            meta=tool.meta,
-        )
-        component._proxy = proxy
-        return component
-
-    async def run(self, arguments: dict[str, Any]) -> ToolResult:
-        try:
-            result = await self._proxy.call_tool(self.name, arguments, current_caller())
-        except GatewayError as exc:
-            raise ToolError(str(exc)) from exc
-        if isinstance(result, types.InputRequiredResult):
-            return InputRequiredToolResult(result)  # the upstream asks; a modern client answers
-        return ToolResult(
-            content=result.content,
-            structured_content=result.structured_content,
-            meta=result.meta,
-            is_error=result.is_error,
-        )
 
 
 def current_caller() -> Caller | None:
@@ -183,7 +146,6 @@ class GatewayTemplate(ResourceTemplate):
 @dataclass(frozen=True)
 class _Components:
     version: int
-    tools: dict[str, GatewayTool] = field(default_factory=dict)
     prompts: dict[str, GatewayPrompt] = field(default_factory=dict)
     resources: dict[str, GatewayResource] = field(default_factory=dict)
     templates: list[GatewayTemplate] = field(default_factory=list)
@@ -192,7 +154,6 @@ class _Components:
 def _build_components(snapshot: CatalogSnapshot, proxy: Proxy) -> _Components:
     return _Components(
         version=snapshot.version,
-        tools={n: GatewayTool.build(n, o.item, proxy) for n, o in snapshot.tools.items()},
         prompts={n: GatewayPrompt.build(n, o.item, proxy) for n, o in snapshot.prompts.items()},
         resources=_resources(snapshot, proxy),
         templates=[GatewayTemplate.build(e.public, e.origin.item, proxy) for e in snapshot.templates],
@@ -221,12 +182,8 @@ class CatalogProvider(Provider):
         return self._components
 
     # Each client is shown only what its policy allows (access.current(): its principal).
-
-    async def _list_tools(self) -> Sequence[Tool]:
-        return [t for name, t in self._current().tools.items() if access.visible("tool", name)]
-
-    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return self._current().tools.get(name) if access.visible("tool", name) else None
+    # Tools are not here: ``tools/list`` is answered by listing.ToolListing and ``tools/call``
+    # of a catalog tool by tool_calls.ToolCalls, straight from the catalog.
 
     async def _list_prompts(self) -> Sequence[Prompt]:
         return [p for name, p in self._current().prompts.items() if access.visible("prompt", name)]

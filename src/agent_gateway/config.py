@@ -156,6 +156,9 @@ class ServerConfig(_Strict):
     """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error.
     At most 4 MiB: the mcp SDK's Streamable HTTP transport refuses more (with a bare 413),
     and FastMCP offers no way to raise its limit."""
+    page_size: int = Field(default=500, ge=1, le=10_000)
+    """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with
+    ``nextCursor``."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
     """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
     first seals, every one unseals (rotation). None: a random key per process, so a paused
@@ -227,6 +230,9 @@ class AgentConfig(_Strict):
         "tools when they help. Call independent tools together in one turn. Be concise."
     )
     max_steps: int = Field(default=10, ge=1, le=100)
+    max_tools: int = Field(default=40, ge=2, le=128)
+    """Tools bound to one model call. When the client may use more, a run binds the ones most
+    relevant to the request, plus ``search_tools`` to find others (model APIs refuse over 128)."""
     max_context_tokens: int = Field(default=32_000, ge=256)
     tools: AgentToolsConfig = Field(default_factory=AgentToolsConfig)
     require_approval: tuple[str, ...] = ()
@@ -236,6 +242,31 @@ class AgentConfig(_Strict):
     approval_timeout: Seconds = 300.0
     """How long the client has to answer an approval request before the tool is refused."""
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+
+
+class EmbeddingsConfig(_Strict):
+    """An OpenAI-compatible ``/embeddings`` endpoint: dense retrieval fused with the lexical ranks."""
+
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(min_length=1)
+    api_key: str | None = Field(default=None, repr=False)
+    timeout: Seconds = 30.0
+    batch: int = Field(default=256, ge=1, le=4096)
+    """Tool texts sent per request while the catalog is embedded."""
+
+
+class SearchConfig(_Strict):
+    """Tool search: ``search_tools`` and ``call_tool`` in place of a long tool list."""
+
+    mode: Literal["off", "auto", "on"] = "auto"
+    """``auto``: search mode for a client that may see more than ``threshold`` tools."""
+    threshold: int = Field(default=100, ge=0, le=1_000_000)
+    pinned: tuple[str, ...] = ()
+    """Tools (globs over public names) listed in full next to the search tools."""
+    limit: int = Field(default=10, ge=1, le=50)
+    """Results per search when the caller asks for no number."""
+    embeddings: EmbeddingsConfig | None = None
+    """None: lexical retrieval only."""
 
 
 class TelemetryConfig(_Strict):
@@ -353,6 +384,7 @@ class GatewayConfig(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
     agent: AgentConfig = Field(default_factory=AgentConfig)
+    search: SearchConfig = Field(default_factory=SearchConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
 

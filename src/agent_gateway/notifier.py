@@ -1,13 +1,16 @@
 """Telling connected clients that the catalog changed, in both protocol eras.
 
 Handshake-era sessions get ``notifications/*/list_changed`` on their connection; modern
-(2026-07-28) clients get the same events on their ``subscriptions/listen`` streams.
+(2026-07-28) clients get the same events on their ``subscriptions/listen`` streams. A client
+is told the tool list changed only when what it is listed changed (its policy's tools, or in
+search mode its pinned ones): a client in search mode over a thousand tools is not told of
+every one of them.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 
 import anyio
 from mcp.server.connection import Connection
@@ -19,7 +22,9 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 
-from agent_gateway.catalog import Kind
+from agent_gateway.access import Principal
+from agent_gateway.catalog import CatalogChange, Kind
+from agent_gateway.sessions import DownstreamSession
 
 logger = logging.getLogger(__name__)
 
@@ -29,25 +34,50 @@ _EVENTS: dict[Kind, ServerEvent] = {
     "prompts": PromptsListChanged(),
     "resources": ResourcesListChanged(),
 }
+ChangedFor = Callable[[CatalogChange, Principal | None], bool]
+"""Whether a change altered the tools a client is listed."""
 
 
 class ListChangedNotifier:
-    """Fans catalog changes out to every client, in both eras."""
+    """Fans catalog changes out to the clients they concern, in both eras."""
 
-    def __init__(self, connections: Callable[[], Iterable[Connection]]) -> None:
-        self._connections = connections
+    def __init__(
+        self,
+        sessions: Callable[[], Iterable[DownstreamSession]],
+        streams: Callable[[], Mapping[DownstreamSession, InMemorySubscriptionBus]],
+        changed_for: ChangedFor,
+    ) -> None:
+        """``sessions()``: the handshake-era sessions; ``streams()``: each modern client's
+        listen stream; ``changed_for``: whether a change altered a client's tool list."""
+        self._sessions = sessions
+        self._streams = streams
+        self._changed_for = changed_for
         self.bus = InMemorySubscriptionBus()
-        """Catalog changes for modern clients' listen streams (served by ResourceSubscriptions)."""
+        """Prompt and resource list changes for every modern listen stream."""
 
-    async def notify(self, kinds: frozenset[Kind]) -> None:
-        """Send one list_changed per changed kind to every session, and publish to listeners."""
-        for kind in sorted(kinds):
+    async def notify(self, change: CatalogChange) -> None:
+        """Send each client one list_changed per kind of list that changed for it."""
+        shared: list[Kind] = sorted(change.kinds - {"tools"})
+        for kind in shared:
             await self.bus.publish(_EVENTS[kind])
-        for connection in list(self._connections()):
-            # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
-            with anyio.move_on_after(_SEND_TIMEOUT):
-                for kind in sorted(kinds):
-                    await _SENDERS[kind](connection)
+        told: dict[str | None, bool] = {}
+
+        def tools_changed(session: DownstreamSession) -> bool:
+            key = session.client.policy_name if session.client is not None else None
+            if key not in told:
+                told[key] = "tools" in change.kinds and self._changed_for(change, session.client)
+            return told[key]
+
+        for session, stream in list(self._streams().items()):
+            if tools_changed(session):
+                await stream.publish(_EVENTS["tools"])
+        for session in list(self._sessions()):
+            kinds: list[Kind] = [*shared, "tools"] if tools_changed(session) else shared
+            if session.connection is not None and kinds:
+                # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
+                with anyio.move_on_after(_SEND_TIMEOUT):
+                    for kind in sorted(kinds):
+                        await _SENDERS[kind](session.connection)
 
 
 _SENDERS: dict[Kind, Callable[[Connection], Awaitable[None]]] = {

@@ -18,15 +18,18 @@ from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway import runtime
-from agent_gateway.access import AccessControl, AccessMiddleware, build_auth
+from agent_gateway.access import AccessControl, AccessMiddleware, Principal, build_auth
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import INPUT_SCHEMA, AgentProvider
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
 from agent_gateway.errors import ConfigError, GatewayError, UnknownName, to_error_data
+from agent_gateway.listing import ToolListing
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.search.engine import ToolSearch
+from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
 from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
@@ -48,7 +51,7 @@ class Gateway:
             ConfigError: the agent's model provider refuses its configured settings.
         """
         self.config = config
-        self.catalog = Catalog(config)
+        self.catalog = Catalog(config, reserved=own_tool_names(config))
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.pool = UpstreamPool(
@@ -60,16 +63,25 @@ class Gateway:
         )
         self.dedicated = DedicatedSessions(config.active_upstreams, self._updates, self.pool.guards)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
+        self.search = ToolSearch()
+        self.listing = ToolListing(self.catalog, config.search, config.server.page_size, self._own_tools)
         self.notifier = ListChangedNotifier(
-            lambda: (s.connection for s in self.sessions.handshake_sessions() if s.connection is not None)
+            self.sessions.handshake_sessions,
+            lambda: self.subscriptions.streams(),
+            self.listing.changed_for,
         )
         self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus)
+        # In this order: searches and listings reflect a change before any client is told of it.
+        self.catalog.subscribe(self.search.changed)
         self.catalog.subscribe(self.notifier.notify)
+        self.catalog.subscribe(self.listing.changed)
         providers: list[Provider] = [CatalogProvider(self.catalog, self.proxy)]
         self.agent: AgentRunner | None = None
+        self._agent_tool: AgentProvider | None = None
         if config.agent.enabled:
-            self.agent = AgentRunner(config.agent, self.catalog, self.proxy, chat_model)
-            providers.append(AgentProvider(self.agent, self.catalog))
+            self.agent = AgentRunner(config.agent, self.catalog, self.proxy, chat_model, self.search)
+            self._agent_tool = AgentProvider(self.agent, self.catalog)
+            providers.append(self._agent_tool)
         self.server = FastMCP(
             config.server.name,
             instructions=config.server.instructions,
@@ -79,22 +91,33 @@ class Gateway:
             auth=build_auth(config.auth),  # HTTP only: stdio clients are local processes
             # Upstream schemas pass through as written ($defs and $ref kept), not inlined.
             dereference_schemas=False,
+            list_page_size=config.server.page_size,
         )
         self.access = AccessControl(config.auth)
         watch_upstreams(self.pool)
         lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
         # First in the chain: the request's span covers everything the gateway does for it.
-        own = {config.agent.name} if config.agent.enabled else set[str]()
-        lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own))
+        own = set(own_tool_names(config))
+        lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own, via=CALL_TOOL))
         # Next: the client is known, and over its rate limit refused, before any handler runs.
         lowlevel.middleware.insert(1, AccessMiddleware(self.access))
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
+        searching = config.search.mode != "off"
         lowlevel.add_request_handler(
             "tools/call",
             types.CallToolRequestParams,
-            ToolCalls(self.catalog, self.proxy, self.sessions, fastmcp_call.handler),
+            ToolCalls(
+                self.catalog,
+                self.proxy,
+                self.sessions,
+                fastmcp_call.handler,
+                self.search if searching else None,
+                config.search,
+                own_tool_names(config),
+            ),
         )
+        lowlevel.add_request_handler("tools/list", types.PaginatedRequestParams, self.listing)
         # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
         lowlevel.add_request_handler(
             "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
@@ -133,7 +156,23 @@ class Gateway:
             return origin.item.input_schema
         if self.agent is not None and name == self.config.agent.name:
             return INPUT_SCHEMA
+        if self.config.search.mode != "off" and name in (SEARCH_TOOLS, CALL_TOOL):
+            tool = search_tool(self.config.search.limit) if name == SEARCH_TOOLS else call_tool()
+            return tool.input_schema
         return None
+
+    def _own_tools(
+        self, snapshot: CatalogSnapshot, client: Principal | None, searching: bool
+    ) -> list[types.Tool]:
+        """The gateway's own tools ``client`` is listed: ``ask_agent`` under its policy, and the
+        search tools when it is in search mode."""
+        tools: list[types.Tool] = []
+        agent = self._agent_tool
+        if agent is not None and (client is None or client.allows("tool", agent.name)):
+            tools.append(agent.definition(snapshot))
+        if searching:
+            tools += [search_tool(self.config.search.limit), call_tool()]
+        return tools
 
     def _upstream_of(self, method: str, target: str) -> str | None:
         """The upstream a request for ``target`` goes to (for its span and metrics), or None."""
@@ -167,6 +206,7 @@ class Gateway:
             except ConfigError as exc:
                 refused = exc  # raised below, once the pool is closed, not inside its task group
             else:
+                self.search.load(snapshot)
                 self.server.instructions = _instructions(self.config.server.instructions, snapshot)
                 _log_start(self, snapshot)
                 try:
@@ -222,6 +262,14 @@ class Gateway:
             "runtime": runtime.describe(),
             "upstreams": [s.as_dict() for s in self.pool.statuses()],
         }
+
+
+def own_tool_names(config: GatewayConfig) -> frozenset[str]:
+    """The public names of the gateway's own tools, which no upstream tool may take."""
+    names = {config.agent.name} if config.agent.enabled else set[str]()
+    if config.search.mode != "off":
+        names |= {SEARCH_TOOLS, CALL_TOOL}
+    return frozenset(names)
 
 
 def child_pids() -> list[int]:

@@ -26,6 +26,8 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from agent_gateway import access
+from agent_gateway.access import Principal
 from agent_gateway.telemetry import sessions_active
 
 logger = logging.getLogger(__name__)
@@ -80,6 +82,8 @@ class DownstreamSession:
     """Ids of the upstream sessions this session has used (for the mapping in logs)."""
     conversation: str = field(default_factory=lambda: f"session-{uuid.uuid4().hex}")
     """The agent's default thread for this session: random, since upstreams see ``id``."""
+    client: Principal | None = None
+    """Who opened the session (None: no auth, or no request seen yet)."""
 
     # -- the Downstream protocol, at session level (no request in flight) ---------------------
 
@@ -231,7 +235,9 @@ class SessionRegistry(Middleware):
         self, sid: str, era: str, connection: Connection | None, caps: types.ClientCapabilities | None
     ) -> DownstreamSession:
         transport = "stdio" if connection is not None and connection.session_id is None else "http"
-        session = DownstreamSession(sid, era, transport, connection, capabilities=caps)
+        session = DownstreamSession(
+            sid, era, transport, connection, capabilities=caps, client=access.current()
+        )
         self.live[sid] = session
         self.opened += 1
         sessions_active.add(1, {"mcp.era": era})

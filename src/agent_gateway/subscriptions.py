@@ -79,6 +79,10 @@ class ResourceSubscriptions:
             # The request's session ends with the stream; that leaves its subscriptions.
             del self._streams[session]
 
+    def streams(self) -> dict[DownstreamSession, InMemorySubscriptionBus]:
+        """Each open listen stream's own events (what only its client is told)."""
+        return {session: own for session, (own, _) in self._streams.items()}
+
     def close_streams(self) -> None:
         """End every open listen stream gracefully (shutdown)."""
         for _, handler in list(self._streams.values()):

@@ -154,18 +154,23 @@ class TelemetryMiddleware:
     """The SERVER span and duration metric of every request the gateway serves."""
 
     def __init__(
-        self, upstream_of: Callable[[str, str], str | None], own_tools: Callable[[], set[str]]
+        self,
+        upstream_of: Callable[[str, str], str | None],
+        own_tools: Callable[[], set[str]],
+        via: str | None = None,
     ) -> None:
         """``upstream_of(method, target)``: the upstream a request goes to, or None;
-        ``own_tools()``: the tools the gateway serves itself (``ask_agent``)."""
+        ``own_tools()``: the tools the gateway serves itself (``ask_agent``); ``via``: a tool
+        that calls the tool named in its arguments (``call_tool``), spanned as that tool."""
         self._upstream_of = upstream_of
         self._own_tools = own_tools
+        self._via = via
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.request_id is None:  # a notification: no request/response to span
             return await call_next(ctx)
         params = ctx.params or {}
-        target = _target(ctx.method, params)
+        target = _target(ctx.method, params, self._via)
         upstream = self._upstream_of(ctx.method, target) if target is not None else None
         # Labels only from what the gateway knows: a client's made-up names must not each
         # become a metric series (the span, which is not aggregated, keeps them).
@@ -201,9 +206,13 @@ class TelemetryMiddleware:
 _NAMED = ("tools/call", "prompts/get")
 
 
-def _target(method: str, params: Mapping[str, Any]) -> str | None:
+def _target(method: str, params: Mapping[str, Any], via: str | None = None) -> str | None:
     key = "uri" if method in ("resources/read", "resources/subscribe", "resources/unsubscribe") else "name"
     value = params.get(key)
+    if via is not None and method == "tools/call" and value == via:
+        inner = params.get("arguments")
+        if isinstance(inner, Mapping) and isinstance(name := inner.get("name"), str):  # pyright: ignore[reportUnknownMemberType]
+            return name
     return value if isinstance(value, str) else None
 
 

@@ -8,6 +8,7 @@ the requests it received.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,11 +26,17 @@ class Turn:
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     status: int = 200
     error: str = ""
+    code: str | None = None
+
+
+Script = Turn | Callable[[dict[str, Any]], Turn]
+"""A reply, or a function of the request's body that makes one."""
+OPENAI_MAX_TOOLS = 128
 
 
 @dataclass
 class ScriptedApi:
-    turns: list[Turn]
+    turns: list[Script]
     model: str
     requests: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -38,19 +45,32 @@ class ScriptedApi:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
-        return body, self.turns.pop(0)
+        turn = self.turns.pop(0)
+        return body, turn(body) if callable(turn) else turn
 
 
-def openai_api(turns: list[Turn], model: str = "gpt-test") -> tuple[Starlette, ScriptedApi]:
+def too_many_tools(body: dict[str, Any]) -> Turn | None:
+    """OpenAI's own refusal of a request with more than 128 tools, or None."""
+    count = len(body.get("tools") or [])
+    if count <= OPENAI_MAX_TOOLS:
+        return None
+    message = (
+        f"Invalid 'tools': array too long. Expected an array with maximum length {OPENAI_MAX_TOOLS}, "
+        f"but got an array with length {count} instead."
+    )
+    return Turn(status=400, error=message, code="array_above_max_length")
+
+
+def openai_api(turns: Sequence[Script], model: str = "gpt-test") -> tuple[Starlette, ScriptedApi]:
     """``POST /v1/chat/completions`` in the OpenAI format."""
-    api = ScriptedApi(turns, model)
+    api = ScriptedApi(list(turns), model)
 
     async def completions(request: Request) -> JSONResponse:
-        _, turn = await api._next(request)
+        body, turn = await api._next(request)
+        turn = too_many_tools(body) or turn
         if turn.status != 200:
-            return JSONResponse(
-                {"error": {"message": turn.error, "type": "error", "code": None}}, turn.status
-            )
+            error = {"message": turn.error, "type": "invalid_request_error", "param": None, "code": turn.code}
+            return JSONResponse({"error": error}, turn.status)
         message: dict[str, Any] = {"role": "assistant", "content": turn.text}
         if turn.calls:
             message["tool_calls"] = [
@@ -73,9 +93,9 @@ def openai_api(turns: list[Turn], model: str = "gpt-test") -> tuple[Starlette, S
     return Starlette(routes=[Route("/v1/chat/completions", completions, methods=["POST"])]), api
 
 
-def anthropic_api(turns: list[Turn], model: str = "claude-test") -> tuple[Starlette, ScriptedApi]:
+def anthropic_api(turns: Sequence[Script], model: str = "claude-test") -> tuple[Starlette, ScriptedApi]:
     """``POST /v1/messages`` in the Anthropic format."""
-    api = ScriptedApi(turns, model)
+    api = ScriptedApi(list(turns), model)
 
     async def messages(request: Request) -> JSONResponse:
         _, turn = await api._next(request)

@@ -1,8 +1,11 @@
-"""Running one model turn's tool calls, concurrently, through the gateway's own proxy path.
+"""Running one model turn's tool calls, concurrently, through the gateway's own proxy path, and
+choosing the tools a model call is offered.
 
 Every call goes through ``Proxy.call_tool`` under the client's session, so argument
 validation, per-client upstream sessions, cancellation and timeouts are those of any other
-call. A failing call is a result the model reads, never an exception out of the run.
+call. A failing call is a result the model reads, never an exception out of the run. The
+model's own ``search_tools`` calls are answered from the tool index, and what they find is
+offered to the model from its next turn on.
 """
 
 from __future__ import annotations
@@ -15,20 +18,25 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from langchain_core.messages import InvalidToolCall, ToolCall, ToolMessage
+from langchain_core.messages import AnyMessage, HumanMessage, InvalidToolCall, ToolCall, ToolMessage
 
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import tool_span
-from agent_gateway.agent.toolbox import Toolbox
+from agent_gateway.agent.toolbox import Search, Toolbox, merged
 from agent_gateway.errors import GatewayError
 from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.search.engine import Found
+from agent_gateway.search.tools import SEARCH_TOOLS, search_request
 
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
 
 Outcome = tuple[ToolMessage, ToolCallRecord]
+_CONVERSATION_TURNS = 3
+"""The user's latest messages that choose the tools a run starts with."""
+_FOUND_PER_SEARCH = 10
 
 
 @dataclass(frozen=True)
@@ -43,29 +51,77 @@ class ToolRunner:
     asker: Asker | None
     """Where approvals are asked (None: nowhere, so tools that need one are refused)."""
     approval_timeout: float = 300.0
+    search: Search | None = None
+    """The tool index (None: only what the toolbox offers from the start)."""
+    names: Sequence[str] = ()
+    """Every tool of a toolbox small enough to offer whole."""
 
-    async def run(self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()) -> list[Outcome]:
-        """One outcome per call, in the model's order; the calls run concurrently.
+    async def choose(self, history: Sequence[AnyMessage]) -> list[str]:
+        """The tools a run's first model call is offered: all of a small toolbox, else the
+        ``max_tools - 1`` most relevant to the user's latest messages."""
+        if not self.toolbox.searching or self.search is None:
+            return list(self.names)
+        asked = [m.text for m in history if isinstance(m, HumanMessage)][-_CONVERSATION_TURNS:]
+        keep = self.toolbox.config.max_tools - 1
+        found = await self.search(" ".join(reversed(asked)), keep, None, self.toolbox.accepts)
+        return [f.tool.name for f in found]
+
+    def widened(self, offered: Sequence[str], found: Sequence[str]) -> list[str]:
+        """What the next model call is offered after a turn whose searches found ``found``."""
+        if not found:
+            return list(offered)
+        return merged(offered, found, self.toolbox.config.max_tools - 1)
+
+    async def run(
+        self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()
+    ) -> tuple[list[Outcome], list[str]]:
+        """One outcome per call, in the model's order, and the tools its searches found; the
+        calls run concurrently.
 
         Approvals are asked first, all at once: asking may pause the run (a modern client),
         and on resume this runs again from the start, so no tool may have run before it.
         """
         refused = await self._approvals(calls)
         outcomes: list[Outcome | None] = [None] * len(calls)
+        found: list[list[str]] = [[] for _ in calls]
 
         async def one(index: int, call: ToolCall) -> None:
-            outcomes[index] = await self._run_one(call, refused.get(_key(index)))
+            if call["name"] == SEARCH_TOOLS and self.toolbox.searching:
+                outcomes[index], found[index] = await self._search_one(call)
+            else:
+                outcomes[index] = await self._run_one(call, refused.get(_key(index)))
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
                 tg.start_soon(one, index, call)
         done = [o for o in outcomes if o is not None]
-        return done + [_unparsable(call) for call in invalid]
+        return done + [_unparsable(call) for call in invalid], [n for names in found for n in names]
+
+    async def _search_one(self, call: ToolCall) -> tuple[Outcome, list[str]]:
+        """The model's ``search_tools`` call, answered from the index with what it may call."""
+        started = time.perf_counter()
+        try:
+            request = search_request(call["args"])
+        except GatewayError as exc:
+            text, hits = str(exc), []
+        else:
+            assert self.search is not None  # searching implies an index
+            limit = min(request.limit or _FOUND_PER_SEARCH, self.toolbox.config.max_tools - 1)
+            hits = await self.search(request.query, limit, request.upstream, self.toolbox.accepts)
+            text = _found_text(request.query, hits)
+        record = ToolCallRecord(
+            name=SEARCH_TOOLS,
+            arguments=call["args"],
+            is_error=False,
+            duration_ms=round((time.perf_counter() - started) * 1e3, 3),
+        )
+        message = ToolMessage(content=text, tool_call_id=call["id"] or SEARCH_TOOLS, name=SEARCH_TOOLS)
+        return (message, record), [h.tool.name for h in hits]
 
     async def _approvals(self, calls: Sequence[ToolCall]) -> dict[str, str | None]:
         proposed: dict[str, Proposed] = {}
         for index, call in enumerate(calls):
-            tool = self.toolbox.tools.get(call["name"])
+            tool = self.toolbox.get(call["name"])
             if tool is not None and tool.needs_approval:
                 proposed[_key(index)] = Proposed(tool, call["args"])
         return await refusals(proposed, self.asker, self.approval_timeout)
@@ -74,7 +130,7 @@ class ToolRunner:
         name, arguments = call["name"], call["args"]
         await self.observer.tool_started(name, arguments)
         started = time.perf_counter()
-        tool = self.toolbox.tools.get(name)
+        tool = self.toolbox.get(name)
         with tool_span(name, tool.upstream if tool else None) as traced:
             text, is_error = (refused, True) if refused is not None else await self._outcome(name, arguments)
             if is_error:
@@ -95,8 +151,10 @@ class ToolRunner:
         return message, record
 
     async def _outcome(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
-        if name not in self.toolbox.tools:
-            known = ", ".join(sorted(self.toolbox.tools)) or "none"
+        if not self.toolbox.accepts(name):
+            if self.toolbox.searching:
+                return f"Unknown tool {name!r}. Call {SEARCH_TOOLS} to find the tools you need.", True
+            known = ", ".join(sorted(self.names)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
         try:
             result = await self.proxy.call_tool(name, arguments, self.caller)
@@ -105,6 +163,14 @@ class ToolRunner:
         if isinstance(result, types.InputRequiredResult):
             return f"Tool {name} asked for input from the user, which the agent cannot supply.", True
         return render(result), bool(result.is_error)
+
+
+def _found_text(query: str, hits: Sequence[Found]) -> str:
+    if not hits:
+        return f"No tool matches {query!r}. Try other words."
+    lines = [f"Found {len(hits)} tools; they are offered to you from your next turn:"]
+    lines += [f"- {h.tool.name}: {(h.tool.description or h.tool.title or '').strip()[:200]}" for h in hits]
+    return "\n".join(lines)
 
 
 def _key(index: int) -> str:

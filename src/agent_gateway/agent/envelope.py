@@ -7,7 +7,10 @@ system prompt and asks the model to answer with exactly one JSON object, either
     {"type": "final", "answer": "<text for the user>"}
 
 A reply that is not one of those is answered with a correction naming what was wrong, a
-bounded number of times (``sampling`` owns that loop).
+bounded number of times (``sampling`` owns that loop). The protocol as first published spells
+the fields ``name``/``args`` and ``content``; models that follow it are understood too
+(``tool``/``name``, ``arguments``/``args``/``input``, ``answer``/``content``), and are told the
+one spelling above.
 """
 
 from __future__ import annotations
@@ -77,15 +80,24 @@ def parse(text: str) -> Envelope:
     return _envelope(data)  # pyright: ignore[reportUnknownArgumentType]
 
 
+_TOOL_KEYS = ("tool", "name")
+_ARGUMENT_KEYS = ("arguments", "args", "input")
+_ANSWER_KEYS = ("answer", "content")
+
+
+def _first(data: dict[str, Any], keys: tuple[str, ...], default: Any = None) -> Any:
+    return next((data[k] for k in keys if k in data), default)
+
+
 def _envelope(data: dict[str, Any]) -> Envelope:
     kind = data.get("type")
     if kind == "final":
-        answer = data.get("answer")
+        answer = _first(data, _ANSWER_KEYS)
         if not isinstance(answer, str) or not answer.strip():
             raise EnvelopeError('a "final" object needs a non-empty string "answer"')
         return FinalEnvelope(answer)
     if kind == "tool_call":
-        tool, arguments = data.get("tool"), data.get("arguments", {})
+        tool, arguments = _first(data, _TOOL_KEYS), _first(data, _ARGUMENT_KEYS, {})
         if not isinstance(tool, str) or not tool:
             raise EnvelopeError('a "tool_call" object needs a string "tool"')
         if not isinstance(arguments, dict):

@@ -1,8 +1,10 @@
 """The agent's LangGraph graph: a model node and a tools node joined by a conditional edge.
 
-The graph is compiled once per catalog version (the toolbox is part of it); everything that
-belongs to one run — the model, the client's request, where progress goes — arrives as the
-run's context, so one compiled graph serves every client at once.
+The graph is compiled once; everything that belongs to one run — the model, its toolbox (the
+catalog snapshot and the client's policy), the client's request, where progress goes —
+arrives as the run's context, so one compiled graph serves every client at once. Which tools
+a model call is offered is part of the thread's state (``offered``), chosen at the run's first
+model turn and widened by the model's own ``search_tools`` calls.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import chat_span
-from agent_gateway.agent.toolbox import Toolbox
+from agent_gateway.agent.toolbox import system_prompt
 from agent_gateway.errors import AgentError, ModelFailed
 
 
@@ -40,6 +42,10 @@ class AgentState(TypedDict):
     steps: int
     usage: Usage
     tool_calls: list[ToolCallRecord]
+    offered: list[str]
+    """The catalog tools the next model call binds (empty at a run's start: chosen then)."""
+    offered_seen: list[str]
+    """Every tool offered during the run, for its record."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +58,8 @@ class RunContext:
     provider: str
     tools: ToolRunner
     observer: RunObserver
-    system_prompt: str
+    instructions: str
+    """The agent's own instructions; the offered tools' upstreams' follow them."""
     max_steps: int
     max_context_tokens: int
     scrub: tuple[str, ...] = field(default=(), repr=False)
@@ -69,20 +76,24 @@ def run_input(query: str) -> dict[str, Any]:
         "steps": 0,
         "usage": Usage(input_tokens=0, output_tokens=0),
         "tool_calls": [],
+        "offered": [],
+        "offered_seen": [],
     }
 
 
-def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
-    """The compiled graph for ``toolbox``'s catalog version, keeping threads in ``checkpointer``."""
-    specs = toolbox.specs
+def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
+    """The compiled graph, keeping threads in ``checkpointer``."""
 
     async def model(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         run = runtime.context
         step = state["steps"] + 1
         await run.observer.model_turn(step)
-        bound = run.model.bind_tools(specs) if specs else run.model
         history = state["messages"]
-        view = model_view(run.system_prompt, history, run.max_context_tokens)
+        offered = state.get("offered") or await run.tools.choose(history)
+        specs = run.tools.toolbox.specs(offered)
+        bound = run.model.bind_tools(specs) if specs else run.model
+        prompt = system_prompt(run.instructions, run.tools.toolbox, offered)
+        view = model_view(prompt, history, run.max_context_tokens)
         with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
             reply = await _reply(bound, view, run.scrub)
             usage = reply.usage_metadata or {}
@@ -92,15 +103,23 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
                 usage.get("output_tokens", 0),
             )
         forget = [RemoveMessage(id=m.id) for m in out_of_view(history, view) if m.id]
-        return {"messages": [*forget, reply], "steps": step, "usage": _added(state["usage"], reply)}
+        return {
+            "messages": [*forget, reply],
+            "steps": step,
+            "usage": _added(state["usage"], reply),
+            "offered": offered,
+            "offered_seen": list(dict.fromkeys([*(state.get("offered_seen") or []), *offered])),
+        }
 
     async def tools(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
         last = state["messages"][-1]
         assert isinstance(last, AIMessage)  # routed here only after a model turn with calls
-        outcomes = await runtime.context.tools.run(last.tool_calls, last.invalid_tool_calls)
+        runner = runtime.context.tools
+        outcomes, found = await runner.run(last.tool_calls, last.invalid_tool_calls)
         return {
             "messages": [message for message, _ in outcomes],
             "tool_calls": [*state["tool_calls"], *(record for _, record in outcomes)],
+            "offered": runner.widened(state.get("offered") or [], found),
         }
 
     def route(state: AgentState, runtime: Runtime[RunContext]) -> Literal["tools", "__end__"]:
@@ -115,7 +134,7 @@ def build_graph(toolbox: Toolbox, checkpointer: BaseCheckpointSaver[str]) -> Age
     graph.add_edge(START, "model")
     graph.add_conditional_edges("model", route, ["tools", END])
     graph.add_edge("tools", "model")
-    return graph.compile(checkpointer=checkpointer, name=f"agent-gateway-v{toolbox.version}")
+    return graph.compile(checkpointer=checkpointer, name="agent-gateway")
 
 
 async def _reply(model: Runnable[Any, Any], view: list[AnyMessage], scrub: tuple[str, ...]) -> AIMessage:

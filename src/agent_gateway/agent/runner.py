@@ -13,7 +13,7 @@ import logging
 import secrets
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,11 +43,12 @@ from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.spans import agent_finished, agent_span
-from agent_gateway.agent.toolbox import Toolbox, build_toolbox, system_prompt
+from agent_gateway.agent.toolbox import Reach, Search, Toolbox
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
 from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.search.engine import Found, ToolSearch
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +92,25 @@ class AgentRunner:
     """Runs the agent for any number of concurrent callers. Use ``async with runner.running():``."""
 
     def __init__(
-        self, config: AgentConfig, catalog: Catalog, proxy: Proxy, chat_model: BaseChatModel | None = None
+        self,
+        config: AgentConfig,
+        catalog: Catalog,
+        proxy: Proxy,
+        chat_model: BaseChatModel | None = None,
+        search: ToolSearch | None = None,
     ) -> None:
-        """Raises ``ConfigError`` when the configured model provider refuses its settings."""
+        """``search``: the tool index, for toolboxes larger than ``agent.max_tools``.
+
+        Raises ``ConfigError`` when the configured model provider refuses its settings.
+        """
         self.config = config
         self._catalog = catalog
         self._proxy = proxy
+        self._search = search
         self._models = ModelSource(config.model, chat_model)
         self._conversations = Conversations(config.memory)
-        self._graphs: dict[tuple[int, str | None], tuple[Toolbox, AgentGraph]] = {}
+        self._graph: AgentGraph | None = None
+        self._reach = Reach(config)
         self._lock = anyio.Lock()
         # Runs on one thread take turns: two at once would interleave one conversation.
         self._threads: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
@@ -132,8 +143,13 @@ class AgentRunner:
             except Exception:  # the sweeper's top: a failing store must not end the gateway
                 logger.exception("conversation memory: expired threads could not be deleted")
 
-    def toolbox(self) -> Toolbox:
-        return build_toolbox(self._catalog.snapshot, self.config)
+    def toolbox(self, client: access.Principal | None = None) -> tuple[Toolbox, tuple[str, ...]]:
+        """The toolbox of a run for ``client`` in the current catalog, and its tools' names
+        when it is small enough to offer whole."""
+        snapshot = self._catalog.snapshot
+        allowed = (lambda name: client.allows("tool", name)) if client is not None else None
+        size, names = self._reach.of(snapshot, client.policy_name if client else None, allowed)
+        return Toolbox(snapshot, self.config, allowed, size), names
 
     async def run(
         self, request: AgentRequest, caller: Caller | None, observer: RunObserver | None = None
@@ -157,8 +173,8 @@ class AgentRunner:
         with agent_span(self.config.name, run_id, thread) as span:
             logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
             try:
-                toolbox, graph = await self._graph()
-                context = self._context(toolbox, caller, report, token)
+                graph = await self._compiled()
+                context = self._context(caller, report, token)
             except AgentError as exc:
                 outcome = _failure(record, str(exc))
             else:
@@ -217,27 +233,12 @@ class AgentRunner:
             await _read_partial(record, graph, config)
         return _failure(record, scrubbed(message, context.scrub))
 
-    async def _graph(self) -> tuple[Toolbox, AgentGraph]:
-        """The graph for the current catalog and the calling client's policy: the model is
-        shown only the tools that client may call."""
-        version = self._catalog.snapshot.version
-        client = access.current()
-        key = (version, client.policy_name if client is not None else None)
+    async def _compiled(self) -> AgentGraph:
+        """The graph, compiled on the first run (its checkpointer opens then)."""
         async with self._lock:
-            if (built := self._graphs.get(key)) is None:
-                toolbox = build_toolbox(
-                    self._catalog.snapshot,
-                    self.config,
-                    (lambda name: client.allows("tool", name)) if client is not None else None,
-                )
-                checkpointer = await self._conversations.checkpointer()
-                # Only the current version is kept: runs on an older one hold their own reference.
-                self._graphs = {k: v for k, v in self._graphs.items() if k[0] == version}
-                built = self._graphs[key] = (toolbox, build_graph(toolbox, checkpointer))
-                logger.info(
-                    "agent graph built for catalog v%d, policy %s: %s", version, key[1], toolbox.summary()
-                )
-            return built
+            if self._graph is None:
+                self._graph = build_graph(await self._conversations.checkpointer())
+            return self._graph
 
     def _thread_lock(self, thread: str) -> anyio.Lock:
         lock = self._threads.get(thread)
@@ -245,9 +246,10 @@ class AgentRunner:
             lock = self._threads[thread] = anyio.Lock()
         return lock
 
-    def _context(
-        self, toolbox: Toolbox, caller: Caller | None, report: RunObserver, token: str
-    ) -> RunContext:
+    def _context(self, caller: Caller | None, report: RunObserver, token: str) -> RunContext:
+        """The run's context: its model, and a toolbox of what the calling client may call
+        (the model is shown nothing else)."""
+        toolbox, names = self.toolbox(access.current())
         # The agent reports its own progress; the upstreams' progress would count on the same token.
         tool_caller = (
             dataclasses.replace(caller, progress_token=None, input_responses=None, request_state=None)
@@ -260,13 +262,35 @@ class AgentRunner:
             model=self._models.for_run(caller, asker),
             model_name=self._models.label,
             provider=self._models.provider,
-            tools=ToolRunner(toolbox, self._proxy, tool_caller, report, asker, self.config.approval_timeout),
+            tools=ToolRunner(
+                toolbox,
+                self._proxy,
+                tool_caller,
+                report,
+                asker,
+                self.config.approval_timeout,
+                self._searcher(toolbox),
+                names,
+            ),
             observer=report,
-            system_prompt=system_prompt(self.config.instructions, toolbox),
+            instructions=self.config.instructions,
             max_steps=self.config.max_steps,
             max_context_tokens=self.config.max_context_tokens,
             scrub=(secret,) if secret else (),
         )
+
+    def _searcher(self, toolbox: Toolbox) -> Search | None:
+        index = self._search
+        if index is None:
+            return None
+
+        async def search(
+            query: str, limit: int, upstream: str | None, accept: Callable[[str], bool]
+        ) -> list[Found]:
+            found, _ = await index.search(toolbox.snapshot, query, limit, upstream=upstream, accept=accept)
+            return found
+
+        return search
 
     def _asker(self, caller: Caller | None, token: str) -> Asker | None:
         if caller is None:
@@ -347,6 +371,7 @@ def _new_record(thread: str, run_id: str, model: str, started: str | None = None
         "steps": 0,
         "tool_calls": [],
         "usage": {"input_tokens": 0, "output_tokens": 0},
+        "offered_tools": {"count": 0, "names": []},
         "model": model,
         "started_at": started or _now(),
         "ended_at": None,
@@ -355,6 +380,8 @@ def _new_record(thread: str, run_id: str, model: str, started: str | None = None
 
 
 def _fill(record: dict[str, Any], state: Mapping[str, Any]) -> None:
+    offered = list(state.get("offered_seen") or [])
+    record["offered_tools"] = {"count": len(offered), "names": offered}
     record["steps"] = state.get("steps", 0)
     record["tool_calls"] = list(state.get("tool_calls", []))
     record["usage"] = dict(state.get("usage") or record["usage"])

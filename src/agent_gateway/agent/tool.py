@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import mcp_types as types
@@ -14,7 +13,8 @@ from pydantic import PrivateAttr
 
 from agent_gateway import access
 from agent_gateway.agent.runner import AgentRequest, AgentRunner
-from agent_gateway.catalog import Catalog
+from agent_gateway.agent.toolbox import reach as toolbox_reach
+from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import current_caller
 
 INPUT_SCHEMA: dict[str, Any] = {
@@ -91,8 +91,8 @@ class AskAgentTool(Tool):
     _runner: AgentRunner = PrivateAttr()
 
     @classmethod
-    def build(cls, runner: AgentRunner) -> AskAgentTool:
-        reach = runner.toolbox().summary()
+    def build(cls, runner: AgentRunner, snapshot: CatalogSnapshot) -> AskAgentTool:
+        reach = toolbox_reach(snapshot, runner.config)
         tool = cls(
             name=runner.config.name,
             title="Ask the gateway's agent",
@@ -135,22 +135,31 @@ def invalid(arguments: dict[str, Any], tool: str) -> str | None:
 
 
 class AgentProvider(Provider):
-    """Supplies FastMCP with ``ask_agent``, its description rebuilt when the catalog changes."""
+    """Supplies FastMCP with ``ask_agent`` (for ``tools/call``; ``tools/list`` lists its
+    ``definition``), its description rebuilt when the catalog changes."""
 
     def __init__(self, runner: AgentRunner, catalog: Catalog) -> None:
         super().__init__()
+        self.name = runner.config.name
         self._runner = runner
         self._catalog = catalog
-        self._built: tuple[int, AskAgentTool] | None = None
+        self._built: dict[int, AskAgentTool] = {}
 
-    def _tool(self) -> AskAgentTool:
-        version = self._catalog.snapshot.version
-        if self._built is None or self._built[0] != version:
-            self._built = (version, AskAgentTool.build(self._runner))
-        return self._built[1]
+    def _tool(self, snapshot: CatalogSnapshot) -> AskAgentTool:
+        if (tool := self._built.get(snapshot.version)) is None:
+            if len(self._built) >= _KEPT:
+                self._built.clear()
+            tool = self._built[snapshot.version] = AskAgentTool.build(self._runner, snapshot)
+        return tool
 
-    async def _list_tools(self) -> Sequence[Tool]:
-        return [self._tool()] if access.visible("tool", self._runner.config.name) else []
+    def definition(self, snapshot: CatalogSnapshot) -> types.Tool:
+        """``ask_agent`` as ``tools/list`` shows it in ``snapshot``."""
+        return self._tool(snapshot).to_mcp_tool(name=self.name)
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
-        return self._tool() if name == self._runner.config.name and access.visible("tool", name) else None
+        if name != self.name or not access.visible("tool", name):
+            return None
+        return self._tool(self._catalog.snapshot)
+
+
+_KEPT = 4

@@ -1,26 +1,35 @@
-"""The catalog's tools as the agent's model sees them: one immutable toolbox per catalog version.
+"""The catalog's tools as the agent's model sees them, and which of them one model call is offered.
 
 Public names are already limited to ``[A-Za-z0-9_-]{1,64}`` (``naming.public_name``), which
 every provider accepts as a function name, so the model calls tools by their public names and
 no second mapping exists to drift from the catalog.
+
+A ``Toolbox`` is a run's view of one catalog snapshot: what the agent's configuration and the
+calling client's policy let it call, looked up by name, never copied whole. Model APIs refuse
+more than 128 tools per request and choose worse long before that, so when the toolbox holds
+more than ``agent.max_tools`` a model call is offered the ``max_tools - 1`` most relevant to
+the conversation (found by the tool index) plus ``search_tools``, with which the model finds
+the others; what it finds is offered from the next turn on, the least relevant dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mcp_types as types
 
-from agent_gateway.catalog import CatalogSnapshot
+from agent_gateway.catalog import CatalogSnapshot, Part
 from agent_gateway.config import AgentConfig
 from agent_gateway.naming import is_selected, matches_any
+from agent_gateway.search.engine import Found
+from agent_gateway.search.tools import SEARCH_TOOLS, search_tool
 
 
 @dataclass(frozen=True, slots=True)
 class AgentTool:
-    """One catalog tool offered to the model."""
+    """One catalog tool the agent may call."""
 
     name: str
     tool: types.Tool
@@ -30,53 +39,126 @@ class AgentTool:
     @property
     def spec(self) -> dict[str, Any]:
         """The tool in the OpenAI function format, which every LangChain chat model binds."""
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": self.tool.description or self.tool.title or self.name,
-                "parameters": self.tool.input_schema,
-            },
-        }
+        return function_spec(
+            self.name, self.tool.description or self.tool.title or self.name, self.tool.input_schema
+        )
+
+
+def function_spec(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
+
+
+SEARCH_SPEC = function_spec(
+    SEARCH_TOOLS,
+    "Find more tools: describe what you need in plain words. The tools found are offered to you "
+    "from your next turn on, and can be called by their names.",
+    search_tool(10).input_schema,
+)
+
+
+class Search(Protocol):
+    def __call__(
+        self, query: str, limit: int, upstream: str | None, accept: Callable[[str], bool]
+    ) -> Awaitable[list[Found]]: ...
 
 
 @dataclass(frozen=True)
 class Toolbox:
-    """What the agent may call in one catalog version, and what each upstream told us to say."""
+    """What one run may call in one catalog snapshot."""
 
-    version: int
-    tools: Mapping[str, AgentTool] = field(default_factory=dict)
-    instructions: Mapping[str, str] = field(default_factory=dict)
+    snapshot: CatalogSnapshot
+    config: AgentConfig
+    allowed: Callable[[str], bool] | None = None
+    """The calling client's policy (None: no client, everything)."""
+    size: int = 0
+    """How many tools this toolbox holds (worked out once per catalog version and policy)."""
 
     @property
-    def specs(self) -> list[dict[str, Any]]:
-        return [tool.spec for tool in self.tools.values()]
+    def version(self) -> int:
+        return self.snapshot.version
+
+    def accepts(self, name: str) -> bool:
+        """Whether the run may call the catalog tool ``name``."""
+        if name == self.config.name or name not in self.snapshot.tools:
+            return False
+        if not is_selected(name, self.config.tools.include, self.config.tools.exclude):
+            return False
+        return self.allowed is None or self.allowed(name)
+
+    def get(self, name: str) -> AgentTool | None:
+        if not self.accepts(name):
+            return None
+        origin = self.snapshot.tools[name]
+        return AgentTool(name, origin.item, origin.upstream, _needs_approval(name, origin.item, self.config))
+
+    @property
+    def searching(self) -> bool:
+        """Whether a model call is offered a selection and ``search_tools``, not every tool."""
+        return self.size > self.config.max_tools
+
+    def specs(self, offered: Sequence[str]) -> list[dict[str, Any]]:
+        """What one model call binds: the ``offered`` tools, and ``search_tools`` when searching."""
+        specs = [tool.spec for name in offered if (tool := self.get(name)) is not None]
+        return [*specs, SEARCH_SPEC] if self.searching else specs
+
+    def instructions(self, offered: Sequence[str]) -> dict[str, str]:
+        """The connect-time instructions of the upstreams the ``offered`` tools come from."""
+        upstreams = {self.snapshot.tools[n].upstream for n in offered if n in self.snapshot.tools}
+        return {u: text for u, text in self.snapshot.instructions.items() if u in upstreams}
 
     def summary(self) -> str:
         """Which upstreams the agent reaches, for the ``ask_agent`` description."""
-        counts: dict[str, int] = {}
-        for tool in self.tools.values():
-            counts[tool.upstream] = counts.get(tool.upstream, 0) + 1
-        if not counts:
-            return "no tools yet"
-        return ", ".join(f"{upstream} ({n} tools)" for upstream, n in sorted(counts.items()))
+        return reach(self.snapshot, self.config)
 
 
-def build_toolbox(
-    snapshot: CatalogSnapshot, config: AgentConfig, allowed: Callable[[str], bool] | None = None
-) -> Toolbox:
-    """The tools of ``snapshot`` the agent may use under ``config`` (its own tool excluded),
-    and, given ``allowed(name)`` (the calling client's policy), only those it allows."""
-    tools: dict[str, AgentTool] = {}
-    for public, origin in snapshot.tools.items():
-        if public == config.name or not is_selected(public, config.tools.include, config.tools.exclude):
-            continue
-        if allowed is not None and not allowed(public):
-            continue
-        tools[public] = AgentTool(
-            public, origin.item, origin.upstream, _needs_approval(public, origin.item, config)
-        )
-    return Toolbox(snapshot.version, tools, dict(snapshot.instructions))
+def reach(snapshot: CatalogSnapshot, config: AgentConfig) -> str:
+    """The upstreams the agent reaches tools of, by name. No counts: the description then
+    changes only when an upstream comes or goes, and clients are not told of every new tool."""
+    shown = [p.upstream for p in snapshot.parts.values() if any(_selected(n, config) for n in p.tools)]
+    return ", ".join(sorted(shown)) if shown else "no tools yet"
+
+
+def _selected(name: str, config: AgentConfig) -> bool:
+    return name != config.name and is_selected(name, config.tools.include, config.tools.exclude)
+
+
+def allowed_in(part: Part, config: AgentConfig, allowed: Callable[[str], bool] | None) -> list[str]:
+    """The tools of ``part`` the agent may call for a client whose policy is ``allowed``."""
+    return [n for n in part.tools if _selected(n, config) and (allowed is None or allowed(n))]
+
+
+class Reach:
+    """How many tools a run may call, per catalog version and client policy, worked out one
+    upstream part at a time (a part that did not change is not read again)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self._config = config
+        self._parts: dict[tuple[int, str | None], tuple[Part, list[str]]] = {}
+        self._sizes: dict[tuple[int, str | None], tuple[int, tuple[str, ...]]] = {}
+
+    def of(
+        self, snapshot: CatalogSnapshot, policy: str | None, allowed: Callable[[str], bool] | None
+    ) -> tuple[int, tuple[str, ...]]:
+        """The toolbox's size, and its names when it is small enough to offer whole."""
+        key = (snapshot.version, policy)
+        if (known := self._sizes.get(key)) is None:
+            names = [n for part in snapshot.parts.values() for n in self._part(part, policy, allowed)]
+            small = len(names) <= self._config.max_tools
+            if len(self._sizes) >= _KEPT:
+                self._sizes.clear()
+                self._parts = {k: v for k, v in self._parts.items() if v[0] in snapshot.parts.values()}
+            known = self._sizes[key] = (len(names), tuple(names) if small else ())
+        return known
+
+    def _part(self, part: Part, policy: str | None, allowed: Callable[[str], bool] | None) -> list[str]:
+        key = (id(part), policy)
+        cached = self._parts.get(key)
+        if cached is None or cached[0] is not part:
+            cached = self._parts[key] = (part, allowed_in(part, self._config, allowed))
+        return cached[1]
+
+
+_KEPT = 64
 
 
 def _needs_approval(public: str, tool: types.Tool, config: AgentConfig) -> bool:
@@ -86,8 +168,14 @@ def _needs_approval(public: str, tool: types.Tool, config: AgentConfig) -> bool:
     return destructive and config.approve_destructive == "ask"
 
 
-def system_prompt(instructions: str, toolbox: Toolbox) -> str:
-    """The agent's instructions followed by each upstream's own, labelled by upstream."""
+def system_prompt(instructions: str, toolbox: Toolbox, offered: Sequence[str]) -> str:
+    """The agent's instructions followed by those of the offered tools' upstreams, labelled."""
     parts = [instructions.strip()]
-    parts += [f"[{upstream}] {text.strip()}" for upstream, text in toolbox.instructions.items()]
+    parts += [f"[{upstream}] {text.strip()}" for upstream, text in toolbox.instructions(offered).items()]
     return "\n\n".join(p for p in parts if p)
+
+
+def merged(offered: Sequence[str], found: Sequence[str], keep: int) -> list[str]:
+    """``found`` first (the model just asked for them), then what was offered, at most ``keep``."""
+    names = list(dict.fromkeys([*found, *offered]))
+    return names[:keep]

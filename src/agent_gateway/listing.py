@@ -1,0 +1,164 @@
+"""What ``tools/list`` shows each client, page by page, and whether a change altered it.
+
+A client sees the catalog tools its policy allows, next to the gateway's own tools. In search
+mode (``search.mode: on``, or ``auto`` for a client that may see more than
+``search.threshold`` tools) it sees instead its pinned tools (``search.pinned``), the
+gateway's own, and ``search_tools`` / ``call_tool``, which reach everything else.
+
+What a policy lets through is worked out once per upstream part and policy, and a view once
+per catalog version and policy, so a listing costs a slice, and one upstream's change costs
+that upstream's tools.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+
+from agent_gateway import access
+from agent_gateway.access import Principal
+from agent_gateway.catalog import Catalog, CatalogChange, CatalogSnapshot, Part
+from agent_gateway.config import SearchConfig
+from agent_gateway.naming import matches_any
+
+OwnTools = Callable[[CatalogSnapshot, Principal | None, bool], list[types.Tool]]
+"""The gateway's own tools a client sees (``ask_agent``, the search tools when searching)."""
+_VIEWS_KEPT = 64
+
+
+@dataclass(frozen=True)
+class View:
+    """One client's tool list in one catalog version."""
+
+    version: int
+    searching: bool
+    tools: Sequence[types.Tool]
+    visible: int
+    """Catalog tools the client may call (listed or not)."""
+
+
+class ToolListing:
+    """Answers ``tools/list`` from the catalog."""
+
+    def __init__(self, catalog: Catalog, config: SearchConfig, page_size: int, own_tools: OwnTools) -> None:
+        self._catalog = catalog
+        self._config = config
+        self._page_size = page_size
+        self._own_tools = own_tools
+        self._views: dict[tuple[int, str | None], View] = {}
+        self._allowed: dict[tuple[int, str | None], tuple[Part, tuple[str, ...]]] = {}
+        self._pinned: dict[int, tuple[Part, frozenset[str]]] = {}
+
+    async def __call__(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        """The low-level ``tools/list`` handler."""
+        view = self.view(self._catalog.snapshot, access.current())
+        start = _offset(params.cursor if params is not None else None)
+        end = start + self._page_size
+        cursor = _cursor(end) if end < len(view.tools) else None
+        return types.ListToolsResult(tools=list(view.tools[start:end]), next_cursor=cursor)
+
+    def searching(self, client: Principal | None) -> bool:
+        """Whether ``client`` is in search mode now."""
+        return self.view(self._catalog.snapshot, client).searching
+
+    def view(self, snapshot: CatalogSnapshot, client: Principal | None) -> View:
+        key = (snapshot.version, _policy(client))
+        if (view := self._views.get(key)) is None:
+            if len(self._views) >= _VIEWS_KEPT:
+                self._views.clear()
+            view = self._views[key] = self._build(snapshot, client)
+        return view
+
+    def _build(self, snapshot: CatalogSnapshot, client: Principal | None) -> View:
+        visible = sum(len(self._allowed_in(part, client)) for part in snapshot.parts.values())
+        mode = self._config.mode
+        searching = mode == "on" or (mode == "auto" and visible > self._config.threshold)
+        tools = self._own_tools(snapshot, client, searching)
+        for part in snapshot.parts.values():
+            tools += [part.listed[n] for n in self._listed_in(part, client, searching)]
+        return View(snapshot.version, searching, tools, visible)
+
+    def _listed_in(self, part: Part, client: Principal | None, searching: bool) -> Sequence[str]:
+        allowed = self._allowed_in(part, client)
+        if not searching:
+            return allowed
+        pinned = self._pinned_in(part)
+        return [name for name in allowed if name in pinned]
+
+    def _allowed_in(self, part: Part, client: Principal | None) -> tuple[str, ...]:
+        """The part's tools the client's policy lets it see (cached per part and policy)."""
+        key = (id(part), _policy(client))
+        cached = self._allowed.get(key)
+        if cached is not None and cached[0] is part:
+            return cached[1]
+        names = (
+            tuple(part.tools) if client is None else tuple(n for n in part.tools if client.allows("tool", n))
+        )
+        self._allowed[key] = (part, names)
+        return names
+
+    def _pinned_in(self, part: Part) -> frozenset[str]:
+        cached = self._pinned.get(id(part))
+        if cached is not None and cached[0] is part:
+            return cached[1]
+        names = frozenset(n for n in part.tools if matches_any(n, self._config.pinned))
+        self._pinned[id(part)] = (part, names)
+        return names
+
+    async def changed(self, change: CatalogChange) -> None:
+        """Catalog listener: drop what was worked out for parts the catalog no longer holds."""
+        live = {id(p) for p in change.after.parts.values()}
+        self._allowed = {k: v for k, v in self._allowed.items() if k[0] in live}
+        self._pinned = {k: v for k, v in self._pinned.items() if k in live}
+
+    def changed_for(self, change: CatalogChange, client: Principal | None) -> bool:
+        """Whether ``change`` altered what ``client`` is listed."""
+        before, after = self.view(change.before, client), self.view(change.after, client)
+        if before.searching != after.searching:
+            return True
+        if self._own_tools(change.before, client, before.searching) != self._own_tools(
+            change.after, client, after.searching
+        ):
+            return True
+        return any(
+            _listed(old, self._listed_in(old, client, before.searching) if old else ())
+            != _listed(new, self._listed_in(new, client, after.searching) if new else ())
+            for old, new in (
+                (change.before.parts.get(u), change.after.parts.get(u)) for u in change.upstreams
+            )
+        )
+
+
+def _listed(part: Part | None, names: Sequence[str]) -> dict[str, types.Tool]:
+    return {n: part.listed[n] for n in names} if part is not None else {}
+
+
+def _policy(client: Principal | None) -> str | None:
+    return client.policy_name if client is not None else None
+
+
+def _cursor(offset: int) -> str:
+    return base64.urlsafe_b64encode(f"tools:{offset}".encode()).decode()
+
+
+def _offset(cursor: str | None) -> int:
+    """The position a cursor this gateway issued points at (0 for no cursor).
+
+    Raises:
+        MCPError: the cursor is not one of ours (INVALID_PARAMS, as the spec asks).
+    """
+    if cursor is None:
+        return 0
+    try:
+        kind, _, offset = base64.urlsafe_b64decode(cursor.encode()).decode().partition(":")
+        if kind == "tools" and offset.isdigit():
+            return int(offset)
+    except (binascii.Error, UnicodeError, ValueError):
+        pass
+    raise MCPError(code=types.INVALID_PARAMS, message="invalid cursor for tools/list")

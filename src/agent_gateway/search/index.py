@@ -1,0 +1,181 @@
+"""The lexical tool index: BM25 over each tool's fields, in SQLite's FTS5, updated per upstream.
+
+SQLite's FTS5 (in Python's standard library) holds the index and scores it with its own BM25,
+with a weight per field: the tool's name counts most, then its title, its upstream's name, its
+description, its parameters and its upstream's instructions. Text is analysed here
+(``text.terms``: identifiers split, stop words dropped, Snowball stems) and stored as stems, so
+queries and documents are analysed alike. One upstream's change replaces only its rows.
+
+A query runs twice: its own terms, and the terms the thesaurus relates to them (at
+``SYNONYM_WEIGHT``); the two scores add. The score returned is that sum over the most the
+query's own terms could score (every term matched, BM25 saturated), cut to [0, 1]: it says
+how much of the request a tool matches, so a caller can tell a weak match from a strong one.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from agent_gateway.search.text import terms
+from agent_gateway.search.thesaurus import SYNONYM_WEIGHT, Thesaurus
+
+FIELDS = ("name", "title", "description", "params", "server", "instructions")
+WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
+"""BM25 weights per field (FTS5 multiplies each field's term frequency by its weight)."""
+_K1 = 1.2  # FTS5's own BM25 parameters
+_CANDIDATES = 200
+"""Rows taken from each of a query's two runs before they are merged and filtered."""
+_COMMON = 0.25
+"""An expansion term found in more than this share of all tools says too little to run."""
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One tool as the index reads it (plain text; ``terms`` analyses it)."""
+
+    key: str
+    """The tool's public name."""
+    upstream: str
+    name: str
+    title: str = ""
+    description: str = ""
+    params: str = ""
+    server: str = ""
+    instructions: str = ""
+
+    def fields(self) -> tuple[str, ...]:
+        return (self.name, self.title, self.description, self.params, self.server, self.instructions)
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    key: str
+    upstream: str
+    score: float
+    """How much of the query this tool matches, 0 (nothing) to 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class Results:
+    hits: list[Hit]
+    total: int
+    """Every tool that matched the query at all (before ``limit``)."""
+
+
+class ToolIndex:
+    """BM25 over tool documents; rows are replaced one upstream at a time."""
+
+    def __init__(self, thesaurus: Thesaurus | None = None) -> None:
+        self._db = sqlite3.connect(":memory:", check_same_thread=False)
+        columns = ", ".join([*FIELDS, "upstream UNINDEXED"])
+        self._db.execute(f"CREATE VIRTUAL TABLE tools USING fts5({columns}, tokenize='unicode61')")
+        # The weights become the table's ``rank``: ORDER BY rank is then the weighted BM25.
+        weights = ", ".join(str(w) for w in WEIGHTS)
+        self._db.execute("INSERT INTO tools(tools, rank) VALUES ('rank', ?)", (f"bm25({weights})",))
+        self._thesaurus = thesaurus or Thesaurus()
+        self._rows: dict[int, Document] = {}
+        self._of_upstream: dict[str, list[int]] = {}
+        self._df: Counter[str] = Counter()
+        self._terms: dict[int, frozenset[str]] = {}
+        self._next = 1
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def replace(self, upstream: str, documents: Iterable[Document]) -> None:
+        """Make ``documents`` the whole of ``upstream``'s part of the index."""
+        self.remove(upstream)
+        rows: list[tuple[object, ...]] = []
+        ids: list[int] = []
+        for document in documents:
+            analysed = [" ".join(terms(text)) for text in document.fields()]
+            rowid, self._next = self._next, self._next + 1
+            rows.append((rowid, *analysed, upstream))
+            ids.append(rowid)
+            self._rows[rowid] = document
+            unique = frozenset(t for text in analysed for t in text.split())
+            self._terms[rowid] = unique
+            self._df.update(unique)
+        placeholders = ", ".join("?" * (len(FIELDS) + 2))
+        self._db.executemany(
+            f"INSERT INTO tools(rowid, {', '.join(FIELDS)}, upstream) VALUES ({placeholders})", rows
+        )
+        self._of_upstream[upstream] = ids
+
+    def remove(self, upstream: str) -> None:
+        """Take ``upstream``'s rows out of the index."""
+        ids = self._of_upstream.pop(upstream, [])
+        if not ids:
+            return
+        self._db.executemany("DELETE FROM tools WHERE rowid = ?", [(i,) for i in ids])
+        for rowid in ids:
+            del self._rows[rowid]
+            for term in self._terms.pop(rowid):
+                self._df[term] -= 1
+                if not self._df[term]:
+                    del self._df[term]
+
+    def search(
+        self,
+        query: str,
+        *,
+        limit: int,
+        upstream: str | None = None,
+        accept: Callable[[str], bool] | None = None,
+    ) -> Results:
+        """The ``limit`` best tools for ``query``, best first; only those ``accept`` takes
+        (by public name) and, given ``upstream``, only that upstream's."""
+        own = sorted(set(terms(query)))
+        if not own or not self._rows:
+            return Results([], 0)
+        related = [t for t in self._thesaurus.expand(own) if self._df[t] <= _COMMON * len(self._rows)]
+        scores: dict[int, float] = defaultdict(float)
+        matched: set[int] = set()
+        for weight, query_terms in ((1.0, own), (SYNONYM_WEIGHT, related)):
+            top, found = self._run(query_terms, upstream, accept)
+            matched |= found
+            for rowid, score in top:
+                scores[rowid] += weight * score
+        best = self._bound(own)
+        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
+        hits = [
+            Hit(self._rows[rowid].key, self._rows[rowid].upstream, min(1.0, score / best))
+            for rowid, score in ranked
+        ]
+        return Results(hits, len(matched))
+
+    def _run(
+        self, query_terms: Sequence[str], upstream: str | None, accept: Callable[[str], bool] | None
+    ) -> tuple[list[tuple[int, float]], set[int]]:
+        """The best ``_CANDIDATES`` (rowid, BM25 score) matching any of ``query_terms``, and
+        every row that matched, both filtered."""
+        present = [t for t in query_terms if self._df[t]]
+        if not present:
+            return [], set()
+        expression = " OR ".join(f'"{t}"' for t in present)
+        where = "tools MATCH ?" + (" AND upstream = ?" if upstream is not None else "")
+        sql = f"SELECT rowid, -rank FROM tools WHERE {where} ORDER BY rank"
+        args: tuple[str, ...] = (expression, upstream) if upstream is not None else (expression,)
+        top: list[tuple[int, float]] = []
+        matched: set[int] = set()
+        for rowid, score in self._db.execute(sql, args):
+            if accept is None or accept(self._rows[rowid].key):
+                matched.add(rowid)
+                if len(top) < _CANDIDATES:
+                    top.append((rowid, score))
+        return top, matched
+
+    def _bound(self, query_terms: Sequence[str]) -> float:
+        """The most the query's own terms can score: each term's IDF times (k1 + 1). A term
+        no tool holds counts at its full IDF: a request that is half unknown is a weak match."""
+        total = len(self._rows)
+        return sum(_idf(total, self._df[t]) * (_K1 + 1) for t in query_terms) or 1.0
+
+
+def _idf(total: int, df: int) -> float:
+    """FTS5's BM25 IDF (a term in over half the rows is worth almost nothing)."""
+    return max(1e-6, math.log((total - df + 0.5) / (df + 0.5)))

@@ -1,0 +1,168 @@
+"""``search_tools`` and ``call_tool``: the two tools a client in search mode reaches the catalog with.
+
+The names are the ones other implementations use (FastMCP's search transforms among them),
+so a client or model that knows one knows these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from jsonschema import Draft202012Validator
+
+from agent_gateway.errors import InvalidArguments
+from agent_gateway.search.engine import Found
+
+SEARCH_TOOLS = "search_tools"
+CALL_TOOL = "call_tool"
+MAX_LIMIT = 50
+WEAK = 0.25
+"""Below this score a result matches little of the request; its listing line says so."""
+
+_SEARCH_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "minLength": 1,
+            "pattern": r"\S",
+            "description": "What you want to do, in plain words (e.g. 'open a ticket in the web team's tracker').",
+        },
+        "limit": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_LIMIT,
+            "description": "How many tools to return, best first.",
+        },
+        "upstream": {"type": "string", "description": "Only tools of this upstream server."},
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+_SEARCH_OUTPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "tools": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "title": {"type": "string"},
+                    "description": {"type": "string"},
+                    "inputSchema": {"type": "object"},
+                    "upstream": {"type": "string"},
+                    "score": {"type": "number"},
+                },
+                "required": ["name", "inputSchema", "upstream", "score"],
+            },
+        },
+        "total": {"type": "integer"},
+    },
+    "required": ["tools", "total"],
+}
+_CALL_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "description": "A tool's name, as search_tools gave it."},
+        "arguments": {"type": "object", "description": "The tool's arguments, matching its inputSchema."},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+_SEARCH_VALIDATOR = Draft202012Validator(_SEARCH_INPUT)
+_CALL_VALIDATOR = Draft202012Validator(_CALL_INPUT)
+
+
+def search_tool(default_limit: int) -> types.Tool:
+    return types.Tool(
+        name=SEARCH_TOOLS,
+        title="Search the gateway's tools",
+        description=(
+            "Find the tools behind this gateway that can do what you describe. Returns the best "
+            f"matches first ({default_limit} unless you give a limit), each with its name, description, "
+            f"input schema and a score from 0 to 1 (under {WEAK} matches little of the request). "
+            f"Call a tool it finds with {CALL_TOOL}, or directly by its name."
+        ),
+        input_schema=_SEARCH_INPUT,
+        output_schema=_SEARCH_OUTPUT,
+        annotations=types.ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False),
+    )
+
+
+def call_tool() -> types.Tool:
+    return types.Tool(
+        name=CALL_TOOL,
+        title="Call a tool found with search_tools",
+        description=(
+            f"Call one of the gateway's tools by the name {SEARCH_TOOLS} gave, with arguments matching its "
+            "input schema. Returns that tool's own result."
+        ),
+        input_schema=_CALL_INPUT,
+        annotations=types.ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=True),
+    )
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    query: str
+    limit: int | None
+    upstream: str | None
+
+
+def search_request(arguments: dict[str, Any]) -> SearchRequest:
+    """``search_tools``' arguments (raises ``InvalidArguments``)."""
+    _check(_SEARCH_VALIDATOR, SEARCH_TOOLS, arguments)
+    return SearchRequest(arguments["query"], arguments.get("limit"), arguments.get("upstream"))
+
+
+def call_request(arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``call_tool``'s arguments: the tool's name and its arguments (raises ``InvalidArguments``)."""
+    _check(_CALL_VALIDATOR, CALL_TOOL, arguments)
+    return arguments["name"], arguments.get("arguments") or {}
+
+
+def _check(validator: Draft202012Validator, tool: str, arguments: dict[str, Any]) -> None:
+    error = next(iter(validator.iter_errors(arguments)), None)
+    if error is None:
+        return
+    where = "/".join(str(p) for p in error.absolute_path)
+    if where == "query" and error.validator in ("minLength", "pattern"):
+        raise InvalidArguments(tool, "query: must not be empty")
+    raise InvalidArguments(tool, f"{where}: {error.message}" if where else error.message)
+
+
+def search_result(found: Sequence[Found], total: int, query: str) -> types.CallToolResult:
+    """The ``search_tools`` answer: a short listing, and the tools in ``structuredContent``."""
+    if not found:
+        text = f"No tool matches {query!r}. Try other words, or fewer."
+    else:
+        lines = [f"{len(found)} of {total} matching tools, best first:"]
+        lines += [_line(f) for f in found]
+        text = "\n".join(lines)
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=text)],
+        structured_content={"tools": [_entry(f) for f in found], "total": total},
+    )
+
+
+def _line(found: Found) -> str:
+    summary = (found.tool.description or found.tool.title or "").strip().splitlines()
+    first = summary[0][:160] if summary else ""
+    weak = " (weak match)" if found.score < WEAK else ""
+    return f"- {found.tool.name} [{found.upstream}, {found.score:.2f}{weak}]: {first}"
+
+
+def _entry(found: Found) -> dict[str, Any]:
+    tool = found.tool
+    entry: dict[str, Any] = {"name": tool.name}
+    if tool.title:
+        entry["title"] = tool.title
+    entry["description"] = tool.description or ""
+    entry["inputSchema"] = tool.input_schema
+    entry["upstream"] = found.upstream
+    entry["score"] = found.score
+    return entry

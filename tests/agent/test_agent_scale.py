@@ -1,0 +1,121 @@
+"""The agent over a thousand tools: each model call is offered at most ``agent.max_tools``, chosen
+by relevance, and the model finds the others with ``search_tools``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+from mcp import Client
+
+from tests.agent.model_apis import OPENAI_MAX_TOOLS, Turn, openai_api
+from tests.agent.test_ask_agent import ask, record, text
+from tests.agent.test_models import openai_model, said, sampling_script
+from tests.servers import many_tools
+from tests.support import RunningGateway, running_gateway, serving, serving_upstream
+
+ACK = "many__oncall_acknowledge_incident"
+
+
+@asynccontextmanager
+async def big_gateway(
+    model: dict[str, Any] | None, calls: list[tuple[str, dict[str, Any]]], **agent: Any
+) -> AsyncIterator[RunningGateway]:
+    config = {"memory": {"store": "memory"}, **agent}
+    if model is not None:
+        config["model"] = model
+    async with (
+        serving_upstream(many_tools.build(calls)) as url,
+        running_gateway({"upstreams": {"many": {"url": url}}, "agent": config}) as gw,
+    ):
+        assert len(gw.gateway.catalog.snapshot.tools) == many_tools.TOOL_COUNT > 1000
+        yield gw
+
+
+def offered(body: dict[str, Any]) -> list[str]:
+    return [t["function"]["name"] for t in body.get("tools") or []]
+
+
+async def test_a_run_over_a_thousand_tools_binds_the_relevant_ones_and_calls_the_right_tool() -> None:
+    def first(body: dict[str, Any]) -> Turn:
+        assert ACK in offered(body), offered(body)  # chosen from the request's own words
+        return Turn(calls=[(ACK, {"id": "INC-7"})])
+
+    app, api = openai_api([first, Turn(text="Acknowledged INC-7.")])
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with serving(app) as base, big_gateway(openai_model(base), calls) as gw, Client(gw.url) as client:
+        result = await ask(client, "Acknowledge incident INC-7 so the responders stop getting paged")
+    assert not result.is_error, text(result)
+    assert calls == [("oncall_acknowledge_incident", {"id": "INC-7"})]
+    for body in api.requests:
+        names = offered(body)
+        assert len(names) <= 40 <= OPENAI_MAX_TOOLS  # agent.max_tools: up to 39 chosen, and search_tools
+        assert names[-1] == "search_tools"
+    out = record(result)
+    assert 1 <= out["offered_tools"]["count"] <= 39
+    assert ACK in out["offered_tools"]["names"]
+
+
+async def test_a_tool_the_request_does_not_name_is_found_by_the_models_own_search() -> None:
+    def search_first(body: dict[str, Any]) -> Turn:
+        assert ACK not in offered(body)
+        return Turn(calls=[("search_tools", {"query": "acknowledge an incident"})])
+
+    def then_call(body: dict[str, Any]) -> Turn:
+        assert ACK in offered(body), offered(body)  # offered once the model found it
+        assert len(offered(body)) <= 12
+        return Turn(calls=[(ACK, {"id": "INC-9"})])
+
+    app, api = openai_api([search_first, then_call, Turn(text="Done.")])
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        serving(app) as base,
+        big_gateway(openai_model(base), calls, max_tools=12) as gw,
+        Client(gw.url) as client,
+    ):
+        result = await ask(client, "Please deal with what Sam mentioned in standup")
+    assert not result.is_error, text(result)
+    assert calls == [("oncall_acknowledge_incident", {"id": "INC-9"})]
+    searched = api.requests[1]["messages"][-1]
+    assert searched["role"] == "tool"
+    assert ACK in searched["content"]
+    assert [c["name"] for c in record(result)["tool_calls"]] == ["search_tools", ACK]
+
+
+async def test_without_the_bound_every_tool_would_be_refused_by_the_model_api() -> None:
+    """The endpoint refuses over 128 tools as OpenAI does: the bound is what keeps runs alive."""
+    app, api = openai_api([Turn(text="unused")])
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with serving(app) as base, big_gateway(openai_model(base), calls) as gw, Client(gw.url) as client:
+        toolbox, _ = gw.gateway.agent.toolbox(None)  # type: ignore[union-attr]
+        body = {"tools": [t.spec for n in gw.gateway.catalog.snapshot.tools if (t := toolbox.get(n))]}
+        assert len(body["tools"]) > OPENAI_MAX_TOOLS
+        result = await ask(client, "What is the weather forecast for Oslo?")
+    assert not result.is_error, text(result)
+    assert offered(api.requests[0]) == ["many__weather_forecast", "search_tools"]  # only what matches
+
+
+async def test_a_client_model_is_described_only_the_bound_tools_in_the_envelope() -> None:
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [
+        said(f'{{"type": "tool_call", "name": "{ACK}", "args": {{"id": "INC-1"}}}}'),
+        said('{"type": "final", "content": "Acknowledged."}'),
+    ]
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        big_gateway(None, calls, max_tools=10) as gw,
+        Client(gw.url, mode="legacy", sampling_callback=sampling_script(replies, seen)) as client,
+    ):
+        result = await ask(client, "acknowledge the incident INC-1")
+    # The seed protocol's spellings (name/args, content) are understood without a correction.
+    assert not result.is_error, text(result)
+    assert text(result) == "Acknowledged."
+    assert len(seen) == 2
+    assert calls == [("oncall_acknowledge_incident", {"id": "INC-1"})]
+    prompt = seen[0].system_prompt or ""
+    described = [line for line in prompt.splitlines() if line.startswith("- ")]
+    assert 2 <= len(described) <= 10  # up to 9 chosen, and search_tools: not a thousand
+    assert described[0].startswith(f"- {ACK}:")
+    assert described[-1].startswith("- search_tools:")
