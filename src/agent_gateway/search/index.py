@@ -29,8 +29,12 @@ WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
 _K1 = 1.2  # FTS5's own BM25 parameters
 _CANDIDATES = 200
 """Rows taken from each of a query's two runs before they are merged and filtered."""
-_COMMON = 0.25
+_COMMON = 0.1
 """An expansion term found in more than this share of all tools says too little to run."""
+_FEW = 50
+"""Below this many rows a term is never too common to expand with (a small index is cheap)."""
+_EXPANSIONS = 8
+"""The rarest related terms a query is expanded with (each costs a pass over its rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +136,13 @@ class ToolIndex:
         own = sorted(set(terms(query)))
         if not own or not self._rows:
             return Results([], 0)
-        related = [t for t in self._thesaurus.expand(own) if self._df[t] <= _COMMON * len(self._rows)]
         scores: dict[int, float] = defaultdict(float)
-        matched: set[int] = set()
-        for weight, query_terms in ((1.0, own), (SYNONYM_WEIGHT, related)):
-            top, found = self._run(query_terms, upstream, accept)
-            matched |= found
+        own_top, matched = self._run(own, upstream, accept, count=True)
+        related_top, _ = self._run(self._related(own), upstream, accept)
+        for weight, top in ((1.0, own_top), (SYNONYM_WEIGHT, related_top)):
             for rowid, score in top:
                 scores[rowid] += weight * score
+        matched |= {rowid for rowid, _ in related_top}
         best = self._bound(own)
         ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
         hits = [
@@ -148,26 +151,41 @@ class ToolIndex:
         ]
         return Results(hits, len(matched))
 
+    def _related(self, own: list[str]) -> list[str]:
+        """The thesaurus's terms for ``own`` that some tool holds, rarest first, at most
+        ``_EXPANSIONS``: a term most tools hold tells them apart no better than none."""
+        limit = max(_COMMON * len(self._rows), _FEW)
+        related = [t for t in self._thesaurus.expand(own) if 0 < self._df[t] <= limit]
+        return sorted(related, key=lambda t: (self._df[t], t))[:_EXPANSIONS]
+
     def _run(
-        self, query_terms: Sequence[str], upstream: str | None, accept: Callable[[str], bool] | None
+        self,
+        query_terms: Sequence[str],
+        upstream: str | None,
+        accept: Callable[[str], bool] | None,
+        count: bool = False,
     ) -> tuple[list[tuple[int, float]], set[int]]:
-        """The best ``_CANDIDATES`` (rowid, BM25 score) matching any of ``query_terms``, and
-        every row that matched, both filtered."""
+        """The best ``_CANDIDATES`` (rowid, BM25 score) matching any of ``query_terms``, and,
+        with ``count``, every row that matched; both filtered."""
         present = [t for t in query_terms if self._df[t]]
         if not present:
             return [], set()
         expression = " OR ".join(f'"{t}"' for t in present)
         where = "tools MATCH ?" + (" AND upstream = ?" if upstream is not None else "")
-        sql = f"SELECT rowid, -rank FROM tools WHERE {where} ORDER BY rank"
         args: tuple[str, ...] = (expression, upstream) if upstream is not None else (expression,)
-        top: list[tuple[int, float]] = []
-        matched: set[int] = set()
-        for rowid, score in self._db.execute(sql, args):
-            if accept is None or accept(self._rows[rowid].key):
-                matched.add(rowid)
-                if len(top) < _CANDIDATES:
-                    top.append((rowid, score))
-        return top, matched
+        # Ranked in SQLite, and only as far as needed: every ranked row costs a BM25 there.
+        ranked = f"SELECT rowid, -rank FROM tools WHERE {where} ORDER BY rank LIMIT ?"
+        rows = self._db.execute(ranked, (*args, _CANDIDATES)).fetchall()
+        top = [(r, s) for r, s in rows if self._takes(accept, r)]
+        if len(rows) == _CANDIDATES and len(top) < _CANDIDATES:  # the asker may call few: rank all
+            top = [(r, s) for r, s in self._db.execute(ranked, (*args, -1)) if self._takes(accept, r)]
+        if not count:
+            return top[:_CANDIDATES], set()
+        matched = {r for (r,) in self._db.execute(f"SELECT rowid FROM tools WHERE {where}", args)}
+        return top[:_CANDIDATES], {r for r in matched if self._takes(accept, r)}
+
+    def _takes(self, accept: Callable[[str], bool] | None, rowid: int) -> bool:
+        return accept is None or accept(self._rows[rowid].key)
 
     def _bound(self, query_terms: Sequence[str]) -> float:
         """The most the query's own terms can score: each term's IDF times (k1 + 1). A term
