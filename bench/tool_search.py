@@ -50,12 +50,14 @@ from fastmcp.server.transforms.search import BM25SearchTransform
 from fastmcp.tools.base import Tool
 
 from agent_gateway.catalog import Catalog
+from agent_gateway.config import EmbeddingsConfig
 from agent_gateway.config_files import parse_config
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import WEAK
 from agent_gateway.upstreams.connection import Listing
 
 DATA = Path(__file__).resolve().parent / "data" / "tool_search"
+MODEL = "all-MiniLM-L6-v2-int8"
 KS = (1, 5, 10)
 Ranker = Callable[[str], Awaitable[list[tuple[str, float]]]]
 """A query -> ranked (``server/tool``, score), best first, at most 10."""
@@ -99,7 +101,10 @@ def upstream_name(server: str) -> str:
 # -- the gateway's engine ------------------------------------------------------------------------
 
 
-async def gateway_ranker(servers: list[dict[str, Any]]) -> Ranker:
+@asynccontextmanager
+async def gateway_ranker(servers: list[dict[str, Any]], embeddings: str | None = None) -> AsyncIterator[Ranker]:
+    """The gateway's engine; with ``embeddings`` (an OpenAI-compatible base URL), fused with
+    dense retrieval, once every tool is embedded."""
     names = {upstream_name(s["name"]): s for s in servers}
     config = parse_config(
         {"upstreams": {n: {"command": "true"} for n in names}, "agent": {"enabled": False}},
@@ -111,15 +116,19 @@ async def gateway_ranker(servers: list[dict[str, Any]]) -> Ranker:
         tools = tuple(types.Tool.model_validate(t) for t in server["tools"])
         await catalog.update(name, Listing(tools=tools, instructions=server.get("instructions")))
     snapshot = catalog.start()
-    search = ToolSearch()
-    search.load(snapshot)
+    dense = EmbeddingsConfig(base_url=embeddings, model=MODEL, timeout=600) if embeddings else None
+    search = ToolSearch(dense)
     back = {public: f"{names[o.upstream]['name']}/{o.name}" for public, o in snapshot.tools.items()}
 
     async def rank(query: str) -> list[tuple[str, float]]:
         found, _ = await search.search(snapshot, query, 10)
         return [(back[f.tool.name], f.score) for f in found]
 
-    return rank
+    async with search.running():
+        search.load(snapshot)
+        while dense is not None and not search.embedded(len(snapshot.tools)):
+            await asyncio.sleep(0.2)
+        yield rank
 
 
 # -- plain BM25 over name and description --------------------------------------------------------
@@ -256,19 +265,22 @@ def selected(queries: list[Query], split: str) -> list[Query]:
     return [q for q in queries if (int(re.sub(r"\D", "", q.id) or 0) % 2 == 1) == odd]
 
 
-async def run(queries: list[Query], servers: list[dict[str, Any]], show_misses: int) -> None:
-    async with fastmcp_ranker(servers) as fastmcp:
-        engines = {
-            "agent-gateway": await gateway_ranker(servers),
-            "bm25 (name+description)": plain_bm25_ranker(servers),
-            "fastmcp BM25SearchTransform": fastmcp,
-        }
+async def run(queries: list[Query], servers: list[dict[str, Any]], show_misses: int, embeddings: str | None) -> None:
+    async with (
+        fastmcp_ranker(servers) as fastmcp,
+        gateway_ranker(servers) as ours,
+        gateway_ranker(servers, embeddings) as fused,
+    ):
+        engines = {"agent-gateway": ours}
+        if embeddings:
+            engines["agent-gateway + embeddings"] = fused
+        engines |= {"bm25 (name+description)": plain_bm25_ranker(servers), "fastmcp BM25SearchTransform": fastmcp}
         results: dict[str, dict[str, Tally]] = {}
         times: dict[str, list[float]] = {}
         misses: list[str] = []
         for engine, rank in engines.items():
             results[engine], times[engine], missed = await evaluate(rank, queries)
-            misses = misses or missed
+            misses = missed if engine.startswith("agent-gateway") else misses
     print(table(results, list(engines)))
     print("\nper query, in this process:\n" + latency(times))
     for miss in misses[:show_misses]:
@@ -279,12 +291,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--split", choices=["all", "dev", "test"], default="all")
     parser.add_argument("--show-misses", type=int, default=0, help="print the gateway's first N misses@5")
+    parser.add_argument(
+        "--embeddings",
+        metavar="URL",
+        help="also rank with dense retrieval through this OpenAI-compatible base URL "
+        "(e.g. http://127.0.0.1:8089/v1 from bench/embeddings_server.py)",
+    )
     options = parser.parse_args(argv)
     servers, queries = load()
     queries = selected(queries, options.split)
     tools = sum(len(s["tools"]) for s in servers)
     print(f"{len(servers)} servers, {tools} tools, {len(queries)} queries ({options.split})\n")
-    asyncio.run(run(queries, servers, options.show_misses))
+    asyncio.run(run(queries, servers, options.show_misses, options.embeddings))
     print(f"\ncommand: {shlex.join([Path(sys.executable).name, *sys.argv])}")
 
 

@@ -63,7 +63,7 @@ class Gateway:
         )
         self.dedicated = DedicatedSessions(config.active_upstreams, self._updates, self.pool.guards)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
-        self.search = ToolSearch()
+        self.search = ToolSearch(config.search.embeddings)
         self.listing = ToolListing(self.catalog, config.search, config.server.page_size, self._own_tools)
         self.notifier = ListChangedNotifier(
             self.sessions.handshake_sessions,
@@ -199,6 +199,7 @@ class Gateway:
         async with (
             self.pool.running(settle_timeout=settle_timeout),
             self.dedicated.running(),
+            self.search.running(),
             self._agent_running(),
         ):
             try:

@@ -6,14 +6,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import mcp_types as types
 
 from agent_gateway.catalog import CatalogChange, CatalogSnapshot, Part
+from agent_gateway.config import EmbeddingsConfig
+from agent_gateway.search.dense import DenseIndex, Embedder, EmbeddingsFailed
 from agent_gateway.search.index import Document, ToolIndex
+from agent_gateway.search.text import words
 
 logger = logging.getLogger(__name__)
 
@@ -31,16 +36,46 @@ class Found:
 
 
 class ToolSearch:
-    """Searches the current catalog's tools."""
+    """Searches the current catalog's tools. Use ``async with search.running():`` (it embeds
+    tool texts in the background when dense retrieval is configured)."""
 
-    def __init__(self) -> None:
+    def __init__(self, embeddings: EmbeddingsConfig | None = None) -> None:
+        """Raises ``ConfigError`` when ``embeddings`` is set and numpy is not installed."""
         self._index = ToolIndex()
+        self._config = embeddings
+        self._dense = DenseIndex() if embeddings is not None else None
+        self._embedder: Embedder | None = None
+        self._stale: dict[str, Part | None] = {}
+        self._wake = anyio.Event()
+        self._quiet_until = 0.0
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[ToolSearch]:
+        if self._config is None:
+            yield self
+            return
+        assert self._dense is not None  # made with the config
+        self._embedder = embedder = Embedder(self._config)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._embed_changes, self._dense, embedder)
+                yield self
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+                await embedder.aclose()
+            self._embedder = None
+
+    def embedded(self, tools: int) -> bool:
+        """Whether dense retrieval holds a vector for each of ``tools`` tools (benchmarks, tests)."""
+        return self._dense is not None and not self._stale and len(self._dense) >= tools
 
     def load(self, snapshot: CatalogSnapshot) -> None:
         """Index every part of ``snapshot`` (start-up)."""
         started = time.perf_counter()
         for part in snapshot.parts.values():
             self._index.replace(part.upstream, documents(part))
+            self._restale(part.upstream, part)
         logger.info(
             "tool index ready: %d tools from %d upstreams in %.0f ms",
             len(self._index),
@@ -56,6 +91,33 @@ class ToolSearch:
                 self._index.remove(upstream)
             elif part is not change.before.parts.get(upstream):
                 self._index.replace(upstream, documents(part))
+            else:
+                continue
+            self._restale(upstream, part)
+
+    def _restale(self, upstream: str, part: Part | None) -> None:
+        if self._dense is not None:
+            self._stale[upstream] = part
+            self._wake.set()
+
+    async def _embed_changes(self, dense: DenseIndex, embedder: Embedder) -> None:
+        """Embed the tools of each changed upstream, newest listing only, retrying with backoff."""
+        delay = _RETRY_FIRST
+        while True:
+            await self._wake.wait()
+            self._wake = anyio.Event()
+            while self._stale:
+                upstream, part = next(iter(self._stale.items()))
+                try:
+                    await _embed(dense, embedder, upstream, part)
+                except EmbeddingsFailed as exc:
+                    logger.warning("tool embeddings for %s: %s; retrying in %.0fs", upstream, exc, delay)
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MOST)
+                    continue
+                delay = _RETRY_FIRST
+                if self._stale.get(upstream) is part:  # not changed again meanwhile
+                    del self._stale[upstream]
 
     async def search(
         self,
@@ -68,13 +130,87 @@ class ToolSearch:
     ) -> tuple[list[Found], int]:
         """The ``limit`` tools of ``snapshot`` best matching ``query``, best first, of those
         ``accept`` takes (and of ``upstream`` only, when given); and how many matched in all."""
-        results = self._index.search(query, limit=limit, upstream=upstream, accept=accept)
+        pool = max(limit, _FUSED) if self._dense is not None else limit
+        results = self._index.search(query, limit=pool, upstream=upstream, accept=accept)
+        ranked = [(hit.key, hit.upstream, hit.score) for hit in results.hits]
+        dense = await self._nearest(query, upstream, accept)
+        if dense:
+            ranked = _fused(ranked, dense, snapshot)
         found = [
-            Found(snapshot.listed[hit.key], hit.upstream, round(hit.score, 4))
-            for hit in results.hits
-            if hit.key in snapshot.listed  # the index may trail a change by one update
+            Found(snapshot.listed[key], owner, round(score, 4))
+            for key, owner, score in ranked[:limit]
+            if key in snapshot.listed  # the index may trail a change by one update
         ]
-        return found, results.total
+        return found, max(results.total, len(ranked))
+
+    async def _nearest(
+        self, query: str, upstream: str | None, accept: Accept | None
+    ) -> list[tuple[str, float, float]]:
+        if self._dense is None or self._embedder is None or not len(self._dense) or not query.strip():
+            return []
+        try:
+            vector = await self._embedder.query(query)
+        except EmbeddingsFailed as exc:
+            if time.monotonic() >= self._quiet_until:  # one line a minute, not one per search
+                logger.warning("tool search without embeddings: %s", exc)
+                self._quiet_until = time.monotonic() + 60
+            return []
+        return self._dense.nearest(vector, _FUSED, upstream, accept)
+
+
+async def _embed(dense: DenseIndex, embedder: Embedder, upstream: str, part: Part | None) -> None:
+    if part is None:
+        dense.remove(upstream)
+        return
+    docs = list(documents(part))
+    started = time.perf_counter()
+    vectors = await embedder.embed([embedding_text(d) for d in docs])
+    dense.replace(upstream, [d.key for d in docs], vectors)
+    logger.info(
+        "tool embeddings for %s: %d tools in %.0f ms",
+        upstream,
+        len(docs),
+        (time.perf_counter() - started) * 1e3,
+    )
+
+
+def _fused(
+    lexical: list[tuple[str, str, float]], dense: list[tuple[str, float, float]], snapshot: CatalogSnapshot
+) -> list[tuple[str, str, float]]:
+    """Reciprocal rank fusion of both rankings; each tool keeps the better of its two scores
+    (the lexical one, or how far its similarity stands out)."""
+    fused: dict[str, float] = {}
+    score: dict[str, float] = {}
+    owner: dict[str, str] = {}
+    for rank, (key, upstream, lexical_score) in enumerate(lexical):
+        fused[key] = 1.0 / (_RRF_K + rank + 1)
+        score[key], owner[key] = lexical_score, upstream
+    for rank, (key, _, confidence) in enumerate(dense):
+        if key not in snapshot.tools:
+            continue
+        fused[key] = fused.get(key, 0.0) + 1.0 / (_RRF_K + rank + 1)
+        score[key] = max(score.get(key, 0.0), confidence)
+        owner.setdefault(key, snapshot.tools[key].upstream)
+    order = sorted(fused, key=lambda k: (-fused[k], k))
+    return [(key, owner[key], score[key]) for key in order]
+
+
+_FUSED = 50
+"""Candidates taken from each ranking before they are fused."""
+_RRF_K = 10
+_RETRY_FIRST = 1.0
+_RETRY_MOST = 60.0
+_CLOSE_TIMEOUT = 5.0
+
+
+def embedding_text(document: Document) -> str:
+    """What is embedded for a tool: its upstream, name in words, title and description."""
+    name = " ".join(words(document.name))
+    parts = [f"{document.server}: {name}.", document.title, document.description[:_EMBEDDED_CHARS]]
+    return " ".join(p for p in parts if p)
+
+
+_EMBEDDED_CHARS = 600
 
 
 def documents(part: Part) -> Iterator[Document]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from agent_gateway.search.text import terms
-from agent_gateway.search.thesaurus import SYNONYM_WEIGHT, Thesaurus
+from agent_gateway.search.thesaurus import Thesaurus
 
 FIELDS = ("name", "title", "description", "params", "server", "instructions")
 WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
@@ -31,6 +31,10 @@ _CANDIDATES = 200
 """Rows taken from each of a query's two runs before they are merged and filtered."""
 _COMMON = 0.1
 """An expansion term found in more than this share of all tools says too little to run."""
+SYNONYM_WEIGHT = 0.5
+"""How much a word the query did not use counts, against one it did."""
+COORD_BASE = 1.0
+NAME_WEIGHT = 0.2
 _FEW = 50
 """Below this many rows a term is never too common to expand with (a small index is cheap)."""
 _EXPANSIONS = 8
@@ -85,6 +89,7 @@ class ToolIndex:
         self._of_upstream: dict[str, list[int]] = {}
         self._df: Counter[str] = Counter()
         self._terms: dict[int, frozenset[str]] = {}
+        self._names: dict[int, frozenset[str]] = {}
         self._next = 1
 
     def __len__(self) -> int:
@@ -103,6 +108,7 @@ class ToolIndex:
             self._rows[rowid] = document
             unique = frozenset(t for text in analysed for t in text.split())
             self._terms[rowid] = unique
+            self._names[rowid] = frozenset(analysed[0].split())
             self._df.update(unique)
         placeholders = ", ".join("?" * (len(FIELDS) + 2))
         self._db.executemany(
@@ -118,6 +124,7 @@ class ToolIndex:
         self._db.executemany("DELETE FROM tools WHERE rowid = ?", [(i,) for i in ids])
         for rowid in ids:
             del self._rows[rowid]
+            del self._names[rowid]
             for term in self._terms.pop(rowid):
                 self._df[term] -= 1
                 if not self._df[term]:
@@ -144,12 +151,25 @@ class ToolIndex:
                 scores[rowid] += weight * score
         matched |= {rowid for rowid, _ in related_top}
         best = self._bound(own)
-        ranked = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
-        hits = [
-            Hit(self._rows[rowid].key, self._rows[rowid].upstream, min(1.0, score / best))
-            for rowid, score in ranked
-        ]
+        related = set(self._related(own))
+        final = {r: self._reranked(r, s / best, own, related) for r, s in scores.items()}
+        ranked = sorted(final.items(), key=lambda item: (-item[1], item[0]))[:limit]
+        hits = [Hit(self._rows[r].key, self._rows[r].upstream, min(1.0, score)) for r, score in ranked]
         return Results(hits, len(matched))
+
+    def _reranked(self, rowid: int, score: float, own: list[str], related: set[str]) -> float:
+        """``score`` adjusted by how much of the request the tool covers (BM25 alone lets one
+        rare word outweigh the rest) and how much of the tool's name the request explains."""
+        held = self._terms[rowid]
+        total = sum(self._idf(t) for t in own) or 1.0
+        coord = sum(self._idf(t) for t in own if t in held) / total
+        name = self._names[rowid]
+        wanted = set(own) | related
+        explained = sum(1.0 if t in own else SYNONYM_WEIGHT for t in name if t in wanted) / (len(name) or 1)
+        return score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
+
+    def _idf(self, term: str) -> float:
+        return _idf(len(self._rows), self._df[term])
 
     def _related(self, own: list[str]) -> list[str]:
         """The thesaurus's terms for ``own`` that some tool holds, rarest first, at most

@@ -170,9 +170,6 @@ GROUPS: tuple[tuple[str, ...], ...] = (
     ("queue", "topic", "stream", "kafka"),
 )
 
-SYNONYM_WEIGHT = 0.5
-"""How much a word the query did not use counts, against one it did."""
-
 
 @dataclass(frozen=True)
 class Thesaurus:

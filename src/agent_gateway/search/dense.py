@@ -1,0 +1,152 @@
+"""Dense retrieval, optional: tool texts and queries embedded by an OpenAI-compatible
+``/embeddings`` endpoint (OpenAI, vLLM, Ollama, LM Studio, a local model server), compared by
+cosine similarity and fused with the lexical ranks.
+
+Needs numpy (``pip install 'agent-gateway[embeddings]'``). Vectors are kept per upstream, so one
+upstream's change re-embeds only its tools.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from agent_gateway.config import EmbeddingsConfig
+from agent_gateway.errors import ConfigError, GatewayError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
+logger = logging.getLogger(__name__)
+
+_QUERIES_KEPT = 512
+
+
+class EmbeddingsFailed(GatewayError):
+    """The embeddings endpoint did not answer with vectors (search falls back to lexical)."""
+
+
+def numpy_module() -> Any:
+    """numpy, or a ``ConfigError`` saying which extra brings it."""
+    try:
+        import numpy
+    except ImportError:
+        raise ConfigError("search.embeddings needs numpy: pip install 'agent-gateway[embeddings]'") from None
+    return numpy
+
+
+class Embedder:
+    """Client of one OpenAI-compatible ``/embeddings`` endpoint."""
+
+    def __init__(self, config: EmbeddingsConfig) -> None:
+        self._config = config
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout
+        )
+        self._queries: OrderedDict[str, list[float]] = OrderedDict()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in order, in batches of ``embeddings.batch``.
+
+        Raises:
+            EmbeddingsFailed: the endpoint failed, or answered something else than vectors.
+        """
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), self._config.batch):
+            vectors += await self._batch(list(texts[start : start + self._config.batch]))
+        return vectors
+
+    async def query(self, text: str) -> list[float]:
+        """A query's vector (the latest ones are kept: a client repeats its searches)."""
+        if (known := self._queries.get(text)) is not None:
+            self._queries.move_to_end(text)
+            return known
+        (vector,) = await self._batch([text])
+        self._queries[text] = vector
+        if len(self._queries) > _QUERIES_KEPT:
+            self._queries.popitem(last=False)
+        return vector
+
+    async def _batch(self, texts: list[str]) -> list[list[float]]:
+        try:
+            response = await self._http.post(
+                "/embeddings", json={"model": self._config.model, "input": texts}
+            )
+        except httpx.HTTPError as exc:  # never the URL or key: the message names the kind only
+            raise EmbeddingsFailed(f"embeddings endpoint unreachable: {type(exc).__name__}") from None
+        if response.status_code != 200:
+            raise EmbeddingsFailed(f"embeddings endpoint answered HTTP {response.status_code}")
+        return _vectors(response, len(texts))
+
+
+def _vectors(response: httpx.Response, count: int) -> list[list[float]]:
+    try:
+        data = sorted(response.json()["data"], key=lambda item: item["index"])
+        vectors = [[float(x) for x in item["embedding"]] for item in data]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EmbeddingsFailed(f"embeddings endpoint answered no vectors ({type(exc).__name__})") from None
+    if len(vectors) != count or len({len(v) for v in vectors}) != 1:
+        raise EmbeddingsFailed(f"embeddings endpoint answered {len(vectors)} vectors for {count} texts")
+    return vectors
+
+
+class DenseIndex:
+    """Unit vectors per tool, kept per upstream; nearest tools by cosine similarity."""
+
+    def __init__(self) -> None:
+        self._np = numpy_module()
+        self._parts: dict[str, tuple[list[str], NDArray[np.float32]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(keys) for keys, _ in self._parts.values())
+
+    def replace(self, upstream: str, keys: Sequence[str], vectors: Sequence[Sequence[float]]) -> None:
+        matrix = self._unit(self._np.asarray(vectors, dtype=self._np.float32).reshape(len(keys), -1))
+        self._parts[upstream] = (list(keys), matrix)
+
+    def remove(self, upstream: str) -> None:
+        self._parts.pop(upstream, None)
+
+    def nearest(
+        self, vector: Sequence[float], limit: int, upstream: str | None, accept: Callable[[str], bool] | None
+    ) -> list[tuple[str, float, float]]:
+        """The ``limit`` nearest tools: (key, cosine, how far it stands out of the crowd, 0..1)."""
+        parts = [p for u, p in self._parts.items() if upstream is None or u == upstream]
+        if not parts:
+            return []
+        np = self._np
+        keys = [k for part_keys, _ in parts for k in part_keys]
+        matrix = np.vstack([m for _, m in parts])
+        query = self._unit(np.asarray(vector, dtype=np.float32).reshape(1, -1))
+        if query.shape[1] != matrix.shape[1]:
+            return []
+        similar = matrix @ query[0]
+        spread = float(similar.std()) or 1.0
+        mean = float(similar.mean())
+        found: list[tuple[str, float, float]] = []
+        for i in np.argsort(-similar):
+            if accept is None or accept(keys[i]):
+                z = (float(similar[i]) - mean) / spread
+                found.append((keys[i], float(similar[i]), min(1.0, max(0.0, (z - _Z_WEAK) / _Z_SPAN))))
+                if len(found) == limit:
+                    break
+        return found
+
+    def _unit(self, matrix: NDArray[np.float32]) -> NDArray[np.float32]:
+        norms = self._np.linalg.norm(matrix, axis=1, keepdims=True)
+        return matrix / self._np.where(norms == 0, 1, norms)
+
+
+_Z_WEAK = 2.0
+"""A tool this many standard deviations above the query's mean similarity starts to count."""
+_Z_SPAN = 4.0
+"""And this many more make it a full match."""
