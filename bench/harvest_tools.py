@@ -315,6 +315,8 @@ def harvest_one(server: Server, work: Path) -> dict[str, Any]:
     logging.getLogger("mcp").addHandler(handler)
     try:
         tools = anyio.run(list_tools, launch_params(server, binary, work), log)
+    except Exception as exc:  # whatever a third-party server does wrong is that server's failure
+        raise HarvestError(f"{server.name} could not be listed ({exc!r}); see {log}") from exc
     finally:
         logging.getLogger("mcp").removeHandler(handler)
         handler.close()
@@ -334,15 +336,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--only", help="comma-separated server names; the others are kept from the file")
+    parser.add_argument("--only", help="comma-separated server names; the others keep their entries")
     parser.add_argument("--out", type=Path, default=OUT)
     options = parser.parse_args()
     only = set(options.only.split(",")) if options.only else None
     unknown = (only or set()) - {server.name for server in SERVERS}
     if unknown:
         parser.error(f"unknown server(s): {', '.join(sorted(unknown))}")
+    # A server not harvested this run, or whose harvest fails, keeps its entry from the file.
     kept: dict[str, dict[str, Any]] = {}
-    if only and options.out.exists():
+    if options.out.exists():
         kept = {entry["name"]: entry for entry in json.loads(options.out.read_text())["servers"]}
     logging.getLogger("mcp").propagate = False
     work = scratch_dir()
@@ -356,7 +359,8 @@ def main() -> int:
             kept[server.name] = harvest_one(server, work)
         except (HarvestError, OSError, TimeoutError) as exc:
             failed.append(server.name)
-            print(f"{server.name:16} FAILED: {exc}", file=sys.stderr)
+            previous = "its previous entry kept" if server.name in kept else "left out"
+            print(f"{server.name:16} FAILED ({previous}): {exc}", file=sys.stderr)
             continue
         count = len(kept[server.name]["tools"])
         print(f"{server.name:16} {count:4} tools  {time.monotonic() - began:5.1f}s  {slug(server)}")
