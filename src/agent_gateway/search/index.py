@@ -34,7 +34,9 @@ _COMMON = 0.1
 SYNONYM_WEIGHT = 0.5
 """How much a word the query did not use counts, against one it did."""
 COORD_BASE = 1.0
+"""Rerank: a tool covering none of the request keeps half its BM25 score, all of it, all."""
 NAME_WEIGHT = 0.2
+"""Rerank: what a tool whose name the request explains word for word gains (scores are 0..1)."""
 _FEW = 50
 """Below this many rows a term is never too common to expand with (a small index is cheap)."""
 _EXPANSIONS = 8
@@ -151,25 +153,27 @@ class ToolIndex:
                 scores[rowid] += weight * score
         matched |= {rowid for rowid, _ in related_top}
         best = self._bound(own)
-        related = set(self._related(own))
-        final = {r: self._reranked(r, s / best, own, related) for r, s in scores.items()}
+        weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
+        wanted = dict.fromkeys(self._related(own), SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
+        final = {r: self._reranked(r, s / best, weights, wanted) for r, s in scores.items()}
         ranked = sorted(final.items(), key=lambda item: (-item[1], item[0]))[:limit]
         hits = [Hit(self._rows[r].key, self._rows[r].upstream, min(1.0, score)) for r, score in ranked]
         return Results(hits, len(matched))
 
-    def _reranked(self, rowid: int, score: float, own: list[str], related: set[str]) -> float:
+    def _reranked(
+        self, rowid: int, score: float, weights: dict[str, float], wanted: dict[str, float]
+    ) -> float:
         """``score`` adjusted by how much of the request the tool covers (BM25 alone lets one
-        rare word outweigh the rest) and how much of the tool's name the request explains."""
-        held = self._terms[rowid]
-        total = sum(self._idf(t) for t in own) or 1.0
-        coord = sum(self._idf(t) for t in own if t in held) / total
-        name = self._names[rowid]
-        wanted = set(own) | related
-        explained = sum(1.0 if t in own else SYNONYM_WEIGHT for t in name if t in wanted) / (len(name) or 1)
-        return score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
+        rare word outweigh the rest) and how much of the tool's name the request explains.
 
-    def _idf(self, term: str) -> float:
-        return _idf(len(self._rows), self._df[term])
+        ``weights``: the IDF of each of the query's own terms; ``wanted``: what a name term
+        found in the query (1) or among its related terms (``SYNONYM_WEIGHT``) is worth.
+        """
+        held = self._terms[rowid]
+        coord = sum(w for t, w in weights.items() if t in held) / (sum(weights.values()) or 1.0)
+        name = self._names[rowid]
+        explained = sum(wanted.get(t, 0.0) for t in name) / (len(name) or 1)
+        return score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
 
     def _related(self, own: list[str]) -> list[str]:
         """The thesaurus's terms for ``own`` that some tool holds, rarest first, at most

@@ -1,0 +1,108 @@
+"""Dense retrieval through an OpenAI-compatible /embeddings endpoint the test runs: a request
+that shares no word with the right tool finds it, and a failing endpoint costs only the fusion."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from fastmcp import FastMCP
+from mcp import Client
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from agent_gateway.search.tools import SEARCH_TOOLS
+from tests.support import RunningGateway, running_gateway, serving, serving_upstream
+from tests.test_search_mode import found
+
+# A toy embedding model: each word stands for one of three concepts.
+CONCEPTS = {
+    **dict.fromkeys(["plant", "saplings", "orchard", "oaks", "ground", "trees", "seedlings"], 0),
+    **dict.fromkeys(["irrigate", "water", "flower", "beds", "garden", "hose", "sprinkle"], 1),
+    **dict.fromkeys(["invoice", "money", "customer", "bill", "cash"], 2),
+}
+KEY = "emb-key-0123456789"
+
+
+@dataclass
+class Endpoint:
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[str] = field(default_factory=list)
+    failing: bool = False
+
+
+def vector(text: str) -> list[float]:
+    counts = [0.0, 0.0, 0.0, 0.01]
+    for word in text.lower().replace(".", " ").replace(":", " ").split():
+        if (concept := CONCEPTS.get(word)) is not None:
+            counts[concept] += 1.0
+    return counts
+
+
+def embeddings_app(endpoint: Endpoint) -> Starlette:
+    async def embeddings(request: Request) -> JSONResponse:
+        body = await request.json()
+        endpoint.requests.append(body)
+        endpoint.authorizations.append(request.headers.get("authorization", ""))
+        if endpoint.failing:
+            return JSONResponse({"error": {"message": "overloaded"}}, 503)
+        data = [
+            {"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(body["input"])
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
+
+
+def garden_server() -> FastMCP:
+    server = FastMCP("garden")
+    server.tool(lambda: "planted", name="plant_trees", description="Plant saplings in the orchard.")
+    server.tool(lambda: "watered", name="water_garden", description="Irrigate the flower beds.")
+    server.tool(lambda: "billed", name="send_invoice", description="Bill a customer.")
+    return server
+
+
+@asynccontextmanager
+async def dense_gateway(endpoint: Endpoint) -> AsyncIterator[RunningGateway]:
+    async with serving(embeddings_app(endpoint)) as base, serving_upstream(garden_server()) as url:
+        search = {
+            "mode": "on",
+            "embeddings": {"base_url": f"{base}/v1", "model": "toy-embed", "api_key": KEY},
+        }
+        async with running_gateway({"upstreams": {"garden": {"url": url}}, "search": search}) as gw:
+            with anyio.fail_after(10):
+                while not gw.gateway.search.embedded(3):
+                    await anyio.sleep(0.01)
+            yield gw
+
+
+async def test_a_request_sharing_no_word_with_the_tool_is_found_by_its_meaning() -> None:
+    endpoint = Endpoint()
+    async with dense_gateway(endpoint) as gw, Client(gw.url) as client:
+        result = await client.call_tool(SEARCH_TOOLS, {"query": "put some young oaks in the ground"})
+        hits = found(result)
+        assert hits[0] == "garden__plant_trees"
+        assert result.structured_content["tools"][0]["score"] >= 0.25  # type: ignore[index]
+    # The catalog's texts in one batch, then the query; the configured model and key each time.
+    assert len(endpoint.requests[0]["input"]) == 3
+    assert endpoint.requests[-1]["input"] == ["put some young oaks in the ground"]
+    assert {r["model"] for r in endpoint.requests} == {"toy-embed"}
+    assert set(endpoint.authorizations) == {f"Bearer {KEY}"}
+
+
+async def test_a_failing_embeddings_endpoint_leaves_lexical_search_working() -> None:
+    endpoint = Endpoint()
+    async with dense_gateway(endpoint) as gw, Client(gw.url) as client:
+        endpoint.failing = True
+        result = await client.call_tool(SEARCH_TOOLS, {"query": "irrigate the flower beds"})
+        assert not result.is_error
+        assert found(result)[0] == "garden__water_garden"
+        # A meaning-only request now finds nothing confident, and says so, rather than failing.
+        vague = await client.call_tool(SEARCH_TOOLS, {"query": "put some young oaks in the ground"})
+        assert not vague.is_error
+        assert all(t["score"] < 0.25 for t in vague.structured_content["tools"])  # type: ignore[index]
