@@ -80,9 +80,8 @@ class MiniLM:
             encoded = self._tokenizer.encode_batch(texts[start : start + 32])
             ids = np.array([e.ids for e in encoded], dtype=np.int64)
             mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
-            (hidden,) = self._session.run(
-                None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
-            )
+            inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+            hidden = np.asarray(self._session.run(None, inputs)[0])
             pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdims=True)
             pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
             vectors += pooled.tolist()
