@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,41 @@ def test_a_short_state_key_is_rejected_without_showing_it(tmp_path: Path) -> Non
     ) as caught:
         load_config(path, {"KEY": "short-secret"})
     assert "short-secret" not in str(caught.value)
+
+
+def test_relative_paths_mean_the_config_files_directory_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "conf"
+    home.mkdir()
+    text = (
+        "upstreams:\n"
+        "  a: {command: ./bin/server, cwd: work, env: {DB: ./state/db.json, UP: ../up.txt, NAME: plain}}\n"
+        "  b: {command: npx}\n"
+        "agent: {memory: {path: .agent-gateway/c.sqlite}}\n"
+    )
+    write(home, "g.yaml", text)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(Path("conf/g.yaml"), {})
+    a, b = config.upstreams["a"], config.upstreams["b"]
+    assert a.command == str(home / "bin/server")
+    assert a.cwd == str(home / "work")
+    assert a.env == {"DB": str(home / "state/db.json"), "UP": str(tmp_path / "up.txt"), "NAME": "plain"}
+    assert (home / "state").is_dir()  # servers such as server-memory do not create it
+    assert (b.command, b.cwd) == ("npx", str(home))
+    assert config.agent.memory.path == str(home / ".agent-gateway/c.sqlite")
+
+
+def test_config_dir_names_the_config_files_directory_even_if_the_environment_sets_it(tmp_path: Path) -> None:
+    text = "upstreams:\n  a: {command: node, args: ['${CONFIG_DIR}/server.js']}\n"
+    config = load_config(write(tmp_path, "g.yaml", text), {"CONFIG_DIR": "/elsewhere"})
+    assert config.upstreams["a"].args == (f"{tmp_path.resolve()}/server.js",)
+
+
+@pytest.mark.parametrize("name", ["python", "python3"])
+def test_python_as_a_command_is_the_gateways_own_interpreter(name: str) -> None:
+    config = parse_config(
+        {"upstreams": {"a": {"command": name}, "b": {"command": "/usr/bin/python3"}}}, {}, source="s"
+    )
+    assert config.upstreams["a"].command == sys.executable
+    assert config.upstreams["b"].command == "/usr/bin/python3"
