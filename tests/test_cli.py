@@ -150,3 +150,18 @@ def test_http_client_libraries_log_each_request_only_at_debug(
     finally:
         for logger, level in zip(chatty, before, strict=True):
             logger.setLevel(level)
+
+
+def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = tmp_path / "started"
+    witness = {"command": sys.executable, "args": ["-c", f"open({str(started)!r}, 'w')"]}
+    with free_socket() as taken:
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write_config(tmp_path, {"witness": witness}, port=port)
+        assert main(["serve", "-c", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
+    assert not started.exists()
+

@@ -6,25 +6,23 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
-import uvicorn
 
 from agent_gateway import runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
-from agent_gateway.errors import ConfigError
+from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.http import build_app
 from agent_gateway.logs import JsonFormatter, TraceIds
 from agent_gateway.server import Gateway
+from agent_gateway.serving import serve
 
 logger = logging.getLogger("agent_gateway")
 
@@ -38,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, os.environ)
         handler.setFormatter(_log_handler(config.telemetry.log_format).formatter)
         return int(args.run(args, config))
-    except ConfigError as exc:
+    except (ConfigError, CannotServe) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -119,54 +117,9 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
     overrides = {k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
     config = with_server(config, f"{args.config} (with the command line's options)", **overrides)
-    runner = _serve_stdio if config.server.transport == "stdio" else _serve_http
     with _telemetry(config):
-        runtime.run(runner, Gateway(config))
+        serve(Gateway(config))
     return 0
-
-
-async def _serve_stdio(gateway: Gateway) -> None:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_on_signal, tg.cancel_scope.cancel)
-        async with gateway.running():
-            runtime.settle_heap()
-            await gateway.server.run_stdio_async(show_banner=False)
-        tg.cancel_scope.cancel()
-
-
-async def _on_signal(stop: Callable[[], None]) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            logger.info("received %s, shutting down", signal.Signals(signum).name)
-            stop()
-            return
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: it re-raises the signal after shutdown,
-    which would kill the process before the gateway has closed its upstreams."""
-
-    @contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-async def _serve_http(gateway: Gateway) -> None:
-    server = gateway.config.server
-    config = uvicorn.Config(
-        build_app(gateway), host=server.host, port=server.port, log_level="warning", lifespan="on"
-    )
-    http = _Uvicorn(config)
-
-    def stop() -> None:
-        http.should_exit = True
-
-    async with gateway.running(), anyio.create_task_group() as tg:
-        tg.start_soon(_on_signal, stop)
-        logger.info("serving on http://%s:%d%s", server.host, server.port, server.path)
-        runtime.settle_heap()
-        await http.serve()
-        tg.cancel_scope.cancel()
 
 
 def _tools(args: argparse.Namespace, config: GatewayConfig) -> int:
