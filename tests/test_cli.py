@@ -36,7 +36,7 @@ def test_check_prints_a_summary_and_exits_zero_for_a_valid_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_config(tmp_path, {"counter": counter(), "remote": {"url": "http://127.0.0.1:1/mcp"}})
-    assert main(["check", "-c", str(path)]) == 0
+    assert main(["check", "--offline", "-c", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{path}: valid" in out
     assert "upstream counter: stdio" in out
@@ -145,7 +145,7 @@ def test_http_client_libraries_log_each_request_only_at_debug(
     chatty = [logging.getLogger(name) for name in runtime.CHATTY_LOGGERS]
     before = [logger.level for logger in chatty]
     try:
-        assert main(["--log-level", flag, "check", "-c", str(path)]) == 0
+        assert main(["--log-level", flag, "check", "--offline", "-c", str(path)]) == 0
         assert [logger.level for logger in chatty] == [expected] * len(chatty)
     finally:
         for logger, level in zip(chatty, before, strict=True):
@@ -165,3 +165,39 @@ def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
     assert capsys.readouterr().err == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
     assert not started.exists()
 
+
+def test_check_starts_the_upstreams_and_reports_a_name_collision_as_serve_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"a": {**counter(), "prefix": False}, "b": {**counter(), "prefix": False}})
+    assert main(["--log-level", "error", "check", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "tool name 'increment' is produced by both upstream 'a'" in err
+
+
+def test_check_reports_each_upstream_up_with_its_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"counter": counter()})
+    assert main(["--log-level", "error", "check", "-c", str(path)]) == 0
+    assert "upstream counter: up, 4 tools" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_check_names_a_missing_command_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offline: bool
+) -> None:
+    path = write_config(tmp_path, {"counter": counter(), "ghost": {"command": "no-such-mcp-server"}})
+    flags = ["--offline"] if offline else []
+    assert main(["--log-level", "error", "check", *flags, "-c", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "error: upstream ghost: command 'no-such-mcp-server' not found on PATH\n" in err
+
+
+def test_a_missing_command_is_named_in_the_upstreams_state_and_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_config(tmp_path, {"ghost": {"command": "no-such-mcp-server"}})
+    assert main(["tools", "-c", str(path)]) == 1
+    assert "last error: command 'no-such-mcp-server' not found on PATH" in capsys.readouterr().out
+    assert "upstream ghost is down: command 'no-such-mcp-server' not found on PATH" in caplog.text

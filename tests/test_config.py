@@ -73,7 +73,7 @@ def test_several_problems_are_reported_together() -> None:
 
 
 def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"g\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"g\.yaml: line 2, column 1: not valid YAML"):
         load_config(write(tmp_path, "g.yaml", "upstreams: [unclosed\n"), {})
 
 
@@ -156,3 +156,34 @@ def test_python_as_a_command_is_the_gateways_own_interpreter(name: str) -> None:
     )
     assert config.upstreams["a"].command == sys.executable
     assert config.upstreams["b"].command == "/usr/bin/python3"
+
+
+def test_a_repeated_yaml_key_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    text = "upstreams:\n  memory: {command: a}\n  notes: {command: b}\n  memory: {command: c}\n"
+    with pytest.raises(ConfigError, match=r"^.*g\.yaml: line 4: duplicate key 'memory' \(first at line 2\)$"):
+        load_config(write(tmp_path, "g.yaml", text), {})
+
+
+def test_a_yaml_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    text = "base: &base {command: a, timeout: 5}\nupstreams:\n  x: {<<: *base, timeout: 9}\n"
+    with pytest.raises(ConfigError, match="unknown key 'base'"):  # parsed; only the extra key is wrong
+        load_config(write(tmp_path, "g.yaml", text), {})
+
+
+def test_a_repeated_json_key_is_an_error(tmp_path: Path) -> None:
+    text = '{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}'
+    with pytest.raises(ConfigError, match=r"claude\.json: duplicate key 'a'"):
+        load_config(write(tmp_path, "claude.json", text), {})
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n"])
+def test_an_empty_file_names_the_file_and_line(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match=r"g\.yaml: line 1: the file is empty"):
+        load_config(write(tmp_path, "g.yaml", text), {})
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, "g.yaml", "server:\n  port: 1\n upstreams: {}\n"), {})
+    assert "\n" not in str(caught.value)
+    assert "g.yaml: line 3, column 2: not valid YAML:" in str(caught.value)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from collections import Counter
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -23,6 +24,7 @@ from agent_gateway.exporters import install
 from agent_gateway.logs import JsonFormatter, TraceIds
 from agent_gateway.server import Gateway
 from agent_gateway.serving import serve
+from agent_gateway.upstreams.environment import command_problem
 
 logger = logging.getLogger("agent_gateway")
 
@@ -76,8 +78,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="overrides server.port")
     serve.set_defaults(run=_serve)
 
-    check = commands.add_parser("check", help="validate a configuration file and print a summary")
+    check = commands.add_parser(
+        "check", help="validate a configuration file, start its upstreams and report what serve would refuse"
+    )
     _config_arg(check)
+    check.add_argument(
+        "--offline", action="store_true", help="only validate the file (and look for stdio commands)"
+    )
     check.set_defaults(run=_check)
 
     tools = commands.add_parser("tools", help="connect to every upstream, print the catalog, exit")
@@ -111,7 +118,28 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
         target = upstream.url or " ".join([upstream.command or "", *upstream.args])
         state = "" if upstream.enabled else " (disabled)"
         print(f"  upstream {name}: {upstream.kind} {target}{state}")
-    return 0
+    if args.offline:
+        found = ((n, command_problem(u)) for n, u in config.active_upstreams.items())
+        return _problems([f"upstream {name}: {problem}" for name, problem in found if problem])
+    return anyio.run(_check_connected, Gateway(config))
+
+
+async def _check_connected(gateway: Gateway) -> int:
+    """Start every upstream as serve would: collisions raise ConfigError; the rest is reported."""
+    async with gateway.running():
+        statuses = gateway.pool.statuses()
+        tools = Counter(origin.upstream for origin in gateway.catalog.snapshot.tools.values())
+    for status in statuses:
+        if status.serving:
+            print(f"  upstream {status.name}: up, {tools[status.name]} tools")
+    down = [f"upstream {s.name}: {s.last_error or s.state}" for s in statuses if not s.serving]
+    return _problems(down + [f"upstream {name}: {text}" for name, text in gateway.catalog.problems.items()])
+
+
+def _problems(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:

@@ -5,17 +5,16 @@ file, the field path and the reason. The models themselves are in ``config``.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from agent_gateway.config import FieldProblem, GatewayConfig
 from agent_gateway.config_paths import resolved
+from agent_gateway.config_syntax import parse_text
 from agent_gateway.errors import ConfigError
 
 _VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -76,12 +75,7 @@ def _read(path: Path) -> object:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
-        ) from None
+    return parse_text(path, text)
 
 
 def _from_mcp_servers(raw: dict[str, Any]) -> dict[str, Any]:

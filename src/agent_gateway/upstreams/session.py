@@ -27,7 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.errors import CommandNotFound, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, upstream_call
 from agent_gateway.upstreams.downstream import Downstream
 from agent_gateway.upstreams.guard import Guard
@@ -375,4 +375,4 @@ def describe(exc: BaseException) -> str:
         # The request URL may carry credentials; name the kind of failure only.
         return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
     text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, UpstreamUnavailable) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, UpstreamUnavailable | CommandNotFound) else f"{type(exc).__name__}: {text}"
