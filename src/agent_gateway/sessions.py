@@ -26,6 +26,7 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from agent_gateway import access
 from agent_gateway.telemetry import sessions_active
 
 logger = logging.getLogger(__name__)
@@ -80,6 +81,10 @@ class DownstreamSession:
     """Ids of the upstream sessions this session has used (for the mapping in logs)."""
     conversation: str = field(default_factory=lambda: f"session-{uuid.uuid4().hex}")
     """The agent's default thread for this session: random, since upstreams see ``id``."""
+    client: str = access.ANONYMOUS
+    """Who opened it: the token name or JWT subject (for the status page)."""
+    software: str | None = None
+    """What the client says it is (``clientInfo.name``), when it says."""
 
     # -- the Downstream protocol, at session level (no request in flight) ---------------------
 
@@ -223,6 +228,8 @@ class SessionRegistry(Middleware):
             request.session.client_capabilities,
         )
         connection.state[STATE_KEY] = session
+        if (info := connection.client_params) is not None:
+            session.software = info.client_info.name[:64]
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)
         return session
@@ -232,6 +239,8 @@ class SessionRegistry(Middleware):
     ) -> DownstreamSession:
         transport = "stdio" if connection is not None and connection.session_id is None else "http"
         session = DownstreamSession(sid, era, transport, connection, capabilities=caps)
+        if (principal := access.current()) is not None:
+            session.client = principal.subject
         self.live[sid] = session
         self.opened += 1
         sessions_active.add(1, {"mcp.era": era})

@@ -28,6 +28,7 @@ from langgraph.types import Command
 from langsmith import tracing_context
 
 from agent_gateway import access
+from agent_gateway.activity import Activity, RunStatus
 from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker
 from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.graph import (
@@ -40,7 +41,7 @@ from agent_gateway.agent.graph import (
 )
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
-from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
+from agent_gateway.agent.reporting import ClientObserver, LogObserver, RecordedObserver, RunObserver
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.toolbox import Toolbox, build_toolbox, system_prompt
@@ -91,10 +92,17 @@ class AgentRunner:
     """Runs the agent for any number of concurrent callers. Use ``async with runner.running():``."""
 
     def __init__(
-        self, config: AgentConfig, catalog: Catalog, proxy: Proxy, chat_model: BaseChatModel | None = None
+        self,
+        config: AgentConfig,
+        catalog: Catalog,
+        proxy: Proxy,
+        chat_model: BaseChatModel | None = None,
+        activity: Activity | None = None,
     ) -> None:
-        """Raises ``ConfigError`` when the configured model provider refuses its settings."""
+        """Raises ``ConfigError`` when the configured model provider refuses its settings;
+        ``activity`` keeps each run and its steps as they happen (for the status page)."""
         self.config = config
+        self._activity = activity
         self._catalog = catalog
         self._proxy = proxy
         self._models = ModelSource(config.model, chat_model)
@@ -153,6 +161,8 @@ class AgentRunner:
         record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
+        kept = self._activity.run_started(run_id, thread, _client()) if self._activity else None
+        report = RecordedObserver(kept, report) if kept else report
         token = secrets.token_urlsafe(16)
         with agent_span(self.config.name, run_id, thread) as span:
             logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
@@ -167,6 +177,8 @@ class AgentRunner:
                     outcome = await self._on_thread(graph, context, record, request, resumed, token)
                     await self._conversations.compact(thread)
             agent_finished(span, _status(outcome), outcome.error)
+        if kept is not None:
+            kept.finish(_status(outcome), outcome.record["error"])
         _log_end(outcome)
         return outcome
 
@@ -368,18 +380,24 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def _status(outcome: RunOutcome) -> str:
+def _status(outcome: RunOutcome) -> RunStatus:
     return "failed" if outcome.error else "paused" if outcome.pending else "answered"
+
+
+def _client() -> str:
+    client = access.current()
+    return client.subject if client is not None else "local"
 
 
 def _log_end(outcome: RunOutcome) -> None:
     record = outcome.record
     logger.info(
-        "agent run %s %s: %d steps, %d tool calls, %d+%d tokens",
+        "agent run %s %s: %d steps, %d tool calls, %d+%d tokens%s",
         record["run_id"],
         _status(outcome),
         record["steps"],
         len(record["tool_calls"]),
         record["usage"]["input_tokens"],
         record["usage"]["output_tokens"],
+        f": {record['error']}" if record["error"] else "",
     )

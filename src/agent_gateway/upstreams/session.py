@@ -278,13 +278,26 @@ class UpstreamSession:
             return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
-        """Apply a log level upstream (handshake era; modern upstreams take it per request)."""
-        if self.modern:
+        """Apply a log level upstream (handshake era; modern upstreams take it per request).
+
+        Not sent to an upstream that did not declare logging, nor again to one that answered
+        Method not found: it is optional, and a warning per client would be noise.
+        """
+        client = self._client
+        if self.modern or client is None or client.server_capabilities.logging is None:
+            return
+        if "logging/setLevel" in self.guard.unimplemented:
             return
         request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
-        with self._calling(None, "logging/setLevel") as client:
-            # The request itself, not the deprecated helper: the era makes it current here.
-            await client.session.send_request(request, types.EmptyResult)
+        try:
+            with self._calling(None, "logging/setLevel") as client:
+                # The request itself, not the deprecated helper: the era makes it current here.
+                await client.session.send_request(request, types.EmptyResult)
+        except UpstreamRejected as exc:
+            if exc.code != types.METHOD_NOT_FOUND:
+                raise
+            self.guard.unimplemented.add("logging/setLevel")
+            logger.info("upstream %s does not implement logging/setLevel: not sent again", self.name)
 
     def _meta(self, caller: Downstream | None) -> dict[str, Any] | None:
         if caller is None:
