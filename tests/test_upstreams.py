@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -15,7 +17,8 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
 
-from tests.support import free_socket, python_upstream, running_gateway, serving_upstream
+from agent_gateway.upstreams.connection import describe_target
+from tests.support import config_of, free_socket, python_upstream, running_gateway, serving_upstream
 
 
 def gated_server(gate: anyio.Event) -> FastMCP:
@@ -207,3 +210,25 @@ async def test_stdio_children_are_reaped_when_the_gateway_stops() -> None:
         pid = int(text_of(await client.call_tool("counter__pid", {})))
         assert pid_alive(pid)
     await wait_until(lambda: not pid_alive(pid), 10)
+
+
+async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams")
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with running_gateway(config):
+        pass
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.upstreams.connection"]
+    starting = next(i for i, line in enumerate(lines) if line.startswith("starting counter ("))
+    assert "counter.py)" in lines[starting]
+    ready = [line for line in lines[starting:] if line.startswith("counter ready: ")]
+    assert len(ready) == 1
+    assert re.fullmatch(
+        r"counter ready: 4 tools, 0 prompts, 0 resources in \d+\.\d s \(protocol .+\)", ready[0]
+    )
+
+
+def test_an_upstreams_url_is_logged_without_credentials_or_query() -> None:
+    config = config_of({"upstreams": {"s": {"url": "https://user:pw@example.com:8443/mcp?api_key=k"}}})
+    assert describe_target(config.upstreams["s"]) == "https://example.com:8443/mcp"
