@@ -187,3 +187,17 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_line(tmp_path: Path) -> None
         load_config(write(tmp_path, "g.yaml", "server:\n  port: 1\n upstreams: {}\n"), {})
     assert "\n" not in str(caught.value)
     assert "g.yaml: line 3, column 2: not valid YAML:" in str(caught.value)
+
+
+def test_env_passthrough_takes_names_and_globs_and_the_top_level_reaches_every_upstream() -> None:
+    config = parse_config(
+        {
+            "env_passthrough": ["AWS_*"],
+            "upstreams": {"a": {"command": "x", "env_passthrough": ["KUBECONFIG"]}},
+        },
+        {},
+        source="s",
+    )
+    assert config.upstreams["a"].env_passthrough == ("AWS_*", "KUBECONFIG")
+    with pytest.raises(ConfigError, match=r"upstreams\.a\.env_passthrough\.0: String should match pattern"):
+        parse_config({"upstreams": {"a": {"command": "x", "env_passthrough": ["A B"]}}}, {}, source="s")

@@ -232,3 +232,38 @@ async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(
 def test_an_upstreams_url_is_logged_without_credentials_or_query() -> None:
     config = config_of({"upstreams": {"s": {"url": "https://user:pw@example.com:8443/mcp?api_key=k"}}})
     assert describe_target(config.upstreams["s"]) == "https://example.com:8443/mcp"
+
+
+async def test_a_stdio_upstream_gets_proxy_ca_and_npm_settings_and_what_passthrough_names_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given = {
+        "HTTPS_PROXY": "http://proxy.example:3128",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "NODE_EXTRA_CA_CERTS": "/etc/ssl/corporate.pem",
+        "npm_config_registry": "https://npm.example/",
+        "TEAM_REGION": "eu",
+        "EXTRA_ONE": "1",
+        "UNRELATED_SECRET": "s3cret",
+    }
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    config = {
+        "env_passthrough": ["TEAM_*"],
+        "upstreams": {"env": python_upstream("environ.py", env_passthrough=["EXTRA_ONE"], env={"OWN": "x"})},
+    }
+    async with running_gateway(config) as gw, Client(gw.url, mode="legacy") as client:
+        result = await client.call_tool("env__environment", {})
+    seen = result.structured_content
+    assert seen is not None
+    for name in (
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "NODE_EXTRA_CA_CERTS",
+        "npm_config_registry",
+        "TEAM_REGION",
+        "EXTRA_ONE",
+    ):
+        assert seen.get(name) == given[name], name
+    assert seen["OWN"] == "x"
+    assert "UNRELATED_SECRET" not in seen

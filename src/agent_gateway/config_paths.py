@@ -12,7 +12,9 @@ minimal ``PATH``; a file that meant ``.agent-gateway/memory.jsonl`` next to itse
 - ``command: python`` or ``python3`` is the gateway's own interpreter (``sys.executable``),
   unless a path is given.
 
-A configuration built from data (no file) keeps its paths as they are.
+A configuration built from data (no file) keeps its paths as they are. The top-level
+``env_passthrough`` is folded into each upstream's here too, so an upstream's config says
+everything about its process.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ _RELATIVE = ("./", "../")
 def resolved(config: GatewayConfig, base: Path | None) -> GatewayConfig:
     """``config`` with its interpreter names replaced and, when it came from a file in
     ``base``, its relative paths made absolute against ``base``."""
-    upstreams = {name: _upstream(upstream, base) for name, upstream in config.upstreams.items()}
+    upstreams = {
+        name: _upstream(_inheriting(upstream, config.env_passthrough), base)
+        for name, upstream in config.upstreams.items()
+    }
     update: dict[str, object] = {"upstreams": upstreams}
     memory = config.agent.memory
     if base is not None and not Path(memory.path).is_absolute():
@@ -48,6 +53,13 @@ def _upstream(upstream: UpstreamConfig, base: Path | None) -> UpstreamConfig:
         update["cwd"] = str(base / upstream.cwd) if upstream.cwd else str(base)
         update["env"] = {key: _env_value(value, base) for key, value in upstream.env.items()}
     return upstream.model_copy(update=update)
+
+
+def _inheriting(upstream: UpstreamConfig, names: tuple[str, ...]) -> UpstreamConfig:
+    if not names:
+        return upstream
+    merged = tuple(dict.fromkeys((*names, *upstream.env_passthrough)))
+    return upstream.model_copy(update={"env_passthrough": merged})
 
 
 def _command(command: str, base: Path | None) -> str:

@@ -1,4 +1,12 @@
-"""What a stdio upstream's process is started with: its command, found as the OS would find it.
+"""What a stdio upstream's process is started with: its environment, and its command, found
+as the OS would find it.
+
+The environment is not the gateway's whole environment (which may hold any secret), but:
+the SDK's safe variables (``HOME``, ``PATH``, ``USER``, …), the proxy and CA settings, without
+which ``npx``'s first download fails behind a proxy (``HTTP(S)_PROXY``, ``NO_PROXY``,
+``ALL_PROXY`` in either case, ``NODE_EXTRA_CA_CERTS``, ``SSL_CERT_FILE``, ``SSL_CERT_DIR``,
+``REQUESTS_CA_BUNDLE``, ``CURL_CA_BUNDLE``), npm's own settings (``npm_config_*``), the
+names the config's ``env_passthrough`` adds, then the upstream's ``env``.
 
 A command that is not there is named in the error (``command 'no-such-mcp-server' not found on
 PATH``), not left to the OS's ``[Errno 2] No such file or directory``, which names nothing.
@@ -6,6 +14,7 @@ PATH``), not left to the OS's ``[Errno 2] No such file or directory``, which nam
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 from collections.abc import Mapping
@@ -16,10 +25,31 @@ from mcp.client.stdio import get_default_environment
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import CommandNotFound
 
+_NETWORK = frozenset(
+    {
+        *(f"{name}_PROXY" for name in ("HTTP", "HTTPS", "NO", "ALL")),
+        *(f"{name}_proxy" for name in ("http", "https", "no", "all")),
+        "NODE_EXTRA_CA_CERTS",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+    }
+)
+_PASSED = ("npm_config_*", "NPM_CONFIG_*")
 
-def child_environment(config: UpstreamConfig) -> dict[str, str]:
-    """The environment a stdio upstream's process gets: the SDK's safe variables, then its ``env``."""
-    return {**get_default_environment(), **config.env}
+
+def child_environment(config: UpstreamConfig, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment a stdio upstream's process gets, from ``environ`` (the gateway's own)."""
+    environ = os.environ if environ is None else environ
+    patterns = (*_PASSED, *config.env_passthrough)
+    inherited = {
+        name: value
+        for name, value in environ.items()
+        if (name in _NETWORK or any(fnmatch.fnmatchcase(name, p) for p in patterns))
+        and not value.startswith("()")  # a shell function, as the SDK skips them
+    }
+    return {**get_default_environment(), **inherited, **config.env}
 
 
 def command_problem(config: UpstreamConfig) -> str | None:
