@@ -30,7 +30,7 @@ logger = logging.getLogger("agent_gateway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_arguments(argv)
     handler = _log_handler("text")
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     runtime.quiet_libraries(logging.getLevelNamesMapping()[args.log_level.upper()])
@@ -64,6 +64,11 @@ def _telemetry(config: GatewayConfig) -> Generator[None, None, None]:
         yield
     finally:
         installed.shutdown()
+
+
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line as ``main`` reads it (argparse exits on a bad one)."""
+    return _parser().parse_args(argv)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,9 +147,19 @@ def _problems(problems: list[str]) -> int:
     return 1 if problems else 0
 
 
-def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
+def serve_config(args: argparse.Namespace, config: GatewayConfig) -> GatewayConfig:
+    """What ``serve`` runs: the file's configuration with the command line's options, checked
+    as the file is (so ``--host 0.0.0.0`` meets the auth check too).
+
+    Raises:
+        ConfigError: the result is refused.
+    """
     overrides = {k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
-    config = with_server(config, f"{args.config} (with the command line's options)", **overrides)
+    return with_server(config, f"{args.config} (with the command line's options)", **overrides)
+
+
+def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
+    config = serve_config(args, config)
     with _telemetry(config):
         serve(Gateway(config))
     return 0
