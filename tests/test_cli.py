@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -17,9 +18,10 @@ import pytest
 import yaml
 from mcp import Client
 
+import agent_gateway
 from agent_gateway import runtime
 from agent_gateway.cli import main
-from tests.support import SERVERS, free_socket, gateway_env
+from tests.support import SERVERS, free_socket, gateway_env, running_gateway
 
 
 def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
@@ -201,3 +203,19 @@ def test_a_missing_command_is_named_in_the_upstreams_state_and_log(
     assert main(["tools", "-c", str(path)]) == 1
     assert "last error: command 'no-such-mcp-server' not found on PATH" in capsys.readouterr().out
     assert "upstream ghost is down: command 'no-such-mcp-server' not found on PATH" in caplog.text
+
+
+def test_version_is_the_gateways_own(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"agent-gateway {agent_gateway.__version__}\n"
+    assert agent_gateway.__version__ == importlib.metadata.version("agent-gateway")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_clients_are_told_the_gateways_name_and_version_not_fastmcps(mode: str) -> None:
+    async with running_gateway({"upstreams": {}}) as gw, Client(gw.url, mode=mode) as client:
+        info = client.server_info
+    assert info is not None
+    assert (info.name, info.version) == ("agent-gateway", agent_gateway.__version__)

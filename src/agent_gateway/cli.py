@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 
-from agent_gateway import runtime
+from agent_gateway import __version__, runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.config import GatewayConfig
@@ -74,6 +74,7 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-gateway", description="One MCP endpoint in front of many.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--version", action="version", version=f"agent-gateway {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve the federated catalog over stdio or HTTP")

@@ -17,7 +17,7 @@ from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
-from agent_gateway import runtime
+from agent_gateway import __version__, runtime
 from agent_gateway.access import AccessControl, AccessMiddleware, build_auth
 from agent_gateway.activity import Activity
 from agent_gateway.agent.runner import AgentRunner
@@ -76,6 +76,7 @@ class Gateway:
             providers.append(AgentProvider(self.agent, self.catalog))
         self.server = FastMCP(
             config.server.name,
+            version=__version__,  # serverInfo names the gateway, not the FastMCP it is built on
             instructions=config.server.instructions,
             providers=providers,
             middleware=[self.sessions],

@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from agent_gateway import __version__
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import CommandNotFound, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, upstream_call
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 SESSION_META_KEY = "io.agent-gateway/session-id"
 """The ``_meta`` key carrying the downstream session id to upstreams."""
 
-CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
+CLIENT_INFO = types.Implementation(name="agent-gateway", version=__version__)
 
 T = TypeVar("T")
 
