@@ -161,6 +161,8 @@ class ServerConfig(_Strict):
     """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error.
     At most 4 MiB: the mcp SDK's Streamable HTTP transport refuses more (with a bare 413),
     and FastMCP offers no way to raise its limit."""
+    ui: bool = True
+    """Serve the status page at ``GET /`` (HTTP; behind the same auth as ``/status``)."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
     """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
     first seals, every one unseals (rotation). None: a random key per process, so a paused

@@ -173,6 +173,12 @@ def result_type(request: types.InputRequest) -> type[types.InputResponse]:
     return types.ListRootsResult
 
 
+def _software(connection: Connection) -> str | None:
+    """What the client says it is (``clientInfo.name``, cut), once it has said."""
+    params = connection.client_params
+    return params.client_info.name[:64] if params is not None else None
+
+
 SessionHook = Callable[[DownstreamSession], Awaitable[None]]
 
 
@@ -220,6 +226,8 @@ class SessionRegistry(Middleware):
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed
                 known.capabilities = request.session.client_capabilities
+            if known.software is None:  # likewise
+                known.software = _software(connection)
             return known
         session = self._open(
             connection.session_id or uuid.uuid4().hex,
@@ -228,8 +236,7 @@ class SessionRegistry(Middleware):
             request.session.client_capabilities,
         )
         connection.state[STATE_KEY] = session
-        if (info := connection.client_params) is not None:
-            session.software = info.client_info.name[:64]
+        session.software = _software(connection)
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)
         return session
