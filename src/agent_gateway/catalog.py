@@ -7,7 +7,7 @@ each upstream's latest ``Listing`` whenever one changes, then tells its listener
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -237,8 +237,28 @@ class Catalog:
         logger.info("upstream %s is down: its part of the catalog is hidden until it is back", upstream)
         await self._publish(build_snapshot(self._config, self._listings, self.snapshot.version + 1))
 
+    async def reconfigure(self, config: GatewayConfig, dropped: Iterable[str]) -> None:
+        """Take a reloaded configuration: forget the listings of ``dropped`` upstreams (removed,
+        or restarted with a new configuration), rebuild under the new names, notify.
+
+        Raises:
+            ConfigError: the new names collide; nothing was changed.
+        """
+        gone = set(dropped)
+        listings = {n: li for n, li in self._listings.items() if n not in gone and n in config.upstreams}
+        try:
+            snapshot = build_snapshot(config, listings, self.snapshot.version + 1)
+        except NameCollision as exc:
+            raise ConfigError(f"catalog: {exc}") from None
+        self._config, self._listings = config, listings
+        for name in gone:
+            self.problems.pop(name, None)
+        await self._publish(snapshot)
+
     async def update(self, upstream: str, listing: Listing) -> None:
         """Take ``upstream``'s new listing; after start-up, rebuild and notify listeners."""
+        if upstream not in self._config.upstreams:
+            return  # a late listing from an upstream a reload removed
         previous = self._listings.get(upstream)
         self._listings[upstream] = listing
         if not self._live:

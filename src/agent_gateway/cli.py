@@ -10,6 +10,7 @@ import sys
 from collections import Counter
 from collections.abc import Generator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -22,8 +23,9 @@ from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
 from agent_gateway.logs import JsonFormatter, TraceIds
+from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
-from agent_gateway.serving import serve
+from agent_gateway.serving import Reloading, serve
 from agent_gateway.upstreams.environment import command_problem
 
 logger = logging.getLogger("agent_gateway")
@@ -82,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "http"], help="overrides server.transport")
     serve.add_argument("--host", help="overrides server.host")
     serve.add_argument("--port", type=int, help="overrides server.port")
+    serve.add_argument(
+        "--watch",
+        action="store_true",
+        help="reload the configuration when the file changes (SIGHUP always does)",
+    )
     serve.set_defaults(run=_serve)
 
     check = commands.add_parser(
@@ -162,7 +169,11 @@ def serve_config(args: argparse.Namespace, config: GatewayConfig) -> GatewayConf
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
     config = serve_config(args, config)
     with _telemetry(config):
-        serve(Gateway(config))
+        gateway = Gateway(config)
+        reloader = Reloader(
+            gateway, lambda: serve_config(args, load_config(args.config, os.environ)), args.config
+        )
+        serve(gateway, Reloading(reloader, Path(args.config) if args.watch else None))
     return 0
 
 

@@ -1,5 +1,6 @@
 """``agent-gateway serve``'s process: listen first, then start the upstreams, serve over HTTP
-or stdio, and stop on SIGINT/SIGTERM.
+or stdio, reload the configuration on SIGHUP (and file changes with ``--watch``), and stop
+on SIGINT/SIGTERM.
 
 The HTTP address is bound before any upstream is started, so a taken port is one line
 (``cannot listen on 127.0.0.1:8000: address already in use``) and not a process tree started
@@ -15,6 +16,8 @@ import signal
 import socket
 from collections.abc import Callable, Generator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import uvicorn
@@ -22,6 +25,7 @@ import uvicorn
 from agent_gateway import runtime
 from agent_gateway.errors import CannotServe
 from agent_gateway.http import build_app
+from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 
 logger = logging.getLogger("agent_gateway")
@@ -56,7 +60,23 @@ def _reason(exc: OSError) -> str:
     return os.strerror(exc.errno).lower() if exc.errno != errno.EADDRINUSE else "address already in use"
 
 
-def serve(gateway: Gateway) -> None:
+@dataclass(frozen=True)
+class Reloading:
+    """How a served gateway takes a new configuration: SIGHUP always, file changes if ``watch``."""
+
+    reloader: Reloader
+    watch: Path | None = None
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.watch is not None:
+                tg.start_soon(self.reloader.watch, self.watch)
+            with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
+                async for _ in hangups:
+                    await self.reloader.reload()
+
+
+def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
     """Serve ``gateway`` over its configured transport until a signal or end of input.
 
     Raises:
@@ -64,21 +84,24 @@ def serve(gateway: Gateway) -> None:
     """
     server = gateway.config.server
     if server.transport == "stdio":
-        runtime.run(_serve_stdio, gateway)
+        runtime.run(_serve_stdio, gateway, reloading)
         return
     sock = listening_socket(server.host, server.port)
     try:
-        runtime.run(_serve_http, gateway, sock)
+        runtime.run(_serve_http, gateway, sock, reloading)
     finally:
         sock.close()
 
 
-async def _serve_stdio(gateway: Gateway) -> None:
+async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, tg.cancel_scope.cancel)
-        async with gateway.running():
+        async with gateway.running(), anyio.create_task_group() as serving:
+            if reloading is not None:
+                serving.start_soon(reloading.run)
             runtime.settle_heap()
             await gateway.server.run_stdio_async(show_banner=False)
+            serving.cancel_scope.cancel()
         tg.cancel_scope.cancel()
 
 
@@ -99,7 +122,7 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-async def _serve_http(gateway: Gateway, sock: socket.socket) -> None:
+async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloading | None) -> None:
     server = gateway.config.server
     config = uvicorn.Config(build_app(gateway), log_level="warning", lifespan="on")
     http = _Uvicorn(config)
@@ -109,6 +132,8 @@ async def _serve_http(gateway: Gateway, sock: socket.socket) -> None:
 
     async with gateway.running(), anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, stop)
+        if reloading is not None:
+            tg.start_soon(reloading.run)
         host, port = sock.getsockname()[:2]
         logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
         runtime.settle_heap()
