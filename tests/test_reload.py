@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from agent_gateway.http import build_app
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 from tests.support import RunningGateway, free_socket, gateway_env, python_upstream, serving
+from tests.test_upstreams import pid_alive
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 BOUND = 30.0
@@ -53,14 +53,6 @@ async def from_file(path: Path) -> AsyncIterator[tuple[RunningGateway, Reloader]
     async with gateway.running(), serving(build_app(gateway)) as base:
         gw = RunningGateway(gateway, f"{base}/mcp", base)
         yield gw, Reloader(gateway, lambda: load_config(path, {}), str(path))
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_rest_go_on(
@@ -105,8 +97,8 @@ async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_
         assert text_of(await client.call_tool("keep__increment", {})) == "2"
         assert int(text_of(await client.call_tool("change__pid", {}))) != changed_pid
         assert not text_of(await client.call_tool("add__increment", {})).startswith("Unknown")
-        assert not alive(dropped_pid)
-        assert not alive(changed_pid)
+        assert not pid_alive(dropped_pid)
+        assert not pid_alive(changed_pid)
         assert list(gw.gateway.sessions.live) == [session]
         assert gw.gateway.pool.get("keep").connections == 1
         dropped = await client.call_tool("drop__pid", {})

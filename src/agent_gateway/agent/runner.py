@@ -99,10 +99,9 @@ class AgentRunner:
         chat_model: BaseChatModel | None = None,
         activity: Activity | None = None,
     ) -> None:
-        """Raises ``ConfigError`` when the configured model provider refuses its settings;
-        ``activity`` keeps each run and its steps as they happen (for the status page)."""
+        """Raises ``ConfigError`` when the configured model provider refuses its settings."""
         self.config = config
-        self._activity = activity
+        self._activity = activity or Activity()  # without one (the CLI), a record no page reads
         self._catalog = catalog
         self._proxy = proxy
         self._models = ModelSource(config.model, chat_model)
@@ -161,8 +160,9 @@ class AgentRunner:
         record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
-        kept = self._activity.run_started(run_id, thread, _client()) if self._activity else None
-        report = RecordedObserver(kept, report) if kept else report
+        who = access.current()  # the status page keeps each run, with its steps as they happen
+        kept = self._activity.run_started(run_id, thread, who.subject if who else "local")
+        report = RecordedObserver(kept, report)
         token = secrets.token_urlsafe(16)
         with agent_span(self.config.name, run_id, thread) as span:
             logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
@@ -177,8 +177,7 @@ class AgentRunner:
                     outcome = await self._on_thread(graph, context, record, request, resumed, token)
                     await self._conversations.compact(thread)
             agent_finished(span, _status(outcome), outcome.error)
-        if kept is not None:
-            kept.finish(_status(outcome), outcome.record["error"])
+        kept.finish(_status(outcome), outcome.record["error"])
         _log_end(outcome)
         return outcome
 
@@ -382,11 +381,6 @@ def _now() -> str:
 
 def _status(outcome: RunOutcome) -> RunStatus:
     return "failed" if outcome.error else "paused" if outcome.pending else "answered"
-
-
-def _client() -> str:
-    client = access.current()
-    return client.subject if client is not None else "local"
 
 
 def _log_end(outcome: RunOutcome) -> None:

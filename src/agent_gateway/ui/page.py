@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from html import escape
 
@@ -59,7 +60,7 @@ def _upstreams(gateway: Gateway) -> str:
     tools = Counter(origin.upstream for origin in gateway.catalog.snapshot.tools.values())
     rows = "".join(_upstream_row(status, tools[status.name]) for status in gateway.pool.statuses())
     head = _head("Upstream", "State", "Circuit", "Transport", "Tools", "In flight", "Since", "Last error")
-    return f'<section id="upstreams" data-live><h2>Upstreams</h2><table>{head}<tbody>{rows}</tbody></table></section>'
+    return _section("upstreams", "Upstreams", head, rows)
 
 
 def _upstream_row(status: UpstreamStatus, tools: int) -> str:
@@ -134,10 +135,8 @@ def _sessions(gateway: Gateway) -> str:
         "Lends its model",
         "Upstream sessions",
     )
-    rows = "".join(_session_row(s) for s in live)
-    return (
-        f'<section id="sessions" data-live><h2>Live sessions <span class=muted>({summary})</span></h2>'
-        f"<table>{head}<tbody>{rows}</tbody></table></section>"
+    return _section(
+        "sessions", f"Live sessions <span class=muted>({summary})</span>", head, map(_session_row, live)
     )
 
 
@@ -155,11 +154,7 @@ def _session_row(session: DownstreamSession) -> str:
 def _calls(gateway: Gateway) -> str:
     recent = list(gateway.activity.calls)[-SHOWN_CALLS:][::-1]
     head = _head("Time", "Client", "Call", "Upstream", "Outcome", "ms", "Trace")
-    rows = "".join(_call_row(call) for call in recent)
-    return (
-        f'<section id="calls" data-live><h2>Recent calls <span class=muted>(newest first)</span></h2>'
-        f"<table>{head}<tbody>{rows}</tbody></table></section>"
-    )
+    return _section("calls", f"Recent calls {_NEWEST}", head, map(_call_row, recent))
 
 
 def _call_row(call: Call) -> str:
@@ -178,11 +173,7 @@ def _call_row(call: Call) -> str:
 def _runs(gateway: Gateway) -> str:
     recent = list(gateway.activity.runs)[-SHOWN_RUNS:][::-1]
     head = _head("Started", "Client", "Run", "Status", "Model turns", "Tool calls", "Error")
-    rows = "".join(_run_row(run) for run in recent)
-    return (
-        f'<section id="runs" data-live><h2>Agent runs <span class=muted>(newest first)</span></h2>'
-        f"<table>{head}<tbody>{rows}</tbody></table></section>"
-    )
+    return _section("runs", f"Agent runs {_NEWEST}", head, map(_run_row, recent))
 
 
 def _run_row(run: Run) -> str:
@@ -202,6 +193,14 @@ def _run_row(run: Run) -> str:
 
 
 # -- small pieces ------------------------------------------------------------------------------
+
+
+_NEWEST = "<span class=muted>(newest first)</span>"
+
+
+def _section(key: str, title: str, head: str, rows: Iterable[str]) -> str:
+    """A refreshed section: its title (markup) and a table."""
+    return f'<section id="{key}" data-live><h2>{title}</h2><table>{head}<tbody>{"".join(rows)}</tbody></table></section>'
 
 
 def _head(*names: str) -> str:
