@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import logging
 import os
@@ -17,9 +18,10 @@ import pytest
 import yaml
 from mcp import Client
 
+import agent_gateway
 from agent_gateway import runtime
 from agent_gateway.cli import main
-from tests.support import SERVERS, free_socket, gateway_env
+from tests.support import SERVERS, free_socket, gateway_env, running_gateway
 
 
 def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
@@ -36,7 +38,7 @@ def test_check_prints_a_summary_and_exits_zero_for_a_valid_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = write_config(tmp_path, {"counter": counter(), "remote": {"url": "http://127.0.0.1:1/mcp"}})
-    assert main(["check", "-c", str(path)]) == 0
+    assert main(["check", "--offline", "-c", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{path}: valid" in out
     assert "upstream counter: stdio" in out
@@ -145,8 +147,75 @@ def test_http_client_libraries_log_each_request_only_at_debug(
     chatty = [logging.getLogger(name) for name in runtime.CHATTY_LOGGERS]
     before = [logger.level for logger in chatty]
     try:
-        assert main(["--log-level", flag, "check", "-c", str(path)]) == 0
+        assert main(["--log-level", flag, "check", "--offline", "-c", str(path)]) == 0
         assert [logger.level for logger in chatty] == [expected] * len(chatty)
     finally:
         for logger, level in zip(chatty, before, strict=True):
             logger.setLevel(level)
+
+
+def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    started = tmp_path / "started"
+    witness = {"command": sys.executable, "args": ["-c", f"open({str(started)!r}, 'w')"]}
+    with free_socket() as taken:
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = write_config(tmp_path, {"witness": witness}, port=port)
+        assert main(["serve", "-c", str(path)]) == 2
+    assert capsys.readouterr().err == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
+    assert not started.exists()
+
+
+def test_check_starts_the_upstreams_and_reports_a_name_collision_as_serve_would(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"a": {**counter(), "prefix": False}, "b": {**counter(), "prefix": False}})
+    assert main(["--log-level", "error", "check", "-c", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "tool name 'increment' is produced by both upstream 'a'" in err
+
+
+def test_check_reports_each_upstream_up_with_its_tools(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_config(tmp_path, {"counter": counter()})
+    assert main(["--log-level", "error", "check", "-c", str(path)]) == 0
+    assert "upstream counter: up, 4 tools" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("offline", [False, True])
+def test_check_names_a_missing_command_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offline: bool
+) -> None:
+    path = write_config(tmp_path, {"counter": counter(), "ghost": {"command": "no-such-mcp-server"}})
+    flags = ["--offline"] if offline else []
+    assert main(["--log-level", "error", "check", *flags, "-c", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "error: upstream ghost: command 'no-such-mcp-server' not found on PATH\n" in err
+
+
+def test_a_missing_command_is_named_in_the_upstreams_state_and_log(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_config(tmp_path, {"ghost": {"command": "no-such-mcp-server"}})
+    assert main(["tools", "-c", str(path)]) == 1
+    assert "last error: command 'no-such-mcp-server' not found on PATH" in capsys.readouterr().out
+    assert "upstream ghost is down: command 'no-such-mcp-server' not found on PATH" in caplog.text
+
+
+def test_version_is_the_gateways_own(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"agent-gateway {agent_gateway.__version__}\n"
+    assert agent_gateway.__version__ == importlib.metadata.version("agent-gateway")
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_clients_are_told_the_gateways_name_and_version_not_fastmcps(mode: str) -> None:
+    async with running_gateway({"upstreams": {}}) as gw, Client(gw.url, mode=mode) as client:
+        info = client.server_info
+    assert info is not None
+    assert (info.name, info.version) == ("agent-gateway", agent_gateway.__version__)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,7 +73,7 @@ def test_several_problems_are_reported_together() -> None:
 
 
 def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"g\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"g\.yaml: line 2, column 1: not valid YAML"):
         load_config(write(tmp_path, "g.yaml", "upstreams: [unclosed\n"), {})
 
 
@@ -117,3 +118,86 @@ def test_a_short_state_key_is_rejected_without_showing_it(tmp_path: Path) -> Non
     ) as caught:
         load_config(path, {"KEY": "short-secret"})
     assert "short-secret" not in str(caught.value)
+
+
+def test_relative_paths_mean_the_config_files_directory_whatever_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "conf"
+    home.mkdir()
+    text = (
+        "upstreams:\n"
+        "  a: {command: ./bin/server, cwd: work, env: {DB: ./state/db.json, UP: ../up.txt, NAME: plain}}\n"
+        "  b: {command: npx}\n"
+        "agent: {memory: {path: .agent-gateway/c.sqlite}}\n"
+    )
+    write(home, "g.yaml", text)
+    monkeypatch.chdir(tmp_path)
+    config = load_config(Path("conf/g.yaml"), {})
+    a, b = config.upstreams["a"], config.upstreams["b"]
+    assert a.command == str(home / "bin/server")
+    assert a.cwd == str(home / "work")
+    assert a.env == {"DB": str(home / "state/db.json"), "UP": str(tmp_path / "up.txt"), "NAME": "plain"}
+    assert (home / "state").is_dir()  # servers such as server-memory do not create it
+    assert (b.command, b.cwd) == ("npx", str(home))
+    assert config.agent.memory.path == str(home / ".agent-gateway/c.sqlite")
+
+
+def test_config_dir_names_the_config_files_directory_even_if_the_environment_sets_it(tmp_path: Path) -> None:
+    text = "upstreams:\n  a: {command: node, args: ['${CONFIG_DIR}/server.js']}\n"
+    config = load_config(write(tmp_path, "g.yaml", text), {"CONFIG_DIR": "/elsewhere"})
+    assert config.upstreams["a"].args == (f"{tmp_path.resolve()}/server.js",)
+
+
+@pytest.mark.parametrize("name", ["python", "python3"])
+def test_python_as_a_command_is_the_gateways_own_interpreter(name: str) -> None:
+    config = parse_config(
+        {"upstreams": {"a": {"command": name}, "b": {"command": "/usr/bin/python3"}}}, {}, source="s"
+    )
+    assert config.upstreams["a"].command == sys.executable
+    assert config.upstreams["b"].command == "/usr/bin/python3"
+
+
+def test_a_repeated_yaml_key_is_an_error_naming_both_lines(tmp_path: Path) -> None:
+    text = "upstreams:\n  memory: {command: a}\n  notes: {command: b}\n  memory: {command: c}\n"
+    with pytest.raises(ConfigError, match=r"^.*g\.yaml: line 4: duplicate key 'memory' \(first at line 2\)$"):
+        load_config(write(tmp_path, "g.yaml", text), {})
+
+
+def test_a_yaml_merge_key_may_be_overridden(tmp_path: Path) -> None:
+    text = "base: &base {command: a, timeout: 5}\nupstreams:\n  x: {<<: *base, timeout: 9}\n"
+    with pytest.raises(ConfigError, match="unknown key 'base'"):  # parsed; only the extra key is wrong
+        load_config(write(tmp_path, "g.yaml", text), {})
+
+
+def test_a_repeated_json_key_is_an_error(tmp_path: Path) -> None:
+    text = '{"mcpServers": {"a": {"command": "x"}, "a": {"command": "y"}}}'
+    with pytest.raises(ConfigError, match=r"claude\.json: duplicate key 'a'"):
+        load_config(write(tmp_path, "claude.json", text), {})
+
+
+@pytest.mark.parametrize("text", ["", "# nothing but a comment\n"])
+def test_an_empty_file_names_the_file_and_line(tmp_path: Path, text: str) -> None:
+    with pytest.raises(ConfigError, match=r"g\.yaml: line 1: the file is empty"):
+        load_config(write(tmp_path, "g.yaml", text), {})
+
+
+def test_a_yaml_syntax_error_is_one_line_naming_the_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, "g.yaml", "server:\n  port: 1\n upstreams: {}\n"), {})
+    assert "\n" not in str(caught.value)
+    assert "g.yaml: line 3, column 2: not valid YAML:" in str(caught.value)
+
+
+def test_env_passthrough_takes_names_and_globs_and_the_top_level_reaches_every_upstream() -> None:
+    config = parse_config(
+        {
+            "env_passthrough": ["AWS_*"],
+            "upstreams": {"a": {"command": "x", "env_passthrough": ["KUBECONFIG"]}},
+        },
+        {},
+        source="s",
+    )
+    assert config.upstreams["a"].env_passthrough == ("AWS_*", "KUBECONFIG")
+    with pytest.raises(ConfigError, match=r"upstreams\.a\.env_passthrough\.0: String should match pattern"):
+        parse_config({"upstreams": {"a": {"command": "x", "env_passthrough": ["A B"]}}}, {}, source="s")

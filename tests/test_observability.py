@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Iterator
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import yaml
 
+from agent_gateway.cli import parse_arguments, serve_config
+from agent_gateway.config import GatewayConfig
+from agent_gateway.config_files import load_config, parse_config
 from agent_gateway.telemetry import PROMETHEUS_METRICS
+from tests.support import ROOT
 
 OBSERVABILITY = Path(__file__).resolve().parents[1] / "observability"
 DASHBOARD = OBSERVABILITY / "grafana" / "dashboards" / "agent-gateway.json"
@@ -150,9 +155,9 @@ def test_compose_mounts_only_files_that_exist() -> None:
         assert source.is_relative_to(OBSERVABILITY)
 
 
-def test_compose_lets_prometheus_reach_the_gateway_on_the_host() -> None:
-    prometheus = _compose_services()["prometheus"]
-    assert "host.docker.internal:host-gateway" in _sequence(prometheus["extra_hosts"])
+def test_compose_publishes_the_collectors_otlp_port_on_the_hosts_loopback() -> None:
+    ports = _sequence(_compose_services()["otel-collector"]["ports"])
+    assert "127.0.0.1:4318:4318" in ports
 
 
 def test_collector_pipelines_only_reference_components_it_defines() -> None:
@@ -180,7 +185,7 @@ def test_collector_receives_otlp_on_both_ports_and_sends_traces_to_jaeger() -> N
     assert "otlp/jaeger" in _sequence(traces["exporters"])
 
 
-def test_prometheus_scrapes_the_gateway_metrics_endpoint_and_the_collector() -> None:
+def test_prometheus_reads_the_gateways_metrics_from_the_collector_not_from_the_gateway() -> None:
     config = _load_yaml("prometheus.yml")
     assert _mapping(config["global"])["scrape_interval"] == "15s"
     targets: dict[str, str] = {}
@@ -192,7 +197,7 @@ def test_prometheus_scrapes_the_gateway_metrics_endpoint_and_the_collector() -> 
             for target in _sequence(_mapping(static)["targets"]):
                 assert isinstance(target, str)
                 targets[target] = path
-    assert targets["host.docker.internal:8000"] == "/metrics"
+    assert not any(target.startswith("host.docker.internal") for target in targets)
     collector_exporter = _mapping(_mapping(_load_yaml("otel-collector.yaml")["exporters"])["prometheus"])
     port = str(collector_exporter["endpoint"]).rpartition(":")[2]
     assert targets[f"otel-collector:{port}"] == "/metrics"
@@ -250,3 +255,71 @@ def test_every_dashboard_metric_is_one_the_gateway_exports() -> None:
 def test_the_dashboard_shows_every_metric_family_the_gateway_exports() -> None:
     used = {_family(name) for expr in _expressions(_dashboard()) for name in metric_names(expr)}
     assert set(PROMETHEUS_METRICS) - used == set()
+
+
+# -- the guide's commands and settings --------------------------------------------------------
+
+GUIDE = [
+    OBSERVABILITY / name for name in ("README.md", "compose.yaml", "prometheus.yml", "otel-collector.yaml")
+]
+SETTING = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+):\s+(\S.*)$")
+
+
+def _snippets(text: str) -> list[str]:
+    """Shell lines, inline code and comment lines that may hold a gateway command or setting."""
+    blocks = re.findall(r"```(?:sh|bash)\n(.*?)```", text, re.S)
+    lines = [line for block in blocks for line in block.splitlines()]
+    lines += re.findall(r"`([^`\n]+)`", text)
+    lines += [line.lstrip("# ") for line in text.splitlines() if line.lstrip().startswith("#")]
+    return [re.sub(r"^[#\s]*\(?or:", "", line.strip()).removesuffix(")").strip() for line in lines]
+
+
+def _command_line(snippet: str) -> list[str] | None:
+    """The ``agent-gateway`` arguments a snippet stands for, or None if it is not one."""
+    try:
+        words = shlex.split(snippet, comments=True)
+    except ValueError:
+        return None
+    while words and re.match(r"^[A-Z_]+=", words[0]):
+        words.pop(0)  # environment assignments
+    if not words:
+        return None
+    if words[0].endswith("scripts/serve"):
+        return ["serve", "-c", "gateway.yaml", *words[1:]]
+    if words[0] == "agent-gateway":
+        return words[1:] or None  # the name alone, in prose
+    if words[0].startswith("--"):  # a flag the guide tells you to add to serve
+        return ["serve", "-c", "gateway.yaml", *words]
+    return None
+
+
+def _guide_texts() -> list[str]:
+    return [path.read_text(encoding="utf-8") for path in GUIDE]
+
+
+def test_every_gateway_command_in_the_observability_guide_is_accepted() -> None:
+    commands = [c for text in _guide_texts() for s in _snippets(text) if (c := _command_line(s)) is not None]
+    assert len(commands) >= 4
+    for argv in commands:
+        args = parse_arguments(argv)
+        config = load_config(ROOT / args.config, {})
+        if args.run.__name__ == "_serve":
+            serve_config(args, config)  # raises ConfigError when serve would refuse it
+
+
+def test_every_gateway_setting_in_the_observability_guide_is_accepted() -> None:
+    shipped = yaml.safe_load((ROOT / "gateway.yaml").read_text(encoding="utf-8"))
+    settings: list[dict[str, Any]] = []
+    for text in _guide_texts():
+        settings += [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+        for found in (SETTING.match(s) for s in _snippets(text)):
+            if found is not None and found.group(1).split(".")[0] in GatewayConfig.model_fields:
+                *parents, leaf = found.group(1).split(".")
+                setting: dict[str, Any] = {leaf: yaml.safe_load(found.group(2))}
+                for parent in reversed(parents):
+                    setting = {parent: setting}
+                settings.append(setting)
+    assert settings
+    for setting in settings:
+        merged = {**shipped, **{k: {**shipped.get(k, {}), **v} for k, v in setting.items()}}
+        parse_config(merged, {}, source=f"gateway.yaml with {setting}")

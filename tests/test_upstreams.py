@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -15,7 +17,8 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
 
-from tests.support import free_socket, python_upstream, running_gateway, serving_upstream
+from agent_gateway.upstreams.connection import describe_target
+from tests.support import config_of, free_socket, python_upstream, running_gateway, serving_upstream
 
 
 def gated_server(gate: anyio.Event) -> FastMCP:
@@ -207,3 +210,60 @@ async def test_stdio_children_are_reaped_when_the_gateway_stops() -> None:
         pid = int(text_of(await client.call_tool("counter__pid", {})))
         assert pid_alive(pid)
     await wait_until(lambda: not pid_alive(pid), 10)
+
+
+async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams")
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with running_gateway(config):
+        pass
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.upstreams.connection"]
+    starting = next(i for i, line in enumerate(lines) if line.startswith("starting counter ("))
+    assert "counter.py)" in lines[starting]
+    ready = [line for line in lines[starting:] if line.startswith("counter ready: ")]
+    assert len(ready) == 1
+    assert re.fullmatch(
+        r"counter ready: 4 tools, 0 prompts, 0 resources in \d+\.\d s \(protocol .+\)", ready[0]
+    )
+
+
+def test_an_upstreams_url_is_logged_without_credentials_or_query() -> None:
+    config = config_of({"upstreams": {"s": {"url": "https://user:pw@example.com:8443/mcp?api_key=k"}}})
+    assert describe_target(config.upstreams["s"]) == "https://example.com:8443/mcp"
+
+
+async def test_a_stdio_upstream_gets_proxy_ca_and_npm_settings_and_what_passthrough_names_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    given = {
+        "HTTPS_PROXY": "http://proxy.example:3128",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "NODE_EXTRA_CA_CERTS": "/etc/ssl/corporate.pem",
+        "npm_config_registry": "https://npm.example/",
+        "TEAM_REGION": "eu",
+        "EXTRA_ONE": "1",
+        "UNRELATED_SECRET": "s3cret",
+    }
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    config = {
+        "env_passthrough": ["TEAM_*"],
+        "upstreams": {"env": python_upstream("environ.py", env_passthrough=["EXTRA_ONE"], env={"OWN": "x"})},
+    }
+    async with running_gateway(config) as gw, Client(gw.url, mode="legacy") as client:
+        result = await client.call_tool("env__environment", {})
+    seen = result.structured_content
+    assert seen is not None
+    for name in (
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "NODE_EXTRA_CA_CERTS",
+        "npm_config_registry",
+        "TEAM_REGION",
+        "EXTRA_ONE",
+    ):
+        assert seen.get(name) == given[name], name
+    assert seen["OWN"] == "x"
+    assert "UNRELATED_SECRET" not in seen

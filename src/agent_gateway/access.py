@@ -193,7 +193,7 @@ class AccessMiddleware:
         self._access = access
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        principal = self._access.principal(_token_of(ctx.request))
+        principal = self._access.principal(token_of(ctx.request))
         if ctx.request_id is not None and ctx.method not in _UNMETERED and principal.bucket is not None:
             wait = principal.bucket.take()
             if wait is not None:
@@ -210,7 +210,8 @@ class AccessMiddleware:
             _CURRENT.reset(token)
 
 
-def _token_of(request: Any) -> AccessToken | None:
+def token_of(request: Any) -> AccessToken | None:
+    """The verified token of an HTTP request (None: no auth, or stdio)."""
     scope = getattr(request, "scope", None)
     user = scope.get("user") if isinstance(scope, dict) else None
     if isinstance(user, AuthenticatedUser) and isinstance(user.access_token, AccessToken):

@@ -7,7 +7,7 @@ each upstream's latest ``Listing`` whenever one changes, then tells its listener
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -328,10 +328,34 @@ class Catalog:
         if self._parts.pop(upstream, None) is None or not self._live:
             return
         logger.info("upstream %s is down: its part of the catalog is hidden until it is back", upstream)
-        await self._publish(upstream, merge(self._ordered(), self.snapshot.version + 1, self.snapshot))
+        await self._publish(
+            frozenset({upstream}), merge(self._ordered(), self.snapshot.version + 1, self.snapshot)
+        )
+
+    async def reconfigure(self, config: GatewayConfig, dropped: Iterable[str]) -> None:
+        """Take a reloaded configuration: forget the listings of ``dropped`` upstreams (removed,
+        or restarted with a new configuration), rebuild under the new names, notify.
+
+        Raises:
+            ConfigError: the new names collide; nothing was changed.
+        """
+        gone = set(dropped)
+        kept = {n: p.listing for n, p in self._parts.items() if n not in gone and n in config.upstreams}
+        try:
+            parts = {n: build_part(config, n, listing, self._reserved) for n, listing in kept.items()}
+            snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
+        except NameCollision as exc:
+            raise ConfigError(f"catalog: {exc}") from None
+        touched = frozenset(self._parts) | frozenset(parts)
+        self._config, self._parts = config, parts
+        for name in gone:
+            self.problems.pop(name, None)
+        await self._publish(touched, snapshot)
 
     async def update(self, upstream: str, listing: Listing) -> None:
         """Take ``upstream``'s new listing; after start-up, rebuild its part and notify listeners."""
+        if upstream not in self._config.upstreams:
+            return  # a late listing from an upstream a reload removed
         previous = self._parts.get(upstream)
         try:
             self._parts[upstream] = build_part(self._config, upstream, listing, self._reserved)
@@ -350,17 +374,15 @@ class Catalog:
             return
         self.problems.pop(upstream, None)
         if snapshot is not None:
-            await self._publish(upstream, snapshot)
+            await self._publish(frozenset({upstream}), snapshot)
 
     def _ordered(self) -> list[Part]:
         return [self._parts[n] for n in self._config.upstreams if n in self._parts]
 
-    async def _publish(self, upstream: str, snapshot: CatalogSnapshot) -> None:
+    async def _publish(self, upstreams: frozenset[str], snapshot: CatalogSnapshot) -> None:
         before = self.snapshot
         self.snapshot = snapshot
-        change = CatalogChange(
-            before, snapshot, frozenset({upstream}), _changed_kinds(before, snapshot, upstream)
-        )
+        change = CatalogChange(before, snapshot, upstreams, _changed_kinds(before, snapshot, upstreams))
         for listener in self._listeners:
             await listener(change)
 
@@ -371,15 +393,19 @@ class Catalog:
             self._parts[upstream] = previous
 
 
-def _changed_kinds(old: CatalogSnapshot, new: CatalogSnapshot, upstream: str) -> frozenset[Kind]:
-    """The kinds of list that differ, comparing only ``upstream``'s part (the others are shared)."""
-    before, after = old.parts.get(upstream), new.parts.get(upstream)
+def _changed_kinds(old: CatalogSnapshot, new: CatalogSnapshot, upstreams: frozenset[str]) -> frozenset[Kind]:
+    """The kinds of list that differ, comparing only the parts of ``upstreams`` (the others are
+    shared)."""
     kinds: set[Kind] = set()
-    if _tools_of(before) != _tools_of(after):
-        kinds.add("tools")
-    if _prompts_of(before) != _prompts_of(after):
-        kinds.add("prompts")
-    if _listing(before).resources != _listing(after).resources or _templates(old) != _templates(new):
+    for upstream in upstreams:
+        before, after = old.parts.get(upstream), new.parts.get(upstream)
+        if _tools_of(before) != _tools_of(after):
+            kinds.add("tools")
+        if _prompts_of(before) != _prompts_of(after):
+            kinds.add("prompts")
+        if _listing(before).resources != _listing(after).resources:
+            kinds.add("resources")
+    if _templates(old) != _templates(new):
         kinds.add("resources")
     return frozenset(kinds)
 

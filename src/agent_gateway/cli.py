@@ -6,31 +6,33 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Generator, Sequence
+from collections import Counter
+from collections.abc import Generator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
-import uvicorn
 
-from agent_gateway import runtime
+from agent_gateway import __version__, runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
-from agent_gateway.errors import ConfigError
+from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.http import build_app
 from agent_gateway.logs import JsonFormatter, TraceIds
+from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
+from agent_gateway.serving import Reloading, serve
+from agent_gateway.upstreams.environment import command_problem
 
 logger = logging.getLogger("agent_gateway")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = parse_arguments(argv)
     handler = _log_handler("text")
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     runtime.quiet_libraries(logging.getLevelNamesMapping()[args.log_level.upper()])
@@ -38,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = load_config(args.config, os.environ)
         handler.setFormatter(_log_handler(config.telemetry.log_format).formatter)
         return int(args.run(args, config))
-    except ConfigError as exc:
+    except (ConfigError, CannotServe) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
@@ -66,9 +68,15 @@ def _telemetry(config: GatewayConfig) -> Generator[None, None, None]:
         installed.shutdown()
 
 
+def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The command line as ``main`` reads it (argparse exits on a bad one)."""
+    return _parser().parse_args(argv)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-gateway", description="One MCP endpoint in front of many.")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--version", action="version", version=f"agent-gateway {__version__}")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="serve the federated catalog over stdio or HTTP")
@@ -76,10 +84,20 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--transport", choices=["stdio", "http"], help="overrides server.transport")
     serve.add_argument("--host", help="overrides server.host")
     serve.add_argument("--port", type=int, help="overrides server.port")
+    serve.add_argument(
+        "--watch",
+        action="store_true",
+        help="reload the configuration when the file changes (SIGHUP always does)",
+    )
     serve.set_defaults(run=_serve)
 
-    check = commands.add_parser("check", help="validate a configuration file and print a summary")
+    check = commands.add_parser(
+        "check", help="validate a configuration file, start its upstreams and report what serve would refuse"
+    )
     _config_arg(check)
+    check.add_argument(
+        "--offline", action="store_true", help="only validate the file (and look for stdio commands)"
+    )
     check.set_defaults(run=_check)
 
     tools = commands.add_parser("tools", help="connect to every upstream, print the catalog, exit")
@@ -113,60 +131,50 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
         target = upstream.url or " ".join([upstream.command or "", *upstream.args])
         state = "" if upstream.enabled else " (disabled)"
         print(f"  upstream {name}: {upstream.kind} {target}{state}")
-    return 0
+    if args.offline:
+        found = ((n, command_problem(u)) for n, u in config.active_upstreams.items())
+        return _problems([f"upstream {name}: {problem}" for name, problem in found if problem])
+    return anyio.run(_check_connected, Gateway(config))
+
+
+async def _check_connected(gateway: Gateway) -> int:
+    """Start every upstream as serve would: collisions raise ConfigError; the rest is reported."""
+    async with gateway.running():
+        statuses = gateway.pool.statuses()
+        tools = Counter(origin.upstream for origin in gateway.catalog.snapshot.tools.values())
+    for status in statuses:
+        if status.serving:
+            print(f"  upstream {status.name}: up, {tools[status.name]} tools")
+    down = [f"upstream {s.name}: {s.last_error or s.state}" for s in statuses if not s.serving]
+    return _problems(down + [f"upstream {name}: {text}" for name, text in gateway.catalog.problems.items()])
+
+
+def _problems(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def serve_config(args: argparse.Namespace, config: GatewayConfig) -> GatewayConfig:
+    """What ``serve`` runs: the file's configuration with the command line's options, checked
+    as the file is (so ``--host 0.0.0.0`` meets the auth check too).
+
+    Raises:
+        ConfigError: the result is refused.
+    """
+    overrides = {k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
+    return with_server(config, f"{args.config} (with the command line's options)", **overrides)
 
 
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
-    overrides = {k: v for k in ("transport", "host", "port") if (v := getattr(args, k)) is not None}
-    config = with_server(config, f"{args.config} (with the command line's options)", **overrides)
-    runner = _serve_stdio if config.server.transport == "stdio" else _serve_http
+    config = serve_config(args, config)
     with _telemetry(config):
-        runtime.run(runner, Gateway(config))
+        gateway = Gateway(config)
+        reloader = Reloader(
+            gateway, lambda: serve_config(args, load_config(args.config, os.environ)), args.config
+        )
+        serve(gateway, Reloading(reloader, Path(args.config) if args.watch else None))
     return 0
-
-
-async def _serve_stdio(gateway: Gateway) -> None:
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_on_signal, tg.cancel_scope.cancel)
-        async with gateway.running():
-            runtime.settle_heap()
-            await gateway.server.run_stdio_async(show_banner=False)
-        tg.cancel_scope.cancel()
-
-
-async def _on_signal(stop: Callable[[], None]) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            logger.info("received %s, shutting down", signal.Signals(signum).name)
-            stop()
-            return
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: it re-raises the signal after shutdown,
-    which would kill the process before the gateway has closed its upstreams."""
-
-    @contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
-async def _serve_http(gateway: Gateway) -> None:
-    server = gateway.config.server
-    config = uvicorn.Config(
-        build_app(gateway), host=server.host, port=server.port, log_level="warning", lifespan="on"
-    )
-    http = _Uvicorn(config)
-
-    def stop() -> None:
-        http.should_exit = True
-
-    async with gateway.running(), anyio.create_task_group() as tg:
-        tg.start_soon(_on_signal, stop)
-        logger.info("serving on http://%s:%d%s", server.host, server.port, server.path)
-        runtime.settle_heap()
-        await http.serve()
-        tg.cancel_scope.cancel()
 
 
 def _tools(args: argparse.Namespace, config: GatewayConfig) -> int:

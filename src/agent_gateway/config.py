@@ -18,6 +18,8 @@ from agent_gateway.naming import DEFAULT_SEPARATOR, upstream_name_problem
 Transport = Literal["stdio", "streamable-http", "sse", "websocket"]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
 Seconds = Annotated[float, Field(gt=0, le=86_400)]
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?]+$")]
+"""An environment variable's name, or a glob over names (``AWS_*``)."""
 
 
 class _Strict(BaseModel):
@@ -62,6 +64,9 @@ class UpstreamConfig(_Strict):
     args: tuple[str, ...] = ()
     # repr=False: values here are often secrets and must never reach a log line.
     env: dict[str, str] = Field(default_factory=dict, repr=False)
+    env_passthrough: tuple[EnvName, ...] = ()
+    """More of the gateway's own environment for this stdio upstream (names or globs), on top
+    of the default: the SDK's safe variables, proxy and CA settings, ``npm_config_*``."""
     cwd: str | None = None
     url: str | None = None
     transport: Transport | None = None
@@ -159,6 +164,8 @@ class ServerConfig(_Strict):
     page_size: int = Field(default=500, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with
     ``nextCursor``."""
+    ui: bool = True
+    """Serve the status page at ``GET /`` (HTTP; behind the same auth as ``/status``)."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
     """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
     first seals, every one unseals (rotation). None: a random key per process, so a paused
@@ -383,6 +390,8 @@ class GatewayConfig(_Strict):
 
     server: ServerConfig = Field(default_factory=ServerConfig)
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=dict)
+    env_passthrough: tuple[EnvName, ...] = ()
+    """``env_passthrough`` for every stdio upstream."""
     agent: AgentConfig = Field(default_factory=AgentConfig)
     search: SearchConfig = Field(default_factory=SearchConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)

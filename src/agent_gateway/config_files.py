@@ -5,16 +5,16 @@ file, the field path and the reason. The models themselves are in ``config``.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
 from agent_gateway.config import FieldProblem, GatewayConfig
+from agent_gateway.config_paths import resolved
+from agent_gateway.config_syntax import parse_text
 from agent_gateway.errors import ConfigError
 
 _VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
@@ -29,7 +29,10 @@ def load_config(path: str | Path, environ: Mapping[str, str]) -> GatewayConfig:
     """
     path = Path(path)
     raw = _read(path)
-    return parse_config(raw, environ, source=str(path))
+    base = path.resolve().parent
+    # ${CONFIG_DIR} is always this file's directory, whatever the environment says.
+    environ = {**environ, "CONFIG_DIR": str(base)}
+    return parse_config(raw, environ, source=str(path), base=base)
 
 
 def with_server(config: GatewayConfig, source: str, **overrides: Any) -> GatewayConfig:
@@ -47,8 +50,11 @@ def with_server(config: GatewayConfig, source: str, **overrides: Any) -> Gateway
         raise ConfigError(_describe(source, exc)) from None
 
 
-def parse_config(raw: object, environ: Mapping[str, str], *, source: str) -> GatewayConfig:
-    """Validate already-parsed data (``source`` names it in errors).
+def parse_config(
+    raw: object, environ: Mapping[str, str], *, source: str, base: Path | None = None
+) -> GatewayConfig:
+    """Validate already-parsed data (``source`` names it in errors); relative paths resolve
+    against ``base``, the config file's directory (``config_paths``).
 
     Raises:
         ConfigError: the data is invalid.
@@ -58,9 +64,10 @@ def parse_config(raw: object, environ: Mapping[str, str], *, source: str) -> Gat
     data = _from_mcp_servers(raw)
     data = _interpolate(data, environ, source, ())
     try:
-        return GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(_describe(source, exc)) from None
+    return resolved(config, base)
 
 
 def _read(path: Path) -> object:
@@ -68,12 +75,7 @@ def _read(path: Path) -> object:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(
-            f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
-        ) from None
+    return parse_text(path, text)
 
 
 def _from_mcp_servers(raw: dict[str, Any]) -> dict[str, Any]:

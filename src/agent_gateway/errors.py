@@ -2,6 +2,8 @@
 
     GatewayError
     ├── ConfigError            bad gateway.yaml / mcpServers file (names file, field, reason)
+    ├── CannotServe            the gateway cannot listen where it was told to (port taken, …)
+    ├── CommandNotFound        a stdio upstream's command is not there (named in the message)
     ├── UnknownName            a tool, prompt or resource the catalog does not have
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
     ├── NotAllowed             a name outside the calling client's policy (never forwarded)
@@ -39,6 +41,14 @@ class ConfigError(GatewayError):
     """The configuration file is invalid; the message names file, field path and reason."""
 
     code = types.INVALID_PARAMS
+
+
+class CannotServe(GatewayError):
+    """The gateway cannot serve where it was told to (its address taken, not allowed, unknown)."""
+
+
+class CommandNotFound(GatewayError):
+    """A stdio upstream's command does not exist or cannot be run; the message names it."""
 
 
 class UnknownName(GatewayError):

@@ -1,4 +1,5 @@
-"""The Starlette app: the MCP endpoint plus ``/healthz``, ``/readyz``, ``/status`` and ``/metrics``."""
+"""The Starlette app: the MCP endpoint plus ``/healthz``, ``/readyz``, ``/status``, ``/metrics``
+and the status page at ``/``."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from agent_gateway.exporters import installed
 from agent_gateway.limits import RequestGuard
 from agent_gateway.responses import defer_responses
 from agent_gateway.server import Gateway
+from agent_gateway.ui import status_page
 
 
 def build_app(gateway: Gateway) -> Starlette:
@@ -44,11 +46,12 @@ def build_app(gateway: Gateway) -> Starlette:
         body = {"ready": not missing, "missing": missing, "upstreams": [s.as_dict() for s in statuses]}
         return JSONResponse(body, status_code=200 if not missing else 503)
 
-    async def status(request: Request) -> JSONResponse:
+    def authorized(request: Request) -> bool:
         # Upstream names, errors and counts: for authenticated clients when auth is on.
-        if gateway.config.auth.mode != "none" and not isinstance(
-            request.scope.get("user"), AuthenticatedUser
-        ):
+        return gateway.config.auth.mode == "none" or isinstance(request.scope.get("user"), AuthenticatedUser)
+
+    async def status(request: Request) -> JSONResponse:
+        if not authorized(request):
             return JSONResponse({"error": "authentication required"}, status_code=401)
         return JSONResponse(gateway.status())
 
@@ -62,6 +65,8 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/readyz", readyz),
         Route("/status", status),
     ]
+    if server.ui:
+        mcp_app.router.routes.insert(0, Route("/", status_page(gateway, authorized)))
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
     mcp_app.router.lifespan_context = _deferring(

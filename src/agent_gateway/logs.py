@@ -20,7 +20,8 @@ class TraceIds(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, trace and span ids, exception."""
+    """One JSON object per line: time, level, logger, message, trace and span ids, exception,
+    and the fields a structured line carries (``extra={"fields": {...}}``)."""
 
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
@@ -31,6 +32,9 @@ class JsonFormatter(logging.Formatter):
             "trace_id": getattr(record, "trace_id", ""),
             "span_id": getattr(record, "span_id", ""),
         }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):  # structured lines (the access line) bring their own
+            line.update(fields)  # pyright: ignore[reportUnknownArgumentType]
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)

@@ -17,10 +17,12 @@ from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
-from agent_gateway import runtime
+from agent_gateway import __version__, runtime
 from agent_gateway.access import AccessControl, AccessMiddleware, Principal, build_auth
+from agent_gateway.activity import Activity
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import INPUT_SCHEMA, AgentProvider
+from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
@@ -51,6 +53,8 @@ class Gateway:
             ConfigError: the agent's model provider refuses its configured settings.
         """
         self.config = config
+        self.activity = Activity()
+        """The last calls and agent runs: the access log line, the status page, the audit log."""
         self.catalog = Catalog(config, reserved=own_tool_names(config))
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
@@ -79,11 +83,14 @@ class Gateway:
         self.agent: AgentRunner | None = None
         self._agent_tool: AgentProvider | None = None
         if config.agent.enabled:
-            self.agent = AgentRunner(config.agent, self.catalog, self.proxy, chat_model, self.search)
+            self.agent = AgentRunner(
+                config.agent, self.catalog, self.proxy, chat_model, self.search, self.activity
+            )
             self._agent_tool = AgentProvider(self.agent, self.catalog)
             providers.append(self._agent_tool)
         self.server = FastMCP(
             config.server.name,
+            version=__version__,  # serverInfo names the gateway, not the FastMCP it is built on
             instructions=config.server.instructions,
             providers=providers,
             middleware=[self.sessions],
@@ -99,8 +106,10 @@ class Gateway:
         # First in the chain: the request's span covers everything the gateway does for it.
         own = set(own_tool_names(config))
         lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own, via=CALL_TOOL))
+        # Next: each call is recorded once it finished, however it ended (refusals included).
+        lowlevel.middleware.insert(1, CallRecorder(self.activity, self.access, self._upstream_of))
         # Next: the client is known, and over its rate limit refused, before any handler runs.
-        lowlevel.middleware.insert(1, AccessMiddleware(self.access))
+        lowlevel.middleware.insert(2, AccessMiddleware(self.access))
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
         searching = config.search.mode != "off"

@@ -84,6 +84,13 @@ class DownstreamSession:
     """The agent's default thread for this session: random, since upstreams see ``id``."""
     client: Principal | None = None
     """Who opened the session (None: no auth, or no request seen yet)."""
+    software: str | None = None
+    """What the client says it is (``clientInfo.name``), when it says."""
+
+    @property
+    def subject(self) -> str:
+        """Who opened it: the token name or JWT subject."""
+        return self.client.subject if self.client is not None else access.ANONYMOUS
 
     # -- the Downstream protocol, at session level (no request in flight) ---------------------
 
@@ -172,6 +179,12 @@ def result_type(request: types.InputRequest) -> type[types.InputResponse]:
     return types.ListRootsResult
 
 
+def _software(connection: Connection) -> str | None:
+    """What the client says it is (``clientInfo.name``, cut), once it has said."""
+    params = connection.client_params
+    return params.client_info.name[:64] if params is not None else None
+
+
 SessionHook = Callable[[DownstreamSession], Awaitable[None]]
 
 
@@ -219,6 +232,8 @@ class SessionRegistry(Middleware):
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed
                 known.capabilities = request.session.client_capabilities
+            if known.software is None:  # likewise
+                known.software = _software(connection)
             return known
         session = self._open(
             connection.session_id or uuid.uuid4().hex,
@@ -227,6 +242,7 @@ class SessionRegistry(Middleware):
             request.session.client_capabilities,
         )
         connection.state[STATE_KEY] = session
+        session.software = _software(connection)
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)
         return session

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,12 +16,11 @@ import pytest_asyncio
 from mcp import Client
 from mcp.client.session import ClientRequestContext
 
-from agent_gateway.config import MemoryConfig
 from agent_gateway.config_files import load_config
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
 from tests.e2e.peers import MODES, connected, hold, text_of
-from tests.support import ROOT, gateway_env, serving
+from tests.support import ROOT, serving
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
@@ -40,17 +41,14 @@ async def served(gateway: Gateway) -> AsyncIterator[str]:
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def example(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Example]:
-    memory_file = tmp_path_factory.mktemp("example") / "memory.jsonl"
-    config = load_config(ROOT / "gateway.yaml", {"AGENT_GATEWAY_MEMORY_FILE": str(memory_file)})
-    agent = config.agent.model_copy(update={"memory": MemoryConfig(store="memory")})
-    config = config.model_copy(update={"agent": agent})
-    # Upstreams inherit PATH from this process: `python` must be this venv's, for demo_server.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PATH", gateway_env()["PATH"])
-        gateway = Gateway(config)
-        url, stop = await hold(served(gateway))
+    """The shipped gateway.yaml, byte for byte, in a directory of its own, served from this
+    process (whose working directory and PATH are not that directory's, nor the venv's)."""
+    home = tmp_path_factory.mktemp("example")
+    shutil.copy(ROOT / "gateway.yaml", home / "gateway.yaml")
+    gateway = Gateway(load_config(home / "gateway.yaml", {}))
+    url, stop = await hold(served(gateway))
     try:
-        yield Example(gateway, url, memory_file)
+        yield Example(gateway, url, home / ".agent-gateway" / "memory.jsonl")
     finally:
         await stop()
 
@@ -59,7 +57,15 @@ async def test_the_example_config_loads_with_its_defaults() -> None:
     config = load_config(ROOT / "gateway.yaml", {})
     assert (config.server.transport, config.server.host, config.server.port) == ("http", "127.0.0.1", 8000)
     assert list(config.upstreams) == ["everything", "memory", "notes"]
-    assert config.upstreams["memory"].env == {"MEMORY_FILE_PATH": ".agent-gateway/memory.jsonl"}
+
+
+async def test_the_example_configs_paths_and_python_mean_the_same_from_any_directory() -> None:
+    config = load_config(ROOT / "gateway.yaml", {})
+    memory, notes = config.upstreams["memory"], config.upstreams["notes"]
+    assert memory.env == {"MEMORY_FILE_PATH": str(ROOT / ".agent-gateway" / "memory.jsonl")}
+    assert (memory.cwd, notes.cwd) == (str(ROOT), str(ROOT))
+    assert notes.command == sys.executable
+    assert config.agent.memory.path == str(ROOT / ".agent-gateway" / "conversations.sqlite")
 
 
 async def test_every_upstream_of_the_example_config_comes_up(example: Example) -> None:
@@ -104,13 +110,16 @@ async def test_the_renamed_tool_is_called_under_its_public_name(example: Example
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_the_memory_upstream_writes_to_the_file_named_by_the_environment(
+async def test_memory_written_through_the_shipped_config_lands_next_to_it_and_reads_back(
     example: Example, mode: str
 ) -> None:
     entity = {"name": f"example-{mode}", "entityType": "test", "observations": ["from gateway.yaml"]}
     async with connected(example.url, mode) as client:
         created = await client.call_tool("memory__create_entities", {"entities": [entity]})
+        opened = await client.call_tool("memory__open_nodes", {"names": [entity["name"]]})
     assert not created.is_error, text_of(created)
+    assert not opened.is_error, text_of(opened)
+    assert "from gateway.yaml" in text_of(opened)
     lines = example.memory_file.read_text(encoding="utf-8").splitlines()
     assert {"type": "entity", **entity} in [json.loads(line) for line in lines]
 

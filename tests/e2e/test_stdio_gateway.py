@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,11 +25,14 @@ from tests.e2e.peers import (
     processes_with_arg,
     text_of,
 )
-from tests.support import gateway_env, npm_server
+from tests.support import ROOT, gateway_env, npm_server
 
 pytestmark = pytest.mark.e2e
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
+DESKTOP_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""The PATH a desktop app (Claude Desktop, Cursor) gives the commands it launches."""
+_TRUST = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY")
 
 
 def write_config(directory: Path) -> Path:
@@ -131,3 +136,27 @@ def _initialize() -> dict[str, object]:
             "clientInfo": {"name": "e2e", "version": "0"},
         },
     }
+
+
+async def test_launched_like_a_desktop_app_the_shipped_config_serves_every_upstream(tmp_path: Path) -> None:
+    """A minimal PATH without the venv, and a working directory that is not the config's."""
+    home, elsewhere = tmp_path / "config", tmp_path / "app"
+    home.mkdir()
+    elsewhere.mkdir()
+    shutil.copy(ROOT / "gateway.yaml", home / "gateway.yaml")
+    # The machine's trust settings (a TLS-inspecting proxy here) too, for npx's first download.
+    env = {"PATH": DESKTOP_PATH, **{k: os.environ[k] for k in _TRUST if k in os.environ}}
+    params = StdioServerParameters(
+        command=AGENT_GATEWAY, args=serve_args(home / "gateway.yaml"), env=env, cwd=elsewhere
+    )
+    entity = {"name": "desktop", "entityType": "test", "observations": ["launched by an app"]}
+    with anyio.fail_after(BOUND * 2):
+        async with Client(params, mode="legacy") as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            created = await client.call_tool("memory__create_entities", {"entities": [entity]})
+            added = await client.call_tool("notes__add", {"text": "from the desktop"})
+    assert {"everything__echo", "memory__read_graph", "notes__add", "notes__list_notes"} <= names
+    assert not created.is_error, text_of(created)
+    assert not added.is_error, text_of(added)
+    assert "launched by an app" in (home / ".agent-gateway" / "memory.jsonl").read_text(encoding="utf-8")
+    assert not (elsewhere / ".agent-gateway").exists()

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypedDict
 import anyio
 import mcp_types as types
 
+from agent_gateway.activity import Run
 from agent_gateway.proxy import Caller
 
 logger = logging.getLogger(__name__)
@@ -118,6 +119,26 @@ class ClientObserver:
 
 def _gone_quietly() -> contextlib.suppress:
     return contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError)
+
+
+class RecordedObserver:
+    """Keeps a run's steps in its ``activity.Run`` (the status page), then tells ``also``."""
+
+    def __init__(self, run: Run, also: RunObserver) -> None:
+        self._run = run
+        self._also = also
+
+    async def model_turn(self, step: int) -> None:
+        self._run.turn(step)
+        await self._also.model_turn(step)
+
+    async def tool_started(self, name: str, arguments: dict[str, Any]) -> None:
+        self._run.tool_started(name)
+        await self._also.tool_started(name, arguments)
+
+    async def tool_finished(self, record: ToolCallRecord) -> None:
+        self._run.tool_finished(record["name"], record["is_error"], record["duration_ms"])
+        await self._also.tool_finished(record)
 
 
 class TerminalObserver:

@@ -28,6 +28,7 @@ from langgraph.types import Command
 from langsmith import tracing_context
 
 from agent_gateway import access
+from agent_gateway.activity import Activity, RunStatus
 from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker
 from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.graph import (
@@ -40,7 +41,7 @@ from agent_gateway.agent.graph import (
 )
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
-from agent_gateway.agent.reporting import ClientObserver, LogObserver, RunObserver
+from agent_gateway.agent.reporting import ClientObserver, LogObserver, RecordedObserver, RunObserver
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
@@ -98,12 +99,14 @@ class AgentRunner:
         proxy: Proxy,
         chat_model: BaseChatModel | None = None,
         search: ToolSearch | None = None,
+        activity: Activity | None = None,
     ) -> None:
         """``search``: the tool index, for toolboxes larger than ``agent.max_tools``.
 
         Raises ``ConfigError`` when the configured model provider refuses its settings.
         """
         self.config = config
+        self._activity = activity or Activity()  # without one (the CLI), a record no page reads
         self._catalog = catalog
         self._proxy = proxy
         self._search = search
@@ -169,6 +172,9 @@ class AgentRunner:
         record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
+        who = access.current()  # the status page keeps each run, with its steps as they happen
+        kept = self._activity.run_started(run_id, thread, who.subject if who else "local")
+        report = RecordedObserver(kept, report)
         token = secrets.token_urlsafe(16)
         with agent_span(self.config.name, run_id, thread) as span:
             logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
@@ -183,6 +189,7 @@ class AgentRunner:
                     outcome = await self._on_thread(graph, context, record, request, resumed, token)
                     await self._conversations.compact(thread)
             agent_finished(span, _status(outcome), outcome.error)
+        kept.finish(_status(outcome), outcome.record["error"])
         _log_end(outcome)
         return outcome
 
@@ -395,18 +402,19 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
-def _status(outcome: RunOutcome) -> str:
+def _status(outcome: RunOutcome) -> RunStatus:
     return "failed" if outcome.error else "paused" if outcome.pending else "answered"
 
 
 def _log_end(outcome: RunOutcome) -> None:
     record = outcome.record
     logger.info(
-        "agent run %s %s: %d steps, %d tool calls, %d+%d tokens",
+        "agent run %s %s: %d steps, %d tool calls, %d+%d tokens%s",
         record["run_id"],
         _status(outcome),
         record["steps"],
         len(record["tool_calls"]),
         record["usage"]["input_tokens"],
         record["usage"]["output_tokens"],
+        f": {record['error']}" if record["error"] else "",
     )

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import anyio
 import mcp_types as types
@@ -132,6 +133,8 @@ class Upstream:
 
     async def _connect_and_serve(self) -> None:
         self.state = UpstreamState.CONNECTING
+        started = time.perf_counter()
+        logger.info("starting %s (%s)", self.name, describe_target(self.config))
         session = UpstreamSession(self.name, self.config, broadcast=self._broadcast, guard=self.guard)
         # One scope around the whole connection: a deadline while connecting, none after.
         # (A timeout scope around only the entry would exit before the client's task group.)
@@ -146,7 +149,7 @@ class Upstream:
                         if self._updates is not None:  # running before anyone can subscribe
                             await tg.start(session.relay_updates, self._updates)
                         self._session = session
-                        self._mark_up(client)
+                        self._mark_up(client, listing, time.perf_counter() - started)
                         await self._on_listing(self.name, listing)
                         self.settled.set()
                         await self._serve(client, session, tg)
@@ -188,7 +191,7 @@ class Upstream:
             session.lose(reason)
             return
 
-    def _mark_up(self, client: Client) -> None:
+    def _mark_up(self, client: Client, listing: Listing, took: float) -> None:
         if self.connections:
             reconnects.add(1, {"agent_gateway.upstream": self.name})
         self.connections += 1
@@ -199,7 +202,15 @@ class Upstream:
         self._backoff.reset()
         # The breaker is not reset here: an upstream that dies on every call reconnects each
         # time, and only the breaker's memory across connections stops that loop.
-        logger.info("upstream %s connected (protocol %s)", self.name, client.protocol_version)
+        logger.info(
+            "%s ready: %d tools, %d prompts, %d resources in %.1f s (protocol %s)",
+            self.name,
+            len(listing.tools),
+            len(listing.prompts),
+            len(listing.resources) + len(listing.templates),
+            took,
+            client.protocol_version,
+        )
 
     def _mark_down(self, exc: BaseException) -> bool:
         """Record the failure; True when the upstream had been up until now."""
@@ -264,6 +275,18 @@ class Upstream:
             reason = f": {self.last_error}" if self.last_error else ""
             raise UpstreamUnavailable(self.name, f"not connected ({self.state}{reason})")
         return session
+
+
+def describe_target(config: UpstreamConfig, width: int = 80) -> str:
+    """What an upstream is, for a log line: its command line (cut), or its URL without
+    credentials or query (either may hold secrets)."""
+    if config.url is None:
+        line = " ".join([config.command or "", *config.args])
+        return line if len(line) <= width else f"{line[: width - 1]}…"
+    parts = urlsplit(config.url)
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return f"{parts.scheme}://{host}{port}{parts.path}"
 
 
 async def probe(client: Client) -> None:

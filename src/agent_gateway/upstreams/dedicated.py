@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -134,9 +134,20 @@ class DedicatedSessions:
             entry.done.set()
             logger.info("dedicated upstream session %s closed", session.id)
 
+    async def reconfigure(
+        self, configs: Mapping[str, UpstreamConfig], guards: Mapping[str, Guard], closing: Iterable[str]
+    ) -> None:
+        """Take a reloaded configuration; close the sessions on the ``closing`` upstreams
+        (removed, or restarted with a new configuration) and wait (bounded) until they are."""
+        self._configs, self._guards = configs, guards
+        gone = set(closing)
+        await self._close([e for (_, upstream), e in self._sessions.items() if upstream in gone])
+
     async def close(self, downstream_id: str) -> None:
         """Close every dedicated session of ``downstream_id`` and wait (bounded) until they are."""
-        entries = [e for (owner, _), e in self._sessions.items() if owner == downstream_id]
+        await self._close([e for (owner, _), e in self._sessions.items() if owner == downstream_id])
+
+    async def _close(self, entries: list[_Dedicated]) -> None:
         for entry in entries:
             entry.close.set()
         with anyio.move_on_after(_CLOSE_TIMEOUT):

@@ -126,6 +126,8 @@ class Guard:
         self.breaker = CircuitBreaker(upstream, config.breaker, clock) if config.breaker else None
         self._limit = config.max_concurrency
         self.in_flight = 0
+        self.unimplemented: set[str] = set()
+        """Optional methods the upstream answered with Method not found: never sent again."""
 
     @property
     def circuit(self) -> Circuit:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import anyio
+from anyio.abc import TaskGroup
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
@@ -53,6 +54,30 @@ class UpstreamStatus:
         }
 
 
+_STOP_TIMEOUT = 10.0
+
+
+class _Life:
+    """One upstream's task, which can be stopped alone (the others run on)."""
+
+    def __init__(self) -> None:
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+
+    async def run(self, upstream: Upstream) -> None:
+        try:
+            with self._scope:
+                await upstream.run()
+        finally:
+            self._done.set()
+
+    async def stop(self) -> None:
+        self._scope.cancel()
+        # The transport's own shutdown is shielded and bounded; this bounds the wait for it.
+        with anyio.move_on_after(_STOP_TIMEOUT):
+            await self._done.wait()
+
+
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
@@ -68,10 +93,10 @@ class UpstreamPool:
         updates: UpdateSink | None = None,
         on_down: DownCallback | None = None,
     ) -> None:
-        self.upstreams = {
-            name: Upstream(name, config, on_listing, broadcast, updates, on_down)
-            for name, config in configs.items()
-        }
+        self._make = lambda name, config: Upstream(name, config, on_listing, broadcast, updates, on_down)
+        self.upstreams = {name: self._make(name, config) for name, config in configs.items()}
+        self._tg: TaskGroup | None = None
+        self._lives: dict[str, _Life] = {}
 
     @property
     def guards(self) -> dict[str, Guard]:
@@ -86,13 +111,35 @@ class UpstreamPool:
         Leaving the context closes every connection and reaps every child process.
         """
         async with anyio.create_task_group() as tg:
+            self._tg = tg
             for upstream in self.upstreams.values():
-                tg.start_soon(upstream.run, name=f"upstream {upstream.name}")
+                self._start(upstream)
             await self._settle(settle_timeout)
             try:
                 yield self
             finally:
+                self._tg = None
                 tg.cancel_scope.cancel()
+
+    def _start(self, upstream: Upstream) -> None:
+        assert self._tg is not None, "the pool is running"
+        life = self._lives[upstream.name] = _Life()
+        self._tg.start_soon(life.run, upstream, name=f"upstream {upstream.name}")
+
+    async def add(self, name: str, config: UpstreamConfig) -> Upstream:
+        """Start a new upstream (configuration reload); return once it has connected or
+        failed once (bounded by its connect_timeout)."""
+        upstream = self.upstreams[name] = self._make(name, config)
+        self._start(upstream)
+        with anyio.move_on_after(config.connect_timeout + 1):
+            await upstream.settled.wait()
+        return upstream
+
+    async def remove(self, name: str) -> None:
+        """Stop an upstream (configuration reload): its calls fail, its process is reaped."""
+        self.upstreams.pop(name, None)
+        if (life := self._lives.pop(name, None)) is not None:
+            await life.stop()
 
     async def _settle(self, limit: float | None) -> None:
         bound = (

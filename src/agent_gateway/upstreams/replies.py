@@ -108,6 +108,10 @@ class Replies:
 
     async def _relay(self, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         target = self.attributed()
+        if target is None and not self._in_flight and isinstance(request, types.ListRootsRequest):
+            # Many servers ask right after connecting, when no client is there to ask: no roots.
+            logger.debug("roots/list from %s with no client call in flight: no roots", self.name)
+            return types.ListRootsResult(roots=[])
         if target is None:
             reason = (
                 "several clients have calls in flight on this shared upstream session "

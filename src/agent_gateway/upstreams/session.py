@@ -26,8 +26,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from agent_gateway import __version__
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.errors import CommandNotFound, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, upstream_call
 from agent_gateway.upstreams.downstream import Downstream
 from agent_gateway.upstreams.guard import Guard
@@ -39,7 +40,7 @@ logger = logging.getLogger(__name__)
 SESSION_META_KEY = "io.agent-gateway/session-id"
 """The ``_meta`` key carrying the downstream session id to upstreams."""
 
-CLIENT_INFO = types.Implementation(name="agent-gateway", version="0.1.0")
+CLIENT_INFO = types.Implementation(name="agent-gateway", version=__version__)
 
 T = TypeVar("T")
 
@@ -278,13 +279,26 @@ class UpstreamSession:
             return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
-        """Apply a log level upstream (handshake era; modern upstreams take it per request)."""
-        if self.modern:
+        """Apply a log level upstream (handshake era; modern upstreams take it per request).
+
+        Not sent to an upstream that did not declare logging, nor again to one that answered
+        Method not found: it is optional, and a warning per client would be noise.
+        """
+        client = self._client
+        if self.modern or client is None or client.server_capabilities.logging is None:
+            return
+        if "logging/setLevel" in self.guard.unimplemented:
             return
         request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
-        with self._calling(None, "logging/setLevel") as client:
-            # The request itself, not the deprecated helper: the era makes it current here.
-            await client.session.send_request(request, types.EmptyResult)
+        try:
+            with self._calling(None, "logging/setLevel") as client:
+                # The request itself, not the deprecated helper: the era makes it current here.
+                await client.session.send_request(request, types.EmptyResult)
+        except UpstreamRejected as exc:
+            if exc.code != types.METHOD_NOT_FOUND:
+                raise
+            self.guard.unimplemented.add("logging/setLevel")
+            logger.info("upstream %s does not implement logging/setLevel: not sent again", self.name)
 
     def _meta(self, caller: Downstream | None) -> dict[str, Any] | None:
         if caller is None:
@@ -375,4 +389,4 @@ def describe(exc: BaseException) -> str:
         # The request URL may carry credentials; name the kind of failure only.
         return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
     text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, UpstreamUnavailable) else f"{type(exc).__name__}: {text}"
+    return text if isinstance(exc, UpstreamUnavailable | CommandNotFound) else f"{type(exc).__name__}: {text}"

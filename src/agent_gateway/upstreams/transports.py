@@ -11,7 +11,7 @@ import anyio
 import httpx2
 from mcp.client._transport import Transport, TransportStreams
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, get_default_environment
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.shared._stream_protocols import ReadStream
@@ -19,6 +19,7 @@ from mcp.shared.message import SessionMessage
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.telemetry import trace_headers
+from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context
 from agent_gateway.upstreams.stdio import stdio_transport
 from agent_gateway.upstreams.websocket import websocket_client
@@ -113,11 +114,10 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
         kind = config.kind
         if kind == "stdio":
             assert config.command is not None  # guaranteed by UpstreamConfig validation
+            environment = child_environment(config)
+            check_command(config.command, environment, config.cwd)
             params = StdioServerParameters(
-                command=config.command,
-                args=list(config.args),
-                env={**get_default_environment(), **config.env},
-                cwd=config.cwd,
+                command=config.command, args=list(config.args), env=environment, cwd=config.cwd
             )
             transport: Transport = stdio_transport(params, config.max_message_bytes)
         else:

@@ -1,0 +1,98 @@
+"""A configuration file's text to data: YAML or JSON, strictly, with problems located by line.
+
+PyYAML and ``json`` both let a repeated key silently replace the first; in a gateway config
+that hides an upstream or a setting, so a repeated key is an error naming both lines. An empty
+file and a syntax error name the file and the line too, on one line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode
+
+from agent_gateway.errors import ConfigError
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: object, first: int, second: int) -> None:
+        super().__init__(f"line {second}: duplicate key {key!r} (first at line {first})")
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key repeated in one mapping."""
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == _MERGE_TAG:
+                continue  # `<<: *defaults` merges; its keys may be overridden on purpose
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, Hashable) and key in seen:
+                raise _DuplicateKey(key, seen[key], line)
+            if isinstance(key, Hashable):
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def parse_text(path: Path, text: str) -> object:
+    """The data in ``text``, read from ``path`` (JSON for ``.json``, YAML otherwise).
+
+    Raises:
+        ConfigError: the text is empty, not valid, or repeats a key; the message names
+            ``path`` and the line.
+    """
+    if path.suffix == ".json":
+        return _json(path, text)
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None
+    if data is None:
+        raise ConfigError(f"{path}: line 1: the file is empty (expected a mapping: server:, upstreams:, …)")
+    return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        problem = exc.problem or exc.context or "invalid"
+        return f"line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}"
+    return f"not valid YAML: {' '.join(str(exc).split())}"
+
+
+def _json(path: Path, text: str) -> object:
+    if not text.strip():
+        raise ConfigError(f"{path}: line 1: the file is empty (expected a JSON object)")
+    try:
+        return json.loads(text, object_pairs_hook=_unique)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: line {exc.lineno}, column {exc.colno}: not valid JSON: {exc.msg}"
+        ) from None
+    except _DuplicateJsonKey as exc:
+        raise ConfigError(f"{path}: duplicate key {exc.key!r} in one object") from None
+
+
+class _DuplicateJsonKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateJsonKey(key)
+        data[key] = value
+    return data

@@ -1,0 +1,161 @@
+"""Configuration reload without a restart: on SIGHUP, or when the file changes (``serve --watch``).
+
+The new file is read and validated as at start-up; a bad one is refused with the usual
+one-line message and the running configuration is kept. A good one is applied to the
+upstreams: added ones are started, removed ones stopped (their processes reaped), changed
+ones restarted with their new configuration, except when only their naming changed
+(``prefix``, ``include``, ``exclude``, ``rename``): those keep their connection and are
+renamed. The catalog is rebuilt under the new names first (a collision among the upstreams
+whose tools are known refuses the reload before anything is touched; one with an added
+upstream is handled as any later collision: its listing is refused and reported) and clients
+are told it changed.
+Unchanged upstreams and every client session go on untouched. The other sections (server,
+auth, agent, telemetry) are read at start-up only: a change there is logged as needing a
+restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.errors import ConfigError
+from agent_gateway.server import Gateway
+
+logger = logging.getLogger(__name__)
+
+_RESTART_ONLY = ("server", "auth", "agent", "telemetry")
+_NAMING = ("prefix", "include", "exclude", "rename")
+"""Upstream fields the catalog alone reads: changing them needs no new connection."""
+_STEADY = 0.2
+"""Seconds a changed file must stay unchanged before it is read (editors write in steps)."""
+
+
+@dataclass(frozen=True)
+class Changes:
+    """What a reload did to the upstreams, and what it could not apply."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    changed: tuple[str, ...] = ()
+    """Restarted with their new configuration."""
+    renamed: tuple[str, ...] = ()
+    """Only their naming changed: the same connection, new public names."""
+    unchanged: tuple[str, ...] = ()
+    needs_restart: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        parts = [
+            f"{label} {', '.join(names)}"
+            for label, names in (
+                ("added", self.added),
+                ("removed", self.removed),
+                ("changed", self.changed),
+                ("renamed", self.renamed),
+            )
+            if names
+        ]
+        return "; ".join(parts) or "no upstream changed"
+
+
+def changes(old: GatewayConfig, new: GatewayConfig) -> Changes:
+    """How the upstreams of ``new`` differ from those of ``old``."""
+    before, after = old.active_upstreams, new.active_upstreams
+    kept = [n for n in after if n in before]
+    differ = [n for n in kept if after[n] != before[n]]
+    renamed = [n for n in differ if _renamed_only(before[n], after[n])]
+    return Changes(
+        added=tuple(n for n in after if n not in before),
+        removed=tuple(n for n in before if n not in after),
+        changed=tuple(n for n in differ if n not in renamed),
+        renamed=tuple(renamed),
+        unchanged=tuple(n for n in kept if n not in differ),
+        needs_restart=tuple(s for s in _RESTART_ONLY if getattr(old, s) != getattr(new, s)),
+    )
+
+
+def _renamed_only(old: UpstreamConfig, new: UpstreamConfig) -> bool:
+    return old.model_copy(update={field: getattr(new, field) for field in _NAMING}) == new
+
+
+async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
+    """Apply ``new``'s upstreams to the running ``gateway``.
+
+    Raises:
+        ConfigError: the new names collide in the catalog; nothing was changed.
+    """
+    found = changes(gateway.config, new)
+    applied = gateway.config.model_copy(
+        update={"upstreams": new.upstreams, "env_passthrough": new.env_passthrough}
+    )
+    restarted = (*found.removed, *found.changed)
+    # First the catalog (it may still refuse), so clients stop seeing what is about to go.
+    await gateway.catalog.reconfigure(applied, restarted)
+    gateway.config = applied
+    for name in restarted:
+        await gateway.pool.remove(name)
+    await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, restarted)
+    async with anyio.create_task_group() as tg:
+        for name in (*found.added, *found.changed):
+            tg.start_soon(gateway.pool.add, name, applied.active_upstreams[name])
+    await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, ())
+    return found
+
+
+class Reloader:
+    """Reloads ``gateway`` from ``load()`` (the file, with the command line's options), one
+    reload at a time."""
+
+    def __init__(self, gateway: Gateway, load: Callable[[], GatewayConfig], source: str) -> None:
+        self._gateway = gateway
+        self._load = load
+        self._source = source
+        self._lock = anyio.Lock()
+
+    async def reload(self) -> Changes | None:
+        """Read the file again and apply it; None when it was refused (the old one is kept)."""
+        async with self._lock:
+            logger.info("reloading %s", self._source)
+            try:
+                found = await apply(self._gateway, self._load())
+            except ConfigError as exc:
+                logger.error("reload refused, the running configuration is kept: %s", exc)
+                return None
+            logger.info("reloaded %s: %s", self._source, found.describe())
+            if found.needs_restart:
+                logger.warning(
+                    "reload: %s changed, which is read at start-up only: restart to apply",
+                    ", ".join(found.needs_restart),
+                )
+            return found
+
+    async def watch(self, path: Path, interval: float = 1.0) -> None:
+        """Reload whenever the file at ``path`` changes (polled every ``interval`` seconds)."""
+        seen = _stamp(path)
+        while True:
+            await anyio.sleep(interval)
+            now = _stamp(path)
+            if now == seen:
+                continue
+            while True:  # until it stops changing (and exists)
+                await anyio.sleep(_STEADY)
+                settled, now = now, _stamp(path)
+                if settled == now and now is not None:
+                    break
+            seen = now
+            await self.reload()
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What tells that a file changed: its inode (editors replace it), time and size."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_mtime_ns, stat.st_size)

@@ -1,0 +1,145 @@
+"""``agent-gateway serve``'s process: listen first, then start the upstreams, serve over HTTP
+or stdio, reload the configuration on SIGHUP (and file changes with ``--watch``), and stop
+on SIGINT/SIGTERM.
+
+The HTTP address is bound before any upstream is started, so a taken port is one line
+(``cannot listen on 127.0.0.1:8000: address already in use``) and not a process tree started
+only to be stopped again.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Generator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import uvicorn
+
+from agent_gateway import runtime
+from agent_gateway.errors import CannotServe
+from agent_gateway.http import build_app
+from agent_gateway.reload import Reloader
+from agent_gateway.server import Gateway
+
+logger = logging.getLogger("agent_gateway")
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (not yet listening), for uvicorn to serve on.
+
+    Raises:
+        CannotServe: the address cannot be bound (in use, not allowed, unknown host).
+    """
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise CannotServe(f"cannot listen on {where}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise CannotServe(f"cannot listen on {where}: {_reason(exc)}") from None
+    return sock
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno is None:
+        return str(exc)
+    return os.strerror(exc.errno).lower() if exc.errno != errno.EADDRINUSE else "address already in use"
+
+
+@dataclass(frozen=True)
+class Reloading:
+    """How a served gateway takes a new configuration: SIGHUP always, file changes if ``watch``."""
+
+    reloader: Reloader
+    watch: Path | None = None
+
+    async def run(self) -> None:
+        async with anyio.create_task_group() as tg:
+            if self.watch is not None:
+                tg.start_soon(self.reloader.watch, self.watch)
+            with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
+                async for _ in hangups:
+                    await self.reloader.reload()
+
+
+def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
+    """Serve ``gateway`` over its configured transport until a signal or end of input.
+
+    Raises:
+        CannotServe: the HTTP address cannot be bound (nothing has been started).
+    """
+    server = gateway.config.server
+    if server.transport == "stdio":
+        runtime.run(_serve_stdio, gateway, reloading)
+        return
+    sock = listening_socket(server.host, server.port)
+    try:
+        runtime.run(_serve_http, gateway, sock, reloading)
+    finally:
+        sock.close()
+
+
+async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_on_signal, tg.cancel_scope.cancel)
+        async with gateway.running(), anyio.create_task_group() as serving:
+            if reloading is not None:
+                serving.start_soon(reloading.run)
+            runtime.settle_heap()
+            await gateway.server.run_stdio_async(show_banner=False)
+            serving.cancel_scope.cancel()
+        tg.cancel_scope.cancel()
+
+
+async def _on_signal(stop: Callable[[], None]) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            logger.info("received %s, shutting down", signal.Signals(signum).name)
+            stop()
+            return
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: it re-raises the signal after shutdown,
+    which would kill the process before the gateway has closed its upstreams."""
+
+    @contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloading | None) -> None:
+    server = gateway.config.server
+    config = uvicorn.Config(build_app(gateway), log_level="warning", lifespan="on")
+    http = _Uvicorn(config)
+
+    def stop() -> None:
+        http.should_exit = True
+
+    async with gateway.running(), anyio.create_task_group() as tg:
+        tg.start_soon(_on_signal, stop)
+        if reloading is not None:
+            tg.start_soon(reloading.run)
+        host, port = sock.getsockname()[:2]
+        logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
+        runtime.settle_heap()
+        await http.serve(sockets=[sock])
+        tg.cancel_scope.cancel()
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,220 @@
+"""The status page's HTML, rendered on the server from the gateway's live state.
+
+Sections: each upstream with its state, circuit, transport, tool count, last error and time
+since it was last up; the catalog with a search box and each tool's schema; live sessions by
+client; the last calls (errors highlighted); the agent's runs with their steps. Every value
+that came from a client or an upstream is escaped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from html import escape
+
+from agent_gateway import __version__
+from agent_gateway.activity import Call, Run
+from agent_gateway.agent.tool import INPUT_SCHEMA
+from agent_gateway.server import Gateway
+from agent_gateway.sessions import DownstreamSession
+from agent_gateway.ui.static import SCRIPT, STYLE
+from agent_gateway.upstreams.pool import UpstreamStatus
+
+SHOWN_CALLS = 50
+SHOWN_RUNS = 20
+
+
+def full_page(gateway: Gateway, nonce: str) -> str:
+    """The whole page; ``nonce`` lets its own style and script run under the CSP."""
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>agent-gateway</title><link rel="icon" href="data:,"><style nonce="{nonce}">{STYLE}</style>'
+        f"</head><body><header><h1>agent-gateway</h1><span class=version>{escape(__version__)}</span>"
+        f'{_updated()}<span id="stale" hidden>not refreshing</span></header><main>'
+        f"{_upstreams(gateway)}"
+        '<h2>Catalog</h2><p><input type="search" id="search" placeholder="Search tools: name, upstream, '
+        'description" autocomplete="off"> <span id="shown" class="muted"></span></p>'
+        f"{_catalog(gateway)}{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
+        f'</main><script nonce="{nonce}">{SCRIPT}</script></body></html>'
+    )
+
+
+def live_part(gateway: Gateway, catalog_version: str | None) -> str:
+    """The sections the page refreshes; the catalog only if its version is not ``catalog_version``."""
+    catalog = "" if catalog_version == str(gateway.catalog.snapshot.version) else _catalog(gateway)
+    return f"{_updated()}{_upstreams(gateway)}{catalog}{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
+
+
+def _updated() -> str:
+    return f'<span id="updated" class="muted" data-live>updated {_clock(time.time())} UTC</span>'
+
+
+# -- upstreams ---------------------------------------------------------------------------------
+
+
+def _upstreams(gateway: Gateway) -> str:
+    tools = Counter(origin.upstream for origin in gateway.catalog.snapshot.tools.values())
+    rows = "".join(_upstream_row(status, tools[status.name]) for status in gateway.pool.statuses())
+    head = _head("Upstream", "State", "Circuit", "Transport", "Tools", "In flight", "Since", "Last error")
+    return _section("upstreams", "Upstreams", head, rows)
+
+
+def _upstream_row(status: UpstreamStatus, tools: int) -> str:
+    state = str(status.state)
+    since = (
+        f"down {_duration(status.down_for_seconds)}"
+        if status.down_for_seconds is not None
+        else f"up since {_clock(status.last_up_at)}"
+        if status.last_up_at is not None
+        else ""
+    )
+    return (
+        f'<tr class="upstream state-{state}" data-name="{escape(status.name)}">'
+        f"<td><b>{escape(status.name)}</b></td><td><span class=badge>{state}</span></td>"
+        f"<td>{escape(str(status.circuit))}</td><td>{escape(status.transport)}</td><td>{tools}</td>"
+        f"<td>{status.in_flight}</td><td>{since}</td>"
+        f'<td class="error">{escape(status.last_error or "")}</td></tr>'
+    )
+
+
+# -- catalog -----------------------------------------------------------------------------------
+
+
+def _catalog(gateway: Gateway) -> str:
+    snapshot = gateway.catalog.snapshot
+    rows = [
+        _tool_row(name, origin.upstream, origin.item.description, origin.item.input_schema)
+        for name, origin in snapshot.tools.items()
+    ]
+    if gateway.agent is not None:
+        name = gateway.config.agent.name
+        rows.insert(
+            0, _tool_row(name, "(gateway)", "The gateway's own agent over these tools.", INPUT_SCHEMA)
+        )
+    head = _head("Tool", "Upstream", "Description")
+    return (
+        f'<section id="catalog" data-live data-version="{snapshot.version}"><table>{head}'
+        f"<tbody>{''.join(rows)}</tbody></table></section>"
+    )
+
+
+def _tool_row(name: str, upstream: str, description: str | None, schema: object) -> str:
+    text = description or ""
+    searched = escape(f"{name} {upstream} {text}".lower())
+    schema_text = escape(json.dumps(schema, indent=2, ensure_ascii=False))
+    return (
+        f'<tr data-search="{searched}"><td><code>{escape(name)}</code></td><td>{escape(upstream)}</td>'
+        f"<td>{escape(_first_line(text))}<details><summary>input schema</summary><pre>{schema_text}</pre>"
+        "</details></td></tr>"
+    )
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = (text.strip().splitlines() or [""])[0]
+    return line if len(line) <= limit else f"{line[: limit - 1]}…"
+
+
+# -- sessions, calls, runs ---------------------------------------------------------------------
+
+
+def _sessions(gateway: Gateway) -> str:
+    live = sorted(gateway.sessions.live.values(), key=lambda s: (s.subject, s.started))
+    counts = Counter(s.subject for s in live)
+    summary = ", ".join(f"{escape(client)}: {n}" for client, n in sorted(counts.items())) or "none"
+    head = _head(
+        "Client",
+        "Software",
+        "Session",
+        "Era",
+        "Transport",
+        "Open for",
+        "Lends its model",
+        "Upstream sessions",
+    )
+    return _section(
+        "sessions", f"Live sessions <span class=muted>({summary})</span>", head, map(_session_row, live)
+    )
+
+
+def _session_row(session: DownstreamSession) -> str:
+    caps = session.capabilities
+    sampling = "yes" if caps is not None and caps.sampling is not None else "no"
+    return (
+        f"<tr><td>{escape(session.subject)}</td><td>{escape(session.software or '')}</td>"
+        f'<td class="mono">{escape(session.id[:12])}</td><td>{session.era}</td><td>{session.transport}</td>'
+        f"<td>{_duration(time.monotonic() - session.started)}</td><td>{sampling}</td>"
+        f"<td>{len(session.upstream_sessions)}</td></tr>"
+    )
+
+
+def _calls(gateway: Gateway) -> str:
+    recent = list(gateway.activity.calls)[-SHOWN_CALLS:][::-1]
+    head = _head("Time", "Client", "Call", "Upstream", "Outcome", "ms", "Trace")
+    return _section("calls", f"Recent calls {_NEWEST}", head, map(_call_row, recent))
+
+
+def _call_row(call: Call) -> str:
+    who = escape(call.client) + (
+        f" <span class=muted>({escape(call.software)})</span>" if call.software else ""
+    )
+    outcome = escape(call.outcome) + (f": {escape(call.detail)}" if call.detail else "")
+    return (
+        f'<tr class="call{" failed" if call.failed else ""}"><td>{_clock(call.at)}</td><td>{who}</td>'
+        f"<td><code>{escape(call.name)}</code> <span class=muted>{escape(call.method)}</span></td>"
+        f'<td>{escape(call.upstream or "")}</td><td class="outcome">{outcome}</td>'
+        f'<td>{call.duration_ms:.1f}</td><td class="mono">{escape(call.trace_id or "")}</td></tr>'
+    )
+
+
+def _runs(gateway: Gateway) -> str:
+    recent = list(gateway.activity.runs)[-SHOWN_RUNS:][::-1]
+    head = _head("Started", "Client", "Run", "Status", "Model turns", "Tool calls", "Error")
+    return _section("runs", f"Agent runs {_NEWEST}", head, map(_run_row, recent))
+
+
+def _run_row(run: Run) -> str:
+    steps = [
+        f"<li>{escape(s.name)} {'<span class=error>failed</span>' if s.is_error else 'ok'} "
+        f"<span class=muted>{s.duration_ms:.0f} ms</span></li>"
+        for s in run.steps
+    ]
+    steps += [f"<li>{escape(name)} <span class=muted>running…</span></li>" for name in run.calling]
+    return (
+        f'<tr class="run{" failed" if run.status == "failed" else ""}"><td>{_clock(run.started)}</td>'
+        f'<td>{escape(run.client)}</td><td class="mono">{escape(run.run_id[:12])} '
+        f"<span class=muted>thread {escape(run.thread[:24])}</span></td><td>{run.status}</td>"
+        f'<td>{run.model_turns}</td><td><ol class="steps">{"".join(steps)}</ol></td>'
+        f'<td class="error">{escape(run.error or "")}</td></tr>'
+    )
+
+
+# -- small pieces ------------------------------------------------------------------------------
+
+
+_NEWEST = "<span class=muted>(newest first)</span>"
+
+
+def _section(key: str, title: str, head: str, rows: Iterable[str]) -> str:
+    """A refreshed section: its title (markup) and a table."""
+    return f'<section id="{key}" data-live><h2>{title}</h2><table>{head}<tbody>{"".join(rows)}</tbody></table></section>'
+
+
+def _head(*names: str) -> str:
+    return "<thead><tr>" + "".join(f"<th>{name}</th>" for name in names) + "</tr></thead>"
+
+
+def _clock(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%H:%M:%S")
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60}s"
+    return f"{whole // 3600}h {whole % 3600 // 60}m"

@@ -1,0 +1,45 @@
+"""``GET /`` (the page) and ``GET /?part=live`` (what it refreshes), with headers that keep
+anything but the page's own style and script from running in it."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from agent_gateway.server import Gateway
+from agent_gateway.ui.page import full_page, live_part
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def status_page(gateway: Gateway, authorized: Callable[[Request], bool]) -> Endpoint:
+    """The page's endpoint; ``authorized(request)`` is the same check as ``/status``."""
+
+    async def page(request: Request) -> Response:
+        if not authorized(request):
+            return HTMLResponse("<h1>401: authentication required</h1>", status_code=401)
+        if request.query_params.get("part") == "live":
+            return _html(live_part(gateway, request.query_params.get("catalog")), nonce=None)
+        nonce = secrets.token_urlsafe(16)
+        return _html(full_page(gateway, nonce), nonce)
+
+    return page
+
+
+def _html(body: str, nonce: str | None) -> HTMLResponse:
+    source = f"'nonce-{nonce}'" if nonce else "'none'"
+    return HTMLResponse(
+        body,
+        headers={
+            "Content-Security-Policy": (
+                f"default-src 'none'; style-src {source}; script-src {source}; connect-src 'self'; "
+                "img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+            ),
+            "Cache-Control": "no-store",
+            "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer",
+        },
+    )

@@ -1,0 +1,86 @@
+"""The status page's style and script, inline in the page: no build step, no external assets.
+
+The script refreshes the live sections every ``REFRESH_MS`` by fetching the page's
+``?part=live`` fragment and swapping each ``[data-live]`` section by id (the catalog only when
+its version changed, so open schemas and the search stay as they are), and filters the
+catalog as the search box is typed in.
+"""
+
+from __future__ import annotations
+
+REFRESH_MS = 2000
+
+STYLE = """
+:root { color-scheme: light dark; --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700;
+  --muted: #6e7781; --line: #d0d7de; --bad-bg: rgba(207, 34, 46, .12); }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, sans-serif; margin: 0 auto; padding: 1rem 1.5rem; max-width: 88rem; }
+header { display: flex; align-items: baseline; gap: 1rem; border-bottom: 1px solid var(--line); }
+header h1 { font-size: 1.4rem; margin: .3rem 0; }
+header .version { color: var(--muted); }
+header #updated { margin-left: auto; }
+h2 { font-size: 1.1rem; margin: 1.6rem 0 .4rem; }
+table { border-collapse: collapse; width: 100%; }
+th, td { text-align: left; padding: .25rem .5rem; border-bottom: 1px solid var(--line); vertical-align: top; }
+th { font-weight: 600; color: var(--muted); }
+code, pre, .mono { font-family: ui-monospace, monospace; font-size: 12px; }
+pre { margin: .3rem 0; max-height: 20rem; overflow: auto; }
+.muted { color: var(--muted); }
+.badge { display: inline-block; padding: 0 .45rem; border-radius: 1rem; font-weight: 600; color: #fff; }
+.state-up .badge { background: var(--ok); }
+.state-connecting .badge { background: var(--warn); }
+.state-down .badge { background: var(--bad); }
+tr.state-down td, tr.failed td { background: var(--bad-bg); }
+tr.failed .outcome, .error { color: var(--bad); font-weight: 600; }
+input[type=search] { font: inherit; padding: .3rem .5rem; width: 24rem; max-width: 100%; }
+details summary { cursor: pointer; color: var(--muted); }
+.steps { margin: 0; padding-left: 1rem; }
+#stale[hidden] { display: none; }
+#stale { color: var(--bad); font-weight: 600; }
+"""
+
+SCRIPT = (
+    """
+"use strict";
+const REFRESH_MS = """
+    + str(REFRESH_MS)
+    + """;
+const search = document.getElementById("search");
+
+function filterCatalog() {
+  const words = search.value.toLowerCase().split(/\\s+/).filter(Boolean);
+  let shown = 0;
+  const rows = document.querySelectorAll("#catalog tr[data-search]");
+  for (const row of rows) {
+    const hit = words.every((word) => row.dataset.search.includes(word));
+    row.hidden = !hit;
+    if (hit) shown += 1;
+  }
+  document.getElementById("shown").textContent = shown + " of " + rows.length;
+}
+
+async function refresh() {
+  try {
+    const catalog = document.getElementById("catalog").dataset.version;
+    const url = location.pathname + "?part=live&catalog=" + encodeURIComponent(catalog);
+    const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+    if (!answer.ok) throw new Error("status " + answer.status);
+    const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
+    for (const section of fresh.querySelectorAll("[data-live]")) {
+      const old = document.getElementById(section.id);
+      if (old) old.replaceWith(document.adoptNode(section));
+    }
+    filterCatalog();
+    document.getElementById("stale").hidden = true;
+  } catch (problem) {
+    document.getElementById("stale").hidden = false;
+  } finally {
+    setTimeout(refresh, REFRESH_MS);
+  }
+}
+
+search.addEventListener("input", filterCatalog);
+filterCatalog();
+setTimeout(refresh, REFRESH_MS);
+"""
+)

@@ -1,0 +1,70 @@
+"""The Dockerfile and compose.yaml, checked without a container runtime (none on this machine):
+what they copy exists, what they run is a command the gateway accepts, and they publish the
+gateway on loopback behind a token."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent_gateway.cli import parse_arguments, serve_config
+from agent_gateway.config_files import load_config
+from tests.support import ROOT
+
+DOCKERFILE = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+TOKEN = {"AGENT_GATEWAY_TOKEN": "t" * 32}
+
+
+def instructions(name: str) -> list[str]:
+    joined = DOCKERFILE.replace("\\\n", " ")
+    return [line.split(None, 1)[1] for line in joined.splitlines() if line.startswith(f"{name} ")]
+
+
+def compose_gateway() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text(encoding="utf-8"))["services"]["gateway"]
+
+
+def image_path(path: str) -> Path:
+    """Where a file the image reads comes from in the repository (by the Dockerfile's COPYs)."""
+    for copy in instructions("COPY"):
+        *sources, target = copy.split()
+        for source in sources:
+            if target.rstrip("/") == path or (target.endswith("/") and f"{target}{source}" == path):
+                return ROOT / source
+    raise AssertionError(f"the image has no {path}")
+
+
+def test_everything_the_dockerfile_copies_exists_and_it_installs_the_locked_versions() -> None:
+    copies = [source for copy in instructions("COPY") for source in copy.split()[:-1]]
+    assert copies
+    for source in copies:
+        assert (ROOT / source).exists(), source
+    assert any("-c constraints.txt ." in run for run in instructions("RUN"))
+
+
+def test_the_images_command_serves_its_config_and_the_config_is_accepted() -> None:
+    entrypoint = json.loads(instructions("ENTRYPOINT")[0])
+    command = json.loads(instructions("CMD")[-1])
+    assert entrypoint == ["agent-gateway"]
+    check_serve(command)
+    assert compose_gateway()["command"] == command
+
+
+def check_serve(argv: list[str]) -> None:
+    args = parse_arguments(argv)
+    config = serve_config(args, load_config(image_path(args.config), TOKEN))
+    assert (config.server.host, config.server.port, config.auth.mode) == ("0.0.0.0", 8000, "bearer")
+    assert str(config.auth.tokens[0].token) == TOKEN["AGENT_GATEWAY_TOKEN"]
+    assert set(config.upstreams) == {"everything", "memory", "notes"}
+
+
+def test_compose_publishes_the_gateway_on_the_hosts_loopback_only_and_requires_the_token() -> None:
+    service = compose_gateway()
+    assert service["ports"] == ["127.0.0.1:8000:8000"]
+    assert re.fullmatch(r"\$\{AGENT_GATEWAY_TOKEN:\?.+\}", service["environment"]["AGENT_GATEWAY_TOKEN"])
+    assert service["build"] == "."
+    assert any(volume.endswith(":/data") for volume in service["volumes"])

@@ -1,0 +1,193 @@
+"""Configuration reload on a running gateway, with real upstreams and a client connected throughout."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+import yaml
+from mcp import Client
+from mcp.client.session import IncomingMessage
+
+from agent_gateway.config_files import load_config
+from agent_gateway.http import build_app
+from agent_gateway.reload import Reloader
+from agent_gateway.server import Gateway
+from tests.support import RunningGateway, free_socket, gateway_env, python_upstream, serving
+from tests.test_upstreams import pid_alive
+
+AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
+BOUND = 30.0
+
+
+def counter(**extra: Any) -> dict[str, Any]:
+    return python_upstream("counter.py", **extra)
+
+
+def text_of(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def write(path: Path, upstreams: dict[str, Any], **top: Any) -> Path:
+    path.write_text(yaml.safe_dump({"upstreams": upstreams, **top}), encoding="utf-8")
+    return path
+
+
+@asynccontextmanager
+async def from_file(path: Path) -> AsyncIterator[tuple[RunningGateway, Reloader]]:
+    """A gateway on the file at ``path``, served over HTTP, with its reloader."""
+    gateway = Gateway(load_config(path, {}))
+    async with gateway.running(), serving(build_app(gateway)) as base:
+        gw = RunningGateway(gateway, f"{base}/mcp", base)
+        yield gw, Reloader(gateway, lambda: load_config(path, {}), str(path))
+
+
+async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_rest_go_on(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "g.yaml", {"keep": counter(), "change": counter(), "drop": counter()})
+    changed = anyio.Event()
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    async with (
+        from_file(path) as (gw, reloader),
+        Client(gw.url, mode="legacy", message_handler=on_message) as client,
+    ):
+        session = next(iter(gw.gateway.sessions.live))
+        kept_pid = int(text_of(await client.call_tool("keep__pid", {})))
+        changed_pid = int(text_of(await client.call_tool("change__pid", {})))
+        dropped_pid = int(text_of(await client.call_tool("drop__pid", {})))
+        assert text_of(await client.call_tool("keep__increment", {})) == "1"
+
+        write(path, {"keep": counter(), "change": counter(timeout=7, exclude=["crash"]), "add": counter()})
+        found = await reloader.reload()
+
+        assert found is not None
+        assert (found.added, found.removed, found.changed, found.unchanged) == (
+            ("add",),
+            ("drop",),
+            ("change",),
+            ("keep",),
+        )
+        with anyio.fail_after(BOUND):
+            await changed.wait()  # the same session was told, and goes on
+        names = {tool.name for tool in (await client.list_tools()).tools}
+        assert {"keep__pid", "change__pid", "add__pid"} <= names
+        assert not {n for n in names if n.startswith("drop__")}
+        assert "change__crash" not in names
+        assert "keep__crash" in names
+        # Untouched: the same process, its state kept; restarted: a new one; removed: reaped.
+        assert int(text_of(await client.call_tool("keep__pid", {}))) == kept_pid
+        assert text_of(await client.call_tool("keep__increment", {})) == "2"
+        assert int(text_of(await client.call_tool("change__pid", {}))) != changed_pid
+        assert not text_of(await client.call_tool("add__increment", {})).startswith("Unknown")
+        assert not pid_alive(dropped_pid)
+        assert not pid_alive(changed_pid)
+        assert list(gw.gateway.sessions.live) == [session]
+        assert gw.gateway.pool.get("keep").connections == 1
+        dropped = await client.call_tool("drop__pid", {})
+        assert dropped.is_error
+
+
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        ("upstreams:\n  keep: {command: x}\n  keep: {command: y}\n", "line 3: duplicate key 'keep'"),
+        ("upstreams:\n  keep: {command: x, timout: 3}\n", "upstreams.keep.timout: unknown key 'timout'"),
+    ],
+)
+async def test_a_bad_new_config_is_refused_in_one_line_and_the_running_one_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, reason: str
+) -> None:
+    path = write(tmp_path / "g.yaml", {"keep": counter()})
+    async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
+        pid = text_of(await client.call_tool("keep__pid", {}))
+        path.write_text(text, encoding="utf-8")
+        assert await reloader.reload() is None
+        assert text_of(await client.call_tool("keep__pid", {})) == pid
+    [refused] = [r for r in caplog.records if r.getMessage().startswith("reload refused")]
+    assert refused.levelno == logging.ERROR
+    assert reason in refused.getMessage()
+    assert "\n" not in refused.getMessage()
+
+
+async def test_a_rename_keeps_the_connection_and_one_that_collides_is_refused_before_anything_changes(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "g.yaml", {"a": counter(), "b": counter()})
+    async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
+        pid = text_of(await client.call_tool("a__pid", {}))
+        write(path, {"a": counter(rename={"pid": "process"}), "b": counter()})
+        found = await reloader.reload()
+        assert found is not None
+        assert (found.renamed, found.changed) == (("a",), ())
+        assert text_of(await client.call_tool("a__process", {})) == pid  # the same process
+
+        write(path, {"a": counter(prefix=False), "b": counter(prefix=False), "c": counter()})
+        assert await reloader.reload() is None
+        assert text_of(await client.call_tool("a__process", {})) == pid
+        assert "c" not in gw.gateway.pool.upstreams
+
+
+# -- the serve process: SIGHUP and --watch ------------------------------------------------------
+
+
+@asynccontextmanager
+async def serving_process(path: Path, *flags: str) -> AsyncIterator[tuple[subprocess.Popen[bytes], str]]:
+    port = load_config(path, {}).server.port
+    process = subprocess.Popen([AGENT_GATEWAY, "serve", "-c", str(path), *flags], env=gateway_env())
+    base = f"http://127.0.0.1:{port}"
+    try:
+        yield process, base
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+async def upstream_names(http: httpx.AsyncClient, base: str) -> set[str]:
+    try:
+        answer = await http.get(f"{base}/readyz")
+    except httpx.TransportError:
+        return set()
+    return {u["name"] for u in json.loads(answer.text)["upstreams"] if u["state"] == "up"}
+
+
+async def until_upstreams(http: httpx.AsyncClient, base: str, expected: set[str]) -> None:
+    with anyio.fail_after(BOUND):
+        while await upstream_names(http, base) != expected:
+            await anyio.sleep(0.1)
+
+
+@pytest.mark.parametrize("how", ["sighup", "watch"])
+async def test_serve_applies_an_edited_file_on_sighup_or_with_watch(tmp_path: Path, how: str) -> None:
+    with free_socket() as sock:
+        port = sock.getsockname()[1]
+    path = write(tmp_path / "g.yaml", {"one": counter()}, server={"port": port})
+    flags = ["--watch"] if how == "watch" else []
+    async with serving_process(path, *flags) as (process, base), httpx.AsyncClient() as http:
+        await until_upstreams(http, base, {"one"})
+        write(path, {"two": counter()}, server={"port": port})
+        if how == "sighup":
+            process.send_signal(signal.SIGHUP)
+        await until_upstreams(http, base, {"two"})
+        assert process.poll() is None

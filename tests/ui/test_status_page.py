@@ -1,0 +1,124 @@
+"""The status page at ``GET /`` in a real headless Chromium (Debian's, driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+
+from agent_gateway.ui.static import REFRESH_MS
+from agent_gateway.upstreams.connection import UpstreamState
+from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
+REFRESH = REFRESH_MS / 1000
+needs_chromium = pytest.mark.skipif(
+    not os.path.exists(CHROMIUM),
+    reason="Chromium is not installed (scripts/setup installs it as root on Debian)",
+)
+
+
+def alpha_server() -> FastMCP:
+    server = FastMCP("alpha")
+
+    @server.tool(description=f"Echo the text back. {HOSTILE}")
+    def echo(text: str) -> str:
+        return text
+
+    @server.tool
+    def weather(city: str) -> str:
+        """Today's weather in a city."""
+        return f"sunny in {city}"
+
+    return server
+
+
+def config(alpha_url: str) -> dict[str, Any]:
+    return {
+        "upstreams": {
+            # Retries far apart: once killed, it stays down for the length of the test.
+            "counter": python_upstream("counter.py", retry={"initial_delay": 60, "max_delay": 60}),
+            "alpha": {"url": alpha_url},
+            "ghost": {"command": "no-such-mcp-server"},
+        },
+        "agent": {"memory": {"store": "memory"}},
+    }
+
+
+@asynccontextmanager
+async def example() -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(alpha_server()) as url, running_gateway(config(url)) as gw:
+        yield gw
+
+
+async def test_the_page_is_off_with_ui_false_and_behind_auth_like_status() -> None:
+    token = "page-token-0123456789abcdef"
+    auth = {"mode": "bearer", "tokens": [{"name": "ops", "token": token}]}
+    async with running_gateway({"upstreams": {}, "auth": auth}) as gw, httpx.AsyncClient() as http:
+        assert (await http.get(f"{gw.base}/")).status_code == 401
+        page = await http.get(f"{gw.base}/", headers={"Authorization": f"Bearer {token}"})
+        assert page.status_code == 200
+        assert "default-src 'none'" in page.headers["content-security-policy"]
+    async with running_gateway({"upstreams": {}, "server": {"ui": False}}) as gw, httpx.AsyncClient() as http:
+        assert (await http.get(f"{gw.base}/")).status_code == 404
+        assert (await http.get(f"{gw.base}/status")).status_code == 200
+
+
+@needs_chromium
+async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> None:
+    from playwright.async_api import async_playwright
+
+    async with example() as gw, Client(gw.url, mode="legacy") as client, async_playwright() as pw:
+        pid = int((await client.call_tool("counter__pid", {})).content[0].text)  # type: ignore[union-attr]
+        await client.call_tool("alpha__echo", {"text": 42})  # an error, highlighted
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = await browser.new_page(viewport={"width": 1300, "height": 1000})
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None)
+            page.on("pageerror", lambda exc: problems.append(str(exc)))
+            await page.goto(f"{gw.base}/")
+
+            names = await page.eval_on_selector_all(
+                "#upstreams tr[data-name]", "rows => rows.map(r => r.dataset.name)"
+            )
+            assert sorted(names) == ["alpha", "counter", "ghost"]
+            assert await page.get_attribute('tr[data-name="ghost"]', "class") == "upstream state-down"
+            assert await page.title() == "agent-gateway"  # the hostile description stayed text
+            assert HOSTILE in await page.inner_text("#catalog")
+            failed = await page.inner_text("#calls tr.failed")
+            assert "alpha__echo" in failed
+            assert "tool_error" in failed
+
+            await page.fill("#search", "weather")
+            visible = await page.eval_on_selector_all(
+                "#catalog tr[data-search]:not([hidden]) code", "cells => cells.map(c => c.textContent)"
+            )
+            assert visible == ["alpha__weather"]
+
+            os.kill(pid, signal.SIGKILL)
+            with anyio.fail_after(20):
+                while gw.gateway.pool.get("counter").state != UpstreamState.DOWN:
+                    await anyio.sleep(0.05)
+            # Down at the gateway: red on the page by its next refresh.
+            await page.wait_for_selector('tr[data-name="counter"].state-down', timeout=(REFRESH + 3) * 1000)
+            still = await page.eval_on_selector_all(
+                "#catalog tr[data-search]:not([hidden]) code", "cells => cells.map(c => c.textContent)"
+            )
+            assert still == ["alpha__weather"]  # the refresh kept the search
+            if target := os.environ.get("AGW_SCREENSHOT"):
+                await page.fill("#search", "")
+                await page.screenshot(path=target, full_page=True)
+            assert problems == []
+        finally:
+            await browser.close()
