@@ -262,26 +262,36 @@ async def test_upstream_log_lines_reach_the_calling_client_tagged_with_the_upstr
 async def test_set_level_is_applied_upstream_and_filters_what_the_client_gets(
     transport: str, tmp_path: Path
 ) -> None:
-    lines: list[types.LoggingMessageNotificationParams] = []
+    lines: dict[str, list[str]] = {"quiet": [], "verbose": []}
 
-    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
-        lines.append(params)
+    def collect(who: str) -> Any:
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            lines[who].append(params.data["msg"])
+
+        return on_log
 
     async with (
         recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, seen),
-        Client(gw.url, mode="legacy", logging_callback=on_log) as client,
+        Client(gw.url, mode="legacy", logging_callback=collect("verbose")) as verbose,
+        Client(gw.url, mode="legacy", logging_callback=collect("quiet")) as quiet,
     ):
-        with pytest.warns(MCPDeprecationWarning) as warned:
-            await client.set_logging_level("error")
-        assert not [w for w in warned if "agent_gateway" in w.filename]  # only the client warns
-        await seen.wait_for(lambda ev: any(e["event"] == "set_level" for e in ev))
-        await client.call_tool("rec__say", {"text": "quiet", "level": "info"})
-        await client.call_tool("rec__say", {"text": "loud", "level": "error"})
+        # The verbose client's level holds the shared upstream at debug, so the upstream
+        # sends the quiet client's info line too: only the gateway's filter can hold it back.
+        levels: list[tuple[Client, types.LoggingLevel]] = [(verbose, "debug"), (quiet, "error")]
+        for client, level in levels:
+            with pytest.warns(MCPDeprecationWarning) as warned:
+                await client.set_logging_level(level)
+            assert not [w for w in warned if "agent_gateway" in w.filename]  # only the client warns
+        await seen.wait_for(lambda ev: len([e for e in ev if e["event"] == "set_level"]) == 2)
+        await verbose.call_tool("rec__say", {"text": "sent at info", "level": "info"})
+        await quiet.call_tool("rec__say", {"text": "quiet", "level": "info"})
+        await quiet.call_tool("rec__say", {"text": "loud", "level": "error"})
         with anyio.fail_after(BOUND):
-            while not lines:
+            while not (lines["quiet"] and lines["verbose"]):
                 await anyio.sleep(0.01)
-    assert [e["level"] for e in seen.of("set_level")] == ["error"]
-    assert [line.data["msg"] for line in lines] == ["loud"]
+    # A shared session runs at the most verbose level any client asked for.
+    assert [e["level"] for e in seen.of("set_level")] == ["debug", "debug"]
+    assert lines == {"verbose": ["sent at info"], "quiet": ["loud"]}
 
 
 async def status(gw: RunningGateway) -> dict[str, Any]:
