@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shlex
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -28,11 +33,22 @@ from tests.support import gateway_env, npm_server
 pytestmark = pytest.mark.e2e
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
+STUBBORN_SECONDS = 60
+
+
+def outliving_its_input(upstream: dict[str, Any]) -> dict[str, Any]:
+    """``upstream`` run by a shell that keeps running after the server exits on end of input,
+    as a wrapper script may: only the gateway's own stop (signal the group, reap) ends it."""
+    server = shlex.join([upstream["command"], *upstream["args"]])
+    return {**upstream, "command": "sh", "args": ["-c", f"{server}; exec sleep {STUBBORN_SECONDS}"]}
 
 
 def write_config(directory: Path) -> Path:
-    """A gateway.yaml in ``directory`` with two stdio npm upstreams."""
-    memory = {**npm_server("server-memory"), "env": {"MEMORY_FILE_PATH": str(directory / "memory.jsonl")}}
+    """A gateway.yaml in ``directory`` with two stdio npm upstreams, one that outlives its input."""
+    memory = {
+        **outliving_its_input(npm_server("server-memory")),
+        "env": {"MEMORY_FILE_PATH": str(directory / "memory.jsonl")},
+    }
     config = {
         "server": {"transport": "stdio"},
         "upstreams": {"everything": npm_server("server-everything", "stdio"), "memory": memory},
@@ -54,6 +70,9 @@ async def all_exited(pids: set[int]) -> None:
                 await exited(pid)
     except TimeoutError:
         survivors = {pid: command_of(pid) for pid in pids}
+        for pid in pids:  # the test fails; nothing is left behind for the next one
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         raise AssertionError(f"processes outlived the gateway: {survivors}") from None
 
 
@@ -111,7 +130,7 @@ async def test_the_gateway_exits_cleanly_on_end_of_input_and_reaps_its_upstreams
             reply = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 1_000_000)
         assert json.loads(reply)["result"]["protocolVersion"] == "2025-11-25"
         children = descendants(process.pid)
-        assert len(children) >= 2, upstream_commands(children)
+        assert len(children) >= 3, upstream_commands(children)  # two servers and a shell
         await process.stdin.aclose()
         with anyio.fail_after(BOUND):
             returncode = await process.wait()
