@@ -482,20 +482,31 @@ async def test_roots_list_changed_reaches_the_clients_own_upstream_session(
     async def current_roots(context: Any) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in roots])
 
+    def changes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in events if e.get("method") == "notifications/roots/list_changed"]
+
+    who = "pid" if transport == "stdio" else "session"
     async with (
         recorded_gateway(transport, tmp_path, protocol="legacy", session="per_client") as (gw, seen),
         Client(gw.url, mode="legacy", list_roots_callback=current_roots) as client,
+        Client(gw.url, mode="legacy", list_roots_callback=rooted) as other,
     ):
         first = await client.call_tool("rec__roots", {})
+        mine = (await client.call_tool("rec__whoami", {})).structured_content
+        theirs = (await other.call_tool("rec__whoami", {})).structured_content  # its own session
         roots[:] = ["file:///work/two"]
         await client.session.send_notification(types.RootsListChangedNotification())
-        events = await seen.wait_for(
-            lambda ev: any(e.get("method") == "notifications/roots/list_changed" for e in ev)
-        )
+        await seen.wait_for(lambda ev: bool(changes(ev)))
+        # A round trip on the other client's session: a change sent there would be in by now.
+        await other.call_tool("rec__whoami", {})
         second = await client.call_tool("rec__roots", {})
+        told = [e[who] for e in changes(seen.all())]
+    assert mine is not None
+    assert theirs is not None
+    assert mine[who] != theirs[who]
     assert first.structured_content == {"result": ["file:///work/one"]}
     assert second.structured_content == {"result": ["file:///work/two"]}
-    assert len([e for e in events if e.get("method") == "notifications/roots/list_changed"]) == 1
+    assert told == [mine[who]]  # the client's own upstream session, and no other
 
 
 @pytest.mark.parametrize("session", ["shared", "per_client"])

@@ -132,18 +132,22 @@ async def test_the_upstream_sees_each_clients_own_roots_and_their_changes(per_cl
             first_ada = text_of(await ada.call_tool("everything__get-roots-list", {}))
             first_bob = text_of(await bob.call_tool("everything__get-roots-list", {}))
             roots["ada"] = ["file:///work/ada-2", "file:///work/shared"]
-            before = asked["ada"]
+            before = dict(asked)
             await ada.session.send_notification(types.RootsListChangedNotification())
             # server-everything asks for the roots again when told they changed.
-            while asked["ada"] == before:
+            while asked["ada"] == before["ada"]:
                 await anyio.sleep(0.02)
             second_ada = text_of(await ada.call_tool("everything__get-roots-list", {}))
+            # A round trip on bob's own upstream session: had it been told, it would have asked.
+            second_bob = text_of(await bob.call_tool("everything__get-roots-list", {}))
     assert "URI: file:///work/ada" in first_ada
     assert "URI: file:///work/bob" in first_bob
     assert "file:///work/ada" not in first_bob
     assert "Current MCP Roots (2 total)" in second_ada
     assert "URI: file:///work/ada-2" in second_ada
     assert "URI: file:///work/shared" in second_ada
+    assert asked["bob"] == before["bob"]  # bob's roots did not change: its session was not told
+    assert second_bob == first_bob
 
 
 async def test_simulated_log_lines_reach_the_client_tagged_with_the_upstream(shared_url: str) -> None:
