@@ -221,6 +221,97 @@ async def test_sampling_elicitation_and_roots_are_answered_by_the_calling_client
     assert roots.structured_content == {"result": ["file:///work/project"]}
 
 
+@dataclass
+class Answering:
+    """A client that answers sampling, elicitation and roots under its own name, and keeps
+    what it was asked and the log lines it got."""
+
+    name: str
+    asked: list[str] = field(default_factory=list)
+    logged: list[str] = field(default_factory=list)
+
+    def client(self, url: str) -> Client:
+        async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+            self.asked.append("sampling")
+            text = f"{self.name}'s model"
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text=text), model="m"
+            )
+
+        async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            self.asked.append("elicitation")
+            return types.ElicitResult(action="accept", content={"value": self.name})
+
+        async def roots(context: Any) -> types.ListRootsResult:
+            self.asked.append("roots")
+            return types.ListRootsResult(roots=[types.Root(uri=FileUrl(f"file:///{self.name}"))])
+
+        async def log(params: types.LoggingMessageNotificationParams) -> None:
+            self.logged.append(params.data["msg"])
+
+        return Client(
+            url,
+            mode="legacy",
+            sampling_callback=sample,
+            elicitation_callback=elicit,
+            list_roots_callback=roots,
+            logging_callback=log,
+        )
+
+
+REFUSED = "refused"
+# (transport, upstream era) of a shared upstream session -> who answers B's sampling,
+# elicitation and roots requests, and who gets B's log line. The mcp client names the caller
+# for requests on a call's own HTTP stream and for a modern upstream's input requests; a
+# stdio session with two clients' calls in flight cannot say whose a request is, so it is
+# refused (and a log line dropped). The recorder asks for roots on the session's own
+# channel, not the call's: with a handshake-era HTTP upstream that is the ambiguous case too.
+ATTRIBUTION: dict[tuple[str, str], tuple[str, str, str, str | None]] = {
+    ("http", "legacy"): ("b", "b", REFUSED, "b"),
+    ("http", "auto"): ("b", "b", "b", "b"),
+    ("stdio", "legacy"): (REFUSED, REFUSED, REFUSED, None),
+}
+
+
+@pytest.mark.parametrize(("transport", "protocol"), list(ATTRIBUTION))
+async def test_upstream_requests_and_log_lines_go_to_the_client_whose_call_caused_them(
+    transport: str, protocol: str, tmp_path: Path
+) -> None:
+    a, b = Answering("a"), Answering("b")
+    results: list[types.CallToolResult] = []
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, seen),
+        a.client(gw.url) as client_a,
+        b.client(gw.url) as client_b,
+        anyio.create_task_group() as tg,
+    ):
+        # A's call is in flight on the same upstream session while B's calls ask their questions.
+        tg.start_soon(client_a.call_tool, "rec__wait", {"seconds": 30})
+        await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev))
+        results.append(await client_b.call_tool("rec__sample", {"prompt": "hi"}))
+        results.append(await client_b.call_tool("rec__ask", {"question": "name?"}))
+        results.append(await client_b.call_tool("rec__roots", {}))
+        await client_b.call_tool("rec__say", {"text": "for b", "level": "warning"})
+        await client_b.call_tool("rec__whoami", {})  # B's log line is in before this answer
+        tg.cancel_scope.cancel()
+    *answered_by, logged_to = ATTRIBUTION[(transport, protocol)]
+    answers = {"sampling": "b's model", "elicitation": "accept:b", "roots": '["file:///b"]'}
+    assert (a.asked, a.logged) == ([], [])
+    for (what, answer), result, by in zip(answers.items(), results, answered_by, strict=True):
+        shown = text_of(result)
+        if by == REFUSED:
+            assert result.is_error, (what, shown)
+            assert "several clients have calls in flight" in shown, what
+        else:
+            assert (result.is_error, shown) == (False, answer), what
+    assert b.asked == [what for what, by in zip(answers, answered_by, strict=True) if by == "b"]
+    assert b.logged == (["for b"] if logged_to == "b" else [])
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_client_without_the_capability_gets_a_clear_error_not_a_hang(
     transport: str, tmp_path: Path
