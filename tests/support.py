@@ -10,9 +10,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import uvicorn
+from anyio.streams.buffered import BufferedByteReceiveStream
 from fastmcp import FastMCP
 from langchain_core.language_models import BaseChatModel
 from starlette.types import ASGIApp
@@ -93,6 +95,33 @@ async def running_gateway(
     gateway = Gateway(config_of(data, environ), chat_model=chat_model)
     async with gateway.running(settle_timeout=settle_timeout), serving(build_app(gateway)) as base:
         yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
+
+
+@dataclass(frozen=True)
+class RawAnswer:
+    status: int
+    body: bytes
+
+
+async def answer_before_the_body_ends(
+    url: str, headers: Mapping[str, str], body_start: bytes = b""
+) -> RawAnswer:
+    """POST to ``url`` on a raw socket: the headers and ``body_start``, never the rest of the
+    body, then the answer. Only a server that answers before the body is whole answers at all
+    (the caller bounds the wait)."""
+    parsed = urlsplit(url)
+    head = [
+        f"POST {parsed.path} HTTP/1.1",
+        f"Host: {parsed.netloc}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    async with await anyio.connect_tcp(parsed.hostname or "127.0.0.1", parsed.port or 80) as stream:
+        await stream.send("\r\n".join([*head, "", ""]).encode() + body_start)
+        received = BufferedByteReceiveStream(stream)
+        status_line, *fields = (await received.receive_until(b"\r\n\r\n", 65536)).decode().split("\r\n")
+        lengths = [int(f.split(":", 1)[1]) for f in fields if f.lower().startswith("content-length:")]
+        body = await received.receive_exactly(lengths[0]) if lengths else b""
+    return RawAnswer(int(status_line.split()[1]), body)
 
 
 def python_upstream(script: str, **extra: Any) -> dict[str, Any]:
