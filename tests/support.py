@@ -124,6 +124,22 @@ async def answer_before_the_body_ends(
     return RawAnswer(int(status_line.split()[1]), body)
 
 
+LOOPBACK_HEX = "0100007F"
+"""127.0.0.1 as /proc/net/tcp writes it."""
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) with a socket listening on ``port``."""
+    found: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
 def python_upstream(script: str, **extra: Any) -> dict[str, Any]:
     """Config for a stdio upstream running ``tests/servers/<script>`` with this interpreter."""
     return {"command": sys.executable, "args": [str(SERVERS / script)], **extra}

@@ -19,7 +19,7 @@ from mcp import Client
 
 from agent_gateway import runtime
 from agent_gateway.cli import main
-from tests.support import SERVERS, free_socket, gateway_env
+from tests.support import LOOPBACK_HEX, SERVERS, free_socket, gateway_env, listening_addresses
 
 
 def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
@@ -109,6 +109,8 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
                         pass
                     await anyio.sleep(0.05)
             status = (await http.get("/status")).json()
+        # No server.host in the file: the gateway's own socket is on loopback only.
+        assert listening_addresses(port) == {LOOPBACK_HEX}
         # serve's process settings (runtime.py): uvloop, and the start-up heap frozen.
         assert status["runtime"]["event_loop"] == ("uvloop" if runtime.has_uvloop() else "asyncio")
         assert status["runtime"]["gc_frozen_objects"] > 10_000
