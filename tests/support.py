@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -143,6 +144,14 @@ def listening_addresses(port: int) -> set[str]:
 def python_upstream(script: str, **extra: Any) -> dict[str, Any]:
     """Config for a stdio upstream running ``tests/servers/<script>`` with this interpreter."""
     return {"command": sys.executable, "args": [str(SERVERS / script)], **extra}
+
+
+def outliving_its_input(upstream: dict[str, Any], seconds: int = 60) -> dict[str, Any]:
+    """``upstream`` run by a shell that keeps running after the server exits on end of input,
+    as a wrapper script may: only the gateway's own stop (signal the group, reap) ends it
+    before ``seconds``. A test of stopping upstreams needs one: servers exit by themselves."""
+    server = shlex.join([upstream["command"], *upstream["args"]])
+    return {**upstream, "command": "sh", "args": ["-c", f"{server}; exec sleep {seconds}"]}
 
 
 def npm_server(package: str, *args: str) -> dict[str, Any]:

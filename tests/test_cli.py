@@ -19,7 +19,14 @@ from mcp import Client
 
 from agent_gateway import runtime
 from agent_gateway.cli import main
-from tests.support import LOOPBACK_HEX, SERVERS, free_socket, gateway_env, listening_addresses
+from tests.support import (
+    LOOPBACK_HEX,
+    SERVERS,
+    free_socket,
+    gateway_env,
+    listening_addresses,
+    outliving_its_input,
+)
 
 
 def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
@@ -94,7 +101,8 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
-    path = write_config(tmp_path, {"counter": counter()}, port=port)
+    # A shell that outlives the server's end of input: only the gateway's stop can end it.
+    path = write_config(tmp_path, {"counter": outliving_its_input(counter())}, port=port)
     gateway = subprocess.Popen(
         [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
     )
@@ -120,10 +128,14 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
         block = result.content[0]
         assert isinstance(block, types.TextContent)
         child = int(block.text)
+        stat = await anyio.Path(f"/proc/{child}/stat").read_text()
+        shell = int(stat.rsplit(")", 1)[1].split()[1])  # its parent
+        assert shell != gateway.pid
         gateway.send_signal(signal.SIGTERM)
         assert gateway.wait(timeout=20) == 0
-        with pytest.raises(ProcessLookupError):
-            os.kill(child, 0)
+        for pid in (child, shell):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
     finally:
         if gateway.poll() is None:
             gateway.kill()

@@ -83,8 +83,9 @@ def run_tests(brk: Break, into: Path) -> list[Outcome]:
     report = into / "report.xml"
     env = {**os.environ, "PYTHONPATH": str(into / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
-    subprocess.run([*command, *brk.tests], cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    ran = subprocess.run([*command, *brk.tests], cwd=ROOT, env=env, capture_output=True, text=True)
     if not report.exists():
+        print(ran.stdout[-2000:], ran.stderr[-2000:])
         return []
     outcomes = []
     for case in ET.parse(report).iter("testcase"):

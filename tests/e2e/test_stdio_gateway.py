@@ -5,11 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
 import pytest
@@ -28,19 +26,11 @@ from tests.e2e.peers import (
     processes_with_arg,
     text_of,
 )
-from tests.support import gateway_env, npm_server
+from tests.support import gateway_env, npm_server, outliving_its_input
 
 pytestmark = pytest.mark.e2e
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
-STUBBORN_SECONDS = 60
-
-
-def outliving_its_input(upstream: dict[str, Any]) -> dict[str, Any]:
-    """``upstream`` run by a shell that keeps running after the server exits on end of input,
-    as a wrapper script may: only the gateway's own stop (signal the group, reap) ends it."""
-    server = shlex.join([upstream["command"], *upstream["args"]])
-    return {**upstream, "command": "sh", "args": ["-c", f"{server}; exec sleep {STUBBORN_SECONDS}"]}
 
 
 def write_config(directory: Path) -> Path:
