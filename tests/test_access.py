@@ -82,7 +82,9 @@ def bearer_config(**policies: Any) -> dict[str, Any]:
                 {"name": "ci", "sha256": hashlib.sha256(CI_TOKEN.encode()).hexdigest(), "policy": "readonly"},
                 {"name": "admin", "token": "${ADMIN_TOKEN}"},
                 {"name": "burst", "token": "burst-token-0123456789abcdef", "policy": "limited"},
+                {"name": "burst2", "token": "burst2-token-0123456789abcdef", "policy": "limited"},
                 {"name": "one", "token": "one-token-0123456789abcdef", "policy": "single"},
+                {"name": "one2", "token": "one2-token-0123456789abcdef", "policy": "single"},
                 {"name": "pids", "token": "pids-token-0123456789abcdef", "policy": "pid_only"},
             ],
             "policies": POLICIES | policies,
@@ -193,7 +195,10 @@ async def test_a_client_over_its_rate_limit_is_refused_with_the_wait() -> None:
         )
         assert refused.error.code == -32029
         assert 1 <= served <= 3
-        async with client_with(gw.url, ADMIN_TOKEN) as admin:  # other clients are not limited by it
+        # Other clients are not limited by it, even one with the same policy: a bucket each.
+        async with client_with(gw.url, "burst2-token-0123456789abcdef") as same_policy:
+            assert not (await same_policy.call_tool("counter__increment", {})).is_error
+        async with client_with(gw.url, ADMIN_TOKEN) as admin:
             assert not (await admin.call_tool("counter__increment", {})).is_error
 
 
@@ -212,6 +217,7 @@ async def test_a_client_over_its_concurrency_limit_is_refused_at_once() -> None:
         async with (
             running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}) as gw,
             client_with(gw.url, "one-token-0123456789abcdef") as client,
+            client_with(gw.url, "one2-token-0123456789abcdef") as same_policy,
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(client.call_tool, "slow__wait", {})
@@ -222,6 +228,18 @@ async def test_a_client_over_its_concurrency_limit_is_refused_at_once() -> None:
             assert (
                 text_of(busy) == "client limit: 1 calls already in flight, the limit (max_concurrency) is 1"
             )
+            # Another client with the same policy has a count of its own: its call goes through.
+            other: list[types.CallToolResult] = []
+
+            async def call_other() -> None:
+                other.append(await same_policy.call_tool("slow__wait", {}))
+
+            tg.start_soon(call_other)
+            with anyio.fail_after(10):
+                while (one2 := gw.gateway.access.client("one2")) is None or one2.in_flight == 0:
+                    if other:  # answered before the gate opened: refused
+                        raise AssertionError(text_of(other[0]))
+                    await anyio.sleep(0.01)
             gate.set()
 
 
