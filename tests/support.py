@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -10,9 +11,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import uvicorn
+from anyio.streams.buffered import BufferedByteReceiveStream
 from fastmcp import FastMCP
 from langchain_core.language_models import BaseChatModel
 from starlette.types import ASGIApp
@@ -95,9 +98,60 @@ async def running_gateway(
         yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
 
 
+@dataclass(frozen=True)
+class RawAnswer:
+    status: int
+    body: bytes
+
+
+async def answer_before_the_body_ends(
+    url: str, headers: Mapping[str, str], body_start: bytes = b""
+) -> RawAnswer:
+    """POST to ``url`` on a raw socket: the headers and ``body_start``, never the rest of the
+    body, then the answer. Only a server that answers before the body is whole answers at all
+    (the caller bounds the wait)."""
+    parsed = urlsplit(url)
+    head = [
+        f"POST {parsed.path} HTTP/1.1",
+        f"Host: {parsed.netloc}",
+        *(f"{k}: {v}" for k, v in headers.items()),
+    ]
+    async with await anyio.connect_tcp(parsed.hostname or "127.0.0.1", parsed.port or 80) as stream:
+        await stream.send("\r\n".join([*head, "", ""]).encode() + body_start)
+        received = BufferedByteReceiveStream(stream)
+        status_line, *fields = (await received.receive_until(b"\r\n\r\n", 65536)).decode().split("\r\n")
+        lengths = [int(f.split(":", 1)[1]) for f in fields if f.lower().startswith("content-length:")]
+        body = await received.receive_exactly(lengths[0]) if lengths else b""
+    return RawAnswer(int(status_line.split()[1]), body)
+
+
+LOOPBACK_HEX = "0100007F"
+"""127.0.0.1 as /proc/net/tcp writes it."""
+
+
+def listening_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) with a socket listening on ``port``."""
+    found: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            address, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A: LISTEN
+                found.add(address)
+    return found
+
+
 def python_upstream(script: str, **extra: Any) -> dict[str, Any]:
     """Config for a stdio upstream running ``tests/servers/<script>`` with this interpreter."""
     return {"command": sys.executable, "args": [str(SERVERS / script)], **extra}
+
+
+def outliving_its_input(upstream: dict[str, Any], seconds: int = 60) -> dict[str, Any]:
+    """``upstream`` run by a shell that keeps running after the server exits on end of input,
+    as a wrapper script may: only the gateway's own stop (signal the group, reap) ends it
+    before ``seconds``. A test of stopping upstreams needs one: servers exit by themselves."""
+    server = shlex.join([upstream["command"], *upstream["args"]])
+    return {**upstream, "command": "sh", "args": ["-c", f"{server}; exec sleep {seconds}"]}
 
 
 def npm_server(package: str, *args: str) -> dict[str, Any]:

@@ -36,7 +36,14 @@ from agent_gateway.access import Principal
 from agent_gateway.config import ClientPolicy
 from agent_gateway.errors import ConfigError
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
-from tests.support import config_of, python_upstream, running_gateway, serving, serving_upstream
+from tests.support import (
+    answer_before_the_body_ends,
+    config_of,
+    python_upstream,
+    running_gateway,
+    serving,
+    serving_upstream,
+)
 
 CI_TOKEN = "ci-token-0123456789abcdef"
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
@@ -75,7 +82,9 @@ def bearer_config(**policies: Any) -> dict[str, Any]:
                 {"name": "ci", "sha256": hashlib.sha256(CI_TOKEN.encode()).hexdigest(), "policy": "readonly"},
                 {"name": "admin", "token": "${ADMIN_TOKEN}"},
                 {"name": "burst", "token": "burst-token-0123456789abcdef", "policy": "limited"},
+                {"name": "burst2", "token": "burst2-token-0123456789abcdef", "policy": "limited"},
                 {"name": "one", "token": "one-token-0123456789abcdef", "policy": "single"},
+                {"name": "one2", "token": "one2-token-0123456789abcdef", "policy": "single"},
                 {"name": "pids", "token": "pids-token-0123456789abcdef", "policy": "pid_only"},
             ],
             "policies": POLICIES | policies,
@@ -186,7 +195,10 @@ async def test_a_client_over_its_rate_limit_is_refused_with_the_wait() -> None:
         )
         assert refused.error.code == -32029
         assert 1 <= served <= 3
-        async with client_with(gw.url, ADMIN_TOKEN) as admin:  # other clients are not limited by it
+        # Other clients are not limited by it, even one with the same policy: a bucket each.
+        async with client_with(gw.url, "burst2-token-0123456789abcdef") as same_policy:
+            assert not (await same_policy.call_tool("counter__increment", {})).is_error
+        async with client_with(gw.url, ADMIN_TOKEN) as admin:
             assert not (await admin.call_tool("counter__increment", {})).is_error
 
 
@@ -205,6 +217,7 @@ async def test_a_client_over_its_concurrency_limit_is_refused_at_once() -> None:
         async with (
             running_gateway(config, environ={"ADMIN_TOKEN": ADMIN_TOKEN}) as gw,
             client_with(gw.url, "one-token-0123456789abcdef") as client,
+            client_with(gw.url, "one2-token-0123456789abcdef") as same_policy,
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(client.call_tool, "slow__wait", {})
@@ -215,6 +228,18 @@ async def test_a_client_over_its_concurrency_limit_is_refused_at_once() -> None:
             assert (
                 text_of(busy) == "client limit: 1 calls already in flight, the limit (max_concurrency) is 1"
             )
+            # Another client with the same policy has a count of its own: its call goes through.
+            other: list[types.CallToolResult] = []
+
+            async def call_other() -> None:
+                other.append(await same_policy.call_tool("slow__wait", {}))
+
+            tg.start_soon(call_other)
+            with anyio.fail_after(10):
+                while (one2 := gw.gateway.access.client("one2")) is None or one2.in_flight == 0:
+                    if other:  # answered before the gate opened: refused
+                        raise AssertionError(text_of(other[0]))
+                    await anyio.sleep(0.01)
             gate.set()
 
 
@@ -343,26 +368,26 @@ async def test_foreign_host_and_origin_headers_are_refused() -> None:
             assert answer.status_code not in (403, 421), headers
 
 
-async def test_a_request_body_over_the_limit_gets_413_and_a_json_rpc_error() -> None:
+async def test_a_request_body_over_the_limit_gets_413_and_a_json_rpc_error_before_it_is_sent() -> None:
     config = {"server": {"max_body_bytes": 65536}, "upstreams": {"counter": python_upstream("counter.py")}}
-    huge = {
-        "jsonrpc": "2.0",
-        "id": 7,
-        "method": "tools/call",
-        "params": {"name": "x", "arguments": {"a": "x" * 70000}},
-    }
-    async with running_gateway(config) as gw, httpx.AsyncClient() as http:
-        declared = await http.post(gw.url, json=huge)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            data = json.dumps(huge).encode()
-            for start in range(0, len(data), 8192):
-                yield data[start : start + 8192]
-
-        streamed = await http.post(gw.url, content=chunks(), headers={"Content-Type": "application/json"})
+    json_headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    async with running_gateway(config) as gw:
+        # Neither body is ever finished: a gateway that read to the end before refusing
+        # would never answer. A declared length is refused on the headers alone; a chunked
+        # body as soon as it passes the limit.
+        with anyio.fail_after(10):
+            declared = await answer_before_the_body_ends(
+                gw.url, {**json_headers, "Content-Length": "100000000"}
+            )
+            chunk = b'{"a": "' + b"x" * 70000
+            streamed = await answer_before_the_body_ends(
+                gw.url,
+                {**json_headers, "Transfer-Encoding": "chunked"},
+                f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n",
+            )
         for answer in (declared, streamed):
-            assert answer.status_code == 413
-            error = answer.json()["error"]
+            assert answer.status == 413
+            error = json.loads(answer.body)["error"]
             assert error["code"] == -32600
             assert "the limit (server.max_body_bytes) is 65536" in error["message"]
         async with Client(gw.url) as client:  # and the gateway serves on

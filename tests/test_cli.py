@@ -21,7 +21,15 @@ from mcp import Client
 import agent_gateway
 from agent_gateway import runtime
 from agent_gateway.cli import main
-from tests.support import SERVERS, free_socket, gateway_env, running_gateway
+from tests.support import (
+    LOOPBACK_HEX,
+    SERVERS,
+    free_socket,
+    gateway_env,
+    listening_addresses,
+    outliving_its_input,
+    running_gateway,
+)
 
 
 def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
@@ -96,7 +104,8 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
-    path = write_config(tmp_path, {"counter": counter()}, port=port)
+    # A shell that outlives the server's end of input: only the gateway's stop can end it.
+    path = write_config(tmp_path, {"counter": outliving_its_input(counter())}, port=port)
     gateway = subprocess.Popen(
         [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
     )
@@ -111,6 +120,8 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
                         pass
                     await anyio.sleep(0.05)
             status = (await http.get("/status")).json()
+        # No server.host in the file: the gateway's own socket is on loopback only.
+        assert listening_addresses(port) == {LOOPBACK_HEX}
         # serve's process settings (runtime.py): uvloop, and the start-up heap frozen.
         assert status["runtime"]["event_loop"] == ("uvloop" if runtime.has_uvloop() else "asyncio")
         assert status["runtime"]["gc_frozen_objects"] > 10_000
@@ -120,10 +131,14 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
         block = result.content[0]
         assert isinstance(block, types.TextContent)
         child = int(block.text)
+        stat = await anyio.Path(f"/proc/{child}/stat").read_text()
+        shell = int(stat.rsplit(")", 1)[1].split()[1])  # its parent
+        assert shell != gateway.pid
         gateway.send_signal(signal.SIGTERM)
         assert gateway.wait(timeout=20) == 0
-        with pytest.raises(ProcessLookupError):
-            os.kill(child, 0)
+        for pid in (child, shell):
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
     finally:
         if gateway.poll() is None:
             gateway.kill()

@@ -221,6 +221,97 @@ async def test_sampling_elicitation_and_roots_are_answered_by_the_calling_client
     assert roots.structured_content == {"result": ["file:///work/project"]}
 
 
+@dataclass
+class Answering:
+    """A client that answers sampling, elicitation and roots under its own name, and keeps
+    what it was asked and the log lines it got."""
+
+    name: str
+    asked: list[str] = field(default_factory=list)
+    logged: list[str] = field(default_factory=list)
+
+    def client(self, url: str) -> Client:
+        async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+            self.asked.append("sampling")
+            text = f"{self.name}'s model"
+            return types.CreateMessageResult(
+                role="assistant", content=types.TextContent(type="text", text=text), model="m"
+            )
+
+        async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            self.asked.append("elicitation")
+            return types.ElicitResult(action="accept", content={"value": self.name})
+
+        async def roots(context: Any) -> types.ListRootsResult:
+            self.asked.append("roots")
+            return types.ListRootsResult(roots=[types.Root(uri=FileUrl(f"file:///{self.name}"))])
+
+        async def log(params: types.LoggingMessageNotificationParams) -> None:
+            self.logged.append(params.data["msg"])
+
+        return Client(
+            url,
+            mode="legacy",
+            sampling_callback=sample,
+            elicitation_callback=elicit,
+            list_roots_callback=roots,
+            logging_callback=log,
+        )
+
+
+REFUSED = "refused"
+# (transport, upstream era) of a shared upstream session -> who answers B's sampling,
+# elicitation and roots requests, and who gets B's log line. The mcp client names the caller
+# for requests on a call's own HTTP stream and for a modern upstream's input requests; a
+# stdio session with two clients' calls in flight cannot say whose a request is, so it is
+# refused (and a log line dropped). The recorder asks for roots on the session's own
+# channel, not the call's: with a handshake-era HTTP upstream that is the ambiguous case too.
+ATTRIBUTION: dict[tuple[str, str], tuple[str, str, str, str | None]] = {
+    ("http", "legacy"): ("b", "b", REFUSED, "b"),
+    ("http", "auto"): ("b", "b", "b", "b"),
+    ("stdio", "legacy"): (REFUSED, REFUSED, REFUSED, None),
+}
+
+
+@pytest.mark.parametrize(("transport", "protocol"), list(ATTRIBUTION))
+async def test_upstream_requests_and_log_lines_go_to_the_client_whose_call_caused_them(
+    transport: str, protocol: str, tmp_path: Path
+) -> None:
+    a, b = Answering("a"), Answering("b")
+    results: list[types.CallToolResult] = []
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, seen),
+        a.client(gw.url) as client_a,
+        b.client(gw.url) as client_b,
+        anyio.create_task_group() as tg,
+    ):
+        # A's call is in flight on the same upstream session while B's calls ask their questions.
+        tg.start_soon(client_a.call_tool, "rec__wait", {"seconds": 30})
+        await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev))
+        results.append(await client_b.call_tool("rec__sample", {"prompt": "hi"}))
+        results.append(await client_b.call_tool("rec__ask", {"question": "name?"}))
+        results.append(await client_b.call_tool("rec__roots", {}))
+        await client_b.call_tool("rec__say", {"text": "for b", "level": "warning"})
+        await client_b.call_tool("rec__whoami", {})  # B's log line is in before this answer
+        tg.cancel_scope.cancel()
+    *answered_by, logged_to = ATTRIBUTION[(transport, protocol)]
+    answers = {"sampling": "b's model", "elicitation": "accept:b", "roots": '["file:///b"]'}
+    assert (a.asked, a.logged) == ([], [])
+    for (what, answer), result, by in zip(answers.items(), results, answered_by, strict=True):
+        shown = text_of(result)
+        if by == REFUSED:
+            assert result.is_error, (what, shown)
+            assert "several clients have calls in flight" in shown, what
+        else:
+            assert (result.is_error, shown) == (False, answer), what
+    assert b.asked == [what for what, by in zip(answers, answered_by, strict=True) if by == "b"]
+    assert b.logged == (["for b"] if logged_to == "b" else [])
+
+
+def text_of(result: types.CallToolResult) -> str:
+    return "\n".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_client_without_the_capability_gets_a_clear_error_not_a_hang(
     transport: str, tmp_path: Path
@@ -262,26 +353,36 @@ async def test_upstream_log_lines_reach_the_calling_client_tagged_with_the_upstr
 async def test_set_level_is_applied_upstream_and_filters_what_the_client_gets(
     transport: str, tmp_path: Path
 ) -> None:
-    lines: list[types.LoggingMessageNotificationParams] = []
+    lines: dict[str, list[str]] = {"quiet": [], "verbose": []}
 
-    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
-        lines.append(params)
+    def collect(who: str) -> Any:
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            lines[who].append(params.data["msg"])
+
+        return on_log
 
     async with (
         recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, seen),
-        Client(gw.url, mode="legacy", logging_callback=on_log) as client,
+        Client(gw.url, mode="legacy", logging_callback=collect("verbose")) as verbose,
+        Client(gw.url, mode="legacy", logging_callback=collect("quiet")) as quiet,
     ):
-        with pytest.warns(MCPDeprecationWarning) as warned:
-            await client.set_logging_level("error")
-        assert not [w for w in warned if "agent_gateway" in w.filename]  # only the client warns
-        await seen.wait_for(lambda ev: any(e["event"] == "set_level" for e in ev))
-        await client.call_tool("rec__say", {"text": "quiet", "level": "info"})
-        await client.call_tool("rec__say", {"text": "loud", "level": "error"})
+        # The verbose client's level holds the shared upstream at debug, so the upstream
+        # sends the quiet client's info line too: only the gateway's filter can hold it back.
+        levels: list[tuple[Client, types.LoggingLevel]] = [(verbose, "debug"), (quiet, "error")]
+        for client, level in levels:
+            with pytest.warns(MCPDeprecationWarning) as warned:
+                await client.set_logging_level(level)
+            assert not [w for w in warned if "agent_gateway" in w.filename]  # only the client warns
+        await seen.wait_for(lambda ev: len([e for e in ev if e["event"] == "set_level"]) == 2)
+        await verbose.call_tool("rec__say", {"text": "sent at info", "level": "info"})
+        await quiet.call_tool("rec__say", {"text": "quiet", "level": "info"})
+        await quiet.call_tool("rec__say", {"text": "loud", "level": "error"})
         with anyio.fail_after(BOUND):
-            while not lines:
+            while not (lines["quiet"] and lines["verbose"]):
                 await anyio.sleep(0.01)
-    assert [e["level"] for e in seen.of("set_level")] == ["error"]
-    assert [line.data["msg"] for line in lines] == ["loud"]
+    # A shared session runs at the most verbose level any client asked for.
+    assert [e["level"] for e in seen.of("set_level")] == ["debug", "debug"]
+    assert lines == {"verbose": ["sent at info"], "quiet": ["loud"]}
 
 
 async def status(gw: RunningGateway) -> dict[str, Any]:
@@ -315,7 +416,9 @@ async def test_per_client_upstreams_get_a_session_per_client_closed_when_it_ends
     assert during["upstream_sessions"]["dedicated"] == 2
     assert during["sessions"]["live"] == 2
     assert after["sessions"]["live"] == 0
-    assert after["child_processes"] == before["child_processes"]
+    if transport == "stdio":  # a dedicated stdio session is a process: started, then gone
+        assert during["child_processes"] == before["child_processes"] + 2
+        assert after["child_processes"] == before["child_processes"]
 
 
 async def test_concurrent_clients_never_see_each_others_state(tmp_path: Path) -> None:
@@ -372,7 +475,8 @@ async def test_sessions_opened_and_closed_by_the_hundred_leave_nothing_behind(tm
         == CHURN
     )
     assert after["pending_calls"] == 0
-    assert after["child_processes"] == before["child_processes"]
+    # (The upstream is in-process HTTP: no child process to count. The per-client stdio test
+    # above checks that dedicated sessions' processes end with them.)
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -472,20 +576,31 @@ async def test_roots_list_changed_reaches_the_clients_own_upstream_session(
     async def current_roots(context: Any) -> types.ListRootsResult:
         return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri)) for uri in roots])
 
+    def changes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in events if e.get("method") == "notifications/roots/list_changed"]
+
+    who = "pid" if transport == "stdio" else "session"
     async with (
         recorded_gateway(transport, tmp_path, protocol="legacy", session="per_client") as (gw, seen),
         Client(gw.url, mode="legacy", list_roots_callback=current_roots) as client,
+        Client(gw.url, mode="legacy", list_roots_callback=rooted) as other,
     ):
         first = await client.call_tool("rec__roots", {})
+        mine = (await client.call_tool("rec__whoami", {})).structured_content
+        theirs = (await other.call_tool("rec__whoami", {})).structured_content  # its own session
         roots[:] = ["file:///work/two"]
         await client.session.send_notification(types.RootsListChangedNotification())
-        events = await seen.wait_for(
-            lambda ev: any(e.get("method") == "notifications/roots/list_changed" for e in ev)
-        )
+        await seen.wait_for(lambda ev: bool(changes(ev)))
+        # A round trip on the other client's session: a change sent there would be in by now.
+        await other.call_tool("rec__whoami", {})
         second = await client.call_tool("rec__roots", {})
+        told = [e[who] for e in changes(seen.all())]
+    assert mine is not None
+    assert theirs is not None
+    assert mine[who] != theirs[who]
     assert first.structured_content == {"result": ["file:///work/one"]}
     assert second.structured_content == {"result": ["file:///work/two"]}
-    assert len([e for e in events if e.get("method") == "notifications/roots/list_changed"]) == 1
+    assert told == [mine[who]]  # the client's own upstream session, and no other
 
 
 @pytest.mark.parametrize("session", ["shared", "per_client"])

@@ -3,6 +3,8 @@ an oversized response turns into."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import mcp_types as types
 
 from agent_gateway.upstreams.stdio import Lines, Oversized, refusal
@@ -26,6 +28,23 @@ def test_a_line_at_the_limit_passes_and_one_byte_more_does_not() -> None:
     [over] = fed(Lines(10), b"0123456789A\n")
     assert isinstance(over, Oversized)
     assert over.size == 11
+
+
+def test_a_line_over_the_limit_is_not_held_while_it_arrives() -> None:
+    # 64 MiB in fresh 1 MiB chunks, no newline yet: a reader that held them would have them
+    # all in memory now; this one keeps the first and last bytes and a count.
+    lines = Lines(2**20)
+    tracemalloc.start()
+    try:
+        for _ in range(64):
+            assert lines.feed(b"x" * 2**20) == []
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 2**20, f"{peak / 2**20:.0f} MiB held"
+    [over] = lines.feed(b"\n")
+    assert isinstance(over, Oversized)
+    assert over.size == 64 * 2**20
 
 
 def oversized(line: bytes, limit: int = 100, step: int = 333) -> Oversized:

@@ -10,7 +10,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +27,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+import agent_gateway
+from agent_gateway.telemetry import PROMETHEUS_METRICS
 from tests.agent.model_apis import Turn, openai_api
 from tests.otlp import Received, SpanSeen, otlp_receiver
 from tests.servers import recorder
@@ -87,10 +89,13 @@ class Traced:
 
 
 @asynccontextmanager
-async def traced_gateway(tmp_path: Path, turns: list[Turn]) -> AsyncIterator[Traced]:
-    """Upstream ``web`` (HTTP) and ``pipe`` (stdio), both ``tests/servers/traced.py``, behind a
-    gateway process whose agent uses a scripted OpenAI-compatible endpoint; all export to one
-    OTLP receiver. Leaving stops the processes, which flushes their spans."""
+async def traced_gateway(
+    tmp_path: Path, turns: list[Turn], **pipe: dict[str, float]
+) -> AsyncIterator[Traced]:
+    """Upstream ``web`` (HTTP) and ``pipe`` (stdio, with ``pipe`` as extra config), both
+    ``tests/servers/traced.py``, behind a gateway process whose agent uses a scripted
+    OpenAI-compatible endpoint; all export to one OTLP receiver. Leaving stops the
+    processes, which flushes their spans."""
     app, _ = openai_api(turns)
     async with otlp_receiver() as (endpoint, received), serving(app) as model_api:
         traced = [sys.executable, str(SERVERS / "traced.py")]
@@ -106,6 +111,7 @@ async def traced_gateway(tmp_path: Path, turns: list[Turn]) -> AsyncIterator[Tra
                     "command": sys.executable,
                     "args": traced[1:],
                     "env": {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "pipe-upstream"},
+                    **pipe,
                 },
             },
             "agent": {
@@ -234,15 +240,21 @@ async def test_an_agent_run_is_one_trace_of_agent_model_and_tool_spans_down_to_t
 
 
 async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_label(tmp_path: Path) -> None:
-    async with traced_gateway(tmp_path, []) as traced:
+    # The pipe upstream fails its health check and opens its circuit on the first lost call,
+    # and the agent runs once, so that every instrument the gateway has shows on /metrics.
+    pipe = {"health": {"interval": 0.2, "timeout": 0.5}, "breaker": {"failures": 1, "reset": 30}}
+    async with traced_gateway(tmp_path, [Turn(text="done")], **pipe) as traced:
         async with Client(f"{traced.gateway}/mcp", mode="legacy") as client:
             for _ in range(3):
                 await client.call_tool("web__echo", {"text": "x"})
             await client.call_tool("pipe__fail", {})
             with contextlib.suppress(MCPError):  # a made-up name: its own span, but no series
                 await client.call_tool("made_up_tool", {})
-        async with httpx.AsyncClient() as http:
-            scraped = (await http.get(f"{traced.gateway}/metrics")).text
+            frozen = await client.call_tool("pipe__freeze", {})
+            asked = await client.call_tool("ask_agent", {"query": "anything"})
+        scraped = await scraped_once(f"{traced.gateway}/metrics", lambda text: "reconnects_total{" in text)
+    assert frozen.is_error
+    assert not asked.is_error
     # The same metrics went out over OTLP too (at the latest when the gateway stopped).
     exported = await traced.received.wait_for_metrics(lambda m: len(m) > 0)
     names = {m.name for e in exported for r in e.resource_metrics for s in r.scope_metrics for m in s.metrics}
@@ -262,6 +274,43 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     assert "made_up_tool" not in scraped
     assert API_KEY not in scraped
     assert UPSTREAM_TOKEN not in scraped
+    assert_the_metric_list_is_what_metrics_serves(scraped)
+
+
+async def scraped_once(url: str, ready: Callable[[str], bool]) -> str:
+    """``/metrics`` once ``ready`` holds for it (a reconnect is counted when it is done)."""
+    async with httpx.AsyncClient() as http:
+        with anyio.fail_after(BOUND):
+            while not ready(text := (await http.get(url)).text):
+                await anyio.sleep(0.05)
+    return text
+
+
+# Families that prometheus_client and the OpenTelemetry exporter add of their own.
+_LIBRARY_FAMILIES = re.compile(r"^(?:python_|process_|target_info$)")
+_INSTRUMENT = re.compile(r"\bcreate_(?:\w+)\(\s*\"([\w.]+)\"")
+
+
+def assert_the_metric_list_is_what_metrics_serves(scraped: str) -> None:
+    """``PROMETHEUS_METRICS`` (which the dashboard test holds the dashboard to) is exactly
+    the gateway's families on a real ``/metrics``, and every instrument the source creates
+    is among them: a new metric fails here until the list (and so the dashboard) has it."""
+    served = {
+        name for name in re.findall(r"^# TYPE (\S+) \w+$", scraped, re.M) if not _LIBRARY_FAMILIES.match(name)
+    }
+    assert served == set(PROMETHEUS_METRICS), (
+        f"exported but not listed: {served - PROMETHEUS_METRICS}; "
+        f"listed but not exported: {PROMETHEUS_METRICS - served}"
+    )
+    source = Path(agent_gateway.__file__).parent
+    created = {m for path in source.rglob("*.py") for m in _INSTRUMENT.findall(path.read_text())}
+    assert created
+    unseen = {
+        name
+        for name in created
+        if not any(f == name.replace(".", "_") or f.startswith(name.replace(".", "_") + "_") for f in served)
+    }
+    assert not unseen, f"instruments this test never made show on /metrics: {unseen}"
 
 
 async def test_a_gateway_with_no_telemetry_still_passes_the_callers_context_upstream_in_meta_and_headers() -> (

@@ -8,6 +8,7 @@ the official client downstream.
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -24,6 +25,7 @@ from mcp import Client
 from mcp.shared.message import SessionMessage
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agent_gateway.upstreams.websocket import websocket_client
@@ -298,3 +300,71 @@ async def test_a_streamable_http_answer_over_max_message_bytes_fails_that_call_a
     assert text_of(after) == "pong"
     assert str(status.state) == "up"
     assert status.as_dict()["connections"] == 1  # not reconnected: the call failed, not the link
+
+
+ENDLESS = 123456789
+"""The ``size`` for which ``endless_answers`` answers ``kit__big`` with a body that never ends."""
+
+
+def endless_answers(app: ASGIApp) -> ASGIApp:
+    """``app``, except that a call of ``big`` with ``size`` ENDLESS is answered with a JSON
+    body that passes a mebibyte and then stalls until the client hangs up: only a gateway
+    that refuses as soon as the limit is passed can answer that call."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        request = json.loads(body) if body.startswith(b"{") else {}
+        if request.get("params", {}).get("arguments", {}).get("size") != ENDLESS:
+            await app(scope, replay(body, receive), send)
+            return
+        head = b'{"jsonrpc": "2.0", "id": %s, "result": {"content": [{"type": "text", "text": "'
+        start = {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json")],
+        }
+        await send(start)
+        await send(
+            {
+                "type": "http.response.body",
+                "body": head % json.dumps(request["id"]).encode(),
+                "more_body": True,
+            }
+        )
+        for _ in range(20):
+            await send({"type": "http.response.body", "body": b"x" * 2**16, "more_body": True})
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    return guarded
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def test_a_streamable_http_answer_that_never_ends_fails_once_it_passes_max_message_bytes() -> None:
+    app = endless_answers(kit_server().http_app(path="/mcp"))
+    async with serving(app) as base:
+        upstream = {"url": f"{base}/mcp", "max_message_bytes": 2**20, "protocol": "legacy", "timeout": 60}
+        async with running_gateway({"upstreams": {"kit": upstream}}) as gw, Client(gw.url) as client:
+            with anyio.fail_after(BOUND):
+                endless = await client.call_tool("kit__big", {"size": ENDLESS})
+            assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert endless.is_error
+    assert f"over max_message_bytes ({2**20} bytes)" in text_of(endless)

@@ -17,8 +17,16 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
 
+from agent_gateway.server import child_pids
 from agent_gateway.upstreams.connection import describe_target
-from tests.support import config_of, free_socket, python_upstream, running_gateway, serving_upstream
+from tests.support import (
+    config_of,
+    free_socket,
+    outliving_its_input,
+    python_upstream,
+    running_gateway,
+    serving_upstream,
+)
 
 
 def gated_server(gate: anyio.Event) -> FastMCP:
@@ -205,11 +213,15 @@ async def test_a_hung_call_times_out_naming_the_upstream_while_others_keep_worki
 
 
 async def test_stdio_children_are_reaped_when_the_gateway_stops() -> None:
-    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    # The server exits on end of input by itself; the shell around it only when stopped.
+    config = {"upstreams": {"counter": outliving_its_input(python_upstream("counter.py"))}}
+    before = set(child_pids())
     async with running_gateway(config) as gw, Client(gw.url) as client:
         pid = int(text_of(await client.call_tool("counter__pid", {})))
+        started = set(child_pids()) - before
         assert pid_alive(pid)
-    await wait_until(lambda: not pid_alive(pid), 10)
+        assert len(started) == 1  # the shell, the server's parent
+    await wait_until(lambda: not any(pid_alive(p) for p in {pid, *started}), 10)
 
 
 async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(

@@ -50,13 +50,17 @@ PROMETHEUS_METRICS: frozenset[str] = frozenset(
         "mcp_client_operation_duration_seconds",
         "agent_gateway_upstream_up",
         "agent_gateway_upstream_reconnects_total",
+        "agent_gateway_upstream_circuit_transitions_total",
+        "agent_gateway_upstream_health_failures_total",
         "agent_gateway_sessions_active",
+        "agent_gateway_http_answers_total",
         "agent_gateway_agent_runs_total",
         "gen_ai_client_token_usage",
         "gen_ai_client_operation_duration_seconds",
     }
 )
-"""The metric families ``/metrics`` exports (histograms add ``_bucket``, ``_count``, ``_sum``)."""
+"""The metric families ``/metrics`` exports (histograms add ``_bucket``, ``_count``, ``_sum``);
+tests/test_telemetry.py holds it to a real scrape, and the dashboard test to the dashboard."""
 
 SCOPE = "agent-gateway"
 MCP_CLIENT_SCOPE = "mcp-python-sdk"  # the mcp package's tracer: its client spans are ours to enrich

@@ -132,38 +132,52 @@ async def test_the_upstream_sees_each_clients_own_roots_and_their_changes(per_cl
             first_ada = text_of(await ada.call_tool("everything__get-roots-list", {}))
             first_bob = text_of(await bob.call_tool("everything__get-roots-list", {}))
             roots["ada"] = ["file:///work/ada-2", "file:///work/shared"]
-            before = asked["ada"]
+            before = dict(asked)
             await ada.session.send_notification(types.RootsListChangedNotification())
             # server-everything asks for the roots again when told they changed.
-            while asked["ada"] == before:
+            while asked["ada"] == before["ada"]:
                 await anyio.sleep(0.02)
             second_ada = text_of(await ada.call_tool("everything__get-roots-list", {}))
+            # A round trip on bob's own upstream session: had it been told, it would have asked.
+            second_bob = text_of(await bob.call_tool("everything__get-roots-list", {}))
     assert "URI: file:///work/ada" in first_ada
     assert "URI: file:///work/bob" in first_bob
     assert "file:///work/ada" not in first_bob
     assert "Current MCP Roots (2 total)" in second_ada
     assert "URI: file:///work/ada-2" in second_ada
     assert "URI: file:///work/shared" in second_ada
+    assert asked["bob"] == before["bob"]  # bob's roots did not change: its session was not told
+    assert second_bob == first_bob
 
 
-async def test_simulated_log_lines_reach_the_client_tagged_with_the_upstream(shared_url: str) -> None:
-    lines: list[types.LoggingMessageNotificationParams] = []
+async def test_simulated_log_lines_reach_every_client_tagged_with_the_upstream(shared_url: str) -> None:
+    lines: dict[str, list[types.LoggingMessageNotificationParams]] = {"caller": [], "bystander": []}
 
-    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
-        lines.append(params)
+    def collect(who: str) -> Any:
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            lines[who].append(params)
+
+        return on_log
 
     with anyio.fail_after(BOUND):
-        async with Client(shared_url, mode="legacy", logging_callback=on_log) as client:
+        async with (
+            Client(shared_url, mode="legacy", logging_callback=collect("caller")) as client,
+            Client(shared_url, mode="legacy", logging_callback=collect("bystander")),
+        ):
             started = await client.call_tool("everything__toggle-simulated-logging", {})
-            while not lines:
+            # The first line comes during the call (the caller's); the next, 5 s on, outside
+            # any call: no call owns it, so every handshake-era client gets it.
+            while not lines["bystander"]:
                 await anyio.sleep(0.02)
             stopped = await client.call_tool("everything__toggle-simulated-logging", {})
     assert "Started simulated" in text_of(started)
     assert "Stopped simulated" in text_of(stopped)
+    assert len(lines["caller"]) >= 2
     # server-everything sends "<Level>-level message" lines at random levels, with no logger.
-    assert lines[0].logger == "everything"
-    assert lines[0].level in LEVELS
-    assert f"{lines[0].level.capitalize()}" in str(lines[0].data)
+    for line in (lines["caller"][0], lines["bystander"][0]):
+        assert line.logger == "everything"
+        assert line.level in LEVELS
+        assert f"{line.level.capitalize()}" in str(line.data)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from tests.e2e.peers import (
     processes_with_arg,
     text_of,
 )
-from tests.support import ROOT, gateway_env, npm_server
+from tests.support import ROOT, gateway_env, npm_server, outliving_its_input
 
 pytestmark = pytest.mark.e2e
 
@@ -36,8 +38,11 @@ _TRUST = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "HTTPS_PROXY", "HTTP_PROXY", "
 
 
 def write_config(directory: Path) -> Path:
-    """A gateway.yaml in ``directory`` with two stdio npm upstreams."""
-    memory = {**npm_server("server-memory"), "env": {"MEMORY_FILE_PATH": str(directory / "memory.jsonl")}}
+    """A gateway.yaml in ``directory`` with two stdio npm upstreams, one that outlives its input."""
+    memory = {
+        **outliving_its_input(npm_server("server-memory")),
+        "env": {"MEMORY_FILE_PATH": str(directory / "memory.jsonl")},
+    }
     config = {
         "server": {"transport": "stdio"},
         "upstreams": {"everything": npm_server("server-everything", "stdio"), "memory": memory},
@@ -59,6 +64,9 @@ async def all_exited(pids: set[int]) -> None:
                 await exited(pid)
     except TimeoutError:
         survivors = {pid: command_of(pid) for pid in pids}
+        for pid in pids:  # the test fails; nothing is left behind for the next one
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         raise AssertionError(f"processes outlived the gateway: {survivors}") from None
 
 
@@ -116,7 +124,7 @@ async def test_the_gateway_exits_cleanly_on_end_of_input_and_reaps_its_upstreams
             reply = await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 1_000_000)
         assert json.loads(reply)["result"]["protocolVersion"] == "2025-11-25"
         children = descendants(process.pid)
-        assert len(children) >= 2, upstream_commands(children)
+        assert len(children) >= 3, upstream_commands(children)  # two servers and a shell
         await process.stdin.aclose()
         with anyio.fail_after(BOUND):
             returncode = await process.wait()

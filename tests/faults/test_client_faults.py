@@ -15,6 +15,7 @@ import mcp_types as types
 from mcp import Client
 
 from tests.faults.harness import Faulted, faulty_stdio, gateway_under_fault, text_of, wait_until
+from tests.support import answer_before_the_body_ends
 
 MODERN = "2026-07-28"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -91,11 +92,13 @@ async def test_malformed_json_unknown_methods_and_wrong_types_get_json_rpc_error
 
 async def test_huge_arguments_are_refused_before_they_are_read_and_large_ones_pass() -> None:
     async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted:
-        huge = {"jsonrpc": "2.0", "id": 9, "method": "tools/call"}
-        huge["params"] = {"name": "faulty__ping", "arguments": {"blob": "x" * (5 * 2**20)}}
-        refused = await post(faulted, huge)
-        assert refused.status_code == 413
-        assert "the limit (server.max_body_bytes) is 4194304" in rpc_error(refused)["message"]
+        start = b'{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"arguments": {"blob": "'
+        with anyio.fail_after(10):  # the 5 MiB are never sent: refused on the headers
+            refused = await answer_before_the_body_ends(
+                faulted.gw.url, {**HEADERS, "Content-Length": str(5 * 2**20)}, start
+            )
+        assert refused.status == 413
+        assert "the limit (server.max_body_bytes) is 4194304" in json.loads(refused.body)["error"]["message"]
         async with Client(faulted.gw.url) as client:  # under the limit: forwarded whole
             blob = "x" * 3 * 2**20
             assert text_of(await client.call_tool("faulty__size", {"blob": blob})) == str(len(blob))

@@ -9,6 +9,7 @@ import time
 
 import anyio
 import mcp_types as types
+import pytest
 from mcp import Client
 
 from tests.faults.harness import (
@@ -133,13 +134,29 @@ async def test_a_slow_call_does_not_hold_up_other_calls_to_the_same_upstream() -
         assert text_of(outcome["slow"]) == "slept 2s"
 
 
-async def test_lines_that_are_not_json_rpc_and_stray_responses_are_ignored() -> None:
+async def test_lines_that_are_not_json_rpc_and_stray_responses_are_ignored(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted, Client(faulted.gw.url) as client:
-        assert text_of(await client.call_tool("faulty__garbage", {})) == "wrote garbage"
-        assert text_of(await client.call_tool("faulty__stray", {})) == "wrote a stray response"
-        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
         upstream = faulted.gw.gateway.pool.get("faulty")
+        assert text_of(await client.call_tool("faulty__garbage", {})) == "wrote garbage"
+        answered = int(text_of(await client.call_tool("faulty__request_id", {})))
+        outcome: dict[str, types.CallToolResult] = {}
+        async with anyio.create_task_group() as tg:
+            await call_in_background(client, "faulty__hang", outcome, tg)
+            await in_flight(faulted, "faulty")
+            # Answers to ids never sent: unknown ones, a string for an integer id (this call's
+            # own and the hanging call's), and a second answer to a call already answered.
+            stray = await client.call_tool("faulty__stray", {"answered": answered})
+            assert text_of(stray) == "wrote stray responses"
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+            assert outcome == {}  # the hanging call was not answered by a stray
+            assert upstream.guard.in_flight == 1
+            tg.cancel_scope.cancel()
         assert (upstream.connections, upstream.state) == (1, "up")
+    logged = caplog.text
+    assert logged.count("upstream wrote a line that is not JSON-RPC") == 2
+    assert logged.count("a response to an id never sent on this session") == 6
 
 
 async def test_a_50_mb_result_arrives_whole_and_the_gateway_keeps_serving() -> None:

@@ -13,9 +13,16 @@ import signal
 import sys
 
 import anyio
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 
 server = FastMCP("faulty")
+
+# The pipe to the gateway. The SDK's stdio server points fd 1 (and so sys.stdout) at stderr
+# while it serves, and writes the wire from a private duplicate: lines meant for the wire are
+# written to this duplicate, taken before it starts.
+_WIRE = os.dup(1)
+_hanging: list[str] = []
+"""The request ids of ``hang`` calls in flight (as FastMCP gives them: strings)."""
 
 
 @server.tool
@@ -25,15 +32,25 @@ def ping() -> str:
 
 
 @server.tool
+def request_id(ctx: Context) -> int:
+    """The id this call arrived with (the gateway's own id for it upstream)."""
+    return int(ctx.request_id)
+
+
+@server.tool
 def pid() -> int:
     """This server's process id."""
     return os.getpid()
 
 
 @server.tool
-async def hang() -> str:
+async def hang(ctx: Context) -> str:
     """Accept the call and never answer it (the process keeps answering everything else)."""
-    await anyio.sleep_forever()
+    _hanging.append(ctx.request_id)
+    try:
+        await anyio.sleep_forever()
+    finally:
+        _hanging.remove(ctx.request_id)
     return "unreachable"
 
 
@@ -51,27 +68,32 @@ async def slow(seconds: float) -> str:
     return f"slept {seconds:g}s"
 
 
-def _write_raw(line: str) -> None:
-    # Straight to the pipe, between two protocol messages: FastMCP's own writer has
-    # flushed the previous message and writes the call's answer after this returns.
-    sys.stdout.buffer.write(line.encode() + b"\n")
-    sys.stdout.buffer.flush()
+def _write_raw(message: object) -> None:
+    # Straight to the pipe, between two protocol messages: the SDK's writer has flushed the
+    # previous message and writes the call's answer after this returns. A line this short
+    # is written in one piece (under PIPE_BUF), so it never splits one of the SDK's.
+    line = message if isinstance(message, str) else json.dumps(message)
+    os.write(_WIRE, line.encode() + b"\n")
 
 
 @server.tool
 def garbage() -> str:
     """Write a line that is not JSON-RPC on stdout, then answer normally."""
     _write_raw("this is not json {")
-    _write_raw(json.dumps({"jsonrpc": "2.0", "method": 42}))
+    _write_raw({"jsonrpc": "2.0", "method": 42})
     return "wrote garbage"
 
 
 @server.tool
-def stray() -> str:
-    """Write a response to a request id the client never sent, then answer normally."""
-    _write_raw(json.dumps({"jsonrpc": "2.0", "id": 987654, "result": {"content": []}}))
-    _write_raw(json.dumps({"jsonrpc": "2.0", "id": "no-such-id", "error": {"code": -1, "message": "?"}}))
-    return "wrote a stray response"
+def stray(ctx: Context, answered: int = -1) -> str:
+    """Write responses to ids the client never sent, then answer normally: unknown ids, the
+    string form of this call's own id and of each hanging call's (the client sent integers),
+    and ``answered``, the id of a call already answered."""
+    result = {"content": [{"type": "text", "text": "a stray answer"}], "isError": False}
+    for never_sent in (987654, "no-such-id", ctx.request_id, *_hanging, answered):
+        _write_raw({"jsonrpc": "2.0", "id": never_sent, "result": result})
+    _write_raw({"jsonrpc": "2.0", "id": "no-such-id", "error": {"code": -1, "message": "?"}})
+    return "wrote stray responses"
 
 
 @server.tool

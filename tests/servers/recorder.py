@@ -35,7 +35,18 @@ class _Notifications(Middleware):
     async def on_notification(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         params = context.message  # the raw wire params (a dict) for notifications
         dumped = dict(params) if isinstance(params, Mapping) else {}
-        self._sink({"event": "notification", "method": context.method, "params": dumped})
+        # Which upstream session received it: a per-client stdio session is a process of its own.
+        ctx = context.fastmcp_context
+        session = ctx.session_id if ctx is not None else None
+        self._sink(
+            {
+                "event": "notification",
+                "method": context.method,
+                "params": dumped,
+                "pid": os.getpid(),
+                "session": session,
+            }
+        )
         return await call_next(context)
 
     async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:

@@ -37,6 +37,13 @@ async def fail() -> str:
     raise ValueError("boom")
 
 
+@server.tool
+def freeze() -> str:
+    """Stop the whole process (SIGSTOP): no answer, no pings, until the gateway kills it."""
+    os.kill(os.getpid(), signal.SIGSTOP)
+    return "thawed"
+
+
 def _tracing() -> TracerProvider:
     service = os.environ.get("OTEL_SERVICE_NAME", "traced-upstream")
     provider = TracerProvider(resource=Resource.create({"service.name": service}))

@@ -139,7 +139,7 @@ class Upstream:
         # One scope around the whole connection: a deadline while connecting, none after.
         # (A timeout scope around only the entry would exit before the client's task group.)
         with anyio.CancelScope(deadline=anyio.current_time() + self.config.connect_timeout) as connecting:
-            transport = watched(open_transport(self.config), session.lost)
+            transport = watched(open_transport(self.config), session.lost, session.id)
             try:
                 async with session.new_client(transport, self._on_message) as client:
                     listing = await fetch_listing(client)

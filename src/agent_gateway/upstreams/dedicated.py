@@ -105,7 +105,7 @@ class DedicatedSessions:
         session = entry.session
         try:
             with anyio.CancelScope(deadline=anyio.current_time() + session.config.connect_timeout) as scope:
-                transport = watched(open_transport(session.config), session.lost)
+                transport = watched(open_transport(session.config), session.lost, session.id)
                 async with session.new_client(transport, _ignore) as client:
                     scope.deadline = math.inf
                     session.attach(client)

@@ -1,4 +1,5 @@
-"""Building the client transport for one upstream, and watching it for end-of-stream."""
+"""Building the client transport for one upstream, and watching it: for end-of-stream, and
+for responses to nothing it sent."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from mcp.shared.message import SessionMessage
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.telemetry import trace_headers
+from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context
 from agent_gateway.upstreams.stdio import stdio_transport
@@ -26,15 +28,19 @@ from agent_gateway.upstreams.websocket import websocket_client
 
 
 class WatchedReadStream:
-    """A read stream that sets ``closed`` when the peer's stream ends.
+    """A read stream that sets ``closed`` when the peer's stream ends, and drops responses
+    to ids the session never sent (``correlation``).
 
     Wraps rather than relays, so there is no extra hop per message and the sender's
     context snapshot (``last_context``) stays visible to the dispatcher.
     """
 
-    def __init__(self, inner: ReadStream[SessionMessage | Exception], closed: anyio.Event) -> None:
+    def __init__(
+        self, inner: ReadStream[SessionMessage | Exception], closed: anyio.Event, sent: SentRequests
+    ) -> None:
         self._inner = inner
         self._closed = closed
+        self._sent = sent
 
     @property
     def last_context(self) -> Any:
@@ -42,7 +48,10 @@ class WatchedReadStream:
 
     async def receive(self) -> SessionMessage | Exception:
         try:
-            return await self._inner.receive()
+            while True:
+                item = await self._inner.receive()
+                if isinstance(item, Exception) or self._sent.admits(item):
+                    return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._closed.set()
             raise
@@ -73,10 +82,12 @@ class WatchedReadStream:
 
 
 @asynccontextmanager
-async def watched(transport: Transport, closed: anyio.Event) -> AsyncIterator[TransportStreams]:
-    """Enter ``transport``; ``closed`` is set when its read side reaches end-of-stream."""
+async def watched(transport: Transport, closed: anyio.Event, label: str) -> AsyncIterator[TransportStreams]:
+    """Enter ``transport`` for upstream session ``label``; ``closed`` is set when its read
+    side reaches end-of-stream; responses only pass to requests sent on it."""
+    sent = SentRequests(label)
     async with transport as (read_stream, write_stream):
-        yield WatchedReadStream(read_stream, closed), write_stream
+        yield WatchedReadStream(read_stream, closed, sent), RecordingWriteStream(write_stream, sent)
 
 
 def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
