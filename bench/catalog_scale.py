@@ -26,7 +26,7 @@ same tools, its search tool called through ``fastmcp.Client`` in memory).
 
 Run from the repository root::
 
-    .venv/bin/python bench/catalog_scale.py [--sizes 10x100,30x100,100x100] [--page-sizes 500,100,1000]
+    .venv/bin/python bench/catalog_scale.py [--sizes 10x100,30x100,100x100] [--page-sizes 100,500,1000]
 """
 
 from __future__ import annotations
@@ -1413,7 +1413,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     add = parser.add_argument
     add("--sizes", default="10x100,30x100,100x100", help="upstreams x tools each, comma-separated")
-    add("--page-sizes", default="500,100,1000", help="server.page_size values; the first is the main run's")
+    add("--page-sizes", default="100,500,1000", help="server.page_size values; the first is the main run's")
     add("--rounds", type=int, default=5, help="whole tools/list rounds after the first (default 5)")
     add("--queries", type=int, default=200, help="search_tools calls (default 200)")
     add("--changes", type=int, default=5, help="changes of u0 per gateway run (default 5)")

@@ -161,9 +161,9 @@ class ServerConfig(_Strict):
     """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error.
     At most 4 MiB: the mcp SDK's Streamable HTTP transport refuses more (with a bare 413),
     and FastMCP offers no way to raise its limit."""
-    page_size: int = Field(default=500, ge=1, le=10_000)
+    page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with
-    ``nextCursor``."""
+    ``nextCursor``. 100, as ``search.threshold``: a client listed more is usually searching."""
     ui: bool = True
     """Serve the status page at ``GET /`` (HTTP; behind the same auth as ``/status``)."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)

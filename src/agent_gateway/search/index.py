@@ -19,6 +19,7 @@ import sqlite3
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from agent_gateway.search.text import terms
 from agent_gateway.search.thesaurus import Thesaurus
@@ -37,6 +38,8 @@ COORD_BASE = 1.0
 """Rerank: a tool covering none of the request keeps half its BM25 score, all of it, all."""
 NAME_WEIGHT = 0.2
 """Rerank: what a tool whose name the request explains word for word gains (scores are 0..1)."""
+_RERANKED = 60
+"""The candidates, best by BM25, that the coverage rerank reorders."""
 _FEW = 50
 """Below this many rows a term is never too common to expand with (a small index is cheap)."""
 _EXPANSIONS = 8
@@ -59,6 +62,12 @@ class Document:
 
     def fields(self) -> tuple[str, ...]:
         return (self.name, self.title, self.description, self.params, self.server, self.instructions)
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    key: str
+    upstream: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +96,8 @@ class ToolIndex:
         weights = ", ".join(str(w) for w in WEIGHTS)
         self._db.execute("INSERT INTO tools(tools, rank) VALUES ('rank', ?)", (f"bm25({weights})",))
         self._thesaurus = thesaurus or Thesaurus()
-        self._rows: dict[int, Document] = {}
+        self._rows: dict[int, _Row] = {}
+        """(public name, upstream) by rowid: the text itself lives only in SQLite."""
         self._of_upstream: dict[str, list[int]] = {}
         self._df: Counter[str] = Counter()
         self._terms: dict[int, frozenset[str]] = {}
@@ -103,11 +113,11 @@ class ToolIndex:
         rows: list[tuple[object, ...]] = []
         ids: list[int] = []
         for document in documents:
-            analysed = [" ".join(terms(text)) for text in document.fields()]
+            analysed = [_analysed(text) for text in document.fields()]
             rowid, self._next = self._next, self._next + 1
             rows.append((rowid, *analysed, upstream))
             ids.append(rowid)
-            self._rows[rowid] = document
+            self._rows[rowid] = _Row(document.key, upstream)
             unique = frozenset(t for text in analysed for t in text.split())
             self._terms[rowid] = unique
             self._names[rowid] = frozenset(analysed[0].split())
@@ -155,7 +165,9 @@ class ToolIndex:
         best = self._bound(own)
         weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
         wanted = dict.fromkeys(self._related(own), SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
-        final = {r: self._reranked(r, s / best, weights, wanted) for r, s in scores.items()}
+        # Only the best by BM25 are reranked: the rerank reorders them, it does not search.
+        leaders = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[: max(_RERANKED, limit)]
+        final = {r: self._reranked(r, s / best, weights, wanted) for r, s in leaders}
         ranked = sorted(final.items(), key=lambda item: (-item[1], item[0]))[:limit]
         hits = [Hit(self._rows[r].key, self._rows[r].upstream, min(1.0, score)) for r, score in ranked]
         return Results(hits, len(matched))
@@ -205,8 +217,10 @@ class ToolIndex:
             top = [(r, s) for r, s in self._db.execute(ranked, (*args, -1)) if self._takes(accept, r)]
         if not count:
             return top[:_CANDIDATES], set()
-        matched = {r for (r,) in self._db.execute(f"SELECT rowid FROM tools WHERE {where}", args)}
-        return top[:_CANDIDATES], {r for r in matched if self._takes(accept, r)}
+        rowids = self._db.execute(f"SELECT rowid FROM tools WHERE {where}", args)
+        if accept is None:
+            return top[:_CANDIDATES], {r for (r,) in rowids}
+        return top[:_CANDIDATES], {r for (r,) in rowids if accept(self._rows[r].key)}
 
     def _takes(self, accept: Callable[[str], bool] | None, rowid: int) -> bool:
         return accept is None or accept(self._rows[rowid].key)
@@ -216,6 +230,13 @@ class ToolIndex:
         no tool holds counts at its full IDF: a request that is half unknown is a weak match."""
         total = len(self._rows)
         return sum(_idf(total, self._df[t]) * (_K1 + 1) for t in query_terms) or 1.0
+
+
+@lru_cache(maxsize=16_384)
+def _analysed(text: str) -> str:
+    """A field's stems, space-separated. Cached: catalogs repeat parameter descriptions
+    ("The project ID"), and every tool of an upstream carries its instructions."""
+    return " ".join(terms(text))
 
 
 def _idf(total: int, df: int) -> float:
