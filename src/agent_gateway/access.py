@@ -81,13 +81,13 @@ class Principal:
 
     def allows(self, kind: Kind, name: str) -> bool:
         """Whether the policy lets this client reach the public ``name`` of ``kind``."""
+        patterns = {"tool": self.policy.tools, "prompt": self.policy.prompts}.get(kind, self.policy.resources)
+        if patterns == ("*",):  # everything: no glob to match, nothing to cache
+            return True
         key = (kind, name)
         if (known := self._allowed.get(key)) is None:
-            patterns = {"tool": self.policy.tools, "prompt": self.policy.prompts}.get(
-                kind, self.policy.resources
-            )
             known = any(fnmatch.fnmatchcase(name, p) for p in patterns)
-            if kind == "resource" and known and patterns != ("*",) and _climbs(name):
+            if kind == "resource" and known and _climbs(name):
                 known = False  # file:///docs/../etc would match file:///docs/*
             if len(self._allowed) >= _CACHED:  # names come from clients: keep the cache bounded
                 self._allowed.clear()

@@ -100,7 +100,9 @@ class ToolCalls:
             request.query,
             request.limit or self._search_config.limit,
             upstream=request.upstream,
-            accept=(lambda n: client.allows("tool", n)) if client is not None else None,
+            accept=(lambda n: client.allows("tool", n))
+            if client is not None and client.policy.tools != ("*",)
+            else None,
         )
         logger.debug("search_tools %r: %d of %d", request.query, len(found), total)
         return search_result(found, total, request.query)
