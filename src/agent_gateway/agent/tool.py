@@ -16,16 +16,12 @@ from agent_gateway.agent.runner import AgentRequest, AgentRunner
 from agent_gateway.agent.toolbox import reach as toolbox_reach
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import current_caller
+from agent_gateway.search.tools import argument_problem, plain_words
 
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "query": {
-            "type": "string",
-            "minLength": 1,
-            "pattern": r"\S",
-            "description": "What you want done or answered, in plain words.",
-        },
+        "query": plain_words("What you want done or answered, in plain words."),
         "conversation_id": {
             "type": "string",
             "minLength": 1,
@@ -125,13 +121,8 @@ class AskAgentTool(Tool):
 
 def invalid(arguments: dict[str, Any], tool: str) -> str | None:
     """Why ``arguments`` do not fit ``INPUT_SCHEMA``, or None."""
-    error = next(iter(_VALIDATOR.iter_errors(arguments)), None)
-    if error is None:
-        return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    if where == "query" and error.validator in ("minLength", "pattern"):
-        return f"Invalid arguments for {tool}: query: must not be empty"
-    return f"Invalid arguments for {tool}: {where + ': ' if where else ''}{error.message}"
+    problem = argument_problem(_VALIDATOR, arguments)
+    return None if problem is None else f"Invalid arguments for {tool}: {problem}"
 
 
 class AgentProvider(Provider):

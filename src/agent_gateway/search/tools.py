@@ -22,15 +22,18 @@ MAX_LIMIT = 50
 WEAK = 0.25
 """Below this score a result matches little of the request; its listing line says so."""
 
+
+def plain_words(description: str) -> dict[str, Any]:
+    """The schema of a required request in plain words (not empty, not only blanks)."""
+    return {"type": "string", "minLength": 1, "pattern": r"\S", "description": description}
+
+
 _SEARCH_INPUT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "query": {
-            "type": "string",
-            "minLength": 1,
-            "pattern": r"\S",
-            "description": "What you want to do, in plain words (e.g. 'open a ticket in the web team's tracker').",
-        },
+        "query": plain_words(
+            "What you want to do, in plain words (e.g. 'open a ticket in the web team's tracker')."
+        ),
         "limit": {
             "type": "integer",
             "minimum": 1,
@@ -126,13 +129,19 @@ def call_request(arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def _check(validator: Draft202012Validator, tool: str, arguments: dict[str, Any]) -> None:
+    if (problem := argument_problem(validator, arguments)) is not None:
+        raise InvalidArguments(tool, problem)
+
+
+def argument_problem(validator: Draft202012Validator, arguments: dict[str, Any]) -> str | None:
+    """Why ``arguments`` fail ``validator``'s schema (the first reason), or None."""
     error = next(iter(validator.iter_errors(arguments)), None)
     if error is None:
-        return
+        return None
     where = "/".join(str(p) for p in error.absolute_path)
     if where == "query" and error.validator in ("minLength", "pattern"):
-        raise InvalidArguments(tool, "query: must not be empty")
-    raise InvalidArguments(tool, f"{where}: {error.message}" if where else error.message)
+        return "query: must not be empty"
+    return f"{where}: {error.message}" if where else error.message
 
 
 def search_result(found: Sequence[Found], total: int, query: str) -> types.CallToolResult:
