@@ -180,6 +180,7 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
         "health": {"interval": 0.5, "timeout": 1},
     }
     answered: dict[str, int] = {"ok": 0, "upstream error": 0}
+    restarts = 0
     async with process.running(), gateway_under_fault({"faulty": config}) as faulted:
 
         async def caller() -> None:
@@ -195,11 +196,13 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
                     await anyio.sleep(0.01)
 
         async def flap() -> None:
+            nonlocal restarts
             while True:
                 await anyio.sleep(2)
                 await process.kill()
                 await anyio.sleep(1)
                 await process.start()
+                restarts += 1
 
         upstream = faulted.gw.gateway.pool.get("faulty")
         async with anyio.create_task_group() as tg:
@@ -216,7 +219,10 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
         await process.kill()
     assert answered["ok"] > 0
     assert answered["upstream error"] > 0
-    assert upstream.connections >= FLAP_SECONDS / 3 / 2  # it came back again and again
+    # It came back again and again: after most restarts (counted, not timed: a loaded machine
+    # restarts the upstream fewer times in the same minute).
+    assert restarts >= 3
+    assert upstream.connections >= restarts / 2
 
 
 async def test_a_result_over_max_message_bytes_fails_its_call_clearly_and_the_rest_goes_on() -> None:
