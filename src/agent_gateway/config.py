@@ -11,25 +11,24 @@ import fnmatch
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from agent_gateway.config_auth import AuthConfig, ClientPolicy, JwtConfig, RateLimit, StaticToken
+from agent_gateway.config_base import EnvName, FieldProblem, Seconds, scheme_of
+from agent_gateway.config_base import Strict as _Strict
 from agent_gateway.naming import DEFAULT_SEPARATOR, upstream_name_problem
+
+__all__ = [  # the auth models and FieldProblem are re-exported: callers import them from here
+    "AuthConfig",
+    "ClientPolicy",
+    "FieldProblem",
+    "JwtConfig",
+    "RateLimit",
+    "StaticToken",
+]
 
 Transport = Literal["stdio", "streamable-http", "sse", "websocket"]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
-Seconds = Annotated[float, Field(gt=0, le=86_400)]
-EnvName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_*?]+$")]
-"""An environment variable's name, or a glob over names (``AWS_*``)."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _scheme(url: str) -> str:
-    """What an error may show of a URL: its scheme (the rest can hold credentials)."""
-    scheme, found, _ = url.partition("://")
-    return f"{scheme}://..." if found else "a url without a scheme"
 
 
 class HealthConfig(_Strict):
@@ -109,10 +108,12 @@ class UpstreamConfig(_Strict):
             websocket_url = self.url.startswith(("ws://", "wss://"))
             if websocket_url != (self.transport == "websocket"):
                 wanted = "a ws:// or wss://" if self.transport == "websocket" else "an http:// or https://"
-                raise ValueError(f"transport {self.transport!r} needs {wanted} url, not {_scheme(self.url)}")
+                raise ValueError(
+                    f"transport {self.transport!r} needs {wanted} url, not {scheme_of(self.url)}"
+                )
         if self.url is not None and not re.match(r"^(https?|wss?)://", self.url):
             raise ValueError(
-                f"url must start with http://, https://, ws:// or wss://, not {_scheme(self.url)}"
+                f"url must start with http://, https://, ws:// or wss://, not {scheme_of(self.url)}"
             )
         if self.retry.initial_delay > self.retry.max_delay:
             raise ValueError("retry.initial_delay must not exceed retry.max_delay")
@@ -291,100 +292,6 @@ class TelemetryConfig(_Strict):
     log_format: Literal["text", "json"] = "text"
 
 
-class RateLimit(_Strict):
-    """A token bucket: ``per_minute`` requests on average, at most ``burst`` at once."""
-
-    per_minute: float = Field(gt=0, le=1_000_000)
-    burst: int = Field(default=10, ge=1, le=100_000)
-
-
-class ClientPolicy(_Strict):
-    """What one client may reach (globs over public names and URIs) and how fast."""
-
-    tools: tuple[str, ...] = ("*",)
-    prompts: tuple[str, ...] = ("*",)
-    resources: tuple[str, ...] = ("*",)
-    rate_limit: RateLimit | None = None
-    max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
-    """Tool calls this client may have in flight at once; one more is refused."""
-
-
-class StaticToken(_Strict):
-    """A bearer token the gateway accepts, stored as its SHA-256 or read from the environment."""
-
-    name: str = Field(pattern=r"^[A-Za-z0-9_.@:-]{1,64}$")
-    """The client's name: its subject in logs, spans and policies."""
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
-    token: str | None = Field(default=None, min_length=16, repr=False)
-    policy: str = "default"
-
-    @model_validator(mode="after")
-    def _one_secret(self) -> StaticToken:
-        if (self.sha256 is None) == (self.token is None):
-            raise ValueError("set exactly one of 'sha256' (hex digest of the token) or 'token' (e.g. ${VAR})")
-        return self
-
-
-class JwtConfig(_Strict):
-    """JWTs from an identity provider: keys from a JWKS URL, or a shared secret (HS*)."""
-
-    jwks_url: str | None = Field(default=None, pattern=r"^https?://")
-    secret: str | None = Field(default=None, min_length=32, repr=False)
-    algorithm: str = "RS256"
-    issuer: str | None = None
-    audience: str | None = None
-
-    @model_validator(mode="after")
-    def _one_key(self) -> JwtConfig:
-        if (self.jwks_url is None) == (self.secret is None):
-            raise ValueError("set exactly one of 'jwks_url' or 'secret'")
-        if self.secret is not None and not self.algorithm.startswith("HS"):
-            raise ValueError(f"a shared secret needs an HS* algorithm, not {self.algorithm!r}")
-        # Without them any token the key signs is accepted, minted for whichever application.
-        if self.audience is None:
-            raise ValueError("set 'audience' (this gateway's name in the tokens' aud claim)")
-        if self.jwks_url is not None and self.issuer is None:
-            raise ValueError("set 'issuer' (the identity provider's iss) with a jwks_url")
-        return self
-
-
-class AuthConfig(_Strict):
-    """Who may use the HTTP endpoint, and each client's policy."""
-
-    mode: Literal["none", "bearer", "jwt"] = "none"
-    allow_unauthenticated: bool = False
-    """Allow ``mode: none`` on an address other than loopback (you secure it some other way)."""
-    tokens: tuple[StaticToken, ...] = ()
-    jwt: JwtConfig | None = None
-    subjects: dict[str, str] = Field(default_factory=dict)
-    """JWT subject globs to policy names, first match wins; others get ``default``."""
-    policies: dict[str, ClientPolicy] = Field(default_factory=dict)
-    """Named policies; ``default`` (everything, no limits unless set) applies to the rest."""
-    public_url: str | None = Field(default=None, pattern=r"^https?://[^/]+/?$")
-    """This gateway's public base URL (``https://gw.example.com``): with ``server.path`` it is
-    the resource advertised in OAuth protected-resource metadata (RFC 9728)."""
-    authorization_servers: tuple[str, ...] = ()
-
-    @model_validator(mode="after")
-    def _complete(self) -> AuthConfig:
-        if self.mode == "bearer" and not self.tokens:
-            raise FieldProblem(("auth", "tokens"), "mode 'bearer' needs at least one token")
-        if self.mode == "jwt" and self.jwt is None:
-            raise FieldProblem(("auth", "jwt"), "mode 'jwt' needs a 'jwt' block")
-        if self.mode != "bearer" and self.tokens:
-            raise FieldProblem(("auth", "tokens"), f"static tokens are for mode 'bearer', not {self.mode!r}")
-        names = [t.name for t in self.tokens]
-        if len(set(names)) != len(names):
-            raise FieldProblem(("auth", "tokens"), "two tokens have the same name")
-        for name in [t.policy for t in self.tokens] + list(self.subjects.values()):
-            if name != "default" and name not in self.policies:
-                raise FieldProblem(("auth", "policies"), f"policy {name!r} is used but not defined")
-        return self
-
-    def policy(self, name: str) -> ClientPolicy:
-        return self.policies.get(name) or ClientPolicy()
-
-
 class GatewayConfig(_Strict):
     """The whole validated configuration."""
 
@@ -420,12 +327,3 @@ class GatewayConfig(_Strict):
     def active_upstreams(self) -> dict[str, UpstreamConfig]:
         """Upstreams that are not switched off with ``enabled: false``."""
         return {name: up for name, up in self.upstreams.items() if up.enabled}
-
-
-class FieldProblem(ValueError):
-    """A validator's complaint about a specific field path."""
-
-    def __init__(self, path: tuple[str, ...], reason: str) -> None:
-        super().__init__(reason)
-        self.path = path
-        self.reason = reason
