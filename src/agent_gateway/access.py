@@ -23,7 +23,7 @@ import hmac
 import logging
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -32,9 +32,13 @@ from fastmcp.server.auth import AccessToken, AuthProvider, JWTVerifier, RemoteAu
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 
 from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
 from agent_gateway.errors import ClientLimited, NotAllowed
+from agent_gateway.logs import clipped
+from agent_gateway.naming import MAX_NAME_LENGTH
+from agent_gateway.refusals import refused
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +81,10 @@ class Principal:
     policy: ClientPolicy
     bucket: TokenBucket | None = None
     in_flight: int = 0
+    sessions: int = 0
+    """Sessions open now (kept by the session registry)."""
+    opening: int = 0
+    """Requests without a session id being served now: each opens one (HTTP admission)."""
     _allowed: dict[tuple[Kind, str], bool] = field(default_factory=dict, repr=False)
 
     def allows(self, kind: Kind, name: str) -> bool:
@@ -105,6 +113,7 @@ class Principal:
         """One tool call in flight, refused at once over the policy's ``max_concurrency``."""
         limit = self.policy.max_concurrency
         if limit is not None and self.in_flight >= limit:
+            refused("concurrency", "client %s over its max_concurrency (%d)", self.subject, limit)
             raise ClientLimited(
                 f"{self.in_flight} calls already in flight, the limit (max_concurrency) is {limit}"
             )
@@ -116,6 +125,7 @@ class Principal:
 
 
 _CACHED = 4096
+_CLIENTS = 10_000
 
 
 def _climbs(uri: str) -> bool:
@@ -156,16 +166,28 @@ class AccessControl:
         self._principals: dict[str, Principal] = {}
         self._policy_of_token = {t.name: t.policy for t in config.tokens}
 
-    def principal(self, token: AccessToken | None) -> Principal:
-        """The client a verified ``token`` belongs to (or the anonymous client)."""
+    def principal(self, token: AccessToken | None, address: str | None = None) -> Principal:
+        """The client a verified ``token`` belongs to; without one, the anonymous client at
+        ``address``: anonymous clients are told apart by address, so that one of them over
+        its limits (rate, sessions, calls in flight) does not hold up the others."""
         subject = ANONYMOUS if token is None else (token.subject or token.client_id)
-        principal = self._principals.get(subject)
+        key = subject if token is not None or address is None else f"{ANONYMOUS}@{address}"
+        principal = self._principals.get(key)
         if principal is None:
+            if len(self._principals) >= _CLIENTS:
+                self._forget_idle()
             name = self._policy_name(subject, token)
             policy = self._config.policy(name)
             bucket = TokenBucket(policy.rate_limit, self._clock) if policy.rate_limit else None
-            principal = self._principals[subject] = Principal(subject, name, policy, bucket)
+            principal = self._principals[key] = Principal(subject, name, policy, bucket)
         return principal
+
+    def _forget_idle(self) -> None:
+        """Drops the clients with nothing open (addresses are many: the table stays bounded);
+        a dropped client that comes back starts with a full bucket."""
+        for key, client in list(self._principals.items()):
+            if client.in_flight == 0 and client.sessions == 0 and client.opening == 0:
+                del self._principals[key]
 
     def client(self, subject: str) -> Principal | None:
         """The client called ``subject``, if it has made a request."""
@@ -187,33 +209,78 @@ class StaticAccessToken(AccessToken):
 
 
 class AccessMiddleware:
-    """Low-level middleware: find the request's client, apply its rate limit, bind it."""
+    """Low-level middleware: find the request's client, bind it, refuse names no catalog
+    could hold; on stdio apply the rate limit too (over HTTP, admission took it before the
+    body was read: ``limits.RequestGuard``)."""
 
     def __init__(self, access: AccessControl) -> None:
         self._access = access
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        principal = self._access.principal(token_of(ctx.request))
-        if ctx.request_id is not None and ctx.method not in _UNMETERED and principal.bucket is not None:
-            wait = principal.bucket.take()
-            if wait is not None:
-                logger.warning("client %s over its rate limit (%s)", principal.subject, ctx.method)
-                raise MCPError(
-                    code=RATE_LIMITED,
-                    message=f"rate limit exceeded for client {principal.subject!r}: retry in {wait:.1f}s",
-                    data={"retryAfterSeconds": round(wait, 1)},
-                )
+        principal = self._access.principal(token_of(ctx.request), address_of(ctx.request))
+        if ctx.request_id is not None:
+            _check_name(ctx.method, ctx.params)
+            if principal.bucket is not None and ctx.method not in _UNMETERED and ctx.request is None:
+                self._meter(principal, ctx.method)
         token = _CURRENT.set(principal)
         try:
             return await call_next(ctx)
         finally:
             _CURRENT.reset(token)
 
+    @staticmethod
+    def _meter(principal: Principal, method: str) -> None:
+        assert principal.bucket is not None
+        if (wait := principal.bucket.take()) is not None:
+            logger.warning("client %s over its rate limit (%s)", principal.subject, clipped(method))
+            raise MCPError(
+                code=RATE_LIMITED,
+                message=f"rate limit exceeded for client {principal.subject!r}: retry in {wait:.1f}s",
+                data={"retryAfterSeconds": round(wait, 1)},
+            )
+
+
+MAX_URI_LENGTH = 8192
+"""The longest resource URI accepted (browsers' and proxies' common bound is 8 KiB)."""
+_NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri", "resources/subscribe": "uri"}
+
+
+def _check_name(method: str, params: Any) -> None:
+    """Refuses a tool or prompt name longer than any public name (64), or an over-long URI,
+    before any cache, log line or lookup holds it."""
+    field = _NAMED.get(method)
+    if field is None or not isinstance(params, Mapping):
+        return
+    value: Any = params.get(field)  # pyright: ignore[reportUnknownMemberType]
+    bound = MAX_NAME_LENGTH if field == "name" else MAX_URI_LENGTH
+    if isinstance(value, str) and len(value) > bound:
+        refused("name", "refused %s: a %s of %d characters", method, field, len(value))
+        what = "public names are" if field == "name" else "URIs are"
+        raise MCPError(
+            code=INVALID_PARAMS, message=f"{field} is {len(value)} characters long; {what} at most {bound}"
+        )
+
 
 def token_of(request: Any) -> AccessToken | None:
     """The verified token of an HTTP request (None: no auth, or stdio)."""
     scope = getattr(request, "scope", None)
-    user = scope.get("user") if isinstance(scope, dict) else None
+    return token_of_scope(scope) if isinstance(scope, dict) else None
+
+
+def address_of(request: Any) -> str | None:
+    """The client address of an HTTP request (None: stdio, or in memory)."""
+    scope = getattr(request, "scope", None)
+    return address_of_scope(scope) if isinstance(scope, dict) else None
+
+
+def address_of_scope(scope: Mapping[str, Any]) -> str | None:
+    client = scope.get("client")
+    return str(client[0]) if isinstance(client, tuple | list) and client else None
+
+
+def token_of_scope(scope: Mapping[str, Any]) -> AccessToken | None:
+    """The verified token of an ASGI request's ``scope`` (None: no auth)."""
+    user = scope.get("user")
     if isinstance(user, AuthenticatedUser) and isinstance(user.access_token, AccessToken):
         return user.access_token
     return None

@@ -141,6 +141,23 @@ class UpstreamConfig(_Strict):
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+class ConnectionsConfig(_Strict):
+    """Bounds on the HTTP listener's connections, before any request is read."""
+
+    max: int | None = Field(default=None, ge=16, le=1_000_000)
+    """Client connections open at once; None: what the open-file limit leaves after the
+    gateway's own needs (``RLIMIT_NOFILE``, raised to its hard limit), at most 10,000."""
+    per_address: int = Field(default=512, ge=1, le=1_000_000)
+    """Connections from one client address (behind a proxy, all clients share its address)."""
+    header_timeout: Seconds = 10.0
+    """A connection must send a whole request head within this, when it opens and after
+    each response; otherwise it is closed."""
+    keep_alive_timeout: int = Field(default=5, ge=1, le=3600)
+    """An idle keep-alive connection is closed after this many seconds."""
+    body_timeout: Seconds = 30.0
+    """A request body must have arrived within this; otherwise 408."""
+
+
 class ServerConfig(_Strict):
     """How the gateway itself is served."""
 
@@ -162,6 +179,10 @@ class ServerConfig(_Strict):
     """The largest HTTP request body accepted; a bigger one gets 413 and a JSON-RPC error.
     At most 4 MiB: the mcp SDK's Streamable HTTP transport refuses more (with a bare 413),
     and FastMCP offers no way to raise its limit."""
+    max_body_elements: int = Field(default=100_000, ge=100, le=10_000_000)
+    """JSON values (objects, arrays, list items) one request body may hold: parsing runs on
+    the event loop, where a million of them would stall every client for a second."""
+    connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with
     ``nextCursor``. 100, as ``search.threshold``: a client listed more is usually searching."""

@@ -24,8 +24,13 @@ class ClientPolicy(_Strict):
     prompts: tuple[str, ...] = ("*",)
     resources: tuple[str, ...] = ("*",)
     rate_limit: RateLimit | None = None
-    max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
-    """Tool calls this client may have in flight at once; one more is refused."""
+    """Requests and notifications (every HTTP POST, ``initialize`` too); None: no limit."""
+    max_concurrency: int | None = Field(default=64, ge=1, le=100_000)
+    """Tool calls and agent runs this client may have in flight at once; one more is
+    refused. 64 by default, so one client cannot take an upstream's whole connection pool."""
+    max_sessions: int = Field(default=100, ge=1, le=100_000)
+    """Sessions this client may have open at once (a modern-era request is a session while
+    it runs); one more is refused, other clients' are not."""
 
 
 class StaticToken(_Strict):

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.types import Lifespan
 
 from agent_gateway.exporters import installed
-from agent_gateway.limits import RequestGuard
+from agent_gateway.limits import Bounds, RequestGuard
 from agent_gateway.responses import defer_responses
 from agent_gateway.server import Gateway
 from agent_gateway.ui import status_page
@@ -34,7 +34,7 @@ def build_app(gateway: Gateway) -> Starlette:
         host_origin_protection=True,  # "*" in allowed_hosts passes any Host; Origin is still checked
         allowed_hosts=list(server.allowed_hosts),
         allowed_origins=list(server.allowed_origins),
-        middleware=[Middleware(RequestGuard, limit=server.max_body_bytes)],
+        middleware=[Middleware(RequestGuard, access=gateway.access, bounds=_bounds(gateway))],
     )
 
     async def healthz(_: Request) -> JSONResponse:
@@ -73,6 +73,16 @@ def build_app(gateway: Gateway) -> Starlette:
         mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path)
     )
     return mcp_app
+
+
+def _bounds(gateway: Gateway) -> Bounds:
+    server = gateway.config.server
+    return Bounds(
+        body_bytes=server.max_body_bytes,
+        body_timeout=server.connections.body_timeout,
+        body_elements=server.max_body_elements,
+        authenticated=gateway.config.auth.mode != "none",
+    )
 
 
 def _endpoint(app: Starlette, path: str) -> StreamableHTTPASGIApp:

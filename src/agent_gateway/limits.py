@@ -1,5 +1,16 @@
-"""Guards in front of the MCP endpoint for what the SDK's HTTP transport lets through badly.
+"""Admission in front of the MCP endpoint: what must be decided before the SDK reads a body.
 
+Every POST to the endpoint (a request, a notification, an answer) passes here first:
+
+- The client is found (from its verified token; unauthenticated requests pass on untouched,
+  to be answered 401) and its rate limit taken, before a byte of the body is parsed: a
+  client over its limit costs the gateway a lookup, never a parse.
+- A POST without ``Mcp-Session-Id`` opens a session (a handshake-era ``initialize``, or a
+  modern-era request, which is a session while it runs): refused once the client has
+  ``max_sessions`` open, so one client cannot fill the table everyone shares.
+- The body must arrive within ``server.connections.body_timeout``.
+- A body with more than ``server.max_body_elements`` JSON values is refused unparsed:
+  parsing is done on the event loop, where a million ``{}`` stall every client.
 - The body limit: a body over ``server.max_body_bytes`` is refused with 413 and a JSON-RPC
   error before any of it is parsed. A declared ``Content-Length`` is refused up front; a
   chunked body is counted as it arrives and refused as soon as it passes the limit.
@@ -9,46 +20,125 @@
   ``Invalid Request`` error instead (with a null id, as JSON-RPC says for an unreadable id).
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
+Refusals are JSON-RPC errors with a null id, which the SDK's client matches to its request.
 """
 
 from __future__ import annotations
 
 import json
-import logging
+import re
+from dataclasses import dataclass
 from typing import Any
 
+import anyio
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-logger = logging.getLogger(__name__)
+from agent_gateway.access import RATE_LIMITED, AccessControl, Principal, address_of_scope, token_of_scope
+from agent_gateway.refusals import refused
 
 INVALID_REQUEST = -32600
+_SESSION_HEADER = b"mcp-session-id"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one POST may be: its size, its time to arrive and its number of JSON values."""
+
+    body_bytes: int
+    body_timeout: float
+    body_elements: int
+    authenticated: bool
+    """Auth is on: a request without a verified token is passed on, to be answered 401."""
 
 
 class RequestGuard:
-    """ASGI middleware: the body limit and the request-id check (see the module docstring)."""
+    """ASGI middleware: admission of every POST (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, access: AccessControl, bounds: Bounds) -> None:
         self.app = app
-        self.limit = limit
+        self.access = access
+        self.bounds = bounds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            await _refuse(send, 413, self._too_large(f"{declared} bytes"))
+        if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
+            await self.app(scope, receive, send)  # answered 401 by the auth middleware, unread
             return
-        body = await self._read(receive)
-        if body is _GONE:
-            return  # the client left before its body was whole: nothing to answer
+        client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
+        if (wait := client.bucket.take() if client.bucket is not None else None) is not None:
+            await self._over_rate(send, client, wait)
+            return
+        opening = not any(name == _SESSION_HEADER for name, _ in scope["headers"])
+        if opening and client.sessions + client.opening >= client.policy.max_sessions:
+            limit = client.policy.max_sessions
+            refused(
+                "sessions",
+                "client %s refused a new session: %d open, the limit is %d",
+                client.subject,
+                client.sessions + client.opening,
+                limit,
+            )
+            message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
+            await _refuse(send, 429, message, code=RATE_LIMITED)
+            return
+        body = await self._body(scope, receive, send)
         if body is None:
-            await _refuse(send, 413, self._too_large(f"over {self.limit} bytes"))
             return
-        if (problem := _id_problem(body)) is not None:
-            await _refuse(send, 400, problem)
+        if not opening:
+            await self.app(scope, _replay(body, receive), send)
             return
-        await self.app(scope, _replay(body, receive), send)
+        client.opening += 1
+        try:
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            client.opening -= 1
+
+    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The body, checked; None when it was refused (answered) or the client left."""
+        limit = self.bounds.body_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await self._refuse_body(send, 413, self._too_large(f"{declared} bytes"))
+            return None
+        with anyio.move_on_after(self.bounds.body_timeout):
+            body = await self._read(receive)
+            if body is _GONE:
+                return None  # the client left before its body was whole: nothing to answer
+            if body is None:
+                await self._refuse_body(send, 413, self._too_large(f"over {limit} bytes"))
+                return None
+            if (problem := self._shape_problem(body)) is not None:
+                await self._refuse_body(send, 400, problem)
+                return None
+            return body
+        await self._refuse_body(
+            send, 408, f"the request body did not arrive within {self.bounds.body_timeout:g}s"
+        )
+        return None
+
+    def _shape_problem(self, body: bytes) -> str | None:
+        bound = self.bounds.body_elements
+        if (count := json_values(body, bound)) > bound:
+            return f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
+        return _id_problem(body)
+
+    async def _over_rate(self, send: Send, client: Principal, wait: float) -> None:
+        refused("rate_limit", "client %s over its rate limit", client.subject)
+        await _refuse(
+            send,
+            429,
+            f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s",
+            code=RATE_LIMITED,
+            data={"retryAfterSeconds": round(wait, 1)},
+            headers=[(b"retry-after", str(max(1, round(wait))).encode())],
+        )
+
+    async def _refuse_body(self, send: Send, status: int, message: str) -> None:
+        refused("body", "refused an HTTP request: %s", message)
+        await _refuse(send, status, message)
 
     async def _read(self, receive: Receive) -> bytes | None:
         """The whole body; None as soon as it passes the limit; ``_GONE`` if the client left."""
@@ -60,7 +150,7 @@ class RequestGuard:
                 return _GONE
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.limit:
+            if size > self.bounds.body_bytes:
                 return None
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -68,7 +158,7 @@ class RequestGuard:
         return b"".join(chunks)
 
     def _too_large(self, size: str) -> str:
-        return f"request body is {size}; the limit (server.max_body_bytes) is {self.limit}"
+        return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
 
 
 _GONE = b"\x00gone"
@@ -105,18 +195,45 @@ def _id_problem(body: bytes) -> str | None:
     return None
 
 
-async def _refuse(send: Send, status: int, message: str) -> None:
-    logger.warning("refused an HTTP request: %s", message)
-    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": INVALID_REQUEST, "message": message}})
-    data = body.encode()
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def json_values(body: bytes, bound: int) -> int:
+    """About how many JSON values ``body`` holds (objects, arrays and the items between
+    commas), at C speed: punctuation is counted first, and only when that passes ``bound``
+    again without what is inside strings (text full of commas is still one value)."""
+    count = body.count(b"{") + body.count(b"[") + body.count(b",")
+    if count <= bound:
+        return count
+    bare = _STRING.sub(b"", body)
+    return bare.count(b"{") + bare.count(b"[") + bare.count(b",")
+
+
+async def _refuse(
+    send: Send,
+    status: int,
+    message: str,
+    *,
+    code: int = INVALID_REQUEST,
+    data: dict[str, Any] | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    encoded = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(encoded)).encode()),
+                *(headers or []),
+            ],
         }
     )
-    await send({"type": "http.response.body", "body": data})
+    await send({"type": "http.response.body", "body": encoded})
 
 
 def _content_length(scope: Scope) -> int | None:

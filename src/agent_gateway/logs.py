@@ -1,4 +1,5 @@
-"""Log lines that name the trace they belong to: ids on every record, and a JSON format."""
+"""Log lines that name the trace they belong to (ids on every record, and a JSON format), and
+whose values are cut to a bounded length."""
 
 from __future__ import annotations
 
@@ -7,6 +8,35 @@ import logging
 from typing import Any
 
 from opentelemetry import trace
+
+CLIP = 256
+"""Characters of one logged value kept: clients choose many of them (names, ids, URIs)."""
+
+
+def clipped(value: object, limit: int = CLIP) -> object:
+    """``value`` as it may be logged: one whose text is longer than ``limit`` is cut, saying
+    how long it was (an exception's text can quote a client's input too); numbers as they are."""
+    if value is None or isinstance(value, int | float):
+        return value
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        return f"{text[:limit]}… ({len(text)} characters)"
+    return value
+
+
+class Clipped(logging.Filter):
+    """Cuts every argument of every record, and every structured field, to ``CLIP``
+    characters: the one place that keeps a client from choosing how much is written."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and record.args:
+            record.args = tuple(clipped(a) for a in record.args)
+        elif isinstance(record.args, dict) and record.args:
+            record.args = {k: clipped(v) for k, v in record.args.items()}
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict) and fields:
+            record.fields = {k: clipped(v) for k, v in fields.items()}  # pyright: ignore[reportUnknownVariableType]
+        return True
 
 
 class TraceIds(logging.Filter):

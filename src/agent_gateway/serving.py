@@ -25,6 +25,7 @@ import uvicorn
 from agent_gateway import runtime
 from agent_gateway.errors import CannotServe
 from agent_gateway.http import build_app
+from agent_gateway.listener import Connections, bounded_protocol, connection_cap, descriptor_limit
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 
@@ -124,7 +125,14 @@ class _Uvicorn(uvicorn.Server):
 
 async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloading | None) -> None:
     server = gateway.config.server
-    config = uvicorn.Config(build_app(gateway), log_level="warning", lifespan="on")
+    connections = _connections(gateway)
+    config = uvicorn.Config(
+        build_app(gateway),
+        log_level="warning",
+        lifespan="on",
+        http=bounded_protocol(connections),
+        timeout_keep_alive=server.connections.keep_alive_timeout,
+    )
     http = _Uvicorn(config)
 
     def stop() -> None:
@@ -139,6 +147,16 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         runtime.settle_heap()
         await http.serve(sockets=[sock])
         tg.cancel_scope.cancel()
+
+
+def _connections(gateway: Gateway) -> Connections:
+    settings = gateway.config.server.connections
+    fds = descriptor_limit()
+    cap = connection_cap(settings, len(gateway.config.active_upstreams), fds)
+    logger.info(
+        "accepting up to %d connections (%d per address; open-file limit %d)", cap, settings.per_address, fds
+    )
+    return Connections(cap=cap, per_address=settings.per_address, header_timeout=settings.header_timeout)
 
 
 def _url_host(host: str) -> str:

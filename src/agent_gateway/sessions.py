@@ -255,6 +255,8 @@ class SessionRegistry(Middleware):
             sid, era, transport, connection, capabilities=caps, client=access.current()
         )
         self.live[sid] = session
+        if session.client is not None and era == "handshake":  # modern: counted by admission
+            session.client.sessions += 1
         self.opened += 1
         sessions_active.add(1, {"mcp.era": era})
         if era == "handshake":
@@ -265,6 +267,8 @@ class SessionRegistry(Middleware):
         """Forget ``session`` and release what it held upstream (bounded, shielded)."""
         if self.live.pop(session.id, None) is None:
             return
+        if session.client is not None and session.era == "handshake":
+            session.client.sessions -= 1
         self.ended += 1
         sessions_active.add(-1, {"mcp.era": session.era})
         with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):

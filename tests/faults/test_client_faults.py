@@ -121,8 +121,11 @@ async def test_ten_thousand_concurrent_requests_are_each_answered() -> None:
                 for _ in range(10_000):
                     tg.start_soon(one, client)
         assert sum(outcomes.values()) == 10_000, outcomes
-        assert outcomes.get("ok", 0) >= 200, outcomes
-        assert set(outcomes) <= {"ok", "200 calls in flight, the limit (max_concurrency) is 200"}, outcomes
+        # The client's own default bound (64 in flight) comes before the upstream's (200).
+        assert outcomes.get("ok", 0) >= 64, outcomes
+        assert set(outcomes) <= {"ok", "64 calls already in flight, the limit (max_concurrency) is 64"}, (
+            outcomes
+        )
 
 
 async def test_a_client_that_hangs_up_mid_call_leaves_nothing_pending() -> None:

@@ -1,0 +1,153 @@
+"""The HTTP listener's own bounds, before any request reaches the app.
+
+uvicorn keeps a connection for as long as the client likes while it has not sent a whole
+request head (a connection that sends nothing, or a byte every few seconds, is never timed
+out), and accepts connections until the process runs out of file descriptors, after which
+nothing works: not ``/healthz``, not the gateway's own connections to its upstreams. So:
+
+- a deadline for a request's head (``server.connections.header_timeout``), from the moment
+  the connection opens and again after each response (a keep-alive connection must send its
+  next head in time too); past it the connection is closed;
+- a cap on open connections, derived from ``RLIMIT_NOFILE`` so that the gateway's own
+  sockets, pipes and files always have room; past it a new connection gets a bare 503 and is
+  closed;
+- a cap per client address, so one address cannot take all of them.
+
+The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
+are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
+``on_response_complete`` and ``transport``; ``tests/test_listener.py`` checks they still
+exist.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from agent_gateway.config import ConnectionsConfig
+from agent_gateway.refusals import refused
+
+logger = logging.getLogger(__name__)
+
+_RESERVED_FDS = 256
+"""Descriptors kept for everything that is not a client connection: upstream sockets and
+pipes, the conversation database, log files, the event loop's own."""
+_PER_UPSTREAM_FDS = 16
+_DEFAULT_CAP = 10_000
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+
+
+def descriptor_limit() -> int:
+    """The process's open-file limit, raised to its hard limit first (as servers do: the
+    soft limit is often 1,024 while the hard one allows far more)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 65_536)
+    if wanted > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass  # not allowed here: live with the soft limit
+    return soft
+
+
+def connection_cap(config: ConnectionsConfig, upstreams: int, fds: int) -> int:
+    """How many client connections may be open at once: the configured number, or what the
+    descriptor limit leaves after the gateway's own needs (at least 16)."""
+    room = max(16, fds - _RESERVED_FDS - upstreams * _PER_UPSTREAM_FDS)
+    return min(config.max, room) if config.max is not None else min(room, _DEFAULT_CAP)
+
+
+@dataclass
+class Connections:
+    """The open client connections, counted in total and per client address."""
+
+    cap: int
+    per_address: int
+    header_timeout: float
+    open: int = 0
+    by_address: Counter[str] = field(default_factory=Counter[str])
+
+    def admit(self, address: str) -> str | None:
+        """Count one more connection from ``address``; the reason if it must be refused."""
+        if self.open >= self.cap:
+            return f"{self.open} connections open, the limit is {self.cap}"
+        if self.by_address[address] >= self.per_address:
+            return (
+                f"{self.by_address[address]} connections open from {address}, the limit is {self.per_address}"
+            )
+        self.open += 1
+        self.by_address[address] += 1
+        return None
+
+    def release(self, address: str) -> None:
+        self.open -= 1
+        self.by_address[address] -= 1
+        if self.by_address[address] <= 0:
+            del self.by_address[address]
+
+
+def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with ``connections``' bounds (see the module docstring)."""
+
+    class BoundedProtocol(HttpToolsProtocol):
+        _address = ""
+        _admitted = False
+        _deadline: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            peer: Any = transport.get_extra_info("peername")
+            self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "unix"
+            if (reason := connections.admit(self._address)) is not None:
+                refused("connections", "refused a connection: %s", reason)
+                transport.write(_BUSY)
+                transport.close()
+                return
+            self._admitted = True
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            if self._admitted:
+                self._admitted = False
+                connections.release(self._address)
+            super().connection_lost(exc)
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's head is due in time too
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._deadline = asyncio.get_running_loop().call_later(connections.header_timeout, self._late)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _late(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                refused(
+                    "header_timeout",
+                    "closed a connection from %s: no request head within %ss",
+                    self._address,
+                    connections.header_timeout,
+                    level=logging.INFO,
+                )
+                self.transport.close()
+
+    return BoundedProtocol

@@ -1,0 +1,30 @@
+"""What the gateway refused to protect everyone else, counted and logged in one place.
+
+Every bound against a noisy or hostile party (connections, request heads, rate limits,
+sessions, bodies, names, bytes in flight) ends here: one metric,
+``agent_gateway.refusals{reason}``, and one WARNING line whose values are cut to a bounded
+length (a client chooses them, so it must not choose how much is written).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from opentelemetry import metrics
+
+from agent_gateway.logs import clipped
+
+logger = logging.getLogger("agent_gateway.refusals")
+
+refusals = metrics.get_meter("agent-gateway").create_counter(
+    "agent_gateway.refusals",
+    description="Requests and connections refused by a bound, by reason (connections, "
+    "header_timeout, rate_limit, sessions, body, name, in_flight, concurrency).",
+)
+
+
+def refused(reason: str, message: str, *values: object, level: int = logging.WARNING) -> None:
+    """Count one refusal for ``reason`` and log ``message % values`` (values clipped)."""
+    refusals.add(1, {"reason": reason})
+    if logger.isEnabledFor(level):
+        logger.log(level, message, *(clipped(v) for v in values))
