@@ -24,6 +24,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import parse_config
 from agent_gateway.http import build_app
 from agent_gateway.server import Gateway
+from agent_gateway.serving import listener_options
 
 ROOT = Path(__file__).resolve().parent.parent
 NODE_MODULES = ROOT / "tests" / "e2e" / "node_modules"
@@ -94,7 +95,12 @@ async def running_gateway(
 ) -> AsyncIterator[RunningGateway]:
     """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback."""
     gateway = Gateway(config_of(data, environ), chat_model=chat_model)
-    async with gateway.running(settle_timeout=settle_timeout), serving(build_app(gateway)) as base:
+    # The listener's own bounds too (header deadline, connection caps), as `serve` runs it.
+    app = build_app(gateway)
+    async with (
+        gateway.running(settle_timeout=settle_timeout),
+        serving(app, **listener_options(gateway)) as base,
+    ):
         yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
 import uvicorn
@@ -125,13 +126,8 @@ class _Uvicorn(uvicorn.Server):
 
 async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloading | None) -> None:
     server = gateway.config.server
-    connections = _connections(gateway)
     config = uvicorn.Config(
-        build_app(gateway),
-        log_level="warning",
-        lifespan="on",
-        http=bounded_protocol(connections),
-        timeout_keep_alive=server.connections.keep_alive_timeout,
+        build_app(gateway), log_level="warning", lifespan="on", **listener_options(gateway)
     )
     http = _Uvicorn(config)
 
@@ -149,14 +145,18 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         tg.cancel_scope.cancel()
 
 
-def _connections(gateway: Gateway) -> Connections:
+def listener_options(gateway: Gateway) -> dict[str, Any]:
+    """``uvicorn.Config`` options for the gateway's listener: its connection bounds."""
     settings = gateway.config.server.connections
     fds = descriptor_limit()
     cap = connection_cap(settings, len(gateway.config.active_upstreams), fds)
     logger.info(
         "accepting up to %d connections (%d per address; open-file limit %d)", cap, settings.per_address, fds
     )
-    return Connections(cap=cap, per_address=settings.per_address, header_timeout=settings.header_timeout)
+    connections = Connections(
+        cap=cap, per_address=settings.per_address, header_timeout=settings.header_timeout
+    )
+    return {"http": bounded_protocol(connections), "timeout_keep_alive": settings.keep_alive_timeout}
 
 
 def _url_host(host: str) -> str:

@@ -1,0 +1,253 @@
+"""Hostile load (issue 16, findings 1, 2, 4 and 5): each attack reproduced against a real
+gateway on loopback, bounded in time and count, with a bystander client served throughout.
+
+The attacker connects from 127.0.0.2 and the bystander from 127.0.0.1 (both loopback): the
+gateway tells anonymous clients apart by address, and caps connections per address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import mcp_types as types
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from agent_gateway.config import ConnectionsConfig
+from agent_gateway.listener import connection_cap
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+ATTACKER = "127.0.0.2"
+BYSTANDER_TOKEN = "bystander-token-0123456789"
+ATTACKER_TOKEN = "attacker-token-0123456789"
+HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "attacker", "version": "1"},
+    },
+}
+
+
+def _echo_server() -> FastMCP:
+    server = FastMCP("echo")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+@asynccontextmanager
+async def gateway(extra: dict[str, Any]) -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(_echo_server()) as url:
+        config = {"upstreams": {"echo": {"url": url}}} | extra
+        async with running_gateway(config, environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}) as gw:
+            yield gw
+
+
+def bearer(policy: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "auth": {
+            "mode": "bearer",
+            "tokens": [
+                {"name": "bystander", "token": "${B}"},
+                {"name": "attacker", "token": "${A}", "policy": "attacker"},
+            ],
+            "policies": {"attacker": policy},
+        }
+    }
+
+
+@asynccontextmanager
+async def client(url: str, token: str | None = None) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        Client(streamable_http_client(url, http_client=http)) as c,
+    ):
+        yield c
+
+
+async def echo(c: Client, text: str = "hi") -> str:
+    result = await c.call_tool("echo__echo", {"text": text})
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+class Bystander:
+    """Calls ``echo`` in a loop while the attack runs; every failure is kept."""
+
+    def __init__(self) -> None:
+        self.served = 0
+        self.failures: list[str] = []
+
+    async def run(self, c: Client) -> None:
+        while True:
+            try:
+                with anyio.fail_after(10):
+                    assert await echo(c) == "hi"
+                self.served += 1
+            except Exception as exc:
+                self.failures.append(repr(exc))
+            await anyio.sleep(0.05)
+
+
+def _port(url: str) -> int:
+    return httpx.URL(url).port or 80
+
+
+# -- finding 1: idle and slow connections ------------------------------------------------
+
+
+def test_the_connection_cap_leaves_room_for_the_gateways_own_descriptors() -> None:
+    assert connection_cap(ConnectionsConfig(), upstreams=4, fds=1024) == 1024 - 256 - 4 * 16
+    assert connection_cap(ConnectionsConfig(), upstreams=0, fds=1_048_576) == 10_000
+    assert connection_cap(ConnectionsConfig(max=300), upstreams=0, fds=1024) == 300
+    assert connection_cap(ConnectionsConfig(), upstreams=100, fds=256) == 16
+
+
+def _slow_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((ATTACKER, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # a head that never ends
+    return sock
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    try:
+        data = sock.recv(4096)
+    except (TimeoutError, ConnectionResetError):
+        return isinstance(sock, socket.socket) and False
+    return data == b"" or data.startswith(b"HTTP/1.1 503")
+
+
+async def test_slow_heads_are_cut_off_and_one_address_cannot_take_every_connection() -> None:
+    server = {"server": {"connections": {"header_timeout": 1, "per_address": 40}}}
+    async with gateway(server) as gw, client(gw.url) as c, anyio.create_task_group() as tg:
+        bystander = Bystander()
+        tg.start_soon(bystander.run, c)
+        port = _port(gw.url)
+        socks = [await anyio.to_thread.run_sync(_slow_socket, port) for _ in range(120)]
+        try:
+            # Past 40 from one address, new connections are refused (a bare 503, then closed);
+            # the 40 admitted ones are closed once their head is 1 s late.
+            with anyio.fail_after(20):
+                closed = [await anyio.to_thread.run_sync(_closed_by_server, s) for s in socks]
+            assert all(closed)
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{gw.base}/healthz")).status_code == 200
+        finally:
+            for s in socks:
+                s.close()
+        with anyio.fail_after(10):
+            while bystander.served < 5:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert bystander.failures == []
+
+
+# -- finding 2: one client fills the session table ---------------------------------------
+
+
+async def _open_session(http: httpx.AsyncClient, url: str, token: str) -> httpx.Response:
+    headers = HEADERS | {"Authorization": f"Bearer {token}"}
+    return await http.post(url, json=INITIALIZE, headers=headers)
+
+
+async def test_a_client_at_its_session_cap_is_refused_while_others_open_sessions() -> None:
+    async with gateway(bearer({"max_sessions": 5})) as gw, httpx.AsyncClient(timeout=10) as http:
+        answers = [await _open_session(http, gw.url, ATTACKER_TOKEN) for _ in range(8)]
+        assert [a.status_code for a in answers] == [200] * 5 + [429] * 3
+        error = answers[-1].json()["error"]
+        assert "client 'attacker' has 5 sessions open, the limit (max_sessions)" in error["message"]
+        # Others are not held up: the bystander opens sessions and calls tools.
+        for _ in range(3):
+            async with client(gw.url, BYSTANDER_TOKEN) as c:
+                assert await echo(c) == "hi"
+        # Ending one of its sessions (DELETE) lets the attacker open one again.
+        sid = answers[0].headers["mcp-session-id"]
+        auth = {"Authorization": f"Bearer {ATTACKER_TOKEN}", "Mcp-Session-Id": sid}
+        assert (await http.delete(gw.url, headers=auth)).status_code in (200, 204)
+        with anyio.fail_after(10):
+            while (await _open_session(http, gw.url, ATTACKER_TOKEN)).status_code != 200:
+                await anyio.sleep(0.05)
+
+
+async def test_initialize_and_notifications_are_counted_by_the_rate_limit() -> None:
+    limited = bearer({"rate_limit": {"per_minute": 6, "burst": 3}})
+    async with gateway(limited) as gw, httpx.AsyncClient(timeout=10) as http:
+        answers = [await _open_session(http, gw.url, ATTACKER_TOKEN) for _ in range(5)]
+        assert [a.status_code for a in answers] == [200, 200, 200, 429, 429]
+        assert "rate limit exceeded for client 'attacker'" in answers[-1].json()["error"]["message"]
+        assert answers[-1].headers["retry-after"]
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        headers = HEADERS | {
+            "Authorization": f"Bearer {ATTACKER_TOKEN}",
+            "Mcp-Session-Id": answers[0].headers["mcp-session-id"],
+        }
+        assert (await http.post(gw.url, json=note, headers=headers)).status_code == 429
+        async with client(gw.url, BYSTANDER_TOKEN) as c:
+            assert await echo(c) == "hi"
+
+
+# -- finding 4: long names ---------------------------------------------------------------
+
+
+async def test_names_over_64_characters_are_refused_and_no_log_line_holds_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    restricted = bearer({"tools": ["echo__*"]})
+    caplog.set_level(logging.DEBUG)
+    async with gateway(restricted) as gw, client(gw.url, ATTACKER_TOKEN) as c:
+        for n in range(20):
+            name = f"{n:02d}" + "x" * 99_998
+            with pytest.raises(
+                MCPError, match=r"name is 100000 characters long; public names are at most 64"
+            ):
+                await c.call_tool(name, {})
+        async with client(gw.url, BYSTANDER_TOKEN) as other:
+            assert await echo(other) == "hi"
+    # The gateway's side (the test's own client logs what it sends in full).
+    served = [r for r in caplog.records if not r.name.startswith(("mcp.client", "httpx"))]
+    longest = max(len(r.getMessage()) for r in served)
+    assert longest < 2_000, longest
+
+
+# -- finding 5: large bodies -------------------------------------------------------------
+
+
+async def test_a_body_of_a_million_values_is_refused_unparsed() -> None:
+    async with gateway({}) as gw, client(gw.url) as c, httpx.AsyncClient(timeout=30) as http:
+        session = await _open_session(http, gw.url, "unused")
+        sid = session.headers["mcp-session-id"]
+        flood = {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": [{}] * 1_000_000}}
+        body = json.dumps(flood, separators=(",", ":")).encode()
+        answer = await http.post(gw.url, content=body, headers=HEADERS | {"Mcp-Session-Id": sid})
+        assert answer.status_code == 400
+        assert "the limit (server.max_body_elements) is 100000" in answer.json()["error"]["message"]
+        # Punctuation inside text is not values: an argument with 125,000 of it passes whole.
+        text = "a, b, {c}, [d]; " * 31_250
+        assert (
+            hashlib.sha256((await echo(c, text)).encode()).digest() == hashlib.sha256(text.encode()).digest()
+        )
