@@ -144,8 +144,8 @@ def _closed_by_server(sock: socket.socket) -> bool:
 
 async def test_slow_heads_are_cut_off_and_one_address_cannot_take_every_connection() -> None:
     server = {"server": {"connections": {"header_timeout": 1, "per_address": 40}}}
+    bystander = Bystander()
     async with gateway(server) as gw, client(gw.url) as c, anyio.create_task_group() as tg:
-        bystander = Bystander()
         tg.start_soon(bystander.run, c)
         port = _port(gw.url)
         socks = [await anyio.to_thread.run_sync(_slow_socket, port) for _ in range(120)]
