@@ -23,6 +23,7 @@ import hmac
 import logging
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -85,6 +86,7 @@ class Principal:
     """Sessions open now (kept by the session registry)."""
     opening: int = 0
     """Requests without a session id being served now: each opens one (HTTP admission)."""
+    spent: AgentSpend = field(default_factory=lambda: AgentSpend(None, None))
     _allowed: dict[tuple[Kind, str], bool] = field(default_factory=dict, repr=False)
 
     def allows(self, kind: Kind, name: str) -> bool:
@@ -110,7 +112,11 @@ class Principal:
 
     @contextmanager
     def calling(self) -> Iterator[None]:
-        """One tool call in flight, refused at once over the policy's ``max_concurrency``."""
+        """One tool call in flight, refused at once over the policy's ``max_concurrency``.
+        Inside an agent run (``running_agent``) the run already holds the client's slot."""
+        if _IN_RUN.get():
+            yield
+            return
         limit = self.policy.max_concurrency
         if limit is not None and self.in_flight >= limit:
             refused("concurrency", "client %s over its max_concurrency (%d)", self.subject, limit)
@@ -122,6 +128,55 @@ class Principal:
             yield
         finally:
             self.in_flight -= 1
+
+    @contextmanager
+    def running_agent(self) -> Iterator[None]:
+        """One ``ask_agent`` run: a call in flight for this client, within its agent budget;
+        the run's own tool calls go in its slot (its model calls one tool at a time or
+        several, but it is one thing the client asked for)."""
+        with self.calling():
+            self.spent.start(self.subject)
+            token = _IN_RUN.set(True)
+            try:
+                yield
+            finally:
+                _IN_RUN.reset(token)
+
+
+_IN_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("agent_gateway_in_run", default=False)
+
+
+class AgentSpend:
+    """One client's ``ask_agent`` runs per minute and model tokens over the last hour."""
+
+    def __init__(
+        self, runs: TokenBucket | None, tokens_per_hour: int | None, clock: Clock = time.monotonic
+    ) -> None:
+        self._runs = runs
+        self._per_hour = tokens_per_hour
+        self._clock = clock
+        self._used: deque[tuple[float, int]] = deque()
+
+    def start(self, subject: str) -> None:
+        """Raises ``ClientLimited`` when a new run would pass the client's agent budget."""
+        if self._per_hour is not None and (used := self._last_hour()) >= self._per_hour:
+            refused("agent_budget", "client %s over its agent tokens_per_hour", subject)
+            raise ClientLimited(
+                f"{used} model tokens in the last hour, the limit (agent.tokens_per_hour) is {self._per_hour}"
+            )
+        if self._runs is not None and (wait := self._runs.take()) is not None:
+            refused("agent_budget", "client %s over its agent runs_per_minute", subject)
+            raise ClientLimited(f"agent runs over the limit (agent.runs_per_minute): retry in {wait:.1f}s")
+
+    def used(self, tokens: int) -> None:
+        if self._per_hour is not None and tokens > 0:
+            self._used.append((self._clock(), tokens))
+
+    def _last_hour(self) -> int:
+        since = self._clock() - 3600
+        while self._used and self._used[0][0] < since:
+            self._used.popleft()
+        return sum(n for _, n in self._used)
 
 
 _CACHED = 4096
@@ -180,7 +235,16 @@ class AccessControl:
             policy = self._config.policy(name)
             bucket = TokenBucket(policy.rate_limit, self._clock) if policy.rate_limit else None
             principal = self._principals[key] = Principal(subject, name, policy, bucket)
+            principal.spent = self._spend(policy)
         return principal
+
+    def _spend(self, policy: ClientPolicy) -> AgentSpend:
+        budget = policy.agent
+        runs = budget.runs_per_minute
+        bucket = (
+            TokenBucket(RateLimit(per_minute=runs, burst=max(1, int(runs))), self._clock) if runs else None
+        )
+        return AgentSpend(bucket, budget.tokens_per_hour, self._clock)
 
     def _forget_idle(self) -> None:
         """Drops the clients with nothing open (addresses are many: the table stays bounded);

@@ -87,8 +87,10 @@ class UpstreamConfig(_Strict):
     failure_mode: Literal["fail_open", "hide"] = "fail_open"
     """While the upstream is down: ``fail_open`` keeps its tools listed (calls fail at once
     with a clear error); ``hide`` takes them out of the catalog until it is back."""
-    max_concurrency: int | None = Field(default=None, ge=1, le=100_000)
-    """Calls in flight to this upstream at once (all clients together); one more is refused."""
+    max_concurrency: int | None = Field(default=200, ge=1, le=100_000)
+    """Calls in flight to this upstream at once (all clients together); one more is refused
+    ("over the limit"), never queued. Below the HTTP connection pool, which keeps
+    connections beyond it for health checks and list refreshes; None: no bound."""
     max_message_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**31)
     """The largest message accepted from this upstream (stdio and WebSocket). Over it, on
     stdio the call it answers fails at once saying so; on WebSocket the connection closes."""

@@ -17,6 +17,15 @@ class RateLimit(_Strict):
     burst: int = Field(default=10, ge=1, le=100_000)
 
 
+class AgentBudget(_Strict):
+    """What one client may spend on ``ask_agent``'s model (a paid provider bills per token)."""
+
+    runs_per_minute: float | None = Field(default=60.0, gt=0, le=100_000)
+    """Agent runs started per minute (a bucket of this size); None: no bound."""
+    tokens_per_hour: int | None = Field(default=None, ge=1)
+    """Model tokens (input and output) over the last hour; past it new runs are refused."""
+
+
 class ClientPolicy(_Strict):
     """What one client may reach (globs over public names and URIs) and how fast."""
 
@@ -28,6 +37,7 @@ class ClientPolicy(_Strict):
     max_concurrency: int | None = Field(default=64, ge=1, le=100_000)
     """Tool calls and agent runs this client may have in flight at once; one more is
     refused. 64 by default, so one client cannot take an upstream's whole connection pool."""
+    agent: AgentBudget = Field(default_factory=AgentBudget)
     max_sessions: int = Field(default=100, ge=1, le=100_000)
     """Sessions this client may have open at once (a modern-era request is a session while
     it runs); one more is refused, other clients' are not."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import mcp_types as types
@@ -16,6 +17,7 @@ from agent_gateway.agent.runner import AgentRequest, AgentRunner
 from agent_gateway.agent.toolbox import reach as toolbox_reach
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import current_caller
+from agent_gateway.errors import ClientLimited
 from agent_gateway.search.tools import argument_problem, plain_words
 
 INPUT_SCHEMA: dict[str, Any] = {
@@ -109,7 +111,15 @@ class AskAgentTool(Tool):
         if (problem := invalid(arguments, self.name)) is not None:
             return ToolResult(content=[types.TextContent(type="text", text=problem)], is_error=True)
         request = AgentRequest(arguments["query"], arguments.get("conversation_id"), arguments.get("context"))
-        outcome = await self._runner.run(request, current_caller())
+        client = access.current()
+        try:
+            with client.running_agent() if client is not None else nullcontext():
+                outcome = await self._runner.run(request, current_caller())
+        except ClientLimited as exc:
+            return ToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)
+        if client is not None:
+            usage = outcome.record.get("usage") or {}
+            client.spent.used(int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)))
         if outcome.pending is not None:
             return InputRequiredToolResult(outcome.pending)
         return ToolResult(

@@ -90,16 +90,26 @@ async def watched(transport: Transport, closed: anyio.Event, label: str) -> Asyn
         yield WatchedReadStream(read_stream, closed, sent), RecordingWriteStream(write_stream, sent)
 
 
+PROBE_LANE = 32
+"""Connections kept free of calls: health checks, list refreshes, the listening stream."""
+
+
+def pool_size(config: UpstreamConfig) -> int:
+    """Connections to one HTTP upstream: its calls in flight, plus the probe lane."""
+    return (config.max_concurrency or 224) + PROBE_LANE
+
+
 def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
     assert config.url is not None
     secure = config.url.startswith("https:")
     return httpx2.AsyncClient(
         headers=dict(config.headers),
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
-        # The upstream connection is shared by every client of the gateway: enough
-        # connections for all of them at once, kept alive between calls.
+        # The upstream connection is shared by every client of the gateway: a connection for
+        # each call in flight (max_concurrency) plus a lane that calls never fill, so a health
+        # check or a list refresh never waits behind them (and never marks a busy upstream down).
         transport=AiohttpTransport(
-            max_connections=256,
+            max_connections=pool_size(config),
             ssl_context=ssl_context() if secure else None,
             max_body_bytes=config.max_message_bytes,
         ),

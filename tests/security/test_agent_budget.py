@@ -1,0 +1,96 @@
+"""``ask_agent`` under the client's bounds (issue 16, finding 11): a run is a call in flight
+(``max_concurrency``), and runs per minute are bounded by the client's agent budget."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+from fastmcp import FastMCP
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+
+def _waiting_server(release: anyio.Event, started: list[int]) -> FastMCP:
+    server = FastMCP("slow")
+
+    @server.tool
+    async def wait() -> str:
+        started.append(1)
+        await release.wait()
+        return "released"
+
+    return server
+
+
+def _respond(messages: list[BaseMessage]) -> AIMessage:
+    # A run calls `wait` once, then answers: independent of how runs interleave.
+    return answer("done") if isinstance(messages[-1], ToolMessage) else calls(call("slow__wait"))
+
+
+@asynccontextmanager
+async def agent_gateway(
+    policy: dict[str, Any], release: anyio.Event, started: list[int]
+) -> AsyncIterator[RunningGateway]:
+    model = ScriptedChatModel(respond=_respond)
+    async with serving_upstream(_waiting_server(release, started)) as url:
+        config = {"upstreams": {"slow": {"url": url}}, "agent": {"memory": {"store": "memory"}}} | bearer(
+            policy
+        )
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with running_gateway(config, environ=environ, chat_model=model) as gw:
+            yield gw
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_agent_runs_count_against_the_clients_max_concurrency() -> None:
+    release, started = anyio.Event(), list[int]()
+    results: list[types.CallToolResult] = []
+    async with (
+        agent_gateway({"max_concurrency": 2}, release, started) as gw,
+        client(gw.url, ATTACKER_TOKEN) as c,
+    ):
+
+        async def ask() -> None:
+            results.append(await c.call_tool("ask_agent", {"query": "wait"}))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(5):
+                tg.start_soon(ask)
+            with anyio.fail_after(20):
+                while len(results) < 3:  # three refused at once, two running
+                    await anyio.sleep(0.02)
+            assert all(r.is_error and "the limit (max_concurrency) is 2" in _text(r) for r in results), [
+                _text(r) for r in results
+            ]
+            # Another client runs the agent meanwhile.
+            async with client(gw.url, BYSTANDER_TOKEN) as other, anyio.create_task_group() as theirs:
+                theirs.start_soon(other.call_tool, "ask_agent", {"query": "wait"})
+                with anyio.fail_after(20):
+                    while len(started) < 3:
+                        await anyio.sleep(0.02)
+                release.set()
+    assert [r.is_error for r in results[3:]] == [False, False]
+
+
+async def test_agent_runs_per_minute_are_bounded_per_client() -> None:
+    release, started = anyio.Event(), list[int]()
+    release.set()
+    budget = {"agent": {"runs_per_minute": 2}}
+    async with agent_gateway(budget, release, started) as gw, client(gw.url, ATTACKER_TOKEN) as c:
+        outcomes = [await c.call_tool("ask_agent", {"query": "go"}) for _ in range(3)]
+        assert [r.is_error for r in outcomes] == [False, False, True]
+        assert "agent runs over the limit (agent.runs_per_minute)" in _text(outcomes[2])
+        async with client(gw.url, BYSTANDER_TOKEN) as other:
+            assert not (await other.call_tool("ask_agent", {"query": "go"})).is_error
