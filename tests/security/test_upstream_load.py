@@ -1,0 +1,82 @@
+"""Heavy load on one upstream (issue 16, finding 3): calls past a client's bound or the
+upstream's bound are refused at once with a clear error, health checks keep their own lane,
+and the upstream is never marked down for being busy."""
+
+from __future__ import annotations
+
+import anyio
+import mcp_types as types
+from fastmcp import FastMCP
+from mcp import Client
+
+from agent_gateway.config import UpstreamConfig
+from agent_gateway.upstreams.transports import PROBE_LANE, pool_size
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.support import running_gateway, serving_upstream
+
+
+def _slow_server(release: anyio.Event) -> FastMCP:
+    server = FastMCP("slow")
+
+    @server.tool
+    async def wait() -> str:
+        await release.wait()
+        return "released"
+
+    return server
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+def test_the_connection_pool_keeps_a_lane_that_calls_never_fill() -> None:
+    assert pool_size(UpstreamConfig(url="http://x/mcp")) == 200 + PROBE_LANE
+    assert pool_size(UpstreamConfig(url="http://x/mcp", max_concurrency=10)) == 10 + PROBE_LANE
+
+
+async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
+    release = anyio.Event()
+    upstream = {"max_concurrency": 10, "health": {"interval": 0.2, "timeout": 1}}
+    async with serving_upstream(_slow_server(release)) as url:
+        config = {"upstreams": {"slow": {"url": url} | upstream}} | bearer({"max_concurrency": 8})
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ) as gw,
+            client(gw.url, ATTACKER_TOKEN) as attacker,
+            client(gw.url, BYSTANDER_TOKEN) as bystander,
+        ):
+            guard = gw.gateway.pool.get("slow").guard
+            theirs: list[types.CallToolResult] = []
+            ours: list[types.CallToolResult] = []
+
+            async def call(c: Client, into: list[types.CallToolResult]) -> None:
+                into.append(await c.call_tool("slow__wait", {}))
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(30):
+                    tg.start_soon(call, attacker, theirs)
+                with anyio.fail_after(20):
+                    while len(theirs) < 22 or guard.in_flight < 8:
+                        await anyio.sleep(0.02)
+                # The attacker holds 8 of the upstream's 10; the bystander gets the other 2.
+                for _ in range(5):
+                    tg.start_soon(call, bystander, ours)
+                with anyio.fail_after(20):
+                    while len(ours) < 3:
+                        await anyio.sleep(0.02)
+                await anyio.sleep(1.5)  # several health checks while every call slot is taken
+                status = {s.name: s for s in gw.gateway.pool.statuses()}["slow"]
+                assert status.serving
+                assert status.connections == 1  # never lost, never reconnected
+                release.set()
+    refused_theirs = [_text(r) for r in theirs if r.is_error]
+    assert (
+        refused_theirs == ["client limit: 8 calls already in flight, the limit (max_concurrency) is 8"] * 22
+    )
+    refused_ours = [_text(r) for r in ours if r.is_error]
+    assert len(refused_ours) == 3
+    assert all("the limit (max_concurrency) is 10" in t for t in refused_ours)
+    assert [_text(r) for r in theirs + ours if not r.is_error] == ["released"] * 10
