@@ -494,8 +494,9 @@ async def test_an_authenticated_clients_conversations_are_its_own(tmp_path: Path
             )
     assert mine.structured_content is not None
     assert theirs.structured_content is not None
-    assert mine.structured_content["thread_id"] == "admin/main"
-    assert theirs.structured_content["thread_id"] == "one/main"
+    assert mine.structured_content["thread_id"].endswith(":main")
+    assert theirs.structured_content["thread_id"].endswith(":main")
+    assert mine.structured_content["thread_id"] != theirs.structured_content["thread_id"]
     assert "my secret plan" not in str(model.seen[1])
 
 

@@ -81,6 +81,8 @@ class Principal:
     policy_name: str
     policy: ClientPolicy
     bucket: TokenBucket | None = None
+    authenticated: bool = False
+    """Named by a verified token (else the anonymous client of an unauthenticated gateway)."""
     in_flight: int = 0
     sessions: int = 0
     """Sessions open now (kept by the session registry)."""
@@ -234,7 +236,7 @@ class AccessControl:
             name = self._policy_name(subject, token)
             policy = self._config.policy(name)
             bucket = TokenBucket(policy.rate_limit, self._clock) if policy.rate_limit else None
-            principal = self._principals[key] = Principal(subject, name, policy, bucket)
+            principal = self._principals[key] = Principal(subject, name, policy, bucket, token is not None)
             principal.spent = self._spend(policy)
         return principal
 
@@ -374,6 +376,49 @@ def _digest_of(sha256: str | None, token: str | None) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
+class ClaimedJWTVerifier(JWTVerifier):
+    """FastMCP's JWT checks (signature, issuer, audience, an ``exp`` in the past), and ours:
+    ``exp`` required, ``nbf`` and ``iat`` not in the future (with ``leeway``), and the
+    subject read from one configured claim: FastMCP would take ``client_id`` or ``azp``
+    when ``sub`` is missing, which a token's issuer never meant as the client's name."""
+
+    def __init__(self, subject_claim: str, leeway: float, **options: Any) -> None:
+        super().__init__(**options)
+        self._subject_claim = subject_claim
+        self._leeway = leeway
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        verified = await super().load_access_token(token)
+        if verified is None:
+            return None
+        claims: dict[str, Any] = dict(verified.claims or {})
+        if (problem := self._claims_problem(claims)) is not None:
+            logger.info("bearer token refused: %s", problem)
+            return None
+        subject = str(claims[self._subject_claim])
+        return verified.model_copy(update={"subject": subject, "client_id": subject})
+
+    def _claims_problem(self, claims: dict[str, Any]) -> str | None:
+        now = time.time()
+        exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
+        if not isinstance(exp, int | float) or isinstance(exp, bool):
+            return "no exp claim (a token that never expires is not accepted)"
+        if exp + self._leeway < now:
+            return "expired"
+        if nbf is not None and (not _is_time(nbf) or nbf - self._leeway > now):
+            return "not valid yet (nbf)"
+        if iat is not None and (not _is_time(iat) or iat - self._leeway > now):
+            return "issued in the future (iat)"
+        subject = claims.get(self._subject_claim)
+        if not isinstance(subject, str) or not subject:
+            return f"no {self._subject_claim} claim"
+        return None
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def build_auth(config: AuthConfig) -> AuthProvider | None:
     """FastMCP's auth provider for ``config`` (None for ``mode: none``)."""
     if config.mode == "none":
@@ -384,7 +429,9 @@ def build_auth(config: AuthConfig) -> AuthProvider | None:
     else:
         assert config.jwt is not None  # AuthConfig validation
         jwt = config.jwt
-        verifier = JWTVerifier(
+        verifier = ClaimedJWTVerifier(
+            jwt.subject_claim,
+            jwt.leeway,
             public_key=jwt.secret,
             jwks_uri=jwt.jwks_url,
             issuer=jwt.issuer,

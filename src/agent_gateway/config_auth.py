@@ -67,6 +67,11 @@ class JwtConfig(_Strict):
     algorithm: str = "RS256"
     issuer: str | None = None
     audience: str | None = None
+    subject_claim: str = Field(default="sub", min_length=1)
+    """The claim naming the client (its subject in policies, logs and conversations); a
+    token without it is refused. Never a fallback to another claim."""
+    leeway: float = Field(default=30.0, ge=0, le=600)
+    """Seconds of clock difference allowed for ``exp``, ``nbf`` and ``iat``."""
 
     @model_validator(mode="after")
     def _one_key(self) -> JwtConfig:

@@ -249,6 +249,6 @@ async def test_a_run_that_fails_before_it_starts_never_shows_another_runs_record
         async with Client(gw.url, mode="legacy") as second:
             theirs = await ask(second, "what did they say?", conversation_id="shared")
     assert not mine.is_error, text(mine)
-    assert record(own)["thread_id"].startswith("session-")  # never the session id upstreams see
+    assert record(own)["thread_id"].startswith("anonymous:session-")  # never the session id upstreams see
     assert theirs.is_error
     assert (record(theirs)["steps"], record(theirs)["model"]) == (0, "client model (sampling)")

@@ -232,7 +232,7 @@ async def test_a_conversation_survives_a_gateway_restart(tmp_path: Path) -> None
         first = await ask(client, "Remember 42.", conversation_id="project-x")
     async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
         second = await ask(client, "What was the number?", conversation_id="project-x")
-    assert record(first)["thread_id"] == record(second)["thread_id"] == "project-x"
+    assert record(first)["thread_id"] == record(second)["thread_id"] == "anonymous:project-x"
     assert [m.text for m in model.seen[1][1:]] == ["Remember 42.", "Noted: 42.", "What was the number?"]
 
 
@@ -324,9 +324,11 @@ async def test_history_out_of_the_context_window_is_dropped_from_the_stored_thre
             result = await ask(client, f"turn {n} {filler}", conversation_id="long")
             assert not result.is_error, text(result)
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "conversations.sqlite")) as saver:
-        stored = await saver.aget_tuple({"configurable": {"thread_id": "long"}})
+        stored = await saver.aget_tuple({"configurable": {"thread_id": "anonymous:long"}})
         # Only the latest checkpoint is kept: the file does not grow with every step.
-        async with saver.conn.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'long'") as rows:
+        async with saver.conn.execute(
+            "SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'anonymous:long'"
+        ) as rows:
             assert await rows.fetchone() == (1,)
     assert stored is not None
     kept = [m.text.split(" ")[:2] for m in stored.checkpoint["channel_values"]["messages"]]

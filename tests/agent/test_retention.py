@@ -88,10 +88,10 @@ async def test_the_gateway_deletes_a_thread_unused_for_its_retention_and_keeps_t
         await ask(client, "Remember 7.", conversation_id="old")
         with anyio.fail_after(BOUND):
             # "fresh" is used while "old" ages: "old" goes, "fresh" stays.
-            while "old" in stored_threads(path):
+            while "anonymous:old" in stored_threads(path):
                 await ask(client, "Still here.", conversation_id="fresh")
                 await anyio.sleep(0.1)
-        assert stored_threads(path) == {"fresh"}
+        assert stored_threads(path) == {"anonymous:fresh"}
         again = await ask(client, "What was it?", conversation_id="old")
     assert not again.is_error, text(again)
     # The conversation starts over: the model sees only the new question.

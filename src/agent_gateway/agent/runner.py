@@ -8,6 +8,7 @@ but cancellation.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import secrets
@@ -350,16 +351,22 @@ def _failure(record: dict[str, Any], message: str) -> RunOutcome:
 
 
 def _thread_of(request: AgentRequest, caller: Caller | None, run_id: str) -> str:
-    """The run's thread. An authenticated client's own ids live under its name, so no other
-    client can name (and read) its conversations."""
-    if request.conversation_id is None:
-        return _default_thread(caller, run_id)
+    """The run's thread, in the calling client's own space: no other client can name (and
+    read) its conversations. The space is a digest of the client's identity, so subjects
+    with ``/`` or ``:`` in them, or called ``anonymous``, cannot reach into another's; an
+    id that already carries the client's space (a ``thread_id`` it was given) is kept."""
+    wanted = request.conversation_id or _default_thread(caller, run_id)
     client = access.current()
-    if client is None or client.subject == access.ANONYMOUS:
-        return request.conversation_id
-    scope = f"{client.subject}/"
-    wanted = request.conversation_id
-    return wanted if wanted.startswith(scope) else scope + wanted
+    if client is None:  # the operator's own command line: any thread
+        return wanted
+    space = _space(client)
+    return wanted if wanted.startswith(space) else space + wanted
+
+
+def _space(client: access.Principal) -> str:
+    if not client.authenticated:
+        return "anonymous:"
+    return "c" + hashlib.sha256(client.subject.encode()).hexdigest()[:32] + ":"
 
 
 def _default_thread(caller: Caller | None, run_id: str) -> str:

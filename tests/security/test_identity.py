@@ -1,0 +1,99 @@
+"""Identity edges (issue 16, findings 6 and 7): the JWT claims a token must carry, and
+conversations that no subject can reach into another's, whatever its name."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import jwt
+import mcp_types as types
+from fastmcp import FastMCP
+
+from tests.agent.scripted import ScriptedChatModel, answer
+from tests.security.test_hostile_load import INITIALIZE, client
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+SECRET = "a-shared-secret-of-at-least-32-chars!"
+
+
+def token(**claims: Any) -> str:
+    body = {"aud": "gw", "exp": int(time.time()) + 300} | claims
+    return jwt.encode({k: v for k, v in body.items() if v is not None}, SECRET, algorithm="HS256")
+
+
+def _echo() -> FastMCP:
+    server = FastMCP("echo")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+@asynccontextmanager
+async def jwt_gateway(model: ScriptedChatModel | None = None) -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(_echo()) as url:
+        config = {
+            "upstreams": {"echo": {"url": url}},
+            "agent": {"memory": {"store": "memory"}},
+            "auth": {
+                "mode": "jwt",
+                "jwt": {"secret": SECRET, "algorithm": "HS256", "audience": "gw"},
+                "subjects": {"admin-*": "admin"},
+                "policies": {"admin": {}},
+            },
+        }
+        async with running_gateway(config, chat_model=model) as gw:
+            yield gw
+
+
+async def test_tokens_without_exp_from_the_future_or_without_sub_are_refused() -> None:
+    now = int(time.time())
+    async with jwt_gateway() as gw, httpx.AsyncClient() as http:
+
+        async def status(bearer: str) -> int:
+            headers = {"Authorization": f"Bearer {bearer}", "Accept": "application/json, text/event-stream"}
+            return (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code
+
+        assert await status(token(sub="bot")) == 200
+        assert await status(token(sub="bot", exp=None)) == 401  # would never expire
+        assert await status(token(sub="bot", nbf=now + 3600)) == 401
+        assert await status(token(sub="bot", iat=now + 3600)) == 401
+        assert await status(token(sub="bot", nbf=now + 10, iat=now + 10)) == 200  # within leeway
+        # No subject: client_id/azp are not taken in its place (and matched to admin-*).
+        assert await status(token(client_id="admin-evil")) == 401
+        assert await status(token(azp="admin-evil")) == 401
+
+
+def _said(model: ScriptedChatModel) -> list[str]:
+    return [str(m.content) for m in model.seen[-1] if m.type == "human"]
+
+
+async def ask(gw: RunningGateway, subject: str, query: str, conversation: str) -> types.CallToolResult:
+    async with client(gw.url, token(sub=subject)) as c:
+        return await c.call_tool("ask_agent", {"query": query, "conversation_id": conversation})
+
+
+async def test_no_subject_reaches_another_subjects_conversation() -> None:
+    model = ScriptedChatModel(respond=lambda messages: answer("ok"))
+    async with jwt_gateway(model) as gw:
+        await ask(gw, "alice", "alice's secret", "main")
+        await ask(gw, "alice/x", "alice/x's secret", "main")
+        # sub=anonymous naming "alice/main"; sub=alice naming "x/main": each its own thread.
+        await ask(gw, "anonymous", "who am I?", "alice/main")
+        assert _said(model) == ["who am I?"]
+        await ask(gw, "alice", "and me?", "x/main")
+        assert _said(model) == ["and me?"]
+        # Alice still has hers.
+        mine = await ask(gw, "alice", "again", "main")
+        assert _said(model) == ["alice's secret", "again"]
+        assert mine.structured_content is not None
+        thread = mine.structured_content["thread_id"]
+        # Her thread_id, passed back by someone else, is theirs to keep apart too.
+        await ask(gw, "alice/x", "peek", thread)
+        assert _said(model) == ["peek"]
