@@ -39,6 +39,7 @@ from agent_gateway.tool_calls import ToolCalls
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+from agent_gateway.visibility import InstructionsMiddleware, Visibility
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +57,13 @@ class Gateway:
         self.activity = Activity()
         """The last calls and agent runs: the access log line, the status page, the audit log."""
         self.catalog = Catalog(config, reserved=own_tool_names(config))
+        self.visibility = Visibility(self.catalog, config.server.instructions)
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.pool = UpstreamPool(
             config.active_upstreams,
             self.catalog.update,
-            self.sessions.broadcast_log,
+            self._broadcast_log,
             self._updates,
             on_down=self.catalog.withdraw,
         )
@@ -110,6 +112,8 @@ class Gateway:
         lowlevel.middleware.insert(1, CallRecorder(self.activity, self.access, self._upstream_of))
         # Next: the client is known, and over its rate limit refused, before any handler runs.
         lowlevel.middleware.insert(2, AccessMiddleware(self.access))
+        # Next: initialize answers with the instructions of the upstreams the client reaches.
+        lowlevel.middleware.insert(3, InstructionsMiddleware(self.visibility))
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
         searching = config.search.mode != "off"
@@ -178,10 +182,13 @@ class Gateway:
         tools: list[types.Tool] = []
         agent = self._agent_tool
         if agent is not None and (client is None or client.allows("tool", agent.name)):
-            tools.append(agent.definition(snapshot))
+            tools.append(agent.definition(snapshot, self.visibility.upstreams(client, snapshot)))
         if searching:
             tools += [search_tool(self.config.search.limit), call_tool()]
         return tools
+
+    async def _broadcast_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        await self.sessions.broadcast_log(upstream, params, self.visibility.may_see)
 
     def _upstream_of(self, method: str, target: str) -> str | None:
         """The upstream a request for ``target`` goes to (for its span and metrics), or None."""

@@ -286,7 +286,14 @@ class SessionRegistry(Middleware):
             session.log_level = level
             await self._on_set_level(session)
 
-    async def broadcast_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
-        """A log line no single call owns goes to every handshake-era client."""
+    async def broadcast_log(
+        self,
+        upstream: str,
+        params: types.LoggingMessageNotificationParams,
+        reaches: Callable[[Principal | None, str], bool],
+    ) -> None:
+        """A log line no single call owns goes to every handshake-era client that ``reaches``
+        the upstream (one whose policy excludes it never reads its words)."""
         for session in self.handshake_sessions():
-            await session.log(upstream, params)
+            if reaches(session.client, upstream):
+                await session.log(upstream, params)

@@ -89,8 +89,10 @@ class AskAgentTool(Tool):
     _runner: AgentRunner = PrivateAttr()
 
     @classmethod
-    def build(cls, runner: AgentRunner, snapshot: CatalogSnapshot) -> AskAgentTool:
-        reach = toolbox_reach(snapshot, runner.config)
+    def build(
+        cls, runner: AgentRunner, snapshot: CatalogSnapshot, upstreams: frozenset[str] | None = None
+    ) -> AskAgentTool:
+        reach = toolbox_reach(snapshot, runner.config, upstreams)
         tool = cls(
             name=runner.config.name,
             title="Ask the gateway's agent",
@@ -144,18 +146,20 @@ class AgentProvider(Provider):
         self.name = runner.config.name
         self._runner = runner
         self._catalog = catalog
-        self._built: dict[int, AskAgentTool] = {}
+        self._built: dict[tuple[int, frozenset[str] | None], AskAgentTool] = {}
 
-    def _tool(self, snapshot: CatalogSnapshot) -> AskAgentTool:
-        if (tool := self._built.get(snapshot.version)) is None:
+    def _tool(self, snapshot: CatalogSnapshot, upstreams: frozenset[str] | None = None) -> AskAgentTool:
+        key = (snapshot.version, upstreams)
+        if (tool := self._built.get(key)) is None:
             if len(self._built) >= _KEPT:
                 self._built.clear()
-            tool = self._built[snapshot.version] = AskAgentTool.build(self._runner, snapshot)
+            tool = self._built[key] = AskAgentTool.build(self._runner, snapshot, upstreams)
         return tool
 
-    def definition(self, snapshot: CatalogSnapshot) -> types.Tool:
-        """``ask_agent`` as ``tools/list`` shows it in ``snapshot``."""
-        return self._tool(snapshot).to_mcp_tool(name=self.name)
+    def definition(self, snapshot: CatalogSnapshot, upstreams: frozenset[str] | None = None) -> types.Tool:
+        """``ask_agent`` as ``tools/list`` shows it in ``snapshot`` to a client that reaches
+        ``upstreams`` (None: every one): it names only those."""
+        return self._tool(snapshot, upstreams).to_mcp_tool(name=self.name)
 
     async def _get_tool(self, name: str, version: VersionSpec | None = None) -> Tool | None:
         if name != self.name or not access.visible("tool", name):
@@ -163,4 +167,4 @@ class AgentProvider(Provider):
         return self._tool(self._catalog.snapshot)
 
 
-_KEPT = 4
+_KEPT = 64

@@ -111,10 +111,12 @@ class Toolbox:
         return reach(self.snapshot, self.config)
 
 
-def reach(snapshot: CatalogSnapshot, config: AgentConfig) -> str:
-    """The upstreams the agent reaches tools of, by name. No counts: the description then
-    changes only when an upstream comes or goes, and clients are not told of every new tool."""
-    shown = [p.upstream for p in snapshot.parts.values() if any(_selected(n, config) for n in p.tools)]
+def reach(snapshot: CatalogSnapshot, config: AgentConfig, upstreams: frozenset[str] | None = None) -> str:
+    """The upstreams the agent reaches tools of, by name (of ``upstreams`` only, when given:
+    those the client may reach). No counts: the description then changes only when an
+    upstream comes or goes, and clients are not told of every new tool."""
+    parts = [p for p in snapshot.parts.values() if upstreams is None or p.upstream in upstreams]
+    shown = [p.upstream for p in parts if any(_selected(n, config) for n in p.tools)]
     return ", ".join(sorted(shown)) if shown else "no tools yet"
 
 

@@ -1,0 +1,83 @@
+"""Upstream words only for clients that may reach the upstream (issue 16, finding 9): its
+``instructions`` in ``initialize``, its log lines outside any call, and its name in
+``ask_agent``'s description."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import httpx2
+import mcp_types as types
+from fastmcp import Context, FastMCP
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+
+def _server(name: str) -> FastMCP:
+    server = FastMCP(name, instructions=f"{name} secret instructions")
+
+    @server.tool
+    async def shout(ctx: Context) -> str:
+        return "ok"
+
+    return server
+
+
+@asynccontextmanager
+async def two_upstreams() -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(_server("public")) as public, serving_upstream(_server("hidden")) as hidden:
+        config = {"upstreams": {"public": {"url": public}, "hidden": {"url": hidden}}} | bearer(
+            {"tools": ["public__*", "ask_agent"]}
+        )
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with running_gateway(config, environ=environ) as gw:
+            yield gw
+
+
+@asynccontextmanager
+async def client(url: str, token: str, logs: list[str]) -> AsyncIterator[Client]:
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logs.append(f"{params.logger}: {params.data}")
+
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy", logging_callback=on_log) as c,
+    ):
+        yield c
+
+
+async def test_a_restricted_client_reads_only_the_words_of_upstreams_it_reaches() -> None:
+    async with two_upstreams() as gw:
+        restricted_logs: list[str] = []
+        full_logs: list[str] = []
+        async with (
+            client(gw.url, ATTACKER_TOKEN, restricted_logs) as restricted,
+            client(gw.url, BYSTANDER_TOKEN, full_logs) as full,
+        ):
+            assert restricted.instructions is not None
+            assert "public secret instructions" in restricted.instructions
+            assert "hidden" not in restricted.instructions
+            assert "hidden secret instructions" in (full.instructions or "")
+            tools = {t.name: t for t in (await restricted.list_tools()).tools}
+            assert "public" in (tools["ask_agent"].description or "")
+            assert "hidden" not in (tools["ask_agent"].description or "")
+            everything = {t.name: t for t in (await full.list_tools()).tools}
+            assert "hidden" in (everything["ask_agent"].description or "")
+            # A log line each upstream sends outside any call.
+            params = types.LoggingMessageNotificationParams(level="warning", data="line")
+            for upstream in ("public", "hidden"):
+                await gw.gateway.sessions.broadcast_log(upstream, params, gw.gateway.visibility.may_see)
+            # Then a last one it may read: its stream is ordered, so a hidden line sent to it
+            # would have arrived before this one.
+            end = types.LoggingMessageNotificationParams(level="warning", data="end")
+            await gw.gateway.sessions.broadcast_log("public", end, gw.gateway.visibility.may_see)
+            with anyio.fail_after(10):
+                while len(full_logs) < 3 or "public: end" not in restricted_logs:
+                    await anyio.sleep(0.02)
+    assert full_logs == ["public: line", "hidden: line", "public: end"]
+    assert restricted_logs == ["public: line", "public: end"]
