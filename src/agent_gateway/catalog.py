@@ -17,9 +17,10 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
-from agent_gateway.config import GatewayConfig, UpstreamConfig
-from agent_gateway.errors import ConfigError, InvalidArguments, UnknownName
-from agent_gateway.naming import NameCollision, Origin, build_table, is_selected, public_name
+from agent_gateway.catalog_parts import Part, Review, build_part
+from agent_gateway.config import GatewayConfig
+from agent_gateway.errors import ConfigError, InvalidArguments, ToolHeld, UnknownName
+from agent_gateway.naming import NameCollision, Origin
 from agent_gateway.upstreams.connection import Listing
 
 logger = logging.getLogger(__name__)
@@ -42,22 +43,6 @@ class TemplateEntry:
         return uri[len(self.prefix) :]
 
 
-@dataclass(frozen=True, eq=False)
-class Part:
-    """One upstream's share of the catalog: its tools and prompts under their public names.
-
-    Built once per listing the upstream sends; a change of one upstream builds only its part,
-    and the other parts (and whatever was derived from them) are reused as they are.
-    """
-
-    upstream: str
-    listing: Listing
-    tools: Mapping[str, Origin[types.Tool]] = field(default_factory=dict)
-    listed: Mapping[str, types.Tool] = field(default_factory=dict)
-    """The tools as clients see them: the upstream's definitions under their public names."""
-    prompts: Mapping[str, Origin[types.Prompt]] = field(default_factory=dict)
-
-
 @dataclass(frozen=True)
 class CatalogSnapshot:
     """One consistent view of everything the gateway offers."""
@@ -71,11 +56,15 @@ class CatalogSnapshot:
     version: int = 0
     parts: Mapping[str, Part] = field(default_factory=dict)
     """Each upstream's part, in configuration order."""
+    held: Mapping[str, str] = field(default_factory=dict)
+    """Tools withheld by pinning, with what changed: a call gets a clear refusal."""
     _validators: dict[str, Validator] = field(default_factory=dict, repr=False, compare=False)
 
     def tool(self, name: str) -> Origin[types.Tool]:
         """Raises ``UnknownName`` when no tool has this public name."""
         if (origin := self.tools.get(name)) is None:
+            if name in self.held:
+                raise ToolHeld(name, self.held[name])
             raise UnknownName("tool", name)
         return origin
 
@@ -124,24 +113,6 @@ def _compile(schema: dict[str, Any]) -> Validator:
     return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
-def build_part(
-    config: GatewayConfig, upstream: str, listing: Listing, reserved: frozenset[str] = frozenset()
-) -> Part:
-    """``upstream``'s share of the catalog: its tools and prompts under their public names,
-    minus tools whose public name is one of the gateway's own (``reserved``).
-
-    Raises:
-        NameCollision: two of the upstream's own names become the same public name.
-    """
-    up = config.upstreams[upstream]
-    sep = config.server.separator
-    entries = [e for e in _tool_entries(upstream, listing, up, sep) if not _reserved(reserved, *e)]
-    tools = build_table("tool", entries)
-    listed = {public: origin.item.model_copy(update={"name": public}) for public, origin in tools.items()}
-    prompts = build_table("prompt", _prompt_entries(upstream, listing, up, sep))
-    return Part(upstream, listing, tools, listed, prompts)
-
-
 def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None = None) -> CatalogSnapshot:
     """One snapshot of ``parts`` (in configuration order).
 
@@ -154,7 +125,9 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
     tools: dict[str, Origin[types.Tool]] = {}
     listed: dict[str, types.Tool] = {}
     prompts: dict[str, Origin[types.Prompt]] = {}
+    held: dict[str, str] = {}
     for part in parts:
+        held.update(part.held)
         _add_all("tool", tools, part.tools)
         listed.update(part.listed)
         _add_all("prompt", prompts, part.prompts)
@@ -168,6 +141,7 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
         version=version,
         parts={p.upstream: p for p in parts},
+        held=held,
         _validators=_kept_validators(previous, parts),
     )
 
@@ -199,45 +173,6 @@ def build_snapshot(
     """
     names = [n for n in config.upstreams if n in listings]
     return merge([build_part(config, n, listings[n], reserved) for n in names], version)
-
-
-def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool]) -> bool:
-    """Whether an upstream tool would take the name of one of the gateway's own tools."""
-    if public not in reserved:
-        return False
-    logger.warning(
-        "upstream %s: tool %r is hidden: its public name %r is one of the gateway's own tools "
-        "(rename it, or rename the gateway's tool: agent.name)",
-        origin.upstream,
-        origin.name,
-        public,
-    )
-    return True
-
-
-def _tool_entries(
-    upstream: str, listing: Listing, config: UpstreamConfig, sep: str
-) -> list[tuple[str, Origin[types.Tool]]]:
-    entries: list[tuple[str, Origin[types.Tool]]] = []
-    for tool in listing.tools:
-        if not is_selected(tool.name, config.include, config.exclude):
-            continue
-        shown = config.rename.get(tool.name, tool.name)
-        public = public_name(upstream, shown, prefix=config.prefix, separator=sep)
-        entries.append((public, Origin(upstream, tool.name, tool)))
-    return entries
-
-
-def _prompt_entries(
-    upstream: str, listing: Listing, config: UpstreamConfig, sep: str
-) -> list[tuple[str, Origin[types.Prompt]]]:
-    return [
-        (
-            public_name(upstream, config.rename.get(p.name, p.name), prefix=config.prefix, separator=sep),
-            Origin(upstream, p.name, p),
-        )
-        for p in listing.prompts
-    ]
 
 
 def _resource_table(ordered: list[tuple[str, Listing]]) -> dict[str, Origin[types.Resource]]:
@@ -292,10 +227,14 @@ class CatalogChange:
 class Catalog:
     """The current snapshot; one upstream's new listing rebuilds only that upstream's part."""
 
-    def __init__(self, config: GatewayConfig, reserved: frozenset[str] = frozenset()) -> None:
-        """``reserved``: the public names of the gateway's own tools, which no upstream may take."""
+    def __init__(
+        self, config: GatewayConfig, reserved: frozenset[str] = frozenset(), review: Review | None = None
+    ) -> None:
+        """``reserved``: the public names of the gateway's own tools, which no upstream may take;
+        ``review``: pinning, which may withhold changed tools."""
         self._config = config
         self._reserved = reserved
+        self._review = review
         self._parts: dict[str, Part] = {}
         self._listeners: list[ChangeListener] = []
         self._live = False
@@ -342,7 +281,9 @@ class Catalog:
         gone = set(dropped)
         kept = {n: p.listing for n, p in self._parts.items() if n not in gone and n in config.upstreams}
         try:
-            parts = {n: build_part(config, n, listing, self._reserved) for n, listing in kept.items()}
+            parts = {
+                n: build_part(config, n, listing, self._reserved, self._review) for n, listing in kept.items()
+            }
             snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
         except NameCollision as exc:
             raise ConfigError(f"catalog: {exc}") from None
@@ -358,7 +299,7 @@ class Catalog:
             return  # a late listing from an upstream a reload removed
         previous = self._parts.get(upstream)
         try:
-            self._parts[upstream] = build_part(self._config, upstream, listing, self._reserved)
+            self._parts[upstream] = build_part(self._config, upstream, listing, self._reserved, self._review)
             snapshot = (
                 merge(self._ordered(), self.snapshot.version + 1, self.snapshot) if self._live else None
             )

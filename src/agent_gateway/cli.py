@@ -1,4 +1,4 @@
-"""``agent-gateway serve | check | tools | ask``."""
+"""``agent-gateway serve | check | tools | ask | pins``."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import anyio
 from agent_gateway import __version__, runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
+from agent_gateway.cli_records import add_commands
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
@@ -114,6 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     ask.add_argument("--conversation", help="continue this conversation id (thread_id)")
     ask.add_argument("--json", action="store_true", help="print the structured result (steps go to stderr)")
     ask.set_defaults(run=_ask)
+    add_commands(commands, _config_arg)
     return parser
 
 

@@ -326,6 +326,9 @@ class GatewayConfig(_Strict):
     search: SearchConfig = Field(default_factory=SearchConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    pinning: Literal["hold", "warn", "off"] = "hold"
+    """A pinned tool whose definition changed: withheld until accepted (``hold``), served with
+    a warning (``warn``), or not checked (``off``)."""
 
     @model_validator(mode="after")
     def _secured(self) -> GatewayConfig:

@@ -5,6 +5,7 @@
     ├── CannotServe            the gateway cannot listen where it was told to (port taken, …)
     ├── CommandNotFound        a stdio upstream's command is not there (named in the message)
     ├── UnknownName            a tool, prompt or resource the catalog does not have
+    │   └── ToolHeld           a pinned tool that changed, withheld until an operator accepts it
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
     ├── NotAllowed             a name outside the calling client's policy (never forwarded)
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
@@ -60,6 +61,17 @@ class UnknownName(GatewayError):
         super().__init__(f"Unknown {kind}: {name!r}")
         self.kind = kind
         self.name = name
+
+
+class ToolHeld(UnknownName):
+    """A pinned tool whose definition changed: withheld until an operator accepts it."""
+
+    def __init__(self, name: str, changed: str) -> None:
+        super().__init__("tool", name)
+        self.args = (
+            f"tool {name!r} is held for review: its upstream changed its {changed} since it was "
+            f"pinned; an operator must accept it (agent-gateway pins accept {name})",
+        )
 
 
 class InvalidArguments(GatewayError):

@@ -29,6 +29,7 @@ from agent_gateway.config import GatewayConfig, ServerConfig
 from agent_gateway.errors import ConfigError, GatewayError, UnknownName, to_error_data
 from agent_gateway.listing import ToolListing
 from agent_gateway.notifier import ListChangedNotifier
+from agent_gateway.pins import Pins, pins_path
 from agent_gateway.proxy import Caller, Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
@@ -56,7 +57,8 @@ class Gateway:
         self.config = config
         self.activity = Activity()
         """The last calls and agent runs: the access log line, the status page, the audit log."""
-        self.catalog = Catalog(config, reserved=own_tool_names(config))
+        self.pins = Pins(pins_path(config) if config.agent.memory.store == "sqlite" else None, config.pinning)
+        self.catalog = Catalog(config, reserved=own_tool_names(config), review=self.pins.review)
         self.visibility = Visibility(self.catalog, config.server.instructions)
         self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)

@@ -72,7 +72,9 @@ class ToolCalls:
                         CALL_TOOL, f"it calls the catalog's tools; call {params.name!r} directly"
                     )
                 )
-        elif params.name not in self._catalog.snapshot.tools:
+        elif (
+            params.name not in self._catalog.snapshot.tools and params.name not in self._catalog.snapshot.held
+        ):
             try:  # the gateway's own tools (ask_agent) are under the client's policy too
                 access.check("tool", params.name)
             except NotAllowed as exc:

@@ -1,0 +1,122 @@
+"""One upstream's share of the catalog (a ``Part``): its tools and prompts under their public
+names, after selection, renames, the gateway's reserved names and pinning's review. Built
+once per listing an upstream sends, so a change of one upstream rebuilds only its part."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import mcp_types as types
+
+from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.naming import Origin, is_selected, public_name
+from agent_gateway.pins import source_of
+from agent_gateway.upstreams.connection import Listing
+
+logger = logging.getLogger("agent_gateway.catalog")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class Part:
+    """One upstream's share of the catalog: its tools and prompts under their public names.
+
+    Built once per listing the upstream sends; a change of one upstream builds only its part,
+    and the other parts (and whatever was derived from them) are reused as they are.
+    """
+
+    upstream: str
+    listing: Listing
+    tools: Mapping[str, Origin[types.Tool]] = field(default_factory=dict)
+    listed: Mapping[str, types.Tool] = field(default_factory=dict)
+    """The tools as clients see them: the upstream's definitions under their public names."""
+    prompts: Mapping[str, Origin[types.Prompt]] = field(default_factory=dict)
+    held: Mapping[str, str] = field(default_factory=dict)
+    """Tools withheld by pinning (public name to what changed)."""
+
+
+Review = Callable[[str, str, Mapping[str, types.Tool]], dict[str, str]]
+"""Pinning's review of one upstream's tools: (upstream, its source, tools) to those withheld."""
+
+
+def build_part(
+    config: GatewayConfig,
+    upstream: str,
+    listing: Listing,
+    reserved: frozenset[str] = frozenset(),
+    review: Review | None = None,
+) -> Part:
+    """``upstream``'s share of the catalog: its tools and prompts under their public names,
+    minus tools whose public name is one of the gateway's own (``reserved``), minus those
+    ``review`` withholds (pinning), minus a second tool or prompt taking a public name the
+    upstream already gave (``a.b`` and ``a_b``: the first is served, the other skipped)."""
+    up = config.upstreams[upstream]
+    sep = config.server.separator
+    entries = [e for e in _tool_entries(upstream, listing, up, sep) if not _reserved(reserved, *e)]
+    tools = _first_of_each("tool", entries)
+    listed = {public: origin.item.model_copy(update={"name": public}) for public, origin in tools.items()}
+    held = review(upstream, source_of(up), listed) if review is not None else {}
+    if held:
+        tools = {n: o for n, o in tools.items() if n not in held}
+        listed = {n: t for n, t in listed.items() if n not in held}
+    prompts = _first_of_each("prompt", _prompt_entries(upstream, listing, up, sep))
+    return Part(upstream, listing, tools, listed, prompts, held)
+
+
+def _first_of_each(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str, Origin[T]]:
+    table: dict[str, Origin[T]] = {}
+    for public, origin in entries:
+        if (first := table.get(public)) is not None:
+            logger.warning(
+                "upstream %s: %s %r is skipped: its public name %r is already %r's (rename one of them)",
+                origin.upstream,
+                kind,
+                origin.name,
+                public,
+                first.name,
+            )
+            continue
+        table[public] = origin
+    return table
+
+
+def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool]) -> bool:
+    """Whether an upstream tool would take the name of one of the gateway's own tools."""
+    if public not in reserved:
+        return False
+    logger.warning(
+        "upstream %s: tool %r is hidden: its public name %r is one of the gateway's own tools "
+        "(rename it, or rename the gateway's tool: agent.name)",
+        origin.upstream,
+        origin.name,
+        public,
+    )
+    return True
+
+
+def _tool_entries(
+    upstream: str, listing: Listing, config: UpstreamConfig, sep: str
+) -> list[tuple[str, Origin[types.Tool]]]:
+    entries: list[tuple[str, Origin[types.Tool]]] = []
+    for tool in listing.tools:
+        if not is_selected(tool.name, config.include, config.exclude):
+            continue
+        shown = config.rename.get(tool.name, tool.name)
+        public = public_name(upstream, shown, prefix=config.prefix, separator=sep)
+        entries.append((public, Origin(upstream, tool.name, tool)))
+    return entries
+
+
+def _prompt_entries(
+    upstream: str, listing: Listing, config: UpstreamConfig, sep: str
+) -> list[tuple[str, Origin[types.Prompt]]]:
+    return [
+        (
+            public_name(upstream, config.rename.get(p.name, p.name), prefix=config.prefix, separator=sep),
+            Origin(upstream, p.name, p),
+        )
+        for p in listing.prompts
+    ]

@@ -1,0 +1,188 @@
+"""Tool pinning: a tool's definition is recorded when first seen, and a later change of it (a
+"rug pull": a new description telling models to call something else first, a new schema) is
+flagged, and by default withheld from clients and the agent until an operator accepts it.
+
+The record is a SQLite file next to the agent's memory (``pins.sqlite``, mode 0600, its
+directory 0700), so a restart keeps it. A pin belongs to the tool's public name *and* the
+upstream as configured (command and arguments, or URL): pointing an upstream at another
+server starts its pins afresh, the same server changing its tools does not.
+
+Modes (``pinning:``): ``hold`` (default) withholds a changed tool; ``warn`` serves it and
+warns; ``off`` records nothing. Checked when an upstream's part of the catalog is built (one
+transaction per upstream listing), never per call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import mcp_types as types
+from opentelemetry import metrics
+
+from agent_gateway.config import GatewayConfig, UpstreamConfig
+
+logger = logging.getLogger(__name__)
+
+PinningMode = Literal["hold", "warn", "off"]  # as GatewayConfig.pinning
+FIELDS = ("description", "title", "inputSchema", "outputSchema", "annotations")
+
+_meter = metrics.get_meter("agent-gateway")
+changed_tools = _meter.create_counter(
+    "agent_gateway.tools.changed", description="Pinned tools whose definition changed, by upstream."
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS pins (
+    source TEXT NOT NULL,
+    name TEXT NOT NULL,
+    upstream TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    definition TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    pending_digest TEXT,
+    pending_definition TEXT,
+    changed TEXT,
+    PRIMARY KEY (source, name)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """One pinned tool as ``pins list`` shows it."""
+
+    name: str
+    upstream: str
+    first_seen: float
+    changed: str | None
+    """The fields of a pending change (``description, inputSchema``), or None: as pinned."""
+
+
+def definition_of(name: str, tool: types.Tool) -> dict[str, Any]:
+    """What is pinned of a tool: its public name and everything a model reads of it."""
+    dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+    return {"name": name} | {f: dumped[f] for f in FIELDS if f in dumped}
+
+
+def digest_of(definition: Mapping[str, Any]) -> str:
+    canonical = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def source_of(config: UpstreamConfig) -> str:
+    """The upstream as configured: what it runs or where it is (not its headers or env)."""
+    where = [config.command or "", *config.args, config.url or "", config.cwd or ""]
+    return hashlib.sha256("\0".join(where).encode()).hexdigest()[:32]
+
+
+def pins_path(config: GatewayConfig) -> Path:
+    return Path(config.agent.memory.path).parent / "pins.sqlite"
+
+
+class Pins:
+    """The pinned definitions, and what a new listing of an upstream holds back."""
+
+    def __init__(self, path: Path | None, mode: PinningMode = "hold") -> None:
+        """``path`` None: kept in this process only (the agent's memory is too)."""
+        self.mode = mode
+        self._db = _open(path)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def review(self, upstream: str, source: str, tools: Mapping[str, types.Tool]) -> dict[str, str]:
+        """Record ``upstream``'s ``tools`` (public name to definition); the ones to withhold,
+        each with what changed (empty unless mode is ``hold``)."""
+        if self.mode == "off" or not tools:
+            return {}
+        known = {
+            row[0]: row[1:]
+            for row in self._db.execute(
+                "SELECT name, digest, pending_digest, definition FROM pins WHERE source = ?", (source,)
+            )
+        }
+        held: dict[str, str] = {}
+        with self._db:
+            for name, tool in tools.items():
+                definition = definition_of(name, tool)
+                digest = digest_of(definition)
+                pinned = known.get(name)
+                if pinned is None:
+                    self._pin(source, name, upstream, digest, definition)
+                elif pinned[0] == digest:
+                    if pinned[1] is not None:  # changed back to what was accepted
+                        self._db.execute(_CLEAR, (source, name))
+                else:
+                    what = _changed_fields(json.loads(pinned[2]), definition)
+                    if pinned[1] != digest:
+                        self._flag(source, name, upstream, digest, definition, what)
+                    if self.mode == "hold":
+                        held[name] = what
+        return held
+
+    def pins(self) -> list[Pin]:
+        rows = self._db.execute(
+            "SELECT name, upstream, first_seen, changed FROM pins ORDER BY upstream, name"
+        )
+        return [Pin(*row) for row in rows]
+
+    def accept(self, names: list[str] | None) -> list[str]:
+        """Accept the pending changes of ``names`` (None: all); the names accepted."""
+        pending = [r[0] for r in self._db.execute("SELECT name FROM pins WHERE pending_digest IS NOT NULL")]
+        chosen = sorted({n for n in pending if names is None or n in names})
+        with self._db:
+            for name in chosen:
+                self._db.execute(_ACCEPT, (name,))
+        return chosen
+
+    def _pin(self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any]) -> None:
+        self._db.execute(
+            "INSERT INTO pins (source, name, upstream, digest, definition, first_seen) VALUES (?, ?, ?, ?, ?, ?)",
+            (source, name, upstream, digest, json.dumps(definition), time.time()),
+        )
+
+    def _flag(
+        self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any], what: str
+    ) -> None:
+        self._db.execute(
+            "UPDATE pins SET pending_digest = ?, pending_definition = ?, changed = ? WHERE source = ? AND name = ?",
+            (digest, json.dumps(definition), what, source, name),
+        )
+        changed_tools.add(1, {"agent_gateway.upstream": upstream})
+        action = "withheld until accepted (agent-gateway pins accept)" if self.mode == "hold" else "served"
+        logger.warning(
+            "upstream %s changed tool %s since it was pinned (%s): %s", upstream, name, what, action
+        )
+
+
+_CLEAR = "UPDATE pins SET pending_digest = NULL, pending_definition = NULL, changed = NULL WHERE source = ? AND name = ?"
+_ACCEPT = (
+    "UPDATE pins SET digest = pending_digest, definition = pending_definition, pending_digest = NULL, "
+    "pending_definition = NULL, changed = NULL WHERE name = ? AND pending_digest IS NOT NULL"
+)
+
+
+def _changed_fields(before: Mapping[str, Any], after: Mapping[str, Any]) -> str:
+    return ", ".join(f for f in FIELDS if before.get(f) != after.get(f)) or "definition"
+
+
+def _open(path: Path | None) -> sqlite3.Connection:
+    if path is None:
+        db = sqlite3.connect(":memory:", check_same_thread=False)
+    else:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # created private, never world-readable
+        os.close(fd)
+        db = sqlite3.connect(path, check_same_thread=False)
+    db.execute(_SCHEMA)
+    db.commit()
+    return db
