@@ -6,6 +6,7 @@ import os
 import shlex
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -94,6 +95,8 @@ async def running_gateway(
     chat_model: BaseChatModel | None = None,
 ) -> AsyncIterator[RunningGateway]:
     """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback."""
+    if "audit" not in data:  # each test gateway its own trail (one file per gateway process)
+        data = {**data, "audit": {"path": str(Path(tempfile.mkdtemp(prefix="audit-")) / "audit.jsonl")}}
     gateway = Gateway(config_of(data, environ), chat_model=chat_model)
     # The listener's own bounds too (header deadline, connection caps), as `serve` runs it.
     app = build_app(gateway)

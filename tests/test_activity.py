@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -79,6 +80,7 @@ async def test_each_call_is_one_info_access_line_naming_client_tool_upstream_out
         "detail": None,
         "duration_ms": 0,
         "trace_id": TRACE_ID,
+        "arguments_digest": hashlib.sha256(b'{"text":"hi"}').hexdigest(),
     }
     assert first["duration_ms"] > 0
     assert (first["session"] is None) == (mode == "auto")  # a modern request is no session
@@ -134,7 +136,7 @@ async def test_a_call_refused_by_the_rate_limit_is_recorded_as_refused() -> None
         "auth": {
             "mode": "bearer",
             "tokens": [{"name": "burst", "token": token, "policy": "limited"}],
-            "policies": {"limited": {"rate_limit": {"per_minute": 1, "burst": 2}}},
+            "policies": {"limited": {"rate_limit": {"per_minute": 1, "burst": 4}}},
         },
     }
     async with (
@@ -142,7 +144,8 @@ async def test_a_call_refused_by_the_rate_limit_is_recorded_as_refused() -> None
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
         Client(streamable_http_client(gw.url, http_client=http), mode="legacy") as client,
     ):
-        await client.list_tools()  # the client's own output-schema lookup, done: one token left
+        # initialize, notifications/initialized, the client's own output-schema lookup: one left
+        await client.list_tools()
         await client.call_tool("counter__increment", {})
         with pytest.raises(MCPError):
             await client.call_tool("counter__increment", {})

@@ -14,10 +14,12 @@ Everything is bounded: the last N calls and runs, each text cut to a few hundred
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -63,13 +65,19 @@ class Call:
     """Why, when it did not end ``ok``."""
     duration_ms: float
     trace_id: str | None
+    arguments_digest: str | None = None
+    """SHA-256 of the arguments' canonical JSON (tools and prompts), for the audit trail."""
+    arguments: Any = None
+    """The arguments themselves: kept only with ``audit.arguments: full``, never logged."""
 
     @property
     def failed(self) -> bool:
         return self.outcome not in ("ok", "paused")
 
     def fields(self) -> dict[str, Any]:
-        return {"event": "call", **asdict(self)}
+        fields = asdict(self)
+        del fields["arguments"]
+        return {"event": "call", **fields}
 
     def line(self) -> str:
         session = f" session {self.session}" if self.session else ""
@@ -83,6 +91,28 @@ class Call:
 
 
 CallListener = Callable[[Call], None]
+
+_REFUSALS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "agent_gateway_refusals", default=None
+)
+
+
+@contextmanager
+def noting_refusals() -> Iterator[list[str]]:
+    """While a call is handled: the reasons it was refused, when it was (see ``refused``)."""
+    noted: list[str] = []
+    token = _REFUSALS.set(noted)
+    try:
+        yield noted
+    finally:
+        _REFUSALS.reset(token)
+
+
+def refused(reason: str) -> None:
+    """The call being handled was refused (policy, a limit) though it is answered as a tool
+    result: it is recorded ``refused``, not ``tool_error``."""
+    if (noted := _REFUSALS.get()) is not None:
+        noted.append(reason)
 
 
 @dataclass(frozen=True, slots=True)

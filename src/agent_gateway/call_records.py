@@ -6,9 +6,12 @@ and outside the access check (so a call refused by the client's rate limit is re
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import mcp_types as types
@@ -17,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 
 from agent_gateway.access import RATE_LIMITED, AccessControl, token_of
-from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut
+from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_refusals
 from agent_gateway.sessions import STATE_KEY, DownstreamSession
 
 
@@ -25,12 +28,18 @@ class CallRecorder:
     """Low-level middleware: hands every finished call to ``activity``."""
 
     def __init__(
-        self, activity: Activity, access: AccessControl, upstream_of: Callable[[str, str], str | None]
+        self,
+        activity: Activity,
+        access: AccessControl,
+        upstream_of: Callable[[str, str], str | None],
+        arguments: Literal["none", "digest", "full"] = "digest",
     ) -> None:
-        """``upstream_of(method, name)``: the upstream a call of ``name`` goes to, or None."""
+        """``upstream_of(method, name)``: the upstream a call of ``name`` goes to, or None;
+        ``arguments``: what a record keeps of the call's arguments."""
         self._activity = activity
         self._access = access
         self._upstream_of = upstream_of
+        self._arguments = arguments
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
         if ctx.method not in CALLED or ctx.request_id is None:
@@ -38,12 +47,16 @@ class CallRecorder:
         params = ctx.params or {}
         name = params.get("uri" if ctx.method == "resources/read" else "name")
         name = cut(name if isinstance(name, str) else "", 200) or ""
+        arguments = params.get("arguments")
         at, started = time.time(), time.perf_counter()
         outcome: Outcome = "error"
         detail: str | None = None
         try:
-            result = await call_next(ctx)
+            with noting_refusals() as refusals:
+                result = await call_next(ctx)
             outcome, detail = _outcome_of(result)
+            if refusals and outcome == "tool_error":
+                outcome = "refused"
             return result
         except MCPError as exc:
             outcome = "refused" if exc.error.code == RATE_LIMITED else "error"
@@ -69,6 +82,8 @@ class CallRecorder:
                     detail=cut(detail),
                     duration_ms=round((time.perf_counter() - started) * 1e3, 1),
                     trace_id=_trace_id(),
+                    arguments_digest=_digest(arguments) if self._arguments != "none" else None,
+                    arguments=arguments if self._arguments == "full" else None,
                 )
             )
 
@@ -107,6 +122,51 @@ def _session_id(ctx: ServerRequestContext[Any, Any]) -> str | None:
 def _software(ctx: ServerRequestContext[Any, Any]) -> str | None:
     params = ctx.session.client_params
     return cut(params.client_info.name, 64) if params is not None else None
+
+
+_PEEKED = 4096
+_METHOD = re.compile(rb'"method"\s*:\s*"([a-z/]{1,32})"')
+_NAME = re.compile(rb'"(?:name|uri)"\s*:\s*"([^"\\]{1,200})"')
+
+
+def admission_refusals(activity: Activity) -> Callable[[str, str | None, bytes, str], None]:
+    """What HTTP admission tells of a request it refused unparsed (rate limit, session cap):
+    recorded as a refused call when it was one (its method and name read from the body's
+    first bytes, never parsed)."""
+
+    def record(client: str, session: str | None, body: bytes, why: str) -> None:
+        head = body[:_PEEKED]
+        method = _METHOD.search(head)
+        if method is None or (name := method.group(1).decode()) not in CALLED:
+            return
+        named = _NAME.search(head)
+        activity.finished(
+            Call(
+                at=time.time(),
+                client=client,
+                software=None,
+                session=session,
+                method=name,
+                name=named.group(1).decode(errors="replace") if named else "",
+                upstream=None,
+                outcome="refused",
+                detail=cut(why),
+                duration_ms=0.0,
+                trace_id=None,
+            )
+        )
+
+    return record
+
+
+def _digest(arguments: Any) -> str | None:
+    if arguments is None:
+        return None
+    try:
+        canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _trace_id() -> str | None:

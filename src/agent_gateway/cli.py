@@ -38,6 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     runtime.quiet_libraries(logging.getLevelNamesMapping()[args.log_level.upper()])
     try:
+        if not getattr(args, "needs_config", True):
+            return int(args.run(args, None))
         config = load_config(args.config, os.environ)
         handler.setFormatter(_log_handler(config.telemetry.log_format).formatter)
         return int(args.run(args, config))

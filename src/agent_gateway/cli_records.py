@@ -1,13 +1,15 @@
 """``agent-gateway pins list | accept`` and ``agent-gateway audit verify``: the operator's
 commands over what the gateway records (they work on the files, with the gateway stopped or
-running)."""
+running). ``audit verify`` reads no configuration: it checks the files it is given."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
+from agent_gateway.audit import verify
 from agent_gateway.config import GatewayConfig
 from agent_gateway.pins import Pins, pins_path
 
@@ -24,6 +26,21 @@ def add_commands(commands: Any, config_arg: Any) -> None:
     accept.add_argument("names", nargs="*", metavar="NAME", help="public tool names")
     accept.add_argument("--all", action="store_true", help="every tool with a pending change")
     accept.set_defaults(run=_pins_accept)
+
+    audit = commands.add_parser("audit", help="check the audit trail")
+    checks = audit.add_subparsers(required=True, metavar="ACTION")
+    check = checks.add_parser("verify", help="check the hash chain; name the first bad record")
+    check.add_argument("files", nargs="+", metavar="FILE", type=Path, help="audit files, oldest first")
+    check.set_defaults(run=_audit_verify, needs_config=False)
+
+
+def _audit_verify(args: argparse.Namespace, config: GatewayConfig | None) -> int:
+    verdict = verify(args.files)
+    if verdict.problem is not None:
+        print(f"BROKEN after {verdict.records} good records: {verdict.problem}")
+        return 1
+    print(f"intact: {verdict.records} records")
+    return 0
 
 
 def _open_pins(config: GatewayConfig) -> Pins:

@@ -315,6 +315,22 @@ class TelemetryConfig(_Strict):
     log_format: Literal["text", "json"] = "text"
 
 
+class AuditConfig(_Strict):
+    """The audit trail: one hash-chained JSONL record per call and agent run."""
+
+    enabled: bool = True
+    path: str = ".agent-gateway/audit.jsonl"
+    """One file per gateway process (two writers would interleave their chains)."""
+    arguments: Literal["digest", "full"] = "digest"
+    """``digest``: a SHA-256 of each call's arguments; ``full``: the arguments themselves too."""
+    max_bytes: int = Field(default=50 * 2**20, ge=4096)
+    """The file is rotated (``.1``, ``.2`` …) once it passes this size; the chain continues."""
+    keep: int = Field(default=5, ge=1, le=1000)
+    """Rotated files kept."""
+    queue: int = Field(default=10_000, ge=16, le=1_000_000)
+    """Records waiting for the writer; past it records are dropped (counted), calls never wait."""
+
+
 class GatewayConfig(_Strict):
     """The whole validated configuration."""
 
@@ -326,6 +342,7 @@ class GatewayConfig(_Strict):
     search: SearchConfig = Field(default_factory=SearchConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    audit: AuditConfig = Field(default_factory=AuditConfig)
     pinning: Literal["hold", "warn", "off"] = "hold"
     """A pinned tool whose definition changed: withheld until accepted (``hold``), served with
     a warning (``warn``), or not checked (``off``)."""

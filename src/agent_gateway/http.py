@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan
 
+from agent_gateway.call_records import admission_refusals
 from agent_gateway.exporters import installed
 from agent_gateway.limits import Bounds, RequestGuard
 from agent_gateway.responses import defer_responses
@@ -34,7 +35,14 @@ def build_app(gateway: Gateway) -> Starlette:
         host_origin_protection=True,  # "*" in allowed_hosts passes any Host; Origin is still checked
         allowed_hosts=list(server.allowed_hosts),
         allowed_origins=list(server.allowed_origins),
-        middleware=[Middleware(RequestGuard, access=gateway.access, bounds=_bounds(gateway))],
+        middleware=[
+            Middleware(
+                RequestGuard,
+                access=gateway.access,
+                bounds=_bounds(gateway),
+                on_refused=admission_refusals(gateway.activity),
+            )
+        ],
     )
 
     async def healthz(_: Request) -> JSONResponse:

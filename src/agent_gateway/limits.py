@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,13 +53,20 @@ class Bounds:
     """Auth is on: a request without a verified token is passed on, to be answered 401."""
 
 
+Refused = Callable[[str, str | None, bytes, str], None]
+"""Told of a request refused here: (client, session id, body, why), for the call records."""
+
+
 class RequestGuard:
     """ASGI middleware: admission of every POST (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, access: AccessControl, bounds: Bounds) -> None:
+    def __init__(
+        self, app: ASGIApp, access: AccessControl, bounds: Bounds, on_refused: Refused | None = None
+    ) -> None:
         self.app = app
         self.access = access
         self.bounds = bounds
+        self.on_refused = on_refused
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -68,26 +76,21 @@ class RequestGuard:
             await self.app(scope, receive, send)  # answered 401 by the auth middleware, unread
             return
         client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
-        if (wait := client.bucket.take() if client.bucket is not None else None) is not None:
-            await self._over_rate(send, client, wait)
-            return
-        opening = not any(name == _SESSION_HEADER for name, _ in scope["headers"])
-        if opening and client.sessions + client.opening >= client.policy.max_sessions:
-            limit = client.policy.max_sessions
-            refused(
-                "sessions",
-                "client %s refused a new session: %d open, the limit is %d",
-                client.subject,
-                client.sessions + client.opening,
-                limit,
-            )
-            message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
-            await _refuse(send, 429, message, code=RATE_LIMITED)
-            return
+        # Read, not parsed: the limits below cost a client over them a read, never a parse.
         body = await self._body(scope, receive, send)
         if body is None:
             return
-        if not opening:
+        session = _header(scope, _SESSION_HEADER)
+        if (refusal := self._over_limits(client, session is None)) is not None:
+            message, data, headers = refusal
+            if self.on_refused is not None:
+                self.on_refused(client.subject, session, body, message)
+            await _refuse(send, 429, message, code=RATE_LIMITED, data=data, headers=headers)
+            return
+        if (problem := self._shape_problem(body)) is not None:
+            await self._refuse_body(send, 400, problem)
+            return
+        if session is not None:
             await self.app(scope, _replay(body, receive), send)
             return
         client.opening += 1
@@ -96,8 +99,33 @@ class RequestGuard:
         finally:
             client.opening -= 1
 
+    def _over_limits(
+        self, client: Principal, opening: bool
+    ) -> tuple[str, dict[str, Any] | None, list[tuple[bytes, bytes]]] | None:
+        """Why ``client`` is refused this request (message, error data, headers), or None."""
+        if client.bucket is not None and (wait := client.bucket.take()) is not None:
+            refused("rate_limit", "client %s over its rate limit", client.subject)
+            message = f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
+            return (
+                message,
+                {"retryAfterSeconds": round(wait, 1)},
+                [(b"retry-after", str(max(1, round(wait))).encode())],
+            )
+        limit = client.policy.max_sessions
+        if opening and (open_now := client.sessions + client.opening) >= limit:
+            refused(
+                "sessions",
+                "client %s refused a new session: %d open, the limit is %d",
+                client.subject,
+                open_now,
+                limit,
+            )
+            message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
+            return message, None, []
+        return None
+
     async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The body, checked; None when it was refused (answered) or the client left."""
+        """The body, whole and in time; None when it was refused (answered) or the client left."""
         limit = self.bounds.body_bytes
         declared = _content_length(scope)
         if declared is not None and declared > limit:
@@ -110,9 +138,6 @@ class RequestGuard:
             if body is None:
                 await self._refuse_body(send, 413, self._too_large(f"over {limit} bytes"))
                 return None
-            if (problem := self._shape_problem(body)) is not None:
-                await self._refuse_body(send, 400, problem)
-                return None
             return body
         await self._refuse_body(
             send, 408, f"the request body did not arrive within {self.bounds.body_timeout:g}s"
@@ -124,17 +149,6 @@ class RequestGuard:
         if (count := json_values(body, bound)) > bound:
             return f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
         return _id_problem(body)
-
-    async def _over_rate(self, send: Send, client: Principal, wait: float) -> None:
-        refused("rate_limit", "client %s over its rate limit", client.subject)
-        await _refuse(
-            send,
-            429,
-            f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s",
-            code=RATE_LIMITED,
-            data={"retryAfterSeconds": round(wait, 1)},
-            headers=[(b"retry-after", str(max(1, round(wait))).encode())],
-        )
 
     async def _refuse_body(self, send: Send, status: int, message: str) -> None:
         refused("body", "refused an HTTP request: %s", message)
@@ -234,6 +248,13 @@ async def _refuse(
         }
     )
     await send({"type": "http.response.body", "body": encoded})
+
+
+def _header(scope: Scope, wanted: bytes) -> str | None:
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return value.decode("latin-1")
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:

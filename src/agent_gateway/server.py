@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 from fastmcp import FastMCP
 from fastmcp.server.providers import Provider
@@ -22,6 +23,7 @@ from agent_gateway.access import AccessControl, AccessMiddleware, Principal, bui
 from agent_gateway.activity import Activity
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import INPUT_SCHEMA, AgentProvider
+from agent_gateway.audit import AuditLog
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
@@ -57,6 +59,9 @@ class Gateway:
         self.config = config
         self.activity = Activity()
         """The last calls and agent runs: the access log line, the status page, the audit log."""
+        self.audit = AuditLog(config.audit) if config.audit.enabled else None
+        if self.audit is not None:
+            self.activity.subscribe(self.audit.record)
         self.pins = Pins(pins_path(config) if config.agent.memory.store == "sqlite" else None, config.pinning)
         self.catalog = Catalog(config, reserved=own_tool_names(config), review=self.pins.review)
         self.visibility = Visibility(self.catalog, config.server.instructions)
@@ -111,7 +116,9 @@ class Gateway:
         own = set(own_tool_names(config))
         lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own, via=CALL_TOOL))
         # Next: each call is recorded once it finished, however it ended (refusals included).
-        lowlevel.middleware.insert(1, CallRecorder(self.activity, self.access, self._upstream_of))
+        audit = config.audit
+        kept = audit.arguments if audit.enabled else "none"
+        lowlevel.middleware.insert(1, CallRecorder(self.activity, self.access, self._upstream_of, kept))
         # Next: the client is known, and over its rate limit refused, before any handler runs.
         lowlevel.middleware.insert(2, AccessMiddleware(self.access))
         # Next: initialize answers with the instructions of the upstreams the client reaches.
@@ -219,6 +226,7 @@ class Gateway:
             self.dedicated.running(),
             self.search.running(),
             self._agent_running(),
+            self._audit_running(),
         ):
             try:
                 snapshot = self.catalog.start()
@@ -234,6 +242,16 @@ class Gateway:
                     self.subscriptions.close_streams()
         if refused is not None:
             raise refused
+
+    @asynccontextmanager
+    async def _audit_running(self) -> AsyncIterator[None]:
+        if self.audit is None:
+            yield
+            return
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.audit.run)
+            yield
+            tg.cancel_scope.cancel()
 
     @asynccontextmanager
     async def _agent_running(self) -> AsyncIterator[None]:

@@ -20,9 +20,17 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 
 from agent_gateway import access
+from agent_gateway.activity import refused
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import SearchConfig
-from agent_gateway.errors import GatewayError, InvalidArguments, NotAllowed
+from agent_gateway.errors import (
+    ClientLimited,
+    GatewayError,
+    InvalidArguments,
+    NotAllowed,
+    ToolHeld,
+    UpstreamBusy,
+)
 from agent_gateway.proxy import Caller, Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_request, search_request, search_result
@@ -118,4 +126,6 @@ def _unwrapped(params: types.CallToolRequestParams) -> types.CallToolRequestPara
 
 def _error_result(exc: GatewayError) -> types.CallToolResult:
     # A tool's failure is a result the model can read, not a protocol error.
+    if isinstance(exc, NotAllowed | ClientLimited | UpstreamBusy | ToolHeld):
+        refused(type(exc).__name__)
     return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)

@@ -13,6 +13,7 @@ from jsonschema import Draft202012Validator
 from pydantic import PrivateAttr
 
 from agent_gateway import access
+from agent_gateway.activity import refused
 from agent_gateway.agent.runner import AgentRequest, AgentRunner
 from agent_gateway.agent.toolbox import reach as toolbox_reach
 from agent_gateway.catalog import Catalog, CatalogSnapshot
@@ -118,6 +119,7 @@ class AskAgentTool(Tool):
             with client.running_agent() if client is not None else nullcontext():
                 outcome = await self._runner.run(request, current_caller())
         except ClientLimited as exc:
+            refused(type(exc).__name__)
             return ToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)
         if client is not None:
             usage = outcome.record.get("usage") or {}

@@ -1,0 +1,218 @@
+"""The audit trail: one append-only JSONL record per ``tools/call``, ``prompts/get``,
+``resources/read`` and ``ask_agent`` run (who, when, what, where, how it ended, how long, the
+trace id, a digest of the arguments), hash-chained so that an edited, inserted or deleted
+record is found by ``agent-gateway audit verify``.
+
+Each record carries ``seq`` (its number in the chain), ``prev`` (the previous record's
+``hash``) and ``hash`` (SHA-256 of the record's canonical JSON without ``hash``). The chain
+continues across restarts (the last record is read at start) and across rotation (the file
+is renamed ``.1``, ``.1`` to ``.2`` …, and a new file continues the chain).
+
+Records come from ``Activity`` (one per finished call, the same one the access log line is
+made from) into a bounded queue; a writer task writes them in batches off the event loop. A
+full queue drops records rather than slow calls, counted in a metric and a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from opentelemetry import metrics
+
+from agent_gateway.activity import Call
+from agent_gateway.config import AuditConfig
+
+logger = logging.getLogger(__name__)
+
+GENESIS = "0" * 64
+_BATCH = 512
+_CLOSE_TIMEOUT = 5.0
+
+_meter = metrics.get_meter("agent-gateway")
+written = _meter.create_counter("agent_gateway.audit.records", description="Audit records written.")
+dropped = _meter.create_counter(
+    "agent_gateway.audit.dropped", description="Audit records dropped: the writer fell behind."
+)
+
+
+def chained(record: dict[str, Any], seq: int, prev: str) -> dict[str, Any]:
+    """``record`` with its place in the chain and its own hash."""
+    body = record | {"seq": seq, "prev": prev}
+    return body | {"hash": _hash(body)}
+
+
+def _hash(body: dict[str, Any]) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def record_of(call: Call) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "time": call.at,
+        "client": call.client,
+        "session": call.session,
+        "method": call.method,
+        "name": call.name,
+        "upstream": call.upstream,
+        "outcome": call.outcome,
+        "detail": call.detail,
+        "duration_ms": call.duration_ms,
+        "trace_id": call.trace_id,
+        "arguments_sha256": call.arguments_digest,
+    }
+    if call.arguments is not None:
+        record["arguments"] = call.arguments
+    return record
+
+
+class AuditLog:
+    """The writer: ``record`` (an ``Activity`` subscriber) queues, ``run`` writes."""
+
+    def __init__(self, config: AuditConfig) -> None:
+        self.config = config
+        self.path = Path(config.path)
+        self.dropped = 0
+        self._send: MemoryObjectSendStream[Call] | None = None
+        self._seq, self._prev = 0, GENESIS
+
+    def record(self, call: Call) -> None:
+        """Queue ``call``; never blocks (a full queue drops it, counted)."""
+        if self._send is None:
+            return  # not running (a command that does not serve)
+        try:
+            self._send.send_nowait(call)
+        except anyio.WouldBlock:
+            self.dropped += 1
+            dropped.add(1)
+            if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
+                logger.warning("audit: %d records dropped so far: the writer is behind", self.dropped)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+            pass  # shutting down: calls finishing now are not audited
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Write queued records until cancelled; then write what is queued (bounded, shielded)."""
+        await anyio.to_thread.run_sync(self._open)
+        self._send, receive = anyio.create_memory_object_stream[Call](self.config.queue)
+        task_status.started()
+        try:
+            async for first in receive:
+                batch = [first, *_drain(receive, _BATCH - 1)]
+                await anyio.to_thread.run_sync(self._write, batch)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+                self._send.close()
+                rest = list(_drain(receive, self.config.queue))
+                receive.close()
+                if rest:
+                    await anyio.to_thread.run_sync(self._write, rest)
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        last = _last_record(self.path) or _last_record(_rotated(self.path, 1))
+        if last is not None:
+            self._seq, self._prev = int(last["seq"]), str(last["hash"])
+        logger.info("audit: appending to %s (record %d on)", self.path, self._seq + 1)
+
+    def _write(self, calls: list[Call]) -> None:
+        lines: list[str] = []
+        for call in calls:
+            self._seq += 1
+            record = chained(record_of(call), self._seq, self._prev)
+            self._prev = record["hash"]
+            lines.append(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n")
+        data = "".join(lines).encode()
+        with open(self.path, "ab") as file:
+            file.write(data)
+            size = file.tell()
+        written.add(len(calls))
+        if size >= self.config.max_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        for n in range(self.config.keep, 0, -1):
+            older = _rotated(self.path, n)
+            if older.exists():
+                if n == self.config.keep:
+                    older.unlink()
+                else:
+                    older.rename(_rotated(self.path, n + 1))
+        self.path.rename(_rotated(self.path, 1))
+        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        logger.info("audit: rotated %s at record %d", self.path, self._seq)
+
+
+def _drain(receive: MemoryObjectReceiveStream[Call], limit: int) -> Iterator[Call]:
+    for _ in range(limit):
+        try:
+            yield receive.receive_nowait()
+        except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+            return
+
+
+def _rotated(path: Path, n: int) -> Path:
+    return path.with_name(f"{path.name}.{n}")
+
+
+def _last_record(path: Path) -> dict[str, Any] | None:
+    if not path.exists() or path.stat().st_size == 0:
+        return None
+    with open(path, "rb") as file:
+        file.seek(max(0, path.stat().st_size - (1 << 20)))
+        tail = file.read().splitlines()
+    for line in reversed(tail):
+        if line.strip():
+            return json.loads(line)
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    records: int
+    problem: str | None = None
+    """The first bad record (file, line, why), or None: the chain holds."""
+
+
+def verify(paths: Iterable[Path]) -> Verdict:
+    """Check the chain through ``paths`` (oldest first): every record's hash, its ``prev``
+    against the record before it, and ``seq`` without gaps."""
+    count, prev, seq = 0, None, None
+    for path in paths:
+        with open(path, encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                where = f"{path}:{number}"
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    return Verdict(count, f"{where}: not a JSON record")
+                problem = _record_problem(record, prev, seq)
+                if problem is not None:
+                    return Verdict(count, f"{where}: {problem}")
+                count, prev, seq = count + 1, record["hash"], record["seq"]
+    return Verdict(count)
+
+
+def _record_problem(record: Any, prev: str | None, seq: int | None) -> str | None:
+    if not isinstance(record, dict) or not {"hash", "prev", "seq"} <= record.keys():
+        return "not an audit record (no hash, prev or seq)"
+    body = {k: v for k, v in record.items() if k != "hash"}  # pyright: ignore[reportUnknownVariableType]
+    if _hash(body) != record["hash"]:  # pyright: ignore[reportUnknownArgumentType]
+        return "edited: its hash does not match its content"
+    if prev is None:  # the first record read: the chain's start, or where the given files start
+        if record["seq"] == 1 and record["prev"] != GENESIS:
+            return "record 1 does not start the chain"
+        return None
+    if record["prev"] != prev:
+        return f"does not follow the record before it (record {seq} was deleted, edited or another inserted)"
+    if record["seq"] != (seq or 0) + 1:
+        return f"is record {record['seq']} after record {seq}: records were deleted or inserted"
+    return None

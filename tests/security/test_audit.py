@@ -1,0 +1,149 @@
+"""The audit trail (issue 16): one hash-chained record per call and agent run, written off the
+event loop; ``agent-gateway audit verify`` finds an edited, inserted or deleted record."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
+
+from agent_gateway.cli import main
+from tests.agent.scripted import ScriptedChatModel, answer
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+
+def _server() -> FastMCP:
+    server = FastMCP("desk")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    @server.tool
+    def fail() -> str:
+        raise ToolError("out of paper")
+
+    @server.prompt
+    def brief(topic: str) -> str:
+        return f"Brief me on {topic}."
+
+    @server.resource("memo://today")
+    def today() -> str:
+        return "all quiet"
+
+    return server
+
+
+@asynccontextmanager
+async def audited(path: Path, **audit: Any) -> AsyncIterator[RunningGateway]:
+    model = ScriptedChatModel(respond=lambda messages: answer("done"))
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "memory"}},
+            "audit": {"path": str(path)} | audit,
+        } | bearer({"tools": ["desk__echo"], "prompts": [], "resources": []})
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with running_gateway(config, environ=environ, chat_model=model) as gw:
+            yield gw
+
+
+def records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_every_call_and_agent_run_is_one_record_with_who_what_and_how_it_ended(tmp_path: Path) -> None:
+    trail = tmp_path / "trail" / "audit.jsonl"
+    async with audited(trail) as gw:
+        async with client(gw.url, BYSTANDER_TOKEN) as c:
+            await c.call_tool("desk__echo", {"text": "hi"})
+            await c.call_tool("desk__fail", {})
+            await c.get_prompt("desk__brief", {"topic": "audits"})
+            await c.read_resource("memo://today")
+            await c.call_tool("ask_agent", {"query": "anything?"})
+        async with client(gw.url, ATTACKER_TOKEN) as restricted:
+            assert (await restricted.call_tool("desk__fail", {})).is_error
+    kept = records(trail)
+    assert [(r["client"], r["method"], r["name"], r["outcome"]) for r in kept] == [
+        ("bystander", "tools/call", "desk__echo", "ok"),
+        ("bystander", "tools/call", "desk__fail", "tool_error"),
+        ("bystander", "prompts/get", "desk__brief", "ok"),
+        ("bystander", "resources/read", "memo://today", "ok"),
+        ("bystander", "tools/call", "ask_agent", "ok"),
+        ("attacker", "tools/call", "desk__fail", "refused"),
+    ]
+    first = kept[0]
+    assert first["upstream"] == "desk"
+    assert "session" in first  # None in the modern era, where a request is its own session
+    assert "trace_id" in first  # the span's, when tracing is installed (tests/test_observability.py)
+    assert first["duration_ms"] >= 0
+    assert first["arguments_sha256"] == hashlib.sha256(b'{"text":"hi"}').hexdigest()
+    assert "arguments" not in first
+    assert "out of paper" in kept[1]["detail"]
+    assert "not allowed" in kept[5]["detail"]
+    assert [r["seq"] for r in kept] == list(range(1, 7))
+    assert stat.S_IMODE(trail.stat().st_mode) == 0o600
+    assert stat.S_IMODE(trail.parent.stat().st_mode) == 0o700
+    assert main(["audit", "verify", str(trail)]) == 0
+
+
+async def test_full_arguments_rotation_and_a_chain_that_survives_restarts(tmp_path: Path) -> None:
+    trail = tmp_path / "audit.jsonl"
+    for _ in range(2):
+        async with (
+            audited(trail, arguments="full", max_bytes=4096, keep=50) as gw,
+            client(gw.url, BYSTANDER_TOKEN) as c,
+        ):
+            for n in range(20):
+                await c.call_tool("desk__echo", {"text": f"call {n}"})
+    rotated = sorted(tmp_path.glob("audit.jsonl.*"), key=lambda p: -int(p.suffix[1:]))  # noqa: ASYNC240
+    assert len(rotated) >= 2
+    files = [*rotated, trail]
+    kept = [r for f in files for r in records(f)]
+    assert [r["seq"] for r in kept] == list(range(1, 41))
+    assert kept[-1]["arguments"] == {"text": "call 19"}
+    assert main(["audit", "verify", *map(str, files)]) == 0
+
+
+def _tampered(source: Path, target: Path, change: Any) -> Path:
+    lines = source.read_text().splitlines(keepends=True)
+    target.write_text("".join(change(lines)))
+    return target
+
+
+async def test_verify_names_the_first_edited_inserted_or_deleted_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trail = tmp_path / "audit.jsonl"
+    async with audited(trail) as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        for n in range(5):
+            await c.call_tool("desk__echo", {"text": str(n)})
+    capsys.readouterr()
+
+    def edit(lines: list[str]) -> list[str]:
+        return [*lines[:2], lines[2].replace('"client":"bystander"', '"client":"someone"'), *lines[3:]]
+
+    def insert(lines: list[str]) -> list[str]:
+        return [*lines[:3], lines[1], *lines[3:]]
+
+    def delete(lines: list[str]) -> list[str]:
+        return [*lines[:1], *lines[2:]]
+
+    cases = {
+        "edited": (edit, ":3: edited"),
+        "inserted": (insert, ":4: does not follow"),
+        "deleted": (delete, ":2: does not follow"),
+    }
+    for name, (change, expected) in cases.items():
+        bad = _tampered(trail, tmp_path / f"{name}.jsonl", change)
+        assert main(["audit", "verify", str(bad)]) == 1, name
+        assert expected in capsys.readouterr().out, name
