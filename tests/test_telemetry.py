@@ -250,6 +250,8 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
             await client.call_tool("pipe__fail", {})
             with contextlib.suppress(MCPError):  # a made-up name: its own span, but no series
                 await client.call_tool("made_up_tool", {})
+            with contextlib.suppress(MCPError):  # longer than any public name: refused, counted
+                await client.call_tool("x" * 65, {})
             frozen = await client.call_tool("pipe__freeze", {})
             asked = await client.call_tool("ask_agent", {"query": "anything"})
         scraped = await scraped_once(f"{traced.gateway}/metrics", lambda text: "reconnects_total{" in text)

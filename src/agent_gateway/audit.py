@@ -38,9 +38,9 @@ _BATCH = 512
 _CLOSE_TIMEOUT = 5.0
 
 _meter = metrics.get_meter("agent-gateway")
-written = _meter.create_counter("agent_gateway.audit.records", description="Audit records written.")
-dropped = _meter.create_counter(
-    "agent_gateway.audit.dropped", description="Audit records dropped: the writer fell behind."
+audit_records = _meter.create_counter(
+    "agent_gateway.audit.records",
+    description="Audit records by state: written, or dropped (the writer fell behind).",
 )
 
 
@@ -92,7 +92,7 @@ class AuditLog:
             self._send.send_nowait(call)
         except anyio.WouldBlock:
             self.dropped += 1
-            dropped.add(1)
+            audit_records.add(1, {"state": "dropped"})
             if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
                 logger.warning("audit: %d records dropped so far: the writer is behind", self.dropped)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -134,7 +134,7 @@ class AuditLog:
         with open(self.path, "ab") as file:
             file.write(data)
             size = file.tell()
-        written.add(len(calls))
+        audit_records.add(len(calls), {"state": "written"})
         if size >= self.config.max_bytes:
             self._rotate()
 

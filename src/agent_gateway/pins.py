@@ -20,13 +20,15 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import mcp_types as types
 from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
 
@@ -35,9 +37,17 @@ logger = logging.getLogger(__name__)
 PinningMode = Literal["hold", "warn", "off"]  # as GatewayConfig.pinning
 FIELDS = ("description", "title", "inputSchema", "outputSchema", "annotations")
 
-_meter = metrics.get_meter("agent-gateway")
-changed_tools = _meter.create_counter(
-    "agent_gateway.tools.changed", description="Pinned tools whose definition changed, by upstream."
+_open_pins: weakref.WeakSet[Pins] = weakref.WeakSet()
+
+
+def _held(_: CallbackOptions) -> Iterable[Observation]:
+    yield Observation(sum(p.pending() for p in list(_open_pins)))
+
+
+metrics.get_meter("agent-gateway").create_observable_gauge(
+    "agent_gateway.tools.changed",
+    callbacks=[_held],
+    description="Pinned tools whose definition changed and is not accepted yet (held, under pinning: hold).",
 )
 
 _SCHEMA = """
@@ -95,6 +105,17 @@ class Pins:
         """``path`` None: kept in this process only (the agent's memory is too)."""
         self.mode = mode
         self._db = _open(path)
+        self._pending = self._count_pending()
+        _open_pins.add(self)
+
+    def pending(self) -> int:
+        """Tools with a changed definition not accepted yet (the metric's value)."""
+        return self._pending
+
+    def _count_pending(self) -> int:
+        return int(
+            self._db.execute("SELECT COUNT(*) FROM pins WHERE pending_digest IS NOT NULL").fetchone()[0]
+        )
 
     def close(self) -> None:
         self._db.close()
@@ -127,6 +148,7 @@ class Pins:
                         self._flag(source, name, upstream, digest, definition, what)
                     if self.mode == "hold":
                         held[name] = what
+        self._pending = self._count_pending()
         return held
 
     def pins(self) -> list[Pin]:
@@ -142,6 +164,7 @@ class Pins:
         with self._db:
             for name in chosen:
                 self._db.execute(_ACCEPT, (name,))
+        self._pending = self._count_pending()
         return chosen
 
     def _pin(self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any]) -> None:
@@ -157,7 +180,6 @@ class Pins:
             "UPDATE pins SET pending_digest = ?, pending_definition = ?, changed = ? WHERE source = ? AND name = ?",
             (digest, json.dumps(definition), what, source, name),
         )
-        changed_tools.add(1, {"agent_gateway.upstream": upstream})
         action = "withheld until accepted (agent-gateway pins accept)" if self.mode == "hold" else "served"
         logger.warning(
             "upstream %s changed tool %s since it was pinned (%s): %s", upstream, name, what, action
