@@ -8,7 +8,7 @@ minimal ``PATH``; a file that meant ``.agent-gateway/memory.jsonl`` next to itse
   (which also defaults to that directory, so relative ``args`` mean the same from anywhere),
   a ``command`` written as a relative path (``./bin/server``), ``env`` values written as
   relative paths (``./…`` or ``../…``; their parent directory is created when missing, since
-  servers such as server-memory do not create it), and ``agent.memory.path``;
+  servers such as server-memory do not create it), ``agent.memory.path`` and ``audit.path``;
 - ``command: python`` or ``python3`` is the gateway's own interpreter (``sys.executable``),
   unless a path is given.
 
@@ -42,6 +42,8 @@ def resolved(config: GatewayConfig, base: Path | None) -> GatewayConfig:
     if base is not None and not Path(memory.path).is_absolute():
         memory = memory.model_copy(update={"path": str(base / memory.path)})
         update["agent"] = config.agent.model_copy(update={"memory": memory})
+    if base is not None and not Path(config.audit.path).is_absolute():
+        update["audit"] = config.audit.model_copy(update={"path": str(base / config.audit.path)})
     return config.model_copy(update=update)
 
 
