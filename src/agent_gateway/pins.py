@@ -104,9 +104,18 @@ class Pins:
     def __init__(self, path: Path | None, mode: PinningMode = "hold") -> None:
         """``path`` None: kept in this process only (the agent's memory is too)."""
         self.mode = mode
-        self._db = _open(path)
-        self._pending = self._count_pending()
+        self._path = path
+        self._connection: sqlite3.Connection | None = None
+        self._pending = 0
         _open_pins.add(self)
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        """The file, opened on first use (a gateway that never starts opens nothing)."""
+        if self._connection is None:
+            self._connection = _open(self._path)
+            self._pending = self._count_pending()
+        return self._connection
 
     def pending(self) -> int:
         """Tools with a changed definition not accepted yet (the metric's value)."""
@@ -118,7 +127,10 @@ class Pins:
         )
 
     def close(self) -> None:
-        self._db.close()
+        """Close the file (reopened if used again)."""
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
 
     def review(self, upstream: str, source: str, tools: Mapping[str, types.Tool]) -> dict[str, str]:
         """Record ``upstream``'s ``tools`` (public name to definition); the ones to withhold,

@@ -221,25 +221,28 @@ class Gateway:
             ConfigError: two upstreams produce the same public name at start-up.
         """
         refused: ConfigError | None = None
-        async with (
-            self.pool.running(settle_timeout=settle_timeout),
-            self.dedicated.running(),
-            self.search.running(),
-            self._agent_running(),
-            self._audit_running(),
-        ):
-            try:
-                snapshot = self.catalog.start()
-            except ConfigError as exc:
-                refused = exc  # raised below, once the pool is closed, not inside its task group
-            else:
-                self.search.load(snapshot)
-                self.server.instructions = _instructions(self.config.server.instructions, snapshot)
-                _log_start(self, snapshot)
+        try:
+            async with (
+                self.pool.running(settle_timeout=settle_timeout),
+                self.dedicated.running(),
+                self.search.running(),
+                self._agent_running(),
+                self._audit_running(),
+            ):
                 try:
-                    yield self
-                finally:
-                    self.subscriptions.close_streams()
+                    snapshot = self.catalog.start()
+                except ConfigError as exc:
+                    refused = exc  # raised below, once the pool is closed, not inside its task group
+                else:
+                    self.search.load(snapshot)
+                    self.server.instructions = _instructions(self.config.server.instructions, snapshot)
+                    _log_start(self, snapshot)
+                    try:
+                        yield self
+                    finally:
+                        self.subscriptions.close_streams()
+        finally:
+            self.pins.close()  # the upstreams are closed: no listing can come to review
         if refused is not None:
             raise refused
 
