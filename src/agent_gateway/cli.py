@@ -23,7 +23,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.logs import Clipped, JsonFormatter, TraceIds
+from agent_gateway.logs import Clipped, JsonFormatter, TraceIds, redacted_url
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
@@ -133,7 +133,9 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
     where = "stdio" if server.transport == "stdio" else f"http://{server.host}:{server.port}{server.path}"
     print(f"  serves: {where}")
     for name, upstream in config.upstreams.items():
-        target = upstream.url or " ".join([upstream.command or "", *upstream.args])
+        target = (
+            redacted_url(upstream.url) if upstream.url else " ".join([upstream.command or "", *upstream.args])
+        )
         state = "" if upstream.enabled else " (disabled)"
         print(f"  upstream {name}: {upstream.kind} {target}{state}")
     if args.offline:

@@ -5,9 +5,20 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from opentelemetry import trace
+
+_USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+_QUERY_VALUE = re.compile(r"([?&][^=\s&#?]+=)[^&\s#\"']+")
+
+
+def redacted_url(text: str) -> str:
+    """``text`` with every URL's credentials (``user:password@``) and query values
+    (``?api_key=…``) replaced by ``***``: what may be printed or logged of a URL."""
+    return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
 
 CLIP = 256
 """Characters of one logged value kept: clients choose many of them (names, ids, URIs)."""
@@ -26,13 +37,18 @@ def clipped(value: object, limit: int = CLIP) -> object:
 
 class Clipped(logging.Filter):
     """Cuts every argument of every record, and every structured field, to ``CLIP``
-    characters: the one place that keeps a client from choosing how much is written."""
+    characters (the one place that keeps a client from choosing how much is written), and
+    takes credentials and query values out of any URL in the message (a library's debug
+    line prints the URL it requested)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and record.args:
             record.args = tuple(clipped(a) for a in record.args)
         elif isinstance(record.args, dict) and record.args:
             record.args = {k: clipped(v) for k, v in record.args.items()}
+        message = record.getMessage()
+        if "://" in message or "?" in message:
+            record.msg, record.args = redacted_url(message), ()
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict) and fields:
             record.fields = {k: clipped(v) for k, v in fields.items()}  # pyright: ignore[reportUnknownVariableType]

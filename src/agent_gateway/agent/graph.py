@@ -9,6 +9,7 @@ model turn and widened by the model's own ``search_tools`` calls.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -165,8 +166,32 @@ def _added(usage: Usage, reply: AIMessage) -> Usage:
 
 
 def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every secret replaced."""
+    """``text`` with every secret taken out: whole, in any case, any echo of 8 or more of
+    its characters in a row, and a masked form (``sk-…abcd``: its start and its end)."""
     for secret in secrets:
-        if secret:
-            text = text.replace(secret, "[redacted]")
+        if len(secret) >= 8:
+            text = _without_echoes(text, secret)
+            masked = re.escape(secret[:3]) + r"[.*…xX•\-_ ]{2,}" + re.escape(secret[-4:])
+            text = re.sub(masked, "[redacted]", text, flags=re.IGNORECASE)
+        elif secret:
+            text = re.sub(re.escape(secret), "[redacted]", text, flags=re.IGNORECASE)
     return text
+
+
+_ECHO = 8
+
+
+def _without_echoes(text: str, secret: str) -> str:
+    """``text`` with every run of ``_ECHO`` or more characters of ``secret`` (any case) cut."""
+    grams = {secret.lower()[i : i + _ECHO] for i in range(len(secret) - _ECHO + 1)}
+    lowered, marked = text.lower(), [False] * len(text)
+    for i in range(len(text) - _ECHO + 1):
+        if lowered[i : i + _ECHO] in grams:
+            marked[i : i + _ECHO] = [True] * _ECHO
+    out: list[str] = []
+    for i, char in enumerate(text):
+        if not marked[i]:
+            out.append(char)
+        elif i == 0 or not marked[i - 1]:
+            out.append("[redacted]")
+    return "".join(out)

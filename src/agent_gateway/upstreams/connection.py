@@ -14,7 +14,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
 
 import anyio
 import mcp_types as types
@@ -26,6 +25,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
+from agent_gateway.logs import redacted_url
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.replies import Broadcast
@@ -283,10 +283,7 @@ def describe_target(config: UpstreamConfig, width: int = 80) -> str:
     if config.url is None:
         line = " ".join([config.command or "", *config.args])
         return line if len(line) <= width else f"{line[: width - 1]}…"
-    parts = urlsplit(config.url)
-    host = parts.hostname or ""
-    port = f":{parts.port}" if parts.port else ""
-    return f"{parts.scheme}://{host}{port}{parts.path}"
+    return redacted_url(config.url)
 
 
 async def probe(client: Client) -> None:

@@ -1,0 +1,82 @@
+"""Secrets in URLs and in model errors (issue 16, finding 12): ``check`` and every log line
+(debug included) print URLs without credentials or query values; a model error that echoes
+the API key in another case, in part or masked reaches no client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import uvicorn
+import yaml
+from fastmcp import FastMCP
+
+from agent_gateway.agent.graph import scrubbed
+from agent_gateway.cli import main
+from tests.support import free_socket
+
+PASSWORD = "hunter2-password"
+API_KEY = "query-secret-0123456789"
+
+
+@contextmanager
+def upstream_in_a_thread() -> Iterator[int]:
+    server = FastMCP("quiet")
+
+    @server.tool
+    def hello() -> str:
+        return "hi"
+
+    sock = free_socket()
+    running = uvicorn.Server(uvicorn.Config(server.http_app(path="/mcp"), log_level="warning"))
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        running.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+def test_check_and_debug_logs_print_urls_without_credentials_or_query_values(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with upstream_in_a_thread() as port:
+        url = f"http://admin:{PASSWORD}@127.0.0.1:{port}/mcp?api_key={API_KEY}"
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"upstreams": {"quiet": {"url": url}}, "agent": {"enabled": False}}))
+        assert main(["check", "--offline", "-c", str(config)]) == 0
+        main(["--log-level", "debug", "check", "-c", str(config)])
+    out, err = capfd.readouterr()
+    assert "127.0.0.1" in out
+    assert "***@127.0.0.1" in out
+    assert "api_key=***" in out
+    for secret in (PASSWORD, API_KEY):
+        assert secret not in out
+        assert secret not in err
+
+
+def test_a_model_error_echoing_the_key_changed_in_part_or_masked_is_scrubbed() -> None:
+    key = "sk-live-ABCDEFGHIJKLMNOP1234"
+    echoes = {
+        "whole": f"invalid key {key}",
+        "upper": f"invalid key {key.upper()}",
+        "lower": f"invalid key {key.lower()}",
+        "part": "key ending ...GHIJKLMNOP1234 was refused",
+        "masked": "Incorrect API key provided: sk-...1234",
+        "masked stars": "Incorrect API key provided: sk-***************1234",
+    }
+    for name, text in echoes.items():
+        cleaned = scrubbed(text, (key,))
+        assert "[redacted]" in cleaned, name
+        assert "GHIJKLMN" not in cleaned.upper(), name
+        assert "1234" not in cleaned, name
+    assert scrubbed("nothing secret here", (key,)) == "nothing secret here"
