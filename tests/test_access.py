@@ -52,6 +52,7 @@ POLICIES = {
     "limited": {"rate_limit": {"per_minute": 60, "burst": 3}},
     "single": {"max_concurrency": 1},
     "pid_only": {"tools": ["counter__pid"]},
+    "operators": {"admin": True},
 }
 
 
@@ -80,7 +81,7 @@ def bearer_config(**policies: Any) -> dict[str, Any]:
             "mode": "bearer",
             "tokens": [
                 {"name": "ci", "sha256": hashlib.sha256(CI_TOKEN.encode()).hexdigest(), "policy": "readonly"},
-                {"name": "admin", "token": "${ADMIN_TOKEN}"},
+                {"name": "admin", "token": "${ADMIN_TOKEN}", "policy": "operators"},
                 {"name": "burst", "token": "burst-token-0123456789abcdef", "policy": "limited"},
                 {"name": "burst2", "token": "burst2-token-0123456789abcdef", "policy": "limited"},
                 {"name": "one", "token": "one-token-0123456789abcdef", "policy": "single"},
@@ -465,10 +466,8 @@ async def test_prompts_resources_templates_and_completions_are_under_the_policy_
                     types.PromptReference(type="ref/prompt", name="brief"), {"name": "topic", "value": "a"}
                 ),
             ]
-            for refused in refusals:  # hidden ones are unknown to it, listed ones not allowed
-                with pytest.raises(
-                    MCPError, match=r"is not allowed for client 'reader'|Unknown prompt: 'brief'"
-                ):
+            for refused in refusals:  # answered as names that do not exist (issue 16)
+                with pytest.raises(MCPError, match=r"Resource not found: |Unknown prompt: 'brief'"):
                     await refused
 
 

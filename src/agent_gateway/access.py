@@ -36,7 +36,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
-from agent_gateway.errors import ClientLimited, NotAllowed
+from agent_gateway.errors import ClientLimited, NotAllowed, UnknownName
 from agent_gateway.logs import clipped
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.refusals import refused
@@ -206,6 +206,15 @@ def visible(kind: Kind, name: str) -> bool:
     """Whether the current client may see (and reach) ``name``; everything, outside a request."""
     client = _CURRENT.get()
     return client is None or client.allows(kind, name)
+
+
+def check_unseen(kind: Kind, name: str, shown_as: str | None = None) -> None:
+    """Raises ``UnknownName`` when the current client may not reach ``name``: the answer a
+    name that does not exist gets, so a client cannot probe which hidden names exist."""
+    try:
+        check(kind, name)
+    except NotAllowed:
+        raise UnknownName(shown_as or kind, name) from None
 
 
 def check(kind: Kind, name: str) -> None:

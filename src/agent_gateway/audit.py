@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from opentelemetry import metrics
 
 from agent_gateway.activity import Call
 from agent_gateway.config import AuditConfig
+from agent_gateway.private_files import private
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,7 @@ class AuditLog:
                     await anyio.to_thread.run_sync(self._write, rest)
 
     def _open(self) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        private(self.path)
         last = _last_record(self.path) or _last_record(_rotated(self.path, 1))
         if last is not None:
             self._seq, self._prev = int(last["seq"]), str(last["hash"])
@@ -147,7 +146,7 @@ class AuditLog:
                 else:
                     older.rename(_rotated(self.path, n + 1))
         self.path.rename(_rotated(self.path, 1))
-        os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        private(self.path)
         logger.info("audit: rotated %s at record %d", self.path, self._seq)
 
 

@@ -196,6 +196,8 @@ class CatalogProvider(Provider):
         return list({id(r): r for r in visible}.values())
 
     async def _get_resource(self, uri: str, version: VersionSpec | None = None) -> Resource | None:
+        if not access.visible("resource", uri):
+            return None  # answered as a URI that does not exist: probing learns nothing
         components = self._current()
         if (listed := components.resources.get(uri)) is not None:
             return listed

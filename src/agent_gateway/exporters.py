@@ -9,6 +9,7 @@ gateway still passes its callers' trace context on.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -70,10 +71,24 @@ class Installed:
     prometheus: bool
 
     def shutdown(self) -> None:
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown()
+        """Flush and stop, within ``SHUTDOWN_TIMEOUT`` seconds however the collector fares (an
+        unreachable one would hold the exit for the exporters' retries: ~24 s)."""
+        steps = [p.shutdown for p in (self.tracer_provider, self.meter_provider) if p is not None]
+        if not steps:
+            return
+        done = threading.Thread(
+            target=lambda: [step() for step in steps], name="telemetry-shutdown", daemon=True
+        )
+        done.start()
+        done.join(SHUTDOWN_TIMEOUT)
+        if done.is_alive():
+            logger.warning(
+                "telemetry: the collector did not take the last data within %gs; exiting", SHUTDOWN_TIMEOUT
+            )
+
+
+SHUTDOWN_TIMEOUT = 5.0
+_EXPORT_TIMEOUT = 5.0
 
 
 _installed: Installed | None = None
@@ -114,7 +129,9 @@ def _tracer_provider(settings: Settings, resource: Resource) -> TracerProvider:
         resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio))
     )
     provider.add_span_processor(UpstreamSpans())
-    exporter = OTLPSpanExporter(endpoint=f"{settings.endpoint}/v1/traces", headers=settings.headers)
+    exporter = OTLPSpanExporter(
+        endpoint=f"{settings.endpoint}/v1/traces", headers=settings.headers, timeout=_EXPORT_TIMEOUT
+    )
     provider.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=1000))
     return provider
 
@@ -126,7 +143,9 @@ def _meter_provider(settings: Settings, resource: Resource) -> tuple[MeterProvid
     if settings.endpoint is not None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-        exporter = OTLPMetricExporter(endpoint=f"{settings.endpoint}/v1/metrics", headers=settings.headers)
+        exporter = OTLPMetricExporter(
+            endpoint=f"{settings.endpoint}/v1/metrics", headers=settings.headers, timeout=_EXPORT_TIMEOUT
+        )
         readers.append(PeriodicExportingMetricReader(exporter, export_interval_millis=15_000))
     return MeterProvider(resource=resource, metric_readers=readers), True
 

@@ -16,8 +16,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Lifespan
 
+from agent_gateway.access import token_of_scope
 from agent_gateway.call_records import admission_refusals
 from agent_gateway.exporters import installed
+from agent_gateway.host_check import HostCheck
 from agent_gateway.limits import Bounds, RequestGuard
 from agent_gateway.responses import defer_responses
 from agent_gateway.server import Gateway
@@ -36,34 +38,50 @@ def build_app(gateway: Gateway) -> Starlette:
         allowed_hosts=list(server.allowed_hosts),
         allowed_origins=list(server.allowed_origins),
         middleware=[
+            Middleware(HostCheck, allowed_origins=list(server.allowed_origins)),
             Middleware(
                 RequestGuard,
                 access=gateway.access,
                 bounds=_bounds(gateway),
                 on_refused=admission_refusals(gateway.activity),
-            )
+            ),
         ],
     )
 
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
+    minimal = server.public_health == "minimal"
+
     async def readyz(_: Request) -> JSONResponse:
         statuses = gateway.pool.statuses()
         missing = [s.as_dict() for s in statuses if not s.serving]
         body = {"ready": not missing, "missing": missing, "upstreams": [s.as_dict() for s in statuses]}
-        return JSONResponse(body, status_code=200 if not missing else 503)
+        shown = {"ready": not missing} if minimal else body
+        return JSONResponse(shown, status_code=200 if not missing else 503)
 
     def authorized(request: Request) -> bool:
-        # Upstream names, errors and counts: for authenticated clients when auth is on.
-        return gateway.config.auth.mode == "none" or isinstance(request.scope.get("user"), AuthenticatedUser)
+        # Upstream hosts, errors and every client's calls: for admin clients when auth is on.
+        if gateway.config.auth.mode == "none":
+            return True
+        token = token_of_scope(request.scope)
+        return token is not None and gateway.access.principal(token).policy.admin
+
+    def refused(request: Request) -> JSONResponse:
+        if isinstance(request.scope.get("user"), AuthenticatedUser):
+            return JSONResponse(
+                {"error": "an admin client's token is needed (policy admin: true)"}, status_code=403
+            )
+        return JSONResponse({"error": "authentication required"}, status_code=401)
 
     async def status(request: Request) -> JSONResponse:
         if not authorized(request):
-            return JSONResponse({"error": "authentication required"}, status_code=401)
+            return refused(request)
         return JSONResponse(gateway.status())
 
-    async def prometheus(_: Request) -> Response:
+    async def prometheus(request: Request) -> Response:
+        if minimal and not authorized(request):
+            return refused(request)
         return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     # Added to FastMCP's own app rather than mounting it in a second Starlette app: every MCP

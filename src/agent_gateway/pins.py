@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import sqlite3
 import time
 import weakref
@@ -31,6 +30,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.private_files import private
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +213,7 @@ def _open(path: Path | None) -> sqlite3.Connection:
     if path is None:
         db = sqlite3.connect(":memory:", check_same_thread=False)
     else:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # created private, never world-readable
-        os.close(fd)
+        private(path)
         db = sqlite3.connect(path, check_same_thread=False)
     db.execute(_SCHEMA)
     db.commit()

@@ -195,7 +195,7 @@ class Proxy:
     async def read_resource(self, uri: str, caller: Caller | None = None) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, NotAllowed or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        access.check("resource", uri)
+        access.check_unseen("resource", uri)
         session = await self._session(upstream, caller)
         return _relayed(await session.read_resource(upstream_uri, caller))
 
@@ -208,13 +208,13 @@ class Proxy:
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             origin = snapshot.prompt(ref.name)
-            access.check("prompt", ref.name)
+            access.check_unseen("prompt", ref.name)
             upstream, ref = origin.upstream, ref.model_copy(update={"name": origin.name})
         else:
             entry = next((e for e in snapshot.templates if e.public == ref.uri), None)
             if entry is None:
                 raise UnknownName("resource template", ref.uri)
-            access.check("resource", ref.uri)
+            access.check_unseen("resource", ref.uri, "resource template")
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
         return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
@@ -222,7 +222,7 @@ class Proxy:
     async def resource_session(self, uri: str, owner: DownstreamSession) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        access.check("resource", uri)
+        access.check_unseen("resource", uri)
         return await self._session_of(upstream, owner), upstream_uri
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:

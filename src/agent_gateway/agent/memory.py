@@ -21,6 +21,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
 from agent_gateway.config import MemoryConfig
 from agent_gateway.errors import AgentError
+from agent_gateway.private_files import private
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +95,7 @@ class Conversations:
             return InMemorySaver()
         path = Path(self._config.path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private(path)
             saver = await self._stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
             await saver.setup()
             async with saver.lock:

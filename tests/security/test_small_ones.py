@@ -1,0 +1,183 @@
+"""Issue 16, finding 14: exact Host and Origin checks, hidden names answered as unknown ones,
+/status for admin clients only, a minimal public health, one upstream's name clash contained,
+private conversation files, and a bounded exit when the collector is unreachable."""
+
+from __future__ import annotations
+
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+import yaml
+from fastmcp import FastMCP
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.agent.scripted import ScriptedChatModel, answer
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
+from tests.support import RunningGateway, free_socket, gateway_env, running_gateway, serving_upstream
+
+
+def _library() -> FastMCP:
+    server = FastMCP("library")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    @server.resource("book://public")
+    def public() -> str:
+        return "open"
+
+    @server.resource("book://secret")
+    def secret() -> str:
+        return "closed"
+
+    @server.prompt
+    def summary(topic: str) -> str:
+        return f"Summarise {topic}."
+
+    return server
+
+
+@asynccontextmanager
+async def library(**extra: Any) -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(_library()) as url:
+        config = {
+            "upstreams": {"library": {"url": url}},
+            "auth": {
+                "mode": "bearer",
+                "tokens": [
+                    {"name": "operator", "token": "${B}", "policy": "operators"},
+                    {"name": "reader", "token": "${A}", "policy": "readers"},
+                ],
+                "policies": {
+                    "operators": {"admin": True},
+                    "readers": {"tools": ["library__*"], "prompts": [], "resources": ["book://public"]},
+                },
+            },
+        } | extra
+        async with running_gateway(config, environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}) as gw:
+            yield gw
+
+
+async def test_host_and_origin_are_compared_exactly() -> None:
+    async with library() as gw, httpx.AsyncClient() as http:
+        port = httpx.URL(gw.base).port
+        health = f"{gw.base}/healthz"
+        for host in (f"127.0.0.1:{port}.evil.com", f"127.0.0.1:{port}@evil.com", "127.0.0.1:1", "a b"):
+            assert (await http.get(health, headers={"Host": host})).status_code == 421, host
+        assert (await http.get(health, headers={"Host": f"localhost:{port}"})).status_code == 200
+        # A page on another local port is another origin; the gateway's own is not.
+        other = {"Origin": "http://localhost:3000"}
+        assert (await http.get(health, headers=other)).status_code == 403
+        own = {"Origin": f"http://127.0.0.1:{port}"}
+        assert (await http.get(health, headers=own)).status_code == 200
+
+
+async def test_hidden_resources_and_prompts_are_answered_as_unknown_ones() -> None:
+    async with library() as gw, client(gw.url, ATTACKER_TOKEN) as reader:
+        answers: list[str] = []
+        for uri in ("book://secret", "book://nothing-here"):
+            with pytest.raises(MCPError) as caught:
+                await reader.read_resource(uri)
+            answers.append(caught.value.error.message.replace(uri, "URI"))
+        assert answers[0] == answers[1]
+        completions: list[str] = []
+        for name in ("library__summary", "library__nothing"):
+            with pytest.raises(MCPError) as caught:
+                await reader.complete(
+                    types.PromptReference(type="ref/prompt", name=name), {"name": "topic", "value": "a"}
+                )
+            completions.append(caught.value.error.message.replace(name, "NAME"))
+        assert completions[0] == completions[1]
+
+
+async def test_status_is_for_admin_clients_and_public_health_can_be_minimal() -> None:
+    async with library(server={"public_health": "minimal"}) as gw, httpx.AsyncClient() as http:
+
+        def bearer(token: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {token}"}
+
+        assert (await http.get(f"{gw.base}/status")).status_code == 401
+        assert (await http.get(f"{gw.base}/status", headers=bearer(ATTACKER_TOKEN))).status_code == 403
+        assert (await http.get(f"{gw.base}/status", headers=bearer(BYSTANDER_TOKEN))).status_code == 200
+        ready = await http.get(f"{gw.base}/readyz")
+        assert ready.json() == {"ready": True}
+
+
+async def test_one_upstream_giving_two_tools_one_public_name_serves_the_first(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = FastMCP("clash")
+    server.tool(lambda: "dotted", name="a.b")
+    server.tool(lambda: "underscored", name="a_b")
+    async with serving_upstream(server) as url, serving_upstream(_library()) as other:
+        config = {"upstreams": {"clash": {"url": url}, "library": {"url": other}}}
+        async with running_gateway(config) as gw, Client(gw.url) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+            assert {"clash__a_b", "library__echo"} <= names
+    [warning] = [r.getMessage() for r in caplog.records if "is skipped" in r.getMessage()]
+    assert "'a_b' is skipped: its public name 'clash__a_b' is already 'a.b''s" in warning
+    assert "prefix" not in warning
+
+
+async def test_the_conversations_file_and_its_directory_are_private(tmp_path: Path) -> None:
+    model = ScriptedChatModel(respond=lambda messages: answer("ok"))
+    memory = tmp_path / "state" / "conversations.sqlite"
+    async with serving_upstream(_library()) as url:
+        config = {"upstreams": {"library": {"url": url}}, "agent": {"memory": {"path": str(memory)}}}
+        async with running_gateway(config, chat_model=model) as gw, Client(gw.url) as c:
+            await c.call_tool("ask_agent", {"query": "hi"})
+    assert stat.S_IMODE(memory.stat().st_mode) == 0o600
+    assert stat.S_IMODE(memory.parent.stat().st_mode) == 0o700
+
+
+async def test_sigterm_exits_promptly_when_the_collector_is_unreachable(tmp_path: Path) -> None:
+    port, closed = free_socket(), free_socket()
+    gateway_port, collector = port.getsockname()[1], closed.getsockname()[1]
+    port.close()
+    closed.close()  # nothing listens there: every export fails
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"port": gateway_port},
+                "upstreams": {
+                    "notes": {"command": sys.executable, "args": ["-m", "agent_gateway.demo_server"]}
+                },
+                "telemetry": {"otlp_endpoint": f"http://127.0.0.1:{collector}"},
+            }
+        )
+    )
+    gateway = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway_port}") as http:
+            with anyio.fail_after(30):
+                while True:
+                    try:
+                        if (await http.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await anyio.sleep(0.05)
+        async with Client(f"http://127.0.0.1:{gateway_port}/mcp") as c:
+            await c.call_tool("notes__add", {"text": "a span to export"})
+        gateway.send_signal(signal.SIGTERM)
+        # Before the bound, the exporters' retries held the exit for ~24 s.
+        assert gateway.wait(timeout=15) == 0
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)
