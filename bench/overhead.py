@@ -35,6 +35,7 @@ import multiprocessing
 import os
 import shlex
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -81,6 +82,7 @@ ChildStats = dict[str, float]
 every thread, from serving its URL until stopped) and, from the OTLP receiver, what it received."""
 
 ISOLATED = "agent-gateway (isolated)"
+UNAUDITED = "agent-gateway (audit off)"
 REUSED_TUNED = "fastmcp-proxy (reused, gateway's runtime)"
 TRACED = "agent-gateway (traced)"
 RECEIVER = "otlp-receiver"
@@ -116,11 +118,19 @@ async def direct(upstream: str) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
-async def via_gateway(upstream: str) -> AsyncIterator[str]:
-    config = parse_config({"upstreams": {"up": {"url": upstream}}}, {}, source="bench")
+async def via_gateway(upstream: str, audit: bool = True) -> AsyncIterator[str]:
+    # The audit trail is on by default: written to a file of this run's own.
+    trail = {"enabled": audit, "path": str(Path(tempfile.mkdtemp(prefix="bench-audit-")) / "audit.jsonl")}
+    config = parse_config({"upstreams": {"up": {"url": upstream}}, "audit": trail}, {}, source="bench")
     gateway = Gateway(config)
     async with gateway.running(settle_timeout=STARTUP_BOUND), serving(build_app(gateway)) as base:
         yield f"{base}{config.server.path}"
+
+
+@asynccontextmanager
+async def via_gateway_unaudited(upstream: str) -> AsyncIterator[str]:
+    async with via_gateway(upstream, audit=False) as url:
+        yield url
 
 
 @asynccontextmanager
@@ -162,6 +172,7 @@ async def otlp_collector(_: str = "") -> AsyncIterator[str]:
 SERVERS: dict[str, Serve] = {
     "upstream": upstream_server,
     "agent-gateway": via_gateway,
+    UNAUDITED: via_gateway_unaudited,
     "fastmcp-proxy (reused)": via_fastmcp_reused,
     REUSED_TUNED: via_fastmcp_reused,
     "fastmcp-proxy (default)": via_fastmcp_default,
@@ -172,7 +183,7 @@ CHILD_ONLY: dict[str, Serve] = {
     RECEIVER: otlp_collector,
 }
 """Roles that always run in a child process, whatever the layout."""
-GATEWAYS = frozenset({"agent-gateway", ISOLATED, TRACED, REUSED_TUNED})
+GATEWAYS = frozenset({"agent-gateway", UNAUDITED, ISOLATED, TRACED, REUSED_TUNED})
 """Roles whose child runs as ``agent-gateway serve`` runs: uvloop, and the heap settled once up
 (``agent_gateway.runtime``). The others run as FastMCP runs a server: asyncio, default GC.
 ``REUSED_TUNED`` is FastMCP's reused proxy given the gateway's process settings too, so the
@@ -346,6 +357,7 @@ class Scenario:
 SCENARIOS = (
     Scenario("direct", "echo"),
     Scenario("agent-gateway", "up__echo"),
+    Scenario(UNAUDITED, "up__echo"),
     Scenario("fastmcp-proxy (reused)", "echo"),
     Scenario(REUSED_TUNED, "echo"),
     Scenario("fastmcp-proxy (default)", "echo", share=SLOW_SHARE),

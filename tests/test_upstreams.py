@@ -243,7 +243,7 @@ async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(
 
 def test_an_upstreams_url_is_logged_without_credentials_or_query() -> None:
     config = config_of({"upstreams": {"s": {"url": "https://user:pw@example.com:8443/mcp?api_key=k"}}})
-    assert describe_target(config.upstreams["s"]) == "https://example.com:8443/mcp"
+    assert describe_target(config.upstreams["s"]) == "https://***@example.com:8443/mcp?api_key=***"
 
 
 async def test_a_stdio_upstream_gets_proxy_ca_and_npm_settings_and_what_passthrough_names_only(

@@ -63,7 +63,11 @@ async def example() -> AsyncIterator[RunningGateway]:
 
 async def test_the_page_is_off_with_ui_false_and_behind_auth_like_status() -> None:
     token = "page-token-0123456789abcdef"
-    auth = {"mode": "bearer", "tokens": [{"name": "ops", "token": token}]}
+    auth = {
+        "mode": "bearer",
+        "tokens": [{"name": "ops", "token": token, "policy": "ops"}],
+        "policies": {"ops": {"admin": True}},
+    }
     async with running_gateway({"upstreams": {}, "auth": auth}) as gw, httpx.AsyncClient() as http:
         assert (await http.get(f"{gw.base}/")).status_code == 401
         page = await http.get(f"{gw.base}/", headers={"Authorization": f"Bearer {token}"})

@@ -1,0 +1,464 @@
+"""Hostile load against a real ``agent-gateway serve`` (issue 16): what one attacker achieves,
+what a bystander client sees meanwhile, and what it costs the gateway.
+
+Each attack runs against a fresh gateway process (open-file limit 1,024, a common default),
+bounded in time, everything on loopback; the attacker connects from 127.0.0.2. For each:
+what the attacker achieved, a bystander's ``tools/call`` p50/p99 (ms) and failures during
+the attack, and the gateway's RSS (MB) and open descriptors before / during / after.
+
+- ``slow-heads``: 1,500 sockets that send a partial request head and hold it;
+- ``sessions``: a client limited to 60 requests/min opens sessions as fast as it can;
+- ``long-calls``: 300 concurrent 10-second calls to one HTTP upstream (health checks
+  every 2 s with a 2 s timeout, so a starved check marks the upstream down);
+- ``long-names``: 600 calls naming distinct 1 MB tool names (log bytes written);
+- ``big-bodies``: a 4 MiB notification holding a million ``{}``, once a second;
+- ``big-results``: three 40 MB results at once (peak RSS per MB relayed).
+
+``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
+under /tmp, run with this venv), for the table in bench/README.md::
+
+    .venv/bin/python bench/attack.py [--before cc6405a] [--only slow-heads,sessions]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shlex
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import yaml
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+ROOT = Path(__file__).resolve().parents[1]
+ATTACKER, BYSTANDER = "attacker-token-0123456789", "bystander-token-0123456789"
+UPSTREAM = """
+import asyncio, sys
+from fastmcp import FastMCP
+server = FastMCP("slow")
+
+@server.tool
+def echo(text: str) -> str:
+    return text
+
+@server.tool
+async def wait(seconds: float) -> str:
+    await asyncio.sleep(seconds)
+    return "done"
+
+@server.tool
+def big(megabytes: int) -> str:
+    return "x" * (megabytes * 2**20)
+
+server.run(transport="http", host="127.0.0.1", port=int(sys.argv[1]), show_banner=False, log_level="WARNING")
+"""
+
+
+_SERVE = "import sys; from agent_gateway.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Process:
+    """A child process's RSS and descriptors, read from /proc."""
+
+    pid: int
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def fds(self) -> int:
+        try:
+            return len(os.listdir(f"/proc/{self.pid}/fd"))
+        except OSError:
+            return -1
+
+
+@dataclass
+class Row:
+    attack: str
+    code: str
+    achieved: str
+    p50: float | None
+    p99: float | None
+    failures: int
+    rss: tuple[float, float, float]
+    fds: tuple[int, int, int]
+
+
+@dataclass
+class Bystander:
+    """A well-behaved client calling ``echo`` in a loop during an attack."""
+
+    latencies: list[float] = field(default_factory=list)
+    failures: int = 0
+
+    async def run(self, url: str, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                async with (
+                    httpx2.AsyncClient(headers={"Authorization": f"Bearer {BYSTANDER}"}, timeout=30) as http,
+                    Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+                ):
+                    while not stop.is_set():
+                        started = time.perf_counter()
+                        try:
+                            async with asyncio.timeout(15):
+                                result = await client.call_tool("slow__echo", {"text": "hi"})
+                            if result.is_error:
+                                self.failures += 1
+                            else:
+                                self.latencies.append((time.perf_counter() - started) * 1e3)
+                        except Exception:
+                            self.failures += 1
+                        await asyncio.sleep(0.1)
+            except Exception:
+                self.failures += 1
+                await asyncio.sleep(0.5)
+
+    def percentile(self, q: float) -> float | None:
+        if not self.latencies:
+            return None
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@asynccontextmanager
+async def gateway(
+    src: Path, upstream_port: int, policy: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[str, Process]]:
+    port = free_port()
+    home = Path(tempfile.mkdtemp(prefix="attack-"))
+    config = {
+        "server": {"port": port},
+        "upstreams": {
+            "slow": {
+                "url": f"http://127.0.0.1:{upstream_port}/mcp",
+                "health": {"interval": 2, "timeout": 2},
+                "timeout": 120,
+            }
+        },
+        "agent": {"enabled": False, "memory": {"path": str(home / "conversations.sqlite")}},
+        "auth": {
+            "mode": "bearer",
+            "tokens": [
+                {"name": "attacker", "token": ATTACKER, "policy": "attacker"},
+                {"name": "bystander", "token": BYSTANDER},
+            ],
+            "policies": {"attacker": policy or {}},
+        },
+    }
+    (home / "gateway.yaml").write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    log = (home / "stderr.log").open("wb")
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+    child = subprocess.Popen(  # noqa: ASYNC220 — started once, waited for with async sleeps
+        [sys.executable, "-c", _SERVE, "serve", "-c", str(home / "gateway.yaml")],
+        env=env,
+        cwd=home,
+        stderr=log,
+        stdout=subprocess.DEVNULL,
+        preexec_fn=limited,
+    )
+    try:
+        async with httpx.AsyncClient() as http:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                with suppress(httpx.TransportError):
+                    if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp", Process(child.pid)
+    finally:
+        child.terminate()
+        try:
+            child.wait(20)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        log.close()
+
+
+def _slow_socket(port: int) -> socket.socket | None:
+    sock = socket.socket()
+    sock.setblocking(False)
+    try:
+        sock.bind(("127.0.0.2", 0))
+        sock.connect_ex(("127.0.0.1", port))
+        return sock
+    except OSError:
+        sock.close()
+        return None
+
+
+async def slow_heads(url: str, proc: Process, seconds: float) -> str:
+    port = httpx.URL(url).port or 80
+    socks = [s for s in (_slow_socket(port) for _ in range(1500)) if s is not None]
+    await asyncio.sleep(0.5)
+    for sock in socks:
+        with suppress(OSError):
+            sock.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        await asyncio.sleep(2)
+        for sock in socks:
+            with suppress(OSError):
+                sock.send(b"X-a: b\r\n")  # a header every few seconds
+    alive = 0
+    for sock in socks:
+        try:
+            alive += sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            alive += 1  # nothing to read: still held open
+        except OSError:
+            pass
+        sock.close()
+    return f"{alive}/{len(socks)} sockets still held after {seconds:g}s"
+
+
+async def sessions(url: str, proc: Process, seconds: float) -> str:
+    headers = {
+        "Authorization": f"Bearer {ATTACKER}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "a", "version": "1"},
+        },
+    }
+    opened = 0
+    async with httpx.AsyncClient(timeout=10) as http:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            answers = await asyncio.gather(
+                *(http.post(url, json=body, headers=headers) for _ in range(20)), return_exceptions=True
+            )
+            opened += sum(1 for a in answers if isinstance(a, httpx.Response) and a.status_code == 200)
+    return f"{opened} sessions opened in {seconds:g}s (limit 60 requests/min)"
+
+
+async def long_calls(url: str, proc: Process, seconds: float) -> str:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+        results = await asyncio.gather(
+            *(client.call_tool("slow__wait", {"seconds": seconds}) for _ in range(300)),
+            return_exceptions=True,
+        )
+    ok = sum(1 for r in results if not isinstance(r, BaseException) and not r.is_error)
+    texts = [str(r.content[0].text) if not isinstance(r, BaseException) else repr(r) for r in results]  # type: ignore[union-attr]
+    refused = sum(1 for t in texts if "limit" in t)
+    down = sum(1 for t in texts if "down" in t or "not connected" in t or "circuit" in t)
+    return f"{ok} ran, {refused} refused at once, {down} failed with the upstream marked down"
+
+
+async def long_names(url: str, proc: Process, seconds: float) -> str:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+        for n in range(600):
+            with suppress(Exception):
+                await client.call_tool(f"{n:04d}" + "x" * (2**20 - 4), {})
+    return "600 names of 1 MB sent"
+
+
+async def big_bodies(url: str, proc: Process, seconds: float) -> str:
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+        "Authorization": f"Bearer {ATTACKER}",
+    }
+    flood = json.dumps(
+        {"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": [{}] * 1_000_000}},
+        separators=(",", ":"),
+    ).encode()
+    sent = refused = 0
+    async with httpx.AsyncClient(timeout=30) as http:
+        init = await http.post(
+            url,
+            json={
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "a", "version": "1"},
+                },
+            },
+            headers=headers,
+        )
+        session = {"Mcp-Session-Id": init.headers.get("mcp-session-id", "")}
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            answer = await http.post(url, content=flood, headers=headers | session)
+            sent += 1
+            refused += answer.status_code >= 400
+            await asyncio.sleep(1)
+    return f"{sent} bodies of {len(flood) / 2**20:.1f} MiB sent, {refused} refused unparsed"
+
+
+async def big_results(url: str, proc: Process, seconds: float) -> str:
+    peak = proc.rss_mb()
+    base = peak
+
+    async def one() -> None:
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+        ):
+            await client.call_tool("slow__big", {"megabytes": 40})
+
+    async def watch(done: asyncio.Event) -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, proc.rss_mb())
+            await asyncio.sleep(0.02)
+
+    done = asyncio.Event()
+    watcher = asyncio.create_task(watch(done))
+    await asyncio.gather(*(one() for _ in range(3)), return_exceptions=True)
+    done.set()
+    await watcher
+    return f"peak +{peak - base:.0f} MB for 120 MB relayed ({(peak - base) / 120:.1f} MB per MB)"
+
+
+ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
+    "slow-heads": (slow_heads, 15.0, None),
+    "sessions": (sessions, 10.0, {"rate_limit": {"per_minute": 60, "burst": 10}}),
+    "long-calls": (long_calls, 10.0, None),
+    "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),
+    "big-bodies": (big_bodies, 10.0, None),
+    "big-results": (big_results, 0.0, None),
+}
+
+
+async def one_attack(name: str, code: str, src: Path, upstream_port: int) -> Row:
+    attack, seconds, policy = ATTACKS[name]
+    async with gateway(src, upstream_port, policy) as (url, proc):
+        before = (proc.rss_mb(), proc.fds())
+        bystander, stop = Bystander(), asyncio.Event()
+        watcher = asyncio.create_task(bystander.run(url, stop))
+        await asyncio.sleep(1)
+        samples: list[tuple[float, int]] = []
+
+        async def sample() -> None:
+            while not stop.is_set():
+                samples.append((proc.rss_mb(), proc.fds()))
+                await asyncio.sleep(0.25)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            achieved = await asyncio.wait_for(attack(url, proc, seconds), timeout=seconds + 120)
+        except Exception as exc:
+            achieved = f"attack ended: {type(exc).__name__}: {exc}"[:120]
+        await asyncio.sleep(1)
+        stop.set()
+        await asyncio.gather(watcher, sampler, return_exceptions=True)
+        after = (proc.rss_mb(), proc.fds())
+        during = (max(s[0] for s in samples), max(s[1] for s in samples)) if samples else before
+        return Row(
+            name,
+            code,
+            achieved,
+            bystander.percentile(0.5),
+            bystander.percentile(0.99),
+            bystander.failures,
+            (before[0], during[0], after[0]),
+            (before[1], during[1], after[1]),
+        )
+
+
+def worktree(rev: str) -> Path:
+    where = Path(tempfile.gettempdir()) / f"attack-before-{rev}"
+    if not where.exists():
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(where), rev],
+            check=True,
+            capture_output=True,
+        )
+    return where / "src"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
+
+
+def table(rows: list[Row]) -> str:
+    lines = [
+        "| attack | code | what the attacker achieved | bystander p50 / p99 ms | bystander failures | RSS MB before / during / after | fds before / during / after |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rss = " / ".join(f"{v:.0f}" for v in r.rss)
+        fds = " / ".join(str(v) for v in r.fds)
+        lines.append(
+            f"| {r.attack} | {r.code} | {r.achieved} | {_ms(r.p50)} / {_ms(r.p99)} | {r.failures} | {rss} | {fds} |"
+        )
+    return "\n".join(lines)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--before", help="also run against this git revision")
+    parser.add_argument("--only", help="comma-separated attacks")
+    args = parser.parse_args()
+    names = args.only.split(",") if args.only else list(ATTACKS)
+    codes = [("this change", ROOT / "src")] + (
+        [(f"before ({args.before})", worktree(args.before))] if args.before else []
+    )
+    upstream_port = free_port()
+    script = Path(tempfile.mkdtemp()) / "upstream.py"
+    script.write_text(UPSTREAM)
+    upstream = subprocess.Popen([sys.executable, str(script), str(upstream_port)], stderr=subprocess.DEVNULL)  # noqa: ASYNC220
+    try:
+        async with httpx.AsyncClient() as http:
+            for _ in range(200):
+                with suppress(httpx.TransportError):
+                    await http.get(f"http://127.0.0.1:{upstream_port}/mcp")
+                    break
+                await asyncio.sleep(0.1)
+        rows = [await one_attack(name, code, src, upstream_port) for name in names for code, src in codes]
+    finally:
+        upstream.terminate()
+        upstream.wait(10)
+    print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
