@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import httpx
 import uvicorn
 from anyio.streams.buffered import BufferedByteReceiveStream
 from fastmcp import FastMCP
@@ -73,6 +75,17 @@ async def serving_upstream(server: FastMCP, sock: socket.socket | None = None) -
     """Serve an inline FastMCP upstream over Streamable HTTP; yield its ``/mcp`` URL."""
     async with serving(server.http_app(path="/mcp"), sock) as base:
         yield f"{base}/mcp"
+
+
+async def ready(port: int, bound: float = 30) -> None:
+    """Wait (at most ``bound`` seconds) until a gateway process on ``port`` answers ``/readyz``."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        with anyio.fail_after(bound):
+            while True:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/readyz")).status_code == 200:
+                        return
+                await anyio.sleep(0.05)
 
 
 def config_of(data: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:

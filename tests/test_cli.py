@@ -28,6 +28,7 @@ from tests.support import (
     gateway_env,
     listening_addresses,
     outliving_its_input,
+    ready,
     running_gateway,
 )
 
@@ -110,15 +111,8 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
         [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
     )
     try:
+        await ready(port)
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-            with anyio.fail_after(30):
-                while True:
-                    try:
-                        if (await http.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await anyio.sleep(0.05)
             status = (await http.get("/status")).json()
         # No server.host in the file: the gateway's own socket is on loopback only.
         assert listening_addresses(port) == {LOOPBACK_HEX}

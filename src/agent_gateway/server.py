@@ -19,11 +19,12 @@ from mcp.server.request_state import RequestStateSecurity
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway import __version__, runtime
-from agent_gateway.access import AccessControl, AccessMiddleware, Principal, build_auth
+from agent_gateway.access import AccessControl, AccessMiddleware, Principal
 from agent_gateway.activity import Activity
 from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import INPUT_SCHEMA, AgentProvider
 from agent_gateway.audit import AuditLog
+from agent_gateway.authentication import build_auth
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider

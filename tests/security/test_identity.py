@@ -11,10 +11,9 @@ from typing import Any
 import httpx
 import jwt
 import mcp_types as types
-from fastmcp import FastMCP
 
 from tests.agent.scripted import ScriptedChatModel, answer
-from tests.security.test_hostile_load import INITIALIZE, client
+from tests.security.test_hostile_load import INITIALIZE, _echo_server, client
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
 SECRET = "a-shared-secret-of-at-least-32-chars!"
@@ -25,19 +24,9 @@ def token(**claims: Any) -> str:
     return jwt.encode({k: v for k, v in body.items() if v is not None}, SECRET, algorithm="HS256")
 
 
-def _echo() -> FastMCP:
-    server = FastMCP("echo")
-
-    @server.tool
-    def echo(text: str) -> str:
-        return text
-
-    return server
-
-
 @asynccontextmanager
 async def jwt_gateway(model: ScriptedChatModel | None = None) -> AsyncIterator[RunningGateway]:
-    async with serving_upstream(_echo()) as url:
+    async with serving_upstream(_echo_server()) as url:
         config = {
             "upstreams": {"echo": {"url": url}},
             "agent": {"memory": {"store": "memory"}},

@@ -13,7 +13,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import mcp_types as types
 import pytest
@@ -24,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
-from tests.support import RunningGateway, free_socket, gateway_env, running_gateway, serving_upstream
+from tests.support import RunningGateway, free_socket, gateway_env, ready, running_gateway, serving_upstream
 
 
 def _library() -> FastMCP:
@@ -163,15 +162,7 @@ async def test_sigterm_exits_promptly_when_the_collector_is_unreachable(tmp_path
         [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
     )
     try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway_port}") as http:
-            with anyio.fail_after(30):
-                while True:
-                    try:
-                        if (await http.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await anyio.sleep(0.05)
+        await ready(gateway_port)
         async with Client(f"http://127.0.0.1:{gateway_port}/mcp") as c:
             await c.call_tool("notes__add", {"text": "a span to export"})
         gateway.send_signal(signal.SIGTERM)

@@ -1,0 +1,118 @@
+"""Who a token says the client is: static bearer tokens kept as SHA-256 digests, JWTs checked
+by FastMCP's verifier and by the gateway's own claim rules, and FastMCP's auth provider
+built from ``auth:``. What the client may then do is ``access``'s."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+from typing import Any
+
+from fastmcp.server.auth import AccessToken, AuthProvider, JWTVerifier, RemoteAuthProvider, TokenVerifier
+
+from agent_gateway.config import AuthConfig
+
+logger = logging.getLogger("agent_gateway.access")
+
+
+class StaticAccessToken(AccessToken):
+    """A configured static token, verified: a type, not a claim, so no JWT can pose as one."""
+
+
+class HashedTokenVerifier(TokenVerifier):
+    """Static bearer tokens, compared by SHA-256 digest in constant time."""
+
+    def __init__(self, config: AuthConfig, base_url: str | None = None) -> None:
+        super().__init__(base_url=base_url)
+        self._digests = [(t.name, _digest_of(t.sha256, t.token)) for t in config.tokens]
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        presented = hashlib.sha256(token.encode()).digest()
+        # Every digest compared, matched or not: the time taken says nothing about which.
+        matched = [name for name, digest in self._digests if hmac.compare_digest(presented, digest)]
+        if not matched:
+            return None
+        # The token itself is not kept: nothing downstream needs it, so nothing can leak it.
+        return StaticAccessToken(token="", client_id=matched[0], scopes=[], subject=matched[0])
+
+
+def _digest_of(sha256: str | None, token: str | None) -> bytes:
+    if sha256 is not None:
+        return bytes.fromhex(sha256)
+    assert token is not None  # StaticToken validation: exactly one is set
+    return hashlib.sha256(token.encode()).digest()
+
+
+class ClaimedJWTVerifier(JWTVerifier):
+    """FastMCP's JWT checks (signature, issuer, audience, an ``exp`` in the past), and ours:
+    ``exp`` required, ``nbf`` and ``iat`` not in the future (with ``leeway``), and the
+    subject read from one configured claim: FastMCP would take ``client_id`` or ``azp``
+    when ``sub`` is missing, which a token's issuer never meant as the client's name."""
+
+    def __init__(self, subject_claim: str, leeway: float, **options: Any) -> None:
+        super().__init__(**options)
+        self._subject_claim = subject_claim
+        self._leeway = leeway
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        verified = await super().load_access_token(token)
+        if verified is None:
+            return None
+        claims: dict[str, Any] = dict(verified.claims or {})
+        if (problem := self._claims_problem(claims)) is not None:
+            logger.info("bearer token refused: %s", problem)
+            return None
+        subject = str(claims[self._subject_claim])
+        return verified.model_copy(update={"subject": subject, "client_id": subject})
+
+    def _claims_problem(self, claims: dict[str, Any]) -> str | None:
+        now = time.time()
+        exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
+        if not isinstance(exp, int | float) or isinstance(exp, bool):
+            return "no exp claim (a token that never expires is not accepted)"
+        if exp + self._leeway < now:
+            return "expired"
+        if nbf is not None and (not _is_time(nbf) or nbf - self._leeway > now):
+            return "not valid yet (nbf)"
+        if iat is not None and (not _is_time(iat) or iat - self._leeway > now):
+            return "issued in the future (iat)"
+        subject = claims.get(self._subject_claim)
+        if not isinstance(subject, str) or not subject:
+            return f"no {self._subject_claim} claim"
+        return None
+
+
+def _is_time(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def build_auth(config: AuthConfig) -> AuthProvider | None:
+    """FastMCP's auth provider for ``config`` (None for ``mode: none``)."""
+    if config.mode == "none":
+        return None
+    verifier: TokenVerifier
+    if config.mode == "bearer":
+        verifier = HashedTokenVerifier(config, base_url=config.public_url)
+    else:
+        assert config.jwt is not None  # AuthConfig validation
+        jwt = config.jwt
+        verifier = ClaimedJWTVerifier(
+            jwt.subject_claim,
+            jwt.leeway,
+            public_key=jwt.secret,
+            jwks_uri=jwt.jwks_url,
+            issuer=jwt.issuer,
+            audience=jwt.audience,
+            algorithm=jwt.algorithm,
+            base_url=config.public_url,
+        )
+    if config.public_url is None:
+        return verifier
+    # The metadata clients follow from the 401 challenge (RFC 9728): where tokens come from.
+    return RemoteAuthProvider(
+        verifier,
+        authorization_servers=list(config.authorization_servers),  # pyright: ignore[reportArgumentType]
+        base_url=config.public_url,
+    )
