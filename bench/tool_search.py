@@ -50,11 +50,11 @@ from fastmcp.server.transforms.search import BM25SearchTransform
 from fastmcp.tools.base import Tool
 
 from agent_gateway.catalog import Catalog
+from agent_gateway.catalog_parts import Listing
 from agent_gateway.config import EmbeddingsConfig
 from agent_gateway.config_files import parse_config
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import WEAK
-from agent_gateway.upstreams.connection import Listing
 
 DATA = Path(__file__).resolve().parent / "data" / "tool_search"
 MODEL = "all-MiniLM-L6-v2-int8"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping
@@ -18,6 +20,7 @@ from urllib.parse import urlsplit
 import anyio
 import httpx
 import uvicorn
+import yaml
 from anyio.streams.buffered import BufferedByteReceiveStream
 from fastmcp import FastMCP
 from langchain_core.language_models import BaseChatModel
@@ -86,6 +89,31 @@ async def ready(port: int, bound: float = 30) -> None:
                     if (await http.get("/readyz")).status_code == 200:
                         return
                 await anyio.sleep(0.05)
+
+
+@asynccontextmanager
+async def gateway_process(data: Mapping[str, Any], directory: Path) -> AsyncIterator[str]:
+    """``agent-gateway serve`` on ``data`` (written to ``directory``/gateway.yaml) as its own
+    process, as deployed (telemetry installed, ``/metrics`` served); yields its base URL and
+    stops it with SIGTERM, bounded, on the way out."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump({**data, "server": {**data.get("server", {}), "port": port}}))
+    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
+    child = subprocess.Popen(command, env=gateway_env())
+    try:
+        await ready(port)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        child.send_signal(signal.SIGTERM)
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(child.wait, 15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                await anyio.to_thread.run_sync(child.wait, 10)
 
 
 def config_of(data: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
@@ -18,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import Field
 
 from agent_gateway.errors import ConfigError
-from tests.support import RunningGateway, running_gateway, serving_upstream
+from tests.support import RunningGateway, gateway_process, running_gateway, serving_upstream
 
 MODES = ["legacy", "auto"]
 MODERN = "2026-07-28"
@@ -282,50 +284,109 @@ async def test_relayed_results_do_not_carry_the_upstreams_identity(mode: str) ->
         assert "upstream-identity" not in str(answer.meta or {})
 
 
-async def test_a_modern_calls_mcp_param_headers_are_checked_against_the_tools_schema() -> None:
-    # The gateway answers the SDK's schema lookup from its catalog (server.py): a header that
-    # disagrees with its argument is still refused, as the spec requires, before any upstream.
+def geo_upstream() -> FastMCP:
     server = FastMCP("geo")
 
     @server.tool
     def locate(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
         return f"located in {region}"
 
+    @server.tool
+    def survey(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+        return f"surveyed {region}"
+
+    return server
+
+
+def modern_call(tool: str, region: str, **headers: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A raw modern-era ``tools/call`` of ``tool`` and its headers (``headers`` added)."""
     meta = {
         types.PROTOCOL_VERSION_META_KEY: MODERN,
         types.CLIENT_CAPABILITIES_META_KEY: {},
         types.CLIENT_INFO_META_KEY: {"name": "raw", "version": "1"},
     }
-    params = {"name": "geo__locate", "arguments": {"region": "eu"}, "_meta": meta}
+    params = {"name": tool, "arguments": {"region": region}, "_meta": meta}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
-    headers = {
+    return body, {
         "accept": "application/json, text/event-stream",
         "content-type": "application/json",
         "mcp-protocol-version": MODERN,
         "mcp-method": "tools/call",
-        "mcp-name": "geo__locate",
+        "mcp-name": tool,
+        **headers,
     }
+
+
+def served_count(scraped: str, method: str) -> float:
+    """How many ``method`` requests the gateway's server metric counted."""
+    family = "mcp_server_operation_duration_seconds_count{"
+    lines = [line for line in scraped.splitlines() if line.startswith(family)]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if f'mcp_method_name="{method}"' in line)
+
+
+async def test_a_modern_calls_mcp_param_headers_are_checked_against_the_tools_schema(tmp_path: Path) -> None:
+    # The gateway answers the SDK's schema lookup from its catalog (server.py): a header that
+    # disagrees with its argument is still refused, as the spec requires, before any upstream.
     async with (
-        serving_upstream(server) as url,
-        running_gateway({"upstreams": {"geo": {"url": url}}}) as gw,
+        serving_upstream(geo_upstream()) as url,
+        gateway_process({"upstreams": {"geo": {"url": url}}}, tmp_path) as base,
         httpx.AsyncClient() as http,
     ):
-        lookup = gw.gateway.server._mcp_server.get_tool_input_schema  # pyright: ignore[reportPrivateUsage]
-        assert lookup is not None  # answered from the catalog, not by a tools/list per call
-        assert lookup("geo__locate")["properties"]["region"]["x-mcp-header"] == "Region"  # type: ignore[index]
-        agreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "eu"})
-        disagreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "us"})
+        body, headers = modern_call("geo__locate", "eu")
+        agreeing = await http.post(f"{base}/mcp", json=body, headers=headers | {"mcp-param-region": "eu"})
+        disagreeing = await http.post(f"{base}/mcp", json=body, headers=headers | {"mcp-param-region": "us"})
+        scraped = (await http.get(f"{base}/metrics")).text
     assert agreeing.status_code == 200, agreeing.text
     assert agreeing.json()["result"]["content"][0]["text"] == "located in eu"
     assert disagreeing.status_code == 400
     assert disagreeing.json()["error"]["code"] == types.HEADER_MISMATCH
+    assert served_count(scraped, "tools/call") == 1  # the mismatch never reached dispatch
+    assert served_count(scraped, "tools/list") == 0  # no listing per call to find the schema
 
 
-async def test_with_client_policies_the_schema_lookup_is_left_to_the_callers_own_listing() -> None:
-    # The SDK's hook runs before any middleware, so it cannot be scoped to the caller.
-    policies = {"auth": {"policies": {"default": {"tools": ["geo__*"]}}}}
+TOKEN = "geo-token-0123456789abcdef"
+
+
+async def test_with_client_policies_each_request_is_counted_once_and_checked_against_its_own_view(
+    tmp_path: Path,
+) -> None:
+    # With policies the schema lookup is the caller's own (admission's client), so the SDK
+    # runs no tools/list of its own: each request is one rate-limit token, one span, one
+    # metric, one audit record, and a tool outside the policy is not even header-checked.
+    policy = {"tools": ["geo__locate"], "rate_limit": {"per_minute": 1, "burst": 3}}
+    auth = {
+        "mode": "bearer",
+        "tokens": [{"name": "geo-client", "token": TOKEN, "policy": "mapper"}],
+        "policies": {"mapper": policy},
+    }
+    audit = tmp_path / "audit.jsonl"
+    config = {"auth": auth, "audit": {"path": str(audit)}}
     async with (
-        serving_upstream(FastMCP("geo")) as url,
-        running_gateway({"upstreams": {"geo": {"url": url}}, **policies}) as gw,
+        serving_upstream(geo_upstream()) as url,
+        gateway_process({"upstreams": {"geo": {"url": url}}, **config}, tmp_path) as base,
+        httpx.AsyncClient(headers={"authorization": f"Bearer {TOKEN}"}) as http,
     ):
-        assert gw.gateway.server._mcp_server.get_tool_input_schema is None  # pyright: ignore[reportPrivateUsage]
+        answers = []
+        asked = [
+            ("geo__locate", "eu"),
+            ("geo__locate", "us"),
+            ("geo__survey", "us"),
+            ("geo__locate", "eu"),
+        ]
+        for tool, region in asked:
+            body, headers = modern_call(tool, region, **{"mcp-param-region": "eu"})
+            answers.append(await http.post(f"{base}/mcp", json=body, headers=headers))
+        scraped = (await http.get(f"{base}/metrics")).text
+    agreeing, disagreeing, hidden, over = answers
+    assert agreeing.json()["result"]["content"][0]["text"] == "located in eu"
+    assert (disagreeing.status_code, disagreeing.json()["error"]["code"]) == (400, types.HEADER_MISMATCH)
+    # Outside the policy: refused by it, never header-checked (its schema is not told).
+    assert hidden.status_code == 200
+    assert hidden.json()["result"]["isError"]
+    assert "not allowed" in str(hidden.json()["result"])
+    assert over.status_code == 429  # the fourth request: three tokens, one each
+    assert served_count(scraped, "tools/list") == 0
+    assert served_count(scraped, "tools/call") == 2  # the header mismatch never reached dispatch
+    records = [json.loads(line) for line in audit.read_text().splitlines()]
+    calls = [(r["name"], r["outcome"]) for r in records if r["method"] == "tools/call"]
+    assert calls == [("geo__locate", "ok"), ("geo__survey", "refused"), ("geo__locate", "refused")]

@@ -14,8 +14,9 @@ from mcp.client.session import IncomingMessage
 
 from agent_gateway.config import BreakerConfig
 from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
+from agent_gateway.upstreams.connection import UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
-from tests.faults.harness import HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
+from tests.faults.harness import Faulted, HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
 from tests.support import config_of, python_upstream
 
 
@@ -25,6 +26,10 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def state_of(faulted: Faulted, upstream: str) -> UpstreamState:
+    return next(s.state for s in faulted.gw.gateway.pool.statuses() if s.name == upstream)
 
 
 def guard_of(failures: int = 2, reset: float = 10.0) -> tuple[Guard, FakeClock]:
@@ -137,6 +142,8 @@ async def test_a_down_upstream_is_hidden_or_kept_listed_by_its_failure_mode() ->
         await hidden.kill()
         await listed.kill()
         await wait_until(lambda: len(changes) == 1)
+        # The hidden upstream's notice says nothing of the other one: wait on its own state.
+        await wait_until(lambda: state_of(faulted, "listed") == UpstreamState.DOWN)
         names = await tool_names(client)
         assert "listed__ping" in names
         assert not any(name.startswith("hidden__") for name in names)

@@ -35,7 +35,7 @@ from mcp_types import INVALID_PARAMS
 
 from agent_gateway.authentication import StaticAccessToken
 from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
-from agent_gateway.errors import ClientLimited, NotAllowed, UnknownName
+from agent_gateway.errors import ClientLimited, NotAllowed
 from agent_gateway.logs import clipped
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.refusals import refused
@@ -196,30 +196,42 @@ _CURRENT: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
 )
 
 
+_ADMITTED: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "agent_gateway_admitted", default=None
+)
+
+
+@contextmanager
+def admitting(client: Principal) -> Iterator[None]:
+    """HTTP admission let ``client``'s request in: what the SDK's checks ahead of every
+    middleware (``Mcp-Param`` headers) may scope themselves to."""
+    token = _ADMITTED.set(client)
+    try:
+        yield
+    finally:
+        _ADMITTED.reset(token)
+
+
+def admitted() -> Principal | None:
+    """The client whose HTTP request is being admitted (None: stdio, or not admitted)."""
+    return _ADMITTED.get()
+
+
 def current() -> Principal | None:
     """The client of the request being handled (None outside a request, e.g. the CLI)."""
     return _CURRENT.get()
 
 
 def visible(kind: Kind, name: str) -> bool:
-    """Whether the current client may see (and reach) ``name``; everything, outside a request."""
+    """Whether the current client may see ``name`` in a listing; nothing, outside a request
+    (fail closed: a listing with no client bound shows none of the catalog)."""
     client = _CURRENT.get()
-    return client is None or client.allows(kind, name)
+    return client is not None and client.allows(kind, name)
 
 
-def check_unseen(kind: Kind, name: str, shown_as: str | None = None) -> None:
-    """Raises ``UnknownName`` when the current client may not reach ``name``: the answer a
-    name that does not exist gets, so a client cannot probe which hidden names exist."""
-    try:
-        check(kind, name)
-    except NotAllowed:
-        raise UnknownName(shown_as or kind, name) from None
-
-
-def check(kind: Kind, name: str) -> None:
-    """Raises ``NotAllowed`` when the current client's policy does not cover ``name``."""
-    if (client := _CURRENT.get()) is not None:
-        client.check(kind, name)
+OPERATOR = Principal("local", "operator", ClientPolicy(), authenticated=True)
+"""Whoever runs the gateway's own command line (``agent-gateway ask``): every tool, any
+conversation. Never the identity of a request."""
 
 
 class AccessControl:
@@ -230,6 +242,16 @@ class AccessControl:
         self._clock = clock
         self._principals: dict[str, Principal] = {}
         self._policy_of_token = {t.name: t.policy for t in config.tokens}
+        self._required = config.mode != "none"
+
+    def identify(self, request: Any) -> Principal | None:
+        """The client an MCP request comes from, by its own verified token (over HTTP) or,
+        without auth, its address; None when auth is on and the request carries no verified
+        token: such a request is refused, never served as nobody in particular."""
+        token = token_of(request)
+        if token is None and self._required and request is not None:
+            return None
+        return self.principal(token, address_of(request))
 
     def principal(self, token: AccessToken | None, address: str | None = None) -> Principal:
         """The client a verified ``token`` belongs to; without one, the anonymous client at

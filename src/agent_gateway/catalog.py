@@ -17,15 +17,15 @@ from jsonschema.exceptions import SchemaError
 from jsonschema.protocols import Validator
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
-from agent_gateway.catalog_parts import Part, Review, build_part
+from agent_gateway.catalog_parts import Listing, Part, Review, build_part
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import ConfigError, InvalidArguments, ToolHeld, UnknownName
 from agent_gateway.naming import NameCollision, Origin
-from agent_gateway.upstreams.connection import Listing
 
 logger = logging.getLogger(__name__)
 
-Kind = Literal["tools", "prompts", "resources"]
+ListName = Literal["tools", "prompts", "resources"]
+"""A list a client can be told changed (``notifications/tools/list_changed``, ...)."""
 ChangeListener = Callable[["CatalogChange"], Awaitable[None]]
 T = TypeVar("T")
 
@@ -216,12 +216,12 @@ def _template_entries(ordered: list[tuple[str, Listing]]) -> tuple[TemplateEntry
 @dataclass(frozen=True)
 class CatalogChange:
     """What one update did: the snapshots before and after, the upstreams whose part changed,
-    and which kinds of list changed (empty: nothing a client sees)."""
+    and which lists changed (empty: nothing a client sees)."""
 
     before: CatalogSnapshot
     after: CatalogSnapshot
     upstreams: frozenset[str]
-    kinds: frozenset[Kind]
+    lists: frozenset[ListName]
 
 
 class Catalog:
@@ -323,7 +323,7 @@ class Catalog:
     async def _publish(self, upstreams: frozenset[str], snapshot: CatalogSnapshot) -> None:
         before = self.snapshot
         self.snapshot = snapshot
-        change = CatalogChange(before, snapshot, upstreams, _changed_kinds(before, snapshot, upstreams))
+        change = CatalogChange(before, snapshot, upstreams, _changed_lists(before, snapshot, upstreams))
         for listener in self._listeners:
             await listener(change)
 
@@ -334,21 +334,23 @@ class Catalog:
             self._parts[upstream] = previous
 
 
-def _changed_kinds(old: CatalogSnapshot, new: CatalogSnapshot, upstreams: frozenset[str]) -> frozenset[Kind]:
-    """The kinds of list that differ, comparing only the parts of ``upstreams`` (the others are
+def _changed_lists(
+    old: CatalogSnapshot, new: CatalogSnapshot, upstreams: frozenset[str]
+) -> frozenset[ListName]:
+    """The lists that differ, comparing only the parts of ``upstreams`` (the others are
     shared)."""
-    kinds: set[Kind] = set()
+    lists: set[ListName] = set()
     for upstream in upstreams:
         before, after = old.parts.get(upstream), new.parts.get(upstream)
         if _tools_of(before) != _tools_of(after):
-            kinds.add("tools")
+            lists.add("tools")
         if _prompts_of(before) != _prompts_of(after):
-            kinds.add("prompts")
+            lists.add("prompts")
         if _listing(before).resources != _listing(after).resources:
-            kinds.add("resources")
+            lists.add("resources")
     if _templates(old) != _templates(new):
-        kinds.add("resources")
-    return frozenset(kinds)
+        lists.add("resources")
+    return frozenset(lists)
 
 
 def _tools_of(part: Part | None) -> Mapping[str, types.Tool]:

@@ -14,10 +14,21 @@ import mcp_types as types
 from agent_gateway.config import GatewayConfig, UpstreamConfig
 from agent_gateway.naming import Origin, is_selected, public_name
 from agent_gateway.pins import source_of
-from agent_gateway.upstreams.connection import Listing
 
 logger = logging.getLogger("agent_gateway.catalog")
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """Everything an upstream offers, as it last told us."""
+
+    tools: tuple[types.Tool, ...] = ()
+    prompts: tuple[types.Prompt, ...] = ()
+    resources: tuple[types.Resource, ...] = ()
+    templates: tuple[types.ResourceTemplate, ...] = ()
+    instructions: str | None = None
+    protocol_version: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from agent_gateway import __version__, runtime
+from agent_gateway import __version__, access, runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.runner import AgentRequest
 from agent_gateway.cli_records import add_commands
@@ -212,7 +212,7 @@ async def _run_agent(gateway: Gateway, request: AgentRequest, as_json: bool) -> 
     stream = sys.stderr if as_json else sys.stdout
     observer = TerminalObserver(lambda line: print(line, file=stream, flush=True))
     async with gateway.running():
-        outcome = await gateway.agent.run(request, None, observer)
+        outcome = await gateway.agent.run(request, access.OPERATOR, None, observer)
     if as_json:
         print(json.dumps(outcome.record, indent=2, ensure_ascii=False))
     else:

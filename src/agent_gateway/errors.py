@@ -22,20 +22,24 @@
         └── StepLimitReached       the model still wanted tools after ``agent.max_steps`` turns
 
 Foreign errors are translated into this tree at two boundaries: mcp's ``MCPError`` and
-transport errors in ``upstreams.connection``; model providers' errors in ``agent.graph`` (the
-model node). The server layer turns the tree into MCP results/errors through
-``to_error_data``; an agent run turns ``AgentError`` into an ``isError`` result.
+transport errors in ``upstreams.session`` (``UpstreamSession.translated``); model providers'
+errors in ``agent.graph`` (the model node). Every error a client receives as a JSON-RPC error leaves through ``to_wire``
+(whichever method met it, a timeout is -32001); a tool's failure is instead an ``isError``
+result the model can read, and an agent run turns ``AgentError`` into one too.
 """
 
 from __future__ import annotations
 
 import mcp_types as types
+from mcp.shared.exceptions import MCPError
 
 
 class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
 
     code: int = types.INTERNAL_ERROR
+    data: dict[str, str] | None = None
+    """What a client is told beside the message (the JSON-RPC error's ``data``)."""
 
 
 class ConfigError(GatewayError):
@@ -58,7 +62,11 @@ class UnknownName(GatewayError):
     code = types.INVALID_PARAMS
 
     def __init__(self, kind: str, name: str) -> None:
-        super().__init__(f"Unknown {kind}: {name!r}")
+        if kind == "resource":  # SEP-2164's words, with the URI, as FastMCP and the SDK say it
+            super().__init__(f"Resource not found: {name!r}")
+            self.data = {"uri": name}
+        else:
+            super().__init__(f"Unknown {kind}: {name!r}")
         self.kind = kind
         self.name = name
 
@@ -158,6 +166,7 @@ class StepLimitReached(AgentError):
     """The model asked for more tool calls after the configured number of steps."""
 
 
-def to_error_data(exc: GatewayError) -> types.ErrorData:
-    """The JSON-RPC error a client receives for ``exc``."""
-    return types.ErrorData(code=exc.code, message=str(exc))
+def to_wire(exc: GatewayError) -> MCPError:
+    """The JSON-RPC error a client receives for ``exc`` (raise it ``from exc``): the one
+    place the tree meets the wire, so every method answers the same failure alike."""
+    return MCPError(code=exc.code, message=str(exc), data=exc.data)

@@ -35,7 +35,14 @@ import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent_gateway.access import RATE_LIMITED, AccessControl, Principal, address_of_scope, token_of_scope
+from agent_gateway.access import (
+    RATE_LIMITED,
+    AccessControl,
+    Principal,
+    address_of_scope,
+    admitting,
+    token_of_scope,
+)
 from agent_gateway.refusals import refused
 
 INVALID_REQUEST = -32600
@@ -90,14 +97,15 @@ class RequestGuard:
         if (problem := self._shape_problem(body)) is not None:
             await self._refuse_body(send, 400, problem)
             return
-        if session is not None:
-            await self.app(scope, _replay(body, receive), send)
-            return
-        client.opening += 1
-        try:
-            await self.app(scope, _replay(body, receive), send)
-        finally:
-            client.opening -= 1
+        with admitting(client):
+            if session is not None:
+                await self.app(scope, _replay(body, receive), send)
+                return
+            client.opening += 1
+            try:
+                await self.app(scope, _replay(body, receive), send)
+            finally:
+                client.opening -= 1
 
     def _over_limits(
         self, client: Principal, opening: bool

@@ -23,13 +23,13 @@ from mcp.server.subscriptions import (
 )
 
 from agent_gateway.access import Principal
-from agent_gateway.catalog import CatalogChange, Kind
+from agent_gateway.catalog import CatalogChange, ListName
 from agent_gateway.sessions import DownstreamSession
 
 logger = logging.getLogger(__name__)
 
 _SEND_TIMEOUT = 2.0
-_EVENTS: dict[Kind, ServerEvent] = {
+_EVENTS: dict[ListName, ServerEvent] = {
     "tools": ToolsListChanged(),
     "prompts": PromptsListChanged(),
     "resources": ResourcesListChanged(),
@@ -57,7 +57,7 @@ class ListChangedNotifier:
 
     async def notify(self, change: CatalogChange) -> None:
         """Send each client one list_changed per kind of list that changed for it."""
-        shared: list[Kind] = sorted(change.kinds - {"tools"})
+        shared: list[ListName] = sorted(change.lists - {"tools"})
         for kind in shared:
             await self.bus.publish(_EVENTS[kind])
         told: dict[str | None, bool] = {}
@@ -65,22 +65,22 @@ class ListChangedNotifier:
         def tools_changed(session: DownstreamSession) -> bool:
             key = session.client.policy_name if session.client is not None else None
             if key not in told:
-                told[key] = "tools" in change.kinds and self._changed_for(change, session.client)
+                told[key] = "tools" in change.lists and self._changed_for(change, session.client)
             return told[key]
 
         for session, stream in list(self._streams().items()):
             if tools_changed(session):
                 await stream.publish(_EVENTS["tools"])
         for session in list(self._sessions()):
-            kinds: list[Kind] = [*shared, "tools"] if tools_changed(session) else shared
-            if session.connection is not None and kinds:
+            lists: list[ListName] = [*shared, "tools"] if tools_changed(session) else shared
+            if session.connection is not None and lists:
                 # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
                 with anyio.move_on_after(_SEND_TIMEOUT):
-                    for kind in sorted(kinds):
+                    for kind in sorted(lists):
                         await _SENDERS[kind](session.connection)
 
 
-_SENDERS: dict[Kind, Callable[[Connection], Awaitable[None]]] = {
+_SENDERS: dict[ListName, Callable[[Connection], Awaitable[None]]] = {
     "tools": lambda c: c.send_tool_list_changed(),
     "prompts": lambda c: c.send_prompt_list_changed(),
     "resources": lambda c: c.send_resource_list_changed(),

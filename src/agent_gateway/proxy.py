@@ -8,9 +8,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import anyio
 import mcp_types as types
@@ -19,9 +18,9 @@ from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
-from agent_gateway import access
+from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog
-from agent_gateway.errors import GatewayError, UnknownName
+from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.sessions import LEVELS, DownstreamSession, refusal, relabelled, result_type, wanted
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -47,6 +46,9 @@ class Caller:
     request_log_level: types.LoggingLevel | None = None
     input_responses: types.InputResponses | None = None
     request_state: str | None = None
+    client: Principal | None = None
+    """Who asked, from the request's own identity (``AccessControl.identify``); None: no
+    identity, so nothing is forwarded for it."""
 
     @classmethod
     def of_request(
@@ -56,6 +58,7 @@ class Caller:
         request_id: types.RequestId | None,
         meta: Mapping[str, Any] | None,
         params: types.InputResponseRequestParams | None = None,
+        client: Principal | None = None,
     ) -> Caller:
         """The caller of one request: ``meta`` is its raw wire ``_meta`` (camelCase keys)."""
         meta = meta or {}
@@ -69,6 +72,7 @@ class Caller:
             request_log_level=level if level in LEVELS else None,
             input_responses=params.input_responses if params is not None else None,
             request_state=params.request_state if params is not None else None,
+            client=client,
         )
 
     @property
@@ -137,6 +141,27 @@ class Caller:
             return exc.error
 
 
+def _identity(caller: Caller | None, client: Principal | None, kind: str, name: str) -> Principal:
+    """The client a request is forwarded for; fail closed: without one, nothing is."""
+    who = client if client is not None else (caller.client if caller is not None else None)
+    if who is None:
+        logger.warning("refused %s %r: the request carries no identity", kind, name)
+        raise NotAllowed(kind, name, "(no identity)")
+    return who
+
+
+def _unseen(
+    caller: Caller, kind: Literal["prompt", "resource"], name: str, shown_as: str | None = None
+) -> None:
+    """Raises ``UnknownName`` when the caller may not reach ``name``: the answer a name that
+    does not exist gets, so a client cannot probe which hidden names exist."""
+    who = caller.client
+    if who is None or not who.allows(kind, name):
+        subject = who.subject if who is not None else "(no identity)"
+        logger.warning("client %s refused %s %r (answered as unknown)", subject, kind, name)
+        raise UnknownName(shown_as or kind, name)
+
+
 _UPSTREAM_META = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
 R = TypeVar("R", bound=types.Result)
 
@@ -160,23 +185,23 @@ class Proxy:
         self._dedicated = dedicated
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], caller: Caller | None = None
+        self, name: str, arguments: dict[str, Any], caller: Caller | None, client: Principal | None = None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """Check the client's policy, validate and forward a tool call.
+        """Check the client's policy, validate and forward a tool call. The client is
+        ``client``, else the caller's (an agent run's calls carry the run's client).
 
         Raises:
             UnknownName, NotAllowed, ClientLimited, InvalidArguments, UpstreamError
         """
         snapshot = self._catalog.snapshot
         origin = snapshot.tool(name)
-        client = access.current()
-        if client is not None:
-            client.check("tool", name)
+        who = _identity(caller, client, "tool", name)
+        who.check("tool", name)
         snapshot.validate_arguments(name, arguments)
         started = time.perf_counter()
         session = await self._session(origin.upstream, caller)
         try:
-            with client.calling() if client is not None else nullcontext():
+            with who.calling():
                 return _relayed(await session.call_tool(origin.name, arguments, caller))
         finally:
             logger.debug(
@@ -184,45 +209,46 @@ class Proxy:
             )
 
     async def get_prompt(
-        self, name: str, arguments: dict[str, str] | None, caller: Caller | None = None
+        self, name: str, arguments: dict[str, str] | None, caller: Caller
     ) -> types.GetPromptResult:
         """Forward a prompt render (raises UnknownName, NotAllowed or UpstreamError)."""
         origin = self._catalog.snapshot.prompt(name)
-        access.check("prompt", name)
+        _unseen(caller, "prompt", name)
         session = await self._session(origin.upstream, caller)
         return _relayed(await session.get_prompt(origin.name, arguments, caller))
 
-    async def read_resource(self, uri: str, caller: Caller | None = None) -> types.ReadResourceResult:
+    async def read_resource(self, uri: str, caller: Caller) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, NotAllowed or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        access.check_unseen("resource", uri)
+        _unseen(caller, "resource", uri)
         session = await self._session(upstream, caller)
         return _relayed(await session.read_resource(upstream_uri, caller))
 
-    async def complete(
-        self, params: types.CompleteRequestParams, caller: Caller | None = None
-    ) -> types.CompleteResult:
+    async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
         """Forward ``completion/complete`` for a public prompt or template to its upstream,
         with the reference in the upstream's own names (raises like ``get_prompt``)."""
         snapshot = self._catalog.snapshot
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             origin = snapshot.prompt(ref.name)
-            access.check_unseen("prompt", ref.name)
+            _unseen(caller, "prompt", ref.name)
             upstream, ref = origin.upstream, ref.model_copy(update={"name": origin.name})
         else:
             entry = next((e for e in snapshot.templates if e.public == ref.uri), None)
             if entry is None:
                 raise UnknownName("resource template", ref.uri)
-            access.check_unseen("resource", ref.uri, "resource template")
+            _unseen(caller, "resource", ref.uri, "resource template")
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
         return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
 
-    async def resource_session(self, uri: str, owner: DownstreamSession) -> tuple[UpstreamSession, str]:
+    async def resource_session(
+        self, uri: str, owner: DownstreamSession, client: Principal | None
+    ) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        access.check_unseen("resource", uri)
+        if client is None or not client.allows("resource", uri):
+            raise UnknownName("resource", uri)  # as for a read: probing learns nothing
         return await self._session_of(upstream, owner), upstream_uri
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:

@@ -16,9 +16,8 @@ from fastmcp import FastMCP
 from fastmcp.server.providers import Provider
 from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
-from mcp.shared.exceptions import MCPError
 
-from agent_gateway import __version__, runtime
+from agent_gateway import __version__, access, runtime
 from agent_gateway.access import AccessControl, AccessMiddleware, Principal
 from agent_gateway.activity import Activity
 from agent_gateway.agent.runner import AgentRunner
@@ -29,17 +28,17 @@ from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
-from agent_gateway.errors import ConfigError, GatewayError, UnknownName, to_error_data
+from agent_gateway.errors import ConfigError, UnknownName
 from agent_gateway.listing import ToolListing
 from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.pins import Pins, pins_path
-from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.pipeline import Pipeline
+from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
 from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
-from agent_gateway.tool_calls import ToolCalls
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
@@ -89,7 +88,8 @@ class Gateway:
         self.catalog.subscribe(self.search.changed)
         self.catalog.subscribe(self.notifier.notify)
         self.catalog.subscribe(self.listing.changed)
-        providers: list[Provider] = [CatalogProvider(self.catalog, self.proxy)]
+        catalog_listing = CatalogProvider(self.catalog)
+        providers: list[Provider] = [catalog_listing]
         self.agent: AgentRunner | None = None
         self._agent_tool: AgentProvider | None = None
         if config.agent.enabled:
@@ -127,18 +127,25 @@ class Gateway:
         fastmcp_call = lowlevel.get_request_handler("tools/call")
         assert fastmcp_call is not None, "FastMCP registers tools/call"
         searching = config.search.mode != "off"
+        self.pipeline = Pipeline(
+            self.access,
+            self.catalog,
+            self.proxy,
+            self.sessions,
+            fastmcp_call.handler,
+            self.search if searching else None,
+            config.search,
+            own_tool_names(config),
+            catalog_listing.public_uri,
+        )
+        # The forwarded methods, served on one path (pipeline.py) instead of FastMCP's.
+        lowlevel.add_request_handler("tools/call", types.CallToolRequestParams, self.pipeline.call_tool)
+        lowlevel.add_request_handler("prompts/get", types.GetPromptRequestParams, self.pipeline.get_prompt)
         lowlevel.add_request_handler(
-            "tools/call",
-            types.CallToolRequestParams,
-            ToolCalls(
-                self.catalog,
-                self.proxy,
-                self.sessions,
-                fastmcp_call.handler,
-                self.search if searching else None,
-                config.search,
-                own_tool_names(config),
-            ),
+            "resources/read", types.ReadResourceRequestParams, self.pipeline.read_resource
+        )
+        lowlevel.add_request_handler(
+            "completion/complete", types.CompleteRequestParams, self.pipeline.complete
         )
         lowlevel.add_request_handler("tools/list", types.PaginatedRequestParams, self.listing)
         # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
@@ -154,27 +161,19 @@ class Gateway:
         lowlevel.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
-        lowlevel.add_request_handler("completion/complete", types.CompleteRequestParams, self._complete)
-        if not config.auth.policies:
-            # Modern-era tools/call checks its Mcp-Param-* headers against the tool's schema.
-            # Without this the SDK finds the schema by running tools/list through FastMCP on
-            # every call: a third of the gateway's CPU per modern call. The lookup runs before
-            # any middleware, so it is set only when every client sees every tool (no
-            # policies); with policies the SDK's listing, scoped to the caller, stays.
-            lowlevel.get_tool_input_schema = self._input_schema
-
-    async def _complete(self, ctx: Any, params: types.CompleteRequestParams) -> types.CompleteResult:
-        """``completion/complete``, forwarded to the upstream that owns the prompt or template."""
-        async with self.sessions.serving(ctx) as session:
-            meta = ctx.params.get("_meta") if ctx.params is not None else None
-            caller = Caller.of_request(session, ctx.session, ctx.request_id, meta)
-            try:
-                return await self.proxy.complete(params, caller)
-            except GatewayError as exc:
-                raise MCPError.from_error_data(to_error_data(exc)) from exc
+        # Modern-era tools/call checks its Mcp-Param-* headers against the tool's schema.
+        # Without a lookup the SDK finds it by running tools/list through the whole server
+        # on every call: a span, a metric and a third of the CPU of each modern call, billed
+        # to nobody who asked. The lookup is scoped to the client admission admitted.
+        lowlevel.get_tool_input_schema = self._input_schema
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
-        """A tool's inputSchema by public name (the catalog's or ``ask_agent``'s), or None."""
+        """A tool's inputSchema by public name (the catalog's or ``ask_agent``'s), or None:
+        None too for a tool the admitted client may not call, or with no client admitted
+        (the headers then go unchecked; the call itself is refused on its own path)."""
+        client = access.admitted()
+        if client is None or not client.allows("tool", name):
+            return None
         if (origin := self.catalog.snapshot.tools.get(name)) is not None:
             return origin.item.input_schema
         if self.agent is not None and name == self.config.agent.name:

@@ -20,7 +20,7 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway import sessions
-from agent_gateway.errors import GatewayError, to_error_data
+from agent_gateway.errors import GatewayError, to_wire
 from agent_gateway.proxy import Proxy
 from agent_gateway.sessions import DownstreamSession
 from agent_gateway.upstreams.session import UpstreamSession
@@ -95,7 +95,7 @@ class ResourceSubscriptions:
 
     async def _join(self, session: DownstreamSession, public: str) -> None:
         try:
-            upstream, uri = await self._proxy.resource_session(public, session)
+            upstream, uri = await self._proxy.resource_session(public, session, session.client)
             key = (upstream.id, uri)
             async with self._lock(key):
                 if key not in self._upstream:
@@ -103,7 +103,7 @@ class ResourceSubscriptions:
                     self._upstream[key] = upstream
                 self._subscribers[key][session] = public
         except GatewayError as exc:
-            raise MCPError.from_error_data(to_error_data(exc)) from exc
+            raise to_wire(exc) from exc
         logger.info("session %s subscribed to %s (%s on %s)", session.id, public, uri, upstream.id)
 
     async def _leave(self, key: Key, session: DownstreamSession) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import mcp_types as types
 from mcp import Client
 
+from agent_gateway.access import OPERATOR
 from tests.agent.model_apis import OPENAI_MAX_TOOLS, Turn, openai_api
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.test_models import openai_model, said, sampling_script
@@ -89,7 +90,7 @@ async def test_without_the_bound_every_tool_would_be_refused_by_the_model_api() 
     app, api = openai_api([Turn(text="unused")])
     calls: list[tuple[str, dict[str, Any]]] = []
     async with serving(app) as base, big_gateway(openai_model(base), calls) as gw, Client(gw.url) as client:
-        toolbox, _ = gw.gateway.agent.toolbox(None)  # type: ignore[union-attr]
+        toolbox, _ = gw.gateway.agent.toolbox(OPERATOR)  # type: ignore[union-attr]
         body = {"tools": [t.spec for n in gw.gateway.catalog.snapshot.tools if (t := toolbox.get(n))]}
         assert len(body["tools"]) > OPENAI_MAX_TOOLS
         result = await ask(client, "What is the weather forecast for Oslo?")

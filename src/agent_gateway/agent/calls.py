@@ -20,6 +20,7 @@ import anyio
 import mcp_types as types
 from langchain_core.messages import AnyMessage, HumanMessage, InvalidToolCall, ToolCall, ToolMessage
 
+from agent_gateway.access import Principal
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
@@ -55,6 +56,8 @@ class ToolRunner:
     """The tool index (None: only what the toolbox offers from the start)."""
     names: Sequence[str] = ()
     """Every tool of a toolbox small enough to offer whole."""
+    client: Principal | None = None
+    """Whom the run is for: its calls are under that client's policy (None: refused)."""
 
     async def choose(self, history: Sequence[AnyMessage]) -> list[str]:
         """The tools a run's first model call is offered: all of a small toolbox, else the
@@ -157,7 +160,7 @@ class ToolRunner:
             known = ", ".join(sorted(self.names)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
         try:
-            result = await self.proxy.call_tool(name, arguments, self.caller)
+            result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
         except GatewayError as exc:
             return str(exc), True
         if isinstance(result, types.InputRequiredResult):

@@ -147,18 +147,24 @@ class AgentRunner:
             except Exception:  # the sweeper's top: a failing store must not end the gateway
                 logger.exception("conversation memory: expired threads could not be deleted")
 
-    def toolbox(self, client: access.Principal | None = None) -> tuple[Toolbox, tuple[str, ...]]:
+    def toolbox(self, client: access.Principal) -> tuple[Toolbox, tuple[str, ...]]:
         """The toolbox of a run for ``client`` in the current catalog, and its tools' names
         when it is small enough to offer whole."""
         snapshot = self._catalog.snapshot
-        allowed = (lambda name: client.allows("tool", name)) if client is not None else None
-        size, names = self._reach.of(snapshot, client.policy_name if client else None, allowed)
+        everything = client.policy.tools == ("*",)
+        allowed = None if everything else (lambda name: client.allows("tool", name))
+        size, names = self._reach.of(snapshot, client.policy_name, allowed)
         return Toolbox(snapshot, self.config, allowed, size), names
 
     async def run(
-        self, request: AgentRequest, caller: Caller | None, observer: RunObserver | None = None
+        self,
+        request: AgentRequest,
+        client: access.Principal,
+        caller: Caller | None,
+        observer: RunObserver | None = None,
     ) -> RunOutcome:
-        """Run the agent on ``request`` for ``caller`` (None: no MCP client, e.g. the CLI).
+        """Run the agent on ``request`` for ``client``, asked through ``caller`` (None: no MCP
+        client, e.g. the CLI, whose client is ``access.OPERATOR``).
 
         A caller whose ``request_state`` is one this runner issued resumes that paused run.
         """
@@ -169,19 +175,19 @@ class AgentRunner:
             _log_end(outcome)
             return outcome
         run_id = resumed.run if resumed else uuid.uuid4().hex
-        thread = resumed.thread if resumed else _thread_of(request, caller, run_id)
+        thread = resumed.thread if resumed else _thread_of(request, client, caller, run_id)
         record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
-        who = access.current()  # the status page keeps each run, with its steps as they happen
-        kept = self._activity.run_started(run_id, thread, who.subject if who else "local")
+        # The status page keeps each run, with its steps as they happen.
+        kept = self._activity.run_started(run_id, thread, client.subject)
         report = RecordedObserver(kept, report)
         token = secrets.token_urlsafe(16)
         with agent_span(self.config.name, run_id, thread) as span:
             logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
             try:
                 graph = await self._compiled()
-                context = self._context(caller, report, token)
+                context = self._context(client, caller, report, token)
             except AgentError as exc:
                 outcome = _failure(record, str(exc))
             else:
@@ -254,10 +260,12 @@ class AgentRunner:
             lock = self._threads[thread] = anyio.Lock()
         return lock
 
-    def _context(self, caller: Caller | None, report: RunObserver, token: str) -> RunContext:
+    def _context(
+        self, client: access.Principal, caller: Caller | None, report: RunObserver, token: str
+    ) -> RunContext:
         """The run's context: its model, and a toolbox of what the calling client may call
         (the model is shown nothing else)."""
-        toolbox, names = self.toolbox(access.current())
+        toolbox, names = self.toolbox(client)
         # The agent reports its own progress; the upstreams' progress would count on the same token.
         tool_caller = (
             dataclasses.replace(caller, progress_token=None, input_responses=None, request_state=None)
@@ -279,6 +287,7 @@ class AgentRunner:
                 self.config.approval_timeout,
                 self._searcher(toolbox),
                 names,
+                client,
             ),
             observer=report,
             instructions=self.config.instructions,
@@ -350,14 +359,13 @@ def _failure(record: dict[str, Any], message: str) -> RunOutcome:
     return RunOutcome(record, error=f"ask_agent failed: {message}")
 
 
-def _thread_of(request: AgentRequest, caller: Caller | None, run_id: str) -> str:
+def _thread_of(request: AgentRequest, client: access.Principal, caller: Caller | None, run_id: str) -> str:
     """The run's thread, in the calling client's own space: no other client can name (and
     read) its conversations. The space is a digest of the client's identity, so subjects
     with ``/`` or ``:`` in them, or called ``anonymous``, cannot reach into another's; an
     id that already carries the client's space (a ``thread_id`` it was given) is kept."""
     wanted = request.conversation_id or _default_thread(caller, run_id)
-    client = access.current()
-    if client is None:  # the operator's own command line: any thread
+    if client is access.OPERATOR:  # the operator's own command line: any thread
         return wanted
     space = _space(client)
     return wanted if wanted.startswith(space) else space + wanted

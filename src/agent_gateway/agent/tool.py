@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Any
 
 import mcp_types as types
@@ -115,15 +114,16 @@ class AskAgentTool(Tool):
             return ToolResult(content=[types.TextContent(type="text", text=problem)], is_error=True)
         request = AgentRequest(arguments["query"], arguments.get("conversation_id"), arguments.get("context"))
         client = access.current()
+        if client is None:  # fail closed: a run is for someone
+            return ToolResult(content=[types.TextContent(type="text", text=_NO_IDENTITY)], is_error=True)
         try:
-            with client.running_agent() if client is not None else nullcontext():
-                outcome = await self._runner.run(request, current_caller())
+            with client.running_agent():
+                outcome = await self._runner.run(request, client, current_caller(client))
         except ClientLimited as exc:
             refused(type(exc).__name__)
             return ToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)
-        if client is not None:
-            usage = outcome.record.get("usage") or {}
-            client.spent.used(int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)))
+        usage = outcome.record.get("usage") or {}
+        client.spent.used(int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)))
         if outcome.pending is not None:
             return InputRequiredToolResult(outcome.pending)
         return ToolResult(
@@ -131,6 +131,9 @@ class AskAgentTool(Tool):
             structured_content=outcome.record,
             is_error=outcome.error is not None,
         )
+
+
+_NO_IDENTITY = "ask_agent refused: the request carries no client identity"
 
 
 def invalid(arguments: dict[str, Any], tool: str) -> str | None:

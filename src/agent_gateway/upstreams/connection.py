@@ -1,7 +1,6 @@
 """One upstream MCP server: open, list, watch, reconnect with backoff, close; and calls to it.
 
-This module is the one boundary where the ``mcp`` client's errors (``MCPError``, transport
-and validation errors) are translated into the gateway's tree (``UpstreamError``).
+Its errors are translated where every call's are: ``UpstreamSession.translated``.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from agent_gateway.catalog_parts import Listing
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
 from agent_gateway.logs import redacted_url
@@ -48,18 +48,6 @@ class UpstreamState(StrEnum):
     CONNECTING = "connecting"
     UP = "up"
     DOWN = "down"
-
-
-@dataclass(frozen=True, slots=True)
-class Listing:
-    """Everything an upstream offers, as it last told us."""
-
-    tools: tuple[types.Tool, ...] = ()
-    prompts: tuple[types.Prompt, ...] = ()
-    resources: tuple[types.Resource, ...] = ()
-    templates: tuple[types.ResourceTemplate, ...] = ()
-    instructions: str | None = None
-    protocol_version: str = ""
 
 
 ListingCallback = Callable[[str, Listing], Awaitable[None]]

@@ -1,0 +1,184 @@
+"""The one path of every client request that reaches an upstream: ``tools/call``,
+``prompts/get``, ``resources/read`` and ``completion/complete``.
+
+Each is served here, on the low-level server, in four steps:
+
+1. **identified**: the client is the one the request's own verified token (or, without
+   auth, its address) names, carried on the ``Caller``; a request without one where auth
+   is on is refused (never "allowed, as nobody in particular");
+2. **resolved**: the public name looked up once in the catalog snapshot (``Proxy``);
+3. **authorized**: that client's policy, once, from the identity on the call (``Proxy``);
+4. **forwarded**: to the upstream session, with its timeout, cancellation and relays
+   (``Proxy`` → ``upstreams.session``).
+
+Telemetry, the access log, the audit trail and admission wrap the handler as low-level
+middleware (``server.Gateway``), once per client request. FastMCP's own ``tools/call`` path
+(a Context, its middleware, a lookup through every provider, ``Tool.run``, two result
+conversions) buys nothing for a tool that only forwards, so it serves only the tools the
+gateway registers itself (``ask_agent``); ``call_tool`` is unwrapped onto this same path,
+``search_tools`` answered from the tool index.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+from mcp.server.context import ServerRequestContext
+
+from agent_gateway.access import AccessControl, Principal
+from agent_gateway.activity import refused
+from agent_gateway.catalog import Catalog
+from agent_gateway.config import SearchConfig
+from agent_gateway.errors import (
+    ClientLimited,
+    GatewayError,
+    InvalidArguments,
+    NotAllowed,
+    ToolHeld,
+    UpstreamBusy,
+    to_wire,
+)
+from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.search.engine import ToolSearch
+from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_request, search_request, search_result
+from agent_gateway.sessions import SessionRegistry
+
+logger = logging.getLogger(__name__)
+
+ToolResult = types.CallToolResult | types.InputRequiredResult
+Handler = Callable[[ServerRequestContext[Any, Any], types.CallToolRequestParams], Awaitable[Any]]
+Context = ServerRequestContext[Any, Any]
+
+
+class Pipeline:
+    """The low-level handlers of the four forwarded methods."""
+
+    def __init__(
+        self,
+        access: AccessControl,
+        catalog: Catalog,
+        proxy: Proxy,
+        sessions: SessionRegistry,
+        fallback: Handler,
+        search: ToolSearch | None = None,
+        search_config: SearchConfig | None = None,
+        own: frozenset[str] = frozenset(),
+        public_uri: Callable[[str], str] = str,
+    ) -> None:
+        """``fallback``: FastMCP's ``tools/call``, for the gateway's own tools; ``search``:
+        serve ``search_tools`` and ``call_tool`` (None: search mode is off); ``own``: the
+        names of the gateway's own tools, which ``call_tool`` does not call; ``public_uri``:
+        a URI as the catalog knows it, from the spelling a client was listed."""
+        self._own = own | {SEARCH_TOOLS, CALL_TOOL}
+        self._access = access
+        self._catalog = catalog
+        self._proxy = proxy
+        self._sessions = sessions
+        self._fallback = fallback
+        self._search = search
+        self._search_config = search_config or SearchConfig()
+        self._public_uri = public_uri
+
+    async def call_tool(self, ctx: Context, params: types.CallToolRequestParams) -> Any:
+        name = params.name
+        client = self._access.identify(ctx.request)
+        if self._search is not None and name in (SEARCH_TOOLS, CALL_TOOL):
+            try:
+                if name == SEARCH_TOOLS:
+                    return await self._search_tools(params.arguments or {}, client)
+                params = _unwrapped(params)
+            except GatewayError as exc:
+                return _error_result(exc)
+            if params.name in self._own:
+                return _error_result(
+                    InvalidArguments(
+                        CALL_TOOL, f"it calls the catalog's tools; call {params.name!r} directly"
+                    )
+                )
+        elif (
+            params.name not in self._catalog.snapshot.tools and params.name not in self._catalog.snapshot.held
+        ):
+            try:  # the gateway's own tools (ask_agent) are under the client's policy too
+                _authorized(client, params.name)
+            except NotAllowed as exc:
+                return _error_result(exc)
+            return await self._fallback(ctx, params)
+        try:
+            async with self._caller(ctx, client, params) as caller:
+                return await self._proxy.call_tool(params.name, params.arguments or {}, caller)
+        except GatewayError as exc:
+            return _error_result(exc)
+
+    async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
+            try:
+                return await self._proxy.get_prompt(params.name, params.arguments, caller)
+            except GatewayError as exc:
+                raise to_wire(exc) from exc
+
+    async def read_resource(
+        self, ctx: Context, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
+            try:
+                return await self._proxy.read_resource(self._public_uri(params.uri), caller)
+            except GatewayError as exc:
+                raise to_wire(exc) from exc
+
+    async def complete(self, ctx: Context, params: types.CompleteRequestParams) -> types.CompleteResult:
+        async with self._caller(ctx, self._access.identify(ctx.request)) as caller:
+            try:
+                return await self._proxy.complete(params, caller)
+            except GatewayError as exc:
+                raise to_wire(exc) from exc
+
+    @asynccontextmanager
+    async def _caller(
+        self,
+        ctx: Context,
+        client: Principal | None,
+        params: types.InputResponseRequestParams | None = None,
+    ) -> AsyncIterator[Caller]:
+        async with self._sessions.serving(ctx) as session:
+            meta = ctx.params.get("_meta") if ctx.params is not None else None
+            yield Caller.of_request(session, ctx.session, ctx.request_id, meta, params, client)
+
+    async def _search_tools(
+        self, arguments: dict[str, Any], client: Principal | None
+    ) -> types.CallToolResult:
+        assert self._search is not None  # only called when search is on
+        if client is None:
+            raise NotAllowed("tool", SEARCH_TOOLS, "(no identity)")
+        request = search_request(arguments)
+        found, total = await self._search.search(
+            self._catalog.snapshot,
+            request.query,
+            request.limit or self._search_config.limit,
+            upstream=request.upstream,
+            accept=(lambda n: client.allows("tool", n)) if client.policy.tools != ("*",) else None,
+        )
+        logger.debug("search_tools %r: %d of %d", request.query, len(found), total)
+        return search_result(found, total, request.query)
+
+
+def _authorized(client: Principal | None, name: str) -> None:
+    if client is None:
+        raise NotAllowed("tool", name, "(no identity)")
+    client.check("tool", name)
+
+
+def _unwrapped(params: types.CallToolRequestParams) -> types.CallToolRequestParams:
+    """``call_tool {name, arguments}`` as the direct call of ``name`` (raises ``InvalidArguments``)."""
+    name, arguments = call_request(params.arguments or {})
+    return params.model_copy(update={"name": name, "arguments": arguments})
+
+
+def _error_result(exc: GatewayError) -> types.CallToolResult:
+    # A tool's failure is a result the model can read, not a protocol error.
+    if isinstance(exc, NotAllowed | ClientLimited | UpstreamBusy | ToolHeld):
+        refused(type(exc).__name__)
+    return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)

@@ -1,0 +1,63 @@
+"""Fail closed (issue 18): a request that reaches the pipeline with no identity is refused,
+never served as nobody in particular; the upstream, which counts what it is sent, shows that
+nothing went through.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from agent_gateway.access import AccessControl
+from agent_gateway.errors import NotAllowed
+from agent_gateway.server import Gateway
+from tests.support import config_of, python_upstream, running_gateway
+
+TOKEN = "fail-closed-token-0123456789ab"
+
+
+def bearer() -> dict[str, object]:
+    digest = hashlib.sha256(TOKEN.encode()).hexdigest()
+    return {
+        "upstreams": {"counter": python_upstream("counter.py")},
+        "auth": {"mode": "bearer", "tokens": [{"name": "ci", "sha256": digest}]},
+    }
+
+
+def test_with_auth_on_a_request_without_a_verified_token_has_no_identity() -> None:
+    access = AccessControl(config_of(bearer()).auth)
+    unverified = Request({"type": "http", "headers": [], "client": ("127.0.0.1", 5000)})
+    assert access.identify(unverified) is None
+    # Without auth, the same request is the anonymous client at its address.
+    open_access = AccessControl(config_of({"upstreams": {}}).auth)
+    anonymous = open_access.identify(unverified)
+    assert anonymous is not None
+    assert anonymous.subject == "anonymous"
+
+
+async def test_the_pipeline_refuses_a_call_with_no_identity_and_sends_nothing() -> None:
+    async with running_gateway(bearer(), settle_timeout=20) as gw:
+        gateway: Gateway = gw.gateway
+        with pytest.raises(NotAllowed, match="no identity"):
+            await gateway.proxy.call_tool("counter__increment", {"by": 5}, None)
+        # The far end: the first call that does arrive finds the counter untouched.
+        first = await gateway.proxy.call_tool(
+            "counter__increment", {"by": 1}, None, gateway.access.principal(None)
+        )
+    assert not first.is_error  # type: ignore[union-attr]
+    assert first.structured_content == {"result": 1}  # type: ignore[union-attr]
+
+
+async def test_an_unauthenticated_http_request_is_refused_before_the_pipeline() -> None:
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "counter__increment"}}
+    headers = {"accept": "application/json, text/event-stream"}
+    async with running_gateway(bearer(), settle_timeout=20) as gw, httpx.AsyncClient() as http:
+        refused = await http.post(gw.url, json=call, headers=headers)
+        counted = await gw.gateway.proxy.call_tool(
+            "counter__increment", {"by": 1}, None, gw.gateway.access.principal(None)
+        )
+    assert refused.status_code == 401
+    assert counted.structured_content == {"result": 1}  # type: ignore[union-attr]  # nothing got through
