@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastmcp import Context, FastMCP
 
-from agent_gateway import responses
+from agent_gateway.compat import deferred as responses
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
 BOUND = 10.0

@@ -303,7 +303,7 @@ class AccessControl:
 class AccessMiddleware:
     """Low-level middleware: find the request's client, bind it, refuse names no catalog
     could hold; on stdio apply the rate limit too (over HTTP, admission took it before the
-    body was read: ``limits.RequestGuard``)."""
+    body was read: ``limits.Admission``)."""
 
     def __init__(self, access: AccessControl) -> None:
         self._access = access

@@ -21,7 +21,8 @@ from opentelemetry import trace
 
 from agent_gateway.access import RATE_LIMITED, AccessControl, token_of
 from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_refusals
-from agent_gateway.sessions import STATE_KEY, DownstreamSession
+from agent_gateway.compat.mcp import connection_of
+from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
 
 
 class CallRecorder:
@@ -115,7 +116,7 @@ def _raw_text(content: object) -> str | None:
 
 
 def _session_id(ctx: ServerRequestContext[Any, Any]) -> str | None:
-    session = ctx.session._connection.state.get(STATE_KEY)  # pyright: ignore[reportPrivateUsage]
+    session = connection_of(ctx.session).state.get(STATE_KEY)
     return session.id if isinstance(session, DownstreamSession) else None
 
 

@@ -14,29 +14,12 @@ import mcp_types as types
 from fastmcp.prompts.base import Prompt, PromptArgument
 from fastmcp.resources.base import Resource
 from fastmcp.resources.template import ResourceTemplate
-from fastmcp.server.dependencies import get_context
 from fastmcp.server.providers import Provider
 from fastmcp.utilities.versions import VersionSpec
 from pydantic import AnyUrl
 
-from agent_gateway import access, sessions
-from agent_gateway.access import Principal
+from agent_gateway import access
 from agent_gateway.catalog import Catalog, CatalogSnapshot
-from agent_gateway.proxy import Caller
-
-
-def current_caller(client: Principal | None) -> Caller | None:
-    """The request being served through FastMCP's own ``tools/call`` (``ask_agent``),
-    captured in its own task (None outside a request)."""
-    session = sessions.CURRENT.get()
-    context = get_context()
-    request = context.request_context
-    if session is None or request is None:
-        return None
-    rounds = types.InputResponseRequestParams(
-        input_responses=context.input_responses, request_state=context.request_state
-    )
-    return Caller.of_request(session, context.session, request.request_id, request.meta, rounds, client)
 
 
 def _prompt(public: str, prompt: types.Prompt) -> Prompt:

@@ -18,10 +18,10 @@ from starlette.types import Lifespan
 
 from agent_gateway.access import token_of_scope
 from agent_gateway.call_records import admission_refusals
+from agent_gateway.compat.deferred import defer_responses
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
-from agent_gateway.limits import Bounds, RequestGuard
-from agent_gateway.responses import defer_responses
+from agent_gateway.limits import Admission, Bounds
 from agent_gateway.server import Gateway
 from agent_gateway.ui import status_page
 
@@ -40,7 +40,7 @@ def build_app(gateway: Gateway) -> Starlette:
         middleware=[
             Middleware(HostCheck, allowed_origins=list(server.allowed_origins)),
             Middleware(
-                RequestGuard,
+                Admission,
                 access=gateway.access,
                 bounds=_bounds(gateway),
                 on_refused=admission_refusals(gateway.activity),

@@ -64,7 +64,7 @@ Refused = Callable[[str, str | None, bytes, str], None]
 """Told of a request refused here: (client, session id, body, why), for the call records."""
 
 
-class RequestGuard:
+class Admission:
     """ASGI middleware: admission of every POST (see the module docstring)."""
 
     def __init__(

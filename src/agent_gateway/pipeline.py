@@ -33,6 +33,8 @@ from agent_gateway.access import AccessControl, Principal
 from agent_gateway.activity import refused
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import SearchConfig
+from agent_gateway.downstream.caller import Caller
+from agent_gateway.downstream.sessions import SessionRegistry
 from agent_gateway.errors import (
     ClientLimited,
     GatewayError,
@@ -42,10 +44,9 @@ from agent_gateway.errors import (
     UpstreamBusy,
     to_wire,
 )
-from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_request, search_request, search_result
-from agent_gateway.sessions import SessionRegistry
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,11 @@ from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
 
+SEND_TIMEOUT = 5.0
+"""The longest one message outside a call may take to leave (a notification or log line to a
+client, a level or subscription change to an upstream): a stuck peer is skipped, not waited
+for, and whoever sent it goes on."""
+
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
 

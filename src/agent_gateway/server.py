@@ -26,18 +26,20 @@ from agent_gateway.audit import AuditLog
 from agent_gateway.authentication import build_auth
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
+from agent_gateway.compat.fastmcp import lowlevel_server
+from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
+from agent_gateway.downstream.notifier import ListChangedNotifier
+from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession, SessionRegistry
+from agent_gateway.downstream.subscriptions import ResourceSubscriptions
 from agent_gateway.errors import ConfigError, UnknownName
 from agent_gateway.listing import ToolListing
-from agent_gateway.notifier import ListChangedNotifier
 from agent_gateway.pins import Pins, pins_path
 from agent_gateway.pipeline import Pipeline
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
-from agent_gateway.sessions import STATE_KEY, DownstreamSession, SessionRegistry
-from agent_gateway.subscriptions import ResourceSubscriptions
 from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -112,7 +114,7 @@ class Gateway:
         )
         self.access = AccessControl(config.auth)
         watch_upstreams(self.pool)
-        lowlevel = self.server._mcp_server  # pyright: ignore[reportPrivateUsage]
+        lowlevel = lowlevel_server(self.server)
         # First in the chain: the request's span covers everything the gateway does for it.
         own = set(own_tool_names(config))
         lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own, via=CALL_TOOL))
@@ -269,7 +271,7 @@ class Gateway:
         await self.proxy.end_session(session)
 
     async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
-        session = ctx.session._connection.state.get(STATE_KEY)
+        session = connection_of(ctx.session).state.get(STATE_KEY)
         if isinstance(session, DownstreamSession):
             await self.proxy.roots_changed(session)
 

@@ -16,7 +16,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 from pydantic import FileUrl
 
-from agent_gateway.sessions import LEVELS
+from agent_gateway.downstream.sessions import LEVELS
 from tests.e2e.peers import BOUND, MODES, PROTOCOL_OF_MODE, gateway_url, text_of
 from tests.support import npm_server
 

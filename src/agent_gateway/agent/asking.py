@@ -20,8 +20,8 @@ import mcp_types as types
 from langgraph.types import interrupt
 from pydantic import TypeAdapter, ValidationError
 
-from agent_gateway.proxy import Caller
-from agent_gateway.sessions import result_type, unsupported
+from agent_gateway.downstream.caller import Caller
+from agent_gateway.downstream.input_requests import result_type, unsupported
 
 ANSWERS = "answers"
 Answer = types.InputResponse | types.ErrorData | None

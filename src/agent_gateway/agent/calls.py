@@ -26,8 +26,9 @@ from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import Search, Toolbox, merged
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import GatewayError
-from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found
 from agent_gateway.search.tools import SEARCH_TOOLS, search_request
 

@@ -19,6 +19,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from agent_gateway.compat.langgraph import THREADS_IN_STORE, keep_latest_in_memory, keep_latest_sqlite
 from agent_gateway.config import MemoryConfig
 from agent_gateway.errors import AgentError
 from agent_gateway.private_files import private
@@ -32,16 +33,12 @@ _NO_RESULT = (
 _CLOSE_TIMEOUT = 5.0
 _DAY = 86_400.0
 # LangGraph's SQLite schema: checkpoint ids sort in time order (its own "latest" is MAX).
-_PRUNE = (
-    "DELETE FROM {table} WHERE thread_id = ? AND checkpoint_ns = '' AND checkpoint_id < "
-    "(SELECT MAX(checkpoint_id) FROM checkpoints WHERE thread_id = ? AND checkpoint_ns = '')"
-)
 # When each thread was last used, next to LangGraph's tables; threads from before the table
 # existed count as used when the store is opened.
 _THREADS = (
     "CREATE TABLE IF NOT EXISTS agent_gateway_threads (thread_id TEXT PRIMARY KEY, used_at REAL NOT NULL)"
 )
-_ADOPT = "INSERT OR IGNORE INTO agent_gateway_threads SELECT DISTINCT thread_id, ? FROM checkpoints"
+_ADOPT = f"INSERT OR IGNORE INTO agent_gateway_threads SELECT thread_id, ? FROM ({THREADS_IN_STORE})"
 _USED = (
     "INSERT INTO agent_gateway_threads VALUES (?, ?) "
     "ON CONFLICT(thread_id) DO UPDATE SET used_at = excluded.used_at"
@@ -131,11 +128,9 @@ class Conversations:
             try:
                 if isinstance(saver, AsyncSqliteSaver):
                     async with saver.lock:
-                        for table in ("writes", "checkpoints"):
-                            await saver.conn.execute(_PRUNE.format(table=table), (thread, thread))
-                        await saver.conn.commit()
+                        await keep_latest_sqlite(saver, thread)
                 elif isinstance(saver, InMemorySaver):
-                    _compact_in_memory(saver, thread)
+                    keep_latest_in_memory(saver, thread)
             except Exception:  # a store that cannot be compacted still serves; say so
                 logger.exception("conversation memory: thread %s could not be compacted", thread)
 
@@ -176,21 +171,6 @@ class Conversations:
     def _cutoff(self) -> float | None:
         retention = self.retention
         return None if retention is None else time.time() - retention
-
-
-def _compact_in_memory(saver: InMemorySaver, thread: str) -> None:
-    """``Conversations.compact`` for LangGraph's in-memory store, whose three maps are public."""
-    checkpoints = saver.storage[thread][""]
-    if len(checkpoints) <= 1:
-        return
-    latest = max(checkpoints)
-    stored, _, _ = checkpoints[latest]
-    versions = saver.serde.loads_typed(stored)["channel_versions"]
-    for old in [c for c in checkpoints if c != latest]:
-        del checkpoints[old]
-        saver.writes.pop((thread, "", old), None)
-    for key in [k for k in saver.blobs if k[0] == thread and k[1] == "" and versions.get(k[2]) != k[3]]:
-        del saver.blobs[key]
 
 
 def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> list[AnyMessage]:

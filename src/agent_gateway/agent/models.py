@@ -15,9 +15,10 @@ from pydantic import SecretStr, ValidationError
 
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.sampling import SamplingChatModel
+from agent_gateway.compat.langchain import anthropic_client_params, model_type, use_async_client
 from agent_gateway.config import ModelConfig
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import ConfigError, ModelUnavailable
-from agent_gateway.proxy import Caller
 
 _HOW_TO_CONFIGURE = (
     "no model is configured for the agent and this client does not offer sampling. Either connect "
@@ -57,7 +58,7 @@ class ModelSource:
             return (
                 getattr(self._fixed, "model_name", None)
                 or getattr(self._fixed, "model", None)
-                or self._fixed._llm_type
+                or model_type(self._fixed)
             )
         return "client model (sampling)"
 
@@ -66,7 +67,7 @@ class ModelSource:
         """The provider's name for spans (``gen_ai.provider.name``)."""
         if self._config is not None and self._config.provider != "sampling":
             return self._config.provider
-        return "mcp.sampling" if self._fixed is None else self._fixed._llm_type
+        return "mcp.sampling" if self._fixed is None else model_type(self._fixed)
 
     def for_run(self, caller: Caller | None, asker: Asker | None) -> BaseChatModel:
         """The model for one run by ``caller`` (None: a run with no MCP client, e.g. the CLI),
@@ -156,6 +157,6 @@ def _anthropic(config: ModelConfig, model: str, key: str, owned: list[_Closable]
     # the SDK client it would build, over a connection pool the gateway owns and closes.
     http = anthropic.DefaultAsyncHttpxClient(timeout=config.timeout)
     owned.append(http)
-    params = chat._client_params  # pyright: ignore[reportPrivateUsage]
-    object.__setattr__(chat, "_async_client", anthropic.AsyncClient(**params, http_client=http))
+    params = anthropic_client_params(chat)
+    use_async_client(chat, anthropic.AsyncClient(**params, http_client=http))
     return chat

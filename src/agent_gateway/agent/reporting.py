@@ -17,11 +17,10 @@ import anyio
 import mcp_types as types
 
 from agent_gateway.activity import Run
-from agent_gateway.proxy import Caller
+from agent_gateway.downstream.caller import Caller
+from agent_gateway.runtime import SEND_TIMEOUT
 
 logger = logging.getLogger(__name__)
-
-_SEND_TIMEOUT = 5.0
 
 
 class ToolCallRecord(TypedDict):
@@ -98,7 +97,7 @@ class ClientObserver:
         async with self._lock:
             self._progress += 1
             # A client that has gone away only stops hearing; the run goes on to its end.
-            with anyio.move_on_after(_SEND_TIMEOUT), _gone_quietly():
+            with anyio.move_on_after(SEND_TIMEOUT), _gone_quietly():
                 await self._caller.server_session.send_progress_notification(
                     progress_token=token,
                     progress=self._progress,

@@ -14,8 +14,8 @@ from langgraph.types import Command, Interrupt
 
 from agent_gateway.agent.asking import Pause, responses_value
 from agent_gateway.agent.graph import AgentGraph
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError
-from agent_gateway.proxy import Caller
 
 
 @dataclass(frozen=True)

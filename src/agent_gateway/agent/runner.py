@@ -48,8 +48,9 @@ from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
-from agent_gateway.proxy import Caller, Proxy
+from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found, ToolSearch
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from agent_gateway.activity import refused
 from agent_gateway.agent.runner import AgentRequest, AgentRunner
 from agent_gateway.agent.toolbox import reach as toolbox_reach
 from agent_gateway.catalog import Catalog, CatalogSnapshot
-from agent_gateway.components import current_caller
+from agent_gateway.downstream.caller import current_caller
 from agent_gateway.errors import ClientLimited
 from agent_gateway.search.tools import argument_problem, plain_words
 

@@ -18,8 +18,8 @@ from html import escape
 from agent_gateway import __version__
 from agent_gateway.activity import Call, Run
 from agent_gateway.agent.tool import INPUT_SCHEMA
+from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.server import Gateway
-from agent_gateway.sessions import DownstreamSession
 from agent_gateway.ui.static import SCRIPT, STYLE
 from agent_gateway.upstreams.pool import UpstreamStatus
 

@@ -19,9 +19,10 @@ from collections import deque
 from types import TracebackType
 
 import mcp_types as types
-from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
+
+from agent_gateway.compat.mcp import WriteStream
 
 logger = logging.getLogger(__name__)
 

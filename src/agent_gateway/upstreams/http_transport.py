@@ -20,7 +20,8 @@ from contextlib import contextmanager
 import aiohttp
 import httpx2
 import yarl
-from httpx2._utils import URLPattern, get_environment_proxies
+
+from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024

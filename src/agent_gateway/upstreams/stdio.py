@@ -28,7 +28,6 @@ import anyio.lowlevel
 import mcp_types as types
 from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client._transport import TransportStreams
 from mcp.client.stdio import (
     FORCE_KILL_TIMEOUT,
     PROCESS_TERMINATION_TIMEOUT,
@@ -38,6 +37,8 @@ from mcp.client.stdio import (
 )
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
+
+from agent_gateway.compat.mcp import TransportStreams
 
 logger = logging.getLogger(__name__)
 

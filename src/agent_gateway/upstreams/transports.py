@@ -10,14 +10,19 @@ from typing import Any
 
 import anyio
 import httpx2
-from mcp.client._transport import Transport, TransportStreams
+from mcp.client import Transport
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, create_mcp_http_client
-from mcp.shared._stream_protocols import ReadStream
 from mcp.shared.message import SessionMessage
 
+from agent_gateway.compat.mcp import (
+    MCP_DEFAULT_SSE_READ_TIMEOUT,
+    MCP_DEFAULT_TIMEOUT,
+    ReadStream,
+    TransportStreams,
+    create_mcp_http_client,
+)
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.telemetry import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests

@@ -18,11 +18,12 @@ from contextlib import asynccontextmanager
 import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client._transport import TransportStreams
 from mcp.shared.message import SessionMessage
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Data, Subprotocol
+
+from agent_gateway.compat.mcp import TransportStreams
 
 logger = logging.getLogger(__name__)
 

@@ -28,6 +28,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import access
 from agent_gateway.access import Principal
+from agent_gateway.compat.mcp import connection_of
+from agent_gateway.downstream.input_requests import result_type, unsupported
+from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.telemetry import sessions_active
 
 logger = logging.getLogger(__name__)
@@ -43,7 +46,6 @@ LEVELS: tuple[types.LoggingLevel, ...] = (
     "emergency",
 )
 _END_TIMEOUT = 5.0
-_SEND_TIMEOUT = 5.0
 STATE_KEY = "agent_gateway.session"
 
 CURRENT: contextvars.ContextVar[DownstreamSession | None] = contextvars.ContextVar(
@@ -117,7 +119,7 @@ class DownstreamSession:
         if self.connection is None or not wanted(params.level, self.log_level):
             return
         line = relabelled(upstream, params).model_dump(by_alias=True, mode="json", exclude_none=True)
-        with anyio.move_on_after(_SEND_TIMEOUT):
+        with anyio.move_on_after(SEND_TIMEOUT):
             # Connection.notify, not the deprecated Connection.log: same frame, no warning.
             await self.connection.notify("notifications/message", line)
 
@@ -149,34 +151,6 @@ def refusal(session: DownstreamSession, request: types.InputRequest) -> types.Er
             "from a handshake-era upstream",
         )
     return unsupported(session.capabilities, request)
-
-
-def unsupported(
-    capabilities: types.ClientCapabilities | None, request: types.InputRequest
-) -> types.ErrorData | None:
-    """Why a client with ``capabilities`` cannot answer ``request``, or None if it can."""
-    caps = capabilities or types.ClientCapabilities()
-    capability = {
-        "sampling/createMessage": caps.sampling,
-        "elicitation/create": caps.elicitation,
-        "roots/list": caps.roots,
-    }[request.method]
-    if capability is None:
-        return types.ErrorData(
-            code=types.INVALID_REQUEST,
-            message=f"agent-gateway: the client did not declare the capability for {request.method}",
-        )
-    return None
-
-
-def result_type(request: types.InputRequest) -> type[types.InputResponse]:
-    """The result model of an input request, as the client's answer is validated."""
-    if isinstance(request, types.CreateMessageRequest):
-        with_tools = request.params.tools is not None or request.params.tool_choice is not None
-        return types.CreateMessageResultWithTools if with_tools else types.CreateMessageResult
-    if isinstance(request, types.ElicitRequest):
-        return types.ElicitResult
-    return types.ListRootsResult
 
 
 def _software(connection: Connection) -> str | None:
@@ -225,7 +199,7 @@ class SessionRegistry(Middleware):
                 await self.end(session)
 
     def _attach(self, request: Any) -> DownstreamSession:
-        connection: Connection = request.session._connection
+        connection = connection_of(request.session)
         if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return self._open(uuid.uuid4().hex, "modern", None, request.session.client_capabilities)
         known = connection.state.get(STATE_KEY)

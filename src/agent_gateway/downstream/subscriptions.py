@@ -19,15 +19,16 @@ import mcp_types as types
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated, ServerEvent
 from mcp.shared.exceptions import MCPError
 
-from agent_gateway import sessions
+from agent_gateway.compat.mcp import connection_of
+from agent_gateway.downstream import sessions
+from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import GatewayError, to_wire
 from agent_gateway.proxy import Proxy
-from agent_gateway.sessions import DownstreamSession
+from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 
-_SEND_TIMEOUT = 5.0
 MAX_LISTEN_STREAMS = 1024
 
 Key = tuple[str, str]
@@ -115,7 +116,7 @@ class ResourceSubscriptions:
             self._subscribers.pop(key, None)
             upstream = self._upstream.pop(key, None)
             if upstream is not None and upstream.client is not None:
-                with anyio.move_on_after(_SEND_TIMEOUT):
+                with anyio.move_on_after(SEND_TIMEOUT):
                     try:
                         await upstream.subscribe(key[1], subscribe=False)
                     except GatewayError as exc:  # the upstream may be gone already: nothing to undo
@@ -145,7 +146,7 @@ class ResourceSubscriptions:
                     public,
                     upstream.id,
                 )
-                with anyio.move_on_after(_SEND_TIMEOUT):
+                with anyio.move_on_after(SEND_TIMEOUT):
                     if session.connection is not None:
                         await session.connection.send_resource_updated(public)
                     elif (stream := self._streams.get(session)) is not None:
@@ -154,7 +155,7 @@ class ResourceSubscriptions:
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
         for session, public in list(self._subscribers.get((upstream.id, uri), {}).items()):
-            with anyio.move_on_after(_SEND_TIMEOUT):
+            with anyio.move_on_after(SEND_TIMEOUT):
                 if session.connection is not None:
                     await session.connection.send_resource_updated(public)
                 elif (stream := self._streams.get(session)) is not None:
@@ -190,7 +191,7 @@ def _session(ctx: Any) -> DownstreamSession:
     current = sessions.CURRENT.get()
     if current is not None:
         return current
-    known = ctx.session._connection.state.get(sessions.STATE_KEY)
+    known = connection_of(ctx.session).state.get(sessions.STATE_KEY)
     if isinstance(known, DownstreamSession):
         return known
     raise MCPError(code=types.INVALID_REQUEST, message="resources/subscribe outside a known session")

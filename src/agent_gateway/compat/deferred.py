@@ -11,6 +11,10 @@ goes back as JSON. Anything sent before it (progress, a log line, a sampling or 
 request) commits the stream, and so does ``PING_INTERVAL`` of silence, as the SDK's
 keepalive would. Everything else stays the SDK's: sessions, validation, error answers,
 resumability (with an event store the SDK's path is kept as is, priming event included).
+
+It lives in ``compat/`` because it is built of the SDK transport's private methods and state
+(``tests/test_compat.py`` lists each) and swaps the class of FastMCP's session manager and of
+each transport it makes: the SDK offers no transport factory to pass.
 """
 
 from __future__ import annotations

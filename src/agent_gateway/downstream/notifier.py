@@ -24,11 +24,13 @@ from mcp.server.subscriptions import (
 
 from agent_gateway.access import Principal
 from agent_gateway.catalog import CatalogChange, ListName
-from agent_gateway.sessions import DownstreamSession
+from agent_gateway.downstream.sessions import DownstreamSession
 
 logger = logging.getLogger(__name__)
 
-_SEND_TIMEOUT = 2.0
+_BROADCAST_BOUND = 2.0
+"""Per client, shorter than ``runtime.SEND_TIMEOUT``: clients are told one after another, so
+a stuck one must not hold the rest back long."""
 _EVENTS: dict[ListName, ServerEvent] = {
     "tools": ToolsListChanged(),
     "prompts": PromptsListChanged(),
@@ -75,7 +77,7 @@ class ListChangedNotifier:
             lists: list[ListName] = [*shared, "tools"] if tools_changed(session) else shared
             if session.connection is not None and lists:
                 # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
-                with anyio.move_on_after(_SEND_TIMEOUT):
+                with anyio.move_on_after(_BROADCAST_BOUND):
                     for kind in sorted(lists):
                         await _SENDERS[kind](session.connection)
 

@@ -1,0 +1,151 @@
+"""One client request being served, and what goes back to its client while an upstream
+works on it: progress under the client's token, log lines tagged with the upstream's name,
+sampling / elicitation / roots requests answered by the client that caused them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import mcp_types as types
+from fastmcp.server.dependencies import get_context
+from mcp.server.session import ServerSession
+from mcp.shared.dispatcher import ProgressFnT
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+
+from agent_gateway.access import Principal
+from agent_gateway.downstream import sessions
+from agent_gateway.downstream.input_requests import result_type
+from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, refusal, relabelled, wanted
+from agent_gateway.runtime import SEND_TIMEOUT
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class Caller:
+    """One client request being served: where its progress, logs and questions go.
+
+    Everything is captured in the request's own task: the relays run later on an upstream
+    connection's tasks, where the server's request context is not this request's.
+    """
+
+    session: DownstreamSession
+    server_session: ServerSession
+    request_id: types.RequestId | None
+    progress_token: types.ProgressToken | None = None
+    request_log_level: types.LoggingLevel | None = None
+    input_responses: types.InputResponses | None = None
+    request_state: str | None = None
+    client: Principal | None = None
+    """Who asked, from the request's own identity (``AccessControl.identify``); None: no
+    identity, so nothing is forwarded for it."""
+
+    @classmethod
+    def of_request(
+        cls,
+        session: DownstreamSession,
+        server_session: ServerSession,
+        request_id: types.RequestId | None,
+        meta: Mapping[str, Any] | None,
+        params: types.InputResponseRequestParams | None = None,
+        client: Principal | None = None,
+    ) -> Caller:
+        """The caller of one request: ``meta`` is its raw wire ``_meta`` (camelCase keys)."""
+        meta = meta or {}
+        level = meta.get(types.LOG_LEVEL_META_KEY)
+        return cls(
+            session=session,
+            server_session=server_session,
+            # As a string, as FastMCP passes it: the transport finds the request's stream by it.
+            request_id=None if request_id is None else str(request_id),
+            progress_token=meta.get("progressToken"),
+            request_log_level=level if level in LEVELS else None,
+            input_responses=params.input_responses if params is not None else None,
+            request_state=params.request_state if params is not None else None,
+            client=client,
+        )
+
+    @property
+    def session_id(self) -> str:
+        return self.session.id
+
+    @property
+    def modern(self) -> bool:
+        return self.session.modern
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self.session.capabilities
+
+    @property
+    def log_level(self) -> types.LoggingLevel | None:
+        if self.modern:
+            return self.request_log_level
+        # A handshake-era client that never set a level gets every line, as a handshake-era
+        # server would send them; a modern upstream needs that said per request.
+        return self.session.log_level or "debug"
+
+    def progress_relay(self) -> ProgressFnT | None:
+        token = self.progress_token
+        if token is None:
+            return None
+
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            await self.server_session.send_progress_notification(
+                progress_token=token,
+                progress=progress,
+                total=total,
+                message=message,
+                related_request_id=None if self.request_id is None else str(self.request_id),
+            )
+
+        return relay
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        # Modern clients opt in per request; handshake-era ones filter with logging/setLevel.
+        threshold = self.request_log_level if self.modern else self.session.log_level
+        if (self.modern and threshold is None) or not wanted(params.level, threshold):
+            return
+        line = types.LoggingMessageNotification(params=relabelled(upstream, params))
+        with anyio.move_on_after(SEND_TIMEOUT):
+            await self.server_session.send_notification(line, related_request_id=self.request_id)
+
+    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        if (refused := refusal(self.session, request)) is not None:
+            logger.warning(
+                "%s from %s for session %s refused: %s",
+                request.method,
+                upstream,
+                self.session_id,
+                refused.message,
+            )
+            return refused
+        logger.info("relaying %s from %s to session %s", request.method, upstream, self.session_id)
+        try:
+            return await self.server_session.send_request(
+                request,  # pyright: ignore[reportArgumentType]
+                result_type(request),
+                metadata=ServerMessageMetadata(related_request_id=self.request_id),
+            )
+        except MCPError as exc:
+            return exc.error
+
+
+def current_caller(client: Principal | None) -> Caller | None:
+    """The request being served through FastMCP's own ``tools/call`` (``ask_agent``),
+    captured in its own task (None outside a request)."""
+    session = sessions.CURRENT.get()
+    context = get_context()
+    request = context.request_context
+    if session is None or request is None:
+        return None
+    rounds = types.InputResponseRequestParams(
+        input_responses=context.input_responses, request_state=context.request_state
+    )
+    return Caller.of_request(session, context.session, request.request_id, request.meta, rounds, client)

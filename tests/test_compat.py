@@ -1,0 +1,209 @@
+"""The seam with third-party internals (``agent_gateway.compat``): each private member the
+gateway uses still exists, with the shape it is used with.
+
+An upgrade that renames, moves or reshapes one fails here, naming the member and the
+library, instead of failing silently at run time (a handshake-era answer back on SSE, a
+memory that grows, a provider built without the gateway's connection pool).
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from fastmcp import FastMCP
+from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
+from langchain_anthropic import ChatAnthropic
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from mcp.server.lowlevel import Server
+from mcp.server.session import ServerSession
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+
+from agent_gateway import compat
+from agent_gateway.compat import fastmcp as fastmcp_compat
+from agent_gateway.compat import httpx2 as httpx2_compat
+from agent_gateway.compat import langchain as langchain_compat
+from agent_gateway.compat import langgraph as langgraph_compat
+from agent_gateway.compat import mcp as mcp_compat
+
+SRC = Path(compat.__file__).resolve().parent.parent
+
+
+def parameters(function: Callable[..., Any]) -> list[str]:
+    return [p for p in inspect.signature(function).parameters if p != "self"]
+
+
+def assigned_in_init(cls: type, attribute: str) -> bool:
+    """Whether ``cls`` (or a base) declares ``attribute`` or its ``__init__`` assigns it."""
+    for klass in cls.__mro__:
+        if attribute in inspect.get_annotations(klass):
+            return True
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        tree = ast.parse(inspect.getsource(init).strip().replace("\n    ", "\n"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr == attribute and isinstance(node.ctx, ast.Store):
+                return True
+    return False
+
+
+# -- mcp -----------------------------------------------------------------------------------
+
+# Each private method DeferredStreamTransport calls or overrides, with the parameters it passes.
+TRANSPORT_METHODS = {
+    "_handle_post_request": ["scope", "request", "receive", "send"],
+    "_validate_request_headers": ["request", "send"],
+    "_create_error_response": ["error_message", "status_code", "error_code"],
+    "_check_content_type": ["request"],
+    "_create_session_message": ["message", "request", "request_id", "protocol_version"],
+    "_clean_up_memory_streams": ["request_id"],
+    "_create_json_response": ["response_message"],
+    "_run_sse_writer": ["request_id", "sse_stream_writer", "request_stream_reader", "priming_event"],
+}
+TRANSPORT_STATE = ["_read_stream_writer", "_event_store", "_request_streams", "_sse_stream_writers"]
+
+
+@pytest.mark.parametrize("method", TRANSPORT_METHODS)
+def test_the_sdk_transport_has_each_private_method_deferred_responses_use(method: str) -> None:
+    function = getattr(StreamableHTTPServerTransport, method, None)
+    assert callable(function), f"mcp: StreamableHTTPServerTransport.{method} is gone (compat/deferred.py)"
+    expected = TRANSPORT_METHODS[method]
+    assert parameters(function)[: len(expected)] == expected, (
+        f"mcp: StreamableHTTPServerTransport.{method} takes {parameters(function)} now, "
+        f"compat/deferred.py passes {expected}"
+    )
+
+
+@pytest.mark.parametrize("attribute", TRANSPORT_STATE)
+def test_the_sdk_transport_keeps_each_piece_of_state_deferred_responses_read(attribute: str) -> None:
+    assert assigned_in_init(StreamableHTTPServerTransport, attribute), (
+        f"mcp: StreamableHTTPServerTransport no longer sets self.{attribute} (compat/deferred.py)"
+    )
+
+
+def test_fastmcps_session_manager_admits_a_session_by_one_overridable_method() -> None:
+    admit = getattr(FastMCPStreamableHTTPSessionManager, "_admit_session", None)
+    assert callable(admit), "fastmcp/mcp: the session manager's _admit_session is gone (compat/deferred.py)"
+    assert parameters(admit) == ["requestor"]
+
+
+def test_a_server_session_keeps_its_connection_as_connection_of_reads_it() -> None:
+    assert assigned_in_init(ServerSession, "_connection"), "mcp: ServerSession._connection is gone"
+    connection = mcp_compat.Connection
+    assert assigned_in_init(connection, "state")
+    assert callable(connection.notify)
+    assert callable(connection.send_resource_updated)
+
+
+def test_the_private_sdk_names_compat_imports_are_what_they_were() -> None:
+    assert isinstance(mcp_compat.MCP_DEFAULT_TIMEOUT, float)
+    assert isinstance(mcp_compat.MCP_DEFAULT_SSE_READ_TIMEOUT, float)
+    assert parameters(mcp_compat.create_mcp_http_client)[:3] == ["headers", "timeout", "auth"]
+    assert getattr(mcp_compat.TransportStreams, "__origin__", None) is tuple
+
+
+# -- fastmcp -------------------------------------------------------------------------------
+
+
+def test_fastmcp_keeps_its_low_level_server() -> None:
+    lowlevel = fastmcp_compat.lowlevel_server(FastMCP("x"))
+    assert isinstance(lowlevel, Server)
+    # The public low-level API the gateway then uses (mcp's, not FastMCP's).
+    assert isinstance(lowlevel.middleware, list)
+    assert lowlevel.get_request_handler("tools/call") is not None
+    assert hasattr(lowlevel, "get_tool_input_schema")
+
+
+# -- httpx2, langchain, langgraph ----------------------------------------------------------
+
+
+def test_httpx2_reads_the_proxy_environment_as_the_aiohttp_transport_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.internal:3128")
+    proxies = httpx2_compat.get_environment_proxies()
+    assert proxies.get("https://") == "http://proxy.internal:3128"
+    assert httpx2_compat.URLPattern("https://").matches(httpx2.URL("https://example.com"))
+
+
+def test_chat_anthropic_still_builds_its_client_from_client_params() -> None:
+    chat = ChatAnthropic(model_name="claude-test", api_key="sk-test", timeout=5, stop=None)  # type: ignore[call-arg]
+    params = langchain_compat.anthropic_client_params(chat)
+    assert params["api_key"] == "sk-test"
+    sentinel = object()
+    langchain_compat.use_async_client(chat, sentinel)
+    assert chat._async_client is sentinel  # pyright: ignore[reportPrivateUsage]
+
+
+def test_the_in_memory_saver_keeps_its_three_maps() -> None:
+    saver = InMemorySaver()
+    for name in ("storage", "writes", "blobs", "serde"):
+        assert hasattr(saver, name), f"langgraph: InMemorySaver.{name} is gone (compat/langgraph.py)"
+
+
+async def test_the_sqlite_saver_keeps_its_checkpoint_tables(tmp_path: Path) -> None:
+    path = tmp_path / "memory.sqlite"
+    async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
+        await saver.setup()
+    with sqlite3.connect(path) as db:
+        for table in langgraph_compat.CHECKPOINT_TABLES:
+            columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            assert {"thread_id", "checkpoint_ns", "checkpoint_id"} <= columns, (
+                f"langgraph-checkpoint-sqlite: table {table} has {columns} (compat/langgraph.py)"
+            )
+
+
+# -- the seam is the only place --------------------------------------------------------------
+
+_PRIVATE_MODULE = ("mcp.client._", "mcp.shared._", "httpx2._", "fastmcp._", "langgraph._")
+
+
+def test_no_module_outside_compat_imports_a_private_module_of_a_dependency() -> None:
+    found = []
+    for path in SRC.rglob("*.py"):
+        if "compat" in path.relative_to(SRC).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(_PRIVATE_MODULE):
+                found.append(f"{path.relative_to(SRC)}: from {node.module}")
+    assert found == []
+
+
+def _own_privates(trees: list[ast.Module]) -> set[str]:
+    """The private names our own classes define (``self._x = ...``, ``_x: T`` in a class)."""
+    own: set[str] = set()
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                own.add(node.target.id)
+            elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                own.add(node.name)
+    return {name for name in own if name.startswith("_")}
+
+
+def test_no_module_outside_compat_reaches_a_private_member_of_a_dependency() -> None:
+    sources = {path: ast.parse(path.read_text()) for path in SRC.rglob("*.py")}
+    ours = _own_privates([tree for path, tree in sources.items() if "compat" not in path.parts])
+    found = []
+    for path, tree in sources.items():
+        if "compat" in path.relative_to(SRC).parts:
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and node.attr not in ours
+            ):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

@@ -1,0 +1,48 @@
+"""The module boundaries the README's layout promises (issue 18): each holds, or fails here."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import agent_gateway
+
+SRC = Path(agent_gateway.__file__).resolve().parent
+
+
+def imports_of(path: Path) -> set[str]:
+    modules: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules.add(node.module)
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            modules.update(alias.name for alias in node.names)
+    return modules
+
+
+def test_the_catalog_is_pure_it_pulls_in_no_transport() -> None:
+    code = (
+        "import sys, agent_gateway.catalog; "
+        "print(sorted(m for m in sys.modules if m.startswith(('agent_gateway.upstreams', 'aiohttp', 'websockets'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+def test_the_agent_reaches_clients_only_through_the_caller() -> None:
+    found = {
+        f"{path.name}: {module}"
+        for path in (SRC / "agent").glob("*.py")
+        for module in imports_of(path)
+        if module.startswith(("agent_gateway.components", "agent_gateway.downstream.sessions"))
+    }
+    assert found == set()
+
+
+def test_the_proxy_only_routes_the_client_side_is_downstreams() -> None:
+    tree = ast.parse((SRC / "proxy.py").read_text())
+    classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    assert classes == {"Proxy"}
