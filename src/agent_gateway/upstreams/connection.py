@@ -6,7 +6,6 @@ Its errors are translated where every call's are: ``UpstreamSession.translated``
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -28,9 +27,9 @@ from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavai
 from agent_gateway.logs import redacted_url
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
+from agent_gateway.upstreams.lifecycle import connected
 from agent_gateway.upstreams.replies import Broadcast
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession, describe
-from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)
 
@@ -124,29 +123,16 @@ class Upstream:
         started = time.perf_counter()
         logger.info("starting %s (%s)", self.name, describe_target(self.config))
         session = UpstreamSession(self.name, self.config, broadcast=self._broadcast, guard=self.guard)
-        # One scope around the whole connection: a deadline while connecting, none after.
-        # (A timeout scope around only the entry would exit before the client's task group.)
-        with anyio.CancelScope(deadline=anyio.current_time() + self.config.connect_timeout) as connecting:
-            transport = watched(open_transport(self.config), session.lost, session.id)
-            try:
-                async with session.new_client(transport, self._on_message) as client:
-                    listing = await fetch_listing(client)
-                    connecting.deadline = math.inf
-                    session.attach(client)
-                    async with anyio.create_task_group() as tg:
-                        if self._updates is not None:  # running before anyone can subscribe
-                            await tg.start(session.relay_updates, self._updates)
-                        self._session = session
-                        self._mark_up(client, listing, time.perf_counter() - started)
-                        await self._on_listing(self.name, listing)
-                        self.settled.set()
-                        await self._serve(client, session, tg)
-            finally:
-                session.detach()
-        if connecting.cancelled_caught:
-            raise UpstreamUnavailable(
-                self.name, f"no answer within connect_timeout ({self.config.connect_timeout:g}s)"
-            )
+        async with connected(session, self._on_message, self._updates, fetch_listing) as (
+            client,
+            tg,
+            listing,
+        ):
+            self._session = session
+            self._mark_up(client, listing, time.perf_counter() - started)
+            await self._on_listing(self.name, listing)
+            self.settled.set()
+            await self._serve(client, session, tg)
         raise UpstreamUnavailable(self.name, session.lost_reason or "connection closed")
 
     async def _serve(self, client: Client, session: UpstreamSession, tg: TaskGroup) -> None:

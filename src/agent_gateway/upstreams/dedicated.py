@@ -8,7 +8,6 @@ it sends back, belongs to one client.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -20,10 +19,10 @@ from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.errors import UpstreamError, UpstreamUnavailable
 from agent_gateway.upstreams.guard import Guard
+from agent_gateway.upstreams.lifecycle import connected
 from agent_gateway.upstreams.session import Downstream, UpdateSink, UpstreamSession, describe
-from agent_gateway.upstreams.transports import open_transport, watched
 
 logger = logging.getLogger(__name__)
 
@@ -104,30 +103,19 @@ class DedicatedSessions:
     async def _serve(self, key: tuple[str, str], entry: _Dedicated) -> None:
         session = entry.session
         try:
-            with anyio.CancelScope(deadline=anyio.current_time() + session.config.connect_timeout) as scope:
-                transport = watched(open_transport(session.config), session.lost, session.id)
-                async with session.new_client(transport, _ignore) as client:
-                    scope.deadline = math.inf
-                    session.attach(client)
-                    async with anyio.create_task_group() as tg:
-                        if self._updates is not None:  # running before the caller can subscribe
-                            await tg.start(session.relay_updates, self._updates)
-                        self.opened += 1
-                        entry.ready.set()
-                        logger.info("dedicated upstream session %s opened for %s", session.id, key[0])
-                        if session.owner is not None and session.owner.log_level is not None:
-                            with session.translated("logging/setLevel"):
-                                await session.set_logging_level(session.owner.log_level)
-                        tg.start_soon(_set_on, session.lost, entry.close)
-                        await entry.close.wait()
-                        tg.cancel_scope.cancel()
-            if scope.cancelled_caught:
-                entry.error = "timed out connecting"
+            async with connected(session, _ignore, self._updates) as (_, tg, _):
+                self.opened += 1
+                entry.ready.set()
+                logger.info("dedicated upstream session %s opened for %s", session.id, key[0])
+                if session.owner is not None and session.owner.log_level is not None:
+                    with session.translated("logging/setLevel"):
+                        await session.set_logging_level(session.owner.log_level)
+                tg.start_soon(_set_on, session.lost, entry.close)
+                await entry.close.wait()
         except Exception as exc:  # this session's life only: report to the waiting caller
-            entry.error = describe(exc)
+            entry.error = exc.detail if isinstance(exc, UpstreamError) else describe(exc)
             logger.warning("dedicated upstream session %s failed: %s", session.id, entry.error)
         finally:
-            session.detach()
             if self._sessions.get(key) is entry:
                 del self._sessions[key]
             entry.ready.set()

@@ -1,0 +1,58 @@
+"""The one life of an upstream session, shared and dedicated alike: connect within
+``connect_timeout``, attach the client, relay its resource updates, detach when it ends."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp import Client
+from mcp.client.session import MessageHandlerFnT
+
+from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+from agent_gateway.upstreams.transports import open_transport, watched
+
+T = TypeVar("T")
+
+
+async def _nothing(client: Client) -> None:
+    return None
+
+
+@asynccontextmanager
+async def connected(
+    session: UpstreamSession,
+    on_message: MessageHandlerFnT,
+    updates: UpdateSink | None,
+    prepare: Callable[[Client], Awaitable[T]] = _nothing,  # type: ignore[assignment]
+) -> AsyncIterator[tuple[Client, TaskGroup, T]]:
+    """``session`` connected: its client (after ``prepare``, which runs within the connect
+    deadline too), a task group that ends with it, and what ``prepare`` returned.
+
+    Raises:
+        UpstreamUnavailable: the connection and ``prepare`` took longer than connect_timeout.
+    """
+    timeout = session.config.connect_timeout
+    # One scope around the whole connection: a deadline while connecting, none after.
+    # (A timeout scope around only the entry would exit before the client's task group.)
+    with anyio.CancelScope(deadline=anyio.current_time() + timeout) as connecting:
+        transport = watched(open_transport(session.config), session.lost, session.id)
+        try:
+            async with session.new_client(transport, on_message) as client:
+                prepared = await prepare(client)
+                connecting.deadline = math.inf
+                session.attach(client)
+                async with anyio.create_task_group() as tg:
+                    if updates is not None:  # running before anyone can subscribe
+                        await tg.start(session.relay_updates, updates)
+                    yield client, tg, prepared
+                    tg.cancel_scope.cancel()
+        finally:
+            session.detach()
+    if connecting.cancelled_caught:
+        raise UpstreamUnavailable(session.name, f"no answer within connect_timeout ({timeout:g}s)")
