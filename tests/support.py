@@ -92,28 +92,42 @@ async def ready(port: int, bound: float = 30) -> None:
 
 
 @asynccontextmanager
+async def child_process(
+    args: list[str], env: Mapping[str, str], log: Path | None = None
+) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """A child process (its output to ``log`` when given), stopped with SIGTERM (so an SDK in
+    it flushes) and reaped, bounded, on the way out."""
+    with contextlib.ExitStack() as stack:
+        out = stack.enter_context(log.open("wb")) if log is not None else None
+        child = subprocess.Popen(args, env=dict(env), stdout=out, stderr=subprocess.STDOUT if out else None)
+        try:
+            yield child
+        finally:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+                # Waited for off the event loop: a receiver in this process must keep
+                # answering the child's last exports while it exits.
+                with anyio.CancelScope(shield=True):
+                    try:
+                        await anyio.to_thread.run_sync(child.wait, 20)
+                    except subprocess.TimeoutExpired:
+                        child.kill()
+                        await anyio.to_thread.run_sync(child.wait, 10)
+
+
+@asynccontextmanager
 async def gateway_process(data: Mapping[str, Any], directory: Path) -> AsyncIterator[str]:
     """``agent-gateway serve`` on ``data`` (written to ``directory``/gateway.yaml) as its own
-    process, as deployed (telemetry installed, ``/metrics`` served); yields its base URL and
-    stops it with SIGTERM, bounded, on the way out."""
+    process, as deployed (telemetry installed, ``/metrics`` served); yields its base URL."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump({**data, "server": {**data.get("server", {}), "port": port}}))
     command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
-    child = subprocess.Popen(command, env=gateway_env())
-    try:
+    async with child_process(command, gateway_env()):
         await ready(port)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        child.send_signal(signal.SIGTERM)
-        with anyio.CancelScope(shield=True):
-            try:
-                await anyio.to_thread.run_sync(child.wait, 15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                await anyio.to_thread.run_sync(child.wait, 10)
 
 
 def config_of(data: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:

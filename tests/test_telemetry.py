@@ -7,8 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -32,7 +30,7 @@ from agent_gateway.telemetry import PROMETHEUS_METRICS
 from tests.agent.model_apis import Turn, openai_api
 from tests.otlp import Received, SpanSeen, otlp_receiver
 from tests.servers import recorder
-from tests.support import SERVERS, free_socket, gateway_env, running_gateway, serving
+from tests.support import SERVERS, child_process, free_socket, gateway_env, running_gateway, serving
 
 API_KEY = "sk-otel-secret-1234567890"
 UPSTREAM_TOKEN = "tok-otel-secret-abcdef"
@@ -44,26 +42,6 @@ def free_port() -> int:
     port = int(sock.getsockname()[1])
     sock.close()
     return port
-
-
-@asynccontextmanager
-async def process(args: list[str], env: dict[str, str], log: Path) -> AsyncIterator[subprocess.Popen[bytes]]:
-    """A child process, stopped with SIGTERM (so its SDK flushes) and reaped on the way out."""
-    with log.open("wb") as out:
-        child = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            yield child
-        finally:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-                # Waited for off the event loop: the receiver in this process must keep
-                # answering the child's last exports while it exits.
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await anyio.to_thread.run_sync(child.wait, 20)
-                    except subprocess.TimeoutExpired:
-                        child.kill()
-                        await anyio.to_thread.run_sync(child.wait, 10)
 
 
 async def until_ready(url: str, any_answer: bool = False) -> None:
@@ -131,9 +109,9 @@ async def traced_gateway(
         web_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_SERVICE_NAME": "web-upstream"}
         gateway = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
         log = tmp_path / "gateway.log"
-        async with process([*traced, "http", str(web_port)], web_env, tmp_path / "web.log"):
+        async with child_process([*traced, "http", str(web_port)], web_env, tmp_path / "web.log"):
             await until_ready(f"http://127.0.0.1:{web_port}/mcp", any_answer=True)
-            async with process(gateway, env, log):
+            async with child_process(gateway, env, log):
                 await until_ready(f"http://127.0.0.1:{port}/readyz")
                 yield Traced(f"http://127.0.0.1:{port}", log, received, web_port)
 

@@ -9,7 +9,7 @@ from opentelemetry import baggage, trace
 from agent_gateway.config import TelemetryConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.exporters import Settings
-from agent_gateway.telemetry import incoming_context
+from agent_gateway.trace_context import incoming_context
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 PARENT = f"00-{TRACE}-b7ad6b7169203331-01"

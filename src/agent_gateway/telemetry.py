@@ -1,4 +1,4 @@
-"""OpenTelemetry for the gateway: provider set-up, trace context in and out, MCP spans and metrics.
+"""OpenTelemetry for the gateway: MCP spans and metrics (trace context in and out: trace_context.py).
 
 The gateway instruments through the OpenTelemetry API only; until ``install`` sets the SDK's
 providers every span is a no-op that still carries the caller's context, so a trace passes
@@ -15,8 +15,6 @@ Spans, by the OpenTelemetry MCP semantic conventions:
 
 from __future__ import annotations
 
-import json
-import re
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -27,14 +25,13 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
-import httpx2
 import mcp_types as types
 from fastmcp.telemetry import suppress_fastmcp_telemetry
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.methods import SPEC_CLIENT_METHODS
 from opentelemetry import context as otel_context
-from opentelemetry import metrics, propagate, trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
@@ -43,6 +40,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from pydantic import ValidationError
 
 from agent_gateway.errors import GatewayError
+from agent_gateway.trace_context import incoming_context
 
 PROMETHEUS_METRICS: frozenset[str] = frozenset(
     {
@@ -67,7 +65,6 @@ tests/test_telemetry.py holds it to a real scrape, and the dashboard test to the
 
 SCOPE = "agent-gateway"
 MCP_CLIENT_SCOPE = "mcp-python-sdk"  # the mcp package's tracer: its client spans are ours to enrich
-_CARRIER_KEYS = ("traceparent", "tracestate", "baggage")
 # Seconds; the semantic conventions' advice for MCP and GenAI operation durations.
 DURATION_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
@@ -127,33 +124,6 @@ def _observe_up(options: CallbackOptions) -> Iterable[Observation]:
 meter.create_observable_gauge(
     "agent_gateway.upstream.up", callbacks=[_observe_up], description="1 while an upstream is connected."
 )
-# -- trace context in ------------------------------------------------------------------------
-
-
-def incoming_context(meta: object, headers: Mapping[str, str] | None) -> Context | None:
-    """The caller's trace context: from ``_meta`` (also FastMCP's ``fastmcp.*`` keys), else
-    from the HTTP request's headers; None when neither carries a valid ``traceparent``."""
-    carrier = _meta_carrier(meta)
-    if "traceparent" not in carrier and headers is not None:
-        carrier = {k: headers[k] for k in _CARRIER_KEYS if k in headers}
-    if "traceparent" not in carrier:
-        return None
-    # Onto the current context, so values already set in it (suppression markers) survive.
-    extracted = propagate.extract(carrier, context=otel_context.get_current())
-    return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None
-
-
-def _meta_carrier(meta: object) -> dict[str, str]:
-    if not isinstance(meta, Mapping):
-        return {}
-    carrier: dict[str, str] = {}
-    for key in _CARRIER_KEYS:
-        value = meta.get(key, meta.get(f"fastmcp.{key}"))  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
-        if isinstance(value, str):
-            carrier[key] = value
-    return carrier
-
-
 # -- server spans ----------------------------------------------------------------------------
 
 
@@ -379,37 +349,3 @@ def mark_upstream_error(error_type: str) -> None:
     call = _UPSTREAM_CALL.get()
     if call is not None:
         call.outcome.error_type = error_type
-
-
-# -- trace context out over HTTP -------------------------------------------------------------
-
-_TRACE_FIELD = re.compile(rb'"traceparent"\s*:')
-
-
-async def trace_headers(request: httpx2.Request) -> None:
-    """An httpx event hook: the trace context the ``mcp`` client put in the body's ``_meta``
-    also goes in the HTTP headers (the POST is sent from the transport's task, whose own
-    context is not the request's)."""
-    if request.method != "POST":
-        return
-    try:
-        body = request.content
-    except httpx2.RequestNotRead:
-        return
-    if not _TRACE_FIELD.search(body):
-        return
-    meta = _body_meta(body)
-    for key in _CARRIER_KEYS:
-        value = meta.get(key)
-        if isinstance(value, str) and key not in request.headers:
-            request.headers[key] = value
-
-
-def _body_meta(body: bytes) -> Mapping[str, Any]:
-    try:
-        message = json.loads(body)
-    except ValueError:
-        return {}
-    params = message.get("params") if isinstance(message, dict) else None
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    return meta if isinstance(meta, dict) else {}  # pyright: ignore[reportUnknownVariableType]

@@ -8,7 +8,6 @@ but cancellation.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import secrets
@@ -17,7 +16,6 @@ import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -44,7 +42,9 @@ from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RecordedObserver, RunObserver
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
+from agent_gateway.agent.run_record import fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
+from agent_gateway.agent.threads import thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
@@ -172,12 +172,12 @@ class AgentRunner:
         try:
             resumed = Resumption.of(caller)
         except AgentError as exc:
-            outcome = _failure(_new_record("", "", self._models.label), str(exc))
+            outcome = _failure(new_record("", "", self._models.label), str(exc))
             _log_end(outcome)
             return outcome
         run_id = resumed.run if resumed else uuid.uuid4().hex
-        thread = resumed.thread if resumed else _thread_of(request, client, caller, run_id)
-        record = _new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
+        thread = resumed.thread if resumed else thread_of(request.conversation_id, client, caller, run_id)
+        record = new_record(thread, run_id, self._models.label, resumed.started if resumed else None)
         log = LogObserver(run_id)
         report: RunObserver = observer or (ClientObserver(caller, self.config.name, log) if caller else log)
         # The status page keeps each run, with its steps as they happen.
@@ -318,7 +318,7 @@ class AgentRunner:
         return SessionAsker(caller, self.config.name)
 
     def _finished(self, record: dict[str, Any], final: Mapping[str, Any]) -> RunOutcome:
-        _fill(record, final)
+        fill(record, final)
         last = final["messages"][-1]
         if isinstance(last, AIMessage) and (last.tool_calls or last.invalid_tool_calls):
             raise StepLimitReached(
@@ -336,13 +336,13 @@ async def _read_partial(record: dict[str, Any], graph: AgentGraph, config: Runna
     """Fill ``record`` from the run's last checkpoint (under the thread's lock, so it is this run's)."""
     with anyio.CancelScope(shield=True), anyio.move_on_after(_READ_TIMEOUT):
         try:
-            _fill(record, (await graph.aget_state(config)).values)
+            fill(record, (await graph.aget_state(config)).values)
         except Exception:  # a broken store must not turn a clear error into a crash
             logger.exception("agent run %s: its partial record could not be read", record["run_id"])
 
 
 def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, token: str) -> RunOutcome:
-    _fill(record, final)
+    fill(record, final)
     record["ended_at"] = None
     state = Resumption(record["thread_id"], record["run_id"], token, record["started_at"]).encode()
     asked = pause.input_requests()
@@ -355,67 +355,9 @@ def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, toke
 
 
 def _failure(record: dict[str, Any], message: str) -> RunOutcome:
-    record["ended_at"] = _now()
+    record["ended_at"] = now()
     record["error"] = message
     return RunOutcome(record, error=f"ask_agent failed: {message}")
-
-
-def _thread_of(request: AgentRequest, client: access.Principal, caller: Caller | None, run_id: str) -> str:
-    """The run's thread, in the calling client's own space: no other client can name (and
-    read) its conversations. The space is a digest of the client's identity, so subjects
-    with ``/`` or ``:`` in them, or called ``anonymous``, cannot reach into another's; an
-    id that already carries the client's space (a ``thread_id`` it was given) is kept."""
-    wanted = request.conversation_id or _default_thread(caller, run_id)
-    if client is access.OPERATOR:  # the operator's own command line: any thread
-        return wanted
-    space = _space(client)
-    return wanted if wanted.startswith(space) else space + wanted
-
-
-def _space(client: access.Principal) -> str:
-    if not client.authenticated:
-        return "anonymous:"
-    return "c" + hashlib.sha256(client.subject.encode()).hexdigest()[:32] + ":"
-
-
-def _default_thread(caller: Caller | None, run_id: str) -> str:
-    # A session's own thread has a random id, never the session id (which upstreams see).
-    # A modern-era request is a session of its own: a fresh thread, returned for continuing.
-    if caller is not None and not caller.modern:
-        return caller.session.conversation
-    return f"run-{run_id}"
-
-
-def _new_record(thread: str, run_id: str, model: str, started: str | None = None) -> dict[str, Any]:
-    return {
-        "answer": None,
-        "thread_id": thread,
-        "run_id": run_id,
-        "steps": 0,
-        "tool_calls": [],
-        "usage": {"input_tokens": 0, "output_tokens": 0},
-        "offered_tools": {"count": 0, "names": []},
-        "model": model,
-        "started_at": started or _now(),
-        "ended_at": None,
-        "error": None,
-    }
-
-
-def _fill(record: dict[str, Any], state: Mapping[str, Any]) -> None:
-    offered = list(state.get("offered_seen") or [])
-    record["offered_tools"] = {"count": len(offered), "names": offered}
-    record["steps"] = state.get("steps", 0)
-    record["tool_calls"] = list(state.get("tool_calls", []))
-    record["usage"] = dict(state.get("usage") or record["usage"])
-    replies = [m for m in state.get("messages", []) if isinstance(m, AIMessage)]
-    if replies and (name := replies[-1].response_metadata.get("model_name")):
-        record["model"] = name
-    record["ended_at"] = _now()
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def _status(outcome: RunOutcome) -> RunStatus:

@@ -22,7 +22,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamUnavailable
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import connected
-from agent_gateway.upstreams.session import Downstream, UpdateSink, UpstreamSession, describe
+from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession, describe
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class DedicatedSessions:
     def live(self) -> list[UpstreamSession]:
         return [entry.session for entry in self._sessions.values()]
 
-    async def get(self, upstream: str, owner: Downstream) -> UpstreamSession:
+    async def get(self, upstream: str, owner: ClientSide) -> UpstreamSession:
         """The dedicated session of ``owner`` on ``upstream``, opened now if it has none.
 
         Raises:

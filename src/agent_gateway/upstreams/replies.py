@@ -19,13 +19,13 @@ from contextlib import contextmanager
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
 
-from agent_gateway.upstreams.downstream import Downstream
+from agent_gateway.upstreams.client_side import ClientSide
 
 logger = logging.getLogger(__name__)
 
 Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
 
-_CALLER: contextvars.ContextVar[Downstream | None] = contextvars.ContextVar(
+_CALLER: contextvars.ContextVar[ClientSide | None] = contextvars.ContextVar(
     "agent_gateway_caller", default=None
 )
 """The caller of the upstream call this task is making. The ``mcp`` client runs callbacks
@@ -36,11 +36,11 @@ a copy of the caller's context: there, this names the caller exactly."""
 class Replies:
     """One upstream session's calls in flight, and the relays of what the upstream sends."""
 
-    def __init__(self, name: str, owner: Downstream | None, broadcast: Broadcast | None) -> None:
+    def __init__(self, name: str, owner: ClientSide | None, broadcast: Broadcast | None) -> None:
         self.name = name
         self.owner = owner
         self._broadcast = broadcast
-        self._in_flight: dict[int, Downstream] = {}
+        self._in_flight: dict[int, ClientSide] = {}
         self._tokens = itertools.count()
 
     @property
@@ -49,7 +49,7 @@ class Replies:
         return len(self._in_flight)
 
     @contextmanager
-    def calling(self, caller: Downstream | None) -> Iterator[None]:
+    def calling(self, caller: ClientSide | None) -> Iterator[None]:
         """One call by ``caller`` in flight: what the upstream sends meanwhile may be theirs."""
         token = next(self._tokens)
         if caller is not None:
@@ -61,7 +61,7 @@ class Replies:
             _CALLER.reset(bound)
             self._in_flight.pop(token, None)
 
-    def attributed(self) -> Downstream | None:
+    def attributed(self) -> ClientSide | None:
         """The one downstream session this session's traffic can belong to, if there is one."""
         if (exact := _CALLER.get()) is not None:
             return exact

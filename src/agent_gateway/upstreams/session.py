@@ -30,7 +30,7 @@ from agent_gateway import __version__
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import CommandNotFound, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, upstream_call
-from agent_gateway.upstreams.downstream import Downstream
+from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
@@ -67,7 +67,7 @@ class UpstreamSession:
         name: str,
         config: UpstreamConfig,
         *,
-        owner: Downstream | None = None,
+        owner: ClientSide | None = None,
         broadcast: Broadcast | None = None,
         guard: Guard | None = None,
     ) -> None:
@@ -216,7 +216,7 @@ class UpstreamSession:
     # -- calls ------------------------------------------------------------------------------
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], caller: Downstream | None
+        self, name: str, arguments: dict[str, Any], caller: ClientSide | None
     ) -> types.CallToolResult | types.InputRequiredResult:
         """Call ``name`` upstream on behalf of ``caller``.
 
@@ -254,14 +254,14 @@ class UpstreamSession:
             )
 
     async def get_prompt(
-        self, name: str, arguments: dict[str, str] | None, caller: Downstream | None
+        self, name: str, arguments: dict[str, str] | None, caller: ClientSide | None
     ) -> types.GetPromptResult:
         """Render prompt ``name`` upstream (raises like ``call_tool``)."""
         with self._calling(caller, f"prompt {name!r}", ("prompts/get", name)) as client:
             return await client.get_prompt(name, arguments, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def complete(
-        self, params: types.CompleteRequestParams, caller: Downstream | None
+        self, params: types.CompleteRequestParams, caller: ClientSide | None
     ) -> types.CompleteResult:
         """Ask for completions of a prompt or template argument; an upstream that offers none
         answers with no values (the gateway offers completions for all its upstreams)."""
@@ -273,7 +273,7 @@ class UpstreamSession:
             context = params.context.arguments if params.context is not None else None
             return await client.complete(params.ref, params.argument.model_dump(), context)
 
-    async def read_resource(self, uri: str, caller: Downstream | None) -> types.ReadResourceResult:
+    async def read_resource(self, uri: str, caller: ClientSide | None) -> types.ReadResourceResult:
         """Read ``uri`` upstream (raises like ``call_tool``)."""
         with self._calling(caller, f"resource {uri!r}", ("resources/read", uri)) as client:
             return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
@@ -300,7 +300,7 @@ class UpstreamSession:
             self.guard.unimplemented.add("logging/setLevel")
             logger.info("upstream %s does not implement logging/setLevel: not sent again", self.name)
 
-    def _meta(self, caller: Downstream | None) -> dict[str, Any] | None:
+    def _meta(self, caller: ClientSide | None) -> dict[str, Any] | None:
         if caller is None:
             return None
         meta: dict[str, Any] = {SESSION_META_KEY: caller.session_id}
@@ -311,7 +311,7 @@ class UpstreamSession:
     @contextmanager
     def _calling(
         self,
-        caller: Downstream | None,
+        caller: ClientSide | None,
         what: str,
         operation: tuple[str, str] | None = None,
         timeout: float | None = None,
@@ -332,7 +332,7 @@ class UpstreamSession:
     def _bounded(
         self,
         client: Client,
-        caller: Downstream | None,
+        caller: ClientSide | None,
         what: str,
         operation: tuple[str, str] | None,
         timeout: float,

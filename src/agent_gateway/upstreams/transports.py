@@ -24,7 +24,7 @@ from agent_gateway.compat.mcp import (
     create_mcp_http_client,
 )
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.telemetry import trace_headers
+from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context

@@ -1,4 +1,6 @@
-"""The client side of a call, as the upstream layer sees it (the proxy implements it)."""
+"""The client side of a call, as the upstream layer sees it: a ``downstream.caller.Caller``
+(one request) or a ``downstream.sessions.DownstreamSession`` (the owner of a dedicated
+upstream session) satisfies it, so the upstream layer imports nothing of the client side."""
 
 from __future__ import annotations
 
@@ -8,8 +10,8 @@ import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
 
 
-class Downstream(Protocol):
-    """The client side of a call, as the upstream layer sees it (implemented by the proxy)."""
+class ClientSide(Protocol):
+    """What the upstream layer may ask of the client side of a call."""
 
     @property
     def session_id(self) -> str:

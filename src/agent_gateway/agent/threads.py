@@ -1,0 +1,40 @@
+"""Which conversation an ``ask_agent`` run is on, in whose space.
+
+Every client's threads live in a space of its own, named by a digest of its identity: no
+other client can name (and so read) them, whatever its subject or the ids it sends
+(subjects with ``/`` or ``:`` in them, or called ``anonymous``, cannot reach into another's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from agent_gateway import access
+from agent_gateway.downstream.caller import Caller
+
+
+def thread_of(
+    conversation_id: str | None, client: access.Principal, caller: Caller | None, run_id: str
+) -> str:
+    """The run's thread: ``conversation_id`` (or the session's own) in ``client``'s space; an
+    id that already carries the space (a ``thread_id`` the client was given) is kept."""
+    wanted = conversation_id or _default_thread(caller, run_id)
+    if client is access.OPERATOR:  # the operator's own command line: any thread
+        return wanted
+    space = space_of(client)
+    return wanted if wanted.startswith(space) else space + wanted
+
+
+def space_of(client: access.Principal) -> str:
+    """The prefix of every thread of ``client``."""
+    if not client.authenticated:
+        return "anonymous:"
+    return "c" + hashlib.sha256(client.subject.encode()).hexdigest()[:32] + ":"
+
+
+def _default_thread(caller: Caller | None, run_id: str) -> str:
+    # A session's own thread has a random id, never the session id (which upstreams see).
+    # A modern-era request is a session of its own: a fresh thread, returned for continuing.
+    if caller is not None and not caller.modern:
+        return caller.session.conversation
+    return f"run-{run_id}"
