@@ -105,6 +105,13 @@ class Principal:
             self._allowed[key] = known
         return known
 
+    def tool_filter(self) -> Callable[[str], bool] | None:
+        """Which tools this client may call, as a filter over public names; None when its
+        policy allows every tool (nothing to filter: callers skip the pass)."""
+        if self.policy.tools == ("*",):
+            return None
+        return lambda name: self.allows("tool", name)
+
     def check(self, kind: Kind, name: str) -> None:
         """Raises ``NotAllowed`` when the policy does not let this client reach ``name``."""
         if not self.allows(kind, name):
@@ -309,10 +316,12 @@ class AccessMiddleware:
         self._access = access
 
     async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        principal = self._access.principal(token_of(ctx.request), address_of(ctx.request))
+        # The same identification as the pipeline's: with none, listings show nothing.
+        principal = self._access.identify(ctx.request)
         if ctx.request_id is not None:
             _check_name(ctx.method, ctx.params)
-            if principal.bucket is not None and ctx.method not in _UNMETERED and ctx.request is None:
+            stdio = ctx.request is None  # over HTTP, admission took the token
+            if stdio and principal is not None and ctx.method not in _UNMETERED:
                 self._meter(principal, ctx.method)
         token = _CURRENT.set(principal)
         try:
@@ -322,8 +331,7 @@ class AccessMiddleware:
 
     @staticmethod
     def _meter(principal: Principal, method: str) -> None:
-        assert principal.bucket is not None
-        if (wait := principal.bucket.take()) is not None:
+        if principal.bucket is not None and (wait := principal.bucket.take()) is not None:
             logger.warning("client %s over its rate limit (%s)", principal.subject, clipped(method))
             raise MCPError(
                 code=RATE_LIMITED,

@@ -56,8 +56,11 @@ class ToolListing:
         self._pinned: dict[int, tuple[Part, frozenset[str]]] = {}
 
     async def __call__(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        """The low-level ``tools/list`` handler."""
-        view = self.view(self._catalog.snapshot, access.current())
+        """The low-level ``tools/list`` handler: nothing for a request with no client bound
+        (fail closed, as ``access.visible`` is for prompts and resources)."""
+        if (client := access.current()) is None:
+            return types.ListToolsResult(tools=[])
+        view = self.view(self._catalog.snapshot, client)
         start = _offset(params.cursor if params is not None else None)
         end = start + self._page_size
         cursor = _cursor(end) if end < len(view.tools) else None

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 ToolResult = types.CallToolResult | types.InputRequiredResult
 Handler = Callable[[ServerRequestContext[Any, Any], types.CallToolRequestParams], Awaitable[Any]]
 Context = ServerRequestContext[Any, Any]
+R = TypeVar("R")
 
 
 class Pipeline:
@@ -115,25 +116,30 @@ class Pipeline:
             return _error_result(exc)
 
     async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
-        async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
-            try:
-                return await self._proxy.get_prompt(params.name, params.arguments, caller)
-            except GatewayError as exc:
-                raise to_wire(exc) from exc
+        return await self._answered(
+            ctx, params, lambda caller: self._proxy.get_prompt(params.name, params.arguments, caller)
+        )
 
     async def read_resource(
         self, ctx: Context, params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
-        async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
-            try:
-                return await self._proxy.read_resource(self._public_uri(params.uri), caller)
-            except GatewayError as exc:
-                raise to_wire(exc) from exc
+        uri = self._public_uri(params.uri)
+        return await self._answered(ctx, params, lambda caller: self._proxy.read_resource(uri, caller))
 
     async def complete(self, ctx: Context, params: types.CompleteRequestParams) -> types.CompleteResult:
-        async with self._caller(ctx, self._access.identify(ctx.request)) as caller:
+        return await self._answered(ctx, None, lambda caller: self._proxy.complete(params, caller))
+
+    async def _answered(
+        self,
+        ctx: Context,
+        params: types.InputResponseRequestParams | None,
+        forward: Callable[[Caller], Awaitable[R]],
+    ) -> R:
+        """``forward`` for the request's caller; a gateway error is the JSON-RPC error
+        ``errors.to_wire`` makes of it (a tool's failure is a result instead: ``call_tool``)."""
+        async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
             try:
-                return await self._proxy.complete(params, caller)
+                return await forward(caller)
             except GatewayError as exc:
                 raise to_wire(exc) from exc
 
@@ -160,7 +166,7 @@ class Pipeline:
             request.query,
             request.limit or self._search_config.limit,
             upstream=request.upstream,
-            accept=(lambda n: client.allows("tool", n)) if client.policy.tools != ("*",) else None,
+            accept=client.tool_filter(),
         )
         logger.debug("search_tools %r: %d of %d", request.query, len(found), total)
         return search_result(found, total, request.query)

@@ -152,8 +152,7 @@ class AgentRunner:
         """The toolbox of a run for ``client`` in the current catalog, and its tools' names
         when it is small enough to offer whole."""
         snapshot = self._catalog.snapshot
-        everything = client.policy.tools == ("*",)
-        allowed = None if everything else (lambda name: client.allows("tool", name))
+        allowed = client.tool_filter()
         size, names = self._reach.of(snapshot, client.policy_name, allowed)
         return Toolbox(snapshot, self.config, allowed, size), names
 
