@@ -21,8 +21,10 @@ from fastmcp import FastMCP
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from langchain_anthropic import ChatAnthropic
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp.server.lowlevel import Server
+from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import StreamableHTTPServerTransport
 
@@ -95,6 +97,49 @@ def test_fastmcps_session_manager_admits_a_session_by_one_overridable_method() -
     assert parameters(admit) == ["requestor"]
 
 
+# Each private member of the SDK's (and FastMCP's) session manager AdoptingSessionManager uses.
+MANAGER_METHODS = {
+    "_handle_stateful_request": ["scope", "receive", "send"],
+    "_discard_session": ["session_id", "transport"],
+    "_admit_session": ["requestor"],
+}
+MANAGER_STATE = [
+    "_server_instances",
+    "_session_owners",
+    "_session_creation_lock",
+    "_task_group",
+    "_lifespan_state",
+    "_shared_event_store",
+]
+
+
+@pytest.mark.parametrize("method", MANAGER_METHODS)
+def test_the_session_manager_has_each_private_method_adoption_uses(method: str) -> None:
+    function = getattr(FastMCPStreamableHTTPSessionManager, method, None)
+    assert callable(function), f"mcp: the session manager's {method} is gone (compat/adoption.py)"
+    assert parameters(function) == MANAGER_METHODS[method], (
+        f"mcp: {method} takes {parameters(function)} now, compat/adoption.py passes {MANAGER_METHODS[method]}"
+    )
+
+
+@pytest.mark.parametrize("attribute", MANAGER_STATE)
+def test_the_session_manager_keeps_each_piece_of_state_adoption_reads(attribute: str) -> None:
+    assert assigned_in_init(FastMCPStreamableHTTPSessionManager, attribute), (
+        f"mcp/fastmcp: the session manager no longer sets self.{attribute} (compat/adoption.py)"
+    )
+
+
+def test_an_adopted_connection_is_built_as_the_sdks_loop_builds_one() -> None:
+    assert parameters(mcp_compat.Connection.__init__)[:4] == [
+        "outbound",
+        "protocol_version",
+        "session_id",
+        "client_params",
+    ]
+    assert parameters(serve_connection)[:4] == ["server", "dispatcher", "connection", "lifespan_state"]
+    assert "idle_scope" in inspect.getsource(StreamableHTTPServerTransport.connect)
+
+
 def test_a_server_session_keeps_its_connection_as_connection_of_reads_it() -> None:
     assert assigned_in_init(ServerSession, "_connection"), "mcp: ServerSession._connection is gone"
     connection = mcp_compat.Connection
@@ -158,6 +203,24 @@ async def test_the_sqlite_saver_keeps_its_checkpoint_tables(tmp_path: Path) -> N
             columns = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
             assert {"thread_id", "checkpoint_ns", "checkpoint_id"} <= columns, (
                 f"langgraph-checkpoint-sqlite: table {table} has {columns} (compat/langgraph.py)"
+            )
+
+
+def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from() -> None:
+    schema = " ".join(AsyncPostgresSaver.MIGRATIONS)
+    columns = {
+        "checkpoints": ("thread_id", "checkpoint_ns", "checkpoint_id", "checkpoint JSONB"),
+        "checkpoint_blobs": ("thread_id", "checkpoint_ns", "channel", "version"),
+        "checkpoint_writes": ("thread_id", "checkpoint_ns", "checkpoint_id"),
+    }
+    assert set(columns) == set(langgraph_compat.POSTGRES_TABLES)
+    for table, wanted in columns.items():
+        created = schema.split(f"CREATE TABLE IF NOT EXISTS {table} (", 1)
+        assert len(created) == 2, f"langgraph-checkpoint-postgres: no table {table} (compat/langgraph.py)"
+        body = created[1].split(");", 1)[0]
+        for column in wanted:
+            assert column in body, (
+                f"langgraph-checkpoint-postgres: {table} has no {column} (compat/langgraph.py)"
             )
 
 

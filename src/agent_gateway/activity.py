@@ -164,6 +164,8 @@ class Activity:
     def __init__(self, calls: int = KEEP_CALLS, runs: int = KEEP_RUNS) -> None:
         self.calls: deque[Call] = deque(maxlen=calls)
         self.runs: deque[Run] = deque(maxlen=runs)
+        self.count = 0
+        """Calls finished since start (those kept and those no longer kept)."""
         self._listeners: list[CallListener] = []
 
     def subscribe(self, listener: CallListener) -> None:
@@ -175,6 +177,7 @@ class Activity:
         if logger.isEnabledFor(logging.INFO):
             logger.info("%s", call.line(), extra={"fields": call.fields()})
         self.calls.append(call)
+        self.count += 1
         for listener in self._listeners:
             listener(call)
 

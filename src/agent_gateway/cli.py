@@ -46,8 +46,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, CannotServe) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:  # one raised at start-up inside a task group
+        refused, rest = group.split((ConfigError, CannotServe))
+        if refused is None or rest is not None:
+            raise
+        print(f"error: {_leaves(refused)[0]}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out += _leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc]
+    return out
 
 
 def _log_handler(log_format: str) -> logging.Handler:

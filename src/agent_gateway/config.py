@@ -244,12 +244,23 @@ class AgentToolsConfig(_Strict):
 
 
 class MemoryConfig(_Strict):
-    """Where conversations are kept: a SQLite file (survives restarts) or this process only."""
+    """Where conversations are kept: a SQLite file (survives restarts), this process only, or a
+    Postgres database that every replica shares."""
 
-    store: Literal["sqlite", "memory"] = "sqlite"
+    store: Literal["sqlite", "memory", "postgres"] = "sqlite"
     path: str = ".agent-gateway/conversations.sqlite"
+    url: str | None = Field(default=None, pattern=r"^postgres(ql)?://", repr=False)
+    """``store: postgres``: the database (``postgresql://user:password@host/db``); never logged."""
     retention_days: float | None = Field(default=30.0, gt=0)
     """A thread no run has used for this long is deleted; None keeps threads for ever."""
+
+    @model_validator(mode="after")
+    def _located(self) -> MemoryConfig:
+        if self.store == "postgres" and self.url is None:
+            raise FieldProblem(
+                ("agent", "memory", "url"), "store 'postgres' needs url: postgresql://user:password@host/db"
+            )
+        return self
 
 
 class AgentConfig(_Strict):
@@ -334,6 +345,28 @@ class AuditConfig(_Strict):
     """Records waiting for the writer; past it records are dropped (counted), calls never wait."""
 
 
+class EventsConfig(_Strict):
+    """What a dropped SSE stream can get back (``Last-Event-ID``), kept in the shared store."""
+
+    ttl: Seconds = 300.0
+    """An event older than this is gone; a client reconnecting later starts afresh."""
+    per_stream: int = Field(default=1000, ge=1, le=1_000_000)
+    """Events kept per stream (the newest)."""
+
+
+class StoreConfig(_Strict):
+    """The state several replicas share: sessions, rate limits, session counts, stream events
+    and catalog changes, in Redis."""
+
+    url: str = Field(pattern=r"^rediss?://", repr=False)
+    """``redis://[user:password@]host:port/db`` (``rediss://`` for TLS); never logged."""
+    prefix: str = Field(default="agw", pattern=r"^[A-Za-z0-9_.:-]{1,32}$")
+    """Every key and channel starts with it: two gateways on one Redis use two prefixes."""
+    timeout: Seconds = 2.0
+    """A store operation that takes longer has failed: the request goes on without it."""
+    events: EventsConfig = Field(default_factory=EventsConfig)
+
+
 class GatewayConfig(_Strict):
     """The whole validated configuration."""
 
@@ -346,6 +379,8 @@ class GatewayConfig(_Strict):
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    store: StoreConfig | None = None
+    """None: everything in this process (one replica)."""
     pinning: Literal["hold", "warn", "off"] = "hold"
     """A pinned tool whose definition changed: withheld until accepted (``hold``), served with
     a warning (``warn``), or not checked (``off``)."""

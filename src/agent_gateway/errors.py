@@ -3,6 +3,7 @@
     GatewayError
     ├── ConfigError            bad gateway.yaml / mcpServers file (names file, field, reason)
     ├── CannotServe            the gateway cannot listen where it was told to (port taken, …)
+    │   └── StoreUnavailable   the shared store (Redis) or database (Postgres) does not answer
     ├── CommandNotFound        a stdio upstream's command is not there (named in the message)
     ├── UnknownName            a tool, prompt or resource the catalog does not have
     │   └── ToolHeld           a pinned tool that changed, withheld until an operator accepts it
@@ -50,6 +51,10 @@ class ConfigError(GatewayError):
 
 class CannotServe(GatewayError):
     """The gateway cannot serve where it was told to (its address taken, not allowed, unknown)."""
+
+
+class StoreUnavailable(CannotServe):
+    """The shared store (Redis) or the shared database (Postgres) cannot be reached."""
 
 
 class CommandNotFound(GatewayError):

@@ -18,6 +18,7 @@ from starlette.types import Lifespan
 
 from agent_gateway.access import token_of_scope
 from agent_gateway.call_records import admission_refusals
+from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import defer_responses
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
@@ -29,6 +30,7 @@ from agent_gateway.ui import status_page
 def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
     server = gateway.config.server
+    shared = gateway.shared
     # Host and Origin are checked on every request (DNS rebinding): loopback names and the
     # bound address always pass; anything else must be listed in server.allowed_hosts.
     mcp_app = gateway.server.http_app(
@@ -37,6 +39,8 @@ def build_app(gateway: Gateway) -> Starlette:
         host_origin_protection=True,  # "*" in allowed_hosts passes any Host; Origin is still checked
         allowed_hosts=list(server.allowed_hosts),
         allowed_origins=list(server.allowed_origins),
+        # With a shared store, a dropped SSE stream resumes (Last-Event-ID) on any replica.
+        event_store=shared.events if shared is not None else None,
         middleware=[
             Middleware(HostCheck, allowed_origins=list(server.allowed_origins)),
             Middleware(
@@ -44,6 +48,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 access=gateway.access,
                 bounds=_bounds(gateway),
                 on_refused=admission_refusals(gateway.activity),
+                shared=shared.limits if shared is not None else None,
             ),
         ],
     )
@@ -56,9 +61,16 @@ def build_app(gateway: Gateway) -> Starlette:
     async def readyz(_: Request) -> JSONResponse:
         statuses = gateway.pool.statuses()
         missing = [s.as_dict() for s in statuses if not s.serving]
-        body = {"ready": not missing, "missing": missing, "upstreams": [s.as_dict() for s in statuses]}
-        shown = {"ready": not missing} if minimal else body
-        return JSONResponse(shown, status_code=200 if not missing else 503)
+        problems = gateway.unready()
+        ready = not missing and not problems
+        body = {
+            "ready": ready,
+            "missing": missing,
+            "problems": problems,
+            "upstreams": [s.as_dict() for s in statuses],
+        }
+        shown = {"ready": ready} if minimal else body
+        return JSONResponse(shown, status_code=200 if ready else 503)
 
     def authorized(request: Request) -> bool:
         # Upstream hosts, errors and every client's calls: for admin clients when auth is on.
@@ -96,7 +108,7 @@ def build_app(gateway: Gateway) -> Starlette:
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
     mcp_app.router.lifespan_context = _deferring(
-        mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path)
+        mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path), gateway
     )
     return mcp_app
 
@@ -121,14 +133,22 @@ def _endpoint(app: Starlette, path: str) -> StreamableHTTPASGIApp:
     raise RuntimeError(f"FastMCP's app has no MCP endpoint at {path}")
 
 
-def _deferring(lifespan: Lifespan[Starlette], endpoint: StreamableHTTPASGIApp) -> Lifespan[Starlette]:
-    """FastMCP's lifespan, with its session manager answering silent calls with JSON."""
+def _deferring(
+    lifespan: Lifespan[Starlette], endpoint: StreamableHTTPASGIApp, gateway: Gateway
+) -> Lifespan[Starlette]:
+    """FastMCP's lifespan, with its session manager answering silent calls with JSON (and,
+    with a shared store, adopting sessions that other replicas opened)."""
 
     @asynccontextmanager
     async def started(app: Starlette) -> AsyncIterator[None]:
         async with lifespan(app):
             # FastMCP makes the manager as the app starts, before any request is served.
-            defer_responses(endpoint.session_manager)
+            manager = endpoint.session_manager
+            deferred = defer_responses(manager)
+            if deferred and (shared := gateway.shared) is not None:
+                adopting = adopt_sessions(manager, shared.sessions, shared.sessions.ended)
+                if adopting is not None:
+                    shared.on_session_ended(adopting.drop)
             yield
 
     return started

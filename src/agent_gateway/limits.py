@@ -44,6 +44,7 @@ from agent_gateway.access import (
     token_of_scope,
 )
 from agent_gateway.refusals import refused
+from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
 
 INVALID_REQUEST = -32600
 _SESSION_HEADER = b"mcp-session-id"
@@ -68,12 +69,20 @@ class Admission:
     """ASGI middleware: admission of every POST (see the module docstring)."""
 
     def __init__(
-        self, app: ASGIApp, access: AccessControl, bounds: Bounds, on_refused: Refused | None = None
+        self,
+        app: ASGIApp,
+        access: AccessControl,
+        bounds: Bounds,
+        on_refused: Refused | None = None,
+        shared: SharedLimits | None = None,
     ) -> None:
         self.app = app
         self.access = access
         self.bounds = bounds
         self.on_refused = on_refused
+        self.shared = shared
+        """Limits counted across replicas (``store:``); None, or the store unreachable: this
+        replica's own counts."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -88,7 +97,9 @@ class Admission:
         if body is None:
             return
         session = _header(scope, _SESSION_HEADER)
-        if (refusal := self._over_limits(client, session is None)) is not None:
+        verdict = await self.shared.admit(client, session) if self.shared is not None else None
+        refusal = self._over_limits(client, session is None) if verdict is None else _refusal(client, verdict)
+        if refusal is not None:
             message, data, headers = refusal
             if self.on_refused is not None:
                 self.on_refused(client.subject, session, body, message)
@@ -96,40 +107,34 @@ class Admission:
             return
         if (problem := self._shape_problem(body)) is not None:
             await self._refuse_body(send, 400, problem)
+            if verdict is not None and verdict.reservation is not None:
+                await self._settle(client, verdict.reservation, None)
             return
         with admitting(client):
             if session is not None:
                 await self.app(scope, _replay(body, receive), send)
                 return
             client.opening += 1
+            opened = _Opened(send)
             try:
-                await self.app(scope, _replay(body, receive), send)
+                await self.app(scope, _replay(body, receive), opened.send)
             finally:
                 client.opening -= 1
+                if verdict is not None and verdict.reservation is not None:
+                    await self._settle(client, verdict.reservation, opened.session)
 
-    def _over_limits(
-        self, client: Principal, opening: bool
-    ) -> tuple[str, dict[str, Any] | None, list[tuple[bytes, bytes]]] | None:
-        """Why ``client`` is refused this request (message, error data, headers), or None."""
+    async def _settle(self, client: Principal, reservation: str, session: str | None) -> None:
+        assert self.shared is not None
+        with anyio.CancelScope(shield=True):  # bounded by the store's own timeout
+            await self.shared.settle(client, reservation, session)
+
+    def _over_limits(self, client: Principal, opening: bool) -> Refusal | None:
+        """Why ``client`` is refused this request by this replica's own counts, or None."""
         if client.bucket is not None and (wait := client.bucket.take()) is not None:
-            refused("rate_limit", "client %s over its rate limit", client.subject)
-            message = f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
-            return (
-                message,
-                {"retryAfterSeconds": round(wait, 1)},
-                [(b"retry-after", str(max(1, round(wait))).encode())],
-            )
+            return _rate_refusal(client, wait)
         limit = client.policy.max_sessions
         if opening and (open_now := client.sessions + client.opening) >= limit:
-            refused(
-                "sessions",
-                "client %s refused a new session: %d open, the limit is %d",
-                client.subject,
-                open_now,
-                limit,
-            )
-            message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
-            return message, None, []
+            return _sessions_refusal(client, open_now)
         return None
 
     async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
@@ -181,6 +186,53 @@ class Admission:
 
     def _too_large(self, size: str) -> str:
         return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
+
+
+Refusal = tuple[str, dict[str, Any] | None, list[tuple[bytes, bytes]]]
+"""Why a request is refused: (message, JSON-RPC error data, HTTP headers)."""
+
+
+def _refusal(client: Principal, verdict: Verdict) -> Refusal | None:
+    """The shared limits' refusal (counted once across replicas), or None."""
+    if verdict.refused == "rate_limit":
+        return _rate_refusal(client, verdict.wait)
+    if verdict.refused == "sessions":
+        return _sessions_refusal(client, verdict.open)
+    return None
+
+
+def _rate_refusal(client: Principal, wait: float) -> Refusal:
+    refused("rate_limit", "client %s over its rate limit", client.subject)
+    message = f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
+    return message, {"retryAfterSeconds": round(wait, 1)}, [(b"retry-after", str(retry_after(wait)).encode())]
+
+
+def _sessions_refusal(client: Principal, open_now: int) -> Refusal:
+    limit = client.policy.max_sessions
+    refused(
+        "sessions",
+        "client %s refused a new session: %d open, the limit is %d",
+        client.subject,
+        open_now,
+        limit,
+    )
+    message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
+    return message, None, []
+
+
+class _Opened:
+    """A ``send`` that notes the session id an opening request's answer gives the client."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.session: str | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] < 400:
+            for name, value in message.get("headers", ()):
+                if name.lower() == _SESSION_HEADER:
+                    self.session = bytes(value).decode("latin-1")
+        await self._send(message)
 
 
 _GONE = b"\x00gone"

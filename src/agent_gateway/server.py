@@ -40,6 +40,7 @@ from agent_gateway.pipeline import Pipeline
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
+from agent_gateway.store import SharedState
 from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -67,7 +68,13 @@ class Gateway:
         self.pins = Pins(pins_path(config) if config.agent.memory.store == "sqlite" else None, config.pinning)
         self.catalog = Catalog(config, reserved=own_tool_names(config), review=self.pins.review)
         self.visibility = Visibility(self.catalog, config.server.instructions)
-        self.sessions = SessionRegistry(on_end=self._session_ended, on_set_level=self._level_set)
+        self.shared = SharedState(config, config.store) if config.store is not None else None
+        """What the replicas share (None: one replica, everything in this process)."""
+        self.sessions = SessionRegistry(
+            on_end=self._session_ended,
+            on_set_level=self._level_set,
+            records=self.shared.sessions if self.shared is not None else None,
+        )
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.pool = UpstreamPool(
             config.active_upstreams,
@@ -75,7 +82,10 @@ class Gateway:
             self._broadcast_log,
             self._updates,
             on_down=self.catalog.withdraw,
+            on_changed=self.shared.catalog_changed if self.shared is not None else None,
         )
+        if self.shared is not None:
+            self.shared.on_catalog_changed(self._refresh_upstream)
         self.dedicated = DedicatedSessions(config.active_upstreams, self._updates, self.pool.guards)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.search = ToolSearch(config.search.embeddings)
@@ -225,6 +235,7 @@ class Gateway:
         refused: ConfigError | None = None
         try:
             async with (
+                self._shared_running(),
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
                 self.search.running(),
@@ -247,6 +258,25 @@ class Gateway:
             self.pins.close()  # the upstreams are closed: no listing can come to review
         if refused is not None:
             raise refused
+
+    @asynccontextmanager
+    async def _shared_running(self) -> AsyncIterator[None]:
+        if self.shared is None:
+            yield
+            return
+        async with self.shared.running():
+            yield
+
+    def _refresh_upstream(self, name: str) -> None:
+        """Another replica heard ``name`` change its lists: list it here too."""
+        upstream = self.pool.upstreams.get(name)
+        if upstream is not None:
+            upstream.refresh()
+
+    def unready(self) -> list[str]:
+        """Why this replica should take no new traffic (empty: it may)."""
+        problem = self.shared.problem if self.shared is not None else None
+        return [problem] if problem is not None else []
 
     @asynccontextmanager
     async def _audit_running(self) -> AsyncIterator[None]:
@@ -291,7 +321,10 @@ class Gateway:
                 "live": len(self.sessions.live),
                 "opened": self.sessions.opened,
                 "ended": self.sessions.ended,
+                "adopted": self.sessions.adopted,
             },
+            "calls": self.activity.count,
+            "store": None if self.shared is None else (self.shared.problem or "available"),
             "upstream_sessions": {
                 "shared": len(self.pool.live_sessions()),
                 "dedicated": len(self.dedicated.live),

@@ -1,7 +1,8 @@
 """Conversation memory: the LangGraph checkpointer runs are kept in, and the history a model sees.
 
 The SQLite store is opened on the first run, not at start-up: a gateway whose clients never
-call ``ask_agent`` creates no file.
+call ``ask_agent`` creates no file. The Postgres store (several replicas) is opened at
+start-up, so a replica that cannot reach it says so at once (``agent/postgres_memory.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
+from agent_gateway.agent.postgres_memory import PostgresThreads, open_postgres
 from agent_gateway.compat.langgraph import THREADS_IN_STORE, keep_latest_in_memory, keep_latest_sqlite
 from agent_gateway.config import MemoryConfig
 from agent_gateway.errors import AgentError
@@ -61,6 +63,7 @@ class Conversations:
         self._stack = AsyncExitStack()
         self._saver: BaseCheckpointSaver[str] | None = None
         self._used: dict[str, float] = {}  # the in-memory store's use times
+        self._shared: PostgresThreads | None = None
 
     @property
     def retention(self) -> float | None:
@@ -69,6 +72,12 @@ class Conversations:
         return None if days is None else days * _DAY
 
     async def __aenter__(self) -> Conversations:
+        if self._config.store == "postgres":
+            try:
+                await self.checkpointer()
+            except BaseException:
+                await self.__aexit__(None, None, None)
+                raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -90,6 +99,11 @@ class Conversations:
     async def _open(self) -> BaseCheckpointSaver[str]:
         if self._config.store == "memory":
             return InMemorySaver()
+        if self._config.store == "postgres":
+            assert self._config.url is not None, "validated: store postgres has a url"
+            saver = await open_postgres(self._config.url, self._stack)
+            self._shared = PostgresThreads(saver)
+            return saver
         path = Path(self._config.path)
         try:
             private(path)
@@ -108,7 +122,9 @@ class Conversations:
         """Mark ``thread`` as used now (a run on it is starting), so it is not expired under it."""
         saver = await self.checkpointer()
         self._used[thread] = time.time()
-        if isinstance(saver, AsyncSqliteSaver):
+        if self._shared is not None:
+            await self._shared.used(thread, self._used.pop(thread))
+        elif isinstance(saver, AsyncSqliteSaver):
             with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
                 try:
                     async with saver.lock:
@@ -131,6 +147,8 @@ class Conversations:
                         await keep_latest_sqlite(saver, thread)
                 elif isinstance(saver, InMemorySaver):
                     keep_latest_in_memory(saver, thread)
+                elif self._shared is not None:
+                    await self._shared.compact(thread)
             except Exception:  # a store that cannot be compacted still serves; say so
                 logger.exception("conversation memory: thread %s could not be compacted", thread)
 
@@ -138,6 +156,8 @@ class Conversations:
         """Threads no run has used for longer than the retention (none before the store opens)."""
         if self._saver is None or (cutoff := self._cutoff()) is None:
             return []
+        if self._shared is not None:
+            return await self._shared.expired(cutoff)
         if not isinstance(self._saver, AsyncSqliteSaver):
             return [t for t, at in self._used.items() if at < cutoff]
         saver = self._saver
@@ -153,7 +173,9 @@ class Conversations:
         with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
             await saver.adelete_thread(thread)
             self._used.pop(thread, None)
-            if isinstance(saver, AsyncSqliteSaver):
+            if self._shared is not None:
+                await self._shared.forget(thread)
+            elif isinstance(saver, AsyncSqliteSaver):
                 async with saver.lock:
                     await saver.conn.execute(_FORGET, (thread,))
                     await saver.conn.commit()
@@ -162,6 +184,8 @@ class Conversations:
 
     async def _used_at(self, thread: str) -> float | None:
         saver = self._saver
+        if self._shared is not None:
+            return await self._shared.used_at(thread)
         if not isinstance(saver, AsyncSqliteSaver):
             return self._used.get(thread)
         async with saver.lock, saver.conn.execute(_USED_AT, (thread,)) as rows:

@@ -28,9 +28,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import access
 from agent_gateway.access import Principal
+from agent_gateway.compat.adoption import owner_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.runtime import SEND_TIMEOUT
+from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
 from agent_gateway.telemetry import sessions_active
 
 logger = logging.getLogger(__name__)
@@ -163,14 +165,56 @@ SessionHook = Callable[[DownstreamSession], Awaitable[None]]
 
 
 class SessionRegistry(Middleware):
-    """Gives every request its downstream session, and ends sessions when their clients go."""
+    """Gives every request its downstream session, and ends sessions when their clients go.
 
-    def __init__(self, on_end: SessionHook, on_set_level: SessionHook) -> None:
+    With a shared store, each handshake-era HTTP session is recorded there once its
+    ``initialize`` is answered (and its log level when set), so other replicas can adopt it.
+    """
+
+    def __init__(
+        self, on_end: SessionHook, on_set_level: SessionHook, records: SessionRecords | None = None
+    ) -> None:
         self.live: dict[str, DownstreamSession] = {}
         self.opened = 0
         self.ended = 0
+        self.adopted = 0
+        """Sessions opened on another replica and served here too (shared store)."""
         self._on_end = on_end
         self._on_set_level = on_set_level
+        self._records = records
+
+    async def on_initialize(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        result = await call_next(context)
+        ctx = context.fastmcp_context
+        request = ctx.request_context if ctx is not None else None
+        if self._records is not None and request is not None:
+            await self._record(request, context.message, result)
+        return result
+
+    async def _record(self, request: Any, message: Any, result: Any) -> None:
+        """Put the session the handshake just settled in the shared store (HTTP only).
+
+        From the ``initialize`` request and its answer: the SDK records them on the connection
+        only once this hook has returned."""
+        assert self._records is not None
+        connection = connection_of(request.session)
+        scope = getattr(request.request, "scope", None)
+        if (
+            connection.session_id is None
+            or not isinstance(message, types.InitializeRequest)
+            or not isinstance(result, types.InitializeResult)
+            or not isinstance(scope, dict)
+        ):
+            return
+        client = access.current()
+        record = SessionRecord(
+            id=connection.session_id,
+            client=client.subject if client is not None else access.ANONYMOUS,
+            owner=owner_of(scope),
+            params=message.params,
+            version=result.protocol_version,
+        )
+        await self._records.opened(record)
 
     def handshake_sessions(self) -> Iterator[DownstreamSession]:
         return (s for s in list(self.live.values()) if s.connection is not None)
@@ -217,6 +261,9 @@ class SessionRegistry(Middleware):
         )
         connection.state[STATE_KEY] = session
         session.software = _software(connection)
+        if isinstance(adopted := connection.state.get(ADOPTED), SessionRecord):
+            session.log_level = adopted.level
+            self.adopted += 1
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)
         return session
@@ -258,6 +305,8 @@ class SessionRegistry(Middleware):
     async def _set_level(self, session: DownstreamSession, level: Any) -> None:
         if level in LEVELS:
             session.log_level = level
+            if self._records is not None and session.transport == "http" and session.era == "handshake":
+                await self._records.level_set(session.id, level)
             await self._on_set_level(session)
 
     async def broadcast_log(

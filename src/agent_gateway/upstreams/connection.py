@@ -51,6 +51,8 @@ class UpstreamState(StrEnum):
 
 ListingCallback = Callable[[str, Listing], Awaitable[None]]
 DownCallback = Callable[[str], Awaitable[None]]
+ChangeCallback = Callable[[str], Awaitable[None]]
+"""Told the name of an upstream that said its lists changed."""
 
 
 @dataclass(slots=True)
@@ -81,6 +83,7 @@ class Upstream:
         broadcast: Broadcast | None = None,
         updates: UpdateSink | None = None,
         on_down: DownCallback | None = None,
+        on_changed: ChangeCallback | None = None,
     ) -> None:
         self.name = name
         self.config = config
@@ -95,6 +98,9 @@ class Upstream:
         """Set once the first connection attempt has either succeeded or failed."""
         self._on_listing = on_listing
         self._on_down = on_down
+        self._on_changed = on_changed
+        """Told when this upstream itself said its lists changed (other replicas re-list it too)."""
+        self._heard = False
         self._broadcast = broadcast
         self._updates = updates
         self._session: UpstreamSession | None = None
@@ -199,16 +205,27 @@ class Upstream:
     async def _on_message(self, message: IncomingMessage) -> None:
         # Runs on the dispatcher's read loop: never await session I/O here.
         if isinstance(message, _LIST_CHANGED):
-            self._refresh.set()
+            self._changed()
+
+    def refresh(self) -> None:
+        """List this upstream again (another replica heard it change)."""
+        self._refresh.set()
+
+    def _changed(self) -> None:
+        self._heard = True
+        self._refresh.set()
 
     async def _refresh_on_change(self, client: Client, session: UpstreamSession) -> None:
         while True:
             await self._refresh.wait()
             self._refresh = anyio.Event()
+            heard, self._heard = self._heard, False
             with session.translated("list"):
                 listing = await fetch_listing(client)
             logger.info("upstream %s changed its catalog; refreshed", self.name)
             await self._on_listing(self.name, listing)
+            if heard and self._on_changed is not None:
+                await self._on_changed(self.name)
 
     async def _listen_for_changes(self, client: Client, session: UpstreamSession) -> None:
         caps = client.server_capabilities
@@ -223,7 +240,7 @@ class Upstream:
         try:
             async with listen as subscription:
                 async for _event in subscription:
-                    self._refresh.set()
+                    self._changed()
         except MCPError as exc:  # it announced list_changed but refuses the stream
             logger.warning("upstream %s refused subscriptions/listen: %s", self.name, exc.error.message)
             return

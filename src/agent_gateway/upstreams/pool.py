@@ -13,7 +13,13 @@ from anyio.abc import TaskGroup
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
-from agent_gateway.upstreams.connection import DownCallback, ListingCallback, Upstream, UpstreamState
+from agent_gateway.upstreams.connection import (
+    ChangeCallback,
+    DownCallback,
+    ListingCallback,
+    Upstream,
+    UpstreamState,
+)
 from agent_gateway.upstreams.guard import Circuit, Guard
 from agent_gateway.upstreams.replies import Broadcast
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
@@ -92,8 +98,11 @@ class UpstreamPool:
         broadcast: Broadcast | None = None,
         updates: UpdateSink | None = None,
         on_down: DownCallback | None = None,
+        on_changed: ChangeCallback | None = None,
     ) -> None:
-        self._make = lambda name, config: Upstream(name, config, on_listing, broadcast, updates, on_down)
+        self._make = lambda name, config: Upstream(
+            name, config, on_listing, broadcast, updates, on_down, on_changed
+        )
         self.upstreams = {name: self._make(name, config) for name, config in configs.items()}
         self._tg: TaskGroup | None = None
         self._lives: dict[str, _Life] = {}

@@ -1,0 +1,128 @@
+"""Conversation memory in Postgres, shared by every replica: LangGraph's own checkpointer on a
+psycopg connection pool, plus the gateway's table of when each thread was last used.
+
+Replicas start together against an empty database (a rollout, ``compose up``): LangGraph's
+``setup()`` and the gateway's table are created under a Postgres advisory lock, taken with
+``pg_try_advisory_lock`` in a loop rather than a blocking ``pg_advisory_lock``, because a
+backend blocked on the lock holds a snapshot, and LangGraph's ``CREATE INDEX CONCURRENTLY``
+waits for every such snapshot: the two would wait on each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import AsyncExitStack
+
+import anyio
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from psycopg import AsyncConnection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from agent_gateway.compat.langgraph import keep_latest_postgres
+from agent_gateway.errors import StoreUnavailable
+from agent_gateway.store.client import redacted
+
+logger = logging.getLogger(__name__)
+
+_SETUP_LOCK = 0x61677731  # "agw1": the key of the advisory lock schema changes are made under
+_SETUP_BOUND = 120.0
+_POOL_SIZE = 10
+_THREADS = (
+    "CREATE TABLE IF NOT EXISTS agent_gateway_threads "
+    "(thread_id TEXT PRIMARY KEY, used_at DOUBLE PRECISION NOT NULL)"
+)
+_ADOPT = (
+    "INSERT INTO agent_gateway_threads SELECT DISTINCT thread_id, %s FROM checkpoints "
+    "ON CONFLICT (thread_id) DO NOTHING"
+)
+_USED = (
+    "INSERT INTO agent_gateway_threads VALUES (%s, %s) "
+    "ON CONFLICT (thread_id) DO UPDATE SET used_at = GREATEST(agent_gateway_threads.used_at, excluded.used_at)"
+)
+_EXPIRED = "SELECT thread_id FROM agent_gateway_threads WHERE used_at < %s"
+_USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = %s"
+_FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = %s"
+
+Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+
+
+async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
+    """LangGraph's Postgres checkpointer on a pool closed with ``stack``, its schema ready.
+
+    Raises:
+        StoreUnavailable: the database cannot be reached, or its schema cannot be made.
+    """
+    pool: Pool = AsyncConnectionPool(
+        url,
+        min_size=1,
+        max_size=_POOL_SIZE,
+        open=False,
+        # What LangGraph's saver needs of each connection (its own from_conn_string sets them).
+        kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+    )
+    try:
+        await pool.open(wait=True, timeout=10.0)
+    except Exception as exc:  # psycopg's PoolTimeout and OperationalError alike
+        await pool.close()
+        raise StoreUnavailable(f"conversation memory {redacted(url)}: cannot reach Postgres: {exc}") from exc
+    stack.push_async_callback(pool.close)
+    saver = AsyncPostgresSaver(conn=pool)  # pyright: ignore[reportArgumentType]  # a pool of dict-row connections
+    try:
+        await _set_up(pool, saver)
+    except Exception as exc:
+        raise StoreUnavailable(
+            f"conversation memory {redacted(url)}: cannot create its tables: {exc}"
+        ) from exc
+    logger.info("conversation memory: %s", redacted(url))
+    return saver
+
+
+async def _set_up(pool: Pool, saver: AsyncPostgresSaver) -> None:
+    async with pool.connection() as conn:
+        with anyio.fail_after(_SETUP_BOUND):
+            # Polled: another replica's set-up holds it (no event crosses processes).
+            while not await _try_lock(conn):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        try:
+            await saver.setup()
+            await conn.execute(_THREADS)
+            await conn.execute(_ADOPT, (time.time(),))
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
+
+
+async def _try_lock(conn: AsyncConnection[DictRow]) -> bool:
+    row = await (await conn.execute("SELECT pg_try_advisory_lock(%s) AS taken", (_SETUP_LOCK,))).fetchone()
+    return bool(row and row["taken"])
+
+
+class PostgresThreads:
+    """When each thread was last used, and compaction, in the shared database."""
+
+    def __init__(self, saver: AsyncPostgresSaver) -> None:
+        self._pool: Pool = saver.conn  # pyright: ignore[reportAttributeAccessIssue]
+        self._saver = saver
+
+    async def used(self, thread: str, at: float) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute(_USED, (thread, at))
+
+    async def compact(self, thread: str) -> None:
+        async with self._pool.connection() as conn:
+            await keep_latest_postgres(conn, thread)
+
+    async def expired(self, cutoff: float) -> list[str]:
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(_EXPIRED, (cutoff,))).fetchall()
+        return [str(row["thread_id"]) for row in rows]
+
+    async def used_at(self, thread: str) -> float | None:
+        async with self._pool.connection() as conn:
+            row = await (await conn.execute(_USED_AT, (thread,))).fetchone()
+        return None if row is None else float(row["used_at"])
+
+    async def forget(self, thread: str) -> None:
+        async with self._pool.connection() as conn:
+            await conn.execute(_FORGET, (thread,))

@@ -1,0 +1,175 @@
+"""Any replica serves any handshake-era session: a session this replica does not hold is
+adopted from its record in the shared store instead of answered "Session not found".
+
+The SDK's session manager knows only the sessions its own process opened. This subclass
+(of ``DeferredSessionManager``, so JSON answers are kept) looks a session id it does not
+hold up in the shared store (``store/sessions.py``), and when the credential is the one
+that opened it, registers a transport under that id and serves it with a connection that
+is already initialized (the recorded ``initialize`` params and version), as the SDK's own
+loop would be after the handshake. A different credential is answered exactly as the SDK
+answers one: 404, "Session not found". A DELETE is passed on to the store so every replica
+forgets the session; a session ended elsewhere is dropped here (``drop``).
+
+Stream events are scoped by the session id rather than FastMCP's random per-transport
+scope, so a stream that dropped on one replica replays on another.
+
+It lives in ``compat/`` because it is built of the SDK manager's private members
+(``_server_instances``, ``_session_owners``, ``_session_creation_lock``, ``_task_group``,
+``_lifespan_state``, ``_discard_session``, ``_admit_session``), FastMCP's
+``_shared_event_store`` and the transport's ``_event_store``; ``tests/test_compat.py``
+checks each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import anyio
+from anyio.abc import TaskStatus
+from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
+from mcp.server.auth.middleware.bearer_auth import (
+    AuthenticatedUser,
+    AuthorizationContext,
+    authorization_context,
+)
+from mcp.server.connection import Connection
+from mcp.server.runner import serve_connection
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.shared.transport_context import TransportContext
+from starlette.types import Receive, Scope, Send
+
+from agent_gateway.compat.deferred import DeferredSessionManager
+from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
+
+logger = logging.getLogger(__name__)
+
+Ended = Callable[[str], Awaitable[None]]
+"""Told that a session (its id) was deleted by its client here."""
+
+
+def owner_of(scope: Scope) -> AuthorizationContext | None:
+    """The SDK's identity of the credential on a request (None: no auth)."""
+    user = scope.get("user")
+    return authorization_context(user) if isinstance(user, AuthenticatedUser) else None
+
+
+class AdoptingSessionManager(DeferredSessionManager):
+    """FastMCP's session manager (with deferred answers) that adopts sessions from the store."""
+
+    records: SessionRecords
+    on_deleted: Ended
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        session_id = _header(scope, MCP_SESSION_ID_HEADER)
+        if session_id is not None and session_id not in self._server_instances:
+            await self._adopt(session_id, owner_of(scope))
+        held = session_id is not None and session_id in self._server_instances
+        await super()._handle_stateful_request(scope, receive, send)
+        if held and scope["method"] == "DELETE" and session_id not in self._server_instances:
+            assert session_id is not None
+            await self.on_deleted(session_id)
+
+    async def drop(self, session_id: str) -> None:
+        """Forget ``session_id`` here: it was deleted through another replica."""
+        transport = self._server_instances.get(session_id)
+        if transport is not None:
+            logger.info("session %s ended on another replica: dropped here", session_id)
+            await self._discard_session(session_id, transport)
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        transport = super()._admit_session(requestor)
+        if transport is not None:
+            self._scope_events(transport)
+        return transport
+
+    async def _adopt(self, session_id: str, requestor: AuthorizationContext | None) -> None:
+        record = await self.records.find(session_id)
+        if record is None:
+            return
+        if (dict(record.owner) if record.owner is not None else None) != requestor:
+            logger.warning(
+                "session %s: not adopted, the credential is not the one that opened it", session_id[:64]
+            )
+            return
+        async with self._session_creation_lock:
+            if session_id in self._server_instances:
+                return  # adopted meanwhile, by a concurrent request
+            transport = StreamableHTTPServerTransport(
+                mcp_session_id=session_id,
+                is_json_response_enabled=self.json_response,
+                event_store=None,
+                security_settings=self.security_settings,
+                retry_interval=self.retry_interval,
+                idle_timeout=self.session_idle_timeout,
+            )
+            self._scope_events(transport)
+            if requestor is not None:
+                self._session_owners[session_id] = requestor
+            self._server_instances[session_id] = transport
+        assert self._task_group is not None, "run() is entered before any request"
+        await self._task_group.start(self._serve_adopted, transport, record)
+        logger.info("session %s adopted from the shared store", session_id)
+
+    async def _serve_adopted(
+        self,
+        transport: StreamableHTTPServerTransport,
+        record: SessionRecord,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """The SDK's session loop (``serve_loop``), on a connection initialized from ``record``."""
+        async with transport.connect() as (read_stream, write_stream):
+            task_status.started()
+            try:
+                idle_scope = transport.idle_scope or anyio.CancelScope()
+                with idle_scope:
+                    dispatcher: JSONRPCDispatcher[TransportContext] = JSONRPCDispatcher(
+                        read_stream, write_stream, inline_methods=frozenset({"initialize"})
+                    )
+                    connection = Connection(
+                        dispatcher,
+                        protocol_version=record.version,
+                        session_id=record.id,
+                        client_params=record.params,
+                    )
+                    connection.initialized.set()
+                    connection.state[ADOPTED] = record
+                    await serve_connection(
+                        self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
+                    )
+            except Exception:
+                logger.exception("adopted session %s crashed", record.id)
+            finally:
+                await self._discard_session(record.id, transport)
+
+    def _scope_events(self, transport: StreamableHTTPServerTransport) -> None:
+        """Scope the transport's stream events by its session id (the same on every replica)."""
+        shared = self._shared_event_store
+        if shared is not None and transport.mcp_session_id is not None:
+            transport._event_store = SessionScopedEventStore(shared, session_id=transport.mcp_session_id)  # pyright: ignore[reportPrivateUsage]
+
+
+def _header(scope: Scope, name: str) -> str | None:
+    wanted = name.lower().encode("latin-1")
+    for key, value in scope["headers"]:
+        if key == wanted:
+            return value.decode("latin-1")
+    return None
+
+
+def adopt_sessions(manager: Any, records: SessionRecords, on_deleted: Ended) -> AdoptingSessionManager | None:
+    """Make ``manager`` (already a ``DeferredSessionManager``) adopt sessions from the store;
+    None (logged) for a manager of another kind."""
+    if type(manager) is not DeferredSessionManager:
+        logger.error(
+            "session manager %s not recognised: sessions will not move between replicas", type(manager)
+        )
+        return None
+    manager.__class__ = AdoptingSessionManager
+    adopting = cast(AdoptingSessionManager, manager)
+    adopting.records = records
+    adopting.on_deleted = on_deleted
+    return adopting

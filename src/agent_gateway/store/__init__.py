@@ -1,0 +1,77 @@
+"""State several replicas share (``store:`` in ``gateway.yaml``): Redis for what is hot and
+short-lived. Without ``store:`` none of this exists and each replica keeps its own state.
+
+- ``client``: the connection, its health, the one clear error when it is missing.
+- ``limits``: rate limits and live-session counts, one round trip per request.
+- ``sessions``: handshake-era session records, so any replica adopts any session.
+- ``events``: the SSE event store, so a dropped stream resumes on any replica.
+- ``bus``: announcements between replicas (a session deleted, an upstream's lists changed).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+
+from agent_gateway.config import GatewayConfig, StoreConfig
+from agent_gateway.store.bus import Bus
+from agent_gateway.store.client import SharedStore, redacted
+from agent_gateway.store.events import SharedEventStore
+from agent_gateway.store.limits import SharedLimits
+from agent_gateway.store.sessions import ENDED, SessionRecords
+
+logger = logging.getLogger(__name__)
+
+CATALOG = "catalog"
+"""The channel on which a replica says which upstream's lists changed (its name)."""
+
+Refresh = Callable[[str], None]
+
+
+class SharedState:
+    """Everything the replicas share, over one Redis client."""
+
+    def __init__(self, config: GatewayConfig, store: StoreConfig) -> None:
+        idle = config.server.session_idle_timeout
+        self.store = SharedStore(store)
+        self.limits = SharedLimits(self.store, idle)
+        self.sessions = SessionRecords(self.store, idle)
+        self.events = SharedEventStore(self.store, store.events)
+        self.bus = Bus(self.store, (ENDED, CATALOG))
+
+    @property
+    def problem(self) -> str | None:
+        """Why this replica cannot use the shared store now (None: it can)."""
+        return self.store.problem
+
+    async def catalog_changed(self, upstream: str) -> None:
+        """Tell the other replicas that ``upstream`` said its lists changed."""
+        await self.bus.publish(CATALOG, upstream)
+
+    def on_catalog_changed(self, refresh: Refresh) -> None:
+        async def handle(upstream: str) -> None:
+            refresh(upstream)
+
+        self.bus.on(CATALOG, handle)
+
+    def on_session_ended(self, drop: Callable[[str], Awaitable[None]]) -> None:
+        self.bus.on(ENDED, drop)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[SharedState]:
+        """Reach the store (or raise ``StoreUnavailable``), then listen and watch until exit."""
+        try:
+            await self.store.start()
+            logger.info("shared store: %s", redacted(self.store.config.url))
+            async with anyio.create_task_group() as tg:
+                await tg.start(self.store.watch)
+                await tg.start(self.bus.listen)
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            await self.store.close()

@@ -1,0 +1,148 @@
+"""The connection to the shared store (Redis), and whether it can be reached now.
+
+A replica that cannot reach Redis at start-up refuses to start with one clear message. One
+that loses it while running keeps serving: each operation is bounded by ``store.timeout``;
+a failure marks the store unavailable (logged once, ``/readyz`` says why, the
+``agent_gateway.store.available`` gauge drops to 0) and the callers fall back to what this
+replica knows; a watcher pings until it answers again and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import anyio
+from opentelemetry import metrics
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from agent_gateway.config import StoreConfig
+from agent_gateway.errors import StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+_WATCH_INTERVAL = 1.0
+_availability = metrics.get_meter("agent-gateway").create_up_down_counter(
+    "agent_gateway.store.available",
+    description="1 while the shared store (Redis) answers, 0 while it does not.",
+)
+failures = metrics.get_meter("agent-gateway").create_counter(
+    "agent_gateway.store.failures",
+    description="Shared-store operations that failed or timed out (the request went on without).",
+)
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password, for log lines and errors."""
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}{sep}{user}:***@{host}" if user else f"{scheme}{sep}***@{host}"
+
+
+class SharedStore:
+    """The Redis client every shared-state part uses, with this replica's view of its health."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.redis: Redis = Redis.from_url(
+            config.url,
+            socket_timeout=config.timeout,
+            socket_connect_timeout=config.timeout,
+            health_check_interval=30,
+            decode_responses=False,
+        )
+        self.problem: str | None = "not connected yet"
+        """Why the store is unavailable now, or None while it answers."""
+        _availability.add(0)
+
+    @property
+    def available(self) -> bool:
+        return self.problem is None
+
+    def key(self, *parts: str) -> str:
+        """A key (or channel) name under the configured prefix."""
+        return ":".join((self.config.prefix, *parts))
+
+    async def start(self) -> None:
+        """Reach the store once.
+
+        Raises:
+            StoreUnavailable: it does not answer within ``store.timeout``.
+        """
+        try:
+            with anyio.fail_after(self.config.timeout):
+                await self.redis.ping()  # pyright: ignore[reportUnknownMemberType]  # redis-py's union return
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(
+                f"the shared store {redacted(self.config.url)} cannot be reached: {_reason(exc)}"
+            ) from exc
+        self._mark_up()
+
+    async def call(self, operation: Awaitable[Any], what: str) -> Any:
+        """``operation``'s result, or None when the store failed (logged once, counted, watched).
+
+        Untyped: redis-py's stubs give every command a union of sync and async answers; each
+        caller states the shape it reads."""
+        if not self.available:
+            _close(operation)
+            return None
+        try:
+            with anyio.fail_after(self.config.timeout):
+                return await operation
+        except (RedisError, OSError, TimeoutError) as exc:
+            failures.add(1, {"operation": what})
+            self._mark_down(f"{what}: {_reason(exc)}")
+            return None
+
+    async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Ping while the store is unavailable, and mark it up when it answers again."""
+        task_status.started()
+        while True:
+            await anyio.sleep(_WATCH_INTERVAL)
+            if self.available:
+                continue
+            try:
+                with anyio.fail_after(self.config.timeout):
+                    await self.redis.ping()  # pyright: ignore[reportUnknownMemberType]
+            except (RedisError, OSError, TimeoutError) as exc:
+                self.problem = f"the shared store does not answer: {_reason(exc)}"
+                continue
+            self._mark_up()
+
+    async def close(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.timeout):
+            await self.redis.aclose()
+
+    def _mark_up(self) -> None:
+        if self.problem is not None:
+            if self.problem != "not connected yet":
+                logger.warning("shared store %s answers again", redacted(self.config.url))
+            self.problem = None
+            _availability.add(1)
+
+    def _mark_down(self, problem: str) -> None:
+        if self.problem is None:
+            logger.error(
+                "shared store %s unavailable (%s): limits fall back to this replica's own, "
+                "sessions started elsewhere cannot be adopted until it answers",
+                redacted(self.config.url),
+                problem,
+            )
+            _availability.add(-1)
+        self.problem = problem
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _close(operation: Awaitable[Any]) -> None:
+    """Close a coroutine that will not be awaited (no "never awaited" warning)."""
+    close = getattr(operation, "close", None)
+    if close is not None:
+        close()

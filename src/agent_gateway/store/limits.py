@@ -1,0 +1,138 @@
+"""A client's rate limit and live-session count, shared by every replica.
+
+One Lua script per request, so one round trip: it refills and takes from the client's token
+bucket, and for a request that opens a session (a handshake-era ``initialize``, or a
+modern-era request, which is a session while it runs) counts the client's live sessions and
+reserves a place among them. Sessions are members of a sorted set scored by when they expire
+(each request on the session pushes that back, on any replica), so a replica that dies
+leaves nothing counted for ever. Time is the Redis server's, the one clock all replicas share.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass
+
+from redis.commands.core import AsyncScript
+
+from agent_gateway.access import Principal
+from agent_gateway.store.client import SharedStore
+
+_RESERVATION = 60.0
+"""Seconds a place taken by an opening request is held before the session is established."""
+
+# KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
+# reservation id, reservation seconds, session id to touch ("" : none), session seconds.
+# Returns {verdict, wait in ms, sessions open}: verdict 0 admitted, 1 rate, 2 sessions.
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local rate, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+if rate > 0 then
+  local b = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+  local tokens, at = tonumber(b[1]) or burst, tonumber(b[2]) or now
+  tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+  if tokens < 1 then
+    return {1, math.ceil((1 - tokens) / rate * 1000), 0}
+  end
+  redis.call('HSET', KEYS[1], 'tokens', tokens - 1, 'at', now)
+  redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
+end
+local ttl = tonumber(ARGV[8])
+if ARGV[7] ~= '' then
+  redis.call('ZADD', KEYS[2], 'XX', now + ttl, ARGV[7])
+  redis.call('EXPIRE', KEYS[3], math.ceil(ttl))
+end
+local open = 0
+if ARGV[3] == '1' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+  open = redis.call('ZCARD', KEYS[2])
+  if open >= tonumber(ARGV[4]) then
+    return {2, 0, open}
+  end
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[5])
+end
+redis.call('EXPIRE', KEYS[2], math.ceil(ttl + tonumber(ARGV[6])))
+return {0, 0, open}
+"""
+
+# KEYS: sessions. ARGV: reservation id, session id ("" : the request opened none), seconds.
+_SETTLE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+if ARGV[2] ~= '' then
+  local t = redis.call('TIME')
+  redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(ARGV[3]), ARGV[2])
+end
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the shared limits decided for one request."""
+
+    refused: str | None
+    """``rate_limit`` or ``sessions``; None: admitted."""
+    wait: float = 0.0
+    """Seconds until the rate limit lets the client in again."""
+    open: int = 0
+    """The client's live sessions, counted when it opens one."""
+    reservation: str | None = None
+    """The place held for the session this request opens (settle it when the request ends)."""
+
+
+class SharedLimits:
+    """The rate limits and session caps of every client, counted once across replicas."""
+
+    def __init__(self, store: SharedStore, session_seconds: float) -> None:
+        self.store = store
+        self._session_seconds = session_seconds
+        self._admit: AsyncScript = store.redis.register_script(_ADMIT)  # pyright: ignore[reportAttributeAccessIssue]
+        self._settle: AsyncScript = store.redis.register_script(_SETTLE)  # pyright: ignore[reportAttributeAccessIssue]
+
+    async def admit(self, client: Principal, session: str | None) -> Verdict | None:
+        """Take a token from ``client``'s bucket, and a place among its sessions when the
+        request opens one; None when the store could not be asked (use this replica's own)."""
+        limit = client.policy.rate_limit
+        rate = limit.per_minute / 60.0 if limit is not None else 0.0
+        burst = limit.burst if limit is not None else 0
+        reservation = f"opening:{uuid.uuid4().hex}" if session is None else ""
+        args = [
+            rate,
+            burst,
+            int(session is None),
+            client.policy.max_sessions,
+            reservation,
+            _RESERVATION,
+            session or "",
+            self._session_seconds,
+        ]
+        keys = [*self._keys(client), self.store.key("session", session or "")]
+        answer = await self.store.call(self._admit(keys=keys, args=args), "admit")
+        if answer is None:
+            return None
+        verdict, wait_ms, open_now = (int(v) for v in answer)  # pyright: ignore[reportUnknownVariableType, reportGeneralTypeIssues]
+        if verdict == 1:
+            return Verdict("rate_limit", wait=wait_ms / 1000.0)
+        if verdict == 2:
+            return Verdict("sessions", open=open_now)
+        return Verdict(None, open=open_now, reservation=reservation or None)
+
+    async def settle(self, client: Principal, reservation: str, session: str | None) -> None:
+        """The opening request ended: count ``session`` (when it opened one) in place of its
+        reservation."""
+        args = [reservation, session or "", self._session_seconds]
+        await self.store.call(self._settle(keys=self._keys(client)[1:], args=args), "settle")
+
+    async def ended(self, client: str, session: str) -> None:
+        """``session`` of ``client`` ended (DELETE): it no longer counts, on any replica."""
+        await self.store.call(self.store.redis.zrem(self.store.key("sessions", client), session), "end")
+
+    def _keys(self, client: Principal) -> list[str]:
+        return [self.store.key("bucket", client.subject), self.store.key("sessions", client.subject)]
+
+
+def retry_after(wait: float) -> int:
+    """Whole seconds for a ``Retry-After`` header (at least 1)."""
+    return max(1, math.ceil(wait))

@@ -1,0 +1,117 @@
+"""Handshake-era sessions in the shared store, so that any replica can serve any of them.
+
+The replica that answers ``initialize`` records what the handshake settled (the client's
+``initialize`` params, the negotiated version, the credential that opened it); a replica
+that then gets a request for a session it does not hold reads the record and adopts the
+session (``compat/adoption.py``) instead of answering "Session not found". Each request
+pushes the record's expiry back (in the admission script, ``store/limits.py``), so a session
+expires after ``server.session_idle_timeout`` without a request on any replica. A DELETE
+removes the record and is announced, so every replica that adopted the session drops it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from pydantic import ValidationError
+
+from agent_gateway.store.client import SharedStore
+
+logger = logging.getLogger(__name__)
+
+ENDED = "ended"
+"""The channel on which a session's end is announced (its id is the message)."""
+ADOPTED = "agent_gateway.adopted"
+"""The key, in an adopted session's ``Connection.state``, of the record it was adopted from."""
+
+# KEYS: the record. ARGV: the session id, the client counts' key prefix, the channel.
+_END = """
+local client = redis.call('HGET', KEYS[1], 'client')
+redis.call('DEL', KEYS[1])
+if client then
+  redis.call('ZREM', ARGV[2] .. client, ARGV[1])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[1])
+return 1
+"""
+
+
+@dataclass(frozen=True)
+class SessionRecord:
+    """What a replica needs to adopt a handshake-era session."""
+
+    id: str
+    client: str
+    """The subject of the client that opened it (whose session count it is in)."""
+    owner: Mapping[str, Any] | None
+    """The SDK's ``AuthorizationContext`` of the credential that opened it (None: no auth)."""
+    params: types.InitializeRequestParams
+    version: str
+    """The negotiated protocol version."""
+    level: types.LoggingLevel | None = None
+
+    def fields(self) -> dict[str, str]:
+        return {
+            "client": self.client,
+            "owner": json.dumps(self.owner, sort_keys=True) if self.owner is not None else "",
+            "params": self.params.model_dump_json(by_alias=True, exclude_none=True),
+            "version": self.version,
+            "level": self.level or "",
+        }
+
+    @classmethod
+    def parse(cls, session_id: str, fields: Mapping[bytes, bytes]) -> SessionRecord | None:
+        """The record in ``fields`` (a Redis hash), or None when it is not one (logged)."""
+        try:
+            text = {k.decode(): v.decode() for k, v in fields.items()}
+            owner = json.loads(text["owner"]) if text["owner"] else None
+            params = types.InitializeRequestParams.model_validate_json(text["params"], by_name=False)
+            level = text.get("level") or None
+            return cls(session_id, text["client"], owner, params, text["version"], level)  # pyright: ignore[reportArgumentType]
+        except (KeyError, ValueError, ValidationError, UnicodeDecodeError) as exc:
+            logger.warning("session %s: unreadable record in the shared store (%s)", session_id[:64], exc)
+            return None
+
+
+class SessionRecords:
+    """Session records in the shared store."""
+
+    def __init__(self, store: SharedStore, idle_seconds: float) -> None:
+        self.store = store
+        self._idle = int(max(1, idle_seconds))
+        self._end = store.redis.register_script(_END)
+
+    async def opened(self, record: SessionRecord) -> None:
+        """Record a session whose ``initialize`` was answered."""
+        key = self.store.key("session", record.id)
+        pipe = self.store.redis.pipeline(transaction=True)
+        fields: dict[Any, Any] = record.fields()
+        pipe.hset(key, mapping=fields)  # pyright: ignore[reportUnknownMemberType]
+        pipe.expire(key, self._idle)
+        await self.store.call(pipe.execute(), "session_open")
+
+    async def find(self, session_id: str) -> SessionRecord | None:
+        """The record of ``session_id``, or None (unknown, expired, ended, or no store)."""
+        fields: dict[bytes, bytes] | None = await self.store.call(
+            self.store.redis.hgetall(self.store.key("session", session_id)),  # pyright: ignore[reportUnknownMemberType]
+            "session_find",
+        )
+        if not fields:
+            return None
+        return SessionRecord.parse(session_id, fields)  # pyright: ignore[reportUnknownArgumentType]
+
+    async def level_set(self, session_id: str, level: types.LoggingLevel) -> None:
+        key = self.store.key("session", session_id)
+        await self.store.call(self.store.redis.hset(key, "level", level), "session_level")  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+
+    async def ended(self, session_id: str) -> None:
+        """``session_id`` was deleted by its client: forget it everywhere (its record, its
+        place in its client's count), and say so to the other replicas."""
+        keys = [self.store.key("session", session_id)]
+        args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED)]
+        await self.store.call(self._end(keys=keys, args=args), "session_end")

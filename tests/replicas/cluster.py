@@ -1,0 +1,100 @@
+"""Gateway replicas as deployed: ``agent-gateway serve`` processes started together on one
+configuration, behind a real nginx doing per-request round robin."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import yaml
+
+from tests.replicas.services import free_port, nginx_balancer
+from tests.support import gateway_env, ready
+
+AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
+
+
+@dataclass
+class Cluster:
+    replicas: list[str]
+    """Each replica's base URL (``http://127.0.0.1:PORT``)."""
+    balancer: str
+    """nginx's base URL."""
+    processes: list[subprocess.Popen[bytes]]
+    logs: list[Path]
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint behind the balancer."""
+        return f"{self.balancer}/mcp"
+
+    def endpoint(self, replica: int) -> str:
+        return f"{self.replicas[replica]}/mcp"
+
+    async def status(self, replica: int, token: str | None = None) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with httpx.AsyncClient() as http:
+            answer = await http.get(f"{self.replicas[replica]}/status", headers=headers)
+        answer.raise_for_status()
+        status: dict[str, Any] = answer.json()
+        return status
+
+    def kill(self, replica: int) -> None:
+        """SIGKILL: the replica dies mid-whatever, as a lost node does."""
+        self.processes[replica].send_signal(signal.SIGKILL)
+        self.processes[replica].wait(10)
+
+    def log(self, replica: int) -> str:
+        return self.logs[replica].read_text(errors="replace")
+
+
+def write_config(data: Mapping[str, Any], directory: Path, port: int) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    server = {**data.get("server", {}), "port": port}
+    audit = {"path": str(directory / "audit.jsonl"), **data.get("audit", {})}
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump({**data, "server": server, "audit": audit}))
+    return path
+
+
+@asynccontextmanager
+async def replicas(
+    data: Mapping[str, Any], directory: Path, count: int = 2, env: Mapping[str, str] | None = None
+) -> AsyncIterator[Cluster]:
+    """``count`` replicas of ``data`` started at the same moment, each in its own directory
+    (nothing shared but what the configuration names), behind nginx."""
+    ports = [free_port() for _ in range(count)]
+    logs = [directory / f"replica-{i}.log" for i in range(count)]
+    processes: list[subprocess.Popen[bytes]] = []
+    environ = {**gateway_env(), **(env or {})}
+    try:
+        for i, port in enumerate(ports):
+            config = write_config(data, directory / f"replica-{i}", port)
+            with logs[i].open("wb") as out:
+                command = [AGENT_GATEWAY, "serve", "-c", str(config)]
+                processes.append(subprocess.Popen(command, env=environ, stdout=out, stderr=subprocess.STDOUT))
+        async with anyio.create_task_group() as tg:
+            for port in ports:
+                tg.start_soon(ready, port)
+        with nginx_balancer([f"127.0.0.1:{p}" for p in ports]) as balancer:
+            yield Cluster([f"http://127.0.0.1:{p}" for p in ports], balancer, processes, logs)
+    finally:
+        with anyio.CancelScope(shield=True):
+            for process in processes:
+                if process.poll() is None:
+                    process.send_signal(signal.SIGTERM)
+            for process in processes:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await anyio.to_thread.run_sync(process.wait, 20)
+                if process.poll() is None:
+                    process.kill()
+                    await anyio.to_thread.run_sync(process.wait, 10)

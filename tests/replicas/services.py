@@ -1,0 +1,199 @@
+"""Real Redis, PostgreSQL and nginx servers for the replica tests, each started on a loopback
+port in a temporary directory and stopped (and its files removed) on the way out.
+
+The Debian packages are installed by ``scripts/setup`` (CI runs as root on Debian). PostgreSQL
+refuses to run as root, so there it runs as the ``postgres`` user the package creates.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support import free_socket
+
+_BOUND = 30.0
+
+
+def free_port() -> int:
+    sock = free_socket()
+    port: int = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + _BOUND
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}): {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on {port} after {_BOUND}s: {log.read_text()[-2000:]}")
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """``args`` started with its output to ``log`` (the child keeps its own descriptor)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+@dataclass
+class Redis:
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        log = self.directory / "redis.log"
+        args = [
+            shutil.which("redis-server") or "/usr/bin/redis-server",
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.directory),
+        ]  # fmt: skip
+        self.process = _spawn(args, log)
+        _wait_for_port(self.port, self.process, log)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[Redis]:
+    directory = Path(tempfile.mkdtemp(prefix="redis-"))
+    server = Redis(free_port(), directory)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _postgres_bin(name: str) -> str:
+    found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    if not found:
+        raise RuntimeError(f"PostgreSQL's {name} is not installed (scripts/setup installs it)")
+    return found[-1]
+
+
+def _as_postgres(args: list[str]) -> list[str]:
+    return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """A fresh cluster; yields a ``postgresql://`` URL with a password."""
+    directory = Path(tempfile.mkdtemp(prefix="postgres-"))
+    data = directory / "data"
+    password = directory / "password"
+    password.write_text("gateway-test\n")
+    if os.geteuid() == 0:
+        shutil.chown(directory, "postgres", "postgres")
+        shutil.chown(password, "postgres", "postgres")
+    port = free_port()
+    log = directory / "postgres.log"
+    init = [_postgres_bin("initdb"), "-D", str(data), "-U", "gateway", "--auth=scram-sha-256"]
+    subprocess.run(
+        _as_postgres([*init, f"--pwfile={password}"]), check=True, capture_output=True, timeout=120
+    )
+    postgres = [
+        _postgres_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
+        "-k", str(directory), "-c", "fsync=off", "-c", "max_connections=200",
+    ]  # fmt: skip
+    process = _spawn(_as_postgres(postgres), log)
+    try:
+        _wait_for_port(port, process, log)
+        yield f"postgresql://gateway:gateway-test@127.0.0.1:{port}/postgres"
+    finally:
+        _stop(process)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+NGINX_CONF = """
+daemon off;
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+  access_log {dir}/access.log;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream gateways {{
+    {servers}
+    keepalive 32;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://gateways;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_set_header Host $host;
+      # Streamable HTTP: answers stream (SSE), so nothing is buffered, and a stream may
+      # stay open for as long as a session does.
+      proxy_buffering off;
+      proxy_cache off;
+      proxy_read_timeout 3600s;
+      proxy_send_timeout 3600s;
+      # A replica that is down: the request goes to the other (idempotent or not: a POST
+      # that never reached a replica is safe to send to the next).
+      proxy_next_upstream error timeout non_idempotent;
+      proxy_connect_timeout 2s;
+    }}
+  }}
+}}
+"""
+
+
+@contextlib.contextmanager
+def nginx_balancer(backends: list[str]) -> Iterator[str]:
+    """nginx doing per-request round robin over ``backends`` (``host:port``); yields its URL."""
+    directory = Path(tempfile.mkdtemp(prefix="nginx-"))
+    directory.chmod(0o755)  # its workers run as nobody when it is started as root
+    port = free_port()
+    servers = "\n    ".join(f"server {b} max_fails=0;" for b in backends)
+    conf = directory / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(dir=directory, servers=servers, port=port))
+    log = directory / "nginx.out"
+    binary = shutil.which("nginx") or "/usr/sbin/nginx"
+    process = _spawn([binary, "-c", str(conf), "-p", str(directory)], log)
+    try:
+        _wait_for_port(port, process, log)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(process)
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,149 @@
+"""Agent memory on a real Postgres shared by the replicas: a conversation continued through the
+other replica, a modern-era run paused on one and resumed on the other, compaction and
+retention there as on SQLite, and replicas that set the database up at the same moment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, LiteralString, TypedDict, cast
+
+import anyio
+import mcp_types as types
+import psycopg
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
+from langgraph.graph import START, StateGraph
+from langgraph.graph.message import add_messages
+from mcp import Client
+
+from agent_gateway.agent.memory import Conversations
+from agent_gateway.config import MemoryConfig
+from tests.agent.model_apis import Turn, openai_api
+from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, unused
+from tests.replicas.cluster import replicas
+from tests.replicas.services import Redis
+from tests.replicas.test_sessions import BOUND, text_of
+from tests.support import serving
+
+SECONDS = 1 / 86_400
+
+
+class Chat(TypedDict):
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def echo(state: Chat) -> Chat:
+    return Chat(messages=[AIMessage(f"echo {len(state['messages'])}")])
+
+
+def thread(name: str) -> RunnableConfig:
+    return RunnableConfig(configurable={"thread_id": name})
+
+
+async def rows(database: str, query: str) -> list[tuple[Any, ...]]:
+    async with await psycopg.AsyncConnection.connect(database) as conn:
+        return await (await conn.execute(cast(LiteralString, query))).fetchall()
+
+
+async def test_replicas_setting_up_an_empty_database_together_make_it_once(database: str) -> None:
+    config = MemoryConfig(store="postgres", url=database)
+
+    async def start() -> None:
+        async with Conversations(config) as conversations:
+            await conversations.used("t")
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(4):
+            tg.start_soon(start)
+    versions = [v for (v,) in await rows(database, "SELECT v FROM checkpoint_migrations ORDER BY v")]
+    assert versions == list(range(len(AsyncPostgresSaver.MIGRATIONS)))
+    assert await rows(database, "SELECT thread_id FROM agent_gateway_threads") == [("t",)]
+
+
+async def test_postgres_keeps_only_a_threads_latest_checkpoint(database: str) -> None:
+    async with Conversations(MemoryConfig(store="postgres", url=database)) as conversations:
+        saver = await conversations.checkpointer()
+        graph = StateGraph(Chat)
+        graph.add_node("echo", echo)
+        graph.add_edge(START, "echo")
+        app = graph.compile(checkpointer=saver)
+        for n in range(5):
+            await app.ainvoke(Chat(messages=[HumanMessage(f"q{n}")]), thread("t"))
+            await conversations.compact("t")
+        state = await app.aget_state(thread("t"))
+    assert [m.text for m in state.values["messages"]][-2:] == ["q4", "echo 9"]
+    assert await rows(database, "SELECT count(*) FROM checkpoints WHERE thread_id = 't'") == [(1,)]
+    assert await rows(database, "SELECT count(*) FROM checkpoint_writes WHERE thread_id = 't'") == [(0,)]
+    # One stored value per channel, not one per step.
+    (blobs,) = await rows(database, "SELECT count(*) FROM checkpoint_blobs WHERE thread_id = 't'")
+    assert blobs[0] <= 3
+
+
+async def test_an_unused_postgres_thread_expires_and_a_used_one_stays(database: str) -> None:
+    config = MemoryConfig(store="postgres", url=database, retention_days=0.3 * SECONDS)
+    async with Conversations(config) as conversations:
+        await conversations.used("old")
+        with anyio.fail_after(BOUND):
+            while await conversations.expired() != ["old"]:
+                await anyio.sleep(0.02)
+        await conversations.used("old")  # a run began on it since: it is kept
+        assert await conversations.forget("old") is False
+        with anyio.fail_after(BOUND):
+            while not await conversations.expired():
+                await anyio.sleep(0.02)
+        assert await conversations.forget("old") is True
+        assert await conversations.expired() == []
+    assert await rows(database, "SELECT thread_id FROM agent_gateway_threads") == []
+
+
+def agent_config(redis: Redis, prefix: str, database: str, **agent: Any) -> dict[str, Any]:
+    return {
+        "store": {"url": redis.url, "prefix": prefix},
+        "server": {"state_keys": ["k" * 32]},
+        "agent": {"memory": {"store": "postgres", "url": database}, **agent},
+    }
+
+
+async def test_a_conversation_continues_through_the_other_replica(
+    redis: Redis, prefix: str, database: str, tmp_path: Path
+) -> None:
+    app, api = openai_api([Turn(text="Paris, in spring."), Turn(text="Yes: book the train.")])
+    async with serving(app) as base:
+        model = {"provider": "openai", "model": "gpt-test", "base_url": f"{base}/v1", "api_key": "test-key"}
+        config = agent_config(redis, prefix, database, model=model)
+        async with replicas(config, tmp_path) as cluster:
+            async with Client(cluster.endpoint(0), mode="legacy") as first:
+                one = await first.call_tool(
+                    "ask_agent", {"query": "Where should I go?", "conversation_id": "trip"}
+                )
+            async with Client(cluster.endpoint(1), mode="legacy") as second:
+                two = await second.call_tool(
+                    "ask_agent", {"query": "Is that wise?", "conversation_id": "trip"}
+                )
+    assert text_of(one) == "Paris, in spring."
+    assert text_of(two) == "Yes: book the train."
+    sent = [m.get("content") for m in api.requests[1]["messages"]]
+    # Replica 1 had the first exchange from Postgres: it sent it to the model with the new question.
+    assert "Where should I go?" in sent
+    assert "Paris, in spring." in sent
+    assert sent[-1] == "Is that wise?"
+
+
+async def test_a_modern_run_paused_on_one_replica_resumes_on_the_other(
+    redis: Redis, prefix: str, database: str, tmp_path: Path
+) -> None:
+    question = {"query": "Hi", "conversation_id": "hello"}
+    # No upstreams: the sampling request offers no tools, so the answer is one content block.
+    said = types.TextContent(type="text", text="Hello from the other replica")
+    reply = {"model": types.CreateMessageResult(role="assistant", content=said, model="client-model")}
+    async with replicas(agent_config(redis, prefix, database), tmp_path) as cluster:
+        async with Client(
+            cluster.endpoint(0), mode="auto", sampling_callback=unused, sampling_capabilities=WITH_TOOLS
+        ) as client:
+            first = paused(await call_round(client, question))
+        async with Client(
+            cluster.endpoint(1), mode="auto", sampling_callback=unused, sampling_capabilities=WITH_TOOLS
+        ) as client:
+            done = finished(await call_round(client, question, reply, first.request_state))
+    assert text_of(done) == "Hello from the other replica"

@@ -1,0 +1,282 @@
+"""Several replicas behind a real nginx (per-request round robin), sharing a real Redis: any
+replica serves any session, a session's end is seen everywhere, a dead replica costs only its
+calls in flight, limits are counted once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import mcp_types as types
+import pytest
+from fastmcp import Context, FastMCP
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests.replicas.cluster import Cluster, replicas
+from tests.replicas.services import Redis
+from tests.support import serving_upstream
+
+BOUND = 20.0
+TOKENS = {"alice": "alice-token-0123456789abcdef0123", "bob": "bob-token-0123456789abcdef012345"}
+
+
+def counter_server(calls: list[str]) -> FastMCP:
+    """An upstream that records each call it gets, and can add a tool at run time."""
+    server = FastMCP("counter")
+
+    @server.tool
+    def echo(text: str) -> str:
+        """Echo the text back."""
+        calls.append(text)
+        return text
+
+    @server.tool
+    async def slow(text: str, seconds: float) -> str:
+        """Answer after a while."""
+        calls.append(text)
+        await anyio.sleep(seconds)
+        return text
+
+    @server.tool
+    async def add_tool(name: str, ctx: Context) -> str:
+        """Register a new tool (announces tools/list_changed)."""
+        server.tool(lambda: name, name=name, description=f"The {name} tool.")
+        await ctx.send_notification(types.ToolListChangedNotification())
+        return name
+
+    return server
+
+
+def config(redis: Redis, prefix: str, upstream: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "store": {"url": redis.url, "prefix": prefix},
+        "upstreams": {"counter": {"url": upstream}},
+        "agent": {"enabled": False},
+        **extra,
+    }
+
+
+def bearer(**policies: dict[str, Any]) -> dict[str, Any]:
+    """Bearer auth for alice and bob, with ``policies`` by name."""
+    tokens = [
+        {"name": n, "token": f"${{{n.upper()}_TOKEN}}", "policy": n if n in policies else "default"}
+        for n in TOKENS
+    ]
+    return {"mode": "bearer", "tokens": tokens, "policies": {"default": {}, **policies}}
+
+
+TOKEN_ENV = {f"{n.upper()}_TOKEN": t for n, t in TOKENS.items()}
+
+
+@asynccontextmanager
+async def cluster_of(
+    redis: Redis, prefix: str, tmp_path: Path, calls: list[str], **extra: Any
+) -> AsyncIterator[Cluster]:
+    async with (
+        serving_upstream(counter_server(calls)) as upstream,
+        replicas(config(redis, prefix, upstream, **extra), tmp_path, env=TOKEN_ENV) as cluster,
+    ):
+        yield cluster
+
+
+class Session:
+    """A handshake-era ``mcp`` client, and the session id its server gave it."""
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+
+    async def seen(self, response: httpx2.Response) -> None:
+        self.id = response.headers.get("mcp-session-id") or self.id
+
+
+@asynccontextmanager
+async def session_to(
+    url: str, who: str | None = None, **options: Any
+) -> AsyncIterator[tuple[Client, Session]]:
+    """A client of ``url`` (with ``who``'s token), and its session id once it has one."""
+    session = Session()
+    headers = {"Authorization": f"Bearer {TOKENS[who]}"} if who else {}
+    async with (
+        httpx2.AsyncClient(headers=headers, event_hooks={"response": [session.seen]}) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy", **options) as client,
+    ):
+        yield client, session
+
+
+def text_of(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_a_session_is_served_by_both_replicas_in_turn(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    async with cluster_of(redis, prefix, tmp_path, calls) as cluster:
+        async with session_to(cluster.url) as (client, _):
+            for i in range(10):
+                assert text_of(await client.call_tool("counter__echo", {"text": f"call {i}"})) == f"call {i}"
+        served = [(await cluster.status(i))["calls"] for i in range(2)]
+        adopted = [(await cluster.status(i))["sessions"]["adopted"] for i in range(2)]
+    assert calls == [f"call {i}" for i in range(10)]
+    # Round robin: each replica served about half of the session's calls; one opened it,
+    # the other adopted it from the store (once: it then holds it).
+    assert sum(served) == 10
+    assert min(served) >= 3
+    assert sorted(adopted) == [0, 1]
+
+
+async def test_a_session_is_adopted_only_with_the_credential_that_opened_it(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with cluster_of(redis, prefix, tmp_path, [], auth=bearer()) as cluster:
+        alice = {"Authorization": f"Bearer {TOKENS['alice']}"}
+        async with session_to(cluster.endpoint(0), "alice") as (client, opened):
+            await client.list_tools()
+            session = opened.id
+            assert session is not None
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            headers = {
+                "Mcp-Session-Id": session,
+                "Mcp-Protocol-Version": "2025-11-25",
+                "Accept": "application/json, text/event-stream",
+            }
+            async with httpx.AsyncClient() as http:
+                bob = {"Authorization": f"Bearer {TOKENS['bob']}"}
+                stolen = await http.post(cluster.endpoint(1), json=ping, headers={**headers, **bob})
+                own = await http.post(cluster.endpoint(1), json=ping, headers={**headers, **alice})
+    assert stolen.status_code == 404
+    assert "Session not found" in stolen.text
+    assert own.status_code == 200
+
+
+async def test_a_session_deleted_through_one_replica_is_gone_on_the_other(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with cluster_of(redis, prefix, tmp_path, []) as cluster:
+        async with session_to(cluster.endpoint(0)) as (client, opened):
+            await client.list_tools()
+            session = opened.id
+            assert session is not None
+            headers = {"Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25"}
+            ping = {"jsonrpc": "2.0", "id": 7, "method": "ping"}
+            accept = {"Accept": "application/json, text/event-stream"}
+            async with httpx.AsyncClient() as http:
+                # Adopted by replica 1 first, so both hold it when it is deleted.
+                assert (
+                    await http.post(cluster.endpoint(1), json=ping, headers={**headers, **accept})
+                ).status_code == 200
+        # Leaving the client sent DELETE to replica 0.
+        async with httpx.AsyncClient() as http:
+            with anyio.fail_after(BOUND):
+                while True:
+                    after = await http.post(cluster.endpoint(1), json=ping, headers={**headers, **accept})
+                    if after.status_code == 404:
+                        break
+                    await anyio.sleep(0.05)
+        status = await cluster.status(1)
+    assert status["sessions"]["live"] == 0
+
+
+async def test_a_rate_limit_is_enforced_once_across_replicas(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    limited = {"rate_limit": {"per_minute": 1, "burst": 8}}
+    async with cluster_of(redis, prefix, tmp_path, [], auth=bearer(alice=limited)) as cluster:
+        refusals: list[str] = []
+        async with session_to(cluster.url, "alice") as (client, _):
+            for _ in range(15):
+                try:
+                    await client.call_tool("counter__echo", {"text": "x"})
+                except MCPError as exc:
+                    refusals.append(exc.error.message)
+        # A bystander is not limited by alice's bucket.
+        async with session_to(cluster.url, "bob") as (other, _):
+            assert text_of(await other.call_tool("counter__echo", {"text": "bob"})) == "bob"
+    # A burst of 8 in all, with initialize, notifications/initialized and the client's own
+    # tools/list among them: at most 6 calls. A bucket per replica would let 13 through.
+    assert 15 - len(refusals) <= 6
+    assert all("rate limit exceeded" in r for r in refusals)
+
+
+async def test_the_live_session_cap_is_shared(redis: Redis, prefix: str, tmp_path: Path) -> None:
+    capped = {"max_sessions": 3}
+    async with cluster_of(redis, prefix, tmp_path, [], auth=bearer(alice=capped)) as cluster:
+        async with (
+            session_to(cluster.url, "alice"),
+            session_to(cluster.url, "alice"),
+            session_to(cluster.url, "alice"),
+        ):
+            with pytest.raises(Exception) as refused:  # noqa: PT011  # the SDK client's own wrapping
+                async with session_to(cluster.url, "alice"):
+                    pass
+            async with session_to(cluster.url, "bob") as (other, _):
+                assert text_of(await other.call_tool("counter__echo", {"text": "bob"})) == "bob"
+        # Ended sessions no longer count: alice opens one again.
+        async with session_to(cluster.url, "alice") as (again, _):
+            await again.list_tools()
+    assert "sessions open" in str(refused.value) or "max_sessions" in repr(refused.value)
+
+
+async def test_a_session_survives_its_replica_dying_mid_load(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    async with cluster_of(redis, prefix, tmp_path, calls) as cluster:
+        async with session_to(cluster.url) as (client, _):
+            for i in range(4):  # both replicas hold the session now
+                await client.call_tool("counter__echo", {"text": f"warm {i}"})
+            failed: list[str] = []
+
+            async def call(text: str) -> None:
+                try:
+                    await client.call_tool("counter__slow", {"text": text, "seconds": 1.0})
+                except Exception:
+                    failed.append(text)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(6):
+                    tg.start_soon(call, f"slow {i}")
+                with anyio.fail_after(BOUND):
+                    while len([c for c in calls if c.startswith("slow")]) < 6:
+                        await anyio.sleep(0.01)
+                cluster.kill(0)
+            # The session goes on: every later call is served by the replica that is left.
+            for i in range(4):
+                assert (
+                    text_of(await client.call_tool("counter__echo", {"text": f"after {i}"})) == f"after {i}"
+                )
+        survivor = await cluster.status(1)
+    # Only the calls in flight on the dead replica failed (round robin: about half).
+    assert 0 < len(failed) < 6
+    assert survivor["calls"] >= 4 + (6 - len(failed))
+
+
+async def test_a_list_change_seen_by_one_replica_reaches_a_client_of_the_other(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    told = anyio.Event()
+
+    async def listen(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            told.set()
+
+    async with (
+        cluster_of(redis, prefix, tmp_path, []) as cluster,
+        session_to(cluster.endpoint(1), message_handler=listen) as (watcher, _),
+        session_to(cluster.endpoint(0)) as (changer, _),
+    ):
+        await watcher.list_tools()
+        await changer.call_tool("counter__add_tool", {"name": "brand_new"})
+        with anyio.fail_after(BOUND):
+            await told.wait()
+        listed = {t.name for t in (await watcher.list_tools(cache_mode="bypass")).tools}
+    assert "counter__brand_new" in listed

@@ -1,0 +1,153 @@
+"""The shared store itself: a dropped SSE stream resumed on the other replica, a replica that
+loses Redis (ready no more, serving on, back when Redis is), one that cannot reach it at all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import redis.asyncio as aioredis
+
+from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
+from tests.replicas.services import Redis, free_port, redis_server
+from tests.replicas.test_sessions import BOUND, config, counter_server, session_to, text_of
+from tests.support import gateway_env, serving_upstream
+
+ACCEPT = {"Accept": "application/json, text/event-stream"}
+VERSION = "2025-11-25"
+
+
+async def opened(http: httpx.AsyncClient, url: str) -> dict[str, str]:
+    """A handshake-era session opened with raw requests; its headers for what follows."""
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    answer = await http.post(url, json=hello, headers=ACCEPT)
+    assert answer.status_code == 200, answer.text
+    headers = {"Mcp-Session-Id": answer.headers["mcp-session-id"], "Mcp-Protocol-Version": VERSION}
+    done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await http.post(url, json=done, headers={**headers, **ACCEPT})).status_code == 202
+    return headers
+
+
+@asynccontextmanager
+async def events(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """The session's GET stream: yields an async iterator of (event id, message)."""
+    async with http.stream("GET", url, headers={**headers, "Accept": "text/event-stream"}) as stream:
+        assert stream.status_code == 200
+
+        async def read() -> AsyncIterator[tuple[str | None, dict[str, Any]]]:
+            event_id: str | None = None
+            async for line in stream.aiter_lines():
+                if line.startswith("id:"):
+                    event_id = line[3:].strip()
+                elif line.startswith("data:") and line[5:].strip():
+                    yield event_id, json.loads(line[5:])
+                    event_id = None
+
+        yield read()
+
+
+async def next_message(
+    reader: AsyncIterator[tuple[str | None, dict[str, Any]]],
+) -> tuple[str | None, dict[str, Any]]:
+    with anyio.fail_after(BOUND):
+        return await reader.__anext__()
+
+
+async def stored(redis: Redis, stream: str) -> int:
+    """Events Redis holds for one SSE stream."""
+    async with aioredis.Redis.from_url(redis.url) as client:
+        return int(await client.xlen(stream))
+
+
+async def test_a_dropped_stream_resumes_on_the_other_replica_with_nothing_missed(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(counter_server([])) as upstream,
+        replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        session_to(cluster.endpoint(0)) as (changer, _),
+    ):
+        first, second = cluster.endpoint(0), cluster.endpoint(1)
+        headers = await opened(http, first)
+        async with events(http, first, headers) as reader:
+            await changer.call_tool("counter__add_tool", {"name": "one"})
+            last_id, message = await next_message(reader)
+        assert message["method"] == "notifications/tools/list_changed"
+        assert last_id
+        stream = f"{prefix}:events:{last_id.split('/')[1]}"
+        before = await stored(redis, stream)
+        # Told while its stream is down: kept in Redis for it (sent after each call's answer).
+        await changer.call_tool("counter__add_tool", {"name": "two"})
+        await changer.call_tool("counter__add_tool", {"name": "three"})
+        with anyio.fail_after(BOUND):
+            while await stored(redis, stream) < before + 2:
+                await anyio.sleep(0.02)
+        resumed = {**headers, "Last-Event-ID": last_id}
+        async with events(http, second, resumed) as reader:
+            missed = [await next_message(reader), await next_message(reader)]
+    assert [m["method"] for _, m in missed] == ["notifications/tools/list_changed"] * 2
+    assert all(event_id and event_id != last_id for event_id, _ in missed)
+
+
+async def test_a_replica_that_loses_redis_is_unready_serves_on_and_recovers(
+    prefix: str, tmp_path: Path
+) -> None:
+    with redis_server() as redis:
+        async with (
+            serving_upstream(counter_server([])) as upstream,
+            replicas(config(redis, prefix, upstream), tmp_path, count=1) as cluster,
+            session_to(cluster.endpoint(0)) as (client, _),
+            httpx.AsyncClient() as http,
+        ):
+            ready = cluster.replicas[0] + "/readyz"
+            assert (await http.get(ready)).status_code == 200
+            redis.stop()
+            # The session goes on (its limits counted here meanwhile); readiness says why not.
+            assert text_of(await client.call_tool("counter__echo", {"text": "still"})) == "still"
+            with anyio.fail_after(BOUND):
+                while (answer := await http.get(ready)).status_code != 503:
+                    await anyio.sleep(0.1)
+            problems = answer.json()["problems"]
+            assert "store" in problems[0] or "Redis" in problems[0] or "Connection" in problems[0]
+            assert text_of(await client.call_tool("counter__echo", {"text": "again"})) == "again"
+            redis.start()
+            with anyio.fail_after(BOUND):
+                while (await http.get(ready)).status_code != 200:
+                    await anyio.sleep(0.1)
+            assert text_of(await client.call_tool("counter__echo", {"text": "back"})) == "back"
+    log = cluster.log(0)
+    assert "shared store" in log
+    assert "unavailable" in log
+    assert "answers again" in log
+
+
+async def test_a_replica_that_cannot_reach_redis_at_start_says_so_and_exits(tmp_path: Path) -> None:
+    url = f"redis://:secret-password@127.0.0.1:{free_port()}/0"
+    path = write_config({"store": {"url": url}, "agent": {"enabled": False}}, tmp_path, free_port())
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [AGENT_GATEWAY, "serve", "-c", str(path)], env=gateway_env(), capture_output=True, timeout=60
+        )
+    )
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode != 0
+    assert "the shared store redis://***@127.0.0.1" in output
+    assert "cannot be reached" in output
+    assert "secret-password" not in output
+    assert "Traceback" not in output
