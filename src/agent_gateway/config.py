@@ -172,6 +172,10 @@ class ServerConfig(_Strict):
     instructions: str | None = None
     session_idle_timeout: Seconds = 1800.0
     """An HTTP session with no request for this long is ended (and what it held released)."""
+    drain_timeout: int = Field(default=30, ge=1, le=3600)
+    """On SIGTERM: seconds the calls in flight have to finish before they are cut off (new
+    connections are refused at once, and notification streams closed so clients reconnect
+    to another replica)."""
     allowed_hosts: tuple[str, ...] = ()
     """Host header values accepted besides loopback names and the bound address (DNS-rebinding
     protection); globs, ``*`` turns the check off."""

@@ -132,6 +132,10 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
     http = _Uvicorn(config)
 
     def stop() -> None:
+        # Draining: the listener closes at once (a balancer sends new connections to the
+        # other replicas), the calls in flight have drain_timeout to finish, and SSE streams
+        # end (sse-starlette watches for shutdown) so their clients reconnect elsewhere.
+        logger.info("draining: the calls in flight have %ds to finish", server.drain_timeout)
         http.should_exit = True
 
     async with gateway.running(), anyio.create_task_group() as tg:
@@ -156,7 +160,12 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
     connections = Connections(
         cap=cap, per_address=settings.per_address, header_timeout=settings.header_timeout
     )
-    return {"http": bounded_protocol(connections), "timeout_keep_alive": settings.keep_alive_timeout}
+    return {
+        "http": bounded_protocol(connections),
+        "timeout_keep_alive": settings.keep_alive_timeout,
+        # A bound on shutdown (SIGTERM): a call still running after it is cut off.
+        "timeout_graceful_shutdown": gateway.config.server.drain_timeout,
+    }
 
 
 def _url_host(host: str) -> str:

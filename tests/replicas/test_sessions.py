@@ -4,6 +4,7 @@ calls in flight, limits are counted once."""
 
 from __future__ import annotations
 
+import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -42,6 +43,7 @@ def counter_server(calls: list[str]) -> FastMCP:
         """Answer after a while."""
         calls.append(text)
         await anyio.sleep(seconds)
+        calls.append(f"done {text}")
         return text
 
     @server.tool
@@ -280,3 +282,67 @@ async def test_a_list_change_seen_by_one_replica_reaches_a_client_of_the_other(
             await told.wait()
         listed = {t.name for t in (await watcher.list_tools(cache_mode="bypass")).tools}
     assert "counter__brand_new" in listed
+
+
+async def test_a_replica_given_sigterm_finishes_its_calls_and_its_clients_go_on_elsewhere(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    async with (
+        cluster_of(redis, prefix, tmp_path, calls) as cluster,
+        session_to(cluster.url) as (client, _),
+        # Its notification stream stays open on replica 0: closed at SIGTERM, not waited for.
+        session_to(cluster.url.replace(cluster.balancer, cluster.replicas[0])) as (listener, _),
+    ):
+        await listener.list_tools()
+        for i in range(4):  # both replicas hold the session now
+            await client.call_tool("counter__echo", {"text": f"warm {i}"})
+        answers: list[str] = []
+
+        async def call(text: str) -> None:
+            answers.append(text_of(await client.call_tool("counter__slow", {"text": text, "seconds": 1.0})))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(call, f"slow {i}")
+            with anyio.fail_after(BOUND):
+                while len([c for c in calls if c.startswith("slow")]) < 6:
+                    await anyio.sleep(0.01)
+            cluster.processes[0].send_signal(signal.SIGTERM)
+        # Every call in flight on the draining replica finished; the session goes on.
+        for i in range(4):
+            assert text_of(await client.call_tool("counter__echo", {"text": f"after {i}"})) == f"after {i}"
+        exit_code = await anyio.to_thread.run_sync(cluster.processes[0].wait, BOUND)
+    assert sorted(answers) == [f"slow {i}" for i in range(6)]
+    assert exit_code == 0
+    assert "draining" in cluster.log(0)
+
+
+async def test_a_draining_replica_cuts_off_a_call_longer_than_its_drain_timeout(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    calls: list[str] = []
+    async with (
+        cluster_of(redis, prefix, tmp_path, calls, server={"drain_timeout": 1}) as cluster,
+        session_to(cluster.endpoint(0)) as (client, _),
+    ):
+        failed: list[BaseException] = []
+
+        async def long_call() -> None:
+            try:
+                await client.call_tool("counter__slow", {"text": "long", "seconds": 3.0})
+            except Exception as exc:
+                failed.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_call)
+            with anyio.fail_after(BOUND):
+                while "long" not in calls:
+                    await anyio.sleep(0.01)
+            cluster.processes[0].send_signal(signal.SIGTERM)
+            await anyio.to_thread.run_sync(cluster.processes[0].wait, BOUND)
+            finished_first = "done long" in calls
+            tg.cancel_scope.cancel()
+    # The replica was gone before the upstream finished the call: drain_timeout bounds it.
+    assert not finished_first
+    assert "draining: the calls in flight have 1s to finish" in cluster.log(0)
