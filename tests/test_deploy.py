@@ -68,3 +68,51 @@ def test_compose_publishes_the_gateway_on_the_hosts_loopback_only_and_requires_t
     assert re.fullmatch(r"\$\{AGENT_GATEWAY_TOKEN:\?.+\}", service["environment"]["AGENT_GATEWAY_TOKEN"])
     assert service["build"] == "."
     assert any(volume.endswith(":/data") for volume in service["volumes"])
+
+
+# -- deploy/: several replicas -------------------------------------------------------------
+
+DEPLOY = ROOT / "deploy"
+REPLICA_ENV = {
+    "AGENT_GATEWAY_TOKEN": "t" * 32,
+    "GATEWAY_STATE_KEY": "k" * 64,
+    "DATABASE_URL": "postgresql://gateway:gateway@postgres:5432/gateway",
+}
+
+
+def replica_compose() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "compose.yaml").read_text(encoding="utf-8"))["services"]
+
+
+def test_the_replicas_run_one_config_that_shares_state_through_redis_and_postgres() -> None:
+    services = replica_compose()
+    replicas = [services["gateway-1"], services["gateway-2"]]
+    assert replicas[0] == replicas[1]
+    (mount,) = replicas[0]["volumes"]
+    source, target, _ = mount.split(":")
+    assert (DEPLOY / source).resolve() == DEPLOY / "gateway.yaml"
+    args = parse_arguments(replicas[0]["command"])
+    assert args.config == target
+    config = serve_config(args, load_config(DEPLOY / "gateway.yaml", REPLICA_ENV))
+    assert config.store is not None
+    assert config.store.url == "redis://redis:6379/0"
+    assert config.agent.memory.store == "postgres"
+    assert config.server.state_keys == (REPLICA_ENV["GATEWAY_STATE_KEY"],)
+    assert (config.server.host, config.server.port) == ("0.0.0.0", 8000)
+    assert config.auth.mode == "bearer"
+
+
+def test_the_balancer_round_robins_over_both_replicas_with_the_tested_proxy_lines() -> None:
+    balancer = replica_compose()["balancer"]
+    assert balancer["ports"] == ["127.0.0.1:8000:8080"]
+    mounts = dict(m.rsplit(":", 1)[0].split(":") for m in balancer["volumes"])
+    assert mounts == {
+        "./nginx.conf": "/etc/nginx/nginx.conf",
+        "./mcp-proxy.conf": "/etc/nginx/mcp-proxy.conf",
+    }
+    conf = (DEPLOY / "nginx.conf").read_text(encoding="utf-8")
+    assert re.findall(r"server (gateway-\d):8000", conf) == ["gateway-1", "gateway-2"]
+    assert "include /etc/nginx/mcp-proxy.conf;" in conf
+    assert "listen 8080;" in conf
+    directives = [line.split("#")[0] for line in conf.splitlines()]
+    assert not [d for d in directives if re.search(r"\b(sticky|ip_hash|hash)\b", d)]

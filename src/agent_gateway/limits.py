@@ -33,6 +33,7 @@ from typing import Any
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.access import (
@@ -48,6 +49,7 @@ from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
 
 INVALID_REQUEST = -32600
 _SESSION_HEADER = b"mcp-session-id"
+_VERSION_HEADER = b"mcp-protocol-version"
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,14 @@ class Admission:
         if body is None:
             return
         session = _header(scope, _SESSION_HEADER)
-        verdict = await self.shared.admit(client, session) if self.shared is not None else None
-        refusal = self._over_limits(client, session is None) if verdict is None else _refusal(client, verdict)
+        # A modern-era request is a session only while it runs: counted by this replica alone
+        # (a round trip each would double its cost); a handshake-era session across replicas.
+        modern = _header(scope, _VERSION_HEADER) in MODERN_PROTOCOL_VERSIONS
+        verdict = await self._shared_verdict(client, session, opening=session is None and not modern)
+        refusal = _refusal(client, verdict) if verdict is not None else None
+        if refusal is None:
+            own_rate, own_opening = verdict is None, session is None and (verdict is None or modern)
+            refusal = self._over_limits(client, rate=own_rate, opening=own_opening)
         if refusal is not None:
             message, data, headers = refusal
             if self.on_refused is not None:
@@ -123,14 +131,25 @@ class Admission:
                 if verdict is not None and verdict.reservation is not None:
                     await self._settle(client, verdict.reservation, opened.session)
 
+    async def _shared_verdict(
+        self, client: Principal, session: str | None, *, opening: bool
+    ) -> Verdict | None:
+        """The shared limits' verdict, when this request needs the store (None: it does not, or
+        the store is unavailable, and this replica's own counts apply)."""
+        shared = self.shared
+        if shared is None or not shared.needed(client, session, opening=opening):
+            return None
+        return await shared.admit(client, session, opening=opening)
+
     async def _settle(self, client: Principal, reservation: str, session: str | None) -> None:
         assert self.shared is not None
         with anyio.CancelScope(shield=True):  # bounded by the store's own timeout
             await self.shared.settle(client, reservation, session)
 
-    def _over_limits(self, client: Principal, opening: bool) -> Refusal | None:
-        """Why ``client`` is refused this request by this replica's own counts, or None."""
-        if client.bucket is not None and (wait := client.bucket.take()) is not None:
+    def _over_limits(self, client: Principal, *, rate: bool, opening: bool) -> Refusal | None:
+        """Why ``client`` is refused this request by this replica's own counts (its rate, its
+        sessions opening), or None."""
+        if rate and client.bucket is not None and (wait := client.bucket.take()) is not None:
             return _rate_refusal(client, wait)
         limit = client.policy.max_sessions
         if opening and (open_now := client.sessions + client.opening) >= limit:

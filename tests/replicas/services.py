@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import free_socket
+from tests.support import ROOT, free_socket
 
 _BOUND = 30.0
 
@@ -139,6 +139,8 @@ def postgres_server() -> Iterator[str]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+MCP_PROXY = ROOT / "deploy" / "mcp-proxy.conf"
+"""How nginx passes MCP to the replicas: the deployed lines themselves (deploy/nginx.conf)."""
 NGINX_CONF = """
 daemon off;
 worker_processes 1;
@@ -159,20 +161,7 @@ http {{
   server {{
     listen 127.0.0.1:{port};
     location / {{
-      proxy_pass http://gateways;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_set_header Host $host;
-      # Streamable HTTP: answers stream (SSE), so nothing is buffered, and a stream may
-      # stay open for as long as a session does.
-      proxy_buffering off;
-      proxy_cache off;
-      proxy_read_timeout 3600s;
-      proxy_send_timeout 3600s;
-      # A replica that is down: the request goes to the other (idempotent or not: a POST
-      # that never reached a replica is safe to send to the next).
-      proxy_next_upstream error timeout non_idempotent;
-      proxy_connect_timeout 2s;
+      include {proxy};
     }}
   }}
 }}
@@ -187,7 +176,7 @@ def nginx_balancer(backends: list[str]) -> Iterator[str]:
     port = free_port()
     servers = "\n    ".join(f"server {b} max_fails=0;" for b in backends)
     conf = directory / "nginx.conf"
-    conf.write_text(NGINX_CONF.format(dir=directory, servers=servers, port=port))
+    conf.write_text(NGINX_CONF.format(dir=directory, servers=servers, port=port, proxy=MCP_PROXY))
     log = directory / "nginx.out"
     binary = shutil.which("nginx") or "/usr/sbin/nginx"
     process = _spawn([binary, "-c", str(conf), "-p", str(directory)], log)

@@ -327,6 +327,7 @@ async def test_a_draining_replica_cuts_off_a_call_longer_than_its_drain_timeout(
         session_to(cluster.endpoint(0)) as (client, _),
     ):
         failed: list[BaseException] = []
+        finished_first = True
 
         async def long_call() -> None:
             try:

@@ -10,7 +10,11 @@ for the handshake era: the response waits until the call's first message. The re
 goes back as JSON. Anything sent before it (progress, a log line, a sampling or elicitation
 request) commits the stream, and so does ``PING_INTERVAL`` of silence, as the SDK's
 keepalive would. Everything else stays the SDK's: sessions, validation, error answers,
-resumability (with an event store the SDK's path is kept as is, priming event included).
+resumability. With an event store (several replicas) every message is still stored, and a
+call that streams carries its events' ids, so a dropped stream resumes; what is not sent is
+the SDK's priming event, which lets a client resume a stream that dropped before its first
+event: here no stream exists before its first event, and a POST that drops before any answer
+is retried by the client.
 
 It lives in ``compat/`` because it is built of the SDK transport's private methods and state
 (``tests/test_compat.py`` lists each) and swaps the class of FastMCP's session manager and of
@@ -88,7 +92,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
 
     async def _deferrable(self, request: Request) -> JSONRPCRequest | None:
         """The request in this POST when its answer can wait, else None."""
-        if self._event_store is not None or self.is_json_response_enabled:
+        if self.is_json_response_enabled:
             return None
         has_json, has_sse = check_accept_headers(request)
         if not (has_json and has_sse and self._check_content_type(request)):

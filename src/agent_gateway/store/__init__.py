@@ -69,6 +69,7 @@ class SharedState:
             async with anyio.create_task_group() as tg:
                 await tg.start(self.store.watch)
                 await tg.start(self.bus.listen)
+                await tg.start(self.events.write)
                 try:
                     yield self
                 finally:

@@ -1,25 +1,36 @@
 """The SSE event store in Redis: a client whose stream dropped resumes it on any replica.
 
-Each SSE stream is a Redis stream (``XADD`` with ``MAXLEN``: one atomic append, one round
-trip with its expiry), so two replicas writing to one session never race; FastMCP's own
-key-value event store keeps a read-modify-write list per stream under an in-process lock,
-which its authors note is only safe within one process. An event id is
-``<Redis entry id>/<stream key digest>``: it names its stream without carrying the request id
-a client chose (which may hold anything, newlines included) into an SSE ``id:`` line.
+Each SSE stream is a Redis stream (``XADD`` with ``MAXLEN``: an atomic append, so two
+replicas writing to one session's stream never race; FastMCP's own key-value event store
+keeps a read-modify-write list per stream under an in-process lock, which its authors note
+is only safe within one process).
 
-Streams are scoped to their session by FastMCP's ``SessionScopedEventStore`` (with the
-session id as its scope, ``compat/adoption.py``), so a ``Last-Event-ID`` from one session
-replays nothing in another.
+Events are written behind: ``store_event`` names the event and queues it, and one writer
+sends the queue in pipelines, so a call's answer never waits for Redis (awaiting each append
+cost ~0.3 ms a call, more than everything else the store does). The price: an event sent in
+the last moment before its replica died may be missing from the store; its client had it,
+and a resume from it then replays nothing. A full queue drops events (counted), never calls.
+
+An event id is ``<replica>-<n>/<stream digest>``: it names its stream without carrying the
+request id a client chose (which may hold anything, newlines included) into an SSE ``id:``
+line, and is made here without a round trip. Streams are scoped to their session by
+FastMCP's ``SessionScopedEventStore`` (the session id as its scope, ``compat/adoption.py``),
+so a ``Last-Event-ID`` from one session replays nothing in another.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import time
+import uuid
 
+import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
 from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
+from opentelemetry import metrics
 from pydantic import ValidationError
 
 from agent_gateway.config import EventsConfig
@@ -29,85 +40,109 @@ logger = logging.getLogger(__name__)
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 """A Redis stream entry as redis-py reads it (id, fields)."""
+Pending = tuple[str, str, str, bytes]
+"""An event waiting to be written: (key, stream id, event id, message)."""
 _PRIMING = b""
 """A priming event's stored message: it opens a stream and is never replayed."""
+_QUEUE = 10_000
+_BATCH = 500
+_dropped = metrics.get_meter("agent-gateway").create_counter(
+    "agent_gateway.store.events_dropped",
+    description="SSE events not stored for replay: the writer's queue was full.",
+)
 
 
 class SharedEventStore(EventStore):
-    """The SDK's ``EventStore`` on Redis streams, bounded by age and count."""
+    """The SDK's ``EventStore`` on Redis streams, bounded by age and count, written behind."""
 
     def __init__(self, store: SharedStore, config: EventsConfig) -> None:
         self.store = store
         self._ttl = int(max(1, config.ttl))
         self._per_stream = config.per_stream
+        self._replica = uuid.uuid4().hex[:12]
+        self._numbers = itertools.count(1)
+        self._queue: tuple[MemoryObjectSendStream[Pending], MemoryObjectReceiveStream[Pending]] = (
+            anyio.create_memory_object_stream[Pending](_QUEUE)
+        )
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         digest = _digest(stream_id)
+        event_id = f"{self._replica}-{next(self._numbers)}/{digest}"
         data = _PRIMING if message is None else jsonrpc_message_adapter.dump_json(message, by_alias=True)
-        key = self._key(digest)
+        try:
+            self._queue[0].send_nowait((self._key(digest), stream_id, event_id, data))
+        except anyio.WouldBlock:
+            _dropped.add(1)
+        return event_id
+
+    async def write(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Send queued events to Redis in pipelines until cancelled (then what is queued, bounded)."""
+        task_status.started()
+        reader = self._queue[1]
+        try:
+            while True:
+                batch = [await reader.receive()]
+                batch += _drain(reader, _BATCH - 1)
+                await self._send(batch)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.store.config.timeout):
+                if rest := _drain(reader, _QUEUE):
+                    await self._send(rest)
+
+    async def _send(self, batch: list[Pending]) -> None:
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.xadd(key, {"s": stream_id, "m": data}, maxlen=self._per_stream, approximate=True)
-        pipe.expire(key, self._ttl)
-        answer = await self.store.call(pipe.execute(), "event_store")
-        if answer is None:  # not stored: the event still goes out live, it cannot be replayed
-            return f"0-0/{digest}"
-        return f"{answer[0].decode()}/{digest}"
+        for key, stream_id, event_id, data in batch:
+            fields = {"s": stream_id, "i": event_id, "m": data}
+            pipe.xadd(key, fields, maxlen=self._per_stream, approximate=True)  # pyright: ignore[reportArgumentType]
+            pipe.expire(key, self._ttl)
+        await self.store.call(pipe.execute(), "event_store")
 
     async def replay_events_after(
         self, last_event_id: EventId, send_callback: EventCallback
     ) -> StreamId | None:
-        entry, _, digest = last_event_id.partition("/")
-        if not digest or not _entry_id(entry):
+        _, _, digest = last_event_id.partition("/")
+        if not digest:
             logger.info("replay refused: %r is not an event id of this gateway", last_event_id[:100])
             return None
-        oldest = f"{int((time.time() - self._ttl) * 1000)}-0"
-        start = max(entry, oldest, key=_entry_order)
+        oldest = f"{int((time.time() - self._ttl) * 1000)}-0"  # older events are gone (store.events.ttl)
         rows: list[Entry] | None = await self.store.call(
-            self.store.redis.xrange(self._key(digest), min=f"({start}"), "event_replay"
+            self.store.redis.xrange(self._key(digest), min=oldest), "event_replay"
         )
-        if rows is None:
+        if not rows:
             return None
-        if not rows:  # nothing missed: the stream's name is in any of its entries
-            rows_before: list[Entry] | None = await self.store.call(
-                self.store.redis.xrange(self._key(digest), count=1), "event_replay"
-            )
-            stream_id = _stream_of(rows_before or [])
-        else:
-            stream_id = _stream_of(rows)
-        if stream_id is None:
+        ids = [fields.get(b"i", b"").decode() for _, fields in rows]
+        if last_event_id not in ids:
+            logger.info("replay: event %s is no longer kept (or was never stored)", last_event_id[:100])
             return None
-        for event_id, fields in rows:
-            message = fields.get(b"m", _PRIMING)
-            if message == _PRIMING:
-                continue
-            try:
-                parsed = jsonrpc_message_adapter.validate_json(message, by_name=False)
-            except ValidationError:
-                logger.warning("replay: an unreadable stored event on stream %s was skipped", digest)
-                continue
-            await send_callback(EventMessage(parsed, f"{event_id.decode()}/{digest}"))
-        return stream_id
+        for (_, fields), event_id in list(zip(rows, ids, strict=True))[ids.index(last_event_id) + 1 :]:
+            if (message := _message(fields, digest)) is not None:
+                await send_callback(EventMessage(message, event_id))
+        return rows[0][1][b"s"].decode()
 
     def _key(self, digest: str) -> str:
         return self.store.key("events", digest)
 
 
+def _drain(reader: MemoryObjectReceiveStream[Pending], most: int) -> list[Pending]:
+    out: list[Pending] = []
+    while len(out) < most:
+        try:
+            out.append(reader.receive_nowait())
+        except (anyio.WouldBlock, anyio.EndOfStream):
+            break
+    return out
+
+
+def _message(fields: dict[bytes, bytes], digest: str) -> JSONRPCMessage | None:
+    data = fields.get(b"m", _PRIMING)
+    if data == _PRIMING:
+        return None
+    try:
+        return jsonrpc_message_adapter.validate_json(data, by_name=False)
+    except ValidationError:
+        logger.warning("replay: an unreadable stored event on stream %s was skipped", digest)
+        return None
+
+
 def _digest(stream_id: str) -> str:
     return hashlib.blake2b(stream_id.encode(), digest_size=16).hexdigest()
-
-
-def _entry_id(text: str) -> bool:
-    ms, dash, seq = text.partition("-")
-    return bool(dash) and ms.isdigit() and seq.isdigit()
-
-
-def _entry_order(text: str) -> tuple[int, int]:
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq)
-
-
-def _stream_of(rows: list[Entry]) -> str | None:
-    for _, fields in rows:
-        if (stream := fields.get(b"s")) is not None:
-            return stream.decode()
-    return None

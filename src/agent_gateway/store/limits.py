@@ -11,6 +11,7 @@ leaves nothing counted for ever. Time is the Redis server's, the one clock all r
 from __future__ import annotations
 
 import math
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ from agent_gateway.store.client import SharedStore
 
 _RESERVATION = 60.0
 """Seconds a place taken by an opening request is held before the session is established."""
+_TOUCH_EVERY = 10.0
+"""Seconds between two pushes of a session's expiry from one replica (at most)."""
+_TOUCHED_KEPT = 100_000
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
 # reservation id, reservation seconds, session id to touch ("" : none), session seconds.
@@ -83,25 +87,50 @@ class Verdict:
 
 
 class SharedLimits:
-    """The rate limits and session caps of every client, counted once across replicas."""
+    """The rate limits and session caps of every client, counted once across replicas.
+
+    A request goes to the store only when it must: its client has a rate limit, it opens a
+    handshake-era session, or its session's expiry has not been pushed back for a while
+    (``_TOUCH_EVERY``): the common call, by a client with no rate limit on a live session,
+    costs no round trip.
+    """
 
     def __init__(self, store: SharedStore, session_seconds: float) -> None:
         self.store = store
         self._session_seconds = session_seconds
+        self._touch_every = min(_TOUCH_EVERY, session_seconds / 10)
+        self._touched: dict[str, float] = {}
         self._admit: AsyncScript = store.redis.register_script(_ADMIT)  # pyright: ignore[reportAttributeAccessIssue]
         self._settle: AsyncScript = store.redis.register_script(_SETTLE)  # pyright: ignore[reportAttributeAccessIssue]
 
-    async def admit(self, client: Principal, session: str | None) -> Verdict | None:
+    def needed(self, client: Principal, session: str | None, *, opening: bool) -> bool:
+        """Whether this request must ask the store (see the class docstring)."""
+        if not self.store.available:
+            return False
+        if client.policy.rate_limit is not None or opening:
+            return True
+        return session is not None and self._touch_due(session)
+
+    def _touch_due(self, session: str) -> bool:
+        now = time.monotonic()
+        if now - self._touched.get(session, -math.inf) < self._touch_every:
+            return False
+        if len(self._touched) >= _TOUCHED_KEPT:  # ended sessions are forgotten here too
+            self._touched = {s: t for s, t in self._touched.items() if now - t < self._touch_every}
+        self._touched[session] = now
+        return True
+
+    async def admit(self, client: Principal, session: str | None, *, opening: bool) -> Verdict | None:
         """Take a token from ``client``'s bucket, and a place among its sessions when the
         request opens one; None when the store could not be asked (use this replica's own)."""
         limit = client.policy.rate_limit
         rate = limit.per_minute / 60.0 if limit is not None else 0.0
         burst = limit.burst if limit is not None else 0
-        reservation = f"opening:{uuid.uuid4().hex}" if session is None else ""
+        reservation = f"opening:{uuid.uuid4().hex}" if opening else ""
         args = [
             rate,
             burst,
-            int(session is None),
+            int(opening),
             client.policy.max_sessions,
             reservation,
             _RESERVATION,
