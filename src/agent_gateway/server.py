@@ -275,8 +275,11 @@ class Gateway:
 
     def unready(self) -> list[str]:
         """Why this replica should take no new traffic (empty: it may)."""
-        problem = self.shared.problem if self.shared is not None else None
-        return [problem] if problem is not None else []
+        problems = [
+            self.shared.problem if self.shared is not None else None,
+            self.agent.memory_problem if self.agent is not None else None,
+        ]
+        return [p for p in problems if p is not None]
 
     @asynccontextmanager
     async def _audit_running(self) -> AsyncIterator[None]:

@@ -21,8 +21,8 @@ def redis() -> Iterator[Redis]:
 
 @pytest.fixture(scope="session")
 def postgres_cluster() -> Iterator[str]:
-    with postgres_server() as url:
-        yield url
+    with postgres_server() as server:
+        yield server.url
 
 
 @pytest.fixture

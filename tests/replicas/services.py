@@ -110,33 +110,57 @@ def _as_postgres(args: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
+@dataclass
+class Postgres:
+    """A cluster in ``directory`` (made by ``initdb`` on first start) on a loopback port."""
+
+    port: int
+    directory: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://gateway:gateway-test@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        data = self.directory / "data"
+        if not data.exists():
+            self._init(data)
+        postgres = [
+            _postgres_bin("postgres"), "-D", str(data), "-p", str(self.port), "-h", "127.0.0.1",
+            "-k", str(self.directory), "-c", "fsync=off", "-c", "max_connections=200",
+        ]  # fmt: skip
+        log = self.directory / "postgres.log"
+        self.process = _spawn(_as_postgres(postgres), log)
+        _wait_for_port(self.port, self.process, log)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            _stop(self.process)
+            self.process = None
+
+    def _init(self, data: Path) -> None:
+        password = self.directory / "password"
+        password.write_text("gateway-test\n")
+        if os.geteuid() == 0:
+            shutil.chown(self.directory, "postgres", "postgres")
+            shutil.chown(password, "postgres", "postgres")
+        init = [_postgres_bin("initdb"), "-D", str(data), "-U", "gateway", "--auth=scram-sha-256"]
+        subprocess.run(
+            _as_postgres([*init, f"--pwfile={password}"]), check=True, capture_output=True, timeout=120
+        )
+
+
 @contextlib.contextmanager
-def postgres_server() -> Iterator[str]:
-    """A fresh cluster; yields a ``postgresql://`` URL with a password."""
-    directory = Path(tempfile.mkdtemp(prefix="postgres-"))
-    data = directory / "data"
-    password = directory / "password"
-    password.write_text("gateway-test\n")
-    if os.geteuid() == 0:
-        shutil.chown(directory, "postgres", "postgres")
-        shutil.chown(password, "postgres", "postgres")
-    port = free_port()
-    log = directory / "postgres.log"
-    init = [_postgres_bin("initdb"), "-D", str(data), "-U", "gateway", "--auth=scram-sha-256"]
-    subprocess.run(
-        _as_postgres([*init, f"--pwfile={password}"]), check=True, capture_output=True, timeout=120
-    )
-    postgres = [
-        _postgres_bin("postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
-        "-k", str(directory), "-c", "fsync=off", "-c", "max_connections=200",
-    ]  # fmt: skip
-    process = _spawn(_as_postgres(postgres), log)
+def postgres_server() -> Iterator[Postgres]:
+    """A fresh cluster, started; its ``url`` has a password."""
+    server = Postgres(free_port(), Path(tempfile.mkdtemp(prefix="postgres-")))
     try:
-        _wait_for_port(port, process, log)
-        yield f"postgresql://gateway:gateway-test@127.0.0.1:{port}/postgres"
+        server.start()
+        yield server
     finally:
-        _stop(process)
-        shutil.rmtree(directory, ignore_errors=True)
+        server.stop()
+        shutil.rmtree(server.directory, ignore_errors=True)
 
 
 MCP_PROXY = ROOT / "deploy" / "mcp-proxy.conf"

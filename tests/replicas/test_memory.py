@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any, LiteralString, TypedDict, cast
 
 import anyio
+import httpx
 import mcp_types as types
 import psycopg
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
@@ -22,7 +23,7 @@ from agent_gateway.config import MemoryConfig
 from tests.agent.model_apis import Turn, openai_api
 from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, unused
 from tests.replicas.cluster import replicas
-from tests.replicas.services import Redis
+from tests.replicas.services import Redis, postgres_server
 from tests.replicas.test_sessions import BOUND, text_of
 from tests.support import serving
 
@@ -147,3 +148,43 @@ async def test_a_modern_run_paused_on_one_replica_resumes_on_the_other(
         ) as client:
             done = finished(await call_round(client, question, reply, first.request_state))
     assert text_of(done) == "Hello from the other replica"
+
+
+async def test_a_replica_that_loses_postgres_is_unready_serves_on_and_recovers(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    app, _ = openai_api([Turn(text="Fine.")])
+    with postgres_server() as postgres:
+        async with serving(app) as base:
+            model = {
+                "provider": "openai",
+                "model": "gpt-test",
+                "base_url": f"{base}/v1",
+                "api_key": "test-key",
+            }
+            config = agent_config(redis, prefix, postgres.url, model=model)
+            async with (
+                replicas(config, tmp_path, count=1) as cluster,
+                Client(cluster.endpoint(0), mode="legacy") as client,
+                httpx.AsyncClient() as http,
+            ):
+                ready = cluster.replicas[0] + "/readyz"
+                postgres.stop()
+                with anyio.fail_after(BOUND):
+                    while (answer := await http.get(ready)).status_code != 503:
+                        await anyio.sleep(0.1)
+                assert "conversation memory (Postgres) does not answer" in answer.json()["problems"][0]
+                failed = await client.call_tool("ask_agent", {"query": "Still there?"})
+                assert failed.is_error
+                assert (await client.list_tools()).tools  # what does not need Postgres is served
+                postgres.start()
+                with anyio.fail_after(BOUND):
+                    while (await http.get(ready)).status_code != 200:
+                        await anyio.sleep(0.1)
+                answered = await client.call_tool("ask_agent", {"query": "And now?"})
+    assert text_of(answered) == "Fine."
+    log = cluster.log(0)
+    assert "conversation memory postgresql://***@127.0.0.1" in log
+    assert "unavailable" in log
+    assert "answers again" in log
+    assert "gateway-test" not in log

@@ -66,6 +66,16 @@ class Conversations:
         self._shared: PostgresThreads | None = None
 
     @property
+    def problem(self) -> str | None:
+        """Why the shared database does not answer now (None: it does, or none is used)."""
+        return self._shared.problem if self._shared is not None else None
+
+    async def watch(self) -> None:
+        """Report the shared database's health until cancelled (nothing to watch otherwise)."""
+        if self._shared is not None:
+            await self._shared.watch()
+
+    @property
     def retention(self) -> float | None:
         """Seconds a thread is kept unused, or None (for ever)."""
         days = self._config.retention_days
@@ -102,7 +112,7 @@ class Conversations:
         if self._config.store == "postgres":
             assert self._config.url is not None, "validated: store postgres has a url"
             saver = await open_postgres(self._config.url, self._stack)
-            self._shared = PostgresThreads(saver)
+            self._shared = PostgresThreads(saver, self._config.url)
             return saver
         path = Path(self._config.path)
         try:
@@ -122,16 +132,18 @@ class Conversations:
         """Mark ``thread`` as used now (a run on it is starting), so it is not expired under it."""
         saver = await self.checkpointer()
         self._used[thread] = time.time()
-        if self._shared is not None:
-            await self._shared.used(thread, self._used.pop(thread))
-        elif isinstance(saver, AsyncSqliteSaver):
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
-                try:
+        if self._shared is None and not isinstance(saver, AsyncSqliteSaver):
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+            try:
+                if self._shared is not None:
+                    await self._shared.used(thread, self._used.pop(thread))
+                elif isinstance(saver, AsyncSqliteSaver):
                     async with saver.lock:
                         await saver.conn.execute(_USED, (thread, self._used.pop(thread)))
                         await saver.conn.commit()
-                except Exception:  # the run goes on; the thread may only expire early
-                    logger.exception("conversation memory: thread %s could not be marked used", thread)
+            except Exception as exc:  # the run goes on (and says so if the store is down)
+                logger.warning("conversation memory: thread %s could not be marked used: %s", thread, exc)
 
     async def compact(self, thread: str) -> None:
         """Keep only ``thread``'s latest checkpoint.

@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 _SETUP_LOCK = 0x61677731  # "agw1": the key of the advisory lock schema changes are made under
 _SETUP_BOUND = 120.0
 _POOL_SIZE = 10
+_POOL_WAIT = 5.0
+_WATCH_EVERY = 2.0
+_CHECK_BOUND = 2.0
 _THREADS = (
     "CREATE TABLE IF NOT EXISTS agent_gateway_threads "
     "(thread_id TEXT PRIMARY KEY, used_at DOUBLE PRECISION NOT NULL)"
@@ -58,6 +61,7 @@ async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
         url,
         min_size=1,
         max_size=_POOL_SIZE,
+        timeout=_POOL_WAIT,  # a run waits this long for a connection, then fails with the reason
         open=False,
         # What LangGraph's saver needs of each connection (its own from_conn_string sets them).
         kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
@@ -99,11 +103,35 @@ async def _try_lock(conn: AsyncConnection[DictRow]) -> bool:
 
 
 class PostgresThreads:
-    """When each thread was last used, and compaction, in the shared database."""
+    """When each thread was last used, and compaction, in the shared database; and whether
+    the database answers (``watch``)."""
 
-    def __init__(self, saver: AsyncPostgresSaver) -> None:
+    def __init__(self, saver: AsyncPostgresSaver, url: str) -> None:
         self._pool: Pool = saver.conn  # pyright: ignore[reportAttributeAccessIssue]
         self._saver = saver
+        self._where = redacted(url)
+        self.problem: str | None = None
+        """Why the database does not answer now, or None while it does."""
+
+    async def watch(self) -> None:
+        """Ask the database every few seconds; log and report when it stops and starts answering."""
+        while True:
+            problem = await self._check()
+            if problem is not None and self.problem is None:
+                logger.error("conversation memory %s unavailable: %s", self._where, problem)
+            elif problem is None and self.problem is not None:
+                logger.warning("conversation memory %s answers again", self._where)
+            self.problem = problem
+            await anyio.sleep(_WATCH_EVERY)
+
+    async def _check(self) -> str | None:
+        try:
+            with anyio.fail_after(_CHECK_BOUND):
+                async with self._pool.connection(timeout=_CHECK_BOUND) as conn:
+                    await conn.execute("SELECT 1")
+        except Exception as exc:  # psycopg's errors and the pool's timeout alike
+            return f"conversation memory (Postgres) does not answer: {str(exc) or type(exc).__name__}"
+        return None
 
     async def used(self, thread: str, at: float) -> None:
         async with self._pool.connection() as conn:

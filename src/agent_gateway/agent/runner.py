@@ -125,10 +125,16 @@ class AgentRunner:
         try:
             async with self._conversations, anyio.create_task_group() as tg:
                 tg.start_soon(self._expire_threads)
+                tg.start_soon(self._conversations.watch)
                 yield self
                 tg.cancel_scope.cancel()
         finally:
             await self._models.aclose()
+
+    @property
+    def memory_problem(self) -> str | None:
+        """Why conversation memory cannot be used now (its shared database is down), or None."""
+        return self._conversations.problem
 
     async def _expire_threads(self) -> None:
         """Delete, now and then, the threads unused for longer than ``agent.memory.retention_days``."""
