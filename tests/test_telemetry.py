@@ -29,6 +29,7 @@ import agent_gateway
 from agent_gateway.telemetry import PROMETHEUS_METRICS
 from tests.agent.model_apis import Turn, openai_api
 from tests.otlp import Received, SpanSeen, otlp_receiver
+from tests.replicas.services import Redis
 from tests.servers import recorder
 from tests.support import SERVERS, child_process, free_socket, gateway_env, running_gateway, serving
 
@@ -68,12 +69,12 @@ class Traced:
 
 @asynccontextmanager
 async def traced_gateway(
-    tmp_path: Path, turns: list[Turn], **pipe: dict[str, float]
+    tmp_path: Path, turns: list[Turn], store: str | None = None, **pipe: dict[str, float]
 ) -> AsyncIterator[Traced]:
     """Upstream ``web`` (HTTP) and ``pipe`` (stdio, with ``pipe`` as extra config), both
     ``tests/servers/traced.py``, behind a gateway process whose agent uses a scripted
-    OpenAI-compatible endpoint; all export to one OTLP receiver. Leaving stops the
-    processes, which flushes their spans."""
+    OpenAI-compatible endpoint (and a shared ``store`` when given, a Redis URL); all export
+    to one OTLP receiver. Leaving stops the processes, which flushes their spans."""
     app, _ = openai_api(turns)
     async with otlp_receiver() as (endpoint, received), serving(app) as model_api:
         traced = [sys.executable, str(SERVERS / "traced.py")]
@@ -102,6 +103,7 @@ async def traced_gateway(
                 "memory": {"store": "memory"},
             },
             "telemetry": {"otlp_endpoint": endpoint, "log_format": "json"},
+            **({"store": {"url": store}} if store is not None else {}),
         }
         path = tmp_path / "gateway.yaml"
         path.write_text(yaml.safe_dump(config))
@@ -217,11 +219,13 @@ async def test_an_agent_run_is_one_trace_of_agent_model_and_tool_spans_down_to_t
     _assert_no_secret(spans, traced.log.read_text())
 
 
-async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_label(tmp_path: Path) -> None:
+async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_label(
+    tmp_path: Path, redis: Redis
+) -> None:
     # The pipe upstream fails its health check and opens its circuit on the first lost call,
-    # and the agent runs once, so that every instrument the gateway has shows on /metrics.
+    # the agent runs once, and a shared store is set, so every instrument shows on /metrics.
     pipe = {"health": {"interval": 0.2, "timeout": 0.5}, "breaker": {"failures": 1, "reset": 30}}
-    async with traced_gateway(tmp_path, [Turn(text="done")], **pipe) as traced:
+    async with traced_gateway(tmp_path, [Turn(text="done")], store=redis.url, **pipe) as traced:
         async with Client(f"{traced.gateway}/mcp", mode="legacy") as client:
             for _ in range(3):
                 await client.call_tool("web__echo", {"text": "x"})
@@ -247,6 +251,7 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     assert sent[("tools/call", "fail", "pipe", "tool_error")] == 1
     assert 'agent_gateway_upstream_up{agent_gateway_upstream="web"' in scraped
     assert "agent_gateway_sessions_active" in scraped
+    assert re.search(r"^agent_gateway_store_available\{.*\} 1\.0$", scraped, re.M)
     # Every call sent nothing before its result: each was answered with one JSON body.
     answers = re.findall(r'^agent_gateway_http_answers_total\{form="(\w+)".*\} (\S+)$', scraped, re.M)
     assert dict(answers).keys() == {"json"}

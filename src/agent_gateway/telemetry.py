@@ -56,6 +56,9 @@ PROMETHEUS_METRICS: frozenset[str] = frozenset(
         "agent_gateway_audit_records_total",
         "agent_gateway_tools_changed",
         "agent_gateway_agent_runs_total",
+        "agent_gateway_store_available",
+        "agent_gateway_store_failures_total",
+        "agent_gateway_store_events_dropped_total",
         "gen_ai_client_token_usage",
         "gen_ai_client_operation_duration_seconds",
     }

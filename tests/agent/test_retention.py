@@ -54,7 +54,13 @@ async def test_the_in_memory_store_keeps_only_a_threads_latest_checkpoint() -> N
 
 
 async def test_an_unused_in_memory_thread_expires_and_a_used_one_stays() -> None:
-    config = MemoryConfig(store="memory", retention_days=0.3 * SECONDS)
+    await an_unused_thread_expires_and_a_used_one_stays(
+        MemoryConfig(store="memory", retention_days=0.3 * SECONDS)
+    )
+
+
+async def an_unused_thread_expires_and_a_used_one_stays(config: MemoryConfig) -> None:
+    """With ``config``'s store (a retention of a fraction of a second)."""
     async with Conversations(config) as conversations:
         await conversations.checkpointer()
         await conversations.used("old")

@@ -1,5 +1,5 @@
-"""One Redis and one PostgreSQL server for the replica tests (each test its own key prefix or
-database), started once: a cluster takes seconds to create."""
+"""One PostgreSQL server for the replica tests (each test a database of its own), started
+once: a cluster takes seconds to create. Redis is ``tests/conftest.py``'s."""
 
 from __future__ import annotations
 
@@ -8,15 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.replicas.services import Redis, postgres_server, redis_server
+from tests.replicas.services import postgres_server
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def redis() -> Iterator[Redis]:
-    with redis_server() as server:
-        yield server
 
 
 @pytest.fixture(scope="session")

@@ -21,13 +21,12 @@ from mcp import Client
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.config import MemoryConfig
 from tests.agent.model_apis import Turn, openai_api
+from tests.agent.test_retention import SECONDS, an_unused_thread_expires_and_a_used_one_stays
 from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, unused
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis, postgres_server
 from tests.replicas.test_sessions import BOUND, text_of
 from tests.support import serving
-
-SECONDS = 1 / 86_400
 
 
 class Chat(TypedDict):
@@ -83,18 +82,7 @@ async def test_postgres_keeps_only_a_threads_latest_checkpoint(database: str) ->
 
 async def test_an_unused_postgres_thread_expires_and_a_used_one_stays(database: str) -> None:
     config = MemoryConfig(store="postgres", url=database, retention_days=0.3 * SECONDS)
-    async with Conversations(config) as conversations:
-        await conversations.used("old")
-        with anyio.fail_after(BOUND):
-            while await conversations.expired() != ["old"]:
-                await anyio.sleep(0.02)
-        await conversations.used("old")  # a run began on it since: it is kept
-        assert await conversations.forget("old") is False
-        with anyio.fail_after(BOUND):
-            while not await conversations.expired():
-                await anyio.sleep(0.02)
-        assert await conversations.forget("old") is True
-        assert await conversations.expired() == []
+    await an_unused_thread_expires_and_a_used_one_stays(config)
     assert await rows(database, "SELECT thread_id FROM agent_gateway_threads") == []
 
 

@@ -5,8 +5,9 @@ calls in flight, limits are counted once."""
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -228,34 +229,44 @@ async def test_the_live_session_cap_is_shared(redis: Redis, prefix: str, tmp_pat
     assert "sessions open" in str(refused.value) or "max_sessions" in repr(refused.value)
 
 
+async def warm_then_stop_mid_load(
+    client: Client, calls: list[str], stop: Callable[[], object]
+) -> tuple[list[str], list[str]]:
+    """Calls until both replicas hold ``client``'s session, then six 1-second calls in
+    flight, ``stop`` called while the upstream has them all; (answered, failed) texts."""
+    for i in range(4):
+        await client.call_tool("counter__echo", {"text": f"warm {i}"})
+    answered: list[str] = []
+    failed: list[str] = []
+
+    async def call(text: str) -> None:
+        try:
+            answered.append(text_of(await client.call_tool("counter__slow", {"text": text, "seconds": 1.0})))
+        except Exception:
+            failed.append(text)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(call, f"slow {i}")
+        with anyio.fail_after(BOUND):
+            while len([c for c in calls if c.startswith("slow")]) < 6:
+                await anyio.sleep(0.01)
+        stop()
+    return answered, failed
+
+
 async def test_a_session_survives_its_replica_dying_mid_load(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     calls: list[str] = []
-    async with cluster_of(redis, prefix, tmp_path, calls) as cluster:
-        async with session_to(cluster.url) as (client, _):
-            for i in range(4):  # both replicas hold the session now
-                await client.call_tool("counter__echo", {"text": f"warm {i}"})
-            failed: list[str] = []
-
-            async def call(text: str) -> None:
-                try:
-                    await client.call_tool("counter__slow", {"text": text, "seconds": 1.0})
-                except Exception:
-                    failed.append(text)
-
-            async with anyio.create_task_group() as tg:
-                for i in range(6):
-                    tg.start_soon(call, f"slow {i}")
-                with anyio.fail_after(BOUND):
-                    while len([c for c in calls if c.startswith("slow")]) < 6:
-                        await anyio.sleep(0.01)
-                cluster.kill(0)
-            # The session goes on: every later call is served by the replica that is left.
-            for i in range(4):
-                assert (
-                    text_of(await client.call_tool("counter__echo", {"text": f"after {i}"})) == f"after {i}"
-                )
+    async with (
+        cluster_of(redis, prefix, tmp_path, calls) as cluster,
+        session_to(cluster.url) as (client, _),
+    ):
+        _, failed = await warm_then_stop_mid_load(client, calls, lambda: cluster.kill(0))
+        # The session goes on: every later call is served by the replica that is left.
+        for i in range(4):
+            assert text_of(await client.call_tool("counter__echo", {"text": f"after {i}"})) == f"after {i}"
         survivor = await cluster.status(1)
     # Only the calls in flight on the dead replica failed (round robin: about half).
     assert 0 < len(failed) < 6
@@ -291,29 +302,18 @@ async def test_a_replica_given_sigterm_finishes_its_calls_and_its_clients_go_on_
     async with (
         cluster_of(redis, prefix, tmp_path, calls) as cluster,
         session_to(cluster.url) as (client, _),
-        # Its notification stream stays open on replica 0: closed at SIGTERM, not waited for.
-        session_to(cluster.url.replace(cluster.balancer, cluster.replicas[0])) as (listener, _),
+        # Its notification stream stays open on replica 0: ended at SIGTERM, not waited for.
+        session_to(cluster.endpoint(0)) as (listener, _),
     ):
         await listener.list_tools()
-        for i in range(4):  # both replicas hold the session now
-            await client.call_tool("counter__echo", {"text": f"warm {i}"})
-        answers: list[str] = []
-
-        async def call(text: str) -> None:
-            answers.append(text_of(await client.call_tool("counter__slow", {"text": text, "seconds": 1.0})))
-
-        async with anyio.create_task_group() as tg:
-            for i in range(6):
-                tg.start_soon(call, f"slow {i}")
-            with anyio.fail_after(BOUND):
-                while len([c for c in calls if c.startswith("slow")]) < 6:
-                    await anyio.sleep(0.01)
-            cluster.processes[0].send_signal(signal.SIGTERM)
+        stop = partial(cluster.processes[0].send_signal, signal.SIGTERM)
+        answered, failed = await warm_then_stop_mid_load(client, calls, stop)
         # Every call in flight on the draining replica finished; the session goes on.
         for i in range(4):
             assert text_of(await client.call_tool("counter__echo", {"text": f"after {i}"})) == f"after {i}"
         exit_code = await anyio.to_thread.run_sync(cluster.processes[0].wait, BOUND)
-    assert sorted(answers) == [f"slow {i}" for i in range(6)]
+    assert sorted(answered) == [f"slow {i}" for i in range(6)]
+    assert failed == []
     assert exit_code == 0
     assert "draining" in cluster.log(0)
 

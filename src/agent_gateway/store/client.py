@@ -59,6 +59,7 @@ class SharedStore:
         self.problem: str | None = "not connected yet"
         """Why the store is unavailable now, or None while it answers."""
         _availability.add(0)
+        failures.add(0)  # a series from the start: a dashboard shows 0, not "no data"
 
     @property
     def available(self) -> bool:

@@ -64,6 +64,7 @@ class SharedEventStore(EventStore):
         self._queue: tuple[MemoryObjectSendStream[Pending], MemoryObjectReceiveStream[Pending]] = (
             anyio.create_memory_object_stream[Pending](_QUEUE)
         )
+        _dropped.add(0)  # a series from the start
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         digest = _digest(stream_id)
