@@ -8,6 +8,9 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
 - A POST without ``Mcp-Session-Id`` opens a session (a handshake-era ``initialize``, or a
   modern-era request, which is a session while it runs): refused once the client has
   ``max_sessions`` open, so one client cannot fill the table everyone shares.
+- With a shared store (several replicas) the rate limit and the handshake-era session count
+  are the store's, counted once across replicas (``store/limits.py``); while the store is
+  unreachable, this replica's own counts apply (never no limit).
 - The body must arrive within ``server.connections.body_timeout``.
 - A body with more than ``server.max_body_elements`` JSON values is refused unparsed:
   parsing is done on the event loop, where a million ``{}`` stall every client.

@@ -11,6 +11,7 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -26,7 +27,7 @@ from agent_gateway.store.sessions import ENDED, SessionRecords
 logger = logging.getLogger(__name__)
 
 CATALOG = "catalog"
-"""The channel on which a replica says which upstream's lists changed (its name)."""
+"""The channel on which a replica says which upstream's lists changed (``<replica> <name>``)."""
 
 Refresh = Callable[[str], None]
 
@@ -41,6 +42,8 @@ class SharedState:
         self.sessions = SessionRecords(self.store, idle)
         self.events = SharedEventStore(self.store, store.events)
         self.bus = Bus(self.store, (ENDED, CATALOG))
+        self.replica = uuid.uuid4().hex[:12]
+        """This process among the replicas (its own announcements are not acted on twice)."""
 
     @property
     def problem(self) -> str | None:
@@ -49,11 +52,13 @@ class SharedState:
 
     async def catalog_changed(self, upstream: str) -> None:
         """Tell the other replicas that ``upstream`` said its lists changed."""
-        await self.bus.publish(CATALOG, upstream)
+        await self.bus.publish(CATALOG, f"{self.replica} {upstream}")
 
     def on_catalog_changed(self, refresh: Refresh) -> None:
-        async def handle(upstream: str) -> None:
-            refresh(upstream)
+        async def handle(message: str) -> None:
+            replica, _, upstream = message.partition(" ")
+            if replica != self.replica and upstream:
+                refresh(upstream)
 
         self.bus.on(CATALOG, handle)
 
