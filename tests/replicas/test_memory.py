@@ -4,6 +4,7 @@ retention there as on SQLite, and replicas that set the database up at the same 
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Annotated, Any, LiteralString, TypedDict, cast
 
@@ -23,10 +24,10 @@ from agent_gateway.config import MemoryConfig
 from tests.agent.model_apis import Turn, openai_api
 from tests.agent.test_retention import SECONDS, an_unused_thread_expires_and_a_used_one_stays
 from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, unused
-from tests.replicas.cluster import replicas
-from tests.replicas.services import Redis, postgres_server
+from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
+from tests.replicas.services import Redis, free_port, postgres_server
 from tests.replicas.test_sessions import BOUND, text_of
-from tests.support import serving
+from tests.support import gateway_env, serving
 
 
 class Chat(TypedDict):
@@ -176,3 +177,19 @@ async def test_a_replica_that_loses_postgres_is_unready_serves_on_and_recovers(
     assert "unavailable" in log
     assert "answers again" in log
     assert "gateway-test" not in log
+
+
+async def test_a_replica_that_cannot_reach_postgres_at_start_says_why_and_exits(tmp_path: Path) -> None:
+    url = f"postgresql://gateway:secret-password@127.0.0.1:{free_port()}/conversations"
+    path = write_config({"agent": {"memory": {"store": "postgres", "url": url}}}, tmp_path, free_port())
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [AGENT_GATEWAY, "serve", "-c", str(path)], env=gateway_env(), capture_output=True, timeout=60
+        )
+    )
+    output = (done.stdout + done.stderr).decode()
+    assert done.returncode == 2
+    assert "error: conversation memory postgresql://gateway:***@127.0.0.1" in output
+    assert "cannot reach Postgres: connection failed" in output
+    assert "secret-password" not in output
+    assert "Traceback" not in output

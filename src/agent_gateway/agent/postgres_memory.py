@@ -57,6 +57,14 @@ async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
     Raises:
         StoreUnavailable: the database cannot be reached, or its schema cannot be made.
     """
+    try:  # one connection first: its error names the reason (the pool's only says it timed out)
+        probe = await AsyncConnection.connect(url, connect_timeout=int(_CHECK_BOUND * 2))
+    except Exception as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StoreUnavailable(
+            f"conversation memory {redacted(url)}: cannot reach Postgres: {reason}"
+        ) from exc
+    await probe.close()
     pool: Pool = AsyncConnectionPool(
         url,
         min_size=1,
