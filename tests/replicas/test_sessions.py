@@ -4,6 +4,7 @@ calls in flight, limits are counted once."""
 
 from __future__ import annotations
 
+import re
 import signal
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -129,12 +130,23 @@ async def test_a_session_is_served_by_both_replicas_in_turn(
                 assert text_of(await client.call_tool("counter__echo", {"text": f"call {i}"})) == f"call {i}"
         served = [(await cluster.status(i))["calls"] for i in range(2)]
         adopted = [(await cluster.status(i))["sessions"]["adopted"] for i in range(2)]
+        answered_as_json = [await json_answers(cluster, i) for i in range(2)]
     assert calls == [f"call {i}" for i in range(10)]
     # Round robin: each replica served about half of the session's calls; one opened it,
     # the other adopted it from the store (once: it then holds it).
     assert sum(served) == 10
     assert min(served) >= 3
     assert sorted(adopted) == [0, 1]
+    # The adopted session is answered as the opened one is: a silent call with one JSON body.
+    assert all(json >= calls for json, calls in zip(answered_as_json, served, strict=True))
+
+
+async def json_answers(cluster: Cluster, replica: int) -> float:
+    """Calls a replica answered with one JSON body (``agent_gateway_http_answers_total``)."""
+    async with httpx.AsyncClient() as http:
+        scraped = (await http.get(f"{cluster.replicas[replica]}/metrics")).text
+    found = re.search(r'^agent_gateway_http_answers_total\{form="json".*\} (\S+)$', scraped, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 async def test_a_session_is_adopted_only_with_the_credential_that_opened_it(

@@ -41,7 +41,7 @@ from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.deferred import DeferredSessionManager
+from agent_gateway.compat.deferred import DeferredSessionManager, DeferredStreamTransport
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class AdoptingSessionManager(DeferredSessionManager):
         async with self._session_creation_lock:
             if session_id in self._server_instances:
                 return  # adopted meanwhile, by a concurrent request
-            transport = StreamableHTTPServerTransport(
+            transport = DeferredStreamTransport(
                 mcp_session_id=session_id,
                 is_json_response_enabled=self.json_response,
                 event_store=None,
