@@ -151,3 +151,28 @@ async def test_a_replica_that_cannot_reach_redis_at_start_says_so_and_exits(tmp_
     assert "cannot be reached" in output
     assert "secret-password" not in output
     assert "Traceback" not in output
+
+
+async def test_concurrent_first_requests_on_the_adopting_replica_are_all_served(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(counter_server([])) as upstream,
+        replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+        statuses: list[int] = []
+
+        async def ping(n: int) -> None:
+            answer = await http.post(
+                cluster.endpoint(1), json={"jsonrpc": "2.0", "id": n, "method": "ping"}, headers=headers
+            )
+            statuses.append(answer.status_code)
+
+        async with anyio.create_task_group() as tg:
+            for n in range(20):
+                tg.start_soon(ping, n)
+        adopted = (await cluster.status(1))["sessions"]["adopted"]
+    assert statuses == [200] * 20
+    assert adopted == 1

@@ -106,11 +106,13 @@ class AdoptingSessionManager(DeferredSessionManager):
                 idle_timeout=self.session_idle_timeout,
             )
             self._scope_events(transport)
+            # Connected before it is registered: a concurrent request for the same session
+            # must find it ready to take messages.
+            assert self._task_group is not None, "run() is entered before any request"
+            await self._task_group.start(self._serve_adopted, transport, record)
             if requestor is not None:
                 self._session_owners[session_id] = requestor
             self._server_instances[session_id] = transport
-        assert self._task_group is not None, "run() is entered before any request"
-        await self._task_group.start(self._serve_adopted, transport, record)
         logger.info("session %s adopted from the shared store", session_id)
 
     async def _serve_adopted(
