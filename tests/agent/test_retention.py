@@ -35,22 +35,28 @@ def thread(name: str) -> RunnableConfig:
     return RunnableConfig(configurable={"thread_id": name})
 
 
+async def five_runs_compacted(conversations: Conversations) -> list[str]:
+    """Five runs on thread ``t``, each compacted; the texts of its last state's messages."""
+    graph = StateGraph(Chat)
+    graph.add_node("echo", echo)
+    graph.add_edge(START, "echo")
+    app = graph.compile(checkpointer=await conversations.checkpointer())
+    for n in range(5):
+        await app.ainvoke(Chat(messages=[HumanMessage(f"q{n}")]), thread("t"))
+        await conversations.compact("t")
+    state = await app.aget_state(thread("t"))
+    return [m.text for m in state.values["messages"]]
+
+
 async def test_the_in_memory_store_keeps_only_a_threads_latest_checkpoint() -> None:
     async with Conversations(MemoryConfig(store="memory")) as conversations:
+        texts = await five_runs_compacted(conversations)
         saver = await conversations.checkpointer()
         assert isinstance(saver, InMemorySaver)
-        graph = StateGraph(Chat)
-        graph.add_node("echo", echo)
-        graph.add_edge(START, "echo")
-        app = graph.compile(checkpointer=saver)
-        for n in range(5):
-            await app.ainvoke(Chat(messages=[HumanMessage(f"q{n}")]), thread("t"))
-            await conversations.compact("t")
         assert len([c async for c in saver.alist(thread("t"))]) == 1
         # One stored value per channel, not one per step.
         assert len([k for k in saver.blobs if k[0] == "t"]) <= 3
-        state = await app.aget_state(thread("t"))
-    assert [m.text for m in state.values["messages"]][-2:] == ["q4", "echo 9"]
+    assert texts[-2:] == ["q4", "echo 9"]
 
 
 async def test_an_unused_in_memory_thread_expires_and_a_used_one_stays() -> None:

@@ -6,40 +6,28 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
-from typing import Annotated, Any, LiteralString, TypedDict, cast
+from typing import Any, LiteralString, cast
 
 import anyio
 import httpx
 import mcp_types as types
 import psycopg
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
-from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from langgraph.graph import START, StateGraph
-from langgraph.graph.message import add_messages
 from mcp import Client
 
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.config import MemoryConfig
 from tests.agent.model_apis import Turn, openai_api
-from tests.agent.test_retention import SECONDS, an_unused_thread_expires_and_a_used_one_stays
+from tests.agent.test_retention import (
+    SECONDS,
+    an_unused_thread_expires_and_a_used_one_stays,
+    five_runs_compacted,
+)
 from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, unused
 from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
 from tests.replicas.services import Redis, free_port, postgres_server
 from tests.replicas.test_sessions import BOUND, text_of
 from tests.support import gateway_env, serving
-
-
-class Chat(TypedDict):
-    messages: Annotated[list[AnyMessage], add_messages]
-
-
-def echo(state: Chat) -> Chat:
-    return Chat(messages=[AIMessage(f"echo {len(state['messages'])}")])
-
-
-def thread(name: str) -> RunnableConfig:
-    return RunnableConfig(configurable={"thread_id": name})
 
 
 async def rows(database: str, query: str) -> list[tuple[Any, ...]]:
@@ -64,16 +52,8 @@ async def test_replicas_setting_up_an_empty_database_together_make_it_once(datab
 
 async def test_postgres_keeps_only_a_threads_latest_checkpoint(database: str) -> None:
     async with Conversations(MemoryConfig(store="postgres", url=database)) as conversations:
-        saver = await conversations.checkpointer()
-        graph = StateGraph(Chat)
-        graph.add_node("echo", echo)
-        graph.add_edge(START, "echo")
-        app = graph.compile(checkpointer=saver)
-        for n in range(5):
-            await app.ainvoke(Chat(messages=[HumanMessage(f"q{n}")]), thread("t"))
-            await conversations.compact("t")
-        state = await app.aget_state(thread("t"))
-    assert [m.text for m in state.values["messages"]][-2:] == ["q4", "echo 9"]
+        texts = await five_runs_compacted(conversations)
+    assert texts[-2:] == ["q4", "echo 9"]
     assert await rows(database, "SELECT count(*) FROM checkpoints WHERE thread_id = 't'") == [(1,)]
     assert await rows(database, "SELECT count(*) FROM checkpoint_writes WHERE thread_id = 't'") == [(0,)]
     # One stored value per channel, not one per step.

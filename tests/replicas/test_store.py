@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 
 from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
 from tests.replicas.services import Redis, free_port, redis_server
-from tests.replicas.test_sessions import BOUND, config, counter_server, session_to, text_of
+from tests.replicas.test_sessions import BOUND, cluster_of, config, counter_server, session_to, text_of
 from tests.support import gateway_env, serving_upstream
 
 ACCEPT = {"Accept": "application/json, text/event-stream"}
@@ -78,8 +78,7 @@ async def test_a_dropped_stream_resumes_on_the_other_replica_with_nothing_missed
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     async with (
-        serving_upstream(counter_server([])) as upstream,
-        replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+        cluster_of(redis, prefix, tmp_path, []) as cluster,
         httpx.AsyncClient(timeout=BOUND) as http,
         session_to(cluster.endpoint(0)) as (changer, _),
     ):
@@ -157,8 +156,7 @@ async def test_concurrent_first_requests_on_the_adopting_replica_are_all_served(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     async with (
-        serving_upstream(counter_server([])) as upstream,
-        replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+        cluster_of(redis, prefix, tmp_path, []) as cluster,
         httpx.AsyncClient(timeout=BOUND) as http,
     ):
         headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
