@@ -174,3 +174,21 @@ async def test_concurrent_first_requests_on_the_adopting_replica_are_all_served(
         adopted = (await cluster.status(1))["sessions"]["adopted"]
     assert statuses == [200] * 20
     assert adopted == 1
+
+
+async def test_a_session_that_only_listens_stays_adoptable_past_its_idle_timeout(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    idle = 3.0
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], server={"session_idle_timeout": idle}) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        headers = await opened(http, cluster.endpoint(0))
+        async with events(http, cluster.endpoint(0), headers):
+            # No request for longer than the idle timeout: only the open stream, which keeps
+            # the session alive on its replica, and so in the store for the others.
+            await anyio.sleep(idle * 1.7)
+            ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            answer = await http.post(cluster.endpoint(1), json=ping, headers={**headers, **ACCEPT})
+    assert answer.status_code == 200

@@ -67,10 +67,28 @@ class AdoptingSessionManager(DeferredSessionManager):
         if session_id is not None and session_id not in self._server_instances:
             await self._adopt(session_id, owner_of(scope))
         held = session_id is not None and session_id in self._server_instances
+        if held and scope["method"] == "GET":
+            assert session_id is not None
+            await self._listening(session_id, scope, receive, send)
+            return
         await super()._handle_stateful_request(scope, receive, send)
         if held and scope["method"] == "DELETE" and session_id not in self._server_instances:
             assert session_id is not None
             await self.on_deleted(session_id)
+
+    async def _listening(self, session_id: str, scope: Scope, receive: Receive, send: Send) -> None:
+        """A session's notification stream, its record kept alive while the stream is open:
+        a client that only listens sends no request that would push its expiry back."""
+
+        async def keep_alive() -> None:
+            while True:
+                await anyio.sleep(self.records.idle_seconds / 3)
+                await self.records.touch(session_id)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(keep_alive)
+            await super()._handle_stateful_request(scope, receive, send)
+            tg.cancel_scope.cancel()
 
     async def drop(self, session_id: str) -> None:
         """Forget ``session_id`` here: it was deleted through another replica."""

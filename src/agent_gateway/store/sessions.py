@@ -40,6 +40,18 @@ redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 """
 
+# KEYS: the record. ARGV: the session id, the client counts' key prefix, seconds.
+_TOUCH = """
+local client = redis.call('HGET', KEYS[1], 'client')
+if not client then
+  return 0
+end
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+local t = redis.call('TIME')
+redis.call('ZADD', ARGV[2] .. client, 'XX', tonumber(t[1]) + tonumber(ARGV[3]), ARGV[1])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class SessionRecord:
@@ -85,6 +97,17 @@ class SessionRecords:
         self.store = store
         self._idle = int(max(1, idle_seconds))
         self._end = store.redis.register_script(_END)
+        self._touch = store.redis.register_script(_TOUCH)
+
+    @property
+    def idle_seconds(self) -> int:
+        return self._idle
+
+    async def touch(self, session_id: str) -> None:
+        """Push ``session_id``'s expiry back (a request on it, or its open notification stream)."""
+        keys = [self.store.key("session", session_id)]
+        args = [session_id, self.store.key("sessions", ""), self._idle]
+        await self.store.call(self._touch(keys=keys, args=args), "session_touch")
 
     async def opened(self, record: SessionRecord) -> None:
         """Record a session whose ``initialize`` was answered."""
