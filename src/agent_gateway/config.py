@@ -16,15 +16,18 @@ from pydantic import Field, model_validator
 from agent_gateway.config_auth import AuthConfig, ClientPolicy, JwtConfig, RateLimit, StaticToken
 from agent_gateway.config_base import EnvName, FieldProblem, Seconds, scheme_of
 from agent_gateway.config_base import Strict as _Strict
+from agent_gateway.config_store import EventsConfig, StoreConfig
 from agent_gateway.naming import DEFAULT_SEPARATOR, upstream_name_problem
 
-__all__ = [  # the auth models and FieldProblem are re-exported: callers import them from here
+__all__ = [  # the auth and store models and FieldProblem are re-exported: callers import them from here
     "AuthConfig",
     "ClientPolicy",
+    "EventsConfig",
     "FieldProblem",
     "JwtConfig",
     "RateLimit",
     "StaticToken",
+    "StoreConfig",
 ]
 
 Transport = Literal["stdio", "streamable-http", "sse", "websocket"]
@@ -347,28 +350,6 @@ class AuditConfig(_Strict):
     """Rotated files kept."""
     queue: int = Field(default=10_000, ge=16, le=1_000_000)
     """Records waiting for the writer; past it records are dropped (counted), calls never wait."""
-
-
-class EventsConfig(_Strict):
-    """What a dropped SSE stream can get back (``Last-Event-ID``), kept in the shared store."""
-
-    ttl: Seconds = 300.0
-    """An event older than this is gone; a client reconnecting later starts afresh."""
-    per_stream: int = Field(default=1000, ge=1, le=1_000_000)
-    """Events kept per stream (the newest)."""
-
-
-class StoreConfig(_Strict):
-    """The state several replicas share: sessions, rate limits, session counts, stream events
-    and catalog changes, in Redis."""
-
-    url: str = Field(pattern=r"^rediss?://", repr=False)
-    """``redis://[user:password@]host:port/db`` (``rediss://`` for TLS); never logged."""
-    prefix: str = Field(default="agw", pattern=r"^[A-Za-z0-9_.:-]{1,32}$")
-    """Every key and channel starts with it: two gateways on one Redis use two prefixes."""
-    timeout: Seconds = 2.0
-    """A store operation that takes longer has failed: the request goes on without it."""
-    events: EventsConfig = Field(default_factory=EventsConfig)
 
 
 class GatewayConfig(_Strict):

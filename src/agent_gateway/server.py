@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -235,11 +235,11 @@ class Gateway:
         refused: ConfigError | None = None
         try:
             async with (
-                self._shared_running(),
+                self.shared.running() if self.shared is not None else nullcontext(),
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
                 self.search.running(),
-                self._agent_running(),
+                self.agent.running() if self.agent is not None else nullcontext(),
                 self._audit_running(),
             ):
                 try:
@@ -258,14 +258,6 @@ class Gateway:
             self.pins.close()  # the upstreams are closed: no listing can come to review
         if refused is not None:
             raise refused
-
-    @asynccontextmanager
-    async def _shared_running(self) -> AsyncIterator[None]:
-        if self.shared is None:
-            yield
-            return
-        async with self.shared.running():
-            yield
 
     def _refresh_upstream(self, name: str) -> None:
         """Another replica heard ``name`` change its lists: list it here too."""
@@ -290,14 +282,6 @@ class Gateway:
             await tg.start(self.audit.run)
             yield
             tg.cancel_scope.cancel()
-
-    @asynccontextmanager
-    async def _agent_running(self) -> AsyncIterator[None]:
-        if self.agent is None:
-            yield
-            return
-        async with self.agent.running():
-            yield
 
     async def _session_ended(self, session: DownstreamSession) -> None:
         await self.subscriptions.session_ended(session)
