@@ -119,15 +119,24 @@ async def child_process(
 async def gateway_process(data: Mapping[str, Any], directory: Path) -> AsyncIterator[str]:
     """``agent-gateway serve`` on ``data`` (written to ``directory``/gateway.yaml) as its own
     process, as deployed (telemetry installed, ``/metrics`` served); yields its base URL."""
+    async with gateway_child(data, directory) as (base, _):
+        yield base
+
+
+@asynccontextmanager
+async def gateway_child(
+    data: Mapping[str, Any], directory: Path
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``gateway_process``, with the process itself (to read its memory from /proc)."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump({**data, "server": {**data.get("server", {}), "port": port}}))
     command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
-    async with child_process(command, gateway_env()):
+    async with child_process(command, gateway_env()) as child:
         await ready(port)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", child
 
 
 def config_of(data: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> GatewayConfig:

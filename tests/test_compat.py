@@ -23,10 +23,13 @@ from langchain_anthropic import ChatAnthropic
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from mcp.client import streamable_http
 from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
+from pydantic import ValidationError
 
 from agent_gateway import compat
 from agent_gateway.compat import fastmcp as fastmcp_compat
@@ -153,6 +156,43 @@ def test_the_private_sdk_names_compat_imports_are_what_they_were() -> None:
     assert isinstance(mcp_compat.MCP_DEFAULT_SSE_READ_TIMEOUT, float)
     assert parameters(mcp_compat.create_mcp_http_client)[:3] == ["headers", "timeout", "auth"]
     assert getattr(mcp_compat.TransportStreams, "__origin__", None) is tuple
+
+
+def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_replaces() -> None:
+    transport = streamable_http.StreamableHTTPTransport
+    for method in (transport._handle_json_response, transport._handle_sse_event):  # pyright: ignore[reportPrivateUsage]
+        assert "jsonrpc_message_adapter" in method.__code__.co_names, (
+            f"mcp: {method.__name__} no longer reads the module's jsonrpc_message_adapter (compat/mcp.py)"
+        )
+    mcp_compat.lean_client_parsing()
+    adapter = vars(streamable_http)["jsonrpc_message_adapter"]
+    assert isinstance(adapter.validate_json(b'{"jsonrpc":"2.0","id":1,"result":{}}'), JSONRPCResponse)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "t", "_meta": {"k": 1}}}',
+        b'{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progressToken": "p", "progress": 0.5}}',
+        b'{"jsonrpc": "2.0", "id": "a", "result": {"content": [{"type": "text", "text": "\\u00e9\\n\xc3\xa9"}]}}',
+        b'{"jsonrpc": "2.0", "id": 123456789012345678901234567890, "result": {}}',
+        b'{"jsonrpc": "2.0", "id": 2, "error": {"code": -32601, "message": "no", "data": [1.5, null]}}',
+    ],
+)
+def test_parse_message_reads_what_pydantic_reads(raw: bytes) -> None:
+    expected = jsonrpc_message_adapter.validate_json(raw, by_name=False)
+    assert mcp_compat.parse_message(raw) == expected
+    assert mcp_compat.parse_message(raw.decode()) == expected
+
+
+@pytest.mark.parametrize(
+    "raw", [b"{not json", b'{"jsonrpc": "2.0", "id": 1, "result": "\xff"}', b"[]", b"{}"]
+)
+def test_parse_message_refuses_what_pydantic_refuses(raw: bytes) -> None:
+    with pytest.raises(ValidationError):
+        jsonrpc_message_adapter.validate_json(raw, by_name=False)
+    with pytest.raises(ValidationError):
+        mcp_compat.parse_message(raw)
 
 
 # -- fastmcp -------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context
+from agent_gateway.in_flight import IN_FLIGHT, bounded
+from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
 from tests.support import free_socket, serving
 
 BOUND = 10.0
@@ -234,3 +235,20 @@ async def test_https_upstreams_are_verified_against_the_store_httpx2_would_use(
         async with httpx2.AsyncClient(transport=transport) as http:
             response = await http.post(f"{base}/echo", content=b"over tls")
     assert response.text == "echo:over tls"
+
+
+async def test_a_whole_answer_past_the_bound_of_bytes_in_flight_is_refused_and_holds_nothing() -> None:
+    def answer(size: int) -> bytes:
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        return head % size + b"x" * size
+
+    transport = AiohttpTransport(max_connections=8, max_body_bytes=2**30)
+    async with bounded(2 * 2**20), httpx2.AsyncClient(transport=transport) as http:
+        async with raw_server(lambda _: answer(2**20)) as (base, _):
+            fitting = await http.get(base)
+        assert IN_FLIGHT.held == 0  # read and closed: given back
+        async with raw_server(lambda _: answer(3 * 2**20)) as (base, _):
+            with pytest.raises(OversizedBody, match="its bound of 2 MiB of answers in flight"):
+                await http.get(base)
+        assert IN_FLIGHT.held == 0
+    assert len(fitting.content) == 2**20

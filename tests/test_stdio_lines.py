@@ -7,11 +7,17 @@ import tracemalloc
 
 import mcp_types as types
 
+from agent_gateway.in_flight import IN_FLIGHT, bounded
 from agent_gateway.upstreams.stdio import Lines, Oversized, refusal
 
 
 def fed(lines: Lines, *chunks: bytes) -> list[bytes | Oversized]:
-    return [line for chunk in chunks for line in lines.feed(chunk)]
+    """The lines ``chunks`` make, parsed (as the reader does after each chunk)."""
+    out = []
+    for chunk in chunks:
+        out += lines.feed(chunk)
+        lines.parsed()
+    return out
 
 
 def test_lines_come_out_whole_however_they_are_chunked() -> None:
@@ -33,16 +39,16 @@ def test_a_line_at_the_limit_passes_and_one_byte_more_does_not() -> None:
 def test_a_line_over_the_limit_is_not_held_while_it_arrives() -> None:
     # 64 MiB in fresh 1 MiB chunks, no newline yet: a reader that held them would have them
     # all in memory now; this one keeps the first and last bytes and a count.
-    lines = Lines(2**20)
     tracemalloc.start()
     try:
-        for _ in range(64):
-            assert lines.feed(b"x" * 2**20) == []
-        _, peak = tracemalloc.get_traced_memory()
+        with Lines(2**20) as lines:
+            for _ in range(64):
+                assert lines.feed(b"x" * 2**20) == []
+            _, peak = tracemalloc.get_traced_memory()
+            [over] = lines.feed(b"\n")
     finally:
         tracemalloc.stop()
     assert peak < 8 * 2**20, f"{peak / 2**20:.0f} MiB held"
-    [over] = lines.feed(b"\n")
     assert isinstance(over, Oversized)
     assert over.size == 64 * 2**20
 
@@ -78,3 +84,25 @@ def test_an_oversized_message_that_is_no_response_is_only_reported() -> None:
     bad_escape = b'{"jsonrpc": "2.0", "id": "a\\q", "result": "' + b"z" * 2000 + b'"}'
     for line in (request, nested_only, bad_escape):
         assert isinstance(refusal(oversized(line), 100), ValueError)
+
+
+async def test_a_line_past_the_bound_of_bytes_in_flight_fails_its_call_and_holds_nothing() -> None:
+    line = b'{"jsonrpc": "2.0", "id": 7, "result": {"text": "' + b"x" * (3 * 2**20) + b'"}}'
+    small = b'{"jsonrpc": "2.0", "id": 8, "result": {}}'
+    before = IN_FLIGHT.held  # the tests above feed lines they never parse
+    async with bounded(2**20):
+        with Lines(2**31) as lines:
+            chunks = [line[i : i + 2**16] for i in range(0, len(line), 2**16)]
+            over, fitting = fed(lines, *chunks, b"\n", small, b"\n")
+            assert IN_FLIGHT.held == before
+            fed(lines, b'{"unfinished": "')  # held until the stream ends
+            assert IN_FLIGHT.held > before
+        assert IN_FLIGHT.held == before
+        assert isinstance(over, Oversized)
+        assert over.busy
+        answer = refusal(over, 2**31)
+    assert not isinstance(answer, Exception)
+    assert isinstance(answer.message, types.JSONRPCError)
+    assert answer.message.id == 7
+    assert "the gateway holds its bound of 1 MiB of answers in flight" in answer.message.error.message
+    assert fitting == small

@@ -191,6 +191,9 @@ class ServerConfig(_Strict):
     max_body_elements: int = Field(default=100_000, ge=100, le=10_000_000)
     """JSON values (objects, arrays, list items) one request body may hold: parsing runs on
     the event loop, where a million of them would stall every client for a second."""
+    max_bytes_in_flight: int = Field(default=256 * 2**20, ge=2**20)
+    """Bytes of upstream answers the process may hold at once, from their read until written
+    to the client; an answer that would pass it fails with "retry shortly" (``in_flight``)."""
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with

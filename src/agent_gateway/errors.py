@@ -10,6 +10,7 @@
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
     ├── NotAllowed             a name outside the calling client's policy (never forwarded)
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
+    ├── GatewayBusy            an answer that would pass the process's bound of bytes in flight
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
         │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)
@@ -114,6 +115,11 @@ class ClientLimited(GatewayError):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"client limit: {reason}")
+
+
+class GatewayBusy(GatewayError):
+    """An upstream's answer not relayed: the process holds its bound of bytes in flight
+    (``server.max_bytes_in_flight``). Transient: retried later, it is served."""
 
 
 class UpstreamError(GatewayError):

@@ -22,6 +22,7 @@ from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import defer_responses
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
+from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
 from agent_gateway.server import Gateway
 from agent_gateway.ui import status_page
@@ -50,6 +51,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 on_refused=admission_refusals(gateway.activity),
                 shared=shared.limits if shared is not None else None,
             ),
+            Middleware(Outflow),
         ],
     )
 

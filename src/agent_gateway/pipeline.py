@@ -37,6 +37,7 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import SessionRegistry
 from agent_gateway.errors import (
     ClientLimited,
+    GatewayBusy,
     GatewayError,
     InvalidArguments,
     NotAllowed,
@@ -44,6 +45,7 @@ from agent_gateway.errors import (
     UpstreamBusy,
     to_wire,
 )
+from agent_gateway.in_flight import hold
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_request, search_request, search_result
@@ -111,9 +113,11 @@ class Pipeline:
             return await self._fallback(ctx, params)
         try:
             async with self._caller(ctx, client, params) as caller:
-                return await self._proxy.call_tool(params.name, params.arguments or {}, caller)
+                result = await self._proxy.call_tool(params.name, params.arguments or {}, caller)
+            hold(_scope(ctx), result)
         except GatewayError as exc:
             return _error_result(exc)
+        return result
 
     async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         return await self._answered(
@@ -139,9 +143,11 @@ class Pipeline:
         ``errors.to_wire`` makes of it (a tool's failure is a result instead: ``call_tool``)."""
         async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
             try:
-                return await forward(caller)
+                result = await forward(caller)
+                hold(_scope(ctx), result)
             except GatewayError as exc:
                 raise to_wire(exc) from exc
+        return result
 
     @asynccontextmanager
     async def _caller(
@@ -172,6 +178,11 @@ class Pipeline:
         return search_result(found, total, request.query)
 
 
+def _scope(ctx: Context) -> Any:
+    """The ASGI scope of the HTTP exchange that carries the request (None over stdio)."""
+    return getattr(ctx.request, "scope", None)
+
+
 def _authorized(client: Principal | None, name: str) -> None:
     if client is None:
         raise NotAllowed("tool", name, "(no identity)")
@@ -186,6 +197,6 @@ def _unwrapped(params: types.CallToolRequestParams) -> types.CallToolRequestPara
 
 def _error_result(exc: GatewayError) -> types.CallToolResult:
     # A tool's failure is a result the model can read, not a protocol error.
-    if isinstance(exc, NotAllowed | ClientLimited | UpstreamBusy | ToolHeld):
+    if isinstance(exc, NotAllowed | ClientLimited | UpstreamBusy | ToolHeld | GatewayBusy):
         refused(type(exc).__name__)
     return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)

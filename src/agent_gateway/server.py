@@ -34,6 +34,7 @@ from agent_gateway.downstream.notifier import ListChangedNotifier
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.downstream.subscriptions import ResourceSubscriptions
 from agent_gateway.errors import ConfigError, UnknownName
+from agent_gateway.in_flight import bounded
 from agent_gateway.listing import ToolListing
 from agent_gateway.pins import Pins, pins_path
 from agent_gateway.pipeline import Pipeline
@@ -235,6 +236,7 @@ class Gateway:
         refused: ConfigError | None = None
         try:
             async with (
+                bounded(self.config.server.max_bytes_in_flight),
                 self.shared.running() if self.shared is not None else nullcontext(),
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),

@@ -53,6 +53,7 @@ PROMETHEUS_METRICS: frozenset[str] = frozenset(
         "agent_gateway_sessions_active",
         "agent_gateway_http_answers_total",
         "agent_gateway_refusals_total",
+        "agent_gateway_in_flight_bytes",
         "agent_gateway_audit_records_total",
         "agent_gateway_tools_changed",
         "agent_gateway_agent_runs_total",

@@ -22,6 +22,7 @@ import httpx2
 import yarl
 
 from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
+from agent_gateway.in_flight import IN_FLIGHT
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024
@@ -121,25 +122,38 @@ class OversizedBody(httpx2.StreamError):
 
 
 class _Body(httpx2.AsyncByteStream):
-    """One response's body, read from its aiohttp connection chunk by chunk."""
+    """One response's body, read from its aiohttp connection chunk by chunk.
+
+    A whole answer's bytes (not a stream's: the SDK parses its events one at a time, each
+    under ``max_message_bytes``) count against the process's bound of bytes in flight
+    (``in_flight``) from their read until the body is closed, once read to its end. The SDK
+    then parses it at once, and the pipeline counts the result again when its call has it.
+    """
 
     def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None) -> None:
         self._request = request
         self._response = response
         self._limit = limit
+        self._held = 0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        read = 0
         with _translated(self._request, connecting=False):
             async for chunk in self._response.content.iter_any():
-                read += len(chunk)
-                if self._limit is not None and read > self._limit:
-                    raise OversizedBody(
-                        f"the upstream's answer is over max_message_bytes ({self._limit} bytes)"
-                    )
+                if self._limit is not None:
+                    self._take(len(chunk))
                 yield chunk
 
+    def _take(self, size: int) -> None:
+        assert self._limit is not None
+        if self._held + size > self._limit:
+            raise OversizedBody(f"the upstream's answer is over max_message_bytes ({self._limit} bytes)")
+        if not IN_FLIGHT.take(size):
+            raise OversizedBody(str(IN_FLIGHT.busy(self._held + size)))
+        self._held += size
+
     async def aclose(self) -> None:
+        IN_FLIGHT.give(self._held)
+        self._held = 0
         # A body read to its end gives the connection back to the pool; one left part-read
         # (a cancelled call, an SSE stream given up) closes it: its remaining bytes would
         # otherwise be read as the next response. For a modern-era upstream that disconnect

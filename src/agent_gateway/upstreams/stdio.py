@@ -38,7 +38,8 @@ from mcp.client.stdio import (
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
-from agent_gateway.compat.mcp import TransportStreams
+from agent_gateway.compat.mcp import TransportStreams, parse_message
+from agent_gateway.in_flight import IN_FLIGHT
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +103,17 @@ async def _read(
     assert process.stdout is not None
     lines = Lines(limit)
     async with incoming:
-        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        with (
+            lines,
+            suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError),
+        ):
             while True:
                 for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
                     message = _parse(line) if isinstance(line, bytes) else refusal(line, limit)
                     # Closed when shutting down: keep draining, so the server can flush and exit.
                     with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                         await incoming.send(message)
+                lines.parsed()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +124,8 @@ class Oversized:
     head: bytes
     tail: bytes
     size: int
+    busy: bool = False
+    """Dropped because the gateway held its bound of bytes in flight, not for its size."""
 
 
 _EDGE = 512
@@ -126,7 +133,8 @@ _EDGE = 512
 
 class Lines:
     """Splits a byte stream into lines, in time linear in their size, holding at most
-    ``limit`` bytes of any one line."""
+    ``limit`` bytes of any one line, and only while the process's bound of bytes in flight
+    has room for them (``in_flight``): they are held from their read until ``parsed``."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -135,6 +143,22 @@ class Lines:
         self._head: bytes | None = None
         """Set once the current line passed the limit: its first bytes."""
         self._tail = b""
+        self._busy = False
+        self._held = 0
+        """Bytes taken from ``IN_FLIGHT`` for the lines not yet parsed."""
+
+    def __enter__(self) -> Lines:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """The stream ended: what is held of an unfinished line is given back."""
+        IN_FLIGHT.give(self._held)
+        self._held = 0
+
+    def parsed(self) -> None:
+        """The lines fed so far are parsed: their bytes are no longer held here."""
+        IN_FLIGHT.give(self._held - self._size if self._head is None else self._held)
+        self._held = self._size if self._head is None else 0
 
     def feed(self, chunk: bytes) -> list[bytes | Oversized]:
         *complete, rest = chunk.split(b"\n")
@@ -146,22 +170,27 @@ class Lines:
         self._size += len(part)
         if self._head is not None:
             self._tail = (self._tail + part[-_EDGE:])[-_EDGE:]
-        elif self._size > self._limit:
+        elif self._size > self._limit or not IN_FLIGHT.take(len(part)):
+            self._busy = self._size <= self._limit
             first = b"".join(p[:_EDGE] for p in self._pieces[:_EDGE]) + part[:_EDGE]
             self._head, self._tail = first[:_EDGE], part[-_EDGE:]
             self._pieces.clear()
         elif part:
+            self._held += len(part)
             self._pieces.append(part)
 
     def _finish(self, part: bytes) -> bytes | Oversized:
         self._add(part)
         line: bytes | Oversized = (
-            b"".join(self._pieces) if self._head is None else Oversized(self._head, self._tail, self._size)
+            b"".join(self._pieces)
+            if self._head is None
+            else Oversized(self._head, self._tail, self._size, self._busy)
         )
         self._pieces.clear()
         self._size = 0
         self._head = None
         self._tail = b""
+        self._busy = False
         return line
 
 
@@ -179,7 +208,11 @@ _RESPONSE_START = re.compile(rb'^\s*\{\s*"(?:result|error)"\s*:')
 def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
     """For an oversized response: an error answer to the request it answers, so that call
     fails at once saying why; for anything else, an error the session logs."""
-    reason = f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
+    reason = (
+        str(IN_FLIGHT.busy(line.size))
+        if line.busy
+        else f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
+    )
     logger.warning("%s: dropped", reason)
     found = _ID_FIRST.match(line.head)
     if found is None and _RESPONSE_START.match(line.head):
@@ -196,7 +229,7 @@ def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
 
 def _parse(line: bytes) -> SessionMessage | Exception:
     try:
-        return SessionMessage(types.jsonrpc_message_adapter.validate_json(line, by_name=False))
+        return SessionMessage(parse_message(line))
     except ValueError as exc:  # handed to the session, which reports it and reads on
         logger.warning("upstream wrote a line that is not JSON-RPC (%d bytes)", len(line))
         return exc

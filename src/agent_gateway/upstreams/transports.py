@@ -22,6 +22,7 @@ from agent_gateway.compat.mcp import (
     ReadStream,
     TransportStreams,
     create_mcp_http_client,
+    lean_client_parsing,
 )
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
@@ -153,6 +154,7 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
             elif kind == "websocket":
                 transport = websocket_client(config.url, config.headers, config.max_message_bytes)
             else:
+                lean_client_parsing()  # half the memory for a large answer
                 http = await stack.enter_async_context(_http_client(config))
                 # One SSE event holds one message: the SDK's own bound (1 MiB) would refuse
                 # a larger result and count it as the connection lost.

@@ -1,0 +1,209 @@
+"""The process's bound on bytes of upstream answers in flight, and how an answer is written.
+
+An upstream's answer is held by the gateway from the moment its first byte is read until the
+client's HTTP exchange that carries it has been written. Without a bound, a few clients
+asking for large results at once grow the process without end (three 40 MB results held
++700 MB). Accounting, against one counter for the whole process (memory is the process's):
+
+- **read**: the HTTP upstream transport and the stdio reader take each answer's bytes as
+  they arrive and give them back once the message is parsed. When they do not fit, the rest
+  of that answer is dropped unread and its call fails saying why;
+- **held**: the pipeline takes a result's size once it is back (``hold``), and the
+  exchange's ``Outflow`` gives it back when the answer has been written (or the client went
+  away). When it does not fit, the call gets ``GatewayBusy`` and nothing is written.
+
+``Outflow`` also writes a large body in slices: uvicorn hands a body to the socket's
+transport whole, and what the socket does not take at once is copied into the transport's
+buffer; a slice at a time, uvicorn waits for the buffer to drain before the next, so a
+result is never copied a second time on its way out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp_types import (
+    AudioContent,
+    BlobResourceContents,
+    CallToolResult,
+    EmbeddedResource,
+    GetPromptResult,
+    ImageContent,
+    ReadResourceResult,
+    TextContent,
+    TextResourceContents,
+)
+from opentelemetry import metrics
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent_gateway.errors import GatewayBusy
+from agent_gateway.refusals import refused
+
+DEFAULT_LIMIT = 256 * 2**20
+SLICE = 2**20
+"""Bytes of a response body handed to the server at a time."""
+_SCOPE_KEY = "agent_gateway.outflow"
+
+
+class InFlight:
+    """Bytes of upstream answers the process holds, under one bound."""
+
+    def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, size: int) -> bool:
+        """Count ``size`` more bytes held; False (nothing counted) when they do not fit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.held = max(0, self.held - size)
+
+    def busy(self, size: int) -> GatewayBusy:
+        """The error for an answer of ``size`` bytes that did not fit (counted and logged)."""
+        refused(
+            "in_flight",
+            "an answer of %s bytes refused: %s of %s bytes in flight",
+            size,
+            self.held,
+            self.limit,
+        )
+        return GatewayBusy(
+            f"the gateway holds its bound of {_mib(self.limit)} of answers in flight "
+            f"({_mib(self.held)} now; this answer {_mib(size)}); retry shortly"
+        )
+
+
+IN_FLIGHT = InFlight()
+"""The process's one bound (``server.max_bytes_in_flight`` sets its limit)."""
+
+
+@asynccontextmanager
+async def bounded(limit: int) -> AsyncIterator[None]:
+    """``IN_FLIGHT`` under ``limit`` while a gateway runs (the one before it after)."""
+    previous, IN_FLIGHT.limit = IN_FLIGHT.limit, limit
+    try:
+        yield
+    finally:
+        IN_FLIGHT.limit = previous
+
+
+metrics.get_meter("agent-gateway").create_observable_gauge(
+    "agent_gateway.in_flight.bytes",
+    callbacks=[lambda _: [metrics.Observation(IN_FLIGHT.held)]],
+    unit="By",
+    description="Bytes of upstream answers held between reading them and writing them to a client",
+)
+
+
+def hold(scope: Scope | None, result: Any) -> None:
+    """Count ``result`` as held until the client's exchange ``scope`` has been written.
+
+    Outside an HTTP exchange (the gateway served over stdio) nothing is held: one client,
+    whose answers are written as they come.
+
+    Raises:
+        GatewayBusy: the bound is reached; ``result`` must not be sent.
+    """
+    leases = scope.get(_SCOPE_KEY) if scope is not None else None
+    if not isinstance(leases, _Leases):
+        return
+    size = result_size(result)
+    if not IN_FLIGHT.take(size):
+        raise IN_FLIGHT.busy(size)
+    leases.size += size
+
+
+def result_size(result: Any) -> int:
+    """About how many bytes ``result`` holds: its texts and blobs (the rest is small)."""
+    if isinstance(result, CallToolResult):
+        return sum(_content_size(c) for c in result.content) + _json_size(result.structured_content)
+    if isinstance(result, ReadResourceResult):
+        return sum(_resource_size(c) for c in result.contents)
+    if isinstance(result, GetPromptResult):
+        return sum(_content_size(m.content) for m in result.messages)
+    return 0
+
+
+def _content_size(content: Any) -> int:
+    if isinstance(content, TextContent):
+        return len(content.text)
+    if isinstance(content, ImageContent | AudioContent):
+        return len(content.data)
+    if isinstance(content, EmbeddedResource):
+        return _resource_size(content.resource)
+    return 0
+
+
+def _resource_size(resource: Any) -> int:
+    if isinstance(resource, TextResourceContents):
+        return len(resource.text)
+    if isinstance(resource, BlobResourceContents):
+        return len(resource.blob)
+    return 0
+
+
+def _json_size(value: Any) -> int:
+    """The strings' lengths in a JSON value (numbers and structure are small beside them)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(len(k) + _json_size(v) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_json_size(v) for v in value)
+    return 0
+
+
+class _Leases:
+    __slots__ = ("size",)
+
+    def __init__(self) -> None:
+        self.size = 0
+
+
+class Outflow:
+    """ASGI middleware on the MCP endpoint: each exchange's held answers given back once it
+    is written, and a large body written in slices (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        leases = scope[_SCOPE_KEY] = _Leases()
+        try:
+            await self.app(scope, receive, _sliced(send))
+        finally:
+            IN_FLIGHT.give(leases.size)
+
+
+def _sliced(send: Send) -> Send:
+    async def sliced(message: Message) -> None:
+        body = message.get("body", b"")
+        if message["type"] != "http.response.body" or len(body) <= SLICE:
+            await send(message)
+            return
+        more = message.get("more_body", False)
+        view = memoryview(body)
+        for start in range(0, len(body), SLICE):
+            last = start + SLICE >= len(body)
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": bytes(view[start : start + SLICE]),
+                    "more_body": more or not last,
+                }
+            )
+
+    return sliced
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:.0f} MiB"

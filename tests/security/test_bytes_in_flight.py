@@ -1,0 +1,138 @@
+"""Large results (issue 16, finding 10): the gateway holds at most ``server.max_bytes_in_flight``
+of upstream answers at once. An answer that would pass the bound is refused with a clear
+error, the bytes of an answer are given back once it has been written to its client, and a
+bystander is served throughout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import mcp_types as types
+from fastmcp import FastMCP
+from mcp import Client
+
+from agent_gateway.in_flight import IN_FLIGHT
+from tests.support import gateway_child, running_gateway, serving_upstream
+from tests.test_gateway import MODERN
+
+BOUND = 48 * 2**20
+SIZE = 16 * 2**20
+"""A result's text; FastMCP adds it again as ``structuredContent``: 32 MiB an answer, so one
+answer fits the bound and two do not."""
+WAIT = 30.0
+
+
+def big_server() -> FastMCP:
+    server = FastMCP("big")
+
+    @server.tool
+    def big(size: int) -> str:
+        return "x" * size
+
+    @server.tool
+    def ping() -> str:
+        return "pong"
+
+    return server
+
+
+def raw_call(tool: str, arguments: dict[str, object]) -> tuple[dict[str, object], dict[str, str]]:
+    """A modern-era ``tools/call`` as raw HTTP, so its answer can be left unread."""
+    meta = {
+        types.PROTOCOL_VERSION_META_KEY: MODERN,
+        types.CLIENT_CAPABILITIES_META_KEY: {},
+        types.CLIENT_INFO_META_KEY: {"name": "slow-reader", "version": "1"},
+    }
+    params = {"name": tool, "arguments": arguments, "_meta": meta}
+    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}, {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": MODERN,
+        "mcp-method": "tools/call",
+        "mcp-name": tool,
+    }
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(WAIT):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+async def body_of(response: httpx.Response) -> bytes:
+    return b"".join([chunk async for chunk in response.aiter_bytes()])
+
+
+def text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+@asynccontextmanager
+async def slow_reader(url: str) -> AsyncIterator[httpx.Response]:
+    """A ``big`` call whose answer is read only when the caller reads it."""
+    body, headers = raw_call("big__big", {"size": SIZE})
+    async with (
+        httpx.AsyncClient(timeout=WAIT) as http,
+        http.stream("POST", url, json=body, headers=headers) as held,
+    ):
+        yield held
+
+
+async def test_an_answer_past_the_bound_is_refused_until_the_one_held_is_written() -> None:
+    async with serving_upstream(big_server()) as url:
+        config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": {"big": {"url": url}}}
+        async with running_gateway(config) as gw, Client(gw.url) as other:
+            async with slow_reader(gw.url) as held:
+                # The gateway writes the answer while the client reads none of it: it is held.
+                await until(lambda: IN_FLIGHT.held >= 2 * SIZE)
+                refused = await other.call_tool("big__big", {"size": SIZE})
+                bystander = await other.call_tool("big__ping", {})
+                written = json.loads(await body_of(held))
+            # Written: its bytes are given back, and the same call is served.
+            await until(lambda: IN_FLIGHT.held == 0)
+            served = await other.call_tool("big__big", {"size": SIZE})
+    assert refused.is_error
+    assert "the gateway holds its bound of 48 MiB of answers in flight" in text(refused)
+    assert "retry shortly" in text(refused)
+    assert text(bystander) == "pong"
+    assert len(written["result"]["content"][0]["text"]) == SIZE
+    assert not served.is_error
+    assert len(text(served)) == SIZE
+
+
+def memory_mb(pid: int, field: str) -> float:
+    """``VmRSS`` or ``VmHWM`` (the kernel's own peak, not a sample) of process ``pid``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def reset_peak(pid: int) -> None:
+    """``VmHWM`` counted from now on."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+async def test_a_large_answer_is_held_about_twice_on_its_way_not_five_times(tmp_path: Path) -> None:
+    # Parsed by pydantic's JSON parser, written as JSON text and then encoded, and buffered
+    # whole by the socket's transport, an answer was held five times over at the peak.
+    answer_mb = 2 * SIZE / 2**20
+    async with (
+        serving_upstream(big_server()) as url,
+        gateway_child({"upstreams": {"big": {"url": url}}}, tmp_path) as (base, child),
+        Client(f"{base}/mcp", mode="legacy") as client,
+    ):
+        await client.call_tool("big__ping", {})
+        reset_peak(child.pid)
+        before = memory_mb(child.pid, "VmRSS")
+        result = await client.call_tool("big__big", {"size": SIZE})
+        peak = memory_mb(child.pid, "VmHWM") - before
+    assert len(text(result)) == SIZE
+    assert peak < 3 * answer_mb, f"+{peak:.0f} MB at the peak for a {answer_mb:.0f} MB answer"
