@@ -12,7 +12,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   every 2 s with a 2 s timeout, so a starved check marks the upstream down);
 - ``long-names``: 600 calls naming distinct 1 MB tool names (log bytes written);
 - ``big-bodies``: a 4 MiB notification holding a million ``{}``, once a second;
-- ``big-results``: three 40 MB results at once (peak RSS per MB relayed).
+- ``big-results``: one 40 MB result alone, then eight at once (80 MB answers): the peak RSS
+  per MB served (the kernel's high-water mark), what the bound on bytes in flight refused.
 
 ``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
 under /tmp, run with this venv), for the table in bench/README.md::
@@ -48,7 +49,8 @@ from mcp.client.streamable_http import streamable_http_client
 ROOT = Path(__file__).resolve().parents[1]
 ATTACKER, BYSTANDER = "attacker-token-0123456789", "bystander-token-0123456789"
 UPSTREAM = """
-import asyncio, sys
+import asyncio, functools, json, sys
+import uvicorn
 from fastmcp import FastMCP
 server = FastMCP("slow")
 
@@ -65,7 +67,51 @@ async def wait(seconds: float) -> str:
 def big(megabytes: int) -> str:
     return "x" * (megabytes * 2**20)
 
-server.run(transport="http", host="127.0.0.1", port=int(sys.argv[1]), show_banner=False, log_level="WARNING")
+@functools.cache
+def _big_result(megabytes: int) -> bytes:
+    text = json.dumps("x" * (megabytes * 2**20))
+    result = (
+        '{"content": [{"type": "text", "text": %s}], "structuredContent": {"result": %s}, '
+        '"isError": false, "resultType": "complete"}'
+    )
+    return (result % (text, text)).encode()
+
+def _answer(body: bytes) -> bytes | None:
+    # big's answer, serialised once: FastMCP serialising eight 80 MB answers at once would
+    # block this upstream for seconds, and its health checks would mark it down.
+    request = json.loads(body) if body.startswith(b"{") else {}
+    params = request.get("params") or {}
+    if request.get("method") != "tools/call" or params.get("name") != "big":
+        return None
+    result = _big_result(params["arguments"]["megabytes"])
+    return b'{"jsonrpc": "2.0", "id": %s, "result": %s}' % (json.dumps(request["id"]).encode(), result)
+
+app = server.http_app(path="/mcp")
+
+async def upstream(scope, receive, send):
+    if scope["type"] != "http" or scope["method"] != "POST":
+        return await app(scope, receive, send)
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    if (answer := _answer(body)) is not None:
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+        return
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if sent:
+            return await receive()
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    await app(scope, replayed, send)
+
+uvicorn.run(upstream, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 
@@ -89,6 +135,16 @@ class Process:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+    def peak_mb(self) -> float:
+        """The peak RSS since ``reset_peak`` (the kernel's own high-water mark, not a sample)."""
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def reset_peak(self) -> None:
+        Path(f"/proc/{self.pid}/clear_refs").write_text("5")
 
     def fds(self) -> int:
         try:
@@ -333,28 +389,41 @@ async def big_bodies(url: str, proc: Process, seconds: float) -> str:
 
 
 async def big_results(url: str, proc: Process, seconds: float) -> str:
-    peak = proc.rss_mb()
-    base = peak
+    """One 40 MB result alone for a client of each era, then eight at once (each an 80 MB
+    answer: FastMCP sends the text twice, as content and as structuredContent): the peak RSS
+    per MB, and what was served or refused by the bound on bytes in flight."""
 
-    async def one() -> None:
-        async with (
-            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120) as http,
-            Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
-        ):
-            await client.call_tool("slow__big", {"megabytes": 40})
+    async def one(mode: str) -> str:
+        try:
+            async with (
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120) as http,
+                Client(streamable_http_client(url, http_client=http), mode=mode) as client,
+            ):
+                result = await client.call_tool("slow__big", {"megabytes": 40})
+            return "refused" if result.is_error else "served"
+        except Exception:
+            return "failed"
 
-    async def watch(done: asyncio.Event) -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, proc.rss_mb())
-            await asyncio.sleep(0.02)
+    async def peak_of(calls: int, mode: str = "legacy") -> tuple[list[str], float]:
+        await asyncio.sleep(0.5)
+        proc.reset_peak()
+        base = proc.rss_mb()
+        outcomes = await asyncio.gather(*(one(mode) for _ in range(calls)))
+        return outcomes, proc.peak_mb() - base
 
-    done = asyncio.Event()
-    watcher = asyncio.create_task(watch(done))
-    await asyncio.gather(*(one() for _ in range(3)), return_exceptions=True)
-    done.set()
-    await watcher
-    return f"peak +{peak - base:.0f} MB for 120 MB relayed ({(peak - base) / 120:.1f} MB per MB)"
+    alone = []
+    for era, mode in (("handshake", "legacy"), ("modern", MODERN)):
+        [outcome], peak = await peak_of(1, mode)
+        alone.append(f"{era} {outcome} +{peak:.0f} MB ({peak / 80:.1f} per MB)")
+    outcomes, peak_all = await peak_of(BIG_RESULTS)
+    return (
+        f"alone: {'; '.join(alone)}; {BIG_RESULTS} at once: {outcomes.count('served')} served, "
+        f"{outcomes.count('refused')} refused, {outcomes.count('failed')} failed, peak +{peak_all:.0f} MB"
+    )
+
+
+MODERN = "2026-07-28"
+BIG_RESULTS = 8
 
 
 ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
