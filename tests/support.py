@@ -161,6 +161,7 @@ async def running_gateway(
     """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback."""
     if "audit" not in data:  # each test gateway its own trail (one file per gateway process)
         data = {**data, "audit": {"path": str(Path(tempfile.mkdtemp(prefix="audit-")) / "audit.jsonl")}}
+    data = _own_state(data)
     gateway = Gateway(config_of(data, environ), chat_model=chat_model)
     # The listener's own bounds too (header deadline, connection caps), as `serve` runs it.
     app = build_app(gateway)
@@ -169,6 +170,18 @@ async def running_gateway(
         serving(app, **listener_options(gateway)) as base,
     ):
         yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
+
+
+def _own_state(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``data`` with its memory (and so its tool pins) in a directory of its own unless it
+    names one: the default is relative to the working directory, which every in-process
+    test gateway shares, so one test's pinned ``alpha__echo`` held back another's."""
+    agent = dict(data.get("agent", {}))
+    memory = dict(agent.get("memory", {}))
+    if "path" in memory:
+        return data
+    memory["path"] = str(Path(tempfile.mkdtemp(prefix="state-")) / "conversations.sqlite")
+    return {**data, "agent": {**agent, "memory": memory}}
 
 
 @dataclass(frozen=True)
