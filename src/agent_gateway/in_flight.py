@@ -111,8 +111,8 @@ def hold(scope: Scope | None, result: Any) -> None:
         GatewayBusy: the bound is reached; ``result`` must not be sent.
     """
     leases = scope.get(_SCOPE_KEY) if scope is not None else None
-    if not isinstance(leases, _Leases):
-        return
+    if not isinstance(leases, _Leases) or leases.closed:
+        return  # no exchange, or it ended (the client went away): nothing will be written
     size = result_size(result)
     if not IN_FLIGHT.take(size):
         raise IN_FLIGHT.busy(size)
@@ -160,10 +160,13 @@ def _json_size(value: Any) -> int:
 
 
 class _Leases:
-    __slots__ = ("size",)
+    """What one exchange holds; closed once it ended, after which it holds nothing more."""
+
+    __slots__ = ("closed", "size")
 
     def __init__(self) -> None:
         self.size = 0
+        self.closed = False
 
 
 class Outflow:
@@ -181,6 +184,7 @@ class Outflow:
         try:
             await self.app(scope, receive, _sliced(send))
         finally:
+            leases.closed = True
             IN_FLIGHT.give(leases.size)
 
 
