@@ -18,7 +18,9 @@ from typing import Any
 import httpx2
 import pytest
 from fastmcp import FastMCP
+from fastmcp.server.event_store import EventStore as InMemoryEventStore
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
+from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
 from langchain_anthropic import ChatAnthropic
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
@@ -27,7 +29,7 @@ from mcp.client import streamable_http
 from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
-from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from pydantic import ValidationError
 
@@ -130,6 +132,14 @@ def test_the_session_manager_keeps_each_piece_of_state_adoption_reads(attribute:
     assert assigned_in_init(FastMCPStreamableHTTPSessionManager, attribute), (
         f"mcp/fastmcp: the session manager no longer sets self.{attribute} (compat/adoption.py)"
     )
+
+
+def test_a_session_scoped_stream_id_is_what_the_relay_looks_its_stream_up_by() -> None:
+    # The relay finds a session's notification stream by the id FastMCP's scoped store
+    # gives it; the transport keeps that stream under GET_STREAM_KEY in _request_streams.
+    scoped = SessionScopedEventStore(InMemoryEventStore(), session_id="s-1")
+    assert scoped._scope_stream_id(GET_STREAM_KEY) == "3:s-1:_GET_stream"  # pyright: ignore[reportPrivateUsage]
+    assert "_request_streams" in TRANSPORT_STATE
 
 
 def test_an_adopted_connection_is_built_as_the_sdks_loop_builds_one() -> None:

@@ -148,9 +148,12 @@ def _deferring(
             manager = endpoint.session_manager
             deferred = defer_responses(manager)
             if deferred and (shared := gateway.shared) is not None:
-                adopting = adopt_sessions(manager, shared.sessions, shared.sessions.ended)
+                adopting = adopt_sessions(
+                    manager, shared.sessions, shared.sessions.ended, shared.events.replica
+                )
                 if adopting is not None:
                     shared.on_session_ended(adopting.drop)
+                    shared.on_notification(adopting.relay)
             yield
 
     return started

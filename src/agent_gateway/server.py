@@ -106,8 +106,16 @@ class Gateway:
         self.agent: AgentRunner | None = None
         self._agent_tool: AgentProvider | None = None
         if config.agent.enabled:
+            # With the memory shared, a conversation's runs take turns across replicas too.
+            sharing = self.shared if config.agent.memory.store == "postgres" else None
             self.agent = AgentRunner(
-                config.agent, self.catalog, self.proxy, chat_model, self.search, self.activity
+                config.agent,
+                self.catalog,
+                self.proxy,
+                chat_model,
+                self.search,
+                self.activity,
+                exclusive=sharing.leases.held if sharing is not None else None,
             )
             self._agent_tool = AgentProvider(self.agent, self.catalog)
             providers.append(self._agent_tool)

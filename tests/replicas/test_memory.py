@@ -173,3 +173,53 @@ async def test_a_replica_that_cannot_reach_postgres_at_start_says_why_and_exits(
     assert "cannot reach Postgres: connection failed" in output
     assert "secret-password" not in output
     assert "Traceback" not in output
+
+
+async def test_two_runs_on_one_conversation_through_two_replicas_take_turns(
+    redis: Redis, prefix: str, database: str, tmp_path: Path
+) -> None:
+    # The first run's model call is held until either the other run reaches the model too
+    # (the runs overlapped: the second saw a history without the first's turn) or a while
+    # has passed with it waiting for the conversation, as it must.
+    release = anyio.Event()
+    arrived: list[float] = []
+    app, api = openai_api([Turn(text="Paris, in spring."), Turn(text="Yes: book the train.")])
+
+    async def held(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            arrived.append(anyio.current_time())
+            if len(arrived) == 1:
+                with anyio.move_on_after(HOLD):
+                    await release.wait()
+        await app(scope, receive, send)
+
+    async def ask(url: str, query: str, into: list[types.CallToolResult]) -> None:
+        async with Client(url, mode="legacy") as client:
+            into.append(await client.call_tool("ask_agent", {"query": query, "conversation_id": "trip"}))
+
+    first: list[types.CallToolResult] = []
+    second: list[types.CallToolResult] = []
+    async with serving(held) as base:
+        model = {"provider": "openai", "model": "gpt-test", "base_url": f"{base}/v1", "api_key": "test-key"}
+        async with (
+            replicas(agent_config(redis, prefix, database, model=model), tmp_path) as cluster,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(ask, cluster.endpoint(0), "Where should I go?", first)
+            with anyio.fail_after(BOUND):
+                while not arrived:
+                    await anyio.sleep(0.02)
+            tg.start_soon(ask, cluster.endpoint(1), "Is that wise?", second)
+            with anyio.move_on_after(HOLD):
+                while len(arrived) < 2:
+                    await anyio.sleep(0.02)
+            release.set()
+    assert text_of(first[0]) == "Paris, in spring."
+    assert text_of(second[0]) == "Yes: book the train."
+    sent = [m.get("content") for m in api.requests[1]["messages"]]
+    assert "Paris, in spring." in sent, "the second run began before the first had finished"
+    assert sent[-1] == "Is that wise?"
+
+
+HOLD = 3.0
+"""Seconds the first run's model call is held while the second run must wait for it."""

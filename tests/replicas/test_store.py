@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
 from tests.replicas.services import Redis, free_port, redis_server
 from tests.replicas.test_sessions import BOUND, cluster_of, config, counter_server, session_to, text_of
+from tests.servers import recorder
 from tests.support import gateway_env, serving_upstream
 
 ACCEPT = {"Accept": "application/json, text/event-stream"}
@@ -102,6 +103,39 @@ async def test_a_dropped_stream_resumes_on_the_other_replica_with_nothing_missed
             missed = [await next_message(reader), await next_message(reader)]
     assert [m["method"] for _, m in missed] == ["notifications/tools/list_changed"] * 2
     assert all(event_id and event_id != last_id for event_id, _ in missed)
+
+
+async def test_a_resource_update_arising_on_one_replica_reaches_the_stream_held_by_the_other(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    seen: list[dict[str, Any]] = []
+    async with serving_upstream(recorder.build(seen.append)) as upstream:
+        data = config(redis, prefix, upstream) | {
+            "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}}
+        }
+        async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
+            headers = await opened(http, cluster.endpoint(0))
+
+            async def post(message: dict[str, Any]) -> None:
+                body = {"jsonrpc": "2.0", **message}
+                answer = await http.post(cluster.endpoint(0), json=body, headers={**headers, **ACCEPT})
+                assert answer.status_code == 200, answer.text
+
+            # Its notification stream on replica 1; its subscription (and so the upstream's
+            # update) on replica 0.
+            async with events(http, cluster.endpoint(1), headers) as reader:
+                await post({"id": 1, "method": "resources/subscribe", "params": {"uri": "counter://value"}})
+                await post(
+                    {"id": 2, "method": "tools/call", "params": {"name": "rec__bump", "arguments": {}}}
+                )
+                event_id, message = await next_message(reader)
+    assert message == {
+        "jsonrpc": "2.0",
+        "method": "notifications/resources/updated",
+        "params": {"uri": "counter://value"},
+    }
+    assert event_id  # its id in the store: a stream that drops after it resumes from it
+    assert [e["uri"] for e in seen if e["event"] == "subscribe"] == ["counter://value"]
 
 
 async def test_a_replica_that_loses_redis_is_unready_serves_on_and_recovers(

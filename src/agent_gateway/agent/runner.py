@@ -14,7 +14,7 @@ import secrets
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,8 @@ from agent_gateway.search.engine import Found, ToolSearch
 logger = logging.getLogger(__name__)
 
 _READ_TIMEOUT = 5.0
+Exclusive = Callable[[str], AbstractAsyncContextManager[None]]
+"""Hold a thread (by name) for one run."""
 _SWEEP_EVERY = 3600.0
 
 
@@ -91,6 +93,12 @@ class RunOutcome:
         return self.error if self.error is not None else str(self.record["answer"])
 
 
+@asynccontextmanager
+async def _anywhere(_: str) -> AsyncIterator[None]:
+    """One replica: its own lock per thread is all there is to hold."""
+    yield
+
+
 class AgentRunner:
     """Runs the agent for any number of concurrent callers. Use ``async with runner.running():``."""
 
@@ -102,8 +110,10 @@ class AgentRunner:
         chat_model: BaseChatModel | None = None,
         search: ToolSearch | None = None,
         activity: Activity | None = None,
+        exclusive: Exclusive | None = None,
     ) -> None:
-        """``search``: the tool index, for toolboxes larger than ``agent.max_tools``.
+        """``search``: the tool index, for toolboxes larger than ``agent.max_tools``;
+        ``exclusive``: a thread held by one run across replicas (their memory shared).
 
         Raises ``ConfigError`` when the configured model provider refuses its settings.
         """
@@ -119,6 +129,7 @@ class AgentRunner:
         self._lock = anyio.Lock()
         # Runs on one thread take turns: two at once would interleave one conversation.
         self._threads: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+        self._exclusive = exclusive or _anywhere
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentRunner]:
@@ -197,7 +208,7 @@ class AgentRunner:
             except AgentError as exc:
                 outcome = _failure(record, str(exc))
             else:
-                async with self._thread_lock(thread):
+                async with self._thread_lock(thread), self._exclusive(thread):
                     await self._conversations.used(thread)
                     outcome = await self._on_thread(graph, context, record, request, resumed, token)
                     await self._conversations.compact(thread)

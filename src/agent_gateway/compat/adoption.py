@@ -11,13 +11,17 @@ answers one: 404, "Session not found". A DELETE is passed on to the store so eve
 forgets the session; a session ended elsewhere is dropped here (``drop``).
 
 Stream events are scoped by the session id rather than FastMCP's random per-transport
-scope, so a stream that dropped on one replica replays on another.
+scope, so a stream that dropped on one replica replays on another. A notification that
+arises on one replica for a session whose GET stream another replica holds (a resource
+update from the upstream subscription this replica made, an upstream's log line) is stored
+and published by the first (``store/events.py``) and sent on that stream by the second
+(``relay``), under the same event id.
 
 It lives in ``compat/`` because it is built of the SDK manager's private members
 (``_server_instances``, ``_session_owners``, ``_session_creation_lock``, ``_task_group``,
 ``_lifespan_state``, ``_discard_session``, ``_admit_session``), FastMCP's
-``_shared_event_store`` and the transport's ``_event_store``; ``tests/test_compat.py``
-checks each.
+``_shared_event_store`` and ``SessionScopedEventStore._scope_stream_id``, and the
+transport's ``_event_store`` and ``_request_streams``; ``tests/test_compat.py`` checks each.
 """
 
 from __future__ import annotations
@@ -36,18 +40,28 @@ from mcp.server.auth.middleware.bearer_auth import (
 )
 from mcp.server.connection import Connection
 from mcp.server.runner import serve_connection
-from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
+from mcp.server.streamable_http import (
+    GET_STREAM_KEY,
+    MCP_SESSION_ID_HEADER,
+    EventMessage,
+    StreamableHTTPServerTransport,
+)
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway.compat.deferred import DeferredSessionManager, DeferredStreamTransport
+from agent_gateway.compat.mcp import parse_message
+from agent_gateway.store.events import own_event, relayed, stream_digest
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
 
 logger = logging.getLogger(__name__)
 
 Ended = Callable[[str], Awaitable[None]]
 """Told that a session (its id) was deleted by its client here."""
+_RELAY_TIMEOUT = 5.0
+"""How long a relayed event may wait for room on a notification stream (then dropped: the
+client can still replay it from the store)."""
 
 
 def owner_of(scope: Scope) -> AuthorizationContext | None:
@@ -61,6 +75,10 @@ class AdoptingSessionManager(DeferredSessionManager):
 
     records: SessionRecords
     on_deleted: Ended
+    replica: str
+    """This replica's event ids start with it (``SharedEventStore.replica``)."""
+    listening: dict[str, StreamableHTTPServerTransport]
+    """The sessions whose notification stream this replica holds, by that stream's digest."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
@@ -85,10 +103,36 @@ class AdoptingSessionManager(DeferredSessionManager):
                 await anyio.sleep(self.records.idle_seconds / 3)
                 await self.records.touch(session_id)
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(keep_alive)
-            await super()._handle_stateful_request(scope, receive, send)
-            tg.cancel_scope.cancel()
+        digest = stream_digest(self._listening_stream(session_id))
+        self.listening[digest] = self._server_instances[session_id]
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(keep_alive)
+                await super()._handle_stateful_request(scope, receive, send)
+                tg.cancel_scope.cancel()
+        finally:
+            self.listening.pop(digest, None)
+
+    async def relay(self, message: str) -> None:
+        """An event of a session's notification stream that another replica wrote
+        (``<event id>\n<message>``): sent on that stream when this replica holds it."""
+        event_id, _, data = message.partition("\n")
+        _, _, digest = event_id.partition("/")
+        transport = self.listening.get(digest)
+        if transport is None or own_event(event_id, self.replica):
+            return
+        streams = transport._request_streams.get(GET_STREAM_KEY)  # pyright: ignore[reportPrivateUsage]
+        if streams is None:
+            return
+        with anyio.move_on_after(_RELAY_TIMEOUT):
+            try:
+                await streams[0].send(EventMessage(parse_message(data), event_id))
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return  # the stream closed meanwhile: the client replays the event when back
+            relayed.add(1)
+            logger.debug("notification %s from another replica sent on its stream here", event_id)
+            return
+        logger.warning("a notification relayed for another replica was dropped: its stream is full")
 
     async def drop(self, session_id: str) -> None:
         """Forget ``session_id`` here: it was deleted through another replica."""
@@ -165,6 +209,11 @@ class AdoptingSessionManager(DeferredSessionManager):
             finally:
                 await self._discard_session(record.id, transport)
 
+    def _listening_stream(self, session_id: str) -> str:
+        """A session's notification stream id as its events are stored (scoped by the session)."""
+        scoped = SessionScopedEventStore(self._shared_event_store, session_id=session_id)  # type: ignore[arg-type]
+        return scoped._scope_stream_id(GET_STREAM_KEY)  # pyright: ignore[reportPrivateUsage]
+
     def _scope_events(self, transport: StreamableHTTPServerTransport) -> None:
         """Scope the transport's stream events by its session id (the same on every replica)."""
         shared = self._shared_event_store
@@ -180,7 +229,9 @@ def _header(scope: Scope, name: str) -> str | None:
     return None
 
 
-def adopt_sessions(manager: Any, records: SessionRecords, on_deleted: Ended) -> AdoptingSessionManager | None:
+def adopt_sessions(
+    manager: Any, records: SessionRecords, on_deleted: Ended, replica: str
+) -> AdoptingSessionManager | None:
     """Make ``manager`` (already a ``DeferredSessionManager``) adopt sessions from the store;
     None (logged) for a manager of another kind."""
     if type(manager) is not DeferredSessionManager:
@@ -192,4 +243,6 @@ def adopt_sessions(manager: Any, records: SessionRecords, on_deleted: Ended) -> 
     adopting = cast(AdoptingSessionManager, manager)
     adopting.records = records
     adopting.on_deleted = on_deleted
+    adopting.replica = replica
+    adopting.listening = {}
     return adopting

@@ -5,7 +5,9 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 - ``limits``: rate limits and live-session counts, one round trip per request.
 - ``sessions``: handshake-era session records, so any replica adopts any session.
 - ``events``: the SSE event store, so a dropped stream resumes on any replica.
-- ``bus``: announcements between replicas (a session deleted, an upstream's lists changed).
+- ``leases``: one ``ask_agent`` run at a time on a conversation, across replicas.
+- ``bus``: announcements between replicas (a session deleted, an upstream's lists changed, a
+  notification for a session whose stream another replica holds).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import anyio
 from agent_gateway.config import GatewayConfig, StoreConfig
 from agent_gateway.store.bus import Bus
 from agent_gateway.store.client import SharedStore, redacted
-from agent_gateway.store.events import SharedEventStore
+from agent_gateway.store.events import LIVE, SharedEventStore
+from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
 from agent_gateway.store.sessions import ENDED, SessionRecords
 
@@ -41,7 +44,8 @@ class SharedState:
         self.limits = SharedLimits(self.store, idle)
         self.sessions = SessionRecords(self.store, idle)
         self.events = SharedEventStore(self.store, store.events)
-        self.bus = Bus(self.store, (ENDED, CATALOG))
+        self.bus = Bus(self.store, (ENDED, CATALOG, LIVE))
+        self.leases = Leases(self.store)
         self.replica = uuid.uuid4().hex[:12]
         """This process among the replicas (its own announcements are not acted on twice)."""
 
@@ -64,6 +68,10 @@ class SharedState:
 
     def on_session_ended(self, drop: Callable[[str], Awaitable[None]]) -> None:
         self.bus.on(ENDED, drop)
+
+    def on_notification(self, relay: Callable[[str], Awaitable[None]]) -> None:
+        """``relay`` each notification-stream event any replica writes (``store/events.py``)."""
+        self.bus.on(LIVE, relay)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SharedState]:

@@ -11,6 +11,11 @@ cost ~0.3 ms a call, more than everything else the store does). The price: an ev
 the last moment before its replica died may be missing from the store; its client had it,
 and a resume from it then replays nothing. A full queue drops events (counted), never calls.
 
+Events of a session's notification stream (its GET stream: what no request caused, such as
+a resource update or an upstream's log line) are also published on the ``live`` channel as
+they are written: the replica that holds the client's GET stream may not be the one the
+notification arose on, and it relays them (``compat/adoption.py``).
+
 An event id is ``<replica>-<n>/<stream digest>``: it names its stream without carrying the
 request id a client chose (which may hold anything, newlines included) into an SSE ``id:``
 line, and is made here without a round trip. Streams are scoped to their session by
@@ -28,7 +33,14 @@ import uuid
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.server.streamable_http import EventCallback, EventId, EventMessage, EventStore, StreamId
+from mcp.server.streamable_http import (
+    GET_STREAM_KEY,
+    EventCallback,
+    EventId,
+    EventMessage,
+    EventStore,
+    StreamId,
+)
 from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
 from opentelemetry import metrics
 from pydantic import ValidationError
@@ -44,11 +56,19 @@ Pending = tuple[str, str, str, bytes]
 """An event waiting to be written: (key, stream id, event id, message)."""
 _PRIMING = b""
 """A priming event's stored message: it opens a stream and is never replayed."""
+LIVE = "live"
+"""The channel of notification-stream events, each ``<event id>\n<message>``."""
+_LISTENING = ":" + GET_STREAM_KEY
+"""How a session's notification stream id ends, once scoped by its session."""
 _QUEUE = 10_000
 _BATCH = 500
 _dropped = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.store.events_dropped",
     description="SSE events not stored for replay: the writer's queue was full.",
+)
+relayed = metrics.get_meter("agent-gateway").create_counter(
+    "agent_gateway.store.notifications_relayed",
+    description="Notifications another replica wrote, sent on the session's stream held here.",
 )
 
 
@@ -59,16 +79,18 @@ class SharedEventStore(EventStore):
         self.store = store
         self._ttl = int(max(1, config.ttl))
         self._per_stream = config.per_stream
-        self._replica = uuid.uuid4().hex[:12]
+        self.replica = uuid.uuid4().hex[:12]
+        """The first part of this replica's event ids."""
         self._numbers = itertools.count(1)
         self._queue: tuple[MemoryObjectSendStream[Pending], MemoryObjectReceiveStream[Pending]] = (
             anyio.create_memory_object_stream[Pending](_QUEUE)
         )
         _dropped.add(0)  # a series from the start
+        relayed.add(0)
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
-        digest = _digest(stream_id)
-        event_id = f"{self._replica}-{next(self._numbers)}/{digest}"
+        digest = stream_digest(stream_id)
+        event_id = f"{self.replica}-{next(self._numbers)}/{digest}"
         data = _PRIMING if message is None else jsonrpc_message_adapter.dump_json(message, by_alias=True)
         try:
             self._queue[0].send_nowait((self._key(digest), stream_id, event_id, data))
@@ -96,6 +118,8 @@ class SharedEventStore(EventStore):
             fields = {"s": stream_id, "i": event_id, "m": data}
             pipe.xadd(key, fields, maxlen=self._per_stream, approximate=True)  # pyright: ignore[reportArgumentType]
             pipe.expire(key, self._ttl)
+            if stream_id.endswith(_LISTENING) and data != _PRIMING:
+                pipe.publish(self.store.key(LIVE), event_id.encode() + b"\n" + data)
         await self.store.call(pipe.execute(), "event_store")
 
     async def replay_events_after(
@@ -145,5 +169,10 @@ def _message(fields: dict[bytes, bytes], digest: str) -> JSONRPCMessage | None:
         return None
 
 
-def _digest(stream_id: str) -> str:
+def own_event(event_id: str, replica: str) -> bool:
+    """Whether ``event_id`` was made by the replica whose event ids start with ``replica``."""
+    return event_id.startswith(replica + "-")
+
+
+def stream_digest(stream_id: str) -> str:
     return hashlib.blake2b(stream_id.encode(), digest_size=16).hexdigest()
