@@ -13,12 +13,13 @@ from pathlib import Path
 import anyio
 import httpx
 import mcp_types as types
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from mcp import Client
 
 from agent_gateway.in_flight import IN_FLIGHT
 from tests.support import gateway_child, running_gateway, serving_upstream
 from tests.test_gateway import MODERN
+from tests.test_responses import Session
 
 BOUND = 48 * 2**20
 SIZE = 16 * 2**20
@@ -27,7 +28,7 @@ answer fits the bound and two do not."""
 WAIT = 30.0
 
 
-def big_server() -> FastMCP:
+def big_server(finished: anyio.Event | None = None) -> FastMCP:
     server = FastMCP("big")
 
     @server.tool
@@ -37,6 +38,15 @@ def big_server() -> FastMCP:
     @server.tool
     def ping() -> str:
         return "pong"
+
+    @server.tool
+    async def late(ctx: Context) -> str:
+        """Reports progress (its answer becomes a stream), then answers a while later."""
+        await ctx.report_progress(0, 1)
+        await anyio.sleep(1)
+        if finished is not None:
+            finished.set()
+        return "x" * SIZE
 
     return server
 
@@ -136,3 +146,42 @@ async def test_a_large_answer_is_held_about_twice_on_its_way_not_five_times(tmp_
         peak = memory_mb(child.pid, "VmHWM") - before
     assert len(text(result)) == SIZE
     assert peak < 3 * answer_mb, f"+{peak:.0f} MB at the peak for a {answer_mb:.0f} MB answer"
+
+
+async def test_a_result_whose_client_hung_up_is_not_held() -> None:
+    # The client leaves while its call still runs: the exchange ends first, and the result
+    # that comes after has nobody to be written to, so nothing may go on holding it.
+    finished = anyio.Event()
+    async with (
+        serving_upstream(big_server(finished)) as url,
+        running_gateway({"upstreams": {"big": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=WAIT) as http,
+    ):
+        client = Session(http, gw)
+        hello = {
+            "protocolVersion": HANDSHAKE,
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        }
+        opened = await http.post(gw.url, json=rpc(0, "initialize", hello), headers=client.headers())
+        client.session_id = opened.headers["mcp-session-id"]
+        await client.post({"method": "notifications/initialized"})
+        call = rpc(1, "tools/call", {"name": "big__late", "arguments": {}, "_meta": {"progressToken": "p"}})
+        async with http.stream("POST", gw.url, json=call, headers=client.headers()) as answer:
+            async for line in answer.aiter_lines():
+                if "notifications/progress" in line:
+                    break  # hang up, the call still running
+        with anyio.fail_after(WAIT):
+            await finished.wait()
+        await until(lambda: any(c.name == "big__late" for c in gw.gateway.activity.calls))
+        held = IN_FLIGHT.held
+        after = await client.call("big__ping", {})
+    assert held == 0
+    assert after.messages[0]["result"]["content"][0]["text"] == "pong"
+
+
+HANDSHAKE = "2025-11-25"
+
+
+def rpc(request_id: int, method: str, params: dict[str, object]) -> dict[str, object]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
