@@ -110,13 +110,13 @@ def hold(scope: Scope | None, result: Any) -> None:
     Raises:
         GatewayBusy: the bound is reached; ``result`` must not be sent.
     """
-    leases = scope.get(_SCOPE_KEY) if scope is not None else None
-    if not isinstance(leases, _Leases) or leases.closed:
+    held = scope.get(_SCOPE_KEY) if scope is not None else None
+    if not isinstance(held, _Held) or held.closed:
         return  # no exchange, or it ended (the client went away): nothing will be written
     size = result_size(result)
     if not IN_FLIGHT.take(size):
         raise IN_FLIGHT.busy(size)
-    leases.size += size
+    held.size += size
 
 
 def result_size(result: Any) -> int:
@@ -159,7 +159,7 @@ def _json_size(value: Any) -> int:
     return 0
 
 
-class _Leases:
+class _Held:
     """What one exchange holds; closed once it ended, after which it holds nothing more."""
 
     __slots__ = ("closed", "size")
@@ -180,12 +180,12 @@ class Outflow:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        leases = scope[_SCOPE_KEY] = _Leases()
+        held = scope[_SCOPE_KEY] = _Held()
         try:
             await self.app(scope, receive, _sliced(send))
         finally:
-            leases.closed = True
-            IN_FLIGHT.give(leases.size)
+            held.closed = True
+            IN_FLIGHT.give(held.size)
 
 
 def _sliced(send: Send) -> Send:
