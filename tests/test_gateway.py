@@ -299,13 +299,20 @@ def geo_upstream() -> FastMCP:
 
 
 def modern_call(tool: str, region: str, **headers: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """A raw modern-era ``tools/call`` of ``tool`` with ``region`` and its headers (``headers`` added)."""
+    return modern_request(tool, {"region": region}, **headers)
+
+
+def modern_request(
+    tool: str, arguments: dict[str, Any], **headers: str
+) -> tuple[dict[str, Any], dict[str, str]]:
     """A raw modern-era ``tools/call`` of ``tool`` and its headers (``headers`` added)."""
     meta = {
         types.PROTOCOL_VERSION_META_KEY: MODERN,
         types.CLIENT_CAPABILITIES_META_KEY: {},
         types.CLIENT_INFO_META_KEY: {"name": "raw", "version": "1"},
     }
-    params = {"name": tool, "arguments": {"region": region}, "_meta": meta}
+    params = {"name": tool, "arguments": arguments, "_meta": meta}
     body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     return body, {
         "accept": "application/json, text/event-stream",

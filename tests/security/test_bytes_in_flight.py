@@ -17,9 +17,9 @@ from fastmcp import Context, FastMCP
 from mcp import Client
 
 from agent_gateway.in_flight import IN_FLIGHT
+from tests.replicas.test_store import ACCEPT, opened
 from tests.support import gateway_child, running_gateway, serving_upstream
-from tests.test_gateway import MODERN
-from tests.test_responses import Session
+from tests.test_gateway import modern_request
 
 BOUND = 48 * 2**20
 SIZE = 16 * 2**20
@@ -51,23 +51,6 @@ def big_server(finished: anyio.Event | None = None) -> FastMCP:
     return server
 
 
-def raw_call(tool: str, arguments: dict[str, object]) -> tuple[dict[str, object], dict[str, str]]:
-    """A modern-era ``tools/call`` as raw HTTP, so its answer can be left unread."""
-    meta = {
-        types.PROTOCOL_VERSION_META_KEY: MODERN,
-        types.CLIENT_CAPABILITIES_META_KEY: {},
-        types.CLIENT_INFO_META_KEY: {"name": "slow-reader", "version": "1"},
-    }
-    params = {"name": tool, "arguments": arguments, "_meta": meta}
-    return {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}, {
-        "accept": "application/json, text/event-stream",
-        "content-type": "application/json",
-        "mcp-protocol-version": MODERN,
-        "mcp-method": "tools/call",
-        "mcp-name": tool,
-    }
-
-
 async def until(condition: Callable[[], bool]) -> None:
     with anyio.fail_after(WAIT):
         while not condition():
@@ -87,7 +70,7 @@ def text(result: types.CallToolResult) -> str:
 @asynccontextmanager
 async def slow_reader(url: str) -> AsyncIterator[httpx.Response]:
     """A ``big`` call whose answer is read only when the caller reads it."""
-    body, headers = raw_call("big__big", {"size": SIZE})
+    body, headers = modern_request("big__big", {"size": SIZE})
     async with (
         httpx.AsyncClient(timeout=WAIT) as http,
         http.stream("POST", url, json=body, headers=headers) as held,
@@ -157,17 +140,10 @@ async def test_a_result_whose_client_hung_up_is_not_held() -> None:
         running_gateway({"upstreams": {"big": {"url": url}}}) as gw,
         httpx.AsyncClient(timeout=WAIT) as http,
     ):
-        client = Session(http, gw)
-        hello = {
-            "protocolVersion": HANDSHAKE,
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        }
-        opened = await http.post(gw.url, json=rpc(0, "initialize", hello), headers=client.headers())
-        client.session_id = opened.headers["mcp-session-id"]
-        await client.post({"method": "notifications/initialized"})
-        call = rpc(1, "tools/call", {"name": "big__late", "arguments": {}, "_meta": {"progressToken": "p"}})
-        async with http.stream("POST", gw.url, json=call, headers=client.headers()) as answer:
+        headers = {**await opened(http, gw.url), **ACCEPT}
+        call = {"name": "big__late", "arguments": {}, "_meta": {"progressToken": "p"}}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+        async with http.stream("POST", gw.url, json=body, headers=headers) as answer:
             async for line in answer.aiter_lines():
                 if "notifications/progress" in line:
                     break  # hang up, the call still running
@@ -175,13 +151,12 @@ async def test_a_result_whose_client_hung_up_is_not_held() -> None:
             await finished.wait()
         await until(lambda: any(c.name == "big__late" for c in gw.gateway.activity.calls))
         held = IN_FLIGHT.held
-        after = await client.call("big__ping", {})
+        ping = {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "big__ping", "arguments": {}},
+        }
+        after = (await http.post(gw.url, json=ping, headers=headers)).json()
     assert held == 0
-    assert after.messages[0]["result"]["content"][0]["text"] == "pong"
-
-
-HANDSHAKE = "2025-11-25"
-
-
-def rpc(request_id: int, method: str, params: dict[str, object]) -> dict[str, object]:
-    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+    assert after["result"]["content"][0]["text"] == "pong"
