@@ -18,6 +18,7 @@ from typing import Any
 import httpx2
 import pytest
 from fastmcp import FastMCP
+from fastmcp.server.dependencies import get_context
 from fastmcp.server.event_store import EventStore as InMemoryEventStore
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
@@ -26,6 +27,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp.client import streamable_http
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
@@ -215,6 +217,37 @@ def test_fastmcp_keeps_its_low_level_server() -> None:
     assert isinstance(lowlevel.middleware, list)
     assert lowlevel.get_request_handler("tools/call") is not None
     assert hasattr(lowlevel, "get_tool_input_schema")
+
+
+async def test_fastmcps_root_middleware_is_skipped_for_the_gateways_own_methods_only() -> None:
+    # FastMCP's root middleware binds its request context (what its get_context reads) for
+    # every request; past_fastmcp finds it by its class in the chain and keeps it for the rest.
+    server = FastMCP("x")
+    lowlevel = fastmcp_compat.lowlevel_server(server)
+    fastmcp_compat.past_fastmcp(lowlevel, frozenset({"tools/call"}))
+    [root] = [m for m in lowlevel.middleware if type(m).__name__ == "_WhereFastMCPServes"]
+    seen: dict[str, bool] = {}
+
+    async def handler(ctx: Any) -> dict[str, Any]:
+        try:
+            get_context()
+        except RuntimeError:
+            seen[ctx.method] = False
+        else:
+            seen[ctx.method] = True
+        return {}
+
+    for method in ("tools/call", "ping"):
+        ctx = ServerRequestContext[Any, Any](
+            session=None,  # pyright: ignore[reportArgumentType]
+            lifespan_context=None,
+            protocol_version="2025-11-25",
+            method=method,
+            params={},
+            request_id=1,
+        )
+        await root(ctx, handler)
+    assert seen == {"tools/call": False, "ping": True}
 
 
 # -- httpx2, langchain, langgraph ----------------------------------------------------------

@@ -397,3 +397,37 @@ async def test_with_client_policies_each_request_is_counted_once_and_checked_aga
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     calls = [(r["name"], r["outcome"]) for r in records if r["method"] == "tools/call"]
     assert calls == [("geo__locate", "ok"), ("geo__survey", "refused"), ("geo__locate", "refused")]
+
+
+async def test_each_forwarded_request_of_a_modern_client_is_one_downstream_session() -> None:
+    # A modern-era request is its own session, opened once by the pipeline. A completion
+    # used to be opened twice: once by FastMCP's middleware, once by the pipeline.
+    docs = FastMCP("docs")
+
+    @docs.prompt
+    def brief(topic: str) -> str:
+        return f"brief on {topic}"
+
+    @docs.completion()
+    async def complete(ref: Any, argument: Any, context: Any) -> list[str]:
+        return ["alpha"]
+
+    @docs.tool
+    def echo(text: str) -> str:
+        return text
+
+    prompt = types.PromptReference(type="ref/prompt", name="docs__brief")
+    async with (
+        serving_upstream(docs) as url,
+        running_gateway({"upstreams": {"docs": {"url": url}}}) as gw,
+        Client(gw.url, mode="auto") as client,
+    ):
+        sessions = gw.gateway.sessions
+        before = sessions.opened
+        completed = await client.complete(prompt, {"name": "topic", "value": "a"})
+        await client.get_prompt("docs__brief", {"topic": "x"})
+        await client.call_tool("docs__echo", {"text": "x"})
+        opened, live = sessions.opened - before, len(sessions.live)
+    assert completed.completion.values == ["alpha"]
+    assert opened == 3
+    assert live == 0  # each ended with its request

@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from fastmcp.server.auth import AccessToken
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
@@ -307,37 +307,35 @@ class AccessControl:
         return "default"
 
 
-class AccessMiddleware:
-    """Low-level middleware: find the request's client, bind it, refuse names no catalog
-    could hold; on stdio apply the rate limit too (over HTTP, admission took it before the
-    body was read: ``limits.Admission``)."""
+def admit(ctx: ServerRequestContext[Any, Any], principal: Principal | None) -> None:
+    """Refuse a request whose name no catalog could hold; on stdio, apply ``principal``'s
+    rate limit too (over HTTP, admission took the token before the body was read:
+    ``limits.Admission``). Raises ``MCPError``."""
+    _check_name(ctx.method, ctx.params)
+    stdio = ctx.request is None
+    if stdio and principal is not None and ctx.method not in _UNMETERED:
+        _meter(principal, ctx.method)
 
-    def __init__(self, access: AccessControl) -> None:
-        self._access = access
 
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        # The same identification as the pipeline's: with none, listings show nothing.
-        principal = self._access.identify(ctx.request)
-        if ctx.request_id is not None:
-            _check_name(ctx.method, ctx.params)
-            stdio = ctx.request is None  # over HTTP, admission took the token
-            if stdio and principal is not None and ctx.method not in _UNMETERED:
-                self._meter(principal, ctx.method)
-        token = _CURRENT.set(principal)
-        try:
-            return await call_next(ctx)
-        finally:
-            _CURRENT.reset(token)
+@contextmanager
+def bound(principal: Principal | None) -> Iterator[None]:
+    """``principal`` is the client of the request handled inside (``current()``): what a
+    listing, which has no identity of its own to read, is filtered by."""
+    token = _CURRENT.set(principal)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
 
-    @staticmethod
-    def _meter(principal: Principal, method: str) -> None:
-        if principal.bucket is not None and (wait := principal.bucket.take()) is not None:
-            logger.warning("client %s over its rate limit (%s)", principal.subject, clipped(method))
-            raise MCPError(
-                code=RATE_LIMITED,
-                message=f"rate limit exceeded for client {principal.subject!r}: retry in {wait:.1f}s",
-                data={"retryAfterSeconds": round(wait, 1)},
-            )
+
+def _meter(principal: Principal, method: str) -> None:
+    if principal.bucket is not None and (wait := principal.bucket.take()) is not None:
+        logger.warning("client %s over its rate limit (%s)", principal.subject, clipped(method))
+        raise MCPError(
+            code=RATE_LIMITED,
+            message=f"rate limit exceeded for client {principal.subject!r}: retry in {wait:.1f}s",
+            data={"retryAfterSeconds": round(wait, 1)},
+        )
 
 
 MAX_URI_LENGTH = 8192

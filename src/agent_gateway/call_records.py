@@ -1,8 +1,5 @@
-"""Each client call, once it has finished, as a ``Call`` for ``Activity``.
-
-A low-level middleware, inside the request's SERVER span (so the call carries its trace id)
-and outside the access check (so a call refused by the client's rate limit is recorded too).
-"""
+"""Each client call, once it has finished, as a ``Call`` for ``Activity``; and what HTTP
+admission tells of the calls it refused before they were parsed."""
 
 from __future__ import annotations
 
@@ -10,83 +7,106 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import anyio
 import mcp_types as types
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 
-from agent_gateway.access import RATE_LIMITED, AccessControl, token_of
+from agent_gateway.access import RATE_LIMITED
 from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_refusals
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
 
 
+class CallRecord:
+    """One call being served, and how it ended so far (a result arrived: ``answered``)."""
+
+    def __init__(self) -> None:
+        self.outcome: Outcome = "error"
+        self.detail: str | None = None
+
+    def answered(self, result: HandlerResult) -> None:
+        self.outcome, self.detail = _outcome_of(result)
+
+
 class CallRecorder:
-    """Low-level middleware: hands every finished call to ``activity``."""
+    """Hands every finished call to ``activity`` (entered by ``request_wrapper.RequestWrapper``,
+    inside the request's SERVER span so the record carries its trace id, and around the
+    access checks so a call they refuse is recorded too)."""
 
     def __init__(
         self,
         activity: Activity,
-        access: AccessControl,
         upstream_of: Callable[[str, str], str | None],
         arguments: Literal["none", "digest", "full"] = "digest",
     ) -> None:
         """``upstream_of(method, name)``: the upstream a call of ``name`` goes to, or None;
         ``arguments``: what a record keeps of the call's arguments."""
         self._activity = activity
-        self._access = access
         self._upstream_of = upstream_of
         self._arguments = arguments
 
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        if ctx.method not in CALLED or ctx.request_id is None:
-            return await call_next(ctx)
-        params = ctx.params or {}
+    @contextmanager
+    def recording(
+        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any], client: str
+    ) -> Iterator[CallRecord]:
+        """Around one request from ``client`` (its subject): a call is recorded when it ends,
+        however it ends; any other request is not."""
+        record = CallRecord()
+        if ctx.method not in CALLED:
+            yield record
+            return
+        at, started = time.time(), time.perf_counter()
+        try:
+            with noting_refusals() as refusals:
+                yield record
+            if refusals and record.outcome == "tool_error":
+                record.outcome = "refused"
+        except MCPError as exc:
+            record.outcome = "refused" if exc.error.code == RATE_LIMITED else "error"
+            record.detail = exc.error.message
+            raise
+        except anyio.get_cancelled_exc_class():
+            record.outcome = "cancelled"
+            raise
+        except Exception as exc:
+            record.detail = type(exc).__name__
+            raise
+        finally:
+            self._activity.finished(self._call(ctx, params, client, record, at, started))
+
+    def _call(
+        self,
+        ctx: ServerRequestContext[Any, Any],
+        params: Mapping[str, Any],
+        client: str,
+        record: CallRecord,
+        at: float,
+        started: float,
+    ) -> Call:
         name = params.get("uri" if ctx.method == "resources/read" else "name")
         name = cut(name if isinstance(name, str) else "", 200) or ""
         arguments = params.get("arguments")
-        at, started = time.time(), time.perf_counter()
-        outcome: Outcome = "error"
-        detail: str | None = None
-        try:
-            with noting_refusals() as refusals:
-                result = await call_next(ctx)
-            outcome, detail = _outcome_of(result)
-            if refusals and outcome == "tool_error":
-                outcome = "refused"
-            return result
-        except MCPError as exc:
-            outcome = "refused" if exc.error.code == RATE_LIMITED else "error"
-            detail = exc.error.message
-            raise
-        except anyio.get_cancelled_exc_class():
-            outcome = "cancelled"
-            raise
-        except Exception as exc:
-            detail = type(exc).__name__
-            raise
-        finally:
-            self._activity.finished(
-                Call(
-                    at=at,
-                    client=self._access.principal(token_of(ctx.request)).subject,
-                    software=_software(ctx),
-                    session=_session_id(ctx),
-                    method=ctx.method,
-                    name=name,
-                    upstream=self._upstream_of(ctx.method, name),
-                    outcome=outcome,
-                    detail=cut(detail),
-                    duration_ms=round((time.perf_counter() - started) * 1e3, 1),
-                    trace_id=_trace_id(),
-                    arguments_digest=_digest(arguments) if self._arguments != "none" else None,
-                    arguments=arguments if self._arguments == "full" else None,
-                )
-            )
+        return Call(
+            at=at,
+            client=client,
+            software=_software(ctx),
+            session=_session_id(ctx),
+            method=ctx.method,
+            name=name,
+            upstream=self._upstream_of(ctx.method, name),
+            outcome=record.outcome,
+            detail=cut(record.detail),
+            duration_ms=round((time.perf_counter() - started) * 1e3, 1),
+            trace_id=_trace_id(),
+            arguments_digest=_digest(arguments) if self._arguments != "none" else None,
+            arguments=arguments if self._arguments == "full" else None,
+        )
 
 
 def _outcome_of(result: HandlerResult) -> tuple[Outcome, str | None]:

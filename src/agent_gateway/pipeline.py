@@ -12,11 +12,10 @@ Each is served here, on the low-level server, in four steps:
    (``Proxy`` → ``upstreams.session``).
 
 Telemetry, the access log, the audit trail and admission wrap the handler as low-level
-middleware (``server.Gateway``), once per client request. FastMCP's own ``tools/call`` path
-(a Context, its middleware, a lookup through every provider, ``Tool.run``, two result
-conversions) buys nothing for a tool that only forwards, so it serves only the tools the
-gateway registers itself (``ask_agent``); ``call_tool`` is unwrapped onto this same path,
-``search_tools`` answered from the tool index.
+middleware (``server.Gateway``), once per client request. The gateway's own tools are served
+here too, with the same identity: ``ask_agent`` runs the agent for the request's client and
+caller (``agent.tool``), ``call_tool`` is unwrapped onto the catalog's path, ``search_tools``
+answered from the tool index. FastMCP's own ``tools/call`` path serves nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from mcp.server.context import ServerRequestContext
 
 from agent_gateway.access import AccessControl, Principal
 from agent_gateway.activity import refused
+from agent_gateway.agent.tool import AgentTool
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import SearchConfig
 from agent_gateway.downstream.caller import Caller
@@ -53,7 +53,6 @@ from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_request, se
 logger = logging.getLogger(__name__)
 
 ToolResult = types.CallToolResult | types.InputRequiredResult
-Handler = Callable[[ServerRequestContext[Any, Any], types.CallToolRequestParams], Awaitable[Any]]
 Context = ServerRequestContext[Any, Any]
 R = TypeVar("R")
 
@@ -67,13 +66,13 @@ class Pipeline:
         catalog: Catalog,
         proxy: Proxy,
         sessions: SessionRegistry,
-        fallback: Handler,
+        agent: AgentTool | None = None,
         search: ToolSearch | None = None,
         search_config: SearchConfig | None = None,
         own: frozenset[str] = frozenset(),
         public_uri: Callable[[str], str] = str,
     ) -> None:
-        """``fallback``: FastMCP's ``tools/call``, for the gateway's own tools; ``search``:
+        """``agent``: serve ``ask_agent`` (None: the agent is off); ``search``:
         serve ``search_tools`` and ``call_tool`` (None: search mode is off); ``own``: the
         names of the gateway's own tools, which ``call_tool`` does not call; ``public_uri``:
         a URI as the catalog knows it, from the spelling a client was listed."""
@@ -82,7 +81,7 @@ class Pipeline:
         self._catalog = catalog
         self._proxy = proxy
         self._sessions = sessions
-        self._fallback = fallback
+        self._agent = agent
         self._search = search
         self._search_config = search_config or SearchConfig()
         self._public_uri = public_uri
@@ -103,14 +102,8 @@ class Pipeline:
                         CALL_TOOL, f"it calls the catalog's tools; call {params.name!r} directly"
                     )
                 )
-        elif (
-            params.name not in self._catalog.snapshot.tools and params.name not in self._catalog.snapshot.held
-        ):
-            try:  # the gateway's own tools (ask_agent) are under the client's policy too
-                _authorized(client, params.name)
-            except NotAllowed as exc:
-                return _error_result(exc)
-            return await self._fallback(ctx, params)
+        elif self._agent is not None and name == self._agent.name:
+            return await self._ask_agent(ctx, client, params)
         try:
             async with self._caller(ctx, client, params) as caller:
                 result = await self._proxy.call_tool(params.name, params.arguments or {}, caller)
@@ -118,6 +111,17 @@ class Pipeline:
         except GatewayError as exc:
             return _error_result(exc)
         return result
+
+    async def _ask_agent(
+        self, ctx: Context, client: Principal | None, params: types.CallToolRequestParams
+    ) -> ToolResult:
+        assert self._agent is not None  # only called when the agent is on
+        try:  # the gateway's own tool is under the client's policy too
+            who = _authorized(client, params.name)
+        except NotAllowed as exc:
+            return _error_result(exc)
+        async with self._caller(ctx, who, params) as caller:
+            return await self._agent.call(params.arguments or {}, who, caller)
 
     async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         return await self._answered(
@@ -183,10 +187,12 @@ def _scope(ctx: Context) -> Any:
     return getattr(ctx.request, "scope", None)
 
 
-def _authorized(client: Principal | None, name: str) -> None:
+def _authorized(client: Principal | None, name: str) -> Principal:
+    """``client``, allowed to call tool ``name`` (raises ``NotAllowed``; fail closed)."""
     if client is None:
         raise NotAllowed("tool", name, "(no identity)")
     client.check("tool", name)
+    return client
 
 
 def _unwrapped(params: types.CallToolRequestParams) -> types.CallToolRequestParams:

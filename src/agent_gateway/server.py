@@ -13,20 +13,19 @@ from typing import Any
 import anyio
 import mcp_types as types
 from fastmcp import FastMCP
-from fastmcp.server.providers import Provider
 from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
 
 from agent_gateway import __version__, access, runtime
-from agent_gateway.access import AccessControl, AccessMiddleware, Principal
+from agent_gateway.access import AccessControl, Principal
 from agent_gateway.activity import Activity
 from agent_gateway.agent.runner import AgentRunner
-from agent_gateway.agent.tool import INPUT_SCHEMA, AgentProvider
+from agent_gateway.agent.tool import INPUT_SCHEMA, AgentTool
 from agent_gateway.audit import AuditLog
 from agent_gateway.authentication import build_auth
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
-from agent_gateway.compat.fastmcp import lowlevel_server
+from agent_gateway.compat.fastmcp import lowlevel_server, past_fastmcp
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
@@ -39,14 +38,15 @@ from agent_gateway.listing import ToolListing
 from agent_gateway.pins import Pins, pins_path
 from agent_gateway.pipeline import Pipeline
 from agent_gateway.proxy import Proxy
+from agent_gateway.request_wrapper import RequestWrapper
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
 from agent_gateway.store import SharedState
-from agent_gateway.telemetry import TelemetryMiddleware, watch_upstreams
+from agent_gateway.telemetry import RequestTelemetry, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
-from agent_gateway.visibility import InstructionsMiddleware, Visibility
+from agent_gateway.visibility import Visibility
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +102,8 @@ class Gateway:
         self.catalog.subscribe(self.notifier.notify)
         self.catalog.subscribe(self.listing.changed)
         catalog_listing = CatalogProvider(self.catalog)
-        providers: list[Provider] = [catalog_listing]
         self.agent: AgentRunner | None = None
-        self._agent_tool: AgentProvider | None = None
+        self._agent_tool: AgentTool | None = None
         if config.agent.enabled:
             # With the memory shared, a conversation's runs take turns across replicas too.
             sharing = self.shared if config.agent.memory.store == "postgres" else None
@@ -117,13 +116,12 @@ class Gateway:
                 self.activity,
                 exclusive=sharing.leases.held if sharing is not None else None,
             )
-            self._agent_tool = AgentProvider(self.agent, self.catalog)
-            providers.append(self._agent_tool)
+            self._agent_tool = AgentTool(self.agent)
         self.server = FastMCP(
             config.server.name,
             version=__version__,  # serverInfo names the gateway, not the FastMCP it is built on
             instructions=config.server.instructions,
-            providers=providers,
+            providers=[catalog_listing],
             middleware=[self.sessions],
             request_state_security=_state_security(config.server),
             auth=build_auth(config.auth),  # HTTP only: stdio clients are local processes
@@ -134,26 +132,26 @@ class Gateway:
         self.access = AccessControl(config.auth)
         watch_upstreams(self.pool)
         lowlevel = lowlevel_server(self.server)
-        # First in the chain: the request's span covers everything the gateway does for it.
+        # First in the chain, and the gateway's only middleware: the request's client, span
+        # and record, once per request, around everything the gateway does for it.
         own = set(own_tool_names(config))
-        lowlevel.middleware.insert(0, TelemetryMiddleware(self._upstream_of, lambda: own, via=CALL_TOOL))
-        # Next: each call is recorded once it finished, however it ended (refusals included).
         audit = config.audit
-        kept = audit.arguments if audit.enabled else "none"
-        lowlevel.middleware.insert(1, CallRecorder(self.activity, self.access, self._upstream_of, kept))
-        # Next: the client is known, and over its rate limit refused, before any handler runs.
-        lowlevel.middleware.insert(2, AccessMiddleware(self.access))
-        # Next: initialize answers with the instructions of the upstreams the client reaches.
-        lowlevel.middleware.insert(3, InstructionsMiddleware(self.visibility))
-        fastmcp_call = lowlevel.get_request_handler("tools/call")
-        assert fastmcp_call is not None, "FastMCP registers tools/call"
+        lowlevel.middleware.insert(
+            0,
+            RequestWrapper(
+                self.access,
+                RequestTelemetry(self._upstream_of, lambda: own, via=CALL_TOOL),
+                CallRecorder(self.activity, self._upstream_of, audit.arguments if audit.enabled else "none"),
+                self.visibility,
+            ),
+        )
         searching = config.search.mode != "off"
         self.pipeline = Pipeline(
             self.access,
             self.catalog,
             self.proxy,
             self.sessions,
-            fastmcp_call.handler,
+            self._agent_tool,
             self.search if searching else None,
             config.search,
             own_tool_names(config),
@@ -169,6 +167,7 @@ class Gateway:
             "completion/complete", types.CompleteRequestParams, self.pipeline.complete
         )
         lowlevel.add_request_handler("tools/list", types.PaginatedRequestParams, self.listing)
+        past_fastmcp(lowlevel, SERVED_HERE)
         # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
         lowlevel.add_request_handler(
             "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
@@ -334,6 +333,12 @@ class Gateway:
             "runtime": runtime.describe(),
             "upstreams": [s.as_dict() for s in self.pool.statuses()],
         }
+
+
+SERVED_HERE = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete", "tools/list"})
+"""The methods whose handlers are the gateway's own (the pipeline's and the listing's):
+FastMCP's root middleware, which binds its own request context for its handlers, is skipped
+for them."""
 
 
 def own_tool_names(config: GatewayConfig) -> frozenset[str]:

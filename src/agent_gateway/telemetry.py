@@ -5,8 +5,8 @@ providers every span is a no-op that still carries the caller's context, so a tr
 through an unconfigured gateway to the upstreams unbroken.
 
 Spans, by the OpenTelemetry MCP semantic conventions:
-- a SERVER span per request received (``TelemetryMiddleware``, first in the MCP server's
-  chain; FastMCP's own per-request span is suppressed so there is one);
+- a SERVER span per request received (``RequestTelemetry``, entered by the one request
+  wrapper, ``request_wrapper.py``; FastMCP's own per-request span is suppressed so there is one);
 - a CLIENT span per request sent upstream: the ``mcp`` client's own span, which is the one
   whose context reaches the upstream in ``_meta``, renamed and given the upstream's name and
   address by ``UpstreamSpans`` from what ``upstream_call`` put in the context;
@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import anyio
 import mcp_types as types
 from fastmcp.telemetry import suppress_fastmcp_telemetry
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from mcp_types.methods import SPEC_CLIENT_METHODS
 from opentelemetry import context as otel_context
@@ -132,8 +132,22 @@ meter.create_observable_gauge(
 # -- server spans ----------------------------------------------------------------------------
 
 
-class TelemetryMiddleware:
-    """The SERVER span and duration metric of every request the gateway serves."""
+@dataclass(frozen=True)
+class ServerSpan:
+    """The SERVER span of one request being served, and how it ended."""
+
+    span: Span
+    outcome: Outcome
+
+    def answered(self, result: object) -> None:
+        """The request was answered with ``result``: a tool's ``isError`` marks the span."""
+        if _is_tool_error(result):
+            self.outcome.fail(self.span, "tool_error", None)
+
+
+class RequestTelemetry:
+    """The SERVER span and duration metric of every request the gateway serves (entered by
+    ``request_wrapper.RequestWrapper``, once per request)."""
 
     def __init__(
         self,
@@ -148,10 +162,10 @@ class TelemetryMiddleware:
         self._own_tools = own_tools
         self._via = via
 
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        if ctx.request_id is None:  # a notification: no request/response to span
-            return await call_next(ctx)
-        params = ctx.params or {}
+    @contextmanager
+    def spanned(self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]) -> Iterator[ServerSpan]:
+        """Around one request (not a notification): its span, current inside, and its
+        duration recorded when it ends, however it ends."""
         target = _target(ctx.method, params, self._via)
         upstream = self._upstream_of(ctx.method, target) if target is not None else None
         # Labels only from what the gateway knows: a client's made-up names must not each
@@ -175,10 +189,7 @@ class TelemetryMiddleware:
                 ) as span,
                 outcome.recorded(span),
             ):
-                result = await call_next(ctx)
-                if _is_tool_error(result):
-                    outcome.fail(span, "tool_error", None)
-                return result
+                yield ServerSpan(span, outcome)
         finally:
             if token is not None:
                 otel_context.detach(token)

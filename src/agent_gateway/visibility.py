@@ -11,10 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import BaseModel
 
-from agent_gateway import access
 from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 
@@ -47,6 +45,21 @@ class Visibility:
         reached = self.upstreams(client)
         return reached is None or upstream in reached
 
+    def introduced(self, result: Any, client: Principal | None) -> Any:
+        """``initialize``'s ``result`` with the instructions of the upstreams ``client``
+        reaches (FastMCP's are the whole catalog's)."""
+        if self.upstreams(client) is None:
+            return result
+        text = self.instructions(client)
+        if isinstance(result, dict):
+            updated: dict[str, Any] = {k: v for k, v in result.items() if k != "instructions"}  # pyright: ignore[reportUnknownVariableType]
+            if text is not None:
+                updated["instructions"] = text
+            return updated
+        if isinstance(result, BaseModel):
+            return result.model_copy(update={"instructions": text})
+        return result
+
     def instructions(self, client: Principal | None) -> str | None:
         """The gateway's instructions followed by those of the upstreams ``client`` reaches."""
         snapshot = self._catalog.snapshot
@@ -71,28 +84,3 @@ def _reached(snapshot: CatalogSnapshot, client: Principal) -> frozenset[str]:
     reached |= {o.upstream for n, o in snapshot.resources.items() if client.allows("resource", n)}
     reached |= {e.origin.upstream for e in snapshot.templates if client.allows("resource", e.prefix + "*")}
     return frozenset(reached)
-
-
-class InstructionsMiddleware:
-    """Low-level middleware: ``initialize`` answers with the instructions of the upstreams the
-    client reaches (FastMCP's are the whole catalog's)."""
-
-    def __init__(self, visibility: Visibility) -> None:
-        self._visibility = visibility
-
-    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
-        result = await call_next(ctx)
-        if ctx.method != "initialize":
-            return result
-        client = access.current()
-        if self._visibility.upstreams(client) is None:
-            return result
-        text = self._visibility.instructions(client)
-        if isinstance(result, dict):
-            updated: dict[str, Any] = {k: v for k, v in result.items() if k != "instructions"}  # pyright: ignore[reportUnknownVariableType]
-            if text is not None:
-                updated["instructions"] = text
-            return updated
-        if isinstance(result, BaseModel):
-            return result.model_copy(update={"instructions": text})
-        return result

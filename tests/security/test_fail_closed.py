@@ -6,14 +6,17 @@ nothing went through.
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 
 import httpx
+import mcp_types as types
 import pytest
 from starlette.requests import Request
 
 from agent_gateway.access import AccessControl
 from agent_gateway.errors import NotAllowed
 from agent_gateway.server import Gateway
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import config_of, python_upstream, running_gateway
 
 TOKEN = "fail-closed-token-0123456789ab"
@@ -60,4 +63,23 @@ async def test_an_unauthenticated_http_request_is_refused_before_the_pipeline() 
             "counter__increment", {"by": 1}, None, gw.gateway.access.principal(None)
         )
     assert refused.status_code == 401
+    assert counted.structured_content == {"result": 1}  # type: ignore[union-attr]  # nothing got through
+
+
+async def test_ask_agent_on_the_pipeline_refuses_a_request_with_no_identity_and_runs_nothing() -> None:
+    # A request whose token was never verified, as the pipeline gets it: the agent must not
+    # run for nobody in particular (the model would be asked, the counter increased).
+    model = ScriptedChatModel(script=[calls(call("counter__increment", by=5)), answer("done")])
+    config = {**bearer(), "agent": {"memory": {"store": "memory"}}}
+    unverified = Request({"type": "http", "headers": [], "client": ("127.0.0.1", 5000)})
+    params = types.CallToolRequestParams(name="ask_agent", arguments={"query": "count"})
+    async with running_gateway(config, settle_timeout=20, chat_model=model) as gw:
+        gateway: Gateway = gw.gateway
+        refused = await gateway.pipeline.call_tool(SimpleNamespace(request=unverified), params)  # type: ignore[arg-type]
+        counted = await gateway.proxy.call_tool(
+            "counter__increment", {"by": 1}, None, gateway.access.principal(None)
+        )
+    assert refused.is_error
+    assert "no identity" in refused.content[0].text
+    assert model.seen == []  # the model was never asked
     assert counted.structured_content == {"result": 1}  # type: ignore[union-attr]  # nothing got through

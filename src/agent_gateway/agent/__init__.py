@@ -1,6 +1,6 @@
 """``ask_agent``: the gateway's own LangGraph agent over the federated catalog."""
 
 from agent_gateway.agent.runner import AgentRequest, AgentRunner, RunOutcome
-from agent_gateway.agent.tool import AgentProvider, AskAgentTool
+from agent_gateway.agent.tool import AgentTool
 
-__all__ = ["AgentProvider", "AgentRequest", "AgentRunner", "AskAgentTool", "RunOutcome"]
+__all__ = ["AgentRequest", "AgentRunner", "AgentTool", "RunOutcome"]

@@ -12,14 +12,12 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from fastmcp.server.dependencies import get_context
 from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
 from agent_gateway.access import Principal
-from agent_gateway.downstream import sessions
 from agent_gateway.downstream.input_requests import result_type
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, refusal, relabelled, wanted
 from agent_gateway.runtime import SEND_TIMEOUT
@@ -135,17 +133,3 @@ class Caller:
             )
         except MCPError as exc:
             return exc.error
-
-
-def current_caller(client: Principal | None) -> Caller | None:
-    """The request being served through FastMCP's own ``tools/call`` (``ask_agent``),
-    captured in its own task (None outside a request)."""
-    session = sessions.CURRENT.get()
-    context = get_context()
-    request = context.request_context
-    if session is None or request is None:
-        return None
-    rounds = types.InputResponseRequestParams(
-        input_responses=context.input_responses, request_state=context.request_state
-    )
-    return Caller.of_request(session, context.session, request.request_id, request.meta, rounds, client)

@@ -1,0 +1,57 @@
+"""The one wrapper around every client request the gateway serves, entered once, first in
+the low-level server's chain: the request's client identified (from its own token) and
+bound, a name no catalog could hold refused (and, on stdio, the rate limit taken), its
+SERVER span and duration metric, and, for a call, its record for the activity log and the
+audit trail. What each of those means lives in its own module (``access``, ``telemetry``,
+``call_records``, ``visibility``); this is where they meet the request, in one order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+
+from agent_gateway import access
+from agent_gateway.access import ANONYMOUS, AccessControl
+from agent_gateway.call_records import CallRecorder
+from agent_gateway.telemetry import RequestTelemetry
+from agent_gateway.visibility import Visibility
+
+
+class RequestWrapper:
+    """Low-level middleware: everything the gateway does once per client request."""
+
+    def __init__(
+        self,
+        access_control: AccessControl,
+        telemetry: RequestTelemetry,
+        recorder: CallRecorder,
+        visibility: Visibility,
+    ) -> None:
+        self._access = access_control
+        self._telemetry = telemetry
+        self._recorder = recorder
+        self._visibility = visibility
+
+    async def __call__(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:
+        # The same identification as the pipeline's: with none, listings show nothing.
+        client = self._access.identify(ctx.request)
+        if ctx.request_id is None:  # a notification: no request/response to span or record
+            with access.bound(client):
+                return await call_next(ctx)
+        params = ctx.params or {}
+        subject = client.subject if client is not None else ANONYMOUS
+        # In this order: the record carries the span's trace id; a refusal below is recorded.
+        with (
+            self._telemetry.spanned(ctx, params) as span,
+            self._recorder.recording(ctx, params, subject) as record,
+        ):
+            access.admit(ctx, client)
+            with access.bound(client):
+                result = await call_next(ctx)
+            if ctx.method == "initialize":
+                result = self._visibility.introduced(result, client)
+            span.answered(result)
+            record.answered(result)
+            return result
