@@ -1,6 +1,6 @@
 """``agent-gateway pins list | accept`` and ``agent-gateway audit verify``: the operator's
-commands over what the gateway records (they work on the files, with the gateway stopped or
-running). ``audit verify`` reads no configuration: it checks the files it is given."""
+commands over what the gateway records (they work on the files, or the shared database, with
+the gateway stopped or running). ``audit verify`` reads no configuration: it checks the files it is given."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent_gateway import pins_postgres
 from agent_gateway.audit import verify
 from agent_gateway.config import GatewayConfig
-from agent_gateway.pins import Pins, pins_path
+from agent_gateway.pins import Pin, Pins, pins_path
+from agent_gateway.store.client import redacted
 
 
 def add_commands(commands: Any, config_arg: Any) -> None:
@@ -43,17 +45,36 @@ def _audit_verify(args: argparse.Namespace, config: GatewayConfig | None) -> int
     return 0
 
 
-def _open_pins(config: GatewayConfig) -> Pins:
-    return Pins(pins_path(config), config.pinning)
+def _shared_url(config: GatewayConfig) -> str | None:
+    """The shared database the pins are in (``agent.memory.store: postgres``), else None."""
+    memory = config.agent.memory
+    return memory.url if memory.store == "postgres" else None
+
+
+def _listed(config: GatewayConfig) -> list[Pin]:
+    if (url := _shared_url(config)) is not None:
+        return [Pin(*row) for row in pins_postgres.listed(url)]
+    pins = Pins(pins_path(config), config.pinning)
+    try:
+        return pins.pins()
+    finally:
+        pins.close()
+
+
+def _accepted(config: GatewayConfig, names: list[str] | None) -> list[str]:
+    if (url := _shared_url(config)) is not None:
+        return pins_postgres.accepted(url, names)
+    pins = Pins(pins_path(config), config.pinning)
+    try:
+        return pins.accept(names)
+    finally:
+        pins.close()
 
 
 def _pins_list(args: argparse.Namespace, config: GatewayConfig) -> int:
-    pins = _open_pins(config)
-    try:
-        rows = pins.pins()
-    finally:
-        pins.close()
-    print(f"{len(rows)} pinned tools in {pins_path(config)}")
+    rows = _listed(config)
+    where = redacted(url) if (url := _shared_url(config)) is not None else pins_path(config)
+    print(f"{len(rows)} pinned tools in {where}")
     for pin in rows:
         seen = time.strftime("%Y-%m-%d %H:%M", time.localtime(pin.first_seen))
         state = f"CHANGED ({pin.changed}): held" if pin.changed else "pinned"
@@ -65,11 +86,7 @@ def _pins_accept(args: argparse.Namespace, config: GatewayConfig) -> int:
     if not args.all and not args.names:
         print("error: name the tools to accept, or --all")
         return 2
-    pins = _open_pins(config)
-    try:
-        accepted = pins.accept(None if args.all else list(args.names))
-    finally:
-        pins.close()
+    accepted = _accepted(config, None if args.all else list(args.names))
     missing = sorted(set(args.names) - set(accepted))
     for name in accepted:
         print(f"accepted {name}")

@@ -3,7 +3,8 @@
 flagged, and by default withheld from clients and the agent until an operator accepts it.
 
 The record is a SQLite file next to the agent's memory (``pins.sqlite``, mode 0600, its
-directory 0700), so a restart keeps it. A pin belongs to the tool's public name *and* the
+directory 0700), so a restart keeps it; with the memory in Postgres (several replicas) it is
+a table there, which every replica loads and writes through (``pins_postgres.py``). A pin belongs to the tool's public name *and* the
 upstream as configured (command and arguments, or URL): pointing an upstream at another
 server starts its pins afresh, the same server changing its tools does not.
 
@@ -20,7 +21,8 @@ import logging
 import sqlite3
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +32,8 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.errors import StoreUnavailable
+from agent_gateway.pins_postgres import Change, SharedPins
 from agent_gateway.private_files import private
 
 logger = logging.getLogger(__name__)
@@ -101,13 +105,47 @@ def pins_path(config: GatewayConfig) -> Path:
 class Pins:
     """The pinned definitions, and what a new listing of an upstream holds back."""
 
-    def __init__(self, path: Path | None, mode: PinningMode = "hold") -> None:
-        """``path`` None: kept in this process only (the agent's memory is too)."""
+    def __init__(
+        self, path: Path | None, mode: PinningMode = "hold", shared: SharedPins | None = None
+    ) -> None:
+        """``path`` None: kept in this process only, unless ``shared`` (the database every
+        replica shares) holds them: this process then works on a copy in memory."""
         self.mode = mode
         self._path = path
+        self._shared = shared
         self._connection: sqlite3.Connection | None = None
         self._pending = 0
         _open_pins.add(self)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """With a shared database: connected and loaded before any listing is reviewed, its
+        writer running until the block ends (raises ``StoreUnavailable``)."""
+        if self._shared is None:
+            yield
+            return
+        async with self._shared.running() as shared:
+            self._load(await shared.rows())
+            yield
+
+    async def refresh(self) -> None:
+        """This process's copy as the shared database has it now (a reload: pins accepted
+        meanwhile are then served); kept as it is while the database does not answer."""
+        if self._shared is None:
+            return
+        try:
+            rows = await self._shared.rows()
+        except StoreUnavailable as exc:
+            logger.warning("%s: this replica's copy kept", exc)
+            return
+        self._load(rows)
+
+    def _load(self, rows: list[tuple[Any, ...]]) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM pins")
+            self._db.executemany(f"INSERT INTO pins VALUES ({', '.join('?' * 9)})", rows)
+        self._pending = self._count_pending()
+        logger.info("tool pins: %d loaded from the shared database", len(rows))
 
     @property
     def _db(self) -> sqlite3.Connection:
@@ -154,6 +192,7 @@ class Pins:
                 elif pinned[0] == digest:
                     if pinned[1] is not None:  # changed back to what was accepted
                         self._db.execute(_CLEAR, (source, name))
+                        self._written("clear", (source, name))
                 else:
                     what = _changed_fields(json.loads(pinned[2]), definition)
                     if pinned[1] != digest:
@@ -180,22 +219,30 @@ class Pins:
         return chosen
 
     def _pin(self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any]) -> None:
+        row = (source, name, upstream, digest, json.dumps(definition), time.time())
         self._db.execute(
             "INSERT INTO pins (source, name, upstream, digest, definition, first_seen) VALUES (?, ?, ?, ?, ?, ?)",
-            (source, name, upstream, digest, json.dumps(definition), time.time()),
+            row,
         )
+        self._written("pin", row)
 
     def _flag(
         self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any], what: str
     ) -> None:
+        change = (digest, json.dumps(definition), what, source, name)
         self._db.execute(
             "UPDATE pins SET pending_digest = ?, pending_definition = ?, changed = ? WHERE source = ? AND name = ?",
-            (digest, json.dumps(definition), what, source, name),
+            change,
         )
+        self._written("flag", change)
         action = "withheld until accepted (agent-gateway pins accept)" if self.mode == "hold" else "served"
         logger.warning(
             "upstream %s changed tool %s since it was pinned (%s): %s", upstream, name, what, action
         )
+
+    def _written(self, change: Change, params: tuple[Any, ...]) -> None:
+        if self._shared is not None:
+            self._shared.write(change, params)
 
 
 _CLEAR = "UPDATE pins SET pending_digest = NULL, pending_definition = NULL, changed = NULL WHERE source = ? AND name = ?"

@@ -96,6 +96,7 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
     )
     restarted = (*found.removed, *found.changed)
     # First the catalog (it may still refuse), so clients stop seeing what is about to go.
+    await gateway.pins.refresh()  # with a shared database: pins accepted meanwhile are served
     await gateway.catalog.reconfigure(applied, restarted)
     gateway.config = applied
     for name in restarted:

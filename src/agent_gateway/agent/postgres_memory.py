@@ -2,10 +2,8 @@
 psycopg connection pool, plus the gateway's table of when each thread was last used.
 
 Replicas start together against an empty database (a rollout, ``compose up``): LangGraph's
-``setup()`` and the gateway's table are created under a Postgres advisory lock, taken with
-``pg_try_advisory_lock`` in a loop rather than a blocking ``pg_advisory_lock``, because a
-backend blocked on the lock holds a snapshot, and LangGraph's ``CREATE INDEX CONCURRENTLY``
-waits for every such snapshot: the two would wait on each other.
+``setup()`` and the gateway's table are created under the gateway's set-up lock
+(``postgres.set_up``).
 """
 
 from __future__ import annotations
@@ -22,12 +20,11 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent_gateway.compat.langgraph import keep_latest_postgres
 from agent_gateway.errors import StoreUnavailable
+from agent_gateway.postgres import set_up
 from agent_gateway.store.client import redacted
 
 logger = logging.getLogger(__name__)
 
-_SETUP_LOCK = 0x61677731  # "agw1": the key of the advisory lock schema changes are made under
-_SETUP_BOUND = 120.0
 _POOL_SIZE = 10
 _POOL_WAIT = 5.0
 _WATCH_EVERY = 2.0
@@ -92,22 +89,13 @@ async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
 
 
 async def _set_up(pool: Pool, saver: AsyncPostgresSaver) -> None:
+    async def make() -> None:
+        await saver.setup()
+        await conn.execute(_THREADS)
+        await conn.execute(_ADOPT, (time.time(),))
+
     async with pool.connection() as conn:
-        with anyio.fail_after(_SETUP_BOUND):
-            # Polled: another replica's set-up holds it (no event crosses processes).
-            while not await _try_lock(conn):  # noqa: ASYNC110
-                await anyio.sleep(0.05)
-        try:
-            await saver.setup()
-            await conn.execute(_THREADS)
-            await conn.execute(_ADOPT, (time.time(),))
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock(%s)", (_SETUP_LOCK,))
-
-
-async def _try_lock(conn: AsyncConnection[DictRow]) -> bool:
-    row = await (await conn.execute("SELECT pg_try_advisory_lock(%s) AS taken", (_SETUP_LOCK,))).fetchone()
-    return bool(row and row["taken"])
+        await set_up(conn, make)
 
 
 class PostgresThreads:

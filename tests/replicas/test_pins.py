@@ -1,0 +1,97 @@
+"""Tool pins in the shared Postgres (issue 19): a tool one replica pinned is held by another
+that only ever saw it changed, ``pins accept`` is said once for every replica, and replicas
+starting together against an empty database make the table once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, LiteralString
+
+import anyio
+import psycopg
+import pytest
+import yaml
+from mcp import Client
+
+from agent_gateway.cli import main
+from agent_gateway.pins_postgres import SharedPins
+from agent_gateway.reload import apply
+from tests.security.test_pinning import RUG, listed
+from tests.support import running_gateway, serving_upstream
+from tests.test_search_mode import tracker_server
+
+
+def shared_config(home: Path, url: str, database: str) -> dict[str, Any]:
+    config = {
+        "upstreams": {"tracker": {"url": url}},
+        "agent": {"memory": {"store": "postgres", "url": database}},
+        "search": {"mode": "off"},
+    }
+    (home / "gateway.yaml").write_text(yaml.safe_dump(config))
+    return config
+
+
+async def test_a_tool_another_replica_pinned_is_held_here_once_changed_and_accepted_once_for_all(
+    tmp_path: Path, database: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(tmp_path / "gateway.yaml")
+    async with serving_upstream(tracker_server([])) as url:
+        config = shared_config(tmp_path, url, database)
+        async with running_gateway(config) as first:  # replica A pins what it sees
+            assert "tracker__close_issue" in first.gateway.catalog.snapshot.tools
+        async with Client(url) as direct:  # then the upstream changes a tool's description
+            await direct.call_tool("describe_tool", RUG)
+        # Replica B never saw the original: it holds the change because A's pin is shared.
+        async with running_gateway(config) as second, Client(second.url) as client:
+            assert "tracker__close_issue" not in await listed(client)
+            assert "tracker__delete_project" in await listed(client)
+            await written_through(database, "pending_digest IS NOT NULL")  # B's flag, by its writer
+            capsys.readouterr()
+            assert main(["pins", "list", "-c", path]) == 0
+            shown = capsys.readouterr().out
+            assert "postgresql://" in shown
+            assert "tracker__close_issue" in shown
+            assert "CHANGED (description" in shown
+            assert main(["pins", "accept", "-c", path, "tracker__close_issue"]) == 0
+            await apply(second.gateway, second.gateway.config)  # what SIGHUP does
+            assert "tracker__close_issue" in await listed(client)
+    # The far end: the database holds the accepted definition, nothing pending.
+    async with await psycopg.AsyncConnection.connect(database) as conn:
+        rows = await (
+            await conn.execute(
+                "SELECT definition, pending_digest FROM agent_gateway_pins WHERE name = 'tracker__close_issue'"
+            )
+        ).fetchall()
+    [(definition, pending)] = rows
+    assert RUG["description"] in definition
+    assert pending is None
+
+
+async def written_through(database: str, condition: LiteralString) -> None:
+    """Until a row of the shared table meets ``condition`` (the writer works behind)."""
+    async with await psycopg.AsyncConnection.connect(database) as conn:
+        with anyio.fail_after(10):
+            while not await (
+                await conn.execute("SELECT 1 FROM agent_gateway_pins WHERE " + condition)
+            ).fetchone():
+                await anyio.sleep(0.02)
+
+
+async def test_replicas_starting_together_make_the_pins_table_once_and_write_through(database: str) -> None:
+    errors: list[BaseException] = []
+
+    async def replica(n: int) -> None:
+        try:
+            async with SharedPins(database).running() as shared:
+                shared.write("pin", ("source", f"tool_{n}", "up", "digest", "{}", float(n)))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            raise
+
+    async with anyio.create_task_group() as tg:
+        for n in range(4):
+            tg.start_soon(replica, n)
+    assert errors == []
+    async with await psycopg.AsyncConnection.connect(database) as conn:
+        names = await (await conn.execute("SELECT name FROM agent_gateway_pins ORDER BY name")).fetchall()
+    assert [n for (n,) in names] == ["tool_0", "tool_1", "tool_2", "tool_3"]
