@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2
+import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context
@@ -26,6 +27,7 @@ from langchain_anthropic import ChatAnthropic
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+from mcp import Client
 from mcp.client import streamable_http
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -41,6 +43,7 @@ from agent_gateway.compat import httpx2 as httpx2_compat
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
+from agent_gateway.compat.resumed import resumed_client
 
 SRC = Path(compat.__file__).resolve().parent.parent
 
@@ -168,6 +171,47 @@ def test_the_private_sdk_names_compat_imports_are_what_they_were() -> None:
     assert isinstance(mcp_compat.MCP_DEFAULT_SSE_READ_TIMEOUT, float)
     assert parameters(mcp_compat.create_mcp_http_client)[:3] == ["headers", "timeout", "auth"]
     assert getattr(mcp_compat.TransportStreams, "__origin__", None) is tuple
+
+
+def test_the_sdk_http_client_transport_is_built_as_http_session_builds_it() -> None:
+    # compat/resumed.http_session is the SDK's streamable_http_client with the session id set
+    # first: the same transport, the same two tasks, the same private stream helpers.
+    transport = streamable_http.StreamableHTTPTransport
+    assert parameters(transport.__init__)[:2] == ["url", "max_sse_event_size"]
+    assert assigned_in_init(transport, "session_id")
+    expected = [
+        "client",
+        "write_stream_reader",
+        "read_stream_writer",
+        "write_stream",
+        "start_get_stream",
+        "tg",
+    ]
+    assert parameters(transport.post_writer) == expected
+    assert parameters(transport.handle_get_stream) == ["client", "read_stream_writer"]
+    assert parameters(transport.terminate_session) == ["client"]
+    source = inspect.getsource(streamable_http.streamable_http_client)
+    assert "create_context_streams[SessionMessage | Exception](0)" in source
+    assert "await resync_tracer()" in source
+    assert "tg.start_soon(transport.handle_get_stream, client, read_stream_writer)" in source
+
+
+async def test_a_resumed_client_adopts_its_handshake_and_sends_nothing_to_enter() -> None:
+    # Client._build_session is the one place the recorded InitializeResult is installed.
+    assert parameters(Client._build_session) == ["exit_stack"]  # pyright: ignore[reportPrivateUsage]
+    installed: list[Any] = []
+    server = fastmcp_compat.lowlevel_server(FastMCP("x"))
+    result = types.InitializeResult(
+        protocol_version="2025-11-25",
+        capabilities=types.ServerCapabilities(),
+        server_info=types.Implementation(name="recorded", version="1"),
+    )
+    client = resumed_client(result, server=server, message_handler=None)
+    async with client:
+        installed.append(client.session.initialize_result)
+        assert client.server_info is not None
+        assert client.server_info.name == "recorded"  # the record's, not the server's ("x")
+    assert installed == [result]
 
 
 def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_replaces() -> None:

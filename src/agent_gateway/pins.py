@@ -102,6 +102,16 @@ def pins_path(config: GatewayConfig) -> Path:
     return Path(config.agent.memory.path).parent / "pins.sqlite"
 
 
+def pins_for(config: GatewayConfig) -> Pins:
+    """Tool pins where the agent's memory is: its SQLite directory, the shared Postgres of
+    several replicas, or (memory in memory) this process only."""
+    memory = config.agent.memory
+    if memory.store == "postgres":
+        assert memory.url is not None, "validated: store postgres has a url"
+        return Pins(None, config.pinning, SharedPins(memory.url))
+    return Pins(pins_path(config) if memory.store == "sqlite" else None, config.pinning)
+
+
 class Pins:
     """The pinned definitions, and what a new listing of an upstream holds back."""
 

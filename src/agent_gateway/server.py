@@ -35,8 +35,7 @@ from agent_gateway.downstream.subscriptions import ResourceSubscriptions
 from agent_gateway.errors import ConfigError, UnknownName
 from agent_gateway.in_flight import bounded
 from agent_gateway.listing import ToolListing
-from agent_gateway.pins import Pins, pins_path
-from agent_gateway.pins_postgres import SharedPins
+from agent_gateway.pins import pins_for
 from agent_gateway.pipeline import Pipeline
 from agent_gateway.proxy import Proxy
 from agent_gateway.request_wrapper import RequestWrapper
@@ -67,7 +66,7 @@ class Gateway:
         self.audit = AuditLog(config.audit) if config.audit.enabled else None
         if self.audit is not None:
             self.activity.subscribe(self.audit.record)
-        self.pins = _pins(config)
+        self.pins = pins_for(config)
         self.catalog = Catalog(config, reserved=own_tool_names(config), review=self.pins.review)
         self.visibility = Visibility(self.catalog, config.server.instructions)
         self.shared = SharedState(config, config.store) if config.store is not None else None
@@ -88,7 +87,12 @@ class Gateway:
         )
         if self.shared is not None:
             self.shared.on_catalog_changed(self._refresh_upstream)
-        self.dedicated = DedicatedSessions(config.active_upstreams, self._updates, self.pool.guards)
+        self.dedicated = DedicatedSessions(
+            config.active_upstreams,
+            self._updates,
+            self.pool.guards,
+            records=self.shared.sessions if self.shared is not None else None,
+        )
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.search = ToolSearch(config.search.embeddings)
         self.listing = ToolListing(self.catalog, config.search, config.server.page_size, self._own_tools)
@@ -380,16 +384,6 @@ def _log_start(gateway: Gateway, snapshot: CatalogSnapshot) -> None:
         len(snapshot.templates),
         len(gateway.pool.upstreams),
     )
-
-
-def _pins(config: GatewayConfig) -> Pins:
-    """Tool pins where the agent's memory is: its SQLite directory, the shared Postgres of
-    several replicas, or (memory in memory) this process only."""
-    memory = config.agent.memory
-    if memory.store == "postgres":
-        assert memory.url is not None, "validated: store postgres has a url"
-        return Pins(None, config.pinning, SharedPins(memory.url))
-    return Pins(pins_path(config) if memory.store == "sqlite" else None, config.pinning)
 
 
 def _state_security(config: ServerConfig) -> RequestStateSecurity | None:

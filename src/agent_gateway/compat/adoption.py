@@ -89,10 +89,13 @@ class AdoptingSessionManager(DeferredSessionManager):
             assert session_id is not None
             await self._listening(session_id, scope, receive, send)
             return
-        await super()._handle_stateful_request(scope, receive, send)
-        if held and scope["method"] == "DELETE" and session_id not in self._server_instances:
+        if held and scope["method"] == "DELETE":
             assert session_id is not None
-            await self.on_deleted(session_id)
+            if self._session_owners.get(session_id) == owner_of(scope):
+                # Ended in the store first: what closes with the session here (its dedicated
+                # upstream sessions) then finds it ended everywhere, not held by another replica.
+                await self.on_deleted(session_id)
+        await super()._handle_stateful_request(scope, receive, send)
 
     async def _listening(self, session_id: str, scope: Scope, receive: Receive, send: Send) -> None:
         """A session's notification stream, its record kept alive while the stream is open:

@@ -53,6 +53,42 @@ return 1
 """
 
 
+# KEYS: the record. ARGV: a field, its value. Only into a live record (it carries the expiry).
+_SET_IF_LIVE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+_UPSTREAM = "upstream:"
+"""Record fields naming a dedicated upstream session: ``upstream:<upstream name>``."""
+
+
+@dataclass(frozen=True)
+class UpstreamRecord:
+    """A dedicated (``per_client``) upstream session opened for a session: enough for
+    another replica to resume it (a Streamable HTTP upstream in the handshake era)."""
+
+    id: str
+    """The upstream's own session id."""
+    result: types.InitializeResult
+    """The upstream's answer to the handshake."""
+
+    def text(self) -> str:
+        result = self.result.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return json.dumps({"id": self.id, "result": result})
+
+    @classmethod
+    def parse(cls, text: str) -> UpstreamRecord | None:
+        try:
+            data = json.loads(text)
+            return cls(str(data["id"]), types.InitializeResult.model_validate(data["result"], by_name=False))
+        except (KeyError, TypeError, ValueError, ValidationError) as exc:
+            logger.warning("unreadable upstream session record in the shared store (%s)", exc)
+            return None
+
+
 @dataclass(frozen=True)
 class SessionRecord:
     """What a replica needs to adopt a handshake-era session."""
@@ -98,6 +134,7 @@ class SessionRecords:
         self._idle = int(max(1, idle_seconds))
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
+        self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
 
     @property
     def idle_seconds(self) -> int:
@@ -138,3 +175,31 @@ class SessionRecords:
         keys = [self.store.key("session", session_id)]
         args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED)]
         await self.store.call(self._end(keys=keys, args=args), "session_end")
+
+    async def live(self, session_id: str) -> bool | None:
+        """Whether ``session_id`` is still open on some replica (None: the store did not say)."""
+        found = await self.store.call(
+            self.store.redis.exists(self.store.key("session", session_id)), "session_live"
+        )
+        return None if found is None else bool(found)
+
+    async def upstream_opened(self, session_id: str, upstream: str, record: UpstreamRecord) -> None:
+        """Record the dedicated ``upstream`` session opened for ``session_id`` (with the
+        session's own record: it expires and ends with it)."""
+        keys = [self.store.key("session", session_id)]
+        args = [_UPSTREAM + upstream, record.text()]
+        await self.store.call(self._set_if_live(keys=keys, args=args), "upstream_session_open")
+
+    async def upstream_session(self, session_id: str, upstream: str) -> UpstreamRecord | None:
+        """The dedicated ``upstream`` session another replica opened for ``session_id``, if any."""
+        key = self.store.key("session", session_id)
+        text: bytes | None = await self.store.call(
+            self.store.redis.hget(key, _UPSTREAM + upstream),  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+            "upstream_session_find",
+        )
+        return UpstreamRecord.parse(text.decode()) if text else None
+
+    async def upstream_lost(self, session_id: str, upstream: str) -> None:
+        """Forget a recorded upstream session the upstream no longer knows."""
+        key = self.store.key("session", session_id)
+        await self.store.call(self.store.redis.hdel(key, _UPSTREAM + upstream), "upstream_session_lost")  # pyright: ignore[reportUnknownMemberType, reportArgumentType]

@@ -13,13 +13,17 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import anyio
+import mcp_types as types
 from anyio.abc import TaskGroup
+from mcp import Client
 from mcp.client.session import IncomingMessage
 from opentelemetry import context as otel_context
 from opentelemetry.context import Context
 
+from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamUnavailable
+from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import connected
 from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession, describe
@@ -46,10 +50,14 @@ class DedicatedSessions:
         configs: Mapping[str, UpstreamConfig],
         updates: UpdateSink | None = None,
         guards: Mapping[str, Guard] | None = None,
+        records: SessionRecords | None = None,
     ) -> None:
+        """``records``: with a shared store, where each client session's dedicated upstream
+        sessions are recorded, so that any replica serving the client resumes the same one."""
         self._configs = configs
         self._updates = updates
         self._guards = guards or {}
+        self._records = records
         self._sessions: dict[tuple[str, str], _Dedicated] = {}
         self._tg: TaskGroup | None = None
         self.opened = 0
@@ -80,8 +88,7 @@ class DedicatedSessions:
         if entry is None or entry.done.is_set():
             if self._tg is None:
                 raise UpstreamUnavailable(upstream, "the gateway is shutting down")
-            guard = self._guards.get(upstream)
-            entry = _Dedicated(UpstreamSession(upstream, config, owner=owner, guard=guard))
+            entry = _Dedicated(self._new_session(upstream, owner))
             self._sessions[key] = entry
             self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
         with anyio.move_on_after(config.connect_timeout + 1):
@@ -101,26 +108,75 @@ class DedicatedSessions:
             otel_context.detach(token)
 
     async def _serve(self, key: tuple[str, str], entry: _Dedicated) -> None:
-        session = entry.session
         try:
-            async with connected(session, _ignore, self._updates) as (_, tg, _):
-                self.opened += 1
-                entry.ready.set()
-                logger.info("dedicated upstream session %s opened for %s", session.id, key[0])
-                if session.owner is not None and session.owner.log_level is not None:
-                    with session.translated("logging/setLevel"):
-                        await session.set_logging_level(session.owner.log_level)
-                tg.start_soon(_set_on, session.lost, entry.close)
-                await entry.close.wait()
+            found = await self._recorded(key)
+            if found is not None:
+                try:
+                    await self._hold(key, entry, HttpSession(found.id, kept=True), found.result)
+                    return
+                except Exception as exc:
+                    if entry.ready.is_set():
+                        raise
+                    assert self._records is not None
+                    logger.info("upstream session of %s on %s not resumed (%s): opening another", *key, exc)
+                    await self._records.upstream_lost(*key)
+                    entry.session = self._new_session(key[1], entry.session.owner)
+            resumable = self._records is not None and entry.session.config.kind == "streamable-http"
+            await self._hold(key, entry, HttpSession(kept=True) if resumable else None, None)
         except Exception as exc:  # this session's life only: report to the waiting caller
             entry.error = exc.detail if isinstance(exc, UpstreamError) else describe(exc)
-            logger.warning("dedicated upstream session %s failed: %s", session.id, entry.error)
+            logger.warning("dedicated upstream session %s failed: %s", entry.session.id, entry.error)
         finally:
             if self._sessions.get(key) is entry:
                 del self._sessions[key]
             entry.ready.set()
             entry.done.set()
-            logger.info("dedicated upstream session %s closed", session.id)
+            logger.info("dedicated upstream session %s closed", entry.session.id)
+
+    async def _hold(
+        self,
+        key: tuple[str, str],
+        entry: _Dedicated,
+        link: HttpSession | None,
+        resumed: types.InitializeResult | None,
+    ) -> None:
+        """Connect ``entry``'s session (resuming ``link``'s upstream session when ``resumed``
+        is its handshake) and hold it until it is closed."""
+        session = entry.session
+        checked = _answers if resumed is not None else _nothing
+        async with connected(session, _ignore, self._updates, checked, link, resumed) as (client, tg, _):
+            self.opened += 1
+            if link is not None and resumed is None:
+                await self._record(key, client, link)
+            entry.ready.set()
+            how = "resumed" if resumed is not None else "opened"
+            logger.info("dedicated upstream session %s %s for %s", session.id, how, key[0])
+            if session.owner is not None and session.owner.log_level is not None:
+                with session.translated("logging/setLevel"):
+                    await session.set_logging_level(session.owner.log_level)
+            tg.start_soon(_set_on, session.lost, entry.close)
+            await entry.close.wait()
+            if link is not None and self._records is not None:
+                # Ended upstream only with the client's session everywhere (deleted, expired):
+                # while it lives, another replica may be serving it on the same upstream session.
+                link.kept = await self._records.live(key[0]) is not False
+
+    async def _recorded(self, key: tuple[str, str]) -> UpstreamRecord | None:
+        """The upstream session another replica opened for this client, to resume."""
+        if self._records is None or self._configs[key[1]].kind != "streamable-http":
+            return None
+        return await self._records.upstream_session(*key)
+
+    async def _record(self, key: tuple[str, str], client: Client, link: HttpSession) -> None:
+        """Share a handshake-era upstream session's id, so another replica can resume it."""
+        assert self._records is not None
+        result = client.session.initialize_result
+        if result is not None and link.session_id is not None:
+            await self._records.upstream_opened(*key, UpstreamRecord(link.session_id, result))
+
+    def _new_session(self, upstream: str, owner: ClientSide | None) -> UpstreamSession:
+        config = self._configs[upstream]
+        return UpstreamSession(upstream, config, owner=owner, guard=self._guards.get(upstream))
 
     async def reconfigure(
         self, configs: Mapping[str, UpstreamConfig], guards: Mapping[str, Guard], closing: Iterable[str]
@@ -146,6 +202,15 @@ class DedicatedSessions:
 async def _set_on(source: anyio.Event, target: anyio.Event) -> None:
     await source.wait()
     target.set()
+
+
+async def _nothing(client: Client) -> None:
+    return None
+
+
+async def _answers(client: Client) -> None:
+    """A resumed session is still known upstream (else the upstream refuses the ping)."""
+    await client.send_ping()
 
 
 async def _ignore(message: IncomingMessage) -> None:

@@ -9,10 +9,12 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import anyio
+import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import MessageHandlerFnT
 
+from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.errors import UpstreamUnavailable
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 from agent_gateway.upstreams.transports import open_transport, watched
@@ -30,9 +32,12 @@ async def connected(
     on_message: MessageHandlerFnT,
     updates: UpdateSink | None,
     prepare: Callable[[Client], Awaitable[T]] = _nothing,  # type: ignore[assignment]
+    link: HttpSession | None = None,
+    resumed: types.InitializeResult | None = None,
 ) -> AsyncIterator[tuple[Client, TaskGroup, T]]:
     """``session`` connected: its client (after ``prepare``, which runs within the connect
-    deadline too), a task group that ends with it, and what ``prepare`` returned.
+    deadline too), a task group that ends with it, and what ``prepare`` returned. ``link``
+    and ``resumed``: a Streamable HTTP session another replica opened, and its handshake.
 
     Raises:
         UpstreamUnavailable: the connection and ``prepare`` took longer than connect_timeout.
@@ -41,9 +46,9 @@ async def connected(
     # One scope around the whole connection: a deadline while connecting, none after.
     # (A timeout scope around only the entry would exit before the client's task group.)
     with anyio.CancelScope(deadline=anyio.current_time() + timeout) as connecting:
-        transport = watched(open_transport(session.config), session.lost, session.id)
+        transport = watched(open_transport(session.config, link), session.lost, session.id)
         try:
-            async with session.new_client(transport, on_message) as client:
+            async with session.new_client(transport, on_message, resumed) as client:
                 prepared = await prepare(client)
                 connecting.deadline = math.inf
                 session.attach(client)

@@ -27,6 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from agent_gateway import __version__
+from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import CommandNotFound, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, upstream_call
@@ -92,17 +93,22 @@ class UpstreamSession:
 
     # -- the client -----------------------------------------------------------------------
 
-    def new_client(self, transport: Any, message_handler: MessageHandlerFnT) -> Client:
-        """The ``mcp.Client`` for this session, declaring only what can be relayed.
+    def new_client(
+        self,
+        transport: Any,
+        message_handler: MessageHandlerFnT,
+        resumed: types.InitializeResult | None = None,
+    ) -> Client:
+        """The ``mcp.Client`` for this session, declaring only what can be relayed; with
+        ``resumed``, the handshake of a session another replica opened (nothing is sent).
 
         A dedicated session declares exactly its owner's capabilities. A shared one declares
         them all: a call from a client without the capability gets a clear error upstream.
         """
         caps = self.owner.capabilities if self.owner is not None else EVERYTHING
         caps = caps or types.ClientCapabilities()
-        return Client(
-            transport,
-            mode=self.config.protocol,
+        options: dict[str, Any] = dict(
+            server=transport,
             # No session-wide read timeout: it would bound the handshake too (connect_timeout
             # does); each call gets `timeout` in _calling, and its cancel reaches the upstream.
             message_handler=self._watching(message_handler),
@@ -114,6 +120,9 @@ class UpstreamSession:
             client_info=CLIENT_INFO,
             cache=None,  # the catalog is our cache; a second one would serve stale listings
         )
+        if resumed is not None:
+            return resumed_client(resumed, **options)
+        return Client(mode=self.config.protocol, **options)
 
     def _watching(self, handler: MessageHandlerFnT) -> MessageHandlerFnT:
         async def on_message(message: Any) -> None:

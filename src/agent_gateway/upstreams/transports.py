@@ -13,7 +13,6 @@ import httpx2
 from mcp.client import Transport
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import (
@@ -24,6 +23,7 @@ from agent_gateway.compat.mcp import (
     create_mcp_http_client,
     lean_client_parsing,
 )
+from agent_gateway.compat.resumed import HttpSession, http_session
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
@@ -135,8 +135,11 @@ def _traced(
 
 
 @asynccontextmanager
-async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStreams]:
-    """Open the transport ``config`` names; leaving the context closes it (and reaps a child)."""
+async def open_transport(
+    config: UpstreamConfig, link: HttpSession | None = None
+) -> AsyncIterator[TransportStreams]:
+    """Open the transport ``config`` names; leaving the context closes it (and reaps a child).
+    ``link``: the Streamable HTTP session to resume or keep (other transports ignore it)."""
     async with AsyncExitStack() as stack:
         kind = config.kind
         if kind == "stdio":
@@ -158,7 +161,5 @@ async def open_transport(config: UpstreamConfig) -> AsyncIterator[TransportStrea
                 http = await stack.enter_async_context(_http_client(config))
                 # One SSE event holds one message: the SDK's own bound (1 MiB) would refuse
                 # a larger result and count it as the connection lost.
-                transport = streamable_http_client(
-                    config.url, http_client=http, max_sse_event_size=config.max_message_bytes
-                )
+                transport = http_session(config.url, http, config.max_message_bytes, link or HttpSession())
         yield await stack.enter_async_context(transport)
