@@ -17,7 +17,7 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
 
-from agent_gateway.server import child_pids
+from agent_gateway.runtime import child_pids
 from agent_gateway.upstreams.connection import describe_target
 from tests.support import (
     config_of,

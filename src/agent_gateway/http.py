@@ -149,7 +149,11 @@ def _deferring(
             deferred = defer_responses(manager)
             if deferred and (shared := gateway.shared) is not None:
                 adopting = adopt_sessions(
-                    manager, shared.sessions, shared.sessions.ended, shared.events.replica
+                    manager,
+                    shared.sessions,
+                    shared.sessions.ended,
+                    shared.events.replica,
+                    gateway.take_over_subscriptions,
                 )
                 if adopting is not None:
                     shared.on_session_ended(adopting.drop)

@@ -18,10 +18,12 @@ each call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import importlib.util
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TypeVar, TypeVarTuple, Unpack
 
 import anyio
@@ -77,3 +79,12 @@ def quiet_libraries(level: int) -> None:
     """Per-request lines from the HTTP client libraries only at DEBUG (``--log-level debug``)."""
     for name in CHATTY_LOGGERS:
         logging.getLogger(name).setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
+
+
+def child_pids() -> list[int]:
+    """This process's live child processes (Linux ``/proc``; empty where it is absent)."""
+    pids: list[int] = []
+    for path in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in path.read_text().split()]
+    return pids

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, nullcontext
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -101,7 +99,8 @@ class Gateway:
             lambda: self.subscriptions.streams(),
             self.listing.changed_for,
         )
-        self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus)
+        holders = self.shared.holders if self.shared is not None else None
+        self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus, holders)
         # In this order: searches and listings reflect a change before any client is told of it.
         self.catalog.subscribe(self.search.changed)
         self.catalog.subscribe(self.notifier.notify)
@@ -307,6 +306,13 @@ class Gateway:
         if isinstance(session, DownstreamSession):
             await self.proxy.roots_changed(session)
 
+    async def take_over_subscriptions(self, session_id: str) -> None:
+        """This replica holds ``session_id``'s notification stream: it takes over the
+        session's subscriptions no replica holds (their holder died, or let them go)."""
+        session = self.sessions.live.get(session_id)
+        if session is not None:
+            await self.subscriptions.take_over(session)
+
     async def _resource_updated(self, upstream: UpstreamSession, uri: str) -> None:
         await self.subscriptions.updated(upstream, uri)
 
@@ -335,7 +341,7 @@ class Gateway:
             "pending_calls": self.proxy.pending(),
             "subscriptions": self.subscriptions.count,
             "tasks": len(asyncio.all_tasks()),
-            "child_processes": len(child_pids()),
+            "child_processes": len(runtime.child_pids()),
             "runtime": runtime.describe(),
             "upstreams": [s.as_dict() for s in self.pool.statuses()],
         }
@@ -353,15 +359,6 @@ def own_tool_names(config: GatewayConfig) -> frozenset[str]:
     if config.search.mode != "off":
         names |= {SEARCH_TOOLS, CALL_TOOL}
     return frozenset(names)
-
-
-def child_pids() -> list[int]:
-    """This process's live child processes (Linux ``/proc``; empty where it is absent)."""
-    pids: list[int] = []
-    for path in Path("/proc/self/task").glob("*/children"):
-        with contextlib.suppress(OSError):
-            pids += [int(p) for p in path.read_text().split()]
-    return pids
 
 
 def _instructions(own: str | None, snapshot: CatalogSnapshot) -> str | None:

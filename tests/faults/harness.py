@@ -22,7 +22,7 @@ import httpx
 import mcp_types as types
 from mcp import Client
 
-from agent_gateway.server import child_pids
+from agent_gateway.runtime import child_pids
 from tests.support import SERVERS, RunningGateway, free_socket, python_upstream, running_gateway
 
 FAULTY = SERVERS / "faulty.py"

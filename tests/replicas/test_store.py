@@ -14,6 +14,7 @@ import anyio
 import httpx
 import redis.asyncio as aioredis
 
+from agent_gateway.store.holders import HEARTBEAT_TTL
 from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
 from tests.replicas.services import Redis, free_port, redis_server
 from tests.replicas.test_sessions import BOUND, cluster_of, config, counter_server, session_to, text_of
@@ -136,6 +137,44 @@ async def test_a_resource_update_arising_on_one_replica_reaches_the_stream_held_
     }
     assert event_id  # its id in the store: a stream that drops after it resumes from it
     assert [e["uri"] for e in seen if e["event"] == "subscribe"] == ["counter://value"]
+
+
+async def test_a_subscription_held_by_a_replica_that_dies_is_taken_over_by_the_other(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    seen: list[dict[str, Any]] = []
+    async with serving_upstream(recorder.build(seen.append)) as upstream:
+        data = config(redis, prefix, upstream) | {
+            "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}}
+        }
+        async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
+            first, second = cluster.endpoint(0), cluster.endpoint(1)
+            headers = await opened(http, first)
+
+            async def post(endpoint: str, message: dict[str, Any]) -> None:
+                body = {"jsonrpc": "2.0", **message}
+                answer = await http.post(endpoint, json=body, headers={**headers, **ACCEPT})
+                assert answer.status_code == 200, answer.text
+
+            subscribe = {"id": 1, "method": "resources/subscribe", "params": {"uri": "counter://value"}}
+            bump = {"id": 3, "method": "tools/call", "params": {"name": "rec__bump", "arguments": {}}}
+            await post(first, subscribe)  # held by replica 0
+            await post(second, {"id": 2, "method": "tools/call", "params": {"name": "rec__whoami"}})
+            async with events(http, second, headers) as reader:
+                cluster.kill(0)  # the holder dies; the stream's replica takes the subscription over
+                with anyio.fail_after(HEARTBEAT_TTL + 3 * BOUND / 4):
+                    _, told = await reader.__anext__()
+                await post(second, bump)  # an update the upstream sends replica 1 now reaches it
+                _, updated = await next_message(reader)
+    update = {
+        "jsonrpc": "2.0",
+        "method": "notifications/resources/updated",
+        "params": {"uri": "counter://value"},
+    }
+    assert told == update  # "it may have changed while nobody relayed its updates"
+    assert updated == update
+    assert [e["uri"] for e in seen if e["event"] == "subscribe"] == ["counter://value"] * 2
+    assert "subscription to counter://value taken over" in cluster.log(1)
 
 
 async def test_a_replica_that_loses_redis_is_unready_serves_on_and_recovers(

@@ -59,6 +59,9 @@ logger = logging.getLogger(__name__)
 
 Ended = Callable[[str], Awaitable[None]]
 """Told that a session (its id) was deleted by its client here."""
+_CLAIM_EVERY = 5.0
+"""Seconds between two looks, for a notification stream held here, at its session's
+subscriptions that no live replica holds."""
 _RELAY_TIMEOUT = 5.0
 """How long a relayed event may wait for room on a notification stream (then dropped: the
 client can still replay it from the store)."""
@@ -79,6 +82,9 @@ class AdoptingSessionManager(DeferredSessionManager):
     """This replica's event ids start with it (``SharedEventStore.replica``)."""
     listening: dict[str, StreamableHTTPServerTransport]
     """The sessions whose notification stream this replica holds, by that stream's digest."""
+    on_listening: Ended
+    """Told, now and then, of each session whose notification stream this replica holds (it
+    takes over the session's subscriptions that no replica holds)."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
@@ -106,11 +112,17 @@ class AdoptingSessionManager(DeferredSessionManager):
                 await anyio.sleep(self.records.idle_seconds / 3)
                 await self.records.touch(session_id)
 
+        async def hold_subscriptions() -> None:
+            while True:  # now, and every few seconds while the stream is open here
+                await self.on_listening(session_id)
+                await anyio.sleep(_CLAIM_EVERY)
+
         digest = stream_digest(self._listening_stream(session_id))
         self.listening[digest] = self._server_instances[session_id]
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(keep_alive)
+                tg.start_soon(hold_subscriptions)
                 await super()._handle_stateful_request(scope, receive, send)
                 tg.cancel_scope.cancel()
         finally:
@@ -233,7 +245,7 @@ def _header(scope: Scope, name: str) -> str | None:
 
 
 def adopt_sessions(
-    manager: Any, records: SessionRecords, on_deleted: Ended, replica: str
+    manager: Any, records: SessionRecords, on_deleted: Ended, replica: str, on_listening: Ended
 ) -> AdoptingSessionManager | None:
     """Make ``manager`` (already a ``DeferredSessionManager``) adopt sessions from the store;
     None (logged) for a manager of another kind."""
@@ -248,4 +260,5 @@ def adopt_sessions(
     adopting.on_deleted = on_deleted
     adopting.replica = replica
     adopting.listening = {}
+    adopting.on_listening = on_listening
     return adopting

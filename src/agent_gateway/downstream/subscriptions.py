@@ -5,6 +5,10 @@ naming it in a ``subscriptions/listen`` stream in the modern era. The gateway su
 once upstream per upstream session and URI, however many clients share it, and unsubscribes
 when the last one leaves (or its session ends). Each update from an upstream session goes to
 exactly the clients subscribed through that session, under the URI they used.
+
+With several replicas (``Holders``), a handshake-era session's subscriptions are in its
+shared record, with the replica holding each: a replica that serves the session's
+notification stream takes over those whose holder died or let go (``take_over``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import mcp_types as types
@@ -35,12 +39,24 @@ Key = tuple[str, str]
 """(upstream session id, upstream URI)"""
 
 
+class Holders(Protocol):
+    """Where several replicas record which one holds each subscription (``store/holders.py``)."""
+
+    async def held(self, session_id: str, uri: str) -> None: ...
+    async def let_go(self, session_id: str, uri: str) -> None: ...
+    async def dropped(self, session_id: str, uri: str) -> None: ...
+    async def orphaned(self, session_id: str) -> list[str]: ...
+
+
 class ResourceSubscriptions:
     """Who is subscribed to what, through which upstream session."""
 
-    def __init__(self, proxy: Proxy, catalog_events: InMemorySubscriptionBus) -> None:
+    def __init__(
+        self, proxy: Proxy, catalog_events: InMemorySubscriptionBus, holders: Holders | None = None
+    ) -> None:
         self._proxy = proxy
         self._catalog_events = catalog_events
+        self._holders = holders
         self._subscribers: dict[Key, dict[DownstreamSession, str]] = defaultdict(dict)
         self._upstream: dict[Key, UpstreamSession] = {}
         self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
@@ -58,6 +74,8 @@ class ResourceSubscriptions:
         for key, subscribers in list(self._subscribers.items()):
             if subscribers.get(session) == params.uri:
                 await self._leave(key, session)
+        if self._holders is not None and session.connection is not None:
+            await self._holders.dropped(session.id, params.uri)
         return types.EmptyResult()
 
     async def listen(
@@ -90,9 +108,30 @@ class ResourceSubscriptions:
             handler.close()
 
     async def session_ended(self, session: DownstreamSession) -> None:
+        """``session`` ended here: its subscriptions are left upstream. With several replicas
+        they are let go, not dropped: the session may live on another replica, which takes
+        them over (a session ended everywhere takes its record, and them, with it)."""
         for key, subscribers in list(self._subscribers.items()):
-            if session in subscribers:
+            if (public := subscribers.get(session)) is not None:
                 await self._leave(key, session)
+                if self._holders is not None and session.connection is not None:
+                    await self._holders.let_go(session.id, public)
+
+    async def take_over(self, session: DownstreamSession) -> None:
+        """Subscribe here to ``session``'s subscriptions that no replica holds now, and tell
+        its client each may have changed meanwhile (nobody relayed its updates)."""
+        if self._holders is None or session.connection is None:
+            return
+        for public in await self._holders.orphaned(session.id):
+            try:
+                await self._join(session, public)
+            except MCPError as exc:
+                logger.warning("session %s: subscription to %s not taken over: %s", session.id, public, exc)
+                await self._holders.dropped(session.id, public)
+                continue
+            logger.info("session %s: subscription to %s taken over from another replica", session.id, public)
+            with anyio.move_on_after(SEND_TIMEOUT):
+                await session.connection.send_resource_updated(public)
 
     async def _join(self, session: DownstreamSession, public: str) -> None:
         try:
@@ -105,6 +144,8 @@ class ResourceSubscriptions:
                 self._subscribers[key][session] = public
         except GatewayError as exc:
             raise to_wire(exc) from exc
+        if self._holders is not None and session.connection is not None:
+            await self._holders.held(session.id, public)
         logger.info("session %s subscribed to %s (%s on %s)", session.id, public, uri, upstream.id)
 
     async def _leave(self, key: Key, session: DownstreamSession) -> None:
@@ -146,6 +187,8 @@ class ResourceSubscriptions:
                     public,
                     upstream.id,
                 )
+                if self._holders is not None and session.connection is not None:
+                    await self._holders.dropped(session.id, public)  # it must subscribe again
                 with anyio.move_on_after(SEND_TIMEOUT):
                     if session.connection is not None:
                         await session.connection.send_resource_updated(public)

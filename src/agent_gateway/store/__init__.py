@@ -6,6 +6,7 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 - ``sessions``: handshake-era session records, so any replica adopts any session.
 - ``events``: the SSE event store, so a dropped stream resumes on any replica.
 - ``leases``: one ``ask_agent`` run at a time on a conversation, across replicas.
+- ``holders``: which replica holds each resource subscription; a dead one's are claimed.
 - ``bus``: announcements between replicas (a session deleted, an upstream's lists changed, a
   notification for a session whose stream another replica holds).
 """
@@ -23,6 +24,7 @@ from agent_gateway.config import GatewayConfig, StoreConfig
 from agent_gateway.store.bus import Bus
 from agent_gateway.store.client import SharedStore, redacted
 from agent_gateway.store.events import LIVE, SharedEventStore
+from agent_gateway.store.holders import SubscriptionHolders
 from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
 from agent_gateway.store.sessions import ENDED, SessionRecords
@@ -48,6 +50,7 @@ class SharedState:
         self.leases = Leases(self.store)
         self.replica = uuid.uuid4().hex[:12]
         """This process among the replicas (its own announcements are not acted on twice)."""
+        self.holders = SubscriptionHolders(self.store, self.replica)
 
     @property
     def problem(self) -> str | None:
@@ -83,6 +86,7 @@ class SharedState:
                 await tg.start(self.store.watch)
                 await tg.start(self.bus.listen)
                 await tg.start(self.events.write)
+                await tg.start(self.holders.beat)
                 try:
                     yield self
                 finally:

@@ -54,7 +54,7 @@ return 1
 
 
 # KEYS: the record. ARGV: a field, its value. Only into a live record (it carries the expiry).
-_SET_IF_LIVE = """
+SET_IF_LIVE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -134,7 +134,7 @@ class SessionRecords:
         self._idle = int(max(1, idle_seconds))
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
-        self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
+        self._set_if_live = store.redis.register_script(SET_IF_LIVE)
 
     @property
     def idle_seconds(self) -> int:

@@ -1,0 +1,94 @@
+"""Which replica holds each resource subscription of a handshake-era session, so that a
+replica that dies does not take its clients' subscriptions with it.
+
+A subscription is held (subscribed upstream, its updates relayed) by the replica that took
+it; its session's record names that replica (``sub:<uri>`` fields). Every replica beats a
+heartbeat key while it runs. A replica that holds a session's notification stream claims,
+when the stream opens and every few seconds while it is open, the session's subscriptions
+whose holder's heartbeat is gone, or that their holder let go of (its copy of the session
+ended: a restart, its own idle timer), and subscribes to them itself. The claim is one
+script, so two replicas never both take one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import anyio
+from anyio.abc import TaskStatus
+
+from agent_gateway.store.client import SharedStore
+from agent_gateway.store.sessions import SET_IF_LIVE
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_TTL = 10
+"""Seconds a replica's heartbeat outlives its last beat: a dead replica's subscriptions are
+claimed after at most this (plus a claim interval)."""
+_BEAT_EVERY = 3.0
+_SUB = "sub:"
+
+# KEYS: the record. ARGV: this replica, the heartbeat keys' prefix. Each subscription whose
+# holder's heartbeat is gone (or that was let go: no holder) becomes this replica's.
+_CLAIM = """
+local fields = redis.call('HGETALL', KEYS[1])
+local claimed = {}
+for i = 1, #fields, 2 do
+  local field, holder = fields[i], fields[i + 1]
+  if string.sub(field, 1, 4) == 'sub:' and holder ~= ARGV[1]
+      and (holder == '' or redis.call('EXISTS', ARGV[2] .. holder) == 0) then
+    redis.call('HSET', KEYS[1], field, ARGV[1])
+    table.insert(claimed, string.sub(field, 5))
+  end
+end
+return claimed
+"""
+
+
+class SubscriptionHolders:
+    """This replica's heartbeat, and the subscriptions it holds in its sessions' records."""
+
+    def __init__(self, store: SharedStore, replica: str) -> None:
+        self._store = store
+        self._replica = replica
+        self._set_if_live = store.redis.register_script(SET_IF_LIVE)
+        self._claim = store.redis.register_script(_CLAIM)
+
+    async def beat(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Say this replica is alive until cancelled; then say it no more (its subscriptions
+        are claimed at once rather than after ``HEARTBEAT_TTL``)."""
+        key = self._store.key("replica", self._replica)
+        task_status.started()
+        try:
+            while True:
+                await self._store.call(self._store.redis.set(key, "1", ex=HEARTBEAT_TTL), "heartbeat")
+                await anyio.sleep(_BEAT_EVERY)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2):
+                await self._store.call(self._store.redis.delete(key), "heartbeat_end")
+
+    async def held(self, session_id: str, uri: str) -> None:
+        """This replica took ``session_id``'s subscription to ``uri``."""
+        await self._set(session_id, uri, self._replica)
+
+    async def let_go(self, session_id: str, uri: str) -> None:
+        """This replica no longer holds it, but the client still wants it."""
+        await self._set(session_id, uri, "")
+
+    async def dropped(self, session_id: str, uri: str) -> None:
+        """The client unsubscribed (or must subscribe again): no replica is to hold it."""
+        key = self._store.key("session", session_id)
+        await self._store.call(self._store.redis.hdel(key, _SUB + uri), "subscription_drop")  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+
+    async def orphaned(self, session_id: str) -> list[str]:
+        """Claim ``session_id``'s subscriptions nobody holds now; their URIs."""
+        keys = [self._store.key("session", session_id)]
+        args = [self._replica, self._store.key("replica", "")]
+        claimed: list[bytes] | None = await self._store.call(
+            self._claim(keys=keys, args=args), "subscription_claim"
+        )
+        return [uri.decode() for uri in claimed or ()]
+
+    async def _set(self, session_id: str, uri: str, holder: str) -> None:
+        keys = [self._store.key("session", session_id)]
+        await self._store.call(self._set_if_live(keys=keys, args=[_SUB + uri, holder]), "subscription_hold")
