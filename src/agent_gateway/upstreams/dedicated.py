@@ -25,7 +25,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamUnavailable
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import connected
+from agent_gateway.upstreams.lifecycle import connected, nothing
 from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession, describe
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class DedicatedSessions:
         """Connect ``entry``'s session (resuming ``link``'s upstream session when ``resumed``
         is its handshake) and hold it until it is closed."""
         session = entry.session
-        checked = _answers if resumed is not None else _nothing
+        checked = _answers if resumed is not None else nothing
         async with connected(session, _ignore, self._updates, checked, link, resumed) as (client, tg, _):
             self.opened += 1
             if link is not None and resumed is None:
@@ -202,10 +202,6 @@ class DedicatedSessions:
 async def _set_on(source: anyio.Event, target: anyio.Event) -> None:
     await source.wait()
     target.set()
-
-
-async def _nothing(client: Client) -> None:
-    return None
 
 
 async def _answers(client: Client) -> None:

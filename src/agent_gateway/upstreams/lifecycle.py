@@ -22,7 +22,8 @@ from agent_gateway.upstreams.transports import open_transport, watched
 T = TypeVar("T")
 
 
-async def _nothing(client: Client) -> None:
+async def nothing(client: Client) -> None:
+    """The default ``prepare``: nothing to do before the session is handed out."""
     return None
 
 
@@ -31,7 +32,7 @@ async def connected(
     session: UpstreamSession,
     on_message: MessageHandlerFnT,
     updates: UpdateSink | None,
-    prepare: Callable[[Client], Awaitable[T]] = _nothing,  # type: ignore[assignment]
+    prepare: Callable[[Client], Awaitable[T]] = nothing,  # type: ignore[assignment]
     link: HttpSession | None = None,
     resumed: types.InitializeResult | None = None,
 ) -> AsyncIterator[tuple[Client, TaskGroup, T]]:
