@@ -17,6 +17,7 @@ from mcp import Client
 from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.listing import PAGE_BYTES
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS
 from tests.servers import recorder
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -300,3 +301,35 @@ async def test_a_long_tool_list_comes_in_pages() -> None:
         assert len(listed) == len(set(listed)) == len(gw.gateway.catalog.snapshot.tools) + 1  # + ask_agent
         with pytest.raises(MCPError, match="invalid cursor"):
             await client.list_tools(cursor="not-ours")
+
+
+async def test_a_page_of_large_tool_definitions_holds_fewer_tools() -> None:
+    # Eight tools of ~50 KB and twelve small ones: a page of 100 would answer ~400 KB at once.
+    server = FastMCP("big")
+    for i in range(8):
+        server.tool(lambda: "ok", name=f"big_{i}", description=f"A large definition {i}. " + "word " * 10_000)
+    for i in range(12):
+        server.tool(lambda: "ok", name=f"small_{i}", description=f"A small tool {i}.")
+    server.tool(
+        lambda: "ok", name="huge", description="One definition past the page's bytes. " + "x" * 200_000
+    )
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"big": {"url": url}}, "search": {"mode": "off"}}) as gw,
+        Client(gw.url) as client,
+    ):
+        pages: list[list[types.Tool]] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+            pages.append(page.tools)
+            if (cursor := page.next_cursor) is None:
+                break
+        expected = len(gw.gateway.catalog.snapshot.tools) + 1  # + ask_agent
+    listed = [t.name for page in pages for t in page]
+    assert len(listed) == len(set(listed)) == expected  # all of them, each once
+    wire = [sum(len(t.model_dump_json(by_alias=True, exclude_none=True)) for t in page) for page in pages]
+    assert len(pages) >= 4
+    # Each page within the bound, but for one that holds a single definition past it.
+    assert all(size <= PAGE_BYTES * 1.1 or len(page) == 1 for size, page in zip(wire, pages, strict=True))
+    assert ["big__huge"] in [[t.name for t in page] for page in pages]

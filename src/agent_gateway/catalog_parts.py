@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import mcp_types as types
+import msgspec
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
 from agent_gateway.naming import Origin, is_selected, public_name
@@ -47,6 +48,8 @@ class Part:
     prompts: Mapping[str, Origin[types.Prompt]] = field(default_factory=dict)
     held: Mapping[str, str] = field(default_factory=dict)
     """Tools withheld by pinning (public name to what changed)."""
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    """About the bytes of each listed tool's definition (``size_of``): what a page costs."""
 
 
 Review = Callable[[str, str, Mapping[str, types.Tool]], dict[str, str]]
@@ -74,7 +77,17 @@ def build_part(
         tools = {n: o for n, o in tools.items() if n not in held}
         listed = {n: t for n, t in listed.items() if n not in held}
     prompts = _first_of_each("prompt", _prompt_entries(upstream, listing, up, sep))
-    return Part(upstream, listing, tools, listed, prompts, held)
+    sizes = {name: size_of(tool) for name, tool in listed.items()}
+    return Part(upstream, listing, tools, listed, prompts, held, sizes)
+
+
+def size_of(tool: types.Tool) -> int:
+    """About the bytes of ``tool``'s definition in a listing (its schemas, as compact JSON,
+    and its words)."""
+    schemas = len(msgspec.json.encode(tool.input_schema))
+    if tool.output_schema is not None:
+        schemas += len(msgspec.json.encode(tool.output_schema))
+    return schemas + len(tool.name) + len(tool.title or "") + len(tool.description or "") + 64
 
 
 def _first_of_each(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str, Origin[T]]:

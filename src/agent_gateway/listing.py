@@ -8,12 +8,17 @@ gateway's own, and ``search_tools`` / ``call_tool``, which reach everything else
 What a policy lets through is worked out once per upstream part and policy, and a view once
 per catalog version and policy, so a listing costs a slice, and one upstream's change costs
 that upstream's tools.
+
+A page holds ``server.page_size`` tools, or fewer when their definitions pass ``PAGE_BYTES``:
+real tools range from a few hundred bytes to 90 KB, so a page of 100 cycled from real servers
+ran from 38 KB to 870 KB, and its answer's time with it (9 ms to 200 ms round trip).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,12 +29,15 @@ from mcp.shared.exceptions import MCPError
 from agent_gateway import access
 from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog, CatalogChange, CatalogSnapshot, Part
+from agent_gateway.catalog_parts import size_of
 from agent_gateway.config import SearchConfig
 from agent_gateway.naming import matches_any
 
 OwnTools = Callable[[CatalogSnapshot, Principal | None, bool], list[types.Tool]]
 """The gateway's own tools a client sees (``ask_agent``, the search tools when searching)."""
 _VIEWS_KEPT = 64
+PAGE_BYTES = 128 * 1024
+"""About the most definition bytes one page holds (at least one tool, however large)."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,13 @@ class View:
     tools: Sequence[types.Tool]
     visible: int
     """Catalog tools the client may call (listed or not)."""
+    ends: tuple[int, ...]
+    """Where each page ends (an offset into ``tools``), in order."""
+
+    def page(self, start: int) -> tuple[Sequence[types.Tool], int | None]:
+        """The page starting at ``start``, and where the next one starts (None: the last)."""
+        end = self.ends[bisect.bisect_right(self.ends, start)] if start < len(self.tools) else start
+        return self.tools[start:end], end if end < len(self.tools) else None
 
 
 class ToolListing:
@@ -61,10 +76,9 @@ class ToolListing:
         if (client := access.current()) is None:
             return types.ListToolsResult(tools=[])
         view = self.view(self._catalog.snapshot, client)
-        start = _offset(params.cursor if params is not None else None)
-        end = start + self._page_size
-        cursor = _cursor(end) if end < len(view.tools) else None
-        return types.ListToolsResult(tools=list(view.tools[start:end]), next_cursor=cursor)
+        tools, following = view.page(_offset(params.cursor if params is not None else None))
+        cursor = _cursor(following) if following is not None else None
+        return types.ListToolsResult(tools=list(tools), next_cursor=cursor)
 
     def searching(self, client: Principal | None) -> bool:
         """Whether ``client`` is in search mode now."""
@@ -83,9 +97,12 @@ class ToolListing:
         mode = self._config.mode
         searching = mode == "on" or (mode == "auto" and visible > self._config.threshold)
         tools = self._own_tools(snapshot, client, searching)
+        sizes = [size_of(t) for t in tools]
         for part in snapshot.parts.values():
-            tools += [part.listed[n] for n in self._listed_in(part, client, searching)]
-        return View(snapshot.version, searching, tools, visible)
+            names = self._listed_in(part, client, searching)
+            tools += [part.listed[n] for n in names]
+            sizes += [part.sizes[n] for n in names]
+        return View(snapshot.version, searching, tools, visible, _page_ends(sizes, self._page_size))
 
     def _listed_in(self, part: Part, client: Principal | None, searching: bool) -> Sequence[str]:
         allowed = self._allowed_in(part, client)
@@ -136,6 +153,21 @@ class ToolListing:
                 (change.before.parts.get(u), change.after.parts.get(u)) for u in change.upstreams
             )
         )
+
+
+def _page_ends(sizes: Sequence[int], page_size: int) -> tuple[int, ...]:
+    """Where each page ends: after ``page_size`` tools, or before ``PAGE_BYTES`` would be
+    passed (a page holds one tool at least)."""
+    ends: list[int] = []
+    count = total = 0
+    for index, size in enumerate(sizes):
+        if count and (count == page_size or total + size > PAGE_BYTES):
+            ends.append(index)
+            count = total = 0
+        count += 1
+        total += size
+    ends.append(len(sizes))
+    return tuple(ends)
 
 
 def _listed(part: Part | None, names: Sequence[str]) -> dict[str, types.Tool]:
