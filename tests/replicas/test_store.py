@@ -7,6 +7,7 @@ import json
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from agent_gateway.store.holders import HEARTBEAT_TTL
-from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
+from tests.replicas.cluster import AGENT_GATEWAY, Cluster, replicas, write_config
 from tests.replicas.services import Redis, free_port, redis_server
 from tests.replicas.test_sessions import BOUND, cluster_of, config, counter_server, session_to, text_of
 from tests.servers import recorder
@@ -106,35 +107,58 @@ async def test_a_dropped_stream_resumes_on_the_other_replica_with_nothing_missed
     assert all(event_id and event_id != last_id for event_id, _ in missed)
 
 
-async def test_a_resource_update_arising_on_one_replica_reaches_the_stream_held_by_the_other(
-    redis: Redis, prefix: str, tmp_path: Path
-) -> None:
-    seen: list[dict[str, Any]] = []
+UPDATED = {
+    "jsonrpc": "2.0",
+    "method": "notifications/resources/updated",
+    "params": {"uri": "counter://value"},
+}
+SUBSCRIBE = {"id": 1, "method": "resources/subscribe", "params": {"uri": "counter://value"}}
+BUMP = {"id": 3, "method": "tools/call", "params": {"name": "rec__bump", "arguments": {}}}
+
+
+@dataclass
+class RawSession:
+    """A handshake-era session opened with raw requests on replica 0 of ``cluster``."""
+
+    cluster: Cluster
+    http: httpx.AsyncClient
+    headers: dict[str, str]
+
+    async def post(self, replica: int, message: dict[str, Any]) -> None:
+        """One of the session's requests, to ``replica``; answered 200."""
+        body = {"jsonrpc": "2.0", **message}
+        endpoint = self.cluster.endpoint(replica)
+        answer = await self.http.post(endpoint, json=body, headers={**self.headers, **ACCEPT})
+        assert answer.status_code == 200, answer.text
+
+    def events(self, replica: int) -> Any:
+        return events(self.http, self.cluster.endpoint(replica), self.headers)
+
+
+@asynccontextmanager
+async def recorder_cluster(
+    redis: Redis, prefix: str, tmp_path: Path, seen: list[dict[str, Any]]
+) -> AsyncIterator[RawSession]:
+    """Two replicas of a handshake-era recorder upstream, and a session opened on replica 0."""
     async with serving_upstream(recorder.build(seen.append)) as upstream:
         data = config(redis, prefix, upstream) | {
             "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}}
         }
         async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
-            headers = await opened(http, cluster.endpoint(0))
+            yield RawSession(cluster, http, await opened(http, cluster.endpoint(0)))
 
-            async def post(message: dict[str, Any]) -> None:
-                body = {"jsonrpc": "2.0", **message}
-                answer = await http.post(cluster.endpoint(0), json=body, headers={**headers, **ACCEPT})
-                assert answer.status_code == 200, answer.text
 
-            # Its notification stream on replica 1; its subscription (and so the upstream's
-            # update) on replica 0.
-            async with events(http, cluster.endpoint(1), headers) as reader:
-                await post({"id": 1, "method": "resources/subscribe", "params": {"uri": "counter://value"}})
-                await post(
-                    {"id": 2, "method": "tools/call", "params": {"name": "rec__bump", "arguments": {}}}
-                )
-                event_id, message = await next_message(reader)
-    assert message == {
-        "jsonrpc": "2.0",
-        "method": "notifications/resources/updated",
-        "params": {"uri": "counter://value"},
-    }
+async def test_a_resource_update_arising_on_one_replica_reaches_the_stream_held_by_the_other(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    seen: list[dict[str, Any]] = []
+    # Its notification stream on replica 1; its subscription (and so the upstream's update)
+    # on replica 0.
+    async with recorder_cluster(redis, prefix, tmp_path, seen) as session, session.events(1) as reader:
+        await session.post(0, SUBSCRIBE)
+        await session.post(0, BUMP)
+        event_id, message = await next_message(reader)
+    assert message == UPDATED
     assert event_id  # its id in the store: a stream that drops after it resumes from it
     assert [e["uri"] for e in seen if e["event"] == "subscribe"] == ["counter://value"]
 
@@ -143,38 +167,19 @@ async def test_a_subscription_held_by_a_replica_that_dies_is_taken_over_by_the_o
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     seen: list[dict[str, Any]] = []
-    async with serving_upstream(recorder.build(seen.append)) as upstream:
-        data = config(redis, prefix, upstream) | {
-            "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}}
-        }
-        async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
-            first, second = cluster.endpoint(0), cluster.endpoint(1)
-            headers = await opened(http, first)
-
-            async def post(endpoint: str, message: dict[str, Any]) -> None:
-                body = {"jsonrpc": "2.0", **message}
-                answer = await http.post(endpoint, json=body, headers={**headers, **ACCEPT})
-                assert answer.status_code == 200, answer.text
-
-            subscribe = {"id": 1, "method": "resources/subscribe", "params": {"uri": "counter://value"}}
-            bump = {"id": 3, "method": "tools/call", "params": {"name": "rec__bump", "arguments": {}}}
-            await post(first, subscribe)  # held by replica 0
-            await post(second, {"id": 2, "method": "tools/call", "params": {"name": "rec__whoami"}})
-            async with events(http, second, headers) as reader:
-                cluster.kill(0)  # the holder dies; the stream's replica takes the subscription over
-                with anyio.fail_after(HEARTBEAT_TTL + 3 * BOUND / 4):
-                    _, told = await reader.__anext__()
-                await post(second, bump)  # an update the upstream sends replica 1 now reaches it
-                _, updated = await next_message(reader)
-    update = {
-        "jsonrpc": "2.0",
-        "method": "notifications/resources/updated",
-        "params": {"uri": "counter://value"},
-    }
-    assert told == update  # "it may have changed while nobody relayed its updates"
-    assert updated == update
+    async with recorder_cluster(redis, prefix, tmp_path, seen) as session:
+        await session.post(0, SUBSCRIBE)  # held by replica 0
+        await session.post(1, {"id": 2, "method": "tools/call", "params": {"name": "rec__whoami"}})
+        async with session.events(1) as reader:
+            session.cluster.kill(0)  # the holder dies; the stream's replica takes it over
+            with anyio.fail_after(HEARTBEAT_TTL + 3 * BOUND / 4):
+                _, told = await reader.__anext__()
+            await session.post(1, BUMP)  # an update the upstream sends replica 1 now reaches it
+            _, updated = await next_message(reader)
+    assert told == UPDATED  # "it may have changed while nobody relayed its updates"
+    assert updated == UPDATED
     assert [e["uri"] for e in seen if e["event"] == "subscribe"] == ["counter://value"] * 2
-    assert "subscription to counter://value taken over" in cluster.log(1)
+    assert "subscription to counter://value taken over" in session.cluster.log(1)
 
 
 async def test_a_replica_that_loses_redis_is_unready_serves_on_and_recovers(
