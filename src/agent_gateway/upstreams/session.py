@@ -99,12 +99,10 @@ class UpstreamSession:
         message_handler: MessageHandlerFnT,
         resumed: types.InitializeResult | None = None,
     ) -> Client:
-        """The ``mcp.Client`` for this session, declaring only what can be relayed; with
-        ``resumed``, the handshake of a session another replica opened (nothing is sent).
-
-        A dedicated session declares exactly its owner's capabilities. A shared one declares
-        them all: a call from a client without the capability gets a clear error upstream.
-        """
+        """The ``mcp.Client`` for this session, declaring only what can be relayed: exactly its
+        owner's capabilities for a dedicated session, all of them for a shared one (a call from
+        a client without one gets a clear error upstream). ``resumed``: the handshake of a
+        session another replica opened (then nothing is sent)."""
         caps = self.owner.capabilities if self.owner is not None else EVERYTHING
         caps = caps or types.ClientCapabilities()
         options: dict[str, Any] = dict(
