@@ -6,9 +6,10 @@ Token checking is FastMCP's (its bearer middleware answers 401 with the
 ``WWW-Authenticate`` challenge, ``JWTVerifier`` checks signature, expiry, issuer and
 audience against a JWKS URL or a secret, ``RemoteAuthProvider`` serves the OAuth
 protected-resource metadata). Static tokens are kept as SHA-256 digests only (``authentication.py``). The
-request's client (a ``Principal``) is found once per request by ``AccessMiddleware`` and
-held in a context variable, so the proxy (and the agent's tool calls, which go through it)
-check the same client without being handed it.
+request's client (a ``Principal``) is identified from the request's own token
+(``AccessControl.identify``): by the request wrapper, which binds it for listings (``bound``),
+and by the pipeline, which carries it on the call's ``Caller``, so the proxy (and the agent's
+tool calls, which go through it) check the identity on the call, never an ambient one.
 
 The client's own credentials stop here: upstream connections carry only the headers and
 environment configured for each upstream.
