@@ -50,7 +50,7 @@ class SharedState:
         self.leases = Leases(self.store)
         self.replica = uuid.uuid4().hex[:12]
         """This process among the replicas (its own announcements are not acted on twice)."""
-        self.holders = SubscriptionHolders(self.store, self.replica)
+        self.holders = SubscriptionHolders(self.store, self.sessions, self.replica)
 
     @property
     def problem(self) -> str | None:

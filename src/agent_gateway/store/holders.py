@@ -18,7 +18,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from agent_gateway.store.client import SharedStore
-from agent_gateway.store.sessions import SET_IF_LIVE
+from agent_gateway.store.sessions import SessionRecords
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +48,10 @@ return claimed
 class SubscriptionHolders:
     """This replica's heartbeat, and the subscriptions it holds in its sessions' records."""
 
-    def __init__(self, store: SharedStore, replica: str) -> None:
+    def __init__(self, store: SharedStore, records: SessionRecords, replica: str) -> None:
         self._store = store
+        self._records = records
         self._replica = replica
-        self._set_if_live = store.redis.register_script(SET_IF_LIVE)
         self._claim = store.redis.register_script(_CLAIM)
 
     async def beat(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -69,16 +69,15 @@ class SubscriptionHolders:
 
     async def held(self, session_id: str, uri: str) -> None:
         """This replica took ``session_id``'s subscription to ``uri``."""
-        await self._set(session_id, uri, self._replica)
+        await self._records.set_field(session_id, _SUB + uri, self._replica, "subscription_hold")
 
     async def let_go(self, session_id: str, uri: str) -> None:
         """This replica no longer holds it, but the client still wants it."""
-        await self._set(session_id, uri, "")
+        await self._records.set_field(session_id, _SUB + uri, "", "subscription_let_go")
 
     async def dropped(self, session_id: str, uri: str) -> None:
         """The client unsubscribed (or must subscribe again): no replica is to hold it."""
-        key = self._store.key("session", session_id)
-        await self._store.call(self._store.redis.hdel(key, _SUB + uri), "subscription_drop")  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+        await self._records.drop_field(session_id, _SUB + uri, "subscription_drop")
 
     async def orphaned(self, session_id: str) -> list[str]:
         """Claim ``session_id``'s subscriptions nobody holds now; their URIs."""
@@ -88,7 +87,3 @@ class SubscriptionHolders:
             self._claim(keys=keys, args=args), "subscription_claim"
         )
         return [uri.decode() for uri in claimed or ()]
-
-    async def _set(self, session_id: str, uri: str, holder: str) -> None:
-        keys = [self._store.key("session", session_id)]
-        await self._store.call(self._set_if_live(keys=keys, args=[_SUB + uri, holder]), "subscription_hold")

@@ -54,7 +54,7 @@ return 1
 
 
 # KEYS: the record. ARGV: a field, its value. Only into a live record (it carries the expiry).
-SET_IF_LIVE = """
+_SET_IF_LIVE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
@@ -134,7 +134,7 @@ class SessionRecords:
         self._idle = int(max(1, idle_seconds))
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
-        self._set_if_live = store.redis.register_script(SET_IF_LIVE)
+        self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
 
     @property
     def idle_seconds(self) -> int:
@@ -186,9 +186,7 @@ class SessionRecords:
     async def upstream_opened(self, session_id: str, upstream: str, record: UpstreamRecord) -> None:
         """Record the dedicated ``upstream`` session opened for ``session_id`` (with the
         session's own record: it expires and ends with it)."""
-        keys = [self.store.key("session", session_id)]
-        args = [_UPSTREAM + upstream, record.text()]
-        await self.store.call(self._set_if_live(keys=keys, args=args), "upstream_session_open")
+        await self.set_field(session_id, _UPSTREAM + upstream, record.text(), "upstream_session_open")
 
     async def upstream_session(self, session_id: str, upstream: str) -> UpstreamRecord | None:
         """The dedicated ``upstream`` session another replica opened for ``session_id``, if any."""
@@ -201,5 +199,14 @@ class SessionRecords:
 
     async def upstream_lost(self, session_id: str, upstream: str) -> None:
         """Forget a recorded upstream session the upstream no longer knows."""
+        await self.drop_field(session_id, _UPSTREAM + upstream, "upstream_session_lost")
+
+    async def set_field(self, session_id: str, field: str, value: str, what: str) -> None:
+        """Set one field of ``session_id``'s record, only while the record lives (it carries
+        the expiry: a field set into an expired record would outlive it)."""
+        keys = [self.store.key("session", session_id)]
+        await self.store.call(self._set_if_live(keys=keys, args=[field, value]), what)
+
+    async def drop_field(self, session_id: str, field: str, what: str) -> None:
         key = self.store.key("session", session_id)
-        await self.store.call(self.store.redis.hdel(key, _UPSTREAM + upstream), "upstream_session_lost")  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+        await self.store.call(self.store.redis.hdel(key, field), what)  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
