@@ -32,6 +32,18 @@ def test_the_catalog_is_pure_it_pulls_in_no_transport() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
+def test_a_gateway_without_a_provider_loads_no_provider_sdk() -> None:
+    # Each takes ~1 s and ~40 MB to import: a gateway whose model comes from the client
+    # (the example's) must not pay for them at start-up (issue 15: start-up and RSS at scale).
+    code = (
+        "import sys, agent_gateway.cli; "
+        "print(sorted(m for m in sys.modules"
+        " if m.startswith(('anthropic', 'openai', 'langchain_anthropic', 'langchain_openai'))))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
 def test_the_agent_reaches_clients_only_through_the_caller() -> None:
     found = {
         f"{path.name}: {module}"

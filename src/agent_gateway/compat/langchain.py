@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langchain_anthropic import ChatAnthropic
+if TYPE_CHECKING:  # imported by agent/models.py only when a provider needs it: it takes ~1 s
+    from langchain_anthropic import ChatAnthropic
 
 
 def anthropic_client_params(chat: ChatAnthropic) -> dict[str, Any]:
