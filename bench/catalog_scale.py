@@ -11,7 +11,7 @@ The gateway runs as deployed, ``agent-gateway serve -c <generated yaml>`` in a c
 (HTTP on loopback), so its RSS is its own; the benchmark's official ``mcp`` clients run here.
 Per size it is started several times against the same upstreams:
 
-- ``before``: the code before tool search (``--before-ref``, a git worktree run with this venv's
+- ``before``: the code before (tool search by default: ``--before-ref``, a git worktree run with this venv's
   packages): start-up, the whole ``tools/list``, RSS;
 - ``search.mode: off`` with each ``--page-sizes`` (the first is the main run): start-up, each
   page's latency following ``nextCursor``, the whole list, and (main run) a change of ``u0``
@@ -1047,7 +1047,9 @@ def progress(message: str) -> None:
 async def run_before(base: str, size: Size, options: Options, workdir: Path, report: SizeReport) -> None:
     assert options.before is not None
     progress(f"{size}: the code before ({options.before_ref}) ...")
-    config = gateway_config(base, size, {}, None)
+    # A "before" that has tool search lists in full only with it off, as ours is measured.
+    has_search = (options.before / "src" / "agent_gateway" / "search").is_dir()
+    config = gateway_config(base, size, {}, {"mode": "off"} if has_search else None)
     async with (
         gateway_process(f"before {size}", config, workdir, options.before / "src") as run,
         new_client(run.url) as client,
