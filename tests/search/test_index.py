@@ -91,6 +91,10 @@ def test_total_counts_every_match_not_just_the_page() -> None:
     results = index.search("issue", limit=1)
     assert len(results.hits) == 1
     assert results.total == 4  # create_issue and list_issues on both trackers
+    assert index.search("issue", limit=1, accept=lambda name: name.startswith("other__")).total == 2
+    # No tool says "ticket": the rows its expansion (issue) ranked count, and each only once.
+    assert index.search("ticket", limit=1).total == 4
+    assert index.search("issue ticket", limit=1).total == 4
 
 
 def test_one_upstream_is_replaced_without_touching_the_others() -> None:

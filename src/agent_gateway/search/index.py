@@ -156,12 +156,11 @@ class ToolIndex:
         if not own or not self._rows:
             return Results([], 0)
         scores: dict[int, float] = defaultdict(float)
-        own_top, matched = self._run(own, upstream, accept, count=True)
-        related_top, _ = self._run(self._related(own), upstream, accept)
+        own_top = self._run(own, upstream, accept)
+        related_top = self._run(self._related(own), upstream, accept)
         for weight, top in ((1.0, own_top), (SYNONYM_WEIGHT, related_top)):
             for rowid, score in top:
                 scores[rowid] += weight * score
-        matched |= {rowid for rowid, _ in related_top}
         best = self._bound(own)
         weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
         wanted = dict.fromkeys(self._related(own), SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
@@ -170,7 +169,7 @@ class ToolIndex:
         final = {r: self._reranked(r, s / best, weights, wanted) for r, s in leaders}
         ranked = sorted(final.items(), key=lambda item: (-item[1], item[0]))[:limit]
         hits = [Hit(self._rows[r].key, self._rows[r].upstream, min(1.0, score)) for r, score in ranked]
-        return Results(hits, len(matched))
+        return Results(hits, self._matched(own, upstream, accept, [r for r, _ in related_top]))
 
     def _reranked(
         self, rowid: int, score: float, weights: dict[str, float], wanted: dict[str, float]
@@ -195,32 +194,52 @@ class ToolIndex:
         return sorted(related, key=lambda t: (self._df[t], t))[:_EXPANSIONS]
 
     def _run(
-        self,
-        query_terms: Sequence[str],
-        upstream: str | None,
-        accept: Callable[[str], bool] | None,
-        count: bool = False,
-    ) -> tuple[list[tuple[int, float]], set[int]]:
-        """The best ``_CANDIDATES`` (rowid, BM25 score) matching any of ``query_terms``, and,
-        with ``count``, every row that matched; both filtered."""
-        present = [t for t in query_terms if self._df[t]]
-        if not present:
-            return [], set()
-        expression = " OR ".join(f'"{t}"' for t in present)
-        where = "tools MATCH ?" + (" AND upstream = ?" if upstream is not None else "")
-        args: tuple[str, ...] = (expression, upstream) if upstream is not None else (expression,)
+        self, query_terms: Sequence[str], upstream: str | None, accept: Callable[[str], bool] | None
+    ) -> list[tuple[int, float]]:
+        """The best ``_CANDIDATES`` (rowid, BM25 score) ``accept`` takes of those matching any
+        of ``query_terms``."""
+        where, args = self._where(query_terms, upstream)
+        if not args:
+            return []
         # Ranked in SQLite, and only as far as needed: every ranked row costs a BM25 there.
         ranked = f"SELECT rowid, -rank FROM tools WHERE {where} ORDER BY rank LIMIT ?"
         rows = self._db.execute(ranked, (*args, _CANDIDATES)).fetchall()
         top = [(r, s) for r, s in rows if self._takes(accept, r)]
         if len(rows) == _CANDIDATES and len(top) < _CANDIDATES:  # the asker may call few: rank all
             top = [(r, s) for r, s in self._db.execute(ranked, (*args, -1)) if self._takes(accept, r)]
-        if not count:
-            return top[:_CANDIDATES], set()
-        rowids = self._db.execute(f"SELECT rowid FROM tools WHERE {where}", args)
-        if accept is None:
-            return top[:_CANDIDATES], {r for (r,) in rowids}
-        return top[:_CANDIDATES], {r for (r,) in rowids if accept(self._rows[r].key)}
+        return top[:_CANDIDATES]
+
+    def _matched(
+        self,
+        own: Sequence[str],
+        upstream: str | None,
+        accept: Callable[[str], bool] | None,
+        related: Sequence[int],
+    ) -> int:
+        """How many tools ``accept`` takes match the query's own terms, or are among the
+        ``related`` rows its expansion ranked. Counted in SQLite unless a policy filters: a
+        common word matches thousands of rows, not worth reading one by one."""
+        where, args = self._where(own, upstream)
+        if not args:
+            return len(related)
+        if accept is not None:
+            rows = self._db.execute(f"SELECT rowid FROM tools WHERE {where}", args)
+            return len({r for (r,) in rows if accept(self._rows[r].key)} | set(related))
+        (count,) = self._db.execute(f"SELECT count(*) FROM tools WHERE {where}", args).fetchone()
+        # Plus the expansion's rows the own terms do not match (a row matches a term it holds).
+        held = frozenset(own)
+        return int(count) + sum(1 for r in related if self._terms[r].isdisjoint(held))
+
+    def _where(self, query_terms: Sequence[str], upstream: str | None) -> tuple[str, tuple[str, ...]]:
+        """The condition matching any of ``query_terms`` some tool holds, and its arguments
+        (none when no tool holds any)."""
+        present = [t for t in query_terms if self._df[t]]
+        if not present:
+            return "", ()
+        expression = " OR ".join(f'"{t}"' for t in present)
+        if upstream is None:
+            return "tools MATCH ?", (expression,)
+        return "tools MATCH ? AND upstream = ?", (expression, upstream)
 
     def _takes(self, accept: Callable[[str], bool] | None, rowid: int) -> bool:
         return accept is None or accept(self._rows[rowid].key)
