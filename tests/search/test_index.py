@@ -95,6 +95,8 @@ def test_total_counts_every_match_not_just_the_page() -> None:
     # No tool says "ticket": the rows its expansion (issue) ranked count, and each only once.
     assert index.search("ticket", limit=1).total == 4
     assert index.search("issue ticket", limit=1).total == 4
+    # The expansion of "create" (new) ranks the two create_issue rows, matched already.
+    assert index.search("create issue", limit=1).total == 4
 
 
 def test_one_upstream_is_replaced_without_touching_the_others() -> None:
