@@ -28,6 +28,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
+from mcp.client import session as client_session
 from mcp.client import streamable_http
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -35,6 +36,7 @@ from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
+from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
 
 from agent_gateway import compat
@@ -223,6 +225,45 @@ def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_re
     mcp_compat.lean_client_parsing()
     adapter = vars(streamable_http)["jsonrpc_message_adapter"]
     assert isinstance(adapter.validate_json(b'{"jsonrpc":"2.0","id":1,"result":{}}'), JSONRPCResponse)
+
+
+def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_replace() -> None:
+    send = client_session.ClientSession.send_request
+    assert client_session._methods is mcp_methods, "mcp: ClientSession no longer reads mcp_types.methods"  # pyright: ignore[reportPrivateUsage]
+    assert "validate_server_result" in send.__code__.co_names, (
+        "mcp: ClientSession.send_request no longer calls methods.validate_server_result (compat/mcp.py)"
+    )
+    assert parameters(mcp_methods._check_known_version) == ["version"]  # pyright: ignore[reportPrivateUsage]
+    assert parameters(mcp_methods._adapter) == ["target"]  # pyright: ignore[reportPrivateUsage]
+    mcp_compat.lean_result_checks()
+    assert mcp_methods.validate_server_result is mcp_compat._validate_server_result  # pyright: ignore[reportPrivateUsage]
+
+
+@pytest.mark.parametrize(
+    ("method", "version", "data"),
+    [
+        ("tools/call", "2025-11-25", {"content": [{"type": "text", "text": "x"}], "structuredContent": {"a": 1}}),
+        ("tools/call", "2026-07-28", {"content": [{"type": "text", "text": "x"}], "isError": True}),
+        ("tools/list", "2025-11-25", {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}),
+        ("tools/list", "2025-11-25", {"tools": [{"name": "t"}]}),  # no inputSchema: refused
+        ("tools/call", "2025-11-25", {"content": "x"}),  # content not a list: refused
+        ("tools/call", "1999-01-01", {"content": []}),  # unknown version
+        ("no/such", "2025-11-25", {}),  # unknown method
+    ],
+)
+def test_lean_result_checks_accept_and_refuse_what_the_sdks_own_check_does(
+    method: str, version: str, data: dict[str, Any]
+) -> None:
+    def outcome(check: Callable[[], object]) -> type[BaseException] | None:
+        try:
+            check()
+        except (ValueError, KeyError) as exc:  # pydantic's ValidationError is a ValueError
+            return type(exc)
+        return None
+
+    # The SDK's validate_server_result is serialize_server_result with its dump discarded.
+    expected = outcome(lambda: mcp_methods.serialize_server_result(method, version, data))
+    assert outcome(lambda: mcp_compat._validate_server_result(method, version, data)) is expected  # pyright: ignore[reportPrivateUsage]
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -11,6 +12,7 @@ from mcp.server.connection import Connection
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
+from mcp_types import methods as _methods
 
 __all__ = [
     "MCP_DEFAULT_SSE_READ_TIMEOUT",
@@ -21,6 +23,7 @@ __all__ = [
     "connection_of",
     "create_mcp_http_client",
     "lean_client_parsing",
+    "lean_result_checks",
     "parse_message",
 ]
 
@@ -66,3 +69,27 @@ def lean_client_parsing() -> None:
     ``jsonrpc_message_adapter`` at each message (``tests/test_compat.py`` checks); the SDK
     has no parser to pass. Idempotent."""
     streamable_http.jsonrpc_message_adapter = _LeanAdapter()  # type: ignore[assignment]
+
+
+def lean_result_checks() -> None:
+    """Make the SDK's client check each upstream result against the negotiated version's
+    schema without dumping it again.
+
+    ``ClientSession.send_request`` calls ``mcp_types.methods.validate_server_result``, which
+    validates the result and then dumps the model it built, only to discard the dump (a
+    10,000-tool catalog: ~0.7 s of a gateway's start-up; every call pays it too); its
+    twin ``validate_client_result`` only validates. This makes the first like the second:
+    same checks, same errors. The client reads the function from the module at each request
+    (``tests/test_compat.py`` checks). Idempotent."""
+    _methods.validate_server_result = _validate_server_result
+
+
+def _validate_server_result(
+    method: str,
+    version: str,
+    data: Mapping[str, Any],
+    *,
+    surface: Mapping[tuple[str, str], Any] = _methods.SERVER_RESULTS,
+) -> None:
+    _methods._check_known_version(version)  # pyright: ignore[reportPrivateUsage]
+    _methods._adapter(surface[(method, version)]).validate_python(data, by_name=False)  # pyright: ignore[reportPrivateUsage]

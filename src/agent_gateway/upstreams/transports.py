@@ -22,6 +22,7 @@ from agent_gateway.compat.mcp import (
     TransportStreams,
     create_mcp_http_client,
     lean_client_parsing,
+    lean_result_checks,
 )
 from agent_gateway.compat.resumed import HttpSession, http_session
 from agent_gateway.config import UpstreamConfig
@@ -140,6 +141,7 @@ async def open_transport(
 ) -> AsyncIterator[TransportStreams]:
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child).
     ``link``: the Streamable HTTP session to resume or keep (other transports ignore it)."""
+    lean_result_checks()  # every transport's client session checks results alike
     async with AsyncExitStack() as stack:
         kind = config.kind
         if kind == "stdio":
