@@ -242,7 +242,11 @@ def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_r
 @pytest.mark.parametrize(
     ("method", "version", "data"),
     [
-        ("tools/call", "2025-11-25", {"content": [{"type": "text", "text": "x"}], "structuredContent": {"a": 1}}),
+        (
+            "tools/call",
+            "2025-11-25",
+            {"content": [{"type": "text", "text": "x"}], "structuredContent": {"a": 1}},
+        ),
         ("tools/call", "2026-07-28", {"content": [{"type": "text", "text": "x"}], "isError": True}),
         ("tools/list", "2025-11-25", {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}),
         ("tools/list", "2025-11-25", {"tools": [{"name": "t"}]}),  # no inputSchema: refused
