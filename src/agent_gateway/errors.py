@@ -32,6 +32,7 @@ result the model can read, and an agent run turns ``AgentError`` into one too.
 
 from __future__ import annotations
 
+import httpx2
 import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
@@ -181,3 +182,22 @@ def to_wire(exc: GatewayError) -> MCPError:
     """The JSON-RPC error a client receives for ``exc`` (raise it ``from exc``): the one
     place the tree meets the wire, so every method answers the same failure alike."""
     return MCPError(code=exc.code, message=str(exc), data=exc.data)
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line, secret-free description of a failure (groups unwrapped)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if isinstance(exc, BaseExceptionGroup):
+        # A transport's group often holds the same failure several times over.
+        parts = dict.fromkeys(text for e in exc.exceptions if (text := describe(e).rstrip(": ")))
+        return "; ".join(parts)
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, MCPError):
+        return exc.error.message
+    if isinstance(exc, httpx2.HTTPError):
+        # The request URL may carry credentials; name the kind of failure only.
+        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, UpstreamUnavailable | CommandNotFound) else f"{type(exc).__name__}: {text}"

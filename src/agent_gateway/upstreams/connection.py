@@ -23,13 +23,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
+from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import connected
 from agent_gateway.upstreams.replies import Broadcast
-from agent_gateway.upstreams.session import UpdateSink, UpstreamSession, describe
+from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 
 logger = logging.getLogger(__name__)
 

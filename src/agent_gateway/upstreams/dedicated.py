@@ -22,11 +22,11 @@ from opentelemetry.context import Context
 
 from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamError, UpstreamUnavailable
+from agent_gateway.errors import UpstreamError, UpstreamUnavailable, describe
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import connected, nothing
-from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession, describe
+from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession
 
 logger = logging.getLogger(__name__)
 
