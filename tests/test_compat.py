@@ -35,6 +35,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
+from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
@@ -46,6 +47,7 @@ from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
 from agent_gateway.compat.resumed import resumed_client
+from tests.support import serving_upstream
 
 SRC = Path(compat.__file__).resolve().parent.parent
 
@@ -237,6 +239,36 @@ def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_r
     assert parameters(mcp_methods._adapter) == ["target"]  # pyright: ignore[reportPrivateUsage]
     mcp_compat.lean_result_checks()
     assert mcp_methods.validate_server_result is mcp_compat._validate_server_result  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_stamp_gives_what_the_session_adds_to_a_request_in_the_modern_era() -> None:
+    assert assigned_in_init(client_session.ClientSession, "_stamp"), "mcp: ClientSession._stamp is gone"
+    server = FastMCP("x")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    async with serving_upstream(server) as url, Client(url, mode="auto") as client:
+        data: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "echo"}}
+        headers = mcp_compat.stamp(client.session, data)
+        version = client.protocol_version
+    assert headers["mcp-protocol-version"] == version
+    assert (headers["mcp-method"], headers["mcp-name"]) == ("tools/call", "echo")
+    meta = data["params"]["_meta"]
+    assert meta["io.modelcontextprotocol/protocolVersion"] == version
+    assert {"io.modelcontextprotocol/clientInfo", "io.modelcontextprotocol/clientCapabilities"} <= set(meta)
+
+
+def test_the_client_span_of_a_forwarded_request_is_the_sdks_own() -> None:
+    # The dispatcher's span for a request it sends: otel_span, its name and attributes.
+    source = inspect.getsource(JSONRPCDispatcher.send_raw_request)
+    assert "otel_span(" in source, "mcp: the dispatcher no longer makes its client span with otel_span"
+    assert 'f"MCP send {method}' in source, "mcp: the client span's name changed"
+    assert '"mcp.method.name": method, "jsonrpc.request.id": str(request_id)' in source
+    assert "inject_trace_context(out_meta)" in source
+    with mcp_compat.otel_client_span("tools/call", "echo", 7) as span:
+        assert span is not None
 
 
 @pytest.mark.parametrize(

@@ -236,6 +236,8 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
                 await client.call_tool("x" * 65, {})
             frozen = await client.call_tool("pipe__freeze", {})
             asked = await client.call_tool("ask_agent", {"query": "anything"})
+        async with Client(f"{traced.gateway}/mcp", mode="auto") as modern:  # forwarded below the SDK
+            await modern.call_tool("web__fail", {})
         scraped = await scraped_once(f"{traced.gateway}/metrics", lambda text: "reconnects_total{" in text)
     assert frozen.is_error
     assert not asked.is_error
@@ -249,6 +251,15 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     sent = _samples(scraped, "mcp_client_operation_duration_seconds_count")
     assert sent[("tools/call", "echo", "web", "")] == 3
     assert sent[("tools/call", "fail", "pipe", "tool_error")] == 1
+    assert sent[("tools/call", "fail", "web", "tool_error")] == 1
+    # Which way each went out: the modern client's call to the HTTP upstream below the SDK.
+    paths = re.findall(r"^mcp_client_operation_duration_seconds_count\{(.*)\} \S+$", scraped, re.M)
+    assert {
+        'gen_ai_tool_name="fail"' in p and 'agent_gateway_upstream="web"' in p
+        for p in paths
+        if 'agent_gateway_path="direct"' in p
+    } == {True}
+    assert any('gen_ai_tool_name="echo"' in p and 'agent_gateway_path="sdk"' in p for p in paths)
     assert 'agent_gateway_upstream_up{agent_gateway_upstream="web"' in scraped
     assert "agent_gateway_sessions_active" in scraped
     assert re.search(r"^agent_gateway_store_available\{.*\} 1\.0$", scraped, re.M)

@@ -298,7 +298,7 @@ class Outcome:
 # -- client spans ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass
 class UpstreamCall:
     """The request being sent upstream in this context, for its span and metric."""
 
@@ -307,6 +307,9 @@ class UpstreamCall:
     target: str | None
     address: tuple[str, int | None] | None
     outcome: Outcome = field(default_factory=Outcome)
+    path: str = "sdk"
+    """How it went out: through the ``mcp`` client (``sdk``), or below it (``direct``,
+    ``upstreams/forwarding.py``): a label on its duration, so a deployment sees which."""
 
 
 _UPSTREAM_CALL: ContextVar[UpstreamCall | None] = ContextVar("agent_gateway_upstream_call", default=None)
@@ -324,7 +327,14 @@ def upstream_call(upstream: str, method: str, target: str | None, url: str | Non
     finally:
         _UPSTREAM_CALL.reset(bound)
         labels = _labels(method, target if method in _NAMED else None, upstream)
+        labels["agent_gateway.path"] = call.path
         client_duration.record(time.perf_counter() - started, call.outcome.labelled(labels))
+
+
+def sent_directly() -> None:
+    """The upstream request in this context goes out below the ``mcp`` client."""
+    if (call := _UPSTREAM_CALL.get()) is not None:
+        call.path = "direct"
 
 
 def _address(url: str | None) -> tuple[str, int | None] | None:

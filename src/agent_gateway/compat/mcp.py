@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import msgspec
@@ -10,9 +11,11 @@ from mcp.client import streamable_http
 from mcp.client._transport import TransportStreams
 from mcp.server.connection import Connection
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, create_mcp_http_client
+from mcp.shared._otel import inject_trace_context, otel_span
 from mcp.shared._stream_protocols import ReadStream, WriteStream
 from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
 from mcp_types import methods as _methods
+from opentelemetry.trace import Span, SpanKind
 
 __all__ = [
     "MCP_DEFAULT_SSE_READ_TIMEOUT",
@@ -22,9 +25,12 @@ __all__ = [
     "WriteStream",
     "connection_of",
     "create_mcp_http_client",
+    "inject_trace_context",
     "lean_client_parsing",
     "lean_result_checks",
+    "otel_client_span",
     "parse_message",
+    "stamp",
 ]
 
 
@@ -93,3 +99,25 @@ def _validate_server_result(
 ) -> None:
     _methods._check_known_version(version)  # pyright: ignore[reportPrivateUsage]
     _methods._adapter(surface[(method, version)]).validate_python(data, by_name=False)  # pyright: ignore[reportPrivateUsage]
+
+
+def stamp(session: Any, data: dict[str, Any]) -> dict[str, str]:
+    """What the SDK's ``ClientSession`` adds to request ``data`` before sending it, in the era
+    it negotiated: the ``_meta`` entries (a modern request's protocol version, client info and
+    capabilities, log level) set in ``data``, and the headers returned (protocol version,
+    method, name, ``Mcp-Param-*`` from the tool's listing). Its private ``_stamp``: the one
+    place both are made, so a request sent below the session is the one it would send."""
+    options: dict[str, Any] = {}
+    session._stamp(data, options)  # pyright: ignore[reportPrivateUsage]
+    headers: dict[str, str] = options.get("headers", {})
+    return headers
+
+
+@contextmanager
+def otel_client_span(method: str, name: str | None, request_id: int) -> Iterator[Span]:
+    """The CLIENT span the SDK's dispatcher makes around a request it sends (its tracer, name
+    and attributes), for a request sent below it."""
+    span_name = f"MCP send {method}{f' {name}' if name is not None else ''}"
+    attributes = {"mcp.method.name": method, "jsonrpc.request.id": str(request_id)}
+    with otel_span(span_name, kind=SpanKind.CLIENT, attributes=attributes) as span:
+        yield span

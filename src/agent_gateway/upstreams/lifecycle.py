@@ -44,6 +44,7 @@ async def connected(
         UpstreamUnavailable: the connection and ``prepare`` took longer than connect_timeout.
     """
     timeout = session.config.connect_timeout
+    link = link or HttpSession()  # a Streamable HTTP transport puts its HTTP client there
     # One scope around the whole connection: a deadline while connecting, none after.
     # (A timeout scope around only the entry would exit before the client's task group.)
     with anyio.CancelScope(deadline=anyio.current_time() + timeout) as connecting:
@@ -52,7 +53,7 @@ async def connected(
             async with session.new_client(transport, on_message, resumed) as client:
                 prepared = await prepare(client)
                 connecting.deadline = math.inf
-                session.attach(client)
+                session.attach(client, link.client)
                 async with anyio.create_task_group() as tg:
                     if updates is not None:  # running before anyone can subscribe
                         await tg.start(session.relay_updates, updates)

@@ -29,9 +29,10 @@ from pydantic import ValidationError
 from agent_gateway import __version__
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import CommandNotFound, UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
-from agent_gateway.telemetry import mark_upstream_error, upstream_call
+from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, describe
+from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
 from agent_gateway.upstreams.client_side import ClientSide
+from agent_gateway.upstreams.forwarding import Forwarder
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
@@ -85,6 +86,8 @@ class UpstreamSession:
         self.replies = Replies(name, owner, broadcast)
         """Where the upstream's log lines and requests go: the client whose call caused them."""
         self._client: Client | None = None
+        self._forwarder: Forwarder | None = None
+        self._on_message: MessageHandlerFnT | None = None
         self._updates_in, self._updates_out = anyio.create_memory_object_stream[str](_UPDATES_BUFFER)
         self._streams = ListenStreams(
             name, self.id, lambda what: self._calling(None, what), self._queue_update
@@ -103,13 +106,14 @@ class UpstreamSession:
         owner's capabilities for a dedicated session, all of them for a shared one (a call from
         a client without one gets a clear error upstream). ``resumed``: the handshake of a
         session another replica opened (then nothing is sent)."""
+        self._on_message = self._watching(message_handler)  # forwarded calls' notifications too
         caps = self.owner.capabilities if self.owner is not None else EVERYTHING
         caps = caps or types.ClientCapabilities()
         options: dict[str, Any] = dict(
             server=transport,
             # No session-wide read timeout: it would bound the handshake too (connect_timeout
             # does); each call gets `timeout` in _calling, and its cancel reaches the upstream.
-            message_handler=self._watching(message_handler),
+            message_handler=self._on_message,
             logging_callback=self.replies.on_log,
             sampling_callback=self.replies.on_sampling if caps.sampling is not None else None,
             sampling_capabilities=caps.sampling,
@@ -198,12 +202,16 @@ class UpstreamSession:
             self.lost_reason = reason
             self.lost.set()
 
-    def attach(self, client: Client) -> None:
+    def attach(self, client: Client, http: httpx2.AsyncClient | None = None) -> None:
+        """``http``: a Streamable HTTP transport's client, for calls forwarded below the SDK's."""
         self._client = client
+        if http is not None and self.config.url is not None and self._on_message is not None:
+            sinks = (self.replies.on_log, self._on_message)
+            self._forwarder = Forwarder(http, self.config.url, self.config.max_message_bytes, sinks)
 
     def detach(self) -> None:
         """The session is over: no more calls, and its update queue is closed."""
-        self._client = None
+        self._client = self._forwarder = None
         self._updates_in.close()
         self._updates_out.close()
 
@@ -243,18 +251,29 @@ class UpstreamSession:
                 if answered.is_error:
                     mark_upstream_error("tool_error")
                 return answered
-            result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
-                name,
-                arguments,
-                progress_callback=progress,
+            params = types.CallToolRequestParams(
+                name=name,
+                arguments=arguments,
                 input_responses=caller.input_responses,
                 request_state=caller.request_state,
-                meta=meta,  # pyright: ignore[reportArgumentType]
-                allow_input_required=True,
+                _meta=meta,  # pyright: ignore[reportArgumentType]
             )
+            if self._forwarder is not None:  # same era both sides, over HTTP: below the SDK
+                sent_directly()
+                result = await self._forwarder.call_tool(client, params, progress)
+            else:
+                result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
+                    name,
+                    arguments,
+                    progress_callback=progress,
+                    input_responses=params.input_responses,
+                    request_state=params.request_state,
+                    meta=meta,  # pyright: ignore[reportArgumentType]
+                    allow_input_required=True,
+                )
+            if isinstance(result, types.CallToolResult) and result.is_error:
+                mark_upstream_error("tool_error")
             if isinstance(result, types.CallToolResult | types.InputRequiredResult):
-                if isinstance(result, types.CallToolResult) and result.is_error:
-                    mark_upstream_error("tool_error")
                 return result
             raise UpstreamRejected(
                 self.name, f"tool {name!r}: answered with an unknown result", types.INTERNAL_ERROR
@@ -378,22 +397,3 @@ class UpstreamSession:
             self.lose(reason)
             return UpstreamUnavailable(self.name, f"{what}: connection closed during the call ({reason})")
         return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
-
-
-def describe(exc: BaseException) -> str:
-    """A one-line, secret-free description of a failure (groups unwrapped)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if isinstance(exc, BaseExceptionGroup):
-        # A transport's group often holds the same failure several times over.
-        parts = dict.fromkeys(text for e in exc.exceptions if (text := describe(e).rstrip(": ")))
-        return "; ".join(parts)
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    if isinstance(exc, MCPError):
-        return exc.error.message
-    if isinstance(exc, httpx2.HTTPError):
-        # The request URL may carry credentials; name the kind of failure only.
-        return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, UpstreamUnavailable | CommandNotFound) else f"{type(exc).__name__}: {text}"

@@ -1,0 +1,203 @@
+"""A modern-era ``tools/call`` forwarded to a Streamable HTTP upstream as its own JSON-RPC,
+below the SDK's client.
+
+The SDK's client sends a request through its session, its dispatcher's pending table and
+streams, a writer task per POST and httpx2's request building: a third of the gateway's CPU
+per forwarded call (``bench/README.md``). When the client and the upstream both speak the
+modern era (no session, one POST per request) none of that machinery is needed: this sends
+the request the SDK's session would send (its ``_meta`` and headers stamped by the session
+itself, ``compat/mcp.stamp``) on the same HTTP client the transport uses (its headers, proxies,
+trace-context hook and body bound), and reads the answer as the SDK's transport would:
+
+- a JSON body, or an SSE stream whose progress notifications go to the caller's progress
+  relay and whose log lines go to the caller (``Replies.on_log``) until the response;
+- an HTTP error as the SDK reports it (the JSON-RPC error in the body, else 404 as
+  method-not-found, else an internal error), JSON-RPC errors as ``MCPError``;
+- the result checked as the SDK checks it (the result's schema, then the tool's output
+  schema through the session's own ``validate_tool_result``).
+
+Cancelling the call closes the POST, which is how the modern era cancels. The CLIENT span is
+the SDK's own (its tracer, name and attributes), so ``telemetry.UpstreamSpans`` enriches it
+as any other, and its context goes out in ``_meta`` and the headers alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import msgspec
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types import methods as mcp_methods
+from pydantic import ValidationError
+
+from agent_gateway.compat.mcp import inject_trace_context, otel_client_span, stamp
+
+logger = logging.getLogger(__name__)
+
+Progress = Callable[[float, float | None, str | None], Awaitable[None]]
+OnLog = Callable[[types.LoggingMessageNotificationParams], Awaitable[None]]
+Sinks = tuple[OnLog, Callable[[Any], Awaitable[None]]]
+"""Where the session sends an upstream's notifications: its logging callback, its message handler."""
+
+_ids = itertools.count(1)
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder().decode
+_ACCEPT = "application/json, text/event-stream"
+
+
+class Forwarder:
+    """Sends modern-era ``tools/call`` requests to one Streamable HTTP upstream."""
+
+    def __init__(self, http: httpx2.AsyncClient, url: str, max_event_bytes: int, sinks: Sinks) -> None:
+        self._http = http
+        self._url = url
+        self._max_event = max_event_bytes
+        self._sinks = sinks
+
+    async def call_tool(
+        self,
+        client: Client,
+        params: types.CallToolRequestParams,
+        progress: Progress | None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """``params`` sent as the session would send them; the upstream's answer.
+
+        Raises:
+            MCPError, ValidationError, httpx2.TransportError (``UpstreamSession`` translates them).
+        """
+        request_id = next(_ids)
+        body: dict[str, Any] = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        data: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": body}
+        headers = {"accept": _ACCEPT, "content-type": "application/json", **stamp(client.session, data)}
+        meta = body.setdefault("_meta", {})
+        if progress is not None:  # the upstream reports progress only when given a token
+            meta["progressToken"] = request_id
+        with otel_client_span("tools/call", params.name, request_id) as span:
+            inject_trace_context(meta)
+            version = client.protocol_version or "2026-07-28"
+            message = await self._exchange(_encode(data), headers, request_id, version, progress)
+            if "error" in message:
+                error = types.ErrorData.model_validate(message["error"], by_name=False)
+                span.set_attributes(
+                    {"error.type": str(error.code), "rpc.response.status_code": str(error.code)}
+                )
+                raise MCPError.from_error_data(error)
+        result = message.get("result")
+        if not isinstance(result, dict):
+            raise MCPError(code=types.INTERNAL_ERROR, message="the answer holds no result")
+        if result.get("resultType") == "input_required":
+            return types.InputRequiredResult.model_validate(result, by_name=False)
+        answer = types.CallToolResult.model_validate(result, by_name=False)
+        if not answer.is_error:
+            await client.session.validate_tool_result(params.name, answer)
+        return answer
+
+    async def _exchange(
+        self,
+        content: bytes,
+        headers: dict[str, str],
+        request_id: int,
+        version: str,
+        progress: Progress | None,
+    ) -> dict[str, Any]:
+        async with self._http.stream("POST", self._url, content=content, headers=headers) as response:
+            if response.status_code >= 400 or response.status_code in (202, *range(300, 400)):
+                raise await _refusal(response)
+            kind = response.headers.get("content-type", "").lower()
+            if kind.startswith("application/json"):
+                try:  # a body over a bound (in_flight, max_message_bytes) is a StreamError
+                    return _message(await response.aread(), "JSON response")
+                except httpx2.StreamError as exc:
+                    raise MCPError(
+                        code=types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
+                    ) from exc
+            if kind.startswith("text/event-stream"):
+                return await self._streamed(response, request_id, version, progress)
+        raise MCPError(code=types.INVALID_REQUEST, message=f"Unexpected content type: {kind}")
+
+    async def _streamed(
+        self,
+        response: httpx2.Response,
+        request_id: int,
+        version: str,
+        progress: Progress | None,
+    ) -> dict[str, Any]:
+        """The response an SSE stream ends with; what comes before it relayed."""
+        try:
+            async for event in httpx2.EventSource(response, max_event_size=self._max_event):
+                if event.event != "message" or not event.data:
+                    continue  # a priming event (an id only): nothing to resume in this era
+                message = _message(event.data, "SSE message")
+                if message.get("id") == request_id and ("result" in message or "error" in message):
+                    return message
+                await _relay(message, version, progress, self._sinks)
+        except httpx2.SSEError as exc:
+            raise MCPError(code=types.CONNECTION_CLOSED, message=f"SSE stream failed: {exc}") from exc
+        except httpx2.StreamError as exc:  # as the SDK's transport: the stream is over
+            logger.debug("SSE stream of a forwarded call ended: %s", exc)
+        raise MCPError(code=types.CONNECTION_CLOSED, message="SSE stream ended without a response")
+
+
+async def _relay(message: dict[str, Any], version: str, progress: Progress | None, sinks: Sinks) -> None:
+    """A message the upstream sent on the call's stream before its answer, where the SDK's
+    session would send it: progress to the call's relay, notifications to the logging
+    callback and the message handler (a tool list changed during the call, say)."""
+    method = message.get("method")
+    if not isinstance(method, str) or "id" in message:  # the modern era asks by InputRequiredResult
+        raise MCPError(
+            code=types.INVALID_REQUEST, message=f"sent a request ({method}) inside a modern-era call"
+        )
+    params = message.get("params")
+    if method == "notifications/progress":
+        update = types.ProgressNotificationParams.model_validate(params, by_name=False)
+        if progress is not None:
+            await progress(update.progress, update.total, update.message)
+        return
+    try:
+        notification = mcp_methods.parse_server_notification(method, version, params)
+    except (KeyError, ValidationError):
+        logger.debug(
+            "notification %s on a forwarded call's stream: not one of %s's, dropped", method, version
+        )
+        return
+    if isinstance(notification, types.CancelledNotification):
+        return  # the SDK never surfaces these either
+    on_log, on_message = sinks
+    if isinstance(notification, types.LoggingMessageNotification):
+        await on_log(notification.params)
+    await on_message(notification)
+
+
+def _message(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        message = _decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise MCPError(code=types.PARSE_ERROR, message=f"Failed to parse {what}: {exc}") from exc
+    if not isinstance(message, dict):
+        raise MCPError(code=types.PARSE_ERROR, message=f"Failed to parse {what}: not a JSON-RPC message")
+    return message  # pyright: ignore[reportUnknownVariableType]
+
+
+async def _refusal(response: httpx2.Response) -> MCPError:
+    """What the SDK's transport makes of an HTTP refusal: the JSON-RPC error in the body if
+    there is one, else 404 as method-not-found (no session in this era), else an internal error."""
+    status = response.status_code
+    if status >= 400 and response.headers.get("content-type", "").lower().startswith("application/json"):
+        try:
+            error = _message(await response.aread(), "JSON response").get("error")
+            return MCPError.from_error_data(types.ErrorData.model_validate(error, by_name=False))
+        except (MCPError, ValidationError, httpx2.StreamError):
+            pass
+    if status == 404:
+        return MCPError(code=types.METHOD_NOT_FOUND, message="Not Found")
+    if status == 202:
+        return MCPError(code=types.INVALID_REQUEST, message="server answered a request with 202 Accepted")
+    if status < 400:
+        return MCPError(code=types.INVALID_REQUEST, message=f"redirected ({status}): not followed")
+    return MCPError(code=types.INTERNAL_ERROR, message="Server returned an error response")

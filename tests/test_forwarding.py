@@ -1,0 +1,172 @@
+"""A modern-era ``tools/call`` forwarded below the SDK's client (``upstreams/forwarding.py``),
+against a real upstream: it must come back as the SDK's own call gives it, relay what the
+upstream streams meanwhile, report failures as the SDK does, and cancel by closing its POST.
+
+The gateway's own tests in the modern era (``test_proxying.py``, ``test_error_codes.py``,
+``test_telemetry.py`` …) take this path too; these pin down the module itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from agent_gateway.upstreams.forwarding import Forwarder
+from tests.servers import recorder
+from tests.support import serving, serving_upstream
+
+BOUND = 10.0
+
+
+@dataclass
+class Relayed:
+    """What the forwarder passed on to the session: log lines, and every notification."""
+
+    logs: list[types.LoggingMessageNotificationParams] = field(default_factory=list)
+    notifications: list[Any] = field(default_factory=list)
+
+    async def log(self, line: types.LoggingMessageNotificationParams) -> None:
+        self.logs.append(line)
+
+    async def notify(self, notification: Any) -> None:
+        self.notifications.append(notification)
+
+    def forwarder(self, http: httpx2.AsyncClient, url: str) -> Forwarder:
+        return Forwarder(http, url, 2**20, (self.log, self.notify))
+
+
+@asynccontextmanager
+async def forwarding(
+    events: list[dict[str, Any]] | None = None,
+) -> AsyncIterator[tuple[Forwarder, Client, Relayed]]:
+    """A recorder upstream, a modern-era client of it, and a forwarder on its URL."""
+    sink = events.append if events is not None else (lambda _: None)
+    relayed = Relayed()
+    async with (
+        serving_upstream(recorder.build(sink)) as url,
+        Client(url, mode="auto") as client,
+        httpx2.AsyncClient() as http,
+    ):
+        assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
+        await client.list_tools()  # as the gateway has: the SDK checks results against it
+        yield relayed.forwarder(http, url), client, relayed
+
+
+def params(name: str, **arguments: Any) -> types.CallToolRequestParams:
+    return types.CallToolRequestParams(name=name, arguments=arguments)
+
+
+async def test_a_call_comes_back_as_the_sdks_own_call_gives_it() -> None:
+    async with forwarding() as (forwarder, client, _):
+        with anyio.fail_after(BOUND):
+            forwarded = await forwarder.call_tool(client, params("tally", by=2), None)
+            direct = await client.session.call_tool("tally", {"by": 3}, allow_input_required=True)
+    assert isinstance(forwarded, types.CallToolResult)
+    assert isinstance(direct, types.CallToolResult)
+    assert forwarded.structured_content == {"result": 2}  # a session of its own: modern, no session
+    assert forwarded.model_dump(exclude={"content", "structured_content"}) == direct.model_dump(
+        exclude={"content", "structured_content"}
+    )
+
+
+async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order() -> None:
+    progress: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
+
+    async with forwarding() as (forwarder, client, relayed):
+        with anyio.fail_after(BOUND):
+            steps = await forwarder.call_tool(client, params("steps", count=3), on_progress)
+            said = await forwarder.call_tool(
+                client,
+                types.CallToolRequestParams(
+                    name="say",
+                    arguments={"text": "hello"},
+                    _meta={types.LOG_LEVEL_META_KEY: "debug"},  # pyright: ignore[reportCallIssue]
+                ),
+                None,
+            )
+    assert isinstance(steps, types.CallToolResult)
+    assert not steps.is_error
+    assert progress == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
+    assert isinstance(said, types.CallToolResult)
+    assert [line.data["msg"] for line in relayed.logs] == ["hello"]  # FastMCP's shape of a log line
+    # As the SDK's session does: the log line goes to the logging callback and the handler.
+    assert [type(n) for n in relayed.notifications] == [types.LoggingMessageNotification]
+
+
+async def test_a_tools_failure_comes_back_as_the_sdks_own_call_gives_it() -> None:
+    async with forwarding() as (forwarder, client, _):
+        with anyio.fail_after(BOUND):
+            forwarded = await forwarder.call_tool(client, params("no_such_tool"), None)
+            direct = await client.session.call_tool("no_such_tool", {})
+    assert isinstance(forwarded, types.CallToolResult)
+    assert forwarded.is_error
+    assert forwarded.content == direct.content
+
+
+def answering(status: int, body: dict[str, Any] | None) -> Starlette:
+    """An HTTP endpoint answering every POST with ``status`` and ``body`` (JSON)."""
+
+    async def post(request: Request) -> Response:
+        if body is None:
+            return Response(status_code=status)
+        return JSONResponse(body, status_code=status)
+
+    return Starlette(routes=[Route("/mcp", post, methods=["POST"])])
+
+
+REFUSED = {"jsonrpc": "2.0", "id": None, "error": {"code": -32042, "message": "not today"}}
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "code", "message"),
+    [
+        (200, {**REFUSED, "id": 1}, -32042, "not today"),  # a JSON-RPC error as the answer
+        (400, REFUSED, -32042, "not today"),  # the same at an HTTP error status
+        (404, None, types.METHOD_NOT_FOUND, "Not Found"),  # no session in this era: no such method
+        (500, None, types.INTERNAL_ERROR, "Server returned an error response"),
+        (202, None, types.INVALID_REQUEST, "server answered a request with 202 Accepted"),
+    ],
+)
+async def test_refusals_come_back_as_the_sdks_transport_reports_them(
+    status: int, body: dict[str, Any] | None, code: int, message: str
+) -> None:
+    async with (
+        forwarding() as (_, client, _),
+        serving(answering(status, body)) as base,
+        httpx2.AsyncClient() as http,
+    ):
+        forwarder = Relayed().forwarder(http, f"{base}/mcp")
+        with anyio.fail_after(BOUND), pytest.raises(MCPError) as refused:
+            await forwarder.call_tool(client, params("tally", by=1), None)
+    assert (refused.value.error.code, refused.value.error.message) == (code, message)
+
+
+async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handler() -> None:
+    events: list[dict[str, Any]] = []
+    async with forwarding(events) as (forwarder, client, _):
+        with anyio.move_on_after(BOUND) as waiting:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(forwarder.call_tool, client, params("wait", seconds=60), None)
+                while not any(e["event"] == "started" for e in events):
+                    await anyio.sleep(0.01)
+                tg.cancel_scope.cancel()
+            while not any(e["event"] == "handler_cancelled" for e in events):
+                await anyio.sleep(0.01)
+    assert not waiting.cancelled_caught, f"the upstream never stopped the handler: {events}"
