@@ -231,7 +231,7 @@ def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_re
 
 def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_replace() -> None:
     send = client_session.ClientSession.send_request
-    assert client_session._methods is mcp_methods, "mcp: ClientSession no longer reads mcp_types.methods"  # pyright: ignore[reportPrivateUsage]
+    assert client_session._methods is mcp_methods, "mcp: ClientSession no longer reads mcp_types.methods"  # pyright: ignore[reportPrivateUsage, reportPrivateImportUsage]
     assert "validate_server_result" in send.__code__.co_names, (
         "mcp: ClientSession.send_request no longer calls methods.validate_server_result (compat/mcp.py)"
     )
