@@ -137,11 +137,14 @@ REFUSED = {"jsonrpc": "2.0", "id": None, "error": {"code": -32042, "message": "n
 @pytest.mark.parametrize(
     ("status", "body", "code", "message"),
     [
-        (200, {**REFUSED, "id": 1}, -32042, "not today"),  # a JSON-RPC error as the answer
-        (400, REFUSED, -32042, "not today"),  # the same at an HTTP error status
-        (404, None, types.METHOD_NOT_FOUND, "Not Found"),  # no session in this era: no such method
-        (500, None, types.INTERNAL_ERROR, "Server returned an error response"),
-        (202, None, types.INVALID_REQUEST, "server answered a request with 202 Accepted"),
+        pytest.param(200, {**REFUSED, "id": 1}, -32042, "not today", id="json-rpc-error"),
+        pytest.param(400, REFUSED, -32042, "not today", id="json-rpc-error-at-400"),
+        # No session in this era: a 404 says there is no such method.
+        pytest.param(404, None, types.METHOD_NOT_FOUND, "Not Found", id="404"),
+        pytest.param(500, None, types.INTERNAL_ERROR, "Server returned an error response", id="500"),
+        pytest.param(
+            202, None, types.INVALID_REQUEST, "server answered a request with 202 Accepted", id="202"
+        ),
     ],
 )
 async def test_refusals_come_back_as_the_sdks_transport_reports_them(

@@ -10,7 +10,9 @@ itself, ``compat/mcp.stamp``) on the same HTTP client the transport uses (its he
 trace-context hook and body bound), and reads the answer as the SDK's transport would:
 
 - a JSON body, or an SSE stream whose progress notifications go to the caller's progress
-  relay and whose log lines go to the caller (``Replies.on_log``) until the response;
+  relay and whose other notifications go where the session sends them: log lines to its
+  logging callback (so to the caller, ``Replies.on_log``) and every one to its message
+  handler (a tool list changed during the call refreshes the catalog);
 - an HTTP error as the SDK reports it (the JSON-RPC error in the body, else 404 as
   method-not-found, else an internal error), JSON-RPC errors as ``MCPError``;
 - the result checked as the SDK checks it (the result's schema, then the tool's output
@@ -107,7 +109,8 @@ class Forwarder:
         progress: Progress | None,
     ) -> dict[str, Any]:
         async with self._http.stream("POST", self._url, content=content, headers=headers) as response:
-            if response.status_code >= 400 or response.status_code in (202, *range(300, 400)):
+            status = response.status_code
+            if status >= 300 or status == 202:  # refused, redirected (not followed), or no answer
                 raise await _refusal(response)
             kind = response.headers.get("content-type", "").lower()
             if kind.startswith("application/json"):
@@ -155,7 +158,11 @@ async def _relay(message: dict[str, Any], version: str, progress: Progress | Non
         )
     params = message.get("params")
     if method == "notifications/progress":
-        update = types.ProgressNotificationParams.model_validate(params, by_name=False)
+        try:
+            update = types.ProgressNotificationParams.model_validate(params, by_name=False)
+        except ValidationError:  # the SDK drops a malformed notification too, not the call
+            logger.warning("malformed progress notification on a forwarded call's stream: dropped")
+            return
         if progress is not None:
             await progress(update.progress, update.total, update.message)
         return
