@@ -66,14 +66,15 @@ async def forwarding(
         yield relayed.forwarder(http, url), client, relayed
 
 
-def params(name: str, **arguments: Any) -> types.CallToolRequestParams:
-    return types.CallToolRequestParams(name=name, arguments=arguments)
+def call(name: str, **arguments: Any) -> tuple[str, dict[str, Any], None]:
+    """A call's name, arguments and (no) ``_meta``, as the forwarder takes them."""
+    return name, arguments, None
 
 
 async def test_a_call_comes_back_as_the_sdks_own_call_gives_it() -> None:
     async with forwarding() as (forwarder, client, _):
         with anyio.fail_after(BOUND):
-            forwarded = await forwarder.call_tool(client, params("tally", by=2), None)
+            forwarded = await forwarder.call_tool(client, *call("tally", by=2), None)
             direct = await client.session.call_tool("tally", {"by": 3}, allow_input_required=True)
     assert isinstance(forwarded, types.CallToolResult)
     assert isinstance(direct, types.CallToolResult)
@@ -91,16 +92,9 @@ async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order() 
 
     async with forwarding() as (forwarder, client, relayed):
         with anyio.fail_after(BOUND):
-            steps = await forwarder.call_tool(client, params("steps", count=3), on_progress)
-            said = await forwarder.call_tool(
-                client,
-                types.CallToolRequestParams(
-                    name="say",
-                    arguments={"text": "hello"},
-                    _meta={types.LOG_LEVEL_META_KEY: "debug"},  # pyright: ignore[reportCallIssue]
-                ),
-                None,
-            )
+            steps = await forwarder.call_tool(client, *call("steps", count=3), on_progress)
+            opted_in = {types.LOG_LEVEL_META_KEY: "debug"}
+            said = await forwarder.call_tool(client, "say", {"text": "hello"}, opted_in, None)
     assert isinstance(steps, types.CallToolResult)
     assert not steps.is_error
     assert progress == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
@@ -113,7 +107,7 @@ async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order() 
 async def test_a_tools_failure_comes_back_as_the_sdks_own_call_gives_it() -> None:
     async with forwarding() as (forwarder, client, _):
         with anyio.fail_after(BOUND):
-            forwarded = await forwarder.call_tool(client, params("no_such_tool"), None)
+            forwarded = await forwarder.call_tool(client, *call("no_such_tool"), None)
             direct = await client.session.call_tool("no_such_tool", {})
     assert isinstance(forwarded, types.CallToolResult)
     assert forwarded.is_error
@@ -157,7 +151,7 @@ async def test_refusals_come_back_as_the_sdks_transport_reports_them(
     ):
         forwarder = Relayed().forwarder(http, f"{base}/mcp")
         with anyio.fail_after(BOUND), pytest.raises(MCPError) as refused:
-            await forwarder.call_tool(client, params("tally", by=1), None)
+            await forwarder.call_tool(client, *call("tally", by=1), None)
     assert (refused.value.error.code, refused.value.error.message) == (code, message)
 
 
@@ -166,7 +160,7 @@ async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handl
     async with forwarding(events) as (forwarder, client, _):
         with anyio.move_on_after(BOUND) as waiting:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(forwarder.call_tool, client, params("wait", seconds=60), None)
+                tg.start_soon(forwarder.call_tool, client, *call("wait", seconds=60), None)
                 while not any(e["event"] == "started" for e in events):
                     await anyio.sleep(0.01)
                 tg.cancel_scope.cancel()

@@ -156,14 +156,15 @@ class ToolIndex:
         if not own or not self._rows:
             return Results([], 0)
         scores: dict[int, float] = defaultdict(float)
+        related = self._related(own)
         own_top = self._run(own, upstream, accept)
-        related_top = self._run(self._related(own), upstream, accept)
+        related_top = self._run(related, upstream, accept)
         for weight, top in ((1.0, own_top), (SYNONYM_WEIGHT, related_top)):
             for rowid, score in top:
                 scores[rowid] += weight * score
         best = self._bound(own)
         weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
-        wanted = dict.fromkeys(self._related(own), SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
+        wanted = dict.fromkeys(related, SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
         # Only the best by BM25 are reranked: the rerank reorders them, it does not search.
         leaders = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[: max(_RERANKED, limit)]
         final = {r: self._reranked(r, s / best, weights, wanted) for r, s in leaders}

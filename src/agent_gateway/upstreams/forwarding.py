@@ -36,9 +36,10 @@ import msgspec
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as mcp_methods
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.compat.mcp import inject_trace_context, otel_client_span, stamp
+from agent_gateway.upstreams.client_side import ClientSide
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ _ids = itertools.count(1)
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 _ACCEPT = "application/json, text/event-stream"
+_INPUT_RESPONSES = TypeAdapter(types.InputResponses)
 
 
 class Forwarder:
@@ -65,23 +67,27 @@ class Forwarder:
     async def call_tool(
         self,
         client: Client,
-        params: types.CallToolRequestParams,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
         progress: Progress | None,
+        caller: ClientSide | None = None,
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """``params`` sent as the session would send them; the upstream's answer.
+        """``name`` called with ``arguments`` as the session would send it (``caller``: the
+        answers to a previous round's input requests it carries); the upstream's answer.
 
         Raises:
             MCPError, ValidationError, httpx2.TransportError (``UpstreamSession`` translates them).
         """
         request_id = next(_ids)
-        body: dict[str, Any] = params.model_dump(by_alias=True, mode="json", exclude_none=True)
+        body = _params(name, arguments, meta, caller)
         data: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": body}
         headers = {"accept": _ACCEPT, "content-type": "application/json", **stamp(client.session, data)}
-        meta = body.setdefault("_meta", {})
+        sent: dict[str, Any] = body["_meta"]  # the session's stamp is in it now
         if progress is not None:  # the upstream reports progress only when given a token
-            meta["progressToken"] = request_id
-        with otel_client_span("tools/call", params.name, request_id) as span:
-            inject_trace_context(meta)
+            sent["progressToken"] = request_id
+        with otel_client_span("tools/call", name, request_id) as span:
+            inject_trace_context(sent)
             version = client.protocol_version or "2026-07-28"
             message = await self._exchange(_encode(data), headers, request_id, version, progress)
             if "error" in message:
@@ -97,7 +103,7 @@ class Forwarder:
             return types.InputRequiredResult.model_validate(result, by_name=False)
         answer = types.CallToolResult.model_validate(result, by_name=False)
         if not answer.is_error:
-            await client.session.validate_tool_result(params.name, answer)
+            await client.session.validate_tool_result(name, answer)
         return answer
 
     async def _exchange(
@@ -145,6 +151,20 @@ class Forwarder:
         except httpx2.StreamError as exc:  # as the SDK's transport: the stream is over
             logger.debug("SSE stream of a forwarded call ended: %s", exc)
         raise MCPError(code=types.CONNECTION_CLOSED, message="SSE stream ended without a response")
+
+
+def _params(
+    name: str, arguments: dict[str, Any], meta: dict[str, Any] | None, caller: ClientSide | None
+) -> dict[str, Any]:
+    """The request's params as JSON, built directly (the arguments were validated already)."""
+    params: dict[str, Any] = {"name": name, "arguments": arguments, "_meta": dict(meta or {})}
+    if caller is not None and caller.input_responses is not None:
+        params["inputResponses"] = _INPUT_RESPONSES.dump_python(
+            caller.input_responses, by_alias=True, mode="json", exclude_none=True
+        )
+    if caller is not None and caller.request_state is not None:
+        params["requestState"] = caller.request_state
+    return params
 
 
 async def _relay(message: dict[str, Any], version: str, progress: Progress | None, sinks: Sinks) -> None:

@@ -251,23 +251,16 @@ class UpstreamSession:
                 if answered.is_error:
                     mark_upstream_error("tool_error")
                 return answered
-            params = types.CallToolRequestParams(
-                name=name,
-                arguments=arguments,
-                input_responses=caller.input_responses,
-                request_state=caller.request_state,
-                _meta=meta,  # pyright: ignore[reportArgumentType]
-            )
             if self._forwarder is not None:  # same era both sides, over HTTP: below the SDK
                 sent_directly()
-                result = await self._forwarder.call_tool(client, params, progress)
+                result = await self._forwarder.call_tool(client, name, arguments, meta, progress, caller)
             else:
                 result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
                     name,
                     arguments,
                     progress_callback=progress,
-                    input_responses=params.input_responses,
-                    request_state=params.request_state,
+                    input_responses=caller.input_responses,
+                    request_state=caller.request_state,
                     meta=meta,  # pyright: ignore[reportArgumentType]
                     allow_input_required=True,
                 )
