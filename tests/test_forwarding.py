@@ -8,7 +8,7 @@ The gateway's own tests in the modern era (``test_proxying.py``, ``test_error_co
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,10 +51,10 @@ class Relayed:
 
 @asynccontextmanager
 async def forwarding(
-    events: list[dict[str, Any]] | None = None,
+    sink: Callable[[dict[str, Any]], None] = lambda _: None,
 ) -> AsyncIterator[tuple[Forwarder, Client, Relayed]]:
-    """A recorder upstream, a modern-era client of it, and a forwarder on its URL."""
-    sink = events.append if events is not None else (lambda _: None)
+    """A recorder upstream (what it records to ``sink``), a modern-era client of it, and a
+    forwarder on its URL."""
     relayed = Relayed()
     async with (
         serving_upstream(recorder.build(sink)) as url,
@@ -155,15 +155,31 @@ async def test_refusals_come_back_as_the_sdks_transport_reports_them(
     assert (refused.value.error.code, refused.value.error.message) == (code, message)
 
 
+class Seen:
+    """What the upstream recorded, with a wait for the first event of each kind."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._first: dict[str, anyio.Event] = {}
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        self._of(event["event"]).set()
+
+    def _of(self, kind: str) -> anyio.Event:
+        return self._first.setdefault(kind, anyio.Event())
+
+    async def first(self, kind: str) -> None:
+        await self._of(kind).wait()
+
+
 async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handler() -> None:
-    events: list[dict[str, Any]] = []
-    async with forwarding(events) as (forwarder, client, _):
+    seen = Seen()
+    async with forwarding(seen) as (forwarder, client, _):
         with anyio.move_on_after(BOUND) as waiting:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(forwarder.call_tool, client, *call("wait", seconds=60), None)
-                while not any(e["event"] == "started" for e in events):
-                    await anyio.sleep(0.01)
+                await seen.first("started")
                 tg.cancel_scope.cancel()
-            while not any(e["event"] == "handler_cancelled" for e in events):
-                await anyio.sleep(0.01)
-    assert not waiting.cancelled_caught, f"the upstream never stopped the handler: {events}"
+            await seen.first("handler_cancelled")
+    assert not waiting.cancelled_caught, f"the upstream never stopped the handler: {seen.events}"
