@@ -26,10 +26,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent_gateway.upstreams.forwarding import Forwarder
+from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient
 from tests.servers import recorder
 from tests.support import serving, serving_upstream
 
 BOUND = 10.0
+CLIENTS = ("aiohttp", "httpx2")
+"""The transport's own client, which the forwarder posts on straight (as the gateway's upstreams
+are reached), and any other httpx2 client, which it posts through."""
+
+
+def http_client(kind: str) -> httpx2.AsyncClient:
+    if kind == "aiohttp":
+        return UpstreamClient(wire=AiohttpTransport(max_connections=8, max_body_bytes=2**20))
+    return httpx2.AsyncClient()
+
+
+@pytest.fixture(params=CLIENTS)
+def http(request: pytest.FixtureRequest) -> str:
+    return request.param
 
 
 @dataclass
@@ -51,15 +66,15 @@ class Relayed:
 
 @asynccontextmanager
 async def forwarding(
-    sink: Callable[[dict[str, Any]], None] = lambda _: None,
+    kind: str, sink: Callable[[dict[str, Any]], None] = lambda _: None
 ) -> AsyncIterator[tuple[Forwarder, Client, Relayed]]:
     """A recorder upstream (what it records to ``sink``), a modern-era client of it, and a
-    forwarder on its URL."""
+    forwarder on its URL posting on a ``kind`` client."""
     relayed = Relayed()
     async with (
         serving_upstream(recorder.build(sink)) as url,
         Client(url, mode="auto") as client,
-        httpx2.AsyncClient() as http,
+        http_client(kind) as http,
     ):
         assert client.protocol_version in MODERN_PROTOCOL_VERSIONS
         await client.list_tools()  # as the gateway has: the SDK checks results against it
@@ -71,8 +86,8 @@ def call(name: str, **arguments: Any) -> tuple[str, dict[str, Any], None]:
     return name, arguments, None
 
 
-async def test_a_call_comes_back_as_the_sdks_own_call_gives_it() -> None:
-    async with forwarding() as (forwarder, client, _):
+async def test_a_call_comes_back_as_the_sdks_own_call_gives_it(http: str) -> None:
+    async with forwarding(http) as (forwarder, client, _):
         with anyio.fail_after(BOUND):
             forwarded = await forwarder.call_tool(client, *call("tally", by=2), None)
             direct = await client.session.call_tool("tally", {"by": 3}, allow_input_required=True)
@@ -84,13 +99,13 @@ async def test_a_call_comes_back_as_the_sdks_own_call_gives_it() -> None:
     )
 
 
-async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order() -> None:
+async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order(http: str) -> None:
     progress: list[tuple[float, float | None, str | None]] = []
 
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append((value, total, message))
 
-    async with forwarding() as (forwarder, client, relayed):
+    async with forwarding(http) as (forwarder, client, relayed):
         with anyio.fail_after(BOUND):
             steps = await forwarder.call_tool(client, *call("steps", count=3), on_progress)
             opted_in = {types.LOG_LEVEL_META_KEY: "debug"}
@@ -104,8 +119,8 @@ async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order() 
     assert [type(n) for n in relayed.notifications] == [types.LoggingMessageNotification]
 
 
-async def test_a_tools_failure_comes_back_as_the_sdks_own_call_gives_it() -> None:
-    async with forwarding() as (forwarder, client, _):
+async def test_a_tools_failure_comes_back_as_the_sdks_own_call_gives_it(http: str) -> None:
+    async with forwarding(http) as (forwarder, client, _):
         with anyio.fail_after(BOUND):
             forwarded = await forwarder.call_tool(client, *call("no_such_tool"), None)
             direct = await client.session.call_tool("no_such_tool", {})
@@ -142,17 +157,58 @@ REFUSED = {"jsonrpc": "2.0", "id": None, "error": {"code": -32042, "message": "n
     ],
 )
 async def test_refusals_come_back_as_the_sdks_transport_reports_them(
-    status: int, body: dict[str, Any] | None, code: int, message: str
+    http: str, status: int, body: dict[str, Any] | None, code: int, message: str
 ) -> None:
     async with (
-        forwarding() as (_, client, _),
+        forwarding(http) as (_, client, _),
         serving(answering(status, body)) as base,
-        httpx2.AsyncClient() as http,
+        http_client(http) as posting,
     ):
-        forwarder = Relayed().forwarder(http, f"{base}/mcp")
+        forwarder = Relayed().forwarder(posting, f"{base}/mcp")
         with anyio.fail_after(BOUND), pytest.raises(MCPError) as refused:
             await forwarder.call_tool(client, *call("tally", by=1), None)
     assert (refused.value.error.code, refused.value.error.message) == (code, message)
+
+
+def echoing_headers(seen: list[dict[str, str]]) -> Starlette:
+    """An upstream answering every call with a result, recording each POST's headers; its
+    first answer sets a cookie."""
+
+    async def post(request: Request) -> Response:
+        seen.append(dict(request.headers))
+        message = await request.json()
+        result = {"content": [{"type": "text", "text": "2"}], "structuredContent": {"result": 2}}
+        answer = JSONResponse({"jsonrpc": "2.0", "id": message["id"], "result": result})
+        if len(seen) == 1:
+            answer.set_cookie("replica", "b")
+        return answer
+
+    return Starlette(routes=[Route("/mcp", post, methods=["POST"])])
+
+
+async def test_a_call_carries_the_clients_headers_its_trace_context_and_its_cookies(http: str) -> None:
+    seen: list[dict[str, str]] = []
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    async with (
+        forwarding(http) as (_, client, _),
+        serving(echoing_headers(seen)) as base,
+        http_client(http) as posting,
+    ):
+        posting.headers["x-team"] = "blue"
+        forwarder = Relayed().forwarder(posting, f"{base}/mcp")
+        with anyio.fail_after(BOUND):
+            for _ in range(2):
+                answer = await forwarder.call_tool(
+                    client, "tally", {"by": 2}, {"traceparent": traceparent}, None
+                )
+                assert isinstance(answer, types.CallToolResult)
+                assert answer.structured_content == {"result": 2}
+    first, second = seen
+    assert first["x-team"] == second["x-team"] == "blue"  # the client's own headers
+    assert first["traceparent"] == second["traceparent"] == traceparent  # the trace hook's
+    assert (first["mcp-method"], first["content-type"]) == ("tools/call", "application/json")
+    assert "cookie" not in first
+    assert second["cookie"] == "replica=b"  # kept in the client's jar, as httpx2 keeps it
 
 
 class Seen:
@@ -173,9 +229,9 @@ class Seen:
         await self._of(kind).wait()
 
 
-async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handler() -> None:
+async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handler(http: str) -> None:
     seen = Seen()
-    async with forwarding(seen) as (forwarder, client, _):
+    async with forwarding(http, seen) as (forwarder, client, _):
         with anyio.move_on_after(BOUND) as waiting:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(forwarder.call_tool, client, *call("wait", seconds=60), None)

@@ -61,11 +61,14 @@ async def trace_headers(request: httpx2.Request) -> None:
         return
     if not _TRACE_FIELD.search(body):
         return
-    meta = _body_meta(body)
-    for key in _CARRIER_KEYS:
-        value = meta.get(key)
-        if isinstance(value, str) and key not in request.headers:
+    for key, value in carried(_body_meta(body)).items():
+        if key not in request.headers:
             request.headers[key] = value
+
+
+def carried(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The trace context a request's ``_meta`` carries, as the HTTP headers that carry it too."""
+    return {key: value for key in _CARRIER_KEYS if isinstance(value := meta.get(key), str)}
 
 
 def _body_meta(body: bytes) -> Mapping[str, Any]:

@@ -39,7 +39,9 @@ from mcp_types import methods as mcp_methods
 from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.compat.mcp import inject_trace_context, otel_client_span, stamp
+from agent_gateway.trace_context import carried
 from agent_gateway.upstreams.client_side import ClientSide
+from agent_gateway.upstreams.http_transport import UpstreamClient
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +61,15 @@ class Forwarder:
     """Sends modern-era ``tools/call`` requests to one Streamable HTTP upstream."""
 
     def __init__(self, http: httpx2.AsyncClient, url: str, max_event_bytes: int, sinks: Sinks) -> None:
+        """``http``: the transport's client; on an ``UpstreamClient`` a call is posted straight
+        on its aiohttp connections (httpx2's request and response building are a tenth of a
+        forwarded call's CPU), on any other through the client itself."""
         self._http = http
         self._url = url
         self._max_event = max_event_bytes
         self._sinks = sinks
+        self._wire = http.wire if isinstance(http, UpstreamClient) else None
+        self._target = self._wire.target(url) if self._wire is not None else None
 
     async def call_tool(
         self,
@@ -89,6 +96,7 @@ class Forwarder:
         with otel_client_span("tools/call", name, request_id) as span:
             inject_trace_context(sent)
             version = client.protocol_version or "2026-07-28"
+            headers.update(carried(sent))  # as the transport's trace hook does
             message = await self._exchange(_encode(data), headers, request_id, version, progress)
             if "error" in message:
                 error = types.ErrorData.model_validate(message["error"], by_name=False)
@@ -114,20 +122,47 @@ class Forwarder:
         version: str,
         progress: Progress | None,
     ) -> dict[str, Any]:
-        async with self._http.stream("POST", self._url, content=content, headers=headers) as response:
-            status = response.status_code
-            if status >= 300 or status == 202:  # refused, redirected (not followed), or no answer
-                raise await _refusal(response)
-            kind = response.headers.get("content-type", "").lower()
-            if kind.startswith("application/json"):
-                try:  # a body over a bound (in_flight, max_message_bytes) is a StreamError
-                    return _message(await response.aread(), "JSON response")
-                except httpx2.StreamError as exc:
-                    raise MCPError(
-                        code=types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
-                    ) from exc
-            if kind.startswith("text/event-stream"):
-                return await self._streamed(response, request_id, version, progress)
+        if self._wire is None or self._target is None or self._http.cookies:  # the jar is httpx2's
+            async with self._http.stream("POST", self._url, content=content, headers=headers) as response:
+                return await self._answer(response, response.aread, request_id, version, progress)
+        async with self._wire.post(
+            self._target, content, self._merged(headers), self._http.timeout
+        ) as posted:
+            raw = posted.response
+            if (
+                raw.status == 200
+                and raw.content_type == "application/json"
+                and "set-cookie" not in raw.headers
+            ):
+                return await _parsed(posted.read)  # the common answer: no httpx2 response made
+            response = posted.as_httpx2()
+            self._http.cookies.extract_cookies(response)
+            return await self._answer(response, posted.read, request_id, version, progress)
+
+    def _merged(self, headers: dict[str, str]) -> dict[str, str]:
+        """The client's headers under the request's own, as httpx2 merges them, but for
+        ``Accept-Encoding``: httpx2 decodes what it asked for, aiohttp here does not."""
+        merged = {k.lower(): v for k, v in self._http.headers.items() if k.lower() != "accept-encoding"}
+        return merged | {k.lower(): v for k, v in headers.items()}
+
+    async def _answer(
+        self,
+        response: httpx2.Response,
+        read: Callable[[], Awaitable[bytes]],
+        request_id: int,
+        version: str,
+        progress: Progress | None,
+    ) -> dict[str, Any]:
+        """The JSON-RPC answer ``response`` holds (``read``: its whole body), as the SDK's
+        transport reads it."""
+        status = response.status_code
+        if status >= 300 or status == 202:  # refused, redirected (not followed), or no answer
+            raise await _refusal(response)
+        kind = response.headers.get("content-type", "").lower()
+        if kind.startswith("application/json"):
+            return await _parsed(read)
+        if kind.startswith("text/event-stream"):
+            return await self._streamed(response, request_id, version, progress)
         raise MCPError(code=types.INVALID_REQUEST, message=f"Unexpected content type: {kind}")
 
     async def _streamed(
@@ -199,6 +234,14 @@ async def _relay(message: dict[str, Any], version: str, progress: Progress | Non
     if isinstance(notification, types.LoggingMessageNotification):
         await on_log(notification.params)
     await on_message(notification)
+
+
+async def _parsed(read: Callable[[], Awaitable[bytes]]) -> dict[str, Any]:
+    """The JSON body ``read`` gives, as one JSON-RPC message."""
+    try:  # a body over a bound (in_flight, max_message_bytes) is a StreamError
+        return _message(await read(), "JSON response")
+    except httpx2.StreamError as exc:
+        raise MCPError(code=types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}") from exc
 
 
 def _message(raw: bytes | str, what: str) -> dict[str, Any]:

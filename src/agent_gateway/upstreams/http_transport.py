@@ -14,8 +14,10 @@ Errors are translated here, once, into httpx2's own tree, which is what the SDK 
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import httpx2
@@ -26,6 +28,16 @@ from agent_gateway.in_flight import IN_FLIGHT
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Target:
+    """A URL posted to on every call, worked out once: as sent, its proxy, and the request
+    its errors name."""
+
+    url: yarl.URL
+    proxy: str | None
+    request: httpx2.Request
 
 
 class AiohttpTransport(httpx2.AsyncBaseTransport):
@@ -83,7 +95,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 read or protocol error).
         """
         body = await request.aread()
-        timeout = _timeout(request)
+        timeout = _timeout(request.extensions.get("timeout", {}))
         with _translated(request, connecting=True):
             response = await self._client().request(
                 request.method,
@@ -94,14 +106,37 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
                 timeout=timeout,
                 proxy=self._proxy_for(request.url),
             )
-        streamed = response.content_type == "text/event-stream"
-        return httpx2.Response(
-            response.status,
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
-            stream=_Body(request, response, None if streamed else self._max_body),
-            extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
-            request=request,
-        )
+        return Posted(request, response, self._max_body).as_httpx2()
+
+    def target(self, url: str) -> Target:
+        parsed = httpx2.URL(url)
+        return Target(_target(parsed), self._proxy_for(parsed), httpx2.Request("POST", parsed))
+
+    @asynccontextmanager
+    async def post(
+        self, target: Target, content: bytes, headers: Mapping[str, str], limits: httpx2.Timeout
+    ) -> AsyncIterator[Posted]:
+        """POST ``content`` to ``target`` straight on aiohttp: no httpx2 request or response
+        is built (``Posted.as_httpx2`` makes one when a caller needs it). Leaving the context
+        gives the connection back, or closes it if the body was not read to its end.
+
+        Raises:
+            httpx2.TransportError: as ``handle_async_request``.
+        """
+        with _translated(target.request, connecting=True):
+            response = await self._client().post(
+                target.url,
+                headers=headers,
+                data=content,
+                allow_redirects=False,
+                timeout=_timeout(limits.as_dict()),
+                proxy=target.proxy,
+            )
+        posted = Posted(target.request, response, self._max_body)
+        try:
+            yield posted
+        finally:
+            await posted.body.aclose()
 
     def _proxy_for(self, url: httpx2.URL) -> str | None:
         """The proxy for ``url``: the most specific pattern that matches (None: go direct)."""
@@ -119,6 +154,30 @@ class OversizedBody(httpx2.StreamError):
     A ``StreamError``, which the SDK turns into an error answer for the one request whose
     body it was reading, leaving the connection to the upstream as it is.
     """
+
+
+class Posted:
+    """One answer on its aiohttp connection, its body bounded as ``_Body`` bounds it."""
+
+    def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None) -> None:
+        self.response = response
+        self.streamed = response.content_type == "text/event-stream"
+        self.body = _Body(request, response, None if self.streamed else limit)
+        self._request = request
+
+    async def read(self) -> bytes:
+        """The whole body (raises ``OversizedBody``, or the read's ``httpx2.TransportError``)."""
+        return b"".join([chunk async for chunk in self.body])
+
+    def as_httpx2(self) -> httpx2.Response:
+        response = self.response
+        return httpx2.Response(
+            response.status,
+            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
+            stream=self.body,
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
+            request=self._request,
+        )
 
 
 class _Body(httpx2.AsyncByteStream):
@@ -170,9 +229,8 @@ def _target(url: httpx2.URL) -> yarl.URL:
     return yarl.URL(str(url.copy_with(userinfo=b"")), encoded=True)
 
 
-def _timeout(request: httpx2.Request) -> aiohttp.ClientTimeout:
-    """httpx2's per-request timeouts, in aiohttp's terms (no overall deadline: SSE streams)."""
-    limits: dict[str, float | None] = request.extensions.get("timeout", {})
+def _timeout(limits: Mapping[str, float | None]) -> aiohttp.ClientTimeout:
+    """httpx2's timeouts, in aiohttp's terms (no overall deadline: SSE streams)."""
     connect = limits.get("connect")
     pool = limits.get("pool")
     return aiohttp.ClientTimeout(
@@ -215,9 +273,18 @@ def _translated(request: httpx2.Request, *, connecting: bool) -> Iterator[None]:
         raise error(str(exc) or type(exc).__name__, request=request) from exc
 
 
+class UpstreamClient(httpx2.AsyncClient):
+    """httpx2's client on an ``AiohttpTransport``, which a call forwarded below the SDK's client
+    posts on directly (``upstreams/forwarding.py``)."""
+
+    def __init__(self, *, wire: AiohttpTransport, **options: Any) -> None:
+        super().__init__(transport=wire, **options)
+        self.wire = wire
+
+
 def ssl_context() -> ssl.SSLContext:
     """The certificate store httpx2 would use (certifi, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``)."""
     return httpx2.create_ssl_context()
 
 
-__all__ = ["AiohttpTransport", "ssl_context"]
+__all__ = ["AiohttpTransport", "Posted", "Target", "UpstreamClient", "ssl_context"]

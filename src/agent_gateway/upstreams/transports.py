@@ -29,7 +29,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
-from agent_gateway.upstreams.http_transport import AiohttpTransport, ssl_context
+from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, ssl_context
 from agent_gateway.upstreams.stdio import stdio_transport
 from agent_gateway.upstreams.websocket import websocket_client
 
@@ -106,16 +106,16 @@ def pool_size(config: UpstreamConfig) -> int:
     return (config.max_concurrency or 224) + PROBE_LANE
 
 
-def _http_client(config: UpstreamConfig) -> httpx2.AsyncClient:
+def _http_client(config: UpstreamConfig) -> UpstreamClient:
     assert config.url is not None
     secure = config.url.startswith("https:")
-    return httpx2.AsyncClient(
+    return UpstreamClient(
         headers=dict(config.headers),
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
         # The upstream connection is shared by every client of the gateway: a connection for
         # each call in flight (max_concurrency) plus a lane that calls never fill, so a health
         # check or a list refresh never waits behind them (and never marks a busy upstream down).
-        transport=AiohttpTransport(
+        wire=AiohttpTransport(
             max_connections=pool_size(config),
             ssl_context=ssl_context() if secure else None,
             max_body_bytes=config.max_message_bytes,
