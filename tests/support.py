@@ -215,6 +215,24 @@ LOOPBACK_HEX = "0100007F"
 """127.0.0.1 as /proc/net/tcp writes it."""
 
 
+class Seen:
+    """What the upstream recorded, with a wait for the first event of each kind."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._first: dict[str, anyio.Event] = {}
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+        self._of(event["event"]).set()
+
+    def _of(self, kind: str) -> anyio.Event:
+        return self._first.setdefault(kind, anyio.Event())
+
+    async def first(self, kind: str) -> None:
+        await self._of(kind).wait()
+
+
 def listening_addresses(port: int) -> set[str]:
     """Local addresses (hex, as in /proc/net/tcp*) with a socket listening on ``port``."""
     found: set[str] = set()

@@ -30,6 +30,7 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 from mcp.client import session as client_session
 from mcp.client import streamable_http
+from mcp.server import _streamable_http_modern as modern_sdk  # pyright: ignore[reportPrivateUsage]
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
@@ -109,6 +110,41 @@ def test_fastmcps_session_manager_admits_a_session_by_one_overridable_method() -
     admit = getattr(FastMCPStreamableHTTPSessionManager, "_admit_session", None)
     assert callable(admit), "fastmcp/mcp: the session manager's _admit_session is gone (compat/deferred.py)"
     assert parameters(admit) == ["requestor"]
+
+
+def test_the_sdks_modern_entry_and_the_helpers_modern_uses_keep_their_shape() -> None:
+    # compat/modern.py: the entry it hands what it does not serve, the helpers it answers with.
+    entry = modern_sdk.handle_modern_request
+    assert parameters(entry) == [
+        "app",
+        "security_settings",
+        "json_response",
+        "lifespan_state",
+        "scope",
+        "receive",
+        "send",
+    ], "mcp: handle_modern_request's parameters changed (compat/modern.py)"
+    assert parameters(modern_sdk._mcp_param_rejection) == [  # pyright: ignore[reportPrivateUsage]
+        "app",
+        "request",
+        "req",
+        "verdict",
+        "lifespan_state",
+    ], "mcp: _mcp_param_rejection's parameters changed (compat/modern.py)"
+    frame = modern_sdk._sse_event(JSONRPCResponse(jsonrpc="2.0", id=1, result={}))  # pyright: ignore[reportPrivateUsage]
+    assert frame == b'event: message\r\ndata: {"jsonrpc":"2.0","id":1,"result":{}}\r\n\r\n'
+    assert isinstance(modern_sdk._SSE_PING_INTERVAL, float)  # pyright: ignore[reportPrivateUsage]
+    assert (b"content-type", b"text/event-stream") in modern_sdk._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
+
+
+def test_the_session_manager_routes_by_one_overridable_method() -> None:
+    # compat/deferred.py: DeferredSessionManager serves modern-era requests by overriding it.
+    route = getattr(FastMCPStreamableHTTPSessionManager, "_handle_request", None)
+    assert callable(route), "mcp: the session manager's _handle_request is gone (compat/deferred.py)"
+    assert parameters(route) == ["scope", "receive", "send"]
+    assert "handle_modern_request" in inspect.getsource(route), (
+        "mcp: the session manager no longer routes modern-era requests in _handle_request"
+    )
 
 
 # Each private member of the SDK's (and FastMCP's) session manager AdoptingSessionManager uses.

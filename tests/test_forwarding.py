@@ -28,7 +28,7 @@ from starlette.routing import Route
 from agent_gateway.upstreams.forwarding import Forwarder
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient
 from tests.servers import recorder
-from tests.support import serving, serving_upstream
+from tests.support import Seen, serving, serving_upstream
 
 BOUND = 10.0
 CLIENTS = ("aiohttp", "httpx2")
@@ -209,24 +209,6 @@ async def test_a_call_carries_the_clients_headers_its_trace_context_and_its_cook
     assert (first["mcp-method"], first["content-type"]) == ("tools/call", "application/json")
     assert "cookie" not in first
     assert second["cookie"] == "replica=b"  # kept in the client's jar, as httpx2 keeps it
-
-
-class Seen:
-    """What the upstream recorded, with a wait for the first event of each kind."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self._first: dict[str, anyio.Event] = {}
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        self.events.append(event)
-        self._of(event["event"]).set()
-
-    def _of(self, kind: str) -> anyio.Event:
-        return self._first.setdefault(kind, anyio.Event())
-
-    async def first(self, kind: str) -> None:
-        await self._of(kind).wait()
 
 
 async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handler(http: str) -> None:
