@@ -254,6 +254,16 @@ async def test_a_resumed_client_adopts_its_handshake_and_sends_nothing_to_enter(
     assert installed == [result]
 
 
+def test_call_in_rounds_drives_rounds_as_the_clients_own_call_tool_does() -> None:
+    # compat/mcp.call_in_rounds: Client.call_tool's loop around a tools/call sent elsewhere.
+    assert parameters(Client._drive_input_required) == ["first", "retry"]  # pyright: ignore[reportPrivateUsage]
+    assert parameters(Client._relist_tool) == ["name"]  # pyright: ignore[reportPrivateUsage]
+    assert "read_timeout_seconds" in Client.__dataclass_fields__
+    source = inspect.getsource(Client.call_tool)
+    for step in ("self._drive_input_required(", "self._relist_tool(name)", "HEADER_MISMATCH"):
+        assert step in source, f"mcp: Client.call_tool no longer does {step} (compat/mcp.call_in_rounds)"
+
+
 def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_replaces() -> None:
     transport = streamable_http.StreamableHTTPTransport
     for method in (transport._handle_json_response, transport._handle_sse_event):  # pyright: ignore[reportPrivateUsage]

@@ -11,15 +11,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import httpx2
 import mcp_types as types
 import pytest
+from fastmcp import FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import Field
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -209,6 +211,44 @@ async def test_a_call_carries_the_clients_headers_its_trace_context_and_its_cook
     assert (first["mcp-method"], first["content-type"]) == ("tools/call", "application/json")
     assert "cookie" not in first
     assert second["cookie"] == "replica=b"  # kept in the client's jar, as httpx2 keeps it
+
+
+async def test_a_call_refused_for_a_stale_header_schema_lists_the_tool_again_and_is_sent_once_more(
+    http: str,
+) -> None:
+    # Sent for a handshake-era caller (no one to pass a refusal to), as the SDK's own
+    # Client.call_tool sends it: the upstream now wants the region in an Mcp-Param header.
+    server = FastMCP("regions")
+    routed: list[str] = []
+
+    @server.tool
+    def route(region: str) -> str:
+        return region
+
+    async with (
+        serving_upstream(server) as url,
+        Client(url, mode="auto") as client,
+        http_client(http) as posting,
+    ):
+        await client.list_tools()
+        server.local_provider.remove_tool("route")
+
+        @server.tool(name="route")
+        def route_by_header(
+            region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+        ) -> str:
+            routed.append(region)
+            return region
+
+        with anyio.fail_after(BOUND):
+            answer = (
+                await Relayed()
+                .forwarder(posting, url)
+                .forward(client, "route", {"region": "eu"}, None, None, None)
+            )
+    assert isinstance(answer, types.CallToolResult)
+    assert not answer.is_error, answer.content
+    assert routed == ["eu"]  # sent again once the listing named the header, and run once
 
 
 async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handler(http: str) -> None:

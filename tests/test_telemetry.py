@@ -252,14 +252,14 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     assert sent[("tools/call", "echo", "web", "")] == 3
     assert sent[("tools/call", "fail", "pipe", "tool_error")] == 1
     assert sent[("tools/call", "fail", "web", "tool_error")] == 1
-    # Which way each went out: the modern client's call to the HTTP upstream below the SDK.
+    # Which way each went out: to the (modern) HTTP upstream below the SDK, whatever the
+    # client's era; to the stdio one through the SDK's client.
     paths = re.findall(r"^mcp_client_operation_duration_seconds_count\{(.*)\} \S+$", scraped, re.M)
-    assert {
-        'gen_ai_tool_name="fail"' in p and 'agent_gateway_upstream="web"' in p
-        for p in paths
-        if 'agent_gateway_path="direct"' in p
-    } == {True}
-    assert any('gen_ai_tool_name="echo"' in p and 'agent_gateway_path="sdk"' in p for p in paths)
+    direct = {p for p in paths if 'agent_gateway_path="direct"' in p}
+    assert {'agent_gateway_upstream="web"' in p for p in direct} == {True}
+    assert {'gen_ai_tool_name="echo"' in p or 'gen_ai_tool_name="fail"' in p for p in direct} == {True}
+    assert len(direct) == 2  # the handshake-era client's echo, the modern one's fail
+    assert any('agent_gateway_upstream="pipe"' in p and 'agent_gateway_path="sdk"' in p for p in paths)
     assert 'agent_gateway_upstream_up{agent_gateway_upstream="web"' in scraped
     assert "agent_gateway_sessions_active" in scraped
     assert re.search(r"^agent_gateway_store_available\{.*\} 1\.0$", scraped, re.M)

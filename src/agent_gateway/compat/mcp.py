@@ -2,27 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+import anyio
 import msgspec
+from mcp import Client
 from mcp.client import streamable_http
 from mcp.client._transport import TransportStreams
 from mcp.server.connection import Connection
 from mcp.shared._httpx_utils import MCP_DEFAULT_SSE_READ_TIMEOUT, MCP_DEFAULT_TIMEOUT, create_mcp_http_client
 from mcp.shared._otel import inject_trace_context, otel_span
 from mcp.shared._stream_protocols import ReadStream, WriteStream
-from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
+from mcp.shared.exceptions import MCPError
+from mcp_types import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    CallToolResult,
+    InputRequiredResult,
+    InputResponses,
+    JSONRPCMessage,
+    jsonrpc_message_adapter,
+)
 from mcp_types import methods as _methods
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import Span, SpanKind
+from pydantic import ValidationError
 
 __all__ = [
     "MCP_DEFAULT_SSE_READ_TIMEOUT",
     "MCP_DEFAULT_TIMEOUT",
     "ReadStream",
+    "Round",
     "TransportStreams",
     "WriteStream",
+    "call_in_rounds",
     "connection_of",
     "create_mcp_http_client",
     "inject_trace_context",
@@ -121,3 +136,35 @@ def otel_client_span(method: str, name: str | None, request_id: int) -> Iterator
     attributes = {"mcp.method.name": method, "jsonrpc.request.id": str(request_id)}
     with otel_span(span_name, kind=SpanKind.CLIENT, attributes=attributes) as span:
         yield span
+
+
+Round = Callable[[InputResponses | None, str | None], Awaitable[CallToolResult | InputRequiredResult]]
+"""One ``tools/call`` sent with a round's input responses and request state; its answer."""
+
+
+async def call_in_rounds(client: Client, name: str, send: Round) -> CallToolResult:
+    """What ``Client.call_tool`` does around each ``tools/call`` it sends, around ``send``: an
+    ``InputRequiredResult`` answered through the client's own callbacks and the call sent
+    again (its private ``_drive_input_required``, up to its rounds bound), and, in the modern
+    era, a ``HEADER_MISMATCH`` answered by listing the tool again (``_relist_tool``) and
+    sending once more."""
+
+    async def retry(
+        answers: InputResponses | None, state: str | None
+    ) -> CallToolResult | InputRequiredResult:
+        try:
+            return await send(answers, state)
+        except MCPError as mismatch:
+            if mismatch.code != HEADER_MISMATCH or client.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+                raise
+            try:
+                with anyio.fail_after(client.read_timeout_seconds):
+                    await client._relist_tool(name)  # pyright: ignore[reportPrivateUsage]
+            except (MCPError, TimeoutError, ValidationError) as relist_error:
+                raise mismatch from relist_error
+            return await send(answers, state)
+
+    result = await client._drive_input_required(await retry(None, None), retry)  # pyright: ignore[reportPrivateUsage]
+    if not isinstance(result, CallToolResult):  # a claimed shape: the gateway's clients claim none
+        raise MCPError(code=INTERNAL_ERROR, message=f"tool {name!r} answered with an unclaimed result shape")
+    return result

@@ -38,7 +38,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import methods as mcp_methods
 from pydantic import TypeAdapter, ValidationError
 
-from agent_gateway.compat.mcp import inject_trace_context, otel_client_span, stamp
+from agent_gateway.compat.mcp import call_in_rounds, inject_trace_context, otel_client_span, stamp
 from agent_gateway.trace_context import carried
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.http_transport import UpstreamClient
@@ -71,6 +71,29 @@ class Forwarder:
         self._wire = http.wire if isinstance(http, UpstreamClient) else None
         self._target = self._wire.target(url) if self._wire is not None else None
 
+    async def forward(
+        self,
+        client: Client,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any] | None,
+        progress: Progress | None,
+        passing: ClientSide | None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """``name`` called for a caller. ``passing``: a modern-era caller, to whom the
+        upstream's input requests (``InputRequiredResult``) go back as they are, with its
+        answers to the last round sent on; without one they are answered here, through the
+        client's callbacks (so the caller's relays), and the call sent again, as the SDK's
+        ``Client.call_tool`` does (``compat/mcp.call_in_rounds``)."""
+        if passing is not None:
+            answers, state = passing.input_responses, passing.request_state
+            return await self.call_tool(client, name, arguments, meta, progress, answers, state)
+
+        async def send(answers: types.InputResponses | None, state: str | None) -> Any:
+            return await self.call_tool(client, name, arguments, meta, progress, answers, state)
+
+        return await call_in_rounds(client, name, send)
+
     async def call_tool(
         self,
         client: Client,
@@ -78,16 +101,17 @@ class Forwarder:
         arguments: dict[str, Any],
         meta: dict[str, Any] | None,
         progress: Progress | None,
-        caller: ClientSide | None = None,
+        input_responses: types.InputResponses | None = None,
+        request_state: str | None = None,
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """``name`` called with ``arguments`` as the session would send it (``caller``: the
-        answers to a previous round's input requests it carries); the upstream's answer.
+        """``name`` called with ``arguments`` as the session would send it (with the answers
+        to a previous round's input requests, and that round's state); the upstream's answer.
 
         Raises:
             MCPError, ValidationError, httpx2.TransportError (``UpstreamSession`` translates them).
         """
         request_id = next(_ids)
-        body = _params(name, arguments, meta, caller)
+        body = _params(name, arguments, meta, input_responses, request_state)
         data: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": body}
         headers = {"accept": _ACCEPT, "content-type": "application/json", **stamp(client.session, data)}
         sent: dict[str, Any] = body["_meta"]  # the session's stamp is in it now
@@ -189,16 +213,20 @@ class Forwarder:
 
 
 def _params(
-    name: str, arguments: dict[str, Any], meta: dict[str, Any] | None, caller: ClientSide | None
+    name: str,
+    arguments: dict[str, Any],
+    meta: dict[str, Any] | None,
+    input_responses: types.InputResponses | None,
+    request_state: str | None,
 ) -> dict[str, Any]:
     """The request's params as JSON, built directly (the arguments were validated already)."""
     params: dict[str, Any] = {"name": name, "arguments": arguments, "_meta": dict(meta or {})}
-    if caller is not None and caller.input_responses is not None:
+    if input_responses is not None:
         params["inputResponses"] = _INPUT_RESPONSES.dump_python(
-            caller.input_responses, by_alias=True, mode="json", exclude_none=True
+            input_responses, by_alias=True, mode="json", exclude_none=True
         )
-    if caller is not None and caller.request_state is not None:
-        params["requestState"] = caller.request_state
+    if request_state is not None:
+        params["requestState"] = request_state
     return params
 
 

@@ -246,15 +246,13 @@ class UpstreamSession:
         with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout) as client:
             progress = caller.progress_relay() if caller is not None else None
             meta = self._meta(caller)
-            if caller is None or not (caller.modern and self.modern):
-                answered = await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
-                if answered.is_error:
-                    mark_upstream_error("tool_error")
-                return answered
-            if self._forwarder is not None:  # same era both sides, over HTTP: below the SDK
+            passed_on = caller is not None and caller.modern and self.modern
+            if self._forwarder is not None and self.modern:  # over HTTP: below the SDK's client
                 sent_directly()
-                result = await self._forwarder.call_tool(client, name, arguments, meta, progress, caller)
-            else:
+                result = await self._forwarder.forward(
+                    client, name, arguments, meta, progress, caller if passed_on else None
+                )
+            elif caller is not None and passed_on:
                 result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
                     name,
                     arguments,
@@ -264,6 +262,8 @@ class UpstreamSession:
                     meta=meta,  # pyright: ignore[reportArgumentType]
                     allow_input_required=True,
                 )
+            else:
+                result = await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
             if isinstance(result, types.CallToolResult) and result.is_error:
                 mark_upstream_error("tool_error")
             if isinstance(result, types.CallToolResult | types.InputRequiredResult):
