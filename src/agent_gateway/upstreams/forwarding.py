@@ -1,13 +1,14 @@
-"""A modern-era ``tools/call`` forwarded to a Streamable HTTP upstream as its own JSON-RPC,
+"""A ``tools/call`` forwarded to a modern-era Streamable HTTP upstream as its own JSON-RPC,
 below the SDK's client.
 
 The SDK's client sends a request through its session, its dispatcher's pending table and
 streams, a writer task per POST and httpx2's request building: a third of the gateway's CPU
-per forwarded call (``bench/README.md``). When the client and the upstream both speak the
-modern era (no session, one POST per request) none of that machinery is needed: this sends
-the request the SDK's session would send (its ``_meta`` and headers stamped by the session
-itself, ``compat/mcp.stamp``) on the same HTTP client the transport uses (its headers, proxies,
-trace-context hook and body bound), and reads the answer as the SDK's transport would:
+per forwarded call (``bench/README.md``). When the upstream speaks the modern era (no
+session, one POST per request) none of that machinery is needed: this sends the request the
+SDK's session would send (its ``_meta`` and headers stamped by the session itself,
+``compat/mcp.stamp``) straight on the transport's aiohttp connections (with the HTTP client's
+headers, cookies, timeouts and trace-context hook as httpx2 would apply them, and its body
+bound), and reads the answer as the SDK's transport would:
 
 - a JSON body, or an SSE stream whose progress notifications go to the caller's progress
   relay and whose other notifications go where the session sends them: log lines to its
@@ -18,6 +19,9 @@ trace-context hook and body bound), and reads the answer as the SDK's transport 
 - the result checked as the SDK checks it (the result's schema, then the tool's output
   schema through the session's own ``validate_tool_result``).
 
+The upstream's input requests (``InputRequiredResult``) go back to a modern-era caller as
+they are; for a handshake-era one they are answered through the client's callbacks and the
+call sent again, as the SDK's ``Client.call_tool`` does (``compat/mcp.call_in_rounds``).
 Cancelling the call closes the POST, which is how the modern era cancels. The CLIENT span is
 the SDK's own (its tracer, name and attributes), so ``telemetry.UpstreamSpans`` enriches it
 as any other, and its context goes out in ``_meta`` and the headers alike.
