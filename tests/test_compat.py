@@ -36,6 +36,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
+from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
@@ -47,6 +48,7 @@ from agent_gateway.compat import httpx2 as httpx2_compat
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
+from agent_gateway.compat.deferred import defer_responses
 from agent_gateway.compat.resumed import resumed_client
 from tests.support import serving_upstream
 
@@ -137,14 +139,21 @@ def test_the_sdks_modern_entry_and_the_helpers_modern_uses_keep_their_shape() ->
     assert (b"content-type", b"text/event-stream") in modern_sdk._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
 
 
-def test_the_session_manager_routes_by_one_overridable_method() -> None:
-    # compat/deferred.py: DeferredSessionManager serves modern-era requests by overriding it.
+def test_the_session_manager_routes_by_one_overridable_method_its_asgi_app_calls() -> None:
+    # compat/deferred.py: DeferredSessionManager serves modern-era requests by overriding it,
+    # and rebinds the method the manager's ASGI app was made with.
     route = getattr(FastMCPStreamableHTTPSessionManager, "_handle_request", None)
     assert callable(route), "mcp: the session manager's _handle_request is gone (compat/deferred.py)"
     assert parameters(route) == ["scope", "receive", "send"]
     assert "handle_modern_request" in inspect.getsource(route), (
         "mcp: the session manager no longer routes modern-era requests in _handle_request"
     )
+    manager = FastMCPStreamableHTTPSessionManager(app=fastmcp_compat.lowlevel_server(FastMCP("x")))
+    assert isinstance(manager.asgi_app, RequestBodyLimitMiddleware)
+    assert manager.asgi_app.app == manager._handle_request  # pyright: ignore[reportPrivateUsage]
+    assert defer_responses(manager)
+    assert manager.asgi_app.app == manager._handle_request  # pyright: ignore[reportPrivateUsage]
+    assert type(manager).__dict__["_handle_request"] is not route  # the override is what it calls
 
 
 # Each private member of the SDK's (and FastMCP's) session manager AdoptingSessionManager uses.

@@ -44,6 +44,7 @@ from mcp.server.streamable_http import (
     StreamableHTTPServerTransport,
     check_accept_headers,
 )
+from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
@@ -247,9 +248,14 @@ def defer_responses(manager: object) -> bool:
         logger.warning("session manager %s not recognised: answering every call with SSE", type(manager))
         return False
     manager.__class__ = DeferredSessionManager
-    cast(DeferredSessionManager, manager)._modern = ModernEntry(  # pyright: ignore[reportPrivateUsage]
-        manager.app, manager.security_settings, manager.json_response
-    )
+    deferred = cast(DeferredSessionManager, manager)
+    deferred._modern = ModernEntry(manager.app, manager.security_settings, manager.json_response)  # pyright: ignore[reportPrivateUsage]
+    # The SDK bound its own routing method into the manager's ASGI app when it made the
+    # manager; the class swap alone would leave every request routed by it.
+    if isinstance(deferred.asgi_app, RequestBodyLimitMiddleware):
+        deferred.asgi_app.app = deferred._handle_request  # pyright: ignore[reportPrivateUsage]
+    else:
+        logger.warning("session manager's ASGI app not recognised: modern-era requests served by the SDK")
     return True
 
 
