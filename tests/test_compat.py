@@ -30,13 +30,11 @@ from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 from mcp.client import session as client_session
 from mcp.client import streamable_http
-from mcp.server import _streamable_http_modern as modern_sdk  # pyright: ignore[reportPrivateUsage]
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
-from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
@@ -48,7 +46,6 @@ from agent_gateway.compat import httpx2 as httpx2_compat
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
-from agent_gateway.compat.deferred import defer_responses
 from agent_gateway.compat.resumed import resumed_client
 from tests.support import serving_upstream
 
@@ -112,48 +109,6 @@ def test_fastmcps_session_manager_admits_a_session_by_one_overridable_method() -
     admit = getattr(FastMCPStreamableHTTPSessionManager, "_admit_session", None)
     assert callable(admit), "fastmcp/mcp: the session manager's _admit_session is gone (compat/deferred.py)"
     assert parameters(admit) == ["requestor"]
-
-
-def test_the_sdks_modern_entry_and_the_helpers_modern_uses_keep_their_shape() -> None:
-    # compat/modern.py: the entry it hands what it does not serve, the helpers it answers with.
-    entry = modern_sdk.handle_modern_request
-    assert parameters(entry) == [
-        "app",
-        "security_settings",
-        "json_response",
-        "lifespan_state",
-        "scope",
-        "receive",
-        "send",
-    ], "mcp: handle_modern_request's parameters changed (compat/modern.py)"
-    assert parameters(modern_sdk._mcp_param_rejection) == [  # pyright: ignore[reportPrivateUsage]
-        "app",
-        "request",
-        "req",
-        "verdict",
-        "lifespan_state",
-    ], "mcp: _mcp_param_rejection's parameters changed (compat/modern.py)"
-    frame = modern_sdk._sse_event(JSONRPCResponse(jsonrpc="2.0", id=1, result={}))  # pyright: ignore[reportPrivateUsage]
-    assert frame == b'event: message\r\ndata: {"jsonrpc":"2.0","id":1,"result":{}}\r\n\r\n'
-    assert isinstance(modern_sdk._SSE_PING_INTERVAL, float)  # pyright: ignore[reportPrivateUsage]
-    assert (b"content-type", b"text/event-stream") in modern_sdk._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
-
-
-def test_the_session_manager_routes_by_one_overridable_method_its_asgi_app_calls() -> None:
-    # compat/deferred.py: DeferredSessionManager serves modern-era requests by overriding it,
-    # and rebinds the method the manager's ASGI app was made with.
-    route = getattr(FastMCPStreamableHTTPSessionManager, "_handle_request", None)
-    assert callable(route), "mcp: the session manager's _handle_request is gone (compat/deferred.py)"
-    assert parameters(route) == ["scope", "receive", "send"]
-    assert "handle_modern_request" in inspect.getsource(route), (
-        "mcp: the session manager no longer routes modern-era requests in _handle_request"
-    )
-    manager = FastMCPStreamableHTTPSessionManager(app=fastmcp_compat.lowlevel_server(FastMCP("x")))
-    assert isinstance(manager.asgi_app, RequestBodyLimitMiddleware)
-    assert manager.asgi_app.app == manager._handle_request  # pyright: ignore[reportPrivateUsage]
-    assert defer_responses(manager)
-    assert manager.asgi_app.app == manager._handle_request  # pyright: ignore[reportPrivateUsage]
-    assert type(manager).__dict__["_handle_request"] is not route  # the override is what it calls
 
 
 # Each private member of the SDK's (and FastMCP's) session manager AdoptingSessionManager uses.

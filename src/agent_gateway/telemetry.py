@@ -100,9 +100,9 @@ health_failures = meter.create_counter(
 )
 http_answers = meter.create_counter(
     "agent_gateway.http.answers",
-    description="HTTP calls by era and how they were answered: json (one body), stream (the call "
-    "sent something first), idle (silent past the keepalive interval) or ended (the session ended "
-    "first; handshake era only).",
+    description="Handshake-era HTTP calls by how they were answered: json (one body), stream (the "
+    "call sent something first), idle (silent past the keepalive interval) or ended (the session "
+    "ended first).",
 )
 sessions_active = meter.create_up_down_counter(
     "agent_gateway.sessions.active", description="Downstream MCP sessions open now."

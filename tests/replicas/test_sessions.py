@@ -145,9 +145,7 @@ async def json_answers(cluster: Cluster, replica: int) -> float:
     """Calls a replica answered with one JSON body (``agent_gateway_http_answers_total``)."""
     async with httpx.AsyncClient() as http:
         scraped = (await http.get(f"{cluster.replicas[replica]}/metrics")).text
-    found = re.search(
-        r'^agent_gateway_http_answers_total\{form="json",mcp_era="handshake".*\} (\S+)$', scraped, re.M
-    )
+    found = re.search(r'^agent_gateway_http_answers_total\{form="json".*\} (\S+)$', scraped, re.M)
     return float(found.group(1)) if found else 0.0
 
 

@@ -44,7 +44,6 @@ from mcp.server.streamable_http import (
     StreamableHTTPServerTransport,
     check_accept_headers,
 )
-from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
@@ -55,14 +54,12 @@ from mcp_types import (
     JSONRPCResponse,
     jsonrpc_message_adapter,
 )
-from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.modern import ModernEntry
 from agent_gateway.telemetry import http_answers
 
 logger = logging.getLogger(__name__)
@@ -122,7 +119,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         await writer.send(self._create_session_message(message, request, request_id, version))
         first, ended = await _first_event(streams[1])
         if first is not None and _plain_answer(first):
-            http_answers.add(1, {"form": "json", "mcp.era": "handshake"})
+            http_answers.add(1, {"form": "json"})
             await self._clean_up_memory_streams(request_id)
             await self._json_answer(first.message)(request.scope, request.receive, send)
             return
@@ -130,7 +127,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         # A session that ended meanwhile gets an empty stream, as the SDK's would end: the
         # client reads "connection closed", not an HTTP error.
         form = "stream" if first is not None else "ended" if ended else "idle"
-        http_answers.add(1, {"form": form, "mcp.era": "handshake"})
+        http_answers.add(1, {"form": form})
         lead = _KEEPALIVE if form == "idle" else None
         await self._stream(request_id, request, send, _Prepended(first, streams[1]), lead)
 
@@ -217,18 +214,7 @@ async def _first_event(reader: EventReader) -> tuple[EventMessage | None, bool]:
 
 
 class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
-    """FastMCP's session manager, with each new session on ``DeferredStreamTransport`` and
-    each modern-era request served by ``compat.modern.ModernEntry``."""
-
-    _modern: ModernEntry
-
-    async def _handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # The SDK's own routing: a version header naming no handshake-era version is modern.
-        version = _header(scope, MCP_PROTOCOL_VERSION_HEADER)
-        if version is None or version in HANDSHAKE_PROTOCOL_VERSIONS or self._task_group is None:
-            await super()._handle_request(scope, receive, send)
-            return
-        await self._modern(self._lifespan_state, scope, receive, send)
+    """FastMCP's session manager, with each new session on ``DeferredStreamTransport``."""
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)
@@ -248,17 +234,4 @@ def defer_responses(manager: object) -> bool:
         logger.warning("session manager %s not recognised: answering every call with SSE", type(manager))
         return False
     manager.__class__ = DeferredSessionManager
-    deferred = cast(DeferredSessionManager, manager)
-    deferred._modern = ModernEntry(manager.app, manager.security_settings, manager.json_response)  # pyright: ignore[reportPrivateUsage]
-    # The SDK bound its own routing method into the manager's ASGI app when it made the
-    # manager; the class swap alone would leave every request routed by it.
-    if isinstance(deferred.asgi_app, RequestBodyLimitMiddleware):
-        deferred.asgi_app.app = deferred._handle_request  # pyright: ignore[reportPrivateUsage]
-    else:
-        logger.warning("session manager's ASGI app not recognised: modern-era requests served by the SDK")
     return True
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    key = name.lower().encode("ascii")
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k == key), None)
