@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from agent_gateway.upstreams.forwarding import Forwarder
+from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient
 from tests.servers import recorder
 from tests.support import Seen, serving, serving_upstream
@@ -83,15 +83,15 @@ async def forwarding(
         yield relayed.forwarder(http, url), client, relayed
 
 
-def call(name: str, **arguments: Any) -> tuple[str, dict[str, Any], None]:
-    """A call's name, arguments and (no) ``_meta``, as the forwarder takes them."""
-    return name, arguments, None
+def call(client: Client, name: str, **arguments: Any) -> ToolCall:
+    """A call of ``name`` with ``arguments``, no ``_meta`` and no progress relay."""
+    return ToolCall(client, name, arguments)
 
 
 async def test_a_call_comes_back_as_the_sdks_own_call_gives_it(http: str) -> None:
     async with forwarding(http) as (forwarder, client, _):
         with anyio.fail_after(BOUND):
-            forwarded = await forwarder.call_tool(client, *call("tally", by=2), None)
+            forwarded = await forwarder.call_tool(call(client, "tally", by=2))
             direct = await client.session.call_tool("tally", {"by": 3}, allow_input_required=True)
     assert isinstance(forwarded, types.CallToolResult)
     assert isinstance(direct, types.CallToolResult)
@@ -109,9 +109,9 @@ async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order(ht
 
     async with forwarding(http) as (forwarder, client, relayed):
         with anyio.fail_after(BOUND):
-            steps = await forwarder.call_tool(client, *call("steps", count=3), on_progress)
+            steps = await forwarder.call_tool(ToolCall(client, "steps", {"count": 3}, None, on_progress))
             opted_in = {types.LOG_LEVEL_META_KEY: "debug"}
-            said = await forwarder.call_tool(client, "say", {"text": "hello"}, opted_in, None)
+            said = await forwarder.call_tool(ToolCall(client, "say", {"text": "hello"}, opted_in))
     assert isinstance(steps, types.CallToolResult)
     assert not steps.is_error
     assert progress == [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
@@ -124,7 +124,7 @@ async def test_progress_and_log_lines_on_the_stream_reach_the_caller_in_order(ht
 async def test_a_tools_failure_comes_back_as_the_sdks_own_call_gives_it(http: str) -> None:
     async with forwarding(http) as (forwarder, client, _):
         with anyio.fail_after(BOUND):
-            forwarded = await forwarder.call_tool(client, *call("no_such_tool"), None)
+            forwarded = await forwarder.call_tool(call(client, "no_such_tool"))
             direct = await client.session.call_tool("no_such_tool", {})
     assert isinstance(forwarded, types.CallToolResult)
     assert forwarded.is_error
@@ -168,7 +168,7 @@ async def test_refusals_come_back_as_the_sdks_transport_reports_them(
     ):
         forwarder = Relayed().forwarder(posting, f"{base}/mcp")
         with anyio.fail_after(BOUND), pytest.raises(MCPError) as refused:
-            await forwarder.call_tool(client, *call("tally", by=1), None)
+            await forwarder.call_tool(call(client, "tally", by=1))
     assert (refused.value.error.code, refused.value.error.message) == (code, message)
 
 
@@ -201,7 +201,7 @@ async def test_a_call_carries_the_clients_headers_its_trace_context_and_its_cook
         with anyio.fail_after(BOUND):
             for _ in range(2):
                 answer = await forwarder.call_tool(
-                    client, "tally", {"by": 2}, {"traceparent": traceparent}, None
+                    ToolCall(client, "tally", {"by": 2}, {"traceparent": traceparent})
                 )
                 assert isinstance(answer, types.CallToolResult)
                 assert answer.structured_content == {"result": 2}
@@ -241,11 +241,7 @@ async def test_a_call_refused_for_a_stale_header_schema_lists_the_tool_again_and
             return region
 
         with anyio.fail_after(BOUND):
-            answer = (
-                await Relayed()
-                .forwarder(posting, url)
-                .forward(client, "route", {"region": "eu"}, None, None, None)
-            )
+            answer = await Relayed().forwarder(posting, url).forward(call(client, "route", region="eu"), None)
     assert isinstance(answer, types.CallToolResult)
     assert not answer.is_error, answer.content
     assert routed == ["eu"]  # sent again once the listing named the header, and run once
@@ -256,7 +252,7 @@ async def test_a_cancelled_call_closes_its_post_and_the_upstream_stops_the_handl
     async with forwarding(http, seen) as (forwarder, client, _):
         with anyio.move_on_after(BOUND) as waiting:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(forwarder.call_tool, client, *call("wait", seconds=60), None)
+                tg.start_soon(forwarder.call_tool, call(client, "wait", seconds=60))
                 await seen.first("started")
                 tg.cancel_scope.cancel()
             await seen.first("handler_cancelled")

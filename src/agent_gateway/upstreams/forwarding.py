@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx2
@@ -61,6 +62,18 @@ _ACCEPT = "application/json, text/event-stream"
 _INPUT_RESPONSES = TypeAdapter(types.InputResponses)
 
 
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One ``tools/call`` to forward: on ``client``'s session (whose stamp and checks it gets),
+    with the caller's ``_meta`` and progress relay."""
+
+    client: Client
+    name: str
+    arguments: dict[str, Any]
+    meta: dict[str, Any] | None = None
+    progress: Progress | None = None
+
+
 class Forwarder:
     """Sends modern-era ``tools/call`` requests to one Streamable HTTP upstream."""
 
@@ -76,46 +89,36 @@ class Forwarder:
         self._target = self._wire.target(url) if self._wire is not None else None
 
     async def forward(
-        self,
-        client: Client,
-        name: str,
-        arguments: dict[str, Any],
-        meta: dict[str, Any] | None,
-        progress: Progress | None,
-        passing: ClientSide | None,
+        self, call: ToolCall, passing: ClientSide | None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """``name`` called for a caller. ``passing``: a modern-era caller, to whom the
+        """``call`` made for a caller. ``passing``: a modern-era caller, to whom the
         upstream's input requests (``InputRequiredResult``) go back as they are, with its
         answers to the last round sent on; without one they are answered here, through the
         client's callbacks (so the caller's relays), and the call sent again, as the SDK's
         ``Client.call_tool`` does (``compat/mcp.call_in_rounds``)."""
         if passing is not None:
-            answers, state = passing.input_responses, passing.request_state
-            return await self.call_tool(client, name, arguments, meta, progress, answers, state)
+            return await self.call_tool(call, passing.input_responses, passing.request_state)
 
         async def send(answers: types.InputResponses | None, state: str | None) -> Any:
-            return await self.call_tool(client, name, arguments, meta, progress, answers, state)
+            return await self.call_tool(call, answers, state)
 
-        return await call_in_rounds(client, name, send)
+        return await call_in_rounds(call.client, call.name, send)
 
     async def call_tool(
         self,
-        client: Client,
-        name: str,
-        arguments: dict[str, Any],
-        meta: dict[str, Any] | None,
-        progress: Progress | None,
+        call: ToolCall,
         input_responses: types.InputResponses | None = None,
         request_state: str | None = None,
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """``name`` called with ``arguments`` as the session would send it (with the answers
-        to a previous round's input requests, and that round's state); the upstream's answer.
+        """``call`` sent once, as the session would send it (with the answers to a previous
+        round's input requests, and that round's state); the upstream's answer.
 
         Raises:
             MCPError, ValidationError, httpx2.TransportError (``UpstreamSession`` translates them).
         """
+        client, name, progress = call.client, call.name, call.progress
         request_id = next(_ids)
-        body = _params(name, arguments, meta, input_responses, request_state)
+        body = _params(call, input_responses, request_state)
         data: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": body}
         headers = {"accept": _ACCEPT, "content-type": "application/json", **stamp(client.session, data)}
         sent: dict[str, Any] = body["_meta"]  # the session's stamp is in it now
@@ -217,14 +220,10 @@ class Forwarder:
 
 
 def _params(
-    name: str,
-    arguments: dict[str, Any],
-    meta: dict[str, Any] | None,
-    input_responses: types.InputResponses | None,
-    request_state: str | None,
+    call: ToolCall, input_responses: types.InputResponses | None, request_state: str | None
 ) -> dict[str, Any]:
     """The request's params as JSON, built directly (the arguments were validated already)."""
-    params: dict[str, Any] = {"name": name, "arguments": arguments, "_meta": dict(meta or {})}
+    params: dict[str, Any] = {"name": call.name, "arguments": call.arguments, "_meta": dict(call.meta or {})}
     if input_responses is not None:
         params["inputResponses"] = _INPUT_RESPONSES.dump_python(
             input_responses, by_alias=True, mode="json", exclude_none=True

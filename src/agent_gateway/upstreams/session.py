@@ -32,7 +32,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, describe
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
 from agent_gateway.upstreams.client_side import ClientSide
-from agent_gateway.upstreams.forwarding import Forwarder
+from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
@@ -249,9 +249,8 @@ class UpstreamSession:
             passed_on = caller is not None and caller.modern and self.modern
             if self._forwarder is not None and self.modern:  # over HTTP: below the SDK's client
                 sent_directly()
-                result = await self._forwarder.forward(
-                    client, name, arguments, meta, progress, caller if passed_on else None
-                )
+                call = ToolCall(client, name, arguments, meta, progress)
+                result = await self._forwarder.forward(call, caller if passed_on else None)
             elif caller is not None and passed_on:
                 result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
                     name,
