@@ -188,16 +188,20 @@ def echoing_headers(seen: list[dict[str, str]]) -> Starlette:
     return Starlette(routes=[Route("/mcp", post, methods=["POST"])])
 
 
-async def test_a_call_carries_the_clients_headers_its_trace_context_and_its_cookies(http: str) -> None:
+async def test_a_call_carries_the_clients_headers_its_trace_context_its_cookies_and_credentials(
+    http: str,
+) -> None:
     seen: list[dict[str, str]] = []
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     async with (
         forwarding(http) as (_, client, _),
         serving(echoing_headers(seen)) as base,
         http_client(http) as posting,
+        http_client(http) as fresh,  # no cookie in its jar
     ):
         posting.headers["x-team"] = "blue"
         forwarder = Relayed().forwarder(posting, f"{base}/mcp")
+        with_credentials = Relayed().forwarder(fresh, f"{base}/mcp".replace("://", "://ann:secret@"))
         with anyio.fail_after(BOUND):
             for _ in range(2):
                 answer = await forwarder.call_tool(
@@ -205,7 +209,9 @@ async def test_a_call_carries_the_clients_headers_its_trace_context_and_its_cook
                 )
                 assert isinstance(answer, types.CallToolResult)
                 assert answer.structured_content == {"result": 2}
-    first, second = seen
+            await with_credentials.call_tool(ToolCall(client, "tally", {"by": 2}))
+    first, second, third = seen
+    assert third["authorization"] == "Basic YW5uOnNlY3JldA=="  # the URL's credentials, as httpx2 sends them
     assert first["x-team"] == second["x-team"] == "blue"  # the client's own headers
     assert first["traceparent"] == second["traceparent"] == traceparent  # the trace hook's
     assert (first["mcp-method"], first["content-type"]) == ("tools/call", "application/json")

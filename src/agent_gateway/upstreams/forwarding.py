@@ -75,17 +75,19 @@ class ToolCall:
 
 
 class Forwarder:
-    """Sends modern-era ``tools/call`` requests to one Streamable HTTP upstream."""
+    """Sends ``tools/call`` requests to one modern-era Streamable HTTP upstream."""
 
     def __init__(self, http: httpx2.AsyncClient, url: str, max_event_bytes: int, sinks: Sinks) -> None:
         """``http``: the transport's client; on an ``UpstreamClient`` a call is posted straight
         on its aiohttp connections (httpx2's request and response building are a tenth of a
-        forwarded call's CPU), on any other through the client itself."""
+        forwarded call's CPU), on any other (or to a URL with credentials) through the client."""
         self._http = http
         self._url = url
         self._max_event = max_event_bytes
         self._sinks = sinks
-        self._wire = http.wire if isinstance(http, UpstreamClient) else None
+        # Credentials in the URL become an Authorization header only in httpx2's own building.
+        direct = isinstance(http, UpstreamClient) and not httpx2.URL(url).userinfo
+        self._wire = http.wire if direct and isinstance(http, UpstreamClient) else None
         self._target = self._wire.target(url) if self._wire is not None else None
 
     async def forward(
