@@ -85,10 +85,10 @@ class Forwarder:
         self._url = url
         self._max_event = max_event_bytes
         self._sinks = sinks
+        wire = http.wire if isinstance(http, UpstreamClient) else None
         # Credentials in the URL become an Authorization header only in httpx2's own building.
-        direct = isinstance(http, UpstreamClient) and not httpx2.URL(url).userinfo
-        self._wire = http.wire if direct and isinstance(http, UpstreamClient) else None
-        self._target = self._wire.target(url) if self._wire is not None else None
+        direct = wire is not None and not httpx2.URL(url).userinfo
+        self._direct = (wire, wire.target(url)) if direct and wire is not None else None
 
     async def forward(
         self, call: ToolCall, passing: ClientSide | None
@@ -155,12 +155,11 @@ class Forwarder:
         version: str,
         progress: Progress | None,
     ) -> dict[str, Any]:
-        if self._wire is None or self._target is None or self._http.cookies:  # the jar is httpx2's
+        if self._direct is None or self._http.cookies:  # the jar is httpx2's to send
             async with self._http.stream("POST", self._url, content=content, headers=headers) as response:
                 return await self._answer(response, response.aread, request_id, version, progress)
-        async with self._wire.post(
-            self._target, content, self._merged(headers), self._http.timeout
-        ) as posted:
+        wire, target = self._direct
+        async with wire.post(target, content, self._merged(headers), self._http.timeout) as posted:
             raw = posted.response
             if (
                 raw.status == 200

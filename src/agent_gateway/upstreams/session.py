@@ -246,18 +246,19 @@ class UpstreamSession:
         with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout) as client:
             progress = caller.progress_relay() if caller is not None else None
             meta = self._meta(caller)
-            passed_on = caller is not None and caller.modern and self.modern
+            # A modern caller answers a modern upstream's input requests itself.
+            passing = caller if caller is not None and caller.modern and self.modern else None
             if self._forwarder is not None and self.modern:  # over HTTP: below the SDK's client
                 sent_directly()
                 call = ToolCall(client, name, arguments, meta, progress)
-                result = await self._forwarder.forward(call, caller if passed_on else None)
-            elif caller is not None and passed_on:
+                result = await self._forwarder.forward(call, passing)
+            elif passing is not None:
                 result = await client.session.call_tool(  # pyright: ignore[reportCallIssue]
                     name,
                     arguments,
                     progress_callback=progress,
-                    input_responses=caller.input_responses,
-                    request_state=caller.request_state,
+                    input_responses=passing.input_responses,
+                    request_state=passing.request_state,
                     meta=meta,  # pyright: ignore[reportArgumentType]
                     allow_input_required=True,
                 )
