@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sqlite3
+
+import pytest
+
 from agent_gateway.search.index import Document, ToolIndex
 from agent_gateway.search.text import terms
 
@@ -108,3 +112,40 @@ def test_one_upstream_is_replaced_without_touching_the_others() -> None:
     index.remove("tracker")
     assert keys(index, "create issue", limit=10) == []
     assert len(index) == 1
+
+
+def test_fts5_scores_a_query_as_the_sum_of_its_terms_scores() -> None:
+    """The index adds up each term's BM25 from FTS5 instead of ranking every matching row per
+    search; that holds only while FTS5's bm25() is a sum over the query's phrases."""
+    db = sqlite3.connect(":memory:")
+    db.execute("CREATE VIRTUAL TABLE t USING fts5(name, description)")
+    db.execute("INSERT INTO t(t, rank) VALUES ('rank', 'bm25(6.0, 2.0)')")
+    rows = [
+        ("create issue", "create a new issue in a project"),
+        ("list issue", "list the issue of a project project"),
+        ("merge request", "get one merge request with its diff"),
+        ("delete branch", "delete a git branch of a project"),
+    ]
+    db.executemany("INSERT INTO t(name, description) VALUES (?, ?)", rows)
+
+    def scores(match: str) -> dict[int, float]:
+        return dict(db.execute("SELECT rowid, -rank FROM t WHERE t MATCH ?", (match,)).fetchall())
+
+    together = scores('"issue" OR "project" OR "branch"')
+    apart = [scores(f'"{term}"') for term in ("issue", "project", "branch")]
+    assert set(together) == {1, 2, 4}
+    for rowid, score in together.items():
+        assert score == pytest.approx(sum(s.get(rowid, 0.0) for s in apart), rel=1e-9)
+
+
+def test_searches_after_a_change_rank_as_a_fresh_index_does() -> None:
+    """Each term's scores are kept between searches; a change must drop them (IDF and lengths move)."""
+    index = index_of(("tracker", tracker()), ("chat", chat()))
+    for query in ("create issue", "list channels", "project"):
+        index.search(query, limit=5)
+    index.replace("chat", [*chat(), *tracker("chat")])
+    fresh = index_of(("tracker", tracker()), ("chat", [*chat(), *tracker("chat")]))
+    for query in ("create issue", "list channels", "project", "open a ticket"):
+        assert index.search(query, limit=5) == fresh.search(query, limit=5)
+    index.remove("chat")
+    assert index.search("project", limit=5) == index_of(("tracker", tracker())).search("project", limit=5)

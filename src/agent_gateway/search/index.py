@@ -6,17 +6,20 @@ description, its parameters and its upstream's instructions. Text is analysed he
 (``text.terms``: identifiers split, stop words dropped, Snowball stems) and stored as stems, so
 queries and documents are analysed alike. One upstream's change replaces only its rows.
 
-A query runs twice: its own terms, and the terms the thesaurus relates to them (at
-``SYNONYM_WEIGHT``); the two scores add. The score returned is that sum over the most the
+A query's score is the sum of its terms' (FTS5's BM25 adds up per term): each term's scores
+come from FTS5 once and are kept until the index changes, and a search adds them up, its own
+terms at full weight and the terms the thesaurus relates to them at ``SYNONYM_WEIGHT``. The score returned is that sum over the most the
 query's own terms could score (every term matched, BM25 saturated), cut to [0, 1]: it says
 how much of the request a tool matches, so a caller can tell a weak match from a strong one.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import sqlite3
-from collections import Counter, defaultdict
+from array import array
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -28,8 +31,8 @@ FIELDS = ("name", "title", "description", "params", "server", "instructions")
 WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
 """BM25 weights per field (FTS5 multiplies each field's term frequency by its weight)."""
 _K1 = 1.2  # FTS5's own BM25 parameters
-_CANDIDATES = 200
-"""Rows taken from each of a query's two runs before they are merged and filtered."""
+_CACHED = 1_000_000
+"""Term postings kept between searches, in rows (16 bytes each: at most ~16 MB)."""
 _COMMON = 0.1
 """An expansion term found in more than this share of all tools says too little to run."""
 SYNONYM_WEIGHT = 0.5
@@ -103,6 +106,8 @@ class ToolIndex:
         self._terms: dict[int, frozenset[str]] = {}
         self._names: dict[int, frozenset[str]] = {}
         self._next = 1
+        self._postings_of: dict[str, tuple[array[int], array[float]]] = {}
+        self._cached = 0
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -127,6 +132,7 @@ class ToolIndex:
             f"INSERT INTO tools(rowid, {', '.join(FIELDS)}, upstream) VALUES ({placeholders})", rows
         )
         self._of_upstream[upstream] = ids
+        self._forget_postings()
 
     def remove(self, upstream: str) -> None:
         """Take ``upstream``'s rows out of the index."""
@@ -134,6 +140,7 @@ class ToolIndex:
         if not ids:
             return
         self._db.executemany("DELETE FROM tools WHERE rowid = ?", [(i,) for i in ids])
+        self._forget_postings()
         for rowid in ids:
             del self._rows[rowid]
             del self._names[rowid]
@@ -155,22 +162,70 @@ class ToolIndex:
         own = sorted(set(terms(query)))
         if not own or not self._rows:
             return Results([], 0)
-        scores: dict[int, float] = defaultdict(float)
         related = self._related(own)
-        own_top = self._run(own, upstream, accept)
-        related_top = self._run(related, upstream, accept)
-        for weight, top in ((1.0, own_top), (SYNONYM_WEIGHT, related_top)):
-            for rowid, score in top:
-                scores[rowid] += weight * score
+        scores = self._scored(own, related, upstream, accept)
         best = self._bound(own)
         weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
         wanted = dict.fromkeys(related, SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
         # Only the best by BM25 are reranked: the rerank reorders them, it does not search.
-        leaders = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[: max(_RERANKED, limit)]
+        leaders = heapq.nsmallest(max(_RERANKED, limit), scores.items(), key=lambda item: (-item[1], item[0]))
         final = {r: self._reranked(r, s / best, weights, wanted) for r, s in leaders}
         ranked = sorted(final.items(), key=lambda item: (-item[1], item[0]))[:limit]
         hits = [Hit(self._rows[r].key, self._rows[r].upstream, min(1.0, score)) for r, score in ranked]
-        return Results(hits, self._matched(own, upstream, accept, [r for r, _ in related_top]))
+        return Results(hits, len(scores))
+
+    def _scored(
+        self,
+        own: Sequence[str],
+        related: Sequence[str],
+        upstream: str | None,
+        accept: Callable[[str], bool] | None,
+    ) -> dict[int, float]:
+        """Every row matching a term of the query (or of its expansion, at ``SYNONYM_WEIGHT``)
+        that ``upstream`` and ``accept`` keep, with its BM25 score: the sum of each term's."""
+        scores: dict[int, float] = {}
+        for weight, group in ((1.0, own), (SYNONYM_WEIGHT, related)):
+            for term in group:
+                if not self._df[term]:
+                    continue
+                rowids, values = self._postings(term)
+                for rowid, value in zip(rowids, values, strict=True):
+                    scores[rowid] = scores.get(rowid, 0.0) + weight * value
+        if upstream is None and accept is None:
+            return scores
+        rows = self._rows
+        return {
+            r: s
+            for r, s in scores.items()
+            if (upstream is None or rows[r].upstream == upstream) and (accept is None or accept(rows[r].key))
+        }
+
+    def _postings(self, term: str) -> tuple[array[int], array[float]]:
+        """The rows holding ``term`` and the BM25 score FTS5 gives each for ``term`` alone.
+
+        FTS5's BM25 is a sum over a query's terms (each term's IDF times its saturated,
+        weighted frequency in the row), so a query's score is the sum of these: SQLite scores
+        each term once, and a search adds them up instead of ranking every matching row again.
+        Kept until the index changes (the IDF and average length move with every row), at most
+        ``_CACHED`` rows' worth, least recently used dropped first."""
+        found = self._postings_of.pop(term, None)
+        if found is None:
+            rows = self._db.execute("SELECT rowid, -rank FROM tools WHERE tools MATCH ?", (f'"{term}"',))
+            rowids, values = array("q"), array("d")
+            for rowid, value in rows:
+                rowids.append(rowid)
+                values.append(value)
+            found = (rowids, values)
+            self._cached += len(rowids)
+            while self._cached > _CACHED and self._postings_of:
+                dropped = self._postings_of.pop(next(iter(self._postings_of)))
+                self._cached -= len(dropped[0])
+        self._postings_of[term] = found  # the most recently used last
+        return found
+
+    def _forget_postings(self) -> None:
+        self._postings_of.clear()
+        self._cached = 0
 
     def _reranked(
         self, rowid: int, score: float, weights: dict[str, float], wanted: dict[str, float]
@@ -193,57 +248,6 @@ class ToolIndex:
         limit = max(_COMMON * len(self._rows), _FEW)
         related = [t for t in self._thesaurus.expand(own) if 0 < self._df[t] <= limit]
         return sorted(related, key=lambda t: (self._df[t], t))[:_EXPANSIONS]
-
-    def _run(
-        self, query_terms: Sequence[str], upstream: str | None, accept: Callable[[str], bool] | None
-    ) -> list[tuple[int, float]]:
-        """The best ``_CANDIDATES`` (rowid, BM25 score) ``accept`` takes of those matching any
-        of ``query_terms``."""
-        where, args = self._where(query_terms, upstream)
-        if not args:
-            return []
-        # Ranked in SQLite, and only as far as needed: every ranked row costs a BM25 there.
-        ranked = f"SELECT rowid, -rank FROM tools WHERE {where} ORDER BY rank LIMIT ?"
-        rows = self._db.execute(ranked, (*args, _CANDIDATES)).fetchall()
-        top = [(r, s) for r, s in rows if self._takes(accept, r)]
-        if len(rows) == _CANDIDATES and len(top) < _CANDIDATES:  # the asker may call few: rank all
-            top = [(r, s) for r, s in self._db.execute(ranked, (*args, -1)) if self._takes(accept, r)]
-        return top[:_CANDIDATES]
-
-    def _matched(
-        self,
-        own: Sequence[str],
-        upstream: str | None,
-        accept: Callable[[str], bool] | None,
-        related: Sequence[int],
-    ) -> int:
-        """How many tools ``accept`` takes match the query's own terms, or are among the
-        ``related`` rows its expansion ranked. Counted in SQLite unless a policy filters: a
-        common word matches thousands of rows, not worth reading one by one."""
-        where, args = self._where(own, upstream)
-        if not args:
-            return len(related)
-        if accept is not None:
-            rows = self._db.execute(f"SELECT rowid FROM tools WHERE {where}", args)
-            return len({r for (r,) in rows if accept(self._rows[r].key)} | set(related))
-        (count,) = self._db.execute(f"SELECT count(*) FROM tools WHERE {where}", args).fetchone()
-        # Plus the expansion's rows the own terms do not match (a row matches a term it holds).
-        held = frozenset(own)
-        return int(count) + sum(1 for r in related if self._terms[r].isdisjoint(held))
-
-    def _where(self, query_terms: Sequence[str], upstream: str | None) -> tuple[str, tuple[str, ...]]:
-        """The condition matching any of ``query_terms`` some tool holds, and its arguments
-        (none when no tool holds any)."""
-        present = [t for t in query_terms if self._df[t]]
-        if not present:
-            return "", ()
-        expression = " OR ".join(f'"{t}"' for t in present)
-        if upstream is None:
-            return "tools MATCH ?", (expression,)
-        return "tools MATCH ? AND upstream = ?", (expression, upstream)
-
-    def _takes(self, accept: Callable[[str], bool] | None, rowid: int) -> bool:
-        return accept is None or accept(self._rows[rowid].key)
 
     def _bound(self, query_terms: Sequence[str]) -> float:
         """The most the query's own terms can score: each term's IDF times (k1 + 1). A term
