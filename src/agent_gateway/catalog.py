@@ -237,6 +237,7 @@ class Catalog:
         self._review = review
         self._parts: dict[str, Part] = {}
         self._listeners: list[ChangeListener] = []
+        self._early: list[Callable[[Part], None]] = []
         self._live = False
         self._refused: NameCollision | None = None
         self.snapshot = CatalogSnapshot()
@@ -246,6 +247,12 @@ class Catalog:
     def subscribe(self, listener: ChangeListener) -> None:
         """Call ``listener`` after each change, in the order of subscription."""
         self._listeners.append(listener)
+
+    def subscribe_early(self, listener: Callable[[Part], None]) -> None:
+        """Before start-up, call ``listener`` with each upstream's part as it is built, so work
+        on it (the search index) overlaps the other upstreams' connecting. A part may come
+        again, or never reach the first snapshot: ``start()``'s snapshot is what counts."""
+        self._early.append(listener)
 
     def start(self) -> CatalogSnapshot:
         """Build the first snapshot from what connected at start-up.
@@ -316,6 +323,9 @@ class Catalog:
         self.problems.pop(upstream, None)
         if snapshot is not None:
             await self._publish(frozenset({upstream}), snapshot)
+            return
+        for listener in self._early:
+            listener(self._parts[upstream])
 
     def _ordered(self) -> list[Part]:
         return [self._parts[n] for n in self._config.upstreams if n in self._parts]

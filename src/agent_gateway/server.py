@@ -102,6 +102,7 @@ class Gateway:
         holders = self.shared.holders if self.shared is not None else None
         self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus, holders)
         # In this order: searches and listings reflect a change before any client is told of it.
+        self.catalog.subscribe_early(self.search.prepare)
         self.catalog.subscribe(self.search.changed)
         self.catalog.subscribe(self.notifier.notify)
         self.catalog.subscribe(self.listing.changed)

@@ -46,6 +46,7 @@ class ToolSearch:
         self._dense = DenseIndex() if embeddings is not None else None
         self._embedder: Embedder | None = None
         self._stale: dict[str, Part | None] = {}
+        self._prepared: dict[str, Part] = {}
         self._wake = anyio.Event()
         self._quiet_until = 0.0
 
@@ -70,16 +71,29 @@ class ToolSearch:
         """Whether dense retrieval holds a vector for each of ``tools`` tools (benchmarks, tests)."""
         return self._dense is not None and not self._stale and len(self._dense) >= tools
 
+    def prepare(self, part: Part) -> None:
+        """Index ``part`` ahead of ``load``, while other upstreams still connect (start-up)."""
+        self._index.replace(part.upstream, documents(part))
+        self._prepared[part.upstream] = part
+
     def load(self, snapshot: CatalogSnapshot) -> None:
-        """Index every part of ``snapshot`` (start-up)."""
+        """Index every part of ``snapshot`` not indexed as it was by ``prepare`` (start-up)."""
         started = time.perf_counter()
+        early = 0
+        for upstream in self._prepared.keys() - snapshot.parts.keys():
+            self._index.remove(upstream)
         for part in snapshot.parts.values():
-            self._index.replace(part.upstream, documents(part))
+            if self._prepared.get(part.upstream) is part:
+                early += 1
+            else:
+                self._index.replace(part.upstream, documents(part))
             self._restale(part.upstream, part)
+        self._prepared.clear()
         logger.info(
-            "tool index ready: %d tools from %d upstreams in %.0f ms",
+            "tool index ready: %d tools from %d upstreams (%d indexed as they connected) in %.0f ms",
             len(self._index),
             len(snapshot.parts),
+            early,
             (time.perf_counter() - started) * 1e3,
         )
 

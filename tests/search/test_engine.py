@@ -1,0 +1,47 @@
+"""The search engine kept in step with the catalog from start-up on."""
+
+from __future__ import annotations
+
+import mcp_types as types
+
+from agent_gateway.catalog import Catalog
+from agent_gateway.catalog_parts import Listing
+from agent_gateway.config_files import parse_config
+from agent_gateway.search.engine import ToolSearch
+
+
+def listing(*names: str) -> Listing:
+    return Listing(
+        tools=tuple(
+            types.Tool(name=n, description=f"{n.replace('_', ' ')} tool", input_schema={"type": "object"})
+            for n in names
+        )
+    )
+
+
+async def test_parts_indexed_while_others_connect_end_as_the_first_snapshot_says() -> None:
+    config = parse_config(
+        {"upstreams": {n: {"url": "http://127.0.0.1:9/mcp"} for n in ("tracker", "chat", "mail")}},
+        {},
+        source="test",
+    )
+    catalog, search = Catalog(config), ToolSearch()
+    catalog.subscribe_early(search.prepare)
+    await catalog.update("tracker", listing("create_issue", "close_issue"))
+    await catalog.update("chat", listing("post_message"))
+    await catalog.update("mail", listing("send_email"))
+    await catalog.update("tracker", listing("create_ticket"))  # listed again before start-up
+    await catalog.withdraw("mail")  # down again before start-up
+    snapshot = catalog.start()
+    search.load(snapshot)
+
+    async def names(query: str) -> list[str]:
+        found, _ = await search.search(snapshot, query, 10)
+        return [f.tool.name for f in found]
+
+    assert await names("create ticket") == ["tracker__create_ticket"]
+    assert "tracker__close_issue" not in await names("close issue")
+    found, total = await search.search(snapshot, "send email", 10)
+    assert "mail__send_email" not in [f.tool.name for f in found]
+    assert total == len(found)  # no row of the withdrawn upstream left in the index
+    assert await names("post message") == ["chat__post_message"]
