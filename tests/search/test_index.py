@@ -149,3 +149,10 @@ def test_searches_after_a_change_rank_as_a_fresh_index_does() -> None:
         assert index.search(query, limit=5) == fresh.search(query, limit=5)
     index.remove("chat")
     assert index.search("project", limit=5) == index_of(("tracker", tracker())).search("project", limit=5)
+
+
+def test_a_query_counts_its_first_distinct_terms_only() -> None:
+    index = index_of(("tracker", tracker()), ("chat", chat()))
+    filler = " ".join(f"word{n}x" for n in range(5_000))
+    assert keys(index, f"post a message {filler}")[0] == "chat__post_message"
+    assert keys(index, f"{filler} post a message") == []  # past the first MOST_TERMS terms

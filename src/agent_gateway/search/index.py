@@ -8,9 +8,10 @@ queries and documents are analysed alike. One upstream's change replaces only it
 
 A query's score is the sum of its terms' (FTS5's BM25 adds up per term): each term's scores
 come from FTS5 once and are kept until the index changes, and a search adds them up, its own
-terms at full weight and the terms the thesaurus relates to them at ``SYNONYM_WEIGHT``. The score returned is that sum over the most the
-query's own terms could score (every term matched, BM25 saturated), cut to [0, 1]: it says
-how much of the request a tool matches, so a caller can tell a weak match from a strong one.
+terms at full weight and the terms the thesaurus relates to them at ``SYNONYM_WEIGHT``. The
+score returned is that sum over the most the query's own terms could score (every term
+matched, BM25 saturated), cut to [0, 1]: it says how much of the request a tool matches, so a
+caller can tell a weak match from a strong one.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
 _K1 = 1.2  # FTS5's own BM25 parameters
 _CACHED = 1_000_000
 """Term postings kept between searches, in rows (16 bytes each: at most ~16 MB)."""
+MOST_TERMS = 64
+"""The distinct terms of a query that count: a longer one (a pasted log) costs no more."""
 _COMMON = 0.1
 """An expansion term found in more than this share of all tools says too little to run."""
 SYNONYM_WEIGHT = 0.5
@@ -159,7 +162,9 @@ class ToolIndex:
     ) -> Results:
         """The ``limit`` best tools for ``query``, best first; only those ``accept`` takes
         (by public name) and, given ``upstream``, only that upstream's."""
-        own = sorted(set(terms(query)))
+        # The first distinct terms only: each costs a lookup, and the agent's queries lead with
+        # the latest request and run on into the conversation.
+        own = sorted(list(dict.fromkeys(terms(query)))[:MOST_TERMS])
         if not own or not self._rows:
             return Results([], 0)
         related = self._related(own)
