@@ -246,13 +246,15 @@ def documents(part: Part) -> Iterator[Document]:
 
 
 def _parameters(schema: Mapping[str, Any], depth: int = 0) -> Iterator[str]:
-    """Parameter names and descriptions, one level into nested objects."""
+    """Parameter names and descriptions, one level into nested objects. Schemas are parsed
+    JSON, so plain dicts are checked for (an ABC check per parameter showed in the start-up
+    profile)."""
     properties = schema.get("properties")
-    if not isinstance(properties, Mapping):
+    if not isinstance(properties, dict):
         return
     for name, spec in properties.items():  # pyright: ignore[reportUnknownVariableType]
         yield str(name)  # pyright: ignore[reportUnknownArgumentType]
-        if isinstance(spec, Mapping):
+        if isinstance(spec, dict):
             if isinstance(description := spec.get("description"), str):  # pyright: ignore[reportUnknownMemberType]
                 yield description
             if depth == 0:

@@ -126,7 +126,7 @@ class ToolIndex:
             rows.append((rowid, *analysed, upstream))
             ids.append(rowid)
             self._rows[rowid] = _Row(document.key, upstream)
-            unique = frozenset(t for text in analysed for t in text.split())
+            unique = frozenset(" ".join(analysed).split())
             self._terms[rowid] = unique
             self._names[rowid] = frozenset(analysed[0].split())
             self._df.update(unique)
