@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 import mcp_types as types
+import pytest
 
 from agent_gateway.catalog import Catalog
 from agent_gateway.catalog_parts import Listing
@@ -19,7 +22,9 @@ def listing(*names: str) -> Listing:
     )
 
 
-async def test_parts_indexed_while_others_connect_end_as_the_first_snapshot_says() -> None:
+async def test_parts_indexed_while_others_connect_end_as_the_first_snapshot_says(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     config = parse_config(
         {"upstreams": {n: {"url": "http://127.0.0.1:9/mcp"} for n in ("tracker", "chat", "mail")}},
         {},
@@ -32,8 +37,12 @@ async def test_parts_indexed_while_others_connect_end_as_the_first_snapshot_says
     await catalog.update("mail", listing("send_email"))
     await catalog.update("tracker", listing("create_ticket"))  # listed again before start-up
     await catalog.withdraw("mail")  # down again before start-up
+    # Indexed already, before the first snapshot lists anything.
+    assert (await search.search(catalog.snapshot, "post message", 10))[1] >= 1
     snapshot = catalog.start()
-    search.load(snapshot)
+    with caplog.at_level(logging.INFO, logger="agent_gateway.search.engine"):
+        search.load(snapshot)
+    assert "(2 indexed as they connected)" in caplog.text
 
     async def names(query: str) -> list[str]:
         found, _ = await search.search(snapshot, query, 10)

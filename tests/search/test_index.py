@@ -149,10 +149,26 @@ def test_searches_after_a_change_rank_as_a_fresh_index_does() -> None:
         assert index.search(query, limit=5) == fresh.search(query, limit=5)
     index.remove("chat")
     assert index.search("project", limit=5) == index_of(("tracker", tracker())).search("project", limit=5)
+    index.replace("other", tracker("other"))  # an upstream the index never held
+    fresh = index_of(("tracker", tracker()), ("other", tracker("other")))
+    assert index.search("project", limit=5) == fresh.search("project", limit=5)
 
 
 def test_a_query_counts_its_first_distinct_terms_only() -> None:
     index = index_of(("tracker", tracker()), ("chat", chat()))
-    filler = " ".join(f"word{n}x" for n in range(5_000))
+    filler = " ".join(f"word{n}x" for n in range(500))
     assert keys(index, f"post a message {filler}")[0] == "chat__post_message"
     assert keys(index, f"{filler} post a message") == []  # past the first MOST_TERMS terms
+    repeated = " ".join(["deploy"] * 500)  # one distinct term, however often
+    assert keys(index, f"{repeated} post a message")[0] == "chat__post_message"
+    log = " ".join(["the"] * 2_000)  # stop words: no term at all, but past MOST_CHARS
+    assert keys(index, f"{log} post a message") == []
+
+
+def test_a_phrase_of_the_request_is_expanded_in_the_order_it_was_written() -> None:
+    """ "roll back" is a thesaurus phrase (undo, revert); its words sorted ("back roll") are not."""
+    edits = [
+        Document("docs__undo_edit", "docs", "undo_edit", description="Undo the last edit"),
+        Document("docs__list_edits", "docs", "list_edits", description="List the edits"),
+    ]
+    assert keys(index_of(("docs", edits)), "roll back")[0] == "docs__undo_edit"

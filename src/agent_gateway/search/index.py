@@ -34,8 +34,12 @@ WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
 _K1 = 1.2  # FTS5's own BM25 parameters
 _CACHED = 1_000_000
 """Term postings kept between searches, in rows (16 bytes each: at most ~16 MB)."""
+_TERM_ROWS = 24
+"""What a kept term costs besides its rows (its entry and arrays, ~380 bytes), in rows."""
+MOST_CHARS = 4_096
 MOST_TERMS = 64
-"""The distinct terms of a query that count: a longer one (a pasted log) costs no more."""
+"""What of a query counts: its first ``MOST_CHARS`` characters, and of those its first
+``MOST_TERMS`` distinct terms. A longer one (a pasted log) costs no more to search."""
 _COMMON = 0.1
 """An expansion term found in more than this share of all tools says too little to run."""
 SYNONYM_WEIGHT = 0.5
@@ -88,11 +92,13 @@ class Hit:
 class Results:
     hits: list[Hit]
     total: int
-    """Every tool that matched the query at all (before ``limit``)."""
+    """Every tool the filters keep that matched the query at all, through its own terms or
+    its expansion (before ``limit``)."""
 
 
 class ToolIndex:
-    """BM25 over tool documents; rows are replaced one upstream at a time."""
+    """BM25 over tool documents; rows are replaced one upstream at a time. Use it from one
+    thread (the event loop's): searches update the kept term scores too."""
 
     def __init__(self, thesaurus: Thesaurus | None = None) -> None:
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
@@ -160,14 +166,16 @@ class ToolIndex:
         upstream: str | None = None,
         accept: Callable[[str], bool] | None = None,
     ) -> Results:
-        """The ``limit`` best tools for ``query``, best first; only those ``accept`` takes
-        (by public name) and, given ``upstream``, only that upstream's."""
-        # The first distinct terms only: each costs a lookup, and the agent's queries lead with
-        # the latest request and run on into the conversation.
-        own = sorted(list(dict.fromkeys(terms(query)))[:MOST_TERMS])
+        """The ``limit`` best tools for ``query`` (its first words: ``MOST_TERMS``), best
+        first; only those ``accept`` takes (by public name) and, given ``upstream``, only that
+        upstream's."""
+        # The first words only: each distinct term costs a lookup, and the agent's queries lead
+        # with the latest request and run on into the conversation.
+        in_order = list(dict.fromkeys(terms(query[:MOST_CHARS])))[:MOST_TERMS]
+        own = sorted(in_order)
         if not own or not self._rows:
             return Results([], 0)
-        related = self._related(own)
+        related = self._related(in_order)  # in the query's order: the thesaurus matches phrases
         scores = self._scored(own, related, upstream, accept)
         best = self._bound(own)
         weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
@@ -221,10 +229,10 @@ class ToolIndex:
                 rowids.append(rowid)
                 values.append(value)
             found = (rowids, values)
-            self._cached += len(rowids)
+            self._cached += len(rowids) + _TERM_ROWS
             while self._cached > _CACHED and self._postings_of:
                 dropped = self._postings_of.pop(next(iter(self._postings_of)))
-                self._cached -= len(dropped[0])
+                self._cached -= len(dropped[0]) + _TERM_ROWS
         self._postings_of[term] = found  # the most recently used last
         return found
 

@@ -55,12 +55,21 @@ def terms(text: str) -> list[str]:
     return [t for token in _WORD.findall(normalized) for t in _token_terms(token)]
 
 
-@lru_cache(maxsize=65_536)
 def _token_terms(token: str) -> tuple[str, ...]:
-    """One token's stems. Cached: tool texts repeat the same few thousand words, and
-    indexing 10,000 tools analyses some 300,000 tokens."""
+    """One token's stems. Cached, but for long tokens (hashes, ids, base64): tool texts
+    repeat the same few thousand words, and indexing 10,000 tools analyses ~300,000 tokens."""
+    return _cached_token_terms(token) if len(token) <= _CACHED_TOKEN else _analysed_token(token)
+
+
+_CACHED_TOKEN = 40
+
+
+def _analysed_token(token: str) -> tuple[str, ...]:
     return tuple(
         _stemmer.stemWord(w)
         for w in split_identifier(token)
         if (len(w) > 1 or w.isdigit()) and w not in STOP_WORDS
     )
+
+
+_cached_token_terms = lru_cache(maxsize=65_536)(_analysed_token)
