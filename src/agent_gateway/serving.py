@@ -85,6 +85,7 @@ def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
         CannotServe: the HTTP address cannot be bound (nothing has been started).
     """
     server = gateway.config.server
+    runtime.prepare_heap()
     if server.transport == "stdio":
         runtime.run(_serve_stdio, gateway, reloading)
         return
