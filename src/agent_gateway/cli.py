@@ -17,7 +17,7 @@ import anyio
 
 from agent_gateway import __version__, access, runtime
 from agent_gateway.agent.reporting import TerminalObserver
-from agent_gateway.agent.runner import AgentRequest
+from agent_gateway.agent.request import AgentRequest
 from agent_gateway.cli_records import add_commands
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
@@ -221,10 +221,10 @@ def _ask(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 async def _run_agent(gateway: Gateway, request: AgentRequest, as_json: bool) -> int:
-    assert gateway.agent is not None  # _ask checked agent.enabled
     stream = sys.stderr if as_json else sys.stdout
     observer = TerminalObserver(lambda line: print(line, file=stream, flush=True))
     async with gateway.running():
+        assert gateway.agent is not None  # _ask checked agent.enabled
         outcome = await gateway.agent.run(request, access.OPERATOR, None, observer)
     if as_json:
         print(json.dumps(outcome.record, indent=2, ensure_ascii=False))

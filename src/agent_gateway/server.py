@@ -6,18 +6,16 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 from fastmcp import FastMCP
-from langchain_core.language_models import BaseChatModel
 from mcp.server.request_state import RequestStateSecurity
 
 from agent_gateway import __version__, access, runtime
 from agent_gateway.access import AccessControl, Principal
 from agent_gateway.activity import Activity
-from agent_gateway.agent.runner import AgentRunner
 from agent_gateway.agent.tool import INPUT_SCHEMA, AgentTool
 from agent_gateway.audit import AuditLog
 from agent_gateway.authentication import build_auth
@@ -46,18 +44,21 @@ from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 from agent_gateway.visibility import Visibility
 
+if TYPE_CHECKING:
+    from langchain_core.language_models import BaseChatModel
+
+    from agent_gateway.agent.runner import AgentRunner
+
 logger = logging.getLogger(__name__)
+
+AGENT_RUNNER = "agent_gateway.agent.runner"
 
 
 class Gateway:
     """Everything one running gateway owns. Use ``async with gateway.running():``."""
 
     def __init__(self, config: GatewayConfig, *, chat_model: BaseChatModel | None = None) -> None:
-        """``chat_model`` replaces the configured ``agent.model`` (tests, embedding).
-
-        Raises:
-            ConfigError: the agent's model provider refuses its configured settings.
-        """
+        """``chat_model`` replaces the configured ``agent.model`` (tests, embedding)."""
         self.config = config
         self.activity = Activity()
         """The last calls and agent runs: the access log line, the status page, the audit log."""
@@ -107,21 +108,9 @@ class Gateway:
         self.catalog.subscribe(self.notifier.notify)
         self.catalog.subscribe(self.listing.changed)
         catalog_listing = CatalogProvider(self.catalog)
-        self.agent: AgentRunner | None = None
-        self._agent_tool: AgentTool | None = None
-        if config.agent.enabled:
-            # With the memory shared, a conversation's runs take turns across replicas too.
-            sharing = self.shared if config.agent.memory.store == "postgres" else None
-            self.agent = AgentRunner(
-                config.agent,
-                self.catalog,
-                self.proxy,
-                chat_model,
-                self.search,
-                self.activity,
-                exclusive=sharing.leases.held if sharing is not None else None,
-            )
-            self._agent_tool = AgentTool(self.agent)
+        self.agent: AgentRunner | None = None  # built by running()
+        self._chat_model = chat_model
+        self._agent_tool = AgentTool(config.agent) if config.agent.enabled else None
         self.server = FastMCP(
             config.server.name,
             version=__version__,  # serverInfo names the gateway, not the FastMCP it is built on
@@ -201,7 +190,7 @@ class Gateway:
             return None
         if (origin := self.catalog.snapshot.tools.get(name)) is not None:
             return origin.item.input_schema
-        if self.agent is not None and name == self.config.agent.name:
+        if self._agent_tool is not None and name == self._agent_tool.name:
             return INPUT_SCHEMA
         if self.config.search.mode != "off" and name in (SEARCH_TOOLS, CALL_TOOL):
             tool = search_tool(self.config.search.limit) if name == SEARCH_TOOLS else call_tool()
@@ -243,7 +232,8 @@ class Gateway:
         """Connect the upstreams and build the catalog; stop everything on exit.
 
         Raises:
-            ConfigError: two upstreams produce the same public name at start-up.
+            ConfigError: two upstreams produce the same public name at start-up, or the agent's
+                model provider refuses its configured settings.
         """
         refused: ConfigError | None = None
         try:
@@ -251,10 +241,12 @@ class Gateway:
                 bounded(self.config.server.max_bytes_in_flight),
                 self.shared.running() if self.shared is not None else nullcontext(),
                 self.pins.running(),  # loaded before any upstream's listing is reviewed
+                # The agent's libraries are imported while the upstreams connect.
+                runtime.importing(AGENT_RUNNER if self._agent_tool is not None else None) as agent_imported,
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
                 self.search.running(),
-                self.agent.running() if self.agent is not None else nullcontext(),
+                self._agent_running(agent_imported),
                 self._audit_running(),
             ):
                 try:
@@ -273,6 +265,22 @@ class Gateway:
             self.pins.close()  # the upstreams are closed: no listing can come to review
         if refused is not None:
             raise refused
+
+    @asynccontextmanager
+    async def _agent_running(self, imported: anyio.Event) -> AsyncIterator[None]:
+        if (tool := self._agent_tool) is None:
+            yield
+            return
+        # With the memory shared, a conversation's runs take turns across replicas too.
+        sharing = self.shared if self.config.agent.memory.store == "postgres" else None
+        exclusive = sharing.leases.held if sharing is not None else None
+        parts = (self.config.agent, self.catalog, self.proxy, self._chat_model, self.search, self.activity)
+        try:
+            async with tool.running(imported, lambda runner: runner(*parts, exclusive=exclusive)) as agent:
+                self.agent = agent
+                yield
+        finally:
+            self.agent = None
 
     def _refresh_upstream(self, name: str) -> None:
         """Another replica heard ``name`` change its lists: list it here too."""

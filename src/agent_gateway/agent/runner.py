@@ -8,7 +8,6 @@ but cancellation.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import secrets
 import uuid
@@ -41,6 +40,7 @@ from agent_gateway.agent.graph import (
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RecordedObserver, RunObserver
+from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.run_record import fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
@@ -59,21 +59,6 @@ _READ_TIMEOUT = 5.0
 Exclusive = Callable[[str], AbstractAsyncContextManager[None]]
 """Hold a thread (by name) for one run."""
 _SWEEP_EVERY = 3600.0
-
-
-@dataclass(frozen=True)
-class AgentRequest:
-    """The arguments of one ``ask_agent`` call."""
-
-    query: str
-    conversation_id: str | None = None
-    context: Mapping[str, Any] | None = None
-
-    @property
-    def text(self) -> str:
-        if not self.context:
-            return self.query
-        return f"{self.query}\n\nContext (JSON): {json.dumps(self.context, ensure_ascii=False, default=str)}"
 
 
 @dataclass(frozen=True)

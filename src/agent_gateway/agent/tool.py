@@ -3,19 +3,29 @@ and called on the same pipeline as they are."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import mcp_types as types
 from jsonschema import Draft202012Validator
 
 from agent_gateway.access import Principal
 from agent_gateway.activity import refused
-from agent_gateway.agent.runner import AgentRequest, AgentRunner
+from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.toolbox import reach as toolbox_reach
 from agent_gateway.catalog import CatalogSnapshot
+from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import ClientLimited
 from agent_gateway.search.tools import argument_problem, plain_words
+
+if TYPE_CHECKING:
+    from agent_gateway.agent.runner import AgentRunner
+
+Build = Callable[[type["AgentRunner"]], "AgentRunner"]
+"""Makes the agent's runner, given its class (imported late)."""
 
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -84,12 +94,35 @@ _KEPT = 64
 
 class AgentTool:
     """``ask_agent``: its definition (``tools/list``), rebuilt when the catalog changes, and
-    its calls, served on the pipeline with the request's own client and caller."""
+    its calls, served on the pipeline with the request's own client and caller by the agent's
+    runner while it runs (:meth:`running`)."""
 
-    def __init__(self, runner: AgentRunner) -> None:
-        self.name = runner.config.name
-        self._runner = runner
+    def __init__(self, config: AgentConfig) -> None:
+        self.name = config.name
+        self._config = config
+        self._runner: AgentRunner | None = None
         self._built: dict[tuple[int, frozenset[str] | None], types.Tool] = {}
+
+    @asynccontextmanager
+    async def running(self, imported: anyio.Event, build: Build) -> AsyncIterator[AgentRunner]:
+        """Serve calls with the runner ``build`` makes once the agent's libraries are
+        ``imported`` (in a worker thread, while the upstreams connect), until the body ends.
+
+        Raises:
+            ConfigError: the agent's model provider refuses its configured settings.
+        """
+        await imported.wait()
+        # Imported already: this only binds the name. At the top of this module it would load
+        # LangChain and LangGraph with the gateway, before the upstreams start connecting.
+        from agent_gateway.agent.runner import AgentRunner
+
+        runner = build(AgentRunner)
+        async with runner.running():
+            self._runner = runner
+            try:
+                yield runner
+            finally:
+                self._runner = None
 
     def definition(self, snapshot: CatalogSnapshot, upstreams: frozenset[str] | None = None) -> types.Tool:
         """``ask_agent`` as ``tools/list`` shows it in ``snapshot`` to a client that reaches
@@ -102,7 +135,7 @@ class AgentTool:
         return tool
 
     def _build(self, snapshot: CatalogSnapshot, upstreams: frozenset[str] | None) -> types.Tool:
-        reach = toolbox_reach(snapshot, self._runner.config, upstreams)
+        reach = toolbox_reach(snapshot, self._config, upstreams)
         return types.Tool(
             name=self.name,
             title="Ask the gateway's agent",
@@ -124,10 +157,12 @@ class AgentTool:
         authorized for this tool); a failure is an ``isError`` result the model can read."""
         if (problem := invalid(arguments, self.name)) is not None:
             return _failed(problem)
+        if (runner := self._runner) is None:
+            return _failed(f"{self.name}: the agent is not running (the gateway is starting or stopping)")
         request = AgentRequest(arguments["query"], arguments.get("conversation_id"), arguments.get("context"))
         try:
             with client.running_agent():
-                outcome = await self._runner.run(request, client, caller)
+                outcome = await runner.run(request, client, caller)
         except ClientLimited as exc:
             refused(type(exc).__name__)
             return _failed(str(exc))
