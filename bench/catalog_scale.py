@@ -560,7 +560,7 @@ def startup(log: Lines, ready: float, pid: int) -> StartUp:
     index = log.first(r"tool index ready: .* in (\d+) ms")
     return StartUp(
         up=log.lines[0][0],
-        connected=log.last(r"upstream \S+ connected") or 0.0,
+        connected=log.last(r"\S+ ready: \d+ tools") or 0.0,
         index=index[0] if index else None,
         ready=ready,
         index_ms=float(index[1].group(1)) if index else None,
