@@ -902,7 +902,7 @@ async def in_process(catalog: Sequence[Sequence[ToolDef]], queries: Sequence[str
     out.build_ms = (time.thread_time() - cpu) * 1e3
     search = ToolSearch()
     cpu = time.thread_time()
-    search.load(snapshot)
+    await search.load(snapshot)
     out.load_ms = (time.thread_time() - cpu) * 1e3
     listing = ToolListing(store, config.search, config.server.page_size, lambda *_: [])
     stamps: list[float] = []

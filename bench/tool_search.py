@@ -127,7 +127,7 @@ async def gateway_ranker(
         return [(back[f.tool.name], f.score) for f in found]
 
     async with search.running():
-        search.load(snapshot)
+        await search.load(snapshot)
         while dense is not None and not search.embedded(len(snapshot.tools)):
             await asyncio.sleep(0.2)
         yield rank

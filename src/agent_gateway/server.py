@@ -243,9 +243,9 @@ class Gateway:
                 self.pins.running(),  # loaded before any upstream's listing is reviewed
                 # The agent's libraries are imported while the upstreams connect.
                 runtime.importing(AGENT_RUNNER if self._agent_tool is not None else None) as agent_imported,
+                self.search.running(),  # indexes each upstream's tools as it connects
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
-                self.search.running(),
                 self._agent_running(agent_imported),
                 self._audit_running(),
             ):
@@ -254,7 +254,7 @@ class Gateway:
                 except ConfigError as exc:
                     refused = exc  # raised below, once the pool is closed, not inside its task group
                 else:
-                    self.search.load(snapshot)
+                    await self.search.load(snapshot)
                     self.server.instructions = _instructions(self.config.server.instructions, snapshot)
                     _log_start(self, snapshot)
                     try:

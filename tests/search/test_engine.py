@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 
 import mcp_types as types
 import pytest
 
-from agent_gateway.catalog import Catalog
+from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config_files import parse_config
 from agent_gateway.search.engine import ToolSearch
@@ -22,8 +23,9 @@ def listing(*names: str) -> Listing:
     )
 
 
+@pytest.mark.parametrize("running", [False, True], ids=["here", "worker-thread"])
 async def test_parts_indexed_while_others_connect_end_as_the_first_snapshot_says(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, running: bool
 ) -> None:
     config = parse_config(
         {"upstreams": {n: {"url": "http://127.0.0.1:9/mcp"} for n in ("tracker", "chat", "mail")}},
@@ -32,18 +34,22 @@ async def test_parts_indexed_while_others_connect_end_as_the_first_snapshot_says
     )
     catalog, search = Catalog(config), ToolSearch()
     catalog.subscribe_early(search.prepare)
-    await catalog.update("tracker", listing("create_issue", "close_issue"))
-    await catalog.update("chat", listing("post_message"))
-    await catalog.update("mail", listing("send_email"))
-    await catalog.update("tracker", listing("create_ticket"))  # listed again before start-up
-    await catalog.withdraw("mail")  # down again before start-up
-    # Indexed already, before the first snapshot lists anything.
-    assert (await search.search(catalog.snapshot, "post message", 10))[1] >= 1
-    snapshot = catalog.start()
-    with caplog.at_level(logging.INFO, logger="agent_gateway.search.engine"):
-        search.load(snapshot)
-    assert "(2 indexed as they connected)" in caplog.text
+    async with search.running() if running else nullcontext():
+        await catalog.update("tracker", listing("create_issue", "close_issue"))
+        await catalog.update("chat", listing("post_message"))
+        await catalog.update("mail", listing("send_email"))
+        await catalog.update("tracker", listing("create_ticket"))  # listed again before start-up
+        await catalog.withdraw("mail")  # down again before start-up
+        if not running:  # indexed already, before the first snapshot lists anything
+            assert (await search.search(catalog.snapshot, "post message", 10))[1] >= 1
+        snapshot = catalog.start()
+        with caplog.at_level(logging.INFO, logger="agent_gateway.search.engine"):
+            await search.load(snapshot)  # running: once the worker thread has indexed each part
+        assert "(2 indexed as they connected)" in caplog.text
+        await _searches_match(search, snapshot)
 
+
+async def _searches_match(search: ToolSearch, snapshot: CatalogSnapshot) -> None:
     async def names(query: str) -> list[str]:
         found, _ = await search.search(snapshot, query, 10)
         return [f.tool.name for f in found]

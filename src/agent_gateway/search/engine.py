@@ -5,6 +5,7 @@ and searches that return only what the asker may call.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agent_gateway.catalog import CatalogChange, CatalogSnapshot, Part
 from agent_gateway.config import EmbeddingsConfig
@@ -36,8 +38,9 @@ class Found:
 
 
 class ToolSearch:
-    """Searches the current catalog's tools. Use ``async with search.running():`` (it embeds
-    tool texts in the background when dense retrieval is configured)."""
+    """Searches the current catalog's tools. Use ``async with search.running():`` (it indexes
+    the tools listed at start-up in a worker thread, and embeds tool texts in the background
+    when dense retrieval is configured); search only once ``load`` has returned."""
 
     def __init__(self, embeddings: EmbeddingsConfig | None = None) -> None:
         """Raises ``ConfigError`` when ``embeddings`` is set and numpy is not installed."""
@@ -47,38 +50,67 @@ class ToolSearch:
         self._embedder: Embedder | None = None
         self._stale: dict[str, Part | None] = {}
         self._prepared: dict[str, Part] = {}
+        self._arrivals: MemoryObjectSendStream[Part] | None = None
+        self._arrived = anyio.Event()
         self._wake = anyio.Event()
         self._quiet_until = 0.0
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[ToolSearch]:
-        if self._config is None:
-            yield self
-            return
-        assert self._dense is not None  # made with the config
-        self._embedder = embedder = Embedder(self._config)
+        """Enter before the upstreams connect: the parts ``prepare`` is given are indexed in a
+        worker thread meanwhile."""
+        self._embedder = Embedder(self._config) if self._config is not None else None
+        self._arrivals, arrivals = anyio.create_memory_object_stream[Part](math.inf)
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._embed_changes, self._dense, embedder)
+            async with self._arrivals, anyio.create_task_group() as tg:  # closed by load, or here
+                tg.start_soon(self._index_arrivals, arrivals, name="tool index: start-up")
+                if self._dense is not None and self._embedder is not None:
+                    tg.start_soon(self._embed_changes, self._dense, self._embedder)
                 yield self
                 tg.cancel_scope.cancel()
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
-                await embedder.aclose()
+            self._arrivals = None
+            if self._embedder is not None:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+                    await self._embedder.aclose()
             self._embedder = None
+
+    async def _index_arrivals(self, arrivals: MemoryObjectReceiveStream[Part]) -> None:
+        """Index the parts built at start-up in a worker thread, in the order they came: most
+        of it is SQLite's, which runs without the GIL, and the event loop stays free for the
+        upstreams still connecting."""
+        async with arrivals:
+            async for part in arrivals:
+                batch = [part]
+                while (more := _received(arrivals)) is not None:
+                    batch.append(more)
+                await anyio.to_thread.run_sync(self._index_parts, batch)
+        self._arrived.set()
+
+    def _index_parts(self, parts: list[Part]) -> None:
+        for part in parts:
+            self._index.replace(part.upstream, documents(part))
 
     def embedded(self, tools: int) -> bool:
         """Whether dense retrieval holds a vector for each of ``tools`` tools (benchmarks, tests)."""
         return self._dense is not None and not self._stale and len(self._dense) >= tools
 
     def prepare(self, part: Part) -> None:
-        """Index ``part`` ahead of ``load``, while other upstreams still connect (start-up)."""
-        self._index.replace(part.upstream, documents(part))
+        """Index ``part`` ahead of ``load``, while other upstreams still connect (start-up):
+        in the worker thread while ``running``, else here."""
+        if self._arrivals is not None:
+            self._arrivals.send_nowait(part)
+        else:
+            self._index.replace(part.upstream, documents(part))
         self._prepared[part.upstream] = part
 
-    def load(self, snapshot: CatalogSnapshot) -> None:
-        """Index every part of ``snapshot`` not indexed as it was by ``prepare`` (start-up)."""
+    async def load(self, snapshot: CatalogSnapshot) -> None:
+        """Index every part of ``snapshot`` not indexed as it was by ``prepare`` (start-up),
+        once the worker thread has indexed those; the index is the event loop's from then on."""
         started = time.perf_counter()
+        if self._arrivals is not None:
+            self._arrivals.close()
+            await self._arrived.wait()
         early = 0
         for upstream in self._prepared.keys() - snapshot.parts.keys():
             self._index.remove(upstream)
@@ -186,6 +218,13 @@ async def _embed(dense: DenseIndex, embedder: Embedder, upstream: str, part: Par
         len(docs),
         (time.perf_counter() - started) * 1e3,
     )
+
+
+def _received(arrivals: MemoryObjectReceiveStream[Part]) -> Part | None:
+    try:
+        return arrivals.receive_nowait()
+    except (anyio.WouldBlock, anyio.EndOfStream):
+        return None
 
 
 def _fused(

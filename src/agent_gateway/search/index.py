@@ -98,7 +98,8 @@ class Results:
 
 class ToolIndex:
     """BM25 over tool documents; rows are replaced one upstream at a time. Use it from one
-    thread (the event loop's): searches update the kept term scores too."""
+    thread at a time (searches update the kept term scores too): at start-up the search
+    engine's worker thread, then the event loop's."""
 
     def __init__(self, thesaurus: Thesaurus | None = None) -> None:
         self._db = sqlite3.connect(":memory:", check_same_thread=False)
