@@ -85,13 +85,28 @@ class Pin:
 
 
 def definition_of(name: str, tool: types.Tool) -> dict[str, Any]:
-    """What is pinned of a tool: its public name and everything a model reads of it."""
-    dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
-    return {"name": name} | {f: dumped[f] for f in FIELDS if f in dumped}
+    """What is pinned of a tool: its public name and everything a model reads of it (each of
+    ``FIELDS`` it has), as a JSON dump of the tool has them. Read from the fields: the
+    schemas are parsed JSON already, and dumping the whole tool walked them once more."""
+    annotations = tool.annotations
+    fields = {
+        "description": tool.description,
+        "title": tool.title,
+        "inputSchema": tool.input_schema,
+        "outputSchema": tool.output_schema,
+        "annotations": (
+            annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if annotations else None
+        ),
+    }
+    return {"name": name} | {f: value for f, value in fields.items() if value is not None}
 
 
-def digest_of(definition: Mapping[str, Any]) -> str:
-    canonical = json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def canonical_of(definition: Mapping[str, Any]) -> str:
+    """``definition`` as the text its digest is of, and as it is stored."""
+    return json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def digest_of(canonical: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -198,10 +213,11 @@ class Pins:
         with self._db:
             for name, tool in tools.items():
                 definition = definition_of(name, tool)
-                digest = digest_of(definition)
+                canonical = canonical_of(definition)
+                digest = digest_of(canonical)
                 pinned = known.get(name)
                 if pinned is None:
-                    self._pin(source, name, upstream, digest, definition)
+                    self._pin(source, name, upstream, digest, canonical)
                 elif pinned[0] == digest:
                     if pinned[1] is not None:  # changed back to what was accepted
                         self._db.execute(_CLEAR, (source, name))
@@ -209,7 +225,7 @@ class Pins:
                 else:
                     what = _changed_fields(json.loads(pinned[2]), definition)
                     if pinned[1] != digest:
-                        self._flag(source, name, upstream, digest, definition, what)
+                        self._flag(source, name, upstream, digest, canonical, what)
                     if self.mode == "hold":
                         held[name] = what
         self._pending = self._count_pending()
@@ -231,18 +247,16 @@ class Pins:
         self._pending = self._count_pending()
         return chosen
 
-    def _pin(self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any]) -> None:
-        row = (source, name, upstream, digest, json.dumps(definition), time.time())
+    def _pin(self, source: str, name: str, upstream: str, digest: str, definition: str) -> None:
+        row = (source, name, upstream, digest, definition, time.time())
         self._db.execute(
             "INSERT INTO pins (source, name, upstream, digest, definition, first_seen) VALUES (?, ?, ?, ?, ?, ?)",
             row,
         )
         self._written("pin", row)
 
-    def _flag(
-        self, source: str, name: str, upstream: str, digest: str, definition: dict[str, Any], what: str
-    ) -> None:
-        change = (digest, json.dumps(definition), what, source, name)
+    def _flag(self, source: str, name: str, upstream: str, digest: str, definition: str, what: str) -> None:
+        change = (digest, definition, what, source, name)
         self._db.execute(
             "UPDATE pins SET pending_digest = ?, pending_definition = ?, changed = ? WHERE source = ? AND name = ?",
             change,

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 import yaml
 from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.cli import main
-from agent_gateway.pins import Pins
+from agent_gateway.pins import Pins, canonical_of, definition_of, digest_of
 from agent_gateway.search.tools import CALL_TOOL
 from tests.support import RunningGateway, running_gateway, serving_upstream
 from tests.test_search_mode import tracker_server
@@ -100,3 +101,26 @@ async def test_pinning_warn_serves_the_change_and_off_records_nothing(
         await rug_pull(gw, client)
         assert "tracker__close_issue" in await listed(client)
     assert Pins(tmp_path / "off" / "state" / "pins.sqlite").pins() == []
+
+
+def test_a_definitions_digest_is_the_one_earlier_releases_pinned() -> None:
+    # Pins outlive upgrades: a digest computed any other way would hold every tool as changed.
+    # The value is what the first release of pinning computed (a dump of the whole tool).
+    tool = types.Tool(
+        name="close_issue",
+        title="Close an issue",
+        description="Close an issue \u2014 with a comment.",
+        input_schema={
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer", "minimum": 1e-07},
+                "comment": {"type": "string", "default": None},
+            },
+            "required": ["id"],
+        },
+        output_schema={"type": "object", "properties": {"closed": {"type": "boolean"}}},
+        annotations=types.ToolAnnotations(destructive_hint=True, idempotent_hint=None),
+        meta={"x": 1},
+    )
+    digest = digest_of(canonical_of(definition_of("tracker__close_issue", tool)))
+    assert digest == "0dde328424780e037d1de378b1a9232abdc2aef4d51228f1b7f7ad47ac466bb3"
