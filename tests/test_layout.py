@@ -44,6 +44,17 @@ def test_a_gateway_without_a_provider_loads_no_provider_sdk() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
+def test_the_gateway_loads_without_the_agents_libraries() -> None:
+    # LangChain and LangGraph (~0.5 s of CPU) are imported by Gateway.running while the
+    # upstreams connect (runtime.importing), not with the gateway's modules before they start.
+    script = (
+        "import sys, agent_gateway.cli, agent_gateway.server, agent_gateway.pipeline; "
+        "print(sorted({m.partition('.')[0] for m in sys.modules} & {'langchain_core', 'langgraph', 'langsmith'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_the_agent_reaches_clients_only_through_the_caller() -> None:
     found = {
         f"{path.name}: {module}"
