@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 
+import anyio
 import mcp_types as types
 import pytest
 
@@ -60,3 +61,39 @@ async def _searches_match(search: ToolSearch, snapshot: CatalogSnapshot) -> None
     assert "mail__send_email" not in [f.tool.name for f in found]
     assert total == len(found)  # no row of the withdrawn upstream left in the index
     assert await names("post message") == ["chat__post_message"]
+
+
+async def test_a_change_while_the_start_up_index_is_built_is_not_undone_by_it() -> None:
+    # The catalog is live once started, while load() still waits for the worker thread: an
+    # upstream listing again then must win over its older part still queued for the thread.
+    names = [f"u{i}" for i in range(30)]
+    config = parse_config(
+        {"upstreams": {n: {"url": "http://127.0.0.1:9/mcp"} for n in names}}, {}, source="t"
+    )
+    catalog, search = Catalog(config), ToolSearch()
+    catalog.subscribe_early(search.prepare)
+    catalog.subscribe(search.changed)
+    async with search.running():
+        for name in names:  # ~9,000 tools: the thread is still at them when the change comes
+            await catalog.update(name, listing(*(f"{name}_tool_{i}" for i in range(300))))
+        snapshot = catalog.start()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(search.load, snapshot)
+            await catalog.update("u29", listing("renamed_tool"))
+        found, _ = await search.search(catalog.snapshot, "renamed", 10)
+        assert [f.tool.name for f in found] == ["u29__renamed_tool"]
+        found, _ = await search.search(catalog.snapshot, "u29_tool_7", 10)
+        assert "u29__u29_tool_7" not in [f.tool.name for f in found]
+
+
+async def test_the_start_up_indexing_waits_again_when_running_again() -> None:
+    config = parse_config({"upstreams": {"tracker": {"url": "http://127.0.0.1:9/mcp"}}}, {}, source="t")
+    search = ToolSearch()
+    for tool in ("create_issue", "close_issue"):
+        catalog = Catalog(config)
+        catalog.subscribe_early(search.prepare)
+        async with search.running():
+            await catalog.update("tracker", listing(tool))
+            await search.load(catalog.start())
+            found, _ = await search.search(catalog.snapshot, tool, 10)
+            assert [f.tool.name for f in found] == [f"tracker__{tool}"]

@@ -52,6 +52,9 @@ class ToolSearch:
         self._prepared: dict[str, Part] = {}
         self._arrivals: MemoryObjectSendStream[Part] | None = None
         self._arrived = anyio.Event()
+        self._loaded = anyio.Event()
+        """Set while no start-up indexing is pending: changes wait for it (see ``changed``)."""
+        self._loaded.set()
         self._wake = anyio.Event()
         self._quiet_until = 0.0
 
@@ -61,6 +64,7 @@ class ToolSearch:
         worker thread meanwhile."""
         self._embedder = Embedder(self._config) if self._config is not None else None
         self._arrivals, arrivals = anyio.create_memory_object_stream[Part](math.inf)
+        self._arrived, self._loaded = anyio.Event(), anyio.Event()
         try:
             async with self._arrivals, anyio.create_task_group() as tg:  # closed by load, or here
                 tg.start_soon(self._index_arrivals, arrivals, name="tool index: start-up")
@@ -70,6 +74,7 @@ class ToolSearch:
                 tg.cancel_scope.cancel()
         finally:
             self._arrivals = None
+            self._loaded.set()  # no load is coming: let any waiting change through
             if self._embedder is not None:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
                     await self._embedder.aclose()
@@ -97,7 +102,7 @@ class ToolSearch:
 
     def prepare(self, part: Part) -> None:
         """Index ``part`` ahead of ``load``, while other upstreams still connect (start-up):
-        in the worker thread while ``running``, else here."""
+        in the worker thread while ``running`` and not loaded yet, else here."""
         if self._arrivals is not None:
             self._arrivals.send_nowait(part)
         else:
@@ -110,7 +115,8 @@ class ToolSearch:
         started = time.perf_counter()
         if self._arrivals is not None:
             self._arrivals.close()
-            await self._arrived.wait()
+            self._arrivals = None
+            await self._arrived.wait()  # bounded: the parts already listed, nothing external
         early = 0
         for upstream in self._prepared.keys() - snapshot.parts.keys():
             self._index.remove(upstream)
@@ -121,6 +127,7 @@ class ToolSearch:
                 self._index.replace(part.upstream, documents(part))
             self._restale(part.upstream, part)
         self._prepared.clear()
+        self._loaded.set()
         logger.info(
             "tool index ready: %d tools from %d upstreams (%d indexed as they connected) in %.0f ms",
             len(self._index),
@@ -130,7 +137,13 @@ class ToolSearch:
         )
 
     async def changed(self, change: CatalogChange) -> None:
-        """Catalog listener: re-index the upstreams whose part changed."""
+        """Catalog listener: re-index the upstreams whose part changed.
+
+        A change made while ``load`` waits for the start-up indexing (the catalog is live by
+        then) waits for it too: applied first, it would be undone by the older part the worker
+        or ``load`` indexes after it, and it would touch the index from a second thread.
+        """
+        await self._loaded.wait()
         for upstream in change.upstreams:
             part = change.after.parts.get(upstream)
             if part is None:
