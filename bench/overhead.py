@@ -227,6 +227,8 @@ async def _child_serve(role: str, upstream: str, conn: Connection, otlp_endpoint
     )
     started = 0.0
     try:
+        if role in GATEWAYS:
+            runtime.prepare_heap()  # as serve does
         async with serve_of(role)(upstream) as url:
             if role in GATEWAYS:
                 runtime.settle_heap()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib.metadata
 import json
 import logging
@@ -172,9 +173,11 @@ def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
         taken.listen()
         port = taken.getsockname()[1]
         path = write_config(tmp_path, {"witness": witness}, port=port)
+        collector = (gc.get_threshold(), gc.get_freeze_count())
         assert main(["serve", "-c", str(path)]) == 2
     assert capsys.readouterr().err == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
     assert not started.exists()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == collector  # the process left as it was
 
 
 def test_check_starts_the_upstreams_and_reports_a_name_collision_as_serve_would(

@@ -85,7 +85,6 @@ def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
         CannotServe: the HTTP address cannot be bound (nothing has been started).
     """
     server = gateway.config.server
-    runtime.prepare_heap()
     if server.transport == "stdio":
         runtime.run(_serve_stdio, gateway, reloading)
         return
@@ -97,6 +96,7 @@ def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
 
 
 async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
+    runtime.prepare_heap()
     async with anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, tg.cancel_scope.cancel)
         async with gateway.running(), anyio.create_task_group() as serving:
@@ -131,6 +131,7 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         build_app(gateway), log_level="warning", lifespan="on", **listener_options(gateway)
     )
     http = _Uvicorn(config)
+    runtime.prepare_heap()  # the socket is bound: the gateway is starting
 
     def stop() -> None:
         # Draining: the listener closes at once (a balancer sends new connections to the
