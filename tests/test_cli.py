@@ -102,6 +102,23 @@ def test_tools_reports_a_failed_upstream_and_exits_non_zero(
     assert "last error:" in out
 
 
+async def test_a_module_is_imported_in_a_worker_thread_while_the_body_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # How serve imports the agent's libraries while the upstreams connect (Gateway.running).
+    (tmp_path / "imported_aside.py").write_text(
+        "import threading\nON_MAIN_THREAD = threading.current_thread() is threading.main_thread()\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    async with runtime.importing("imported_aside") as imported:
+        await imported.wait()
+    assert sys.modules["imported_aside"].ON_MAIN_THREAD is False
+    with pytest.raises(ExceptionGroup) as raised:
+        async with runtime.importing("imported_aside_nowhere"):
+            pass
+    assert raised.group_contains(ModuleNotFoundError)
+
+
 async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp_path: Path) -> None:
     sock = free_socket()
     port = sock.getsockname()[1]

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import agent_gateway
+from agent_gateway.agent.tool import RUNNER_MODULE
 
 SRC = Path(agent_gateway.__file__).resolve().parent
 
@@ -53,6 +54,12 @@ def test_the_gateway_loads_without_the_agents_libraries() -> None:
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_the_agents_runner_is_where_the_gateway_imports_it_by_name() -> None:
+    from agent_gateway.agent.runner import AgentRunner
+
+    assert AgentRunner.__module__ == RUNNER_MODULE
 
 
 def test_the_agent_reaches_clients_only_through_the_caller() -> None:

@@ -84,10 +84,24 @@ class Pin:
     """The fields of a pending change (``description, inputSchema``), or None: as pinned."""
 
 
-def definition_of(name: str, tool: types.Tool) -> dict[str, Any]:
-    """What is pinned of a tool: its public name and everything a model reads of it (each of
-    ``FIELDS`` it has), as a JSON dump of the tool has them. Read from the fields: the
-    schemas are parsed JSON already, and dumping the whole tool walked them once more."""
+def pinned_form(name: str, tool: types.Tool) -> tuple[dict[str, Any], str]:
+    """What is pinned of a tool (its public name and each of ``FIELDS`` it has, as a JSON dump
+    of the tool has them), and that as the text its digest is of and as it is stored.
+
+    Read from the fields: the schemas are parsed JSON already, and dumping the whole tool
+    walked them once more. Except where a schema holds a number JSON cannot (``1e400`` parses
+    as infinity): the dump writes it as null, and so did every release before this one.
+    """
+    definition = _definition(name, tool)
+    try:
+        return definition, _canonical(definition)
+    except ValueError:  # a non-finite number
+        dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
+        definition = {"name": name} | {f: dumped[f] for f in FIELDS if f in dumped}
+        return definition, _canonical(definition)
+
+
+def _definition(name: str, tool: types.Tool) -> dict[str, Any]:
     annotations = tool.annotations
     fields = {
         "description": tool.description,
@@ -101,9 +115,8 @@ def definition_of(name: str, tool: types.Tool) -> dict[str, Any]:
     return {"name": name} | {f: value for f, value in fields.items() if value is not None}
 
 
-def canonical_of(definition: Mapping[str, Any]) -> str:
-    """``definition`` as the text its digest is of, and as it is stored."""
-    return json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def _canonical(definition: Mapping[str, Any]) -> str:
+    return json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def digest_of(canonical: str) -> str:
@@ -212,8 +225,7 @@ class Pins:
         held: dict[str, str] = {}
         with self._db:
             for name, tool in tools.items():
-                definition = definition_of(name, tool)
-                canonical = canonical_of(definition)
+                definition, canonical = pinned_form(name, tool)
                 digest = digest_of(canonical)
                 pinned = known.get(name)
                 if pinned is None:

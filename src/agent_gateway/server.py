@@ -16,7 +16,7 @@ from mcp.server.request_state import RequestStateSecurity
 from agent_gateway import __version__, access, runtime
 from agent_gateway.access import AccessControl, Principal
 from agent_gateway.activity import Activity
-from agent_gateway.agent.tool import INPUT_SCHEMA, AgentTool
+from agent_gateway.agent.tool import INPUT_SCHEMA, RUNNER_MODULE, AgentTool
 from agent_gateway.audit import AuditLog
 from agent_gateway.authentication import build_auth
 from agent_gateway.call_records import CallRecorder
@@ -50,8 +50,6 @@ if TYPE_CHECKING:
     from agent_gateway.agent.runner import AgentRunner
 
 logger = logging.getLogger(__name__)
-
-AGENT_RUNNER = "agent_gateway.agent.runner"
 
 
 class Gateway:
@@ -242,14 +240,16 @@ class Gateway:
                 self.shared.running() if self.shared is not None else nullcontext(),
                 self.pins.running(),  # loaded before any upstream's listing is reviewed
                 # The agent's libraries are imported while the upstreams connect.
-                runtime.importing(AGENT_RUNNER if self._agent_tool is not None else None) as agent_imported,
+                runtime.importing(RUNNER_MODULE if self._agent_tool is not None else None) as agent_imported,
                 self.search.running(),  # indexes each upstream's tools as it connects
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
-                self._agent_running(agent_imported),
+                self._agent_running(agent_imported) as agent_refused,
                 self._audit_running(),
             ):
                 try:
+                    if agent_refused is not None:
+                        raise agent_refused
                     snapshot = self.catalog.start()
                 except ConfigError as exc:
                     refused = exc  # raised below, once the pool is closed, not inside its task group
@@ -267,18 +267,25 @@ class Gateway:
             raise refused
 
     @asynccontextmanager
-    async def _agent_running(self, imported: anyio.Event) -> AsyncIterator[None]:
+    async def _agent_running(self, imported: anyio.Event) -> AsyncIterator[ConfigError | None]:
+        """The agent built and running; or, yielded, why its model provider refuses its
+        settings (``running`` raises it once everything has stopped)."""
         if (tool := self._agent_tool) is None:
-            yield
+            yield None
             return
         # With the memory shared, a conversation's runs take turns across replicas too.
         sharing = self.shared if self.config.agent.memory.store == "postgres" else None
         exclusive = sharing.leases.held if sharing is not None else None
         parts = (self.config.agent, self.catalog, self.proxy, self._chat_model, self.search, self.activity)
         try:
-            async with tool.running(imported, lambda runner: runner(*parts, exclusive=exclusive)) as agent:
-                self.agent = agent
-                yield
+            runner = await tool.runner(imported, lambda runner: runner(*parts, exclusive=exclusive))
+        except ConfigError as exc:
+            yield exc
+            return
+        try:
+            async with tool.serving(runner):
+                self.agent = runner
+                yield None
         finally:
             self.agent = None
 
@@ -357,9 +364,8 @@ class Gateway:
 
 
 SERVED_HERE = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete", "tools/list"})
-"""The methods whose handlers are the gateway's own (the pipeline's and the listing's):
-FastMCP's root middleware, which binds its own request context for its handlers, is skipped
-for them."""
+"""The methods the gateway's own handlers serve (the pipeline's, the listing's): FastMCP's
+root middleware, which binds a request context for FastMCP's handlers, is skipped for them."""
 
 
 def own_tool_names(config: GatewayConfig) -> frozenset[str]:
@@ -377,11 +383,6 @@ def _instructions(own: str | None, snapshot: CatalogSnapshot) -> str | None:
 
 
 def _log_start(gateway: Gateway, snapshot: CatalogSnapshot) -> None:
-    for status in gateway.pool.statuses():
-        if status.last_error:
-            logger.warning(
-                "upstream %s unavailable at start-up: %s (retrying)", status.name, status.last_error
-            )
     logger.info(
         "catalog ready: %d tools, %d prompts, %d resources, %d templates from %d upstreams",
         len(snapshot.tools),

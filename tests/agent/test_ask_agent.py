@@ -14,6 +14,9 @@ from langchain_core.messages import SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
+from agent_gateway.access import OPERATOR
+from agent_gateway.agent.tool import AgentTool
+from agent_gateway.config_files import parse_config
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.upstreams import Ran, two_upstreams
 from tests.support import RunningGateway, python_upstream, running_gateway
@@ -335,3 +338,13 @@ async def test_history_out_of_the_context_window_is_dropped_from_the_stored_thre
     # 16 messages were written; only those the last model call could still see remain.
     assert kept == [["turn", "7"], ["ok", "word"]]
     assert [m.text.split(" ")[:2] for m in model.seen[-1][1:]] == [["turn", "7"]]
+
+
+async def test_ask_agent_before_the_agent_runs_is_a_clear_error_result() -> None:
+    # Clients are served only once Gateway.running has built the runner; a call outside that
+    # (an embedding application calling the tool itself) gets an error result, not a crash.
+    tool = AgentTool(parse_config({}, {}, source="t").agent)
+    result = await tool.call({"query": "hello"}, OPERATOR, None)
+    assert isinstance(result, types.CallToolResult)
+    assert result.is_error
+    assert text(result) == "ask_agent: the agent is not running (the gateway is starting or stopping)"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
@@ -16,6 +17,7 @@ from mcp.client.session import ClientRequestContext, SamplingFnT
 
 from agent_gateway.config_files import parse_config
 from agent_gateway.errors import ConfigError
+from agent_gateway.server import Gateway
 from tests.agent.model_apis import Turn, anthropic_api, openai_api
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.upstreams import Ran, two_upstreams
@@ -128,6 +130,23 @@ def test_an_api_provider_without_a_key_fails_at_start_up_naming_the_field() -> N
         parse_config(
             {"agent": {"model": {"provider": "anthropic", "model": "claude"}}}, {}, source="gateway.yaml"
         )
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_base_url_the_provider_cannot_parse_fails_start_up_with_one_config_error(
+    provider: str, tmp_path: Path
+) -> None:
+    # The provider's SDK parses base_url as its client is built, once the agent's libraries
+    # are imported while the upstreams connect: still one ConfigError from Gateway.running,
+    # raised once everything has stopped, as a name collision is (not an ExceptionGroup).
+    model = {"provider": provider, "model": "m", "api_key": "k", "base_url": "http://[::1"}
+    memory = {"path": str(tmp_path / "conversations.sqlite")}
+    config = parse_config({"agent": {"model": model, "memory": memory}}, {}, source="gateway.yaml")
+    gateway = Gateway(config)
+    with pytest.raises(ConfigError, match=r"^agent\.model\.base_url: 'http://\[::1' is not a URL"):
+        async with gateway.running():
+            pass
+    assert gateway.agent is None
 
 
 SampleReply = types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData

@@ -19,7 +19,7 @@ from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.cli import main
-from agent_gateway.pins import Pins, canonical_of, definition_of, digest_of
+from agent_gateway.pins import Pins, digest_of, pinned_form
 from agent_gateway.search.tools import CALL_TOOL
 from tests.support import RunningGateway, running_gateway, serving_upstream
 from tests.test_search_mode import tracker_server
@@ -120,7 +120,12 @@ def test_a_definitions_digest_is_the_one_earlier_releases_pinned() -> None:
         },
         output_schema={"type": "object", "properties": {"closed": {"type": "boolean"}}},
         annotations=types.ToolAnnotations(destructive_hint=True, idempotent_hint=None),
-        meta={"x": 1},
     )
-    digest = digest_of(canonical_of(definition_of("tracker__close_issue", tool)))
-    assert digest == "0dde328424780e037d1de378b1a9232abdc2aef4d51228f1b7f7ad47ac466bb3"
+    assert digest_of(pinned_form("tracker__close_issue", tool)[1]) == (
+        "0dde328424780e037d1de378b1a9232abdc2aef4d51228f1b7f7ad47ac466bb3"
+    )
+    # A number JSON cannot hold (1e400 parses as infinity) was pinned as null.
+    infinite = tool.model_copy(update={"input_schema": {"type": "number", "maximum": float("inf")}})
+    definition, text = pinned_form("tracker__close_issue", infinite)
+    assert definition["inputSchema"] == {"type": "number", "maximum": None}
+    assert digest_of(text) == "d0d416fef1c30cdff4b3a90a6101c96d557391778261ded54842473c47e62a8a"

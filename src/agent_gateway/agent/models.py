@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import anyio
+import httpx2
 from langchain_core.language_models import BaseChatModel
 from pydantic import SecretStr, ValidationError
 
@@ -114,6 +115,8 @@ def _api_model(config: ModelConfig | None, owned: list[_Closable]) -> BaseChatMo
     except ValidationError as exc:
         reasons = "; ".join(str(e["msg"]) for e in exc.errors(include_url=False))
         raise ConfigError(f"agent.model: {config.provider} refuses these settings: {reasons}") from None
+    except httpx2.InvalidURL as exc:  # the provider's SDK parses base_url as it is built
+        raise ConfigError(f"agent.model.base_url: {config.base_url!r} is not a URL: {exc}") from None
 
 
 # Each provider's SDK is imported only when that provider is configured: together they add

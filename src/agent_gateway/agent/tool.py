@@ -24,6 +24,8 @@ from agent_gateway.search.tools import argument_problem, plain_words
 if TYPE_CHECKING:
     from agent_gateway.agent.runner import AgentRunner
 
+RUNNER_MODULE = "agent_gateway.agent.runner"
+"""Where ``AgentRunner`` is: imported by name, in a worker thread (``AgentTool.runner``)."""
 Build = Callable[[type["AgentRunner"]], "AgentRunner"]
 """Makes the agent's runner, given its class (imported late)."""
 
@@ -95,7 +97,7 @@ _KEPT = 64
 class AgentTool:
     """``ask_agent``: its definition (``tools/list``), rebuilt when the catalog changes, and
     its calls, served on the pipeline with the request's own client and caller by the agent's
-    runner while it runs (:meth:`running`)."""
+    runner while it runs (:meth:`serving`)."""
 
     def __init__(self, config: AgentConfig) -> None:
         self.name = config.name
@@ -103,24 +105,27 @@ class AgentTool:
         self._runner: AgentRunner | None = None
         self._built: dict[tuple[int, frozenset[str] | None], types.Tool] = {}
 
-    @asynccontextmanager
-    async def running(self, imported: anyio.Event, build: Build) -> AsyncIterator[AgentRunner]:
-        """Serve calls with the runner ``build`` makes once the agent's libraries are
-        ``imported`` (in a worker thread, while the upstreams connect), until the body ends.
+    async def runner(self, imported: anyio.Event, build: Build) -> AgentRunner:
+        """The agent's runner, made by ``build`` once its libraries are ``imported`` (in a
+        worker thread while the upstreams connect: ``runtime.importing(RUNNER_MODULE)``).
 
         Raises:
             ConfigError: the agent's model provider refuses its configured settings.
         """
-        await imported.wait()
-        # Imported already: this only binds the name. At the top of this module it would load
+        await imported.wait()  # bounded by the import itself
+        # Imported already: this binds the name. At the top of this module it would load
         # LangChain and LangGraph with the gateway, before the upstreams start connecting.
         from agent_gateway.agent.runner import AgentRunner
 
-        runner = build(AgentRunner)
+        return build(AgentRunner)
+
+    @asynccontextmanager
+    async def serving(self, runner: AgentRunner) -> AsyncIterator[None]:
+        """Serve calls with ``runner`` while it runs (the body)."""
         async with runner.running():
             self._runner = runner
             try:
-                yield runner
+                yield
             finally:
                 self._runner = None
 

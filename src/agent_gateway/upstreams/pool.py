@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -23,6 +24,8 @@ from agent_gateway.upstreams.connection import (
 from agent_gateway.upstreams.guard import Circuit, Guard
 from agent_gateway.upstreams.replies import Broadcast
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,11 @@ class UpstreamPool:
         with anyio.move_on_after(bound + 1):
             for upstream in self.upstreams.values():
                 await upstream.settled.wait()
+        for status in self.statuses():
+            if status.last_error:
+                logger.warning(
+                    "upstream %s unavailable at start-up: %s (retrying)", status.name, status.last_error
+                )
 
     def get(self, name: str) -> Upstream:
         """The upstream called ``name``.
