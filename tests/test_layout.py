@@ -24,36 +24,29 @@ def imports_of(path: Path) -> set[str]:
     return modules
 
 
-def test_the_catalog_is_pure_it_pulls_in_no_transport() -> None:
-    code = (
-        "import sys, agent_gateway.catalog; "
-        "print(sorted(m for m in sys.modules if m.startswith(('agent_gateway.upstreams', 'aiohttp', 'websockets'))))"
-    )
+def loaded_by(imports: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The modules under ``prefixes`` a fresh interpreter holds after ``import {imports}``."""
+    code = f"import sys, {imports}; print(sorted(m for m in sys.modules if m.startswith({prefixes!r})))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "[]"
+    return ast.literal_eval(loaded.stdout.strip())
+
+
+def test_the_catalog_is_pure_it_pulls_in_no_transport() -> None:
+    assert loaded_by("agent_gateway.catalog", ("agent_gateway.upstreams", "aiohttp", "websockets")) == []
 
 
 def test_a_gateway_without_a_provider_loads_no_provider_sdk() -> None:
     # Each takes ~1 s and ~40 MB to import: a gateway whose model comes from the client
     # (the example's) must not pay for them at start-up (issue 15: start-up and RSS at scale).
-    code = (
-        "import sys, agent_gateway.cli; "
-        "print(sorted(m for m in sys.modules"
-        " if m.startswith(('anthropic', 'openai', 'langchain_anthropic', 'langchain_openai'))))"
-    )
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert loaded.stdout.strip() == "[]"
+    sdks = ("anthropic", "openai", "langchain_anthropic", "langchain_openai")
+    assert loaded_by("agent_gateway.cli", sdks) == []
 
 
 def test_the_gateway_loads_without_the_agents_libraries() -> None:
     # LangChain and LangGraph (~0.5 s of CPU) are imported by Gateway.running while the
     # upstreams connect (runtime.importing), not with the gateway's modules before they start.
-    script = (
-        "import sys, agent_gateway.cli, agent_gateway.server, agent_gateway.pipeline; "
-        "print(sorted({m.partition('.')[0] for m in sys.modules} & {'langchain_core', 'langgraph', 'langsmith'}))"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "[]"
+    gateway = "agent_gateway.cli, agent_gateway.server, agent_gateway.pipeline"
+    assert loaded_by(gateway, ("langchain_core", "langgraph", "langsmith")) == []
 
 
 def test_the_agents_runner_is_where_the_gateway_imports_it_by_name() -> None:
