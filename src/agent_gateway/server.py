@@ -278,7 +278,7 @@ class Gateway:
         exclusive = sharing.leases.held if sharing is not None else None
         parts = (self.config.agent, self.catalog, self.proxy, self._chat_model, self.search, self.activity)
         try:
-            runner = await tool.runner(imported, lambda runner: runner(*parts, exclusive=exclusive))
+            runner = (await tool.runner_class(imported))(*parts, exclusive=exclusive)
         except ConfigError as exc:
             yield exc
             return

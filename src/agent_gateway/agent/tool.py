@@ -3,7 +3,7 @@ and called on the same pipeline as they are."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,7 @@ if TYPE_CHECKING:
     from agent_gateway.agent.runner import AgentRunner
 
 RUNNER_MODULE = "agent_gateway.agent.runner"
-"""Where ``AgentRunner`` is: imported by name, in a worker thread (``AgentTool.runner``)."""
-Build = Callable[[type["AgentRunner"]], "AgentRunner"]
-"""Makes the agent's runner, given its class (imported late)."""
+"""Where ``AgentRunner`` is: imported by name, in a worker thread (``AgentTool.runner_class``)."""
 
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -105,19 +103,15 @@ class AgentTool:
         self._runner: AgentRunner | None = None
         self._built: dict[tuple[int, frozenset[str] | None], types.Tool] = {}
 
-    async def runner(self, imported: anyio.Event, build: Build) -> AgentRunner:
-        """The agent's runner, made by ``build`` once its libraries are ``imported`` (in a
-        worker thread while the upstreams connect: ``runtime.importing(RUNNER_MODULE)``).
-
-        Raises:
-            ConfigError: the agent's model provider refuses its configured settings.
-        """
+    async def runner_class(self, imported: anyio.Event) -> type[AgentRunner]:
+        """``AgentRunner``, once its module is ``imported`` (in a worker thread while the
+        upstreams connect: ``runtime.importing(RUNNER_MODULE)``)."""
         await imported.wait()  # bounded by the import itself
         # Imported already: this binds the name. At the top of this module it would load
         # LangChain and LangGraph with the gateway, before the upstreams start connecting.
         from agent_gateway.agent.runner import AgentRunner
 
-        return build(AgentRunner)
+        return AgentRunner
 
     @asynccontextmanager
     async def serving(self, runner: AgentRunner) -> AsyncIterator[None]:

@@ -86,15 +86,8 @@ class ToolSearch:
         upstreams still connecting."""
         async with arrivals:
             async for part in arrivals:
-                batch = [part]
-                while (more := _received(arrivals)) is not None:
-                    batch.append(more)
-                await anyio.to_thread.run_sync(self._index_parts, batch)
+                await anyio.to_thread.run_sync(self._index.replace, part.upstream, documents(part))
         self._arrived.set()
-
-    def _index_parts(self, parts: list[Part]) -> None:
-        for part in parts:
-            self._index.replace(part.upstream, documents(part))
 
     def embedded(self, tools: int) -> bool:
         """Whether dense retrieval holds a vector for each of ``tools`` tools (benchmarks, tests)."""
@@ -231,13 +224,6 @@ async def _embed(dense: DenseIndex, embedder: Embedder, upstream: str, part: Par
         len(docs),
         (time.perf_counter() - started) * 1e3,
     )
-
-
-def _received(arrivals: MemoryObjectReceiveStream[Part]) -> Part | None:
-    try:
-        return arrivals.receive_nowait()
-    except (anyio.WouldBlock, anyio.EndOfStream):
-        return None
 
 
 def _fused(
