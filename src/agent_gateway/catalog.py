@@ -12,15 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import mcp_types as types
-from jsonschema import validators
-from jsonschema.exceptions import SchemaError
-from jsonschema.protocols import Validator
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import ConfigError, InvalidArguments, ToolHeld, UnknownName
 from agent_gateway.naming import NameCollision, Origin
+from agent_gateway.schema_check import SchemaCheck
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +56,7 @@ class CatalogSnapshot:
     """Each upstream's part, in configuration order."""
     held: Mapping[str, str] = field(default_factory=dict)
     """Tools withheld by pinning, with what changed: a call gets a clear refusal."""
-    _validators: dict[str, Validator] = field(default_factory=dict, repr=False, compare=False)
+    _validators: dict[str, SchemaCheck] = field(default_factory=dict, repr=False, compare=False)
 
     def tool(self, name: str) -> Origin[types.Tool]:
         """Raises ``UnknownName`` when no tool has this public name."""
@@ -96,21 +94,11 @@ class CatalogSnapshot:
         """
         validator = self._validators.get(name)
         if validator is None:
-            validator = self._validators[name] = _compile(self.tool(name).item.input_schema)
-        error = next(iter(validator.iter_errors(arguments)), None)
+            validator = self._validators[name] = SchemaCheck(self.tool(name).item.input_schema)
+        error = validator.first_error(arguments)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path)
             raise InvalidArguments(name, f"{where}: {error.message}" if where else error.message)
-
-
-def _compile(schema: dict[str, Any]) -> Validator:
-    cls = validators.validator_for(schema, default=validators.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except SchemaError:
-        # The upstream's own schema is broken: let the upstream judge its arguments.
-        return validators.Draft202012Validator({})
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
 
 
 def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None = None) -> CatalogSnapshot:
@@ -153,7 +141,7 @@ def _add_all(kind: str, table: dict[str, Origin[T]], entries: Mapping[str, Origi
         table[public] = origin
 
 
-def _kept_validators(previous: CatalogSnapshot | None, parts: Sequence[Part]) -> dict[str, Validator]:
+def _kept_validators(previous: CatalogSnapshot | None, parts: Sequence[Part]) -> dict[str, SchemaCheck]:
     if previous is None or not previous._validators:
         return {}
     same = {p.upstream for p in parts if previous.parts.get(p.upstream) is p}

@@ -1,0 +1,137 @@
+"""An upstream's tool schema never makes the gateway fetch anything.
+
+A ``$ref`` to a URL in an input schema made ``jsonschema`` fetch it (with a deprecation
+warning) on the first call that reached it: any upstream could make the gateway send
+requests to an address of its choosing (a metadata service, an internal API), and read
+part of the answer back through the validation error. Now a reference outside the schema
+is not followed: the value is left to the upstream to judge, as with a broken schema.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import mcp_types as types
+import pytest
+from fastmcp import FastMCP
+from fastmcp.tools import Tool, ToolResult
+from mcp import Client
+
+from tests.support import running_gateway, serving_upstream
+
+
+class _SchemaHost(BaseHTTPRequestHandler):
+    """Serves a schema that would reject the calls below, and records every fetch."""
+
+    fetched: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.fetched.append(self.path)
+        body = json.dumps({"type": "string", "maxLength": 1}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/schema+json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextmanager
+def _schema_host() -> Iterator[tuple[str, list[str]]]:
+    """On a thread of its own: a gateway that fetched synchronously would block its event
+    loop, and so a host served there, until the test timed out instead of failing."""
+    fetched: list[str] = []
+    handler = type("Recording", (_SchemaHost,), {"fetched": fetched})
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}", fetched
+        finally:
+            server.shutdown()
+            thread.join(5)
+
+
+class _Recorded(Tool):
+    """A tool listed with the schema it is given (FastMCP would drop a remote ``$ref`` from
+    its ``parameters``), recording the arguments it receives."""
+
+    calls: list[dict[str, Any]]
+    listed_schema: dict[str, Any]
+
+    def to_mcp_tool(self, **overrides: Any) -> types.Tool:
+        return super().to_mcp_tool(**{"inputSchema": self.listed_schema, **overrides})
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        self.calls.append(arguments)
+        return ToolResult(
+            content=[types.TextContent(type="text", text=json.dumps(arguments, sort_keys=True))]
+        )
+
+
+@asynccontextmanager
+async def _upstream_referring_to(
+    url: str, defs: dict[str, Any] | None = None
+) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
+    server = FastMCP("refs")
+    schema = {
+        "type": "object",
+        "properties": {"name": {"$ref": url}, "count": {"type": "integer"}},
+        "required": ["name"],
+        **({"$defs": defs} if defs is not None else {}),
+    }
+    tool = _Recorded(
+        name="lookup", description="Looks a name up", parameters=schema, listed_schema=schema, calls=[]
+    )
+    server.add_tool(tool)
+    async with serving_upstream(server) as upstream:
+        yield upstream, tool.calls
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_remote_ref_in_an_input_schema_is_not_fetched(mode: str) -> None:
+    with _schema_host() as (host, fetched):
+        async with (
+            _upstream_referring_to(f"{host}/name.json") as (upstream, calls),
+            running_gateway({"upstreams": {"refs": {"url": upstream}}}) as gw,
+            Client(gw.url, mode=mode) as client,
+        ):
+            result = await client.call_tool("refs__lookup", {"name": "Ada Lovelace", "count": 2})
+    assert fetched == []  # with the fetch, the served schema rejected the call (maxLength 1)
+    assert not result.is_error
+    assert calls == [{"name": "Ada Lovelace", "count": 2}]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_ref_within_the_schema_is_followed(mode: str) -> None:
+    defs = {"name": {"type": "string", "maxLength": 5}}
+    async with (
+        _upstream_referring_to("#/$defs/name", defs) as (upstream, calls),
+        running_gateway({"upstreams": {"refs": {"url": upstream}}}) as gw,
+        Client(gw.url, mode=mode) as client,
+    ):
+        too_long = await client.call_tool("refs__lookup", {"name": "Ada Lovelace"})
+        fine = await client.call_tool("refs__lookup", {"name": "Ada", "count": 1})
+    assert too_long.is_error
+    assert "name: 'Ada Lovelace' is too long" in str(too_long.content[0])
+    assert not fine.is_error
+    assert calls == [{"name": "Ada", "count": 1}]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_ref_that_resolves_nowhere_leaves_the_arguments_to_the_upstream(mode: str) -> None:
+    async with (
+        _upstream_referring_to("#/$defs/missing") as (upstream, calls),
+        running_gateway({"upstreams": {"refs": {"url": upstream}}}) as gw,
+        Client(gw.url, mode=mode) as client,
+    ):
+        result = await client.call_tool("refs__lookup", {"name": "Ada", "count": "two"})
+    assert not result.is_error  # as with a broken schema: the upstream judges
+    assert calls == [{"name": "Ada", "count": "two"}]

@@ -1,0 +1,53 @@
+"""``SchemaCheck``: the compiled validator's "it holds" taken, jsonschema's words otherwise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agent_gateway.schema_check import SchemaCheck
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "email": {"type": "string", "format": "email"},
+        "count": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]+$"}},
+    },
+    "required": ["email"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"email": "ada@example.org"},
+        {"email": "ada@example.org", "count": 10**30, "tags": ["x", "yz"]},
+    ],
+)
+def test_a_value_that_holds_has_no_error(value: dict[str, Any]) -> None:
+    assert SchemaCheck(SCHEMA).first_error(value) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({}, "'email' is a required property"),
+        ({"email": "ada@example.org", "count": -1}, "-1 is less than the minimum of 0"),
+        ({"email": "ada@example.org", "tags": ["A"]}, "'A' does not match '^[a-z]+$'"),
+        ({"email": "ada@example.org", "extra": 1}, "Additional properties are not allowed"),
+        # Formats are checked by both: a quick check without them would let this through.
+        ({"email": "not an address"}, "'not an address' is not a 'email'"),
+    ],
+)
+def test_a_value_that_fails_gets_jsonschemas_words(value: dict[str, Any], message: str) -> None:
+    error = SchemaCheck(SCHEMA).first_error(value)
+    assert error is not None
+    assert message in error.message
+
+
+def test_a_broken_schema_leaves_every_value_to_the_upstream() -> None:
+    check = SchemaCheck({"type": "no such type"})
+    assert check.first_error(42) is None
