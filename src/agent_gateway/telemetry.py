@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -337,6 +338,7 @@ def sent_directly() -> None:
         call.path = "direct"
 
 
+@lru_cache(maxsize=256)  # one per configured upstream URL: parsed once, not on every call
 def _address(url: str | None) -> tuple[str, int | None] | None:
     if url is None:
         return None

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import secrets
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import anyio
@@ -84,12 +86,16 @@ class DownstreamSession:
     started: float = field(default_factory=time.monotonic)
     upstream_sessions: set[str] = field(default_factory=set)
     """Ids of the upstream sessions this session has used (for the mapping in logs)."""
-    conversation: str = field(default_factory=lambda: f"session-{uuid.uuid4().hex}")
-    """The agent's default thread for this session: random, since upstreams see ``id``."""
     client: Principal | None = None
     """Who opened the session (None: no auth, or no request seen yet)."""
     software: str | None = None
     """What the client says it is (``clientInfo.name``), when it says."""
+
+    @cached_property
+    def conversation(self) -> str:
+        """The agent's default thread for this session: random, since upstreams see ``id``
+        (drawn when first asked for: most sessions never run the agent)."""
+        return f"session-{uuid.uuid4().hex}"
 
     @property
     def subject(self) -> str:
@@ -245,7 +251,7 @@ class SessionRegistry(Middleware):
     def _attach(self, request: Any) -> DownstreamSession:
         connection = connection_of(request.session)
         if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return self._open(uuid.uuid4().hex, "modern", None, request.session.client_capabilities)
+            return self._open(secrets.token_hex(16), "modern", None, request.session.client_capabilities)
         known = connection.state.get(STATE_KEY)
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed

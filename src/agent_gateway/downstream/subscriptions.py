@@ -58,6 +58,9 @@ class ResourceSubscriptions:
         self._catalog_events = catalog_events
         self._holders = holders
         self._subscribers: dict[Key, dict[DownstreamSession, str]] = defaultdict(dict)
+        self._keys: dict[DownstreamSession, set[Key]] = {}
+        """Each subscribed session's keys: a session's end (every modern-era request is one)
+        touches its own subscriptions, not everyone's."""
         self._upstream: dict[Key, UpstreamSession] = {}
         self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
         self._locks: dict[Key, anyio.Lock] = {}
@@ -71,8 +74,8 @@ class ResourceSubscriptions:
     async def unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/unsubscribe`` handler."""
         session = _session(ctx)
-        for key, subscribers in list(self._subscribers.items()):
-            if subscribers.get(session) == params.uri:
+        for key in list(self._keys.get(session, ())):
+            if self._subscribers.get(key, {}).get(session) == params.uri:
                 await self._leave(key, session)
         if self._holders is not None and session.connection is not None:
             await self._holders.dropped(session.id, params.uri)
@@ -111,8 +114,8 @@ class ResourceSubscriptions:
         """``session`` ended here: its subscriptions are left upstream. With several replicas
         they are let go, not dropped: the session may live on another replica, which takes
         them over (a session ended everywhere takes its record, and them, with it)."""
-        for key, subscribers in list(self._subscribers.items()):
-            if (public := subscribers.get(session)) is not None:
+        for key in list(self._keys.get(session, ())):
+            if (public := self._subscribers.get(key, {}).get(session)) is not None:
                 await self._leave(key, session)
                 if self._holders is not None and session.connection is not None:
                     await self._holders.let_go(session.id, public)
@@ -142,6 +145,7 @@ class ResourceSubscriptions:
                     await upstream.subscribe(uri)
                     self._upstream[key] = upstream
                 self._subscribers[key][session] = public
+                self._keys.setdefault(session, set()).add(key)
         except GatewayError as exc:
             raise to_wire(exc) from exc
         if self._holders is not None and session.connection is not None:
@@ -152,6 +156,7 @@ class ResourceSubscriptions:
         async with self._lock(key):
             subscribers = self._subscribers.get(key, {})
             subscribers.pop(session, None)
+            self._forget(session, key)
             if subscribers:
                 return
             self._subscribers.pop(key, None)
@@ -165,6 +170,13 @@ class ResourceSubscriptions:
         lock = self._locks.get(key)
         if lock is not None and not lock.locked() and lock.statistics().tasks_waiting == 0:
             del self._locks[key]
+
+    def _forget(self, session: DownstreamSession, key: Key) -> None:
+        keys = self._keys.get(session)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._keys[session]
 
     def _lock(self, key: Key) -> anyio.Lock:
         return self._locks.setdefault(key, anyio.Lock())
@@ -181,6 +193,7 @@ class ResourceSubscriptions:
             self._upstream.pop(key, None)
             self._locks.pop(key, None)
             for session, public in subscribers.items():
+                self._forget(session, key)
                 logger.warning(
                     "session %s: subscription to %s lost with upstream session %s",
                     session.id,

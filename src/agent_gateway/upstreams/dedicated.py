@@ -58,7 +58,8 @@ class DedicatedSessions:
         self._updates = updates
         self._guards = guards or {}
         self._records = records
-        self._sessions: dict[tuple[str, str], _Dedicated] = {}
+        self._sessions: dict[str, dict[str, _Dedicated]] = {}
+        """Owner (downstream session) -> upstream -> its session: a client's own found at once."""
         self._tg: TaskGroup | None = None
         self.opened = 0
 
@@ -74,7 +75,7 @@ class DedicatedSessions:
 
     @property
     def live(self) -> list[UpstreamSession]:
-        return [entry.session for entry in self._sessions.values()]
+        return [entry.session for owned in self._sessions.values() for entry in owned.values()]
 
     async def get(self, upstream: str, owner: ClientSide) -> UpstreamSession:
         """The dedicated session of ``owner`` on ``upstream``, opened now if it has none.
@@ -84,12 +85,12 @@ class DedicatedSessions:
         """
         config = self._configs[upstream]
         key = (owner.session_id, upstream)
-        entry = self._sessions.get(key)
+        entry = self._sessions.get(owner.session_id, {}).get(upstream)
         if entry is None or entry.done.is_set():
             if self._tg is None:
                 raise UpstreamUnavailable(upstream, "the gateway is shutting down")
             entry = _Dedicated(self._new_session(upstream, owner))
-            self._sessions[key] = entry
+            self._sessions.setdefault(owner.session_id, {})[upstream] = entry
             self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
         with anyio.move_on_after(config.connect_timeout + 1):
             await entry.ready.wait()
@@ -127,8 +128,11 @@ class DedicatedSessions:
             entry.error = exc.detail if isinstance(exc, UpstreamError) else describe(exc)
             logger.warning("dedicated upstream session %s failed: %s", entry.session.id, entry.error)
         finally:
-            if self._sessions.get(key) is entry:
-                del self._sessions[key]
+            owned = self._sessions.get(key[0], {})
+            if owned.get(key[1]) is entry:
+                del owned[key[1]]
+                if not owned:
+                    del self._sessions[key[0]]
             entry.ready.set()
             entry.done.set()
             logger.info("dedicated upstream session %s closed", entry.session.id)
@@ -185,13 +189,15 @@ class DedicatedSessions:
         (removed, or restarted with a new configuration) and wait (bounded) until they are."""
         self._configs, self._guards = configs, guards
         gone = set(closing)
-        await self._close([e for (_, upstream), e in self._sessions.items() if upstream in gone])
+        await self._close([e for owned in self._sessions.values() for u, e in owned.items() if u in gone])
 
     async def close(self, downstream_id: str) -> None:
         """Close every dedicated session of ``downstream_id`` and wait (bounded) until they are."""
-        await self._close([e for (owner, _), e in self._sessions.items() if owner == downstream_id])
+        await self._close(list(self._sessions.get(downstream_id, {}).values()))
 
     async def _close(self, entries: list[_Dedicated]) -> None:
+        if not entries:  # most clients hold none: every modern-era request ends a session
+            return
         for entry in entries:
             entry.close.set()
         with anyio.move_on_after(_CLOSE_TIMEOUT):
