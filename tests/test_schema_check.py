@@ -51,3 +51,20 @@ def test_a_value_that_fails_gets_jsonschemas_words(value: dict[str, Any], messag
 def test_a_broken_schema_leaves_every_value_to_the_upstream() -> None:
     check = SchemaCheck({"type": "no such type"})
     assert check.first_error(42) is None
+
+
+def test_a_pattern_is_matched_in_linear_time_in_both_validators() -> None:
+    # Python's re takes hours on this value; a quick check alone would still hand the
+    # rejected value to jsonschema, and so to re, for its message.
+    check = SchemaCheck({"type": "string", "pattern": "^(a+)+$"})
+    error = check.first_error("a" * 40 + "!")
+    assert error is not None
+    assert error.message == "'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!' does not match '^(a+)+$'"
+
+
+def test_a_pattern_only_python_reads_is_still_checked() -> None:
+    check = SchemaCheck({"type": "string", "pattern": "^a{,3}$"})  # jsonschema-rs cannot compile it
+    assert check.first_error("aa") is None
+    error = check.first_error("aaaa")
+    assert error is not None
+    assert error.message == "'aaaa' does not match '^a{,3}$'"

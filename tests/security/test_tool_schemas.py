@@ -1,10 +1,16 @@
-"""An upstream's tool schema never makes the gateway fetch anything.
+"""An upstream's tool schema never makes the gateway fetch anything, nor a client's value
+stall it.
 
 A ``$ref`` to a URL in an input schema made ``jsonschema`` fetch it (with a deprecation
 warning) on the first call that reached it: any upstream could make the gateway send
 requests to an address of its choosing (a metadata service, an internal API), and read
 part of the answer back through the validation error. Now a reference outside the schema
 is not followed: the value is left to the upstream to judge, as with a broken schema.
+
+A ``pattern`` with nested quantifiers (``^(a+)+$``) took Python's backtracking ``re`` time
+doubling with each character of a value that fails it: 40 characters from one client held
+the event loop (and the GIL) for hours, for every client. Patterns are matched in linear
+time now.
 """
 
 from __future__ import annotations
@@ -14,15 +20,18 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
 
+import anyio
 import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from fastmcp.tools import Tool, ToolResult
 from mcp import Client
+from pydantic import Field
 
-from tests.support import running_gateway, serving_upstream
+from tests.support import gateway_process, running_gateway, serving_upstream
 
 
 class _SchemaHost(BaseHTTPRequestHandler):
@@ -135,3 +144,50 @@ async def test_a_ref_that_resolves_nowhere_leaves_the_arguments_to_the_upstream(
         result = await client.call_tool("refs__lookup", {"name": "Ada", "count": "two"})
     assert not result.is_error  # as with a broken schema: the upstream judges
     assert calls == [{"name": "Ada", "count": "two"}]
+
+
+def _speller() -> FastMCP:
+    server = FastMCP("words")
+
+    @server.tool
+    def spell(word: Annotated[str, Field(pattern=r"^(a+)+$")]) -> str:
+        return word
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+async def test_a_value_against_a_backtracking_pattern_stalls_no_one(tmp_path: Path) -> None:
+    async with (
+        serving_upstream(_speller()) as upstream,
+        # Its own process, as deployed: a stalled gateway must not stall the test's bounds.
+        gateway_process({"upstreams": {"words": {"url": upstream}}}, tmp_path) as base,
+        Client(f"{base}/mcp") as attacker,
+        Client(f"{base}/mcp") as bystander,
+    ):
+        served: list[str] = []
+
+        async def attack() -> None:
+            result = await attacker.call_tool("words__spell", {"word": "a" * 40 + "!"})
+            assert result.is_error
+            assert "does not match '^(a+)+$'" in str(result.content[0])
+
+        async def go_about_ones_business() -> None:
+            for n in range(5):
+                served.append(text_of(await bystander.call_tool("words__echo", {"text": f"call {n}"})))
+
+        with anyio.fail_after(60):  # before: the attacker's check alone ran for hours
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(attack)
+                tg.start_soon(go_about_ones_business)
+        assert served == [f"call {n}" for n in range(5)]
+        assert text_of(await attacker.call_tool("words__spell", {"word": "aaa"})) == "aaa"
+
+
+def text_of(result: types.CallToolResult) -> str:
+    first = result.content[0]
+    assert isinstance(first, types.TextContent)
+    return first.text
