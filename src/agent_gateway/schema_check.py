@@ -9,7 +9,8 @@ formats each checks), a value either accepts passes.
 
 A client's value never meets an upstream's ``pattern`` in Python's ``re``, a backtracking
 engine: ``^(a+)+$`` took 0.5 s to reject 25 characters, doubling with each one more, and
-``re`` holds the GIL, so one client's string froze every client. ``pattern`` is checked by
+``re`` holds the GIL, so one client's string froze every client. ``pattern``, and the
+property names ``patternProperties`` and ``additionalProperties`` match, are checked by
 jsonschema-rs's engine in both validators (linear time, or a bounded number of steps for
 look-around; ECMA-262's dialect, as JSON Schema specifies); ``re`` is left only a pattern
 that engine cannot compile (``a{,3}``, ``(?P=name)``).
@@ -24,6 +25,7 @@ schema does.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from functools import cache, lru_cache
 from typing import Any, NoReturn
@@ -36,6 +38,10 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 logger = logging.getLogger(__name__)
+
+Errors = Iterator[ValidationError]
+"""What a keyword yields. Keywords take the validator as ``Any``: jsonschema calls them with
+the class ``validators.extend`` built, whose ``descend`` its ``Validator`` protocol lacks."""
 
 
 class SchemaCheck:
@@ -72,25 +78,63 @@ def _full(schema: dict[str, Any]) -> Validator:
 
 @cache  # one per draft
 def _linear(cls: type[Validator]) -> type[Validator]:
-    """``cls`` with its ``pattern`` keyword on jsonschema-rs's regular expressions."""
-    backtracking = cls.VALIDATORS["pattern"]
+    """``cls`` with the keywords that match a client's strings against an upstream's regular
+    expressions (``pattern``; ``patternProperties`` and ``additionalProperties`` on property
+    names) on jsonschema-rs's engine, each as jsonschema words its errors."""
+    return validators.extend(
+        cls,
+        {"pattern": _pattern, "patternProperties": _pattern_properties, "additionalProperties": _additional},
+    )
 
-    def pattern(
-        validator: Validator, patrn: str, instance: Any, schema: dict[str, Any]
-    ) -> Iterator[ValidationError]:
-        if not validator.is_type(instance, "string"):
-            return
-        compiled = _pattern(patrn)
-        if compiled is None:
-            yield from backtracking(validator, patrn, instance, schema)
-        elif not compiled.is_valid(instance):
-            yield ValidationError(f"{instance!r} does not match {patrn!r}")  # jsonschema's words
 
-    return validators.extend(cls, {"pattern": pattern})
+def _pattern(validator: Any, patrn: str, instance: Any, schema: dict[str, Any]) -> Errors:
+    if validator.is_type(instance, "string") and not _search(patrn, instance):
+        yield ValidationError(f"{instance!r} does not match {patrn!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Errors:
+    if not validator.is_type(instance, "object"):
+        return
+    for patrn, subschema in patterns.items():
+        for name, value in instance.items():
+            if _search(patrn, name):
+                yield from validator.descend(value, subschema, path=name, schema_path=patrn)
+
+
+def _additional(validator: Any, allowed: Any, instance: Any, schema: dict[str, Any]) -> Errors:
+    if not validator.is_type(instance, "object"):
+        return
+    properties, patterns = schema.get("properties", {}), schema.get("patternProperties", {})
+    extras = {
+        name
+        for name in instance
+        if name not in properties and not any(_search(patrn, name) for patrn in patterns)
+    }
+    if validator.is_type(allowed, "object"):
+        for extra in extras:
+            yield from validator.descend(instance[extra], allowed, path=extra)
+    elif not allowed and extras:
+        names = sorted(extras, key=str)
+        joined = ", ".join(repr(name) for name in names)
+        if patterns:
+            verb = "does" if len(extras) == 1 else "do"
+            regexes = ", ".join(repr(patrn) for patrn in sorted(patterns))
+            yield ValidationError(f"{joined} {verb} not match any of the regexes: {regexes}")
+        else:
+            verb = "was" if len(extras) == 1 else "were"
+            yield ValidationError(f"Additional properties are not allowed ({joined} {verb} unexpected)")
+
+
+def _search(patrn: str, text: str) -> bool:
+    """``re.search``'s answer, in linear time where jsonschema-rs reads ``patrn``."""
+    compiled = _compiled(patrn)
+    return compiled.is_valid(text) if compiled is not None else re.search(patrn, text) is not None
 
 
 @lru_cache(maxsize=1024)
-def _pattern(patrn: str) -> jsonschema_rs.Validator | None:
+def _compiled(patrn: str) -> jsonschema_rs.Validator | None:
     try:
         return jsonschema_rs.validator_for({"type": "string", "pattern": patrn})
     except (jsonschema_rs.ValidationError, ValueError):

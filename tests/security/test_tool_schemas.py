@@ -157,10 +157,29 @@ def _speller() -> FastMCP:
     def echo(text: str) -> str:
         return text
 
+    tally = {
+        "type": "object",
+        "patternProperties": {"^(a+)+$": {"type": "integer"}},
+        "additionalProperties": False,
+    }
+    server.add_tool(_Recorded(name="tally", parameters=tally, listed_schema=tally, calls=[]))
     return server
 
 
-async def test_a_value_against_a_backtracking_pattern_stalls_no_one(tmp_path: Path) -> None:
+EVIL = "a" * 40 + "!"
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "error"),
+    [
+        ("words__spell", {"word": EVIL}, "does not match '^(a+)+$'"),
+        ("words__tally", {EVIL: 1}, "does not match any of the regexes: '^(a+)+$'"),
+    ],
+    ids=["value", "property-name"],
+)
+async def test_a_value_against_a_backtracking_pattern_stalls_no_one(
+    tool: str, arguments: dict[str, Any], error: str, tmp_path: Path
+) -> None:
     async with (
         serving_upstream(_speller()) as upstream,
         # Its own process, as deployed: a stalled gateway must not stall the test's bounds.
@@ -171,9 +190,9 @@ async def test_a_value_against_a_backtracking_pattern_stalls_no_one(tmp_path: Pa
         served: list[str] = []
 
         async def attack() -> None:
-            result = await attacker.call_tool("words__spell", {"word": "a" * 40 + "!"})
+            result = await attacker.call_tool(tool, arguments)
             assert result.is_error
-            assert "does not match '^(a+)+$'" in str(result.content[0])
+            assert error in str(result.content[0])
 
         async def go_about_ones_business() -> None:
             for n in range(5):
