@@ -41,6 +41,7 @@ def test_a_value_that_holds_has_no_error(value: dict[str, Any]) -> None:
         # Formats are checked by both: a quick check without them would let this through.
         ({"email": "not an address"}, "'not an address' is not a 'email'"),
     ],
+    ids=["required", "minimum", "pattern", "additional", "format"],
 )
 def test_a_value_that_fails_gets_jsonschemas_words(value: dict[str, Any], message: str) -> None:
     error = SchemaCheck(SCHEMA).first_error(value)
