@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -21,7 +22,7 @@ from agent_gateway.server import Gateway
 from tests.agent.model_apis import Turn, anthropic_api, openai_api
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.upstreams import Ran, two_upstreams
-from tests.support import RunningGateway, running_gateway, serving
+from tests.support import RunningGateway, gateway_process, running_gateway, serving
 
 SECRET = "sk-test-0123456789abcdef"
 
@@ -278,3 +279,36 @@ async def test_a_client_that_refuses_sampling_ends_the_run_with_its_reason() -> 
         result = await ask(client, "Hi")
     assert result.is_error
     assert "the client's model (sampling) failed: user rejected sampling" in text(result)
+
+
+async def test_a_client_models_reply_built_to_stall_the_parser_stalls_no_one(tmp_path: Path) -> None:
+    # The fence was stripped by a regular expression that took cubic time on a reply of
+    # spaces: 6,000 of them held the gateway's event loop for about a minute per reply.
+    stalling = said("```json" + " " * 6000 + "x")
+    async with two_upstreams() as (upstreams, math, _):
+        config = {"upstreams": upstreams, "agent": {"memory": {"store": "memory"}}}
+        async with (
+            # Its own process, as deployed: a stalled gateway must not stall the test's bounds.
+            gateway_process(config, tmp_path) as base,
+            Client(
+                f"{base}/mcp", mode="legacy", sampling_callback=sampling_script([stalling] * 4, [])
+            ) as attacker,
+            Client(f"{base}/mcp", mode="legacy") as bystander,
+        ):
+            outcome: list[types.CallToolResult] = []
+
+            async def attack() -> None:
+                outcome.append(await attacker.call_tool("ask_agent", {"query": "Hi"}))
+
+            async def go_about_ones_business() -> None:
+                for n in range(5):
+                    assert not (await bystander.call_tool("math__add", {"a": n, "b": 1})).is_error
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(attack)
+                    tg.start_soon(go_about_ones_business)
+    assert len(math.calls) == 5
+    (result,) = outcome
+    assert result.is_error
+    assert "did not answer with a valid JSON envelope after 3 corrections" in text(result)
