@@ -484,3 +484,17 @@ def test_no_module_outside_compat_reaches_a_private_member_of_a_dependency() -> 
             ):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+def test_jsonschema_matches_every_pattern_through_the_re_the_seam_bounds() -> None:
+    from jsonschema import validators
+
+    from agent_gateway.compat import jsonschema as seam
+
+    seam.install()
+    for module in seam.SEARCHING_MODULES:
+        assert module.re is seam.bounded, module.__name__  # pyright: ignore[reportAttributeAccessIssue]
+        assert "re.search(" in inspect.getsource(module), module.__name__
+    for keyword in ("pattern", "patternProperties", "additionalProperties", "unevaluatedProperties"):
+        found = validators.Draft202012Validator.VALIDATORS[keyword]
+        assert inspect.getmodule(found) in seam.SEARCHING_MODULES, keyword

@@ -28,7 +28,30 @@ SCHEMA: dict[str, Any] = {
     ],
 )
 def test_a_value_that_holds_has_no_error(value: dict[str, Any]) -> None:
-    assert SchemaCheck(SCHEMA).first_error(value) is None
+    check = SchemaCheck(SCHEMA)
+    assert check._quick is not None  # pyright: ignore[reportPrivateUsage]  # the quick check is there to say so
+    assert check.first_error(value) is None
+
+
+@pytest.mark.parametrize(
+    "draft",
+    [
+        "https://json-schema.org/draft-04/schema#",  # not a URI jsonschema knows: it reads 2020-12
+        "http://json-schema.org/draft-04/schema#",
+        "http://json-schema.org/draft-07/schema#",
+        "https://json-schema.org/draft/2020-12/schema",
+    ],
+)
+def test_the_quick_check_reads_the_draft_jsonschema_reads(draft: str) -> None:
+    # jsonschema-rs alone reads the https draft-04 URI as draft 4, where "const" does not
+    # exist: its "it holds" would pass what jsonschema refuses.
+    check = SchemaCheck({"$schema": draft, "properties": {"mode": {"const": "safe"}}})
+    error = check.first_error({"mode": "destroy"})
+    if "draft-04" in draft and draft.startswith("http:"):
+        assert error is None  # draft 4 has no "const": both read it so
+    else:
+        assert error is not None
+        assert error.message == "'safe' was expected"
 
 
 @pytest.mark.parametrize(
@@ -55,7 +78,7 @@ def test_a_broken_schema_leaves_every_value_to_the_upstream() -> None:
 
 
 # What a pattern costs is shown by tests/security/test_tool_schemas.py (a gateway of its own,
-# bounded): here, that the linear-time keywords word their errors as jsonschema does.
+# bounded): here, that errors on patterns are worded as jsonschema words them.
 
 
 def test_a_pattern_failed_is_worded_as_jsonschema_words_it() -> None:

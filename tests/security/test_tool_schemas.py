@@ -9,8 +9,8 @@ is not followed: the value is left to the upstream to judge, as with a broken sc
 
 A ``pattern`` with nested quantifiers (``^(a+)+$``) took Python's backtracking ``re`` time
 doubling with each character of a value that fails it: 40 characters from one client held
-the event loop (and the GIL) for hours, for every client. Patterns are matched in linear
-time now.
+the event loop (and the GIL) for hours, for every client. Patterns are matched within a time
+budget now, and a value whose patterns spend it is left to the upstream.
 """
 
 from __future__ import annotations
@@ -154,6 +154,10 @@ def _speller() -> FastMCP:
         return word
 
     @server.tool
+    def stammer(word: Annotated[str, Field(pattern=r"^(a|aa)+$")]) -> str:
+        return word  # a pattern the gateway cannot decide within its budget: this one judges
+
+    @server.tool
     def echo(text: str) -> str:
         return text
 
@@ -162,7 +166,15 @@ def _speller() -> FastMCP:
         "patternProperties": {"^(a+)+$": {"type": "integer"}},
         "additionalProperties": False,
     }
-    server.add_tool(_Recorded(name="tally", parameters=tally, listed_schema=tally, calls=[]))
+    # A subschema naming its own draft (here the root, through "#") is checked by jsonschema's
+    # stock class for that draft: bounded too.
+    nest = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"w": {"type": "string", "pattern": "^(a+)+$"}, "child": {"$ref": "#"}},
+    }
+    for name, schema in (("tally", tally), ("nest", nest)):
+        server.add_tool(_Recorded(name=name, parameters=schema, listed_schema=schema, calls=[]))
     return server
 
 
@@ -174,8 +186,10 @@ EVIL = "a" * 40 + "!"
     [
         ("words__spell", {"word": EVIL}, "does not match '^(a+)+$'"),
         ("words__tally", {EVIL: 1}, "does not match any of the regexes: '^(a+)+$'"),
+        ("words__nest", {"child": {"w": EVIL}}, "does not match '^(a+)+$'"),
+        ("words__stammer", {"word": EVIL}, "String should match pattern '^(a|aa)+$'"),  # the upstream's words
     ],
-    ids=["value", "property-name"],
+    ids=["value", "property-name", "subschema-of-its-own-draft", "undecided"],
 )
 async def test_a_value_against_a_backtracking_pattern_stalls_no_one(
     tool: str, arguments: dict[str, Any], error: str, tmp_path: Path
