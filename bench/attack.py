@@ -12,6 +12,10 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   every 2 s with a 2 s timeout, so a starved check marks the upstream down);
 - ``long-names``: 600 calls naming distinct 1 MB tool names (log bytes written);
 - ``big-bodies``: a 4 MiB notification holding a million ``{}``, once a second;
+- ``patterns``: 8 concurrent calls at a time whose 41-character value fails the tool's
+  ``^(a+)+$`` (backtracking in Python's ``re``);
+- ``undecided-patterns``: the same against ``^(a|aa)+$``, which the bounded matcher cannot
+  decide within its budget either (each such call spends it: 0.1 s);
 - ``big-results``: one 40 MB result alone, then eight at once (80 MB answers): the peak RSS
   per MB served (the kernel's high-water mark), what the bound on bytes in flight refused.
 
@@ -50,9 +54,19 @@ ROOT = Path(__file__).resolve().parents[1]
 ATTACKER, BYSTANDER = "attacker-token-0123456789", "bystander-token-0123456789"
 UPSTREAM = """
 import asyncio, functools, json, sys
+from typing import Annotated
 import uvicorn
 from fastmcp import FastMCP
+from pydantic import Field
 server = FastMCP("slow")
+
+@server.tool
+def spell(word: Annotated[str, Field(pattern=r"^(a+)+$")]) -> str:
+    return word
+
+@server.tool
+def stammer(word: Annotated[str, Field(pattern=r"^(a|aa)+$")]) -> str:
+    return word
 
 @server.tool
 def echo(text: str) -> str:
@@ -352,6 +366,35 @@ async def long_names(url: str, proc: Process, seconds: float) -> str:
     return "600 names of 1 MB sent"
 
 
+async def _pattern_calls(url: str, tool: str, seconds: float) -> str:
+    outcomes: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+
+        async def one() -> None:
+            while time.monotonic() < deadline:
+                result = await client.call_tool(tool, {"word": "a" * 40 + "!"})
+                kind = (
+                    "refused by the upstream" if "should match" in str(result.content[0]) else "refused here"
+                )
+                kind = kind if result.is_error else "passed"
+                outcomes[kind] = outcomes.get(kind, 0) + 1
+
+        await asyncio.gather(*(one() for _ in range(8)))
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(outcomes.items())) or "no call answered"
+
+
+async def patterns(url: str, proc: Process, seconds: float) -> str:
+    return await _pattern_calls(url, "slow__spell", seconds)
+
+
+async def undecided_patterns(url: str, proc: Process, seconds: float) -> str:
+    return await _pattern_calls(url, "slow__stammer", seconds)
+
+
 async def big_bodies(url: str, proc: Process, seconds: float) -> str:
     headers = {
         "Accept": "application/json, text/event-stream",
@@ -433,6 +476,8 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),
     "big-bodies": (big_bodies, 10.0, None),
     "big-results": (big_results, 0.0, None),
+    "patterns": (patterns, 10.0, None),
+    "undecided-patterns": (undecided_patterns, 10.0, None),
 }
 
 

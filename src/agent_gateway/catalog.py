@@ -85,7 +85,7 @@ class CatalogSnapshot:
                 return entry.origin.upstream, entry.upstream_uri(uri)
         raise UnknownName("resource", uri)
 
-    def validate_arguments(self, name: str, arguments: dict[str, Any]) -> None:
+    async def validate_arguments(self, name: str, arguments: dict[str, Any]) -> None:
         """Check ``arguments`` against the tool's inputSchema.
 
         Raises:
@@ -95,7 +95,7 @@ class CatalogSnapshot:
         validator = self._validators.get(name)
         if validator is None:
             validator = self._validators[name] = SchemaCheck(self.tool(name).item.input_schema)
-        error = validator.first_error(arguments)
+        error = await validator.refusal(arguments)
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path)
             raise InvalidArguments(name, f"{where}: {error.message}" if where else error.message)

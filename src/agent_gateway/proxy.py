@@ -81,7 +81,7 @@ class Proxy:
         origin = snapshot.tool(name)
         who = _identity(caller, client, "tool", name)
         who.check("tool", name)
-        snapshot.validate_arguments(name, arguments)
+        await snapshot.validate_arguments(name, arguments)
         started = time.perf_counter()
         session = await self._session(origin.upstream, caller)
         try:

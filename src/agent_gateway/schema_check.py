@@ -12,7 +12,7 @@ and its regular expressions are the linear-time engine's: a schema with look-aro
 back-references is left to ``jsonschema`` alone.
 
 What a schema may cost: ``jsonschema``'s patterns are matched within a time budget
-(``compat.jsonschema``); one that spends it, a nesting too deep to walk, or a ``$ref`` that
+(``compat.jsonschema``), in a worker thread that lets go of the GIL while it matches; one that spends it, a nesting too deep to walk, or a ``$ref`` that
 resolves nowhere leave the value to the upstream, as a broken schema does. An upstream's
 schema must not make the gateway fetch anything: both libraries fetch a remote ``$ref``
 over HTTP unless told not to (``jsonschema`` with a blocking ``urlopen`` on the event loop),
@@ -22,8 +22,10 @@ and here neither is given a way to, as the SDK's client checks output schemas.
 from __future__ import annotations
 
 import logging
+from functools import cache
 from typing import Any, NoReturn
 
+import anyio
 import jsonschema_rs
 from jsonschema import validators
 from jsonschema.exceptions import SchemaError, ValidationError
@@ -36,6 +38,9 @@ from agent_gateway.compat.jsonschema import PatternBudgetSpent, budget, install
 install()
 
 logger = logging.getLogger(__name__)
+
+CHECK_THREADS = 4
+"""Worker threads judging refused arguments at once (others wait their turn)."""
 
 _COMPILED: dict[type[Validator], Any] = {
     validators.Draft4Validator: jsonschema_rs.Draft4Validator,
@@ -57,12 +62,25 @@ class SchemaCheck:
     def first_error(self, value: Any) -> ValidationError | None:
         """The first way ``value`` fails the schema, or None when it holds (or cannot be
         judged here: the upstream judges it)."""
-        if self._quick is not None:
-            try:
-                if self._quick.is_valid(value):
-                    return None
-            except (ValueError, TypeError, OverflowError):  # not JSON it can read: the full check decides
-                pass
+        return None if self._holds(value) else self._judged(value)
+
+    async def refusal(self, value: Any) -> ValidationError | None:
+        """``first_error``, with the full check (when the quick one does not pass ``value``)
+        in a worker thread: its pattern matching lets go of the GIL, so the event loop serves
+        everyone else while one client's values spend their budget (a few threads at most)."""
+        if self._holds(value):
+            return None
+        return await anyio.to_thread.run_sync(self._judged, value, limiter=_checking())
+
+    def _holds(self, value: Any) -> bool:
+        if self._quick is None:
+            return False
+        try:
+            return bool(self._quick.is_valid(value))
+        except (ValueError, TypeError, OverflowError):  # not JSON it can read: the full check decides
+            return False
+
+    def _judged(self, value: Any) -> ValidationError | None:
         try:
             with budget():
                 return next(iter(self._full.iter_errors(value)), None)
@@ -71,6 +89,11 @@ class SchemaCheck:
         except PatternBudgetSpent as exc:
             logger.warning("arguments not checked: pattern %.80r took over its time budget", str(exc))
         return None
+
+
+@cache
+def _checking() -> anyio.CapacityLimiter:
+    return anyio.CapacityLimiter(CHECK_THREADS)
 
 
 def _full(schema: dict[str, Any]) -> Validator:

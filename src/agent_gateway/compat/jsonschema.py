@@ -68,7 +68,8 @@ class _BoundedRe:
         if limit <= 0:
             raise PatternBudgetSpent(pattern)
         try:
-            return regex.search(pattern, string, flags, timeout=limit)
+            # concurrent: the GIL is let go while it matches, for the event loop's thread.
+            return regex.search(pattern, string, flags, timeout=limit, concurrent=True)
         except TimeoutError:
             if deadline is not None:
                 raise PatternBudgetSpent(pattern) from None
