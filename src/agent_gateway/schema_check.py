@@ -12,8 +12,9 @@ and its regular expressions are the linear-time engine's: a schema with look-aro
 back-references is left to ``jsonschema`` alone.
 
 What a schema may cost: ``jsonschema``'s patterns are matched within a time budget
-(``compat.jsonschema``), in a worker thread that lets go of the GIL while it matches; one that spends it, a nesting too deep to walk, or a ``$ref`` that
-resolves nowhere leave the value to the upstream, as a broken schema does. An upstream's
+(``compat.jsonschema``), in a worker thread that lets go of the GIL while it matches. A
+check that spends it, a nesting too deep to walk, or a ``$ref`` that resolves nowhere leave
+the value to the upstream, as a broken schema does. An upstream's
 schema must not make the gateway fetch anything: both libraries fetch a remote ``$ref``
 over HTTP unless told not to (``jsonschema`` with a blocking ``urlopen`` on the event loop),
 and here neither is given a way to, as the SDK's client checks output schemas.

@@ -68,7 +68,8 @@ class _BoundedRe:
         if limit <= 0:
             raise PatternBudgetSpent(pattern)
         try:
-            # concurrent: the GIL is let go while it matches, for the event loop's thread.
+            # concurrent: the GIL is let go while it matches, so the event loop runs meanwhile
+            # (schema_check judges refused arguments in a worker thread).
             return regex.search(pattern, string, flags, timeout=limit, concurrent=True)
         except TimeoutError:
             if deadline is not None:
