@@ -172,6 +172,46 @@ async def test_refusals_come_back_as_the_sdks_transport_reports_them(
     assert (refused.value.error.code, refused.value.error.message) == (code, message)
 
 
+def answering_with(result: dict[str, Any]) -> Starlette:
+    """An upstream answering every call with ``result``."""
+
+    async def post(request: Request) -> Response:
+        message = await request.json()
+        return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "result": result})
+
+    return Starlette(routes=[Route("/mcp", post, methods=["POST"])])
+
+
+@pytest.mark.parametrize(
+    ("structured", "refusal"),
+    [
+        pytest.param({"result": "two"}, "Invalid structured content returned by tool tally", id="off-schema"),
+        pytest.param({}, "Invalid structured content returned by tool tally", id="field-missing"),
+        pytest.param(None, "has an output schema but did not return structured content", id="none"),
+    ],
+)
+async def test_a_result_off_its_tools_output_schema_is_refused_as_the_sdks_check_refuses_it(
+    http: str, structured: dict[str, Any] | None, refusal: str
+) -> None:
+    # tally's output schema (from the upstream's listing): {"result": integer}, required.
+    result: dict[str, Any] = {"content": [{"type": "text", "text": "2"}]}
+    if structured is not None:
+        result["structuredContent"] = structured
+    async with (
+        forwarding(http) as (_, client, _),
+        serving(answering_with(result)) as base,
+        http_client(http) as posting,
+    ):
+        forwarder = Relayed().forwarder(posting, f"{base}/mcp")
+        with anyio.fail_after(BOUND), pytest.raises(RuntimeError, match=refusal):
+            await forwarder.call_tool(call(client, "tally", by=1))
+        result["structuredContent"] = {"result": 2}  # and the same tool's result on its schema passes
+        with anyio.fail_after(BOUND):
+            answer = await forwarder.call_tool(call(client, "tally", by=1))
+    assert isinstance(answer, types.CallToolResult)
+    assert answer.structured_content == {"result": 2}
+
+
 def echoing_headers(seen: list[dict[str, str]]) -> Starlette:
     """An upstream answering every call with a result, recording each POST's headers; its
     first answer sets a cookie."""

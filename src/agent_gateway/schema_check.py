@@ -73,6 +73,10 @@ class SchemaCheck:
             return None
         return await anyio.to_thread.run_sync(self._judged, value, limiter=_checking())
 
+    def holds(self, value: Any) -> bool:
+        """Whether the quick check alone passes ``value`` (False: it cannot tell)."""
+        return self._holds(value)
+
     def _holds(self, value: Any) -> bool:
         if self._quick is None:
             return False

@@ -44,6 +44,7 @@ __all__ = [
     "lean_client_parsing",
     "lean_result_checks",
     "otel_client_span",
+    "output_schemas",
     "parse_message",
     "stamp",
 ]
@@ -54,6 +55,13 @@ def connection_of(session: Any) -> Connection:
     notification senders), which the SDK keeps private."""
     connection: Connection = session._connection  # pyright: ignore[reportPrivateUsage]
     return connection
+
+
+def output_schemas(session: Any) -> Mapping[str, dict[str, Any] | None]:
+    """The output schema of each tool a ``ClientSession`` has listed, by the upstream's name
+    (None: the tool has none), as its ``validate_tool_result`` reads them."""
+    schemas: Mapping[str, dict[str, Any] | None] = session._tool_output_schemas  # pyright: ignore[reportPrivateUsage]
+    return schemas
 
 
 def parse_message(data: bytes | str) -> JSONRPCMessage:
