@@ -9,6 +9,7 @@ memory that grows, a provider built without the gateway's connection pool).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import sqlite3
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from mcp.client import session as client_session
 from mcp.client import streamable_http
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
-from mcp.server.runner import serve_connection
+from mcp.server.runner import ServerRunner, serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
@@ -43,6 +44,7 @@ from pydantic import ValidationError
 from agent_gateway import compat
 from agent_gateway.compat import fastmcp as fastmcp_compat
 from agent_gateway.compat import httpx2 as httpx2_compat
+from agent_gateway.compat import lane
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
@@ -103,6 +105,61 @@ def test_the_sdk_transport_keeps_each_piece_of_state_deferred_responses_read(att
     assert assigned_in_init(StreamableHTTPServerTransport, attribute), (
         f"mcp: StreamableHTTPServerTransport no longer sets self.{attribute} (compat/deferred.py)"
     )
+
+
+# Each private member of the SDK's dispatcher the lane uses (compat/lane.py).
+DISPATCHER_METHODS = {
+    "_write_result": ["request_id", "result"],
+    "_write_error": ["request_id", "error"],
+    "_handle_request": ["req", "dctx", "scope", "on_request"],
+}
+DISPATCHER_STATE = ["_in_flight", "_transport_builder", "_running"]
+
+
+@pytest.mark.parametrize("method", DISPATCHER_METHODS)
+def test_the_sdk_dispatcher_has_each_private_method_the_lane_uses(method: str) -> None:
+    function = getattr(JSONRPCDispatcher, method, None)
+    assert callable(function), f"mcp: JSONRPCDispatcher.{method} is gone (compat/lane.py)"
+    assert parameters(function) == DISPATCHER_METHODS[method], (
+        f"mcp: JSONRPCDispatcher.{method} takes {parameters(function)} now, compat/lane.py "
+        f"reads it as {DISPATCHER_METHODS[method]}"
+    )
+
+
+@pytest.mark.parametrize("attribute", DISPATCHER_STATE)
+def test_the_sdk_dispatcher_keeps_each_piece_of_state_the_lane_reads(attribute: str) -> None:
+    assert assigned_in_init(JSONRPCDispatcher, attribute), (
+        f"mcp: JSONRPCDispatcher no longer sets self.{attribute} (compat/lane.py)"
+    )
+
+
+def test_the_lane_registers_a_request_in_flight_as_the_dispatcher_does() -> None:
+    # The lane re-does _dispatch_request's bookkeeping: an _InFlight(scope, dctx) under the
+    # coerced id, a dispatch context built from these fields, popped when the handler ends.
+    dispatch = inspect.getsource(JSONRPCDispatcher._dispatch_request)  # pyright: ignore[reportPrivateUsage]
+    assert "self._in_flight[coerce_request_id(req.id)] = _InFlight(scope=scope, dctx=dctx)" in dispatch
+    handle = inspect.getsource(JSONRPCDispatcher._handle_request)  # pyright: ignore[reportPrivateUsage]
+    assert "dctx.close()" in handle
+    assert "del self._in_flight[key]" in handle
+    assert "error = ErrorData(code=0, message=str(e))" in handle, "the dispatcher's catch-all changed"
+    fields = [f.name for f in dataclasses.fields(lane._JSONRPCDispatchContext)]  # pyright: ignore[reportPrivateUsage]
+    assert fields[:5] == ["transport", "_dispatcher", "_request_id", "message_metadata", "_progress_token"]
+    assert [f.name for f in dataclasses.fields(lane._InFlight)] == ["scope", "dctx"]  # pyright: ignore[reportPrivateUsage]
+    assert [f.name for f in dataclasses.fields(ServerRunner)][:3] == [
+        "server",
+        "connection",
+        "lifespan_state",
+    ]
+    cancelled = inspect.getsource(JSONRPCDispatcher._dispatch_notification)  # pyright: ignore[reportPrivateUsage]
+    assert "self._in_flight.get(coerce_request_id(rid))" in cancelled, (
+        "a client's cancel finds calls elsewhere"
+    )
+
+
+def test_the_client_session_keeps_the_output_schemas_its_result_check_reads() -> None:
+    assert assigned_in_init(client_session.ClientSession, "_tool_output_schemas")
+    check = inspect.getsource(client_session.ClientSession.validate_tool_result)
+    assert "self._tool_output_schemas" in check, "mcp: validate_tool_result reads its schemas elsewhere"
 
 
 def test_fastmcps_session_manager_admits_a_session_by_one_overridable_method() -> None:

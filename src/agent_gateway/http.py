@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastmcp.server.http import StreamableHTTPASGIApp
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -143,11 +144,13 @@ def _deferring(
 
     @asynccontextmanager
     async def started(app: Starlette) -> AsyncIterator[None]:
-        async with lifespan(app):
+        async with lifespan(app), anyio.create_task_group() as tg:
             # FastMCP makes the manager as the app starts, before any request is served.
             manager = endpoint.session_manager
-            deferred = defer_responses(manager)
-            if deferred and (shared := gateway.shared) is not None:
+            keepalive = defer_responses(manager, gateway.sessions.connection)
+            if keepalive is not None:
+                tg.start_soon(keepalive.run)
+            if keepalive is not None and (shared := gateway.shared) is not None:
                 adopting = adopt_sessions(
                     manager,
                     shared.sessions,
@@ -159,5 +162,6 @@ def _deferring(
                     shared.on_session_ended(adopting.drop)
                     shared.on_notification(adopting.relay)
             yield
+            tg.cancel_scope.cancel()
 
     return started

@@ -50,7 +50,7 @@ from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.deferred import DeferredSessionManager, DeferredStreamTransport
+from agent_gateway.compat.deferred import DeferredSessionManager, deferring
 from agent_gateway.compat.mcp import parse_message
 from agent_gateway.store.events import own_event, relayed, stream_digest
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
@@ -174,7 +174,7 @@ class AdoptingSessionManager(DeferredSessionManager):
         async with self._session_creation_lock:
             if session_id in self._server_instances:
                 return  # adopted meanwhile, by a concurrent request
-            transport = DeferredStreamTransport(
+            transport = StreamableHTTPServerTransport(
                 mcp_session_id=session_id,
                 is_json_response_enabled=self.json_response,
                 event_store=None,
@@ -182,6 +182,7 @@ class AdoptingSessionManager(DeferredSessionManager):
                 retry_interval=self.retry_interval,
                 idle_timeout=self.session_idle_timeout,
             )
+            deferring(transport, self)
             self._scope_events(transport)
             # Connected before it is registered: a concurrent request for the same session
             # must find it ready to take messages.

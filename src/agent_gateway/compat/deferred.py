@@ -24,15 +24,19 @@ each transport it makes: the SDK offers no transport factory to pass.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import suppress
 from functools import partial
 from http import HTTPStatus
-from typing import cast
+from typing import Any, cast
 
 import anyio
 import msgspec
+from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.connection import Connection
 from mcp.server.streamable_http import (
     CONTENT_TYPE_JSON,
     CONTENT_TYPE_SSE,
@@ -45,13 +49,16 @@ from mcp.server.streamable_http import (
     check_accept_headers,
 )
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp.shared.message import ServerMessageMetadata
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
+    ErrorData,
     JSONRPCError,
     JSONRPCMessage,
     JSONRPCRequest,
     JSONRPCResponse,
+    RequestId,
     jsonrpc_message_adapter,
 )
 from pydantic import ValidationError
@@ -60,6 +67,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from agent_gateway.compat.lane import Outcome, Route, route_of
+from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.telemetry import http_answers
 
 logger = logging.getLogger(__name__)
@@ -74,6 +83,12 @@ _KEEPALIVE: SSEEvent = {"comment": "keepalive"}
 
 class DeferredStreamTransport(StreamableHTTPServerTransport):
     """The SDK's handshake-era server transport, answering a silent call with JSON."""
+
+    routes: Callable[[str], Route | None]
+    """Where a session's requests are served in their POST's task (None: the SDK's loop)."""
+    keepalive: Keepalive
+    _served: set[anyio.CancelScope]
+    """The calls served in their POSTs' tasks, cancelled when the session ends."""
 
     async def _handle_post_request(
         self, scope: Scope, request: Request, receive: Receive, send: Send
@@ -110,6 +125,10 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         return message
 
     async def _answer(self, message: JSONRPCRequest, request: Request, send: Send) -> None:
+        route = self.routes(self.mcp_session_id) if self.mcp_session_id is not None else None
+        if route is not None:
+            await self._served_here(route, message, request, send)
+            return
         writer = self._read_stream_writer
         assert writer is not None, "connect() runs before any request is served"
         request_id = str(message.id)
@@ -130,6 +149,78 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         http_answers.add(1, {"form": form})
         lead = _KEEPALIVE if form == "idle" else None
         await self._stream(request_id, request, send, _Prepended(first, streams[1]), lead)
+
+    async def _served_here(self, route: Route, message: JSONRPCRequest, request: Request, send: Send) -> None:
+        """``message`` handled in this task (``compat/lane.py``). Its answer is JSON, unless
+        the call sends the client something first or stays silent past the keepalive interval:
+        that commits the stream, and the answer follows on it."""
+        request_id = str(message.id)
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+        metadata = self._create_session_message(message, request, request_id, version).metadata
+        assert isinstance(metadata, ServerMessageMetadata)
+        ended = anyio.CancelScope()  # cancelled when the session ends (terminate)
+        self._served.add(ended)
+        try:
+            async with anyio.create_task_group() as tg:
+                stream = _Committing(self, tg, request_id, request, send)
+                quiet = self.keepalive.watch(stream.idle)
+                outcome: Outcome = None
+                try:
+                    with ended:
+                        outcome = await route.serve(message, metadata, stream.commit)
+                finally:
+                    quiet.done = True  # before the task group closes: the keepalive may commit until then
+                await self._settle(route, message.id, outcome, stream, metadata, ended.cancelled_caught)
+        finally:
+            self._served.discard(ended)
+
+    async def _settle(
+        self,
+        route: Route,
+        request_id: RequestId,
+        outcome: Outcome,
+        stream: _Committing,
+        metadata: ServerMessageMetadata,
+        ended: bool,
+    ) -> None:
+        """Send ``outcome``: on the stream if committed, else as one JSON body. A call the
+        client cancelled is answered on a stream, as the SDK's path answers it; a call whose
+        session ended meanwhile gets an empty stream (the client reads "connection closed")."""
+        if ended:
+            stream.commit("ended")
+            stream.end()
+        elif outcome is None:
+            stream.commit("stream")
+            if metadata.on_request_unanswered is not None:
+                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    await metadata.on_request_unanswered()
+        elif stream.committed:
+            await route.write(request_id, outcome)
+        else:
+            http_answers.add(1, {"form": "json"})
+            await self._raw_json(request_id, outcome, send=stream.send)
+
+    async def _raw_json(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData, send: Send) -> None:
+        """The answer as ``_json_answer`` writes it, from the result's dict as the handler made it."""
+        if isinstance(outcome, ErrorData):
+            answer = {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "error": outcome.model_dump(mode="json", exclude_unset=True),
+            }
+        else:
+            answer = {"jsonrpc": "2.0", "id": request_id, "result": outcome}
+        body = msgspec.json.encode(answer)
+        headers = [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"content-length", b"%d" % len(body))]
+        if self.mcp_session_id:
+            headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def terminate(self) -> None:
+        for scope in self._served:
+            scope.cancel()
+        await super().terminate()
 
     def _json_answer(self, message: JSONRPCMessage) -> Response:
         """``message`` as the SDK's ``_create_json_response`` writes it, serialised straight to
@@ -176,6 +267,42 @@ def _plain_answer(event: EventMessage) -> bool:
     return isinstance(message, JSONRPCResponse)
 
 
+class _Committing:
+    """The SSE stream of a POST whose request is served in the POST's task, committed once:
+    before the call's first message to the client, or after ``PING_INTERVAL`` of silence."""
+
+    def __init__(
+        self, transport: DeferredStreamTransport, tg: TaskGroup, request_id: str, request: Request, send: Send
+    ) -> None:
+        self._transport = transport
+        self._tg = tg
+        self._request_id = request_id
+        self._request = request
+        self.send = send
+        self.committed = False
+
+    def idle(self) -> None:
+        self.commit("idle")
+
+    def commit(self, form: str = "stream") -> None:
+        """Start the stream (once), fed by the request's stream as the SDK's path feeds it."""
+        if self.committed:
+            return
+        self.committed = True
+        http_answers.add(1, {"form": form})
+        streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        self._transport._request_streams[self._request_id] = streams
+        lead = _KEEPALIVE if form == "idle" else None
+        events = _Prepended(None, streams[1])
+        self._tg.start_soon(self._transport._stream, self._request_id, self._request, self.send, events, lead)
+
+    def end(self) -> None:
+        """End the stream with nothing more on it."""
+        streams = self._transport._request_streams.get(self._request_id)
+        if streams is not None:
+            streams[0].close()
+
+
 class _Prepended:
     """A request's event stream with the event already taken from it put back in front."""
 
@@ -216,22 +343,45 @@ async def _first_event(reader: EventReader) -> tuple[EventMessage | None, bool]:
 class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
     """FastMCP's session manager, with each new session on ``DeferredStreamTransport``."""
 
+    connections: Callable[[str], Connection | None]
+    keepalive: Keepalive
+
+    def routes(self, session_id: str) -> Route | None:
+        """Where ``session_id``'s requests are served in their POSTs' tasks (None: on the
+        SDK's loop, e.g. before the gateway has seen the session)."""
+        connection = self.connections(session_id)
+        return route_of(connection, self.app, self._lifespan_state) if connection is not None else None
+
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)
         if transport is not None:
-            # The subclass adds behaviour, no state: the SDK built the transport, and this
-            # makes it answer with the methods above (the SDK has no factory to pass).
-            transport.__class__ = DeferredStreamTransport
+            deferring(transport, self)
         return transport
 
 
-def defer_responses(manager: object) -> bool:
-    """Make ``manager`` (FastMCP's, once its app has started) answer silent calls with JSON.
+def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSessionManager) -> None:
+    """Make ``transport`` (the SDK's, just built) a ``DeferredStreamTransport`` of ``manager``'s.
+    The subclass adds behaviour and the state set here: the SDK has no transport factory to pass."""
+    transport.__class__ = DeferredStreamTransport
+    deferred = cast(DeferredStreamTransport, transport)
+    deferred.routes = manager.routes
+    deferred.keepalive = manager.keepalive
+    deferred._served = set()
 
-    Returns False, leaving every answer an SSE stream, for a manager of another kind.
+
+def defer_responses(manager: object, connections: Callable[[str], Connection | None]) -> Keepalive | None:
+    """Make ``manager`` (FastMCP's, once its app has started) answer silent calls with JSON,
+    serving a session's requests in their POSTs' tasks (``connections``: a live session's
+    connection by its id).
+
+    Returns the keepalive the caller runs while requests are served; None, leaving every
+    answer an SSE stream, for a manager of another kind.
     """
     if type(manager) is not FastMCPStreamableHTTPSessionManager:
         logger.warning("session manager %s not recognised: answering every call with SSE", type(manager))
-        return False
+        return None
     manager.__class__ = DeferredSessionManager
-    return True
+    deferred = cast(DeferredSessionManager, manager)
+    deferred.connections = connections
+    deferred.keepalive = Keepalive(PING_INTERVAL)
+    return deferred.keepalive

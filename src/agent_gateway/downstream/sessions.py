@@ -222,6 +222,11 @@ class SessionRegistry(Middleware):
         )
         await self._records.opened(record)
 
+    def connection(self, session_id: str) -> Connection | None:
+        """The handshake-era connection of the live session ``session_id``, if any."""
+        session = self.live.get(session_id)
+        return session.connection if session is not None else None
+
     def handshake_sessions(self) -> Iterator[DownstreamSession]:
         return (s for s in list(self.live.values()) if s.connection is not None)
 

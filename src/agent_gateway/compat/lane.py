@@ -1,0 +1,135 @@
+"""A handshake-era request served in the task of the POST that carries it.
+
+The SDK serves a session's requests from one loop: the POST puts the request on the
+session's read stream, the dispatcher's loop takes it and starts a task for it, the task
+runs the server's handler and writes the answer to the write stream, the transport's
+router task takes it from there and hands it to the POST's stream, and the POST task
+finally answers. Three task switches, a task started and two pydantic models of the
+answer for each call (``bench/README.md``: about a tenth of the gateway's CPU per call).
+
+Here the POST task runs the server's handler itself (``ServerRunner.on_request``, the same
+middleware and handlers), registered in the dispatcher's table of requests in flight
+exactly as the dispatcher registers one, so the client's ``notifications/cancelled``
+cancels it by its id, and with the dispatcher's per-request context, so what the handler
+sends the client (progress, log lines, sampling and elicitation requests) is the SDK's
+frames on the SDK's channels. The context tells the transport before the first such message
+(``InlineContext.opening``): the transport then commits the POST's SSE stream, as it does
+for a request served on the SDK's path.
+
+It lives in ``compat/`` because it is built of the dispatcher's private members
+(``_in_flight``, ``_InFlight``, ``_JSONRPCDispatchContext``, ``_transport_builder``,
+``_running``, ``_write_result``, ``_write_error``); ``tests/test_compat.py`` checks each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from mcp.server.connection import Connection
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import ServerRunner
+from mcp.shared.dispatcher import CallOptions, OnRequest, coerce_request_id
+from mcp.shared.jsonrpc_dispatcher import (
+    JSONRPCDispatcher,
+    _InFlight,  # pyright: ignore[reportPrivateUsage]
+    _JSONRPCDispatchContext,  # pyright: ignore[reportPrivateUsage]
+    handler_exception_to_error_data,
+    progress_token_from_params,
+)
+from mcp.shared.message import MessageMetadata
+from mcp.shared.transport_context import TransportContext
+from mcp_types import ErrorData, JSONRPCRequest, RequestId
+
+logger = logging.getLogger(__name__)
+
+Outcome = dict[str, Any] | ErrorData | None
+"""A request's result, its error, or None: the client cancelled it (nothing is answered)."""
+_ROUTE_KEY = "agent_gateway.lane"
+
+
+@dataclass
+class InlineContext(_JSONRPCDispatchContext[TransportContext]):
+    """The dispatcher's context for one request, which calls ``opening`` before the request
+    sends the client its first message."""
+
+    opening: Callable[[], None] = field(default=lambda: None)
+
+    async def notify(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> None:
+        if not self._closed:
+            self.opening()
+        await super().notify(method, params, opts)
+
+    async def send_raw_request(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> dict[str, Any]:
+        if self.can_send_request:
+            self.opening()
+        return await super().send_raw_request(method, params, opts)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a session's requests are served in their POST's task: its dispatcher and runner."""
+
+    dispatcher: JSONRPCDispatcher[TransportContext]
+    on_request: OnRequest
+
+    async def serve(
+        self, message: JSONRPCRequest, metadata: MessageMetadata, opening: Callable[[], None]
+    ) -> Outcome:
+        """``message`` handled as the dispatcher's ``_handle_request`` handles it, with the
+        same exception-to-error rules; its outcome is left to the caller to send."""
+        dispatcher = self.dispatcher
+        dctx = InlineContext(
+            transport=dispatcher._transport_builder(metadata),  # pyright: ignore[reportPrivateUsage]
+            _dispatcher=dispatcher,
+            _request_id=message.id,
+            message_metadata=metadata,
+            _progress_token=progress_token_from_params(message.params),
+            opening=opening,
+        )
+        scope = anyio.CancelScope()
+        key = coerce_request_id(message.id)
+        in_flight = dispatcher._in_flight  # pyright: ignore[reportPrivateUsage]
+        in_flight[key] = _InFlight(scope=scope, dctx=dctx)
+        outcome: Outcome = None
+        with scope:
+            try:
+                outcome = await self.on_request(dctx, message.method, message.params)
+            except Exception as exc:
+                outcome = handler_exception_to_error_data(exc)
+                if outcome is None:
+                    logger.exception("handler for %r raised", message.method)
+                    outcome = ErrorData(code=0, message=str(exc))  # the dispatcher's own catch-all
+            finally:
+                dctx.close()
+                if (entry := in_flight.get(key)) is not None and entry.dctx is dctx:
+                    del in_flight[key]
+        return None if dctx.cancel_requested.is_set() else outcome
+
+    async def write(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> None:
+        """``outcome`` written as the dispatcher writes an answer (to the session's stream)."""
+        if isinstance(outcome, ErrorData):
+            await self.dispatcher._write_error(request_id, outcome)  # pyright: ignore[reportPrivateUsage]
+        else:
+            await self.dispatcher._write_result(request_id, outcome)  # pyright: ignore[reportPrivateUsage]
+
+
+def route_of(connection: Connection, server: Server[Any], lifespan_state: Any) -> Route | None:
+    """The route of ``connection``'s requests, or None when its loop is not the SDK's
+    dispatcher or is no longer running."""
+    dispatcher = connection.outbound
+    if not isinstance(dispatcher, JSONRPCDispatcher) or not dispatcher._running:  # pyright: ignore[reportPrivateUsage]
+        return None
+    route = connection.state.get(_ROUTE_KEY)
+    if not isinstance(route, Route) or route.dispatcher is not dispatcher:
+        runner = ServerRunner(server, connection, lifespan_state)
+        route = Route(dispatcher, runner.on_request)  # pyright: ignore[reportUnknownArgumentType]
+        connection.state[_ROUTE_KEY] = route
+    return route
