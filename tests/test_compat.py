@@ -143,7 +143,16 @@ def test_the_lane_registers_a_request_in_flight_as_the_dispatcher_does() -> None
     assert "del self._in_flight[key]" in handle
     assert "error = ErrorData(code=0, message=str(e))" in handle, "the dispatcher's catch-all changed"
     fields = [f.name for f in dataclasses.fields(lane._JSONRPCDispatchContext)]  # pyright: ignore[reportPrivateUsage]
-    assert fields[:5] == ["transport", "_dispatcher", "_request_id", "message_metadata", "_progress_token"]
+    assert fields == [
+        "transport",
+        "_dispatcher",
+        "_request_id",
+        "message_metadata",
+        "_progress_token",
+        "_closed",  # InlineContext reads it, as notify does, before committing a stream
+        "cancel_requested",
+    ]
+    assert isinstance(lane._JSONRPCDispatchContext.can_send_request, property)  # pyright: ignore[reportPrivateUsage]
     assert [f.name for f in dataclasses.fields(lane._InFlight)] == ["scope", "dctx"]  # pyright: ignore[reportPrivateUsage]
     assert [f.name for f in dataclasses.fields(ServerRunner)][:3] == [
         "server",

@@ -212,6 +212,32 @@ async def test_a_result_off_its_tools_output_schema_is_refused_as_the_sdks_check
     assert answer.structured_content == {"result": 2}
 
 
+async def test_a_result_the_quick_check_reads_apart_from_the_sdks_is_judged_by_the_sdks_check(
+    http: str,
+) -> None:
+    # jsonschema-rs reads \D as ECMA-262's [^0-9]; Python's re (the SDK's check) as any
+    # non-digit in Unicode: Arabic-Indic digits pass the first and fail the second.
+    upstream = FastMCP("coded")
+
+    @upstream.tool
+    def code() -> Annotated[str, Field(pattern=r"^\D+$")]:
+        """A code with no digit in it."""
+        return "abc"
+
+    result = {"content": [{"type": "text", "text": "x"}], "structuredContent": {"result": "\u0661\u0662"}}
+    async with (
+        serving_upstream(upstream) as url,
+        Client(url, mode="auto") as client,
+        serving(answering_with(result)) as base,
+        http_client(http) as posting,
+    ):
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert listed["code"].output_schema is not None
+        forwarder = Relayed().forwarder(posting, f"{base}/mcp")
+        with anyio.fail_after(BOUND), pytest.raises(RuntimeError, match="Invalid structured content"):
+            await forwarder.call_tool(call(client, "code"))
+
+
 def echoing_headers(seen: list[dict[str, str]]) -> Starlette:
     """An upstream answering every call with a result, recording each POST's headers; its
     first answer sets a cookie."""

@@ -23,9 +23,9 @@ each transport it makes: the SDK offers no transport factory to pass.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable
-from contextlib import suppress
 from functools import partial
 from http import HTTPStatus
 from typing import Any, cast
@@ -125,7 +125,8 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         return message
 
     async def _answer(self, message: JSONRPCRequest, request: Request, send: Send) -> None:
-        route = self.routes(self.mcp_session_id) if self.mcp_session_id is not None else None
+        session_id = self.mcp_session_id
+        route = self.routes(session_id) if session_id is not None and not self._terminated else None
         if route is not None:
             await self._served_here(route, message, request, send)
             return
@@ -160,6 +161,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         assert isinstance(metadata, ServerMessageMetadata)
         ended = anyio.CancelScope()  # cancelled when the session ends (terminate)
         self._served.add(ended)
+        stream: _Committing | None = None
         try:
             async with anyio.create_task_group() as tg:
                 stream = _Committing(self, tg, request_id, request, send)
@@ -169,10 +171,12 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
                     with ended:
                         outcome = await route.serve(message, metadata, stream.commit)
                 finally:
-                    quiet.done = True  # before the task group closes: the keepalive may commit until then
+                    quiet.end()  # before the task group closes: the keepalive may commit until then
                 await self._settle(route, message.id, outcome, stream, metadata, ended.cancelled_caught)
         finally:
             self._served.discard(ended)
+            if stream is not None:
+                stream.forget()
 
     async def _settle(
         self,
@@ -192,8 +196,12 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         elif outcome is None:
             stream.commit("stream")
             if metadata.on_request_unanswered is not None:
-                with suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                try:  # as the dispatcher settles an unanswered request: a failure is only logged
                     await metadata.on_request_unanswered()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    logger.debug("on_request_unanswered dropped: connection closing")
+                except Exception:
+                    logger.exception("on_request_unanswered raised")
         elif stream.committed:
             await route.write(request_id, outcome)
         else:
@@ -202,24 +210,29 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
 
     async def _raw_json(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData, send: Send) -> None:
         """The answer as ``_json_answer`` writes it, from the result's dict as the handler made it."""
+        message: JSONRPCMessage
         if isinstance(outcome, ErrorData):
-            answer = {
-                "jsonrpc": "2.0",
-                "id": request_id,
-                "error": outcome.model_dump(mode="json", exclude_unset=True),
-            }
+            message = JSONRPCError(jsonrpc="2.0", id=request_id, error=outcome)
+            body = msgspec.json.encode(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
         else:
-            answer = {"jsonrpc": "2.0", "id": request_id, "result": outcome}
-        body = msgspec.json.encode(answer)
+            try:  # a spec method's result is JSON-ready already (the runner serialised it)
+                body = msgspec.json.encode({"jsonrpc": "2.0", "id": request_id, "result": outcome})
+            except (TypeError, msgspec.EncodeError):  # an object only pydantic can write
+                message = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=outcome)
+                body = msgspec.json.encode(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
         headers = [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"content-length", b"%d" % len(body))]
         if self.mcp_session_id:
             headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
-    async def terminate(self) -> None:
+    def end_served(self) -> None:
+        """Cancel the calls served in their POSTs' tasks: their session has ended."""
         for scope in self._served:
             scope.cancel()
+
+    async def terminate(self) -> None:
+        self.end_served()
         await super().terminate()
 
     def _json_answer(self, message: JSONRPCMessage) -> Response:
@@ -280,6 +293,9 @@ class _Committing:
         self._request = request
         self.send = send
         self.committed = False
+        self._context = contextvars.copy_context()
+        """The POST's: the stream's task runs in it, whichever task commits it."""
+        self._streams: object = None
 
     def idle(self) -> None:
         self.commit("idle")
@@ -291,10 +307,21 @@ class _Committing:
         self.committed = True
         http_answers.add(1, {"form": form})
         streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
-        self._transport._request_streams[self._request_id] = streams
+        self._transport._request_streams[self._request_id] = self._streams = streams
         lead = _KEEPALIVE if form == "idle" else None
         events = _Prepended(None, streams[1])
-        self._tg.start_soon(self._transport._stream, self._request_id, self._request, self.send, events, lead)
+        stream = self._transport._stream
+        self._context.run(
+            self._tg.start_soon, stream, self._request_id, self._request, self.send, events, lead
+        )
+
+    def forget(self) -> None:
+        """Drop what the transport still holds of this stream (the POST's task was cancelled
+        before its writer ran; the writer clears both itself once it has run)."""
+        transport, request_id = self._transport, self._request_id
+        if self._streams is not None and transport._request_streams.get(request_id) is self._streams:
+            transport._request_streams.pop(request_id, None)
+            transport._sse_stream_writers.pop(request_id, None)
 
     def end(self) -> None:
         """End the stream with nothing more on it."""
@@ -350,7 +377,10 @@ class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
         """Where ``session_id``'s requests are served in their POSTs' tasks (None: on the
         SDK's loop, e.g. before the gateway has seen the session)."""
         connection = self.connections(session_id)
-        return route_of(connection, self.app, self._lifespan_state) if connection is not None else None
+        transport = self._server_instances.get(session_id)
+        if connection is None or not isinstance(transport, DeferredStreamTransport):
+            return None
+        return route_of(connection, self.app, self._lifespan_state, transport.end_served)
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
         transport = super()._admit_session(requestor)

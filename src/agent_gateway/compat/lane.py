@@ -42,7 +42,7 @@ from mcp.shared.jsonrpc_dispatcher import (
 )
 from mcp.shared.message import MessageMetadata
 from mcp.shared.transport_context import TransportContext
-from mcp_types import ErrorData, JSONRPCRequest, RequestId
+from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCRequest, RequestId
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +86,13 @@ class Route:
         """``message`` handled as the dispatcher's ``_handle_request`` handles it, with the
         same exception-to-error rules; its outcome is left to the caller to send."""
         dispatcher = self.dispatcher
+        try:
+            transport = dispatcher._transport_builder(metadata)  # pyright: ignore[reportPrivateUsage]
+        except Exception:  # as the dispatcher answers it: this request fails, not the POST
+            logger.exception("transport_builder raised; rejecting request %r", message.id)
+            return ErrorData(code=INTERNAL_ERROR, message="transport context unavailable")
         dctx = InlineContext(
-            transport=dispatcher._transport_builder(metadata),  # pyright: ignore[reportPrivateUsage]
+            transport=transport,
             _dispatcher=dispatcher,
             _request_id=message.id,
             message_metadata=metadata,
@@ -121,15 +126,24 @@ class Route:
             await self.dispatcher._write_result(request_id, outcome)  # pyright: ignore[reportPrivateUsage]
 
 
-def route_of(connection: Connection, server: Server[Any], lifespan_state: Any) -> Route | None:
-    """The route of ``connection``'s requests, or None when its loop is not the SDK's
-    dispatcher or is no longer running."""
+def route_of(
+    connection: Connection, server: Server[Any], lifespan_state: Any, on_end: Callable[[], None]
+) -> Route | None:
+    """The route of ``connection``'s requests; None until its handshake is done (the SDK's
+    loop holds a request pipelined behind ``initialize`` until then), when its loop is not
+    the SDK's dispatcher, or when that no longer runs. ``on_end`` is called as the connection
+    ends, before what it holds is released, as the SDK's loop cancels its handlers then."""
     dispatcher = connection.outbound
-    if not isinstance(dispatcher, JSONRPCDispatcher) or not dispatcher._running:  # pyright: ignore[reportPrivateUsage]
+    if (
+        not connection.initialize_accepted
+        or not isinstance(dispatcher, JSONRPCDispatcher)
+        or not dispatcher._running  # pyright: ignore[reportPrivateUsage]
+    ):
         return None
     route = connection.state.get(_ROUTE_KEY)
     if not isinstance(route, Route) or route.dispatcher is not dispatcher:
         runner = ServerRunner(server, connection, lifespan_state)
         route = Route(dispatcher, runner.on_request)  # pyright: ignore[reportUnknownArgumentType]
         connection.state[_ROUTE_KEY] = route
+        connection.exit_stack.callback(on_end)
     return route

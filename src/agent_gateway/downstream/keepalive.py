@@ -11,6 +11,7 @@ at once per ``_SLACK`` at most, whatever the call rate.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,17 +19,22 @@ from dataclasses import dataclass
 
 import anyio
 
+logger = logging.getLogger(__name__)
+
 _SLACK = 1.0
 """Seconds by which a silent call's turn may come early: calls due within it are told at once."""
 
 
 @dataclass(slots=True)
 class Watch:
-    """One call's place in the queue: ``done`` when it has answered (it is then skipped)."""
+    """One call's place in the queue, until its deadline. ``end`` it when the call has
+    answered: it is then skipped, and holds nothing of the call meanwhile."""
 
     deadline: float
-    on_silence: Callable[[], None]
-    done: bool = False
+    on_silence: Callable[[], None] | None
+
+    def end(self) -> None:
+        self.on_silence = None
 
 
 class Keepalive:
@@ -42,8 +48,8 @@ class Keepalive:
         """Set when a call is watched while the queue is empty (made by ``run``)."""
 
     def watch(self, on_silence: Callable[[], None]) -> Watch:
-        """Call ``on_silence`` (in the watching task) after ``interval``, unless the returned
-        watch is marked ``done`` first."""
+        """Call ``on_silence`` (from the task running ``run``) after ``interval``, unless the
+        returned watch is ended first."""
         if not self._due and self._arrived is not None:
             self._arrived.set()
         watch = Watch(time.monotonic() + self.interval, on_silence)
@@ -59,6 +65,9 @@ class Keepalive:
             horizon = time.monotonic() + _SLACK
             while self._due and self._due[0].deadline <= horizon:
                 watch = self._due.popleft()
-                if not watch.done:
-                    watch.done = True
-                    watch.on_silence()
+                if (on_silence := watch.on_silence) is not None:
+                    watch.end()
+                    try:
+                        on_silence()
+                    except Exception:  # one call's failure ends neither the others' watch nor the server
+                        logger.exception("a silent call could not be told")

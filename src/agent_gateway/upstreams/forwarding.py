@@ -88,12 +88,13 @@ class OutputChecks:
     jsonschema's, pure Python: about a fortieth of a forwarded call's CPU."""
 
     def __init__(self) -> None:
-        self._checks: dict[str, tuple[dict[str, Any], SchemaCheck]] = {}
+        self._checks: dict[str, tuple[dict[str, Any], SchemaCheck | None]] = {}
 
     def hold(self, session: Any, name: str, answer: types.CallToolResult) -> bool:
         """Whether ``answer`` of tool ``name`` surely passes the session's check."""
         schemas = output_schemas(session)
-        if name not in schemas:  # not listed yet: the session lists its tools again to check
+        if name not in schemas:  # not listed (or no longer): the session lists its tools again to check
+            self._checks.pop(name, None)
             return False
         schema = schemas[name]
         if schema is None:
@@ -102,8 +103,31 @@ class OutputChecks:
             return False
         known = self._checks.get(name)
         if known is None or known[0] is not schema:  # the tool's schema changed since
-            known = self._checks[name] = (schema, SchemaCheck(schema))
-        return known[1].holds(answer.structured_content)
+            known = self._checks[name] = (schema, SchemaCheck(schema) if _read_alike(schema) else None)
+        return known[1] is not None and known[1].holds(answer.structured_content)
+
+
+_READ_APART = frozenset({"pattern", "patternProperties", "multipleOf"})
+"""Keywords jsonschema-rs reads more leniently than jsonschema (ECMA-262 classes such as
+``\\D`` against Python's Unicode ones; fractional ``multipleOf``). An argument checked
+quickly is judged again by its upstream; a result is not, so a schema with them is the SDK's."""
+
+
+def _read_alike(schema: Any) -> bool:
+    """Whether no keyword of ``schema`` (at any depth) is one the two validators read apart
+    (False too for a schema nested too deep to walk)."""
+    try:
+        return _no_keyword_apart(schema)
+    except RecursionError:
+        return False
+
+
+def _no_keyword_apart(schema: Any) -> bool:
+    if isinstance(schema, dict):
+        return _READ_APART.isdisjoint(schema) and all(_no_keyword_apart(v) for v in schema.values())  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    if isinstance(schema, list):
+        return all(_no_keyword_apart(v) for v in schema)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return True
 
 
 class Forwarder:
