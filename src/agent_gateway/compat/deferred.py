@@ -23,7 +23,6 @@ each transport it makes: the SDK offers no transport factory to pass.
 
 from __future__ import annotations
 
-import contextvars
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -32,7 +31,6 @@ from typing import Any, cast
 
 import anyio
 import msgspec
-from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
@@ -67,7 +65,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.lane import Outcome, Route, route_of
+from agent_gateway.compat.lane import Committing, Outcome, Route, json_body, route_of
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.telemetry import http_answers
 
@@ -161,10 +159,11 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         assert isinstance(metadata, ServerMessageMetadata)
         ended = anyio.CancelScope()  # cancelled when the session ends (terminate)
         self._served.add(ended)
-        stream: _Committing | None = None
+        stream: Committing | None = None
         try:
             async with anyio.create_task_group() as tg:
-                stream = _Committing(self, tg, request_id, request, send)
+                started = partial(self._committed, request_id, request, send)
+                stream = Committing(tg, request_id, self._request_streams, self._sse_stream_writers, started)
                 quiet = self.keepalive.watch(stream.idle)
                 outcome: Outcome = None
                 try:
@@ -172,7 +171,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
                         outcome = await route.serve(message, metadata, stream.commit)
                 finally:
                     quiet.end()  # before the task group closes: the keepalive may commit until then
-                await self._settle(route, message.id, outcome, stream, metadata, ended.cancelled_caught)
+                await self._settle(route, message.id, outcome, stream, metadata, ended.cancelled_caught, send)
         finally:
             self._served.discard(ended)
             if stream is not None:
@@ -183,9 +182,10 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         route: Route,
         request_id: RequestId,
         outcome: Outcome,
-        stream: _Committing,
+        stream: Committing,
         metadata: ServerMessageMetadata,
         ended: bool,
+        send: Send,
     ) -> None:
         """Send ``outcome``: on the stream if committed, else as one JSON body. A call the
         client cancelled is answered on a stream, as the SDK's path answers it; a call whose
@@ -206,25 +206,22 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
             await route.write(request_id, outcome)
         else:
             http_answers.add(1, {"form": "json"})
-            await self._raw_json(request_id, outcome, send=stream.send)
+            await self._raw_json(request_id, outcome, send)
 
     async def _raw_json(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData, send: Send) -> None:
         """The answer as ``_json_answer`` writes it, from the result's dict as the handler made it."""
-        message: JSONRPCMessage
-        if isinstance(outcome, ErrorData):
-            message = JSONRPCError(jsonrpc="2.0", id=request_id, error=outcome)
-            body = msgspec.json.encode(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
-        else:
-            try:  # a spec method's result is JSON-ready already (the runner serialised it)
-                body = msgspec.json.encode({"jsonrpc": "2.0", "id": request_id, "result": outcome})
-            except (TypeError, msgspec.EncodeError):  # an object only pydantic can write
-                message = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=outcome)
-                body = msgspec.json.encode(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        body = json_body(request_id, outcome)
         headers = [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"content-length", b"%d" % len(body))]
         if self.mcp_session_id:
             headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _committed(
+        self, request_id: str, request: Request, send: Send, events: EventReader, form: str
+    ) -> None:
+        """A stream ``Committing`` started: after a keepalive if committed for silence."""
+        await self._stream(request_id, request, send, events, _KEEPALIVE if form == "idle" else None)
 
     def end_served(self) -> None:
         """Cancel the calls served in their POSTs' tasks: their session has ended."""
@@ -244,7 +241,12 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         return Response(msgspec.json.encode(body), headers=headers, media_type=CONTENT_TYPE_JSON)
 
     async def _stream(
-        self, request_id: str, request: Request, send: Send, events: _Prepended, lead: SSEEvent | None
+        self,
+        request_id: str,
+        request: Request,
+        send: Send,
+        events: _Prepended | EventReader,
+        lead: SSEEvent | None,
     ) -> None:
         """Commit ``text/event-stream`` and write the call's messages, the SDK's way."""
         sse_writer, sse_reader = anyio.create_memory_object_stream[SSEEvent](0)
@@ -278,56 +280,6 @@ def _plain_answer(event: EventMessage) -> bool:
     if isinstance(message, JSONRPCError):
         return message.error.code != REQUEST_CANCELLED
     return isinstance(message, JSONRPCResponse)
-
-
-class _Committing:
-    """The SSE stream of a POST whose request is served in the POST's task, committed once:
-    before the call's first message to the client, or after ``PING_INTERVAL`` of silence."""
-
-    def __init__(
-        self, transport: DeferredStreamTransport, tg: TaskGroup, request_id: str, request: Request, send: Send
-    ) -> None:
-        self._transport = transport
-        self._tg = tg
-        self._request_id = request_id
-        self._request = request
-        self.send = send
-        self.committed = False
-        self._context = contextvars.copy_context()
-        """The POST's: the stream's task runs in it, whichever task commits it."""
-        self._streams: object = None
-
-    def idle(self) -> None:
-        self.commit("idle")
-
-    def commit(self, form: str = "stream") -> None:
-        """Start the stream (once), fed by the request's stream as the SDK's path feeds it."""
-        if self.committed:
-            return
-        self.committed = True
-        http_answers.add(1, {"form": form})
-        streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
-        self._transport._request_streams[self._request_id] = self._streams = streams
-        lead = _KEEPALIVE if form == "idle" else None
-        events = _Prepended(None, streams[1])
-        stream = self._transport._stream
-        self._context.run(
-            self._tg.start_soon, stream, self._request_id, self._request, self.send, events, lead
-        )
-
-    def forget(self) -> None:
-        """Drop what the transport still holds of this stream (the POST's task was cancelled
-        before its writer ran; the writer clears both itself once it has run)."""
-        transport, request_id = self._transport, self._request_id
-        if self._streams is not None and transport._request_streams.get(request_id) is self._streams:
-            transport._request_streams.pop(request_id, None)
-            transport._sse_stream_writers.pop(request_id, None)
-
-    def end(self) -> None:
-        """End the stream with nothing more on it."""
-        streams = self._transport._request_streams.get(self._request_id)
-        if streams is not None:
-            streams[0].close()
 
 
 class _Prepended:

@@ -18,20 +18,27 @@ for a request served on the SDK's path.
 
 It lives in ``compat/`` because it is built of the dispatcher's private members
 (``_in_flight``, ``_InFlight``, ``_JSONRPCDispatchContext``, ``_transport_builder``,
-``_running``, ``_write_result``, ``_write_error``); ``tests/test_compat.py`` checks each.
+``_running``, ``_write_result``, ``_write_error``) and the transport's maps of request
+streams and their writers (``Committing``); ``tests/test_compat.py`` checks each. The
+transport's side is ``compat/deferred.DeferredStreamTransport._served_here``.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import msgspec
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.runner import ServerRunner
+from mcp.server.streamable_http import REQUEST_STREAM_BUFFER_SIZE, EventMessage
 from mcp.shared.dispatcher import CallOptions, OnRequest, coerce_request_id
 from mcp.shared.jsonrpc_dispatcher import (
     JSONRPCDispatcher,
@@ -42,13 +49,18 @@ from mcp.shared.jsonrpc_dispatcher import (
 )
 from mcp.shared.message import MessageMetadata
 from mcp.shared.transport_context import TransportContext
-from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCRequest, RequestId
+from mcp_types import INTERNAL_ERROR, ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse, RequestId
+
+from agent_gateway.telemetry import http_answers
 
 logger = logging.getLogger(__name__)
 
 Outcome = dict[str, Any] | ErrorData | None
 """A request's result, its error, or None: the client cancelled it (nothing is answered)."""
 _ROUTE_KEY = "agent_gateway.lane"
+StartStream = Callable[[MemoryObjectReceiveStream[EventMessage], str], Coroutine[Any, Any, None]]
+"""Writes a committed stream: its events as they come, and the form it was committed in
+(``stream``: a message to send; ``idle``: silence; ``ended``: the session ended)."""
 
 
 @dataclass
@@ -147,3 +159,68 @@ def route_of(
         connection.state[_ROUTE_KEY] = route
         connection.exit_stack.callback(on_end)
     return route
+
+
+class Committing:
+    """The SSE stream of a POST whose request is served in the POST's task, committed once:
+    before the call's first message to the client, after the keepalive interval of silence,
+    or to carry an answer the SDK sends on a stream. The transport's router then feeds it
+    through ``request_streams`` as it feeds any request's stream."""
+
+    def __init__(
+        self,
+        tg: TaskGroup,
+        request_id: str,
+        request_streams: dict[Any, Any],
+        writers: dict[Any, Any],
+        start: StartStream,
+    ) -> None:
+        """``request_streams``, ``writers``: the transport's maps of request streams and of
+        their SSE writers; ``start``: writes the stream, in a task of ``tg``."""
+        self._tg = tg
+        self._request_id = request_id
+        self._request_streams = request_streams
+        self._writers = writers
+        self._start = start
+        self.committed = False
+        self._context = contextvars.copy_context()
+        """The POST's: the stream's task runs in it, whichever task commits it."""
+        self._streams: object = None
+
+    def idle(self) -> None:
+        self.commit("idle")
+
+    def commit(self, form: str = "stream") -> None:
+        """Start the stream (once)."""
+        if self.committed:
+            return
+        self.committed = True
+        http_answers.add(1, {"form": form})
+        streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        self._request_streams[self._request_id] = self._streams = streams
+        self._context.run(self._tg.start_soon, self._start, streams[1], form)
+
+    def end(self) -> None:
+        """End the stream with nothing more on it."""
+        streams = self._request_streams.get(self._request_id)
+        if streams is not None:
+            streams[0].close()
+
+    def forget(self) -> None:
+        """Drop what the transport still holds of this stream (the POST's task was cancelled
+        before its writer ran; the writer clears both itself once it has run)."""
+        if self._streams is not None and self._request_streams.get(self._request_id) is self._streams:
+            self._request_streams.pop(self._request_id, None)
+            self._writers.pop(self._request_id, None)
+
+
+def json_body(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> bytes:
+    """The JSON-RPC answer to ``request_id``, as the transport writes one (``exclude_unset``)."""
+    if isinstance(outcome, ErrorData):
+        error = JSONRPCError(jsonrpc="2.0", id=request_id, error=outcome)
+        return msgspec.json.encode(error.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    try:  # a spec method's result is JSON-ready already (the runner serialised it)
+        return msgspec.json.encode({"jsonrpc": "2.0", "id": request_id, "result": outcome})
+    except (TypeError, msgspec.EncodeError):  # an object only pydantic can write
+        answer = JSONRPCResponse(jsonrpc="2.0", id=request_id, result=outcome)
+        return msgspec.json.encode(answer.model_dump(mode="json", by_alias=True, exclude_unset=True))
