@@ -65,7 +65,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.lane import Committing, Outcome, Route, json_body, route_of
+from agent_gateway.compat.lane import Committing, Outcome, Route, Unanswered, json_body, route_of
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.telemetry import http_answers
 
@@ -82,6 +82,8 @@ _KEEPALIVE: SSEEvent = {"comment": "keepalive"}
 class DeferredStreamTransport(StreamableHTTPServerTransport):
     """The SDK's handshake-era server transport, answering a silent call with JSON."""
 
+    manager: DeferredSessionManager
+    """The session manager that made it: its task group writes the streams the lane commits."""
     routes: Callable[[str], Route | None]
     """Where a session's requests are served in their POST's task (None: the SDK's loop)."""
     keepalive: Keepalive
@@ -157,25 +159,23 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
         metadata = self._create_session_message(message, request, request_id, version).metadata
         assert isinstance(metadata, ServerMessageMetadata)
-        ended = anyio.CancelScope()  # cancelled when the session ends (terminate)
-        self._served.add(ended)
-        stream: Committing | None = None
+        host = self.manager._task_group  # pyright: ignore[reportPrivateUsage]
+        assert host is not None, "run() is entered before any request"
+        started = partial(self._committed, request_id, request, send)
+        stream = Committing(host, request_id, self._request_streams, self._sse_stream_writers, started)
+        scope = anyio.CancelScope()  # the client's cancel cancels it, and the session's end
+        self._served.add(scope)
         try:
-            async with anyio.create_task_group() as tg:
-                started = partial(self._committed, request_id, request, send)
-                stream = Committing(tg, request_id, self._request_streams, self._sse_stream_writers, started)
-                quiet = self.keepalive.watch(stream.idle)
-                outcome: Outcome = None
-                try:
-                    with ended:
-                        outcome = await route.serve(message, metadata, stream.commit)
-                finally:
-                    quiet.end()  # before the task group closes: the keepalive may commit until then
-                await self._settle(route, message.id, outcome, stream, metadata, ended.cancelled_caught, send)
+            quiet = self.keepalive.watch(stream.idle)
+            try:
+                outcome = await route.serve(message, metadata, stream.commit, scope)
+            finally:
+                quiet.end()  # the keepalive may commit the stream until the call is done
+            await self._settle(route, message.id, outcome, stream, metadata, send)
         finally:
-            self._served.discard(ended)
-            if stream is not None:
-                stream.forget()
+            self._served.discard(scope)
+            await stream.finished()
+            stream.forget()
 
     async def _settle(
         self,
@@ -184,16 +184,15 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         outcome: Outcome,
         stream: Committing,
         metadata: ServerMessageMetadata,
-        ended: bool,
         send: Send,
     ) -> None:
         """Send ``outcome``: on the stream if committed, else as one JSON body. A call the
         client cancelled is answered on a stream, as the SDK's path answers it; a call whose
         session ended meanwhile gets an empty stream (the client reads "connection closed")."""
-        if ended:
+        if outcome is Unanswered.ENDED:
             stream.commit("ended")
             stream.end()
-        elif outcome is None:
+        elif outcome is Unanswered.CANCELLED:
             stream.commit("stream")
             if metadata.on_request_unanswered is not None:
                 try:  # as the dispatcher settles an unanswered request: a failure is only logged
@@ -346,6 +345,7 @@ def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSession
     The subclass adds behaviour and the state set here: the SDK has no transport factory to pass."""
     transport.__class__ = DeferredStreamTransport
     deferred = cast(DeferredStreamTransport, transport)
+    deferred.manager = manager
     deferred.routes = manager.routes
     deferred.keepalive = manager.keepalive
     deferred._served = set()

@@ -29,6 +29,7 @@ import contextvars
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import anyio
@@ -55,8 +56,18 @@ from agent_gateway.telemetry import http_answers
 
 logger = logging.getLogger(__name__)
 
-Outcome = dict[str, Any] | ErrorData | None
-"""A request's result, its error, or None: the client cancelled it (nothing is answered)."""
+
+class Unanswered(Enum):
+    """Why a request served in its POST's task has no answer of its own."""
+
+    CANCELLED = "cancelled by the client"
+    ENDED = "its session ended"
+
+
+Outcome = dict[str, Any] | ErrorData | Unanswered
+"""A request's result, its error, or why it has neither."""
+_STOP_TIMEOUT = 5.0
+"""How long a POST that is itself cancelled waits for its stream's writer to stop."""
 _ROUTE_KEY = "agent_gateway.lane"
 StartStream = Callable[[MemoryObjectReceiveStream[EventMessage], str], Coroutine[Any, Any, None]]
 """Writes a committed stream: its events as they come, and the form it was committed in
@@ -93,10 +104,15 @@ class Route:
     on_request: OnRequest
 
     async def serve(
-        self, message: JSONRPCRequest, metadata: MessageMetadata, opening: Callable[[], None]
+        self,
+        message: JSONRPCRequest,
+        metadata: MessageMetadata,
+        opening: Callable[[], None],
+        scope: anyio.CancelScope,
     ) -> Outcome:
         """``message`` handled as the dispatcher's ``_handle_request`` handles it, with the
-        same exception-to-error rules; its outcome is left to the caller to send."""
+        same exception-to-error rules, within ``scope`` (the client's cancel cancels it, and
+        the caller cancels it when the session ends); its outcome is left to the caller to send."""
         dispatcher = self.dispatcher
         try:
             transport = dispatcher._transport_builder(metadata)  # pyright: ignore[reportPrivateUsage]
@@ -111,24 +127,24 @@ class Route:
             _progress_token=progress_token_from_params(message.params),
             opening=opening,
         )
-        scope = anyio.CancelScope()
         key = coerce_request_id(message.id)
         in_flight = dispatcher._in_flight  # pyright: ignore[reportPrivateUsage]
         in_flight[key] = _InFlight(scope=scope, dctx=dctx)
-        outcome: Outcome = None
+        outcome: Outcome = Unanswered.ENDED
         with scope:
             try:
                 outcome = await self.on_request(dctx, message.method, message.params)
             except Exception as exc:
-                outcome = handler_exception_to_error_data(exc)
-                if outcome is None:
+                error = handler_exception_to_error_data(exc)
+                if error is None:
                     logger.exception("handler for %r raised", message.method)
-                    outcome = ErrorData(code=0, message=str(exc))  # the dispatcher's own catch-all
+                    error = ErrorData(code=0, message=str(exc))  # the dispatcher's own catch-all
+                outcome = error
             finally:
                 dctx.close()
                 if (entry := in_flight.get(key)) is not None and entry.dctx is dctx:
                     del in_flight[key]
-        return None if dctx.cancel_requested.is_set() else outcome
+        return Unanswered.CANCELLED if dctx.cancel_requested.is_set() else outcome
 
     async def write(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> None:
         """``outcome`` written as the dispatcher writes an answer (to the session's stream)."""
@@ -165,19 +181,23 @@ class Committing:
     """The SSE stream of a POST whose request is served in the POST's task, committed once:
     before the call's first message to the client, after the keepalive interval of silence,
     or to carry an answer the SDK sends on a stream. The transport's router then feeds it
-    through ``request_streams`` as it feeds any request's stream."""
+    through ``request_streams`` as it feeds any request's stream.
+
+    Its writer runs in ``host``, a task group as long-lived as the session manager, not in
+    one of the POST's own: a task group per call cost a checkpoint per call, for the few
+    calls that stream. The POST waits for it (``finished``) before it returns."""
 
     def __init__(
         self,
-        tg: TaskGroup,
+        host: TaskGroup,
         request_id: str,
         request_streams: dict[Any, Any],
         writers: dict[Any, Any],
         start: StartStream,
     ) -> None:
         """``request_streams``, ``writers``: the transport's maps of request streams and of
-        their SSE writers; ``start``: writes the stream, in a task of ``tg``."""
-        self._tg = tg
+        their SSE writers; ``start``: writes the stream, in a task of ``host``."""
+        self._host = host
         self._request_id = request_id
         self._request_streams = request_streams
         self._writers = writers
@@ -186,6 +206,8 @@ class Committing:
         self._context = contextvars.copy_context()
         """The POST's: the stream's task runs in it, whichever task commits it."""
         self._streams: object = None
+        self._written: anyio.Event | None = None
+        self._writing: anyio.CancelScope | None = None
 
     def idle(self) -> None:
         self.commit("idle")
@@ -198,7 +220,32 @@ class Committing:
         http_answers.add(1, {"form": form})
         streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         self._request_streams[self._request_id] = self._streams = streams
-        self._context.run(self._tg.start_soon, self._start, streams[1], form)
+        self._written, self._writing = anyio.Event(), anyio.CancelScope()
+        self._context.run(self._host.start_soon, self._write, streams[1], form)
+
+    async def _write(self, events: MemoryObjectReceiveStream[EventMessage], form: str) -> None:
+        assert self._written is not None  # set with the task
+        assert self._writing is not None
+        try:
+            with self._writing:
+                await self._start(events, form)
+        except Exception:  # the host is the session manager's: one stream's failure stays its own
+            logger.exception("the stream of request %s failed", self._request_id)
+        finally:
+            self._written.set()
+
+    async def finished(self) -> None:
+        """Wait until the stream (if committed) is written; stop its writer if this task is
+        cancelled meanwhile (the ASGI app must not return while it writes)."""
+        if self._written is None or self._writing is None:
+            return
+        try:
+            await self._written.wait()
+        finally:
+            if not self._written.is_set():
+                self._writing.cancel()
+                with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
+                    await self._written.wait()
 
     def end(self) -> None:
         """End the stream with nothing more on it."""
