@@ -27,10 +27,9 @@ import logging
 from collections.abc import Callable
 from functools import partial
 from http import HTTPStatus
-from typing import Any, cast
+from typing import cast
 
 import anyio
-import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
@@ -51,9 +50,7 @@ from mcp.shared.message import ServerMessageMetadata
 from mcp_types import (
     DEFAULT_NEGOTIATED_VERSION,
     INTERNAL_ERROR,
-    ErrorData,
     JSONRPCError,
-    JSONRPCMessage,
     JSONRPCRequest,
     JSONRPCResponse,
     RequestId,
@@ -62,10 +59,9 @@ from mcp_types import (
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.lane import Committing, Outcome, Route, Unanswered, json_body, route_of
+from agent_gateway.compat.lane import Committing, Outcome, Route, Unanswered, encoded, json_body, route_of
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.telemetry import http_answers
 
@@ -83,10 +79,8 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
     """The SDK's handshake-era server transport, answering a silent call with JSON."""
 
     manager: DeferredSessionManager
-    """The session manager that made it: its task group writes the streams the lane commits."""
-    routes: Callable[[str], Route | None]
-    """Where a session's requests are served in their POST's task (None: the SDK's loop)."""
-    keepalive: Keepalive
+    """The session manager that made it: where its requests are served (``routes``), the
+    keepalive that watches them, the task group that writes the streams the lane commits."""
     _served: set[anyio.CancelScope]
     """The calls served in their POSTs' tasks, cancelled when the session ends."""
 
@@ -126,7 +120,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
 
     async def _answer(self, message: JSONRPCRequest, request: Request, send: Send) -> None:
         session_id = self.mcp_session_id
-        route = self.routes(session_id) if session_id is not None and not self._terminated else None
+        route = self.manager.routes(session_id) if session_id is not None and not self._terminated else None
         if route is not None:
             await self._served_here(route, message, request, send)
             return
@@ -141,15 +135,14 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         if first is not None and _plain_answer(first):
             http_answers.add(1, {"form": "json"})
             await self._clean_up_memory_streams(request_id)
-            await self._json_answer(first.message)(request.scope, request.receive, send)
+            await self._send_json(encoded(first.message), send)
             return
         # Commit the stream: with the first message, or (silent so far) a keepalive at once.
         # A session that ended meanwhile gets an empty stream, as the SDK's would end: the
         # client reads "connection closed", not an HTTP error.
         form = "stream" if first is not None else "ended" if ended else "idle"
         http_answers.add(1, {"form": form})
-        lead = _KEEPALIVE if form == "idle" else None
-        await self._stream(request_id, request, send, _Prepended(first, streams[1]), lead)
+        await self._committed(request_id, request, send, _Prepended(first, streams[1]), form)
 
     async def _served_here(self, route: Route, message: JSONRPCRequest, request: Request, send: Send) -> None:
         """``message`` handled in this task (``compat/lane.py``). Its answer is JSON, unless
@@ -166,7 +159,7 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         scope = anyio.CancelScope()  # the client's cancel cancels it, and the session's end
         self._served.add(scope)
         try:
-            quiet = self.keepalive.watch(stream.idle)
+            quiet = self.manager.keepalive.watch(stream.idle)
             try:
                 outcome = await route.serve(message, metadata, stream.commit, scope)
             finally:
@@ -205,11 +198,10 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
             await route.write(request_id, outcome)
         else:
             http_answers.add(1, {"form": "json"})
-            await self._raw_json(request_id, outcome, send)
+            await self._send_json(json_body(request_id, outcome), send)
 
-    async def _raw_json(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData, send: Send) -> None:
-        """The answer as ``_json_answer`` writes it, from the result's dict as the handler made it."""
-        body = json_body(request_id, outcome)
+    async def _send_json(self, body: bytes, send: Send) -> None:
+        """``body``, one JSON-RPC answer, as the SDK's ``_create_json_response`` sends it."""
         headers = [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"content-length", b"%d" % len(body))]
         if self.mcp_session_id:
             headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
@@ -217,9 +209,9 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
         await send({"type": "http.response.body", "body": body})
 
     async def _committed(
-        self, request_id: str, request: Request, send: Send, events: EventReader, form: str
+        self, request_id: str, request: Request, send: Send, events: _Prepended | EventReader, form: str
     ) -> None:
-        """A stream ``Committing`` started: after a keepalive if committed for silence."""
+        """A committed stream written: after a keepalive if committed for silence."""
         await self._stream(request_id, request, send, events, _KEEPALIVE if form == "idle" else None)
 
     def end_served(self) -> None:
@@ -230,14 +222,6 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
     async def terminate(self) -> None:
         self.end_served()
         await super().terminate()
-
-    def _json_answer(self, message: JSONRPCMessage) -> Response:
-        """``message`` as the SDK's ``_create_json_response`` writes it, serialised straight to
-        bytes by msgspec: the SDK's JSON text and then its encoding hold a large answer twice
-        more (an 80 MB answer: +160 MB at the peak, against +80)."""
-        body = message.model_dump(mode="json", by_alias=True, exclude_unset=True)
-        headers = {MCP_SESSION_ID_HEADER: self.mcp_session_id} if self.mcp_session_id else None
-        return Response(msgspec.json.encode(body), headers=headers, media_type=CONTENT_TYPE_JSON)
 
     async def _stream(
         self,
@@ -346,8 +330,6 @@ def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSession
     transport.__class__ = DeferredStreamTransport
     deferred = cast(DeferredStreamTransport, transport)
     deferred.manager = manager
-    deferred.routes = manager.routes
-    deferred.keepalive = manager.keepalive
     deferred._served = set()
 
 
