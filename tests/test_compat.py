@@ -36,15 +36,16 @@ from mcp.server.lowlevel import Server
 from mcp.server.runner import ServerRunner, serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
 
 from agent_gateway import compat
+from agent_gateway.compat import exchange, lane
 from agent_gateway.compat import fastmcp as fastmcp_compat
 from agent_gateway.compat import httpx2 as httpx2_compat
-from agent_gateway.compat import lane
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
@@ -163,6 +164,63 @@ def test_the_lane_registers_a_request_in_flight_as_the_dispatcher_does() -> None
     assert "self._in_flight.get(coerce_request_id(rid))" in cancelled, (
         "a client's cancel finds calls elsewhere"
     )
+
+
+def test_the_sdk_modern_entry_has_each_private_member_the_exchange_uses() -> None:
+    sdk = exchange.sdk
+    assert parameters(sdk.handle_modern_request) == [
+        "app",
+        "security_settings",
+        "json_response",
+        "lifespan_state",
+        "scope",
+        "receive",
+        "send",
+    ], "mcp: handle_modern_request changed: compat/exchange.py hands it what it does not serve"
+    rejection = sdk._mcp_param_rejection  # pyright: ignore[reportPrivateUsage]
+    assert parameters(rejection) == ["app", "request", "req", "verdict", "lifespan_state"]
+    assert isinstance(exchange.PING_INTERVAL, float)
+    assert (b"content-type", b"text/event-stream") in exchange._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
+    ping = types.JSONRPCNotification(jsonrpc="2.0", method="notifications/progress", params={"progress": 1})
+    assert sdk._sse_event(ping).startswith(b"event: message\r\ndata: {")  # pyright: ignore[reportPrivateUsage]
+    context = sdk._SingleExchangeDispatchContext  # pyright: ignore[reportPrivateUsage]
+    assert [f.name for f in dataclasses.fields(context)] == [
+        "transport",
+        "request_id",
+        "message_metadata",
+        "progress_token",
+        "sink",
+        "cancel_requested",
+        "can_send_request",
+    ], "mcp: the modern entry's dispatch context changed (compat/exchange.ExchangeContext)"
+    # The entry's own order of checks, which ModernLane._admitted repeats.
+    entry = inspect.getsource(sdk.handle_modern_request)
+    order = [
+        "security.validate_request",
+        "check_accept_headers",
+        "json.loads",
+        "_is_notification_shaped",
+        "JSONRPCRequest.model_validate",
+        '"subscriptions/listen"',
+        "find_duplicated_routing_header",
+        "classify_inbound_request",
+        "_mcp_param_rejection",
+        "Connection.from_envelope",
+        "serve_one",
+    ]
+    assert [entry.find(step) for step in order] == sorted(entry.find(step) for step in order)
+    assert -1 not in [entry.find(step) for step in order], "a check of the modern entry is gone"
+
+
+def test_the_session_manager_routes_by_era_through_the_app_it_was_made_with() -> None:
+    init = inspect.getsource(StreamableHTTPSessionManager.__init__)
+    assert "self.asgi_app = RequestBodyLimitMiddleware(self._handle_request, max_request_body_size)" in init
+    assert assigned_in_init(StreamableHTTPSessionManager, "max_request_body_size")
+    route = inspect.getsource(StreamableHTTPSessionManager._handle_request)  # pyright: ignore[reportPrivateUsage]
+    assert "pv not in HANDSHAKE_PROTOCOL_VERSIONS" in route
+    assert "await handle_modern_request(" in route
+    handle = inspect.getsource(StreamableHTTPSessionManager.handle_request)
+    assert "await self.asgi_app(scope, receive, send)" in handle
 
 
 def test_the_client_session_keeps_the_output_schemas_its_result_check_reads() -> None:

@@ -147,10 +147,10 @@ def _deferring(
         async with lifespan(app), anyio.create_task_group() as tg:
             # FastMCP makes the manager as the app starts, before any request is served.
             manager = endpoint.session_manager
-            keepalive = defer_responses(manager, gateway.sessions.connection)
-            if keepalive is not None:
+            keepalives = defer_responses(manager, gateway.sessions.connection)
+            for keepalive in keepalives:
                 tg.start_soon(keepalive.run)
-            if keepalive is not None and (shared := gateway.shared) is not None:
+            if keepalives and (shared := gateway.shared) is not None:
                 adopting = adopt_sessions(
                     manager,
                     shared.sessions,

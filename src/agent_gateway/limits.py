@@ -123,12 +123,12 @@ class Admission:
             return
         with admitting(client):
             if session is not None:
-                await self.app(scope, _replay(body, receive), send)
+                await self.app(scope, replay(body, receive), send)
                 return
             client.opening += 1
             opened = _Opened(send)
             try:
-                await self.app(scope, _replay(body, receive), opened.send)
+                await self.app(scope, replay(body, receive), opened.send)
             finally:
                 client.opening -= 1
                 if verdict is not None and verdict.reservation is not None:
@@ -261,7 +261,7 @@ _GONE = b"\x00gone"
 """A sentinel for a body cut short by a disconnect (compared by identity)."""
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay(body: bytes, receive: Receive) -> Receive:
     delivered = False
 
     async def replayed() -> Message:

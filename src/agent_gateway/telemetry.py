@@ -101,9 +101,9 @@ health_failures = meter.create_counter(
 )
 http_answers = meter.create_counter(
     "agent_gateway.http.answers",
-    description="Handshake-era HTTP calls by how they were answered: json (one body), stream (the "
-    "call sent something first), idle (silent past the keepalive interval) or ended (the session "
-    "ended first).",
+    description="HTTP calls answered in their POST's task, by how: json (one body), stream (the "
+    "call sent something first), idle (silent past the keepalive interval), ended (the session "
+    "ended first) or abandoned (the client hung up first); mcp.era=modern for modern-era calls.",
 )
 sessions_active = meter.create_up_down_counter(
     "agent_gateway.sessions.active", description="Downstream MCP sessions open now."

@@ -45,6 +45,7 @@ from mcp.server.streamable_http import (
     StreamableHTTPServerTransport,
     check_accept_headers,
 )
+from mcp.server.transport_security import RequestBodyLimitMiddleware
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp.shared.message import ServerMessageMetadata
 from mcp_types import (
@@ -56,11 +57,14 @@ from mcp_types import (
     RequestId,
     jsonrpc_message_adapter,
 )
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from agent_gateway.compat import exchange
+from agent_gateway.compat.exchange import ModernLane
 from agent_gateway.compat.lane import Committing, Outcome, Route, Unanswered, encoded, json_body, route_of
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.telemetry import http_answers
@@ -70,6 +74,7 @@ logger = logging.getLogger(__name__)
 PING_INTERVAL = EventSourceResponse.DEFAULT_PING_INTERVAL
 """Seconds a silent call may keep its answer waiting before the stream is committed."""
 
+_VERSION_HEADER = MCP_PROTOCOL_VERSION_HEADER.lower().encode("ascii")
 EventReader = MemoryObjectReceiveStream[EventMessage]
 _KEEPALIVE: SSEEvent = {"comment": "keepalive"}
 """Sent first when a silent call's answer becomes a stream, as the SDK's modern path pings."""
@@ -303,10 +308,21 @@ async def _first_event(reader: EventReader) -> tuple[EventMessage | None, bool]:
 
 
 class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
-    """FastMCP's session manager, with each new session on ``DeferredStreamTransport``."""
+    """FastMCP's session manager, with each new session on ``DeferredStreamTransport`` and
+    each modern-era request served in its POST's task (``compat/exchange.py``)."""
 
     connections: Callable[[str], Connection | None]
     keepalive: Keepalive
+    modern: ModernLane
+
+    async def _by_era(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The SDK's routing by the protocol-version header, with its modern entry replaced."""
+        version = next((v for k, v in scope["headers"] if k == _VERSION_HEADER), None)
+        host = self._task_group
+        if version is None or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS or host is None:
+            await self._handle_request(scope, receive, send)
+            return
+        await self.modern.serve(self._lifespan_state, host, scope, receive, send)
 
     def routes(self, session_id: str) -> Route | None:
         """Where ``session_id``'s requests are served in their POSTs' tasks (None: on the
@@ -333,19 +349,23 @@ def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSession
     deferred._served = set()
 
 
-def defer_responses(manager: object, connections: Callable[[str], Connection | None]) -> Keepalive | None:
+def defer_responses(manager: object, connections: Callable[[str], Connection | None]) -> list[Keepalive]:
     """Make ``manager`` (FastMCP's, once its app has started) answer silent calls with JSON,
-    serving a session's requests in their POSTs' tasks (``connections``: a live session's
-    connection by its id).
+    serving a session's requests, and every modern-era request, in their POSTs' tasks
+    (``connections``: a live session's connection by its id).
 
-    Returns the keepalive the caller runs while requests are served; None, leaving every
-    answer an SSE stream, for a manager of another kind.
+    Returns the keepalives the caller runs while requests are served; none, leaving every
+    answer to the SDK, for a manager of another kind.
     """
     if type(manager) is not FastMCPStreamableHTTPSessionManager:
         logger.warning("session manager %s not recognised: answering every call with SSE", type(manager))
-        return None
+        return []
     manager.__class__ = DeferredSessionManager
     deferred = cast(DeferredSessionManager, manager)
     deferred.connections = connections
     deferred.keepalive = Keepalive(PING_INTERVAL)
-    return deferred.keepalive
+    watching = exchange.watches()
+    deferred.modern = ModernLane(deferred.app, deferred.security_settings, deferred.json_response, watching)
+    # The SDK binds its routing method into the app it serves with as it makes the manager.
+    deferred.asgi_app = RequestBodyLimitMiddleware(deferred._by_era, deferred.max_request_body_size)
+    return [deferred.keepalive, watching]

@@ -6,7 +6,8 @@ waiting until its result, so that the result can go back as one JSON body. After
 SDK's own stream would ping, so a client's read timeout does not cut a long call. A task
 per call to wait out the interval cost as much CPU as the lane saved; here one task waits
 for all of them. Calls start in order, so their deadlines are in order too: a queue, looked
-at once per ``_SLACK`` at most, whatever the call rate.
+at once per ``slack`` at most, whatever the call rate. A modern-era call's watch for its
+client hanging up (``compat/exchange.py``) is started the same way, after a shorter interval.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import anyio
 logger = logging.getLogger(__name__)
 
 _SLACK = 1.0
-"""Seconds by which a silent call's turn may come early: calls due within it are told at once."""
+"""Seconds by which a silent call's turn may come early, by default: calls due within it are
+told at once."""
 
 
 @dataclass(slots=True)
@@ -41,8 +43,9 @@ class Keepalive:
     """Tells each watched call once it has been silent for ``interval`` seconds. Run ``run``
     in a task group for as long as calls are served."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, slack: float = _SLACK) -> None:
         self.interval = interval
+        self._slack = slack
         self._due: deque[Watch] = deque()
         self._arrived: anyio.Event | None = None
         """Set when a call is watched while the queue is empty (made by ``run``)."""
@@ -62,7 +65,7 @@ class Keepalive:
                 self._arrived = anyio.Event()
                 await self._arrived.wait()
             await anyio.sleep(max(0.0, self._due[0].deadline - time.monotonic()))
-            horizon = time.monotonic() + _SLACK
+            horizon = time.monotonic() + self._slack
             while self._due and self._due[0].deadline <= horizon:
                 watch = self._due.popleft()
                 if (on_silence := watch.on_silence) is not None:

@@ -1,0 +1,305 @@
+"""A modern-era request served in the task of the POST that carries it.
+
+The SDK's modern entry (``handle_modern_request``) runs each request's handler in a task
+group of its own, beside a second task that waits for the client to hang up, passes what
+the handler sends through a memory stream, and writes the answer as a pydantic model
+through a Starlette response: two tasks, a task group, a stream and two dumps of the answer
+per call, about a tenth of the gateway's CPU per call (``bench/README.md``).
+
+Here the POST's task runs the same checks (the SDK's own functions, in its order) and the
+same runner (``serve_one``: every middleware, validation and seal applies), and writes the
+answer itself: one JSON body straight from the handler's dict when the call sent nothing
+first, else the SDK's ``text/event-stream`` frames, committed by the call's first message.
+Anything that is not a plain request the checks pass (a notification, a batch, a malformed
+envelope or header, ``subscriptions/listen``) goes to the SDK's entry, which answers it and
+its errors as it always has.
+
+Hanging up is how a modern client cancels, and only a task waiting on ``receive`` sees it.
+A watcher task per call was what made an earlier version of this measure no better than
+the SDK's entry, so a call is watched only once it has run ``WATCH_AFTER``
+(``downstream/keepalive``: one task for all calls starts the watcher): the calls that answer
+sooner, nearly all of them, never start a task, and a hang-up reaches a longer call's
+upstream within ``WATCH_AFTER`` and a little. The watcher also pings a stream silent for
+``PING_INTERVAL``, committing it first, as the SDK's entry does.
+
+It lives in ``compat/`` because it calls the SDK's private entry and helpers
+(``_mcp_param_rejection``, ``_sse_event``, ``_SSE_HEADERS``, ``_SSE_PING_INTERVAL``,
+``_SingleExchangeDispatchContext``); ``tests/test_compat.py`` checks each.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from mcp.server import _streamable_http_modern as sdk  # pyright: ignore[reportPrivateUsage]
+from mcp.server.connection import Connection
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import modern_error_data, serve_one
+from mcp.server.streamable_http import check_accept_headers
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    InboundModernRoute,
+    classify_inbound_request,
+    find_duplicated_routing_header,
+)
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
+from mcp.shared.message import ServerMessageMetadata
+from mcp.shared.transport_context import TransportContext
+from mcp_types import ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse, RequestId
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from agent_gateway.compat.lane import json_body
+from agent_gateway.downstream.keepalive import Keepalive
+from agent_gateway.limits import replay
+from agent_gateway.telemetry import http_answers
+
+logger = logging.getLogger(__name__)
+
+PING_INTERVAL: float = sdk._SSE_PING_INTERVAL  # pyright: ignore[reportPrivateUsage]
+"""Seconds of silence before a call's answer becomes a stream, and between its pings."""
+WATCH_AFTER = 0.25
+"""Seconds a call runs before its POST is watched for the client hanging up."""
+_SSE_HEADERS: list[tuple[bytes, bytes]] = sdk._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
+_PING = b": ping\r\n\r\n"
+_STOP_TIMEOUT = 5.0
+"""How long a finished call waits for its watcher to stop."""
+
+
+def watches() -> Keepalive:
+    """The queue that starts each long call's watcher (run it while requests are served)."""
+    return Keepalive(WATCH_AFTER, slack=WATCH_AFTER / 2)
+
+
+class ModernLane:
+    """A session manager's modern-era requests, served as the SDK's entry serves them."""
+
+    def __init__(
+        self,
+        server: Server[Any],
+        settings: TransportSecuritySettings | None,
+        json_response: bool,
+        watching: Keepalive,
+    ) -> None:
+        self._server = server
+        self._settings = settings
+        self._security = TransportSecurityMiddleware(settings)
+        self._json_response = json_response
+        self._watching = watching
+
+    async def serve(
+        self, lifespan_state: Any, host: TaskGroup, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Answer one POST; ``host``: a task group as long-lived as the session manager,
+        where a long call's watcher runs."""
+        request = Request(scope, receive)
+        body = await request.body() if scope["method"] == "POST" else b""
+        admitted = await self._admitted(request, body, lifespan_state)
+        if admitted is None:  # the SDK's entry answers it, its errors included
+            await sdk.handle_modern_request(
+                self._server,
+                self._settings,
+                self._json_response,
+                lifespan_state,
+                scope,
+                replay(body, receive),
+                send,
+            )
+            return
+        message, route = admitted
+        exchange = Exchange(host, receive, send, streams=not self._json_response)
+        context = ExchangeContext(
+            transport=TransportContext(
+                kind="streamable-http", can_send_request=False, headers=request.headers
+            ),
+            request_id=message.id,
+            message_metadata=ServerMessageMetadata(request_context=request),
+            progress_token=progress_token_from_params(message.params),
+            exchange=exchange,
+        )
+        connection = Connection.from_envelope(
+            route.protocol_version, route.client_info, route.client_capabilities
+        )
+        work = serve_one(
+            self._server,
+            context,
+            message.method,
+            message.params,
+            connection=connection,
+            lifespan_state=lifespan_state,
+        )
+        await exchange.answer(message.id, work, self._watching)
+
+    async def _admitted(
+        self, request: Request, body: bytes, lifespan_state: Any
+    ) -> tuple[JSONRPCRequest, InboundModernRoute] | None:
+        """The request in ``body`` and its route when every check of the SDK's entry passes,
+        in its order; None for anything its entry answers otherwise."""
+        if (
+            request.method != "POST"
+            or await self._security.validate_request(request, is_post=True) is not None
+        ):
+            return None
+        has_json, has_sse = check_accept_headers(request)
+        if not has_json or not (self._json_response or has_sse):
+            return None
+        try:
+            decoded = json.loads(body)
+            message = JSONRPCRequest.model_validate(decoded) if "id" in decoded else None
+        except (ValueError, RecursionError, TypeError, ValidationError):
+            return None
+        if message is None or message.method == "subscriptions/listen":
+            return None
+        if find_duplicated_routing_header(request.headers.items()) is not None:
+            return None
+        route = classify_inbound_request(decoded, headers=dict(request.headers))
+        if not isinstance(route, InboundModernRoute):
+            return None
+        rejection = await sdk._mcp_param_rejection(self._server, request, message, route, lifespan_state)  # pyright: ignore[reportPrivateUsage]
+        return (message, route) if rejection is None else None
+
+
+class Exchange:
+    """One modern POST's answer, written by the task serving it: one JSON body, or a
+    stream committed by the call's first message or by ``PING_INTERVAL`` of silence."""
+
+    def __init__(self, host: TaskGroup, receive: Receive, send: Send, *, streams: bool) -> None:
+        """``streams``: whether the answer may be a stream (not in JSON-response mode, where
+        the call's messages are dropped, as the SDK drops them)."""
+        self._host = host
+        self._receive = receive
+        self._send = send
+        self.streams = streams
+        self.call = anyio.CancelScope()
+        """The call's scope, cancelled when the client hangs up."""
+        self.streaming = False
+        self.hung_up = False
+        self._done = False
+        self._written_at = time.monotonic()
+        self._lock: anyio.Lock | None = None
+        self._watched: anyio.Event | None = None
+        self._watcher: anyio.CancelScope | None = None
+
+    async def answer(
+        self, request_id: RequestId, work: Awaitable[dict[str, Any]], watching: Keepalive
+    ) -> None:
+        """Run ``work`` (the call) and write its outcome; nothing when the client hung up."""
+        watch = watching.watch(self.watch)
+        outcome: dict[str, Any] | ErrorData | None = None
+        try:
+            with self.call:
+                try:
+                    outcome = await work
+                except Exception as exc:  # the SDK's boundary: nothing internal reaches the wire
+                    outcome = modern_error_data(exc)
+        finally:
+            self._done = True
+            watch.end()
+            await self._unwatched()
+        if outcome is not None and not self.hung_up:
+            await self._reply(request_id, outcome)
+
+    def watch(self) -> None:
+        """Start waiting for the client to hang up (the call has run ``WATCH_AFTER``)."""
+        if self._done:
+            return
+        self._watched, self._watcher = anyio.Event(), anyio.CancelScope()
+        self._host.start_soon(self._watch)
+
+    async def notify(self, event: bytes) -> None:
+        """Send the client one of the call's messages (committing the stream first)."""
+        if self.streams and not self._done:
+            await self._stream(event, "stream")
+
+    async def _watch(self) -> None:
+        assert self._watched is not None  # set with the task
+        assert self._watcher is not None
+        try:
+            with self._watcher:
+                while True:
+                    with anyio.move_on_after(self._quiet_for()):
+                        while (await self._receive())["type"] != "http.disconnect":
+                            pass
+                        logger.debug("the client hung up: its call is cancelled")
+                        http_answers.add(1, {"form": "abandoned", "mcp.era": "modern"})
+                        self.hung_up = True
+                        self.call.cancel()
+                        return
+                    await self._stream(_PING, "idle")
+        except Exception:  # the host is the session manager's: one call's failure stays its own
+            logger.exception("watching a modern-era call failed")
+        finally:
+            self._watched.set()
+
+    def _quiet_for(self) -> float:
+        """Seconds until a silent stream's next ping is due (never, when it cannot stream)."""
+        if not self.streams:
+            return math.inf
+        return max(0.0, self._written_at + PING_INTERVAL - time.monotonic())
+
+    async def _unwatched(self) -> None:
+        """Stop the watcher, if it started, and wait (bounded, shielded) until it has."""
+        if self._watcher is None or self._watched is None:
+            return
+        self._watcher.cancel()
+        with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
+            await self._watched.wait()
+
+    async def _stream(self, event: bytes, form: str) -> None:
+        if self._lock is None:
+            self._lock = anyio.Lock()
+        async with self._lock:
+            if not self.streaming:
+                self.streaming = True
+                http_answers.add(1, {"form": form, "mcp.era": "modern"})
+                await self._send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await self._send({"type": "http.response.body", "body": event, "more_body": True})
+            self._written_at = time.monotonic()
+
+    async def _reply(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> None:
+        """The answer, as the SDK's entry writes it (its status for an error), encoded once."""
+        if self.streaming:
+            last = sdk._sse_event(_message(request_id, outcome))  # pyright: ignore[reportPrivateUsage]
+            await self._send({"type": "http.response.body", "body": last, "more_body": False})
+            return
+        status = ERROR_CODE_HTTP_STATUS.get(outcome.code, 200) if isinstance(outcome, ErrorData) else 200
+        body = json_body(request_id, outcome)
+        http_answers.add(1, {"form": "json", "mcp.era": "modern"})
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+
+def _message(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> JSONRPCResponse | JSONRPCError:
+    if isinstance(outcome, ErrorData):
+        return JSONRPCError(jsonrpc="2.0", id=request_id, error=outcome)
+    return JSONRPCResponse(jsonrpc="2.0", id=request_id, result=outcome)
+
+
+@dataclass
+class ExchangeContext(sdk._SingleExchangeDispatchContext):  # pyright: ignore[reportPrivateUsage]
+    """The SDK's per-request context of its modern entry, sending the call's messages
+    through its ``Exchange`` (the SDK's is a memory stream to its second task)."""
+
+    exchange: Exchange | None = field(default=None, kw_only=True)
+
+    async def notify(
+        self, method: str, params: Mapping[str, Any] | None, opts: CallOptions | None = None
+    ) -> None:
+        if self.exchange is None:
+            return
+        notification = JSONRPCNotification(
+            jsonrpc="2.0", method=method, params=dict(params) if params is not None else None
+        )
+        await self.exchange.notify(sdk._sse_event(notification))  # pyright: ignore[reportPrivateUsage]

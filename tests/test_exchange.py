@@ -1,0 +1,138 @@
+"""How the gateway answers a modern-era POST (``compat/exchange.py``): in the POST's task,
+one JSON body for a call that sends nothing first, else the SDK's stream; anything else the
+SDK's own entry answers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import mcp_types as types
+import pytest
+from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
+
+from agent_gateway.compat import exchange
+from tests.support import RunningGateway, gateway_process, running_gateway, serving_upstream
+from tests.test_responses import BOUND, events, upstream
+
+MODERN = "2026-07-28"
+HEADERS = {
+    "accept": "application/json, text/event-stream",
+    "content-type": "application/json",
+    "mcp-protocol-version": MODERN,
+}
+ENVELOPE = {
+    types.PROTOCOL_VERSION_META_KEY: MODERN,
+    types.CLIENT_CAPABILITIES_META_KEY: {},
+    types.CLIENT_INFO_META_KEY: {"name": "raw", "version": "1"},
+}
+
+
+@asynccontextmanager
+async def gateway() -> AsyncIterator[tuple[httpx.AsyncClient, RunningGateway]]:
+    async with (
+        serving_upstream(upstream()) as url,
+        running_gateway({"upstreams": {"up": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        yield http, gw
+
+
+async def post(
+    http: httpx.AsyncClient, gw: RunningGateway | str, method: str, params: dict[str, Any], **meta: Any
+) -> httpx.Response:
+    params = params | {"_meta": ENVELOPE | meta}
+    headers = HEADERS | {"mcp-method": method}
+    if "name" in params:
+        headers["mcp-name"] = params["name"]
+    message = {"jsonrpc": "2.0", "id": 7, "method": method, "params": params}
+    return await http.post(gw if isinstance(gw, str) else gw.url, json=message, headers=headers)
+
+
+def media_type(response: httpx.Response) -> str:
+    return response.headers.get("content-type", "").split(";")[0]
+
+
+async def test_a_call_that_sends_nothing_first_is_answered_with_one_json_body() -> None:
+    async with gateway() as (http, gw):
+        response = await post(http, gw, "tools/call", {"name": "up__echo", "arguments": {"text": "hi"}})
+    assert (response.status_code, media_type(response)) == (200, "application/json")
+    assert response.headers["content-length"] == str(len(response.content))
+    answer = response.json()
+    assert answer["id"] == 7
+    assert answer["result"]["content"][0]["text"] == "hi"
+
+
+async def test_an_error_is_a_json_body_with_the_sdks_status_for_its_code() -> None:
+    async with gateway() as (http, gw):
+        # Past every check of the entry, refused by the runner: the SDK's status for the code.
+        response = await post(http, gw, "tools/call", {"arguments": {}})
+    answer = response.json()
+    assert answer["error"]["code"] == types.INVALID_PARAMS
+    assert response.status_code == ERROR_CODE_HTTP_STATUS[types.INVALID_PARAMS] == 400
+    assert media_type(response) == "application/json"
+
+
+async def test_progress_before_the_result_commits_a_stream_with_everything_in_order() -> None:
+    async with gateway() as (http, gw):
+        call = {"name": "up__steps", "arguments": {"count": 2}}
+        response = await post(http, gw, "tools/call", call, progressToken="p1")
+    assert media_type(response) == "text/event-stream"
+    messages = events(response.text)
+    assert [m.get("method", "result") for m in messages] == [
+        "notifications/progress",
+        "notifications/progress",
+        "result",
+    ]
+    assert [m["params"]["progress"] for m in messages[:2]] == [1, 2]
+    assert messages[2]["result"]["content"][0]["text"] == "2 steps"
+
+
+async def test_a_call_silent_past_the_ping_interval_is_answered_on_a_pinged_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A proxy's idle-read timeout must not cut a long call: past the interval the answer
+    # becomes a stream and is pinged, as the SDK's own entry does.
+    monkeypatch.setattr(exchange, "PING_INTERVAL", 0.4)
+    async with gateway() as (http, gw):
+        response = await post(http, gw, "tools/call", {"name": "up__slow", "arguments": {"seconds": 1.2}})
+    assert media_type(response) == "text/event-stream"
+    assert response.text.startswith(": ping\r\n\r\n")
+    [result] = events(response.text)
+    assert result["result"]["content"][0]["text"] == "slept"
+
+
+async def test_what_is_not_one_plain_request_is_answered_by_the_sdks_entry() -> None:
+    async with gateway() as (http, gw):
+        notification = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+        acknowledged = await http.post(gw.url, json=notification, headers=HEADERS)
+        batch = await http.post(gw.url, json=[notification], headers=HEADERS)
+        unparsable = await http.post(gw.url, content=b"{", headers=HEADERS)
+        listed = await post(http, gw, "tools/list", {})
+    assert acknowledged.status_code == 202
+    assert (batch.status_code, batch.json()["error"]["code"]) == (400, types.INVALID_REQUEST)
+    assert (unparsable.status_code, unparsable.json()["error"]["code"]) == (400, types.PARSE_ERROR)
+    assert "up__echo" in {tool["name"] for tool in listed.json()["result"]["tools"]}
+
+
+def answers_counted(scraped: str, form: str) -> float:
+    """How many modern-era answers of ``form`` the gateway's metric counted."""
+    family = "agent_gateway_http_answers_total{"
+    lines = [line for line in scraped.splitlines() if line.startswith(family) and 'mcp_era="modern"' in line]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if f'form="{form}"' in line)
+
+
+async def test_each_answer_is_counted_by_its_form(tmp_path: Path) -> None:
+    async with (
+        serving_upstream(upstream()) as url,
+        gateway_process({"upstreams": {"up": {"url": url}}}, tmp_path) as base,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        await post(http, f"{base}/mcp", "tools/call", {"name": "up__echo", "arguments": {"text": "hi"}})
+        steps = {"name": "up__steps", "arguments": {"count": 1}}
+        await post(http, f"{base}/mcp", "tools/call", steps, progressToken="p")
+        scraped = (await http.get(f"{base}/metrics")).text
+    assert (answers_counted(scraped, "json"), answers_counted(scraped, "stream")) == (1, 1)
