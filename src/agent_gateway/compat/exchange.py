@@ -19,8 +19,10 @@ A watcher task per call was what made an earlier version of this measure no bett
 the SDK's entry, so a call is watched only once it has run ``WATCH_AFTER``
 (``downstream/keepalive``: one task for all calls starts the watcher): the calls that answer
 sooner, nearly all of them, never start a task, and a hang-up reaches a longer call's
-upstream within ``WATCH_AFTER`` and a little. The watcher also pings a stream silent for
-``PING_INTERVAL``, committing it first, as the SDK's entry does.
+upstream within ``WATCH_AFTER`` and a little (a call that ends sooner runs to its end, its
+answer written to nobody). The watcher also pings a stream silent for ``PING_INTERVAL``,
+committing it first, as the SDK's entry does. In JSON-response mode (no stream, no pings)
+a hang-up cancels a long call too, where the SDK's entry would run it to its end.
 
 It lives in ``compat/`` because it calls the SDK's private entry and helpers
 (``_mcp_param_rejection``, ``_sse_event``, ``_SSE_HEADERS``, ``_SSE_PING_INTERVAL``,
@@ -214,19 +216,23 @@ class Exchange:
         """Start waiting for the client to hang up (the call has run ``WATCH_AFTER``)."""
         if self._done:
             return
-        self._watched, self._watcher = anyio.Event(), anyio.CancelScope()
-        self._host.start_soon(self._watch)
+        watched, watcher = anyio.Event(), anyio.CancelScope()
+        try:
+            self._host.start_soon(self._watch, watched, watcher)
+        except RuntimeError:  # the host has ended: the server is stopping, and so is the call
+            self.call.cancel()
+            return
+        self._watched, self._watcher = watched, watcher
 
     async def notify(self, event: bytes) -> None:
-        """Send the client one of the call's messages (committing the stream first)."""
-        if self.streams and not self._done:
+        """Send the client one of the call's messages (committing the stream first); dropped
+        once the call has ended (a relay's task may still be sending one)."""
+        if self.streams:
             await self._stream(event, "stream")
 
-    async def _watch(self) -> None:
-        assert self._watched is not None  # set with the task
-        assert self._watcher is not None
+    async def _watch(self, watched: anyio.Event, watcher: anyio.CancelScope) -> None:
         try:
-            with self._watcher:
+            with watcher:
                 while True:
                     with anyio.move_on_after(self._quiet_for()):
                         while (await self._receive())["type"] != "http.disconnect":
@@ -236,11 +242,14 @@ class Exchange:
                         self.hung_up = True
                         self.call.cancel()
                         return
-                    await self._stream(_PING, "idle")
+                    if self._quiet_for() == 0:  # not when the call sent something meanwhile
+                        await self._stream(_PING, "idle")
         except Exception:  # the host is the session manager's: one call's failure stays its own
             logger.exception("watching a modern-era call failed")
         finally:
-            self._watched.set()
+            watched.set()
+            if not watcher.cancel_called:  # stopped by its host: the server is stopping
+                self.call.cancel()
 
     def _quiet_for(self) -> float:
         """Seconds until a silent stream's next ping is due (never, when it cannot stream)."""
@@ -257,17 +266,29 @@ class Exchange:
             await self._watched.wait()
 
     async def _stream(self, event: bytes, form: str) -> None:
+        """``event`` on the stream, committed first; one writer at a time, none after the
+        call has ended (its answer is written then, under the same lock)."""
         if self._lock is None:
             self._lock = anyio.Lock()
         async with self._lock:
+            if self._done:
+                return
             if not self.streaming:
-                self.streaming = True
                 http_answers.add(1, {"form": form, "mcp.era": "modern"})
                 await self._send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+                self.streaming = True
             await self._send({"type": "http.response.body", "body": event, "more_body": True})
             self._written_at = time.monotonic()
 
     async def _reply(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> None:
+        """The answer, after whatever is being streamed (``_done`` is set: nothing follows it)."""
+        if self._lock is None:  # nothing was ever streamed, nor is being
+            await self._write(request_id, outcome)
+            return
+        async with self._lock:
+            await self._write(request_id, outcome)
+
+    async def _write(self, request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> None:
         """The answer, as the SDK's entry writes it (its status for an error), encoded once."""
         if self.streaming:
             last = sdk._sse_event(_message(request_id, outcome))  # pyright: ignore[reportPrivateUsage]
