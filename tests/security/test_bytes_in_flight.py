@@ -149,8 +149,9 @@ def resource_text(result: types.ReadResourceResult) -> str:
 
 
 async def test_a_result_whose_client_hung_up_is_not_held() -> None:
-    # The client leaves while its call still runs: the exchange ends first, and the result
-    # that comes after has nobody to be written to, so nothing may go on holding it.
+    # The client leaves while its call still runs, and the result comes back with nobody to
+    # write it to: whether the exchange ended first (it is not held) or ends after it (a call
+    # served in its POST's task: it is given back then), nothing may go on holding it.
     finished = anyio.Event()
     async with (
         serving_upstream(big_server(finished)) as url,
@@ -167,8 +168,6 @@ async def test_a_result_whose_client_hung_up_is_not_held() -> None:
         with anyio.fail_after(WAIT):
             await finished.wait()
         await until(lambda: any(c.name == "big__late" for c in gw.gateway.activity.calls))
-        # The exchange may end just after the result came (its stream noticing the hang-up
-        # late, on a busy machine): what was held is given back then, or never.
         await until(lambda: IN_FLIGHT.held == 0)
         held = IN_FLIGHT.held
         ping = {
