@@ -147,6 +147,23 @@ async def test_a_client_that_hangs_up_mid_call_leaves_nothing_pending() -> None:
             assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
 
 
+async def test_a_modern_client_that_abandons_a_streaming_call_has_it_cancelled() -> None:
+    # The call has reported progress (its answer is a stream) when the client hangs up.
+    async with gateway_under_fault({"faulty": faulty_stdio(timeout=60)}) as faulted:
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        async with Client(faulted.gw.url, mode=MODERN) as client:
+            with anyio.CancelScope() as scope:
+
+                async def abandon(progress: float, total: float | None, message: str | None) -> None:
+                    scope.cancel()
+
+                await client.call_tool("faulty__hang", {"report": True}, progress_callback=abandon)
+            abandoned = time.monotonic()
+            await wait_until(lambda: guard.in_flight == 0 and faulted.pending == 0)
+            assert time.monotonic() - abandoned < 5  # cancelled, not the 60 s timeout
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+
+
 async def test_a_modern_client_that_abandons_its_request_has_the_call_cancelled_at_once() -> None:
     # Modern era: the mcp client aborts the request's POST, and that is the cancel.
     async with gateway_under_fault({"faulty": faulty_stdio(timeout=60)}) as faulted:

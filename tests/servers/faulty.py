@@ -44,9 +44,12 @@ def pid() -> int:
 
 
 @server.tool
-async def hang(ctx: Context) -> str:
-    """Accept the call and never answer it (the process keeps answering everything else)."""
+async def hang(ctx: Context, report: bool = False) -> str:
+    """Accept the call and never answer it (the process keeps answering everything else);
+    ``report``: report progress first (so a streamed answer has begun)."""
     _hanging.append(ctx.request_id)
+    if report:
+        await ctx.report_progress(0, 1)
     try:
         await anyio.sleep_forever()
     finally:
