@@ -11,6 +11,11 @@ Run from the repository root; other code (a worktree) is measured with its ``src
 
     .venv/bin/python bench/cpu_per_call.py --mode legacy|auto
     PYTHONPATH=/tmp/wt-X/src .venv/bin/python bench/cpu_per_call.py --mode auto
+
+On a shared machine whose speed drifts from one minute to the next, alternating two versions
+is not enough: ``--against /tmp/wt-X/src`` measures that code and this one **at the same
+time** (``--pairs`` times), both slowed alike by sharing the cores, and prints each pair's
+ratio; only the ratio means anything then.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -61,6 +67,38 @@ async def measure(mode: str, calls: int, callers: int, sequential: int) -> str:
     )
 
 
+_ROW = re.compile(r"^\| \S+ \| (?:legacy|auto) \| \d+ \| ([0-9.]+) \| (\d+) \| ([0-9.]+) \|$", re.M)
+
+
+def _result(printed: str, pair: int) -> re.Match[str]:
+    row = _ROW.search(printed)
+    if row is None:
+        raise SystemExit(f"pair {pair}: a run printed no result:\n{printed}")
+    return row
+
+
+def against(base: str, args: argparse.Namespace) -> None:
+    """This code and the code at ``base`` (a ``src`` directory) measured side by side."""
+    own = [sys.executable, __file__, "--mode", args.mode, "--calls", str(args.calls)]
+    own += ["--callers", str(args.callers), "--sequential", str(args.sequential)]
+    print("| pair | code | gateway CPU ms per call | calls/s | sequential p50 ms | CPU after / before |")
+    print("|---:|---|---:|---:|---:|---:|")
+    ratios: list[float] = []
+    for pair in range(1, args.pairs + 1):
+        runs = [
+            subprocess.Popen(own, stdout=subprocess.PIPE, text=True, env=os.environ | extra)
+            for extra in ({"PYTHONPATH": base}, {})
+        ]
+        rows = [_result(run.communicate()[0], pair) for run in runs]
+        before, after = (float(row.group(1)) for row in rows)
+        ratios.append(after / before)
+        for name, row in zip(("before", "after"), rows, strict=True):
+            print(f"| {pair} | {name} | {row.group(1)} | {row.group(2)} | {row.group(3)} |  |")
+        print(f"| {pair} | | | | | **{after / before - 1:+.1%}** |")
+    print(f"\nmean CPU change: {sum(ratios) / len(ratios) - 1:+.1%} over {len(ratios)} pairs")
+    print(f"\ncommand: `.venv/bin/python bench/cpu_per_call.py {shlex.join(sys.argv[1:])}`")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--mode", default="legacy", help="legacy (handshake era, default) or auto (modern)")
@@ -69,7 +107,12 @@ def main() -> None:
     parser.add_argument(
         "--sequential", type=int, default=200, help="sequential calls for the p50 (default 200)"
     )
+    parser.add_argument("--against", help="another src directory, measured at the same time (the baseline)")
+    parser.add_argument("--pairs", type=int, default=3, help="pairs measured with --against (default 3)")
     args = parser.parse_args()
+    if args.against:
+        against(args.against, args)
+        return
     overhead.quiet_logging()
     row = anyio.run(measure, args.mode, args.calls, args.callers, args.sequential)
     print("| code | era | calls | gateway CPU ms per call | calls/s | sequential p50 ms |")
