@@ -35,7 +35,6 @@ from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.connection import Connection
 from mcp.server.streamable_http import (
-    CONTENT_TYPE_JSON,
     CONTENT_TYPE_SSE,
     MCP_SESSION_ID_HEADER,
     REQUEST_CANCELLED,
@@ -65,7 +64,16 @@ from starlette.types import Receive, Scope, Send
 
 from agent_gateway.compat import exchange
 from agent_gateway.compat.exchange import ModernLane
-from agent_gateway.compat.lane import Committing, Outcome, Route, Unanswered, encoded, json_body, route_of
+from agent_gateway.compat.lane import (
+    Committing,
+    Outcome,
+    Route,
+    Unanswered,
+    encoded,
+    json_answer,
+    json_body,
+    route_of,
+)
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.telemetry import http_answers
 
@@ -207,11 +215,10 @@ class DeferredStreamTransport(StreamableHTTPServerTransport):
 
     async def _send_json(self, body: bytes, send: Send) -> None:
         """``body``, one JSON-RPC answer, as the SDK's ``_create_json_response`` sends it."""
-        headers = [(b"content-type", CONTENT_TYPE_JSON.encode()), (b"content-length", b"%d" % len(body))]
-        if self.mcp_session_id:
-            headers.append((MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        session = (
+            [(MCP_SESSION_ID_HEADER.encode(), self.mcp_session_id.encode())] if self.mcp_session_id else []
+        )
+        await json_answer(send, body, headers=session)
 
     async def _committed(
         self, request_id: str, request: Request, send: Send, events: _Prepended | EventReader, form: str

@@ -62,7 +62,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
-from agent_gateway.compat.lane import json_body
+from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.limits import replay
 from agent_gateway.telemetry import http_answers
@@ -75,8 +75,6 @@ WATCH_AFTER = 0.25
 """Seconds a call runs before its POST is watched for the client hanging up."""
 _SSE_HEADERS: list[tuple[bytes, bytes]] = sdk._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
 _PING = b": ping\r\n\r\n"
-_STOP_TIMEOUT = 5.0
-"""How long a finished call waits for its watcher to stop."""
 
 
 def watches() -> Keepalive:
@@ -190,8 +188,7 @@ class Exchange:
         self._done = False
         self._written_at = time.monotonic()
         self._lock: anyio.Lock | None = None
-        self._watched: anyio.Event | None = None
-        self._watcher: anyio.CancelScope | None = None
+        self._watcher: Hosted | None = None
 
     async def answer(
         self, request_id: RequestId, work: Awaitable[dict[str, Any]], watching: Keepalive
@@ -208,7 +205,8 @@ class Exchange:
         finally:
             self._done = True
             watch.end()
-            await self._unwatched()
+            if self._watcher is not None:
+                await self._watcher.stop()
         if outcome is not None and not self.hung_up:
             await self._reply(request_id, outcome)
 
@@ -216,13 +214,10 @@ class Exchange:
         """Start waiting for the client to hang up (the call has run ``WATCH_AFTER``)."""
         if self._done:
             return
-        watched, watcher = anyio.Event(), anyio.CancelScope()
         try:
-            self._host.start_soon(self._watch, watched, watcher)
+            self._watcher = Hosted(self._host, self._watch, "watching a modern-era call")
         except RuntimeError:  # the host has ended: the server is stopping, and so is the call
             self.call.cancel()
-            return
-        self._watched, self._watcher = watched, watcher
 
     async def notify(self, event: bytes) -> None:
         """Send the client one of the call's messages (committing the stream first); dropped
@@ -230,25 +225,21 @@ class Exchange:
         if self.streams:
             await self._stream(event, "stream")
 
-    async def _watch(self, watched: anyio.Event, watcher: anyio.CancelScope) -> None:
+    async def _watch(self) -> None:
         try:
-            with watcher:
-                while True:
-                    with anyio.move_on_after(self._quiet_for()):
-                        while (await self._receive())["type"] != "http.disconnect":
-                            pass
-                        logger.debug("the client hung up: its call is cancelled")
-                        http_answers.add(1, {"form": "abandoned", "mcp.era": "modern"})
-                        self.hung_up = True
-                        self.call.cancel()
-                        return
-                    if self._quiet_for() == 0:  # not when the call sent something meanwhile
-                        await self._stream(_PING, "idle")
-        except Exception:  # the host is the session manager's: one call's failure stays its own
-            logger.exception("watching a modern-era call failed")
+            while True:
+                with anyio.move_on_after(self._quiet_for()):
+                    while (await self._receive())["type"] != "http.disconnect":
+                        pass
+                    logger.debug("the client hung up: its call is cancelled")
+                    http_answers.add(1, {"form": "abandoned", "mcp.era": "modern"})
+                    self.hung_up = True
+                    self.call.cancel()
+                    return
+                if self._quiet_for() == 0:  # not when the call sent something meanwhile
+                    await self._stream(_PING, "idle")
         finally:
-            watched.set()
-            if not watcher.cancel_called:  # stopped by its host: the server is stopping
+            if self._watcher is not None and not self._watcher.stopped:  # its host is ending
                 self.call.cancel()
 
     def _quiet_for(self) -> float:
@@ -256,14 +247,6 @@ class Exchange:
         if not self.streams:
             return math.inf
         return max(0.0, self._written_at + PING_INTERVAL - time.monotonic())
-
-    async def _unwatched(self) -> None:
-        """Stop the watcher, if it started, and wait (bounded, shielded) until it has."""
-        if self._watcher is None or self._watched is None:
-            return
-        self._watcher.cancel()
-        with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
-            await self._watched.wait()
 
     async def _stream(self, event: bytes, form: str) -> None:
         """``event`` on the stream, committed first; one writer at a time, none after the
@@ -295,11 +278,8 @@ class Exchange:
             await self._send({"type": "http.response.body", "body": last, "more_body": False})
             return
         status = ERROR_CODE_HTTP_STATUS.get(outcome.code, 200) if isinstance(outcome, ErrorData) else 200
-        body = json_body(request_id, outcome)
         http_answers.add(1, {"form": "json", "mcp.era": "modern"})
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        await self._send({"type": "http.response.start", "status": status, "headers": headers})
-        await self._send({"type": "http.response.body", "body": body})
+        await json_answer(self._send, json_body(request_id, outcome), status)
 
 
 def _message(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> JSONRPCResponse | JSONRPCError:

@@ -27,9 +27,10 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import partial
 from typing import Any
 
 import anyio
@@ -59,6 +60,7 @@ from mcp_types import (
     JSONRPCResponse,
     RequestId,
 )
+from starlette.types import Send
 
 from agent_gateway.telemetry import http_answers
 
@@ -75,8 +77,9 @@ class Unanswered(Enum):
 Outcome = dict[str, Any] | ErrorData | Unanswered
 """A request's result, its error, or why it has neither."""
 _STOP_TIMEOUT = 5.0
-"""How long a POST that is itself cancelled waits for its stream's writer to stop."""
+"""How long a POST waits for a task it runs in the session manager's task group to stop."""
 _ROUTE_KEY = "agent_gateway.lane"
+Headers = Sequence[tuple[bytes, bytes]]
 StartStream = Callable[[MemoryObjectReceiveStream[EventMessage], str], Coroutine[Any, Any, None]]
 """Writes a committed stream: its events as they come, and the form it was committed in
 (``stream``: a message to send; ``idle``: silence; ``ended``: the session ended)."""
@@ -185,15 +188,64 @@ def route_of(
     return route
 
 
+class Hosted:
+    """One task a POST runs in ``host``, a task group as long-lived as the session manager,
+    rather than in a task group of its own: a task group per call cost a checkpoint per call,
+    for the few calls that need a second task (a stream's writer, a hang-up's watcher). The
+    POST waits for it, or stops it, before it returns (the ASGI app must not return while
+    the task writes). Starting it raises once ``host`` has ended."""
+
+    def __init__(
+        self,
+        host: TaskGroup,
+        work: Callable[[], Coroutine[Any, Any, None]],
+        what: str,
+        context: contextvars.Context | None = None,
+    ) -> None:
+        """``work``: the task; ``what``: its name in a log line if it fails; ``context``: the
+        context it runs in (default: the starting task's)."""
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+        self._what = what
+        (context or contextvars.copy_context()).run(host.start_soon, self._run, work)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the POST stopped it (``stop``, or ``finished`` cancelled)."""
+        return self._scope.cancel_called
+
+    async def _run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        try:
+            with self._scope:
+                await work()
+        except Exception:  # the host is the session manager's: one call's failure stays its own
+            logger.exception("%s failed", self._what)
+        finally:
+            self._done.set()
+
+    async def finished(self) -> None:
+        """Wait until the task is done; stop it if this task is cancelled meanwhile."""
+        try:
+            await self._done.wait()
+        finally:
+            if not self._done.is_set():
+                await self.stop()
+
+    async def stop(self) -> None:
+        """Cancel the task and wait (bounded, shielded) until it has ended."""
+        self._scope.cancel()
+        with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
+            await self._done.wait()
+
+
 class Committing:
     """The SSE stream of a POST whose request is served in the POST's task, committed once:
     before the call's first message to the client, after the keepalive interval of silence,
     or to carry an answer the SDK sends on a stream. The transport's router then feeds it
     through ``request_streams`` as it feeds any request's stream.
 
-    Its writer runs in ``host``, a task group as long-lived as the session manager, not in
-    one of the POST's own: a task group per call cost a checkpoint per call, for the few
-    calls that stream. The POST waits for it (``finished``) before it returns."""
+    Its writer runs in ``host`` (``Hosted``); the POST waits for it (``finished``) before it
+    returns."""
 
     def __init__(
         self,
@@ -214,8 +266,7 @@ class Committing:
         self._context = contextvars.copy_context()
         """The POST's: the stream's task runs in it, whichever task commits it."""
         self._streams: object = None
-        self._written: anyio.Event | None = None
-        self._writing: anyio.CancelScope | None = None
+        self._writer: Hosted | None = None
 
     def idle(self) -> None:
         self.commit("idle")
@@ -228,32 +279,14 @@ class Committing:
         http_answers.add(1, {"form": form})
         streams = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
         self._request_streams[self._request_id] = self._streams = streams
-        self._written, self._writing = anyio.Event(), anyio.CancelScope()
-        self._context.run(self._host.start_soon, self._write, streams[1], form)
-
-    async def _write(self, events: MemoryObjectReceiveStream[EventMessage], form: str) -> None:
-        assert self._written is not None  # set with the task
-        assert self._writing is not None
-        try:
-            with self._writing:
-                await self._start(events, form)
-        except Exception:  # the host is the session manager's: one stream's failure stays its own
-            logger.exception("the stream of request %s failed", self._request_id)
-        finally:
-            self._written.set()
+        what = f"the stream of request {self._request_id}"
+        self._writer = Hosted(self._host, partial(self._start, streams[1], form), what, self._context)
 
     async def finished(self) -> None:
         """Wait until the stream (if committed) is written; stop its writer if this task is
-        cancelled meanwhile (the ASGI app must not return while it writes)."""
-        if self._written is None or self._writing is None:
-            return
-        try:
-            await self._written.wait()
-        finally:
-            if not self._written.is_set():
-                self._writing.cancel()
-                with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
-                    await self._written.wait()
+        cancelled meanwhile."""
+        if self._writer is not None:
+            await self._writer.finished()
 
     def end(self) -> None:
         """End the stream with nothing more on it."""
@@ -274,6 +307,13 @@ def encoded(message: JSONRPCMessage) -> bytes:
     bytes by msgspec: the SDK's JSON text and then its encoding hold a large answer twice
     more (an 80 MB answer: +160 MB at the peak, against +80)."""
     return msgspec.json.encode(message.model_dump(mode="json", by_alias=True, exclude_unset=True))
+
+
+async def json_answer(send: Send, body: bytes, status: int = 200, headers: Headers = ()) -> None:
+    """``body``, one JSON-RPC answer, as the SDK sends one: its length, then ``headers``."""
+    start = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body)), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": body})
 
 
 def json_body(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> bytes:
