@@ -18,9 +18,9 @@ first k results; MRR is the mean reciprocal rank of the first right tool (0 when
 the first 10). For queries nothing serves (kind ``none``) the table shows how often the
 gateway's best result was marked weak (score under ``search.tools.WEAK``) instead.
 
-``--split dev|test`` keeps the queries with an odd or even id number: the thesaurus and the
-index's weights were adjusted looking only at ``dev`` failures, so ``test`` shows what that
-adjustment is worth on requests it never saw.
+``--split dev|test`` keeps the queries with an odd or even id number: the thesaurus, the
+index's weights and the action rerank's verbs and factor were adjusted looking only at
+``dev`` failures, so ``test`` shows what that adjustment is worth on requests it never saw.
 
 Run from the repository root::
 

@@ -12,6 +12,10 @@ terms at full weight and the terms the thesaurus relates to them at ``SYNONYM_WE
 score returned is that sum over the most the query's own terms could score (every term
 matched, BM25 saturated), cut to [0, 1]: it says how much of the request a tool matches, so a
 caller can tell a weak match from a strong one.
+
+The best candidates by BM25 are then reranked: by how much of the request each covers, how much
+of its name the request explains, and whether its action can serve the one the request asks
+(``intent.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from agent_gateway.search.intent import Action, conflicts, performed, requested
 from agent_gateway.search.text import terms
 from agent_gateway.search.thesaurus import Thesaurus
 
@@ -48,6 +53,8 @@ COORD_BASE = 1.0
 """Rerank: a tool covering none of the request keeps half its BM25 score, all of it, all."""
 NAME_WEIGHT = 0.2
 """Rerank: what a tool whose name the request explains word for word gains (scores are 0..1)."""
+OTHER_ACTION = 0.7
+"""Rerank: what a tool whose action the request does not ask for keeps of its score."""
 _RERANKED = 60
 """The candidates, best by BM25, that the coverage rerank reorders."""
 _FEW = 50
@@ -115,6 +122,7 @@ class ToolIndex:
         self._df: Counter[str] = Counter()
         self._terms: dict[int, frozenset[str]] = {}
         self._names: dict[int, frozenset[str]] = {}
+        self._actions: dict[int, Action | None] = {}
         self._next = 1
         self._postings_of: dict[str, tuple[array[int], array[float]]] = {}
         self._cached = 0
@@ -136,6 +144,7 @@ class ToolIndex:
             unique = frozenset(" ".join(analysed).split())
             self._terms[rowid] = unique
             self._names[rowid] = frozenset(analysed[0].split())
+            self._actions[rowid] = performed(document.name)
             self._df.update(unique)
         placeholders = ", ".join("?" * (len(FIELDS) + 2))
         self._db.executemany(
@@ -154,6 +163,7 @@ class ToolIndex:
         for rowid in ids:
             del self._rows[rowid]
             del self._names[rowid]
+            del self._actions[rowid]
             for term in self._terms.pop(rowid):
                 self._df[term] -= 1
                 if not self._df[term]:
@@ -183,7 +193,8 @@ class ToolIndex:
         wanted = dict.fromkeys(related, SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
         # Only the best by BM25 are reranked: the rerank reorders them, it does not search.
         leaders = heapq.nsmallest(max(_RERANKED, limit), scores.items(), key=lambda item: (-item[1], item[0]))
-        final = {r: self._reranked(r, s / best, weights, wanted) for r, s in leaders}
+        asked = requested(query)
+        final = {r: self._reranked(r, s / best, weights, wanted, asked) for r, s in leaders}
         ranked = sorted(final.items(), key=lambda item: (-item[1], item[0]))[:limit]
         hits = [Hit(self._rows[r].key, self._rows[r].upstream, min(1.0, score)) for r, score in ranked]
         return Results(hits, len(scores))
@@ -242,7 +253,12 @@ class ToolIndex:
         self._cached = 0
 
     def _reranked(
-        self, rowid: int, score: float, weights: dict[str, float], wanted: dict[str, float]
+        self,
+        rowid: int,
+        score: float,
+        weights: dict[str, float],
+        wanted: dict[str, float],
+        asked: Action | None,
     ) -> float:
         """``score`` adjusted by how much of the request the tool covers (BM25 alone lets one
         rare word outweigh the rest) and how much of the tool's name the request explains.
@@ -254,7 +270,8 @@ class ToolIndex:
         coord = sum(w for t, w in weights.items() if t in held) / (sum(weights.values()) or 1.0)
         name = self._names[rowid]
         explained = sum(wanted.get(t, 0.0) for t in name) / (len(name) or 1)
-        return score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
+        reranked = score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
+        return reranked * OTHER_ACTION if conflicts(asked, self._actions[rowid]) else reranked
 
     def _related(self, own: list[str]) -> list[str]:
         """The thesaurus's terms for ``own`` that some tool holds, rarest first, at most
