@@ -172,3 +172,35 @@ def test_a_phrase_of_the_request_is_expanded_in_the_order_it_was_written() -> No
         Document("docs__list_edits", "docs", "list_edits", description="List the edits"),
     ]
     assert keys(index_of(("docs", edits)), "roll back")[0] == "docs__undo_edit"
+
+
+def test_rare_synonyms_do_not_outweigh_the_requests_own_word() -> None:
+    """ "enumerate", "browse" and "overview" are rarer than "list": summed at their own IDF they
+    put a tool that only describes itself in them above the one the request names."""
+    filler = [
+        Document(f"c__list_{n}", "c", f"list_{n}", description=f"List the {n} of the account")
+        for n in ("users", "groups", "keys", "zones", "vaults", "queues", "topics", "tables", "disks")
+    ]
+    index = index_of(
+        (
+            "c",
+            [
+                *filler,
+                Document(
+                    "c__subscription_list",
+                    "c",
+                    "subscription_list",
+                    description="List all subscriptions of the current account with their state, tenant "
+                    "and whether each is the default one for the account; ask the user when several exist",
+                ),
+                Document(
+                    "c__cluster_get",
+                    "c",
+                    "cluster_get",
+                    description="Enumerate and browse a cluster of a subscription: an overview",
+                    params="subscription cluster",
+                ),
+            ],
+        )
+    )
+    assert keys(index, "list my subscriptions")[0] == "c__subscription_list"

@@ -7,8 +7,9 @@ description, its parameters and its upstream's instructions. Text is analysed he
 queries and documents are analysed alike. One upstream's change replaces only its rows.
 
 A query's score is the sum of its terms' (FTS5's BM25 adds up per term): each term's scores
-come from FTS5 once and are kept until the index changes, and a search adds them up, its own
-terms at full weight and the terms the thesaurus relates to them at ``SYNONYM_WEIGHT``. The
+come from FTS5 once and are kept until the index changes, and a search adds them up: its own
+terms at full weight, and for the words the thesaurus found others for, the best of those
+others, worth at most ``SYNONYM_WEIGHT`` of the words they stand in for. The
 score returned is that sum over the most the query's own terms could score (every term
 matched, BM25 saturated), cut to [0, 1]: it says how much of the request a tool matches, so a
 caller can tell a weak match from a strong one.
@@ -202,20 +203,37 @@ class ToolIndex:
     def _scored(
         self,
         own: Sequence[str],
-        related: Sequence[str],
+        related: dict[str, frozenset[str]],
         upstream: str | None,
         accept: Callable[[str], bool] | None,
     ) -> dict[int, float]:
-        """Every row matching a term of the query (or of its expansion, at ``SYNONYM_WEIGHT``)
-        that ``upstream`` and ``accept`` keep, with its BM25 score: the sum of each term's."""
+        """Every row matching a term of the query (or of its expansion) that ``upstream`` and
+        ``accept`` keep, with its BM25 score: the sum of each own term's, and for each set of
+        own terms the thesaurus found others for, the best of those others' scores.
+
+        A related term stands in for the words that brought it: it is worth at most what they
+        would be (its score scaled down to their IDF, at ``SYNONYM_WEIGHT``), and of several
+        standing in for the same words only the best counts. Summed at their own IDF, the
+        rare words of a synonym group outweighed the request's own."""
         scores: dict[int, float] = {}
-        for weight, group in ((1.0, own), (SYNONYM_WEIGHT, related)):
-            for term in group:
-                if not self._df[term]:
-                    continue
+        for term in own:
+            if self._df[term]:
+                self._add(scores, term, 1.0)
+        total = len(self._rows)
+        by_sources: dict[frozenset[str], list[str]] = {}
+        for term, sources in related.items():
+            by_sources.setdefault(sources, []).append(term)
+        for sources, terms_ in by_sources.items():
+            worth = max(_idf(total, self._df[t]) for t in sources)
+            best: dict[int, float] = {}
+            for term in terms_:
+                scale = SYNONYM_WEIGHT * min(1.0, worth / _idf(total, self._df[term]))
                 rowids, values = self._postings(term)
                 for rowid, value in zip(rowids, values, strict=True):
-                    scores[rowid] = scores.get(rowid, 0.0) + weight * value
+                    if scale * value > best.get(rowid, 0.0):
+                        best[rowid] = scale * value
+            for rowid, value in best.items():
+                scores[rowid] = scores.get(rowid, 0.0) + value
         if upstream is None and accept is None:
             return scores
         rows = self._rows
@@ -224,6 +242,11 @@ class ToolIndex:
             for r, s in scores.items()
             if (upstream is None or rows[r].upstream == upstream) and (accept is None or accept(rows[r].key))
         }
+
+    def _add(self, scores: dict[int, float], term: str, weight: float) -> None:
+        rowids, values = self._postings(term)
+        for rowid, value in zip(rowids, values, strict=True):
+            scores[rowid] = scores.get(rowid, 0.0) + weight * value
 
     def _postings(self, term: str) -> tuple[array[int], array[float]]:
         """The rows holding ``term`` and the BM25 score FTS5 gives each for ``term`` alone.
@@ -273,12 +296,14 @@ class ToolIndex:
         reranked = score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
         return reranked * OTHER_ACTION if conflicts(asked, self._actions[rowid]) else reranked
 
-    def _related(self, own: list[str]) -> list[str]:
+    def _related(self, own: list[str]) -> dict[str, frozenset[str]]:
         """The thesaurus's terms for ``own`` that some tool holds, rarest first, at most
-        ``_EXPANSIONS``: a term most tools hold tells them apart no better than none."""
+        ``_EXPANSIONS``, each with the terms of ``own`` it stands in for: a term most tools
+        hold tells them apart no better than none."""
         limit = max(_COMMON * len(self._rows), _FEW)
-        related = [t for t in self._thesaurus.expand(own) if 0 < self._df[t] <= limit]
-        return sorted(related, key=lambda t: (self._df[t], t))[:_EXPANSIONS]
+        related = {t: s for t, s in self._thesaurus.standing_in(own).items() if 0 < self._df[t] <= limit}
+        rarest = sorted(related, key=lambda t: (self._df[t], t))[:_EXPANSIONS]
+        return {t: related[t] for t in rarest}
 
     def _bound(self, query_terms: Sequence[str]) -> float:
         """The most the query's own terms can score: each term's IDF times (k1 + 1). A term

@@ -193,12 +193,19 @@ class Thesaurus:
 
     def expand(self, query_terms: list[str]) -> list[str]:
         """The terms related to ``query_terms`` that the query does not already hold."""
+        return sorted(self.standing_in(query_terms))
+
+    def standing_in(self, query_terms: list[str]) -> dict[str, frozenset[str]]:
+        """The terms related to ``query_terms`` that the query does not already hold, each with
+        the query's terms it stands in for (those of the phrases that brought it)."""
         present = set(query_terms)
-        found: set[str] = set()
+        found: dict[str, set[str]] = {}
         for phrase in _phrases_in(query_terms, self._longest):
             for other in self._phrases.get(phrase, ()):
-                found.update(other)
-        return sorted(found - present)
+                for term in other:
+                    if term not in present:
+                        found.setdefault(term, set()).update(phrase)
+        return {term: frozenset(sources) for term, sources in found.items()}
 
 
 def _phrases_in(query_terms: list[str], longest: int) -> Iterable[tuple[str, ...]]:
