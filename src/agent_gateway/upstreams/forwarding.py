@@ -217,12 +217,7 @@ class Forwarder:
                 return await self._answer(response, response.aread, request_id, version, progress)
         wire, target = self._direct
         async with wire.post(target, content, self._merged(headers), self._http.timeout) as posted:
-            raw = posted.response
-            if (
-                raw.status == 200
-                and raw.content_type == "application/json"
-                and "set-cookie" not in raw.headers
-            ):
+            if posted.status == 200 and posted.content_type == "application/json" and not posted.sets_cookie:
                 return await _parsed(posted.read)  # the common answer: no httpx2 response made
             response = posted.as_httpx2()
             self._http.cookies.extract_cookies(response)

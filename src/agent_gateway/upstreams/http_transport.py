@@ -24,7 +24,7 @@ import httpx2
 import yarl
 
 from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
-from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.upstreams.wire import Answer, BodyBound, Origin, OversizedBody
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024
@@ -32,12 +32,13 @@ _HEADER_LIMIT = 64 * 1024
 
 @dataclass(frozen=True)
 class Target:
-    """A URL posted to on every call, worked out once: as sent, its proxy, and the request
-    its errors name."""
+    """A URL posted to on every call, worked out once: as sent, its proxy, the request its
+    errors name, and (reached directly) its origin's own connections (``wire.py``)."""
 
     url: yarl.URL
     proxy: str | None
     request: httpx2.Request
+    origin: Origin | None = None
 
 
 class AiohttpTransport(httpx2.AsyncBaseTransport):
@@ -60,6 +61,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         self._ssl = ssl_context
         self._max_body = max_body_bytes
         self._session: aiohttp.ClientSession | None = None
+        self._origins: dict[tuple[str, str, int | None], Origin] = {}
         # HTTP(S)_PROXY and NO_PROXY, read once as httpx2 reads them when it makes a client (it
         # stops reading them once given a transport, so this one must). Not aiohttp's
         # trust_env: that re-reads the environment and ~/.netrc on every request (+0.3 ms).
@@ -109,20 +111,39 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         return Posted(request, response, self._max_body).as_httpx2()
 
     def target(self, url: str) -> Target:
+        """``url`` worked out for ``post``: reached directly over HTTP or HTTPS, on connections
+        of its origin's own (``wire.py``); through a proxy, on aiohttp's."""
         parsed = httpx2.URL(url)
-        return Target(_target(parsed), self._proxy_for(parsed), httpx2.Request("POST", parsed))
+        sent, proxy = _target(parsed), self._proxy_for(parsed)
+        origin = None
+        if proxy is None and sent.scheme in ("http", "https") and sent.raw_host:
+            key = (sent.scheme, sent.raw_host, sent.port)
+            origin = self._origins.get(key)
+            if origin is None:
+                origin = self._origins[key] = Origin(
+                    sent,
+                    ssl_context=self._ssl,
+                    max_connections=self._max_connections,
+                    max_body=self._max_body,
+                )
+        return Target(sent, proxy, httpx2.Request("POST", parsed), origin)
 
     @asynccontextmanager
     async def post(
         self, target: Target, content: bytes, headers: Mapping[str, str], limits: httpx2.Timeout
-    ) -> AsyncIterator[Posted]:
-        """POST ``content`` to ``target`` straight on aiohttp: no httpx2 request or response
-        is built (``Posted.as_httpx2`` makes one when a caller needs it). Leaving the context
-        gives the connection back, or closes it if the body was not read to its end.
+    ) -> AsyncIterator[Posted | Answer]:
+        """POST ``content`` to ``target`` on its origin's own connections (``wire.py``), or
+        through its proxy straight on aiohttp: no httpx2 request or response is built
+        (``as_httpx2`` makes one when a caller needs it). Leaving the context gives the
+        connection back, or closes it if the body was not read to its end.
 
         Raises:
             httpx2.TransportError: as ``handle_async_request``.
         """
+        if target.origin is not None:
+            async with target.origin.post(target.url, target.request, content, headers, limits) as answer:
+                yield answer
+            return
         with _translated(target.request, connecting=True):
             response = await self._client().post(
                 target.url,
@@ -143,17 +164,11 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         return next((proxy for pattern, proxy in self._proxies if pattern.matches(url)), None)
 
     async def aclose(self) -> None:
+        for origin in self._origins.values():
+            origin.close()
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
-
-
-class OversizedBody(httpx2.StreamError):
-    """An answer's body grew past ``max_message_bytes``; the rest is not read.
-
-    A ``StreamError``, which the SDK turns into an error answer for the one request whose
-    body it was reading, leaving the connection to the upstream as it is.
-    """
 
 
 class Posted:
@@ -161,6 +176,9 @@ class Posted:
 
     def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None) -> None:
         self.response = response
+        self.status = response.status
+        self.content_type = response.content_type
+        self.sets_cookie = "set-cookie" in response.headers
         self.streamed = response.content_type == "text/event-stream"
         self.body = _Body(request, response, None if self.streamed else limit)
         self._request = request
@@ -192,27 +210,16 @@ class _Body(httpx2.AsyncByteStream):
     def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None) -> None:
         self._request = request
         self._response = response
-        self._limit = limit
-        self._held = 0
+        self._bound = BodyBound(limit)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _translated(self._request, connecting=False):
             async for chunk in self._response.content.iter_any():
-                if self._limit is not None:
-                    self._take(len(chunk))
+                self._bound.take(len(chunk))
                 yield chunk
 
-    def _take(self, size: int) -> None:
-        assert self._limit is not None
-        if self._held + size > self._limit:
-            raise OversizedBody(f"the upstream's answer is over max_message_bytes ({self._limit} bytes)")
-        if not IN_FLIGHT.take(size):
-            raise OversizedBody(str(IN_FLIGHT.busy(self._held + size)))
-        self._held += size
-
     async def aclose(self) -> None:
-        IN_FLIGHT.give(self._held)
-        self._held = 0
+        self._bound.give_back()
         # A body read to its end gives the connection back to the pool; one left part-read
         # (a cancelled call, an SSE stream given up) closes it: its remaining bytes would
         # otherwise be read as the next response. For a modern-era upstream that disconnect
@@ -287,4 +294,4 @@ def ssl_context() -> ssl.SSLContext:
     return httpx2.create_ssl_context()
 
 
-__all__ = ["AiohttpTransport", "Posted", "Target", "UpstreamClient", "ssl_context"]
+__all__ = ["AiohttpTransport", "OversizedBody", "Posted", "Target", "UpstreamClient", "ssl_context"]
