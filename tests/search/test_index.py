@@ -8,6 +8,7 @@ import pytest
 
 from agent_gateway.search.index import Document, ToolIndex
 from agent_gateway.search.text import terms
+from agent_gateway.search.thesaurus import Thesaurus
 
 
 def tracker(upstream: str = "tracker") -> list[Document]:
@@ -174,33 +175,59 @@ def test_a_phrase_of_the_request_is_expanded_in_the_order_it_was_written() -> No
     assert keys(index_of(("docs", edits)), "roll back")[0] == "docs__undo_edit"
 
 
-def test_rare_synonyms_do_not_outweigh_the_requests_own_word() -> None:
-    """ "enumerate", "browse" and "overview" are rarer than "list": summed at their own IDF they
-    put a tool that only describes itself in them above the one the request names."""
+def subscriptions(*others: Document) -> ToolIndex:
+    """Tools that list this and that ("list" common), one that lists subscriptions, and ``others``."""
     filler = [
         Document(f"c__list_{n}", "c", f"list_{n}", description=f"List the {n} of the account")
         for n in ("users", "groups", "keys", "zones", "vaults", "queues", "topics", "tables", "disks")
     ]
-    index = index_of(
-        (
-            "c",
-            [
-                *filler,
-                Document(
-                    "c__subscription_list",
-                    "c",
-                    "subscription_list",
-                    description="List all subscriptions of the current account with their state, tenant "
-                    "and whether each is the default one for the account; ask the user when several exist",
-                ),
-                Document(
-                    "c__cluster_get",
-                    "c",
-                    "cluster_get",
-                    description="Enumerate and browse a cluster of a subscription: an overview",
-                    params="subscription cluster",
-                ),
-            ],
-        )
+    listing = Document(
+        "c__subscription_list",
+        "c",
+        "subscription_list",
+        description="List all subscriptions of the current account with their state, tenant "
+        "and whether each is the default one for the account; ask the user when several exist",
     )
-    assert keys(index, "list my subscriptions")[0] == "c__subscription_list"
+    return index_of(("c", [*filler, listing, *others]))
+
+
+def test_a_rare_synonym_does_not_outweigh_the_requests_own_word() -> None:
+    """ "enumerate" is rarer than "list": at its own IDF it put a tool that only describes
+    itself in it above the one the request names."""
+    enumerating = Document(
+        "c__cluster_get",
+        "c",
+        "cluster_get",
+        description="Enumerate the clusters of a subscription",
+        params="subscription cluster",
+    )
+    assert keys(subscriptions(enumerating), "list my subscriptions")[0] == "c__subscription_list"
+
+
+def test_several_synonyms_of_one_word_count_as_one() -> None:
+    """ "enumerate", "browse" and "overview" all stand in for "list": summed, three weak
+    matches of one word outweighed the word itself."""
+    browsing = Document(
+        "c__cluster_get",
+        "c",
+        "cluster_get",
+        description="Enumerate, browse and get an overview of a subscription's clusters: an "
+        "enumeration to browse, an overview",
+        params="subscription cluster",
+    )
+    assert keys(subscriptions(browsing), "list my subscriptions")[0] == "c__subscription_list"
+
+
+def test_a_phrase_stands_in_with_all_its_words() -> None:
+    """ "PR" stands in for "merge request": both words of it count, not the better one."""
+    tools = [
+        Document("r__get_merge_request", "r", "get_merge_request", description="Get a merge request"),
+        Document("r__merge_branches", "r", "merge_branches", description="Merge one branch into another"),
+        Document("r__get_request_log", "r", "get_request_log", description="Get the log of a request"),
+        *[
+            Document(f"r__list_{n}", "r", f"list_{n}", description=f"List {n}")
+            for n in ("tags", "jobs", "runs")
+        ],
+    ]
+    assert keys(index_of(("r", tools)), "that PR")[0] == "r__get_merge_request"
+    assert Thesaurus().standing_in(terms("that PR"))[("merg", "request")] == frozenset({"pr"})

@@ -15,15 +15,30 @@ from agent_gateway.search.intent import conflicts, performed, requested
         ("Which VMs are running?", "read"),
         ("is Jonas online right now", "read"),
         ("show me the open PRs", "read"),
+        ("give me the open PRs", "read"),
+        ("tell me who is on call", "read"),
+        ("send me the latest invoice", "read"),
         ("pods in kube-system?", "read"),
+        ("pods in kube-system? then create a ticket", "read"),
+        ("k8s events. Which ones are new?", None),  # the question is not the request's lead
         ("add another node pool", "create"),
         ("please file a bug for the login page", "create"),
+        ("spin up a small VM", "create"),
         ("can you rename the droplet", "change"),
+        ("give PROJ-142 to Maria", None),
         ("Delete the staging branch", "delete"),
+        ("get rid of the stale branches", "delete"),
+        ("spin down the staging cluster", "delete"),
         ("tell #deploys the rollout is done", "send"),
+        ("email the report to finance", "send"),
         ("create a ticket?", "create"),
+        ("email search", None),  # a noun phrase: an agent's search, not a request to mail
+        ("file upload", None),
+        ("new issues this week", None),
         ("k8s events kube-system", None),
-        ("ack the incident", None),
+        ("the email about the failed deploy", None),
+        ("can you?", None),
+        ("Zeig mir die Tickets", None),
         ("", None),
     ],
 )
@@ -40,7 +55,11 @@ def test_a_request_asks_what_its_first_words_say(query: str, action: str | None)
         ("TwilioApiV2010--CreateMessage", "create"),
         ("r2_delete_bucket", "delete"),
         ("decline-calendar-event", "change"),
+        ("write_query", "change"),
         ("slack_post_message", "send"),
+        ("API-post-search", "read"),  # an HTTP method, then what the tool does
+        ("API-patch-page", "change"),
+        ("manage_task_list", None),
         ("kubectl_rollout", None),
     ],
 )
@@ -52,7 +71,9 @@ def test_only_actions_that_cannot_serve_each_other_conflict() -> None:
     assert conflicts("read", "create")
     assert conflicts("create", "read")
     assert conflicts("create", "delete")
+    assert conflicts("change", "delete")
     assert not conflicts("create", "change")  # adding a label is an update
+    assert not conflicts("delete", "change")  # removing a label is too
     assert not conflicts("read", "read")
     assert not conflicts(None, "delete")
     assert not conflicts("read", None)

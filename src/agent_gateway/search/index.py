@@ -8,15 +8,14 @@ queries and documents are analysed alike. One upstream's change replaces only it
 
 A query's score is the sum of its terms' (FTS5's BM25 adds up per term): each term's scores
 come from FTS5 once and are kept until the index changes, and a search adds them up: its own
-terms at full weight, and for the words the thesaurus found others for, the best of those
-others, worth at most ``SYNONYM_WEIGHT`` of the words they stand in for. The
-score returned is that sum over the most the query's own terms could score (every term
-matched, BM25 saturated), cut to [0, 1]: it says how much of the request a tool matches, so a
-caller can tell a weak match from a strong one.
+terms at full weight, and for the words the thesaurus found phrases for, the best of those
+phrases, worth at most ``SYNONYM_WEIGHT`` of the words they stand in for (``_scored``).
 
 The best candidates by BM25 are then reranked: by how much of the request each covers, how much
 of its name the request explains, and whether its action can serve the one the request asks
-(``intent.py``).
+(``intent.py``). The score returned is the reranked sum over the most the query's own terms
+could score (every term matched, BM25 saturated), cut to [0, 1]: how well the tool matches the
+request, its words and its action, so a caller can tell a weak match from a strong one.
 """
 
 from __future__ import annotations
@@ -55,13 +54,14 @@ COORD_BASE = 1.0
 NAME_WEIGHT = 0.2
 """Rerank: what a tool whose name the request explains word for word gains (scores are 0..1)."""
 OTHER_ACTION = 0.7
-"""Rerank: what a tool whose action the request does not ask for keeps of its score."""
+"""Rerank: what a tool whose action cannot serve the request's (``intent.conflicts``) keeps of
+its score."""
 _RERANKED = 60
 """The candidates, best by BM25, that the coverage rerank reorders."""
 _FEW = 50
 """Below this many rows a term is never too common to expand with (a small index is cheap)."""
 _EXPANSIONS = 8
-"""The rarest related terms a query is expanded with (each costs a pass over its rows)."""
+"""The rarest related phrases a query is expanded with (each term costs a pass over its rows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +93,7 @@ class Hit:
     key: str
     upstream: str
     score: float
-    """How much of the query this tool matches, 0 (nothing) to 1."""
+    """How well this tool matches the query, its words and its action, 0 (nothing) to 1."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +191,9 @@ class ToolIndex:
         scores = self._scored(own, related, upstream, accept)
         best = self._bound(own)
         weights = {t: _idf(len(self._rows), self._df[t]) for t in own}
-        wanted = dict.fromkeys(related, SYNONYM_WEIGHT) | dict.fromkeys(own, 1.0)
+        wanted = dict.fromkeys((t for phrase in related for t in phrase), SYNONYM_WEIGHT) | dict.fromkeys(
+            own, 1.0
+        )
         # Only the best by BM25 are reranked: the rerank reorders them, it does not search.
         leaders = heapq.nsmallest(max(_RERANKED, limit), scores.items(), key=lambda item: (-item[1], item[0]))
         asked = requested(query)
@@ -203,35 +205,39 @@ class ToolIndex:
     def _scored(
         self,
         own: Sequence[str],
-        related: dict[str, frozenset[str]],
+        related: dict[tuple[str, ...], frozenset[str]],
         upstream: str | None,
         accept: Callable[[str], bool] | None,
     ) -> dict[int, float]:
         """Every row matching a term of the query (or of its expansion) that ``upstream`` and
         ``accept`` keep, with its BM25 score: the sum of each own term's, and for each set of
-        own terms the thesaurus found others for, the best of those others' scores.
+        own terms the thesaurus found phrases for, the best of those phrases' scores.
 
-        A related term stands in for the words that brought it: it is worth at most what they
-        would be (its score scaled down to their IDF, at ``SYNONYM_WEIGHT``), and of several
-        standing in for the same words only the best counts. Summed at their own IDF, the
-        rare words of a synonym group outweighed the request's own."""
+        A related phrase stands in for the words that brought it: scaled down to their IDF
+        (all of its terms' against all of theirs), it is worth at most ``SYNONYM_WEIGHT`` of
+        them, and of several standing in for the same words only the best counts. Summed at
+        their own IDF, the rare words of a synonym group outweighed the request's own. A tool
+        holding both the word and a phrase for it gains both."""
         scores: dict[int, float] = {}
         for term in own:
             if self._df[term]:
-                self._add(scores, term, 1.0)
-        total = len(self._rows)
-        by_sources: dict[frozenset[str], list[str]] = {}
-        for term, sources in related.items():
-            by_sources.setdefault(sources, []).append(term)
-        for sources, terms_ in by_sources.items():
-            worth = max(_idf(total, self._df[t]) for t in sources)
+                for rowid, value in zip(*self._postings(term), strict=True):
+                    scores[rowid] = scores.get(rowid, 0.0) + value
+        by_sources: dict[frozenset[str], list[tuple[str, ...]]] = {}
+        for phrase, sources in related.items():
+            by_sources.setdefault(sources, []).append(phrase)
+        for sources, phrases in by_sources.items():
+            worth = sum(self._idf(t) for t in sources)
             best: dict[int, float] = {}
-            for term in terms_:
-                scale = SYNONYM_WEIGHT * min(1.0, worth / _idf(total, self._df[term]))
-                rowids, values = self._postings(term)
-                for rowid, value in zip(rowids, values, strict=True):
-                    if scale * value > best.get(rowid, 0.0):
-                        best[rowid] = scale * value
+            for phrase in phrases:
+                scale = SYNONYM_WEIGHT * min(1.0, worth / sum(self._idf(t) for t in phrase))
+                matched: dict[int, float] = {}
+                for term in phrase:
+                    for rowid, value in zip(*self._postings(term), strict=True):
+                        matched[rowid] = matched.get(rowid, 0.0) + scale * value
+                for rowid, value in matched.items():
+                    if value > best.get(rowid, 0.0):
+                        best[rowid] = value
             for rowid, value in best.items():
                 scores[rowid] = scores.get(rowid, 0.0) + value
         if upstream is None and accept is None:
@@ -243,10 +249,8 @@ class ToolIndex:
             if (upstream is None or rows[r].upstream == upstream) and (accept is None or accept(rows[r].key))
         }
 
-    def _add(self, scores: dict[int, float], term: str, weight: float) -> None:
-        rowids, values = self._postings(term)
-        for rowid, value in zip(rowids, values, strict=True):
-            scores[rowid] = scores.get(rowid, 0.0) + weight * value
+    def _idf(self, term: str) -> float:
+        return _idf(len(self._rows), self._df[term])
 
     def _postings(self, term: str) -> tuple[array[int], array[float]]:
         """The rows holding ``term`` and the BM25 score FTS5 gives each for ``term`` alone.
@@ -284,7 +288,8 @@ class ToolIndex:
         asked: Action | None,
     ) -> float:
         """``score`` adjusted by how much of the request the tool covers (BM25 alone lets one
-        rare word outweigh the rest) and how much of the tool's name the request explains.
+        rare word outweigh the rest), how much of the tool's name the request explains, and
+        whether the tool's action can serve ``asked``, the request's (``OTHER_ACTION`` if not).
 
         ``weights``: the IDF of each of the query's own terms; ``wanted``: what a name term
         found in the query (1) or among its related terms (``SYNONYM_WEIGHT``) is worth.
@@ -296,14 +301,18 @@ class ToolIndex:
         reranked = score * (COORD_BASE + coord) / (COORD_BASE + 1) + NAME_WEIGHT * explained
         return reranked * OTHER_ACTION if conflicts(asked, self._actions[rowid]) else reranked
 
-    def _related(self, own: list[str]) -> dict[str, frozenset[str]]:
-        """The thesaurus's terms for ``own`` that some tool holds, rarest first, at most
-        ``_EXPANSIONS``, each with the terms of ``own`` it stands in for: a term most tools
-        hold tells them apart no better than none."""
+    def _related(self, own: list[str]) -> dict[tuple[str, ...], frozenset[str]]:
+        """The thesaurus's phrases for ``own``, each with the terms of ``own`` it stands in for:
+        of each, the terms some tool holds and not too many do (a term most tools hold tells
+        them apart no better than none); at most ``_EXPANSIONS`` phrases, rarest first."""
         limit = max(_COMMON * len(self._rows), _FEW)
-        related = {t: s for t, s in self._thesaurus.standing_in(own).items() if 0 < self._df[t] <= limit}
-        rarest = sorted(related, key=lambda t: (self._df[t], t))[:_EXPANSIONS]
-        return {t: related[t] for t in rarest}
+        related: dict[tuple[str, ...], frozenset[str]] = {}
+        for phrase, sources in self._thesaurus.standing_in(own).items():
+            kept = tuple(t for t in phrase if 0 < self._df[t] <= limit)
+            if kept:
+                related[kept] = related.get(kept, frozenset()) | sources
+        rarest = sorted(related, key=lambda p: (min(self._df[t] for t in p), p))[:_EXPANSIONS]
+        return {phrase: related[phrase] for phrase in rarest}
 
     def _bound(self, query_terms: Sequence[str]) -> float:
         """The most the query's own terms can score: each term's IDF times (k1 + 1). A term

@@ -191,21 +191,17 @@ class Thesaurus:
     def _longest(self) -> int:
         return max((len(p) for p in self._phrases), default=1)
 
-    def expand(self, query_terms: list[str]) -> list[str]:
-        """The terms related to ``query_terms`` that the query does not already hold."""
-        return sorted(self.standing_in(query_terms))
-
-    def standing_in(self, query_terms: list[str]) -> dict[str, frozenset[str]]:
-        """The terms related to ``query_terms`` that the query does not already hold, each with
-        the query's terms it stands in for (those of the phrases that brought it)."""
+    def standing_in(self, query_terms: list[str]) -> dict[tuple[str, ...], frozenset[str]]:
+        """The phrases related to ``query_terms`` (less the terms the query holds already), each
+        with the query's terms it stands in for (those of the phrases that brought it)."""
         present = set(query_terms)
-        found: dict[str, set[str]] = {}
+        found: dict[tuple[str, ...], set[str]] = {}
         for phrase in _phrases_in(query_terms, self._longest):
             for other in self._phrases.get(phrase, ()):
-                for term in other:
-                    if term not in present:
-                        found.setdefault(term, set()).update(phrase)
-        return {term: frozenset(sources) for term, sources in found.items()}
+                missing = tuple(t for t in other if t not in present)
+                if missing:
+                    found.setdefault(missing, set()).update(phrase)
+        return {other: frozenset(sources) for other, sources in found.items()}
 
 
 def _phrases_in(query_terms: list[str], longest: int) -> Iterable[tuple[str, ...]]:
