@@ -175,59 +175,45 @@ def test_a_phrase_of_the_request_is_expanded_in_the_order_it_was_written() -> No
     assert keys(index_of(("docs", edits)), "roll back")[0] == "docs__undo_edit"
 
 
-def subscriptions(*others: Document) -> ToolIndex:
-    """Tools that list this and that ("list" common), one that lists subscriptions, and ``others``."""
+def listing(*tools: Document) -> ToolIndex:
+    """``tools`` among others that list and get things: "list" is common, so worth little."""
     filler = [
-        Document(f"c__list_{n}", "c", f"list_{n}", description=f"List the {n} of the account")
-        for n in ("users", "groups", "keys", "zones", "vaults", "queues", "topics", "tables", "disks")
+        *(Document(f"c__list_{n}", "c", f"list_{n}", description=f"List the {n}") for n in range(15)),
+        *(Document(f"c__get_{n}", "c", f"get_{n}", description=f"Get one of the {n}") for n in range(25)),
     ]
-    listing = Document(
-        "c__subscription_list",
-        "c",
-        "subscription_list",
-        description="List all subscriptions of the current account with their state, tenant "
-        "and whether each is the default one for the account; ask the user when several exist",
-    )
-    return index_of(("c", [*filler, listing, *others]))
+    return index_of(("c", [*tools, *filler]))
 
 
 def test_a_rare_synonym_does_not_outweigh_the_requests_own_word() -> None:
-    """ "enumerate" is rarer than "list": at its own IDF it put a tool that only describes
-    itself in it above the one the request names."""
-    enumerating = Document(
-        "c__cluster_get",
-        "c",
-        "cluster_get",
-        description="Enumerate the clusters of a subscription",
-        params="subscription cluster",
+    """ "enumerate" is rarer than "list": at its own IDF it put a tool that says only it above
+    the one that says the request's word."""
+    index = listing(
+        Document("c__subscriptions_enumerated", "c", "subscriptions", description="Enumerate subscriptions"),
+        Document("c__subscriptions_listed", "c", "subscription", description="List subscriptions"),
     )
-    assert keys(subscriptions(enumerating), "list my subscriptions")[0] == "c__subscription_list"
+    assert keys(index, "list subscriptions")[0] == "c__subscriptions_listed"
 
 
 def test_several_synonyms_of_one_word_count_as_one() -> None:
-    """ "enumerate", "browse" and "overview" all stand in for "list": summed, three weak
-    matches of one word outweighed the word itself."""
-    browsing = Document(
-        "c__cluster_get",
-        "c",
-        "cluster_get",
-        description="Enumerate, browse and get an overview of a subscription's clusters: an "
-        "enumeration to browse, an overview",
-        params="subscription cluster",
+    """ "bug", "story", "task" and "epic" all stand in for "ticket", which no tool says:
+    summed, four of them in one description outweighed one in a shorter one."""
+    index = listing(
+        Document("c__tool_b", "c", "tool_b", description="Bugs, stories, tasks and epics"),
+        Document("c__tool_a", "c", "tool_a", description="Issues"),
     )
-    assert keys(subscriptions(browsing), "list my subscriptions")[0] == "c__subscription_list"
+    assert keys(index, "tickets")[0] == "c__tool_a"
 
 
 def test_a_phrase_stands_in_with_all_its_words() -> None:
     """ "PR" stands in for "merge request": both words of it count, not the better one."""
     tools = [
-        Document("r__get_merge_request", "r", "get_merge_request", description="Get a merge request"),
-        Document("r__merge_branches", "r", "merge_branches", description="Merge one branch into another"),
-        Document("r__get_request_log", "r", "get_request_log", description="Get the log of a request"),
+        Document("r__tool_two", "r", "tool_two", description="Merge branches"),
+        Document("r__tool_one", "r", "tool_one", description="Get a merge request"),
+        Document("r__tool_three", "r", "tool_three", description="Request log"),
         *[
             Document(f"r__list_{n}", "r", f"list_{n}", description=f"List {n}")
             for n in ("tags", "jobs", "runs")
         ],
     ]
-    assert keys(index_of(("r", tools)), "that PR")[0] == "r__get_merge_request"
+    assert keys(index_of(("r", tools)), "that PR")[0] == "r__tool_one"
     assert Thesaurus().standing_in(terms("that PR"))[("merg", "request")] == frozenset({"pr"})
