@@ -186,6 +186,22 @@ async def test_an_upstream_is_aggregated_over_its_transport(kind: str, protocol:
     assert content.text == "kit readme"
 
 
+async def test_an_upstream_pinned_to_the_modern_era_lists_what_its_discover_says_it_has() -> None:
+    """Pinned, the SDK sends nothing at connect and makes up a discover result with no
+    capabilities: the gateway asks the server's own, so its tools, prompts and resources are listed."""
+    async with serving(kit_server().http_app(path="/mcp")) as base:
+        config = {"upstreams": {"kit": {"url": f"{base}/mcp", "protocol": "2026-07-28"}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            pong = await client.call_tool("kit__ping", {})
+            readme = await client.read_resource("kit://readme")
+    assert {"kit__ping", "kit__weather", "kit__broken", "kit__steps"} <= names
+    assert text_of(pong) == "pong"
+    [content] = readme.contents
+    assert isinstance(content, types.TextResourceContents)
+    assert content.text == "kit readme"
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("kind", ["sse", "websocket"])
 async def test_progress_from_the_upstream_reaches_the_client_in_order(kind: str, protocol: str) -> None:
@@ -358,10 +374,13 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-async def test_a_streamable_http_answer_that_never_ends_fails_once_it_passes_max_message_bytes() -> None:
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+async def test_a_streamable_http_answer_that_never_ends_fails_once_it_passes_max_message_bytes(
+    protocol: str,
+) -> None:
     app = endless_answers(kit_server().http_app(path="/mcp"))
     async with serving(app) as base:
-        upstream = {"url": f"{base}/mcp", "max_message_bytes": 2**20, "protocol": "legacy", "timeout": 60}
+        upstream = {"url": f"{base}/mcp", "max_message_bytes": 2**20, "protocol": protocol, "timeout": 60}
         async with running_gateway({"upstreams": {"kit": upstream}}) as gw, Client(gw.url) as client:
             with anyio.fail_after(BOUND):
                 endless = await client.call_tool("kit__big", {"size": ENDLESS})

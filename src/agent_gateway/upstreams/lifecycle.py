@@ -13,6 +13,7 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import MessageHandlerFnT
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.errors import UpstreamUnavailable
@@ -25,6 +26,16 @@ T = TypeVar("T")
 async def nothing(client: Client) -> None:
     """The default ``prepare``: nothing to do before the session is handed out."""
     return None
+
+
+async def discovered(client: Client, protocol: str) -> None:
+    """With the modern era pinned (``protocol: 2026-07-28``) the SDK sends nothing at connect
+    and adopts a discover result it makes up, with no capabilities: nothing would be listed.
+    The server's own is asked for once, as ``auto`` asks for it, and adopted instead."""
+    if protocol not in MODERN_PROTOCOL_VERSIONS:
+        return
+    answer = await client.session.send_discover(protocol)
+    client.session.adopt(types.DiscoverResult.model_validate(answer, by_name=False))
 
 
 @asynccontextmanager
@@ -51,6 +62,8 @@ async def connected(
         transport = watched(open_transport(session.config, link), session.lost, session.id)
         try:
             async with session.new_client(transport, on_message, resumed) as client:
+                if resumed is None:
+                    await discovered(client, session.config.protocol)
                 prepared = await prepare(client)
                 connecting.deadline = math.inf
                 session.attach(client, link.client)
