@@ -63,13 +63,15 @@ async def test_an_answer_left_part_read_closes_its_connection() -> None:
                 chunks = answer.as_httpx2().aiter_bytes()
                 with anyio.fail_after(BOUND):
                     assert await anext(chunks) == b"first"  # before the server has sent the rest
+            with anyio.fail_after(BOUND):  # not queued behind the stream the server still sends
+                after = await post(wire, f"{base}/echo", b"after")
             peers.release.set()
-            await post(wire, f"{base}/echo")
         finally:
             await wire.aclose()
-    first, abandoned, after = peers.ports
+    assert after == (200, b"echo:after")
+    first, abandoned, last = peers.ports
     assert first == abandoned
-    assert after != abandoned  # the rest of the stream was not read as this answer
+    assert last != abandoned
 
 
 @asynccontextmanager
@@ -105,6 +107,19 @@ async def test_a_connection_the_server_dropped_while_idle_is_not_used_again() ->
             assert await post(wire, base) == (200, b"{}")  # on a new connection, not the dropped one
         finally:
             await wire.aclose()
+
+
+async def test_a_connection_that_answers_twice_to_one_request_is_not_used_again() -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+    stray = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray"
+    wire = transport()
+    async with raw_server(lambda _: ok + stray) as (base, heads):
+        try:
+            assert await post(wire, base) == (200, b"{}")
+            assert await post(wire, base) == (200, b"{}")  # not the stray answer, on a new connection
+        finally:
+            await wire.aclose()
+    assert len(heads) == 2
 
 
 async def test_a_refused_connection_and_a_silent_server_are_httpx2s_errors() -> None:

@@ -101,6 +101,11 @@ class _Link(asyncio.Protocol):
             self.close()
 
     # httptools' callbacks, in the order a message arrives.
+    def on_message_begin(self) -> None:
+        assert self.answer is not None
+        if self.answer.complete:  # a second answer to one request: the connection cannot be trusted
+            raise httptools.HttpParserCallbackError("an answer nobody asked for")
+
     def on_status(self, status: bytes) -> None:
         assert self.answer is not None
         self.answer.reason = status
@@ -307,10 +312,13 @@ class Origin:
         """
         head = _head(url.raw_path_qs, self._host_header, headers, len(content), request)
         try:
-            with anyio.fail_after(limits.pool):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise httpx2.PoolTimeout("no connection free in time", request=request) from None
+            self._slots.acquire_nowait()  # no wait, and no turn of the loop, when one is free
+        except anyio.WouldBlock:
+            try:
+                with anyio.fail_after(limits.pool):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise httpx2.PoolTimeout("no connection free in time", request=request) from None
         link: _Link | None = None
         answer: Answer | None = None
         try:
