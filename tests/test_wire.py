@@ -122,6 +122,74 @@ async def test_a_connection_that_answers_twice_to_one_request_is_not_used_again(
     assert len(heads) == 2
 
 
+@asynccontextmanager
+async def holding(answer: bytes) -> AsyncIterator[str]:
+    """A server that writes ``answer`` to each request and keeps the connection open, silent."""
+    done = anyio.Event()
+
+    async def serve(stream: SocketStream) -> None:
+        async with stream:
+            await stream.receive()
+            await stream.send(answer)
+            await done.wait()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, serve)
+        yield f"http://127.0.0.1:{port}"
+        done.set()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_header_line_that_never_ends_is_refused_once_past_the_bound() -> None:
+    wire = transport()
+    async with holding(b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (100 * 1024)) as base:
+        try:
+            with pytest.raises(httpx2.RemoteProtocolError, match="too large"):
+                await post(wire, base, read=BOUND)  # refused, not waited on until the read timeout
+        finally:
+            await wire.aclose()
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{}", (200, b"{}")),  # ends at close
+        (
+            b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",
+            (200, b"{}"),
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", (204, b"")),
+    ],
+    ids=["body-until-close", "interim-first", "no-content"],
+)
+async def test_answers_are_read_as_http_frames_them(answer: bytes, expected: tuple[int, bytes]) -> None:
+    wire = transport()
+    async with raw_server(lambda _: answer) as (base, _):
+        try:
+            assert await post(wire, base) == expected
+        finally:
+            await wire.aclose()
+
+
+async def test_a_post_waits_for_a_free_connection_no_longer_than_the_pool_timeout() -> None:
+    peers = Peers()
+    wire = AiohttpTransport(max_connections=1)
+    async with serving(peers) as base:
+        try:
+            async with wire.post(wire.target(f"{base}/stream"), b"{}", JSON, httpx2.Timeout(5.0)):
+                with pytest.raises(httpx2.PoolTimeout):
+                    async with wire.post(
+                        wire.target(f"{base}/echo"), b"{}", JSON, httpx2.Timeout(5.0, pool=0.2)
+                    ):
+                        pass
+            peers.release.set()
+            assert await post(wire, f"{base}/echo") == (200, b"echo:{}")  # the slot was given back
+        finally:
+            await wire.aclose()
+
+
 async def test_a_refused_connection_and_a_silent_server_are_httpx2s_errors() -> None:
     sock = free_socket()
     port = sock.getsockname()[1]
@@ -144,9 +212,10 @@ async def test_a_refused_connection_and_a_silent_server_are_httpx2s_errors() -> 
     [
         b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b",  # cut short
         b"HTTP/1.1 200 OK\r\nNot a header\r\n\r\n",  # malformed
-        b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (70 * 1024) + b"\r\n\r\n",  # headers past 64 KiB
+        b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (70 * 1024) + b"\r\nContent-Length: 0\r\n\r\n",  # past 64 KiB
+        b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (70 * 1024),  # a header line that never ends
     ],
-    ids=["cut-short", "malformed", "headers-too-large"],
+    ids=["cut-short", "malformed", "headers-too-large", "header-without-end"],
 )
 async def test_a_broken_answer_is_httpx2s_remote_protocol_error_without_the_url(answer: bytes) -> None:
     wire = transport()

@@ -24,7 +24,8 @@ import httpx2
 import yarl
 
 from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
-from agent_gateway.upstreams.wire import Answer, BodyBound, Origin, OversizedBody
+from agent_gateway.upstreams.answer import Answer, BodyBound, OversizedBody
+from agent_gateway.upstreams.wire import Origin
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024

@@ -1,0 +1,215 @@
+"""One answer on the forwarder's own connections (``wire.py``), as it arrives: its status and
+headers, then its body, bounded when it is read whole, and the bound on bytes in flight."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+import anyio
+import httpx2
+
+from agent_gateway.in_flight import IN_FLIGHT
+
+HEADER_BYTES = 64 * 1024
+"""The most an answer's status line and headers may hold, together."""
+_PAUSE_AT = 256 * 1024
+"""Bytes of an answer's body received and not yet read before the connection stops reading."""
+_NO_BODY = frozenset({204, 304})
+
+
+class OversizedBody(httpx2.StreamError):
+    """An answer's body grew past ``max_message_bytes``, or past what the process may hold in
+    flight; the rest is not read.
+
+    A ``StreamError``, which the SDK turns into an error answer for the one request whose
+    body it was reading, leaving the connection to the upstream as it is.
+    """
+
+
+class BodyBound:
+    """The bytes of one answer's body read so far: at most ``limit`` (None: not bounded whole,
+    as an SSE stream, whose reader bounds each event), and, when bounded, counted against the
+    process's bound of bytes in flight (``in_flight``) until given back."""
+
+    def __init__(self, limit: int | None) -> None:
+        self.limit = limit
+        self._held = 0
+
+    def take(self, size: int) -> None:
+        """Raises ``OversizedBody`` when ``size`` more bytes do not fit."""
+        if self.limit is None:
+            return
+        if self._held + size > self.limit:
+            raise OversizedBody(f"the upstream's answer is over max_message_bytes ({self.limit} bytes)")
+        if not IN_FLIGHT.take(size):
+            raise OversizedBody(str(IN_FLIGHT.busy(self._held + size)))
+        self._held += size
+
+    def give_back(self) -> None:
+        IN_FLIGHT.give(self._held)
+        self._held = 0
+
+
+class Reading(Protocol):
+    """The connection an answer arrives on, as far as the answer steers it."""
+
+    def pause_reading(self) -> None: ...
+    def resume_reading(self) -> None: ...
+
+
+class Answer:
+    """One answer as it arrives: status and headers, then its body. The connection feeds it
+    (``header`` … ``ended``, or ``fail``); the forwarder reads it (``arrived``, ``chunks``)."""
+
+    def __init__(
+        self, reading: Reading, request: httpx2.Request, limit: int | None, read_timeout: float | None
+    ) -> None:
+        self.request = request
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.complete = False
+        self.keep_alive = False
+        self.until_close = False
+        """The body ends when the server closes (neither a length nor chunks)."""
+        self.head_bytes = 0
+        self._reading = reading
+        self._paused = False
+        self._bound = BodyBound(limit)
+        self._read_timeout = read_timeout
+        self._buffer = bytearray()
+        self._error: httpx2.TransportError | None = None
+        self._wake = anyio.Event()
+        self.headed = False
+        """The status and headers of the answer (not of a 1xx before it) are in."""
+
+    @property
+    def streamed(self) -> bool:
+        return self.content_type == "text/event-stream"
+
+    @property
+    def content_type(self) -> str:
+        value = self.header_value(b"content-type") or ""
+        return value.split(";", 1)[0].strip().lower()
+
+    @property
+    def sets_cookie(self) -> bool:
+        return self.header_value(b"set-cookie") is not None
+
+    def header_value(self, wanted: bytes) -> str | None:
+        return next((v.decode("latin-1") for k, v in self.headers if k.lower() == wanted), None)
+
+    # -- fed by the connection -------------------------------------------------------------------
+
+    def head(self, size: int) -> bool:
+        """``size`` more bytes of the status line and headers; False once past ``HEADER_BYTES``
+        (the answer has failed)."""
+        self.head_bytes += size
+        if self.head_bytes <= HEADER_BYTES:
+            return True
+        self.fail(httpx2.RemoteProtocolError("the answer's headers are too large", request=self.request))
+        return False
+
+    def interim(self) -> None:
+        """A 1xx answer came first: what it said is not the answer's (as h11 and aiohttp skip it)."""
+        self.headers, self.reason = [], b""
+
+    def received_headers(self, status: int) -> None:
+        self.status = status
+        chunked = "chunked" in (self.header_value(b"transfer-encoding") or "").lower()
+        length = self.header_value(b"content-length") is not None
+        self.until_close = not chunked and not length and status not in _NO_BODY
+        self.headed = True
+        self._wake.set()
+
+    def received(self, body: bytes) -> None:
+        self._buffer += body
+        if len(self._buffer) > _PAUSE_AT and not self._paused:
+            self._paused = True
+            self._reading.pause_reading()  # resumed as the reader takes what is here
+        self._wake.set()
+
+    def ended(self, keep_alive: bool) -> None:
+        self.complete, self.keep_alive = True, keep_alive
+        self._wake.set()
+
+    def fail(self, error: httpx2.TransportError) -> None:
+        if self._error is None and not self.complete:
+            self._error = error
+        self._wake.set()
+
+    def released(self) -> None:
+        """The exchange is over: what was held goes back, and a connection kept for the next
+        request reads again (a reader that stopped early may have left it paused)."""
+        self._bound.give_back()
+        self._buffer.clear()
+        if self._paused:
+            self._paused = False
+            self._reading.resume_reading()
+
+    # -- read by the forwarder -------------------------------------------------------------------
+
+    async def arrived(self) -> None:
+        """Wait for the status and headers. An SSE stream's body is then not bounded whole:
+        its reader bounds each event."""
+        while not self.headed:
+            await self._wait()
+        if self._error is not None:
+            raise self._error
+        if self.streamed:
+            self._bound.limit = None
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives, all that is here at each turn (not chunk by chunk: a server
+        sending one byte at a time costs no more), counted against the bound when there is one."""
+        while True:
+            if self._buffer:
+                chunk = bytes(self._buffer)
+                self._buffer.clear()
+                if self._paused:
+                    self._paused = False
+                    self._reading.resume_reading()
+                self._bound.take(len(chunk))
+                yield chunk
+                continue
+            if self.complete:
+                return
+            await self._wait()
+
+    async def read(self) -> bytes:
+        """The whole body (raises ``OversizedBody``, or the read's ``httpx2.TransportError``)."""
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    def as_httpx2(self) -> httpx2.Response:
+        """The answer as httpx2's response, its body streaming from the connection."""
+        return httpx2.Response(
+            self.status,
+            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers],
+            stream=_Body(self),
+            extensions={"http_version": b"HTTP/1.1", "reason_phrase": self.reason},
+            request=self.request,
+        )
+
+    async def _wait(self) -> None:
+        if self._error is not None:
+            raise self._error
+        self._wake = anyio.Event()
+        try:
+            with anyio.fail_after(self._read_timeout):
+                await self._wake.wait()
+        except TimeoutError:
+            raise httpx2.ReadTimeout("timed out", request=self.request) from None
+        if self._error is not None and not self._buffer:
+            raise self._error
+
+
+class _Body(httpx2.AsyncByteStream):
+    """An answer's body for httpx2's response; the connection is ``Origin.post``'s to keep or close."""
+
+    def __init__(self, answer: Answer) -> None:
+        self._answer = answer
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._answer.chunks():
+            yield chunk
