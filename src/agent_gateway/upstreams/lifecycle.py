@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import MessageHandlerFnT
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.compat.resumed import HttpSession
@@ -21,6 +23,7 @@ from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 from agent_gateway.upstreams.transports import open_transport, watched
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 async def nothing(client: Client) -> None:
@@ -34,7 +37,14 @@ async def discovered(client: Client, protocol: str) -> None:
     The server's own is asked for once, as ``auto`` asks for it, and adopted instead."""
     if protocol not in MODERN_PROTOCOL_VERSIONS:
         return
-    answer = await client.session.send_discover(protocol)
+    try:
+        answer = await client.session.send_discover(protocol)
+    except MCPError as exc:
+        if exc.code != types.METHOD_NOT_FOUND:
+            raise
+        # As before: connected, listing nothing it did not say it has.
+        logger.warning("upstream answers no server/discover (%s): its capabilities are unknown", exc)
+        return
     client.session.adopt(types.DiscoverResult.model_validate(answer, by_name=False))
 
 
