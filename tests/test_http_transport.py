@@ -140,8 +140,11 @@ async def test_a_server_that_does_not_answer_in_time_is_httpx2s_read_timeout() -
 
 
 @asynccontextmanager
-async def raw_server(answer: Callable[[bytes], bytes]) -> AsyncIterator[tuple[str, list[bytes]]]:
-    """A one-shot TCP server: records the request's head, writes ``answer(head)``, closes."""
+async def raw_server(
+    answer: Callable[[bytes], bytes], *, hold: anyio.Event | None = None, closed: anyio.Event | None = None
+) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A one-shot TCP server: records the request's head, writes ``answer(head)``, closes (once
+    ``hold`` is set, if given; then sets ``closed``, if given)."""
     heads: list[bytes] = []
 
     async def serve(stream: SocketStream) -> None:
@@ -151,6 +154,10 @@ async def raw_server(answer: Callable[[bytes], bytes]) -> AsyncIterator[tuple[st
                 head += await stream.receive()
             heads.append(head)
             await stream.send(answer(head))
+            if hold is not None:
+                await hold.wait()
+        if closed is not None:
+            closed.set()
 
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
     port = listener.extra(anyio.abc.SocketAttribute.local_port)

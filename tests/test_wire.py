@@ -3,14 +3,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import httpx2
 import pytest
-from anyio.abc import SocketStream
 
 from agent_gateway.in_flight import IN_FLIGHT, bounded
 from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
@@ -74,32 +71,11 @@ async def test_an_answer_left_part_read_closes_its_connection() -> None:
     assert last != abandoned
 
 
-@asynccontextmanager
-async def answering_once(answer: bytes) -> AsyncIterator[tuple[str, anyio.Event]]:
-    """A server that answers one request per connection, keep-alive by its headers, then
-    drops the connection (as a keep-alive timeout does); the event is set once it has."""
-    dropped = anyio.Event()
-
-    async def serve(stream: SocketStream) -> None:
-        async with stream:
-            head = b""
-            while b"\r\n\r\n" not in head:
-                head += await stream.receive()
-            await stream.send(answer)
-        dropped.set()
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        yield f"http://127.0.0.1:{port}", dropped
-        tg.cancel_scope.cancel()
-
-
 async def test_a_connection_the_server_dropped_while_idle_is_not_used_again() -> None:
     ok = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
     wire = transport()
-    async with answering_once(ok) as (base, dropped):
+    dropped = anyio.Event()  # the server answers once, keep-alive by its headers, then closes
+    async with raw_server(lambda _: ok, closed=dropped) as (base, _):
         try:
             assert await post(wire, base) == (200, b"{}")
             with anyio.fail_after(BOUND):
@@ -122,33 +98,18 @@ async def test_a_connection_that_answers_twice_to_one_request_is_not_used_again(
     assert len(heads) == 2
 
 
-@asynccontextmanager
-async def holding(answer: bytes) -> AsyncIterator[str]:
-    """A server that writes ``answer`` to each request and keeps the connection open, silent."""
-    done = anyio.Event()
-
-    async def serve(stream: SocketStream) -> None:
-        async with stream:
-            await stream.receive()
-            await stream.send(answer)
-            await done.wait()
-
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        yield f"http://127.0.0.1:{port}"
-        done.set()
-        tg.cancel_scope.cancel()
-
-
 async def test_a_header_line_that_never_ends_is_refused_once_past_the_bound() -> None:
     wire = transport()
-    async with holding(b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (100 * 1024)) as base:
+    held = anyio.Event()  # the connection stays open, silent, after the endless line's start
+    async with raw_server(lambda _: b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * (100 * 1024), hold=held) as (
+        base,
+        _,
+    ):
         try:
             with pytest.raises(httpx2.RemoteProtocolError, match="too large"):
                 await post(wire, base, read=BOUND)  # refused, not waited on until the read timeout
         finally:
+            held.set()
             await wire.aclose()
 
 
