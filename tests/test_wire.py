@@ -257,3 +257,4 @@ async def test_through_a_proxy_a_post_goes_on_aiohttp(monkeypatch: pytest.Monkey
         finally:
             await wire.aclose()
     assert heads[0].startswith(b"POST http://upstream.invalid/mcp HTTP/1.1")
+    assert b"accept-encoding" not in heads[0].lower()  # the answer is read as it comes, never decoded

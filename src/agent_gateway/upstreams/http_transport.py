@@ -78,9 +78,11 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                # httpx2 decodes Content-Encoding itself, and it set every header already.
+                # httpx2 decodes Content-Encoding itself, and it set every header already. A
+                # POST made here (``post``, through a proxy) asks for no encoding: its answer
+                # is read as it comes, and aiohttp's own "gzip, deflate" would get it compressed.
                 auto_decompress=False,
-                skip_auto_headers=("User-Agent",),
+                skip_auto_headers=("User-Agent", "Accept-Encoding"),
                 # Cookies are httpx2's to keep (per client); aiohttp's jar would add its own.
                 cookie_jar=aiohttp.DummyCookieJar(),
                 # h11 (httpx2's parser) takes header lines of any length up to its 16 KiB
