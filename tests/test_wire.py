@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -48,6 +52,36 @@ async def test_posts_go_out_with_each_header_once_and_share_one_kept_alive_conne
     for name in (b"host", b"content-length", b"content-type"):
         assert len(peers.header(0, name)) == 1, name
     assert peers.header(0, b"accept-encoding") == []  # the answer is read as sent, never decoded
+
+
+@contextmanager
+def descriptors_past(count: int) -> Iterator[None]:
+    """This process holding ``count`` descriptors more, so the next sockets' numbers pass it
+    (the soft limit raised to the hard one if it is lower)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, count + 256), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_connection_numbered_past_1023_is_kept_alive_too() -> None:
+    """select() refuses descriptors past 1023: a busy gateway would never have reused one."""
+    peers = Peers()
+    wire = transport()
+    with descriptors_past(1100):
+        async with serving(peers) as base:
+            try:
+                for n in range(3):
+                    assert await post(wire, f"{base}/echo", b"%d" % n) == (200, b"echo:%d" % n)
+            finally:
+                await wire.aclose()
+    assert len(set(peers.ports)) == 1
 
 
 async def test_an_answer_left_part_read_closes_its_connection() -> None:
