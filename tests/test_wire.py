@@ -74,13 +74,13 @@ async def test_a_connection_numbered_past_1023_is_kept_alive_too() -> None:
     """select() refuses descriptors past 1023: a busy gateway would never have reused one."""
     peers = Peers()
     wire = transport()
-    with descriptors_past(1100):
-        async with serving(peers) as base:
-            try:
+    async with serving(peers) as base:
+        try:
+            with descriptors_past(1100):  # every lower number taken: the connection's is past them
                 for n in range(3):
                     assert await post(wire, f"{base}/echo", b"%d" % n) == (200, b"echo:%d" % n)
-            finally:
-                await wire.aclose()
+        finally:
+            await wire.aclose()
     assert len(set(peers.ports)) == 1
 
 
