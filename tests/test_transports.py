@@ -202,6 +202,47 @@ async def test_an_upstream_pinned_to_the_modern_era_lists_what_its_discover_says
     assert content.text == "kit readme"
 
 
+def without_discover(app: ASGIApp) -> ASGIApp:
+    """``app``, except that ``server/discover`` is answered as a method it does not know."""
+
+    async def guarded(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        request = json.loads(body) if body.startswith(b"{") else {}
+        if request.get("method") != "server/discover":
+            await app(scope, replay(body, receive), send)
+            return
+        error = {"code": types.METHOD_NOT_FOUND, "message": "Method not found"}
+        answer = json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": error}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer})
+
+    return guarded
+
+
+async def test_an_upstream_pinned_to_the_modern_era_without_discover_still_connects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As before the gateway asked: up, listing nothing it did not say it has, and saying why."""
+    async with serving(without_discover(kit_server().http_app(path="/mcp"))) as base:
+        config = {"upstreams": {"kit": {"url": f"{base}/mcp", "protocol": "2026-07-28"}}}
+        async with running_gateway(config) as gw:
+            [status] = gw.gateway.pool.statuses()
+    assert str(status.state) == "up", status
+    assert "answers no server/discover" in caplog.text
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("kind", ["sse", "websocket"])
 async def test_progress_from_the_upstream_reaches_the_client_in_order(kind: str, protocol: str) -> None:
