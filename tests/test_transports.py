@@ -202,6 +202,15 @@ async def test_an_upstream_pinned_to_the_modern_era_lists_what_its_discover_says
     assert content.text == "kit readme"
 
 
+async def posted(receive: Receive) -> tuple[bytes, dict[str, Any]]:
+    """A POST's whole body, and the JSON-RPC request in it ({} if it holds none)."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    return body, json.loads(body) if body.startswith(b"{") else {}
+
+
 def without_discover(app: ASGIApp) -> ASGIApp:
     """``app``, except that ``server/discover`` is answered as a method it does not know."""
 
@@ -209,11 +218,7 @@ def without_discover(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http" or scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        request = json.loads(body) if body.startswith(b"{") else {}
+        body, request = await posted(receive)
         if request.get("method") != "server/discover":
             await app(scope, replay(body, receive), send)
             return
@@ -372,11 +377,7 @@ def endless_answers(app: ASGIApp) -> ASGIApp:
         if scope["type"] != "http" or scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        request = json.loads(body) if body.startswith(b"{") else {}
+        body, request = await posted(receive)
         if request.get("params", {}).get("arguments", {}).get("size") != ENDLESS:
             await app(scope, replay(body, receive), send)
             return
