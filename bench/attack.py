@@ -33,6 +33,7 @@ import json
 import os
 import resource
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -273,6 +274,7 @@ async def gateway(
             child.kill()
             child.wait()
         log.close()
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _slow_socket(port: int) -> socket.socket | None:
@@ -556,7 +558,8 @@ async def main() -> None:
         [(f"before ({args.before})", worktree(args.before))] if args.before else []
     )
     upstream_port = free_port()
-    script = Path(tempfile.mkdtemp()) / "upstream.py"
+    scratch = Path(tempfile.mkdtemp(prefix="attack-upstream-"))
+    script = scratch / "upstream.py"
     script.write_text(UPSTREAM)
     upstream = subprocess.Popen([sys.executable, str(script), str(upstream_port)], stderr=subprocess.DEVNULL)  # noqa: ASYNC220
     try:
@@ -570,6 +573,7 @@ async def main() -> None:
     finally:
         upstream.terminate()
         upstream.wait(10)
+        shutil.rmtree(scratch, ignore_errors=True)
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}\n")
     print(table(rows))
 

@@ -120,11 +120,12 @@ async def direct(upstream: str) -> AsyncIterator[str]:
 @asynccontextmanager
 async def via_gateway(upstream: str, audit: bool = True) -> AsyncIterator[str]:
     # The audit trail is on by default: written to a file of this run's own.
-    trail = {"enabled": audit, "path": str(Path(tempfile.mkdtemp(prefix="bench-audit-")) / "audit.jsonl")}
-    config = parse_config({"upstreams": {"up": {"url": upstream}}, "audit": trail}, {}, source="bench")
-    gateway = Gateway(config)
-    async with gateway.running(settle_timeout=STARTUP_BOUND), serving(build_app(gateway)) as base:
-        yield f"{base}{config.server.path}"
+    with tempfile.TemporaryDirectory(prefix="bench-audit-") as home:
+        trail = {"enabled": audit, "path": str(Path(home) / "audit.jsonl")}
+        config = parse_config({"upstreams": {"up": {"url": upstream}}, "audit": trail}, {}, source="bench")
+        gateway = Gateway(config)
+        async with gateway.running(settle_timeout=STARTUP_BOUND), serving(build_app(gateway)) as base:
+            yield f"{base}{config.server.path}"
 
 
 @asynccontextmanager

@@ -158,29 +158,30 @@ async def running_gateway(
     settle_timeout: float | None = None,
     chat_model: BaseChatModel | None = None,
 ) -> AsyncIterator[RunningGateway]:
-    """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback."""
-    if "audit" not in data:  # each test gateway its own trail (one file per gateway process)
-        data = {**data, "audit": {"path": str(Path(tempfile.mkdtemp(prefix="audit-")) / "audit.jsonl")}}
-    data = _own_state(data)
-    gateway = Gateway(config_of(data, environ), chat_model=chat_model)
-    # The listener's own bounds too (header deadline, connection caps), as `serve` runs it.
-    app = build_app(gateway)
-    async with (
-        gateway.running(settle_timeout=settle_timeout),
-        serving(app, **listener_options(gateway)) as base,
-    ):
-        yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
+    """A gateway built from ``data``, its upstreams connected, served over HTTP on loopback.
+    Its audit trail and memory live in a directory of its own, removed when it stops."""
+    with tempfile.TemporaryDirectory(prefix="gateway-") as home:
+        gateway = Gateway(config_of(_own_state(data, Path(home)), environ), chat_model=chat_model)
+        # The listener's own bounds too (header deadline, connection caps), as `serve` runs it.
+        app = build_app(gateway)
+        async with (
+            gateway.running(settle_timeout=settle_timeout),
+            serving(app, **listener_options(gateway)) as base,
+        ):
+            yield RunningGateway(gateway, f"{base}{gateway.config.server.path}", base)
 
 
-def _own_state(data: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``data`` with its memory (and so its tool pins) in a directory of its own unless it
-    names one: the default is relative to the working directory, which every in-process
+def _own_state(data: Mapping[str, Any], home: Path) -> Mapping[str, Any]:
+    """``data`` with its audit trail and memory (and so its tool pins) under ``home`` unless
+    it names them: the defaults are relative to the working directory, which every in-process
     test gateway shares, so one test's pinned ``alpha__echo`` held back another's."""
+    if "audit" not in data:  # each test gateway its own trail (one file per gateway process)
+        data = {**data, "audit": {"path": str(home / "audit.jsonl")}}
     agent = dict(data.get("agent", {}))
     memory = dict(agent.get("memory", {}))
     if "path" in memory:
         return data
-    memory["path"] = str(Path(tempfile.mkdtemp(prefix="state-")) / "conversations.sqlite")
+    memory["path"] = str(home / "conversations.sqlite")
     return {**data, "agent": {**agent, "memory": memory}}
 
 
