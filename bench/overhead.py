@@ -6,7 +6,8 @@ on loopback, each measured sequentially (one session, one call after another) an
 
 - ``direct``: the official ``mcp.Client`` straight to the upstream;
 - ``tcp relay``: through a process that only copies bytes (``bench/relay.py``), the floor of
-  any hop: what one more process on the path costs this machine, whatever it does;
+  any hop: what one more process on the path costs this machine, whatever it does (with
+  ``--one-loop``, only what relaying the bytes costs: it is a coroutine of the same loop then);
 - ``agent-gateway``: ``mcp.Client`` to the gateway, which forwards over its one upstream session;
 - ``fastmcp-proxy (reused)``: ``fastmcp.server.create_proxy`` around one long-lived,
   already-connected ``fastmcp.Client`` (FastMCP's fastest proxy configuration);
@@ -125,10 +126,15 @@ async def direct(upstream: str) -> AsyncIterator[str]:
 
 @asynccontextmanager
 async def via_gateway(upstream: str, audit: bool = True) -> AsyncIterator[str]:
-    # The audit trail is on by default: written to a file of this run's own.
-    with tempfile.TemporaryDirectory(prefix="bench-audit-") as home:
-        trail = {"enabled": audit, "path": str(Path(home) / "audit.jsonl")}
-        config = parse_config({"upstreams": {"up": {"url": upstream}}, "audit": trail}, {}, source="bench")
+    # The audit trail is on by default. It and the agent's memory (which holds the tool pins)
+    # go to a directory of this gateway's own: several gateways run at once (--traced).
+    with tempfile.TemporaryDirectory(prefix="bench-gateway-") as home:
+        data = {
+            "upstreams": {"up": {"url": upstream}},
+            "audit": {"enabled": audit, "path": str(Path(home) / "audit.jsonl")},
+            "agent": {"memory": {"path": str(Path(home) / "conversations.sqlite")}},
+        }
+        config = parse_config(data, {}, source="bench")
         gateway = Gateway(config)
         # Its listener as `serve` runs it: uvicorn's protocol with the connection bounds.
         listening = listener_options(gateway)
@@ -200,7 +206,8 @@ GATEWAYS = frozenset({"agent-gateway", UNAUDITED, ISOLATED, TRACED, REUSED_TUNED
 """Roles whose child runs as ``agent-gateway serve`` runs: uvloop, and the heap settled once up
 (``agent_gateway.runtime``). The others run as FastMCP runs a server: asyncio, default GC.
 ``REUSED_TUNED`` is FastMCP's reused proxy given the gateway's process settings too, so the
-comparison can be read without them."""
+comparison can be read without them; the relay runs with them too (the floor of a hop as the
+gateway would make it)."""
 
 
 def serve_of(role: str) -> Serve:
@@ -604,20 +611,25 @@ def verdicts(results: list[Result], concurrency: int, served: list[Served]) -> s
     share = gateway.throughput / straight.throughput
     speedup = gateway.throughput / reused.throughput
     added = p50("agent-gateway") - p50("direct")
-    cpu = next((s.cpu_ms_per_call for s in served if s.scenario == "agent-gateway"), math.nan)
+    cpu = next((s.cpu_ms_per_call for s in served if s.scenario == "agent-gateway"), None)
+    cpu_row = (
+        f"| agent-gateway CPU per tools/call | {cpu:.2f} ms | <= 0.8 ms | {_yes(cpu <= 0.8)} |"
+        if cpu is not None
+        else "| agent-gateway CPU per tools/call | n/a (one loop) | <= 0.8 ms | |"
+    )
     return "\n".join(
         [
             "| ratio | measured | target | met |",
             "|---|---:|---:|---|",
             f"| agent-gateway / direct throughput, {many} | {share:.0%} | >= 80% | {_yes(share >= 0.8)} |",
             f"| agent-gateway p50 - direct p50, sequential | {added:+.2f} ms | <= 1 ms | {_yes(added <= 1)} |",
-            f"| agent-gateway CPU per tools/call | {cpu:.2f} ms | <= 0.8 ms | {_yes(cpu <= 0.8)} |",
+            cpu_row,
             f"| agent-gateway / fastmcp-proxy (reused) throughput, {many} "
             f"| {speedup:.2f}x | >= 1.5x | {_yes(speedup >= 1.5)} |",
             f"| ({RELAY} / direct throughput, {many}: the floor) | {floor.throughput / straight.throughput:.0%} | | |",
             f"| ({RELAY} p50 - direct p50, sequential: the floor) | {p50(RELAY) - p50('direct'):+.2f} ms | | |",
             f"| (agent-gateway / {RELAY} throughput, {many}) | {gateway.throughput / floor.throughput:.0%} | | |",
-            f"| (agent-gateway p50 - {RELAY} p50, sequential) | {added - p50(RELAY) + p50('direct'):+.2f} ms | | |",
+            f"| (agent-gateway p50 - {RELAY} p50, sequential) | {p50('agent-gateway') - p50(RELAY):+.2f} ms | | |",
             f"| (agent-gateway / {REUSED_TUNED} throughput, {many}) "
             f"| {gateway.throughput / pick(REUSED_TUNED, many).throughput:.2f}x | | |",
         ]
