@@ -260,10 +260,12 @@ async def gateway(
     try:
         async with httpx.AsyncClient() as http:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            while True:
                 with suppress(httpx.TransportError):
                     if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
                         break
+                if time.monotonic() > deadline or child.poll() is not None:
+                    raise RuntimeError(f"the gateway never got ready: its log is {home / 'stderr.log'}")
                 await asyncio.sleep(0.1)
         yield f"http://127.0.0.1:{port}/mcp", Process(child.pid)
     finally:
@@ -274,7 +276,7 @@ async def gateway(
             child.kill()
             child.wait()
         log.close()
-        shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)  # kept when anything failed: its log says why
 
 
 def _slow_socket(port: int) -> socket.socket | None:
@@ -572,7 +574,11 @@ async def main() -> None:
         rows = [await one_attack(name, code, src, upstream_port) for name in names for code, src in codes]
     finally:
         upstream.terminate()
-        upstream.wait(10)
+        try:
+            upstream.wait(10)
+        except subprocess.TimeoutExpired:
+            upstream.kill()
+            upstream.wait()
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"$ {shlex.join([Path(sys.executable).name, *sys.argv])}\n")
     print(table(rows))
