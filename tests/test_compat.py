@@ -41,6 +41,7 @@ from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent_gateway import compat
 from agent_gateway.compat import exchange, lane
@@ -560,6 +561,22 @@ def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from
             assert column in body, (
                 f"langgraph-checkpoint-postgres: {table} has no {column} (compat/langgraph.py)"
             )
+
+
+# -- uvicorn (the listener's bounds, ``agent_gateway.listener``) ------------------------------
+
+
+@pytest.mark.parametrize(
+    "member", ["connection_made", "connection_lost", "on_headers_complete", "on_response_complete"]
+)
+def test_uvicorns_protocol_has_each_method_the_listener_overrides(member: str) -> None:
+    assert callable(getattr(HttpToolsProtocol, member, None)), f"uvicorn: HttpToolsProtocol.{member} is gone"
+
+
+def test_uvicorns_protocol_keeps_the_transport_the_listener_closes() -> None:
+    tree = ast.parse(inspect.getsource(HttpToolsProtocol.connection_made).strip().replace("\n    ", "\n"))
+    stored = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+    assert "transport" in stored, "uvicorn: HttpToolsProtocol.connection_made no longer keeps its transport"
 
 
 # -- the seam is the only place --------------------------------------------------------------

@@ -15,7 +15,7 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
-``on_response_complete`` and ``transport``; ``tests/test_listener.py`` checks they still
+``on_response_complete`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 """
 
