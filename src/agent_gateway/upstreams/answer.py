@@ -61,7 +61,8 @@ class Reading(Protocol):
 
 class Answer:
     """One answer as it arrives: status and headers, then its body. The connection feeds it
-    (``header`` … ``ended``, or ``fail``); the forwarder reads it (``arrived``, ``chunks``)."""
+    (``head`` and ``received_headers``, ``received``, ``ended``, or ``fail``); the forwarder
+    reads it (``arrived``, ``chunks``) and lets it go (``released``)."""
 
     def __init__(
         self, reading: Reading, request: httpx2.Request, limit: int | None, read_timeout: float | None
@@ -143,9 +144,7 @@ class Answer:
         request reads again (a reader that stopped early may have left it paused)."""
         self._bound.give_back()
         self._buffer.clear()
-        if self._paused:
-            self._paused = False
-            self._reading.resume_reading()
+        self._resume()
 
     # -- read by the forwarder -------------------------------------------------------------------
 
@@ -166,9 +165,7 @@ class Answer:
             if self._buffer:
                 chunk = bytes(self._buffer)
                 self._buffer.clear()
-                if self._paused:
-                    self._paused = False
-                    self._reading.resume_reading()
+                self._resume()
                 self._bound.take(len(chunk))
                 yield chunk
                 continue
@@ -206,6 +203,12 @@ class Answer:
                 timer.cancel()
         if self._error is not None and not self._buffer:
             raise self._error
+
+    def _resume(self) -> None:
+        """The connection reads again, if ``received`` paused it."""
+        if self._paused:
+            self._paused = False
+            self._reading.resume_reading()
 
     def _timed_out(self) -> None:
         self.fail(httpx2.ReadTimeout("timed out", request=self.request))
