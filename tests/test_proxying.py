@@ -521,6 +521,22 @@ async def test_resource_updates_reach_the_subscribed_client_only(
     ]
 
 
+async def test_a_session_ended_while_subscribed_lets_its_subscriptions_go_upstream(tmp_path: Path) -> None:
+    """A client that leaves without unsubscribing: its session's end unsubscribes on the shared
+    upstream session, which would otherwise go on watching the resource for nobody."""
+    async with recorded_gateway("http", tmp_path, protocol="legacy") as (gw, seen):
+        async with Client(gw.url, mode="legacy") as subscriber:
+            with pytest.warns(MCPDeprecationWarning):
+                await subscriber.subscribe_resource("counter://value")
+        events = await seen.wait_for(lambda ev: any(e["event"] == "unsubscribe" for e in ev))
+        after = await settled(gw, lambda s: s["subscriptions"] == 0 and s["sessions"]["live"] == 0)
+    assert upstream_subscriptions(events) == [
+        ("subscribe", ["counter://value"]),
+        ("unsubscribe", ["counter://value"]),
+    ]
+    assert after["pending_calls"] == 0
+
+
 def upstream_subscriptions(events: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     """What the recorder was asked to watch: subscribe/unsubscribe, or listen streams opened and ended."""
     shown: list[tuple[str, list[str]]] = []

@@ -190,5 +190,9 @@ class Proxy:
         """Calls in flight upstream, on shared and dedicated sessions."""
         return sum(s.pending for s in [*self._pool.live_sessions(), *self._dedicated.live])
 
+    def holds_dedicated(self, session: DownstreamSession) -> bool:
+        """Whether ``session`` has dedicated upstream sessions (``session: per_client``)."""
+        return self._dedicated.holds(session.id)
+
     async def end_session(self, session: DownstreamSession) -> None:
         await self._dedicated.close(session.id)

@@ -70,6 +70,7 @@ class Gateway:
         """What the replicas share (None: one replica, everything in this process)."""
         self.sessions = SessionRegistry(
             on_end=self._session_ended,
+            holds=lambda session: self.subscriptions.holds(session) or self.proxy.holds_dedicated(session),
             on_set_level=self._level_set,
             records=self.shared.sessions if self.shared is not None else None,
         )
@@ -173,10 +174,9 @@ class Gateway:
         lowlevel.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
-        # Modern-era tools/call checks its Mcp-Param-* headers against the tool's schema.
-        # Without a lookup the SDK finds it by running tools/list through the whole server
-        # on every call: a span, a metric and a third of the CPU of each modern call, billed
-        # to nobody who asked. The lookup is scoped to the client admission admitted.
+        # Modern-era tools/call checks its Mcp-Param-* headers against the tool's schema; without
+        # a lookup the SDK runs tools/list through the whole server on every call (a third of a
+        # modern call's CPU, billed to nobody). The lookup is scoped to the client admitted.
         lowlevel.get_tool_input_schema = self._input_schema
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:

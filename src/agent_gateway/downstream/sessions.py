@@ -178,14 +178,21 @@ class SessionRegistry(Middleware):
     """
 
     def __init__(
-        self, on_end: SessionHook, on_set_level: SessionHook, records: SessionRecords | None = None
+        self,
+        on_end: SessionHook,
+        on_set_level: SessionHook,
+        records: SessionRecords | None = None,
+        holds: Callable[[DownstreamSession], bool] = lambda _: True,
     ) -> None:
+        """``on_end`` releases what a session holds upstream, when ``holds`` says it holds
+        anything (both are the server's: subscriptions and dedicated upstream sessions)."""
         self.live: dict[str, DownstreamSession] = {}
         self.opened = 0
         self.ended = 0
         self.adopted = 0
         """Sessions opened on another replica and served here too (shared store)."""
         self._on_end = on_end
+        self._holds = holds
         self._on_set_level = on_set_level
         self._records = records
 
@@ -303,8 +310,11 @@ class SessionRegistry(Middleware):
             session.client.sessions -= 1
         self.ended += 1
         sessions_active.add(-1, {"mcp.era": session.era})
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
-            await self._on_end(session)
+        # Most hold nothing (every modern-era request ends a session): then no shielded,
+        # bounded scope is entered, 2.6 % of such a call's instructions.
+        if self._holds(session):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+                await self._on_end(session)
         if session.era == "handshake":
             logger.info(
                 "session %s ended after %.1fs (upstream sessions used: %s)",

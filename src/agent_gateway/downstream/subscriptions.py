@@ -110,6 +110,10 @@ class ResourceSubscriptions:
         for _, handler in list(self._streams.values()):
             handler.close()
 
+    def holds(self, session: DownstreamSession) -> bool:
+        """Whether ``session`` is subscribed to anything here."""
+        return bool(self._keys.get(session))
+
     async def session_ended(self, session: DownstreamSession) -> None:
         """``session`` ended here: its subscriptions are left upstream. With several replicas
         they are let go, not dropped: the session may live on another replica, which takes

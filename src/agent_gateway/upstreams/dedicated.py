@@ -191,6 +191,10 @@ class DedicatedSessions:
         gone = set(closing)
         await self._close([e for owned in self._sessions.values() for u, e in owned.items() if u in gone])
 
+    def holds(self, downstream_id: str) -> bool:
+        """Whether ``downstream_id`` has dedicated sessions here (open or opening)."""
+        return bool(self._sessions.get(downstream_id))
+
     async def close(self, downstream_id: str) -> None:
         """Close every dedicated session of ``downstream_id`` and wait (bounded) until they are."""
         await self._close(list(self._sessions.get(downstream_id, {}).values()))
