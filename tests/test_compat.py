@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import logging
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -639,3 +640,27 @@ def test_jsonschema_matches_every_pattern_through_the_re_the_seam_bounds() -> No
     for keyword in ("pattern", "patternProperties", "additionalProperties", "unevaluatedProperties"):
         found = validators.Draft202012Validator.VALIDATORS[keyword]
         assert inspect.getmodule(found) in seam.SEARCHING_MODULES, keyword
+
+
+def test_a_log_record_names_no_caller_once_srcfile_is_none() -> None:
+    """``logs.lean_records`` sets ``logging._srcfile`` to None, as the logging HOWTO advises, so
+    no record walks the stack for its caller: the attribute must still be what gates that."""
+    assert hasattr(logging, "_srcfile")
+    records: list[logging.LogRecord] = []
+    probe = logging.getLogger("agent_gateway.tests.compat.srcfile")
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    probe.addHandler(handler)
+    saved = logging._srcfile  # pyright: ignore[reportPrivateUsage]
+    try:
+        logging._srcfile = None  # pyright: ignore[reportPrivateUsage]
+        probe.warning("no caller")
+        logging._srcfile = saved  # pyright: ignore[reportPrivateUsage]
+        probe.warning("a caller")
+    finally:
+        logging._srcfile = saved  # pyright: ignore[reportPrivateUsage]
+        probe.removeHandler(handler)
+    assert [r.funcName for r in records] == [
+        "(unknown function)",
+        "test_a_log_record_names_no_caller_once_srcfile_is_none",
+    ]

@@ -20,7 +20,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 logger = logging.getLogger("agent_gateway.calls")
@@ -75,9 +75,9 @@ class Call:
         return self.outcome not in ("ok", "paused")
 
     def fields(self) -> dict[str, Any]:
-        fields = asdict(self)
-        del fields["arguments"]
-        return {"event": "call", **fields}
+        """The access line's fields: every one but the arguments, as they are (all are flat,
+        so no copy is needed: ``asdict`` deep-copied them, a third of the line's cost)."""
+        return {"event": "call", **{name: getattr(self, name) for name in _LOGGED}}
 
     def line(self) -> str:
         session = f" session {self.session}" if self.session else ""
@@ -89,6 +89,8 @@ class Call:
             f"{self.outcome}{why} in {self.duration_ms:.1f} ms{trace}"
         )
 
+
+_LOGGED = tuple(f.name for f in fields(Call) if f.name != "arguments")
 
 CallListener = Callable[[Call], None]
 

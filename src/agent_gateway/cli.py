@@ -23,7 +23,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.logs import Clipped, JsonFormatter, TraceIds, redacted_url
+from agent_gateway.logs import Clipped, JsonFormatter, TraceIds, lean_records, redacted_url
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
@@ -35,6 +35,7 @@ logger = logging.getLogger("agent_gateway")
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
     handler = _log_handler("text")
+    lean_records()
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     runtime.quiet_libraries(logging.getLevelNamesMapping()[args.log_level.upper()])
     try:
