@@ -16,7 +16,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.activity import Call, cut
-from agent_gateway.logs import JsonFormatter, TraceIds
+from agent_gateway.logs import CLIP, JsonFormatter, TraceIds
 from tests.agent.scripted import ScriptedChatModel, call, calls
 from tests.support import python_upstream, running_gateway, serving_upstream
 
@@ -110,6 +110,15 @@ async def test_the_json_log_format_makes_the_access_line_structured(caplog: pyte
         "anonymous",
     )
     assert isinstance(line["duration_ms"], float)
+
+
+def test_the_json_log_format_cuts_each_structured_field() -> None:
+    """A client chooses many fields (names, ids): written as JSON, each is cut to ``CLIP``."""
+    record = logging.LogRecord("agent_gateway.calls", logging.INFO, __file__, 1, "%s", ("line",), None)
+    record.fields = {"name": "x" * 100_000, "duration_ms": 1.5}
+    line = json.loads(JsonFormatter().format(record))
+    assert line["name"] == "x" * CLIP + "… (100000 characters)"
+    assert line["duration_ms"] == 1.5
 
 
 async def test_calls_are_kept_in_order_and_handed_to_subscribers_once() -> None:

@@ -47,10 +47,10 @@ def clipped(value: object, limit: int = CLIP) -> object:
 
 
 class Clipped(logging.Filter):
-    """Cuts every argument of every record, and every structured field, to ``CLIP``
-    characters (the one place that keeps a client from choosing how much is written), and
-    takes credentials and query values out of any URL in the message (a library's debug
-    line prints the URL it requested)."""
+    """Cuts every argument of every record to ``CLIP`` characters (with ``JsonFormatter``, the
+    only writer of structured fields, which cuts those: the places that keep a client from
+    choosing how much is written), and takes credentials and query values out of any URL in
+    the message (a library's debug line prints the URL it requested)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple) and record.args:
@@ -60,9 +60,6 @@ class Clipped(logging.Filter):
         message = record.getMessage()
         if "://" in message or "?" in message:
             record.msg, record.args = redacted_url(message), ()
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, dict) and fields:
-            record.fields = {k: clipped(v) for k, v in fields.items()}  # pyright: ignore[reportUnknownVariableType]
         return True
 
 
@@ -90,8 +87,8 @@ class JsonFormatter(logging.Formatter):
             "span_id": getattr(record, "span_id", ""),
         }
         fields = getattr(record, "fields", None)
-        if isinstance(fields, dict):  # structured lines (the access line) bring their own
-            line.update(fields)  # pyright: ignore[reportUnknownArgumentType]
+        if isinstance(fields, dict):  # structured lines (the access line) bring their own, cut
+            line.update({k: clipped(v) for k, v in fields.items()})  # pyright: ignore[reportUnknownVariableType]
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)
