@@ -18,7 +18,9 @@ Roles (``--role``), each in a process of its own as ``overhead.py`` runs them:
 The upstream of the gateway and of the relay runs in this process. ``--warmup`` calls are
 made first, then the counters are zeroed and ``--calls`` calls counted (one client, one call
 at a time: under valgrind a call takes ~50 ms, and several at once would cross the
-gateway's 0.25 s threshold for watching a call, which a real client never does).
+gateway's 0.25 s threshold for watching a call, which a real client never does). What is
+batched by time is batched less: the audit writer gathers the records of 50 ms, a handful of
+calls at full speed and one under valgrind, so its share per call is overstated here.
 
     .venv/bin/python bench/instructions_per_call.py --mode auto            # or legacy
     .venv/bin/python bench/instructions_per_call.py --role relay --role upstream
@@ -170,9 +172,13 @@ def _callgrind(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=STOP_BOUND)
 
 
-def _dumped(workdir: Path) -> int:
-    """The instructions of the dump ``callgrind_control --dump`` wrote (its ``summary:`` line)."""
+def _dumped(workdir: Path, keep: Path | None) -> int:
+    """The instructions of the dump ``callgrind_control --dump`` wrote (its ``summary:`` line);
+    the dump is copied into ``keep`` if given (for ``callgrind_annotate``)."""
     (dump,) = [p for p in workdir.glob("callgrind.out.*") if p.suffix != ".out"]
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(dump, keep / f"callgrind.{workdir.name}.out")
     for line in dump.read_text(errors="replace").splitlines():
         if line.startswith(("summary:", "totals:")):
             return int(line.split()[1])
@@ -180,7 +186,7 @@ def _dumped(workdir: Path) -> int:
 
 
 async def count(
-    role: str, mode: str, calls: int, warmup: int, src: str | None, extra: dict[str, Any]
+    role: str, mode: str, calls: int, warmup: int, src: str | None, extra: dict[str, Any], keep: Path | None
 ) -> Count:
     """The instructions ``role`` executes over ``calls`` calls, after ``warmup`` uncounted ones."""
     async with (
@@ -195,7 +201,7 @@ async def count(
             for _ in range(calls):
                 await client.call_tool(tool, {"text": "x"})
             _callgrind("--dump", str(process.pid))
-        return Count(_revision(src), role, mode, calls, _dumped(workdir))
+        return Count(_revision(src), role, mode, calls, _dumped(workdir, keep))
 
 
 @asynccontextmanager
@@ -257,7 +263,9 @@ async def run(args: argparse.Namespace) -> list[Count]:
 
     async def one(i: int, src: str | None, role: str, limit: anyio.CapacityLimiter) -> None:
         async with limit:
-            counts[i] = await count(role, args.mode, args.calls, args.warmup, src, json.loads(args.extra))
+            counts[i] = await count(
+                role, args.mode, args.calls, args.warmup, src, json.loads(args.extra), args.keep
+            )
 
     limit = anyio.CapacityLimiter(2)
     async with anyio.create_task_group() as tg:
@@ -276,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--extra", default="{}", help="JSON merged into the gateway's config, e.g. to turn a part off"
     )
+    parser.add_argument("--keep", type=Path, help="a directory to copy each callgrind dump into")
     parser.add_argument("--serve", choices=("relay", "upstream"), help=argparse.SUPPRESS)
     parser.add_argument("--upstream", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
