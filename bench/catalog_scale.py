@@ -424,12 +424,12 @@ class Lines:
         return "\n".join(line for _, line in self.lines[-n:])
 
 
-async def stop_process(process: Process) -> None:
-    """SIGTERM, then SIGKILL after ``STOP_BOUND``; reaped either way."""
+async def stop_process(process: Process, bound: float = STOP_BOUND) -> None:
+    """SIGTERM, then SIGKILL after ``bound`` seconds; reaped either way."""
     with anyio.CancelScope(shield=True):
         if process.returncode is None:
             process.terminate()
-            with anyio.move_on_after(STOP_BOUND):
+            with anyio.move_on_after(bound):
                 await process.wait()
         if process.returncode is None:
             process.kill()

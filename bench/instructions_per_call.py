@@ -53,13 +53,16 @@ from mcp import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: make `bench` importable
 from bench import overhead
+from bench.catalog_scale import stop_process
 from bench.relay import relay
 from tests.support import free_socket, serving
 
 STARTUP_BOUND = 600.0
 """Seconds a process under valgrind may take to serve (imports run ~50 times slower)."""
 CALL_TIMEOUT = 120.0
-STOP_BOUND = 60.0
+CONTROL_BOUND = 60.0
+"""Seconds callgrind_control may take to zero or dump the counters, and the process to stop
+(valgrind writes its last dump on the way out)."""
 ROLES = ("gateway", "relay", "upstream")
 
 
@@ -120,22 +123,19 @@ async def under_valgrind(
         env = os.environ | ({"PYTHONPATH": src} if src else {})
         port = _free_port()
         command = _command(role, upstream, workdir, port, extra)
-        errors = (workdir / "stderr").open("wb")
-        process = await anyio.open_process(
-            command, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=errors
-        )
-        try:
-            with anyio.fail_after(STARTUP_BOUND):
-                url = await _serving_url(role, process, port)
-            yield process, url, workdir
-        except BaseException:
-            errors.flush()
-            print((workdir / "stderr").read_text(errors="replace")[-3000:], file=sys.stderr)
-            raise
-        finally:
-            with anyio.CancelScope(shield=True):
-                await _stop(process)
-                errors.close()
+        stdout = subprocess.PIPE if role != "gateway" else subprocess.DEVNULL  # a role prints its URL
+        with (workdir / "stderr").open("wb") as errors:
+            process = await anyio.open_process(command, env=env, cwd=workdir, stdout=stdout, stderr=errors)
+            try:
+                with anyio.fail_after(STARTUP_BOUND):
+                    url = await _serving_url(role, process, port)
+                yield process, url, workdir
+            except BaseException:
+                errors.flush()
+                print((workdir / "stderr").read_text(errors="replace")[-3000:], file=sys.stderr)
+                raise
+            finally:
+                await stop_process(process, CONTROL_BOUND)  # shielded; valgrind writes its dump
 
 
 async def _serving_url(role: str, process: Process, port: int) -> str:
@@ -158,18 +158,10 @@ async def _serving_url(role: str, process: Process, port: int) -> str:
             await anyio.sleep(1)
 
 
-async def _stop(process: Process) -> None:
-    if process.returncode is None:
-        process.terminate()
-        with anyio.move_on_after(STOP_BOUND):
-            await process.wait()
-    if process.returncode is None:
-        process.kill()
-        await process.wait()
-
-
-def _callgrind(*args: str) -> None:
-    subprocess.run(["callgrind_control", *args], check=True, capture_output=True, timeout=STOP_BOUND)
+async def _callgrind(*args: str) -> None:
+    # Not a blocking subprocess.run: the other count's gateway and upstream share this loop.
+    with anyio.fail_after(CONTROL_BOUND):
+        await anyio.run_process(["callgrind_control", *args], check=True)
 
 
 def _dumped(workdir: Path, keep: Path | None) -> int:
@@ -197,10 +189,10 @@ async def count(
         async with Client(url, mode=mode, read_timeout_seconds=CALL_TIMEOUT) as client:
             for _ in range(warmup):
                 await client.call_tool(tool, {"text": "x"})
-            _callgrind("--zero", str(process.pid))
+            await _callgrind("--zero", str(process.pid))
             for _ in range(calls):
                 await client.call_tool(tool, {"text": "x"})
-            _callgrind("--dump", str(process.pid))
+            await _callgrind("--dump", str(process.pid))
         return Count(_revision(src), role, mode, calls, _dumped(workdir, keep))
 
 

@@ -12,6 +12,7 @@ import ast
 import dataclasses
 import inspect
 import logging
+import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -643,8 +644,8 @@ def test_jsonschema_matches_every_pattern_through_the_re_the_seam_bounds() -> No
 
 
 def test_a_log_record_names_no_caller_once_srcfile_is_none() -> None:
-    """``logs.lean_records`` sets ``logging._srcfile`` to None, as the logging HOWTO advises, so
-    no record walks the stack for its caller: the attribute must still be what gates that."""
+    """``compat.stdlib.lean_log_records`` sets ``logging._srcfile`` to None, as the logging HOWTO
+    advises, so no record walks the stack for its caller: the attribute must still gate that."""
     assert hasattr(logging, "_srcfile")
     records: list[logging.LogRecord] = []
     probe = logging.getLogger("agent_gateway.tests.compat.srcfile")
@@ -655,7 +656,8 @@ def test_a_log_record_names_no_caller_once_srcfile_is_none() -> None:
     try:
         logging._srcfile = None  # pyright: ignore[reportPrivateUsage]
         probe.warning("no caller")
-        logging._srcfile = saved  # pyright: ignore[reportPrivateUsage]
+        # logging's own value (whatever an earlier test left): its file, as the module sets it
+        logging._srcfile = os.path.normcase(logging.addLevelName.__code__.co_filename)  # pyright: ignore[reportPrivateUsage]
         probe.warning("a caller")
     finally:
         logging._srcfile = saved  # pyright: ignore[reportPrivateUsage]

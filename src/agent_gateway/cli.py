@@ -19,11 +19,12 @@ from agent_gateway import __version__, access, runtime
 from agent_gateway.agent.reporting import TerminalObserver
 from agent_gateway.agent.request import AgentRequest
 from agent_gateway.cli_records import add_commands
+from agent_gateway.compat.stdlib import lean_log_records
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.logs import Clipped, JsonFormatter, TraceIds, lean_records, redacted_url
+from agent_gateway.logs import Clipped, JsonFormatter, TraceIds, redacted_url
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
@@ -35,7 +36,6 @@ logger = logging.getLogger("agent_gateway")
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(argv)
     handler = _log_handler("text")
-    lean_records()
     logging.basicConfig(level=args.log_level.upper(), handlers=[handler])
     runtime.quiet_libraries(logging.getLevelNamesMapping()[args.log_level.upper()])
     try:
@@ -189,6 +189,7 @@ def serve_config(args: argparse.Namespace, config: GatewayConfig) -> GatewayConf
 
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
     config = serve_config(args, config)
+    lean_log_records()
     with _telemetry(config):
         gateway = Gateway(config)
         reloader = Reloader(

@@ -147,6 +147,7 @@ class DirectRoute:
                 continue
             if route.methods is None or "POST" in route.methods:  # None: any method (no auth)
                 self._route = route.app
+                break  # the router takes the first match too
         return self._route
 
 

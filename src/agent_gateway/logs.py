@@ -20,17 +20,6 @@ def redacted_url(text: str) -> str:
     return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
-def lean_records() -> None:
-    """Log records without what no line of ours prints: the caller's file and line (found by
-    walking up the stack for every record), and the thread's and process's ids and names.
-    The optimisations the logging HOWTO names ("Optimization"); an access line cost 10 % of
-    a modern-era call's instructions before (``bench/instructions_per_call.py``)."""
-    logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
-    logging._srcfile = None  # pyright: ignore[reportPrivateUsage]  # the HOWTO's own advice
-
-
 CLIP = 256
 """Characters of one logged value kept: clients choose many of them (names, ids, URIs)."""
 
