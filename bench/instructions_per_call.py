@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from bench import overhead
 from bench.catalog_scale import stop_process
 from bench.relay import relay
-from tests.support import free_socket, serving
+from tests.support import free_socket
 
 STARTUP_BOUND = 600.0
 """Seconds a process under valgrind may take to serve (imports run ~50 times slower)."""
@@ -221,16 +221,10 @@ def _revision(src: str | None) -> str:
 
 async def serve(role: str, upstream: str) -> None:
     """Serve ``role``, print its URL, and serve until terminated."""
-    server = relay(upstream) if role == "relay" else _upstream_alone()
+    server = relay(upstream) if role == "relay" else overhead.upstream_server()
     async with server as url:
         print(url, flush=True)
         await anyio.sleep_forever()
-
-
-@asynccontextmanager
-async def _upstream_alone() -> AsyncIterator[str]:
-    async with serving(overhead.make_upstream().http_app(path="/mcp")) as base:
-        yield f"{base}/mcp"
 
 
 # -- the run ------------------------------------------------------------------------------------------
