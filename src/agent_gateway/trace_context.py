@@ -17,6 +17,12 @@ from opentelemetry.context import Context
 _CARRIER_KEYS = ("traceparent", "tracestate", "baggage")
 
 
+def tracing() -> bool:
+    """Whether spans are being made: an SDK provider is installed. Until then every span is a
+    no-op that only hands on its parent, so a path per call may skip making one."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
 # -- trace context in ------------------------------------------------------------------------
 
 

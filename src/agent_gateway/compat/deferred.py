@@ -75,7 +75,7 @@ from agent_gateway.compat.lane import (
     route_of,
 )
 from agent_gateway.downstream.keepalive import Keepalive
-from agent_gateway.telemetry import http_answers
+from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
 

@@ -65,7 +65,7 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.limits import replay
-from agent_gateway.telemetry import http_answers
+from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
 

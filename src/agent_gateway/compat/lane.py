@@ -62,7 +62,7 @@ from mcp_types import (
 )
 from starlette.types import Send
 
-from agent_gateway.telemetry import http_answers
+from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
-from agent_gateway.telemetry import sessions_active
+from agent_gateway.tally import sessions_active
 
 logger = logging.getLogger(__name__)
 

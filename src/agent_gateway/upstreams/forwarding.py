@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,7 @@ import msgspec
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from mcp_types import methods as mcp_methods
+from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.compat.mcp import (
@@ -51,7 +53,7 @@ from agent_gateway.compat.mcp import (
     stamp,
 )
 from agent_gateway.schema_check import SchemaCheck
-from agent_gateway.trace_context import carried
+from agent_gateway.trace_context import carried, tracing
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.http_transport import UpstreamClient
 
@@ -183,7 +185,9 @@ class Forwarder:
         sent: dict[str, Any] = body["_meta"]  # the session's stamp is in it now
         if progress is not None:  # the upstream reports progress only when given a token
             sent["progressToken"] = request_id
-        with otel_client_span("tools/call", name, request_id) as span:
+        # Untraced, the span would be a no-op: its name and attributes go unmade.
+        spanned = otel_client_span("tools/call", name, request_id) if tracing() else nullcontext(INVALID_SPAN)
+        with spanned as span:
             inject_trace_context(sent)
             version = client.protocol_version or "2026-07-28"
             headers.update(carried(sent))  # as the transport's trace hook does
