@@ -17,6 +17,10 @@ The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the 
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``on_response_complete`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
+
+The same protocol sends a response's head with its body: uvicorn writes the head when the
+response starts and the body when it comes, two system calls and two TCP segments for
+every answer, which the client then reads twice (``HeadWithBody``).
 """
 
 from __future__ import annotations
@@ -103,6 +107,7 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.transport = HeadWithBody(transport)  # each request's writes go through it
             peer: Any = transport.get_extra_info("peername")
             self._address = str(peer[0]) if isinstance(peer, tuple) and peer else "unix"
             if (reason := connections.admit(self._address)) is not None:
@@ -151,3 +156,71 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
                 self.transport.close()
 
     return BoundedProtocol
+
+
+class HeadWithBody(asyncio.Transport):
+    """A connection's transport that holds a response's head until the response's first body
+    bytes, and writes both at once. A head whose body is not written in the same turn of the
+    event loop (a stream that starts empty) goes out alone at the end of that turn."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        super().__init__()
+        self._transport = transport
+        self._head: bytes | None = None
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._head is not None:
+            data, self._head = self._head + bytes(data), None
+        elif data[:9] == b"HTTP/1.1 ":  # uvicorn writes a head whole, in one call
+            self._head = bytes(data)
+            asyncio.get_running_loop().call_soon(self._flush)
+            return
+        self._transport.write(data)
+
+    def _flush(self) -> None:
+        if self._head is not None:
+            head, self._head = self._head, None
+            if not self._transport.is_closing():
+                self._transport.write(head)
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self._transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self._transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self._transport.resume_reading()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._transport.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self._transport.get_protocol()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + len(self._head or b"")
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self._transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self._transport.get_write_buffer_limits()
+
+    def write_eof(self) -> None:
+        self._flush()
+        self._transport.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self._transport.can_write_eof()
+
+    def abort(self) -> None:
+        self._head = None
+        self._transport.abort()
