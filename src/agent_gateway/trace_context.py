@@ -5,7 +5,9 @@ copied into that POST's headers too (for upstreams and proxies that read only he
 from __future__ import annotations
 
 import json
+import math
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +19,30 @@ from opentelemetry.context import Context
 _CARRIER_KEYS = ("traceparent", "tracestate", "baggage")
 
 
-def tracing() -> bool:
+class _Tracing:
     """Whether spans are being made: an SDK provider is installed. Until then every span is a
-    no-op that only hands on its parent, so a path per call may skip making one."""
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    no-op that only hands on its parent, so a path per call may skip making one.
+
+    OpenTelemetry is asked at most once a second until a provider is there (its answer looks
+    up an environment variable: 2.4 us, twice a call), and not again once one is: a global
+    provider, once set, cannot be replaced. Providers are set at start-up, before serving."""
+
+    def __init__(self) -> None:
+        self._on = False
+        self._asked = -math.inf
+
+    def __call__(self) -> bool:
+        if self._on:
+            return True
+        now = time.monotonic()
+        if now - self._asked >= 1.0:
+            self._asked = now
+            provider = trace.get_tracer_provider()
+            self._on = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        return self._on
+
+
+tracing = _Tracing()
 
 
 # -- trace context in ------------------------------------------------------------------------

@@ -337,33 +337,29 @@ class UpstreamSession:
     ) -> Iterator[Client]:
         """The client, for one request: admitted by the guard, bounded by the timeout, its
         errors translated, and, for an ``operation`` (method, target), its span enriched and
-        its duration recorded."""
+        its duration recorded. One generator, and the bound a bare cancel scope (what
+        ``anyio.fail_after`` wraps): this runs on every call."""
         client = self._client
         if client is None:
             raise UpstreamUnavailable(self.name, "not connected")
         if self.lost.is_set():  # closing: its pending calls are being failed
             raise UpstreamUnavailable(self.name, f"{what}: connection lost ({self.lost_reason})")
         limit = timeout or self.config.timeout
-        with self.guard.admitted(), self._bounded(client, caller, what, operation, limit) as bound:
-            yield bound
-
-    @contextmanager
-    def _bounded(
-        self,
-        client: Client,
-        caller: ClientSide | None,
-        what: str,
-        operation: tuple[str, str] | None,
-        timeout: float,
-    ) -> Iterator[Client]:
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
-        try:
-            with self.replies.calling(caller), measured, anyio.fail_after(timeout), self.translated(what):
-                yield client
-        except TimeoutError as exc:
-            raise UpstreamTimeout(self.name, f"{what}: no answer within {timeout:g}s") from exc
+        with self.guard.admitted():
+            try:
+                with self.replies.calling(caller), measured:
+                    with (
+                        anyio.CancelScope(deadline=anyio.current_time() + limit) as bound,
+                        self.translated(what),
+                    ):
+                        yield client
+                    if bound.cancelled_caught:  # its own deadline: an outer cancel passes through
+                        raise TimeoutError
+            except TimeoutError as exc:
+                raise UpstreamTimeout(self.name, f"{what}: no answer within {limit:g}s") from exc
 
     @contextmanager
     def translated(self, what: str) -> Iterator[None]:
