@@ -15,6 +15,7 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
 from agent_gateway.compat.resumed import resumed_client
+from agent_gateway.compat.stdlib import holds_callbacks
 from tests.support import serving_upstream
 
 SRC = Path(compat.__file__).resolve().parent.parent
@@ -666,3 +668,16 @@ def test_a_log_record_names_no_caller_once_srcfile_is_none() -> None:
         "(unknown function)",
         "test_a_log_record_names_no_caller_once_srcfile_is_none",
     ]
+
+
+async def test_an_exit_stack_shows_whether_it_holds_anything_to_unwind() -> None:
+    """``compat.stdlib.holds_callbacks`` reads ``AsyncExitStack._exit_callbacks``: a modern-era
+    request's connection is unwound only when it holds something (``compat/exchange._served``)."""
+    stack = AsyncExitStack()
+    assert not holds_callbacks(stack)
+    ran: list[int] = []
+    stack.callback(ran.append, 1)
+    assert holds_callbacks(stack)
+    await stack.aclose()
+    assert ran == [1]
+    assert not holds_callbacks(stack)

@@ -7,7 +7,7 @@ through a Starlette response: two tasks, a task group, a stream and two dumps of
 per call, about a tenth of the gateway's CPU per call (``bench/README.md``).
 
 Here the POST's task runs the same checks (the SDK's own functions, in its order) and the
-same runner (``serve_one``: every middleware, validation and seal applies), and writes the
+same runner (``serve_one``'s: every middleware, validation and seal applies), and writes the
 answer itself: one JSON body straight from the handler's dict when the call sent nothing
 first, else the SDK's ``text/event-stream`` frames, committed by the call's first message.
 Anything that is not a plain request the checks pass (a notification, a batch, a malformed
@@ -44,7 +44,7 @@ from anyio.abc import TaskGroup
 from mcp.server import _streamable_http_modern as sdk  # pyright: ignore[reportPrivateUsage]
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
-from mcp.server.runner import modern_error_data, serve_one
+from mcp.server.runner import ServerRunner, aclose_shielded, modern_error_data
 from mcp.server.streamable_http import check_accept_headers
 from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.dispatcher import CallOptions
@@ -63,6 +63,7 @@ from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
+from agent_gateway.compat.stdlib import holds_callbacks
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.limits import replay
 from agent_gateway.tally import http_answers
@@ -131,14 +132,7 @@ class ModernLane:
         connection = Connection.from_envelope(
             route.protocol_version, route.client_info, route.client_capabilities
         )
-        work = serve_one(
-            self._server,
-            context,
-            message.method,
-            message.params,
-            connection=connection,
-            lifespan_state=lifespan_state,
-        )
+        work = _served(ServerRunner(self._server, connection, lifespan_state), context, message)
         await exchange.answer(message.id, work, self._watching)
 
     async def _admitted(
@@ -280,6 +274,19 @@ class Exchange:
         status = ERROR_CODE_HTTP_STATUS.get(outcome.code, 200) if isinstance(outcome, ErrorData) else 200
         http_answers.add(1, {"form": "json", "mcp.era": "modern"})
         await json_answer(self._send, json_body(request_id, outcome), status)
+
+
+async def _served(
+    runner: ServerRunner[Any], context: ExchangeContext, message: JSONRPCRequest
+) -> dict[str, Any]:
+    """What the SDK's ``serve_one`` does, but the connection's exit stack is unwound (shielded,
+    bounded) only when something was pushed on it: for nearly every request nothing was, and
+    the shielded scope cost 1 % of a call."""
+    try:
+        return await runner.on_request(context, message.method, message.params)
+    finally:
+        if holds_callbacks(runner.connection.exit_stack):
+            await aclose_shielded(runner.connection)
 
 
 def _message(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> JSONRPCResponse | JSONRPCError:

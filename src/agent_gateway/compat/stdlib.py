@@ -3,11 +3,15 @@
 ``logging._srcfile``: every log record walks up the stack for the file and line of its caller
 unless it is None, which the logging HOWTO ("Optimization") gives as the way to turn that off.
 ``tests/test_compat.py`` checks that it still gates the walk.
+
+``AsyncExitStack._exit_callbacks``: whether a stack holds anything to unwind (it has no public
+way to say so). ``tests/test_compat.py`` checks that a pushed callback shows there.
 """
 
 from __future__ import annotations
 
 import logging
+from contextlib import AsyncExitStack
 
 
 def lean_log_records() -> None:
@@ -20,3 +24,8 @@ def lean_log_records() -> None:
     logging.logProcesses = False
     logging.logMultiprocessing = False
     logging._srcfile = None  # pyright: ignore[reportPrivateUsage]  # the HOWTO's own advice
+
+
+def holds_callbacks(stack: AsyncExitStack) -> bool:
+    """Whether closing ``stack`` would run anything."""
+    return bool(stack._exit_callbacks)  # pyright: ignore[reportAttributeAccessIssue]  # no public way
