@@ -33,18 +33,21 @@ def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
     server = gateway.config.server
     shared = gateway.shared
-    # Host and Origin are checked on every request (DNS rebinding): loopback names and the
-    # bound address always pass; anything else must be listed in server.allowed_hosts.
+    # Host and Origin are checked on every request (DNS rebinding), by HostCheck, in place of
+    # FastMCP's guard: loopback names and the bound address always pass; anything else must be
+    # listed in server.allowed_hosts ("*" passes any Host; Origin is still checked).
     mcp_app = gateway.server.http_app(
         path=server.path,
         session_idle_timeout=server.session_idle_timeout,
-        host_origin_protection=True,  # "*" in allowed_hosts passes any Host; Origin is still checked
-        allowed_hosts=list(server.allowed_hosts),
-        allowed_origins=list(server.allowed_origins),
+        host_origin_protection=False,
         # With a shared store, a dropped SSE stream resumes (Last-Event-ID) on any replica.
         event_store=shared.events if shared is not None else None,
         middleware=[
-            Middleware(HostCheck, allowed_origins=list(server.allowed_origins)),
+            Middleware(
+                HostCheck,
+                allowed_origins=list(server.allowed_origins),
+                allowed_hosts=list(server.allowed_hosts),
+            ),
             Middleware(
                 Admission,
                 access=gateway.access,

@@ -21,6 +21,7 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.host_check import HostNames
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
 from tests.support import RunningGateway, free_socket, gateway_env, ready, running_gateway, serving_upstream
@@ -81,6 +82,20 @@ async def test_host_and_origin_are_compared_exactly() -> None:
         assert (await http.get(health, headers=other)).status_code == 403
         own = {"Origin": f"http://127.0.0.1:{port}"}
         assert (await http.get(health, headers=own)).status_code == 200
+
+
+async def test_only_loopback_names_the_bound_address_and_allowed_hosts_pass_as_host() -> None:
+    async with library(server={"allowed_hosts": ["gateway.test", "*.corp.test:8000"]}) as gw:
+        health = f"{gw.base}/healthz"
+        async with httpx.AsyncClient() as http:
+            for host in ("gateway.test", "gateway.test:9999", "a.corp.test", "B.Corp.Test:1"):
+                assert (await http.get(health, headers={"Host": host})).status_code == 200, host
+            for host in ("corp.test", "evil.test", "gateway.test.evil.test", "10.0.0.1"):
+                assert (await http.get(health, headers={"Host": host})).status_code == 421, host
+    assert HostNames([], "10.1.2.3").holds("10.1.2.3")
+    assert not HostNames([], "0.0.0.0").holds("0.0.0.0")  # unspecified: not a name
+    assert not HostNames([], "::").holds("::")
+    assert HostNames(["*"], None).holds("anything.test")
 
 
 async def test_hidden_resources_and_prompts_are_answered_as_unknown_ones() -> None:
