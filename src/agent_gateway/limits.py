@@ -116,7 +116,7 @@ class Admission:
                 self.on_refused(client.subject, session, body, message)
             await _refuse(send, 429, message, code=RATE_LIMITED, data=data, headers=headers)
             return
-        if (problem := self._shape_problem(body)) is not None:
+        if (problem := self._shape_problem(body, scope)) is not None:
             await self._refuse_body(send, 400, problem)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
@@ -179,11 +179,11 @@ class Admission:
         )
         return None
 
-    def _shape_problem(self, body: bytes) -> str | None:
+    def _shape_problem(self, body: bytes, scope: Scope) -> str | None:
         bound = self.bounds.body_elements
         if (count := json_values(body, bound)) > bound:
             return f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
-        return _id_problem(body)
+        return _id_problem(body, scope)
 
     async def _refuse_body(self, send: Send, status: int, message: str) -> None:
         refused("body", "refused an HTTP request: %s", message)
@@ -274,7 +274,7 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def _id_problem(body: bytes) -> str | None:
+def _id_problem(body: bytes, scope: Scope) -> str | None:
     if b'"id"' not in body:
         return None
     try:
@@ -288,7 +288,14 @@ def _id_problem(body: bytes) -> str | None:
     request_id = message["id"]
     if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
         return f"a request id must be a string or an integer, not {type(request_id).__name__}"
+    scope[PARSED] = (body, message)
     return None
+
+
+PARSED = "agent_gateway.parsed"
+"""Scope key: a request's body and the JSON object it holds, as admission parsed it, for the
+modern lane (``compat/exchange.py``), which would parse it again (it must check the body is the
+same: a layer between may have changed it)."""
 
 
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')

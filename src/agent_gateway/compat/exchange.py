@@ -65,7 +65,7 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.compat.stdlib import holds_callbacks
 from agent_gateway.downstream.keepalive import Keepalive
-from agent_gateway.limits import replay
+from agent_gateway.limits import PARSED, replay
 from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,8 @@ class ModernLane:
         if not has_json or not (self._json_response or has_sse):
             return None
         try:
-            decoded = json.loads(body)
+            parsed = request.scope.get(PARSED)  # admission's, when it parsed this very body
+            decoded = parsed[1] if parsed is not None and parsed[0] == body else json.loads(body)
             message = JSONRPCRequest.model_validate(decoded) if "id" in decoded else None
         except (ValueError, RecursionError, TypeError, ValidationError):
             return None
