@@ -21,8 +21,7 @@ answered from the tool index. FastMCP's own ``tools/call`` path serves nothing.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import mcp_types as types
@@ -34,7 +33,7 @@ from agent_gateway.agent.tool import AgentTool
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import SearchConfig
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.downstream.sessions import SessionRegistry
+from agent_gateway.downstream.sessions import DownstreamSession, SessionRegistry
 from agent_gateway.errors import (
     ClientLimited,
     GatewayBusy,
@@ -105,7 +104,8 @@ class Pipeline:
         elif self._agent is not None and name == self._agent.name:
             return await self._ask_agent(ctx, client, params)
         try:
-            async with self._caller(ctx, client, params) as caller:
+            async with self._sessions.serving(ctx) as session:
+                caller = _caller(ctx, session, client, params)
                 result = await self._proxy.call_tool(params.name, params.arguments or {}, caller)
             hold(_scope(ctx), result)
         except GatewayError as exc:
@@ -120,8 +120,8 @@ class Pipeline:
             who = _authorized(client, params.name)
         except NotAllowed as exc:
             return _error_result(exc)
-        async with self._caller(ctx, who, params) as caller:
-            return await self._agent.call(params.arguments or {}, who, caller)
+        async with self._sessions.serving(ctx) as session:
+            return await self._agent.call(params.arguments or {}, who, _caller(ctx, session, who, params))
 
     async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
         return await self._answered(
@@ -145,24 +145,14 @@ class Pipeline:
     ) -> R:
         """``forward`` for the request's caller; a gateway error is the JSON-RPC error
         ``errors.to_wire`` makes of it (a tool's failure is a result instead: ``call_tool``)."""
-        async with self._caller(ctx, self._access.identify(ctx.request), params) as caller:
+        async with self._sessions.serving(ctx) as session:
+            caller = _caller(ctx, session, self._access.identify(ctx.request), params)
             try:
                 result = await forward(caller)
                 hold(_scope(ctx), result)
             except GatewayError as exc:
                 raise to_wire(exc) from exc
         return result
-
-    @asynccontextmanager
-    async def _caller(
-        self,
-        ctx: Context,
-        client: Principal | None,
-        params: types.InputResponseRequestParams | None = None,
-    ) -> AsyncIterator[Caller]:
-        async with self._sessions.serving(ctx) as session:
-            meta = ctx.params.get("_meta") if ctx.params is not None else None
-            yield Caller.of_request(session, ctx.session, ctx.request_id, meta, params, client)
 
     async def _search_tools(
         self, arguments: dict[str, Any], client: Principal | None
@@ -180,6 +170,17 @@ class Pipeline:
         )
         logger.debug("search_tools %r: %d of %d", request.query, len(found), total)
         return search_result(found, total, request.query)
+
+
+def _caller(
+    ctx: Context,
+    session: DownstreamSession,
+    client: Principal | None,
+    params: types.InputResponseRequestParams | None = None,
+) -> Caller:
+    """The request's caller, in ``session`` (current while it is served)."""
+    meta = ctx.params.get("_meta") if ctx.params is not None else None
+    return Caller.of_request(session, ctx.session, ctx.request_id, meta, params, client)
 
 
 def _scope(ctx: Context) -> Any:
