@@ -6,12 +6,14 @@ each upstream's latest ``Listing`` whenever one changes, then tells its listener
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import mcp_types as types
+from mcp.shared.inbound import X_MCP_HEADER_KEY
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part
@@ -57,6 +59,7 @@ class CatalogSnapshot:
     held: Mapping[str, str] = field(default_factory=dict)
     """Tools withheld by pinning, with what changed: a call gets a clear refusal."""
     _validators: dict[str, SchemaCheck] = field(default_factory=dict, repr=False, compare=False)
+    _headed: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     def tool(self, name: str) -> Origin[types.Tool]:
         """Raises ``UnknownName`` when no tool has this public name."""
@@ -84,6 +87,16 @@ class CatalogSnapshot:
             if uri.startswith(entry.prefix) and entry.matcher.match(uri) is not None:
                 return entry.origin.upstream, entry.upstream_uri(uri)
         raise UnknownName("resource", uri)
+
+    def declares_headers(self, name: str) -> bool:
+        """Whether tool ``name``'s inputSchema may annotate a property with ``x-mcp-header``:
+        the modern era's ``Mcp-Param-*`` headers are checked against those only, so with none
+        there is nothing to check (the text is searched once: a mention in a description
+        only costs the check)."""
+        if (known := self._headed.get(name)) is None:
+            schema = self.tool(name).item.input_schema
+            known = self._headed[name] = X_MCP_HEADER_KEY in json.dumps(schema, default=str)
+        return known
 
     async def validate_arguments(self, name: str, arguments: dict[str, Any]) -> None:
         """Check ``arguments`` against the tool's inputSchema.

@@ -186,8 +186,8 @@ class Gateway:
         client = access.admitted()
         if client is None or not client.allows("tool", name):
             return None
-        if (origin := self.catalog.snapshot.tools.get(name)) is not None:
-            return origin.item.input_schema
+        if (origin := (snapshot := self.catalog.snapshot).tools.get(name)) is not None:  # None: no header
+            return origin.item.input_schema if snapshot.declares_headers(name) else None
         if self._agent_tool is not None and name == self._agent_tool.name:
             return INPUT_SCHEMA
         if self.config.search.mode != "off" and name in (SEARCH_TOOLS, CALL_TOOL):
