@@ -166,7 +166,8 @@ class Admission:
         if declared is not None and declared > limit:
             await self._refuse_body(send, 413, self._too_large(f"{declared} bytes"))
             return None
-        with anyio.move_on_after(self.bounds.body_timeout):
+        # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
+        with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
             body = await self._read(receive)
             if body is _GONE:
                 return None  # the client left before its body was whole: nothing to answer

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from typing import Any
 
 from opentelemetry import trace
@@ -62,7 +63,26 @@ class TraceIds(logging.Filter):
         return True
 
 
-class JsonFormatter(logging.Formatter):
+class TextFormatter(logging.Formatter):
+    """logging's own formatter, but a record's time is formatted with ``strftime`` once a
+    second, not once a line (it was half of the access line's formatting); the milliseconds
+    are added to each line as logging adds them."""
+
+    def __init__(self, fmt: str | None = None) -> None:
+        super().__init__(fmt)
+        self._second: tuple[int, str] = (-1, "")  # one tuple: handlers may run in other threads
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second, stamp = self._second
+        if int(record.created) != second:
+            stamp = time.strftime(self.default_time_format, self.converter(record.created))
+            self._second = (int(record.created), stamp)
+        return self.default_msec_format % (stamp, record.msecs) if self.default_msec_format else stamp
+
+
+class JsonFormatter(TextFormatter):
     """One JSON object per line: time, level, logger, message, trace and span ids, exception,
     and the fields a structured line carries (``extra={"fields": {...}}``)."""
 
