@@ -265,32 +265,42 @@ class Outcome:
         span.set_attribute("error.type", error_type)
         span.set_status(StatusCode.ERROR, message)
 
-    @contextmanager
-    def recorded(self, span: Span, expected: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    def recorded(self, span: Span, expected: tuple[type[BaseException], ...] = ()) -> Recorded:
         """Record on ``span`` (and here) how the block ended, then let it end that way; an
         ``expected`` exception is not a failure (an agent run pausing for its client)."""
-        try:
-            yield
-        except expected:
-            raise
-        except MCPError as exc:
-            self.fail(span, str(exc.error.code), exc.error.message)
-            raise
-        except anyio.get_cancelled_exc_class():
-            self.fail(span, "cancelled", "cancelled")
-            raise
-        except ValidationError:
-            self.fail(
-                span, str(types.INVALID_PARAMS), "Invalid request parameters"
-            )  # its text is client input
-            raise
-        except Exception as exc:
-            # No stack trace: a chained provider error may hold what the message was scrubbed of.
-            self.fail(span, type(exc).__qualname__, str(exc) if isinstance(exc, GatewayError) else None)
-            raise
+        return Recorded(self, span, expected)
 
     def labelled(self, labels: Mapping[str, str]) -> dict[str, str]:
         return {**labels, "error.type": self.error_type} if self.error_type else dict(labels)
+
+
+class Recorded:
+    """``Outcome.recorded``'s block: a class, not a generator, as it is entered twice a call."""
+
+    __slots__ = ("_expected", "_outcome", "_span")
+
+    def __init__(self, outcome: Outcome, span: Span, expected: tuple[type[BaseException], ...]) -> None:
+        self._outcome, self._span, self._expected = outcome, span, expected
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None or isinstance(exc, self._expected):
+            return False
+        outcome, span = self._outcome, self._span
+        if isinstance(exc, MCPError):
+            outcome.fail(span, str(exc.error.code), exc.error.message)
+        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+            outcome.fail(span, "cancelled", "cancelled")
+        elif isinstance(exc, ValidationError):
+            outcome.fail(
+                span, str(types.INVALID_PARAMS), "Invalid request parameters"
+            )  # its text is client input
+        elif isinstance(exc, Exception):
+            # No stack trace: a chained provider error may hold what the message was scrubbed of.
+            outcome.fail(span, type(exc).__qualname__, str(exc) if isinstance(exc, GatewayError) else None)
+        return False
 
 
 # -- client spans ----------------------------------------------------------------------------
