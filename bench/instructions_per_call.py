@@ -207,7 +207,12 @@ async def _upstream_for(role: str) -> AsyncIterator[str]:
 
 
 def _revision(src: str | None) -> str:
-    where = src or str(Path(__file__).resolve().parent.parent / "src")
+    # Without --against the code is what the process imports: PYTHONPATH's first entry wins.
+    where = (
+        src
+        or os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
+        or str(Path(__file__).resolve().parent.parent / "src")
+    )
     command = ["git", "-C", where, "rev-parse", "--short", "HEAD"]
     head = subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or "?"
     dirty = subprocess.run(
