@@ -11,10 +11,13 @@ not (3 % of a call's CPU). So this check replaces it, on every route:
   request came in on;
 - its name must be a loopback name, the address the server is bound to (unless that is
   ``0.0.0.0`` or ``::``), or match one of ``server.allowed_hosts`` (globs; ``*`` passes any);
-- an Origin must be one of ``server.allowed_origins`` or the request's own origin exactly
-  (scheme, host and port).
+- an Origin must be one of ``server.allowed_origins`` (globs, compared with the ports written
+  out, as FastMCP's guard compared them) or the request's own origin exactly (scheme, host
+  and port);
+- there is one Host header and at most one Origin header (with two, which one counts would
+  depend on which layer reads it).
 
-Anything else gets 421 (Host) or 403 (Origin), before any route runs.
+Anything else gets 421 (Host), 403 (Origin) or 400 (a repeated header), before any route runs.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import fnmatch
 import ipaddress
 import re
 from collections.abc import Sequence
+from urllib.parse import urlsplit
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -81,14 +85,33 @@ def _unspecified(address: str) -> bool:
 
 
 def origin_allowed(origin: str, scheme: str, host: str, allowed: Sequence[str]) -> bool:
-    """Whether a browser page at ``origin`` may call: listed, or the request's own origin."""
+    """Whether a browser page at ``origin`` may call: listed, or the request's own origin.
+    A listed pattern and the Origin are compared with their ports written out, so a glob
+    over the host (``https://*.corp.test``) never runs over a port."""
     wanted = origin.strip().lower().rstrip("/")
-    if any(pattern == "*" or fnmatch.fnmatchcase(wanted, pattern.lower().rstrip("/")) for pattern in allowed):
+    key = _origin_key(wanted)
+    if any(pattern == "*" or fnmatch.fnmatchcase(key, _origin_key(pattern)) for pattern in allowed):
         return True
     return (
         wanted == f"{scheme}://{host.lower()}"
         or wanted == f"{scheme}://{_without_default_port(scheme, host)}"
     )
+
+
+def _origin_key(origin: str) -> str:
+    """``scheme://host:port``, the port written out (80, 443) as FastMCP's guard compared them;
+    what is no plain origin stays as it is, lowercased."""
+    text = origin.strip().lower().rstrip("/")
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:  # a glob in the port ("http://localhost:*") is matched as written
+        return text
+    if not parts.scheme or not parts.hostname or parts.path or parts.query or parts.fragment:
+        return text
+    port = port if port is not None else {"http": 80, "https": 443}.get(parts.scheme)
+    hostname = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{hostname}" + (f":{port}" if port is not None else "")
 
 
 def _without_default_port(scheme: str, host: str) -> str:
@@ -99,9 +122,7 @@ def _without_default_port(scheme: str, host: str) -> str:
 class HostCheck:
     """ASGI middleware: the exact Host and Origin checks (see the module docstring)."""
 
-    def __init__(
-        self, app: ASGIApp, allowed_origins: Sequence[str], allowed_hosts: Sequence[str] = ("*",)
-    ) -> None:
+    def __init__(self, app: ASGIApp, allowed_origins: Sequence[str], allowed_hosts: Sequence[str]) -> None:
         self.app = app
         self.allowed_origins = tuple(allowed_origins)
         self.allowed_hosts = tuple(allowed_hosts)
@@ -113,11 +134,16 @@ class HostCheck:
             await self.app(scope, receive, send)
             return
         host = origin = ""
+        hosts = origins = 0
         for name, value in scope["headers"]:
             if name == b"host":
-                host = value.decode("latin-1")
+                host, hosts = value.decode("latin-1"), hosts + 1
             elif name == b"origin":
-                origin = value.decode("latin-1")
+                origin, origins = value.decode("latin-1"), origins + 1
+        if hosts > 1 or origins > 1:  # which one counts would depend on who reads (RFC 9112 3.2)
+            refused("host", "refused a request with %d Host and %d Origin headers", hosts, origins)
+            await _answer(send, 400, b"Bad Request")
+            return
         server = scope.get("server")
         bound = int(server[1]) if server and server[1] is not None else None
         if (problem := host_problem(host, bound, self._allowed(server[0] if server else None))) is not None:

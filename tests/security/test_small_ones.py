@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 import mcp_types as types
 import pytest
@@ -85,13 +86,27 @@ async def test_host_and_origin_are_compared_exactly() -> None:
 
 
 async def test_only_loopback_names_the_bound_address_and_allowed_hosts_pass_as_host() -> None:
-    async with library(server={"allowed_hosts": ["gateway.test", "*.corp.test:8000"]}) as gw:
+    server = {
+        "allowed_hosts": ["gateway.test", "*.corp.test:8000"],
+        "allowed_origins": ["https://*.ide.test"],
+    }
+    async with library(server=server) as gw:
         health = f"{gw.base}/healthz"
         async with httpx.AsyncClient() as http:
             for host in ("gateway.test", "gateway.test:9999", "a.corp.test", "B.Corp.Test:1"):
                 assert (await http.get(health, headers={"Host": host})).status_code == 200, host
             for host in ("corp.test", "evil.test", "gateway.test.evil.test", "10.0.0.1"):
                 assert (await http.get(health, headers={"Host": host})).status_code == 421, host
+            # An Origin glob over the host does not run over a port (both compared with it written out).
+            for origin, status in (("https://a.ide.test", 200), ("https://a.ide.test:443", 200)):
+                assert (await http.get(health, headers={"Origin": origin})).status_code == status, origin
+            assert (await http.get(health, headers={"Origin": "https://a.ide.test:8443"})).status_code == 403
+        # Two Host headers: which one counts would depend on the layer that reads it.
+        port = httpx.URL(gw.base).port
+        twice = f"GET /healthz HTTP/1.1\r\nHost: evil.test\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+        async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+            await stream.send(twice.encode())
+            assert (await stream.receive()).startswith(b"HTTP/1.1 400 ")
     assert HostNames([], "10.1.2.3").holds("10.1.2.3")
     assert not HostNames([], "0.0.0.0").holds("0.0.0.0")  # unspecified: not a name
     assert not HostNames([], "::").holds("::")
