@@ -12,9 +12,15 @@ from typing import Any
 import httpx
 import mcp_types as types
 import pytest
+from mcp.server.connection import Connection
+from mcp.server.lowlevel.server import Server
+from mcp.server.runner import ServerRunner
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
+from mcp.shared.transport_context import TransportContext
+from mcp_types.version import LATEST_MODERN_VERSION
 
 from agent_gateway.compat import exchange
+from agent_gateway.compat.stdlib import holds_callbacks
 from tests.support import RunningGateway, gateway_process, running_gateway, serving_upstream
 from tests.test_responses import BOUND, events, upstream
 
@@ -136,3 +142,30 @@ async def test_each_answer_is_counted_by_its_form(tmp_path: Path) -> None:
         await post(http, f"{base}/mcp", "tools/call", steps, progressToken="p")
         scraped = (await http.get(f"{base}/metrics")).text
     assert (answers_counted(scraped, "json"), answers_counted(scraped, "stream")) == (1, 1)
+
+
+async def test_a_served_requests_connection_is_unwound_when_it_holds_something_and_only_then() -> None:
+    """``exchange._served`` runs the SDK's runner as ``serve_one`` does, but unwinds the
+    per-request connection (shielded, bounded) only when something was pushed on it."""
+    unwound: list[str] = []
+
+    async def pushing(ctx: Any, params: types.RequestParams) -> dict[str, Any]:
+        if ctx.method == "test/push":  # what FastMCP's logging/setLevel does on a connection
+            connection.exit_stack.callback(unwound.append, "pushed")
+        return {}
+
+    server: Server[Any] = Server("unwinding")
+    for method in ("test/push", "test/plain"):
+        server.add_request_handler(method, types.RequestParams, pushing)
+    for method, pushed in (("test/plain", []), ("test/push", ["pushed"])):
+        connection = Connection.from_envelope(LATEST_MODERN_VERSION, None, None)
+        context = exchange.ExchangeContext(
+            transport=TransportContext(kind="streamable-http", can_send_request=False),
+            request_id=1,
+            message_metadata=None,
+        )
+        message = types.JSONRPCRequest(jsonrpc="2.0", id=1, method=method, params=None)
+        result = await exchange._served(ServerRunner(server, connection, None), context, message)  # pyright: ignore[reportPrivateUsage]
+        assert result["resultType"] == "complete"
+        assert unwound == pushed
+        assert not holds_callbacks(connection.exit_stack)

@@ -23,6 +23,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+from agent_gateway import trace_context
 from agent_gateway.config import TelemetryConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.telemetry import UpstreamSpans
@@ -110,6 +111,7 @@ def install(config: TelemetryConfig, environ: Mapping[str, str]) -> Installed:
     )
     if tracing is not None:
         trace.set_tracer_provider(tracing)
+        trace_context.tracing.installed()
     if meters is not None:
         metrics.set_meter_provider(meters)
     _installed = Installed(settings, tracing, meters, prometheus)

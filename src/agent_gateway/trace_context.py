@@ -25,7 +25,8 @@ class _Tracing:
 
     OpenTelemetry is asked at most once a second until a provider is there (its answer looks
     up an environment variable: 2.4 us, twice a call), and not again once one is: a global
-    provider, once set, cannot be replaced. Providers are set at start-up, before serving."""
+    provider, once set, cannot be replaced. Providers are set at start-up, before serving;
+    ``exporters.install`` says so at once (``installed``)."""
 
     def __init__(self) -> None:
         self._on = False
@@ -40,6 +41,10 @@ class _Tracing:
             provider = trace.get_tracer_provider()
             self._on = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
         return self._on
+
+    def installed(self) -> None:
+        """A provider was just set: spans are made from now on, not from the next asking."""
+        self._on = True
 
 
 tracing = _Tracing()
