@@ -10,10 +10,10 @@ from typing import Any
 
 import anyio
 import httpx
-import uvicorn
+from starlette.types import Receive, Scope, Send
 
 from agent_gateway.listener import Connections, bounded_protocol
-from tests.support import free_socket
+from tests.support import serving
 
 
 class Recorded:
@@ -31,9 +31,7 @@ class Recorded:
         return getattr(self._transport, name)
 
 
-async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    if scope["type"] != "http":
-        return
+async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Event) -> None:
     await receive()
     if scope["path"] == "/json":
         body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
@@ -44,7 +42,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send(
         {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
     )
-    await scope["state"]["release"].wait()  # the head must reach the client before any body
+    await release.wait()  # the head must reach the client before any body
     await send({"type": "http.response.body", "body": b"data: 1\n\n"})
 
 
@@ -56,28 +54,16 @@ async def listening(writes: list[bytes], release: anyio.Event) -> AsyncIterator[
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(Recorded(transport, writes))  # type: ignore[arg-type]
 
-    sock = free_socket()
-
-    async def lifespan_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await receive()
-            scope["state"]["release"] = release
-            await send({"type": "lifespan.startup.complete"})
-            await receive()
-            await send({"type": "lifespan.shutdown.complete"})
+            for done in ("lifespan.startup.complete", "lifespan.shutdown.complete"):
+                await receive()
+                await send({"type": done})
             return
-        await app(scope, receive, send)
+        await answer(scope, receive, send, release)
 
-    server = uvicorn.Server(uvicorn.Config(lifespan_app, http=Recording, log_level="warning", lifespan="on"))
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        with anyio.fail_after(10):
-            while not server.started:
-                await anyio.sleep(0.01)
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            server.should_exit = True
+    async with serving(app, http=Recording) as url:
+        yield url
 
 
 async def test_a_json_answer_is_written_once_with_its_head_and_a_stream_head_is_not_held() -> None:
