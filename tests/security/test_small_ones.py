@@ -103,6 +103,7 @@ async def test_only_loopback_names_the_bound_address_and_allowed_hosts_pass_as_h
             assert (await http.get(health, headers={"Origin": "https://a.ide.test:8443"})).status_code == 403
         # Two Host headers: which one counts would depend on the layer that reads it.
         port = httpx.URL(gw.base).port
+        assert port is not None
         twice = f"GET /healthz HTTP/1.1\r\nHost: evil.test\r\nHost: 127.0.0.1:{port}\r\n\r\n"
         async with await anyio.connect_tcp("127.0.0.1", port) as stream:
             await stream.send(twice.encode())
