@@ -24,7 +24,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.logs import Clipped, JsonFormatter, TextFormatter, TraceIds, redacted_url
+from agent_gateway.logs import Clipped, JsonFormatter, LineFormatter, TraceIds, redacted_url
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
@@ -72,7 +72,7 @@ def _log_handler(log_format: str) -> logging.Handler:
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(LineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     return handler
 
 

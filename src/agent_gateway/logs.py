@@ -63,10 +63,10 @@ class TraceIds(logging.Filter):
         return True
 
 
-class TextFormatter(logging.Formatter):
-    """logging's own formatter, but a record's time is formatted with ``strftime`` once a
-    second, not once a line (it was half of the access line's formatting); the milliseconds
-    are added to each line as logging adds them."""
+class LineFormatter(logging.Formatter):
+    """One log line (the text format; ``JsonFormatter`` builds on it): logging's own formatter,
+    but a record's time is formatted with ``strftime`` once a second, not once a line (it was
+    half of the access line's formatting); the milliseconds are added as logging adds them."""
 
     def __init__(self, fmt: str | None = None) -> None:
         super().__init__(fmt)
@@ -82,7 +82,7 @@ class TextFormatter(logging.Formatter):
         return self.default_msec_format % (stamp, record.msecs) if self.default_msec_format else stamp
 
 
-class JsonFormatter(TextFormatter):
+class JsonFormatter(LineFormatter):
     """One JSON object per line: time, level, logger, message, trace and span ids, exception,
     and the fields a structured line carries (``extra={"fields": {...}}``)."""
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from agent_gateway.telemetry import SCOPE
-
-meter = metrics.get_meter(SCOPE)
+from agent_gateway.telemetry import meter
 
 
 class Tally:
