@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +48,17 @@ def free_socket() -> socket.socket:
     return sock
 
 
+class _Unsignalled(uvicorn.Server):
+    """uvicorn leaving signals to the test runner. Its own handling installs the server's
+    handler for SIGTERM and restores the one before on exit: with servers stopping out of
+    order, a stopped server's handler stayed installed, and sse-starlette, which finds the
+    server through that handler, then ended every later SSE stream in the process at once."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 @asynccontextmanager
 async def serving(app: ASGIApp, sock: socket.socket | None = None, **options: Any) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on loopback (on ``sock`` if given); yield its base URL.
@@ -57,8 +68,7 @@ async def serving(app: ASGIApp, sock: socket.socket | None = None, **options: An
     sock = sock or free_socket()
     port = sock.getsockname()[1]
     scheme = "https" if options.get("ssl_certfile") else "http"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the test runner owns signals
+    server = _Unsignalled(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(server.serve, [sock])
