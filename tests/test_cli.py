@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import json
@@ -13,11 +14,13 @@ import sys
 from pathlib import Path
 
 import anyio
+import anyio.abc
 import httpx
 import mcp_types as types
 import pytest
 import yaml
 from mcp import Client
+from mcp.client.subscriptions import SubscriptionLost
 
 import agent_gateway
 from agent_gateway import runtime
@@ -32,6 +35,8 @@ from tests.support import (
     ready,
     running_gateway,
 )
+
+LEGACY = "2025-11-25"
 
 
 def write_config(tmp_path: Path, upstreams: dict[str, object], **server: object) -> Path:
@@ -155,6 +160,73 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait(timeout=10)
+
+
+async def test_sigterm_ends_open_streams_instead_of_waiting_out_the_drain(tmp_path: Path) -> None:
+    """A client's open stream (a handshake-era GET stream, a modern subscriptions/listen) is
+    ended on SIGTERM so the client reconnects elsewhere: it does not hold the drain until
+    ``drain_timeout``, here an hour, which every rolling restart would otherwise wait out."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    path = write_config(tmp_path, {"counter": counter()}, port=port, drain_timeout=3600)
+    gateway = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    ended: list[str] = []
+
+    async def hold_get_stream(task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with httpx.AsyncClient(timeout=None) as http:
+            session = await handshake(http, url)
+            headers = {
+                "accept": "text/event-stream",
+                "mcp-session-id": session,
+                "mcp-protocol-version": LEGACY,
+            }
+            with contextlib.suppress(httpx.RemoteProtocolError):  # ended by closing the connection
+                async with http.stream("GET", url, headers=headers) as stream:
+                    assert stream.status_code == 200
+                    task_status.started()
+                    async for _ in stream.aiter_bytes():
+                        pass
+        ended.append("get stream")
+
+    async def hold_listen(task_status: anyio.abc.TaskStatus[None]) -> None:
+        async with Client(url) as client:
+            with contextlib.suppress(SubscriptionLost):  # an abrupt end: the client listens again
+                async with client.listen(tools_list_changed=True) as subscription:
+                    task_status.started()
+                    async for _ in subscription:
+                        pass
+        ended.append("listen")
+
+    try:
+        await ready(port)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                await tg.start(hold_get_stream)
+                await tg.start(hold_listen)
+                gateway.send_signal(signal.SIGTERM)
+        assert sorted(ended) == ["get stream", "listen"]
+        assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)
+
+
+async def handshake(http: httpx.AsyncClient, url: str) -> str:
+    """A handshake-era session opened over bare HTTP; its id."""
+    headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": LEGACY}
+    hello = {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    answer = await http.post(
+        url, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}, headers=headers
+    )
+    session = answer.headers["mcp-session-id"]
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    await http.post(url, json=initialized, headers=headers | {"mcp-session-id": session})
+    return session
 
 
 def test_serve_on_a_public_address_from_the_command_line_meets_the_auth_check(

@@ -22,6 +22,7 @@ from typing import Any
 
 import anyio
 import uvicorn
+from sse_starlette.sse import AppStatus
 
 from agent_gateway import runtime
 from agent_gateway.errors import CannotServe
@@ -135,10 +136,15 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
 
     def stop() -> None:
         # Draining: the listener closes at once (a balancer sends new connections to the
-        # other replicas), the calls in flight have drain_timeout to finish, and SSE streams
-        # end (sse-starlette watches for shutdown) so their clients reconnect elsewhere.
+        # other replicas), the calls in flight have drain_timeout to finish, and open streams
+        # end now so their clients reconnect elsewhere; left open, any one held the drain to
+        # its whole drain_timeout. sse-starlette ends handshake-era streams once its flag is
+        # set, which uvicorn's own signal handling would do (off here: _Uvicorn); modern
+        # listen streams are closed gracefully.
         logger.info("draining: the calls in flight have %ds to finish", server.drain_timeout)
         http.should_exit = True
+        AppStatus.should_exit = True
+        gateway.subscriptions.close_streams()
 
     async with gateway.running(), anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, stop)
@@ -147,7 +153,10 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         host, port = sock.getsockname()[:2]
         logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
         runtime.settle_heap()
-        await http.serve(sockets=[sock])
+        try:
+            await http.serve(sockets=[sock])
+        finally:
+            AppStatus.should_exit = False  # process-wide: a later server here streams again
         tg.cancel_scope.cancel()
 
 
