@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib.metadata
 import json
@@ -14,13 +13,12 @@ import sys
 from pathlib import Path
 
 import anyio
-import anyio.abc
 import httpx
 import mcp_types as types
 import pytest
 import yaml
+from anyio.abc import TaskStatus
 from mcp import Client
-from mcp.client.subscriptions import SubscriptionLost
 
 import agent_gateway
 from agent_gateway import runtime
@@ -32,6 +30,7 @@ from tests.support import (
     gateway_env,
     listening_addresses,
     outliving_its_input,
+    python_upstream,
     ready,
     running_gateway,
 )
@@ -162,58 +161,80 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
             gateway.wait(timeout=10)
 
 
-async def test_sigterm_ends_open_streams_instead_of_waiting_out_the_drain(tmp_path: Path) -> None:
-    """A client's open stream (a handshake-era GET stream, a modern subscriptions/listen) is
-    ended on SIGTERM so the client reconnects elsewhere: it does not hold the drain until
-    ``drain_timeout``, here an hour, which every rolling restart would otherwise wait out."""
+async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_call_finish(
+    tmp_path: Path,
+) -> None:
+    """Draining: a client's notification stream (a handshake-era GET stream, a modern
+    subscriptions/listen) ends at once, gracefully, so the client reconnects elsewhere; it
+    does not hold the stop until ``drain_timeout`` (here an hour). A call in flight whose
+    answer is already a stream (it sent progress) still gets its result."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
-    path = write_config(tmp_path, {"counter": counter()}, port=port, drain_timeout=3600)
+    upstreams: dict[str, object] = {"rec": python_upstream("recorder.py")}
+    path = write_config(tmp_path, upstreams, port=port, drain_timeout=3600)
     gateway = subprocess.Popen(
         [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
     )
     url = f"http://127.0.0.1:{port}/mcp"
     ended: list[str] = []
-
-    async def hold_get_stream(task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with httpx.AsyncClient(timeout=None) as http:
-            session = await handshake(http, url)
-            headers = {
-                "accept": "text/event-stream",
-                "mcp-session-id": session,
-                "mcp-protocol-version": LEGACY,
-            }
-            with contextlib.suppress(httpx.RemoteProtocolError):  # ended by closing the connection
-                async with http.stream("GET", url, headers=headers) as stream:
-                    assert stream.status_code == 200
-                    task_status.started()
-                    async for _ in stream.aiter_bytes():
-                        pass
-        ended.append("get stream")
-
-    async def hold_listen(task_status: anyio.abc.TaskStatus[None]) -> None:
-        async with Client(url) as client:
-            with contextlib.suppress(SubscriptionLost):  # an abrupt end: the client listens again
-                async with client.listen(tools_list_changed=True) as subscription:
-                    task_status.started()
-                    async for _ in subscription:
-                        pass
-        ended.append("listen")
-
     try:
         await ready(port)
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
-                await tg.start(hold_get_stream)
-                await tg.start(hold_listen)
+                await tg.start(held_get_stream, url, ended)
+                await tg.start(held_listen, url, ended)
+                await tg.start(streamed_call, url, ended)
                 gateway.send_signal(signal.SIGTERM)
-        assert sorted(ended) == ["get stream", "listen"]
+        assert sorted(ended) == ["call answered: done", "get stream", "listen"]
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
     finally:
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait(timeout=10)
+
+
+async def held_get_stream(url: str, ended: list[str], *, task_status: TaskStatus[None]) -> None:
+    """A handshake-era session's notification stream, read until the gateway ends it."""
+    async with httpx.AsyncClient(timeout=None) as http:
+        session = await handshake(http, url)
+        headers = {"accept": "text/event-stream", "mcp-session-id": session, "mcp-protocol-version": LEGACY}
+        async with http.stream("GET", url, headers=headers) as stream:
+            assert stream.status_code == 200
+            task_status.started()
+            async for _ in stream.aiter_bytes():  # raises if the stream is cut, not ended
+                pass
+    ended.append("get stream")
+
+
+async def held_listen(url: str, ended: list[str], *, task_status: TaskStatus[None]) -> None:
+    """A modern client's listen stream, read until the gateway closes it (an abrupt end
+    raises ``SubscriptionLost``)."""
+    async with Client(url) as client, client.listen(tools_list_changed=True) as subscription:
+        task_status.started()
+        async for _ in subscription:
+            pass
+        ended.append("listen")
+
+
+async def streamed_call(url: str, ended: list[str], *, task_status: TaskStatus[None]) -> None:
+    """A handshake-era call that reports progress (its answer becomes a stream), then waits."""
+    async with httpx.AsyncClient(timeout=None) as http:
+        session = await handshake(http, url)
+        headers = {
+            "accept": "application/json, text/event-stream",
+            "mcp-session-id": session,
+            "mcp-protocol-version": LEGACY,
+        }
+        params = {"name": "rec__wait", "arguments": {"seconds": 2}, "_meta": {"progressToken": "p"}}
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+        async with http.stream("POST", url, json=call, headers=headers) as stream:
+            async for line in stream.aiter_lines():
+                message = json.loads(line[5:]) if line.startswith("data:") else {}
+                if message.get("method") == "notifications/progress":
+                    task_status.started()
+                elif "result" in message:
+                    ended.append(f"call answered: {message['result']['content'][0]['text']}")
 
 
 async def handshake(http: httpx.AsyncClient, url: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
+import uvicorn
 from fastmcp import FastMCP
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.event_store import EventStore as InMemoryEventStore
@@ -581,6 +582,13 @@ def test_uvicorns_protocol_keeps_the_transport_the_listener_closes() -> None:
     tree = ast.parse(inspect.getsource(HttpToolsProtocol.connection_made).strip().replace("\n    ", "\n"))
     stored = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
     assert "transport" in stored, "uvicorn: HttpToolsProtocol.connection_made no longer keeps its transport"
+
+
+def test_uvicorns_server_takes_its_signals_in_the_method_the_gateway_and_tests_override() -> None:
+    # serving._Uvicorn and tests.support's servers leave signals alone by overriding it: were
+    # it renamed (as install_signal_handlers was), uvicorn would take SIGTERM again unnoticed.
+    assert "capture_signals" in vars(uvicorn.Server), "uvicorn: Server.capture_signals is gone (serving.py)"
+    assert inspect.signature(uvicorn.Server.capture_signals).parameters.keys() == {"self"}
 
 
 # -- the seam is the only place --------------------------------------------------------------

@@ -3,8 +3,10 @@ and the status page at ``/``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 from fastmcp.server.http import StreamableHTTPASGIApp
@@ -20,13 +22,15 @@ from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 from agent_gateway.access import token_of_scope
 from agent_gateway.call_records import admission_refusals
 from agent_gateway.compat.adoption import adopt_sessions
-from agent_gateway.compat.deferred import defer_responses
+from agent_gateway.compat.deferred import DeferredSessionManager, defer_responses
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
 from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
 from agent_gateway.server import Gateway
 from agent_gateway.ui import status_page
+
+logger = logging.getLogger(__name__)
 
 
 def build_app(gateway: Gateway) -> Starlette:
@@ -154,6 +158,23 @@ class DirectRoute:
         return self._route
 
 
+def begin_draining(app: Starlette) -> None:
+    """The drain begins: clients' notification streams (handshake-era ``GET`` streams, modern
+    ``subscriptions/listen``) end now and new ones are refused, so their clients reconnect
+    elsewhere; held open, any one kept the process up until ``server.drain_timeout``. The
+    calls in flight go on, their own streams included."""
+    drain: Callable[[], None] | None = getattr(app.state, "drain", None)
+    if drain is not None:  # None: the app never started
+        drain()
+
+
+def _drain(manager: object, gateway: Gateway) -> None:
+    gateway.subscriptions.close_streams()
+    if isinstance(manager, DeferredSessionManager):
+        manager.drain()
+    logger.info("draining: clients' notification streams ended, new ones refused")
+
+
 def _bounds(gateway: Gateway) -> Bounds:
     server = gateway.config.server
     return Bounds(
@@ -186,6 +207,7 @@ def _deferring(
             # FastMCP makes the manager as the app starts, before any request is served.
             manager = endpoint.session_manager
             keepalives = defer_responses(manager, gateway.sessions.connection)
+            app.state.drain = partial(_drain, manager, gateway)
             for keepalive in keepalives:
                 tg.start_soon(keepalive.run)
             if keepalives and (shared := gateway.shared) is not None:

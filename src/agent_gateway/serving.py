@@ -22,11 +22,10 @@ from typing import Any
 
 import anyio
 import uvicorn
-from sse_starlette.sse import AppStatus
 
 from agent_gateway import runtime
 from agent_gateway.errors import CannotServe
-from agent_gateway.http import build_app
+from agent_gateway.http import begin_draining, build_app
 from agent_gateway.listener import Connections, bounded_protocol, connection_cap, descriptor_limit
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
@@ -128,23 +127,18 @@ class _Uvicorn(uvicorn.Server):
 
 async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloading | None) -> None:
     server = gateway.config.server
-    config = uvicorn.Config(
-        build_app(gateway), log_level="warning", lifespan="on", **listener_options(gateway)
-    )
+    app = build_app(gateway)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", **listener_options(gateway))
     http = _Uvicorn(config)
     runtime.prepare_heap()  # the socket is bound: the gateway is starting
 
     def stop() -> None:
         # Draining: the listener closes at once (a balancer sends new connections to the
-        # other replicas), the calls in flight have drain_timeout to finish, and open streams
-        # end now so their clients reconnect elsewhere; left open, any one held the drain to
-        # its whole drain_timeout. sse-starlette ends handshake-era streams once its flag is
-        # set, which uvicorn's own signal handling would do (off here: _Uvicorn); modern
-        # listen streams are closed gracefully.
+        # other replicas), clients' notification streams end so they reconnect elsewhere,
+        # and the calls in flight have drain_timeout to finish.
         logger.info("draining: the calls in flight have %ds to finish", server.drain_timeout)
         http.should_exit = True
-        AppStatus.should_exit = True
-        gateway.subscriptions.close_streams()
+        begin_draining(app)
 
     async with gateway.running(), anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, stop)
@@ -153,10 +147,7 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         host, port = sock.getsockname()[:2]
         logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
         runtime.settle_heap()
-        try:
-            await http.serve(sockets=[sock])
-        finally:
-            AppStatus.should_exit = False  # process-wide: a later server here streams again
+        await http.serve(sockets=[sock])
         tg.cancel_scope.cancel()
 
 

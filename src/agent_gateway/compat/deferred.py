@@ -321,15 +321,27 @@ class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
     connections: Callable[[str], Connection | None]
     keepalive: Keepalive
     modern: ModernLane
+    draining: bool
 
     async def _by_era(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The SDK's routing by the protocol-version header, with its modern entry replaced."""
+        if self.draining and scope["method"] == "GET":
+            await _refused_while_draining(send)
+            return
         version = next((v for k, v in scope["headers"] if k == _VERSION_HEADER), None)
         host = self._task_group
         if version is None or version.decode("latin-1") in HANDSHAKE_PROTOCOL_VERSIONS or host is None:
             await self._handle_request(scope, receive, send)
             return
         await self.modern.serve(self._lifespan_state, host, scope, receive, send)
+
+    def drain(self) -> None:
+        """End every session's notification stream (its ``GET``) and refuse new ones: their
+        clients reconnect, to another replica, instead of holding the drain until
+        ``drain_timeout``. Calls in flight go on, their streams included."""
+        self.draining = True
+        for transport in list(self._server_instances.values()):
+            transport.close_standalone_sse_stream()
 
     def routes(self, session_id: str) -> Route | None:
         """Where ``session_id``'s requests are served in their POSTs' tasks (None: on the
@@ -345,6 +357,13 @@ class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
         if transport is not None:
             deferring(transport, self)
         return transport
+
+
+async def _refused_while_draining(send: Send) -> None:
+    # The connection closes after it: the client's next try reaches a listening replica.
+    headers = [(b"content-length", b"0"), (b"connection", b"close"), (b"retry-after", b"1")]
+    await send({"type": "http.response.start", "status": HTTPStatus.SERVICE_UNAVAILABLE, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
 
 
 def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSessionManager) -> None:
@@ -370,6 +389,7 @@ def defer_responses(manager: object, connections: Callable[[str], Connection | N
     manager.__class__ = DeferredSessionManager
     deferred = cast(DeferredSessionManager, manager)
     deferred.connections = connections
+    deferred.draining = False
     deferred.keepalive = Keepalive(PING_INTERVAL)
     watching = exchange.watches()
     deferred.modern = ModernLane(deferred.app, deferred.security_settings, deferred.json_response, watching)

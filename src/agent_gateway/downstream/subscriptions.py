@@ -65,6 +65,8 @@ class ResourceSubscriptions:
         self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
         self._locks: dict[Key, anyio.Lock] = {}
         """One per key: subscribing and unsubscribing upstream happen one at a time."""
+        self._closed = False
+        """Draining or stopping: listen streams are closed and no new one is opened."""
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
@@ -88,6 +90,7 @@ class ResourceSubscriptions:
         and of updates to the resources it names, subscribed upstream for as long as it is open.
         """
         session = _session(ctx)
+        self._check_open()
         if len(self._streams) >= MAX_LISTEN_STREAMS:
             raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
         own = InMemorySubscriptionBus()
@@ -96,17 +99,27 @@ class ResourceSubscriptions:
         try:
             for uri in params.notifications.resource_subscriptions or ():
                 await self._join(session, uri)
+            # Again: streams may have been closed meanwhile. The handler opens its stream
+            # before its first await, so none is opened after they were.
+            self._check_open()
             return await handler(ctx, params)
         finally:
             # The request's session ends with the stream; that leaves its subscriptions.
             del self._streams[session]
+
+    def _check_open(self) -> None:
+        if self._closed:  # the gateway is draining: its client listens again, elsewhere
+            raise MCPError(
+                code=types.INTERNAL_ERROR, message="agent-gateway: shutting down, listen elsewhere"
+            )
 
     def streams(self) -> dict[DownstreamSession, InMemorySubscriptionBus]:
         """Each open listen stream's own events (what only its client is told)."""
         return {session: own for session, (own, _) in self._streams.items()}
 
     def close_streams(self) -> None:
-        """End every open listen stream gracefully (shutdown)."""
+        """End every open listen stream gracefully, and open no more (draining, shutdown)."""
+        self._closed = True
         for _, handler in list(self._streams.values()):
             handler.close()
 
