@@ -12,6 +12,9 @@ Run from the repository root; other code (a worktree) is measured with its ``src
     .venv/bin/python bench/cpu_per_call.py --mode legacy|auto
     PYTHONPATH=/tmp/wt-X/src .venv/bin/python bench/cpu_per_call.py --mode auto
 
+``--perf FILE`` records the gateway's loaded phase with Linux ``perf`` and prints where its
+CPU went by shared object: the interpreter, the kernel, each C extension.
+
 On a shared machine whose speed drifts from one minute to the next, alternating two versions
 is not enough: ``--against /tmp/wt-X/src`` measures that code and this one **at the same
 time** (``--pairs`` times), both slowed alike by sharing the cores, and prints each pair's
@@ -25,9 +28,12 @@ import multiprocessing
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -50,21 +56,57 @@ def revision() -> str:
     return subprocess.run(command, capture_output=True, text=True, check=False).stdout.strip() or "?"
 
 
-async def measure(mode: str, calls: int, callers: int, sequential: int) -> str:
+async def measure(mode: str, calls: int, callers: int, sequential: int, perf: Path | None = None) -> str:
     async with overhead.in_child("upstream", "") as upstream:
         others = {p.pid for p in multiprocessing.active_children()}
         async with overhead.in_child("agent-gateway", upstream) as url:
             pid = next(p.pid for p in multiprocessing.active_children() if p.pid and p.pid not in others)
             scenario = overhead.Scenario("agent-gateway", "up__echo")
             await overhead.concurrent(url, scenario, callers, 20, mode)  # warm
-            cpu, started = cpu_seconds(pid), time.perf_counter()
-            loaded = await overhead.concurrent(url, scenario, callers, calls // callers, mode)
-            cpu, seconds = cpu_seconds(pid) - cpu, time.perf_counter() - started
+            with recorded(pid, perf):
+                cpu, started = cpu_seconds(pid), time.perf_counter()
+                loaded = await overhead.concurrent(url, scenario, callers, calls // callers, mode)
+                cpu, seconds = cpu_seconds(pid) - cpu, time.perf_counter() - started
             alone = await overhead.sequential(url, scenario, sequential, mode)
     return (
         f"| {revision()} | {mode} | {loaded.calls} | {cpu / loaded.calls * 1e3:.3f} | "
         f"{loaded.calls / seconds:.0f} | {alone.percentile(50):.2f} |"
     )
+
+
+@contextmanager
+def recorded(pid: int, path: Path | None) -> Iterator[None]:
+    """With ``path``: ``perf record`` of process ``pid`` (every thread, the kernel's share
+    included) over the block, into ``path``; the loaded phase is what is recorded."""
+    if path is None:
+        yield
+        return
+    recorder = subprocess.Popen(
+        ["perf", "record", "-F", "1999", "-p", str(pid), "-o", str(path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield
+    finally:
+        recorder.send_signal(signal.SIGINT)  # perf writes its file and exits
+        recorder.wait(30)
+
+
+def by_library(path: Path, rows: int = 12) -> str:
+    """Where the recorded CPU went, by shared object (the interpreter, the kernel, C extensions)."""
+    report = subprocess.run(
+        ["perf", "report", "-i", str(path), "--sort", "dso", "--stdio"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    shares = [m.groups() for m in _SHARE.finditer(report)][:rows]
+    lines = ["| share of the gateway's CPU | shared object |", "|---:|---|"]
+    return "\n".join(lines + [f"| {share} | `{name}` |" for share, name in shares])
+
+
+_SHARE = re.compile(r"^\s*([0-9.]+%)\s+(\S+)\s*$", re.M)
 
 
 _ROW = re.compile(r"^\| \S+ \| (?:legacy|auto) \| \d+ \| ([0-9.]+) \| (\d+) \| ([0-9.]+) \|$", re.M)
@@ -109,15 +151,18 @@ def main() -> None:
     )
     parser.add_argument("--against", help="another src directory, measured at the same time (the baseline)")
     parser.add_argument("--pairs", type=int, default=3, help="pairs measured with --against (default 3)")
+    parser.add_argument("--perf", type=Path, help="record the loaded phase with Linux perf into this file")
     args = parser.parse_args()
     if args.against:
         against(args.against, args)
         return
     overhead.quiet_logging()
-    row = anyio.run(measure, args.mode, args.calls, args.callers, args.sequential)
+    row = anyio.run(measure, args.mode, args.calls, args.callers, args.sequential, args.perf)
     print("| code | era | calls | gateway CPU ms per call | calls/s | sequential p50 ms |")
     print("|---|---|---:|---:|---:|---:|")
     print(row)
+    if args.perf is not None:
+        print(f"\n{by_library(args.perf)}")
     print(f"\ncommand: `.venv/bin/python bench/cpu_per_call.py {shlex.join(sys.argv[1:])}`")
 
 
