@@ -23,6 +23,7 @@ from mcp import Client
 import agent_gateway
 from agent_gateway import runtime
 from agent_gateway.cli import main
+from tests.e2e.peers import command_of, descendants, exited
 from tests.support import (
     LOOPBACK_HEX,
     SERVERS,
@@ -187,6 +188,76 @@ async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_cal
                 await tg.start(streamed_call, url, ended)
                 gateway.send_signal(signal.SIGTERM)
         assert sorted(ended) == ["call answered: done", "get stream", "listen"]
+        assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)
+
+
+def slow_to_start(seconds: int = 30) -> dict[str, object]:
+    """An upstream that takes ``seconds`` to start (a first-time ``npx`` download, say)."""
+    server = " ".join([sys.executable, str(SERVERS / "counter.py")])
+    return {"command": "sh", "args": ["-c", f"sleep {seconds}; exec {server}"], "connect_timeout": 60}
+
+
+async def started_children(pid: int) -> set[int]:
+    """The processes ``pid`` has started, once the slow upstream's ``sleep`` is among them."""
+    with anyio.fail_after(20):
+        while True:
+            found = descendants(pid)
+            if any(command_of(child).startswith("sleep") for child in found):
+                return found
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.parametrize("transport", ["http", "stdio"])
+async def test_sigterm_during_start_up_stops_it_and_reaps_what_it_started(
+    tmp_path: Path, transport: str
+) -> None:
+    path = write_config(tmp_path, {"slow": slow_to_start(), "counter": counter()}, transport=transport)
+    gateway = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)],
+        env=gateway_env(),
+        stdin=subprocess.PIPE,  # over stdio, a client that keeps its end open
+    )
+    try:
+        children = await started_children(gateway.pid)
+        gateway.send_signal(signal.SIGTERM)
+        # Before: SIGTERM's default action, the shell and its sleep left running.
+        assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
+        with anyio.fail_after(10):
+            for pid in children:
+                await exited(pid)
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)
+        assert gateway.stdin is not None
+        gateway.stdin.close()
+
+
+async def test_sighup_during_start_up_is_a_reload_once_started(tmp_path: Path) -> None:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    path = write_config(tmp_path, {"slow": slow_to_start(2), "counter": counter()}, port=port)
+    log = tmp_path / "gateway.log"
+    with log.open("wb") as out:
+        gateway = subprocess.Popen(
+            [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)],
+            env=gateway_env(),
+            stderr=out,
+        )
+    try:
+        await started_children(gateway.pid)
+        gateway.send_signal(signal.SIGHUP)  # before: its default action ended the process
+        await ready(port)
+        with anyio.fail_after(20):
+            while "reloaded" not in log.read_text():
+                await anyio.sleep(0.05)
+        assert gateway.poll() is None
+        gateway.send_signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
     finally:
         if gateway.poll() is None:

@@ -39,6 +39,7 @@ from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.runner import ServerRunner, serve_connection
 from mcp.server.session import ServerSession
+from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
@@ -478,6 +479,20 @@ def test_fastmcp_keeps_its_low_level_server() -> None:
     assert isinstance(lowlevel.middleware, list)
     assert lowlevel.get_request_handler("tools/call") is not None
     assert hasattr(lowlevel, "get_tool_input_schema")
+
+
+def test_fastmcps_stdio_run_is_still_what_run_stdio_repeats() -> None:
+    # compat/fastmcp.run_stdio does what run_stdio_async does, with its own stdin reader.
+    source = inspect.getsource(FastMCP.run_stdio_async)
+    for step in (
+        'set_transport("stdio")',
+        "self._lifespan_manager()",
+        "stdio_server()",
+        "self._mcp_server.run(",
+        "create_initialization_options()",
+    ):
+        assert step in source, f"fastmcp: run_stdio_async no longer does {step} (compat/fastmcp.run_stdio)"
+    assert "stdin" in inspect.signature(stdio_server).parameters, "mcp: stdio_server takes no stdin now"
 
 
 async def test_fastmcps_root_middleware_is_skipped_for_the_gateways_own_methods_only() -> None:

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,8 @@ import anyio
 import uvicorn
 
 from agent_gateway import runtime
+from agent_gateway.compat.fastmcp import run_stdio
+from agent_gateway.downstream.stdin import StdinLines
 from agent_gateway.errors import CannotServe
 from agent_gateway.http import begin_draining, build_app
 from agent_gateway.listener import Connections, bounded_protocol, connection_cap, descriptor_limit
@@ -69,13 +71,14 @@ class Reloading:
     reloader: Reloader
     watch: Path | None = None
 
-    async def run(self) -> None:
+    async def run(self, hangups: AsyncIterator[signal.Signals]) -> None:
+        """Reload on each of ``hangups`` (SIGHUP, taken since before start-up: one sent while
+        starting is applied now) and, with ``watch``, on each change of the file."""
         async with anyio.create_task_group() as tg:
             if self.watch is not None:
                 tg.start_soon(self.reloader.watch, self.watch)
-            with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
-                async for _ in hangups:
-                    await self.reloader.reload()
+            async for _ in hangups:
+                await self.reloader.reload()
 
 
 def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
@@ -96,15 +99,21 @@ def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
 
 
 async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
+    # Signals are taken before any upstream starts, as over HTTP. A stop cancels at once,
+    # start-up or not: the one client is the process that started the gateway, and calls in
+    # flight are cancelled (their upstreams told). Requests are read by downstream.stdin, which
+    # a stop need not wait for while the client keeps stdin open.
     runtime.prepare_heap()
+    limit = gateway.config.server.max_body_bytes
     async with anyio.create_task_group() as tg:
         tg.start_soon(_on_signal, tg.cancel_scope.cancel)
-        async with gateway.running(), anyio.create_task_group() as serving:
-            if reloading is not None:
-                serving.start_soon(reloading.run)
-            runtime.settle_heap()
-            await gateway.server.run_stdio_async(show_banner=False)
-            serving.cancel_scope.cancel()
+        with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
+            async with gateway.running(), StdinLines(limit) as requests, anyio.create_task_group() as serving:
+                if reloading is not None:
+                    serving.start_soon(reloading.run, hangups)
+                runtime.settle_heap()
+                await run_stdio(gateway.server, requests)
+                serving.cancel_scope.cancel()
         tg.cancel_scope.cancel()
 
 
@@ -132,7 +141,13 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
     http = _Uvicorn(config)
     runtime.prepare_heap()  # the socket is bound: the gateway is starting
 
+    serving = False
+    starting = anyio.CancelScope()
+
     def stop() -> None:
+        if not serving:
+            starting.cancel()  # still starting: the upstreams started so far are stopped
+            return
         # Draining: the listener closes at once (a balancer sends new connections to the
         # other replicas), clients' notification streams end so they reconnect elsewhere,
         # and the calls in flight have drain_timeout to finish.
@@ -140,15 +155,22 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         http.should_exit = True
         begin_draining(app)
 
-    async with gateway.running(), anyio.create_task_group() as tg:
-        tg.start_soon(_on_signal, stop)
-        if reloading is not None:
-            tg.start_soon(reloading.run)
-        host, port = sock.getsockname()[:2]
-        logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
-        runtime.settle_heap()
-        await http.serve(sockets=[sock])
-        tg.cancel_scope.cancel()
+    # Signals are taken before any upstream starts: SIGTERM or SIGINT while starting stops the
+    # start-up (and reaps what it started), a SIGHUP waits for it; with their default actions
+    # the process died at once, leaving the upstreams' processes behind.
+    async with anyio.create_task_group() as signals:
+        signals.start_soon(_on_signal, stop)
+        with anyio.open_signal_receiver(signal.SIGHUP) as hangups, starting:
+            async with gateway.running(), anyio.create_task_group() as tg:
+                if reloading is not None:
+                    tg.start_soon(reloading.run, hangups)
+                host, port = sock.getsockname()[:2]
+                logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
+                runtime.settle_heap()
+                serving = True
+                await http.serve(sockets=[sock])
+                tg.cancel_scope.cancel()
+        signals.cancel_scope.cancel()
 
 
 def listener_options(gateway: Gateway) -> dict[str, Any]:

@@ -133,6 +133,29 @@ async def test_the_gateway_exits_cleanly_on_end_of_input_and_reaps_its_upstreams
     await all_exited(children)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_a_signal_stops_the_gateway_while_its_client_keeps_stdin_open(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
+    """Ctrl-C in a terminal, or a supervisor that signals before closing the pipe: the
+    gateway exits and reaps its upstreams without waiting for the client's next line."""
+    process = await anyio.open_process(
+        [AGENT_GATEWAY, *serve_args(write_config(tmp_path))], env=gateway_env()
+    )
+    async with process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        with anyio.fail_after(BOUND):
+            await process.stdin.send(json.dumps(_initialize()).encode() + b"\n")
+            await BufferedByteReceiveStream(process.stdout).receive_until(b"\n", 1_000_000)
+        children = descendants(process.pid)
+        process.send_signal(signum)
+        with anyio.fail_after(BOUND):  # stdin stays open all along
+            returncode = await process.wait()
+        assert returncode == 0
+    await all_exited(children)
+
+
 def _initialize() -> dict[str, object]:
     return {
         "jsonrpc": "2.0",

@@ -1,16 +1,21 @@
 """FastMCP's internals the gateway uses (verified against fastmcp 4.1.2): its low-level
 ``mcp`` server, where the gateway adds its middleware and its own handlers (FastMCP has no
-public accessor for it; everything used on it is ``mcp``'s public API), and its root
-low-level middleware, which the gateway's own methods skip."""
+public accessor for it; everything used on it is ``mcp``'s public API), its root
+low-level middleware, which the gateway's own methods skip, and its lifespan, which stdio
+serving enters itself (``run_stdio``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import AsyncIterable
+from typing import Any, cast
 
+import anyio
 from fastmcp import FastMCP
+from fastmcp.server.context import reset_transport, set_transport
 from fastmcp.server.low_level import FastMCPServerMiddleware
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
 
 
 def lowlevel_server(server: FastMCP[Any]) -> Server[Any]:
@@ -45,3 +50,21 @@ def past_fastmcp(lowlevel: Server[Any], own: frozenset[str]) -> None:
             lowlevel.middleware[index] = _WhereFastMCPServes(middleware, own)
             return
     raise RuntimeError("FastMCP's root middleware is not in its low-level server's chain")
+
+
+async def run_stdio(server: FastMCP[Any], requests: AsyncIterable[str]) -> None:
+    """What FastMCP's ``run_stdio_async`` does, the client's requests read from ``requests``
+    (``downstream.stdin``) instead of the SDK's reader of fd 0, which a stop could not
+    interrupt. The rest is theirs: FastMCP's transport marker and lifespan, the SDK's stdio
+    transport (stdout claimed as it claims it), the low-level server's loop."""
+    token = set_transport("stdio")
+    try:
+        lowlevel = lowlevel_server(server)
+        async with (
+            server._lifespan_manager(),  # pyright: ignore[reportPrivateUsage]
+            # The SDK reads any object its loop can iterate over; its hint names its own.
+            stdio_server(stdin=cast(anyio.AsyncFile[str], requests)) as (read, write),
+        ):
+            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+    finally:
+        reset_transport(token)
