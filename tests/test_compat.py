@@ -493,6 +493,10 @@ def test_fastmcps_stdio_run_is_still_what_run_stdio_repeats() -> None:
     ):
         assert step in source, f"fastmcp: run_stdio_async no longer does {step} (compat/fastmcp.run_stdio)"
     assert "stdin" in inspect.signature(stdio_server).parameters, "mcp: stdio_server takes no stdin now"
+    # ... and reads it as run_stdio's StdinLines can be read: iterated, after a truth test.
+    reads = inspect.getsource(stdio_server)
+    assert "async for line in stdin" in reads, "mcp: stdio_server no longer iterates its stdin"
+    assert "if not stdin:" in reads, "mcp: stdio_server tests its stdin otherwise now"
 
 
 async def test_fastmcps_root_middleware_is_skipped_for_the_gateways_own_methods_only() -> None:

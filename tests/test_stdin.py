@@ -9,21 +9,43 @@ import pytest
 
 from agent_gateway.downstream.stdin import StdinLines
 
+BIG = b'{"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"x": "' + b"x" * 5_000 + b'"}}\n'
+TS_STYLE = (
+    b'{"method": "tools/call", "params": {"x": "' + b"y" * 5_000 + b'"}, "jsonrpc": "2.0", "id": "q"}\n'
+)
+"""As the TypeScript SDK writes a request: its id last."""
 
-async def test_lines_come_in_order_and_one_over_the_limit_is_dropped_and_logged(
+
+async def test_lines_come_in_order_and_one_over_the_limit_is_refused_by_its_id(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     read, write = os.pipe()
-    os.write(write, b'{"a": 1}\n' + b"x" * 5_000 + b"\n" + b'{"b": 2}\n{"c": "\xc3\xa9"}')
-    os.close(write)
+    refused: list[tuple[object, str]] = []
+    got: list[str] = []
+
+    async def refuse(request_id: object, reason: str) -> None:
+        refused.append((request_id, reason))
+
+    async def feed() -> None:  # more than a pipe holds: written while it is read
+        await anyio.to_thread.run_sync(os.write, write, b'{"a": 1}\n' + BIG + b'{"b": 2}\n' + TS_STYLE)
+        await anyio.to_thread.run_sync(os.write, write, '{"c": "é"}'.encode())
+        os.close(write)
+
     try:
         with anyio.fail_after(10):
-            async with StdinLines(1_000, fd=read) as lines:
-                got = [line async for line in lines]
+            async with StdinLines(1_000, fd=read) as lines, anyio.create_task_group() as tg:
+                lines.refuse = refuse
+                tg.start_soon(feed)
+                got += [line async for line in lines]
     finally:
         os.close(read)
     assert got == ['{"a": 1}\n', '{"b": 2}\n', '{"c": "é"}']  # the last line unended, at end of input
-    assert "a request line of 5001 bytes is over server.max_body_bytes (1000): dropped" in caplog.text
+    reason = f"request of {len(BIG)} bytes is over server.max_body_bytes (1000)"
+    assert refused == [
+        (7, reason),
+        ("q", f"request of {len(TS_STYLE)} bytes is over server.max_body_bytes (1000)"),
+    ]
+    assert f"stdio: a {reason}: refused" in caplog.text
 
 
 async def test_closing_the_lines_does_not_wait_for_a_writer_that_never_writes() -> None:

@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +90,8 @@ def serve(gateway: Gateway, reloading: Reloading | None = None) -> None:
     """
     server = gateway.config.server
     if server.transport == "stdio":
+        if sys.stdin is None:  # started with fd 0 closed: it may be reused for anything
+            raise CannotServe("cannot serve over stdio: stdin is closed")
         runtime.run(_serve_stdio, gateway, reloading)
         return
     sock = listening_socket(server.host, server.port)
@@ -105,24 +108,41 @@ async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
     # a stop need not wait for while the client keeps stdin open.
     runtime.prepare_heap()
     limit = gateway.config.server.max_body_bytes
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(_on_signal, tg.cancel_scope.cancel)
-        with anyio.open_signal_receiver(signal.SIGHUP) as hangups:
+    with _signals() as (stops, hangups):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_on_signal, stops, tg.cancel_scope.cancel)
             async with gateway.running(), StdinLines(limit) as requests, anyio.create_task_group() as serving:
                 if reloading is not None:
                     serving.start_soon(reloading.run, hangups)
                 runtime.settle_heap()
                 await run_stdio(gateway.server, requests)
                 serving.cancel_scope.cancel()
-        tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()
 
 
-async def _on_signal(stop: Callable[[], None]) -> None:
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            logger.info("received %s, shutting down", signal.Signals(signum).name)
-            stop()
-            return
+Signals = AsyncIterator[signal.Signals]
+
+
+@contextmanager
+def _signals() -> Generator[tuple[Signals, Signals], None, None]:
+    """SIGINT/SIGTERM and SIGHUP, taken from before start-up until the very end: with their
+    default actions, one during start-up or a second one while stopping killed the process
+    and left the upstreams' processes (in sessions of their own) running."""
+    with (
+        anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as stops,
+        anyio.open_signal_receiver(signal.SIGHUP) as hangups,
+    ):
+        yield stops, hangups
+
+
+async def _on_signal(stops: Signals, stop: Callable[[], None]) -> None:
+    """``stop`` on the first of ``stops``; later ones are only logged."""
+    async for signum in stops:
+        logger.info("received %s, shutting down", signum.name)
+        stop()
+        break
+    async for signum in stops:
+        logger.info("received %s: already shutting down", signum.name)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -155,22 +175,22 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         http.should_exit = True
         begin_draining(app)
 
-    # Signals are taken before any upstream starts: SIGTERM or SIGINT while starting stops the
-    # start-up (and reaps what it started), a SIGHUP waits for it; with their default actions
-    # the process died at once, leaving the upstreams' processes behind.
-    async with anyio.create_task_group() as signals:
-        signals.start_soon(_on_signal, stop)
-        with anyio.open_signal_receiver(signal.SIGHUP) as hangups, starting:
-            async with gateway.running(), anyio.create_task_group() as tg:
-                if reloading is not None:
-                    tg.start_soon(reloading.run, hangups)
-                host, port = sock.getsockname()[:2]
-                logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
-                runtime.settle_heap()
-                serving = True
-                await http.serve(sockets=[sock])
-                tg.cancel_scope.cancel()
-        signals.cancel_scope.cancel()
+    # SIGTERM or SIGINT while starting stops the start-up (and reaps what it started); a SIGHUP
+    # then waits for it (_signals).
+    with _signals() as (stops, hangups):
+        async with anyio.create_task_group() as signals:
+            signals.start_soon(_on_signal, stops, stop)
+            with starting:
+                async with gateway.running(), anyio.create_task_group() as tg:
+                    if reloading is not None:
+                        tg.start_soon(reloading.run, hangups)
+                    host, port = sock.getsockname()[:2]
+                    logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
+                    runtime.settle_heap()
+                    serving = True
+                    await http.serve(sockets=[sock])
+                    tg.cancel_scope.cancel()
+            signals.cancel_scope.cancel()
 
 
 def listener_options(gateway: Gateway) -> dict[str, Any]:

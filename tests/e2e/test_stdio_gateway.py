@@ -156,6 +156,36 @@ async def test_a_signal_stops_the_gateway_while_its_client_keeps_stdin_open(
     await all_exited(children)
 
 
+async def test_a_request_over_max_body_bytes_is_refused_by_its_id_and_the_next_one_served(
+    tmp_path: Path,
+) -> None:
+    counter = {"command": sys.executable, "args": [str(ROOT / "tests" / "servers" / "counter.py")]}
+    config = {"server": {"transport": "stdio", "max_body_bytes": 2048}, "upstreams": {"counter": counter}}
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    process = await anyio.open_process([AGENT_GATEWAY, *serve_args(path)], env=gateway_env())
+    async with process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        replies = BufferedByteReceiveStream(process.stdout)
+        big = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x" * 4096}}
+        ping = {"jsonrpc": "2.0", "id": 3, "method": "ping"}
+        with anyio.fail_after(BOUND):
+            await process.stdin.send(json.dumps(_initialize()).encode() + b"\n")
+            await replies.receive_until(b"\n", 1_000_000)
+            for message in (big, ping):
+                await process.stdin.send(json.dumps(message).encode() + b"\n")
+            refused = json.loads(await replies.receive_until(b"\n", 1_000_000))
+            served = json.loads(await replies.receive_until(b"\n", 1_000_000))
+        await process.stdin.aclose()
+        with anyio.fail_after(BOUND):
+            await process.wait()
+    assert refused["id"] == 2
+    assert refused["error"]["code"] == -32600
+    assert "is over server.max_body_bytes (2048)" in refused["error"]["message"]
+    assert served == {"jsonrpc": "2.0", "id": 3, "result": {}}
+
+
 def _initialize() -> dict[str, object]:
     return {
         "jsonrpc": "2.0",

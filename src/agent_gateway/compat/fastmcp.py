@@ -6,8 +6,8 @@ serving enters itself (``run_stdio``)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable
-from typing import Any, cast
+from functools import partial
+from typing import Any, Protocol, cast
 
 import anyio
 from fastmcp import FastMCP
@@ -16,6 +16,10 @@ from fastmcp.server.low_level import FastMCPServerMiddleware
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.shared.message import SessionMessage
+from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError, RequestId
+
+from agent_gateway.downstream.stdin import StdinLines
 
 
 def lowlevel_server(server: FastMCP[Any]) -> Server[Any]:
@@ -52,11 +56,12 @@ def past_fastmcp(lowlevel: Server[Any], own: frozenset[str]) -> None:
     raise RuntimeError("FastMCP's root middleware is not in its low-level server's chain")
 
 
-async def run_stdio(server: FastMCP[Any], requests: AsyncIterable[str]) -> None:
+async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     """What FastMCP's ``run_stdio_async`` does, the client's requests read from ``requests``
-    (``downstream.stdin``) instead of the SDK's reader of fd 0, which a stop could not
-    interrupt. The rest is theirs: FastMCP's transport marker and lifespan, the SDK's stdio
-    transport (stdout claimed as it claims it), the low-level server's loop."""
+    instead of the SDK's reader of fd 0, which a stop could not interrupt; a request too long
+    to read is answered with an error on the SDK's stream to stdout. The rest is theirs:
+    FastMCP's transport marker and lifespan, the SDK's stdio transport (stdout claimed as it
+    claims it), the low-level server's loop."""
     token = set_transport("stdio")
     try:
         lowlevel = lowlevel_server(server)
@@ -65,6 +70,18 @@ async def run_stdio(server: FastMCP[Any], requests: AsyncIterable[str]) -> None:
             # The SDK reads any object its loop can iterate over; its hint names its own.
             stdio_server(stdin=cast(anyio.AsyncFile[str], requests)) as (read, write),
         ):
+            requests.refuse = partial(_refused, write)
             await lowlevel.run(read, write, lowlevel.create_initialization_options())
     finally:
         reset_transport(token)
+
+
+class _Sends(Protocol):
+    """The SDK's stream of messages to stdout (its type is in a private module)."""
+
+    async def send(self, item: SessionMessage, /) -> None: ...
+
+
+async def _refused(write: _Sends, request_id: RequestId, reason: str) -> None:
+    error = ErrorData(code=INVALID_REQUEST, message=reason)
+    await write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))

@@ -7,8 +7,9 @@ kept stdin open waited for the client's next line: for a terminal or a superviso
 signals first, forever. Here a daemon thread reads a duplicate of fd 0 and hands each line
 to the event loop, one at a time (it waits until the line is taken: a client that writes
 faster than the gateway reads is held back, as by the pipe). Closing ``StdinLines`` stops the
-hand-over; the thread, if blocked in its read, ends with the process. A line longer than
-``limit`` is read through and dropped, logged, as an HTTP body over the same bound is refused.
+hand-over; the thread, if blocked in its read, ends with the process. A read error ends the
+input, as end of file does. A line longer than ``limit`` is read through, not held, and its
+request refused (``refuse``), as an HTTP body over the same bound is.
 """
 
 from __future__ import annotations
@@ -16,15 +17,33 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import BinaryIO
 
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from agent_gateway.upstreams.stdio import request_id_of
+
 logger = logging.getLogger(__name__)
+
+_EDGE = 512
+"""The last bytes of a line over the limit that are kept: where its id may be."""
+
+Refuse = Callable[[types.RequestId, str], Awaitable[None]]
+"""Answers a request with an error (its id, the reason)."""
+
+
+@dataclass(frozen=True)
+class _TooLong:
+    head: bytes
+    tail: bytes
+    size: int
 
 
 class StdinLines:
@@ -33,9 +52,11 @@ class StdinLines:
     def __init__(self, limit: int, fd: int = 0) -> None:
         self._limit = limit
         self._fd = fd
-        send, receive = anyio.create_memory_object_stream[bytes](0)
-        self._send: MemoryObjectSendStream[bytes] = send
-        self._receive: MemoryObjectReceiveStream[bytes] = receive
+        send, receive = anyio.create_memory_object_stream[bytes | _TooLong](0)
+        self._send: MemoryObjectSendStream[bytes | _TooLong] = send
+        self._receive: MemoryObjectReceiveStream[bytes | _TooLong] = receive
+        self.refuse: Refuse | None = None
+        """How a request over the limit is answered (set by the transport; None: dropped)."""
 
     async def __aenter__(self) -> StdinLines:
         source = os.fdopen(os.dup(self._fd), "rb")  # a duplicate: nothing closes it under the thread
@@ -60,27 +81,38 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise StopAsyncIteration from None
-            if line:  # empty: a line over the limit, dropped
+            if isinstance(line, bytes):
                 return line.decode("utf-8", errors="replace")
+            await self._refused(line)
+
+    async def _refused(self, line: _TooLong) -> None:
+        reason = f"request of {line.size} bytes is over server.max_body_bytes ({self._limit})"
+        logger.warning("stdio: a %s: refused", reason)
+        request_id = request_id_of(line.head, line.tail)
+        if request_id is not None and self.refuse is not None:
+            await self.refuse(request_id, reason)
 
     def _read(self, source: BinaryIO, token: anyio.lowlevel.EventLoopToken) -> None:
-        """The thread: read lines until end of input, or until the loop stops taking them."""
-        try:
-            with source:
+        """The thread: read lines until end of input, handing each to the loop; then end it."""
+        with source:
+            try:
                 while line := source.readline(self._limit + 1):
                     if len(line) > self._limit and not line.endswith(b"\n"):
-                        line = self._skipped(source, len(line))
+                        line = self._read_through(source, line)
                     anyio.from_thread.run(self._send.send, line, token=token)
+            except OSError as exc:  # EIO from a terminal it lost, say: the input has ended
+                logger.warning("stdio: reading stdin failed (%s): taken as its end", exc)
+            except Exception:  # the loop stopped taking lines (closed, finished, cancelled): done
+                return
+        try:
             anyio.from_thread.run_sync(self._send.close, token=token)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, anyio.RunFinishedError, OSError):
-            return  # the gateway stopped reading (or its loop has ended): nothing more to hand over
+        except Exception:  # the loop has finished already: nobody to tell
+            return
 
-    def _skipped(self, source: BinaryIO, size: int) -> bytes:
-        while (rest := source.readline(self._limit + 1)) and not rest.endswith(b"\n"):
+    def _read_through(self, source: BinaryIO, head: bytes) -> _TooLong:
+        """The rest of a line over the limit, read and dropped but for its last bytes."""
+        size, tail = len(head), head[-_EDGE:]
+        while not tail.endswith(b"\n") and (rest := source.readline(self._limit + 1)):
             size += len(rest)
-        logger.warning(
-            "stdio: a request line of %d bytes is over server.max_body_bytes (%d): dropped",
-            size + len(rest),
-            self._limit,
-        )
-        return b""
+            tail = (tail + rest)[-_EDGE:]
+        return _TooLong(head, tail.rstrip(b"\r\n"), size)

@@ -205,6 +205,23 @@ _ID_LAST = re.compile(rb'"id"\s*:\s*' + _VALUE + rb"\s*\}\s*$")
 _RESPONSE_START = re.compile(rb'^\s*\{\s*"(?:result|error)"\s*:')
 
 
+_REQUEST_ID_FIRST = re.compile(rb'^\s*\{\s*"jsonrpc"\s*:\s*"2\.0"\s*,\s*"id"\s*:\s*' + _VALUE + rb"\s*,")
+
+
+def request_id_of(head: bytes, tail: bytes) -> types.RequestId | None:
+    """The id of a request known only by its first and last bytes (a line too long to read
+    whole): right after "jsonrpc" at the start, or as the last member, as ``refusal`` reads a
+    response's; None when it is in neither place."""
+    found = _REQUEST_ID_FIRST.match(head) or _ID_LAST.search(tail)
+    if found is None:
+        return None
+    try:
+        value = json.loads(found.group(1))
+    except ValueError:
+        return None
+    return value if isinstance(value, int | str) else None
+
+
 def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
     """For an oversized response: an error answer to the request it answers, so that call
     fails at once saying why; for anything else, an error the session logs."""
