@@ -168,7 +168,8 @@ async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_cal
     """Draining: a client's notification stream (a handshake-era GET stream, a modern
     subscriptions/listen) ends at once, gracefully, so the client reconnects elsewhere; it
     does not hold the stop until ``drain_timeout`` (here an hour). A call in flight whose
-    answer is already a stream (it sent progress) still gets its result."""
+    answer is already a stream (it sent progress) still gets its result, a second SIGTERM
+    meanwhile notwithstanding."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
@@ -187,6 +188,9 @@ async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_cal
                 await tg.start(held_listen, url, ended)
                 await tg.start(streamed_call, url, ended)
                 gateway.send_signal(signal.SIGTERM)
+                while "get stream" not in ended:  # the first is being handled: the drain is on
+                    await anyio.sleep(0.01)
+                gateway.send_signal(signal.SIGTERM)  # only logged: the call in flight still finishes
         assert sorted(ended) == ["call answered: done", "get stream", "listen"]
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
     finally:
