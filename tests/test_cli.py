@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.metadata
 import json
@@ -239,6 +240,42 @@ async def test_sigterm_during_start_up_stops_it_and_reaps_what_it_started(
             gateway.wait(timeout=10)
         assert gateway.stdin is not None
         gateway.stdin.close()
+
+
+async def test_while_upstreams_start_probes_are_answered_and_mcp_is_told_to_retry(tmp_path: Path) -> None:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    path = write_config(tmp_path, {"slow": slow_to_start(30), "counter": counter()}, port=port)
+    gateway = subprocess.Popen(
+        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
+    )
+    try:
+        await started_children(gateway.pid)  # the slow upstream is still starting: 30 s
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            with anyio.fail_after(20):
+                while True:  # bound, maybe not yet listening: the process is importing
+                    with contextlib.suppress(httpx.TransportError):
+                        alive = await http.get("/healthz")
+                        break
+                    await anyio.sleep(0.05)
+            readiness = await http.get("/readyz")
+            call = await http.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        # Before: connection refused until every upstream had settled (probes failed).
+        assert alive.status_code == 200
+        assert readiness.status_code == 503
+        states = {u["name"]: u["state"] for u in readiness.json()["upstreams"]}
+        assert readiness.json()["starting"] is True
+        assert set(states) == {"slow", "counter"}
+        assert states["slow"] == "connecting"
+        assert call.status_code == 503
+        assert call.headers["retry-after"] == "1"
+        gateway.send_signal(signal.SIGTERM)
+        assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)
 
 
 async def test_sighup_during_start_up_is_a_reload_once_started(tmp_path: Path) -> None:

@@ -604,9 +604,9 @@ def test_uvicorns_protocol_keeps_the_transport_the_listener_closes() -> None:
 
 
 def test_uvicorns_server_takes_its_signals_in_the_method_the_gateway_and_tests_override() -> None:
-    # serving._Uvicorn and tests.support's servers leave signals alone by overriding it: were
+    # starting.Unsignalled and tests.support's servers leave signals alone by overriding it: were
     # it renamed (as install_signal_handlers was), uvicorn would take SIGTERM again unnoticed.
-    assert "capture_signals" in vars(uvicorn.Server), "uvicorn: Server.capture_signals is gone (serving.py)"
+    assert "capture_signals" in vars(uvicorn.Server), "uvicorn: Server.capture_signals is gone (starting.py)"
     assert inspect.signature(uvicorn.Server.capture_signals).parameters.keys() == {"self"}
 
 

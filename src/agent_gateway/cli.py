@@ -25,7 +25,7 @@ from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
 from agent_gateway.logs import Clipped, JsonFormatter, LineFormatter, TraceIds, redacted_url
-from agent_gateway.reload import Reloader
+from agent_gateway.reload import Reloader, stamp
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
 from agent_gateway.upstreams.environment import command_problem
@@ -195,7 +195,8 @@ def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
         reloader = Reloader(
             gateway, lambda: serve_config(args, load_config(args.config, os.environ)), args.config
         )
-        serve(gateway, Reloading(reloader, Path(args.config) if args.watch else None))
+        watched = Path(args.config) if args.watch else None
+        serve(gateway, Reloading(reloader, watched, stamp(watched) if watched is not None else None))
     return 0
 
 

@@ -7,6 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from typing import Any
 
 import anyio
 from fastmcp.server.http import StreamableHTTPASGIApp
@@ -70,18 +71,8 @@ def build_app(gateway: Gateway) -> Starlette:
     minimal = server.public_health == "minimal"
 
     async def readyz(_: Request) -> JSONResponse:
-        statuses = gateway.pool.statuses()
-        missing = [s.as_dict() for s in statuses if not s.serving]
-        problems = gateway.unready()
-        ready = not missing and not problems
-        body = {
-            "ready": ready,
-            "missing": missing,
-            "problems": problems,
-            "upstreams": [s.as_dict() for s in statuses],
-        }
-        shown = {"ready": ready} if minimal else body
-        return JSONResponse(shown, status_code=200 if ready else 503)
+        ready, body = readiness(gateway)
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     def authorized(request: Request) -> bool:
         # Upstream hosts, errors and every client's calls: for admin clients when auth is on.
@@ -156,6 +147,20 @@ class DirectRoute:
                 self._route = route.app
                 break  # the router takes the first match too
         return self._route
+
+
+def readiness(gateway: Gateway, *, starting: bool = False) -> tuple[bool, dict[str, Any]]:
+    """Whether ``gateway`` is ready, and what ``/readyz`` says of it: every upstream's state
+    (only whether it is ready with ``server.public_health: minimal``). While ``starting``
+    (``starting.py``) it is not, whatever its upstreams' states."""
+    statuses = gateway.pool.statuses()
+    missing = [s.as_dict() for s in statuses if not s.serving]
+    problems = gateway.unready()
+    ready = not starting and not missing and not problems
+    body: dict[str, Any] = {"ready": ready, "starting": True} if starting else {"ready": ready}
+    if gateway.config.server.public_health != "minimal":
+        body |= {"missing": missing, "problems": problems, "upstreams": [s.as_dict() for s in statuses]}
+    return ready, body
 
 
 def begin_draining(app: Starlette) -> None:

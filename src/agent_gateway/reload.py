@@ -136,24 +136,29 @@ class Reloader:
                 )
             return found
 
-    async def watch(self, path: Path, interval: float = 1.0) -> None:
-        """Reload whenever the file at ``path`` changes (polled every ``interval`` seconds)."""
-        seen = _stamp(path)
+    async def watch(self, path: Path, since: Stamp | None = None, interval: float = 1.0) -> None:
+        """Reload whenever the file at ``path`` changes (polled every ``interval`` seconds);
+        ``since``: its ``stamp`` when the running configuration was read from it, so that a
+        change made meanwhile (during start-up) is applied too."""
+        seen = since or stamp(path)
         while True:
             await anyio.sleep(interval)
-            now = _stamp(path)
+            now = stamp(path)
             if now == seen:
                 continue
             while True:  # until it stops changing (and exists)
                 await anyio.sleep(_STEADY)
-                settled, now = now, _stamp(path)
+                settled, now = now, stamp(path)
                 if settled == now and now is not None:
                     break
             seen = now
             await self.reload()
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
+Stamp = tuple[int, int, int]
+
+
+def stamp(path: Path) -> Stamp | None:
     """What tells that a file changed: its inode (editors replace it), time and size."""
     try:
         stat = os.stat(path)

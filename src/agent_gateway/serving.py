@@ -4,7 +4,7 @@ on SIGINT/SIGTERM.
 
 The HTTP address is bound before any upstream is started, so a taken port is one line
 (``cannot listen on 127.0.0.1:8000: address already in use``) and not a process tree started
-only to be stopped again.
+only to be stopped again; while the upstreams start it answers probes (``starting.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Generator
-from contextlib import contextmanager
+from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +28,11 @@ from agent_gateway import runtime
 from agent_gateway.compat.fastmcp import run_stdio
 from agent_gateway.downstream.stdin import StdinLines
 from agent_gateway.errors import CannotServe
-from agent_gateway.http import begin_draining, build_app
+from agent_gateway.http import begin_draining, build_app, readiness
 from agent_gateway.listener import Connections, bounded_protocol, connection_cap, descriptor_limit
-from agent_gateway.reload import Reloader
+from agent_gateway.reload import Reloader, Stamp
 from agent_gateway.server import Gateway
+from agent_gateway.starting import StartingAnswers, Unsignalled
 
 logger = logging.getLogger("agent_gateway")
 
@@ -71,13 +72,15 @@ class Reloading:
 
     reloader: Reloader
     watch: Path | None = None
+    loaded: Stamp | None = None
+    """The watched file's ``reload.stamp`` when the running configuration was read from it."""
 
     async def run(self, hangups: AsyncIterator[signal.Signals]) -> None:
         """Reload on each of ``hangups`` (SIGHUP, taken since before start-up: one sent while
         starting is applied now) and, with ``watch``, on each change of the file."""
         async with anyio.create_task_group() as tg:
             if self.watch is not None:
-                tg.start_soon(self.reloader.watch, self.watch)
+                tg.start_soon(self.reloader.watch, self.watch, self.loaded)
             async for _ in hangups:
                 await self.reloader.reload()
 
@@ -145,20 +148,11 @@ async def _on_signal(stops: Signals, stop: Callable[[], None]) -> None:
         logger.info("received %s: already shutting down", signum.name)
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn without its own signal handling: it re-raises the signal after shutdown,
-    which would kill the process before the gateway has closed its upstreams."""
-
-    @contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-
 async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloading | None) -> None:
     server = gateway.config.server
     app = build_app(gateway)
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", **listener_options(gateway))
-    http = _Uvicorn(config)
+    options = listener_options(gateway)
+    http = Unsignalled(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
     runtime.prepare_heap()  # the socket is bound: the gateway is starting
 
     serving = False
@@ -180,16 +174,24 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
     with _signals() as (stops, hangups):
         async with anyio.create_task_group() as signals:
             signals.start_soon(_on_signal, stops, stop)
+            # The address answers probes while the upstreams start.
+            early = StartingAnswers(sock, options, lambda: readiness(gateway, starting=True)[1])
+            signals.start_soon(early.run)
             with starting:
-                async with gateway.running(), anyio.create_task_group() as tg:
-                    if reloading is not None:
-                        tg.start_soon(reloading.run, hangups)
-                    host, port = sock.getsockname()[:2]
-                    logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
-                    runtime.settle_heap()
-                    serving = True
-                    await http.serve(sockets=[sock])
-                    tg.cancel_scope.cancel()
+                async with AsyncExitStack() as running:
+                    try:
+                        await running.enter_async_context(gateway.running())
+                    finally:
+                        await early.stop()
+                    async with anyio.create_task_group() as tg:
+                        if reloading is not None:
+                            tg.start_soon(reloading.run, hangups)
+                        host, port = sock.getsockname()[:2]
+                        logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
+                        runtime.settle_heap()
+                        serving = True
+                        await http.serve(sockets=[sock])
+                        tg.cancel_scope.cancel()
             signals.cancel_scope.cancel()
 
 
