@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import anyio
 import httpx
@@ -163,6 +165,30 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
             gateway.wait(timeout=10)
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with free_socket() as sock:
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serve_process(
+    path: Path, *, stdin: int | None = None, stderr: IO[bytes] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``agent-gateway serve -c path`` in a child process; killed and reaped if it is still
+    running at the end (the test failed), its input closed."""
+    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
+    gateway = subprocess.Popen(command, env=gateway_env(), stdin=stdin, stderr=stderr)
+    try:
+        yield gateway
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait(timeout=10)
+        if gateway.stdin is not None:
+            gateway.stdin.close()
+
+
 async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_call_finish(
     tmp_path: Path,
 ) -> None:
@@ -171,17 +197,12 @@ async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_cal
     does not hold the stop until ``drain_timeout`` (here an hour). A call in flight whose
     answer is already a stream (it sent progress) still gets its result, a second SIGTERM
     meanwhile notwithstanding."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     upstreams: dict[str, object] = {"rec": python_upstream("recorder.py")}
     path = write_config(tmp_path, upstreams, port=port, drain_timeout=3600)
-    gateway = subprocess.Popen(
-        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
-    )
     url = f"http://127.0.0.1:{port}/mcp"
     ended: list[str] = []
-    try:
+    with serve_process(path) as gateway:
         await ready(port)
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
@@ -194,10 +215,6 @@ async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_cal
                 gateway.send_signal(signal.SIGTERM)  # only logged: the call in flight still finishes
         assert sorted(ended) == ["call answered: done", "get stream", "listen"]
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait(timeout=10)
 
 
 def slow_to_start(seconds: int = 30) -> dict[str, object]:
@@ -220,13 +237,10 @@ async def started_children(pid: int) -> set[int]:
 async def test_sigterm_during_start_up_stops_it_and_reaps_what_it_started(
     tmp_path: Path, transport: str
 ) -> None:
-    path = write_config(tmp_path, {"slow": slow_to_start(), "counter": counter()}, transport=transport)
-    gateway = subprocess.Popen(
-        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)],
-        env=gateway_env(),
-        stdin=subprocess.PIPE,  # over stdio, a client that keeps its end open
-    )
-    try:
+    upstreams: dict[str, object] = {"slow": slow_to_start(), "counter": counter()}
+    path = write_config(tmp_path, upstreams, transport=transport, port=free_port())
+    # Over stdio, a client that keeps its end open.
+    with serve_process(path, stdin=subprocess.PIPE) as gateway:
         children = await started_children(gateway.pid)
         gateway.send_signal(signal.SIGTERM)
         # Before: SIGTERM's default action, the shell and its sleep left running.
@@ -234,23 +248,12 @@ async def test_sigterm_during_start_up_stops_it_and_reaps_what_it_started(
         with anyio.fail_after(10):
             for pid in children:
                 await exited(pid)
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait(timeout=10)
-        assert gateway.stdin is not None
-        gateway.stdin.close()
 
 
 async def test_while_upstreams_start_probes_are_answered_and_mcp_is_told_to_retry(tmp_path: Path) -> None:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     path = write_config(tmp_path, {"slow": slow_to_start(30), "counter": counter()}, port=port)
-    gateway = subprocess.Popen(
-        [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)], env=gateway_env()
-    )
-    try:
+    with serve_process(path) as gateway:
         await started_children(gateway.pid)  # the slow upstream is still starting: 30 s
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
             with anyio.fail_after(20):
@@ -272,25 +275,13 @@ async def test_while_upstreams_start_probes_are_answered_and_mcp_is_told_to_retr
         assert call.headers["retry-after"] == "1"
         gateway.send_signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait(timeout=10)
 
 
 async def test_sighup_during_start_up_is_a_reload_once_started(tmp_path: Path) -> None:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    path = write_config(tmp_path, {"slow": slow_to_start(2), "counter": counter()}, port=port)
+    port = free_port()
+    path = write_config(tmp_path, {"slow": slow_to_start(4), "counter": counter()}, port=port)
     log = tmp_path / "gateway.log"
-    with log.open("wb") as out:
-        gateway = subprocess.Popen(
-            [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)],
-            env=gateway_env(),
-            stderr=out,
-        )
-    try:
+    with log.open("wb") as out, serve_process(path, stderr=out) as gateway:
         await started_children(gateway.pid)
         gateway.send_signal(signal.SIGHUP)  # before: its default action ended the process
         await ready(port)
@@ -300,10 +291,6 @@ async def test_sighup_during_start_up_is_a_reload_once_started(tmp_path: Path) -
         assert gateway.poll() is None
         gateway.send_signal(signal.SIGTERM)
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
-    finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait(timeout=10)
 
 
 async def held_get_stream(url: str, ended: list[str], *, task_status: TaskStatus[None]) -> None:
