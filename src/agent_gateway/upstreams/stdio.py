@@ -59,13 +59,7 @@ async def stdio_transport(
         async with stdio_client(params) as streams:
             yield streams
         return
-    process = await anyio.open_process(
-        [params.command, *params.args],
-        env=get_default_environment() | (params.env or {}),
-        stderr=_stderr(),
-        cwd=params.cwd,
-        start_new_session=True,  # its own group: the whole tree is stopped with it
-    )
+    process = await _spawned(params)
     incoming_in, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outgoing, outgoing_out = anyio.create_memory_object_stream[SessionMessage](0)
     written = anyio.Event()
@@ -82,6 +76,25 @@ async def stdio_transport(
                     await written.wait()
                 await _stop(process)
             tg.cancel_scope.cancel()
+
+
+async def _spawned(params: StdioServerParameters) -> Process:
+    """``params``' server started in a process group of its own, so that the whole tree is
+    stopped with it. Shielded: cancelled half-way, a spawn kills the process it started but
+    not that process's own children (a wrapper shell's server), which then outlived the
+    gateway; once spawned, a cancellation reaches the caller, which stops the whole group."""
+    spawning = anyio.open_process(
+        [params.command, *params.args],
+        env=get_default_environment() | (params.env or {}),
+        stderr=_stderr(),
+        cwd=params.cwd,
+        start_new_session=True,
+    )
+    process: Process | None = None
+    with anyio.CancelScope(shield=True):
+        process = await spawning
+    assert process is not None  # a shielded scope is never cancelled
+    return process
 
 
 def _stderr() -> TextIO | None:
