@@ -206,12 +206,12 @@ async def test_sigterm_ends_notification_streams_at_once_and_lets_a_streamed_cal
         await ready(port)
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
-                await tg.start(held_get_stream, url, ended)
+                get_stream_over = anyio.Event()
+                await tg.start(held_get_stream, url, ended, get_stream_over)
                 await tg.start(held_listen, url, ended)
                 await tg.start(streamed_call, url, ended)
                 gateway.send_signal(signal.SIGTERM)
-                while "get stream" not in ended:  # the first is being handled: the drain is on
-                    await anyio.sleep(0.01)
+                await get_stream_over.wait()  # the first is being handled: the drain is on
                 gateway.send_signal(signal.SIGTERM)  # only logged: the call in flight still finishes
         assert sorted(ended) == ["call answered: done", "get stream", "listen"]
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
@@ -293,7 +293,9 @@ async def test_sighup_during_start_up_is_a_reload_once_started(tmp_path: Path) -
         assert await anyio.to_thread.run_sync(gateway.wait, 20) == 0
 
 
-async def held_get_stream(url: str, ended: list[str], *, task_status: TaskStatus[None]) -> None:
+async def held_get_stream(
+    url: str, ended: list[str], over: anyio.Event, *, task_status: TaskStatus[None]
+) -> None:
     """A handshake-era session's notification stream, read until the gateway ends it."""
     async with httpx.AsyncClient(timeout=None) as http:
         session = await handshake(http, url)
@@ -304,6 +306,7 @@ async def held_get_stream(url: str, ended: list[str], *, task_status: TaskStatus
             async for _ in stream.aiter_bytes():  # raises if the stream is cut, not ended
                 pass
     ended.append("get stream")
+    over.set()
 
 
 async def held_listen(url: str, ended: list[str], *, task_status: TaskStatus[None]) -> None:
