@@ -106,3 +106,17 @@ async def test_a_failing_embeddings_endpoint_leaves_lexical_search_working() -> 
         vague = await client.call_tool(SEARCH_TOOLS, {"query": "put some young oaks in the ground"})
         assert not vague.is_error
         assert all(t["score"] < 0.25 for t in vague.structured_content["tools"])  # type: ignore[index]
+
+
+async def test_a_clear_lexical_match_is_not_outvoted_by_a_slightly_nearer_meaning() -> None:
+    # The words match the watering tool on three rare terms and the planting tool on one;
+    # the meaning leans to planting (four of its words to three). Ranks alone call that a tie
+    # (first in one ranking, second in the other); by how far each stands out, the words win.
+    endpoint = Endpoint()
+    async with dense_gateway(endpoint) as gw, Client(gw.url) as client:
+        query = "irrigate flower beds orchard oaks seedlings ground"
+        clear = found(await client.call_tool(SEARCH_TOOLS, {"query": query}))
+        lone = found(await client.call_tool(SEARCH_TOOLS, {"query": "irrigate oaks seedlings ground"}))
+    assert clear[:2] == ["garden__water_garden", "garden__plant_trees"]
+    # And a lone match of the words still counts for something against the meaning.
+    assert lone[0] == "garden__water_garden"

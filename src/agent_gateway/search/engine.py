@@ -229,27 +229,47 @@ async def _embed(dense: DenseIndex, embedder: Embedder, upstream: str, part: Par
 def _fused(
     lexical: list[tuple[str, str, float]], dense: list[tuple[str, float, float]], snapshot: CatalogSnapshot
 ) -> list[tuple[str, str, float]]:
-    """Reciprocal rank fusion of both rankings; each tool keeps the better of its two scores
-    (the lexical one, or how far its similarity stands out)."""
-    fused: dict[str, float] = {}
+    """Both rankings combined by standardized score: in each, how many standard deviations a
+    tool stands above that ranking's candidates, the two added. BM25 scores grow with the
+    request's length and cosines sit in a narrow band, so neither scale means anything to the
+    other; standardized, each says how far a tool stands out where it was ranked, which ranks
+    alone (reciprocal rank fusion, before) do not (``bench/README.md``: recall@5 0.81 -> 0.83
+    on the tuning half, 0.74 -> 0.76 on the other). A tool the words did not match scores 0
+    there, and counts among the lexical candidates as such (so a lone match still stands out);
+    one outside the nearest gets the farthest's standing. Each tool keeps the better of its two
+    scores as its own: the lexical one, or how far its similarity stands out."""
     score: dict[str, float] = {}
     owner: dict[str, str] = {}
-    for rank, (key, upstream, lexical_score) in enumerate(lexical):
-        fused[key] = 1.0 / (_RRF_K + rank + 1)
+    for key, upstream, lexical_score in lexical:
         score[key], owner[key] = lexical_score, upstream
-    for rank, (key, _, confidence) in enumerate(dense):
-        if key not in snapshot.tools:
-            continue
-        fused[key] = fused.get(key, 0.0) + 1.0 / (_RRF_K + rank + 1)
-        score[key] = max(score.get(key, 0.0), confidence)
-        owner.setdefault(key, snapshot.tools[key].upstream)
+    meaning: dict[str, float] = {}
+    for key, cosine, confidence in dense:
+        if key in snapshot.tools:
+            meaning[key] = cosine
+            score[key] = max(score.get(key, 0.0), confidence)
+            owner.setdefault(key, snapshot.tools[key].upstream)
+    by_words, unmatched = _standardized([s for _, _, s in lexical], 0.0)
+    by_meaning, farthest = _standardized(list(meaning.values()), min(meaning.values(), default=0.0))
+    fused = dict.fromkeys(owner, unmatched + farthest)
+    for (key, _, _), standing in zip(lexical, by_words, strict=True):
+        fused[key] += standing - unmatched
+    for key, standing in zip(meaning, by_meaning, strict=True):
+        fused[key] += standing - farthest
     order = sorted(fused, key=lambda k: (-fused[k], k))
     return [(key, owner[key], score[key]) for key in order]
 
 
+def _standardized(scores: list[float], floor: float) -> tuple[list[float], float]:
+    """Each score, and ``floor`` (the score of whatever was not returned), as standard
+    deviations from the mean of ``scores`` and ``floor`` together."""
+    values = [*scores, floor]
+    mean = math.fsum(values) / len(values)
+    spread = math.sqrt(math.fsum((s - mean) ** 2 for s in values) / len(values)) or 1.0
+    return [(s - mean) / spread for s in scores], (floor - mean) / spread
+
+
 _FUSED = 50
 """Candidates taken from each ranking before they are fused."""
-_RRF_K = 10
 _RETRY_FIRST = 1.0
 _RETRY_MOST = 60.0
 _CLOSE_TIMEOUT = 5.0
