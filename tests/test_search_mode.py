@@ -170,6 +170,11 @@ async def test_call_tool_carries_an_error_result_and_bad_input_back_as_results()
 async def test_search_tools_takes_a_limit_and_an_upstream() -> None:
     async with tracker_gateway() as gw, Client(gw.url) as client:
         assert len(found(await client.call_tool(SEARCH_TOOLS, {"query": "project", "limit": 3}))) == 3
+        # JSON Schema's integers include 3.0 and 3e0: the same limit, not a failed search.
+        for limit in (3.0, 3e0):
+            whole = await client.call_tool(SEARCH_TOOLS, {"query": "project", "limit": limit})
+            assert not whole.is_error, text_of(whole)
+            assert len(found(whole)) == 3
         assert (
             found(await client.call_tool(SEARCH_TOOLS, {"query": "project", "upstream": "elsewhere"})) == []
         )

@@ -85,6 +85,29 @@ async def test_a_tool_the_request_does_not_name_is_found_by_the_models_own_searc
     assert [c["name"] for c in record(result)["tool_calls"]] == ["search_tools", ACK]
 
 
+async def test_the_models_searches_with_a_whole_float_limit_or_bad_arguments_keep_the_run_going() -> None:
+    turns: list[Turn] = [
+        Turn(calls=[("search_tools", {"query": "acknowledge an incident", "limit": 5.0})]),
+        Turn(calls=[("search_tools", {"query": " "})]),
+        Turn(calls=[(ACK, {"id": "INC-3"})]),
+        Turn(text="Done."),
+    ]
+    app, api = openai_api(turns)
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        serving(app) as base,
+        big_gateway(openai_model(base), calls, max_tools=12) as gw,
+        Client(gw.url) as client,
+    ):
+        result = await ask(client, "Please deal with what Sam mentioned in standup")
+    assert not result.is_error, text(result)
+    assert calls == [("oncall_acknowledge_incident", {"id": "INC-3"})]
+    assert ACK in api.requests[1]["messages"][-1]["content"]  # 5.0 is the integer 5
+    assert "query: must not be empty" in api.requests[2]["messages"][-1]["content"]
+    recorded = [(c["name"], c["is_error"]) for c in record(result)["tool_calls"]]
+    assert recorded == [("search_tools", False), ("search_tools", True), (ACK, False)]
+
+
 async def test_without_the_bound_every_tool_would_be_refused_by_the_model_api() -> None:
     """The endpoint refuses over 128 tools as OpenAI does: the bound is what keeps runs alive."""
     app, api = openai_api([Turn(text="unused")])

@@ -104,10 +104,11 @@ class ToolRunner:
     async def _search_one(self, call: ToolCall) -> tuple[Outcome, list[str]]:
         """The model's ``search_tools`` call, answered from the index with what it may call."""
         started = time.perf_counter()
+        failed = False
         try:
             request = search_request(call["args"])
         except GatewayError as exc:
-            text, hits = str(exc), []
+            text, hits, failed = str(exc), [], True
         else:
             assert self.search is not None  # searching implies an index
             limit = min(request.limit or _FOUND_PER_SEARCH, self.toolbox.config.max_tools - 1)
@@ -116,7 +117,7 @@ class ToolRunner:
         record = ToolCallRecord(
             name=SEARCH_TOOLS,
             arguments=call["args"],
-            is_error=False,
+            is_error=failed,
             duration_ms=round((time.perf_counter() - started) * 1e3, 3),
         )
         message = ToolMessage(content=text, tool_call_id=call["id"] or SEARCH_TOOLS, name=SEARCH_TOOLS)

@@ -119,7 +119,9 @@ class SearchRequest:
 def search_request(arguments: dict[str, Any]) -> SearchRequest:
     """``search_tools``' arguments (raises ``InvalidArguments``)."""
     _check(_SEARCH_VALIDATOR, SEARCH_TOOLS, arguments)
-    return SearchRequest(arguments["query"], arguments.get("limit"), arguments.get("upstream"))
+    limit = arguments.get("limit")
+    # JSON Schema's integer includes 5.0 (and 1e1): a number, not a Python int.
+    return SearchRequest(arguments["query"], None if limit is None else int(limit), arguments.get("upstream"))
 
 
 def call_request(arguments: dict[str, Any]) -> tuple[str, dict[str, Any]]:
