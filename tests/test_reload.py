@@ -127,6 +127,22 @@ async def test_a_bad_new_config_is_refused_in_one_line_and_the_running_one_kept(
     assert "\n" not in refused.getMessage()
 
 
+async def test_a_change_to_a_section_read_at_start_up_only_is_logged_by_name_and_not_applied(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, search={"mode": "on"})
+    async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
+        before = sorted(t.name for t in (await client.list_tools()).tools)
+        write(path, {"keep": counter()}, search={"mode": "off"}, audit={"path": str(tmp_path / "a.jsonl")})
+        found = await reloader.reload()
+        assert found is not None
+        assert found.needs_restart == ("search", "audit")
+        assert sorted(t.name for t in (await client.list_tools()).tools) == before  # still searching
+    [warned] = [r for r in caplog.records if "read at start-up only" in r.getMessage()]
+    assert warned.levelno == logging.WARNING
+    assert "search, audit changed" in warned.getMessage()
+
+
 async def test_a_rename_keeps_the_connection_and_one_that_collides_is_refused_before_anything_changes(
     tmp_path: Path,
 ) -> None:

@@ -30,7 +30,9 @@ from agent_gateway.server import Gateway
 
 logger = logging.getLogger(__name__)
 
-_RESTART_ONLY = ("server", "auth", "agent", "telemetry")
+_APPLIED = ("upstreams", "env_passthrough")
+"""The sections a reload applies; a change to any other is read at start-up only, and is
+logged as needing a restart (every section but these, so a new one cannot go unmentioned)."""
 _NAMING = ("prefix", "include", "exclude", "rename")
 """Upstream fields the catalog alone reads: changing them needs no new connection."""
 _STEADY = 0.2
@@ -76,7 +78,9 @@ def changes(old: GatewayConfig, new: GatewayConfig) -> Changes:
         changed=tuple(n for n in differ if n not in renamed),
         renamed=tuple(renamed),
         unchanged=tuple(n for n in kept if n not in differ),
-        needs_restart=tuple(s for s in _RESTART_ONLY if getattr(old, s) != getattr(new, s)),
+        needs_restart=tuple(
+            s for s in type(new).model_fields if s not in _APPLIED and getattr(old, s) != getattr(new, s)
+        ),
     )
 
 
@@ -91,9 +95,7 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
         ConfigError: the new names collide in the catalog; nothing was changed.
     """
     found = changes(gateway.config, new)
-    applied = gateway.config.model_copy(
-        update={"upstreams": new.upstreams, "env_passthrough": new.env_passthrough}
-    )
+    applied = gateway.config.model_copy(update={section: getattr(new, section) for section in _APPLIED})
     restarted = (*found.removed, *found.changed)
     # First the catalog (it may still refuse), so clients stop seeing what is about to go.
     await gateway.pins.refresh()  # with a shared database: pins accepted meanwhile are served
