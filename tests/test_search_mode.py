@@ -165,6 +165,23 @@ async def test_call_tool_carries_an_error_result_and_bad_input_back_as_results()
         assert "query: must not be empty" in text_of(empty)
         too_many = await client.call_tool(SEARCH_TOOLS, {"query": "issue", "limit": 51})
         assert too_many.is_error
+        # What a client sent is repeated clipped, never whole: a name longer than any public
+        # name, a long value where the schema wants another type, a long request nothing serves.
+        long_name = await client.call_tool(CALL_TOOL, {"name": "x" * 100_000})
+        long_value = await client.call_tool(
+            CALL_TOOL,
+            {"name": "tracker__create_issue", "arguments": {"project": ["y" * 100_000], "title": "t"}},
+        )
+        long_query = await client.call_tool(SEARCH_TOOLS, {"query": "zqx " * 25_000})
+    assert long_name.is_error
+    assert "name: 'xxxx" in text_of(long_name)
+    assert "(100002 characters) is too long" in text_of(long_name)
+    assert long_value.is_error
+    assert "project: ['yyyy" in text_of(long_value)
+    assert "characters) is not of type 'string'" in text_of(long_value)
+    assert "No tool matches 'zqx zqx" in text_of(long_query)
+    for answer in (long_name, long_value, long_query):
+        assert len(text_of(answer)) < 500
 
 
 async def test_search_tools_takes_a_limit_and_an_upstream() -> None:

@@ -20,7 +20,7 @@ from agent_gateway.catalog_parts import Listing, Part, Review, build_part
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import ConfigError, InvalidArguments, ToolHeld, UnknownName
 from agent_gateway.naming import NameCollision, Origin
-from agent_gateway.schema_check import SchemaCheck
+from agent_gateway.schema_check import SchemaCheck, reason
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +110,7 @@ class CatalogSnapshot:
             validator = self._validators[name] = SchemaCheck(self.tool(name).item.input_schema)
         error = await validator.refusal(arguments)
         if error is not None:
-            where = "/".join(str(p) for p in error.absolute_path)
-            raise InvalidArguments(name, f"{where}: {error.message}" if where else error.message)
+            raise InvalidArguments(name, reason(error))
 
 
 def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None = None) -> CatalogSnapshot:

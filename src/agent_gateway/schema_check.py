@@ -126,3 +126,18 @@ def _quick(cls: type[Validator], schema: dict[str, Any]) -> Any:
 
 def _refuse(uri: str) -> NoReturn:
     raise ValueError(f"remote schema {uri!r} is not fetched")
+
+
+def reason(error: ValidationError) -> str:
+    """Why a value failed its schema, in jsonschema's words, prefixed by where in it; the value
+    itself shown at most ``_SHOWN`` characters long (jsonschema repeats it whole: a 1 MB string
+    where a number belongs would come back as a 1 MB error)."""
+    message = error.message
+    shown = repr(error.instance)
+    if len(shown) > _SHOWN and shown in message:
+        message = message.replace(shown, f"{shown[:_SHOWN]}... ({len(shown)} characters)")
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {message}" if where else message
+
+
+_SHOWN = 80

@@ -14,6 +14,8 @@ import mcp_types as types
 from jsonschema import Draft202012Validator
 
 from agent_gateway.errors import InvalidArguments
+from agent_gateway.naming import MAX_NAME_LENGTH
+from agent_gateway.schema_check import reason
 from agent_gateway.search.engine import Found
 
 SEARCH_TOOLS = "search_tools"
@@ -70,7 +72,12 @@ _SEARCH_OUTPUT: dict[str, Any] = {
 _CALL_INPUT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "minLength": 1, "description": "A tool's name, as search_tools gave it."},
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": MAX_NAME_LENGTH,  # as a direct call's name: no longer than any public name
+            "description": "A tool's name, as search_tools gave it.",
+        },
         "arguments": {"type": "object", "description": "The tool's arguments, matching its inputSchema."},
     },
     "required": ["name"],
@@ -140,16 +147,15 @@ def argument_problem(validator: Draft202012Validator, arguments: dict[str, Any])
     error = next(iter(validator.iter_errors(arguments)), None)
     if error is None:
         return None
-    where = "/".join(str(p) for p in error.absolute_path)
-    if where == "query" and error.validator in ("minLength", "pattern"):
+    if list(error.absolute_path) == ["query"] and error.validator in ("minLength", "pattern"):
         return "query: must not be empty"
-    return f"{where}: {error.message}" if where else error.message
+    return reason(error)
 
 
 def search_result(found: Sequence[Found], total: int, query: str) -> types.CallToolResult:
     """The ``search_tools`` answer: a short listing, and the tools in ``structuredContent``."""
     if not found:
-        text = f"No tool matches {query!r}. Try other words, or fewer."
+        text = f"No tool matches {_clipped(query)!r}. Try other words, or fewer."
     else:
         lines = [f"{len(found)} of {total} matching tools, best first:"]
         lines += [_line(f) for f in found]
@@ -158,6 +164,14 @@ def search_result(found: Sequence[Found], total: int, query: str) -> types.CallT
         content=[types.TextContent(type="text", text=text)],
         structured_content={"tools": [_entry(f) for f in found], "total": total},
     )
+
+
+def _clipped(query: str) -> str:
+    """The request as the answer repeats it: its first ``_REPEATED`` characters."""
+    return query if len(query) <= _REPEATED else f"{query[:_REPEATED]}..."
+
+
+_REPEATED = 200
 
 
 def _line(found: Found) -> str:
