@@ -3,7 +3,7 @@ by relevance, and the model finds the others with ``search_tools``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -11,7 +11,7 @@ import mcp_types as types
 from mcp import Client
 
 from agent_gateway.access import OPERATOR
-from tests.agent.model_apis import OPENAI_MAX_TOOLS, Turn, openai_api
+from tests.agent.model_apis import OPENAI_MAX_TOOLS, Script, ScriptedApi, Turn, openai_api
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.test_models import openai_model, said, sampling_script
 from tests.servers import many_tools
@@ -33,6 +33,22 @@ async def big_gateway(
     ):
         assert len(gw.gateway.catalog.snapshot.tools) == many_tools.TOOL_COUNT > 1000
         yield gw
+
+
+async def asked_vaguely(
+    turns: Sequence[Script],
+) -> tuple[ScriptedApi, list[tuple[str, dict[str, Any]]], types.CallToolResult]:
+    """A request that names no tool, over the thousand tools with 12 bound per model call: the
+    scripted endpoint, the calls the upstream received, and the answer."""
+    app, api = openai_api(turns)
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        serving(app) as base,
+        big_gateway(openai_model(base), calls, max_tools=12) as gw,
+        Client(gw.url) as client,
+    ):
+        result = await ask(client, "Please deal with what Sam mentioned in standup")
+    return api, calls, result
 
 
 def offered(body: dict[str, Any]) -> list[str]:
@@ -69,14 +85,7 @@ async def test_a_tool_the_request_does_not_name_is_found_by_the_models_own_searc
         assert len(offered(body)) <= 12
         return Turn(calls=[(ACK, {"id": "INC-9"})])
 
-    app, api = openai_api([search_first, then_call, Turn(text="Done.")])
-    calls: list[tuple[str, dict[str, Any]]] = []
-    async with (
-        serving(app) as base,
-        big_gateway(openai_model(base), calls, max_tools=12) as gw,
-        Client(gw.url) as client,
-    ):
-        result = await ask(client, "Please deal with what Sam mentioned in standup")
+    api, calls, result = await asked_vaguely([search_first, then_call, Turn(text="Done.")])
     assert not result.is_error, text(result)
     assert calls == [("oncall_acknowledge_incident", {"id": "INC-9"})]
     searched = api.requests[1]["messages"][-1]
@@ -92,14 +101,7 @@ async def test_the_models_searches_with_a_whole_float_limit_or_bad_arguments_kee
         Turn(calls=[(ACK, {"id": "INC-3"})]),
         Turn(text="Done."),
     ]
-    app, api = openai_api(turns)
-    calls: list[tuple[str, dict[str, Any]]] = []
-    async with (
-        serving(app) as base,
-        big_gateway(openai_model(base), calls, max_tools=12) as gw,
-        Client(gw.url) as client,
-    ):
-        result = await ask(client, "Please deal with what Sam mentioned in standup")
+    api, calls, result = await asked_vaguely(turns)
     assert not result.is_error, text(result)
     assert calls == [("oncall_acknowledge_incident", {"id": "INC-3"})]
     assert ACK in api.requests[1]["messages"][-1]["content"]  # 5.0 is the integer 5
