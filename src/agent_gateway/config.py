@@ -300,7 +300,7 @@ class AgentConfig(_Strict):
 
 
 class EmbeddingsConfig(_Strict):
-    """An OpenAI-compatible ``/embeddings`` endpoint: dense retrieval fused with the lexical ranks."""
+    """An OpenAI-compatible ``/embeddings`` endpoint: dense retrieval fused with the lexical ranking."""
 
     base_url: str = Field(pattern=r"^https?://")
     model: str = Field(min_length=1)

@@ -201,3 +201,20 @@ def describe(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
     text = str(exc) or type(exc).__name__
     return text if isinstance(exc, UpstreamUnavailable | CommandNotFound) else f"{type(exc).__name__}: {text}"
+
+
+SHOWN = 80
+"""The most characters of a client's value an error or answer repeats."""
+
+
+def shown(value: str) -> str:
+    """``value`` as an error or answer repeats it: quoted, at most ``SHOWN`` characters of it,
+    and its length when it was cut (what a client sent never comes back whole)."""
+    if len(value) <= SHOWN:
+        return repr(value)
+    return f"{value[:SHOWN]!r}... ({len(value)} characters)"
+
+
+def clipped(text: str, most: int = SHOWN) -> str:
+    """``text`` cut to ``most`` characters, its length said when it was cut."""
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"

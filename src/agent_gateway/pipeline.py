@@ -42,6 +42,7 @@ from agent_gateway.errors import (
     NotAllowed,
     ToolHeld,
     UpstreamBusy,
+    shown,
     to_wire,
 )
 from agent_gateway.in_flight import hold
@@ -168,7 +169,7 @@ class Pipeline:
             upstream=request.upstream,
             accept=client.tool_filter(),
         )
-        logger.debug("search_tools %r: %d of %d", request.query, len(found), total)
+        logger.debug("search_tools %s: %d of %d", shown(request.query), len(found), total)
         return search_result(found, total, request.query)
 
 

@@ -9,9 +9,9 @@ renamed. The catalog is rebuilt under the new names first (a collision among the
 whose tools are known refuses the reload before anything is touched; one with an added
 upstream is handled as any later collision: its listing is refused and reported) and clients
 are told it changed.
-Unchanged upstreams and every client session go on untouched. The other sections (server,
-auth, agent, telemetry) are read at start-up only: a change there is logged as needing a
-restart.
+Unchanged upstreams and every client session go on untouched. Every other section (server,
+auth, agent, search, telemetry, audit, store, pinning) is read at start-up only: a change
+there is logged as needing a restart.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 from agent_gateway.compat.jsonschema import PatternBudgetSpent, budget, install
+from agent_gateway.errors import SHOWN, clipped, shown
 
 install()
 
@@ -129,15 +130,17 @@ def _refuse(uri: str) -> NoReturn:
 
 
 def reason(error: ValidationError) -> str:
-    """Why a value failed its schema, in jsonschema's words, prefixed by where in it; the value
-    itself shown at most ``_SHOWN`` characters long (jsonschema repeats it whole: a 1 MB string
-    where a number belongs would come back as a 1 MB error)."""
+    """Why a value failed its schema, in jsonschema's words, prefixed by where in it, with no
+    more of the client's value than ``errors.SHOWN`` characters of each part (jsonschema repeats
+    the value whole: a 1 MB string where a number belongs would come back as a 1 MB error) and
+    ``_MOST`` in all (it lists an object's extra keys, each whole)."""
     message = error.message
-    shown = repr(error.instance)
-    if len(shown) > _SHOWN and shown in message:
-        message = message.replace(shown, f"{shown[:_SHOWN]}... ({len(shown)} characters)")
-    where = "/".join(str(p) for p in error.absolute_path)
-    return f"{where}: {message}" if where else message
+    whole = repr(error.instance)
+    if len(whole) > SHOWN and whole in message:
+        cut = shown(error.instance) if isinstance(error.instance, str) else clipped(whole)
+        message = message.replace(whole, cut)
+    where = "/".join(clipped(str(p)) for p in error.absolute_path)
+    return clipped(f"{where}: {message}" if where else message, _MOST)
 
 
-_SHOWN = 80
+_MOST = 500

@@ -3,6 +3,8 @@ that shares no word with the right tool finds it, and a failing endpoint costs o
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -13,7 +15,7 @@ from fastmcp import FastMCP
 from mcp import Client
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent_gateway.search.tools import SEARCH_TOOLS
@@ -34,6 +36,7 @@ class Endpoint:
     requests: list[dict[str, Any]] = field(default_factory=list)
     authorizations: list[str] = field(default_factory=list)
     failing: bool = False
+    not_finite: bool = False
 
 
 def vector(text: str) -> list[float]:
@@ -45,7 +48,7 @@ def vector(text: str) -> list[float]:
 
 
 def embeddings_app(endpoint: Endpoint) -> Starlette:
-    async def embeddings(request: Request) -> JSONResponse:
+    async def embeddings(request: Request) -> Response:
         body = await request.json()
         endpoint.requests.append(body)
         endpoint.authorizations.append(request.headers.get("authorization", ""))
@@ -54,6 +57,8 @@ def embeddings_app(endpoint: Endpoint) -> Starlette:
         data = [
             {"object": "embedding", "index": i, "embedding": vector(t)} for i, t in enumerate(body["input"])
         ]
+        if endpoint.not_finite:
+            return Response(json.dumps({"object": "list", "data": data}).replace("0.01", "NaN"))
         return JSONResponse({"object": "list", "data": data})
 
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
@@ -108,15 +113,27 @@ async def test_a_failing_embeddings_endpoint_leaves_lexical_search_working() -> 
         assert all(t["score"] < 0.25 for t in vague.structured_content["tools"])  # type: ignore[index]
 
 
-async def test_a_clear_lexical_match_is_not_outvoted_by_a_slightly_nearer_meaning() -> None:
-    # The words match the watering tool on three rare terms and the planting tool on one;
-    # the meaning leans to planting (four of its words to three). Ranks alone call that a tie
-    # (first in one ranking, second in the other); by how far each stands out, the words win.
+async def test_the_clearer_of_the_words_and_the_meaning_wins_where_ranks_alone_would_tie() -> None:
+    # In both requests the words rank watering first and planting second, and the meaning the
+    # other way round: by ranks alone the two requests are the same, and end the same. By how
+    # far each tool stands out: three rare words against one outweigh a meaning leaning to
+    # planting (four of its words to three); one word against none does not outweigh a
+    # meaning that is nearly all planting.
     endpoint = Endpoint()
     async with dense_gateway(endpoint) as gw, Client(gw.url) as client:
-        query = "irrigate flower beds orchard oaks seedlings ground"
-        clear = found(await client.call_tool(SEARCH_TOOLS, {"query": query}))
-        lone = found(await client.call_tool(SEARCH_TOOLS, {"query": "irrigate oaks seedlings ground"}))
-    assert clear[:2] == ["garden__water_garden", "garden__plant_trees"]
-    # And a lone match of the words still counts for something against the meaning.
-    assert lone[0] == "garden__water_garden"
+        by_words = await client.call_tool(
+            SEARCH_TOOLS, {"query": "irrigate flower beds orchard oaks seedlings ground"}
+        )
+        by_meaning = await client.call_tool(SEARCH_TOOLS, {"query": "water orchard oaks seedlings ground"})
+    assert found(by_words)[:2] == ["garden__water_garden", "garden__plant_trees"]
+    assert found(by_meaning)[:2] == ["garden__plant_trees", "garden__water_garden"]
+
+
+async def test_an_endpoint_answering_a_vector_that_is_not_finite_leaves_lexical_search_working() -> None:
+    endpoint = Endpoint()
+    async with dense_gateway(endpoint) as gw, Client(gw.url) as client:
+        endpoint.not_finite = True  # NaN where the request's vector had a number
+        result = await client.call_tool(SEARCH_TOOLS, {"query": "irrigate the flower beds"})
+    assert not result.is_error
+    assert found(result) == ["garden__water_garden"]  # the words' match alone, not the meaning's
+    assert all(math.isfinite(t["score"]) for t in result.structured_content["tools"])  # type: ignore[index]

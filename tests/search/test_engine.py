@@ -13,6 +13,7 @@ from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config_files import parse_config
 from agent_gateway.search.engine import ToolSearch
+from agent_gateway.search.engine import _fused as fused  # pyright: ignore[reportPrivateUsage]
 
 
 def listing(*names: str) -> Listing:
@@ -97,3 +98,19 @@ async def test_the_start_up_indexing_waits_again_when_running_again() -> None:
             await search.load(catalog.start())
             found, _ = await search.search(catalog.snapshot, tool, 10)
             assert [f.tool.name for f in found] == [f"tracker__{tool}"]
+
+
+async def test_among_a_few_candidates_a_hairs_difference_in_meaning_does_not_outweigh_the_words() -> None:
+    # Two tools (one upstream's, or a narrow policy's): the words prefer the first by far,
+    # the meaning the second by a hair. Standardized over two values, any difference is a
+    # whole deviation; the least spread keeps a hair a hair.
+    config = parse_config({"upstreams": {"tracker": {"url": "http://127.0.0.1:9/mcp"}}}, {}, source="test")
+    catalog = Catalog(config)
+    await catalog.update("tracker", listing("create_issue", "close_issue"))
+    snapshot = catalog.start()
+    lexical = [("tracker__create_issue", "tracker", 0.9), ("tracker__close_issue", "tracker", 0.3)]
+    for cosines in ((0.80001, 0.8), (0.9, 0.1)):
+        hair = cosines == (0.80001, 0.8)
+        dense = [("tracker__close_issue", cosines[0], 0.0), ("tracker__create_issue", cosines[1], 0.0)]
+        order = [key for key, _, _ in fused(lexical, dense, snapshot)]
+        assert order[0] == ("tracker__create_issue" if hair else "tracker__close_issue"), cosines

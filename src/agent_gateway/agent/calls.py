@@ -27,7 +27,7 @@ from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import Search, Toolbox, merged
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.errors import GatewayError
+from agent_gateway.errors import GatewayError, shown
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found
 from agent_gateway.search.tools import SEARCH_TOOLS, search_request
@@ -172,7 +172,7 @@ class ToolRunner:
 
 def _found_text(query: str, hits: Sequence[Found]) -> str:
     if not hits:
-        return f"No tool matches {query!r}. Try other words."
+        return f"No tool matches {shown(query)}. Try other words."
     lines = [f"Found {len(hits)} tools; they are offered to you from your next turn:"]
     lines += [f"- {h.tool.name}: {(h.tool.description or h.tool.title or '').strip()[:200]}" for h in hits]
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Dense retrieval, optional: tool texts and queries embedded by an OpenAI-compatible
 ``/embeddings`` endpoint (OpenAI, vLLM, Ollama, LM Studio, a local model server), compared by
-cosine similarity and fused with the lexical ranks.
+cosine similarity and fused with the lexical ranking.
 
 Needs numpy (``pip install 'agent-gateway[embeddings]'``). Vectors are kept per upstream, so one
 upstream's change re-embeds only its tools.
@@ -9,6 +9,7 @@ upstream's change re-embeds only its tools.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -94,6 +95,8 @@ def _vectors(response: httpx.Response, count: int) -> list[list[float]]:
         vectors = [[float(x) for x in item["embedding"]] for item in data]
     except (ValueError, KeyError, TypeError) as exc:
         raise EmbeddingsFailed(f"embeddings endpoint answered no vectors ({type(exc).__name__})") from None
+    if not all(math.isfinite(x) for v in vectors for x in v):  # one NaN would void every standing
+        raise EmbeddingsFailed("embeddings endpoint answered a vector that is not finite")
     if len(vectors) != count or len({len(v) for v in vectors}) != 1:
         raise EmbeddingsFailed(f"embeddings endpoint answered {len(vectors)} vectors for {count} texts")
     return vectors

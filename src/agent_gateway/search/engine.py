@@ -230,14 +230,16 @@ def _fused(
     lexical: list[tuple[str, str, float]], dense: list[tuple[str, float, float]], snapshot: CatalogSnapshot
 ) -> list[tuple[str, str, float]]:
     """Both rankings combined by standardized score: in each, how many standard deviations a
-    tool stands above that ranking's candidates, the two added. BM25 scores grow with the
-    request's length and cosines sit in a narrow band, so neither scale means anything to the
-    other; standardized, each says how far a tool stands out where it was ranked, which ranks
-    alone (reciprocal rank fusion, before) do not (``bench/README.md``: recall@5 0.81 -> 0.83
-    on the tuning half, 0.74 -> 0.76 on the other). A tool the words did not match scores 0
-    there, and counts among the lexical candidates as such (so a lone match still stands out);
-    one outside the nearest gets the farthest's standing. Each tool keeps the better of its two
-    scores as its own: the lexical one, or how far its similarity stands out."""
+    tool stands above that ranking's candidates, the two added. The lexical scores spread over
+    0..1 and cosines sit in a narrow band, so neither scale means anything to the other;
+    standardized, each says how far a tool stands out where it was ranked, which ranks alone
+    (reciprocal rank fusion, before) do not (``bench/README.md``, "fused by how far each tool
+    stands out": recall@5 0.77 -> 0.79, held-out half 0.74 -> 0.75). A tool the words did not
+    match scores 0 there, and counts among the lexical candidates as such (so a lone match
+    still stands out); one outside the nearest gets the farthest's standing. A spread under a
+    ranking's ``_LEAST_SPREAD`` counts as that much: among a few candidates (one upstream's,
+    a narrow policy's) a hair's difference is not several deviations. Each tool keeps the
+    better of its two scores as its own: the lexical one, or how far its similarity stands out."""
     score: dict[str, float] = {}
     owner: dict[str, str] = {}
     for key, upstream, lexical_score in lexical:
@@ -248,8 +250,10 @@ def _fused(
             meaning[key] = cosine
             score[key] = max(score.get(key, 0.0), confidence)
             owner.setdefault(key, snapshot.tools[key].upstream)
-    by_words, unmatched = _standardized([s for _, _, s in lexical], 0.0)
-    by_meaning, farthest = _standardized(list(meaning.values()), min(meaning.values(), default=0.0))
+    by_words, unmatched = _standardized([s for _, _, s in lexical], 0.0, _LEAST_SPREAD_WORDS)
+    by_meaning, farthest = _standardized(
+        list(meaning.values()), min(meaning.values(), default=0.0), _LEAST_SPREAD_MEANING
+    )
     fused = dict.fromkeys(owner, unmatched + farthest)
     for (key, _, _), standing in zip(lexical, by_words, strict=True):
         fused[key] += standing - unmatched
@@ -259,15 +263,20 @@ def _fused(
     return [(key, owner[key], score[key]) for key in order]
 
 
-def _standardized(scores: list[float], floor: float) -> tuple[list[float], float]:
+def _standardized(scores: list[float], floor: float, least_spread: float) -> tuple[list[float], float]:
     """Each score, and ``floor`` (the score of whatever was not returned), as standard
-    deviations from the mean of ``scores`` and ``floor`` together."""
+    deviations (at least ``least_spread``) from the mean of ``scores`` and ``floor`` together."""
     values = [*scores, floor]
     mean = math.fsum(values) / len(values)
-    spread = math.sqrt(math.fsum((s - mean) ** 2 for s in values) / len(values)) or 1.0
+    spread = max(math.sqrt(math.fsum((s - mean) ** 2 for s in values) / len(values)), least_spread)
     return [(s - mean) / spread for s in scores], (floor - mean) / spread
 
 
+_LEAST_SPREAD_WORDS = 0.05
+"""Of lexical scores (0..1); with ``_LEAST_SPREAD_MEANING``, of cosines: neither changes a
+result on the benchmark (its rankings' spreads are larger), both keep a few candidates' hair
+from counting as deviations."""
+_LEAST_SPREAD_MEANING = 0.02
 _FUSED = 50
 """Candidates taken from each ranking before they are fused."""
 _RETRY_FIRST = 1.0

@@ -13,7 +13,7 @@ from typing import Any
 import mcp_types as types
 from jsonschema import Draft202012Validator
 
-from agent_gateway.errors import InvalidArguments
+from agent_gateway.errors import InvalidArguments, shown
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.schema_check import reason
 from agent_gateway.search.engine import Found
@@ -155,7 +155,7 @@ def argument_problem(validator: Draft202012Validator, arguments: dict[str, Any])
 def search_result(found: Sequence[Found], total: int, query: str) -> types.CallToolResult:
     """The ``search_tools`` answer: a short listing, and the tools in ``structuredContent``."""
     if not found:
-        text = f"No tool matches {_clipped(query)!r}. Try other words, or fewer."
+        text = f"No tool matches {shown(query)}. Try other words, or fewer."
     else:
         lines = [f"{len(found)} of {total} matching tools, best first:"]
         lines += [_line(f) for f in found]
@@ -164,14 +164,6 @@ def search_result(found: Sequence[Found], total: int, query: str) -> types.CallT
         content=[types.TextContent(type="text", text=text)],
         structured_content={"tools": [_entry(f) for f in found], "total": total},
     )
-
-
-def _clipped(query: str) -> str:
-    """The request as the answer repeats it: its first ``_REPEATED`` characters."""
-    return query if len(query) <= _REPEATED else f"{query[:_REPEATED]}..."
-
-
-_REPEATED = 200
 
 
 def _line(found: Found) -> str:
