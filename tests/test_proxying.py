@@ -379,16 +379,50 @@ async def test_set_level_is_applied_upstream_and_filters_what_the_client_gets(
             with pytest.warns(MCPDeprecationWarning) as warned:
                 await client.set_logging_level(level)
             assert not [w for w in warned if "agent_gateway" in w.filename]  # only the client warns
-        await seen.wait_for(lambda ev: len([e for e in ev if e["event"] == "set_level"]) == 2)
+        await seen.wait_for(lambda ev: any(e["event"] == "set_level" for e in ev))
         await verbose.call_tool("rec__say", {"text": "sent at info", "level": "info"})
         await quiet.call_tool("rec__say", {"text": "quiet", "level": "info"})
         await quiet.call_tool("rec__say", {"text": "loud", "level": "error"})
         with anyio.fail_after(BOUND):
             while not (lines["quiet"] and lines["verbose"]):
                 await anyio.sleep(0.01)
-    # A shared session runs at the most verbose level any client asked for.
-    assert [e["level"] for e in seen.of("set_level")] == ["debug", "debug"]
+    # A shared session runs at the most verbose level any client asked for, told it once.
+    assert [e["level"] for e in seen.of("set_level")] == ["debug"]
     assert lines == {"verbose": ["sent at info"], "quiet": ["loud"]}
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_one_clients_quiet_level_holds_back_no_other_clients_lines_and_leaves_with_it(
+    transport: str, tmp_path: Path
+) -> None:
+    lines: dict[str, list[str]] = {"before": [], "beside": [], "after": []}
+
+    def collect(who: str) -> Any:
+        async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+            lines[who].append(params.data["msg"])
+
+        return on_log
+
+    async def said(who: str, client: Client) -> None:
+        await client.call_tool("rec__say", {"text": "info-line", "level": "info"})
+        await client.call_tool("rec__say", {"text": "end", "level": "error"})
+        with anyio.fail_after(BOUND):
+            while "end" not in lines[who]:
+                await anyio.sleep(0.01)
+
+    async with recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, seen):
+        async with Client(gw.url, mode="legacy") as quiet:
+            with pytest.warns(MCPDeprecationWarning):
+                await quiet.set_logging_level("error")  # alone: the upstream is told error
+            async with Client(gw.url, mode="legacy", logging_callback=collect("beside")) as beside:
+                await said("beside", beside)  # asked for no level: every line, as before
+        async with Client(gw.url, mode="legacy", logging_callback=collect("after")) as after:
+            await said("after", after)
+    assert lines["beside"] == ["info-line", "end"]
+    assert lines["after"] == ["info-line", "end"]
+    # error while the quiet client is alone, the default's nearest while another is there,
+    # and again once it has left the quiet one alone, then gone with it.
+    assert [e["level"] for e in seen.of("set_level")] == ["error", "debug", "error", "debug"]
 
 
 async def status(gw: RunningGateway) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -149,22 +150,33 @@ class Proxy:
         owner.used(session.id)
         return session
 
-    async def apply_log_level(self, session: DownstreamSession, sessions: list[DownstreamSession]) -> None:
-        """Apply a client's ``logging/setLevel`` upstream.
+    async def apply_log_levels(
+        self, session: DownstreamSession | None, sessions: Iterable[DownstreamSession]
+    ) -> None:
+        """Apply the clients' log levels upstream: after ``session`` set one, or (None) after a
+        handshake-era client came or went; ``sessions``: the handshake-era clients now.
 
-        A dedicated upstream session takes the client's level as it is; a shared one takes
-        the most verbose level any client asked for (each client's lines are filtered to its
-        own level on the way back).
+        A dedicated upstream session takes its client's level as it is. A shared one takes the
+        most verbose level its clients asked for, unless a client that asked for none (and so
+        gets whatever the upstream sends) would get less than the upstream's own default:
+        then the default stands if no level was ever sent, or else ``debug``, the nearest to it
+        that holds nothing back. So one client's ``error`` silences no other's lines, and a
+        level is taken back when its client leaves. A level is sent only when it differs from
+        the one the session was last sent. Each client's lines are filtered to its own level on
+        the way back; a modern client, which opts in per request, gets what a shared
+        handshake-era session's level lets through.
         """
-        levels: list[types.LoggingLevel] = [s.log_level for s in sessions if s.log_level is not None]
-        shared_level: types.LoggingLevel | None = min(levels, key=LEVELS.index) if levels else None
+        shared = _shared_level([s.log_level for s in sessions])
         targets: list[tuple[UpstreamSession, types.LoggingLevel]] = []
-        if shared_level is not None:
-            for live in self._pool.live_sessions():
-                targets.append((live, shared_level))
-        for dedicated in self._dedicated.live:
-            if dedicated.owner is session and session.log_level is not None:
-                targets.append((dedicated, session.log_level))
+        for live in self._pool.live_sessions():
+            if shared is not None and live.level_sent != shared:
+                targets.append((live, shared))
+            elif shared is None and live.level_sent not in (None, _EVERY_LINE):
+                targets.append((live, _EVERY_LINE))
+        if session is not None and (own := session.log_level) is not None:
+            targets.extend(
+                (dedicated, own) for dedicated in self._dedicated.live if dedicated.owner is session
+            )
         for target, level in targets:
             with anyio.move_on_after(SEND_TIMEOUT):
                 try:
@@ -196,3 +208,16 @@ class Proxy:
 
     async def end_session(self, session: DownstreamSession) -> None:
         await self._dedicated.close(session.id)
+
+
+_EVERY_LINE: types.LoggingLevel = "debug"
+
+
+def _shared_level(levels: list[types.LoggingLevel | None]) -> types.LoggingLevel | None:
+    """The level a shared upstream session should run at for clients that asked for
+    ``levels`` (None: asked for none); None: the upstream's own default."""
+    asked: list[types.LoggingLevel] = [level for level in levels if level is not None]
+    if not asked:
+        return None
+    most = min(asked, key=LEVELS.index)
+    return most if len(asked) == len(levels) or LEVELS.index(most) == 0 else None

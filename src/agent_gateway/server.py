@@ -71,7 +71,7 @@ class Gateway:
         self.sessions = SessionRegistry(
             on_end=self._session_ended,
             holds=lambda session: self.subscriptions.holds(session) or self.proxy.holds_dedicated(session),
-            on_set_level=self._level_set,
+            on_levels=self._levels_changed,
             records=self.shared.sessions if self.shared is not None else None,
         )
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
@@ -335,8 +335,8 @@ class Gateway:
     async def _upstream_ended(self, upstream: UpstreamSession) -> None:
         await self.subscriptions.upstream_ended(upstream)
 
-    async def _level_set(self, session: DownstreamSession) -> None:
-        await self.proxy.apply_log_level(session, list(self.sessions.live.values()))
+    async def _levels_changed(self, session: DownstreamSession | None) -> None:
+        await self.proxy.apply_log_levels(session, self.sessions.handshake_sessions())
 
     def status(self) -> dict[str, object]:
         """Live counts for ``/status``: what tests and operators check for leaks."""

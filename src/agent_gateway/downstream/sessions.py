@@ -168,6 +168,8 @@ def _software(connection: Connection) -> str | None:
 
 
 SessionHook = Callable[[DownstreamSession], Awaitable[None]]
+LevelsHook = Callable[[DownstreamSession | None], Awaitable[None]]
+"""Told the session that set a log level, or None when a handshake-era client came or went."""
 
 
 class SessionRegistry(Middleware):
@@ -180,7 +182,7 @@ class SessionRegistry(Middleware):
     def __init__(
         self,
         on_end: SessionHook,
-        on_set_level: SessionHook,
+        on_levels: LevelsHook,
         records: SessionRecords | None = None,
         holds: Callable[[DownstreamSession], bool] = lambda _: True,
     ) -> None:
@@ -193,7 +195,7 @@ class SessionRegistry(Middleware):
         """Sessions opened on another replica and served here too (shared store)."""
         self._on_end = on_end
         self._holds = holds
-        self._on_set_level = on_set_level
+        self._on_levels = on_levels
         self._records = records
 
     async def on_initialize(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
@@ -251,7 +253,9 @@ class SessionRegistry(Middleware):
     async def serving(self, request: Any) -> AsyncIterator[DownstreamSession]:
         """The session of ``request`` (an SDK or FastMCP request context), current while it is
         served; a modern request's session ends with it."""
-        session = self._attach(request)
+        session, opened = self._attach(request)
+        if opened and not session.modern:  # one more client whose level counts upstream
+            await self._on_levels(None)
         bound = CURRENT.set(session)
         try:
             yield session
@@ -260,17 +264,19 @@ class SessionRegistry(Middleware):
             if session.modern:
                 await self.end(session)
 
-    def _attach(self, request: Any) -> DownstreamSession:
+    def _attach(self, request: Any) -> tuple[DownstreamSession, bool]:
+        """The session of ``request``, and whether it was opened for it."""
         connection = connection_of(request.session)
         if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
-            return self._open(secrets.token_hex(16), "modern", None, request.session.client_capabilities)
+            caps = request.session.client_capabilities
+            return self._open(secrets.token_hex(16), "modern", None, caps), True
         known = connection.state.get(STATE_KEY)
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed
                 known.capabilities = request.session.client_capabilities
             if known.software is None:  # likewise
                 known.software = _software(connection)
-            return known
+            return known, False
         session = self._open(
             connection.session_id or uuid.uuid4().hex,
             "handshake",
@@ -284,7 +290,7 @@ class SessionRegistry(Middleware):
             self.adopted += 1
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)
-        return session
+        return session, True
 
     def _open(
         self, sid: str, era: str, connection: Connection | None, caps: types.ClientCapabilities | None
@@ -322,13 +328,15 @@ class SessionRegistry(Middleware):
                 time.monotonic() - session.started,
                 ", ".join(sorted(session.upstream_sessions)) or "none",
             )
+            with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+                await self._on_levels(None)  # its level no longer counts upstream
 
     async def _set_level(self, session: DownstreamSession, level: Any) -> None:
         if level in LEVELS:
             session.log_level = level
             if self._records is not None and session.transport == "http" and session.era == "handshake":
                 await self._records.level_set(session.id, level)
-            await self._on_set_level(session)
+            await self._on_levels(session)
 
     async def broadcast_log(
         self,

@@ -80,6 +80,8 @@ class UpstreamSession:
         """The upstream's breaker and concurrency cap, shared with its other sessions."""
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
+        self.level_sent: types.LoggingLevel | None = None
+        """The log level this session was last told (None: never; the upstream's default)."""
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
         self.lost_reason: str | None = None
@@ -313,6 +315,7 @@ class UpstreamSession:
             with self._calling(None, "logging/setLevel") as client:
                 # The request itself, not the deprecated helper: the era makes it current here.
                 await client.session.send_request(request, types.EmptyResult)
+            self.level_sent = level
         except UpstreamRejected as exc:
             if exc.code != types.METHOD_NOT_FOUND:
                 raise
