@@ -132,3 +132,15 @@ async def test_a_name_nobody_serves_is_32602(mode: str) -> None:
         missing = types.PromptReference(type="ref/prompt", name="slow__nothing")
         completion = await code_of(client.complete(missing, {"name": "topic", "value": "a"}))
     assert (prompt, completion) == (types.INVALID_PARAMS, types.INVALID_PARAMS)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_unknown_resource_is_named_clipped_in_the_message_and_whole_in_data(mode: str) -> None:
+    uri = "note://" + "u" * 5000
+    async with gateway_and_client(mode) as (_, client):
+        with pytest.raises(MCPError) as raised:
+            await client.read_resource(uri)
+    error = raised.value.error
+    assert error.code == types.INVALID_PARAMS
+    assert error.message == f"Resource not found: {uri[:80]!r}... (5007 characters)"
+    assert error.data == {"uri": uri}  # SEP-2164: the URI itself, for the client to match

@@ -69,11 +69,11 @@ class UnknownName(GatewayError):
     code = types.INVALID_PARAMS
 
     def __init__(self, kind: str, name: str) -> None:
-        if kind == "resource":  # SEP-2164's words, with the URI, as FastMCP and the SDK say it
-            super().__init__(f"Resource not found: {name!r}")
+        if kind == "resource":  # SEP-2164's words, the URI whole in data, as FastMCP and the SDK say it
+            super().__init__(f"Resource not found: {shown(name)}")
             self.data = {"uri": name}
         else:
-            super().__init__(f"Unknown {kind}: {name!r}")
+            super().__init__(f"Unknown {kind}: {shown(name)}")
         self.kind = kind
         self.name = name
 
