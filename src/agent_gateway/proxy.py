@@ -177,12 +177,11 @@ class Proxy:
             targets.extend(
                 (dedicated, own) for dedicated in self._dedicated.live if dedicated.owner is session
             )
-        for target, level in targets:
-            with anyio.move_on_after(SEND_TIMEOUT):
-                try:
-                    await target.set_logging_level(level)
-                except GatewayError as exc:  # one upstream refusing must not fail the client's request
-                    logger.warning("logging/setLevel %s on %s failed: %s", level, target.id, exc)
+        if not targets:  # nearly always, as clients come and go
+            return
+        async with anyio.create_task_group() as tg:  # side by side: a stuck upstream costs one bound
+            for target, level in targets:
+                tg.start_soon(_set_level, target, level)
 
     async def roots_changed(self, session: DownstreamSession) -> None:
         """Pass a client's ``notifications/roots/list_changed`` to its dedicated upstream sessions.
@@ -221,3 +220,11 @@ def _shared_level(levels: list[types.LoggingLevel | None]) -> types.LoggingLevel
         return None
     most = min(asked, key=LEVELS.index)
     return most if len(asked) == len(levels) or LEVELS.index(most) == 0 else None
+
+
+async def _set_level(target: UpstreamSession, level: types.LoggingLevel) -> None:
+    with anyio.move_on_after(SEND_TIMEOUT):
+        try:
+            await target.set_logging_level(level)
+        except GatewayError as exc:  # one upstream refusing must not fail the client's request
+            logger.warning("logging/setLevel %s on %s failed: %s", level, target.id, exc)
