@@ -82,11 +82,8 @@ def build_app(gateway: Gateway) -> Starlette:
         return token is not None and gateway.access.principal(token).policy.admin
 
     def refused(request: Request) -> JSONResponse:
-        if isinstance(request.scope.get("user"), AuthenticatedUser):
-            return JSONResponse(
-                {"error": "an admin client's token is needed (policy admin: true)"}, status_code=403
-            )
-        return JSONResponse({"error": "authentication required"}, status_code=401)
+        status, reason = admin_refusal(request)
+        return JSONResponse({"error": reason}, status_code=status)
 
     async def status(request: Request) -> JSONResponse:
         if not authorized(request):
@@ -106,13 +103,21 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/status", status),
     ]
     if server.ui:
-        mcp_app.router.routes.insert(0, Route("/", status_page(gateway, authorized)))
+        mcp_app.router.routes.insert(0, Route("/", status_page(gateway, authorized, admin_refusal)))
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
     mcp_app.router.lifespan_context = _deferring(
         mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path), gateway
     )
     return mcp_app
+
+
+def admin_refusal(request: Request) -> tuple[int, str]:
+    """Why a request for an admin page is refused, and its status: 403 for a client whose
+    policy is not admin, 401 for one that is no client."""
+    if isinstance(request.scope.get("user"), AuthenticatedUser):
+        return 403, "an admin client's token is needed (policy admin: true)"
+    return 401, "authentication required"
 
 
 class DirectRoute:

@@ -63,14 +63,21 @@ async def example() -> AsyncIterator[RunningGateway]:
 
 
 async def test_the_page_is_off_with_ui_false_and_behind_auth_like_status() -> None:
-    token = "page-token-0123456789abcdef"
+    token, other = "page-token-0123456789abcdef", "ci-token-0123456789abcdef"
     auth = {
         "mode": "bearer",
-        "tokens": [{"name": "ops", "token": token, "policy": "ops"}],
-        "policies": {"ops": {"admin": True}},
+        "tokens": [
+            {"name": "ops", "token": token, "policy": "ops"},
+            {"name": "ci", "token": other, "policy": "ci"},
+        ],
+        "policies": {"ops": {"admin": True}, "ci": {"tools": ["*"]}},
     }
     async with running_gateway({"upstreams": {}, "auth": auth}) as gw, httpx.AsyncClient() as http:
         assert (await http.get(f"{gw.base}/")).status_code == 401
+        for path in ("/", "/status"):  # a client, but not an admin one: refused alike
+            refused = await http.get(f"{gw.base}{path}", headers={"Authorization": f"Bearer {other}"})
+            assert refused.status_code == 403, path
+            assert "admin: true" in refused.text
         page = await http.get(f"{gw.base}/", headers={"Authorization": f"Bearer {token}"})
         assert page.status_code == 200
         assert "default-src 'none'" in page.headers["content-security-policy"]

@@ -3,6 +3,7 @@ anything but the page's own style and script from running in it."""
 
 from __future__ import annotations
 
+import html
 import secrets
 from collections.abc import Awaitable, Callable
 
@@ -15,12 +16,18 @@ from agent_gateway.ui.page import full_page, live_part
 Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-def status_page(gateway: Gateway, authorized: Callable[[Request], bool]) -> Endpoint:
-    """The page's endpoint; ``authorized(request)`` is the same check as ``/status``."""
+def status_page(
+    gateway: Gateway,
+    authorized: Callable[[Request], bool],
+    refusal: Callable[[Request], tuple[int, str]],
+) -> Endpoint:
+    """The page's endpoint; ``authorized(request)`` is the same check as ``/status``, and
+    ``refusal(request)`` the same answer when it fails (its status and reason)."""
 
     async def page(request: Request) -> Response:
         if not authorized(request):
-            return HTMLResponse("<h1>401: authentication required</h1>", status_code=401)
+            status, reason = refusal(request)
+            return HTMLResponse(f"<h1>{status}: {html.escape(reason)}</h1>", status_code=status)
         if request.query_params.get("part") == "live":
             return _html(live_part(gateway, request.query_params.get("catalog")), nonce=None)
         nonce = secrets.token_urlsafe(16)
