@@ -50,8 +50,13 @@ class RequestWrapper:
             access.admit(ctx, client)
             with access.bound(client):
                 result = await call_next(ctx)
-            if ctx.method == "initialize":
+            if ctx.method in _INTRODUCTIONS:
                 result = self._visibility.introduced(result, client)
             span.answered(result)
             record.answered(result)
             return result
+
+
+_INTRODUCTIONS = frozenset({"initialize", "server/discover"})
+"""The answers that carry the server's ``instructions``: a handshake-era client's handshake, and
+what a modern-era client discovers instead."""

@@ -46,8 +46,8 @@ class Visibility:
         return reached is None or upstream in reached
 
     def introduced(self, result: Any, client: Principal | None) -> Any:
-        """``initialize``'s ``result`` with the instructions of the upstreams ``client``
-        reaches (FastMCP's are the whole catalog's)."""
+        """``initialize``'s or ``server/discover``'s ``result`` with the instructions of the
+        upstreams ``client`` reaches (FastMCP's are the whole catalog's)."""
         if self.upstreams(client) is None:
             return result
         text = self.instructions(client)

@@ -40,15 +40,27 @@ async def two_upstreams() -> AsyncIterator[RunningGateway]:
 
 
 @asynccontextmanager
-async def client(url: str, token: str, logs: list[str]) -> AsyncIterator[Client]:
+async def client(url: str, token: str, logs: list[str], mode: str = "legacy") -> AsyncIterator[Client]:
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         logs.append(f"{params.logger}: {params.data}")
 
     async with (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
-        Client(streamable_http_client(url, http_client=http), mode="legacy", logging_callback=on_log) as c,
+        Client(streamable_http_client(url, http_client=http), mode=mode, logging_callback=on_log) as c,  # type: ignore[arg-type]
     ):
         yield c
+
+
+async def test_a_restricted_modern_client_discovers_only_the_instructions_of_upstreams_it_reaches() -> None:
+    async with (
+        two_upstreams() as gw,
+        client(gw.url, ATTACKER_TOKEN, [], mode="auto") as restricted,  # server/discover, not initialize
+        client(gw.url, BYSTANDER_TOKEN, [], mode="auto") as full,
+    ):
+        seen, everything = restricted.instructions or "", full.instructions or ""
+    assert "public secret instructions" in seen
+    assert "hidden" not in seen
+    assert "hidden secret instructions" in everything
 
 
 async def test_a_restricted_client_reads_only_the_words_of_upstreams_it_reaches() -> None:
