@@ -139,12 +139,15 @@ class Principal:
             self.in_flight -= 1
 
     @contextmanager
-    def running_agent(self) -> Iterator[None]:
+    def running_agent(self, *, resuming: bool = False) -> Iterator[None]:
         """One ``ask_agent`` run: a call in flight for this client, within its agent budget;
         the run's own tool calls go in its slot (its model calls one tool at a time or
-        several, but it is one thing the client asked for)."""
+        several, but it is one thing the client asked for). ``resuming``: the call carries a
+        paused run's ``requestState``, the same run's next round, charged once already (a
+        state the run did not issue resumes nothing: the runner refuses it)."""
         with self.calling():
-            self.spent.start(self.subject)
+            if not resuming:
+                self.spent.start(self.subject)
             token = _IN_RUN.set(True)
             try:
                 yield

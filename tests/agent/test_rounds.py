@@ -223,3 +223,25 @@ async def test_a_retry_without_the_answers_ends_the_run_with_a_clear_error() -> 
         done = finished(await call_round(client, question, None, first.request_state))
     assert done.is_error
     assert "the client's retry carried no answer to sampling/createMessage" in text(done)
+
+
+async def test_a_modern_runs_rounds_are_one_run_against_the_clients_runs_per_minute() -> None:
+    question = {"query": "20 + 22?"}
+    budget = {"policies": {"default": {"agent": {"runs_per_minute": 1}}}}
+    async with (
+        two_upstreams() as (upstreams, math, _),
+        running_gateway(
+            {"upstreams": upstreams, "agent": {"memory": {"store": "memory"}}, "auth": budget}
+        ) as gw,
+        Client(gw.url, mode="auto", sampling_callback=unused, sampling_capabilities=WITH_TOOLS) as client,
+    ):
+        first = paused(await call_round(client, question))
+        use = types.ToolUseContent(id="t1", name="math__add", input={"a": 20, "b": 22})
+        second = paused(await call_round(client, question, {"model": sampled(use)}, first.request_state))
+        reply = {"model": sampled(types.TextContent(type="text", text="42"))}
+        done = finished(await call_round(client, question, reply, second.request_state))
+        again = finished(await call_round(client, {"query": "And 1 + 1?"}))  # a second run: over
+    assert not done.is_error, text(done)
+    assert math.calls == [("add", {"a": 20, "b": 22})]
+    assert again.is_error
+    assert "agent runs over the limit (agent.runs_per_minute)" in text(again)

@@ -160,7 +160,7 @@ class AgentTool:
             return _failed(f"{self.name}: the agent is not running (the gateway is starting or stopping)")
         request = AgentRequest(arguments["query"], arguments.get("conversation_id"), arguments.get("context"))
         try:
-            with client.running_agent():
+            with client.running_agent(resuming=caller is not None and caller.request_state is not None):
                 outcome = await runner.run(request, client, caller)
         except ClientLimited as exc:
             refused(type(exc).__name__)
