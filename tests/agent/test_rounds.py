@@ -245,3 +245,23 @@ async def test_a_modern_runs_rounds_are_one_run_against_the_clients_runs_per_min
     assert math.calls == [("add", {"a": 20, "b": 22})]
     assert again.is_error
     assert "agent runs over the limit (agent.runs_per_minute)" in text(again)
+
+
+async def test_a_modern_clients_approval_after_the_approval_timeout_runs_nothing(tmp_path: Path) -> None:
+    # As a handshake-era client's late answer: the timeout has passed (1 ms: any retry is
+    # later than that), so the approval counts for nothing and the tool is not run.
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="a")), answer("Not dropped.")])
+    question = {"query": "Drop a."}
+    async with (
+        agent_gateway(model, tmp_path, approval_timeout=0.001) as (gw, math, _),
+        Client(gw.url, mode="auto", elicitation_callback=unused) as client,
+    ):
+        first = paused(await call_round(client, question))
+        late: types.InputResponses = {
+            "approve-0": types.ElicitResult(action="accept", content={"approve": True})
+        }
+        done = finished(await call_round(client, question, late, first.request_state))
+    assert not done.is_error, text(done)
+    assert math.calls == []
+    assert [c["is_error"] for c in record(done)["tool_calls"]] == [True]
+    assert "no approval came within 0.001s" in model.seen[-1][-1].content  # what the model was told

@@ -12,6 +12,7 @@ twice (the tools node asks all its approvals first, then calls the tools).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
@@ -24,6 +25,9 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.input_requests import result_type, unsupported
 
 ANSWERS = "answers"
+LATE = "late"
+"""In the resume value: the client answered after the pause's ``wait_limit`` (its answers count
+for nothing, as a handshake-era client's late answer does)."""
 Answer = types.InputResponse | types.ErrorData | None
 """What came back for one request: the client's answer, its refusal, or None (no answer in time)."""
 
@@ -85,8 +89,14 @@ class RoundAsker:
         asked = {k: r for k, r in requests.items() if answers[k] is None}
         if asked:
             # Plain JSON in the checkpoint: the store's serializer need not know MCP's types.
-            pause = Pause(token=self._token, requests={k: _wire(r) for k, r in asked.items()})
+            pause = Pause(
+                token=self._token,
+                requests={k: _wire(r) for k, r in asked.items()},
+                until=time.time() + wait_limit,  # wall clock: the retry may come to another replica
+            )
             given: Any = interrupt(pause.as_value())
+            if isinstance(given, Mapping) and given.get(LATE):  # pyright: ignore[reportUnknownMemberType]
+                return answers | dict.fromkeys(asked)  # no answer in time
             answered = given.get(ANSWERS) if isinstance(given, Mapping) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
             raw: Mapping[str, Any] = answered if isinstance(answered, Mapping) else {}  # pyright: ignore[reportUnknownVariableType]
             answers |= {key: _answer(request, raw.get(key)) for key, request in asked.items()}
@@ -96,12 +106,18 @@ class RoundAsker:
 class Pause:
     """What a paused run waits for: stored as the interrupt's value, sent as the input requests."""
 
-    def __init__(self, token: str, requests: dict[str, dict[str, Any]]) -> None:
+    def __init__(self, token: str, requests: dict[str, dict[str, Any]], until: float | None = None) -> None:
+        """``until``: the wall-clock time (seconds since the epoch) after which an answer is
+        too late (None: a pause stored before pauses had one)."""
         self.token = token
         self.requests = requests
+        self.until = until
 
     def as_value(self) -> dict[str, Any]:
-        return {"token": self.token, "requests": self.requests}
+        return {"token": self.token, "requests": self.requests, "until": self.until}
+
+    def late(self) -> bool:
+        return self.until is not None and time.time() > self.until
 
     @classmethod
     def of_value(cls, value: object) -> Pause | None:
@@ -111,7 +127,8 @@ class Pause:
         token, requests = value.get("token"), value.get("requests")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
         if not isinstance(token, str) or not isinstance(requests, dict):
             return None
-        return cls(token, dict(requests))  # pyright: ignore[reportUnknownArgumentType]
+        until = value.get("until")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+        return cls(token, dict(requests), float(until) if isinstance(until, int | float) else None)  # pyright: ignore[reportUnknownArgumentType]
 
     def input_requests(self) -> types.InputRequests:
         return {key: _REQUEST.validate_python(raw) for key, raw in self.requests.items()}

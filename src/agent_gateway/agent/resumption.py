@@ -12,7 +12,7 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command, Interrupt
 
-from agent_gateway.agent.asking import Pause, responses_value
+from agent_gateway.agent.asking import LATE, Pause, responses_value
 from agent_gateway.agent.graph import AgentGraph
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError
@@ -65,11 +65,14 @@ async def resume_input(graph: AgentGraph, config: RunnableConfig, resumed: Resum
     """
     state = await graph.aget_state(config)
     pending = [p for p in map(Pause.of_value, (i.value for i in state.interrupts)) if p is not None]
-    if not any(p.token == resumed.token for p in pending):
+    pause = next((p for p in pending if p.token == resumed.token), None)
+    if pause is None:
         raise AgentError(
             f"run {resumed.run} is no longer waiting for this answer (it was answered already, or a "
             f"later run on thread {resumed.thread} replaced it); call again without the request state"
         )
+    if pause.late():  # as a handshake-era client's answer after the wait: none came in time
+        return Command(resume={LATE: True})
     return Command(resume=resumed.answers)
 
 
