@@ -46,8 +46,9 @@ def _digest_of(sha256: str | None, token: str | None) -> bytes:
 
 
 class ClaimedJWTVerifier(JWTVerifier):
-    """FastMCP's JWT checks (signature, issuer, audience, an ``exp`` in the past), and ours:
-    ``exp`` required, ``nbf`` and ``iat`` not in the future (with ``leeway``), and the
+    """FastMCP's JWT checks (signature, issuer, audience, an ``exp`` in the past: with no
+    leeway, which it does not take), and ours: ``exp`` required, ``nbf`` and ``iat`` not in
+    the future (with ``leeway``), and the
     subject read from one configured claim: FastMCP would take ``client_id`` or ``azp``
     when ``sub`` is missing, which a token's issuer never meant as the client's name."""
 
@@ -72,8 +73,6 @@ class ClaimedJWTVerifier(JWTVerifier):
         exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             return "no exp claim (a token that never expires is not accepted)"
-        if exp + self._leeway < now:
-            return "expired"
         if nbf is not None and (not _is_time(nbf) or nbf - self._leeway > now):
             return "not valid yet (nbf)"
         if iat is not None and (not _is_time(iat) or iat - self._leeway > now):

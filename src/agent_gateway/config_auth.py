@@ -74,7 +74,8 @@ class JwtConfig(_Strict):
     """The claim naming the client (its subject in policies, logs and conversations); a
     token without it is refused. Never a fallback to another claim."""
     leeway: float = Field(default=30.0, ge=0, le=600)
-    """Seconds of clock difference allowed for ``exp``, ``nbf`` and ``iat``."""
+    """Seconds of clock difference allowed for ``nbf`` and ``iat`` (not ``exp``: FastMCP's
+    check and the SDK's refuse a past one outright)."""
 
     @model_validator(mode="after")
     def _one_key(self) -> JwtConfig:

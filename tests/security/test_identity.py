@@ -54,6 +54,7 @@ async def test_tokens_without_exp_from_the_future_or_without_sub_are_refused() -
         assert await status(token(sub="bot", nbf=now + 3600)) == 401
         assert await status(token(sub="bot", iat=now + 3600)) == 401
         assert await status(token(sub="bot", nbf=now + 10, iat=now + 10)) == 200  # within leeway
+        assert await status(token(sub="bot", exp=now - 10)) == 401  # expired: no leeway, as documented
         # No subject: client_id/azp are not taken in its place (and matched to admin-*).
         assert await status(token(client_id="admin-evil")) == 401
         assert await status(token(azp="admin-evil")) == 401
