@@ -29,6 +29,7 @@ from fastmcp.server.event_store import EventStore as InMemoryEventStore
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
 from langchain_anthropic import ChatAnthropic
+from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
@@ -549,6 +550,26 @@ def test_chat_anthropic_still_builds_its_client_from_client_params() -> None:
     sentinel = object()
     langchain_compat.use_async_client(chat, sentinel)
     assert chat._async_client is sentinel  # pyright: ignore[reportPrivateUsage]
+
+
+def test_chat_openai_still_makes_its_message_in_create_chat_result() -> None:
+    chat = langchain_compat.openai_chat(model="gpt-test", api_key="sk-test", base_url="http://127.0.0.1:9/v1")
+    calls = [
+        {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "[1]"}},
+        {"id": "c2", "type": "function", "function": {"name": "t", "arguments": '{"a": 1}'}},
+    ]
+    response = {
+        "id": "r",
+        "model": "gpt-test",
+        "choices": [
+            {"index": 0, "finish_reason": "tool_calls", "message": {"role": "assistant", "tool_calls": calls}}
+        ],
+    }
+    result = chat._create_chat_result(response)  # type: ignore[attr-defined]  # pyright: ignore[reportAttributeAccessIssue]
+    message = result.generations[0].message
+    assert isinstance(message, AIMessage), "langchain-openai: _create_chat_result made no AIMessage"
+    assert [c["args"] for c in message.tool_calls] == [{"a": 1}]
+    assert [c["args"] for c in message.invalid_tool_calls] == ["[1]"]
 
 
 def test_the_in_memory_saver_keeps_its_three_maps() -> None:

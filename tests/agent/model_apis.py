@@ -23,7 +23,8 @@ class Turn:
     """One scripted reply: tool calls, or a text answer; or an HTTP error."""
 
     text: str | None = None
-    calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    """Each call's name and arguments (an object, or anything else a model may write)."""
     status: int = 200
     error: str = ""
     code: str | None = None

@@ -44,6 +44,25 @@ def openai_model(base: str, **extra: Any) -> dict[str, Any]:
     return {"provider": "openai", "model": "gpt-test", "base_url": f"{base}/v1", "api_key": SECRET, **extra}
 
 
+async def test_an_openai_tool_call_whose_arguments_are_not_an_object_is_told_to_the_model() -> None:
+    # JSON, but a list: one call the model is told was not run; the other call runs, and so
+    # does the rest of the run.
+    bad, good = ("math__add", [1, 2]), ("math__add", {"a": 2, "b": 3})
+    app, api = openai_api([Turn(calls=[bad, good]), Turn(text="It is 5.")])
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base)) as (gw, math),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "What is 2 + 3?")
+    assert not result.is_error, text(result)
+    assert math.calls == [("add", {"a": 2, "b": 3})]
+    told = [m["content"] for m in api.requests[1]["messages"] if m["role"] == "tool"]
+    assert any("its arguments are not a JSON object" in t for t in told), told
+    assert sorted(c["is_error"] for c in record(result)["tool_calls"]) == [False, True]
+    assert record(result)["usage"]["output_tokens"] > 0  # the reply's tokens counted, not lost
+
+
 async def test_the_openai_provider_calls_tools_over_an_openai_compatible_endpoint() -> None:
     app, api = openai_api([Turn(calls=[("math__add", {"a": 2, "b": 3})]), Turn(text="It is 5.")])
     async with (

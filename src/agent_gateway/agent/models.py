@@ -16,7 +16,7 @@ from pydantic import SecretStr, ValidationError
 
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.sampling import SamplingChatModel
-from agent_gateway.compat.langchain import anthropic_client_params, model_type, use_async_client
+from agent_gateway.compat.langchain import anthropic_client_params, model_type, openai_chat, use_async_client
 from agent_gateway.config import ModelConfig
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import ConfigError, ModelUnavailable
@@ -125,11 +125,10 @@ def _api_model(config: ModelConfig | None, owned: list[_Closable]) -> BaseChatMo
 
 def _openai(config: ModelConfig, model: str, key: str, owned: list[_Closable]) -> BaseChatModel:
     import openai
-    from langchain_openai import ChatOpenAI
 
     http = openai.DefaultAsyncHttpxClient(timeout=config.timeout)
     owned.append(http)
-    return ChatOpenAI(
+    return openai_chat(
         http_async_client=http,
         model=model,
         base_url=config.base_url,
