@@ -26,7 +26,7 @@ from typing import Any, Literal
 logger = logging.getLogger("agent_gateway.calls")
 
 Outcome = Literal["ok", "tool_error", "paused", "refused", "error", "cancelled"]
-RunStatus = Literal["running", "answered", "paused", "failed"]
+RunStatus = Literal["running", "answered", "paused", "failed", "cancelled"]
 
 CALLED = frozenset({"tools/call", "prompts/get", "resources/read"})
 """The client requests that are calls (recorded and logged once each)."""

@@ -211,6 +211,11 @@ async def test_cancelling_ask_agent_cancels_the_model_call_in_flight(tmp_path: P
             tg.cancel_scope.cancel()
         with anyio.fail_after(BOUND):
             await cancelled.wait()
+            # The status page's record of the run says how it ended (it stayed "running").
+            while gw.gateway.activity.runs[-1].status == "running":
+                await anyio.sleep(0.01)
+        run = gw.gateway.activity.runs[-1]
+    assert (run.status, run.ended is not None) == ("cancelled", True)
 
 
 async def test_a_cancelled_run_stays_in_the_conversation_with_its_call_marked_unfinished(

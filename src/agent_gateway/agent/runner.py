@@ -185,19 +185,26 @@ class AgentRunner:
         kept = self._activity.run_started(run_id, thread, client.subject)
         report = RecordedObserver(kept, report)
         token = secrets.token_urlsafe(16)
-        with agent_span(self.config.name, run_id, thread) as span:
-            logger.info("agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread)
-            try:
-                graph = await self._compiled()
-                context = self._context(client, caller, report, token)
-            except AgentError as exc:
-                outcome = _failure(record, str(exc))
-            else:
-                async with self._thread_lock(thread), self._exclusive(thread):
-                    await self._conversations.used(thread)
-                    outcome = await self._on_thread(graph, context, record, request, resumed, token)
-                    await self._conversations.compact(thread)
-            agent_finished(span, _status(outcome), outcome.error)
+        try:
+            with agent_span(self.config.name, run_id, thread) as span:
+                logger.info(
+                    "agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread
+                )
+                try:
+                    graph = await self._compiled()
+                    context = self._context(client, caller, report, token)
+                except AgentError as exc:
+                    outcome = _failure(record, str(exc))
+                else:
+                    async with self._thread_lock(thread), self._exclusive(thread):
+                        await self._conversations.used(thread)
+                        outcome = await self._on_thread(graph, context, record, request, resumed, token)
+                        await self._conversations.compact(thread)
+                agent_finished(span, _status(outcome), outcome.error)
+        except anyio.get_cancelled_exc_class():
+            kept.finish("cancelled", "cancelled before it ended (by the client, or the gateway stopping)")
+            logger.info("agent run %s cancelled (thread %s)", run_id, thread)
+            raise
         kept.finish(_status(outcome), outcome.record["error"])
         _log_end(outcome)
         return outcome
