@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -35,6 +36,8 @@ from starlette.routing import Route
 from agent_gateway.access import Principal
 from agent_gateway.config import ClientPolicy
 from agent_gateway.errors import ConfigError
+from agent_gateway.http import build_app
+from agent_gateway.server import Gateway
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import (
     answer_before_the_body_ends,
@@ -367,6 +370,24 @@ async def test_foreign_host_and_origin_headers_are_refused() -> None:
                 gw.url, json=ping, headers={**headers, "Accept": "application/json, text/event-stream"}
             )
             assert answer.status_code not in (403, 421), headers
+
+
+async def test_listening_on_every_interface_no_interface_address_passes_as_a_host_unlisted() -> None:
+    # Told 0.0.0.0, the server has no one bound address: the one a connection came in on
+    # (here 127.0.0.2, not a loopback name) is a Host like any other, listed or refused.
+    ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    accept = {"Accept": "application/json, text/event-stream"}
+    config = {"upstreams": {}, "server": {"host": "0.0.0.0"}, "auth": {"allow_unauthenticated": True}}
+    gateway = Gateway(config_of(config))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("0.0.0.0", 0))
+    port = sock.getsockname()[1]
+    url = f"http://127.0.0.2:{port}{gateway.config.server.path}"
+    async with gateway.running(), serving(build_app(gateway), sock), httpx.AsyncClient() as http:
+        unlisted = await http.post(url, json=ping, headers={**accept, "Host": f"127.0.0.2:{port}"})
+        loopback = await http.post(url, json=ping, headers={**accept, "Host": f"localhost:{port}"})
+    assert unlisted.status_code == 421
+    assert loopback.status_code not in (403, 421)
 
 
 async def test_a_request_body_over_the_limit_gets_413_and_a_json_rpc_error_before_it_is_sent() -> None:

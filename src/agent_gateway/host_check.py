@@ -122,10 +122,20 @@ def _without_default_port(scheme: str, host: str) -> str:
 class HostCheck:
     """ASGI middleware: the exact Host and Origin checks (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, allowed_origins: Sequence[str], allowed_hosts: Sequence[str]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        allowed_origins: Sequence[str],
+        allowed_hosts: Sequence[str],
+        listen_host: str | None = None,
+    ) -> None:
+        """``listen_host``: the address the server was told to listen on; when it is ``0.0.0.0``
+        or ``::``, no interface a connection comes in on is the bound address (each would pass
+        as a Host unlisted)."""
         self.app = app
         self.allowed_origins = tuple(allowed_origins)
         self.allowed_hosts = tuple(allowed_hosts)
+        self._every_interface = listen_host is not None and _unspecified(listen_host)
         self._names: dict[str | None, HostNames] = {}
         """By bound address (a server may listen on several): built once each."""
 
@@ -157,6 +167,8 @@ class HostCheck:
         await self.app(scope, receive, send)
 
     def _allowed(self, address: str | None) -> HostNames:
+        if self._every_interface:
+            address = None
         if (names := self._names.get(address)) is None:
             names = self._names[address] = HostNames(self.allowed_hosts, address)
         return names

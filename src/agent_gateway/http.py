@@ -52,6 +52,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 HostCheck,
                 allowed_origins=list(server.allowed_origins),
                 allowed_hosts=list(server.allowed_hosts),
+                listen_host=server.host,
             ),
             Middleware(
                 Admission,
