@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+from jsonschema import Draft202012Validator
 from langchain_core.messages import SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
@@ -77,9 +78,14 @@ async def test_a_run_calls_tools_of_two_upstreams_in_turn_and_answers_with_the_r
     )
     async with agent_gateway(model, tmp_path) as (gw, math, words), Client(gw.url, mode="legacy") as client:
         result = await ask(client, "Add 2 and 3, then shout it.")
+        schema = {t.name: t for t in (await client.list_tools()).tools}["ask_agent"].output_schema
     assert not result.is_error, text(result)
     assert text(result) == "2 + 3 is FIVE."
     out = record(result)
+    # The published output schema declares every field of the record, and the record holds it.
+    assert schema is not None
+    assert set(schema["properties"]) == set(out)
+    Draft202012Validator(schema).validate(out)
     assert out["answer"] == "2 + 3 is FIVE."
     assert out["steps"] == 3
     assert [(c["name"], c["arguments"], c["is_error"]) for c in out["tool_calls"]] == [

@@ -69,6 +69,14 @@ OUTPUT_SCHEMA: dict[str, Any] = {
             "properties": {"input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}},
             "required": ["input_tokens", "output_tokens"],
         },
+        "offered_tools": {
+            "type": "object",
+            "properties": {
+                "count": {"type": "integer"},
+                "names": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["count", "names"],
+        },
         "model": {"type": "string"},
         "started_at": {"type": "string"},
         "ended_at": {"type": ["string", "null"]},
@@ -81,6 +89,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
         "steps",
         "tool_calls",
         "usage",
+        "offered_tools",
         "model",
         "started_at",
         "ended_at",
