@@ -316,6 +316,7 @@ class UpstreamSession:
                 # The request itself, not the deprecated helper: the era makes it current here.
                 await client.session.send_request(request, types.EmptyResult)
             self.level_sent = level
+            logger.info("log level %s applied on %s", level, self.id)  # only when it changes
         except UpstreamRejected as exc:
             if exc.code != types.METHOD_NOT_FOUND:
                 raise
