@@ -207,7 +207,11 @@ def verify(paths: Iterable[Path]) -> Verdict:
     against the record before it, and ``seq`` without gaps."""
     count, prev, seq = 0, None, None
     for path in paths:
-        with open(path, encoding="utf-8") as file:
+        try:
+            file = open(path, encoding="utf-8")  # noqa: SIM115 (closed below, read line by line)
+        except OSError as exc:
+            return Verdict(count, f"{path}: cannot be read ({exc.strerror or type(exc).__name__})")
+        with file:
             for number, line in enumerate(file, 1):
                 where = f"{path}:{number}"
                 try:

@@ -147,3 +147,15 @@ async def test_verify_names_the_first_edited_inserted_or_deleted_record(
         bad = _tampered(trail, tmp_path / f"{name}.jsonl", change)
         assert main(["audit", "verify", str(bad)]) == 1, name
         assert expected in capsys.readouterr().out, name
+
+
+def test_verify_of_a_file_that_cannot_be_read_says_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for path in (tmp_path / "nope.jsonl", tmp_path):  # missing; a directory
+        assert main(["audit", "verify", str(path)]) == 1
+        out = capsys.readouterr().out
+        assert (
+            out
+            == f"BROKEN after 0 good records: {path}: cannot be read ({'No such file or directory' if path != tmp_path else 'Is a directory'})\n"
+        )
