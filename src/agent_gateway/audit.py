@@ -15,9 +15,11 @@ full queue drops records rather than slow calls, counted in a metric and a warni
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,8 @@ from agent_gateway.private_files import private
 logger = logging.getLogger(__name__)
 
 GENESIS = "0" * 64
+_CLAIMS = 100
+"""Files a trail may be written to, itself and the ones beside it for other processes."""
 _BATCH = 512
 _GATHER = 0.05
 """Seconds a batch waits for more records after its first: one hop to the writer thread per
@@ -92,6 +96,7 @@ class AuditLog:
         self._send: MemoryObjectSendStream[Call] | None = None
         self._seq, self._prev = 0, GENESIS
         self._file: BinaryIO | None = None
+        self._lock: BinaryIO | None = None
 
     def record(self, call: Call) -> None:
         """Queue ``call``; never blocks (a full queue drops it, counted)."""
@@ -128,6 +133,7 @@ class AuditLog:
                 await anyio.to_thread.run_sync(self._close, rest)
 
     def _open(self) -> None:
+        self._claim()
         private(self.path)
         last = _last_record(self.path) or _last_record(_rotated(self.path, 1))
         if last is not None:
@@ -154,6 +160,34 @@ class AuditLog:
         if self._file is not None:
             self._file.close()
             self._file = None
+        if self._lock is not None:
+            self._lock.close()  # the lock goes with it
+            self._lock = None
+
+    def _claim(self) -> None:
+        """Hold the trail for this process (a lock beside it, kept until the writer closes): a
+        second gateway on the same file, as two IDEs each launching one on the same config,
+        would fork its chain, and verify would call it tampered with. That one writes a file of
+        its own beside it instead, and says so."""
+        wanted = self.path
+        for attempt in range(_CLAIMS):
+            if attempt:
+                self.path = wanted.with_name(f"{wanted.stem}.{os.getpid()}-{attempt}{wanted.suffix}")
+            held = self.path.with_name(f".{self.path.name}.lock")  # not matched by audit.jsonl.*
+            private(held)  # its directory made, as the trail's is
+            lock = open(held, "ab")  # noqa: SIM115 (held open until the writer closes)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            self._lock = lock
+            if attempt:
+                logger.warning(
+                    "audit: %s is written by another gateway process; this one writes %s", wanted, self.path
+                )
+            return
+        raise OSError(f"audit: {wanted} and {_CLAIMS - 1} files beside it are held by other processes")
 
     def _rotate(self) -> None:
         if self._file is not None:
