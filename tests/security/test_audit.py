@@ -166,13 +166,17 @@ async def test_two_gateways_on_one_trail_each_keep_a_whole_chain(
 ) -> None:
     # As two IDEs each launching a gateway on the same config: the second writes beside it.
     trail = tmp_path / "audit.jsonl"
-    async with audited(trail) as first, audited(trail) as second:
-        async with client(first.url, BYSTANDER_TOKEN) as one, client(second.url, BYSTANDER_TOKEN) as two:
-            for n in range(3):
-                await one.call_tool("desk__echo", {"text": f"one {n}"})
-                await two.call_tool("desk__echo", {"text": f"two {n}"})
-    [beside] = [p for p in tmp_path.glob("audit.*.jsonl")]
-    assert beside.name.startswith("audit.") and beside != trail
+    async with (
+        audited(trail) as first,
+        audited(trail) as second,
+        client(first.url, BYSTANDER_TOKEN) as one,
+        client(second.url, BYSTANDER_TOKEN) as two,
+    ):
+        for n in range(3):
+            await one.call_tool("desk__echo", {"text": f"one {n}"})
+            await two.call_tool("desk__echo", {"text": f"two {n}"})
+    [beside] = list(tmp_path.glob("audit.*.jsonl"))  # noqa: ASYNC240 (the gateways have stopped)
+    assert beside != trail
     for path in (trail, beside):
         assert [r["seq"] for r in records(path)] == [1, 2, 3], path
         assert main(["audit", "verify", str(path)]) == 0, path
