@@ -299,7 +299,12 @@ modern lane (``compat/exchange.py``), which would parse it again (it must check 
 same: a layer between may have changed it)."""
 
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+"""Strings, once escapes are gone. One pattern for strings with their escapes in them would be
+tried again from every quote an unclosed string's escapes hold: quadratic, 10 s of the event
+loop for a 148 KB body of ``\\"`` (a helper's attack). Escapes first, then plain strings: each
+byte is looked at a bounded number of times."""
 
 
 def json_values(body: bytes, bound: int) -> int:
@@ -309,7 +314,7 @@ def json_values(body: bytes, bound: int) -> int:
     count = body.count(b"{") + body.count(b"[") + body.count(b",")
     if count <= bound:
         return count
-    bare = _STRING.sub(b"", body)
+    bare = _STRING.sub(b"", _ESCAPE.sub(b"", body))
     return bare.count(b"{") + bare.count(b"[") + bare.count(b",")
 
 

@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -251,3 +252,12 @@ async def test_a_body_of_a_million_values_is_refused_unparsed() -> None:
         assert (
             hashlib.sha256((await echo(c, text)).encode()).digest() == hashlib.sha256(text.encode()).digest()
         )
+        # Past the bound, an unclosed string of escaped quotes is counted in one pass (the count
+        # once retried from every quote: quadratic, minutes of the event loop for this body).
+        # The gateway shares this test's event loop, which a stall holds: the bound is checked
+        # once it lets go (the count takes milliseconds; the quadratic one took about a minute).
+        stall = b"," * 100_001 + b'"' + b'\\"' * 60_000
+        started = time.monotonic()
+        refused = await http.post(gw.url, content=stall, headers=HEADERS | {"Mcp-Session-Id": sid})
+        assert refused.status_code == 400
+        assert time.monotonic() - started < 20  # a hang's bound, not a speed
