@@ -213,8 +213,3 @@ def shown(value: str) -> str:
     if len(value) <= SHOWN:
         return repr(value)
     return f"{value[:SHOWN]!r}... ({len(value)} characters)"
-
-
-def clipped(text: str, most: int = SHOWN) -> str:
-    """``text`` cut to ``most`` characters, its length said when it was cut."""
-    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"

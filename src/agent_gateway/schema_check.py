@@ -35,7 +35,8 @@ from referencing import Registry
 from referencing.exceptions import Unresolvable
 
 from agent_gateway.compat.jsonschema import PatternBudgetSpent, budget, install
-from agent_gateway.errors import SHOWN, clipped, shown
+from agent_gateway.errors import SHOWN, shown
+from agent_gateway.logs import clipped
 
 install()
 
@@ -137,10 +138,10 @@ def reason(error: ValidationError) -> str:
     message = error.message
     whole = repr(error.instance)
     if len(whole) > SHOWN and whole in message:
-        cut = shown(error.instance) if isinstance(error.instance, str) else clipped(whole)
+        cut = shown(error.instance) if isinstance(error.instance, str) else str(clipped(whole, SHOWN))
         message = message.replace(whole, cut)
-    where = "/".join(clipped(str(p)) for p in error.absolute_path)
-    return clipped(f"{where}: {message}" if where else message, _MOST)
+    where = "/".join(str(clipped(str(p), SHOWN)) for p in error.absolute_path)
+    return str(clipped(f"{where}: {message}" if where else message, _MOST))
 
 
 _MOST = 500
