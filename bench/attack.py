@@ -316,6 +316,31 @@ async def slow_heads(url: str, proc: Process, seconds: float) -> str:
     return f"{alive}/{len(socks)} sockets still held after {seconds:g}s"
 
 
+async def endless_heads(url: str, proc: Process, seconds: float) -> str:
+    """50 connections, each sending one header's value without end (at most 1 GiB in all),
+    inside the head deadline."""
+    port = httpx.URL(url).port or 80
+    socks = [s for s in (_slow_socket(port) for _ in range(50)) if s is not None]
+    await asyncio.sleep(0.5)
+    piece, taken, closed = b"a" * 65536, 0, set[int]()
+    for sock in socks:
+        with suppress(OSError):
+            sock.send(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nx-endless: ")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and taken < 2**30 and len(closed) < len(socks):
+        for n, sock in enumerate(socks):
+            try:
+                taken += sock.send(piece) if n not in closed else 0
+            except BlockingIOError:
+                pass
+            except OSError:
+                closed.add(n)
+        await asyncio.sleep(0.01)
+    for sock in socks:
+        sock.close()
+    return f"{taken / 2**20:.0f} MiB of heads sent; {len(closed)}/{len(socks)} connections closed by the gateway"
+
+
 async def sessions(url: str, proc: Process, seconds: float) -> str:
     headers = {
         "Authorization": f"Bearer {ATTACKER}",
@@ -475,6 +500,7 @@ BIG_RESULTS = 8
 
 ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
     "slow-heads": (slow_heads, 15.0, None),
+    "endless-heads": (endless_heads, 8.0, None),
     "sessions": (sessions, 10.0, {"rate_limit": {"per_minute": 60, "burst": 10}}),
     "long-calls": (long_calls, 10.0, None),
     "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),

@@ -47,7 +47,7 @@ from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from agent_gateway import compat
 from agent_gateway.compat import exchange, lane
@@ -612,7 +612,17 @@ def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from
 
 
 @pytest.mark.parametrize(
-    "member", ["connection_made", "connection_lost", "on_headers_complete", "on_response_complete"]
+    "member",
+    [
+        "connection_made",
+        "connection_lost",
+        "data_received",
+        "on_message_complete",
+        "on_header",
+        "on_headers_complete",
+        "on_response_complete",
+        "send_400_response",
+    ],
 )
 def test_uvicorns_protocol_has_each_method_the_listener_overrides(member: str) -> None:
     assert callable(getattr(HttpToolsProtocol, member, None)), f"uvicorn: HttpToolsProtocol.{member} is gone"
@@ -622,6 +632,18 @@ def test_uvicorns_protocol_keeps_the_transport_the_listener_closes() -> None:
     tree = ast.parse(inspect.getsource(HttpToolsProtocol.connection_made).strip().replace("\n    ", "\n"))
     stored = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
     assert "transport" in stored, "uvicorn: HttpToolsProtocol.connection_made no longer keeps its transport"
+
+
+def test_uvicorns_protocol_keeps_its_cycle_and_pipeline_as_the_listener_reads_them() -> None:
+    # The listener arms the next head's deadline only when the latest cycle's response is
+    # complete (no pipelined request running): those members must still mean that.
+    source = inspect.getsource(HttpToolsProtocol.on_response_complete)
+    assert "self.pipeline" in source, "uvicorn: on_response_complete no longer starts pipelined requests"
+    cycle = inspect.getsource(RequestResponseCycle.__init__)
+    assert "self.response_complete = False" in cycle, (
+        "uvicorn: RequestResponseCycle.response_complete is gone"
+    )
+    assert "self.cycle = " in inspect.getsource(HttpToolsProtocol.on_headers_complete)
 
 
 def test_uvicorns_server_takes_its_signals_in_the_method_the_gateway_and_tests_override() -> None:

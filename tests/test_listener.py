@@ -1,5 +1,7 @@
-"""The listener's protocol sends a response's head with its body (``listener.HeadWithBody``),
-seen in the writes that reach a real uvicorn connection's transport."""
+"""The listener's protocol on a real uvicorn connection: a response's head sent with its body
+(``listener.HeadWithBody``), seen in the writes that reach the transport; a request head's
+size and header lines bounded; a pipelined request not cut off by the next head's deadline,
+seen on a raw socket."""
 
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ class Recorded:
 
 async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Event) -> None:
     await receive()
-    if scope["path"] == "/json":
+    if scope["path"] == "/held":  # answered once the test releases it
+        await release.wait()
+    if scope["path"] in ("/json", "/held"):
         body = b'{"jsonrpc":"2.0","id":1,"result":{}}'
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -47,8 +51,10 @@ async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Even
 
 
 @asynccontextmanager
-async def listening(writes: list[bytes], release: anyio.Event) -> AsyncIterator[str]:
-    base = bounded_protocol(Connections(cap=16, per_address=16, header_timeout=5.0))
+async def listening(
+    writes: list[bytes], release: anyio.Event, header_timeout: float = 5.0
+) -> AsyncIterator[str]:
+    base = bounded_protocol(Connections(cap=16, per_address=16, header_timeout=header_timeout))
 
     class Recording(base):  # type: ignore[valid-type, misc]
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -84,3 +90,74 @@ async def test_a_json_answer_is_written_once_with_its_head_and_a_stream_head_is_
             assert writes[0].startswith(b"HTTP/1.1 200 OK\r\n")
             release.set()
             assert await stream.aread() == b"data: 1\n\n"
+
+
+async def _exchange(url: str, parts: list[bytes]) -> tuple[int, bytes]:
+    """Send ``parts`` on a raw connection until the gateway closes it; the bytes sent and all
+    that came back."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = 0
+    async with await anyio.connect_tcp(host, int(port)) as stream:
+        for part in parts:
+            try:
+                await stream.send(part)
+            except (anyio.BrokenResourceError, OSError):
+                break
+            sent += len(part)
+        answer = b""
+        with anyio.fail_after(10):
+            while True:
+                try:
+                    answer += await stream.receive()
+                except (anyio.EndOfStream, OSError):
+                    return sent, answer
+
+
+async def test_an_endless_head_is_refused_with_431_once_it_passes_its_bound() -> None:
+    head = b"GET /json HTTP/1.1\r\nhost: x\r\nx-endless: "
+    async with listening([], anyio.Event()) as url:
+        # 64 KiB is the bound; the client stops with the piece that passes it (its socket is read dry
+        # and the 431 is not lost to a reset).
+        sent, answer = await _exchange(url, [head] + [b"a" * 8192] * 8)
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b"a request head over 65536 bytes" in answer
+        assert sent == len(head) + 8 * 8192
+
+
+async def test_a_head_of_too_many_header_lines_is_refused_and_a_large_one_within_bounds_is_served() -> None:
+    lines = b"".join(b"x-%d: 1\r\n" % n for n in range(201))
+    async with listening([], anyio.Event()) as url:
+        _, answer = await _exchange(url, [b"GET /json HTTP/1.1\r\nhost: x\r\n" + lines + b"\r\n"])
+        assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        assert b"over 200 header lines" in answer
+        async with httpx.AsyncClient(timeout=10) as client:
+            served = await client.post(f"{url}/json", content=b"{}", headers={"cookie": "c" * 40_000})
+            assert served.status_code == 200
+
+
+async def test_a_pipelined_request_running_past_the_head_deadline_is_answered() -> None:
+    release = anyio.Event()
+    first = b"POST /json HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+    held = b"POST /held HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
+    async with listening([], release, header_timeout=0.5) as url, anyio.create_task_group() as tg:
+        host, port = url.removeprefix("http://").split(":")
+        async with await anyio.connect_tcp(host, int(port)) as pipelined:
+            await pipelined.send(first + held)  # the second head arrives with the first
+            answered = b""
+            with anyio.fail_after(10):
+                while b"HTTP/1.1 200" not in answered:
+                    answered += await pipelined.receive()
+            # The held request now runs; it is released only after its connection's head
+            # deadline, armed when the first answer was written, has passed.
+            tg.start_soon(_hold_until_an_idle_connection_is_closed, url, release)
+            with anyio.fail_after(10):
+                while answered.count(b"HTTP/1.1 200") < 2:
+                    answered += await pipelined.receive()  # before: closed at the deadline
+        assert answered.count(b'"result":{}') == 2
+
+
+async def _hold_until_an_idle_connection_is_closed(url: str, release: anyio.Event) -> None:
+    # A connection opened now, that sends nothing, is closed by its head deadline: by then
+    # the one armed after the first response has passed too.
+    await _exchange(url, [])
+    release.set()

@@ -161,6 +161,10 @@ class ConnectionsConfig(_Strict):
     """An idle keep-alive connection is closed after this many seconds."""
     body_timeout: Seconds = 30.0
     """A request body must have arrived within this; otherwise 408."""
+    max_head_bytes: int = Field(default=64 * 1024, ge=1024, le=2**20)
+    """Bytes of one request head (request line and headers); past it 431, closed."""
+    max_headers: int = Field(default=200, ge=8, le=10_000)
+    """Header lines in one request head; past it 431, closed."""
 
 
 class ServerConfig(_Strict):

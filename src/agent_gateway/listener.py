@@ -11,11 +11,17 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 - a cap on open connections, derived from ``RLIMIT_NOFILE`` so that the gateway's own
   sockets, pipes and files always have room; past it a new connection gets a bare 503 and is
   closed;
-- a cap per client address, so one address cannot take all of them.
+- a cap per client address, so one address cannot take all of them;
+- a bound on a request head's size and its number of header lines
+  (``server.connections.max_head_bytes``, ``max_headers``): httptools' parser has none and
+  keeps a header it is still reading whole, so one connection sending an endless head grew
+  the process by gigabytes within the head deadline. Past either bound the client gets 431
+  and the connection is closed.
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
-``on_response_complete`` and ``transport``; ``tests/test_compat.py`` checks they still
+``on_response_complete``, ``on_message_complete``, ``on_header``, ``data_received``,
+``send_400_response``, ``cycle``, ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
 The same protocol sends a response's head with its body: uvicorn writes the head when the
@@ -45,6 +51,10 @@ pipes, the conversation database, log files, the event loop's own."""
 _PER_UPSTREAM_FDS = 16
 _DEFAULT_CAP = 10_000
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\n"
+    b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\n\r\n%s"
+)
 
 
 def descriptor_limit() -> int:
@@ -75,6 +85,8 @@ class Connections:
     cap: int
     per_address: int
     header_timeout: float
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 200
     open: int = 0
     by_address: Counter[str] = field(default_factory=Counter[str])
 
@@ -104,6 +116,12 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         _address = ""
         _admitted = False
         _deadline: asyncio.TimerHandle | None = None
+        _in_head = True
+        """No request head is complete since the last began (or the connection opened)."""
+        _head_bytes = 0
+        _header_lines = 0
+        _oversize: str | None = None
+        """Why the head being read is refused, once it is."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -125,14 +143,50 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
                 connections.release(self._address)
             super().connection_lost(exc)
 
+        def data_received(self, data: bytes) -> None:
+            if not self._in_head:
+                super().data_received(data)
+                return
+            room = connections.max_head_bytes - self._head_bytes
+            self._head_bytes += len(data)
+            # A read may hold the head's end and a body: feed what fits, then see whether
+            # the head ended within it before counting the rest against it.
+            super().data_received(data[:room] if len(data) > room else data)
+            if len(data) <= room or self.transport.is_closing():
+                return
+            if self._in_head:
+                self._refuse_head(f"a request head over {connections.max_head_bytes} bytes")
+            else:
+                self.data_received(data[room:])
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self._in_head = True  # what follows is the next request's head
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_lines += 1
+            if self._header_lines > connections.max_headers:
+                self._oversize = f"a request head of over {connections.max_headers} header lines"
+                raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
+            super().on_header(name, value)  # which send_400_response turns into our 431
+
+        def send_400_response(self, msg: str) -> None:
+            if self._oversize is None:
+                super().send_400_response(msg)
+            else:
+                self._refuse_head(self._oversize)
+
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._in_head, self._head_bytes, self._header_lines = False, 0, 0
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if not self.transport.is_closing():
-                self._arm()  # the next request's head is due in time too
+            # The next request's head is due in time too, unless it has come already (a
+            # pipelined request, now running).
+            if not self.transport.is_closing() and self.cycle.response_complete:
+                self._arm()
 
         def _arm(self) -> None:
             self._disarm()
@@ -142,6 +196,12 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
+
+        def _refuse_head(self, reason: str) -> None:
+            refused("head_size", "refused a request head from %s: %s", self._address, reason)
+            text = f"{reason}; the gateway refuses it".encode()
+            self.transport.write(_TOO_LARGE % (len(text), text))
+            self.transport.close()
 
         def _late(self) -> None:
             self._deadline = None

@@ -204,7 +204,11 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
         "accepting up to %d connections (%d per address; open-file limit %d)", cap, settings.per_address, fds
     )
     connections = Connections(
-        cap=cap, per_address=settings.per_address, header_timeout=settings.header_timeout
+        cap=cap,
+        per_address=settings.per_address,
+        header_timeout=settings.header_timeout,
+        max_head_bytes=settings.max_head_bytes,
+        max_headers=settings.max_headers,
     )
     return {
         "http": bounded_protocol(connections),

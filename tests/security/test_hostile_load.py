@@ -168,6 +168,49 @@ async def test_slow_heads_are_cut_off_and_one_address_cannot_take_every_connecti
     assert bystander.failures == []
 
 
+def _endless_head(port: int) -> int:
+    """Bytes an endless request head got into the gateway before it was closed (at most 4 MiB)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((ATTACKER, 0))
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    sent = 0
+    try:
+        sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nx-endless: ")
+        while sent < 4 * 2**20:
+            sock.sendall(b"a" * 16384)
+            sent += 16384
+    except OSError:
+        pass  # closed by the gateway
+    finally:
+        sock.close()
+    return sent
+
+
+async def test_endless_heads_are_refused_at_their_bound_while_a_bystander_is_served() -> None:
+    server = {"server": {"connections": {"max_head_bytes": 16384}}}
+    bystander = Bystander()
+    sent: list[int] = []
+
+    async def attack(port: int) -> None:
+        sent.append(await anyio.to_thread.run_sync(_endless_head, port))
+
+    async with gateway(server) as gw, client(gw.url) as c, anyio.create_task_group() as tg:
+        tg.start_soon(bystander.run, c)
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as attackers:
+                for _ in range(20):
+                    attackers.start_soon(attack, _port(gw.url))
+        with anyio.fail_after(10):
+            while bystander.served < 5:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    # Closed long before 4 MiB (before: every byte kept, gigabytes from a few connections).
+    assert len(sent) == 20
+    assert max(sent) < 4 * 2**20, sent
+    assert bystander.failures == []
+
+
 # -- finding 2: one client fills the session table ---------------------------------------
 
 
