@@ -338,7 +338,9 @@ async def endless_heads(url: str, proc: Process, seconds: float) -> str:
         await asyncio.sleep(0.01)
     for sock in socks:
         sock.close()
-    return f"{taken / 2**20:.0f} MiB of heads sent; {len(closed)}/{len(socks)} connections closed by the gateway"
+    return (
+        f"{taken / 2**20:.0f} MiB of heads sent; {len(closed)}/{len(socks)} connections closed by the gateway"
+    )
 
 
 async def sessions(url: str, proc: Process, seconds: float) -> str:

@@ -71,6 +71,23 @@ def test_an_error_answer_is_an_answer_and_a_cancelled_probe_lets_the_next_one_th
     assert guard.circuit is Circuit.CLOSED
 
 
+def test_a_timeout_while_the_upstream_answered_something_else_is_not_counted() -> None:
+    guard, clock = guard_of(failures=1)
+
+    def times_out_while_another_answer_comes() -> None:
+        with guard.admitted():
+            clock.now = 1
+            guard.heard()  # a health check (or another call) answered while this one waited
+            clock.now = 2
+            raise UpstreamTimeout("u", "slow for its arguments")
+
+    with pytest.raises(UpstreamTimeout):
+        times_out_while_another_answer_comes()
+    assert guard.circuit is Circuit.CLOSED
+    fail(guard, UpstreamTimeout("u", "slow"))  # nothing answered while it waited
+    assert guard.circuit is Circuit.OPEN
+
+
 def test_a_failed_probe_opens_the_circuit_for_another_reset_period() -> None:
     guard, clock = guard_of(failures=1, reset=10)
     fail(guard, UpstreamTimeout("u", "slow"))
@@ -113,6 +130,35 @@ async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_c
         assert guard.circuit is Circuit.CLOSED
         assert (await faulted.readyz()).status_code == 200
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+
+
+@pytest.mark.parametrize("answered_by", ["a bystander's calls", "health checks"])
+async def test_one_clients_slow_calls_do_not_open_the_circuit_for_everyone(answered_by: str) -> None:
+    # The attacker's six calls time out together (consecutive failures past the breaker's
+    # bound of two), while the upstream answers the bystander's calls or its health checks.
+    checks = {"health": {"interval": 0.05}} if answered_by == "health checks" else {}
+    config = faulty_stdio(tool_timeouts={"hang": 0.5}, breaker={"failures": 2, "reset": 60}, **checks)
+    async with (
+        gateway_under_fault({"faulty": config}) as faulted,
+        Client(faulted.gw.url) as attacker,
+        Client(faulted.gw.url) as bystander,
+    ):
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        served: list[str] = []
+        async with anyio.create_task_group() as tg:
+
+            async def hang() -> None:
+                assert "no answer within 0.5s" in text_of(await attacker.call_tool("faulty__hang", {}))
+
+            for _ in range(6):
+                tg.start_soon(hang)
+            await wait_until(lambda: guard.in_flight >= 6)
+            while guard.in_flight and answered_by == "a bystander's calls":
+                served.append(text_of(await bystander.call_tool("faulty__ping", {})))
+        after = text_of(await bystander.call_tool("faulty__ping", {}))
+    assert guard.circuit is Circuit.CLOSED  # before: open, every client refused for 60 s
+    assert after == "pong"
+    assert set(served) <= {"pong"}
 
 
 async def test_a_down_upstream_is_hidden_or_kept_listed_by_its_failure_mode() -> None:

@@ -162,10 +162,12 @@ class Upstream:
             except TimeoutError:
                 reason = f"health check: no answer within {timeout:g}s"
             except UpstreamRejected:
-                continue  # an error answer is still an answer: it is alive
+                session.guard.heard()  # an error answer is still an answer: it is alive
+                continue
             except UpstreamError as exc:
                 reason = f"health check: {exc.detail}"
             else:
+                session.guard.heard()
                 continue
             health_failures.add(1, {"agent_gateway.upstream": self.name})
             session.lose(reason)

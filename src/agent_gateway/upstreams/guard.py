@@ -5,7 +5,10 @@ upstream's health is judged from all of its traffic.
 
 The breaker counts *consecutive* calls that failed for the upstream's sake (connection lost,
 no answer in time). A JSON-RPC error or an ``isError`` result is an answer, so it counts as
-a success: the upstream is alive. After ``breaker.failures`` of them the circuit opens and
+a success: the upstream is alive. A call that timed out counts only when the upstream
+answered nothing else (no other call, no health check) while it waited: a tool that is slow
+for its arguments is not the upstream failing, and one client's slow calls must not open the
+circuit for every client. After ``breaker.failures`` of them the circuit opens and
 calls fail at once without being sent; after ``breaker.reset`` seconds one call at a time is
 let through as a probe (half-open): its success closes the circuit, its failure re-opens it.
 """
@@ -13,6 +16,7 @@ let through as a probe (half-open): its success closes the circuit, its failure 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -124,8 +128,11 @@ class Guard:
     def __init__(self, upstream: str, config: UpstreamConfig, clock: Clock = time.monotonic) -> None:
         self.upstream = upstream
         self.breaker = CircuitBreaker(upstream, config.breaker, clock) if config.breaker else None
+        self._clock = clock
         self._limit = config.max_concurrency
         self.in_flight = 0
+        self.heard_at = -math.inf
+        """When the upstream last answered anything (a call, a health check)."""
         self.unimplemented: set[str] = set()
         """Optional methods the upstream answered with Method not found: never sent again."""
 
@@ -147,15 +154,21 @@ class Guard:
                 f"{self.in_flight} calls in flight, the limit (max_concurrency) is {self._limit}",
             )
         probe = self.breaker.admit() if self.breaker is not None else False
+        sent = self._clock()
         self.in_flight += 1
         try:
             yield
-        except (UpstreamUnavailable, UpstreamTimeout) as exc:
+        except UpstreamTimeout as exc:
+            if self.breaker is not None:
+                self._timed_out(self.breaker, probe, sent, exc.detail)
+            raise
+        except UpstreamUnavailable as exc:
             if self.breaker is not None:
                 self.breaker.failed(probe, exc.detail)
             raise
         except UpstreamRejected:
-            if self.breaker is not None:  # an error answer is still an answer: it is alive
+            self.heard()  # an error answer is still an answer: it is alive
+            if self.breaker is not None:
                 self.breaker.succeeded(probe)
             raise
         except BaseException:
@@ -163,7 +176,21 @@ class Guard:
                 self.breaker.released(probe)
             raise
         else:
+            self.heard()
             if self.breaker is not None:
                 self.breaker.succeeded(probe)
         finally:
             self.in_flight -= 1
+
+    def heard(self) -> None:
+        """The upstream answered something: it is alive."""
+        self.heard_at = self._clock()
+
+    def _timed_out(self, breaker: CircuitBreaker, probe: bool, sent: float, detail: str) -> None:
+        if self.heard_at > sent:
+            logger.debug(
+                "upstream %s: %s; not counted by the breaker: it answered meanwhile", self.upstream, detail
+            )
+            breaker.released(probe)
+        else:
+            breaker.failed(probe, detail)
