@@ -6,6 +6,7 @@ seen on a raw socket."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -33,8 +34,20 @@ class Recorded:
         return getattr(self._transport, name)
 
 
+BIG = 32 * 2**20
+
+
 async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Event) -> None:
     await receive()
+    if scope["path"] == "/big":  # 32 MiB in 1 MiB slices, as in_flight.Outflow writes it
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % BIG)]}
+        )
+        for _ in range(32):
+            await send({"type": "http.response.body", "body": b"x" * 2**20, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        release.set()  # the app has let go of its answer
+        return
     if scope["path"] == "/held":  # answered once the test releases it
         await release.wait()
     if scope["path"] in ("/json", "/held"):
@@ -52,9 +65,12 @@ async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Even
 
 @asynccontextmanager
 async def listening(
-    writes: list[bytes], release: anyio.Event, header_timeout: float = 5.0
+    writes: list[bytes], release: anyio.Event, header_timeout: float = 5.0, write_timeout: float = 30.0
 ) -> AsyncIterator[str]:
-    base = bounded_protocol(Connections(cap=16, per_address=16, header_timeout=header_timeout))
+    connections = Connections(
+        cap=16, per_address=16, header_timeout=header_timeout, write_timeout=write_timeout
+    )
+    base = bounded_protocol(connections)
 
     class Recording(base):  # type: ignore[valid-type, misc]
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -161,3 +177,37 @@ async def _hold_until_an_idle_connection_is_closed(url: str, release: anyio.Even
     # the one armed after the first response has passed too.
     await _exchange(url, [])
     release.set()
+
+
+def _unread_request(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /big HTTP/1.1\r\nhost: x\r\n\r\n")
+    return sock
+
+
+def _read_all(sock: socket.socket) -> int:
+    got = 0
+    sock.settimeout(10)
+    try:
+        while chunk := sock.recv(2**20):
+            got += len(chunk)
+    except ConnectionResetError:
+        pass  # dropped: what the kernel still held for it is gone too
+    return got
+
+
+async def test_a_client_that_reads_nothing_of_its_answer_is_dropped_and_the_answer_let_go() -> None:
+    written = anyio.Event()
+    async with listening([], written, write_timeout=0.5) as url:
+        sock = await anyio.to_thread.run_sync(_unread_request, int(url.rsplit(":", 1)[1]))
+        try:
+            with anyio.fail_after(10):
+                await written.wait()  # before: the app waited for the client for ever
+            got = await anyio.to_thread.run_sync(_read_all, sock)
+        finally:
+            sock.close()
+        assert got < BIG
+        async with httpx.AsyncClient(timeout=10) as client:  # a client that reads is served whole
+            assert len((await client.get(f"{url}/big")).content) == BIG

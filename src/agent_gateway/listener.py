@@ -16,12 +16,18 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   (``server.connections.max_head_bytes``, ``max_headers``): httptools' parser has none and
   keeps a header it is still reading whole, so one connection sending an endless head grew
   the process by gigabytes within the head deadline. Past either bound the client gets 431
-  and the connection is closed.
+  and the connection is closed;
+- a deadline for a client to read what it was sent (``server.connections.write_timeout``):
+  once a connection's write buffer is full, the client must read some of it within that
+  time, or the connection is dropped. Without it a client that asks for large answers and
+  never reads them keeps them in memory for as long as it likes (and with them the
+  process's bound on answers in flight, ``in_flight.py``, which every client shares).
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``on_response_complete``, ``on_message_complete``, ``on_header``, ``data_received``,
-``send_400_response``, ``cycle``, ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
+``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``pipeline`` and
+``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
 The same protocol sends a response's head with its body: uvicorn writes the head when the
@@ -87,6 +93,7 @@ class Connections:
     header_timeout: float
     max_head_bytes: int = 64 * 1024
     max_headers: int = 200
+    write_timeout: float = 30.0
     open: int = 0
     by_address: Counter[str] = field(default_factory=Counter[str])
 
@@ -122,6 +129,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         _header_lines = 0
         _oversize: str | None = None
         """Why the head being read is refused, once it is."""
+        _unread: asyncio.TimerHandle | None = None
+        """The write deadline, while the write buffer is full."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -138,6 +147,7 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self.resume_writing()
             if self._admitted:
                 self._admitted = False
                 connections.release(self._address)
@@ -196,6 +206,28 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._unread is None:
+                loop = asyncio.get_running_loop()
+                self._unread = loop.call_later(connections.write_timeout, self._not_reading)
+
+        def resume_writing(self) -> None:
+            if self._unread is not None:
+                self._unread.cancel()
+                self._unread = None
+            super().resume_writing()
+
+        def _not_reading(self) -> None:
+            self._unread = None
+            refused(
+                "write_timeout",
+                "dropped a connection from %s: its client read nothing of its answer for %ss",
+                self._address,
+                connections.write_timeout,
+            )
+            self.transport.abort()  # close() would wait for the buffer to drain, which it never will
 
         def _refuse_head(self, reason: str) -> None:
             refused("head_size", "refused a request head from %s: %s", self._address, reason)

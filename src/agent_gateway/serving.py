@@ -209,6 +209,7 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
         header_timeout=settings.header_timeout,
         max_head_bytes=settings.max_head_bytes,
         max_headers=settings.max_headers,
+        write_timeout=settings.write_timeout,
     )
     return {
         "http": bounded_protocol(connections),

@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.config import ConnectionsConfig
+from agent_gateway.in_flight import IN_FLIGHT
 from agent_gateway.listener import connection_cap
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
@@ -52,6 +53,10 @@ def _echo_server() -> FastMCP:
     @server.tool
     def echo(text: str) -> str:
         return text
+
+    @server.tool
+    def big(megabytes: int) -> str:
+        return "x" * megabytes * 2**20
 
     return server
 
@@ -208,6 +213,53 @@ async def test_endless_heads_are_refused_at_their_bound_while_a_bystander_is_ser
     # Closed long before 4 MiB (before: every byte kept, gigabytes from a few connections).
     assert len(sent) == 20
     assert max(sent) < 4 * 2**20, sent
+    assert bystander.failures == []
+
+
+def _big_answer_unread(port: int, session: str) -> socket.socket:
+    """A call for a 5 MiB answer (10 MiB with its structured copy), on a connection whose client then reads nothing."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it
+    sock.bind((ATTACKER, 0))
+    sock.connect(("127.0.0.1", port))
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "echo__big", "arguments": {"megabytes": 12}},
+    }
+    body = json.dumps(call).encode()
+    head = "".join(f"{k}: {v}\r\n" for k, v in (HEADERS | {"Mcp-Session-Id": session}).items())
+    sock.sendall(
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body
+    )
+    return sock
+
+
+async def test_a_client_that_never_reads_its_large_answer_lets_it_go_at_the_write_deadline() -> None:
+    server = {"server": {"max_bytes_in_flight": 16 * 2**20, "connections": {"write_timeout": 1}}}
+    bystander = Bystander()
+    async with gateway(server) as gw, client(gw.url) as c, httpx.AsyncClient(timeout=10) as http:
+        session = (await _open_session(http, gw.url, "unused")).headers["mcp-session-id"]
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(gw.url, json=initialized, headers=HEADERS | {"Mcp-Session-Id": session})
+        sock = await anyio.to_thread.run_sync(_big_answer_unread, _port(gw.url), session)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(bystander.run, c)
+                with anyio.fail_after(10):
+                    while IN_FLIGHT.held == 0:  # the answer is held for its unread exchange
+                        await anyio.sleep(0.02)
+                    while IN_FLIGHT.held:  # before: held for as long as the client liked
+                        await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+            # So another client's large answer fits again.
+            result = await c.call_tool("echo__big", {"megabytes": 5})
+        finally:
+            sock.close()
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    assert len(block.text) == 5 * 2**20
     assert bystander.failures == []
 
 
