@@ -84,6 +84,8 @@ class Principal:
     authenticated: bool = False
     """Named by a verified token (else the anonymous client of an unauthenticated gateway)."""
     in_flight: int = 0
+    held: int = 0
+    """Bytes of its answers the gateway holds until they are written (``in_flight.hold``)."""
     sessions: int = 0
     """Sessions open now (kept by the session registry)."""
     opening: int = 0
@@ -293,7 +295,7 @@ class AccessControl:
         """Drops the clients with nothing open (addresses are many: the table stays bounded);
         a dropped client that comes back starts with a full bucket."""
         for key, client in list(self._principals.items()):
-            if client.in_flight == 0 and client.sessions == 0 and client.opening == 0:
+            if client.in_flight == 0 and client.sessions == 0 and client.opening == 0 and client.held == 0:
                 del self._principals[key]
 
     def client(self, subject: str) -> Principal | None:

@@ -10,7 +10,10 @@ asking for large results at once grow the process without end (three 40 MB resul
   of that answer is dropped unread and its call fails saying why;
 - **held**: the pipeline takes a result's size once it is back (``hold``), and the
   exchange's ``Outflow`` gives it back when the answer has been written (or the client went
-  away). When it does not fit, the call gets ``GatewayBusy`` and nothing is written.
+  away). When it does not fit, the call gets ``GatewayBusy`` and nothing is written. One
+  client holds at most half the bound: a client that asks for large answers and reads them
+  slowly (or never, until the listener's write deadline drops it) leaves the other half to
+  everyone else.
 
 ``Outflow`` also writes a large body in slices: uvicorn hands a body to the socket's
 transport whole, and what the socket does not take at once is copied into the transport's
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mcp_types import (
     AudioContent,
@@ -41,7 +44,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent_gateway.errors import GatewayBusy
 from agent_gateway.refusals import refused
 
+if TYPE_CHECKING:
+    from agent_gateway.access import Principal
+
 DEFAULT_LIMIT = 256 * 2**20
+SHARE = 2
+"""One client may hold at most ``1 / SHARE`` of the bound."""
 SLICE = 2**20
 """Bytes of a response body handed to the server at a time."""
 _SCOPE_KEY = "agent_gateway.outflow"
@@ -63,6 +71,23 @@ class InFlight:
 
     def give(self, size: int) -> None:
         self.held = max(0, self.held - size)
+
+    def over_share(self, client: Principal, size: int) -> GatewayBusy:
+        """The error for a client whose answers held would pass its share (counted, logged)."""
+        share = self.limit // SHARE
+        refused(
+            "in_flight",
+            "an answer of %s bytes refused: client %s holds %s of its %s",
+            size,
+            client.subject,
+            client.held,
+            share,
+        )
+        return GatewayBusy(
+            f"client {client.subject!r} holds {_mib(client.held)} of answers not yet written, "
+            f"its share of the gateway's bound is {_mib(share)} (this answer {_mib(size)}); "
+            "read them, or retry shortly"
+        )
 
     def busy(self, size: int) -> GatewayBusy:
         """The error for an answer of ``size`` bytes that did not fit (counted and logged)."""
@@ -101,22 +126,28 @@ metrics.get_meter("agent-gateway").create_observable_gauge(
 )
 
 
-def hold(scope: Scope | None, result: Any) -> None:
-    """Count ``result`` as held until the client's exchange ``scope`` has been written.
+def hold(scope: Scope | None, result: Any, client: Principal | None = None) -> None:
+    """Count ``result`` as held, for ``client``, until its exchange ``scope`` has been written.
 
     Outside an HTTP exchange (the gateway served over stdio) nothing is held: one client,
     whose answers are written as they come.
 
     Raises:
-        GatewayBusy: the bound is reached; ``result`` must not be sent.
+        GatewayBusy: the bound, or the client's share of it, is reached; ``result`` must not
+            be sent.
     """
     held = scope.get(_SCOPE_KEY) if scope is not None else None
     if not isinstance(held, _Held) or held.closed:
         return  # no exchange, or it ended (the client went away): nothing will be written
     size = result_size(result)
+    if client is not None and client.held + size > IN_FLIGHT.limit // SHARE:
+        raise IN_FLIGHT.over_share(client, size)
     if not IN_FLIGHT.take(size):
         raise IN_FLIGHT.busy(size)
     held.size += size
+    if client is not None:
+        client.held += size
+        held.client = client
 
 
 def result_size(result: Any) -> int:
@@ -162,11 +193,18 @@ def _json_size(value: Any) -> int:
 class _Held:
     """What one exchange holds; closed once it ended, after which it holds nothing more."""
 
-    __slots__ = ("closed", "size")
+    __slots__ = ("client", "closed", "size")
 
     def __init__(self) -> None:
         self.size = 0
         self.closed = False
+        self.client: Principal | None = None
+
+    def release(self) -> None:
+        self.closed = True
+        IN_FLIGHT.give(self.size)
+        if self.client is not None:
+            self.client.held -= self.size
 
 
 class Outflow:
@@ -184,8 +222,7 @@ class Outflow:
         try:
             await self.app(scope, receive, _sliced(send))
         finally:
-            held.closed = True
-            IN_FLIGHT.give(held.size)
+            held.release()
 
 
 def _sliced(send: Send) -> Send:

@@ -108,7 +108,7 @@ class Pipeline:
             async with self._sessions.serving(ctx) as session:
                 caller = _caller(ctx, session, client, params)
                 result = await self._proxy.call_tool(params.name, params.arguments or {}, caller)
-            hold(_scope(ctx), result)
+            hold(_scope(ctx), result, client)
         except GatewayError as exc:
             return _error_result(exc)
         return result
@@ -147,10 +147,11 @@ class Pipeline:
         """``forward`` for the request's caller; a gateway error is the JSON-RPC error
         ``errors.to_wire`` makes of it (a tool's failure is a result instead: ``call_tool``)."""
         async with self._sessions.serving(ctx) as session:
-            caller = _caller(ctx, session, self._access.identify(ctx.request), params)
+            client = self._access.identify(ctx.request)
+            caller = _caller(ctx, session, client, params)
             try:
                 result = await forward(caller)
-                hold(_scope(ctx), result)
+                hold(_scope(ctx), result, client)
             except GatewayError as exc:
                 raise to_wire(exc) from exc
         return result

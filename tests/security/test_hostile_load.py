@@ -215,8 +215,9 @@ async def test_endless_heads_are_refused_at_their_bound_while_a_bystander_is_ser
     assert bystander.failures == []
 
 
-def _big_answer_unread(port: int, session: str) -> socket.socket:
-    """A call for a 5 MiB answer (10 MiB with its structured copy), on a connection whose client then reads nothing."""
+def _big_answer_unread(port: int, session: str, megabytes: int, token: str | None = None) -> socket.socket:
+    """A call for an answer of ``megabytes`` (twice that with its structured copy), on a
+    connection whose client then reads nothing."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # the kernel holds little for it
     sock.bind((ATTACKER, 0))
@@ -225,10 +226,11 @@ def _big_answer_unread(port: int, session: str) -> socket.socket:
         "jsonrpc": "2.0",
         "id": 2,
         "method": "tools/call",
-        "params": {"name": "echo__big", "arguments": {"megabytes": 12}},
+        "params": {"name": "echo__big", "arguments": {"megabytes": megabytes}},
     }
     body = json.dumps(call).encode()
-    head = "".join(f"{k}: {v}\r\n" for k, v in (HEADERS | {"Mcp-Session-Id": session}).items())
+    auth = {"Authorization": f"Bearer {token}"} if token else {}
+    head = "".join(f"{k}: {v}\r\n" for k, v in (HEADERS | auth | {"Mcp-Session-Id": session}).items())
     sock.sendall(
         f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body
     )
@@ -236,14 +238,21 @@ def _big_answer_unread(port: int, session: str) -> socket.socket:
 
 
 async def test_a_client_that_never_reads_its_large_answer_lets_it_go_at_the_write_deadline() -> None:
-    # The bound fits one such answer (about 21 MiB while read, 10 MiB held once parsed), not two.
-    server = {"server": {"max_bytes_in_flight": 25 * 2**20, "connections": {"write_timeout": 2}}}
+    # Its unread answer (24 MiB once parsed) fills the client's share of the bound (25 MiB):
+    # its next large answer is refused until the write deadline drops the unread one.
+    server = {"server": {"max_bytes_in_flight": 50 * 2**20, "connections": {"write_timeout": 2}}}
     bystander = Bystander()
-    async with gateway(server) as gw, client(gw.url) as c, httpx.AsyncClient(timeout=10) as http:
-        session = (await _open_session(http, gw.url, "unused")).headers["mcp-session-id"]
+    async with (
+        gateway(bearer({}) | server) as gw,
+        client(gw.url, ATTACKER_TOKEN) as attacker,
+        client(gw.url, BYSTANDER_TOKEN) as c,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        session = (await _open_session(http, gw.url, ATTACKER_TOKEN)).headers["mcp-session-id"]
         initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        await http.post(gw.url, json=initialized, headers=HEADERS | {"Mcp-Session-Id": session})
-        sock = await anyio.to_thread.run_sync(_big_answer_unread, _port(gw.url), session)
+        auth = {"Authorization": f"Bearer {ATTACKER_TOKEN}", "Mcp-Session-Id": session}
+        await http.post(gw.url, json=initialized, headers=HEADERS | auth)
+        sock = await anyio.to_thread.run_sync(_big_answer_unread, _port(gw.url), session, 12, ATTACKER_TOKEN)
         answers: list[types.CallToolResult] = []
         try:
             await anyio.to_thread.run_sync(sock.recv, 1, socket.MSG_PEEK)  # its answer is being written
@@ -251,16 +260,58 @@ async def test_a_client_that_never_reads_its_large_answer_lets_it_go_at_the_writ
                 tg.start_soon(bystander.run, c)
                 with anyio.fail_after(15):
                     while not answers or answers[-1].is_error:  # before: refused for as long as it liked
-                        answers.append(await c.call_tool("echo__big", {"megabytes": 5}))
+                        answers.append(await attacker.call_tool("echo__big", {"megabytes": 5}))
                         await anyio.sleep(0.1)
                 tg.cancel_scope.cancel()
         finally:
             sock.close()
-    assert "retry shortly" in str(answers[0].content[0])  # refused while the answer was held
+    assert "client 'attacker' holds 24 MiB" in str(answers[0].content[0])  # while the answer was held
     block = answers[-1].content[0]
     assert isinstance(block, types.TextContent)
     assert len(block.text) == 5 * 2**20
     assert bystander.failures == []
+
+
+def _answer_begun(sock: socket.socket) -> bytes:
+    """What a connection's client has been sent so far, once it is sent anything (unread)."""
+    sock.settimeout(10)
+    sock.recv(1, socket.MSG_PEEK)
+    return sock.recv(65536, socket.MSG_PEEK)
+
+
+async def test_one_client_holds_at_most_half_the_bound_on_answers_in_flight() -> None:
+    # 64 MiB in all, 32 per client: three of the attacker's unread answers (10 MiB each once
+    # parsed) fit its share, a fourth does not; the bystander's fits beside them.
+    server = {"server": {"max_bytes_in_flight": 64 * 2**20}}
+    async with (
+        gateway(bearer({}) | server) as gw,
+        client(gw.url, BYSTANDER_TOKEN) as c,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        opened = await _open_session(http, gw.url, ATTACKER_TOKEN)
+        session = opened.headers["mcp-session-id"]
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        auth = {"Authorization": f"Bearer {ATTACKER_TOKEN}", "Mcp-Session-Id": session}
+        await http.post(gw.url, json=initialized, headers=HEADERS | auth)
+        socks: list[socket.socket] = []
+        try:
+            begun: list[bytes] = []
+            for _ in range(6):
+                sock = await anyio.to_thread.run_sync(
+                    _big_answer_unread, _port(gw.url), session, 5, ATTACKER_TOKEN
+                )
+                socks.append(sock)
+                begun.append(await anyio.to_thread.run_sync(_answer_begun, sock))
+            result = await c.call_tool("echo__big", {"megabytes": 5})  # before: refused
+        finally:
+            for sock in socks:
+                sock.close()
+    refusals = [b for b in begun if b"its share of the gateway's bound is 32 MiB" in b]
+    assert len(refusals) == 3, [b[-300:] for b in begun]
+    assert b"client 'attacker' holds 30 MiB of answers not yet written" in refusals[0]
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    assert len(block.text) == 5 * 2**20
 
 
 # -- finding 2: one client fills the session table ---------------------------------------
@@ -316,11 +367,9 @@ async def test_names_over_64_characters_are_refused_and_no_log_line_holds_them(
     restricted = bearer({"tools": ["echo__*"]})
     caplog.set_level(logging.DEBUG)
     async with gateway(restricted) as gw, client(gw.url, ATTACKER_TOKEN) as c:
-        for n in range(20):
-            name = f"{n:02d}" + "x" * 99_998
-            with pytest.raises(
-                MCPError, match=r"name is 100000 characters long; public names are at most 64"
-            ):
+        for n in range(20):  # a modern client sends the name in a header too: within the head's bound
+            name = f"{n:02d}" + "x" * 49_998
+            with pytest.raises(MCPError, match=r"name is 50000 characters long; public names are at most 64"):
                 await c.call_tool(name, {})
         async with client(gw.url, BYSTANDER_TOKEN) as other:
             assert await echo(other) == "hi"
