@@ -73,36 +73,45 @@ def text(result: types.CallToolResult) -> str:
 
 
 @asynccontextmanager
-async def slow_reader(url: str) -> AsyncIterator[httpx.Response]:
-    """A ``big`` call whose answer is read only when the caller reads it."""
-    body, headers = modern_request("big__big", {"size": SIZE})
+async def slow_reader(url: str, address: str, size: int) -> AsyncIterator[httpx.Response]:
+    """A ``big`` call from ``address`` whose answer is read only when the caller reads it."""
+    body, headers = modern_request("big__big", {"size": size})
+    transport = httpx.AsyncHTTPTransport(local_address=address)
     async with (
-        httpx.AsyncClient(timeout=WAIT) as http,
+        httpx.AsyncClient(timeout=WAIT, transport=transport) as http,
         http.stream("POST", url, json=body, headers=headers) as held,
     ):
         yield held
+
+
+SHARED = 11 * 2**20
+"""22 MiB an answer: within one client's share of ``BOUND`` (24 MiB); two of them, held for
+two clients, leave no room for a third's."""
 
 
 async def test_an_answer_past_the_bound_is_refused_until_the_one_held_is_written() -> None:
     async with serving_upstream(big_server()) as url:
         config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": {"big": {"url": url}}}
         async with running_gateway(config) as gw, Client(gw.url) as other:
-            async with slow_reader(gw.url) as held:
-                # The gateway writes the answer while the client reads none of it: it is held.
-                await until(lambda: IN_FLIGHT.held >= 2 * SIZE)
-                refused = await other.call_tool("big__big", {"size": SIZE})
+            async with (
+                slow_reader(gw.url, "127.0.0.2", SHARED) as one,
+                slow_reader(gw.url, "127.0.0.3", SHARED) as two,
+            ):
+                # The gateway writes the answers while their clients read none of them: held.
+                await until(lambda: IN_FLIGHT.held >= 4 * SHARED)
+                refused = await other.call_tool("big__big", {"size": SHARED})
                 bystander = await other.call_tool("big__ping", {})
-                written = json.loads(await body_of(held))
-            # Written: its bytes are given back, and the same call is served.
+                written = [json.loads(await body_of(held)) for held in (one, two)]
+            # Written: their bytes are given back, and the same call is served.
             await until(lambda: IN_FLIGHT.held == 0)
-            served = await other.call_tool("big__big", {"size": SIZE})
+            served = await other.call_tool("big__big", {"size": SHARED})
     assert refused.is_error
     assert "the gateway holds its bound of 48 MiB of answers in flight" in text(refused)
     assert "retry shortly" in text(refused)
     assert text(bystander) == "pong"
-    assert len(written["result"]["content"][0]["text"]) == SIZE
+    assert [len(w["result"]["content"][0]["text"]) for w in written] == [SHARED, SHARED]
     assert not served.is_error
-    assert len(text(served)) == SIZE
+    assert len(text(served)) == SHARED
 
 
 def memory_mb(pid: int, field: str) -> float:
