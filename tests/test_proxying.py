@@ -425,6 +425,25 @@ async def test_one_clients_quiet_level_holds_back_no_other_clients_lines_and_lea
     assert [e["level"] for e in seen.of("set_level")] == ["error", "debug", "error", "debug"]
 
 
+async def test_a_reconnected_upstream_is_told_the_level_its_clients_asked_for(tmp_path: Path) -> None:
+    async with (
+        recorded_gateway("stdio", tmp_path, protocol="legacy") as (gw, seen),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        with pytest.warns(MCPDeprecationWarning):
+            await client.set_logging_level("error")
+        await seen.wait_for(lambda ev: any(e["event"] == "set_level" for e in ev))
+        upstream = gw.gateway.pool.get("rec")
+        upstream.session().lose("the test drops the connection")  # a new process comes up
+        with anyio.fail_after(BOUND):
+            while upstream.connections < 2 or upstream.state != "up":
+                await anyio.sleep(0.02)
+        # Before: the new process ran at its default level, sending the client every line.
+        await seen.wait_for(lambda ev: sum(e["event"] == "set_level" for e in ev) == 2)
+        levels = [e["level"] for e in seen.of("set_level")]
+    assert levels == ["error", "error"]
+
+
 async def status(gw: RunningGateway) -> dict[str, Any]:
     async with httpx.AsyncClient() as http:
         return (await http.get(f"{gw.base}/status")).json()

@@ -88,6 +88,12 @@ class CatalogSnapshot:
                 return entry.origin.upstream, entry.upstream_uri(uri)
         raise UnknownName("resource", uri)
 
+    def log_ready(self, upstreams: int) -> None:
+        logger.info(
+            "catalog ready: %d tools, %d prompts, %d resources, %d templates from %d upstreams",
+            *(len(self.tools), len(self.prompts), len(self.resources), len(self.templates), upstreams),
+        )
+
     def declares_headers(self, name: str) -> bool:
         """Whether tool ``name``'s inputSchema may annotate a property with ``x-mcp-header``:
         the modern era's ``Mcp-Param-*`` headers are checked against those only, so with none

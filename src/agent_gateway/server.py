@@ -21,6 +21,7 @@ from agent_gateway.audit import AuditLog
 from agent_gateway.authentication import build_auth
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
+from agent_gateway.catalog_parts import Listing
 from agent_gateway.compat.fastmcp import lowlevel_server, past_fastmcp
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
@@ -77,7 +78,7 @@ class Gateway:
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.pool = UpstreamPool(
             config.active_upstreams,
-            self.catalog.update,
+            self._upstream_listed,
             self._broadcast_log,
             self._updates,
             on_down=self.catalog.withdraw,
@@ -256,7 +257,7 @@ class Gateway:
                 else:
                     await self.search.load(snapshot)
                     self.server.instructions = _instructions(self.config.server.instructions, snapshot)
-                    _log_start(self, snapshot)
+                    snapshot.log_ready(len(self.pool.upstreams))
                     try:
                         yield self
                     finally:
@@ -338,6 +339,10 @@ class Gateway:
     async def _levels_changed(self, session: DownstreamSession | None) -> None:
         await self.proxy.apply_log_levels(session, self.sessions.handshake_sessions())
 
+    async def _upstream_listed(self, upstream: str, listing: Listing) -> None:
+        await self.catalog.update(upstream, listing)
+        await self._levels_changed(None)  # a reconnected session is at the upstream's default
+
     def status(self) -> dict[str, object]:
         """Live counts for ``/status``: what tests and operators check for leaks."""
         return {
@@ -380,17 +385,6 @@ def _instructions(own: str | None, snapshot: CatalogSnapshot) -> str | None:
     parts = [own] if own else []
     parts += [f"[{name}] {text}" for name, text in snapshot.instructions.items()]
     return "\n\n".join(parts) or None
-
-
-def _log_start(gateway: Gateway, snapshot: CatalogSnapshot) -> None:
-    logger.info(
-        "catalog ready: %d tools, %d prompts, %d resources, %d templates from %d upstreams",
-        len(snapshot.tools),
-        len(snapshot.prompts),
-        len(snapshot.resources),
-        len(snapshot.templates),
-        len(gateway.pool.upstreams),
-    )
 
 
 def _state_security(config: ServerConfig) -> RequestStateSecurity | None:
