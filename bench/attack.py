@@ -219,7 +219,10 @@ class Bystander:
 
 @asynccontextmanager
 async def gateway(
-    src: Path, upstream_port: int, policy: dict[str, Any] | None = None
+    src: Path,
+    upstream_port: int,
+    policy: dict[str, Any] | None = None,
+    upstream: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, Process]]:
     port = free_port()
     home = Path(tempfile.mkdtemp(prefix="attack-"))
@@ -230,6 +233,7 @@ async def gateway(
                 "url": f"http://127.0.0.1:{upstream_port}/mcp",
                 "health": {"interval": 2, "timeout": 2},
                 "timeout": 120,
+                **(upstream or {}),
             }
         },
         "agent": {"enabled": False, "memory": {"path": str(home / "conversations.sqlite")}},
@@ -341,6 +345,24 @@ async def endless_heads(url: str, proc: Process, seconds: float) -> str:
     return (
         f"{taken / 2**20:.0f} MiB of heads sent; {len(closed)}/{len(socks)} connections closed by the gateway"
     )
+
+
+async def slow_calls(url: str, proc: Process, seconds: float) -> str:
+    """Batches of 10 calls at once to a tool slow for its arguments (``wait`` runs out of its
+    2 s timeout), for ``seconds``: 5 failures in a row open a circuit breaker that counts
+    every timeout, for every client."""
+    opened = 0
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=30) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            results = await asyncio.gather(
+                *(client.call_tool("slow__wait", {"seconds": 10}) for _ in range(10))
+            )
+            opened += sum("circuit open" in str(r.content) for r in results)
+    return f"{opened} of its calls refused by an open circuit"
 
 
 async def sessions(url: str, proc: Process, seconds: float) -> str:
@@ -503,6 +525,7 @@ BIG_RESULTS = 8
 ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
     "slow-heads": (slow_heads, 15.0, None),
     "endless-heads": (endless_heads, 8.0, None),
+    "slow-calls": (slow_calls, 10.0, None),
     "sessions": (sessions, 10.0, {"rate_limit": {"per_minute": 60, "burst": 10}}),
     "long-calls": (long_calls, 10.0, None),
     "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),
@@ -512,10 +535,13 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "undecided-patterns": (undecided_patterns, 10.0, None),
 }
 
+UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
+"""The upstream's settings an attack needs beyond the others'."""
+
 
 async def one_attack(name: str, code: str, src: Path, upstream_port: int) -> Row:
     attack, seconds, policy = ATTACKS[name]
-    async with gateway(src, upstream_port, policy) as (url, proc):
+    async with gateway(src, upstream_port, policy, UPSTREAM_SETTINGS.get(name)) as (url, proc):
         before = (proc.rss_mb(), proc.fds())
         bystander, stop = Bystander(), asyncio.Event()
         watcher = asyncio.create_task(bystander.run(url, stop))
