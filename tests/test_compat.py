@@ -619,6 +619,7 @@ def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from
         "data_received",
         "on_message_complete",
         "on_header",
+        "on_body",
         "on_headers_complete",
         "on_response_complete",
         "send_400_response",

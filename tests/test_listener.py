@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -39,6 +40,14 @@ BIG = 32 * 2**20
 
 async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Event) -> None:
     await receive()
+    if scope["path"] == "/two":  # 2 MiB in 1 MiB slices, as in_flight.Outflow writes it
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % 2**21)]}
+        )
+        for _ in range(2):
+            await send({"type": "http.response.body", "body": b"x" * 2**20, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if scope["path"] == "/big":  # 32 MiB in 1 MiB slices, as in_flight.Outflow writes it
         await send(
             {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % BIG)]}
@@ -125,7 +134,7 @@ async def _exchange(url: str, parts: list[bytes]) -> tuple[int, bytes]:
             while True:
                 try:
                     answer += await stream.receive()
-                except (anyio.EndOfStream, OSError):
+                except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                     return sent, answer
 
 
@@ -211,3 +220,76 @@ async def test_a_client_that_reads_nothing_of_its_answer_is_dropped_and_the_answ
         assert got < BIG
         async with httpx.AsyncClient(timeout=10) as client:  # a client that reads is served whole
             assert len((await client.get(f"{url}/big")).content) == BIG
+
+
+def _post(path: bytes, body: bytes) -> bytes:
+    return b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (path, len(body), body)
+
+
+async def _answers(url: str, data: bytes, count: int) -> bytes:
+    """Send ``data`` on a raw connection; what came back once ``count`` answers did, or the
+    connection closed."""
+    host, port = url.removeprefix("http://").split(":")
+    got = b""
+    async with await anyio.connect_tcp(host, int(port)) as stream:
+        await stream.send(data)
+        with anyio.fail_after(10):
+            while got.count(b"HTTP/1.1 ") < count:
+                try:
+                    got += await stream.receive()
+                except anyio.EndOfStream:
+                    break
+    return got
+
+
+async def test_a_request_ending_just_short_of_the_bound_and_the_next_one_pipelined_are_both_answered() -> (
+    None
+):
+    async with listening([], anyio.Event()) as url:
+        first = _post(b"/json", b"")
+        first = _post(b"/json", b"x" * (65536 - 10 - len(first)))  # ends 10 bytes short of 64 KiB
+        got = await _answers(url, first + _post(b"/json", b"{}"), 2)
+    assert got.count(b"HTTP/1.1 200 OK") == 2, got[:300]  # before: one 431
+
+
+async def test_trailers_count_against_the_bound_not_against_the_next_head() -> None:
+    chunked = b"POST /json HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"
+    trailers = b"".join(b"x-t%d: v\r\n" % n for n in range(150)) + b"\r\n"
+    lines = b"".join(b"x-h%d: v\r\n" % n for n in range(60))
+    async with listening([], anyio.Event()) as url:
+        # 150 trailer lines, then a head of 62: each is within 200 (before: 431 for the second).
+        got = await _answers(
+            url, chunked + trailers + b"GET /json HTTP/1.1\r\nhost: x\r\n" + lines + b"\r\n", 2
+        )
+        assert got.count(b"HTTP/1.1 200 OK") == 2, got[:300]
+        # An endless trailer line is cut off like an endless head (before: kept whole, unbounded).
+        sent, _ = await _exchange(url, [chunked + b"x-endless: "] + [b"a" * 8192] * 16)
+        assert sent < len(chunked) + 11 + 16 * 8192
+
+
+async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped() -> None:
+    # At 512 KiB a second it reads a 1 MiB slice in 2 s, past the 1 s deadline; before, the
+    # deadline ran from the buffer filling until it drained below its low mark: dropped.
+    async with listening([], anyio.Event(), write_timeout=1) as url:
+        got = await anyio.to_thread.run_sync(_slow_reader_of_2_mib, int(url.rsplit(":", 1)[1]))
+    assert got == 2 * 2**20
+
+
+def _slow_reader_of_2_mib(port: int) -> int:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    sock.sendall(b"GET /two HTTP/1.1\r\nhost: x\r\n\r\n")
+    head, got = b"", 0
+    sock.settimeout(10)
+    try:
+        while b"\r\n\r\n" not in head and (byte := sock.recv(1)):
+            head += byte
+        while got < 2 * 2**20 and (chunk := sock.recv(16384)):
+            got += len(chunk)
+            time.sleep(1 / 32)  # about 512 KiB a second
+    except (ConnectionResetError, TimeoutError):
+        pass
+    finally:
+        sock.close()
+    return got

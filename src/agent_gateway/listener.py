@@ -19,13 +19,13 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   and the connection is closed;
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
   once a connection's write buffer is full, the client must read some of it within that
-  time, or the connection is dropped. Without it a client that asks for large answers and
+  time (and again within each such time while it stays full), or the connection is dropped. Without it a client that asks for large answers and
   never reads them keeps them in memory for as long as it likes (and with them the
   process's bound on answers in flight, ``in_flight.py``, which every client shares).
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
-``on_response_complete``, ``on_message_complete``, ``on_header``, ``data_received``,
+``on_response_complete``, ``on_message_complete``, ``on_header``, ``on_body``, ``data_received``,
 ``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``pipeline`` and
 ``transport``; ``tests/test_compat.py`` checks they still
 exist.
@@ -129,6 +129,11 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         _header_lines = 0
         _oversize: str | None = None
         """Why the head being read is refused, once it is."""
+        _began = False
+        """A request ended, and the next one's head began, within the read being fed."""
+        _body_fed = 0
+        _outside = 0
+        """Bytes read since the last body byte, while a body is read (see _body_received)."""
         _unread: asyncio.TimerHandle | None = None
         """The write deadline, while the write buffer is full."""
 
@@ -154,24 +159,52 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if not self._in_head:
-                super().data_received(data)
-                return
+            if self._in_head:
+                self._head_received(data)
+            else:
+                self._body_received(data)
+
+        def _head_received(self, data: bytes) -> None:
             room = connections.max_head_bytes - self._head_bytes
             self._head_bytes += len(data)
+            self._began = False
             # A read may hold the head's end and a body: feed what fits, then see whether
             # the head ended within it before counting the rest against it.
             super().data_received(data[:room] if len(data) > room else data)
             if len(data) <= room or self.transport.is_closing():
                 return
-            if self._in_head:
+            if self._in_head and not self._began:  # still the head this read began in
                 self._refuse_head(f"a request head over {connections.max_head_bytes} bytes")
-            else:
+            else:  # it ended (and another may have begun): the rest is counted afresh
                 self.data_received(data[room:])
+
+        def _body_received(self, data: bytes) -> None:
+            # Bytes between body bytes are chunk framing, or trailers: header lines, which
+            # the parser keeps whole as it does a head's. A read with no body byte in it
+            # counts against the same bound.
+            self._body_fed = 0
+            super().data_received(data)
+            if self._in_head or self.transport.is_closing():
+                return  # the body ended within it (a head follows: counted from the next read)
+            self._outside = 0 if self._body_fed else self._outside + len(data)
+            if self._outside > connections.max_head_bytes:
+                refused(
+                    "head_size",
+                    "dropped a connection from %s: over %s bytes of a request that are not its body",
+                    self._address,
+                    connections.max_head_bytes,
+                )
+                self.transport.abort()
+
+        def on_body(self, body: bytes) -> None:
+            self._body_fed += len(body)
+            super().on_body(body)
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            self._in_head = True  # what follows is the next request's head
+            # What follows is the next request's head (its lines counted afresh, not the
+            # trailers'), maybe within the read being fed.
+            self._in_head, self._began, self._header_lines = True, True, 0
 
         def on_header(self, name: bytes, value: bytes) -> None:
             self._header_lines += 1
@@ -188,7 +221,7 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
-            self._in_head, self._head_bytes, self._header_lines = False, 0, 0
+            self._in_head, self._head_bytes, self._header_lines, self._outside = False, 0, 0, 0
             super().on_headers_complete()
 
         def on_response_complete(self) -> None:
@@ -210,8 +243,7 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         def pause_writing(self) -> None:
             super().pause_writing()
             if self._unread is None:
-                loop = asyncio.get_running_loop()
-                self._unread = loop.call_later(connections.write_timeout, self._not_reading)
+                self._watch_reading(self.transport.get_write_buffer_size())
 
         def resume_writing(self) -> None:
             if self._unread is not None:
@@ -219,8 +251,15 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
                 self._unread = None
             super().resume_writing()
 
-        def _not_reading(self) -> None:
+        def _watch_reading(self, buffered: int) -> None:
+            loop = asyncio.get_running_loop()
+            self._unread = loop.call_later(connections.write_timeout, self._read_since, buffered)
+
+        def _read_since(self, buffered: int) -> None:
             self._unread = None
+            if (now := self.transport.get_write_buffer_size()) < buffered:
+                self._watch_reading(now)  # it read some (slowly): the deadline starts again
+                return
             refused(
                 "write_timeout",
                 "dropped a connection from %s: its client read nothing of its answer for %ss",

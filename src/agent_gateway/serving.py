@@ -213,6 +213,9 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
     )
     return {
         "http": bounded_protocol(connections),
+        # Clients speak MCP over HTTP only: no upgrade is taken, so every connection stays
+        # the bounded protocol's, counted until it closes (an upgraded one never was released).
+        "ws": "none",
         "timeout_keep_alive": settings.keep_alive_timeout,
         # A bound on shutdown (SIGTERM): a call still running after it is cut off.
         "timeout_graceful_shutdown": gateway.config.server.drain_timeout,
