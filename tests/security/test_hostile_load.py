@@ -215,6 +215,32 @@ async def test_endless_heads_are_refused_at_their_bound_while_a_bystander_is_ser
     assert bystander.failures == []
 
 
+def _upgrade(port: int) -> bytes:
+    """A WebSocket upgrade request from the attacker's address; the answer's status line."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(ATTACKER, 0)) as sock:
+        sock.sendall(
+            b"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        return sock.recv(4096).split(b"\r\n")[0]
+
+
+def _health_from_attacker(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(ATTACKER, 0)) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        return sock.recv(4096).split(b"\r\n")[0]
+
+
+async def test_upgrade_requests_leave_no_connection_counted() -> None:
+    # An upgraded connection belonged to another protocol, which never gave its slot back:
+    # past per_address upgrades, the address was refused for good.
+    async with gateway({"server": {"connections": {"per_address": 20}}}) as gw:
+        port = _port(gw.url)
+        for _ in range(30):
+            assert not (await anyio.to_thread.run_sync(_upgrade, port)).startswith(b"HTTP/1.1 101")
+        assert await anyio.to_thread.run_sync(_health_from_attacker, port) == b"HTTP/1.1 200 OK"
+
+
 def _big_answer_unread(port: int, session: str, megabytes: int, token: str | None = None) -> socket.socket:
     """A call for an answer of ``megabytes`` (twice that with its structured copy), on a
     connection whose client then reads nothing."""
