@@ -618,7 +618,6 @@ def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from
         "connection_lost",
         "data_received",
         "on_message_complete",
-        "on_header",
         "on_body",
         "on_headers_complete",
         "on_response_complete",
@@ -645,6 +644,8 @@ def test_uvicorns_protocol_keeps_its_cycle_and_pipeline_as_the_listener_reads_th
         "uvicorn: RequestResponseCycle.response_complete is gone"
     )
     assert "self.cycle = " in inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    # The listener counts a head's lines in the list uvicorn keeps them in.
+    assert "self.headers.append(" in inspect.getsource(HttpToolsProtocol.on_header)
 
 
 def test_uvicorns_server_takes_its_signals_in_the_method_the_gateway_and_tests_override() -> None:

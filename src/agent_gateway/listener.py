@@ -16,7 +16,8 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   (``server.connections.max_head_bytes``, ``max_headers``): httptools' parser has none and
   keeps a header it is still reading whole, so one connection sending an endless head grew
   the process by gigabytes within the head deadline. Past either bound the client gets 431
-  and the connection is closed;
+  and the connection is closed. The lines are counted after each read and before a request
+  is served (not line by line: a call per header line cost every request about 3 µs);
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
   once a connection's write buffer is full, the client must read some of it within that
   time (and again within each such time while it stays full), or the connection is dropped. Without it a client that asks for large answers and
@@ -25,9 +26,9 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
-``on_response_complete``, ``on_message_complete``, ``on_header``, ``on_body``, ``data_received``,
-``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``pipeline`` and
-``transport``; ``tests/test_compat.py`` checks they still
+``on_response_complete``, ``on_message_complete``, ``on_body``, ``data_received``,
+``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``headers``,
+``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
 The same protocol sends a response's head with its body: uvicorn writes the head when the
@@ -126,7 +127,6 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         _in_head = True
         """No request head is complete since the last began (or the connection opened)."""
         _head_bytes = 0
-        _header_lines = 0
         _oversize: str | None = None
         """Why the head being read is refused, once it is."""
         _began = False
@@ -171,6 +171,9 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             # A read may hold the head's end and a body: feed what fits, then see whether
             # the head ended within it before counting the rest against it.
             super().data_received(data[:room] if len(data) > room else data)
+            if self._in_head and len(self.headers) > connections.max_headers:  # lines so far
+                self._refuse_head(f"a request head of over {connections.max_headers} header lines")
+                return
             if len(data) <= room or self.transport.is_closing():
                 return
             if self._in_head and not self._began:  # still the head this read began in
@@ -202,16 +205,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            # What follows is the next request's head (its lines counted afresh, not the
-            # trailers'), maybe within the read being fed.
-            self._in_head, self._began, self._header_lines = True, True, 0
-
-        def on_header(self, name: bytes, value: bytes) -> None:
-            self._header_lines += 1
-            if self._header_lines > connections.max_headers:
-                self._oversize = f"a request head of over {connections.max_headers} header lines"
-                raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
-            super().on_header(name, value)  # which send_400_response turns into our 431
+            # What follows is the next request's head, maybe within the read being fed.
+            self._in_head, self._began = True, True
 
         def send_400_response(self, msg: str) -> None:
             if self._oversize is None:
@@ -221,8 +216,11 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
-            self._in_head, self._head_bytes, self._header_lines, self._outside = False, 0, 0, 0
-            super().on_headers_complete()
+            self._in_head, self._head_bytes, self._outside = False, 0, 0
+            if len(self.headers) > connections.max_headers:
+                self._oversize = f"a request head of over {connections.max_headers} header lines"
+                raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
+            super().on_headers_complete()  # which send_400_response turns into our 431
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
