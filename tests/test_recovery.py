@@ -101,7 +101,10 @@ def test_a_failed_probe_opens_the_circuit_for_another_reset_period() -> None:
 
 
 async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_closes_it() -> None:
-    config = faulty_stdio(tool_timeouts={"hang": 0.3}, breaker={"failures": 2, "reset": 1})
+    # Without health checks a timeout with nothing else heard is the only sign of a hung upstream.
+    config = faulty_stdio(
+        tool_timeouts={"hang": 0.3}, breaker={"failures": 2, "reset": 1}, health={"interval": None}
+    )
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         guard = faulted.gw.gateway.pool.get("faulty").guard
         for _ in range(2):
@@ -132,10 +135,13 @@ async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_c
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
 
 
-@pytest.mark.parametrize("answered_by", ["a bystander's calls", "health checks"])
+@pytest.mark.parametrize(
+    "answered_by", ["a bystander's calls", "health checks", "a health check sent at once"]
+)
 async def test_one_clients_slow_calls_do_not_open_the_circuit_for_everyone(answered_by: str) -> None:
     # The attacker's six calls time out together (consecutive failures past the breaker's
-    # bound of two), while the upstream answers the bystander's calls or its health checks.
+    # bound of two), while the upstream answers the bystander's calls or its health checks
+    # (every 0.05 s; or every 30 s, the default, and one sent once the calls time out).
     checks = {"health": {"interval": 0.05}} if answered_by == "health checks" else {}
     config = faulty_stdio(tool_timeouts={"hang": 0.5}, breaker={"failures": 2, "reset": 60}, **checks)
     async with (

@@ -153,9 +153,16 @@ class Upstream:
     async def _ping(self, client: Client, session: UpstreamSession, interval: float) -> None:
         """Ping every ``interval``; an unanswered ping gives the connection up. Pings bypass
         the guard: they must reach an upstream whose circuit is open, to see it recover."""
+        session.guard.checked = True
+        try:
+            await self._check(client, session, interval)
+        finally:
+            session.guard.checked = False
+
+    async def _check(self, client: Client, session: UpstreamSession, interval: float) -> None:
         timeout = self.config.health.timeout
         while True:
-            await anyio.sleep(interval)
+            await session.guard.check_due(interval)  # sooner when a call timed out
             try:
                 with anyio.fail_after(timeout), session.translated("ping"):
                     await probe(client)

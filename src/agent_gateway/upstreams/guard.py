@@ -5,10 +5,13 @@ upstream's health is judged from all of its traffic.
 
 The breaker counts *consecutive* calls that failed for the upstream's sake (connection lost,
 no answer in time). A JSON-RPC error or an ``isError`` result is an answer, so it counts as
-a success: the upstream is alive. A call that timed out counts only when the upstream
-answered nothing else (no other call, no health check) while it waited: a tool that is slow
+a success: the upstream is alive. A call that timed out is not counted when the upstream
+answered anything else (another call, a health check) while it waited: a tool that is slow
 for its arguments is not the upstream failing, and one client's slow calls must not open the
-circuit for every client. After ``breaker.failures`` of them the circuit opens and
+circuit for every client. Nor is it counted while health checks run: the next one is sent at
+once instead, and only its failure (which drops the connection) says the upstream is gone.
+Without health checks, a timeout with nothing heard is counted. After ``breaker.failures``
+failures in a row the circuit opens and
 calls fail at once without being sent; after ``breaker.reset`` seconds one call at a time is
 let through as a probe (half-open): its success closes the circuit, its failure re-opens it.
 """
@@ -21,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
+
+import anyio
 
 from agent_gateway.config import BreakerConfig, UpstreamConfig
 from agent_gateway.errors import (
@@ -133,6 +138,9 @@ class Guard:
         self.in_flight = 0
         self.heard_at = -math.inf
         """When the upstream last answered anything (a call, a health check)."""
+        self.checked = False
+        """Health checks run on the upstream (they, not timeouts, tell that it is gone)."""
+        self._asked: anyio.Event | None = None
         self.unimplemented: set[str] = set()
         """Optional methods the upstream answered with Method not found: never sent again."""
 
@@ -186,11 +194,21 @@ class Guard:
         """The upstream answered something: it is alive."""
         self.heard_at = self._clock()
 
+    async def check_due(self, interval: float) -> None:
+        """Wait for the next health check: ``interval``, or less if a call times out."""
+        self._asked = anyio.Event()
+        with anyio.move_on_after(interval):
+            await self._asked.wait()
+        self._asked = None
+
     def _timed_out(self, breaker: CircuitBreaker, probe: bool, sent: float, detail: str) -> None:
         if self.heard_at > sent:
-            logger.debug(
-                "upstream %s: %s; not counted by the breaker: it answered meanwhile", self.upstream, detail
-            )
+            logger.debug("upstream %s: %s; not counted: it answered meanwhile", self.upstream, detail)
             breaker.released(probe)
+        elif self.checked:
+            logger.debug("upstream %s: %s; a health check is sent now to tell", self.upstream, detail)
+            breaker.released(probe)
+            if self._asked is not None:
+                self._asked.set()
         else:
             breaker.failed(probe, detail)
