@@ -71,20 +71,24 @@ def test_an_error_answer_is_an_answer_and_a_cancelled_probe_lets_the_next_one_th
     assert guard.circuit is Circuit.CLOSED
 
 
-def test_a_timeout_while_the_upstream_answered_something_else_is_not_counted() -> None:
+def test_a_timeout_is_not_counted_while_other_calls_are_answered_or_health_checks_run() -> None:
     guard, clock = guard_of(failures=1)
 
     def times_out_while_another_answer_comes() -> None:
         with guard.admitted():
             clock.now = 1
-            guard.heard()  # a health check (or another call) answered while this one waited
+            guard.heard()  # another call was answered while this one waited
             clock.now = 2
             raise UpstreamTimeout("u", "slow for its arguments")
 
     with pytest.raises(UpstreamTimeout):
         times_out_while_another_answer_comes()
     assert guard.circuit is Circuit.CLOSED
-    fail(guard, UpstreamTimeout("u", "slow"))  # nothing answered while it waited
+    guard.checked = True  # health checks run: they tell, not the timeout
+    fail(guard, UpstreamTimeout("u", "slow"))
+    assert guard.circuit is Circuit.CLOSED
+    guard.checked = False
+    fail(guard, UpstreamTimeout("u", "slow"))  # nothing answered while it waited, no checks
     assert guard.circuit is Circuit.OPEN
 
 

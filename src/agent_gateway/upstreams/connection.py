@@ -169,12 +169,10 @@ class Upstream:
             except TimeoutError:
                 reason = f"health check: no answer within {timeout:g}s"
             except UpstreamRejected:
-                session.guard.heard()  # an error answer is still an answer: it is alive
-                continue
+                continue  # an error answer is still an answer: it is alive
             except UpstreamError as exc:
                 reason = f"health check: {exc.detail}"
             else:
-                session.guard.heard()
                 continue
             health_failures.add(1, {"agent_gateway.upstream": self.name})
             session.lose(reason)

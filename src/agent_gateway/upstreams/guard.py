@@ -6,7 +6,7 @@ upstream's health is judged from all of its traffic.
 The breaker counts *consecutive* calls that failed for the upstream's sake (connection lost,
 no answer in time). A JSON-RPC error or an ``isError`` result is an answer, so it counts as
 a success: the upstream is alive. A call that timed out is not counted when the upstream
-answered anything else (another call, a health check) while it waited: a tool that is slow
+answered another call while it waited: a tool that is slow
 for its arguments is not the upstream failing, and one client's slow calls must not open the
 circuit for every client. Nor is it counted while health checks run: the next one is sent at
 once instead, and only its failure (which drops the connection) says the upstream is gone.
@@ -137,7 +137,7 @@ class Guard:
         self._limit = config.max_concurrency
         self.in_flight = 0
         self.heard_at = -math.inf
-        """When the upstream last answered anything (a call, a health check)."""
+        """When the upstream last answered a call."""
         self.checked = False
         """Health checks run on the upstream (they, not timeouts, tell that it is gone)."""
         self._asked: anyio.Event | None = None
