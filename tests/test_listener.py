@@ -74,7 +74,11 @@ async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Even
 
 @asynccontextmanager
 async def listening(
-    writes: list[bytes], release: anyio.Event, header_timeout: float = 5.0, write_timeout: float = 30.0
+    writes: list[bytes],
+    release: anyio.Event,
+    header_timeout: float = 5.0,
+    write_timeout: float = 30.0,
+    reads: list[bytes] | None = None,
 ) -> AsyncIterator[str]:
     connections = Connections(
         cap=16, per_address=16, header_timeout=header_timeout, write_timeout=write_timeout
@@ -84,6 +88,11 @@ async def listening(
     class Recording(base):  # type: ignore[valid-type, misc]
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(Recorded(transport, writes))  # type: ignore[arg-type]
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if reads is not None:
+                reads.append(data)  # once the protocol has taken it
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -262,6 +271,11 @@ async def test_trailers_count_against_the_bound_not_against_the_next_head() -> N
             url, chunked + trailers + b"GET /json HTTP/1.1\r\nhost: x\r\n" + lines + b"\r\n", 2
         )
         assert got.count(b"HTTP/1.1 200 OK") == 2, got[:300]
+        # Too many trailer lines, in the read that ends the body: the connection is dropped
+        # (before: 350 lines kept with the request, or, after a head, a 431 sent as well).
+        many = b"".join(b"x-t%d: v\r\n" % n for n in range(350)) + b"\r\n"
+        dropped = await _answers(url, chunked + many, 1)
+        assert dropped == b"", dropped[:300]  # before: a 431 for a request already being served
         # An endless trailer line is cut off like an endless head (before: kept whole, unbounded).
         sent, _ = await _exchange(url, [chunked + b"x-endless: "] + [b"a" * 8192] * 16)
         assert sent < len(chunked) + 11 + 16 * 8192
@@ -293,3 +307,21 @@ def _slow_reader_of_2_mib(port: int) -> int:
     finally:
         sock.close()
     return got
+
+
+async def test_an_empty_line_before_a_request_is_ignored() -> None:
+    # RFC 9112 2.2: a server should ignore at least one empty line before a request line
+    # (before: the head's line count read uvicorn's list before it existed, a TypeError).
+    reads: list[bytes] = []
+    async with listening([], anyio.Event(), reads=reads) as url:
+        host, port = url.removeprefix("http://").split(":")
+        got = b""
+        async with await anyio.connect_tcp(host, int(port)) as stream:
+            await stream.send(b"\r\n")  # a read of its own
+            with anyio.fail_after(10):
+                while not reads:
+                    await anyio.sleep(0.01)
+                await stream.send(_post(b"/json", b"{}"))
+                while b"{}}" not in got:
+                    got += await stream.receive()
+    assert got.startswith(b"HTTP/1.1 200 OK"), got[:200]

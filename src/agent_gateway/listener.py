@@ -27,8 +27,8 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``on_response_complete``, ``on_message_complete``, ``on_body``, ``data_received``,
-``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``headers``,
-``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
+``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``headers`` (which
+``on_header`` appends a head's and trailers' lines to), ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
 The same protocol sends a response's head with its body: uvicorn writes the head when the
@@ -132,6 +132,9 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         _began = False
         """A request ended, and the next one's head began, within the read being fed."""
         _body_fed = 0
+        _head_lines = 0
+        _trailer_lines = 0
+        """Lines after the head's in the request's list: trailers, after a chunked body."""
         _outside = 0
         """Bytes read since the last body byte, while a body is read (see _body_received)."""
         _unread: asyncio.TimerHandle | None = None
@@ -171,8 +174,10 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             # A read may hold the head's end and a body: feed what fits, then see whether
             # the head ended within it before counting the rest against it.
             super().data_received(data[:room] if len(data) > room else data)
-            if self._in_head and len(self.headers) > connections.max_headers:  # lines so far
+            if self._in_head and len(self.headers or ()) > connections.max_headers:  # lines so far
                 self._refuse_head(f"a request head of over {connections.max_headers} header lines")
+                return
+            if self._too_many_trailers():
                 return
             if len(data) <= room or self.transport.is_closing():
                 return
@@ -187,17 +192,23 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             # counts against the same bound.
             self._body_fed = 0
             super().data_received(data)
-            if self._in_head or self.transport.is_closing():
-                return  # the body ended within it (a head follows: counted from the next read)
-            self._outside = 0 if self._body_fed else self._outside + len(data)
+            if self.transport.is_closing() or self._too_many_trailers() or self._in_head:
+                return  # or the body ended within it (a head follows: counted from the next read)
+            self._outside = len(data) - self._body_fed if self._body_fed else self._outside + len(data)
             if self._outside > connections.max_head_bytes:
-                refused(
-                    "head_size",
-                    "dropped a connection from %s: over %s bytes of a request that are not its body",
-                    self._address,
-                    connections.max_head_bytes,
-                )
-                self.transport.abort()
+                self._drop(f"over {connections.max_head_bytes} bytes of a request that are not its body")
+
+        def _too_many_trailers(self) -> bool:
+            """Drops the connection when the request read last has too many trailer lines."""
+            trailing = self._trailer_lines if self._in_head else len(self.headers or ()) - self._head_lines
+            if trailing <= connections.max_headers:
+                return False
+            self._drop(f"over {connections.max_headers} trailer lines")
+            return True
+
+        def _drop(self, reason: str) -> None:
+            refused("head_size", "dropped a connection from %s: %s", self._address, reason)
+            self.transport.abort()  # its request is being served: no answer can be sent instead
 
         def on_body(self, body: bytes) -> None:
             self._body_fed += len(body)
@@ -205,8 +216,11 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
-            # What follows is the next request's head, maybe within the read being fed.
-            self._in_head, self._began = True, True
+            # What follows is the next request's head, maybe within the read being fed; the
+            # lines counted are its own from now (the request served keeps its list, with
+            # any trailer lines after its head's).
+            self._trailer_lines = len(self.headers) - self._head_lines
+            self._in_head, self._began, self.headers = True, True, []
 
         def send_400_response(self, msg: str) -> None:
             if self._oversize is None:
@@ -216,8 +230,9 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def on_headers_complete(self) -> None:
             self._disarm()
-            self._in_head, self._head_bytes, self._outside = False, 0, 0
-            if len(self.headers) > connections.max_headers:
+            self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
+            self._head_lines = len(self.headers)
+            if self._head_lines > connections.max_headers:
                 self._oversize = f"a request head of over {connections.max_headers} header lines"
                 raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
             super().on_headers_complete()  # which send_400_response turns into our 431

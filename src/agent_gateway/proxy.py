@@ -151,7 +151,10 @@ class Proxy:
         return session
 
     async def apply_log_levels(
-        self, session: DownstreamSession | None, sessions: Iterable[DownstreamSession]
+        self,
+        session: DownstreamSession | None,
+        sessions: Iterable[DownstreamSession],
+        upstream: str | None = None,
     ) -> None:
         """Apply the clients' log levels upstream: after ``session`` set one, or (None) after a
         handshake-era client came or went; ``sessions``: the handshake-era clients now.
@@ -164,11 +167,14 @@ class Proxy:
         level is taken back when its client leaves. A level is sent only when it differs from
         the one the session was last sent. Each client's lines are filtered to its own level on
         the way back; a modern client, which opts in per request, gets what a shared
-        handshake-era session's level lets through.
+        handshake-era session's level lets through. ``upstream``: only that upstream's shared
+        session (it reconnected; another's stuck level must not hold it up).
         """
         shared = _shared_level([s.log_level for s in sessions])
         targets: list[tuple[UpstreamSession, types.LoggingLevel]] = []
         for live in self._pool.live_sessions():
+            if upstream is not None and live.name != upstream:
+                continue
             if shared is not None and live.level_sent != shared:
                 targets.append((live, shared))
             elif shared is None and live.level_sent not in (None, _EVERY_LINE):

@@ -341,7 +341,8 @@ class Gateway:
 
     async def _upstream_listed(self, upstream: str, listing: Listing) -> None:
         await self.catalog.update(upstream, listing)
-        await self._levels_changed(None)  # a reconnected session is at the upstream's default
+        # A reconnected session is at the upstream's own default level.
+        await self.proxy.apply_log_levels(None, self.sessions.handshake_sessions(), upstream)
 
     def status(self) -> dict[str, object]:
         """Live counts for ``/status``: what tests and operators check for leaks."""
