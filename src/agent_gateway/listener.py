@@ -119,6 +119,8 @@ class Connections:
 
 def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
     """uvicorn's httptools protocol with ``connections``' bounds (see the module docstring)."""
+    too_many_lines = f"a request head of over {connections.max_headers} header lines"
+    too_many_bytes = f"a request head over {connections.max_head_bytes} bytes"
 
     class BoundedProtocol(HttpToolsProtocol):
         _address = ""
@@ -175,14 +177,14 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             # the head ended within it before counting the rest against it.
             super().data_received(data[:room] if len(data) > room else data)
             if self._in_head and len(self.headers or ()) > connections.max_headers:  # lines so far
-                self._refuse_head(f"a request head of over {connections.max_headers} header lines")
+                self._refuse_head(too_many_lines)
                 return
             if self._too_many_trailers():
                 return
             if len(data) <= room or self.transport.is_closing():
                 return
             if self._in_head and not self._began:  # still the head this read began in
-                self._refuse_head(f"a request head over {connections.max_head_bytes} bytes")
+                self._refuse_head(too_many_bytes)
             else:  # it ended (and another may have begun): the rest is counted afresh
                 self.data_received(data[room:])
 
@@ -233,7 +235,7 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
             self._head_lines = len(self.headers)
             if self._head_lines > connections.max_headers:
-                self._oversize = f"a request head of over {connections.max_headers} header lines"
+                self._oversize = too_many_lines
                 raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
             super().on_headers_complete()  # which send_400_response turns into our 431
 
