@@ -6,9 +6,8 @@ upstream's health is judged from all of its traffic.
 The breaker counts *consecutive* calls that failed for the upstream's sake (connection lost,
 no answer in time). A JSON-RPC error or an ``isError`` result is an answer, so it counts as
 a success: the upstream is alive. A call that timed out is not counted when the upstream
-answered another call while it waited: a tool that is slow
-for its arguments is not the upstream failing, and one client's slow calls must not open the
-circuit for every client. Nor is it counted while health checks run: the next one is sent at
+answered another call while it waited: a tool that is slow for its arguments is not the
+upstream failing, and one client's slow calls must not open the circuit for every client. Nor is it counted while health checks run: the next one is sent at
 once instead, and only its failure (which drops the connection) says the upstream is gone.
 Without health checks, a timeout with nothing heard is counted. After ``breaker.failures``
 failures in a row the circuit opens and
