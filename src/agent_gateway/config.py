@@ -293,6 +293,10 @@ class EmbeddingsConfig(_Strict):
     timeout: Seconds = 30.0
     batch: int = Field(default=256, ge=1, le=4096)
     """Tool texts sent per request while the catalog is embedded."""
+    query_prefix: str = Field(default="", max_length=200)
+    """Written before each request, for models trained with one (e5: ``"query: "``)."""
+    document_prefix: str = Field(default="", max_length=200)
+    """Written before each tool's text (e5: ``"passage: "``)."""
 
 
 class SearchConfig(_Strict):

@@ -73,11 +73,11 @@ def garden_server() -> FastMCP:
 
 
 @asynccontextmanager
-async def dense_gateway(endpoint: Endpoint) -> AsyncIterator[RunningGateway]:
+async def dense_gateway(endpoint: Endpoint, **embeddings: str) -> AsyncIterator[RunningGateway]:
     async with serving(embeddings_app(endpoint)) as base, serving_upstream(garden_server()) as url:
         search = {
             "mode": "on",
-            "embeddings": {"base_url": f"{base}/v1", "model": "toy-embed", "api_key": KEY},
+            "embeddings": {"base_url": f"{base}/v1", "model": "toy-embed", "api_key": KEY, **embeddings},
         }
         async with running_gateway({"upstreams": {"garden": {"url": url}}, "search": search}) as gw:
             with anyio.fail_after(10):
@@ -98,6 +98,18 @@ async def test_a_request_sharing_no_word_with_the_tool_is_found_by_its_meaning()
     assert endpoint.requests[-1]["input"] == ["put some young oaks in the ground"]
     assert {r["model"] for r in endpoint.requests} == {"toy-embed"}
     assert set(endpoint.authorizations) == {f"Bearer {KEY}"}
+
+
+async def test_the_configured_prefixes_mark_requests_and_tool_texts_for_models_trained_with_them() -> None:
+    endpoint = Endpoint()
+    prefixes = {"query_prefix": "query: ", "document_prefix": "passage: "}
+    async with dense_gateway(endpoint, **prefixes) as gw, Client(gw.url) as client:
+        result = await client.call_tool(SEARCH_TOOLS, {"query": "put some young oaks in the ground"})
+    assert found(result)[0] == "garden__plant_trees"
+    catalog, query = endpoint.requests[0]["input"], endpoint.requests[-1]["input"]
+    assert len(catalog) == 3
+    assert all(t.startswith("passage: ") for t in catalog)
+    assert query == ["query: put some young oaks in the ground"]
 
 
 async def test_a_failing_embeddings_endpoint_leaves_lexical_search_working() -> None:

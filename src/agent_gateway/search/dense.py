@@ -61,9 +61,10 @@ class Embedder:
         Raises:
             EmbeddingsFailed: the endpoint failed, or answered something else than vectors.
         """
+        prefix, batch = self._config.document_prefix, self._config.batch
         vectors: list[list[float]] = []
-        for start in range(0, len(texts), self._config.batch):
-            vectors += await self._batch(list(texts[start : start + self._config.batch]))
+        for start in range(0, len(texts), batch):
+            vectors += await self._batch([prefix + text for text in texts[start : start + batch]])
         return vectors
 
     async def query(self, text: str) -> list[float]:
@@ -71,7 +72,7 @@ class Embedder:
         if (known := self._queries.get(text)) is not None:
             self._queries.move_to_end(text)
             return known
-        (vector,) = await self._batch([text])
+        (vector,) = await self._batch([self._config.query_prefix + text])
         self._queries[text] = vector
         if len(self._queries) > _QUERIES_KEPT:
             self._queries.popitem(last=False)
