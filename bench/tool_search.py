@@ -57,7 +57,8 @@ from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import WEAK
 
 DATA = Path(__file__).resolve().parent / "data" / "tool_search"
-MODEL = "all-MiniLM-L6-v2-int8"
+PREFIXES = {"minilm": ("", ""), "e5": ("query: ", "passage: ")}
+"""Each model's query and document prefixes (``bench/embeddings_server.py --model``)."""
 KS = (1, 5, 10)
 Ranker = Callable[[str], Awaitable[list[tuple[str, float]]]]
 """A query -> ranked (``server/tool``, score), best first, at most 10."""
@@ -103,7 +104,7 @@ def upstream_name(server: str) -> str:
 
 @asynccontextmanager
 async def gateway_ranker(
-    servers: list[dict[str, Any]], embeddings: str | None = None
+    servers: list[dict[str, Any]], embeddings: EmbeddingsConfig | None = None
 ) -> AsyncIterator[Ranker]:
     """The gateway's engine; with ``embeddings`` (an OpenAI-compatible base URL), fused with
     dense retrieval, once every tool is embedded."""
@@ -118,8 +119,7 @@ async def gateway_ranker(
         tools = tuple(types.Tool.model_validate(t) for t in server["tools"])
         await catalog.update(name, Listing(tools=tools, instructions=server.get("instructions")))
     snapshot = catalog.start()
-    dense = EmbeddingsConfig(base_url=embeddings, model=MODEL, timeout=600) if embeddings else None
-    search = ToolSearch(dense)
+    search = ToolSearch(embeddings)
     back = {public: f"{names[o.upstream]['name']}/{o.name}" for public, o in snapshot.tools.items()}
 
     async def rank(query: str) -> list[tuple[str, float]]:
@@ -128,7 +128,7 @@ async def gateway_ranker(
 
     async with search.running():
         await search.load(snapshot)
-        while dense is not None and not search.embedded(len(snapshot.tools)):
+        while embeddings is not None and not search.embedded(len(snapshot.tools)):
             await asyncio.sleep(0.2)
         yield rank
 
@@ -276,7 +276,10 @@ def selected(queries: list[Query], split: str) -> list[Query]:
 
 
 async def run(
-    queries: list[Query], servers: list[dict[str, Any]], show_misses: int, embeddings: str | None
+    queries: list[Query],
+    servers: list[dict[str, Any]],
+    show_misses: int,
+    embeddings: EmbeddingsConfig | None,
 ) -> None:
     async with (
         fastmcp_ranker(servers) as fastmcp,
@@ -285,7 +288,7 @@ async def run(
     ):
         engines = {"agent-gateway": ours}
         if embeddings:
-            engines["agent-gateway + embeddings"] = fused
+            engines[f"agent-gateway + {embeddings.model}"] = fused
         engines |= {
             "bm25 (name+description)": plain_bm25_ranker(servers),
             "fastmcp BM25SearchTransform": fastmcp,
@@ -312,12 +315,23 @@ def main(argv: list[str] | None = None) -> None:
         help="also rank with dense retrieval through this OpenAI-compatible base URL "
         "(e.g. http://127.0.0.1:8089/v1 from bench/embeddings_server.py)",
     )
+    parser.add_argument("--model", choices=sorted(PREFIXES), default="minilm", help="the server's --model")
     options = parser.parse_args(argv)
     servers, queries = load()
     queries = selected(queries, options.split)
     tools = sum(len(s["tools"]) for s in servers)
     print(f"{len(servers)} servers, {tools} tools, {len(queries)} queries ({options.split})\n")
-    asyncio.run(run(queries, servers, options.show_misses, options.embeddings))
+    embeddings = None
+    if options.embeddings:
+        query, document = PREFIXES[options.model]
+        embeddings = EmbeddingsConfig(
+            base_url=options.embeddings,
+            model=options.model,
+            timeout=600,
+            query_prefix=query,
+            document_prefix=document,
+        )
+    asyncio.run(run(queries, servers, options.show_misses, embeddings))
     print(f"\ncommand: {shlex.join([Path(sys.executable).name, *sys.argv])}")
 
 
