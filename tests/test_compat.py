@@ -622,6 +622,8 @@ def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from
         "on_headers_complete",
         "on_response_complete",
         "send_400_response",
+        "_unsupported_upgrade_warning",
+        "shutdown",
     ],
 )
 def test_uvicorns_protocol_has_each_method_the_listener_overrides(member: str) -> None:
@@ -646,6 +648,9 @@ def test_uvicorns_protocol_keeps_its_cycle_and_pipeline_as_the_listener_reads_th
     assert "self.cycle = " in inspect.getsource(HttpToolsProtocol.on_headers_complete)
     # The listener counts a head's lines in the list uvicorn keeps them in.
     assert "self.headers.append(" in inspect.getsource(HttpToolsProtocol.on_header)
+    # An upgrade it does not take is reported in the one method the listener replaces.
+    assert "self._unsupported_upgrade_warning()" in inspect.getsource(HttpToolsProtocol.data_received)
+    assert "self.cycle.keep_alive = False" in inspect.getsource(HttpToolsProtocol.shutdown)
 
 
 def test_uvicorns_server_takes_its_signals_in_the_method_the_gateway_and_tests_override() -> None:

@@ -27,7 +27,8 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``on_response_complete``, ``on_message_complete``, ``on_body``, ``data_received``,
-``send_400_response``, ``pause_writing``, ``resume_writing``, ``cycle``, ``headers`` (which
+``send_400_response``, ``_unsupported_upgrade_warning``, ``shutdown``, ``pause_writing``,
+``resume_writing``, ``cycle``, ``headers`` (which
 ``on_header`` appends a head's and trailers' lines to), ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
@@ -141,6 +142,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         """Bytes read since the last body byte, while a body is read (see _body_received)."""
         _unread: asyncio.TimerHandle | None = None
         """The write deadline, while the write buffer is full."""
+        _upgraded = False
+        """A request asked for another protocol: the parser reads nothing after it."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -164,6 +167,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
+            if self._upgraded:
+                return  # the connection closes once the upgrade request is answered
             if self._in_head:
                 self._head_received(data)
             else:
@@ -245,6 +250,17 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             # pipelined request, now running).
             if not self.transport.is_closing() and self.cycle.response_complete:
                 self._arm()
+
+        def _unsupported_upgrade_warning(self) -> None:
+            # uvicorn takes no upgrade (serving.py), answers the request as plain HTTP (RFC
+            # 9110 lets a server ignore Upgrade) and warned twice, a log line any client could
+            # repeat at will; its parser then reads nothing more, so a request pipelined after
+            # it was lost unanswered on a connection left open. Close once it is answered
+            # instead: an unanswered pipelined request is then retried by its client.
+            self._upgraded = True
+            self._disarm()
+            refused("upgrade", "ignored a protocol upgrade from %s", self._address, level=logging.DEBUG)
+            self.shutdown()  # uvicorn's own: close now if idle, else once the answer is written
 
         def _arm(self) -> None:
             self._disarm()

@@ -241,6 +241,35 @@ async def test_upgrade_requests_leave_no_connection_counted() -> None:
         assert await anyio.to_thread.run_sync(_health_from_attacker, port) == b"HTTP/1.1 200 OK"
 
 
+def _upgrade_then_pipelined(port: int) -> bytes:
+    """An upgrade request and a request pipelined after it; all the connection then gives."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5, source_address=(ATTACKER, 0)) as sock:
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        )
+        received = b""
+        while chunk := sock.recv(65536):  # a timeout here: the connection was left open
+            received += chunk
+        return received
+
+
+async def test_an_upgrade_request_is_answered_then_its_connection_closed_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # uvicorn's parser reads nothing after an upgrade request: the request pipelined after
+    # it was dropped unanswered on a connection left open, and each upgrade logged two
+    # warnings, as many as a client cared to send.
+    caplog.set_level(logging.DEBUG)
+    async with gateway({}) as gw:
+        received = await anyio.to_thread.run_sync(_upgrade_then_pipelined, _port(gw.url))
+    assert received.count(b"HTTP/1.1 200 OK") == 1  # the pipelined one is its client's to retry
+    assert b"\r\nconnection: close\r\n" in received.lower()
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert any(r.getMessage() == f"ignored a protocol upgrade from {ATTACKER}" for r in caplog.records)
+
+
 def _big_answer_unread(port: int, session: str, megabytes: int, token: str | None = None) -> socket.socket:
     """A call for an answer of ``megabytes`` (twice that with its structured copy), on a
     connection whose client then reads nothing."""
