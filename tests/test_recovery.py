@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 
 import anyio
@@ -251,3 +254,42 @@ async def test_an_upstream_that_dies_on_every_call_is_cut_off_by_its_breaker() -
         refused = await client.call_tool("counter__crash", {})
         assert "circuit open after 2 failed calls" in text_of(refused)
         assert upstream.connections == 3  # refused unsent: it did not crash again
+
+
+async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_opens_another() -> None:
+    # The upstream's health checks run on its shared session, which answers while one
+    # client's own process is stopped: that client then waited out the whole timeout on
+    # every later call, for as long as its session lived. A health check on the session
+    # itself, sent once a call on it times out, now tells; the other client's session and
+    # the circuit (opened by one failure here) are untouched by the call it fails.
+    config = faulty_stdio(
+        session="per_client",
+        tool_timeouts={"freeze": 0.3, "hang": 30},
+        health={"timeout": 0.3},
+        breaker={"failures": 1},
+    )
+    async with (
+        gateway_under_fault({"faulty": config}) as faulted,
+        Client(faulted.gw.url, mode="legacy") as victim,
+        Client(faulted.gw.url, mode="legacy") as other,
+    ):
+        dedicated = faulted.gw.gateway.dedicated
+        frozen = int(text_of(await victim.call_tool("faulty__pid", {})))
+        others = int(text_of(await other.call_tool("faulty__pid", {})))
+        pending: list[types.CallToolResult] = []
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def hang() -> None:
+                    pending.append(await victim.call_tool("faulty__hang", {}))
+
+                tg.start_soon(hang)
+                assert "no answer within 0.3s" in text_of(await victim.call_tool("faulty__freeze", {}))
+                await wait_until(lambda: any(s.lost.is_set() for s in dedicated.live))  # given up
+            assert "connection" in text_of(pending[0])  # failed with it, not left to its 30 s
+            assert int(text_of(await victim.call_tool("faulty__pid", {}))) not in (frozen, others)
+            assert int(text_of(await other.call_tool("faulty__pid", {}))) == others
+            assert faulted.gw.gateway.pool.get("faulty").guard.circuit is Circuit.CLOSED
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGKILL)

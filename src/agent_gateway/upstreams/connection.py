@@ -23,11 +23,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable, describe
+from agent_gateway.errors import UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import connected
+from agent_gateway.upstreams.lifecycle import connected, unanswered
 from agent_gateway.upstreams.replies import Broadcast
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 
@@ -160,23 +160,12 @@ class Upstream:
             session.guard.checked = False
 
     async def _check(self, client: Client, session: UpstreamSession, interval: float) -> None:
-        timeout = self.config.health.timeout
         while True:
             await session.guard.check_due(interval)  # sooner when a call timed out
-            try:
-                with anyio.fail_after(timeout), session.translated("ping"):
-                    await probe(client)
-            except TimeoutError:
-                reason = f"health check: no answer within {timeout:g}s"
-            except UpstreamRejected:
-                continue  # an error answer is still an answer: it is alive
-            except UpstreamError as exc:
-                reason = f"health check: {exc.detail}"
-            else:
-                continue
-            health_failures.add(1, {"agent_gateway.upstream": self.name})
-            session.lose(reason)
-            return
+            if (reason := await unanswered(client, session)) is not None:
+                health_failures.add(1, {"agent_gateway.upstream": self.name})
+                session.lose(reason)
+                return
 
     def _mark_up(self, client: Client, listing: Listing, took: float) -> None:
         if self.connections:
@@ -282,15 +271,6 @@ def describe_target(config: UpstreamConfig, width: int = 80) -> str:
         line = " ".join([config.command or "", *config.args])
         return line if len(line) <= width else f"{line[: width - 1]}…"
     return redacted_url(config.url)
-
-
-async def probe(client: Client) -> None:
-    """One health check: ``ping`` in the handshake era; ``server/discover`` in the modern
-    era, which has no ping (discover is side-effect free and answered by every server)."""
-    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
-        await client.session.send_discover(client.protocol_version)
-    else:
-        await client.session.send_request(types.PingRequest(), types.EmptyResult)
 
 
 async def fetch_listing(client: Client) -> Listing:

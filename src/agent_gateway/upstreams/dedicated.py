@@ -3,6 +3,12 @@ upstream, opened on the first call that needs it and closed when the downstream 
 
 For stateful servers, roots and subscriptions: everything the upstream keeps, and everything
 it sends back, belongs to one client.
+
+The upstream's health checks run on its shared session, which can answer while one client's
+session hangs (its own stdio process stopped, its HTTP session wedged upstream). So a call that
+times out on a dedicated session is followed by a health check on that session; unanswered,
+the session is given up (its calls fail as the connection lost) and the client's next call
+opens another. Without it every later call of that client waited out its whole timeout.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamError, UpstreamUnavailable, describe
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
+from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import connected, nothing
+from agent_gateway.upstreams.lifecycle import connected, nothing, unanswered
 from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession
 
 logger = logging.getLogger(__name__)
@@ -86,7 +93,7 @@ class DedicatedSessions:
         config = self._configs[upstream]
         key = (owner.session_id, upstream)
         entry = self._sessions.get(owner.session_id, {}).get(upstream)
-        if entry is None or entry.done.is_set():
+        if entry is None or entry.done.is_set() or entry.session.lost.is_set():  # or closing
             if self._tg is None:
                 raise UpstreamUnavailable(upstream, "the gateway is shutting down")
             entry = _Dedicated(self._new_session(upstream, owner))
@@ -159,6 +166,7 @@ class DedicatedSessions:
                 with session.translated("logging/setLevel"):
                     await session.set_logging_level(session.owner.log_level)
             tg.start_soon(_set_on, session.lost, entry.close)
+            tg.start_soon(_answering, client, session)
             await entry.close.wait()
             if link is not None and self._records is not None:
                 # Ended upstream only with the client's session everywhere (deleted, expired):
@@ -212,6 +220,18 @@ class DedicatedSessions:
 async def _set_on(source: anyio.Event, target: anyio.Event) -> None:
     await source.wait()
     target.set()
+
+
+async def _answering(client: Client, session: UpstreamSession) -> None:
+    """A health check on ``session`` after each of its calls that timed out (see the module
+    docstring); unanswered, the session is given up."""
+    while True:
+        await session.doubted()
+        if (reason := await unanswered(client, session)) is not None:
+            health_failures.add(1, {"agent_gateway.upstream": session.name})
+            logger.warning("dedicated upstream session %s given up: %s", session.id, reason)
+            session.lose(reason)
+            return
 
 
 async def _answers(client: Client) -> None:

@@ -9,7 +9,9 @@ a success: the upstream is alive. A call that timed out is not counted when the 
 answered another call while it waited: a tool that is slow for its arguments is not the
 upstream failing, and one client's slow calls must not open the circuit for every client. Nor is it counted while health checks run: the next one is sent at
 once instead, and only its failure (which drops the connection) says the upstream is gone.
-Without health checks, a timeout with nothing heard is counted. After ``breaker.failures``
+Without health checks, a timeout with nothing heard is counted. A client's dedicated session
+lost (``dedicated.py`` gives one up when it stops answering its own health check) is not counted
+either while health checks run: one client's session is not the upstream. After ``breaker.failures``
 failures in a row the circuit opens and
 calls fail at once without being sent; after ``breaker.reset`` seconds one call at a time is
 let through as a probe (half-open): its success closes the circuit, its failure re-opens it.
@@ -148,9 +150,9 @@ class Guard:
         return self.breaker.state if self.breaker is not None else Circuit.CLOSED
 
     @contextmanager
-    def admitted(self) -> Iterator[None]:
-        """One call: refused at once when the circuit is open or the cap is reached; its
-        outcome is recorded on the breaker.
+    def admitted(self, dedicated: bool = False) -> Iterator[None]:
+        """One call (``dedicated``: on a client's own session): refused at once when the
+        circuit is open or the cap is reached; its outcome is recorded on the breaker.
 
         Raises:
             CircuitOpen, UpstreamBusy: the call was not sent.
@@ -171,7 +173,7 @@ class Guard:
             raise
         except UpstreamUnavailable as exc:
             if self.breaker is not None:
-                self.breaker.failed(probe, exc.detail)
+                self._lost(self.breaker, probe, dedicated, exc.detail)
             raise
         except UpstreamRejected:
             self.heard()  # an error answer is still an answer: it is alive
@@ -207,7 +209,18 @@ class Guard:
         elif self.checked:
             logger.debug("upstream %s: %s; a health check is sent now to tell", self.upstream, detail)
             breaker.released(probe)
-            if self._asked is not None:
-                self._asked.set()
+            self._ask()
         else:
             breaker.failed(probe, detail)
+
+    def _lost(self, breaker: CircuitBreaker, probe: bool, dedicated: bool, detail: str) -> None:
+        if dedicated and self.checked:
+            logger.debug("upstream %s: %s; a health check is sent now to tell", self.upstream, detail)
+            breaker.released(probe)
+            self._ask()
+        else:
+            breaker.failed(probe, detail)
+
+    def _ask(self) -> None:
+        if self._asked is not None:
+            self._asked.set()

@@ -1,5 +1,6 @@
 """The one life of an upstream session, shared and dedicated alike: connect within
-``connect_timeout``, attach the client, relay its resource updates, detach when it ends."""
+``connect_timeout``, attach the client, relay its resource updates, tell whether it still
+answers, detach when it ends."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.compat.resumed import HttpSession
-from agent_gateway.errors import UpstreamUnavailable
+from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
 from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
 from agent_gateway.upstreams.transports import open_transport, watched
 
@@ -46,6 +47,32 @@ async def discovered(client: Client, protocol: str) -> None:
         logger.warning("upstream answers no server/discover (%s): its capabilities are unknown", exc)
         return
     client.session.adopt(types.DiscoverResult.model_validate(answer, by_name=False))
+
+
+async def probe(client: Client) -> None:
+    """One health check: ``ping`` in the handshake era; ``server/discover`` in the modern
+    era, which has no ping (discover is side-effect free and answered by every server)."""
+    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await client.session.send_discover(client.protocol_version)
+    else:
+        await client.session.send_request(types.PingRequest(), types.EmptyResult)
+
+
+async def unanswered(client: Client, session: UpstreamSession) -> str | None:
+    """Why ``session`` is gone, if one health check (within ``health.timeout``) says it is;
+    None if the upstream answered it (an error answer is an answer too). Health checks
+    bypass the guard: they must reach an upstream whose circuit is open, to see it recover."""
+    timeout = session.config.health.timeout
+    try:
+        with anyio.fail_after(timeout), session.translated("ping"):
+            await probe(client)
+    except TimeoutError:
+        return f"health check: no answer within {timeout:g}s"
+    except UpstreamRejected:
+        return None
+    except UpstreamError as exc:
+        return f"health check: {exc.detail}"
+    return None
 
 
 @asynccontextmanager

@@ -85,6 +85,8 @@ class UpstreamSession:
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
         self.lost_reason: str | None = None
+        self._doubted = anyio.Event()
+        """A call on this session timed out: its own health check is due (``dedicated.py``)."""
         self.replies = Replies(name, owner, broadcast)
         """Where the upstream's log lines and requests go: the client whose call caused them."""
         self._client: Client | None = None
@@ -197,6 +199,11 @@ class UpstreamSession:
             return
         with self._calling(None, "notifications/roots/list_changed") as client:
             await client.session.send_notification(types.RootsListChangedNotification())
+
+    async def doubted(self) -> None:
+        """Wait until a call on this session times out."""
+        await self._doubted.wait()
+        self._doubted = anyio.Event()
 
     def lose(self, reason: str) -> None:
         """Give the connection up (its owner closes it, failing every pending call)."""
@@ -352,7 +359,7 @@ class UpstreamSession:
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
-        with self.guard.admitted():
+        with self.guard.admitted(self.owner is not None):
             try:
                 with self.replies.calling(caller), measured:
                     with (
@@ -363,6 +370,7 @@ class UpstreamSession:
                     if bound.cancelled_caught:  # its own deadline: an outer cancel passes through
                         raise TimeoutError
             except TimeoutError as exc:
+                self._doubted.set()
                 raise UpstreamTimeout(self.name, f"{what}: no answer within {limit:g}s") from exc
 
     @contextmanager
