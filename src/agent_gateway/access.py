@@ -91,7 +91,12 @@ class Principal:
     opening: int = 0
     """Requests without a session id being served now: each opens one (HTTP admission)."""
     spent: AgentSpend = field(default_factory=lambda: AgentSpend(None, None))
+    label: str = ""
+    """How log lines name it: its subject, and an anonymous client's address with it."""
     _allowed: dict[tuple[Kind, str], bool] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.label = self.label or self.subject
 
     def allows(self, kind: Kind, name: str) -> bool:
         """Whether the policy lets this client reach the public ``name`` of ``kind``."""
@@ -118,7 +123,7 @@ class Principal:
     def check(self, kind: Kind, name: str) -> None:
         """Raises ``NotAllowed`` when the policy does not let this client reach ``name``."""
         if not self.allows(kind, name):
-            logger.warning("client %s refused %s %r (policy %s)", self.subject, kind, name, self.policy_name)
+            logger.warning("client %s refused %s %r (policy %s)", self.label, kind, name, self.policy_name)
             raise NotAllowed(kind, name, self.subject)
 
     @contextmanager
@@ -130,7 +135,7 @@ class Principal:
             return
         limit = self.policy.max_concurrency
         if limit is not None and self.in_flight >= limit:
-            refused("concurrency", "client %s over its max_concurrency (%d)", self.subject, limit)
+            refused("concurrency", "client %s over its max_concurrency (%d)", self.label, limit)
             raise ClientLimited(
                 f"{self.in_flight} calls already in flight, the limit (max_concurrency) is {limit}"
             )
@@ -149,7 +154,7 @@ class Principal:
         state the run did not issue resumes nothing: the runner refuses it)."""
         with self.calling():
             if not resuming:
-                self.spent.start(self.subject)
+                self.spent.start(self.label)
             token = _IN_RUN.set(True)
             try:
                 yield
@@ -279,7 +284,8 @@ class AccessControl:
             name = self._policy_name(subject, token)
             policy = self._config.policy(name)
             bucket = TokenBucket(policy.rate_limit, self._clock) if policy.rate_limit else None
-            principal = self._principals[key] = Principal(subject, name, policy, bucket, token is not None)
+            principal = Principal(subject, name, policy, bucket, token is not None, label=key)
+            self._principals[key] = principal
             principal.spent = self._spend(policy)
         return principal
 

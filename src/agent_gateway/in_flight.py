@@ -79,7 +79,7 @@ class InFlight:
             "in_flight",
             "an answer of %s bytes refused: client %s holds %s of its %s",
             size,
-            client.subject,
+            client.label,
             client.held,
             share,
         )

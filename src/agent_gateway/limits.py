@@ -225,7 +225,7 @@ def _refusal(client: Principal, verdict: Verdict) -> Refusal | None:
 
 
 def _rate_refusal(client: Principal, wait: float) -> Refusal:
-    refused("rate_limit", "client %s over its rate limit", client.subject)
+    refused("rate_limit", "client %s over its rate limit", client.label)
     message = f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
     return message, {"retryAfterSeconds": round(wait, 1)}, [(b"retry-after", str(retry_after(wait)).encode())]
 
@@ -235,7 +235,7 @@ def _sessions_refusal(client: Principal, open_now: int) -> Refusal:
     refused(
         "sessions",
         "client %s refused a new session: %d open, the limit is %d",
-        client.subject,
+        client.label,
         open_now,
         limit,
     )

@@ -396,6 +396,21 @@ async def test_a_client_at_its_session_cap_is_refused_while_others_open_sessions
                 await anyio.sleep(0.05)
 
 
+async def test_a_refusal_of_an_anonymous_client_names_its_address_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Anonymous clients are told apart by address: a line saying only "anonymous" could not
+    # tell the operator which one to block.
+    caplog.set_level(logging.INFO)
+    capped = {"auth": {"policies": {"default": {"max_sessions": 2}}}}
+    transport = httpx.AsyncHTTPTransport(local_address=ATTACKER)
+    async with gateway(capped) as gw, httpx.AsyncClient(transport=transport, timeout=10) as http:
+        answers = [await http.post(gw.url, json=INITIALIZE, headers=HEADERS) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
+    assert lines == [f"client anonymous@{ATTACKER} refused a new session: 2 open, the limit is 2"]
+
+
 async def test_initialize_and_notifications_are_counted_by_the_rate_limit() -> None:
     limited = bearer({"rate_limit": {"per_minute": 6, "burst": 3}})
     async with gateway(limited) as gw, httpx.AsyncClient(timeout=10) as http:
