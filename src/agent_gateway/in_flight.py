@@ -18,7 +18,8 @@ asking for large results at once grow the process without end (three 40 MB resul
 ``Outflow`` also writes a large body in slices: uvicorn hands a body to the socket's
 transport whole, and what the socket does not take at once is copied into the transport's
 buffer; a slice at a time, uvicorn waits for the buffer to drain before the next, so a
-result is never copied a second time on its way out.
+result is never copied a second time on its way out. Once a large answer is let go, the memory
+it used is given back to the system (``memory.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from opentelemetry import metrics
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.errors import GatewayBusy
+from agent_gateway.memory import LARGE, TRIMMER
 from agent_gateway.refusals import refused
 
 if TYPE_CHECKING:
@@ -71,6 +73,8 @@ class InFlight:
 
     def give(self, size: int) -> None:
         self.held = max(0, self.held - size)
+        if size >= LARGE:
+            TRIMMER.after_large()
 
     def over_share(self, client: Principal, size: int) -> GatewayBusy:
         """The error for a client whose answers held would pass its share (counted, logged)."""
