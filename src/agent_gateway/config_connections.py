@@ -30,3 +30,6 @@ class ConnectionsConfig(_Strict):
     write_timeout: Seconds = 30.0
     """Once a connection's write buffer is full, its client must read some of it within
     this; otherwise the connection is dropped (and what it held is let go)."""
+    min_read_rate: int = Field(default=4096, ge=0, le=2**30)
+    """Bytes a second such a client must read, on average over each ``write_timeout`` (or
+    half of what was waiting, if less); 0: any byte read counts."""

@@ -20,7 +20,9 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   is served (not line by line: a call per header line cost every request about 3 µs);
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
   once a connection's write buffer is full, the client must read some of it within that
-  time (and again within each such time while it stays full), or the connection is dropped. Without it a client that asks for large answers and
+  time (and again within each such time while it stays full), at least
+  ``min_read_rate`` bytes a second on average (or half of what waited), or the connection
+  is dropped. Without it a client that asks for large answers and
   never reads them keeps them in memory for as long as it likes (and with them the
   process's bound on answers in flight, ``in_flight.py``, which every client shares).
 
@@ -96,6 +98,7 @@ class Connections:
     max_head_bytes: int = 64 * 1024
     max_headers: int = 200
     write_timeout: float = 30.0
+    min_read_rate: int = 4096
     open: int = 0
     by_address: Counter[str] = field(default_factory=Counter[str])
 
@@ -288,13 +291,17 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 
         def _read_since(self, buffered: int) -> None:
             self._unread = None
-            if (now := self.transport.get_write_buffer_size()) < buffered:
-                self._watch_reading(now)  # it read some (slowly): the deadline starts again
+            read = buffered - (now := self.transport.get_write_buffer_size())
+            # A trickle (a segment a window) would hold its answer for days: enough is the
+            # rate over the window, or half of what was waiting if that is less.
+            if read > 0 and read >= min(connections.min_read_rate * connections.write_timeout, buffered / 2):
+                self._watch_reading(now)  # it read enough (slowly): the deadline starts again
                 return
             refused(
                 "write_timeout",
-                "dropped a connection from %s: its client read nothing of its answer for %ss",
+                "dropped a connection from %s: its client read %d bytes of its answer in %ss",
                 self._address,
+                max(read, 0),
                 connections.write_timeout,
             )
             self.transport.abort()  # close() would wait for the buffer to drain, which it never will

@@ -210,6 +210,7 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
         max_head_bytes=settings.max_head_bytes,
         max_headers=settings.max_headers,
         write_timeout=settings.write_timeout,
+        min_read_rate=settings.min_read_rate,
     )
     return {
         "http": bounded_protocol(connections),
