@@ -256,17 +256,21 @@ async def test_an_upstream_that_dies_on_every_call_is_cut_off_by_its_breaker() -
         assert upstream.connections == 3  # refused unsent: it did not crash again
 
 
-async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_opens_another() -> None:
+@pytest.mark.parametrize("interval", [30, None], ids=["health checks", "no health checks"])
+async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_opens_another(
+    interval: float | None,
+) -> None:
     # The upstream's health checks run on its shared session, which answers while one
     # client's own process is stopped: that client then waited out the whole timeout on
     # every later call, for as long as its session lived. A health check on the session
-    # itself, sent once a call on it times out, now tells; the other client's session and
-    # the circuit (opened by one failure here) are untouched by the call it fails.
+    # itself, sent once a call on it times out, now tells; the other client's session is
+    # untouched, and the two calls the given-up session fails together do not open the
+    # circuit (two failures in a row would) while the other client is answered.
     config = faulty_stdio(
         session="per_client",
         tool_timeouts={"freeze": 0.3, "hang": 30},
-        health={"timeout": 0.3},
-        breaker={"failures": 1},
+        health={"interval": interval, "timeout": 0.3},
+        breaker={"failures": 2},
     )
     async with (
         gateway_under_fault({"faulty": config}) as faulted,
@@ -284,12 +288,30 @@ async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_op
                     pending.append(await victim.call_tool("faulty__hang", {}))
 
                 tg.start_soon(hang)
+                tg.start_soon(hang)
+                await wait_until(lambda: faulted.gw.gateway.pool.get("faulty").guard.in_flight == 2)
                 assert "no answer within 0.3s" in text_of(await victim.call_tool("faulty__freeze", {}))
+                assert int(text_of(await other.call_tool("faulty__pid", {}))) == others
                 await wait_until(lambda: any(s.lost.is_set() for s in dedicated.live))  # given up
-            assert "connection" in text_of(pending[0])  # failed with it, not left to its 30 s
+            assert all("connection" in text_of(p) for p in pending)  # failed with it, not left to 30 s
             assert int(text_of(await victim.call_tool("faulty__pid", {}))) not in (frozen, others)
             assert int(text_of(await other.call_tool("faulty__pid", {}))) == others
             assert faulted.gw.gateway.pool.get("faulty").guard.circuit is Circuit.CLOSED
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGKILL)
+
+
+async def test_a_dedicated_session_whose_process_dies_on_every_call_opens_the_circuit() -> None:
+    # Not given up by its health check but dead: the upstream failing, counted as any other
+    # session's death, so it is cut off instead of started again at the client's call rate.
+    config = python_upstream("counter.py", session="per_client", breaker={"failures": 2, "reset": 60})
+    async with (
+        gateway_under_fault({"counter": config}) as faulted,
+        Client(faulted.gw.url, mode="legacy") as c,
+    ):
+        for _ in range(2):
+            assert (await c.call_tool("counter__crash", {})).is_error
+        refused = await c.call_tool("counter__increment", {})
+        assert "circuit open after 2 failed calls" in text_of(refused)
+        assert faulted.gw.gateway.dedicated.opened == 2

@@ -136,6 +136,10 @@ class UpstreamUnavailable(UpstreamError):
     """The upstream is not connected, or its connection closed while the call waited."""
 
 
+class SessionGivenUp(UpstreamUnavailable):
+    """A client's dedicated session stopped answering its own health check and was closed."""
+
+
 class CircuitOpen(UpstreamUnavailable):
     """Not sent: the upstream's recent calls kept failing, so its circuit breaker is open."""
 

@@ -42,7 +42,8 @@ from agent_gateway.store import SharedState
 from agent_gateway.telemetry import RequestTelemetry, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
-from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+from agent_gateway.upstreams.lifecycle import UpdateSink
+from agent_gateway.upstreams.session import UpstreamSession
 from agent_gateway.visibility import Visibility
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from agent_gateway.errors import UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import connected, unanswered
+from agent_gateway.upstreams.lifecycle import UpdateSink, connected, unanswered
 from agent_gateway.upstreams.replies import Broadcast
-from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from agent_gateway.errors import UpstreamError, UpstreamUnavailable, describe
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import connected, nothing, unanswered
-from agent_gateway.upstreams.session import ClientSide, UpdateSink, UpstreamSession
+from agent_gateway.upstreams.lifecycle import UpdateSink, connected, nothing, unanswered
+from agent_gateway.upstreams.session import ClientSide, UpstreamSession
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,8 @@ class DedicatedSessions:
         if entry is None or entry.done.is_set() or entry.session.lost.is_set():  # or closing
             if self._tg is None:
                 raise UpstreamUnavailable(upstream, "the gateway is shutting down")
+            if (guard := self._guards.get(upstream)) is not None and guard.breaker is not None:
+                guard.breaker.refuse_if_open()
             entry = _Dedicated(self._new_session(upstream, owner))
             self._sessions.setdefault(owner.session_id, {})[upstream] = entry
             self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
@@ -171,7 +173,10 @@ class DedicatedSessions:
             if link is not None and self._records is not None:
                 # Ended upstream only with the client's session everywhere (deleted, expired):
                 # while it lives, another replica may be serving it on the same upstream session.
-                link.kept = await self._records.live(key[0]) is not False
+                # One given up is ended and forgotten: resumed, it would hang the next call again.
+                link.kept = not session.given_up and await self._records.live(key[0]) is not False
+                if session.given_up:
+                    await self._records.upstream_lost(*key)
 
     async def _recorded(self, key: tuple[str, str]) -> UpstreamRecord | None:
         """The upstream session another replica opened for this client, to resume."""
@@ -230,7 +235,7 @@ async def _answering(client: Client, session: UpstreamSession) -> None:
         if (reason := await unanswered(client, session)) is not None:
             health_failures.add(1, {"agent_gateway.upstream": session.name})
             logger.warning("dedicated upstream session %s given up: %s", session.id, reason)
-            session.lose(reason)
+            session.lose(reason, given_up=True)
             return
 
 

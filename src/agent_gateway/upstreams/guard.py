@@ -10,8 +10,10 @@ answered another call while it waited: a tool that is slow for its arguments is 
 upstream failing, and one client's slow calls must not open the circuit for every client. Nor is it counted while health checks run: the next one is sent at
 once instead, and only its failure (which drops the connection) says the upstream is gone.
 Without health checks, a timeout with nothing heard is counted. A client's dedicated session
-lost (``dedicated.py`` gives one up when it stops answering its own health check) is not counted
-either while health checks run: one client's session is not the upstream. After ``breaker.failures``
+given up (``dedicated.py``: it stopped answering its own health check) fails its calls, which
+are not counted either while health checks run or another call is answered: one client's
+session is not the upstream. A dedicated session that dies (its process exits) still counts, so
+a server that dies on every call is cut off instead of restarted for ever. After ``breaker.failures``
 failures in a row the circuit opens and
 calls fail at once without being sent; after ``breaker.reset`` seconds one call at a time is
 let through as a probe (half-open): its success closes the circuit, its failure re-opens it.
@@ -31,6 +33,7 @@ import anyio
 from agent_gateway.config import BreakerConfig, UpstreamConfig
 from agent_gateway.errors import (
     CircuitOpen,
+    SessionGivenUp,
     UpstreamBusy,
     UpstreamRejected,
     UpstreamTimeout,
@@ -82,9 +85,18 @@ class CircuitBreaker:
             self._probing = True
             logger.info("upstream %s: circuit half-open, sending a probe call", self._upstream)
             return True
+        raise self._refusal(state)
+
+    def refuse_if_open(self) -> None:
+        """Raises ``CircuitOpen`` while the circuit is open (before any work for a call that
+        would be refused: a client's dedicated session, a process, is not opened for it)."""
+        if (state := self.state) is Circuit.OPEN:
+            raise self._refusal(state)
+
+    def _refusal(self, state: Circuit) -> CircuitOpen:
         assert self._opened_at is not None
         wait = max(0.0, self._config.reset - (self._clock() - self._opened_at))
-        raise CircuitOpen(
+        return CircuitOpen(
             self._upstream,
             f"circuit open after {self._failures} failed calls (last: {self.last_failure}); "
             + (f"next probe in {wait:.0f}s" if state is Circuit.OPEN else "a probe call is in flight"),
@@ -150,9 +162,9 @@ class Guard:
         return self.breaker.state if self.breaker is not None else Circuit.CLOSED
 
     @contextmanager
-    def admitted(self, dedicated: bool = False) -> Iterator[None]:
-        """One call (``dedicated``: on a client's own session): refused at once when the
-        circuit is open or the cap is reached; its outcome is recorded on the breaker.
+    def admitted(self) -> Iterator[None]:
+        """One call: refused at once when the circuit is open or the cap is reached; its
+        outcome is recorded on the breaker.
 
         Raises:
             CircuitOpen, UpstreamBusy: the call was not sent.
@@ -171,9 +183,13 @@ class Guard:
             if self.breaker is not None:
                 self._timed_out(self.breaker, probe, sent, exc.detail)
             raise
+        except SessionGivenUp as exc:
+            if self.breaker is not None:
+                self._given_up(self.breaker, probe, sent, exc.detail)
+            raise
         except UpstreamUnavailable as exc:
             if self.breaker is not None:
-                self._lost(self.breaker, probe, dedicated, exc.detail)
+                self.breaker.failed(probe, exc.detail)
             raise
         except UpstreamRejected:
             self.heard()  # an error answer is still an answer: it is alive
@@ -213,9 +229,9 @@ class Guard:
         else:
             breaker.failed(probe, detail)
 
-    def _lost(self, breaker: CircuitBreaker, probe: bool, dedicated: bool, detail: str) -> None:
-        if dedicated and self.checked:
-            logger.debug("upstream %s: %s; a health check is sent now to tell", self.upstream, detail)
+    def _given_up(self, breaker: CircuitBreaker, probe: bool, sent: float, detail: str) -> None:
+        if self.checked or self.heard_at > sent:
+            logger.debug("upstream %s: %s; one client's session, not counted", self.upstream, detail)
             breaker.released(probe)
             self._ask()
         else:

@@ -8,6 +8,7 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import TypeVar
 
 import anyio
@@ -20,11 +21,21 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
-from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+from agent_gateway.upstreams.session import UpstreamSession
 from agent_gateway.upstreams.transports import open_transport, watched
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UpdateSink:
+    """Where a session's resource updates go, and who hears that the session ended."""
+
+    updated: Callable[[UpstreamSession, str], Awaitable[None]]
+    """Each ``notifications/resources/updated``: the session it came on, the upstream URI."""
+    ended: Callable[[UpstreamSession], Awaitable[None]]
+    """The session is over: its subscriptions are gone with it."""
 
 
 async def nothing(client: Client) -> None:

@@ -22,8 +22,9 @@ from agent_gateway.upstreams.connection import (
     UpstreamState,
 )
 from agent_gateway.upstreams.guard import Circuit, Guard
+from agent_gateway.upstreams.lifecycle import UpdateSink
 from agent_gateway.upstreams.replies import Broadcast
-from agent_gateway.upstreams.session import UpdateSink, UpstreamSession
+from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -29,13 +28,22 @@ from pydantic import ValidationError
 from agent_gateway import __version__
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable, describe
+from agent_gateway.errors import (
+    SessionGivenUp,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    describe,
+)
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
+
+if TYPE_CHECKING:
+    from agent_gateway.upstreams.lifecycle import UpdateSink
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +53,6 @@ SESSION_META_KEY = "io.agent-gateway/session-id"
 CLIENT_INFO = types.Implementation(name="agent-gateway", version=__version__)
 
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class UpdateSink:
-    """Where a session's resource updates go, and who hears that the session ended."""
-
-    updated: Callable[[UpstreamSession, str], Awaitable[None]]
-    """Each ``notifications/resources/updated``: the session it came on, the upstream URI."""
-    ended: Callable[[UpstreamSession], Awaitable[None]]
-    """The session is over: its subscriptions are gone with it."""
 
 
 _UPDATES_BUFFER = 256
@@ -85,6 +83,7 @@ class UpstreamSession:
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
         self.lost_reason: str | None = None
+        self.given_up = False  # lost by its own health check (dedicated.py), not its connection
         self._doubted = anyio.Event()
         """A call on this session timed out: its own health check is due (``dedicated.py``)."""
         self.replies = Replies(name, owner, broadcast)
@@ -205,10 +204,10 @@ class UpstreamSession:
         await self._doubted.wait()
         self._doubted = anyio.Event()
 
-    def lose(self, reason: str) -> None:
+    def lose(self, reason: str, *, given_up: bool = False) -> None:
         """Give the connection up (its owner closes it, failing every pending call)."""
         if not self.lost.is_set():
-            self.lost_reason = reason
+            self.lost_reason, self.given_up = reason, given_up
             self.lost.set()
 
     def attach(self, client: Client, http: httpx2.AsyncClient | None = None) -> None:
@@ -359,7 +358,7 @@ class UpstreamSession:
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
-        with self.guard.admitted(self.owner is not None):
+        with self.guard.admitted():
             try:
                 with self.replies.calling(caller), measured:
                     with (
@@ -396,5 +395,6 @@ class UpstreamSession:
         if code == types.CONNECTION_CLOSED:
             reason = self.lost_reason or "connection closed"
             self.lose(reason)
-            return UpstreamUnavailable(self.name, f"{what}: connection closed during the call ({reason})")
+            closed = f"{what}: connection closed during the call ({reason})"
+            return (SessionGivenUp if self.given_up else UpstreamUnavailable)(self.name, closed)
         return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
