@@ -9,10 +9,16 @@ response models, and swaps only the wire: same requests, same bytes, about 0.3 m
 per call (``bench/README.md``).
 
 Errors are translated here, once, into httpx2's own tree, which is what the SDK catches.
+
+No answer is decoded: httpx2 inflates a gzip or deflate body without bound, so a 1 MB answer
+could grow the process by a gigabyte past every bound on message size. Every request asks for
+``identity``, and an answer coded anyway reaches the SDK as the bytes it is (which then fail
+its parse: that call's error, named as such).
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
@@ -27,8 +33,11 @@ from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
 from agent_gateway.upstreams.answer import Answer, BodyBound, OversizedBody
 from agent_gateway.upstreams.wire import Origin
 
+logger = logging.getLogger(__name__)
+
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024
+_UNCODED = ("Accept-Encoding", "identity")
 
 
 @dataclass(frozen=True)
@@ -101,11 +110,12 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         """
         body = await request.aread()
         timeout = _timeout(request.extensions.get("timeout", {}))
+        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "accept-encoding"]
         with _translated(request, connecting=True):
             response = await self._client().request(
                 request.method,
                 _target(request.url),
-                headers=request.headers.multi_items(),
+                headers=[*headers, _UNCODED],
                 data=body or None,
                 allow_redirects=False,  # the SDK decides which redirects to follow
                 timeout=timeout,
@@ -192,9 +202,16 @@ class Posted:
 
     def as_httpx2(self) -> httpx2.Response:
         response = self.response
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
+        coding = response.headers.get("content-encoding", "identity").strip().lower()
+        if coding != "identity":  # not asked for: httpx2 would inflate it without bound
+            logger.warning(
+                "upstream answered %s coded %r, unasked: not decoded", self._request.url, coding[:64]
+            )
+            headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]
         return httpx2.Response(
             response.status,
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers],
+            headers=headers,
             stream=self.body,
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
             request=self._request,

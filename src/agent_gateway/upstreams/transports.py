@@ -129,10 +129,19 @@ def _traced(
     timeout: httpx2.Timeout | None = None,
     auth: httpx2.Auth | None = None,
 ) -> httpx2.AsyncClient:
-    """The SSE transport's HTTP client: the SDK's, plus the trace-context hook."""
-    client = create_mcp_http_client(headers, timeout, auth)
+    """The SSE transport's HTTP client: the SDK's, plus the trace-context hook; asking for
+    no content coding (httpx2 would inflate a coded answer without bound)."""
+    client = create_mcp_http_client({**(headers or {}), "Accept-Encoding": "identity"}, timeout, auth)
     client.event_hooks["request"].append(trace_headers)
+    client.event_hooks["response"].append(_uncoded)
     return client
+
+
+async def _uncoded(response: httpx2.Response) -> None:
+    """An answer coded though none was asked for is read as the bytes it is: httpx2 picks its
+    decoder from this header when the body is first read, after the hooks."""
+    if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        del response.headers["content-encoding"]
 
 
 @asynccontextmanager

@@ -1,0 +1,90 @@
+"""An upstream's answer is never inflated: httpx2 decodes a gzip or deflate body without
+bound, so a 1 MB answer grew the gateway by a gigabyte past every bound on message size (an
+attack found it: 164 -> 2,387 MB, the bystander's p99 4.7 s). The gateway asks every HTTP
+upstream for ``identity``, and an answer coded anyway is handed on as the bytes it is."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tests.support import RunningGateway, running_gateway, serving
+
+INFLATED = 64 * 2**20
+"""What the coded answer inflates to: past the upstream's max_message_bytes (1 MiB) here."""
+
+
+def coded_upstream(accepted: list[str], *, always: bool) -> ASGIApp:
+    """A FastMCP upstream whose ``packed`` call is answered gzip-coded when the request
+    accepts gzip (``always``: whatever it accepts), a body that inflates to 64 MiB; else as
+    FastMCP answers it. ``accepted``: each call's Accept-Encoding."""
+    server = FastMCP("coded")
+    server.tool(lambda: "plain", name="packed")
+    app = server.http_app(path="/mcp")
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        request = json.loads(body)
+        if request.get("method") == "tools/call":
+            accept = dict(scope["headers"]).get(b"accept-encoding", b"").decode()
+            accepted.append(accept)
+            if always or "gzip" in accept:
+                return await _bomb(send, request["id"])
+
+        unread = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def replayed() -> Message:
+            return unread.pop() if unread else await receive()
+
+        await app(scope, replayed, send)
+
+    return upstream
+
+
+async def _bomb(send: Send, request_id: object) -> None:
+    text = "A" * INFLATED
+    answer = {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": text}]}}
+    coded = gzip.compress(json.dumps(answer).encode(), compresslevel=9)
+    headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": coded})
+
+
+@asynccontextmanager
+async def gateway_over(upstream: ASGIApp) -> AsyncIterator[RunningGateway]:
+    async with serving(upstream) as base:
+        config = {"url": f"{base}/mcp", "protocol": "legacy", "max_message_bytes": 2**20}
+        async with running_gateway({"upstreams": {"coded": config}}) as gw:
+            yield gw
+
+
+async def test_every_call_asks_for_an_uncoded_answer_and_gets_one() -> None:
+    accepted: list[str] = []
+    async with gateway_over(coded_upstream(accepted, always=False)) as gw, Client(gw.url) as client:
+        result = await client.call_tool("coded__packed", {})
+    assert not result.is_error
+    assert result.content[0].text == "plain"  # type: ignore[union-attr]
+    assert accepted == ["identity"]  # before: "gzip, deflate, zstd": the bomb, inflated
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_answer_coded_unasked_fails_its_call_uninflated(
+    mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with gateway_over(coded_upstream([], always=True)) as gw, Client(gw.url, mode=mode) as client:
+        result = await client.call_tool("coded__packed", {})
+        assert result.is_error  # before: 64 MiB inflated and parsed past the 1 MiB bound
+        assert (await client.call_tool("coded__packed", {})).is_error  # the upstream is still up
+    assert any("coded 'gzip', unasked: not decoded" in r.getMessage() for r in caplog.records)
