@@ -30,6 +30,7 @@ import httpx2
 import yarl
 
 from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
+from agent_gateway.logs import redacted_url
 from agent_gateway.upstreams.answer import Answer, BodyBound, OversizedBody
 from agent_gateway.upstreams.wire import Origin
 
@@ -205,9 +206,8 @@ class Posted:
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
         coding = response.headers.get("content-encoding", "identity").strip().lower()
         if coding != "identity":  # not asked for: httpx2 would inflate it without bound
-            logger.warning(
-                "upstream answered %s coded %r, unasked: not decoded", self._request.url, coding[:64]
-            )
+            where = redacted_url(str(self._request.url))  # its query may hold a key
+            logger.warning("upstream answered %s coded %r, unasked: not decoded", where, coding[:64])
             headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]
         return httpx2.Response(
             response.status,
