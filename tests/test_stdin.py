@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import anyio
+import mcp_types as types
 import pytest
 
 from agent_gateway.downstream.stdin import StdinLines
@@ -14,6 +15,9 @@ TS_STYLE = (
     b'{"method": "tools/call", "params": {"x": "' + b"y" * 5_000 + b'"}, "jsonrpc": "2.0", "id": "q"}\n'
 )
 """As the TypeScript SDK writes a request: its id last."""
+A = b'{"jsonrpc": "2.0", "method": "notifications/a"}'
+B = b'{"jsonrpc": "2.0", "id": 1, "result": {}}'
+C = '{"jsonrpc": "2.0", "method": "notifications/é"}'
 
 
 async def test_lines_come_in_order_and_one_over_the_limit_is_refused_by_its_id(
@@ -23,12 +27,12 @@ async def test_lines_come_in_order_and_one_over_the_limit_is_refused_by_its_id(
     refused: list[tuple[object, str]] = []
     got: list[str] = []
 
-    async def refuse(request_id: object, reason: str) -> None:
-        refused.append((request_id, reason))
+    async def refuse(answer: types.JSONRPCError) -> None:
+        refused.append((answer.id, answer.error.message))
 
     async def feed() -> None:  # more than a pipe holds: written while it is read
-        await anyio.to_thread.run_sync(os.write, write, b'{"a": 1}\n' + BIG + b'{"b": 2}\n' + TS_STYLE)
-        await anyio.to_thread.run_sync(os.write, write, '{"c": "é"}'.encode())
+        await anyio.to_thread.run_sync(os.write, write, A + b"\n" + BIG + B + b"\n" + TS_STYLE)
+        await anyio.to_thread.run_sync(os.write, write, C.encode())
         os.close(write)
 
     try:
@@ -39,7 +43,7 @@ async def test_lines_come_in_order_and_one_over_the_limit_is_refused_by_its_id(
                 got += [line async for line in lines]
     finally:
         os.close(read)
-    assert got == ['{"a": 1}\n', '{"b": 2}\n', '{"c": "é"}']  # the last line unended, at end of input
+    assert got == [A.decode() + "\n", B.decode() + "\n", C]  # the last line unended, at end of input
     reason = f"request of {len(BIG)} bytes is over server.max_body_bytes (1000)"
     assert refused == [
         (7, reason),

@@ -8,7 +8,9 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -27,7 +29,7 @@ from tests.e2e.peers import (
     processes_with_arg,
     text_of,
 )
-from tests.support import ROOT, gateway_env, npm_server, outliving_its_input
+from tests.support import ROOT, gateway_env, npm_server, outliving_its_input, python_upstream
 
 pytestmark = pytest.mark.e2e
 
@@ -186,14 +188,107 @@ async def test_a_request_over_max_body_bytes_is_refused_by_its_id_and_the_next_o
     assert served == {"jsonrpc": "2.0", "id": 3, "result": {}}
 
 
-def _initialize() -> dict[str, object]:
+MALFORMED = [  # (a line, the id its error answers, the error's code)
+    (b'{"jsonrpc":"2.0","id":11,"method":"ping"', None, -32700),  # cut short: not JSON
+    (b'[{"jsonrpc":"2.0","id":12,"method":"ping"}]', 12, -32600),  # a batch of one request
+    (b'{"jsonrpc":"2.0","id":13,"method":"tools/call","params":[1,2]}', 13, -32600),
+    (b'{"jsonrpc":"1.0","id":14,"method":"ping"}', 14, -32600),
+    (b'{"jsonrpc":"2.0","id":15.5,"method":"ping"}', None, -32600),  # an id it cannot answer to
+    (
+        b'{"jsonrpc":"2.0","id":16,"method":"tools/call","params":{"name":"rec__say","arguments":{"text":'
+        + b"[" * 300
+        + b"]" * 300
+        + b"}}}",
+        16,
+        -32600,
+    ),
+]
+
+
+async def test_malformed_lines_are_answered_with_an_error_each_and_the_session_goes_on(
+    tmp_path: Path,
+) -> None:
+    config = {"server": {"transport": "stdio"}, "upstreams": {"rec": python_upstream("recorder.py")}}
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    stderr = tmp_path / "gateway.stderr"
+    with stderr.open("wb") as errors:
+        process = await anyio.open_process(
+            [AGENT_GATEWAY, *serve_args(path)], env=gateway_env(), stderr=errors
+        )
+    async with process:
+        assert process.stdin is not None
+        assert process.stdout is not None
+        replies = BufferedByteReceiveStream(process.stdout)
+
+        async def send(*lines: bytes) -> None:
+            for line in lines:
+                await process.stdin.send(line + b"\n")  # pyright: ignore[reportOptionalMemberAccess]
+
+        async def reply() -> dict[str, Any]:  # the next answer or request (notifications skipped)
+            while "id" not in (message := json.loads(await replies.receive_until(b"\n", 1_000_000))):
+                pass
+            return message
+
+        with anyio.fail_after(BOUND):
+            await send(json.dumps(_initialize(capabilities={"sampling": {}})).encode())
+            await reply()
+            await send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}')
+            await send(*(line for line, _, _ in MALFORMED))
+            refused = [await reply() for _ in MALFORMED]
+            # A malformed answer from the client: logged, not answered (it answers nothing of its own).
+            await send(b'{"jsonrpc":"2.0","id":"nobody","result":"text"}')
+            sampled = await _sampled(send, reply)
+            await send(_call(21, "rec__say", {"text": "still here"}))
+            served = await reply()
+        await process.stdin.aclose()
+        with anyio.fail_after(BOUND):
+            await process.wait()
+    assert [(r["id"], r["error"]["code"]) for r in refused] == [(i, code) for _, i, code in MALFORMED]
+    messages = [r["error"]["message"] for r in refused]
+    assert messages[1].startswith("a batch (JSON array): MCP does not use batches")
+    assert messages[2:5] == [
+        "params must be an object, not an array",
+        '"jsonrpc" must be "2.0", not "1.0"',
+        "a request id must be a string or an integer, not 15.5",
+    ]
+    assert messages[5] == "the request is nested too deeply to read"
+    assert sampled["result"]["content"][0]["text"] == "model says: hi"
+    assert served["id"] == 21
+    assert served["result"]["content"][0]["text"] == "still here"
+    warnings = [line for line in stderr.read_text().splitlines() if "stdio: a line of" in line]
+    assert len(warnings) == len(MALFORMED) + 1, warnings
+    assert 'an answer to id "nobody" is malformed' in warnings[-1]
+    assert "Traceback" not in stderr.read_text()
+
+
+async def _sampled(
+    send: Callable[..., Awaitable[None]], reply: Callable[[], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    """A tool call whose upstream asks the client's model: the client's answer, a line it
+    writes to the gateway, is taken (not refused), and the call's answer comes back."""
+    await send(_call(20, "rec__sample", {"prompt": "hi"}))
+    request = await reply()
+    assert request["method"] == "sampling/createMessage"
+    content = {"type": "text", "text": "model says: hi"}
+    answer = {"role": "assistant", "content": content, "model": "test-model"}
+    await send(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": answer}).encode())
+    return await reply()
+
+
+def _call(request_id: int, name: str, arguments: dict[str, object]) -> bytes:
+    params = {"name": name, "arguments": arguments}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
+
+
+def _initialize(capabilities: dict[str, object] | None = None) -> dict[str, object]:
     return {
         "jsonrpc": "2.0",
         "id": 1,
         "method": "initialize",
         "params": {
             "protocolVersion": "2025-11-25",
-            "capabilities": {},
+            "capabilities": capabilities or {},
             "clientInfo": {"name": "e2e", "version": "0"},
         },
     }

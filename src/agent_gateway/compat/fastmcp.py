@@ -17,7 +17,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 from mcp.shared.message import SessionMessage
-from mcp_types import INVALID_REQUEST, ErrorData, JSONRPCError, RequestId
+from mcp_types import JSONRPCError
 
 from agent_gateway.downstream.stdin import StdinLines
 
@@ -59,9 +59,9 @@ def past_fastmcp(lowlevel: Server[Any], own: frozenset[str]) -> None:
 async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     """What FastMCP's ``run_stdio_async`` does, the client's requests read from ``requests``
     instead of the SDK's reader of fd 0, which a stop could not interrupt; a request too long
-    to read is answered with an error on the SDK's stream to stdout. The rest is theirs:
-    FastMCP's transport marker and lifespan, the SDK's stdio transport (stdout claimed as it
-    claims it), the low-level server's loop."""
+    to read, or malformed, is answered with an error on the SDK's stream to stdout. The rest
+    is theirs: FastMCP's transport marker and lifespan, the SDK's stdio transport (stdout
+    claimed as it claims it), the low-level server's loop."""
     token = set_transport("stdio")
     try:
         lowlevel = lowlevel_server(server)
@@ -82,6 +82,5 @@ class _Sends(Protocol):
     async def send(self, item: SessionMessage, /) -> None: ...
 
 
-async def _refused(write: _Sends, request_id: RequestId, reason: str) -> None:
-    error = ErrorData(code=INVALID_REQUEST, message=reason)
-    await write.send(SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error)))
+async def _refused(write: _Sends, answer: JSONRPCError) -> None:
+    await write.send(SessionMessage(answer))

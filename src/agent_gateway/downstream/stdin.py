@@ -9,7 +9,9 @@ to the event loop, one at a time (it waits until the line is taken: a client tha
 faster than the gateway reads is held back, as by the pipe). Closing ``StdinLines`` stops the
 hand-over; the thread, if blocked in its read, ends with the process. A read error ends the
 input, as end of file does. A line longer than ``limit`` is read through, not held, and its
-request refused (``refuse``), as an HTTP body over the same bound is.
+request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
+drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
+Each refusal is one WARNING line. Blank lines are skipped.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import anyio.lowlevel
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from agent_gateway.downstream.malformed import Malformed, malformed
+from agent_gateway.refusals import refused
 from agent_gateway.upstreams.stdio import request_id_of
 
 logger = logging.getLogger(__name__)
@@ -35,8 +39,8 @@ logger = logging.getLogger(__name__)
 _EDGE = 512
 """The last bytes of a line over the limit that are kept: where its id may be."""
 
-Refuse = Callable[[types.RequestId, str], Awaitable[None]]
-"""Answers a request with an error (its id, the reason)."""
+Refuse = Callable[[types.JSONRPCError], Awaitable[None]]
+"""Sends the client an error answer."""
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class StdinLines:
         self._send: MemoryObjectSendStream[bytes | _TooLong] = send
         self._receive: MemoryObjectReceiveStream[bytes | _TooLong] = receive
         self.refuse: Refuse | None = None
-        """How a request over the limit is answered (set by the transport; None: dropped)."""
+        """How a refused request is answered (set by the transport; None: not answered)."""
 
     async def __aenter__(self) -> StdinLines:
         source = os.fdopen(os.dup(self._fd), "rb")  # a duplicate: nothing closes it under the thread
@@ -81,16 +85,29 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 raise StopAsyncIteration from None
-            if isinstance(line, bytes):
-                return line.decode("utf-8", errors="replace")
-            await self._refused(line)
+            if isinstance(line, _TooLong):
+                await self._too_long(line)
+                continue
+            text = line.decode("utf-8", errors="replace")
+            if not text.strip():
+                continue  # nothing to read, nothing to answer
+            if (problem := malformed(text)) is None:
+                return text
+            await self._malformed(problem, len(line))
 
-    async def _refused(self, line: _TooLong) -> None:
+    async def _too_long(self, line: _TooLong) -> None:
         reason = f"request of {line.size} bytes is over server.max_body_bytes ({self._limit})"
         logger.warning("stdio: a %s: refused", reason)
         request_id = request_id_of(line.head, line.tail)
         if request_id is not None and self.refuse is not None:
-            await self.refuse(request_id, reason)
+            error = types.ErrorData(code=types.INVALID_REQUEST, message=reason)
+            await self.refuse(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+
+    async def _malformed(self, problem: Malformed, size: int) -> None:
+        answered = "refused" if problem.answer is not None else "ignored"
+        refused("body", "stdio: a line of %d bytes %s: %s", size, answered, problem.reason)
+        if problem.answer is not None and self.refuse is not None:
+            await self.refuse(problem.answer)
 
     def _read(self, source: BinaryIO, token: anyio.lowlevel.EventLoopToken) -> None:
         """The thread: read lines until end of input, handing each to the loop; then end it."""

@@ -1,0 +1,144 @@
+"""What is wrong with a line a stdio client wrote, and the JSON-RPC error it is answered with.
+
+The SDK's stdio transport drops a line it cannot validate (not JSON, a batch, ``params`` not
+an object, ``"jsonrpc": "1.0"``, nesting deeper than its parser reads) and reads a request
+whose id is neither a string nor an integer as a notification: either way without a word,
+and the client waits for an answer that never comes. Over HTTP each gets a JSON-RPC error.
+So each line is checked here before the SDK reads it, and a bad one answered as JSON-RPC 2.0
+says: ``-32700`` (Parse error) to a null id for a line that is not JSON, ``-32600`` (Invalid
+Request) for anything else, to the request's id when it has a usable one (a string or an
+integer), else to a null id. MCP uses no batches: a batch is refused whole, to the id of its
+one request if it holds exactly one. An answer from the client (to a request of the
+gateway's, such as sampling) that is malformed is not answered: an error to an answer would
+be read as an answer to a request of the client's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from pydantic import ValidationError
+
+from agent_gateway.logs import clipped
+from agent_gateway.upstreams.stdio import request_id_of
+
+TOO_DEEP = "the request is nested too deeply to read"
+"""As an HTTP body nested too deeply is refused (``limits``)."""
+
+_EDGE = 512
+"""The first and last characters of a line too deep to parse where its id is looked for."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """Why a line is refused, and the error it is answered with (None: nothing to answer)."""
+
+    reason: str
+    answer: types.JSONRPCError | None
+
+
+def malformed(line: str) -> Malformed | None:
+    """What is wrong with ``line``; None when the SDK reads it as what it is."""
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+    except ValidationError as exc:
+        return _diagnosed(line, exc)
+    if isinstance(message, types.JSONRPCNotification) and '"id"' in line:
+        return _diagnosed(line, None)  # a request whose id the SDK did not take, maybe
+    return None
+
+
+def _diagnosed(line: str, exc: ValidationError | None) -> Malformed | None:
+    try:
+        value: object = json.loads(line.rstrip())  # a position on the line, not past its end
+    except RecursionError:
+        found = request_id_of(line[:_EDGE].encode(), line[-_EDGE:].encode())
+        return _refused(TOO_DEEP, found)
+    except ValueError as error:
+        return _refused(f"not JSON: {error}", None, types.PARSE_ERROR)
+    if isinstance(value, list):
+        return _batch(value)
+    if not isinstance(value, dict):
+        return _refused(f"a message must be a JSON object, not {_kind(value)}", None)
+    return _checked(value, exc)
+
+
+def _batch(values: list[Any]) -> Malformed:
+    ids = [_usable(value.get("id")) for value in values if isinstance(value, dict) and "method" in value]
+    single = ids[0] if len(ids) == 1 else None
+    reason = "a batch (JSON array): MCP does not use batches, send each message on a line of its own"
+    return _refused(reason, single)
+
+
+def _checked(message: dict[str, Any], exc: ValidationError | None) -> Malformed | None:
+    if "method" not in message and ("result" in message or "error" in message):
+        kind = "JSONRPCResponse" if "result" in message else "JSONRPCError"
+        reason = _sdk_reason(exc, kind) or (types.INVALID_REQUEST, "not a valid answer")
+        return Malformed(f"an answer to id {_shown(message.get('id'))} is malformed: {reason[1]}", None)
+    request_id = _usable(message.get("id"))
+    if "id" in message and request_id is None:
+        return _refused(f"a request id must be a string or an integer, not {_shown(message['id'])}", None)
+    if (reason := _request_problem(message)) is not None:
+        return _refused(reason, request_id)
+    kind = "JSONRPCRequest" if "id" in message else "JSONRPCNotification"
+    if (sdk := _sdk_reason(exc, kind)) is not None:
+        return _refused(sdk[1], request_id, sdk[0])
+    return None
+
+
+def _request_problem(message: dict[str, Any]) -> str | None:
+    """What a JSON object lacks to be a request (or a notification); None when nothing of the
+    envelope is wrong."""
+    if message.get("jsonrpc") != "2.0":
+        return f'"jsonrpc" must be "2.0", not {_shown(message.get("jsonrpc"))}'
+    if not isinstance(method := message.get("method"), str):
+        return f"a request needs a method (a string), not {_shown(method)}"
+    if (params := message.get("params")) is not None and not isinstance(params, dict):
+        return f"params must be an object, not {_kind(params)}"
+    return None
+
+
+def _sdk_reason(exc: ValidationError | None, kind: str) -> tuple[int, str] | None:
+    """The first thing the SDK's reading found wrong (what JSON parsing alone does not see),
+    as the message ``kind`` (a member of the SDK's union) it was meant to be."""
+    if exc is None or not (errors := exc.errors(include_url=False, include_input=False)):
+        return None
+    first = next((error for error in errors if error["loc"][:1] == (kind,)), errors[0])
+    if first["type"] == "json_invalid":
+        if "recursion limit" in first["msg"]:
+            return types.INVALID_REQUEST, TOO_DEEP
+        return types.PARSE_ERROR, f"not JSON: {first['msg']}"
+    where = ".".join(str(part) for part in first["loc"][1:])  # the first part: the union's member
+    return types.INVALID_REQUEST, f"{where or 'the message'}: {first['msg']}"
+
+
+def _refused(reason: str, to: types.RequestId | None, code: int = types.INVALID_REQUEST) -> Malformed:
+    error = types.ErrorData(code=code, message=reason)
+    return Malformed(reason, types.JSONRPCError(jsonrpc="2.0", id=to, error=error))
+
+
+def _usable(request_id: object) -> types.RequestId | None:
+    """``request_id`` if it can be answered to: a string or an integer (not a boolean)."""
+    if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
+        return request_id
+    return None
+
+
+def _shown(value: object) -> str:
+    """``value`` as JSON, cut short: a client chooses it."""
+    return str(clipped(json.dumps(value), 64))
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array" if isinstance(value, list) else "an object"
