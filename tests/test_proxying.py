@@ -465,7 +465,8 @@ async def test_per_client_upstreams_get_a_session_per_client_closed_when_it_ends
         async with Client(gw.url, mode="legacy") as a, Client(gw.url, mode="legacy") as b:
             seen_a = [(await a.call_tool("rec__whoami", {})).structured_content for _ in range(2)]
             seen_b = (await b.call_tool("rec__whoami", {})).structured_content
-            during = await status(gw)
+            # /status is at most a second old (http.PAGE_INTERVAL): read until it shows both.
+            during = await settled(gw, lambda s: s["upstream_sessions"]["dedicated"] == 2)
         after = await settled(gw, lambda s: s["upstream_sessions"]["dedicated"] == 0)
     assert seen_a[0] is not None
     assert seen_a[1] is not None

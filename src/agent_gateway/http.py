@@ -4,12 +4,14 @@ and the status page at ``/``."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
 
 import anyio
+import msgspec
 from fastmcp.server.http import StreamableHTTPASGIApp
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -32,6 +34,12 @@ from agent_gateway.server import Gateway
 from agent_gateway.ui import status_page
 
 logger = logging.getLogger(__name__)
+
+PAGE_INTERVAL = 1.0
+"""Seconds one rendering of ``/status`` or ``/metrics`` is served for. A rendering is loop
+time every client waits for (``/metrics`` ~6 ms, ``/status`` ~1 ms), and neither is rate
+limited: polled flat out, each page cost everyone's calls a hundredfold. A scraper polls every
+15 s and a person reloads, so a page at most this old is as good to them."""
 
 
 def build_app(gateway: Gateway) -> Starlette:
@@ -86,15 +94,18 @@ def build_app(gateway: Gateway) -> Starlette:
         status, reason = admin_refusal(request)
         return JSONResponse({"error": reason}, status_code=status)
 
-    async def status(request: Request) -> JSONResponse:
+    counts = RenderedPage("/status", lambda: msgspec.json.encode(gateway.status()))
+    metrics = RenderedPage("/metrics", partial(generate_latest, REGISTRY))
+
+    async def status(request: Request) -> Response:
         if not authorized(request):
             return refused(request)
-        return JSONResponse(gateway.status())
+        return Response(counts.body(), media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         if minimal and not authorized(request):
             return refused(request)
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.body(), media_type=CONTENT_TYPE_LATEST)
 
     # Added to FastMCP's own app rather than mounting it in a second Starlette app: every MCP
     # request would otherwise pass two middleware stacks and routers (~5 % of a call's CPU).
@@ -119,6 +130,25 @@ def admin_refusal(request: Request) -> tuple[int, str]:
     if isinstance(request.scope.get("user"), AuthenticatedUser):
         return 403, "an admin client's token is needed (policy admin: true)"
     return 401, "authentication required"
+
+
+class RenderedPage:
+    """A page's body, rendered again only once the last rendering is ``PAGE_INTERVAL`` old:
+    however many clients poll it, it costs the loop one rendering a second."""
+
+    def __init__(self, path: str, render: Callable[[], bytes]) -> None:
+        self.path = path
+        self._render = render
+        self._body = b""
+        self._rendered_at: float | None = None
+
+    def body(self) -> bytes:
+        now = time.monotonic()
+        if self._rendered_at is None or now - self._rendered_at >= PAGE_INTERVAL:
+            self._body = self._render()
+            self._rendered_at = now
+            logger.debug("%s rendered in %.1f ms", self.path, (time.monotonic() - now) * 1000)
+        return self._body
 
 
 class DirectRoute:
