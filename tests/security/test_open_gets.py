@@ -1,0 +1,78 @@
+"""GETs any client may send as often as it likes (they are not rate limited): ``/status`` and
+``/metrics`` polled flat out cost the loop one rendering a second, and a GET on the MCP path
+carrying ``Last-Event-ID`` with no event store is answered as the GET it is, with no ERROR."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import anyio
+import httpx
+import yaml
+from fastmcp import FastMCP
+from mcp import Client
+
+from tests.support import child_process, free_socket, gateway_env, ready, serving_upstream
+
+BOUND = 20.0
+POLLERS = 20
+POLLS = 10
+"""Each poller's GETs of each page, one after another: 200 of each page in all."""
+
+
+def _upstream() -> FastMCP:
+    server = FastMCP("plain")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+async def _poll(http: httpx.AsyncClient, answers: list[httpx.Response]) -> None:
+    for _ in range(POLLS):
+        for path in ("/status", "/metrics"):
+            answers.append(await http.get(path))
+
+
+async def test_status_and_metrics_are_rendered_at_most_once_a_second_however_many_poll_them(
+    tmp_path: Path,
+) -> None:
+    # Each rendering is loop time every client waits for (/status was ~24 ms, /metrics ~6 ms):
+    # four clients polling flat out made a bystander's calls a hundred times slower.
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = tmp_path / "gateway.log"
+    async with serving_upstream(_upstream()) as url:
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {"plain": {"url": url}}}))
+        gateway = str(Path(sys.executable).parent / "agent-gateway")
+        command = [gateway, "--log-level", "debug", "serve", "-c", str(config)]
+        async with (
+            child_process(command, gateway_env(), log),
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=BOUND) as http,
+        ):
+            await ready(port)
+            answers: list[httpx.Response] = []
+            started = time.monotonic()
+            async with anyio.create_task_group() as tg:
+                for _ in range(POLLERS):
+                    tg.start_soon(_poll, http, answers)
+            span = time.monotonic() - started
+            renders = Counter(re.findall(r" (/status|/metrics) rendered in ", log.read_text()))
+            # A rendering is at most a second old: a session opened now is on the page soon.
+            async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy"):
+                with anyio.fail_after(BOUND):
+                    while (await http.get("/status")).json()["sessions"]["live"] != 1:
+                        await anyio.sleep(0.05)
+    assert [a.status_code for a in answers] == [200] * (2 * POLLERS * POLLS)
+    assert {a.headers["content-type"].split(";")[0] for a in answers} == {"application/json", "text/plain"}
+    # Renderings at least a second apart, all within the polling: at most span + 1 of them.
+    assert 1 <= renders["/status"] <= span + 1, (renders, span)
+    assert 1 <= renders["/metrics"] <= span + 1, (renders, span)
