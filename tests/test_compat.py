@@ -41,7 +41,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.runner import ServerRunner, serve_connection
 from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
-from mcp.server.streamable_http import GET_STREAM_KEY, StreamableHTTPServerTransport
+from mcp.server.streamable_http import GET_STREAM_KEY, LAST_EVENT_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
@@ -56,6 +56,8 @@ from agent_gateway.compat import httpx2 as httpx2_compat
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
+from agent_gateway.compat.deferred import DeferredStreamTransport
+from agent_gateway.compat.replay import ReplayFromStore
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.compat.stdlib import holds_callbacks
 from tests.support import serving_upstream
@@ -94,6 +96,8 @@ TRANSPORT_METHODS = {
     "_clean_up_memory_streams": ["request_id"],
     "_create_json_response": ["response_message"],
     "_run_sse_writer": ["request_id", "sse_stream_writer", "request_stream_reader", "priming_event"],
+    "_replay_events": ["last_event_id", "request", "send"],  # compat/replay.py
+    "_handle_get_request": ["request", "send"],
 }
 TRANSPORT_STATE = ["_read_stream_writer", "_event_store", "_request_streams", "_sse_stream_writers"]
 
@@ -218,6 +222,15 @@ def test_the_sdk_modern_entry_has_each_private_member_the_exchange_uses() -> Non
     ]
     assert [entry.find(step) for step in order] == sorted(entry.find(step) for step in order)
     assert -1 not in [entry.find(step) for step in order], "a check of the modern entry is gone"
+
+
+def test_the_sdk_transport_replays_a_get_with_last_event_id_read_from_its_scopes_headers() -> None:
+    # compat/replay.py drops the header from the scope to serve the GET as one without it.
+    assert LAST_EVENT_ID_HEADER == "last-event-id"
+    get = inspect.getsource(StreamableHTTPServerTransport._handle_get_request)  # pyright: ignore[reportPrivateUsage]
+    assert "if last_event_id := request.headers.get(LAST_EVENT_ID_HEADER):" in get
+    assert "await self._replay_events(last_event_id, request, send)" in get
+    assert issubclass(DeferredStreamTransport, ReplayFromStore)
 
 
 def test_the_session_manager_routes_by_era_through_the_app_it_was_made_with() -> None:

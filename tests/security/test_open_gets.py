@@ -4,6 +4,7 @@ carrying ``Last-Event-ID`` with no event store is answered as the GET it is, wit
 
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import time
@@ -12,16 +13,19 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 import yaml
 from fastmcp import FastMCP
 from mcp import Client
 
-from tests.support import child_process, free_socket, gateway_env, ready, serving_upstream
+from tests.support import child_process, free_socket, gateway_env, ready, running_gateway, serving_upstream
 
 BOUND = 20.0
 POLLERS = 20
 POLLS = 10
 """Each poller's GETs of each page, one after another: 200 of each page in all."""
+
+VERSION = "2025-06-18"
 
 
 def _upstream() -> FastMCP:
@@ -76,3 +80,41 @@ async def test_status_and_metrics_are_rendered_at_most_once_a_second_however_man
     # Renderings at least a second apart, all within the polling: at most span + 1 of them.
     assert 1 <= renders["/status"] <= span + 1, (renders, span)
     assert 1 <= renders["/metrics"] <= span + 1, (renders, span)
+
+
+async def test_a_get_with_last_event_id_and_no_event_store_opens_the_stream_as_without_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The SDK answered nothing without a store: a bare 500 and "ERROR: ASGI callable returned
+    # without starting response." for every such GET of any client.
+    caplog.set_level(logging.DEBUG)
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    both = {"accept": "application/json, text/event-stream"}
+    async with (
+        serving_upstream(_upstream()) as url,
+        running_gateway({"upstreams": {"plain": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        opened = await http.post(gw.url, json=initialize, headers=both)
+        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": VERSION}
+        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        await http.post(gw.url, json=initialized, headers=both | session)
+        resuming = {"accept": "text/event-stream", "last-event-id": "evt-1"} | session
+        async with http.stream("GET", gw.url, headers=resuming) as stream:
+            streamed = (stream.status_code, stream.headers["content-type"])
+            second = await http.get(gw.url, headers=resuming | {"last-event-id": "evt-2"})
+        await http.delete(gw.url, headers=session)
+    assert streamed == (200, "text/event-stream")
+    # A second one is refused as a second GET without the header is: one stream per session.
+    assert second.status_code == 409
+    assert second.json()["error"]["message"] == "Conflict: Only one SSE stream is allowed per session"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

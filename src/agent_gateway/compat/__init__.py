@@ -7,7 +7,8 @@ naming it, instead of failing silently at run time. The versions verified are pi
 compatible releases in ``pyproject.toml``:
 
 - ``mcp`` 2.3.0 (``mcp.py``, and ``deferred.py``: the SDK's Streamable HTTP transport and
-  FastMCP's session manager, answering a call that sends nothing before its result as JSON);
+  FastMCP's session manager, answering a call that sends nothing before its result as JSON;
+  ``replay.py``: a GET's ``Last-Event-ID`` with no event store);
 - ``fastmcp`` 4.1.2 (``fastmcp.py``);
 - ``httpx2`` 2.16 (``httpx2.py``);
 - ``langchain-anthropic`` 1.7 (``langchain.py``);

@@ -74,6 +74,7 @@ from agent_gateway.compat.lane import (
     json_body,
     route_of,
 )
+from agent_gateway.compat.replay import ReplayFromStore
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.tally import http_answers
 
@@ -88,8 +89,9 @@ _KEEPALIVE: SSEEvent = {"comment": "keepalive"}
 """Sent first when a silent call's answer becomes a stream, as the SDK's modern path pings."""
 
 
-class DeferredStreamTransport(StreamableHTTPServerTransport):
-    """The SDK's handshake-era server transport, answering a silent call with JSON."""
+class DeferredStreamTransport(ReplayFromStore):
+    """The SDK's handshake-era server transport, answering a silent call with JSON (and a GET's
+    ``Last-Event-ID`` only with a store: ``replay.py``)."""
 
     manager: DeferredSessionManager
     """The session manager that made it: where its requests are served (``routes``), the
