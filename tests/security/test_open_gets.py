@@ -9,6 +9,8 @@ import re
 import sys
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -82,6 +84,18 @@ async def test_status_and_metrics_are_rendered_at_most_once_a_second_however_man
     assert 1 <= renders["/metrics"] <= span + 1, (renders, span)
 
 
+@asynccontextmanager
+async def uvicorns_records(caplog: pytest.LogCaptureFixture) -> AsyncIterator[None]:
+    """uvicorn's records (its "ASGI callable returned without starting response." among them)
+    in ``caplog`` too: its loggers stop at their own handler, set as each server starts."""
+    uvicorns = logging.getLogger("uvicorn")
+    uvicorns.addHandler(caplog.handler)
+    try:
+        yield
+    finally:
+        uvicorns.removeHandler(caplog.handler)
+
+
 async def test_a_get_with_last_event_id_and_no_event_store_opens_the_stream_as_without_it(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -103,6 +117,7 @@ async def test_a_get_with_last_event_id_and_no_event_store_opens_the_stream_as_w
         serving_upstream(_upstream()) as url,
         running_gateway({"upstreams": {"plain": {"url": url}}}) as gw,
         httpx.AsyncClient(timeout=BOUND) as http,
+        uvicorns_records(caplog),
     ):
         opened = await http.post(gw.url, json=initialize, headers=both)
         session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": VERSION}
