@@ -101,10 +101,12 @@ class Admission:
         body = await self._body(scope, receive, send)
         if body is None:
             return
-        session = _header(scope, _SESSION_HEADER)
         # A modern-era request is a session only while it runs: counted by this replica alone
         # (a round trip each would double its cost); a handshake-era session across replicas.
         modern = _header(scope, _VERSION_HEADER) in MODERN_PROTOCOL_VERSIONS
+        # That era has no session id: a modern request opens a session whatever Mcp-Session-Id
+        # it carries (the SDK ignores it), else any header let its listen streams past the cap.
+        session = None if modern else _header(scope, _SESSION_HEADER)
         verdict = await self._shared_verdict(client, session, opening=session is None and not modern)
         refusal = _refusal(client, verdict) if verdict is not None else None
         if refusal is None:

@@ -411,6 +411,64 @@ async def test_a_refusal_of_an_anonymous_client_names_its_address_in_the_log(
     assert lines == [f"client anonymous@{ATTACKER} refused a new session: 2 open, the limit is 2"]
 
 
+MODERN = "2026-07-28"
+LISTEN = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "subscriptions/listen",
+    "params": {
+        "notifications": {"toolsListChanged": True},
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientInfo": {"name": "attacker", "version": "1"},
+            "io.modelcontextprotocol/clientCapabilities": {},
+        },
+    },
+}
+
+
+async def _held_listen(
+    http: httpx.AsyncClient, url: str, headers: dict[str, str], release: anyio.Event, answers: list[bytes]
+) -> None:
+    """A raw modern ``subscriptions/listen`` stream, held open until ``release``; its first
+    event (or its refusal) in ``answers``."""
+    async with http.stream("POST", url, json=LISTEN, headers=headers) as answer:
+        first = b""
+        chunks = answer.aiter_raw()  # kept, not left: leaving its loop would close the stream
+        while b"\r\n\r\n" not in first and not answer.is_closed:
+            first += await anext(chunks, b"")
+        answers.append(f"{answer.status_code} ".encode() + first)
+        await release.wait()
+
+
+async def test_a_clients_listen_streams_count_against_its_session_cap_while_others_listen() -> None:
+    # A modern listen stream is a session while it is open, with or without an Mcp-Session-Id
+    # (the era has none): one client's streams past max_sessions are refused, so it cannot
+    # take the gateway's listen streams from everyone else.
+    capped = {"auth": {"policies": {"default": {"max_sessions": 3}}}}
+    headers = HEADERS | {"MCP-Protocol-Version": MODERN, "Mcp-Method": "subscriptions/listen"}
+    transport = httpx.AsyncHTTPTransport(local_address=ATTACKER)
+    release, answers = anyio.Event(), list[bytes]()
+    async with (
+        gateway(capped) as gw,
+        httpx.AsyncClient(transport=transport, timeout=10) as http,
+        anyio.create_task_group() as tg,
+    ):
+        for n in range(6):  # one at a time, each held before the next: none is refused early
+            extra = {"Mcp-Session-Id": f"any-{n}"} if n % 2 else {}
+            tg.start_soon(_held_listen, http, gw.url, headers | extra, release, answers)
+            with anyio.fail_after(10):
+                while len(answers) <= n:
+                    await anyio.sleep(0.01)
+        with anyio.fail_after(10):
+            async with client(gw.url) as bystander, bystander.listen(tools_list_changed=True):
+                pass  # acknowledged: its listen is served
+        release.set()
+    assert [a.split(b" ", 1)[0] for a in answers] == [b"200"] * 3 + [b"429"] * 3
+    assert all(b"notifications/subscriptions/acknowledged" in a for a in answers[:3])
+    assert all(b"has 3 sessions open, the limit (max_sessions)" in a for a in answers[3:])
+
+
 async def test_initialize_and_notifications_are_counted_by_the_rate_limit() -> None:
     limited = bearer({"rate_limit": {"per_minute": 6, "burst": 3}})
     async with gateway(limited) as gw, httpx.AsyncClient(timeout=10) as http:
