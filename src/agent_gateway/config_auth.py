@@ -44,6 +44,9 @@ class ClientPolicy(_Strict):
     max_sessions: int = Field(default=100, ge=1, le=100_000)
     """Sessions this client may have open at once (a modern-era request is a session while
     it runs); one more is refused, other clients' are not."""
+    max_subscriptions: int = Field(default=1000, ge=1, le=100_000)
+    """Resource subscriptions one of this client's sessions may hold (a modern-era listen
+    stream is a session: the resources it names); one more is refused."""
 
 
 class StaticToken(_Strict):

@@ -6,6 +6,10 @@ once upstream per upstream session and URI, however many clients share it, and u
 when the last one leaves (or its session ends). Each update from an upstream session goes to
 exactly the clients subscribed through that session, under the URI they used.
 
+A session holds at most its client's ``max_subscriptions``. When it ends, its subscriptions
+leave the tables at once and the upstream unsubscribes go out a few at a time within a
+bound: one not sent in time is left to the upstream session's end, never kept as live.
+
 With several replicas (``Holders``), a handshake-era session's subscriptions are in its
 shared record, with the replica holding each: a replica that serves the session's
 notification stream takes over those whose holder died or let go (``take_over``).
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
@@ -24,19 +30,30 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, Res
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.compat.mcp import connection_of
+from agent_gateway.config import ClientPolicy
 from agent_gateway.downstream import sessions
 from agent_gateway.downstream.sessions import DownstreamSession
-from agent_gateway.errors import GatewayError, to_wire
+from agent_gateway.errors import ClientLimited, GatewayError, describe, to_wire
 from agent_gateway.proxy import Proxy
+from agent_gateway.refusals import refused
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 
 MAX_LISTEN_STREAMS = 1024
+RELEASE_TIMEOUT = 3.0
+"""Seconds a session's end spends unsubscribing upstream (within the session end's own
+bound, which releases its dedicated upstream sessions after)."""
+RELEASE_CONCURRENCY = 16
+"""Unsubscribes (and clients told of a lost subscription) sent at once."""
+_DEFAULT_LIMIT = ClientPolicy().max_subscriptions
 
 Key = tuple[str, str]
 """(upstream session id, upstream URI)"""
+Released = tuple[Key, str, UpstreamSession | None]
+"""An ended session's subscription: its key, its public URI, the upstream session to leave
+(None: others are still subscribed)."""
 
 
 class Holders(Protocol):
@@ -65,6 +82,8 @@ class ResourceSubscriptions:
         self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
         self._locks: dict[Key, anyio.Lock] = {}
         """One per key: subscribing and unsubscribing upstream happen one at a time."""
+        self._joining: dict[DownstreamSession, int] = {}
+        """Subscriptions each session is making now, counted against its bound with those held."""
         self._closed = False
         """Draining or stopping: listen streams are closed and no new one is opened."""
 
@@ -93,11 +112,13 @@ class ResourceSubscriptions:
         self._check_open()
         if len(self._streams) >= MAX_LISTEN_STREAMS:
             raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
+        uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+        _check_room(session, len(uris))  # refused before any is subscribed upstream
         own = InMemorySubscriptionBus()
         handler = ListenHandler(_Joined(self._catalog_events, own), max_subscriptions=1)
         self._streams[session] = (own, handler)
         try:
-            for uri in params.notifications.resource_subscriptions or ():
+            for uri in uris:
                 await self._join(session, uri)
             # Again: streams may have been closed meanwhile. The handler opens its stream
             # before its first await, so none is opened after they were.
@@ -128,14 +149,45 @@ class ResourceSubscriptions:
         return bool(self._keys.get(session))
 
     async def session_ended(self, session: DownstreamSession) -> None:
-        """``session`` ended here: its subscriptions are left upstream. With several replicas
-        they are let go, not dropped: the session may live on another replica, which takes
-        them over (a session ended everywhere takes its record, and them, with it)."""
-        for key in list(self._keys.get(session, ())):
-            if (public := self._subscribers.get(key, {}).get(session)) is not None:
-                await self._leave(key, session)
-                if self._holders is not None and session.connection is not None:
-                    await self._holders.let_go(session.id, public)
+        """``session`` ended here: its subscriptions leave the tables at once, then are left
+        upstream, ``RELEASE_CONCURRENCY`` at a time within ``RELEASE_TIMEOUT`` (one not sent
+        by then stays upstream, for nobody, until that upstream session ends). With several
+        replicas they are let go, not dropped: the session may live on another replica, which
+        takes them over (a session ended everywhere takes its record, and them, with it)."""
+        released = self._drop(session)
+        shared = self._holders is not None and session.connection is not None
+        left, why = await _each_bounded([partial(self._release, session, each, shared) for each in released])
+        if left:  # one line, whatever the count: they are forgotten here either way
+            what = f"{left} of its {len(released)} subscriptions not let go upstream in {RELEASE_TIMEOUT:g}s"
+            logger.warning(
+                "session %s ended: %s%s; they end with their upstream session", session.id, what, why
+            )
+
+    def _drop(self, session: DownstreamSession) -> list[Released]:
+        """Take ``session`` out of every table (no await: nothing sees it half gone); each of
+        its subscriptions, with the upstream session to unsubscribe on if it was the last."""
+        dropped: list[Released] = []
+        for key in self._keys.pop(session, ()):
+            subscribers = self._subscribers.get(key, {})
+            public = subscribers.pop(session, None)
+            if public is None:
+                continue
+            upstream = None
+            if not subscribers:
+                del self._subscribers[key]
+                upstream = self._upstream.pop(key, None)
+            dropped.append((key, public, upstream))
+        return dropped
+
+    async def _release(self, session: DownstreamSession, released: Released, shared: bool) -> None:
+        key, public, upstream = released
+        if upstream is not None:
+            async with self._lock(key):
+                if key not in self._upstream:  # else subscribed again meanwhile: keep it
+                    await self._unsubscribe(key, upstream)
+            self._free_lock(key)
+        if shared and self._holders is not None:
+            await self._holders.let_go(session.id, public)
 
     async def take_over(self, session: DownstreamSession) -> None:
         """Subscribe here to ``session``'s subscriptions that no replica holds now, and tell
@@ -157,17 +209,33 @@ class ResourceSubscriptions:
         try:
             upstream, uri = await self._proxy.resource_session(public, session, session.client)
             key = (upstream.id, uri)
-            async with self._lock(key):
-                if key not in self._upstream:
-                    await upstream.subscribe(uri)
-                    self._upstream[key] = upstream
-                self._subscribers[key][session] = public
-                self._keys.setdefault(session, set()).add(key)
+            with self._room(session, key):
+                async with self._lock(key):
+                    if key not in self._upstream:
+                        await upstream.subscribe(uri)
+                        self._upstream[key] = upstream
+                    self._subscribers[key][session] = public
+                    self._keys.setdefault(session, set()).add(key)
         except GatewayError as exc:
             raise to_wire(exc) from exc
         if self._holders is not None and session.connection is not None:
             await self._holders.held(session.id, public)
         logger.info("session %s subscribed to %s (%s on %s)", session.id, public, uri, upstream.id)
+
+    @contextmanager
+    def _room(self, session: DownstreamSession, key: Key) -> Iterator[None]:
+        """``key`` subscribed for ``session`` inside, within its bound (one it holds already
+        takes no more room; one being made counts, so concurrent requests cannot pass it)."""
+        held = self._keys.get(session, set())
+        joining = self._joining.get(session, 0)
+        if key not in held:
+            _check_room(session, len(held) + joining + 1)
+        self._joining[session] = joining + 1
+        try:
+            yield
+        finally:
+            if (left := self._joining.pop(session) - 1) > 0:
+                self._joining[session] = left
 
     async def _leave(self, key: Key, session: DownstreamSession) -> None:
         async with self._lock(key):
@@ -177,13 +245,18 @@ class ResourceSubscriptions:
             if subscribers:
                 return
             self._subscribers.pop(key, None)
-            upstream = self._upstream.pop(key, None)
-            if upstream is not None and upstream.client is not None:
-                with anyio.move_on_after(SEND_TIMEOUT):
-                    try:
-                        await upstream.subscribe(key[1], subscribe=False)
-                    except GatewayError as exc:  # the upstream may be gone already: nothing to undo
-                        logger.info("unsubscribe %s on %s: %s", key[1], upstream.id, exc)
+            await self._unsubscribe(key, self._upstream.pop(key, None))
+        self._free_lock(key)
+
+    async def _unsubscribe(self, key: Key, upstream: UpstreamSession | None) -> None:
+        if upstream is not None and upstream.client is not None:
+            with anyio.move_on_after(SEND_TIMEOUT):
+                try:
+                    await upstream.subscribe(key[1], subscribe=False)
+                except GatewayError as exc:  # the upstream may be gone already: nothing to undo
+                    logger.info("unsubscribe %s on %s: %s", key[1], upstream.id, exc)
+
+    def _free_lock(self, key: Key) -> None:
         lock = self._locks.get(key)
         if lock is not None and not lock.locked() and lock.statistics().tasks_waiting == 0:
             del self._locks[key]
@@ -205,25 +278,33 @@ class ResourceSubscriptions:
         next session); a handshake-era client is sent ``resources/updated`` to read the
         resource again, and must subscribe again for further updates.
         """
+        lost: list[tuple[DownstreamSession, str]] = []
         for key in [k for k in self._subscribers if k[0] == upstream.id]:
             subscribers = self._subscribers.pop(key)
             self._upstream.pop(key, None)
             self._locks.pop(key, None)
             for session, public in subscribers.items():
                 self._forget(session, key)
-                logger.warning(
-                    "session %s: subscription to %s lost with upstream session %s",
-                    session.id,
-                    public,
-                    upstream.id,
-                )
-                if self._holders is not None and session.connection is not None:
-                    await self._holders.dropped(session.id, public)  # it must subscribe again
-                with anyio.move_on_after(SEND_TIMEOUT):
-                    if session.connection is not None:
-                        await session.connection.send_resource_updated(public)
-                    elif (stream := self._streams.get(session)) is not None:
-                        stream[1].close()
+                lost.append((session, public))
+        if not lost:
+            return
+        # One line, not one per subscription: at shutdown they are many.
+        logger.warning(
+            "upstream session %s ended: %d subscriptions of %d sessions lost; their clients are told",
+            upstream.id,
+            len(lost),
+            len({session for session, _ in lost}),
+        )
+        await _each_bounded([partial(self._tell_lost, session, public) for session, public in lost])
+
+    async def _tell_lost(self, session: DownstreamSession, public: str) -> None:
+        if self._holders is not None and session.connection is not None:
+            await self._holders.dropped(session.id, public)  # it must subscribe again
+        with anyio.move_on_after(SEND_TIMEOUT):
+            if session.connection is not None:
+                await session.connection.send_resource_updated(public)
+            elif (stream := self._streams.get(session)) is not None:
+                stream[1].close()
 
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
@@ -258,6 +339,47 @@ class _Joined:
             leave_own()
 
         return unsubscribe
+
+
+def _check_room(session: DownstreamSession, wanted: int) -> None:
+    """Refuses ``wanted`` subscriptions in ``session`` (those it holds and is making, and
+    one more; or those a listen stream names) past its client's ``max_subscriptions``.
+
+    Raises:
+        MCPError: the bound, as a ``client limit`` error naming it.
+    """
+    limit = session.client.policy.max_subscriptions if session.client is not None else _DEFAULT_LIMIT
+    if wanted <= limit:
+        return
+    label = session.client.label if session.client is not None else "(none)"
+    refused("subscriptions", "client %s refused %d subscriptions in a session (max %d)", label, wanted, limit)
+    where = "one listen stream" if session.modern else "one session"
+    raise to_wire(
+        ClientLimited(f"{wanted} resource subscriptions in {where}; the limit (max_subscriptions) is {limit}")
+    )
+
+
+async def _each_bounded(calls: Sequence[Callable[[], Awaitable[None]]]) -> tuple[int, str]:
+    """Make ``calls``, ``RELEASE_CONCURRENCY`` at a time, for at most ``RELEASE_TIMEOUT``: how
+    many did not succeed by then, and why the first that failed did (`` (why)``, or "")."""
+    queue = iter(calls)
+    done = 0
+    failed: list[str] = []
+
+    async def worker() -> None:
+        nonlocal done
+        for call in queue:  # shared: each call is taken by one worker
+            try:
+                await call()
+                done += 1
+            except GatewayError as exc:  # one upstream (or the store) failing stops no other
+                failed.append(describe(exc))
+
+    with anyio.move_on_after(RELEASE_TIMEOUT):
+        async with anyio.create_task_group() as tg:
+            for _ in range(min(RELEASE_CONCURRENCY, len(calls))):
+                tg.start_soon(worker)
+    return len(calls) - done, f" ({failed[0]})" if failed else ""
 
 
 def _session(ctx: Any) -> DownstreamSession:

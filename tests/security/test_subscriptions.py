@@ -1,0 +1,158 @@
+"""Resource subscriptions against a client that asks for many: each session's bound, and a
+session's end that leaves nothing subscribed upstream (a recording upstream behind a real
+gateway, the official client downstream, in both eras).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
+
+# resources/subscribe is deprecated in 2026-07-28; these clients use it by the hundred.
+pytestmark = pytest.mark.filterwarnings("ignore::mcp.shared.exceptions.MCPDeprecationWarning")
+
+BOUND = 20.0
+MANY = 100
+SLOW_UNSUBSCRIBE = 0.1
+"""Seconds the upstream takes to answer each unsubscribe: ``MANY`` of them one at a time
+would take 10 s, twice what a session's end may take."""
+
+
+def _watched(seen: list[tuple[str, str]]) -> FastMCP:
+    """A handshake-era upstream with a resource per ``item://N``, recording each subscribe
+    and (slowly) each unsubscribe."""
+    server = FastMCP("watched")
+
+    @server.resource("item://{n}")
+    def item(n: str) -> str:
+        return n
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        seen.append(("subscribe", params.uri))
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        await anyio.sleep(SLOW_UNSUBSCRIBE)
+        seen.append(("unsubscribe", params.uri))
+        return types.EmptyResult()
+
+    lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
+    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+    return server
+
+
+@asynccontextmanager
+async def watched_gateway(
+    seen: list[tuple[str, str]], policy: dict[str, Any] | None = None
+) -> AsyncIterator[RunningGateway]:
+    policies = {"auth": {"policies": {"default": policy}}} if policy else {}
+    async with serving_upstream(_watched(seen)) as url:
+        config = {"upstreams": {"w": {"url": url, "protocol": "legacy"}}} | policies
+        async with running_gateway(config) as gw:
+            yield gw
+
+
+def _subscribed(seen: list[tuple[str, str]]) -> set[str]:
+    """What the upstream is subscribed to now."""
+    now: set[str] = set()
+    for event, uri in seen:
+        (now.add if event == "subscribe" else now.discard)(uri)
+    return now
+
+
+async def _wait(predicate: Any) -> None:
+    with anyio.fail_after(BOUND):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+@pytest.mark.parametrize("era", ["handshake", "modern"])
+async def test_a_session_ended_holding_many_subscriptions_leaves_none_upstream(era: str) -> None:
+    seen: list[tuple[str, str]] = []
+    uris = [f"item://{n}" for n in range(MANY)]
+    async with watched_gateway(seen) as gw:
+        if era == "handshake":
+            async with Client(gw.url, mode="legacy") as client:
+                for uri in uris:
+                    await client.subscribe_resource(uri)
+                assert gw.gateway.subscriptions.count == MANY
+        else:
+            async with Client(gw.url) as client, client.listen(resource_subscriptions=uris):
+                assert gw.gateway.subscriptions.count == MANY
+        # The session's end takes them out of the gateway's tables at once...
+        await _wait(lambda: gw.gateway.subscriptions.count == 0)
+        # ...and unsubscribes each upstream, many at a time: none is left for nobody.
+        await _wait(lambda: len([e for e in seen if e[0] == "unsubscribe"]) == MANY)
+    assert _subscribed(seen) == set()
+    assert sorted(uri for event, uri in seen if event == "unsubscribe") == sorted(uris)
+
+
+async def test_a_session_is_refused_subscriptions_past_its_bound_and_no_more_reach_upstream() -> None:
+    seen: list[tuple[str, str]] = []
+    async with watched_gateway(seen, {"max_subscriptions": 5}) as gw:
+        async with Client(gw.url, mode="legacy") as client:
+            for n in range(5):
+                await client.subscribe_resource(f"item://{n}")
+            await client.subscribe_resource("item://4")  # held already: not one more
+            with pytest.raises(MCPError) as refused:
+                await client.subscribe_resource("item://5")
+        assert refused.value.error.message == (
+            "client limit: 6 resource subscriptions in one session; the limit (max_subscriptions) is 5"
+        )
+        async with Client(gw.url) as client:
+            with pytest.raises(MCPError) as refused:
+                async with client.listen(resource_subscriptions=[f"item://{n}" for n in range(6)]):
+                    pass
+            assert "6 resource subscriptions in one listen stream" in refused.value.error.message
+            async with client.listen(resource_subscriptions=[f"item://{n}" for n in range(5)]):
+                pass  # at the bound: served
+        await _wait(lambda: _subscribed(seen) == set())
+    assert sorted({uri for event, uri in seen if event == "subscribe"}) == [f"item://{n}" for n in range(5)]
+
+
+async def test_an_upstream_session_lost_with_many_subscribers_is_one_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="agent_gateway")
+    log = tmp_path / "recorder.jsonl"
+    upstream = python_upstream("recorder.py", env={"RECORDER_LOG": str(log)}, protocol="legacy")
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    async with running_gateway({"upstreams": {"rec": upstream}}) as gw, anyio.create_task_group() as tg:
+        ready: list[Client] = []
+
+        async def subscriber(done: anyio.Event) -> None:
+            async with Client(gw.url, mode="legacy", message_handler=on_message) as client:
+                await client.subscribe_resource("counter://value")
+                ready.append(client)
+                await done.wait()
+
+        done = anyio.Event()
+        for _ in range(5):
+            tg.start_soon(subscriber, done)
+        await _wait(lambda: len(ready) == 5)
+        pid = (await ready[0].call_tool("rec__whoami", {})).structured_content["pid"]  # type: ignore[index]
+        os.kill(pid, 9)
+        await _wait(lambda: len(updates) == 5)  # each client is told to read it again
+        done.set()
+    lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert len(lost) == 1, lost
+    assert "5 subscriptions of 5 sessions lost" in lost[0]
