@@ -12,6 +12,7 @@ import mcp_types as types
 from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 
+from agent_gateway.agent.calls import _SLOTS  # pyright: ignore[reportPrivateUsage]
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -94,3 +95,59 @@ async def test_agent_runs_per_minute_are_bounded_per_client() -> None:
         assert "agent runs over the limit (agent.runs_per_minute)" in _text(outcomes[2])
         async with client(gw.url, BYSTANDER_TOKEN) as other:
             assert not (await other.call_tool("ask_agent", {"query": "go"})).is_error
+
+
+def _waiting() -> int:
+    """Calls of runs waiting for one of their client's slots."""
+    return sum(slots.statistics().tasks_waiting for slots in _SLOTS.values())
+
+
+def _counting_server(release: anyio.Event, running: list[int], most: list[int]) -> FastMCP:
+    server = FastMCP("slow")
+
+    @server.tool
+    async def wait() -> str:
+        running.append(1)
+        most[0] = max(most[0], len(running))
+        try:
+            await release.wait()
+        finally:
+            running.pop()
+        return "released"
+
+    return server
+
+
+async def test_one_runs_many_calls_take_at_most_the_clients_max_concurrency_at_once() -> None:
+    # The model asks for 40 calls in one turn. Before, all 40 ran at once, whatever the
+    # client's bound (one turn of 400 held every slot of the upstream): now 32 are run, 3 at
+    # a time here, and the model is told the other 8 were not.
+    release, running, most = anyio.Event(), list[int](), [0]
+    replies: list[list[BaseMessage]] = []
+
+    def respond(messages: list[BaseMessage]) -> AIMessage:
+        if isinstance(messages[-1], ToolMessage):
+            replies.append(messages)
+            return answer("done")
+        return calls(*[call("slow__wait") for _ in range(40)])
+
+    model = ScriptedChatModel(respond=respond)
+    async with serving_upstream(_counting_server(release, running, most)) as url:
+        config = {"upstreams": {"slow": {"url": url}}, "agent": {"memory": {"store": "memory"}}} | bearer(
+            {"max_concurrency": 3}
+        )
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ, chat_model=model) as gw,
+            client(gw.url, ATTACKER_TOKEN) as c,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(c.call_tool, "ask_agent", {"query": "wait forty times"})
+            with anyio.fail_after(20):  # 3 running, the other 29 waiting for one of the slots
+                while len(running) < 3 or _waiting() < 29:
+                    await anyio.sleep(0.02)
+            release.set()
+    assert most[0] == 3
+    results = [m for m in replies[0] if isinstance(m, ToolMessage)]
+    assert [str(m.content) for m in results].count("released") == 32
+    assert sum("at most 32 tool calls of one turn" in str(m.content) for m in results) == 8

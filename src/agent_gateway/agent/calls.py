@@ -3,7 +3,13 @@ choosing the tools a model call is offered.
 
 Every call goes through ``Proxy.call_tool`` under the client's session, so argument
 validation, per-client upstream sessions, cancellation and timeouts are those of any other
-call. A failing call is a result the model reads, never an exception out of the run. The
+call. A failing call is a result the model reads, never an exception out of the run.
+
+A run holds one of its client's slots (``max_concurrency``), and its own calls take none, or a
+run could be refused its calls by the client's other work: so they are bounded apart. Of one
+turn at most ``MAX_CALLS_PER_TURN`` are run, and a client's runs have at most its
+``max_concurrency`` calls in flight together (the rest wait for a slot). Before, one turn of
+400 calls held 400 at once, every slot of the upstream, and other clients were refused. The
 model's own ``search_tools`` calls are answered from the tool index, and what they find is
 offered to the model from its next turn on.
 """
@@ -13,8 +19,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import anyio
 import mcp_types as types
@@ -32,6 +40,8 @@ from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found
 from agent_gateway.search.tools import SEARCH_TOOLS, search_request
 
+MAX_CALLS_PER_TURN = 32
+"""Tool calls of one model turn that are run; the model is told the rest were not."""
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
 
@@ -90,7 +100,9 @@ class ToolRunner:
         found: list[list[str]] = [[] for _ in calls]
 
         async def one(index: int, call: ToolCall) -> None:
-            if call["name"] == SEARCH_TOOLS and self.toolbox.searching:
+            if index >= MAX_CALLS_PER_TURN:
+                outcomes[index] = await self._run_one(call, _TOO_MANY)
+            elif call["name"] == SEARCH_TOOLS and self.toolbox.searching:
                 outcomes[index], found[index] = await self._search_one(call)
             else:
                 outcomes[index] = await self._run_one(call, refused.get(_key(index)))
@@ -162,7 +174,8 @@ class ToolRunner:
             known = ", ".join(sorted(self.names)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
         try:
-            result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
+            async with _slots(self.client):
+                result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
         except GatewayError as exc:
             return str(exc), True
         if isinstance(result, types.InputRequiredResult):
@@ -180,6 +193,19 @@ def _found_text(query: str, hits: Sequence[Found]) -> str:
 
 def _key(index: int) -> str:
     return f"approve-{index}"
+
+
+_TOO_MANY = f"Not run: at most {MAX_CALLS_PER_TURN} tool calls of one turn are run. Ask for fewer at once."
+_SLOTS: WeakKeyDictionary[Principal, anyio.CapacityLimiter] = WeakKeyDictionary()
+
+
+def _slots(client: Principal | None) -> anyio.CapacityLimiter | AbstractAsyncContextManager[None]:
+    """Where a run's call waits for one of its client's slots for runs' calls."""
+    if client is None or client.policy.max_concurrency is None:
+        return nullcontext()
+    if (slots := _SLOTS.get(client)) is None:
+        slots = _SLOTS[client] = anyio.CapacityLimiter(client.policy.max_concurrency)
+    return slots
 
 
 def _unparsable(call: InvalidToolCall) -> Outcome:
