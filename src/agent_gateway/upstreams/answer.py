@@ -19,6 +19,11 @@ _PAUSE_AT = 256 * 1024
 _NO_BODY = frozenset({204, 304})
 
 
+class CutShort(httpx2.StreamError):
+    """An answer's body ended before its end (its length, or its last chunk): a
+    ``StreamError`` too, so the SDK fails the one request whose body it was, not the session."""
+
+
 class OversizedBody(httpx2.StreamError):
     """An answer's body grew past ``max_message_bytes``, or past what the process may hold in
     flight; the rest is not read.

@@ -225,7 +225,7 @@ class Guard:
         elif self.checked:
             logger.debug("upstream %s: %s; a health check is sent now to tell", self.upstream, detail)
             breaker.released(probe)
-            self._ask()
+            self.check_soon()
         else:
             breaker.failed(probe, detail)
 
@@ -233,10 +233,12 @@ class Guard:
         if self.checked or self.heard_at > sent:
             logger.debug("upstream %s: %s; one client's session, not counted", self.upstream, detail)
             breaker.released(probe)
-            self._ask()
+            self.check_soon()
         else:
             breaker.failed(probe, detail)
 
-    def _ask(self) -> None:
+    def check_soon(self) -> None:
+        """Send the next health check now (when health checks run): something went wrong
+        that only the upstream's answer to it can tell apart from the upstream gone."""
         if self._asked is not None:
             self._asked.set()

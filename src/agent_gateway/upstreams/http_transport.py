@@ -31,7 +31,7 @@ import yarl
 
 from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
 from agent_gateway.logs import redacted_url
-from agent_gateway.upstreams.answer import Answer, BodyBound, OversizedBody
+from agent_gateway.upstreams.answer import Answer, BodyBound, CutShort, OversizedBody
 from agent_gateway.upstreams.wire import Origin
 
 logger = logging.getLogger(__name__)
@@ -234,9 +234,12 @@ class _Body(httpx2.AsyncByteStream):
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _translated(self._request, connecting=False):
-            async for chunk in self._response.content.iter_any():
-                self._bound.take(len(chunk))
-                yield chunk
+            try:
+                async for chunk in self._response.content.iter_any():
+                    self._bound.take(len(chunk))
+                    yield chunk
+            except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
+                raise CutShort(f"the answer ended early: {type(exc).__name__}") from exc
 
     async def aclose(self) -> None:
         self._bound.give_back()

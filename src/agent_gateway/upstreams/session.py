@@ -1,9 +1,7 @@
 """One live client session to an upstream: its calls (guarded, bounded, their errors
-translated), its resource subscriptions, and its end. What the upstream sends back during
-a call (log lines, sampling / elicitation / roots requests) is relayed by ``replies``.
-
-This module is the one boundary where the ``mcp`` client's errors (``MCPError``, transport
-and validation errors) are translated into the gateway's tree (``UpstreamError``).
+translated by ``translation.py``), its resource subscriptions, and its end. What the upstream
+sends back during a call (log lines, sampling / elicitation / roots requests) is relayed by
+``replies``.
 """
 
 from __future__ import annotations
@@ -11,7 +9,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
@@ -21,19 +19,15 @@ import mcp_types as types
 from anyio.abc import TaskStatus
 from mcp import Client
 from mcp.client.session import MessageHandlerFnT
-from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
 
 from agent_gateway import __version__
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import (
-    SessionGivenUp,
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
-    describe,
 )
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
 from agent_gateway.upstreams.client_side import ClientSide
@@ -41,6 +35,7 @@ from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
+from agent_gateway.upstreams.translation import translated
 
 if TYPE_CHECKING:
     from agent_gateway.upstreams.lifecycle import UpdateSink
@@ -372,29 +367,6 @@ class UpstreamSession:
                 self._doubted.set()
                 raise UpstreamTimeout(self.name, f"{what}: no answer within {limit:g}s") from exc
 
-    @contextmanager
-    def translated(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except MCPError as exc:
-            raise self._from_mcp_error(exc, what) from exc
-        except (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self.lose(f"{what}: connection failed: {describe(exc)}")
-            raise UpstreamUnavailable(self.name, f"{what}: connection failed: {describe(exc)}") from exc
-        except ValidationError as exc:
-            raise UpstreamRejected(
-                self.name,
-                f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
-                types.INTERNAL_ERROR,
-            ) from exc
-
-    def _from_mcp_error(self, exc: MCPError, what: str) -> Exception:
-        code = exc.error.code
-        if code == types.REQUEST_TIMEOUT:
-            return UpstreamTimeout(self.name, f"{what}: timed out upstream: {exc.error.message}")
-        if code == types.CONNECTION_CLOSED:
-            reason = self.lost_reason or "connection closed"
-            self.lose(reason)
-            closed = f"{what}: connection closed during the call ({reason})"
-            return (SessionGivenUp if self.given_up else UpstreamUnavailable)(self.name, closed)
-        return UpstreamRejected(self.name, f"{what}: {exc.error.message}", code)
+    def translated(self, what: str) -> AbstractContextManager[None]:
+        """The ``mcp`` client's errors within, as the gateway's (``translation.py``)."""
+        return translated(self, what)

@@ -1,0 +1,81 @@
+"""The one boundary where the ``mcp`` client's errors (``MCPError``, transport and
+validation errors) become the gateway's (``UpstreamError``), for one upstream session.
+
+Over Streamable HTTP each call is its own exchange: an answer that ends before its result
+(an SSE stream closed early, a body cut short) is that call's failure, answered as the
+upstream's error. Losing the session for it failed every client's calls on that upstream, and a
+client could repeat it at will. The upstream's next health check is sent at once instead: an
+upstream that died mid-answer fails to connect to it, and is marked down then. Over one connection (stdio, WebSocket, SSE) a closed connection is the
+session's end.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp.shared.exceptions import MCPError
+from pydantic import ValidationError
+
+from agent_gateway.errors import (
+    SessionGivenUp,
+    UpstreamRejected,
+    UpstreamTimeout,
+    UpstreamUnavailable,
+    describe,
+)
+
+if TYPE_CHECKING:
+    from agent_gateway.upstreams.session import UpstreamSession
+
+_CUT_SHORT = (httpx2.ReadError, httpx2.RemoteProtocolError)
+"""An answer's read failing once it began."""
+_BROKEN = (httpx2.TransportError, OSError, anyio.BrokenResourceError, anyio.ClosedResourceError)
+
+
+@contextmanager
+def translated(session: UpstreamSession, what: str) -> Iterator[None]:
+    """The errors of ``what`` (a request on ``session``) raised as the gateway's."""
+    try:
+        yield
+    except MCPError as exc:
+        raise _from_mcp_error(session, exc, what) from exc
+    except _BROKEN as exc:
+        if isinstance(exc, _CUT_SHORT) and _per_call(session):
+            raise _cut_short(session, what, describe(exc)) from exc
+        session.lose(f"{what}: connection failed: {describe(exc)}")
+        raise UpstreamUnavailable(session.name, f"{what}: connection failed: {describe(exc)}") from exc
+    except ValidationError as exc:
+        raise UpstreamRejected(
+            session.name,
+            f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
+            types.INTERNAL_ERROR,
+        ) from exc
+
+
+def _per_call(session: UpstreamSession) -> bool:
+    """Whether a closed exchange is one call's (Streamable HTTP), not the session's."""
+    return session.config.kind == "streamable-http" and not session.lost.is_set()
+
+
+def _cut_short(session: UpstreamSession, what: str, why: str) -> UpstreamRejected:
+    session.guard.check_soon()  # an upstream that died mid-answer is told from one cut short
+    return UpstreamRejected(session.name, f"{what}: its answer ended early ({why})", types.INTERNAL_ERROR)
+
+
+def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Exception:
+    code = exc.error.code
+    if code == types.REQUEST_TIMEOUT:
+        return UpstreamTimeout(session.name, f"{what}: timed out upstream: {exc.error.message}")
+    if code == types.CONNECTION_CLOSED and _per_call(session):
+        return _cut_short(session, what, exc.error.message)
+    if code == types.CONNECTION_CLOSED:
+        reason = session.lost_reason or "connection closed"
+        session.lose(reason)
+        closed = f"{what}: connection closed during the call ({reason})"
+        return (SessionGivenUp if session.given_up else UpstreamUnavailable)(session.name, closed)
+    return UpstreamRejected(session.name, f"{what}: {exc.error.message}", code)

@@ -1,0 +1,87 @@
+"""An HTTP upstream's answer to one call that ends before its result (an SSE stream closed
+early, a JSON body cut short) fails that call alone. Before, it was taken as the upstream's
+connection lost: the upstream was marked down and reconnected, every other client's calls to
+it failed meanwhile ("not connected"), and a client could repeat it at will."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent_gateway.upstreams.connection import UpstreamState
+from tests.faults.harness import text_of
+from tests.support import running_gateway, serving
+
+
+def cutting_upstream() -> ASGIApp:
+    """A FastMCP upstream whose ``stream_cut`` and ``body_cut`` calls are answered with an
+    SSE stream that ends without a result and a JSON body shorter than its length."""
+    server = FastMCP("cutting")
+    server.tool(lambda text: text, name="echo")
+    server.tool(lambda: "whole", name="stream_cut")
+    server.tool(lambda: "whole", name="body_cut")
+    app = server.http_app(path="/mcp")
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        name = (json.loads(body).get("params") or {}).get("name")
+        if name == "stream_cut":
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")],
+                }
+            )
+            return await send({"type": "http.response.body", "body": b": nothing to say\n\n"})
+        if name == "body_cut":
+            headers = [(b"content-type", b"application/json"), (b"content-length", b"500")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            return await send({"type": "http.response.body", "body": b'{"jsonrpc": "2.0"'})
+        unread = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def replayed() -> Message:
+            return unread.pop() if unread else await receive()
+
+        await app(scope, replayed, send)
+
+    return upstream
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_an_answer_cut_short_fails_its_call_alone(protocol: str) -> None:
+    failures: list[str] = []
+    async with (
+        serving(cutting_upstream()) as base,
+        running_gateway({"upstreams": {"cutting": {"url": f"{base}/mcp", "protocol": protocol}}}) as gw,
+        Client(gw.url) as attacker,
+        Client(gw.url) as bystander,
+        anyio.create_task_group() as tg,
+    ):
+        done = anyio.Event()
+
+        async def calls() -> None:
+            while not done.is_set():
+                result = await bystander.call_tool("cutting__echo", {"text": "hi"})
+                if result.is_error:
+                    failures.append(text_of(result))
+
+        tg.start_soon(calls)
+        for _ in range(4):  # past the breaker's bound of 5 in a row if counted: 8 in all
+            for tool in ("cutting__stream_cut", "cutting__body_cut"):
+                result = await attacker.call_tool(tool, {})
+                assert result.is_error
+                assert "ended early" in text_of(result), text_of(result)
+        assert gw.gateway.pool.get("cutting").state is UpstreamState.UP
+        done.set()
+    assert failures == []  # before: "not connected (down: …)" while it reconnected
