@@ -771,3 +771,15 @@ async def test_an_exit_stack_shows_whether_it_holds_anything_to_unwind() -> None
     await stack.aclose()
     assert ran == [1]
     assert not holds_callbacks(stack)
+
+
+def test_the_sdk_client_words_its_result_checks_as_the_gateway_recognizes_them() -> None:
+    # ``compat.mcp.result_check_failed`` tells the SDK's verdict on a result against its
+    # tool's output schema (a bare RuntimeError) from a bug by these words.
+    from mcp.client.session import ClientSession
+
+    from agent_gateway.compat.mcp import RESULT_CHECKS
+
+    source = inspect.getsource(ClientSession.validate_tool_result)
+    for words in RESULT_CHECKS:
+        assert words in source, f"mcp: ClientSession.validate_tool_result no longer says {words!r}"

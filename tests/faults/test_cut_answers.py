@@ -1,11 +1,13 @@
 """An HTTP upstream's answer to one call that ends before its result (an SSE stream closed
-early, a JSON body cut short) fails that call alone. Before, it was taken as the upstream's
+early, a JSON body cut short), or whose result does not match its tool's output schema, fails
+that call alone, with an error naming the upstream. Before, it was taken as the upstream's
 connection lost: the upstream was marked down and reconnected, every other client's calls to
 it failed meanwhile ("not connected"), and a client could repeat it at will."""
 
 from __future__ import annotations
 
 import json
+import logging
 
 import anyio
 import pytest
@@ -25,6 +27,12 @@ def cutting_upstream() -> ASGIApp:
     server.tool(lambda text: text, name="echo")
     server.tool(lambda: "whole", name="stream_cut")
     server.tool(lambda: "whole", name="body_cut")
+
+    @server.tool
+    def shapeless() -> dict[str, int]:
+        """Declares an output schema; its answer (below) carries no structured content."""
+        return {"a": 1}
+
     app = server.http_app(path="/mcp")
 
     async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
@@ -34,7 +42,8 @@ def cutting_upstream() -> ASGIApp:
         while more:
             message = await receive()
             body, more = body + message.get("body", b""), message.get("more_body", False)
-        name = (json.loads(body).get("params") or {}).get("name")
+        request = json.loads(body)
+        name = (request.get("params") or {}).get("name")
         if name == "stream_cut":
             await send(
                 {
@@ -48,6 +57,15 @@ def cutting_upstream() -> ASGIApp:
             headers = [(b"content-type", b"application/json"), (b"content-length", b"500")]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             return await send({"type": "http.response.body", "body": b'{"jsonrpc": "2.0"'})
+        if name == "shapeless":
+            answer = {
+                "jsonrpc": "2.0",
+                "id": request["id"],
+                "result": {"content": [{"type": "text", "text": "a"}]},
+            }
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            return await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
         unread = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed() -> Message:
@@ -85,3 +103,25 @@ async def test_an_answer_cut_short_fails_its_call_alone(protocol: str) -> None:
         assert gw.gateway.pool.get("cutting").state is UpstreamState.UP
         done.set()
     assert failures == []  # before: "not connected (down: …)" while it reconnected
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+@pytest.mark.parametrize("client_mode", ["auto", "legacy"])
+async def test_a_result_without_the_structured_content_its_schema_asks_is_that_calls_error(
+    protocol: str, client_mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the SDK client's RuntimeError crossed the gateway as a bug would: an ERROR
+    # traceback, and the client a JSON-RPC error with code 0 or "Internal server error".
+    async with (
+        serving(cutting_upstream()) as base,
+        running_gateway({"upstreams": {"cutting": {"url": f"{base}/mcp", "protocol": protocol}}}) as gw,
+        Client(gw.url, mode=client_mode) as client,
+    ):
+        result = await client.call_tool("cutting__shapeless", {})
+        assert result.is_error
+        text = text_of(result)
+        assert text.startswith("upstream 'cutting': tool 'shapeless': Tool shapeless has an output schema"), (
+            text
+        )
+        assert not (await client.call_tool("cutting__echo", {"text": "hi"})).is_error
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -46,6 +46,7 @@ __all__ = [
     "otel_client_span",
     "output_schemas",
     "parse_message",
+    "result_check_failed",
     "stamp",
 ]
 
@@ -90,6 +91,21 @@ class _LeanAdapter:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(jsonrpc_message_adapter, name)
+
+
+RESULT_CHECKS = (
+    "has an output schema but did not return structured content",
+    "Invalid structured content returned by tool",
+    "Invalid schema for tool",
+)
+"""How ``ClientSession.validate_tool_result`` words its verdicts (``tests/test_compat.py``)."""
+
+
+def result_check_failed(exc: RuntimeError) -> bool:
+    """Whether ``exc`` is the SDK client's verdict that a tool's result does not match its
+    output schema: ``validate_tool_result`` raises a bare ``RuntimeError`` for it."""
+    text = str(exc)
+    return any(words in text for words in RESULT_CHECKS)
 
 
 def lean_client_parsing() -> None:

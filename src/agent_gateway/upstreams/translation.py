@@ -21,6 +21,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from agent_gateway.compat.mcp import result_check_failed
 from agent_gateway.errors import (
     SessionGivenUp,
     UpstreamRejected,
@@ -28,6 +29,7 @@ from agent_gateway.errors import (
     UpstreamUnavailable,
     describe,
 )
+from agent_gateway.logs import clipped
 
 if TYPE_CHECKING:
     from agent_gateway.upstreams.session import UpstreamSession
@@ -55,6 +57,10 @@ def translated(session: UpstreamSession, what: str) -> Iterator[None]:
             f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
             types.INTERNAL_ERROR,
         ) from exc
+    except RuntimeError as exc:  # the SDK's verdict on a result against the tool's output schema
+        if not result_check_failed(exc):
+            raise
+        raise UpstreamRejected(session.name, f"{what}: {clipped(str(exc))}", types.INTERNAL_ERROR) from exc
 
 
 def _per_call(session: UpstreamSession) -> bool:
