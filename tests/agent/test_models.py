@@ -3,6 +3,7 @@ HTTP, and the calling client's own model through MCP sampling (with tools, and t
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -331,3 +333,43 @@ async def test_a_client_models_reply_built_to_stall_the_parser_stalls_no_one(tmp
     (result,) = outcome
     assert result.is_error
     assert "did not answer with a valid JSON envelope after 3 corrections" in text(result)
+
+
+async def test_a_malformed_sampling_answer_ends_the_run_with_an_error_and_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The client's own bad answer (an empty result): before, an ERROR line with a pydantic
+    # traceback, as for a bug of the gateway's, as often as a client cared to send one.
+    accept = {"accept": "application/json, text/event-stream"}
+    hello = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"sampling": {}},
+        "clientInfo": {"name": "x", "version": "0"},
+    }
+    call = {"name": "ask_agent", "arguments": {"query": "Hi"}}
+    results: list[dict[str, Any]] = []
+    async with gateway_with_model(None) as (gw, _), httpx.AsyncClient(timeout=30) as http:
+        opened = await http.post(
+            gw.url, headers=accept, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+        )
+        headers = accept | {
+            "mcp-session-id": opened.headers["mcp-session-id"],
+            "mcp-protocol-version": "2025-06-18",
+        }
+        await http.post(
+            gw.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+        )
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": call}
+        async with http.stream("POST", gw.url, json=body, headers=headers) as answer:
+            async for line in answer.aiter_lines():
+                message = json.loads(line.removeprefix("data:")) if line.startswith("data:") else {}
+                if message.get("method") == "sampling/createMessage":
+                    await http.post(
+                        gw.url, headers=headers, json={"jsonrpc": "2.0", "id": message["id"], "result": {}}
+                    )
+                elif "result" in message:
+                    results.append(message["result"])
+    assert results[0]["isError"]
+    assert "malformed answer" in results[0]["content"][0]["text"], results
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert any("answer to sampling/createMessage is malformed" in r.getMessage() for r in caplog.records)

@@ -60,6 +60,15 @@ class SessionAsker:
                     answers[key] = await self._caller.ask(self._name, request)
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     answers[key] = types.ErrorData(code=types.INTERNAL_ERROR, message="the client went away")
+                except ValidationError as exc:  # the client's bad answer: its error, not ours
+                    logger.warning(
+                        "the client's answer to %s is malformed: %d problem(s)",
+                        request.method,
+                        exc.error_count(),
+                    )
+                    answers[key] = types.ErrorData(
+                        code=types.INVALID_PARAMS, message=f"malformed answer: {exc.error_count()} problem(s)"
+                    )
                 except Exception as exc:  # one failed question must not fail the others as a group
                     logger.exception("asking the client %s failed", request.method)
                     answers[key] = types.ErrorData(
