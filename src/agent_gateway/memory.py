@@ -48,17 +48,20 @@ class Trimmer:
     def __init__(self) -> None:
         self._trim = _malloc_trim()
         self._due: asyncio.TimerHandle | None = None
+        self._due_in: asyncio.AbstractEventLoop | None = None
         self.trims = 0
 
     def after_large(self) -> None:
         """A large answer was let go: give its memory back within ``DELAY``."""
-        if self._trim is None or self._due is not None:
+        if self._trim is None:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop (a test calling directly): nothing to schedule on
             return
-        self._due = loop.call_later(DELAY, self._run)
+        if self._due is not None and self._due_in is loop:
+            return  # one is due already (one due on a loop since closed never runs: forgotten)
+        self._due, self._due_in = loop.call_later(DELAY, self._run), loop
 
     def _run(self) -> None:
         assert self._trim is not None

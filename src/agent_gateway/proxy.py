@@ -42,7 +42,7 @@ def _unseen(
     does not exist gets, so a client cannot probe which hidden names exist."""
     who = caller.client
     if who is None or not who.allows(kind, name):
-        subject = who.subject if who is not None else "(no identity)"
+        subject = who.label if who is not None else "(no identity)"
         logger.warning("client %s refused %s %r (answered as unknown)", subject, kind, name)
         raise UnknownName(shown_as or kind, name)
 
