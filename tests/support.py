@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -10,7 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ import yaml
 from anyio.streams.buffered import BufferedByteReceiveStream
 from fastmcp import FastMCP
 from langchain_core.language_models import BaseChatModel
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import parse_config
@@ -81,6 +82,35 @@ async def serving(app: ASGIApp, sock: socket.socket | None = None, **options: An
                 server.should_exit = True
     finally:
         sock.close()
+
+
+Intercept = Callable[[Scope, dict[str, Any], Send], Awaitable[bool]]
+"""Given a POST's scope, its JSON-RPC message and ``send``: True if it answered it itself."""
+
+
+def intercepted(server: FastMCP, intercept: Intercept) -> ASGIApp:
+    """``server`` over Streamable HTTP (at ``/mcp``), each POST's message first offered to
+    ``intercept``: an upstream that misbehaves on the calls a test picks, and is FastMCP for
+    the rest."""
+    app = server.http_app(path="/mcp")
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if await intercept(scope, json.loads(body), send):
+            return None
+        unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def replayed() -> Message:
+            return unread.pop() if unread else await receive()
+
+        return await app(scope, replayed, send)
+
+    return upstream
 
 
 @asynccontextmanager

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 import anyio
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope, Send
 
 from agent_gateway.upstreams.connection import UpstreamState
 from tests.faults.harness import text_of
-from tests.support import running_gateway, serving
+from tests.support import intercepted, running_gateway, serving
 
 
 def cutting_upstream() -> ASGIApp:
@@ -33,47 +34,29 @@ def cutting_upstream() -> ASGIApp:
         """Declares an output schema; its answer (below) carries no structured content."""
         return {"a": 1}
 
-    app = server.http_app(path="/mcp")
+    return intercepted(server, _misanswered)
 
-    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return await app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        request = json.loads(body)
-        name = (request.get("params") or {}).get("name")
-        if name == "stream_cut":
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream")],
-                }
-            )
-            return await send({"type": "http.response.body", "body": b": nothing to say\n\n"})
-        if name == "body_cut":
-            headers = [(b"content-type", b"application/json"), (b"content-length", b"500")]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            return await send({"type": "http.response.body", "body": b'{"jsonrpc": "2.0"'})
-        if name == "shapeless":
-            answer = {
-                "jsonrpc": "2.0",
-                "id": request["id"],
-                "result": {"content": [{"type": "text", "text": "a"}]},
-            }
-            headers = [(b"content-type", b"application/json")]
-            await send({"type": "http.response.start", "status": 200, "headers": headers})
-            return await send({"type": "http.response.body", "body": json.dumps(answer).encode()})
-        unread = [{"type": "http.request", "body": body, "more_body": False}]
 
-        async def replayed() -> Message:
-            return unread.pop() if unread else await receive()
+async def _misanswered(scope: Scope, request: dict[str, Any], send: Send) -> bool:
+    name = (request.get("params") or {}).get("name")
+    if name == "stream_cut":
+        await _start(send, [(b"content-type", b"text/event-stream")])
+        await send({"type": "http.response.body", "body": b": nothing to say\n\n"})
+    elif name == "body_cut":
+        await _start(send, [(b"content-type", b"application/json"), (b"content-length", b"500")])
+        await send({"type": "http.response.body", "body": b'{"jsonrpc": "2.0"'})
+    elif name == "shapeless":
+        result = {"content": [{"type": "text", "text": "a"}]}
+        await _start(send, [(b"content-type", b"application/json")])
+        answer = json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode()
+        await send({"type": "http.response.body", "body": answer})
+    else:
+        return False
+    return True
 
-        await app(scope, replayed, send)
 
-    return upstream
+async def _start(send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
 
 
 @pytest.mark.parametrize("protocol", ["auto", "legacy"])

@@ -9,13 +9,14 @@ import gzip
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope, Send
 
-from tests.support import RunningGateway, running_gateway, serving
+from tests.support import RunningGateway, intercepted, running_gateway, serving
 
 INFLATED = 64 * 2**20
 """What the coded answer inflates to: past the upstream's max_message_bytes (1 MiB) here."""
@@ -27,30 +28,18 @@ def coded_upstream(accepted: list[str], *, always: bool) -> ASGIApp:
     FastMCP answers it. ``accepted``: each call's Accept-Encoding."""
     server = FastMCP("coded")
     server.tool(lambda: "plain", name="packed")
-    app = server.http_app(path="/mcp")
 
-    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            return await app(scope, receive, send)
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        request = json.loads(body)
-        if request.get("method") == "tools/call":
-            accept = dict(scope["headers"]).get(b"accept-encoding", b"").decode()
-            accepted.append(accept)
-            if always or "gzip" in accept:
-                return await _bomb(send, request["id"])
+    async def intercept(scope: Scope, request: dict[str, Any], send: Send) -> bool:
+        if request.get("method") != "tools/call":
+            return False
+        accept = dict(scope["headers"]).get(b"accept-encoding", b"").decode()
+        accepted.append(accept)
+        if always or "gzip" in accept:
+            await _bomb(send, request["id"])
+            return True
+        return False
 
-        unread = [{"type": "http.request", "body": body, "more_body": False}]
-
-        async def replayed() -> Message:
-            return unread.pop() if unread else await receive()
-
-        await app(scope, replayed, send)
-
-    return upstream
+    return intercepted(server, intercept)
 
 
 async def _bomb(send: Send, request_id: object) -> None:

@@ -20,14 +20,13 @@ import yaml
 from fastmcp import FastMCP
 from mcp import Client
 
+from tests.replicas.test_store import opened
 from tests.support import child_process, free_socket, gateway_env, ready, running_gateway, serving_upstream
 
 BOUND = 20.0
 POLLERS = 20
 POLLS = 10
 """Each poller's GETs of each page, one after another: 200 of each page in all."""
-
-VERSION = "2025-06-18"
 
 
 def _upstream() -> FastMCP:
@@ -102,27 +101,13 @@ async def test_a_get_with_last_event_id_and_no_event_store_opens_the_stream_as_w
     # The SDK answered nothing without a store: a bare 500 and "ERROR: ASGI callable returned
     # without starting response." for every such GET of any client.
     caplog.set_level(logging.DEBUG)
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "0"},
-        },
-    }
-    both = {"accept": "application/json, text/event-stream"}
     async with (
         serving_upstream(_upstream()) as url,
         running_gateway({"upstreams": {"plain": {"url": url}}}) as gw,
         httpx.AsyncClient(timeout=BOUND) as http,
         uvicorns_records(caplog),
     ):
-        opened = await http.post(gw.url, json=initialize, headers=both)
-        session = {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": VERSION}
-        initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-        await http.post(gw.url, json=initialized, headers=both | session)
+        session = {k.lower(): v for k, v in (await opened(http, gw.url)).items()}
         resuming = {"accept": "text/event-stream", "last-event-id": "evt-1"} | session
         async with http.stream("GET", gw.url, headers=resuming) as stream:
             streamed = (stream.status_code, stream.headers["content-type"])
