@@ -19,6 +19,7 @@ from cryptography.x509.oid import NameOID
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway.in_flight import IN_FLIGHT, bounded
+from agent_gateway.upstreams.answer import CutShort
 from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
 from tests.support import free_socket, serving
 
@@ -167,11 +168,14 @@ async def raw_server(
         tg.cancel_scope.cancel()
 
 
-async def test_a_body_cut_short_by_the_server_is_httpx2s_remote_protocol_error() -> None:
+async def test_a_body_cut_short_by_the_server_is_a_stream_error_the_sdk_fails_its_request_for() -> None:
+    # Not httpx2's RemoteProtocolError, a transport error the SDK's client ends the whole
+    # session for: a StreamError, which it answers the one request with (translation.py).
     cut = b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly ten b"
     async with raw_server(lambda _: cut) as (base, _), client() as http:
-        with pytest.raises(httpx2.RemoteProtocolError):
+        with pytest.raises(CutShort) as raised:
             await http.get(f"{base}/")
+    assert isinstance(raised.value, httpx2.StreamError)
 
 
 async def test_a_malformed_answer_is_reported_without_the_url_and_its_secrets() -> None:
