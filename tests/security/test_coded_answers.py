@@ -52,16 +52,18 @@ async def _bomb(send: Send, request_id: object) -> None:
 
 
 @asynccontextmanager
-async def gateway_over(upstream: ASGIApp) -> AsyncIterator[RunningGateway]:
+async def gateway_over(upstream: ASGIApp, protocol: str = "legacy") -> AsyncIterator[RunningGateway]:
     async with serving(upstream) as base:
-        config = {"url": f"{base}/mcp", "protocol": "legacy", "max_message_bytes": 2**20}
+        config = {"url": f"{base}/mcp", "protocol": protocol, "max_message_bytes": 2**20}
         async with running_gateway({"upstreams": {"coded": config}}) as gw:
             yield gw
 
 
-async def test_every_call_asks_for_an_uncoded_answer_and_gets_one() -> None:
+@pytest.mark.parametrize("protocol", ["legacy", "auto"])  # the SDK's client; the forwarder below it
+async def test_every_call_asks_for_an_uncoded_answer_and_gets_one(protocol: str) -> None:
     accepted: list[str] = []
-    async with gateway_over(coded_upstream(accepted, always=False)) as gw, Client(gw.url) as client:
+    upstream = coded_upstream(accepted, always=False)
+    async with gateway_over(upstream, protocol) as gw, Client(gw.url) as client:
         result = await client.call_tool("coded__packed", {})
     assert not result.is_error
     assert result.content[0].text == "plain"  # type: ignore[union-attr]

@@ -228,10 +228,11 @@ class Forwarder:
             return await self._answer(response, posted.read, request_id, version, progress)
 
     def _merged(self, headers: dict[str, str]) -> dict[str, str]:
-        """The client's headers under the request's own, as httpx2 merges them, but for
-        ``Accept-Encoding``: httpx2 decodes what it asked for, aiohttp here does not."""
-        merged = {k.lower(): v for k, v in self._http.headers.items() if k.lower() != "accept-encoding"}
-        return merged | {k.lower(): v for k, v in headers.items()}
+        """The client's headers (``Accept-Encoding: identity`` among them: nothing here decodes
+        an answer) under the request's own, as httpx2 merges them."""
+        return {k.lower(): v for k, v in self._http.headers.items()} | {
+            k.lower(): v for k, v in headers.items()
+        }
 
     async def _answer(
         self,

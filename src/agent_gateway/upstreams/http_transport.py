@@ -12,7 +12,7 @@ Errors are translated here, once, into httpx2's own tree, which is what the SDK 
 
 No answer is decoded: httpx2 inflates a gzip or deflate body without bound, so a 1 MB answer
 could grow the process by a gigabyte past every bound on message size. Every request asks for
-``identity``, and an answer coded anyway reaches the SDK as the bytes it is (which then fail
+``identity`` (its client's headers, ``transports.py``), and an answer coded anyway reaches the SDK as the bytes it is (which then fail
 its parse: that call's error, named as such).
 """
 
@@ -38,7 +38,6 @@ logger = logging.getLogger(__name__)
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024
-_UNCODED = ("Accept-Encoding", "identity")
 
 
 @dataclass(frozen=True)
@@ -111,12 +110,11 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         """
         body = await request.aread()
         timeout = _timeout(request.extensions.get("timeout", {}))
-        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "accept-encoding"]
         with _translated(request, connecting=True):
             response = await self._client().request(
                 request.method,
                 _target(request.url),
-                headers=[*headers, _UNCODED],
+                headers=request.headers.multi_items(),
                 data=body or None,
                 allow_redirects=False,  # the SDK decides which redirects to follow
                 timeout=timeout,

@@ -97,6 +97,9 @@ async def watched(transport: Transport, closed: anyio.Event, label: str) -> Asyn
         yield WatchedReadStream(read_stream, closed, sent), RecordingWriteStream(write_stream, sent)
 
 
+_UNCODED = {"Accept-Encoding": "identity"}
+"""Asked of every HTTP upstream: httpx2 inflates a coded answer without bound (``http_transport``)."""
+
 PROBE_LANE = 32
 """Connections kept free of calls: health checks, list refreshes, the listening stream."""
 
@@ -110,7 +113,7 @@ def _http_client(config: UpstreamConfig) -> UpstreamClient:
     assert config.url is not None
     secure = config.url.startswith("https:")
     return UpstreamClient(
-        headers=dict(config.headers),
+        headers=dict(config.headers) | _UNCODED,
         timeout=httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT),
         # The upstream connection is shared by every client of the gateway: a connection for
         # each call in flight (max_concurrency) plus a lane that calls never fill, so a health
@@ -131,7 +134,7 @@ def _traced(
 ) -> httpx2.AsyncClient:
     """The SSE transport's HTTP client: the SDK's, plus the trace-context hook; asking for
     no content coding (httpx2 would inflate a coded answer without bound)."""
-    client = create_mcp_http_client({**(headers or {}), "Accept-Encoding": "identity"}, timeout, auth)
+    client = create_mcp_http_client((headers or {}) | _UNCODED, timeout, auth)
     client.event_hooks["request"].append(trace_headers)
     client.event_hooks["response"].append(_uncoded)
     return client
