@@ -230,9 +230,8 @@ class Forwarder:
     def _merged(self, headers: dict[str, str]) -> dict[str, str]:
         """The client's headers (``Accept-Encoding: identity`` among them: nothing here decodes
         an answer) under the request's own, as httpx2 merges them."""
-        return {k.lower(): v for k, v in self._http.headers.items()} | {
-            k.lower(): v for k, v in headers.items()
-        }
+        merged = {k.lower(): v for k, v in self._http.headers.items()}
+        return merged | {k.lower(): v for k, v in headers.items()}
 
     async def _answer(
         self,
