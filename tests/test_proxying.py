@@ -505,7 +505,8 @@ CHURN = int(os.environ.get("AGW_SESSIONS", "250"))
 
 
 async def test_sessions_opened_and_closed_by_the_hundred_leave_nothing_behind(tmp_path: Path) -> None:
-    async with recorded_gateway("http", tmp_path, session="per_client") as (gw, _):
+    # 16 sessions at once of one client: its share of the upstream's max_sessions must hold them.
+    async with recorded_gateway("http", tmp_path, session="per_client", max_sessions=64) as (gw, _):
         async with Client(gw.url, mode="legacy") as warm:  # first-use allocations, not leaks
             await warm.call_tool("rec__whoami", {})
         before = await settled(

@@ -84,6 +84,10 @@ class UpstreamConfig(_Strict):
     rename: dict[str, str] = Field(default_factory=dict)
     session: Literal["shared", "per_client"] = "shared"
     """``shared``: one multiplexed upstream session; ``per_client``: one per downstream session."""
+    max_sessions: int = Field(default=32, ge=1, le=10_000)
+    """With ``session: per_client``: its sessions open at once (for stdio, processes), a
+    quarter of them (at least one) for any one client. A new one past either bound takes
+    the place of an idle one (see ``upstreams/dedicated.py``), or is refused."""
     enabled: bool = True
     health: HealthConfig = Field(default_factory=HealthConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)

@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import mcp_types as types
 
-from agent_gateway.access import Principal
+from agent_gateway.access import ANONYMOUS, Principal
 from agent_gateway.catalog import Catalog
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession
@@ -134,17 +134,22 @@ class Proxy:
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
         if client is None or not client.allows("resource", uri):
             raise UnknownName("resource", uri)  # as for a read: probing learns nothing
-        return await self._session_of(upstream, owner), upstream_uri
+        return await self._session_of(upstream, owner, client), upstream_uri
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
         if caller is None:
             return self._pool.get(upstream).session()
-        return await self._session_of(upstream, caller.session)
+        return await self._session_of(upstream, caller.session, caller.client)
 
-    async def _session_of(self, upstream: str, owner: DownstreamSession) -> UpstreamSession:
+    async def _session_of(
+        self, upstream: str, owner: DownstreamSession, client: Principal | None
+    ) -> UpstreamSession:
         shared = self._pool.get(upstream)
         if shared.config.session == "per_client":
-            session = await self._dedicated.get(upstream, owner)
+            # A dedicated session's share is its client's: one client's many sessions count once.
+            holder = client or owner.client
+            label = holder.label if holder is not None else ANONYMOUS
+            session = await self._dedicated.get(upstream, owner, label)
         else:
             session = shared.session()
         owner.used(session.id)

@@ -9,11 +9,20 @@ session hangs (its own stdio process stopped, its HTTP session wedged upstream).
 times out on a dedicated session is followed by a health check on that session; unanswered,
 the session is given up (its calls fail as the connection lost) and the client's next call
 opens another. Without it every later call of that client waited out its whole timeout.
+
+Each such session may be a process, so an upstream holds at most its ``max_sessions`` of
+them, and one client a quarter (at least one): else one client opening sessions by the
+hundred would start as many processes. A new session past either bound takes the place of an
+idle one (no call in flight, no subscription, unused for ``_IDLE`` seconds): the client's
+own least recently used past its share, else one of the client holding the most. With none
+idle it is refused, and the client retries later; the others are still served.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -28,7 +37,8 @@ from opentelemetry.context import Context
 
 from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamError, UpstreamUnavailable, describe
+from agent_gateway.errors import UpstreamBusy, UpstreamError, UpstreamUnavailable, describe
+from agent_gateway.refusals import refused
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
@@ -38,11 +48,16 @@ from agent_gateway.upstreams.session import ClientSide, UpstreamSession
 logger = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT = 5.0
+_IDLE = 1.0
+"""Seconds a dedicated session must go unused before a new one may take its place: a client
+between two calls keeps its own."""
 
 
 @dataclass(eq=False)
 class _Dedicated:
     session: UpstreamSession
+    client: str
+    """Who holds it (its client's label): the key of its share of ``max_sessions``."""
     ready: anyio.Event = field(default_factory=anyio.Event)
     close: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -84,29 +99,74 @@ class DedicatedSessions:
     def live(self) -> list[UpstreamSession]:
         return [entry.session for owned in self._sessions.values() for entry in owned.values()]
 
-    async def get(self, upstream: str, owner: ClientSide) -> UpstreamSession:
-        """The dedicated session of ``owner`` on ``upstream``, opened now if it has none.
+    async def get(self, upstream: str, owner: ClientSide, client: str) -> UpstreamSession:
+        """The dedicated session of ``owner`` (a session of ``client``) on ``upstream``, opened
+        now if it has none.
 
         Raises:
             UpstreamUnavailable: it could not be opened within the upstream's connect_timeout.
+            UpstreamBusy: the upstream holds its ``max_sessions``, or ``client`` its share of
+                them, and none is idle.
         """
         config = self._configs[upstream]
-        key = (owner.session_id, upstream)
-        entry = self._sessions.get(owner.session_id, {}).get(upstream)
-        if entry is None or entry.done.is_set() or entry.session.lost.is_set():  # or closing
-            if self._tg is None:
-                raise UpstreamUnavailable(upstream, "the gateway is shutting down")
-            if (guard := self._guards.get(upstream)) is not None and guard.breaker is not None:
-                guard.breaker.refuse_if_open()
-            entry = _Dedicated(self._new_session(upstream, owner))
-            self._sessions.setdefault(owner.session_id, {})[upstream] = entry
-            self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
+        entry = self._live(owner.session_id, upstream) or await self._open(upstream, owner, client)
         with anyio.move_on_after(config.connect_timeout + 1):
             await entry.ready.wait()
         if entry.session.client is None:
             reason = entry.error or f"no answer within connect_timeout ({config.connect_timeout:g}s)"
             raise UpstreamUnavailable(upstream, f"dedicated session for {owner.session_id}: {reason}")
         return entry.session
+
+    def _live(self, owner: str, upstream: str) -> _Dedicated | None:
+        entry = self._sessions.get(owner, {}).get(upstream)
+        if entry is None or entry.done.is_set() or entry.session.lost.is_set():  # or closing
+            return None
+        return entry
+
+    async def _open(self, upstream: str, owner: ClientSide, client: str) -> _Dedicated:
+        if self._tg is None:
+            raise UpstreamUnavailable(upstream, "the gateway is shutting down")
+        if (guard := self._guards.get(upstream)) is not None and guard.breaker is not None:
+            guard.breaker.refuse_if_open()
+        await self._make_room(upstream, client)
+        if (entry := self._live(owner.session_id, upstream)) is not None:  # opened meanwhile
+            return entry
+        entry = _Dedicated(self._new_session(upstream, owner), client)
+        self._sessions.setdefault(owner.session_id, {})[upstream] = entry
+        key = (owner.session_id, upstream)
+        self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
+        return entry
+
+    async def _make_room(self, upstream: str, client: str) -> None:
+        """Wait until ``upstream`` has room for one more session of ``client``, closing an
+        idle one in its way (see the module docstring), or waiting (bounded) for one closing.
+
+        Raises:
+            UpstreamBusy: none is idle or closing.
+        """
+        cap = self._configs[upstream].max_sessions
+        share = max(1, cap // 4)
+        bound = ""
+        with anyio.move_on_after(_CLOSE_TIMEOUT):
+            while True:
+                held = [e for owned in self._sessions.values() if (e := owned.get(upstream)) is not None]
+                mine = [e for e in held if e.client == client]
+                if len(mine) < share and len(held) < cap:
+                    return
+                over_share = len(mine) >= share
+                bound = f"this client's {share} of its {cap}" if over_share else f"all its {cap}"
+                way = mine if over_share else held
+                if (victim := _idlest(way)) is not None:
+                    logger.info(
+                        "dedicated upstream session %s of %s closed for a new one of %s (%s sessions held)",
+                        victim.session.id, victim.client, client, bound,
+                    )  # fmt: skip
+                    victim.close.set()
+                elif (victim := next((e for e in way if e.close.is_set()), None)) is None:
+                    break
+                await victim.done.wait()
+        refused("dedicated_sessions", "no room for a session of %s on %s: %s in use", client, upstream, bound)
+        raise UpstreamBusy(upstream, f"{bound} sessions (max_sessions) are in use; retry later")
 
     async def _run(self, key: tuple[str, str], entry: _Dedicated) -> None:
         # Started from a client's request, this task copied its trace context; the session
@@ -220,6 +280,23 @@ class DedicatedSessions:
         with anyio.move_on_after(_CLOSE_TIMEOUT):
             for entry in entries:
                 await entry.done.wait()
+
+
+def _idlest(entries: list[_Dedicated]) -> _Dedicated | None:
+    """Of ``entries``, the one to close for a new session: idle, of the client holding the
+    most of them, least recently used; None if none is idle."""
+    held = Counter(e.client for e in entries)
+    now = time.monotonic()
+    idle = [
+        e
+        for e in entries
+        if e.ready.is_set()
+        and not e.close.is_set()
+        and e.session.pending == 0
+        and not e.session.subscribed
+        and now - e.session.used >= _IDLE
+    ]
+    return max(idle, key=lambda e: (held[e.client], -e.session.used), default=None)
 
 
 async def _set_on(source: anyio.Event, target: anyio.Event) -> None:

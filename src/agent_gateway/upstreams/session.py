@@ -7,6 +7,7 @@ sends back during a call (log lines, sampling / elicitation / roots requests) is
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -91,6 +92,11 @@ class UpstreamSession:
             name, self.id, lambda what: self._calling(None, what), self._queue_update
         )
         """A modern upstream's subscriptions: one listen stream per URI."""
+        self.used = time.monotonic()
+        """When a call on it last began or ended (how long a dedicated session has been idle)."""
+        self.subscribed: set[str] = set()
+        """The URIs subscribed to on this session, in either era (a dedicated session holding
+        any is in use between calls)."""
 
     # -- the client -----------------------------------------------------------------------
 
@@ -177,15 +183,16 @@ class UpstreamSession:
         """
         if self.modern:
             await (self._streams.open(uri) if subscribe else self._streams.close(uri))
-            return
-        method = "resources/subscribe" if subscribe else "resources/unsubscribe"
-        request: types.SubscribeRequest | types.UnsubscribeRequest = (
-            types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
-            if subscribe
-            else types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
-        )
-        with self._calling(None, f"{method} {uri!r}") as client:
-            await client.session.send_request(request, types.EmptyResult)
+        else:
+            method = "resources/subscribe" if subscribe else "resources/unsubscribe"
+            request: types.SubscribeRequest | types.UnsubscribeRequest = (
+                types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+                if subscribe
+                else types.UnsubscribeRequest(params=types.UnsubscribeRequestParams(uri=uri))
+            )
+            with self._calling(None, f"{method} {uri!r}") as client:
+                await client.session.send_request(request, types.EmptyResult)
+        (self.subscribed.add if subscribe else self.subscribed.discard)(uri)
 
     async def roots_changed(self) -> None:
         """Tell the upstream its client's roots changed (handshake era; modern has no roots)."""
@@ -353,6 +360,7 @@ class UpstreamSession:
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
+        self.used = time.monotonic()
         with self.guard.admitted():
             try:
                 with self.replies.calling(caller), measured:
@@ -366,6 +374,8 @@ class UpstreamSession:
             except TimeoutError as exc:
                 self._doubted.set()
                 raise UpstreamTimeout(self.name, f"{what}: no answer within {limit:g}s") from exc
+            finally:
+                self.used = time.monotonic()
 
     def translated(self, what: str) -> AbstractContextManager[None]:
         """The ``mcp`` client's errors within, as the gateway's (``translation.py``)."""

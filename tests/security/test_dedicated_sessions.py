@@ -1,0 +1,126 @@
+"""A client's dedicated upstream sessions (``session: per_client``) are bounded per upstream
+and per client: one client opening sessions by the dozen starts no more than its share of
+processes, and a newcomer takes the place of an idle session of the client holding the most.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from agent_gateway import runtime
+from agent_gateway.upstreams.dedicated import _IDLE
+from tests.servers import recorder
+from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
+
+BOUND = 10.0
+NAMES = ["bystander", "attacker", *(f"c{n}" for n in range(1, 8))]
+
+
+def _auth() -> dict[str, Any]:
+    return {"auth": {"mode": "bearer", "tokens": [{"name": n, "token": f"${{T_{n}}}"} for n in NAMES]}}
+
+
+def _tokens() -> dict[str, str]:
+    return {f"T_{n}": f"{n}-token-0123456789abcdef" for n in NAMES}
+
+
+async def session_of(stack: AsyncExitStack, gw: RunningGateway, name: str) -> Client:
+    """A handshake-era session of client ``name``, open until ``stack`` closes."""
+    headers = {"Authorization": f"Bearer {name}-token-0123456789abcdef"}
+    http = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=30))
+    return await stack.enter_async_context(
+        Client(streamable_http_client(gw.url, http_client=http), mode="legacy")
+    )
+
+
+async def whoami(client: Client) -> dict[str, Any]:
+    """Who answered: the upstream's process id and session id, or (``refused``) why not."""
+    result = await client.call_tool("rec__whoami", {})
+    if result.is_error:
+        block = result.content[0]
+        assert isinstance(block, types.TextContent)
+        return {"refused": block.text}
+    assert result.structured_content is not None
+    return result.structured_content
+
+
+async def settled(wanted: int) -> None:
+    """Until the gateway has ``wanted`` child processes (a closed session's ends in time)."""
+    with anyio.fail_after(BOUND):
+        while len(runtime.child_pids()) != wanted:
+            await anyio.sleep(0.05)
+
+
+async def test_one_client_opening_sessions_by_the_dozen_starts_only_its_share_of_processes() -> None:
+    upstream = python_upstream("recorder.py", session="per_client", protocol="legacy", max_sessions=4)
+    config = {"upstreams": {"rec": upstream}} | _auth()
+    async with running_gateway(config, environ=_tokens()) as gw, AsyncExitStack() as stack:
+        before = len(runtime.child_pids())
+        bystander = await session_of(stack, gw, "bystander")
+        pid = (await whoami(bystander))["pid"]
+        attacker = [await session_of(stack, gw, "attacker") for _ in range(6)]
+        served: list[int] = []
+        refusals: list[str] = []
+
+        async def call(client: Client) -> None:
+            answer = await whoami(client)
+            served.append(answer["pid"]) if "pid" in answer else refusals.append(answer["refused"])
+
+        async with anyio.create_task_group() as tg:
+            for client in attacker:
+                tg.start_soon(call, client)
+        # Its share of 4 is one: one session served, five refused, saying why.
+        assert len(served) == 1
+        assert len(refusals) == 5
+        assert all(
+            "this client's 1 of its 4 sessions (max_sessions) are in use; retry later" in m for m in refusals
+        )
+        assert (await whoami(bystander))["pid"] == pid  # the bystander's process untouched
+        await settled(before + 2)
+
+        # Idle a while, its one session makes way for its next: still one process of its own.
+        await anyio.sleep(_IDLE)
+        assert (await whoami(attacker[1]))["pid"] not in (served[0], pid)
+        await settled(before + 2)
+        assert (await whoami(bystander))["pid"] == pid
+
+        # A session with a call in flight is in use however long the call: never taken.
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attacker[1].call_tool, "rec__wait", {"seconds": 30})
+            with anyio.fail_after(BOUND):
+                while gw.gateway.proxy.pending() == 0:
+                    await anyio.sleep(0.02)
+            await anyio.sleep(_IDLE)
+            assert "retry later" in (await whoami(attacker[2]))["refused"]
+            tg.cancel_scope.cancel()
+        assert (await whoami(bystander))["pid"] == pid
+
+
+async def test_at_an_upstreams_max_sessions_a_newcomer_takes_an_idle_one_of_the_largest_holder() -> None:
+    # A handshake-era upstream: its session ids tell the gateway's sessions with it apart.
+    async with serving_upstream(recorder.build(lambda _: None)) as url:
+        upstream = {"url": url, "session": "per_client", "protocol": "legacy", "max_sessions": 8}
+        config = {"upstreams": {"rec": upstream}} | _auth()
+        async with running_gateway(config, environ=_tokens()) as gw, AsyncExitStack() as stack:
+            # Six clients hold one each, then the attacker its share (two of eight): the least
+            # recently used sessions are others', the largest holder the attacker.
+            holders = [*((f"c{n}", 0) for n in range(1, 7)), ("attacker", 0), ("attacker", 1)]
+            clients = {who: await session_of(stack, gw, who[0]) for who in holders}
+            first = {who: (await whoami(c))["session"] for who, c in clients.items()}
+            await anyio.sleep(_IDLE)
+            newcomer = await session_of(stack, gw, "c7")
+            await whoami(newcomer)
+            # The attacker's least recently used session made way; everyone else kept theirs.
+            kept = {who: (await whoami(c))["session"] for who, c in clients.items() if who != ("attacker", 0)}
+            assert kept == {who: s for who, s in first.items() if who != ("attacker", 0)}
+            # Its next call finds all eight in use a moment ago: refused, not taken from another.
+            refusal = (await whoami(clients["attacker", 0]))["refused"]
+            assert refusal == "upstream 'rec': all its 8 sessions (max_sessions) are in use; retry later"
+            assert len(gw.gateway.dedicated.live) <= 8
