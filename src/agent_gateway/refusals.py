@@ -19,7 +19,8 @@ logger = logging.getLogger("agent_gateway.refusals")
 refusals = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.refusals",
     description="Requests and connections refused by a bound, by reason (connections, "
-    "header_timeout, rate_limit, sessions, subscriptions, body, name, in_flight, concurrency).",
+    "header_timeout, rate_limit, sessions, subscriptions, body, name, in_flight, concurrency, "
+    "dedicated_sessions).",
 )
 
 
