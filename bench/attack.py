@@ -17,7 +17,11 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
 - ``undecided-patterns``: the same against ``^(a|aa)+$``, which the bounded matcher cannot
   decide within its budget either (each such call spends it: 0.1 s);
 - ``big-results``: one 40 MB result alone, then eight at once (80 MB answers): the peak RSS
-  per MB served (the kernel's high-water mark), what the bound on bytes in flight refused.
+  per MB served (the kernel's high-water mark), what the bound on bytes in flight refused;
+- ``dedicated-sessions``: 90 sessions of one client (its session cap is 100), 20 opened at a time and all kept open,
+  each calling a stdio upstream with ``session: per_client`` (a small MCP server in plain
+  Python, so each process is cheap): how many processes the gateway started. The bystander
+  calls that upstream too.
 
 ``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
 under /tmp, run with this venv), for the table in bench/README.md::
@@ -130,6 +134,25 @@ uvicorn.run(upstream, host="127.0.0.1", port=int(sys.argv[1]), log_level="warnin
 """
 
 
+TINY = """
+import json, sys
+for line in sys.stdin:
+    request = json.loads(line)
+    if "id" not in request:
+        continue
+    method, result = request["method"], {}
+    if method == "initialize":
+        result = {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
+                  "serverInfo": {"name": "tiny", "version": "1"}}
+    elif method == "tools/list":
+        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": request["params"]["arguments"].get("text", "")}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
+"""
+"""A stdio MCP server of a few lines: one process per client session costs little."""
+
+
 _SERVE = "import sys; from agent_gateway.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -161,6 +184,12 @@ class Process:
     def reset_peak(self) -> None:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")
 
+    def children(self) -> int:
+        try:
+            return len(Path(f"/proc/{self.pid}/task/{self.pid}/children").read_text().split())
+        except OSError:
+            return -1
+
     def fds(self) -> int:
         try:
             return len(os.listdir(f"/proc/{self.pid}/fd"))
@@ -184,6 +213,7 @@ class Row:
 class Bystander:
     """A well-behaved client calling ``echo`` in a loop during an attack."""
 
+    tool: str = "slow__echo"
     latencies: list[float] = field(default_factory=list)
     failures: int = 0
 
@@ -198,7 +228,7 @@ class Bystander:
                         started = time.perf_counter()
                         try:
                             async with asyncio.timeout(15):
-                                result = await client.call_tool("slow__echo", {"text": "hi"})
+                                result = await client.call_tool(self.tool, {"text": "hi"})
                             if result.is_error:
                                 self.failures += 1
                             else:
@@ -226,6 +256,7 @@ async def gateway(
 ) -> AsyncIterator[tuple[str, Process]]:
     port = free_port()
     home = Path(tempfile.mkdtemp(prefix="attack-"))
+    (home / "tiny.py").write_text(TINY)
     config = {
         "server": {"port": port},
         "upstreams": {
@@ -234,7 +265,8 @@ async def gateway(
                 "health": {"interval": 2, "timeout": 2},
                 "timeout": 120,
                 **(upstream or {}),
-            }
+            },
+            "tiny": {"command": sys.executable, "args": [str(home / "tiny.py")], "session": "per_client"},
         },
         "agent": {"enabled": False, "memory": {"path": str(home / "conversations.sqlite")}},
         "auth": {
@@ -392,6 +424,49 @@ async def sessions(url: str, proc: Process, seconds: float) -> str:
     return f"{opened} sessions opened in {seconds:g}s (limit 60 requests/min)"
 
 
+async def dedicated_sessions(url: str, proc: Process, seconds: float) -> str:
+    sessions = 90  # below the client's own cap of 100 sessions
+    served = refused = most = 0
+    failed: list[str] = []
+    opening, done = asyncio.Semaphore(20), asyncio.Event()
+
+    async def one() -> None:
+        try:
+            await session()
+        except Exception as exc:  # counted: the gateway refused or dropped it
+            while isinstance(exc, BaseExceptionGroup):
+                exc = exc.exceptions[0]
+            failed.append(f"{type(exc).__name__}: {exc}"[:80])
+
+    async def session() -> None:
+        nonlocal served, refused
+        async with (
+            httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
+            Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+        ):
+            async with opening:
+                result = await client.call_tool("tiny__echo", {"text": "x"})
+            served, refused = served + (not result.is_error), refused + result.is_error
+            await done.wait()  # the session kept open, as its process
+
+    async def watch() -> None:
+        nonlocal most
+        while not done.is_set():
+            most = max(most, proc.children())
+            await asyncio.sleep(0.1)
+
+    async with asyncio.TaskGroup() as tg:
+        for _ in range(sessions):
+            tg.create_task(one())
+        tg.create_task(watch())
+        while served + refused + len(failed) < sessions:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(seconds)
+        done.set()
+    errors = f" ({len(failed)} failed: {failed[0]})" if failed else ""
+    return f"{served} of {sessions} sessions served, {refused} refused{errors}; {most} processes at most"
+
+
 async def long_calls(url: str, proc: Process, seconds: float) -> str:
     async with (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
@@ -533,17 +608,20 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "big-results": (big_results, 0.0, None),
     "patterns": (patterns, 10.0, None),
     "undecided-patterns": (undecided_patterns, 10.0, None),
+    "dedicated-sessions": (dedicated_sessions, 3.0, None),
 }
 
 UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
 """The upstream's settings an attack needs beyond the others'."""
+BYSTANDER_TOOL = {"dedicated-sessions": "tiny__echo"}
+"""The tool the bystander calls where it is not ``slow__echo``."""
 
 
 async def one_attack(name: str, code: str, src: Path, upstream_port: int) -> Row:
     attack, seconds, policy = ATTACKS[name]
     async with gateway(src, upstream_port, policy, UPSTREAM_SETTINGS.get(name)) as (url, proc):
         before = (proc.rss_mb(), proc.fds())
-        bystander, stop = Bystander(), asyncio.Event()
+        bystander, stop = Bystander(BYSTANDER_TOOL.get(name, "slow__echo")), asyncio.Event()
         watcher = asyncio.create_task(bystander.run(url, stop))
         await asyncio.sleep(1)
         samples: list[tuple[float, int]] = []
