@@ -118,3 +118,41 @@ async def test_a_get_with_last_event_id_and_no_event_store_opens_the_stream_as_w
     assert second.status_code == 409
     assert second.json()["error"]["message"] == "Conflict: Only one SSE stream is allowed per session"
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+async def _poll_page(http: httpx.AsyncClient, url: str, answers: list[httpx.Response]) -> None:
+    for _ in range(POLLS):
+        for query in ("", "?part=live&catalog=stale"):  # a stale version: the catalog is sent
+            answers.append(await http.get(f"{url}/{query}"))
+
+
+async def test_the_status_page_polled_flat_out_is_rendered_once_a_second_its_catalog_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Every GET of the page rendered it whole, its catalog (every tool with its schema) too,
+    # in the loop every client waits on; a client asking for a stale catalog version got it
+    # rendered anew each time. Neither is rate limited.
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    async with (
+        serving_upstream(_upstream()) as url,
+        running_gateway({"upstreams": {"plain": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        answers: list[httpx.Response] = []
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            for _ in range(POLLERS):
+                tg.start_soon(_poll_page, http, gw.base, answers)
+        span = time.monotonic() - started
+        renders = Counter(
+            r.getMessage().split(" rendered")[0] for r in caplog.records if "rendered in" in r.getMessage()
+        )
+        # The live sections at most a second old: a session opened now is on the page soon.
+        async with Client(gw.url, mode="legacy"):
+            with anyio.fail_after(BOUND):
+                while "<td>anonymous" not in (await http.get(f"{gw.base}/?part=live")).text:
+                    await anyio.sleep(0.05)
+    assert [a.status_code for a in answers] == [200] * (2 * POLLERS * POLLS)
+    assert all("plain__echo" in a.text for a in answers)  # the catalog in every answer asked for
+    assert renders["status page catalog"] == 1, renders
+    assert 1 <= renders["status page sections"] <= span + 1, (renders, span)

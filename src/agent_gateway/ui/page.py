@@ -9,9 +9,11 @@ that came from a client or an upstream is escaped.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from html import escape
 
@@ -23,30 +25,73 @@ from agent_gateway.server import Gateway
 from agent_gateway.ui.static import SCRIPT, STYLE
 from agent_gateway.upstreams.pool import UpstreamStatus
 
+logger = logging.getLogger(__name__)
+
 SHOWN_CALLS = 50
 SHOWN_RUNS = 20
 
 
-def full_page(gateway: Gateway, nonce: str) -> str:
-    """The whole page; ``nonce`` lets its own style and script run under the CSP."""
-    return (
-        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">'
-        f'<title>agent-gateway</title><link rel="icon" href="data:,"><style nonce="{nonce}">{STYLE}</style>'
-        f"</head><body><header><h1>agent-gateway</h1><span class=version>{escape(__version__)}</span>"
-        f'{_updated()}<span id="stale" hidden>not refreshing</span></header><main>'
-        f"{_upstreams(gateway)}"
-        '<h2>Catalog</h2><p><input type="search" id="search" placeholder="Search tools: name, upstream, '
-        'description" autocomplete="off"> <span id="shown" class="muted"></span></p>'
-        f"{_catalog(gateway)}{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
-        f'</main><script nonce="{nonce}">{SCRIPT}</script></body></html>'
-    )
+INTERVAL = 1.0
+"""Seconds one rendering of the live sections is served for, as ``/status``'s: the page is
+not rate limited, and at 10,000 tools its catalog alone takes most of a second to render."""
 
 
-def live_part(gateway: Gateway, catalog_version: str | None) -> str:
-    """The sections the page refreshes; the catalog only if its version is not ``catalog_version``."""
-    catalog = "" if catalog_version == str(gateway.catalog.snapshot.version) else _catalog(gateway)
-    return f"{_updated()}{_upstreams(gateway)}{catalog}{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
+@dataclass
+class _Live:
+    updated: str
+    upstreams: str
+    rest: str
+    """Sessions, calls and runs."""
+
+
+class StatusPage:
+    """The page, its live sections rendered at most once every ``INTERVAL`` and its catalog
+    once per catalog version, however many clients ask and whatever they ask for."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+        self._live: tuple[float, _Live] | None = None
+        self._catalog: tuple[int, str] | None = None
+
+    def full(self, nonce: str) -> str:
+        """The whole page; ``nonce`` lets its own style and script run under the CSP."""
+        live = self._sections()
+        return (
+            '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<title>agent-gateway</title><link rel="icon" href="data:,"><style nonce="{nonce}">{STYLE}</style>'
+            f"</head><body><header><h1>agent-gateway</h1><span class=version>{escape(__version__)}</span>"
+            f'{live.updated}<span id="stale" hidden>not refreshing</span></header><main>'
+            f"{live.upstreams}"
+            '<h2>Catalog</h2><p><input type="search" id="search" placeholder="Search tools: name, upstream, '
+            'description" autocomplete="off"> <span id="shown" class="muted"></span></p>'
+            f"{self._catalog_section()}{live.rest}"
+            f'</main><script nonce="{nonce}">{SCRIPT}</script></body></html>'
+        )
+
+    def live(self, catalog_version: str | None) -> str:
+        """The sections the page refreshes; the catalog only if its version is not
+        ``catalog_version``."""
+        live = self._sections()
+        fresh = catalog_version == str(self._gateway.catalog.snapshot.version)
+        return f"{live.updated}{live.upstreams}{'' if fresh else self._catalog_section()}{live.rest}"
+
+    def _sections(self) -> _Live:
+        now = time.monotonic()
+        if self._live is None or now - self._live[0] >= INTERVAL:
+            gateway = self._gateway
+            rest = f"{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
+            self._live = (now, _Live(_updated(), _upstreams(gateway), rest))
+            logger.debug("status page sections rendered in %.1f ms", (time.monotonic() - now) * 1000)
+        return self._live[1]
+
+    def _catalog_section(self) -> str:
+        version = self._gateway.catalog.snapshot.version
+        if self._catalog is None or self._catalog[0] != version:
+            started = time.monotonic()
+            self._catalog = (version, _catalog(self._gateway))
+            logger.debug("status page catalog rendered in %.1f ms", (time.monotonic() - started) * 1000)
+        return self._catalog[1]
 
 
 def _updated() -> str:

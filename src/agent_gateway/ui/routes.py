@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from agent_gateway.server import Gateway
-from agent_gateway.ui.page import full_page, live_part
+from agent_gateway.ui.page import StatusPage
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -23,15 +23,16 @@ def status_page(
 ) -> Endpoint:
     """The page's endpoint; ``authorized(request)`` is the same check as ``/status``, and
     ``refusal(request)`` the same answer when it fails (its status and reason)."""
+    rendered = StatusPage(gateway)
 
     async def page(request: Request) -> Response:
         if not authorized(request):
             status, reason = refusal(request)
             return HTMLResponse(f"<h1>{status}: {html.escape(reason)}</h1>", status_code=status)
         if request.query_params.get("part") == "live":
-            return _html(live_part(gateway, request.query_params.get("catalog")), nonce=None)
+            return _html(rendered.live(request.query_params.get("catalog")), nonce=None)
         nonce = secrets.token_urlsafe(16)
-        return _html(full_page(gateway, nonce), nonce)
+        return _html(rendered.full(nonce), nonce)
 
     return page
 
