@@ -18,6 +18,10 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   decide within its budget either (each such call spends it: 0.1 s);
 - ``big-results``: one 40 MB result alone, then eight at once (80 MB answers): the peak RSS
   per MB served (the kernel's high-water mark), what the bound on bytes in flight refused;
+- ``status-page``: 4 clients polling the status page's live part flat out, each asking for a
+  stale catalog version (so the catalog comes with every answer), the catalog 3,000 tools
+  from the stdio upstream. The page is open to anyone without auth (the README's example);
+  here, behind bearer auth, the attacker's policy is ``admin``;
 - ``dedicated-sessions``: 90 sessions of one client (its session cap is 100), 20 opened at a time and all kept open,
   each calling a stdio upstream with ``session: per_client`` (a small MCP server in plain
   Python, so each process is cheap): how many processes the gateway started. The bystander
@@ -135,7 +139,10 @@ uvicorn.run(upstream, host="127.0.0.1", port=int(sys.argv[1]), log_level="warnin
 
 
 TINY = """
-import json, sys
+import json, os, sys
+more = [{"name": f"tool_{n}", "description": f"Tool number {n} of many, for a large catalog.",
+         "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}
+        for n in range(int(os.environ.get("TINY_TOOLS", "0")))]
 for line in sys.stdin:
     request = json.loads(line)
     if "id" not in request:
@@ -145,12 +152,13 @@ for line in sys.stdin:
         result = {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
                   "serverInfo": {"name": "tiny", "version": "1"}}
     elif method == "tools/list":
-        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]}
+        result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}, *more]}
     elif method == "tools/call":
         result = {"content": [{"type": "text", "text": request["params"]["arguments"].get("text", "")}]}
     print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
 """
-"""A stdio MCP server of a few lines: one process per client session costs little."""
+"""A stdio MCP server of a few lines: one process per client session costs little; it lists
+``TINY_TOOLS`` more tools for a large catalog."""
 
 
 _SERVE = "import sys; from agent_gateway.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -249,6 +257,7 @@ class Bystander:
 
 @asynccontextmanager
 async def gateway(
+    attack: str,
     src: Path,
     upstream_port: int,
     policy: dict[str, Any] | None = None,
@@ -266,7 +275,12 @@ async def gateway(
                 "timeout": 120,
                 **(upstream or {}),
             },
-            "tiny": {"command": sys.executable, "args": [str(home / "tiny.py")], "session": "per_client"},
+            "tiny": {
+                "command": sys.executable,
+                "args": [str(home / "tiny.py")],
+                "session": "per_client",
+                "env": {"TINY_TOOLS": str(TINY_TOOLS.get(attack, 0))},
+            },
         },
         "agent": {"enabled": False, "memory": {"path": str(home / "conversations.sqlite")}},
         "auth": {
@@ -467,6 +481,22 @@ async def dedicated_sessions(url: str, proc: Process, seconds: float) -> str:
     return f"{served} of {sessions} sessions served, {refused} refused{errors}; {most} processes at most"
 
 
+async def status_page(url: str, proc: Process, seconds: float) -> str:
+    base = url.removesuffix("/mcp")
+    served = 0
+
+    async def poll(http: httpx.AsyncClient) -> None:
+        nonlocal served
+        while time.monotonic() < end:
+            answer = await http.get(f"{base}/?part=live&catalog=stale")  # the catalog sent anew
+            served += answer.status_code == 200
+
+    end = time.monotonic() + seconds
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http:
+        await asyncio.gather(*(poll(http) for _ in range(4)))
+    return f"{served} pages with the whole catalog in {seconds:g}s (4 pollers)"
+
+
 async def long_calls(url: str, proc: Process, seconds: float) -> str:
     async with (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
@@ -609,17 +639,20 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "patterns": (patterns, 10.0, None),
     "undecided-patterns": (undecided_patterns, 10.0, None),
     "dedicated-sessions": (dedicated_sessions, 3.0, None),
+    "status-page": (status_page, 10.0, {"admin": True}),
 }
 
 UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
 """The upstream's settings an attack needs beyond the others'."""
+TINY_TOOLS = {"status-page": 3000}
+"""The tools the stdio upstream lists beyond ``echo``, where an attack needs a large catalog."""
 BYSTANDER_TOOL = {"dedicated-sessions": "tiny__echo"}
 """The tool the bystander calls where it is not ``slow__echo``."""
 
 
 async def one_attack(name: str, code: str, src: Path, upstream_port: int) -> Row:
     attack, seconds, policy = ATTACKS[name]
-    async with gateway(src, upstream_port, policy, UPSTREAM_SETTINGS.get(name)) as (url, proc):
+    async with gateway(name, src, upstream_port, policy, UPSTREAM_SETTINGS.get(name)) as (url, proc):
         before = (proc.rss_mb(), proc.fds())
         bystander, stop = Bystander(BYSTANDER_TOOL.get(name, "slow__echo")), asyncio.Event()
         watcher = asyncio.create_task(bystander.run(url, stop))

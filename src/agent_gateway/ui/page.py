@@ -52,6 +52,8 @@ class StatusPage:
         self._gateway = gateway
         self._live: tuple[float, _Live] | None = None
         self._catalog: tuple[int, str] | None = None
+        self._answers: dict[bool, tuple[_Live, int, bytes]] = {}
+        """The live part's answer, with the catalog (False) and without (True)."""
 
     def full(self, nonce: str) -> str:
         """The whole page; ``nonce`` lets its own style and script run under the CSP."""
@@ -69,12 +71,17 @@ class StatusPage:
             f'</main><script nonce="{nonce}">{SCRIPT}</script></body></html>'
         )
 
-    def live(self, catalog_version: str | None) -> str:
-        """The sections the page refreshes; the catalog only if its version is not
-        ``catalog_version``."""
+    def live(self, catalog_version: str | None) -> bytes:
+        """The sections the page refreshes, encoded; the catalog only if its version is not
+        ``catalog_version`` (each of the two answers joined and encoded once per rendering)."""
         live = self._sections()
-        fresh = catalog_version == str(self._gateway.catalog.snapshot.version)
-        return f"{live.updated}{live.upstreams}{'' if fresh else self._catalog_section()}{live.rest}"
+        version = self._gateway.catalog.snapshot.version
+        fresh = catalog_version == str(version)
+        answer = self._answers.get(fresh)
+        if answer is None or answer[0] is not live or answer[1] != version:
+            text = f"{live.updated}{live.upstreams}{'' if fresh else self._catalog_section()}{live.rest}"
+            answer = self._answers[fresh] = (live, version, text.encode())
+        return answer[2]
 
     def _sections(self) -> _Live:
         now = time.monotonic()
