@@ -24,7 +24,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.logs import Clipped, JsonFormatter, LineFormatter, TraceIds, redacted_url
+from agent_gateway.logs import Clipped, JsonFormatter, LineFormatter, PeerRepeats, TraceIds, redacted_url
 from agent_gateway.reload import Reloader, stamp
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
@@ -67,6 +67,7 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 def _log_handler(log_format: str) -> logging.Handler:
     """Log lines on stderr, each with the current trace and span ids (text or JSON)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(PeerRepeats())
     handler.addFilter(TraceIds())
     handler.addFilter(Clipped())
     if log_format == "json":

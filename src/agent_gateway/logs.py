@@ -10,6 +10,9 @@ import time
 from typing import Any
 
 from opentelemetry import trace
+from pydantic import ValidationError
+
+from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
 
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _QUERY_VALUE = re.compile(r"([?&][^=\s&#?]+=)[^&\s#\"']+")
@@ -50,6 +53,47 @@ class Clipped(logging.Filter):
         message = record.getMessage()
         if "://" in message or "?" in message:
             record.msg, record.args = redacted_url(message), ()
+        return True
+
+
+PEER_LOGGERS = ("mcp.client.", "agent_gateway.upstreams.forwarding")
+"""Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
+about what an upstream sent (a malformed notification, say): the upstream chooses how many."""
+REPEAT_WINDOW = 10.0
+"""Seconds within which one such line is written once, the rest counted."""
+
+
+class PeerRepeats(logging.Filter):
+    """Writes a warning about what an upstream sent once per ``REPEAT_WINDOW`` for each line,
+    saying how many like it were left out; a pydantic ``ValidationError`` (the upstream's
+    malformed message) as one line, not a traceback through the SDK. Before, each of an
+    upstream's malformed notifications wrote a traceback of dozens of lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: dict[tuple[str, object], tuple[float, int]] = {}
+        """(logger, message template) -> (when its window began, lines left out since)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        peer = record.name == CLIENT_SESSION_LOGGER or record.name.startswith(PEER_LOGGERS)
+        if record.levelno < logging.WARNING or not peer:
+            return True
+        key = (record.name, record.msg)
+        began, left_out = self._seen.get(key, (-REPEAT_WINDOW, 0))
+        if record.created - began < REPEAT_WINDOW:
+            self._seen[key] = (began, left_out + 1)
+            return False
+        if len(self._seen) > 1000:  # templates are few; bounded all the same
+            self._seen.clear()
+        self._seen[key] = (record.created, 0)
+        message = record.getMessage()
+        if record.exc_info is not None and isinstance(error := record.exc_info[1], ValidationError):
+            # "1 validation error for X", the field, what was wrong with it: one line.
+            message = f"{message}: {clipped('; '.join(line.strip() for line in str(error).splitlines()[:3]))}"
+            record.exc_info = record.exc_text = None
+        if left_out:
+            message = f"{message} ({left_out} more like it in the {REPEAT_WINDOW:g} s before, not written)"
+        record.msg, record.args = message, ()
         return True
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import anyio
 import msgspec
 from mcp import Client
+from mcp.client import session as client_session
 from mcp.client import streamable_http
 from mcp.client._transport import TransportStreams
 from mcp.server.connection import Connection
@@ -31,6 +32,7 @@ from opentelemetry.trace import Span, SpanKind
 from pydantic import ValidationError
 
 __all__ = [
+    "CLIENT_SESSION_LOGGER",
     "MCP_DEFAULT_SSE_READ_TIMEOUT",
     "MCP_DEFAULT_TIMEOUT",
     "ReadStream",
@@ -49,6 +51,10 @@ __all__ = [
     "result_check_failed",
     "stamp",
 ]
+
+CLIENT_SESSION_LOGGER: str = client_session.logger.name
+"""The logger of the SDK's client session (named ``client``, not its module's name): where
+it warns of an upstream's malformed notifications."""
 
 
 def connection_of(session: Any) -> Connection:

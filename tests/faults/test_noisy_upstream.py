@@ -1,0 +1,77 @@
+"""An upstream that sends malformed notifications by the hundred costs the log one line per
+kind every ten seconds, not a traceback each: the upstream chooses how many it sends."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from fastmcp import FastMCP
+from mcp import Client
+from starlette.types import ASGIApp, Scope, Send
+
+from tests.faults.harness import text_of
+from tests.support import child_process, free_socket, gateway_env, intercepted, ready, serving
+
+NOISE = 300
+"""Malformed progress notifications sent before one call's result."""
+
+
+def noisy_upstream() -> ASGIApp:
+    """A FastMCP upstream whose ``noisy`` call is answered with ``NOISE`` malformed progress
+    notifications (``progress`` a string), then its result, on one SSE stream."""
+    server = FastMCP("noisy")
+    server.tool(lambda: "quiet", name="noisy")
+    return intercepted(server, _noisy)
+
+
+async def _noisy(scope: Scope, request: dict[str, Any], send: Send) -> bool:
+    if (request.get("params") or {}).get("name") != "noisy":
+        return False
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]}
+    )
+    bad = {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": 1, "progress": "lots"},
+    }
+    frame = f"event: message\ndata: {json.dumps(bad)}\n\n".encode()
+    await send({"type": "http.response.body", "body": frame * NOISE, "more_body": True})
+    result = {"content": [{"type": "text", "text": "done"}]}
+    answer = {"jsonrpc": "2.0", "id": request["id"], "result": result}
+    await send(
+        {"type": "http.response.body", "body": f"event: message\ndata: {json.dumps(answer)}\n\n".encode()}
+    )
+    return True
+
+
+@pytest.mark.parametrize("protocol", ["legacy", "auto"])
+async def test_an_upstreams_malformed_notifications_by_the_hundred_write_one_line(
+    protocol: str, tmp_path: Path
+) -> None:
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = tmp_path / "gateway.log"
+    async with serving(noisy_upstream()) as base:
+        upstream = {"url": f"{base}/mcp", "protocol": protocol}
+        config = tmp_path / "gateway.yaml"
+        config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {"noisy": upstream}}))
+        command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
+        async with child_process(command, gateway_env(), log):
+            await ready(port)
+            async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+                answers = [text_of(await client.call_tool("noisy__noisy", {})) for _ in range(2)]
+    assert answers == ["done", "done"]  # the call is served: only the notifications are dropped
+    lines = log.read_text().splitlines()
+    noisy = [line for line in lines if "notification" in line and "WARNING" in line]
+    # One line for all 600 (the SDK's for a handshake-era upstream, the forwarder's for a
+    # modern one), naming what was wrong, and no traceback.
+    assert len(noisy) == 1, noisy
+    assert "progress" in noisy[0]
+    assert not any(line.startswith("Traceback") for line in lines)
