@@ -183,6 +183,10 @@ class ServerConfig(_Strict):
     max_bytes_in_flight: int = Field(default=256 * 2**20, ge=2**20)
     """Bytes of upstream answers the process may hold at once, from their read until written
     to the client; an answer that would pass it fails with "retry shortly" (``in_flight``)."""
+    max_listen_streams: int = Field(default=1024, ge=1, le=100_000)
+    """Modern-era ``subscriptions/listen`` streams open at once. At the bound a client's new
+    stream ends the oldest of the client holding the most (when it holds two more than the
+    newcomer's client), else it is refused: a few clients cannot keep everyone else out."""
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with

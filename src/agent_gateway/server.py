@@ -102,7 +102,9 @@ class Gateway:
             self.listing.changed_for,
         )
         holders = self.shared.holders if self.shared is not None else None
-        self.subscriptions = ResourceSubscriptions(self.proxy, self.notifier.bus, holders)
+        self.subscriptions = ResourceSubscriptions(
+            self.proxy, self.notifier.bus, holders, config.server.max_listen_streams
+        )
         # In this order: searches and listings reflect a change before any client is told of it.
         self.catalog.subscribe_early(self.search.prepare)
         self.catalog.subscribe(self.search.changed)

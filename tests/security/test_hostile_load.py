@@ -469,6 +469,53 @@ async def test_a_clients_listen_streams_count_against_its_session_cap_while_othe
     assert all(b"has 3 sessions open, the limit (max_sessions)" in a for a in answers[3:])
 
 
+async def _listen_until_ended(
+    http: httpx.AsyncClient, url: str, headers: dict[str, str], answers: list[bytes], ended: list[int]
+) -> None:
+    """A raw modern listen stream, read until the gateway ends it: its first event (or its
+    refusal) in ``answers``, its number in ``ended`` once it has ended."""
+    n = len(answers)
+    async with http.stream("POST", url, json=LISTEN, headers=headers) as answer:
+        first = b""
+        async for chunk in answer.aiter_raw():
+            if b"\r\n\r\n" not in first:
+                first += chunk
+                if b"\r\n\r\n" in first:
+                    answers.append(f"{answer.status_code} ".encode() + first)
+        if b"\r\n\r\n" not in first:
+            answers.append(f"{answer.status_code} ".encode() + first)
+    ended.append(n)
+
+
+async def test_at_the_listen_stream_bound_a_newcomer_takes_the_place_of_the_largest_holders_oldest() -> None:
+    # The gateway's listen streams were capped with no share: clients from a few addresses,
+    # each within its own max_sessions, held them all and every other client was refused.
+    headers = HEADERS | {"MCP-Protocol-Version": MODERN, "Mcp-Method": "subscriptions/listen"}
+    answers, ended = list[bytes](), list[int]()
+    async with (
+        gateway({"server": {"max_listen_streams": 4}}) as gw,
+        httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(local_address=ATTACKER), timeout=10) as http,
+        anyio.create_task_group() as tg,
+    ):
+        for n in range(4):  # the attacker holds every stream, one opened after another
+            tg.start_soon(_listen_until_ended, http, gw.url, headers, answers, ended)
+            with anyio.fail_after(10):
+                while len(answers) <= n:
+                    await anyio.sleep(0.01)
+        with anyio.fail_after(10):
+            async with client(gw.url) as bystander, bystander.listen(tools_list_changed=True):
+                # Its listen is served; the attacker's oldest stream ended to make way.
+                while ended != [0]:
+                    await anyio.sleep(0.01)
+                # The attacker's next is refused: it holds the most already.
+                tg.start_soon(_listen_until_ended, http, gw.url, headers, answers, ended)
+                while len(answers) < 5:
+                    await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    assert all(a.startswith(b"200 ") and b"subscriptions/acknowledged" in a for a in answers[:4])
+    assert b"listen stream limit reached" in answers[4]
+
+
 async def test_initialize_and_notifications_are_counted_by_the_rate_limit() -> None:
     limited = bearer({"rate_limit": {"per_minute": 6, "burst": 3}})
     async with gateway(limited) as gw, httpx.AsyncClient(timeout=10) as http:

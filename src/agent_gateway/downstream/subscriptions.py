@@ -26,12 +26,13 @@ from typing import Any, Protocol
 
 import anyio
 import mcp_types as types
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated, ServerEvent
+from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.config import ClientPolicy
 from agent_gateway.downstream import sessions
+from agent_gateway.downstream.listeners import Listeners
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import ClientLimited, GatewayError, describe, to_wire
 from agent_gateway.proxy import Proxy
@@ -41,7 +42,6 @@ from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 
-MAX_LISTEN_STREAMS = 1024
 RELEASE_TIMEOUT = 3.0
 """Seconds a session's end spends unsubscribing upstream (within the session end's own
 bound, which releases its dedicated upstream sessions after)."""
@@ -69,23 +69,25 @@ class ResourceSubscriptions:
     """Who is subscribed to what, through which upstream session."""
 
     def __init__(
-        self, proxy: Proxy, catalog_events: InMemorySubscriptionBus, holders: Holders | None = None
+        self,
+        proxy: Proxy,
+        catalog_events: InMemorySubscriptionBus,
+        holders: Holders | None = None,
+        max_streams: int = 1024,
     ) -> None:
+        """``max_streams``: listen streams open at once (``server.max_listen_streams``)."""
         self._proxy = proxy
-        self._catalog_events = catalog_events
         self._holders = holders
         self._subscribers: dict[Key, dict[DownstreamSession, str]] = defaultdict(dict)
         self._keys: dict[DownstreamSession, set[Key]] = {}
         """Each subscribed session's keys: a session's end (every modern-era request is one)
         touches its own subscriptions, not everyone's."""
         self._upstream: dict[Key, UpstreamSession] = {}
-        self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        self._listeners = Listeners(catalog_events, max_streams)
         self._locks: dict[Key, anyio.Lock] = {}
         """One per key: subscribing and unsubscribing upstream happen one at a time."""
         self._joining: dict[DownstreamSession, int] = {}
         """Subscriptions each session is making now, counted against its bound with those held."""
-        self._closed = False
-        """Draining or stopping: listen streams are closed and no new one is opened."""
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
@@ -109,40 +111,24 @@ class ResourceSubscriptions:
         and of updates to the resources it names, subscribed upstream for as long as it is open.
         """
         session = _session(ctx)
-        self._check_open()
-        if len(self._streams) >= MAX_LISTEN_STREAMS:
-            raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
-        _check_room(session, len(uris))  # refused before any is subscribed upstream
-        own = InMemorySubscriptionBus()
-        handler = ListenHandler(_Joined(self._catalog_events, own), max_subscriptions=1)
-        self._streams[session] = (own, handler)
-        try:
+        async with self._listeners.opened(session) as handler:
+            _check_room(session, len(uris))  # refused before any is subscribed upstream
             for uri in uris:
                 await self._join(session, uri)
             # Again: streams may have been closed meanwhile. The handler opens its stream
             # before its first await, so none is opened after they were.
-            self._check_open()
-            return await handler(ctx, params)
-        finally:
+            self._listeners.check_open()
             # The request's session ends with the stream; that leaves its subscriptions.
-            del self._streams[session]
-
-    def _check_open(self) -> None:
-        if self._closed:  # the gateway is draining: its client listens again, elsewhere
-            raise MCPError(
-                code=types.INTERNAL_ERROR, message="agent-gateway: shutting down, listen elsewhere"
-            )
+            return await handler(ctx, params)
 
     def streams(self) -> dict[DownstreamSession, InMemorySubscriptionBus]:
         """Each open listen stream's own events (what only its client is told)."""
-        return {session: own for session, (own, _) in self._streams.items()}
+        return self._listeners.streams()
 
     def close_streams(self) -> None:
         """End every open listen stream gracefully, and open no more (draining, shutdown)."""
-        self._closed = True
-        for _, handler in list(self._streams.values()):
-            handler.close()
+        self._listeners.close()
 
     def holds(self, session: DownstreamSession) -> bool:
         """Whether ``session`` is subscribed to anything here."""
@@ -303,8 +289,8 @@ class ResourceSubscriptions:
         with anyio.move_on_after(SEND_TIMEOUT):
             if session.connection is not None:
                 await session.connection.send_resource_updated(public)
-            elif (stream := self._streams.get(session)) is not None:
-                stream[1].close()
+            else:
+                self._listeners.end(session)
 
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
@@ -312,33 +298,12 @@ class ResourceSubscriptions:
             with anyio.move_on_after(SEND_TIMEOUT):
                 if session.connection is not None:
                     await session.connection.send_resource_updated(public)
-                elif (stream := self._streams.get(session)) is not None:
-                    await stream[0].publish(ResourceUpdated(uri=public))
+                elif (own := self._listeners.own(session)) is not None:
+                    await own.publish(ResourceUpdated(uri=public))
 
     @property
     def count(self) -> int:
         return sum(len(s) for s in self._subscribers.values())
-
-
-class _Joined:
-    """One listen stream's events: the catalog's, shared by all, and its own resource updates."""
-
-    def __init__(self, shared: InMemorySubscriptionBus, own: InMemorySubscriptionBus) -> None:
-        self._shared = shared
-        self._own = own
-
-    async def publish(self, event: ServerEvent) -> None:
-        await self._own.publish(event)
-
-    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
-        leave_shared = self._shared.subscribe(listener)
-        leave_own = self._own.subscribe(listener)
-
-        def unsubscribe() -> None:
-            leave_shared()
-            leave_own()
-
-        return unsubscribe
 
 
 def _check_room(session: DownstreamSession, wanted: int) -> None:

@@ -1,0 +1,141 @@
+"""Modern-era clients' ``subscriptions/listen`` streams while they are open: at most
+``server.max_listen_streams`` of them, shared fairly.
+
+Each stream is a session while it is open, so one client holds at most its ``max_sessions``;
+but a few clients together could still hold every stream. At the bound a newcomer's stream
+takes the place of the oldest of the client holding the most, when that client holds at least
+two more than the newcomer's (the ended stream's client listens again, as after a drain);
+otherwise it is refused. So the clients filling the bound are the ones that give way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import mcp_types as types
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ServerEvent
+from mcp.shared.exceptions import MCPError
+
+from agent_gateway.access import ANONYMOUS
+from agent_gateway.downstream.sessions import DownstreamSession
+from agent_gateway.refusals import refused
+
+logger = logging.getLogger(__name__)
+
+
+class Listeners:
+    """The open listen streams: each one's own events (its resource updates) and handler."""
+
+    def __init__(self, catalog_events: InMemorySubscriptionBus, max_streams: int) -> None:
+        self._catalog_events = catalog_events
+        self._max_streams = max_streams
+        self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        self._ending: set[DownstreamSession] = set()
+        """Streams ended to make room for another's, until their handlers return."""
+        self._closed = False
+        """Draining or stopping: streams are closed and no new one is opened."""
+
+    @asynccontextmanager
+    async def opened(self, session: DownstreamSession) -> AsyncIterator[ListenHandler]:
+        """``session``'s stream, held open within (its handler serves it); refused when the
+        gateway is closing its streams or holds its bound and none makes way.
+
+        Raises:
+            MCPError: refused.
+        """
+        self.check_open()
+        if len(self._streams) - len(self._ending) >= self._max_streams:
+            self._make_room(session)
+        own = InMemorySubscriptionBus()
+        handler = ListenHandler(_Joined(self._catalog_events, own), max_subscriptions=1)
+        self._streams[session] = (own, handler)
+        try:
+            yield handler
+        finally:
+            del self._streams[session]
+            self._ending.discard(session)
+
+    def check_open(self) -> None:
+        """Refuse a stream while the gateway is draining: its client listens again, elsewhere.
+
+        Raises:
+            MCPError: draining.
+        """
+        if self._closed:
+            raise MCPError(
+                code=types.INTERNAL_ERROR, message="agent-gateway: shutting down, listen elsewhere"
+            )
+
+    def _make_room(self, newcomer: DownstreamSession) -> None:
+        """End the oldest stream of the client holding the most, when it holds at least two
+        more than ``newcomer``'s client (so the stream moves to a fairer share); else refuse.
+
+        Raises:
+            MCPError: no stream makes way.
+        """
+        open_now = [s for s in self._streams if s not in self._ending]  # oldest first
+        held = Counter(_holder(s) for s in open_now)
+        largest, most = held.most_common(1)[0] if held else ("", 0)
+        mine = held.get(_holder(newcomer), 0)
+        if most < mine + 2:
+            refused(
+                "listen_streams", "client %s refused a listen stream: the gateway holds its %d, "
+                "%d of them its own", _holder(newcomer), self._max_streams, mine,
+            )  # fmt: skip
+            raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
+        victim = next(s for s in open_now if _holder(s) == largest)
+        self._ending.add(victim)
+        self._streams[victim][1].close()
+        logger.info(
+            "listen stream of %s (%d open) ended for one of %s: the gateway holds its %d",
+            largest, most, _holder(newcomer), self._max_streams,
+        )  # fmt: skip
+
+    def own(self, session: DownstreamSession) -> InMemorySubscriptionBus | None:
+        """``session``'s stream's own events, while it is open."""
+        stream = self._streams.get(session)
+        return stream[0] if stream is not None else None
+
+    def end(self, session: DownstreamSession) -> None:
+        """End ``session``'s stream gracefully, if it is open (its client listens again)."""
+        if (stream := self._streams.get(session)) is not None:
+            stream[1].close()
+
+    def streams(self) -> dict[DownstreamSession, InMemorySubscriptionBus]:
+        """Each open stream's own events (what only its client is told)."""
+        return {session: own for session, (own, _) in self._streams.items()}
+
+    def close(self) -> None:
+        """End every open stream gracefully, and open no more (draining, shutdown)."""
+        self._closed = True
+        for _, handler in list(self._streams.values()):
+            handler.close()
+
+
+class _Joined:
+    """One listen stream's events: the catalog's, shared by all, and its own resource updates."""
+
+    def __init__(self, shared: InMemorySubscriptionBus, own: InMemorySubscriptionBus) -> None:
+        self._shared = shared
+        self._own = own
+
+    async def publish(self, event: ServerEvent) -> None:
+        await self._own.publish(event)
+
+    def subscribe(self, listener: Callable[[ServerEvent], None]) -> Callable[[], None]:
+        leave_shared = self._shared.subscribe(listener)
+        leave_own = self._own.subscribe(listener)
+
+        def unsubscribe() -> None:
+            leave_shared()
+            leave_own()
+
+        return unsubscribe
+
+
+def _holder(session: DownstreamSession) -> str:
+    """The client a stream counts for (an anonymous one by its address)."""
+    return session.client.label if session.client is not None else ANONYMOUS
