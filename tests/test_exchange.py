@@ -124,6 +124,20 @@ async def test_what_is_not_one_plain_request_is_answered_by_the_sdks_entry() -> 
     assert "up__echo" in {tool["name"] for tool in listed.json()["result"]["tools"]}
 
 
+async def test_a_post_that_does_not_accept_its_answers_type_gets_406_saying_so() -> None:
+    # The SDK's modern entry answered an empty 406, where a handshake-era client is told why.
+    async with gateway() as (http, gw):
+        message = {"jsonrpc": "2.0", "id": 7, "method": "tools/list", "params": {"_meta": ENVELOPE}}
+        html_only = await http.post(gw.url, json=message, headers=HEADERS | {"accept": "text/html"})
+        no_stream = await http.post(gw.url, json=message, headers=HEADERS | {"accept": "application/json"})
+    for refused in (html_only, no_stream):
+        assert (refused.status_code, media_type(refused)) == (406, "application/json")
+        assert refused.json()["error"] == {
+            "code": types.INVALID_REQUEST,
+            "message": "Not Acceptable: Client must accept both application/json and text/event-stream",
+        }
+
+
 def answers_counted(scraped: str, form: str) -> float:
     """How many modern-era answers of ``form`` the gateway's metric counted."""
     family = "agent_gateway_http_answers_total{"

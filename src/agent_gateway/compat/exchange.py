@@ -57,7 +57,15 @@ from mcp.shared.inbound import (
 from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata
 from mcp.shared.transport_context import TransportContext
-from mcp_types import ErrorData, JSONRPCError, JSONRPCNotification, JSONRPCRequest, JSONRPCResponse, RequestId
+from mcp_types import (
+    INVALID_REQUEST,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    RequestId,
+)
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -106,7 +114,11 @@ class ModernLane:
         where a long call's watcher runs."""
         request = Request(scope, receive)
         body = await request.body() if scope["method"] == "POST" else b""
-        admitted = await self._admitted(request, body, lifespan_state)
+        try:
+            admitted = await self._admitted(request, body, lifespan_state)
+        except _NotAcceptable as refusal:  # the SDK's entry answers an empty 406 here
+            await json_answer(send, refusal.body, 406)
+            return
         if admitted is None:  # the SDK's entry answers it, its errors included
             await sdk.handle_modern_request(
                 self._server,
@@ -147,7 +159,7 @@ class ModernLane:
             return None
         has_json, has_sse = check_accept_headers(request)
         if not has_json or not (self._json_response or has_sse):
-            return None
+            raise _NotAcceptable(self._json_response)
         try:
             parsed = request.scope.get(PARSED)  # admission's, when it parsed this very body
             decoded = parsed[1] if parsed is not None and parsed[0] == body else json.loads(body)
@@ -288,6 +300,17 @@ async def _served(
     finally:
         if holds_callbacks(runner.connection.exit_stack):
             await aclose_shielded(runner.connection)
+
+
+class _NotAcceptable(Exception):
+    """A POST whose ``Accept`` leaves out what its answer may be: answered 406 with the
+    JSON-RPC error a handshake-era client gets, where the SDK's modern entry sends no body."""
+
+    def __init__(self, json_response: bool) -> None:
+        wanted = "application/json" if json_response else "both application/json and text/event-stream"
+        error = {"code": INVALID_REQUEST, "message": f"Not Acceptable: Client must accept {wanted}"}
+        self.body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+        super().__init__(error["message"])
 
 
 def _message(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> JSONRPCResponse | JSONRPCError:
