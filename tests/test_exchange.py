@@ -4,6 +4,7 @@ SDK's own entry answers."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import httpx
 import mcp_types as types
 import pytest
+from fastmcp import FastMCP
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.runner import ServerRunner
@@ -29,6 +31,17 @@ HEADERS = {
     "accept": "application/json, text/event-stream",
     "content-type": "application/json",
     "mcp-protocol-version": MODERN,
+}
+HEADERS_LEGACY = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
 }
 ENVELOPE = {
     types.PROTOCOL_VERSION_META_KEY: MODERN,
@@ -183,3 +196,36 @@ async def test_a_served_requests_connection_is_unwound_when_it_holds_something_a
         assert result["resultType"] == "complete"
         assert unwound == pushed
         assert not holds_callbacks(connection.exit_stack)
+
+
+@pytest.mark.parametrize("era", ["modern", "handshake"])
+async def test_nan_and_infinity_are_refused_as_the_json_they_are_not(era: str) -> None:
+    # Python's parser takes NaN and Infinity, which JSON does not have; the value reached the
+    # upstream as null, a call the client never made.
+    seen: list[object] = []
+    server = FastMCP("numbers")
+
+    @server.tool
+    def show(value: float | None = None) -> str:
+        seen.append(value)
+        return repr(value)
+
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"n": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        headers = HEADERS | {"mcp-method": "tools/call", "mcp-name": "n__show"}
+        if era == "handshake":
+            opened = await http.post(gw.url, json=INITIALIZE, headers=HEADERS_LEGACY)
+            headers = HEADERS_LEGACY | {"mcp-session-id": opened.headers["mcp-session-id"]}
+        params = {"name": "n__show", "arguments": {"value": "__NAN__"}}
+        if era == "modern":
+            params["_meta"] = ENVELOPE
+        for constant in ("NaN", "Infinity", "-Infinity"):
+            body = json.dumps({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params})
+            answer = await http.post(gw.url, content=body.replace('"__NAN__"', constant), headers=headers)
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["error"]["code"] == types.PARSE_ERROR
+            assert "NaN or Infinity" in answer.json()["error"]["message"]
+    assert seen == []

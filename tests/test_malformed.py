@@ -16,6 +16,7 @@ VALID = [
     '{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 3, "id": 4}}',
     '{"jsonrpc": "2.0", "id": 0, "result": {"role": "assistant", "model": "m"}}',  # a sampling answer
     '{"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": "parse error"}}',
+    '{"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "NaN", "arguments": {"t": "Infinity"}}}',
 ]
 
 
@@ -25,6 +26,19 @@ def test_a_valid_request_notification_or_answer_passes(line: str) -> None:
 
 
 REFUSED = [  # (line, the id answered, the code, the reason's start)
+    # Python's parser and the SDK's take NaN and Infinity; the value reached the upstream as null.
+    (
+        '{"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "x", "arguments": {"v": NaN}}}',
+        8,
+        -32700,
+        "the message holds NaN or Infinity, which JSON does not have",
+    ),
+    (
+        '{"jsonrpc": "2.0", "method": "notifications/x", "params": {"v": -Infinity}}',
+        None,
+        -32700,
+        "the message holds NaN",
+    ),
     ('{"jsonrpc": "2.0", "id": 1, "method": "ping"', None, -32700, "not JSON: Expecting ',' delimiter"),
     ("[]", None, -32600, "a batch (JSON array)"),
     ('[{"jsonrpc": "2.0", "id": "b", "method": "ping"}]', "b", -32600, "a batch (JSON array)"),
@@ -74,3 +88,10 @@ def test_a_malformed_answer_from_the_client_is_not_answered_and_its_reason_is_bo
     assert found.answer is None
     assert found.reason.endswith("is malformed: result: Input should be an object")
     assert len(found.reason) < 200
+
+
+def test_an_answer_from_the_client_holding_nan_is_not_answered() -> None:
+    found = malformed('{"jsonrpc": "2.0", "id": 3, "result": {"role": "assistant", "v": NaN}}')
+    assert found is not None
+    assert found.answer is None
+    assert found.reason == "the message holds NaN or Infinity, which JSON does not have"

@@ -29,7 +29,6 @@ Refusals are JSON-RPC errors with a null id, which the SDK's client matches to i
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -47,10 +46,12 @@ from agent_gateway.access import (
     admitting,
     token_of_scope,
 )
+from agent_gateway.json_text import holds_constants, json_values
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
 
 INVALID_REQUEST = -32600
+PARSE_ERROR = -32700
 _SESSION_HEADER = b"mcp-session-id"
 _VERSION_HEADER = b"mcp-protocol-version"
 
@@ -119,7 +120,7 @@ class Admission:
             await _refuse(send, 429, message, code=RATE_LIMITED, data=data, headers=headers)
             return
         if (problem := self._shape_problem(body, scope)) is not None:
-            await self._refuse_body(send, 400, problem)
+            await self._refuse_body(send, 400, *problem)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
@@ -182,15 +183,20 @@ class Admission:
         )
         return None
 
-    def _shape_problem(self, body: bytes, scope: Scope) -> str | None:
+    def _shape_problem(self, body: bytes, scope: Scope) -> tuple[str, int] | None:
+        """What is wrong with ``body``'s shape, and its JSON-RPC code; None: nothing."""
         bound = self.bounds.body_elements
         if (count := json_values(body, bound)) > bound:
-            return f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
-        return _id_problem(body, scope)
+            problem = f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
+            return problem, INVALID_REQUEST
+        if holds_constants(body):
+            return "the request holds NaN or Infinity, which JSON does not have", PARSE_ERROR
+        problem = _id_problem(body, scope)
+        return (problem, INVALID_REQUEST) if problem is not None else None
 
-    async def _refuse_body(self, send: Send, status: int, message: str) -> None:
+    async def _refuse_body(self, send: Send, status: int, message: str, code: int = INVALID_REQUEST) -> None:
         refused("body", "refused an HTTP request: %s", message)
-        await _refuse(send, status, message)
+        await _refuse(send, status, message, code=code)
 
     async def _read(self, receive: Receive) -> bytes | None:
         """The whole body; None as soon as it passes the limit; ``_GONE`` if the client left."""
@@ -299,25 +305,6 @@ PARSED = "agent_gateway.parsed"
 """Scope key: a request's body and the JSON object it holds, as admission parsed it, for the
 modern lane (``compat/exchange.py``), which would parse it again (it must check the body is the
 same: a layer between may have changed it)."""
-
-
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
-_STRING = re.compile(rb'"[^"]*"')
-"""Strings, once escapes are gone. One pattern for strings with their escapes in them would be
-tried again from every quote an unclosed string's escapes hold: quadratic, 10 s of the event
-loop for a 148 KB body of ``\\"`` (a helper's attack). Escapes first, then plain strings: each
-byte is looked at a bounded number of times."""
-
-
-def json_values(body: bytes, bound: int) -> int:
-    """About how many JSON values ``body`` holds (objects, arrays and the items between
-    commas), at C speed: punctuation is counted first, and only when that passes ``bound``
-    again without what is inside strings (text full of commas is still one value)."""
-    count = body.count(b"{") + body.count(b"[") + body.count(b",")
-    if count <= bound:
-        return count
-    bare = _STRING.sub(b"", _ESCAPE.sub(b"", body))
-    return bare.count(b"{") + bare.count(b"[") + bare.count(b",")
 
 
 async def _refuse(

@@ -22,6 +22,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import ValidationError
 
+from agent_gateway.json_text import holds_constants
 from agent_gateway.logs import clipped
 from agent_gateway.upstreams.stdio import request_id_of
 
@@ -46,6 +47,11 @@ def malformed(line: str) -> Malformed | None:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         return _diagnosed(line, exc)
+    if holds_constants(line):
+        reason = "the message holds NaN or Infinity, which JSON does not have"
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            return Malformed(reason, None)  # an answer: an error to it would be read as one
+        return _refused(reason, _usable(getattr(message, "id", None)), types.PARSE_ERROR)
     if isinstance(message, types.JSONRPCNotification) and '"id"' in line:
         return _diagnosed(line, None)  # a request whose id the SDK did not take, maybe
     return None
