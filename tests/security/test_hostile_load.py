@@ -502,6 +502,14 @@ async def test_at_the_listen_stream_bound_a_newcomer_takes_the_place_of_the_larg
             with anyio.fail_after(10):
                 while len(answers) <= n:
                     await anyio.sleep(0.01)
+        # A listen that fails (it names no resource the gateway has) ends no one's stream.
+        unknown = LISTEN | {
+            "params": LISTEN["params"] | {"notifications": {"resourceSubscriptions": ["no://such"]}}
+        }
+        async with httpx.AsyncClient(timeout=10) as other:
+            failed = await other.post(gw.url, json=unknown, headers=headers)
+        assert b"listen stream limit reached" not in failed.content
+        assert ended == []
         with anyio.fail_after(10):
             async with client(gw.url) as bystander, bystander.listen(tools_list_changed=True):
                 # Its listen is served; the attacker's oldest stream ended to make way.

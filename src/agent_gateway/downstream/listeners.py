@@ -33,6 +33,10 @@ class Listeners:
         self._catalog_events = catalog_events
         self._max_streams = max_streams
         self._streams: dict[DownstreamSession, tuple[InMemorySubscriptionBus, ListenHandler]] = {}
+        """Every listen request's own events and handler, from its start (its subscriptions
+        are being made) to its end."""
+        self._serving: dict[DownstreamSession, None] = {}
+        """The streams past ``admit``, oldest first: what the bound counts."""
         self._ending: set[DownstreamSession] = set()
         """Streams ended to make room for another's, until their handlers return."""
         self._closed = False
@@ -40,15 +44,13 @@ class Listeners:
 
     @asynccontextmanager
     async def opened(self, session: DownstreamSession) -> AsyncIterator[ListenHandler]:
-        """``session``'s stream, held open within (its handler serves it); refused when the
-        gateway is closing its streams or holds its bound and none makes way.
+        """``session``'s listen request, within: its handler, to serve the stream once its
+        subscriptions are made and ``admit`` lets it in.
 
         Raises:
-            MCPError: refused.
+            MCPError: the gateway is closing its streams.
         """
         self.check_open()
-        if len(self._streams) - len(self._ending) >= self._max_streams:
-            self._make_room(session)
         own = InMemorySubscriptionBus()
         handler = ListenHandler(_Joined(self._catalog_events, own), max_subscriptions=1)
         self._streams[session] = (own, handler)
@@ -56,7 +58,26 @@ class Listeners:
             yield handler
         finally:
             del self._streams[session]
+            self._serving.pop(session, None)
             self._ending.discard(session)
+
+    def admit(self, session: DownstreamSession) -> None:
+        """Let ``session``'s stream be served, within the bound: call it just before its
+        handler, with no await between (the handler registers its stream before its first),
+        so every stream ``_make_room`` may end is one its handler can close. A request that
+        fails before this (an unknown URI, a subscription refused) ends no one's stream.
+
+        Raises:
+            MCPError: the gateway is closing its streams; or it holds its bound and none makes
+                way; or this stream was itself ended to make way while its subscriptions were
+                being made.
+        """
+        self.check_open()
+        if session in self._ending:
+            raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
+        if len(self._serving) - len(self._ending) >= self._max_streams:
+            self._make_room(session)
+        self._serving[session] = None
 
     def check_open(self) -> None:
         """Refuse a stream while the gateway is draining: its client listens again, elsewhere.
@@ -76,7 +97,7 @@ class Listeners:
         Raises:
             MCPError: no stream makes way.
         """
-        open_now = [s for s in self._streams if s not in self._ending]  # oldest first
+        open_now = [s for s in self._serving if s not in self._ending]  # oldest first
         held = Counter(_holder(s) for s in open_now)
         largest, most = held.most_common(1)[0] if held else ("", 0)
         mine = held.get(_holder(newcomer), 0)

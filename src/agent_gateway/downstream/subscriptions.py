@@ -112,13 +112,13 @@ class ResourceSubscriptions:
         """
         session = _session(ctx)
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
+        _check_room(session, len(uris))  # refused before any is subscribed upstream
         async with self._listeners.opened(session) as handler:
-            _check_room(session, len(uris))  # refused before any is subscribed upstream
             for uri in uris:
                 await self._join(session, uri)
-            # Again: streams may have been closed meanwhile. The handler opens its stream
-            # before its first await, so none is opened after they were.
-            self._listeners.check_open()
+            # Streams may have been closed meanwhile; and only a stream about to be served
+            # may take another's place (the handler opens its stream before its first await).
+            self._listeners.admit(session)
             # The request's session ends with the stream; that leaves its subscriptions.
             return await handler(ctx, params)
 
