@@ -85,9 +85,12 @@ class UpstreamConfig(_Strict):
     session: Literal["shared", "per_client"] = "shared"
     """``shared``: one multiplexed upstream session; ``per_client``: one per downstream session."""
     max_sessions: int = Field(default=32, ge=1, le=10_000)
-    """With ``session: per_client``: its sessions open at once (for stdio, processes), a
-    quarter of them (at least one) for any one client. A new one past either bound takes
-    the place of an idle one (see ``upstreams/dedicated.py``), or is refused."""
+    """With ``session: per_client``: its sessions open at once (for stdio, processes). A new
+    one past it, or past its client's share, takes the place of an idle one (see
+    ``upstreams/dedicated.py``), or is refused."""
+    max_sessions_per_client: int | None = Field(default=None, ge=1, le=10_000)
+    """One client's share of ``max_sessions``; None: a quarter of them, at least one (with a
+    single client, one token, set it to ``max_sessions``)."""
     enabled: bool = True
     health: HealthConfig = Field(default_factory=HealthConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from typing import Any
 
@@ -64,28 +65,46 @@ REPEAT_WINDOW = 10.0
 
 
 class PeerRepeats(logging.Filter):
-    """Writes a warning about what an upstream sent once per ``REPEAT_WINDOW`` for each line,
-    saying how many like it were left out; a pydantic ``ValidationError`` (the upstream's
-    malformed message) as one line, not a traceback through the SDK. Before, each of an
-    upstream's malformed notifications wrote a traceback of dozens of lines."""
+    """Writes a warning about what an upstream sent once per ``REPEAT_WINDOW`` for each kind
+    of line, saying how many like it were left out; a pydantic ``ValidationError`` (the
+    upstream's malformed message) as one line, not a traceback through the SDK. Before, each of
+    an upstream's malformed notifications wrote a traceback of dozens of lines.
+
+    A kind is a logger and the start of the message's template: the SDK writes some with
+    f-strings that quote what the upstream sent after a colon, each one different."""
+
+    _KIND = 40
+    _KINDS = 1000
 
     def __init__(self) -> None:
         super().__init__()
-        self._seen: dict[tuple[str, object], tuple[float, int]] = {}
-        """(logger, message template) -> (when its window began, lines left out since)."""
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+        """Kind -> (when its window began, lines left out since); oldest kind first."""
+        self._lock = threading.Lock()  # handlers may be called from any thread
 
     def filter(self, record: logging.LogRecord) -> bool:
         peer = record.name == CLIENT_SESSION_LOGGER or record.name.startswith(PEER_LOGGERS)
         if record.levelno < logging.WARNING or not peer:
             return True
-        key = (record.name, record.msg)
-        began, left_out = self._seen.get(key, (-REPEAT_WINDOW, 0))
-        if record.created - began < REPEAT_WINDOW:
-            self._seen[key] = (began, left_out + 1)
-            return False
-        if len(self._seen) > 1000:  # templates are few; bounded all the same
-            self._seen.clear()
-        self._seen[key] = (record.created, 0)
+        try:
+            return self._first_of_its_kind(record)
+        except Exception:  # a record this cannot read is written as it is, never lost
+            return True
+
+    def _first_of_its_kind(self, record: logging.LogRecord) -> bool:
+        template = str(record.msg)
+        if not record.args:  # maybe an f-string: what the upstream sent follows its first colon
+            template = template.split(":", 1)[0]
+        kind, now = (record.name, template[: self._KIND]), time.monotonic()
+        with self._lock:
+            began, left_out = self._seen.get(kind, (-REPEAT_WINDOW, 0))
+            if now - began < REPEAT_WINDOW:
+                self._seen[kind] = (began, left_out + 1)
+                return False
+            self._seen.pop(kind, None)
+            if len(self._seen) >= self._KINDS:  # kinds are few; bounded all the same
+                del self._seen[next(iter(self._seen))]
+            self._seen[kind] = (now, 0)
         message = record.getMessage()
         if record.exc_info is not None and isinstance(error := record.exc_info[1], ValidationError):
             # "1 validation error for X", the field, what was wrong with it: one line.

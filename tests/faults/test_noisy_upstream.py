@@ -4,6 +4,7 @@ kind every ten seconds, not a traceback each: the upstream chooses how many it s
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from fastmcp import FastMCP
 from mcp import Client
 from starlette.types import ASGIApp, Scope, Send
 
+from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
+from agent_gateway.logs import PeerRepeats
 from tests.faults.harness import text_of
 from tests.support import child_process, free_socket, gateway_env, intercepted, ready, serving
 
@@ -75,3 +78,21 @@ async def test_an_upstreams_malformed_notifications_by_the_hundred_write_one_lin
     assert len(noisy) == 1, noisy
     assert "progress" in noisy[0]
     assert not any(line.startswith("Traceback") for line in lines)
+
+
+def _warning(name: str, msg: str, *args: object, level: int = logging.WARNING) -> logging.LogRecord:
+    return logging.makeLogRecord({"name": name, "levelno": level, "msg": msg, "args": args})
+
+
+def test_warnings_quoting_what_an_upstream_sent_are_one_kind_and_other_lines_pass() -> None:
+    repeats = PeerRepeats()
+    # The SDK writes some with f-strings quoting the upstream's words: each text different.
+    quoted = [
+        repeats.filter(_warning("mcp.client.streamable_http", f"Unknown SSE event: {n}")) for n in range(50)
+    ]
+    assert quoted.count(True) == 1
+    # The gateway's own warnings, and the SDK client's below WARNING, are not the upstream's.
+    assert all(repeats.filter(_warning("agent_gateway.proxy", "same")) for _ in range(5))
+    assert all(repeats.filter(_warning(CLIENT_SESSION_LOGGER, "same", level=logging.INFO)) for _ in range(5))
+    # A record it cannot format is written as it is, not lost, and raises nothing.
+    assert repeats.filter(_warning(CLIENT_SESSION_LOGGER, "%d notifications", "many"))

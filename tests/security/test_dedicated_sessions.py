@@ -121,6 +121,34 @@ async def test_at_an_upstreams_max_sessions_a_newcomer_takes_an_idle_one_of_the_
             kept = {who: (await whoami(c))["session"] for who, c in clients.items() if who != ("attacker", 0)}
             assert kept == {who: s for who, s in first.items() if who != ("attacker", 0)}
             # Its next call finds all eight in use a moment ago: refused, not taken from another.
+            # (Each used again at once, just before: the check must not wait out the second.)
+            async with anyio.create_task_group() as tg:
+                for who, c in [*clients.items(), (("c7", 0), newcomer)]:
+                    if who != ("attacker", 0):
+                        tg.start_soon(whoami, c)
             refusal = (await whoami(clients["attacker", 0]))["refused"]
             assert refusal == "upstream 'rec': all its 8 sessions (max_sessions) are in use; retry later"
             assert len(gw.gateway.dedicated.live) <= 8
+
+
+async def test_a_clients_share_may_be_set_to_every_session_for_a_single_client() -> None:
+    # One token for everything (a single tenant): the quarter would refuse its fifth session.
+    async with serving_upstream(recorder.build(lambda _: None)) as url:
+        upstream = {"url": url, "session": "per_client", "protocol": "legacy", "max_sessions": 8}
+        config = {"upstreams": {"rec": upstream | {"max_sessions_per_client": 8}}} | _auth()
+        async with running_gateway(config, environ=_tokens()) as gw, AsyncExitStack() as stack:
+            clients = [await session_of(stack, gw, "attacker") for _ in range(8)]
+            answers: list[dict[str, Any]] = []
+
+            async def call(client: Client) -> None:
+                answers.append(await whoami(client))
+
+            async with anyio.create_task_group() as tg:
+                for client in clients:
+                    tg.start_soon(call, client)
+            ninth = await session_of(stack, gw, "attacker")
+            refusal = (await whoami(ninth))["refused"]
+    assert len({answer["session"] for answer in answers}) == 8
+    assert (
+        refusal == "upstream 'rec': this client's 8 of its 8 sessions (max_sessions) are in use; retry later"
+    )

@@ -110,8 +110,10 @@ class DedicatedSessions:
         """
         config = self._configs[upstream]
         entry = self._live(owner.session_id, upstream) or await self._open(upstream, owner, client)
+        entry.session.used = time.monotonic()  # in use from here: not taken for another's
         with anyio.move_on_after(config.connect_timeout + 1):
             await entry.ready.wait()
+        entry.session.used = time.monotonic()  # however long it took to open
         if entry.session.client is None:
             reason = entry.error or f"no answer within connect_timeout ({config.connect_timeout:g}s)"
             raise UpstreamUnavailable(upstream, f"dedicated session for {owner.session_id}: {reason}")
@@ -119,8 +121,8 @@ class DedicatedSessions:
 
     def _live(self, owner: str, upstream: str) -> _Dedicated | None:
         entry = self._sessions.get(owner, {}).get(upstream)
-        if entry is None or entry.done.is_set() or entry.session.lost.is_set():  # or closing
-            return None
+        if entry is None or entry.done.is_set() or entry.close.is_set() or entry.session.lost.is_set():
+            return None  # closed, closing, or lost
         return entry
 
     async def _open(self, upstream: str, owner: ClientSide, client: str) -> _Dedicated:
@@ -128,27 +130,31 @@ class DedicatedSessions:
             raise UpstreamUnavailable(upstream, "the gateway is shutting down")
         if (guard := self._guards.get(upstream)) is not None and guard.breaker is not None:
             guard.breaker.refuse_if_open()
-        await self._make_room(upstream, client)
+        await self._make_room(upstream, owner.session_id, client)
         if (entry := self._live(owner.session_id, upstream)) is not None:  # opened meanwhile
             return entry
+        if self._tg is None:  # stopped while room was made
+            raise UpstreamUnavailable(upstream, "the gateway is shutting down")
         entry = _Dedicated(self._new_session(upstream, owner), client)
         self._sessions.setdefault(owner.session_id, {})[upstream] = entry
         key = (owner.session_id, upstream)
         self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
         return entry
 
-    async def _make_room(self, upstream: str, client: str) -> None:
+    async def _make_room(self, upstream: str, owner: str, client: str) -> None:
         """Wait until ``upstream`` has room for one more session of ``client``, closing an
-        idle one in its way (see the module docstring), or waiting (bounded) for one closing.
+        idle one in its way (see the module docstring), or waiting (bounded) for one closing;
+        at once when another call of ``owner`` opened its session meanwhile.
 
         Raises:
             UpstreamBusy: none is idle or closing.
         """
-        cap = self._configs[upstream].max_sessions
-        share = max(1, cap // 4)
+        config = self._configs[upstream]
+        cap = config.max_sessions
+        share = config.max_sessions_per_client or max(1, cap // 4)
         bound = ""
         with anyio.move_on_after(_CLOSE_TIMEOUT):
-            while True:
+            while self._live(owner, upstream) is None:
                 held = [e for owned in self._sessions.values() if (e := owned.get(upstream)) is not None]
                 mine = [e for e in held if e.client == client]
                 if len(mine) < share and len(held) < cap:
@@ -165,6 +171,8 @@ class DedicatedSessions:
                 elif (victim := next((e for e in way if e.close.is_set()), None)) is None:
                     break
                 await victim.done.wait()
+            else:  # its session is open now
+                return
         refused("dedicated_sessions", "no room for a session of %s on %s: %s in use", client, upstream, bound)
         raise UpstreamBusy(upstream, f"{bound} sessions (max_sessions) are in use; retry later")
 

@@ -181,6 +181,8 @@ class UpstreamSession:
         Raises:
             UpstreamRejected, UpstreamUnavailable, UpstreamTimeout: the upstream refused or failed.
         """
+        if not subscribe:  # given up here even when the upstream does not answer
+            self.subscribed.discard(uri)
         if self.modern:
             await (self._streams.open(uri) if subscribe else self._streams.close(uri))
         else:
@@ -192,7 +194,8 @@ class UpstreamSession:
             )
             with self._calling(None, f"{method} {uri!r}") as client:
                 await client.session.send_request(request, types.EmptyResult)
-        (self.subscribed.add if subscribe else self.subscribed.discard)(uri)
+        if subscribe:
+            self.subscribed.add(uri)
 
     async def roots_changed(self) -> None:
         """Tell the upstream its client's roots changed (handshake era; modern has no roots)."""
