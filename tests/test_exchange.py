@@ -23,6 +23,7 @@ from mcp_types.version import LATEST_MODERN_VERSION
 
 from agent_gateway.compat import exchange
 from agent_gateway.compat.stdlib import holds_callbacks
+from tests.replicas.test_store import opened
 from tests.support import RunningGateway, gateway_process, running_gateway, serving_upstream
 from tests.test_responses import BOUND, events, upstream
 
@@ -31,17 +32,6 @@ HEADERS = {
     "accept": "application/json, text/event-stream",
     "content-type": "application/json",
     "mcp-protocol-version": MODERN,
-}
-HEADERS_LEGACY = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "1"},
-    },
 }
 ENVELOPE = {
     types.PROTOCOL_VERSION_META_KEY: MODERN,
@@ -217,8 +207,8 @@ async def test_nan_and_infinity_are_refused_as_the_json_they_are_not(era: str) -
     ):
         headers = HEADERS | {"mcp-method": "tools/call", "mcp-name": "n__show"}
         if era == "handshake":
-            opened = await http.post(gw.url, json=INITIALIZE, headers=HEADERS_LEGACY)
-            headers = HEADERS_LEGACY | {"mcp-session-id": opened.headers["mcp-session-id"]}
+            accept = {"accept": HEADERS["accept"], "content-type": HEADERS["content-type"]}
+            headers = accept | await opened(http, gw.url)
         params = {"name": "n__show", "arguments": {"value": "__NAN__"}}
         if era == "modern":
             params["_meta"] = ENVELOPE
