@@ -28,6 +28,7 @@ Refusals are JSON-RPC errors with a null id, which the SDK's client matches to i
 
 from __future__ import annotations
 
+import contextvars
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -129,11 +130,14 @@ class Admission:
                 await self.app(scope, replay(body, receive), send)
                 return
             client.opening += 1
+            counted = [client]  # until the session it opens is counted (``session_opened``)
+            token = _OPENING.set(counted)
             opened = _Opened(send)
             try:
                 await self.app(scope, replay(body, receive), opened.send)
             finally:
-                client.opening -= 1
+                _OPENING.reset(token)
+                client.opening -= len(counted)
                 if verdict is not None and verdict.reservation is not None:
                     await self._settle(client, verdict.reservation, opened.session)
 
@@ -299,6 +303,23 @@ def _id_problem(body: bytes, scope: Scope) -> str | None:
         return f"a request id must be a string or an integer, not {type(request_id).__name__}"
     scope[PARSED] = (body, message)
     return None
+
+
+_OPENING: contextvars.ContextVar[list[Principal] | None] = contextvars.ContextVar(
+    "agent_gateway_opening", default=None
+)
+"""The client whose request being served is counted as opening a session (until it has)."""
+
+
+def session_opened(client: Principal) -> None:
+    """The session the request being served was opening is open, and counted as such by the
+    session registry: no longer as opening too. Else, while its answer was written (16 MB of
+    instructions to a slow reader, say), it was counted twice and its client refused short of
+    its ``max_sessions``."""
+    counted = _OPENING.get()
+    if counted and counted[0] is client:
+        counted.clear()
+        client.opening -= 1
 
 
 PARSED = "agent_gateway.parsed"

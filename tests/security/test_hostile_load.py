@@ -396,6 +396,51 @@ async def test_a_client_at_its_session_cap_is_refused_while_others_open_sessions
                 await anyio.sleep(0.05)
 
 
+def _unread_initialize(port: int) -> socket.socket:
+    """An initialize whose answer is never read, from a socket that takes little of it: the
+    gateway is still writing the answer, its session already open."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect(("127.0.0.1", port))
+    body = json.dumps(INITIALIZE).encode()
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {ATTACKER_TOKEN}\r\n"
+        f"Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+async def test_a_session_whose_opening_answer_is_still_being_written_is_counted_once() -> None:
+    # Counted as opening until its POST ended and as open from its handshake, a session
+    # was counted twice meanwhile: a client opening several at once was refused short of its
+    # max_sessions. Here the answers (16 MB of instructions) are not read, so that lasts.
+    server = FastMCP("wordy", instructions="x" * 16 * 2**20)
+    server.tool(lambda text: text, name="echo")
+    async with (
+        serving_upstream(server) as url,
+        running_gateway(
+            {"upstreams": {"wordy": {"url": url}}} | bearer({"max_sessions": 3}),
+            environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN},
+        ) as gw,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        port = _port(gw.url)
+        socks = [await anyio.to_thread.run_sync(_unread_initialize, port) for _ in range(2)]
+        try:
+            with anyio.fail_after(10):
+                while len(gw.gateway.sessions.live) < 2:
+                    await anyio.sleep(0.02)
+            third = await _open_session(http, gw.url, ATTACKER_TOKEN)
+            fourth = await _open_session(http, gw.url, ATTACKER_TOKEN)
+        finally:
+            for sock in socks:
+                sock.close()
+    assert third.status_code == 200, third.text
+    assert fourth.status_code == 429  # the cap still holds: three open
+
+
 async def test_a_refusal_of_an_anonymous_client_names_its_address_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -33,6 +33,7 @@ from agent_gateway.access import Principal
 from agent_gateway.compat.adoption import owner_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.input_requests import result_type, unsupported
+from agent_gateway.limits import session_opened
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
 from agent_gateway.tally import sessions_active
@@ -302,6 +303,7 @@ class SessionRegistry(Middleware):
         self.live[sid] = session
         if session.client is not None and era == "handshake":  # modern: counted by admission
             session.client.sessions += 1
+            session_opened(session.client)
         self.opened += 1
         sessions_active.add(1, {"mcp.era": era})
         if era == "handshake":
