@@ -62,6 +62,10 @@ PEER_LOGGERS = ("mcp.client.", "agent_gateway.upstreams.forwarding")
 about what an upstream sent (a malformed notification, say): the upstream chooses how many."""
 REPEAT_WINDOW = 10.0
 """Seconds within which one such line is written once, the rest counted."""
+_KIND = 40
+"""Characters of a message's template that make its kind."""
+_KINDS = 1000
+"""Kinds remembered at most (the oldest forgotten first)."""
 
 
 class PeerRepeats(logging.Filter):
@@ -72,9 +76,6 @@ class PeerRepeats(logging.Filter):
 
     A kind is a logger and the start of the message's template: the SDK writes some with
     f-strings that quote what the upstream sent after a colon, each one different."""
-
-    _KIND = 40
-    _KINDS = 1000
 
     def __init__(self) -> None:
         super().__init__()
@@ -95,14 +96,14 @@ class PeerRepeats(logging.Filter):
         template = str(record.msg)
         if not record.args:  # maybe an f-string: what the upstream sent follows its first colon
             template = template.split(":", 1)[0]
-        kind, now = (record.name, template[: self._KIND]), time.monotonic()
+        kind, now = (record.name, template[:_KIND]), time.monotonic()
         with self._lock:
             began, left_out = self._seen.get(kind, (-REPEAT_WINDOW, 0))
             if now - began < REPEAT_WINDOW:
                 self._seen[kind] = (began, left_out + 1)
                 return False
             self._seen.pop(kind, None)
-            if len(self._seen) >= self._KINDS:  # kinds are few; bounded all the same
+            if len(self._seen) >= _KINDS:  # kinds are few; bounded all the same
                 del self._seen[next(iter(self._seen))]
             self._seen[kind] = (now, 0)
         message = record.getMessage()
