@@ -150,7 +150,9 @@ async def test_one_clients_slow_calls_do_not_open_the_circuit_for_everyone(answe
     # bound of two), while the upstream answers the bystander's calls or its health checks
     # (every 0.05 s; or every 30 s, the default, and one sent once the calls time out).
     checks = {"health": {"interval": 0.05}} if answered_by == "health checks" else {}
-    config = faulty_stdio(tool_timeouts={"hang": 0.5}, breaker={"failures": 2, "reset": 60}, **checks)
+    # 1.5 s: all six must be in flight together before the first times out, on a loaded machine
+    # too (at 0.5 s one CI run saw them not overlap, and waited for six in flight in vain).
+    config = faulty_stdio(tool_timeouts={"hang": 1.5}, breaker={"failures": 2, "reset": 60}, **checks)
     async with (
         gateway_under_fault({"faulty": config}) as faulted,
         Client(faulted.gw.url) as attacker,
@@ -161,7 +163,7 @@ async def test_one_clients_slow_calls_do_not_open_the_circuit_for_everyone(answe
         async with anyio.create_task_group() as tg:
 
             async def hang() -> None:
-                assert "no answer within 0.5s" in text_of(await attacker.call_tool("faulty__hang", {}))
+                assert "no answer within 1.5s" in text_of(await attacker.call_tool("faulty__hang", {}))
 
             for _ in range(6):
                 tg.start_soon(hang)
