@@ -4,7 +4,6 @@ and the status page at ``/``."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
@@ -30,16 +29,11 @@ from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
 from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
+from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
 from agent_gateway.ui import status_page
 
 logger = logging.getLogger(__name__)
-
-PAGE_INTERVAL = 1.0
-"""Seconds one rendering of ``/status`` or ``/metrics`` is served for. A rendering is loop
-time every client waits for (``/metrics`` ~6 ms, ``/status`` ~1 ms), and neither is rate
-limited: polled flat out, each page cost everyone's calls a hundredfold. A scraper polls every
-15 s and a person reloads, so a page at most this old is as good to them."""
 
 
 def build_app(gateway: Gateway) -> Starlette:
@@ -94,18 +88,18 @@ def build_app(gateway: Gateway) -> Starlette:
         status, reason = admin_refusal(request)
         return JSONResponse({"error": reason}, status_code=status)
 
-    counts = RenderedPage("/status", lambda: msgspec.json.encode(gateway.status()))
-    metrics = RenderedPage("/metrics", partial(generate_latest, REGISTRY))
+    counts = Rendered("/status", lambda: msgspec.json.encode(gateway.status()))
+    metrics = Rendered("/metrics", partial(generate_latest, REGISTRY))
 
     async def status(request: Request) -> Response:
         if not authorized(request):
             return refused(request)
-        return Response(counts.body(), media_type="application/json")
+        return Response(counts.value(), media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         if minimal and not authorized(request):
             return refused(request)
-        return Response(metrics.body(), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.value(), media_type=CONTENT_TYPE_LATEST)
 
     # Added to FastMCP's own app rather than mounting it in a second Starlette app: every MCP
     # request would otherwise pass two middleware stacks and routers (~5 % of a call's CPU).
@@ -130,25 +124,6 @@ def admin_refusal(request: Request) -> tuple[int, str]:
     if isinstance(request.scope.get("user"), AuthenticatedUser):
         return 403, "an admin client's token is needed (policy admin: true)"
     return 401, "authentication required"
-
-
-class RenderedPage:
-    """A page's body, rendered again only once the last rendering is ``PAGE_INTERVAL`` old:
-    however many clients poll it, it costs the loop one rendering a second."""
-
-    def __init__(self, path: str, render: Callable[[], bytes]) -> None:
-        self.path = path
-        self._render = render
-        self._body = b""
-        self._rendered_at: float | None = None
-
-    def body(self) -> bytes:
-        now = time.monotonic()
-        if self._rendered_at is None or now - self._rendered_at >= PAGE_INTERVAL:
-            self._body = self._render()
-            self._rendered_at = now
-            logger.debug("%s rendered in %.1f ms", self.path, (time.monotonic() - now) * 1000)
-        return self._body
 
 
 class DirectRoute:

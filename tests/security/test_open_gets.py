@@ -132,7 +132,8 @@ async def test_the_status_page_polled_flat_out_is_rendered_once_a_second_its_cat
     # Every GET of the page rendered it whole, its catalog (every tool with its schema) too,
     # in the loop every client waits on; a client asking for a stale catalog version got it
     # rendered anew each time. Neither is rate limited.
-    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")  # the catalog's line
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.rendered")  # the live sections' line
     async with (
         serving_upstream(_upstream()) as url,
         running_gateway({"upstreams": {"plain": {"url": url}}}) as gw,

@@ -21,6 +21,7 @@ from agent_gateway import __version__
 from agent_gateway.activity import Call, Run
 from agent_gateway.agent.tool import INPUT_SCHEMA
 from agent_gateway.downstream.sessions import DownstreamSession
+from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
 from agent_gateway.ui.static import SCRIPT, STYLE
 from agent_gateway.upstreams.pool import UpstreamStatus
@@ -29,11 +30,6 @@ logger = logging.getLogger(__name__)
 
 SHOWN_CALLS = 50
 SHOWN_RUNS = 20
-
-
-INTERVAL = 1.0
-"""Seconds one rendering of the live sections is served for, as ``/status``'s: the page is
-not rate limited, and at 10,000 tools its catalog alone takes most of a second to render."""
 
 
 @dataclass
@@ -45,19 +41,19 @@ class _Live:
 
 
 class StatusPage:
-    """The page, its live sections rendered at most once every ``INTERVAL`` and its catalog
-    once per catalog version, however many clients ask and whatever they ask for."""
+    """The page, its live sections rendered at most once a second (``rendered``) and its
+    catalog once per catalog version, however many clients ask and whatever they ask for."""
 
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
-        self._live: tuple[float, _Live] | None = None
+        self._sections = Rendered("status page sections", self._render_sections)
         self._catalog: tuple[int, str] | None = None
         self._answers: dict[bool, tuple[_Live, int, bytes]] = {}
         """The live part's answer, with the catalog (False) and without (True)."""
 
     def full(self, nonce: str) -> str:
         """The whole page; ``nonce`` lets its own style and script run under the CSP."""
-        live = self._sections()
+        live = self._sections.value()
         return (
             '<!doctype html><html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -74,7 +70,7 @@ class StatusPage:
     def live(self, catalog_version: str | None) -> bytes:
         """The sections the page refreshes, encoded; the catalog only if its version is not
         ``catalog_version`` (each of the two answers joined and encoded once per rendering)."""
-        live = self._sections()
+        live = self._sections.value()
         version = self._gateway.catalog.snapshot.version
         fresh = catalog_version == str(version)
         answer = self._answers.get(fresh)
@@ -83,14 +79,11 @@ class StatusPage:
             answer = self._answers[fresh] = (live, version, text.encode())
         return answer[2]
 
-    def _sections(self) -> _Live:
-        now = time.monotonic()
-        if self._live is None or now - self._live[0] >= INTERVAL:
-            gateway = self._gateway
-            rest = f"{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
-            self._live = (now, _Live(_updated(), _upstreams(gateway), rest))
-            logger.debug("status page sections rendered in %.1f ms", (time.monotonic() - now) * 1000)
-        return self._live[1]
+    def _render_sections(self) -> _Live:
+        gateway = self._gateway
+        return _Live(
+            _updated(), _upstreams(gateway), f"{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
+        )
 
     def _catalog_section(self) -> str:
         version = self._gateway.catalog.snapshot.version
