@@ -13,7 +13,7 @@ from typing import Any, Literal, TypeVar
 import anyio
 import mcp_types as types
 
-from agent_gateway.access import ANONYMOUS, Principal
+from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession
@@ -147,8 +147,7 @@ class Proxy:
         shared = self._pool.get(upstream)
         if shared.config.session == "per_client":
             # A dedicated session's share is its client's: one client's many sessions count once.
-            holder = client or owner.client
-            label = holder.label if holder is not None else ANONYMOUS
+            label = client.label if client is not None else owner.label
             session = await self._dedicated.get(upstream, owner, label)
         else:
             session = shared.session()

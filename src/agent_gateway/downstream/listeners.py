@@ -19,7 +19,6 @@ import mcp_types as types
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ServerEvent
 from mcp.shared.exceptions import MCPError
 
-from agent_gateway.access import ANONYMOUS
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.refusals import refused
 
@@ -98,21 +97,21 @@ class Listeners:
             MCPError: no stream makes way.
         """
         open_now = [s for s in self._serving if s not in self._ending]  # oldest first
-        held = Counter(_holder(s) for s in open_now)
+        held = Counter(s.label for s in open_now)
         largest, most = held.most_common(1)[0] if held else ("", 0)
-        mine = held.get(_holder(newcomer), 0)
+        mine = held.get(newcomer.label, 0)
         if most < mine + 2:
             refused(
                 "listen_streams", "client %s refused a listen stream: the gateway holds its %d, "
-                "%d of them its own", _holder(newcomer), self._max_streams, mine,
+                "%d of them its own", newcomer.label, self._max_streams, mine,
             )  # fmt: skip
             raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
-        victim = next(s for s in open_now if _holder(s) == largest)
+        victim = next(s for s in open_now if s.label == largest)
         self._ending.add(victim)
         self._streams[victim][1].close()
         logger.info(
             "listen stream of %s (%d open) ended for one of %s: the gateway holds its %d",
-            largest, most, _holder(newcomer), self._max_streams,
+            largest, most, newcomer.label, self._max_streams,
         )  # fmt: skip
 
     def own(self, session: DownstreamSession) -> InMemorySubscriptionBus | None:
@@ -155,8 +154,3 @@ class _Joined:
             leave_own()
 
         return unsubscribe
-
-
-def _holder(session: DownstreamSession) -> str:
-    """The client a stream counts for (an anonymous one by its address)."""
-    return session.client.label if session.client is not None else ANONYMOUS

@@ -103,6 +103,11 @@ class DownstreamSession:
         """Who opened it: the token name or JWT subject."""
         return self.client.subject if self.client is not None else access.ANONYMOUS
 
+    @property
+    def label(self) -> str:
+        """Its client as limits count it and log lines name it (an anonymous one by address)."""
+        return self.client.label if self.client is not None else access.ANONYMOUS
+
     # -- the Downstream protocol, at session level (no request in flight) ---------------------
 
     @property

@@ -93,7 +93,8 @@ class UpstreamSession:
         )
         """A modern upstream's subscriptions: one listen stream per URI."""
         self.used = time.monotonic()
-        """When a call on it last began or ended (how long a dedicated session has been idle)."""
+        """When a call on it last ended, or (``dedicated.get``) was about to begin: how long a
+        dedicated session has been idle."""
         self.subscribed: set[str] = set()
         """The URIs subscribed to on this session, in either era (a dedicated session holding
         any is in use between calls)."""
@@ -363,7 +364,6 @@ class UpstreamSession:
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
-        self.used = time.monotonic()
         with self.guard.admitted():
             try:
                 with self.replies.calling(caller), measured:
