@@ -144,7 +144,8 @@ async def test_a_replica_that_loses_postgres_is_unready_serves_on_and_recovers(
                         await anyio.sleep(0.1)
                 assert "conversation memory (Postgres) does not answer" in answer.json()["problems"][0]
                 failed = await client.call_tool("ask_agent", {"query": "Still there?"})
-                assert failed.is_error
+                assert failed.is_error  # at once, with why
+                assert "conversation memory (Postgres) does not answer" in text_of(failed)
                 assert (await client.list_tools()).tools  # what does not need Postgres is served
                 postgres.start()
                 with anyio.fail_after(BOUND):

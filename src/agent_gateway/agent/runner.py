@@ -191,6 +191,7 @@ class AgentRunner:
                     "agent run %s %s (thread %s)", run_id, "resumed" if resumed else "started", thread
                 )
                 try:
+                    _refuse_if_down(self.memory_problem)
                     graph = await self._compiled()
                     context = self._context(client, caller, report, token)
                 except AgentError as exc:
@@ -360,6 +361,13 @@ def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, toke
         ", ".join(r.method for r in asked.values()),
     )
     return RunOutcome(record, pending=types.InputRequiredResult(input_requests=asked, request_state=state))
+
+
+def _refuse_if_down(memory_problem: str | None) -> None:
+    """A run reads and writes its conversation: while the shared database is known down (its
+    watch failed), fail at once with why, not after each query waited out the pool (~16 s)."""
+    if memory_problem is not None:
+        raise AgentError(memory_problem)
 
 
 def _failure(record: dict[str, Any], message: str) -> RunOutcome:
