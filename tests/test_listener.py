@@ -315,7 +315,8 @@ async def test_a_client_that_reads_a_trickle_of_its_answer_is_dropped_and_the_an
 
 
 def _slow_reader_of_2_mib(port: int) -> int:
-    return _slow_reader(port, b"/two", 2 * 2**20, 16384, 1 / 32, 60.0)  # about 512 KiB a second
+    # SO_RCVBUF 4096: each read takes about 4 KiB, so 128 reads a second are 512 KiB a second.
+    return _slow_reader(port, b"/two", 2 * 2**20, 16384, 1 / 128, 60.0)
 
 
 def _slow_reader(port: int, path: bytes, size: int, chunk: int, pause: float, within: float) -> int:

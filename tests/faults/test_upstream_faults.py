@@ -168,7 +168,8 @@ async def test_a_50_mb_result_arrives_whole_and_the_gateway_keeps_serving() -> N
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
 
 
-FLAP_SECONDS = float(os.environ.get("AGENT_GATEWAY_FLAP_SECONDS", "60"))
+FLAP_RESTARTS = int(os.environ.get("AGENT_GATEWAY_FLAP_RESTARTS", "3"))
+"""How often the upstream is killed and started again under load (raise it for a soak)."""
 
 
 async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> None:
@@ -197,31 +198,29 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
 
         async def flap() -> None:
             nonlocal restarts
-            while True:
+            while restarts < FLAP_RESTARTS:
                 await anyio.sleep(2)
                 await process.kill()
                 await anyio.sleep(1)
                 await process.start()
                 restarts += 1
+            await anyio.sleep(2)  # calls answered by the last start too
 
         upstream = faulted.gw.gateway.pool.get("faulty")
-        async with anyio.create_task_group() as tg:
-            for _ in range(4):
-                tg.start_soon(caller)
-            tg.start_soon(flap)
-            await anyio.sleep(FLAP_SECONDS)
-            tg.cancel_scope.cancel()
-        if process.process is None:
-            await process.start()
+        with anyio.fail_after(FLAP_RESTARTS * 15):
+            async with anyio.create_task_group() as tg:
+                for _ in range(4):
+                    tg.start_soon(caller)
+                await flap()
+                tg.cancel_scope.cancel()
         await wait_until(lambda: upstream.state == "up")
         async with Client(faulted.gw.url) as client:
             assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
         await process.kill()
     assert answered["ok"] > 0
     assert answered["upstream error"] > 0
-    # It came back again and again: after most restarts (counted, not timed: a loaded machine
-    # restarts the upstream fewer times in the same minute).
-    assert restarts >= 3
+    # It came back again and again: after most restarts (a restart can come before the gateway
+    # noticed the last kill).
     assert upstream.connections >= restarts / 2
 
 
