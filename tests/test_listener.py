@@ -295,7 +295,9 @@ async def test_trailers_count_against_the_bound_not_against_the_next_head() -> N
 async def test_a_client_that_reads_slowly_but_steadily_is_not_dropped() -> None:
     # At 512 KiB a second it reads a 1 MiB slice in 2 s, past the 1 s deadline; before, the
     # deadline ran from the buffer filling until it drained below its low mark: dropped.
-    async with listening([], anyio.Event(), write_timeout=1) as url:
+    # The kernel's send buffer small, so the slice waits in the transport's (loopback's own
+    # would take it whole, and no deadline would ever start).
+    async with listening([], anyio.Event(), write_timeout=1, send_buffer=16384) as url:
         got = await anyio.to_thread.run_sync(_slow_reader_of_2_mib, int(url.rsplit(":", 1)[1]))
     assert got == 2 * 2**20
 
