@@ -31,16 +31,28 @@ SLOW_UNSUBSCRIBE = 0.1
 would take 10 s, twice what a session's end may take."""
 
 
-def _watched(seen: list[tuple[str, str]]) -> FastMCP:
+def _watched(
+    seen: list[tuple[str, str]], slow_subscribe: float = 0.0, most: list[int] | None = None
+) -> FastMCP:
     """A handshake-era upstream with a resource per ``item://N``, recording each subscribe
+    (answered after ``slow_subscribe`` seconds; the most in flight at once kept in ``most``)
     and (slowly) each unsubscribe."""
     server = FastMCP("watched")
+    in_flight = 0
 
     @server.resource("item://{n}")
     def item(n: str) -> str:
         return n
 
     async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        nonlocal in_flight
+        in_flight += 1
+        if most is not None:
+            most[0] = max(most[0], in_flight)
+        try:
+            await anyio.sleep(slow_subscribe)
+        finally:
+            in_flight -= 1
         seen.append(("subscribe", params.uri))
         return types.EmptyResult()
 
@@ -57,10 +69,10 @@ def _watched(seen: list[tuple[str, str]]) -> FastMCP:
 
 @asynccontextmanager
 async def watched_gateway(
-    seen: list[tuple[str, str]], policy: dict[str, Any] | None = None
+    seen: list[tuple[str, str]], policy: dict[str, Any] | None = None, **watched: Any
 ) -> AsyncIterator[RunningGateway]:
     policies = {"auth": {"policies": {"default": policy}}} if policy else {}
-    async with serving_upstream(_watched(seen)) as url:
+    async with serving_upstream(_watched(seen, **watched)) as url:
         config = {"upstreams": {"w": {"url": url, "protocol": "legacy"}}} | policies
         async with running_gateway(config) as gw:
             yield gw
@@ -99,6 +111,26 @@ async def test_a_session_ended_holding_many_subscriptions_leaves_none_upstream(e
         await _wait(lambda: len([e for e in seen if e[0] == "unsubscribe"]) == MANY)
     assert _subscribed(seen) == set()
     assert sorted(uri for event, uri in seen if event == "unsubscribe") == sorted(uris)
+
+
+async def test_a_listen_stream_naming_many_resources_subscribes_them_side_by_side() -> None:
+    # Each subscribe is answered after a pause, as a remote upstream's round trip: one at a
+    # time, the stream would open after MANY of them.
+    seen: list[tuple[str, str]] = []
+    most = [0]
+    uris = [f"item://{n}" for n in range(MANY)]
+    async with watched_gateway(seen, slow_subscribe=0.05, most=most) as gw:
+        async with Client(gw.url) as client, client.listen(resource_subscriptions=uris):
+            assert gw.gateway.subscriptions.count == MANY
+        assert most[0] > 1  # several in flight at once (before: one)
+        await _wait(lambda: _subscribed(seen) == set())
+        # One the catalog does not hold among them: refused by its name, none left upstream.
+        async with Client(gw.url) as client:
+            with pytest.raises(MCPError) as refused:
+                async with client.listen(resource_subscriptions=[*uris[:40], "nothing://here", *uris[40:]]):
+                    pass
+        assert "nothing://here" in refused.value.error.message
+        await _wait(lambda: gw.gateway.subscriptions.count == 0 and _subscribed(seen) == set())
 
 
 async def test_a_session_is_refused_subscriptions_past_its_bound_and_no_more_reach_upstream() -> None:

@@ -47,6 +47,9 @@ RELEASE_TIMEOUT = 3.0
 bound, which releases its dedicated upstream sessions after)."""
 RELEASE_CONCURRENCY = 16
 """Unsubscribes (and clients told of a lost subscription) sent at once."""
+JOIN_CONCURRENCY = 16
+"""Subscribes of one listen stream sent upstream at once: one at a time, a stream naming a
+thousand resources of a remote upstream waited a thousand round trips before it opened."""
 _DEFAULT_LIMIT = ClientPolicy().max_subscriptions
 
 Key = tuple[str, str]
@@ -114,13 +117,35 @@ class ResourceSubscriptions:
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
         _check_room(session, len(uris))  # refused before any is subscribed upstream
         async with self._listeners.opened(session) as handler:
-            for uri in uris:
-                await self._join(session, uri)
+            await self._join_all(session, uris)
             # Streams may have been closed meanwhile; and only a stream about to be served
             # may take another's place (the handler opens its stream before its first await).
             self._listeners.admit(session)
             # The request's session ends with the stream; that leaves its subscriptions.
             return await handler(ctx, params)
+
+    async def _join_all(self, session: DownstreamSession, uris: list[str]) -> None:
+        """Subscribe ``session`` to ``uris``, ``JOIN_CONCURRENCY`` at a time. Once one fails no
+        more are begun, those under way finish (not cancelled half-way, where the upstream could
+        keep one for nobody), and the failure of the first named is raised; the ones made are
+        left with the request's session, as when they were made one at a time."""
+        queue = enumerate(uris)
+        failed: dict[int, MCPError] = {}
+
+        async def worker() -> None:
+            for index, uri in queue:  # shared: each URI is taken by one worker
+                if failed:
+                    return
+                try:
+                    await self._join(session, uri)
+                except MCPError as exc:
+                    failed[index] = exc
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(min(JOIN_CONCURRENCY, len(uris))):
+                tg.start_soon(worker)
+        if failed:
+            raise failed[min(failed)]
 
     def streams(self) -> dict[DownstreamSession, InMemorySubscriptionBus]:
         """Each open listen stream's own events (what only its client is told)."""
