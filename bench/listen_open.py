@@ -1,0 +1,135 @@
+"""How long a modern client's ``subscriptions/listen`` stream naming many resources takes to open.
+
+The gateway subscribes upstream to every resource a stream names before it serves the stream.
+This measures the time from ``client.listen(...)`` to the stream being open, for streams naming
+``--counts`` resources of an upstream that answers each subscribe after ``--delays`` ms (0: an
+upstream on this machine; 5-50: a remote one's round trip), with the subscribes made
+``JOIN_CONCURRENCY`` (16) at a time (``side by side``) and, as the baseline in the same run,
+one at a time (``one at a time``, the code before: ``JOIN_CONCURRENCY`` set to 1).
+
+The upstream is a FastMCP server (handshake era, ``resources/subscribe``) in a process of its
+own over loopback Streamable HTTP, as deployed; the gateway runs in this process, the client is
+the official ``mcp`` client in the modern era. Each cell is the median of ``--repeat`` streams.
+
+    .venv/bin/python bench/listen_open.py [--counts 100,1000] [--delays 0,5] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+from fastmcp import FastMCP
+from mcp import Client
+
+from agent_gateway.downstream import subscriptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
+from tests.support import running_gateway
+
+
+def upstream(delay: float) -> FastMCP:
+    server = FastMCP("watched")
+
+    @server.resource("item://{n}")
+    def item(n: str) -> str:
+        return n
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        await anyio.sleep(delay)
+        return types.EmptyResult()
+
+    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        return types.EmptyResult()
+
+    lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
+    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
+    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
+    return server
+
+
+@contextlib.asynccontextmanager
+async def upstream_process(delay: float) -> AsyncIterator[str]:
+    """``upstream(delay)`` served by a child process; its URL."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [sys.executable, __file__, "--serve", str(port), "--delays", str(delay)]
+    child = await anyio.open_process(argv, stderr=subprocess.DEVNULL)
+    try:
+        with anyio.fail_after(30):
+            while True:
+                with contextlib.suppress(OSError):
+                    await anyio.connect_tcp("127.0.0.1", port)
+                    break
+                await anyio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        child.terminate()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await child.wait()
+
+
+async def opening(url: str, count: int, repeat: int) -> float:
+    """Median seconds until a stream naming ``count`` resources is open."""
+    uris = [f"item://{n}" for n in range(count)]
+    times: list[float] = []
+    for _ in range(repeat):
+        async with Client(url) as client:
+            began = time.perf_counter()
+            async with client.listen(resource_subscriptions=uris):
+                times.append(time.perf_counter() - began)
+        await anyio.sleep(0.2)  # the last stream's subscriptions left upstream
+    return statistics.median(times)
+
+
+async def main(counts: list[int], delays: list[float], repeat: int) -> None:
+    rows: list[tuple[int, float, float, float]] = []
+    for delay in delays:
+        async with upstream_process(delay) as url:
+            config = {
+                "upstreams": {"w": {"url": url, "protocol": "legacy"}},
+                "auth": {"policies": {"default": {"max_subscriptions": max(counts)}}},
+            }
+            async with running_gateway(config) as gw:
+                for count in counts:
+                    subscriptions.JOIN_CONCURRENCY = 1
+                    before = await opening(gw.url, count, repeat)
+                    subscriptions.JOIN_CONCURRENCY = 16
+                    after = await opening(gw.url, count, repeat)
+                    rows.append((count, delay, before, after))
+    print("command: .venv/bin/python bench/listen_open.py " + shlex.join(sys.argv[1:]))
+    print()
+    print("| resources named | upstream's subscribe, ms | one at a time, ms | side by side, ms | ratio |")
+    print("|---:|---:|---:|---:|---:|")
+    for count, delay, before, after in rows:
+        print(f"| {count:,} | {delay:g} | {before * 1e3:,.0f} | {after * 1e3:,.0f} | {before / after:.1f}x |")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--counts", default="100,1000", help="resources per stream (default 100,1000)")
+    parser.add_argument("--delays", default="0,5", help="the upstream's ms per subscribe (default 0,5)")
+    parser.add_argument("--repeat", type=int, default=3, help="streams per cell (default 3)")
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the upstream's process
+    args = parser.parse_args()
+    if args.serve is not None:
+        upstream(float(args.delays) / 1000).run("http", host="127.0.0.1", port=args.serve, show_banner=False)
+        sys.exit(0)
+    anyio.run(
+        main,
+        [int(c) for c in args.counts.split(",")],
+        [float(d) for d in args.delays.split(",")],
+        args.repeat,
+    )
