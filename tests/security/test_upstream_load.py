@@ -39,7 +39,10 @@ def test_the_connection_pool_keeps_a_lane_that_calls_never_fill() -> None:
 
 async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
     release = anyio.Event()
-    upstream = {"max_concurrency": 10, "health": {"interval": 0.2, "timeout": 1}}
+    # The handshake era: its calls and its health checks share the SDK's connections, so only
+    # the probe lane keeps a check from waiting behind the 10 calls. (A modern-era call goes
+    # out on the forwarder's own connections, and the checks would pass with no lane at all.)
+    upstream = {"max_concurrency": 10, "protocol": "legacy", "health": {"interval": 0.2, "timeout": 1}}
     async with serving_upstream(_slow_server(release)) as url:
         config = {"upstreams": {"slow": {"url": url} | upstream}} | bearer({"max_concurrency": 8})
         environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
