@@ -81,34 +81,34 @@ async def upstream_process(delay: float) -> AsyncIterator[str]:
             await child.wait()
 
 
-async def opening(url: str, count: int, repeat: int) -> float:
-    """Median seconds until a stream naming ``count`` resources is open."""
+async def opening(delay: float, count: int, repeat: int, joins: int) -> float:
+    """Median seconds until a stream naming ``count`` resources is open, with ``joins``
+    subscribes at a time; each stream through a gateway and an upstream of its own (the
+    subscriptions a stream of a thousand leaves are still being let go when the next begins:
+    see bench/README)."""
     uris = [f"item://{n}" for n in range(count)]
     times: list[float] = []
+    subscriptions.JOIN_CONCURRENCY = joins
     for _ in range(repeat):
-        async with Client(url) as client:
-            began = time.perf_counter()
-            async with client.listen(resource_subscriptions=uris):
-                times.append(time.perf_counter() - began)
-        await anyio.sleep(0.2)  # the last stream's subscriptions left upstream
+        async with upstream_process(delay) as url:
+            config = {
+                "upstreams": {"w": {"url": url, "protocol": "legacy"}},
+                "auth": {"policies": {"default": {"max_subscriptions": count}}},
+            }
+            async with running_gateway(config) as gw, Client(gw.url) as client:
+                began = time.perf_counter()
+                async with client.listen(resource_subscriptions=uris):
+                    times.append(time.perf_counter() - began)
     return statistics.median(times)
 
 
 async def main(counts: list[int], delays: list[float], repeat: int) -> None:
     rows: list[tuple[int, float, float, float]] = []
     for delay in delays:
-        async with upstream_process(delay) as url:
-            config = {
-                "upstreams": {"w": {"url": url, "protocol": "legacy"}},
-                "auth": {"policies": {"default": {"max_subscriptions": max(counts)}}},
-            }
-            async with running_gateway(config) as gw:
-                for count in counts:
-                    subscriptions.JOIN_CONCURRENCY = 1
-                    before = await opening(gw.url, count, repeat)
-                    subscriptions.JOIN_CONCURRENCY = 16
-                    after = await opening(gw.url, count, repeat)
-                    rows.append((count, delay, before, after))
+        for count in counts:
+            before = await opening(delay, count, repeat, joins=1)
+            after = await opening(delay, count, repeat, joins=16)
+            rows.append((count, delay, before, after))
     print("command: .venv/bin/python bench/listen_open.py " + shlex.join(sys.argv[1:]))
     print()
     print("| resources named | upstream's subscribe, ms | one at a time, ms | side by side, ms | ratio |")
