@@ -11,6 +11,7 @@ import contextlib
 import glob
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -135,9 +136,20 @@ class Postgres:
         _wait_for_port(self.port, self.process, log)
 
     def stop(self) -> None:
-        if self.process is not None:
-            _stop(self.process)
-            self.process = None
+        """A fast shutdown (SIGINT to the postmaster: its clients cut off, as a crash or a
+        failover would), waited for until the postmaster is gone. SIGTERM to ``runuser`` asked
+        for a smart one, which waits for every client (the gateway's pool): past its bound the
+        wrapper was killed and the postmaster lived on, so a start right after found its lock."""
+        if self.process is None:
+            return
+        pid_file = self.directory / "data" / "postmaster.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
+        deadline = time.monotonic() + _BOUND
+        while pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _stop(self.process)
+        self.process = None
 
     def _init(self, data: Path) -> None:
         password = self.directory / "password"
