@@ -26,42 +26,21 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
-import mcp_types as types
-from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.downstream import subscriptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
+from tests.servers import watched
 from tests.support import running_gateway
-
-
-def upstream(delay: float) -> FastMCP:
-    server = FastMCP("watched")
-
-    @server.resource("item://{n}")
-    def item(n: str) -> str:
-        return n
-
-    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
-        await anyio.sleep(delay)
-        return types.EmptyResult()
-
-    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        return types.EmptyResult()
-
-    lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
-    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
-    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
-    return server
 
 
 @contextlib.asynccontextmanager
 async def upstream_process(delay: float) -> AsyncIterator[str]:
-    """``upstream(delay)`` served by a child process; its URL."""
+    """``tests/servers/watched.py`` answering each subscribe after ``delay`` ms, served by a
+    child process; its URL."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -125,7 +104,9 @@ if __name__ == "__main__":
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)  # the upstream's process
     args = parser.parse_args()
     if args.serve is not None:
-        upstream(float(args.delays) / 1000).run("http", host="127.0.0.1", port=args.serve, show_banner=False)
+        watched.build([], subscribe_delay=float(args.delays) / 1000).run(
+            "http", host="127.0.0.1", port=args.serve, show_banner=False
+        )
         sys.exit(0)
     anyio.run(
         main,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import select
 import shutil
 import signal
 import socket
@@ -144,10 +145,12 @@ class Postgres:
             return
         pid_file = self.directory / "data" / "postmaster.pid"
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
-            os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
-        deadline = time.monotonic() + _BOUND
-        while pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+            postmaster = os.pidfd_open(int(pid_file.read_text().split()[0]))
+            try:
+                signal.pidfd_send_signal(postmaster, signal.SIGINT)
+                select.select([postmaster], [], [], _BOUND)  # readable once it has exited
+            finally:
+                os.close(postmaster)
         _stop(self.process)
         self.process = None
 

@@ -15,10 +15,10 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from fastmcp import FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.servers import watched
 from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
 
 # resources/subscribe is deprecated in 2026-07-28; these clients use it by the hundred.
@@ -31,48 +31,12 @@ SLOW_UNSUBSCRIBE = 0.1
 would take 10 s, twice what a session's end may take."""
 
 
-def _watched(
-    seen: list[tuple[str, str]], slow_subscribe: float = 0.0, most: list[int] | None = None
-) -> FastMCP:
-    """A handshake-era upstream with a resource per ``item://N``, recording each subscribe
-    (answered after ``slow_subscribe`` seconds; the most in flight at once kept in ``most``)
-    and (slowly) each unsubscribe."""
-    server = FastMCP("watched")
-    in_flight = 0
-
-    @server.resource("item://{n}")
-    def item(n: str) -> str:
-        return n
-
-    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
-        nonlocal in_flight
-        in_flight += 1
-        if most is not None:
-            most[0] = max(most[0], in_flight)
-        try:
-            await anyio.sleep(slow_subscribe)
-        finally:
-            in_flight -= 1
-        seen.append(("subscribe", params.uri))
-        return types.EmptyResult()
-
-    async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
-        await anyio.sleep(SLOW_UNSUBSCRIBE)
-        seen.append(("unsubscribe", params.uri))
-        return types.EmptyResult()
-
-    lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
-    lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
-    lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
-    return server
-
-
 @asynccontextmanager
 async def watched_gateway(
-    seen: list[tuple[str, str]], policy: dict[str, Any] | None = None, **watched: Any
+    seen: list[tuple[str, str]], policy: dict[str, Any] | None = None, **delays: Any
 ) -> AsyncIterator[RunningGateway]:
     policies = {"auth": {"policies": {"default": policy}}} if policy else {}
-    async with serving_upstream(_watched(seen, **watched)) as url:
+    async with serving_upstream(watched.build(seen, unsubscribe_delay=SLOW_UNSUBSCRIBE, **delays)) as url:
         config = {"upstreams": {"w": {"url": url, "protocol": "legacy"}}} | policies
         async with running_gateway(config) as gw:
             yield gw
@@ -119,7 +83,7 @@ async def test_a_listen_stream_naming_many_resources_subscribes_them_side_by_sid
     seen: list[tuple[str, str]] = []
     most = [0]
     uris = [f"item://{n}" for n in range(MANY)]
-    async with watched_gateway(seen, slow_subscribe=0.05, most=most) as gw:
+    async with watched_gateway(seen, subscribe_delay=0.05, most=most) as gw:
         async with Client(gw.url) as client, client.listen(resource_subscriptions=uris):
             assert gw.gateway.subscriptions.count == MANY
         assert most[0] > 1  # several in flight at once (before: one)
