@@ -44,6 +44,22 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> No
     raise TimeoutError(f"nothing listens on {port} after {_BOUND}s: {log.read_text()[-2000:]}")
 
 
+def _wait_until_ready(pid_file: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the postmaster says it accepts connections, as ``pg_ctl -w`` waits: its port opens
+    while it still replays its log, and a client then gets "the database system is starting up"
+    (what a CI run met right after a start)."""
+    deadline = time.monotonic() + _BOUND
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}): {log.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            lines = pid_file.read_text().splitlines()
+            if len(lines) > 7 and lines[7].strip() == "ready":  # PM_STATUS_READY, line 8
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"PostgreSQL not ready after {_BOUND}s: {log.read_text()[-2000:]}")
+
+
 def _spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
     """``args`` started with its output to ``log`` (the child keeps its own descriptor)."""
     with log.open("wb") as out:
@@ -134,7 +150,7 @@ class Postgres:
         ]  # fmt: skip
         log = self.directory / "postgres.log"
         self.process = _spawn(_as_postgres(postgres), log)
-        _wait_for_port(self.port, self.process, log)
+        _wait_until_ready(data / "postmaster.pid", self.process, log)
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT to the postmaster: its clients cut off, as a crash or a
