@@ -40,12 +40,13 @@ from tests.support import running_gateway
 @contextlib.asynccontextmanager
 async def upstream_process(delay: float) -> AsyncIterator[str]:
     """``tests/servers/watched.py`` answering each subscribe after ``delay`` ms, served by a
-    child process; its URL."""
+    child process; its URL. Its output goes nowhere: a pipe nobody reads fills with uvicorn's
+    access log after ~3,500 requests and the upstream stops in ``write()``."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     argv = [sys.executable, __file__, "--serve", str(port), "--delays", str(delay)]
-    child = await anyio.open_process(argv, stderr=subprocess.DEVNULL)
+    child = await anyio.open_process(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         with anyio.fail_after(30):
             while True:
@@ -62,9 +63,8 @@ async def upstream_process(delay: float) -> AsyncIterator[str]:
 
 async def opening(delay: float, count: int, repeat: int, joins: int) -> float:
     """Median seconds until a stream naming ``count`` resources is open, with ``joins``
-    subscribes at a time; each stream through a gateway and an upstream of its own (the
-    subscriptions a stream of a thousand leaves are still being let go when the next begins:
-    see bench/README)."""
+    subscribes at a time; each stream through a gateway and an upstream of its own, so no
+    stream's figure includes the letting go of the one before."""
     uris = [f"item://{n}" for n in range(count)]
     times: list[float] = []
     subscriptions.JOIN_CONCURRENCY = joins
