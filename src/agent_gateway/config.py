@@ -166,7 +166,8 @@ class ServerConfig(_Strict):
     separator: str = Field(default=DEFAULT_SEPARATOR, pattern=r"^[A-Za-z0-9_-]{1,3}$")
     instructions: str | None = None
     session_idle_timeout: Seconds = 1800.0
-    """An HTTP session with no request for this long is ended (and what it held released)."""
+    """An HTTP session with no request for this long is ended (and what it held released); an
+    authenticated modern client's dedicated upstream session unused this long is closed."""
     drain_timeout: int = Field(default=30, ge=1, le=3600)
     """On SIGTERM: seconds the calls in flight have to finish before they are cut off (new
     connections are refused at once, and notification streams closed so clients reconnect

@@ -16,7 +16,7 @@ import mcp_types as types
 from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.downstream.sessions import LEVELS, DownstreamSession
+from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams import UpstreamPool
@@ -148,7 +148,10 @@ class Proxy:
         if shared.config.session == "per_client":
             # A dedicated session's share is its client's: one client's many sessions count once.
             label = client.label if client is not None else owner.label
-            session = await self._dedicated.get(upstream, owner, label)
+            if owner.modern and client is not None and client.authenticated:  # see dedicated.py
+                session = await self._dedicated.get(upstream, standing(client), label, standing=True)
+            else:
+                session = await self._dedicated.get(upstream, owner, label)
         else:
             session = shared.session()
         owner.used(session.id)

@@ -92,6 +92,7 @@ class Gateway:
             self._updates,
             self.pool.guards,
             records=self.shared.sessions if self.shared is not None else None,
+            idle_timeout=config.server.session_idle_timeout,
         )
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.search = ToolSearch(config.search.embeddings)

@@ -152,3 +152,47 @@ async def test_a_clients_share_may_be_set_to_every_session_for_a_single_client()
     assert (
         refusal == "upstream 'rec': this client's 8 of its 8 sessions (max_sessions) are in use; retry later"
     )
+
+
+async def modern_client(stack: AsyncExitStack, gw: RunningGateway, name: str | None) -> Client:
+    """A modern-era client, with ``name``'s token (None: none): each of its requests a session."""
+    headers = {"Authorization": f"Bearer {name}-token-0123456789abcdef"} if name else {}
+    http = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=30))
+    return await stack.enter_async_context(
+        Client(streamable_http_client(gw.url, http_client=http), mode="auto")
+    )
+
+
+async def tally(client: Client) -> int:
+    result = await client.call_tool("rec__tally", {"by": 1})
+    assert not result.is_error, result.content
+    assert isinstance(result.structured_content, dict)
+    return int(result.structured_content["result"])
+
+
+async def test_a_modern_client_with_a_token_keeps_its_upstream_state_across_requests_until_idle() -> None:
+    """Each modern request is a session of its own; an authenticated client's dedicated upstream
+    session is still its own across them (one process, its state kept), another client's is
+    another, and it ends once unused for the idle timeout."""
+    upstream = python_upstream("recorder.py", session="per_client", protocol="legacy")
+    config = {"upstreams": {"rec": upstream}, "server": {"session_idle_timeout": 2}} | _auth()
+    async with running_gateway(config, environ=_tokens()) as gw:
+        before = len(runtime.child_pids())
+        async with AsyncExitStack() as stack:
+            one, two = await modern_client(stack, gw, "c1"), await modern_client(stack, gw, "c2")
+            first, again, other = await whoami(one), await whoami(one), await whoami(two)
+            assert [await tally(one), await tally(one), await tally(two)] == [1, 2, 1]
+        assert first["pid"] == again["pid"] != other["pid"]
+        assert len(runtime.child_pids()) == before + 2  # kept past the requests that opened them
+        await settled(before)  # unused for 2 s: closed, their processes reaped
+
+
+async def test_an_anonymous_modern_client_gets_a_fresh_upstream_session_per_request() -> None:
+    """Clients behind one address cannot be told apart without a token: none may see the
+    upstream state another's request left."""
+    upstream = python_upstream("recorder.py", session="per_client", protocol="legacy")
+    async with running_gateway({"upstreams": {"rec": upstream}}) as gw, AsyncExitStack() as stack:
+        before = len(runtime.child_pids())
+        client = await modern_client(stack, gw, None)
+        assert [await tally(client), await tally(client)] == [1, 1]  # each in a process of its own
+        await settled(before)

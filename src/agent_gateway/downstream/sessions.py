@@ -10,6 +10,7 @@ server shutdown all unwind the connection's exit stack, which is where we hook i
 from __future__ import annotations
 
 import contextvars
+import hashlib
 import logging
 import secrets
 import time
@@ -154,6 +155,14 @@ class DownstreamSession:
             # A modern-era "session" is one request: a line for each would be one per call.
             level = logging.INFO if self.era == "handshake" else logging.DEBUG
             logger.log(level, "session %s -> upstream session %s", self.id, upstream_session_id)
+
+
+def standing(client: Principal) -> DownstreamSession:
+    """The owner of an authenticated modern-era client's dedicated upstream sessions across its
+    requests (``upstreams/dedicated.py``): of that era, with no channel, open in no registry;
+    its id the same for each of the client's requests, and naming no secret."""
+    digest = hashlib.sha256(client.label.encode()).hexdigest()[:16]
+    return DownstreamSession(f"client-{digest}", "modern", "http", None, client=client)
 
 
 def refusal(session: DownstreamSession, request: types.InputRequest) -> types.ErrorData | None:

@@ -16,6 +16,13 @@ hundred would start as many processes. A new session past either bound takes the
 idle one (no call in flight, no subscription, unused for ``_IDLE`` seconds): the client's
 own least recently used past its share, else one of the client holding the most. With none
 idle it is refused, and the client retries later; the others are still served.
+
+A modern-era (2026-07-28) client has no session: each request is one. An authenticated one's
+dedicated sessions are its own across its requests (a *standing* owner, keyed by who it is),
+and are closed once unused for ``server.session_idle_timeout``; else every request of it
+started (and ended) a process, and a stateful upstream forgot between two calls what the
+first did. An anonymous client's stay per request: clients behind one address (a NAT, a
+proxy) cannot be told apart, and one must never see another's upstream state.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ class _Dedicated:
     close: anyio.Event = field(default_factory=anyio.Event)
     done: anyio.Event = field(default_factory=anyio.Event)
     error: str | None = None
+    standing: bool = False
+    """Its owner is a standing one: closed once unused for the idle timeout, not with a session."""
 
 
 class DedicatedSessions:
@@ -73,10 +82,13 @@ class DedicatedSessions:
         updates: UpdateSink | None = None,
         guards: Mapping[str, Guard] | None = None,
         records: SessionRecords | None = None,
+        idle_timeout: float = 1800.0,
     ) -> None:
         """``records``: with a shared store, where each client session's dedicated upstream
-        sessions are recorded, so that any replica serving the client resumes the same one."""
+        sessions are recorded, so that any replica serving the client resumes the same one.
+        ``idle_timeout``: how long a standing owner's session is kept unused."""
         self._configs = configs
+        self._idle_timeout = idle_timeout
         self._updates = updates
         self._guards = guards or {}
         self._records = records
@@ -99,9 +111,12 @@ class DedicatedSessions:
     def live(self) -> list[UpstreamSession]:
         return [entry.session for owned in self._sessions.values() for entry in owned.values()]
 
-    async def get(self, upstream: str, owner: ClientSide, client: str) -> UpstreamSession:
+    async def get(
+        self, upstream: str, owner: ClientSide, client: str, standing: bool = False
+    ) -> UpstreamSession:
         """The dedicated session of ``owner`` (a session of ``client``) on ``upstream``, opened
-        now if it has none.
+        now if it has none. ``standing``: ``owner`` outlives requests (see the module
+        docstring), and its session is closed once idle rather than with it.
 
         Raises:
             UpstreamUnavailable: it could not be opened within the upstream's connect_timeout.
@@ -109,7 +124,7 @@ class DedicatedSessions:
                 them, and none is idle.
         """
         config = self._configs[upstream]
-        entry = self._live(owner.session_id, upstream) or await self._open(upstream, owner, client)
+        entry = self._live(owner.session_id, upstream) or await self._open(upstream, owner, client, standing)
         entry.session.used = time.monotonic()  # in use from here: not taken for another's
         with anyio.move_on_after(config.connect_timeout + 1):
             await entry.ready.wait()
@@ -125,7 +140,7 @@ class DedicatedSessions:
             return None  # closed, closing, or lost
         return entry
 
-    async def _open(self, upstream: str, owner: ClientSide, client: str) -> _Dedicated:
+    async def _open(self, upstream: str, owner: ClientSide, client: str, standing: bool) -> _Dedicated:
         if self._tg is None:
             raise UpstreamUnavailable(upstream, "the gateway is shutting down")
         if (guard := self._guards.get(upstream)) is not None and guard.breaker is not None:
@@ -135,7 +150,7 @@ class DedicatedSessions:
             return entry
         if self._tg is None:  # stopped while room was made
             raise UpstreamUnavailable(upstream, "the gateway is shutting down")
-        entry = _Dedicated(self._new_session(upstream, owner), client)
+        entry = _Dedicated(self._new_session(upstream, owner), client, standing=standing)
         self._sessions.setdefault(owner.session_id, {})[upstream] = entry
         key = (owner.session_id, upstream)
         self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
@@ -187,7 +202,7 @@ class DedicatedSessions:
 
     async def _serve(self, key: tuple[str, str], entry: _Dedicated) -> None:
         try:
-            found = await self._recorded(key)
+            found = await self._recorded(key, entry)
             if found is not None:
                 try:
                     await self._hold(key, entry, HttpSession(found.id, kept=True), found.result)
@@ -199,7 +214,11 @@ class DedicatedSessions:
                     logger.info("upstream session of %s on %s not resumed (%s): opening another", *key, exc)
                     await self._records.upstream_lost(*key)
                     entry.session = self._new_session(key[1], entry.session.owner)
-            resumable = self._records is not None and entry.session.config.kind == "streamable-http"
+            resumable = (
+                self._records is not None
+                and not entry.standing
+                and entry.session.config.kind == "streamable-http"
+            )
             await self._hold(key, entry, HttpSession(kept=True) if resumable else None, None)
         except Exception as exc:  # this session's life only: report to the waiting caller
             entry.error = exc.detail if isinstance(exc, UpstreamError) else describe(exc)
@@ -237,7 +256,7 @@ class DedicatedSessions:
                     await session.set_logging_level(session.owner.log_level)
             tg.start_soon(_set_on, session.lost, entry.close)
             tg.start_soon(_answering, client, session)
-            await entry.close.wait()
+            await (self._until_idle(entry) if entry.standing else entry.close.wait())
             if link is not None and self._records is not None:
                 # Ended upstream only with the client's session everywhere (deleted, expired):
                 # while it lives, another replica may be serving it on the same upstream session.
@@ -246,10 +265,29 @@ class DedicatedSessions:
                 if session.given_up:
                     await self._records.upstream_lost(*key)
 
-    async def _recorded(self, key: tuple[str, str]) -> UpstreamRecord | None:
+    async def _until_idle(self, entry: _Dedicated) -> None:
+        """Until ``entry`` is closed, or has gone unused (no call, no subscription) for the idle
+        timeout. Each call's end stamps ``used``, so one wait per idle period suffices."""
+        session = entry.session
+        while True:
+            unused = time.monotonic() - session.used
+            busy = session.pending > 0 or session.subscribed
+            with anyio.move_on_after(self._idle_timeout if busy else self._idle_timeout - unused):
+                await entry.close.wait()
+                return
+            idle = session.pending == 0 and not session.subscribed
+            if idle and time.monotonic() - session.used >= self._idle_timeout:
+                logger.info(
+                    "dedicated upstream session %s of %s closed: unused for %gs",
+                    session.id, entry.client, self._idle_timeout,
+                )  # fmt: skip
+                entry.close.set()  # closing: the owner's next call opens another
+                return
+
+    async def _recorded(self, key: tuple[str, str], entry: _Dedicated) -> UpstreamRecord | None:
         """The upstream session another replica opened for this client, to resume."""
-        if self._records is None or self._configs[key[1]].kind != "streamable-http":
-            return None
+        if self._records is None or entry.standing or self._configs[key[1]].kind != "streamable-http":
+            return None  # a standing owner has no client session record: each replica its own
         return await self._records.upstream_session(*key)
 
     async def _record(self, key: tuple[str, str], client: Client, link: HttpSession) -> None:
