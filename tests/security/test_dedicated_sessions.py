@@ -182,8 +182,10 @@ async def test_a_modern_client_with_a_token_keeps_its_upstream_state_across_requ
             one, two = await modern_client(stack, gw, "c1"), await modern_client(stack, gw, "c2")
             first, again, other = await whoami(one), await whoami(one), await whoami(two)
             assert [await tally(one), await tally(one), await tally(two)] == [1, 2, 1]
-        assert first["pid"] == again["pid"] != other["pid"]
-        assert len(runtime.child_pids()) == before + 2  # kept past the requests that opened them
+            assert first["pid"] == again["pid"] != other["pid"]
+            assert len(runtime.child_pids()) == before + 2  # kept past the requests that opened them
+            await one.call_tool("rec__wait", {"seconds": 3})  # in flight past the idle timeout
+            assert await tally(one) == 3  # its session was not closed under the call
         await settled(before)  # unused for 2 s: closed, their processes reaped
 
 
