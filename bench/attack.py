@@ -25,7 +25,10 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
 - ``dedicated-sessions``: 90 sessions of one client (its session cap is 100), 20 opened at a time and all kept open,
   each calling a stdio upstream with ``session: per_client`` (a small MCP server in plain
   Python, so each process is cheap): how many processes the gateway started. The bystander
-  calls that upstream too.
+  calls that upstream too;
+- ``modern-dedicated`` (not an attack): one client with a token calling that upstream in the
+  modern era, one call after another, for 10 s: its calls per second, and how many upstream
+  processes answered them (a modern request is a session of its own).
 
 ``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
 under /tmp, run with this venv), for the table in bench/README.md::
@@ -154,11 +157,12 @@ for line in sys.stdin:
     elif method == "tools/list":
         result = {"tools": [{"name": "echo", "inputSchema": {"type": "object"}}, *more]}
     elif method == "tools/call":
-        result = {"content": [{"type": "text", "text": request["params"]["arguments"].get("text", "")}]}
+        result = {"content": [{"type": "text", "text": request["params"]["arguments"].get("text", "")}],
+                  "structuredContent": {"pid": os.getpid()}}
     print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
 """
 """A stdio MCP server of a few lines: one process per client session costs little; it lists
-``TINY_TOOLS`` more tools for a large catalog."""
+``TINY_TOOLS`` more tools for a large catalog; each answer names the process that gave it."""
 
 
 _SERVE = "import sys; from agent_gateway.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -481,6 +485,22 @@ async def dedicated_sessions(url: str, proc: Process, seconds: float) -> str:
     return f"{served} of {sessions} sessions served, {refused} refused{errors}; {most} processes at most"
 
 
+async def modern_dedicated(url: str, proc: Process, seconds: float) -> str:
+    """Not an attack: one client with a token, modern era, calling the ``per_client`` stdio
+    upstream one call after another; how many calls, and how many processes that started."""
+    calls, started = 0, set[int]()
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
+        Client(streamable_http_client(url, http_client=http), mode="auto") as client,
+    ):
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            result = await client.call_tool("tiny__echo", {"text": "x"})
+            calls += not result.is_error
+            started.add((result.structured_content or {}).get("pid", 0))
+    return f"{calls} modern calls in {seconds:g}s ({calls / seconds:.0f}/s); {len(started)} upstream processes answered"
+
+
 async def status_page(url: str, proc: Process, seconds: float) -> str:
     base = url.removesuffix("/mcp")
     served = 0
@@ -639,6 +659,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "patterns": (patterns, 10.0, None),
     "undecided-patterns": (undecided_patterns, 10.0, None),
     "dedicated-sessions": (dedicated_sessions, 3.0, None),
+    "modern-dedicated": (modern_dedicated, 10.0, None),
     "status-page": (status_page, 10.0, {"admin": True}),
 }
 
@@ -646,7 +667,7 @@ UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": 
 """The upstream's settings an attack needs beyond the others'."""
 TINY_TOOLS = {"status-page": 3000}
 """The tools the stdio upstream lists beyond ``echo``, where an attack needs a large catalog."""
-BYSTANDER_TOOL = {"dedicated-sessions": "tiny__echo"}
+BYSTANDER_TOOL = {"dedicated-sessions": "tiny__echo", "modern-dedicated": "tiny__echo"}
 """The tool the bystander calls where it is not ``slow__echo``."""
 
 
