@@ -198,3 +198,32 @@ async def test_an_anonymous_modern_client_gets_a_fresh_upstream_session_per_requ
         client = await modern_client(stack, gw, None)
         assert [await tally(client), await tally(client)] == [1, 1]  # each in a process of its own
         await settled(before)
+
+
+async def test_a_modern_clients_log_line_reaches_it_with_another_of_its_calls_in_flight() -> None:
+    """Two requests of one client on its standing upstream session are that client's: a line
+    the upstream sends outside either call's channel (stdio) still reaches it."""
+    upstream = python_upstream("recorder.py", session="per_client", protocol="legacy")
+    config = {"upstreams": {"rec": upstream}} | _auth()
+    lines: list[str] = []
+
+    async def logged(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(params.data["msg"])
+
+    headers = {"Authorization": "Bearer c1-token-0123456789abcdef"}
+    async with (
+        running_gateway(config, environ=_tokens()) as gw,
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        Client(
+            streamable_http_client(gw.url, http_client=http),
+            mode="auto",
+            logging_callback=logged,
+            log_level="debug",
+        ) as client,
+        anyio.create_task_group() as tg,
+    ):
+        await client.call_tool("rec__say", {"text": "alone"})
+        tg.start_soon(client.call_tool, "rec__wait", {"seconds": 30})
+        await client.call_tool("rec__say", {"text": "with another in flight"})
+        tg.cancel_scope.cancel()
+    assert lines == ["alone", "with another in flight"]

@@ -66,8 +66,10 @@ class Replies:
         if (exact := _CALLER.get()) is not None:
             return exact
         callers = {c.session_id: c for c in self._in_flight.values()}
-        if len(callers) == 1:
-            return next(iter(callers.values()))
+        if len(callers) == 1 or (callers and self.owner is not None):
+            # A dedicated session's calls are all its owner's client's (a standing owner's:
+            # several of its modern requests): the latest reaches that client as well as any.
+            return next(reversed(callers.values()))
         if not callers:
             return self.owner
         return None
