@@ -111,6 +111,19 @@ class NotAllowed(GatewayError):
         self.name = name
 
 
+class UnknownRound(GatewayError):
+    """A modern client's retry naming a held call (``downstream.held_calls``) that is not held
+    here for it: ended, given up, another client's or tool's, or held by another replica."""
+
+    code = types.INVALID_PARAMS
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(
+            f"the call of {tool!r} this requestState names is not held here: it ended, its answers "
+            "came too late, or another replica holds it; call the tool again"
+        )
+
+
 class ClientLimited(GatewayError):
     """The calling client is over its own limit (concurrent calls): never forwarded."""
 

@@ -107,7 +107,7 @@ class Pipeline:
         try:
             async with self._sessions.serving(ctx) as session:
                 caller = _caller(ctx, session, client, params)
-                result = await self._proxy.call_tool(params.name, params.arguments or {}, caller)
+                result = await self._proxy.call_tool(params.name, params.arguments or {}, caller, held=True)
             hold(_scope(ctx), result, client)
         except GatewayError as exc:
             return _error_result(exc)

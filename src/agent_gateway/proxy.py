@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from functools import partial
 from typing import Any, Literal, TypeVar
 
 import anyio
@@ -16,6 +17,7 @@ import mcp_types as types
 from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog
 from agent_gateway.downstream.caller import Caller
+from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.runtime import SEND_TIMEOUT
@@ -68,25 +70,39 @@ class Proxy:
         self._catalog = catalog
         self._pool = pool
         self._dedicated = dedicated
+        self.held = HeldCalls()
+        """Modern clients' calls held across rounds for a handshake-era upstream's questions."""
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], caller: Caller | None, client: Principal | None = None
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        caller: Caller | None,
+        client: Principal | None = None,
+        held: bool = False,
     ) -> types.CallToolResult | types.InputRequiredResult:
         """Check the client's policy, validate and forward a tool call. The client is
         ``client``, else the caller's (an agent run's calls carry the run's client).
+        ``held``: a client's own call, which may be held across rounds (``held_calls``).
 
         Raises:
-            UnknownName, NotAllowed, ClientLimited, InvalidArguments, UpstreamError
+            UnknownName, NotAllowed, ClientLimited, InvalidArguments, UnknownRound, UpstreamError
         """
         snapshot = self._catalog.snapshot
         origin = snapshot.tool(name)
         who = _identity(caller, client, "tool", name)
         who.check("tool", name)
         await snapshot.validate_arguments(name, arguments)
+        if held and caller is not None and (round_of := self.held.resumed(caller, name)) is not None:
+            with who.calling():
+                return _relayed(await self.held.round(round_of, caller))
         started = time.perf_counter()
         session = await self._session(origin.upstream, caller)
         try:
             with who.calling():
+                if held and caller is not None and _may_be_held(caller, session):
+                    start = partial(session.call_tool, origin.name, arguments)
+                    return _relayed(await self.held.call(caller, name, start))
                 return _relayed(await session.call_tool(origin.name, arguments, caller))
         finally:
             logger.debug(
@@ -223,6 +239,14 @@ class Proxy:
 
 
 _EVERY_LINE: types.LoggingLevel = "debug"
+
+
+def _may_be_held(caller: Caller, session: UpstreamSession) -> bool:
+    """Whether the upstream may ask ``caller`` something only a held call can carry: a modern
+    client that can answer, a handshake-era upstream session that outlives the request."""
+    caps = caller.capabilities
+    answers = caps is not None and (caps.sampling or caps.elicitation or caps.roots) is not None
+    return answers and caller.modern and not session.modern and session.owner is not caller.session
 
 
 def _shared_level(levels: list[types.LoggingLevel | None]) -> types.LoggingLevel | None:

@@ -249,6 +249,7 @@ class Gateway:
                 self.search.running(),  # indexes each upstream's tools as it connects
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
+                self.proxy.held.running(),
                 self._agent_running(agent_imported) as agent_refused,
                 self._audit_running(),
             ):

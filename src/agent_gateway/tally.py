@@ -37,3 +37,9 @@ http_answers = Tally(
     "ended first) or abandoned (the client hung up first); mcp.era=modern for modern-era calls.",
 )
 sessions_active = Tally("agent_gateway.sessions.active", "Downstream MCP sessions open now.", monotonic=False)
+held_rounds = Tally(
+    "agent_gateway.held_calls.rounds",
+    "Rounds of modern clients' calls held for a handshake-era upstream's questions, by outcome: "
+    "asked (answered with InputRequiredResult), answered (the call's result), given_up (the "
+    "client cancelled the round: the call is cancelled upstream).",
+)

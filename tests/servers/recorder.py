@@ -146,7 +146,17 @@ def build(sink: Sink) -> FastMCP:
     async def ask(question: str, ctx: Context) -> str | types.InputRequiredResult:
         """Ask the user (elicitation/create, or an input request when modern) for a string."""
         if not _modern(ctx):
-            result = await ctx.elicit(question, response_type=str)
+            seen = _request(ctx)
+            sink({"event": "asking", **seen})
+            try:
+                result = await ctx.elicit(question, response_type=str)
+            except anyio.get_cancelled_exc_class():
+                sink({"event": "handler_cancelled", **seen})
+                raise
+            except Exception as exc:  # the client's answer was an error
+                sink({"event": "unanswered", "error": str(exc), **seen})
+                raise
+            sink({"event": "answered", "action": result.action, **seen})
             return f"{result.action}:{getattr(result, 'data', '')}"
         schema = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
         request = types.ElicitRequest(

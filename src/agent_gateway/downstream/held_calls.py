@@ -1,0 +1,262 @@
+"""A modern client's ``tools/call`` held across rounds, so that a handshake-era upstream can
+ask it something.
+
+A handshake-era upstream asks its client (sampling, elicitation, roots) in the middle of a
+call and waits for the answer on the same call. A modern (2026-07-28) client is asked by an
+``InputRequiredResult`` that ends its request, and answers by sending the request again with
+``inputResponses`` and the ``requestState`` it was given. Between the two, the upstream's call
+must live on: here it runs in a task of the gateway's own (``HeldCalls``), not the request's.
+
+A call that asks nothing is answered by the request that made it, as any other. One that
+asks is *held*: the request is answered with ``InputRequiredResult``, its ``requestState``
+naming the held call; the retry carrying the answers finds it, hands each answer to the
+upstream's waiting request, and waits again, for the result or the next question. Progress
+and log lines go to whichever request of the call is current.
+
+Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream gets an error
+for it); a client holds at most its ``max_concurrency`` such calls, the gateway
+``MAX_HELD``; a retry must come from the client that made the call, for the same tool. A
+round cancelled by its client (the request's stream closed) cancels the upstream call. The
+held call lives on one replica: a retry reaching another is refused, saying so.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import anyio
+import mcp_types as types
+from anyio.abc import TaskGroup
+from mcp.shared.dispatcher import ProgressFnT
+
+from agent_gateway.downstream.caller import Caller
+from agent_gateway.downstream.input_requests import result_type, unsupported
+from agent_gateway.errors import ClientLimited, UnknownRound
+from agent_gateway.refusals import refused
+from agent_gateway.tally import held_rounds
+from agent_gateway.upstreams.client_side import ClientSide
+
+logger = logging.getLogger(__name__)
+
+ANSWER_TIMEOUT = 300.0
+"""Seconds a held call's question waits for the client's retry carrying its answer."""
+MAX_HELD = 1024
+"""Calls held at once, all clients together."""
+STATE_PREFIX = "agent-gateway/held/"
+"""How a ``requestState`` of ours begins (any other is the upstream's own, passed through)."""
+
+ToolResult = types.CallToolResult | types.InputRequiredResult
+Start = Callable[[ClientSide], Awaitable[ToolResult]]
+"""Begins the upstream call on behalf of the client side it is given."""
+
+
+@dataclass(eq=False)
+class _Question:
+    request: types.InputRequest
+    answered: anyio.Event = field(default_factory=anyio.Event)
+    answer: types.InputResponse | None = None
+
+
+@dataclass(eq=False)
+class _Held:
+    token: str
+    tool: str
+    client: str
+    caller: Caller
+    """The current round's request: where progress and log lines go."""
+    questions: dict[str, _Question] = field(default_factory=dict)
+    """Asked and not yet answered, by the key the client answers them under."""
+    changed: anyio.Event = field(default_factory=anyio.Event)
+    """Set when a question is asked or the call ends; a round waits on it."""
+    done: bool = False
+    result: ToolResult | None = None
+    error: BaseException | None = None
+    collected: anyio.Event = field(default_factory=anyio.Event)
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    keys: itertools.count[int] = field(default_factory=itertools.count)
+
+    @property
+    def name(self) -> str:
+        """How log lines name it: never its whole token, which would let a reader answer it."""
+        return self.token[:8]
+
+
+class HeldCaller:
+    """The client side of a held call (``upstreams.client_side.ClientSide``): questions are
+    held for the next round; progress and log lines go to the current round's request."""
+
+    def __init__(self, held: _Held) -> None:
+        self._held = held
+
+    @property
+    def session_id(self) -> str:
+        return self._held.caller.session_id
+
+    @property
+    def log_level(self) -> types.LoggingLevel | None:
+        return self._held.caller.log_level
+
+    @property
+    def capabilities(self) -> types.ClientCapabilities | None:
+        return self._held.caller.capabilities
+
+    @property
+    def modern(self) -> bool:
+        return True
+
+    @property
+    def input_responses(self) -> types.InputResponses | None:
+        return None  # answered here, never passed to the handshake-era upstream
+
+    @property
+    def request_state(self) -> str | None:
+        return None
+
+    def progress_relay(self) -> ProgressFnT | None:
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            if (current := self._held.caller.progress_relay()) is not None:
+                await current(progress, total, message)
+
+        return relay
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        await self._held.caller.log(upstream, params)
+
+    async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
+        held = self._held
+        if (unable := unsupported(held.caller.capabilities, request)) is not None:
+            return unable
+        key = f"{request.method.split('/')[0]}-{next(held.keys)}"
+        question = held.questions[key] = _Question(request)
+        held.changed.set()
+        logger.info("%s from %s held for the next round of call %s", request.method, upstream, held.name)
+        with anyio.move_on_after(ANSWER_TIMEOUT):
+            await question.answered.wait()
+        held.questions.pop(key, None)
+        if question.answer is None:
+            return types.ErrorData(
+                code=types.INVALID_REQUEST,
+                message=f"agent-gateway: the client did not answer {request.method} within {ANSWER_TIMEOUT:g}s",
+            )
+        return question.answer
+
+
+class HeldCalls:
+    """The held calls of this gateway process, run in its own task group."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, _Held] = {}
+        self._tg: TaskGroup | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[HeldCalls]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield self
+            finally:
+                self._tg = None
+                tg.cancel_scope.cancel()
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def resumed(self, caller: Caller, tool: str) -> _Held | None:
+        """The held call ``caller``'s retry answers (None: it answers none of ours).
+
+        Raises:
+            UnknownRound: it names one of ours that is not held here, or not for this client
+                and tool.
+        """
+        state = caller.request_state
+        if state is None or not state.startswith(STATE_PREFIX):
+            return None
+        held = self._held.get(state.removeprefix(STATE_PREFIX))
+        client = caller.client.label if caller.client is not None else ""
+        if held is None or held.done or held.client != client or held.tool != tool:
+            raise UnknownRound(tool)
+        return held
+
+    async def call(self, caller: Caller, tool: str, start: Start) -> ToolResult:
+        """Make the call ``start`` begins, in a task of ours: its result, or the questions it
+        asked as an ``InputRequiredResult``.
+
+        Raises:
+            ClientLimited: the client, or the gateway, holds its bound of calls.
+        """
+        if self._tg is None:  # stopping: not held, as before held calls
+            return await start(caller)
+        client = caller.client.label if caller.client is not None else ""
+        self._check_room(caller, client)
+        held = _Held(secrets.token_urlsafe(24), tool, client, caller)
+        self._held[held.token] = held
+        self._tg.start_soon(self._run, held, start, name=f"held call {tool}")
+        return await self.round(held, caller)
+
+    async def round(self, held: _Held, caller: Caller) -> ToolResult:
+        """One round of ``held``, for ``caller``'s request: its answers handed on, then the
+        call's result, or the questions still unanswered."""
+        held.caller = caller
+        self._answer(held, caller.input_responses or {})
+        try:
+            while not held.done and not held.questions:
+                held.changed = anyio.Event()
+                await held.changed.wait()
+        except anyio.get_cancelled_exc_class():
+            held.scope.cancel()  # the client gave the call up: so does the upstream
+            self._held.pop(held.token, None)
+            held.collected.set()  # nobody will: let the call's task end
+            held_rounds.add(1, {"outcome": "given_up"})
+            logger.info("held call %s of %s given up by its client: cancelled upstream", held.name, held.tool)
+            raise
+        if held.done:
+            held.collected.set()
+            self._held.pop(held.token, None)
+            held_rounds.add(1, {"outcome": "answered"})
+            if held.error is not None:
+                raise held.error
+            assert held.result is not None
+            return held.result
+        asked = {key: question.request for key, question in held.questions.items()}
+        held_rounds.add(1, {"outcome": "asked"})
+        logger.info("held call %s of %s asks its client: %s", held.name, held.tool, ", ".join(asked))
+        return types.InputRequiredResult(input_requests=asked, request_state=STATE_PREFIX + held.token)
+
+    def _check_room(self, caller: Caller, client: str) -> None:
+        limit = caller.client.policy.max_concurrency if caller.client is not None else None
+        mine = sum(1 for held in self._held.values() if held.client == client)
+        if len(self._held) >= MAX_HELD or (limit is not None and mine >= limit):
+            refused("held_calls", "client %s refused a held call (%d held)", client, mine)
+            raise ClientLimited(
+                f"{mine} calls waiting for this client's answers; answer or cancel them first"
+            )
+
+    def _answer(self, held: _Held, answers: types.InputResponses) -> None:
+        for key, answer in answers.items():
+            question = held.questions.get(key)
+            if question is None or question.answered.is_set():
+                continue  # answered already, or never asked: nothing waits for it
+            expected = result_type(question.request)
+            dumped = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+            question.answer = expected.model_validate(dumped, by_name=False)
+            question.answered.set()
+            held.questions.pop(key)
+
+    async def _run(self, held: _Held, start: Start) -> None:
+        with held.scope:
+            try:
+                held.result = await start(HeldCaller(held))
+            except Exception as exc:  # raised in the round that takes it, as if never held
+                held.error = exc
+        if held.result is None and held.error is None:  # cancelled
+            held.error = UnknownRound(held.tool)
+        held.done = True
+        held.changed.set()
+        with anyio.move_on_after(ANSWER_TIMEOUT):  # until a round takes the outcome
+            await held.collected.wait()
+        self._held.pop(held.token, None)

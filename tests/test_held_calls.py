@@ -1,0 +1,166 @@
+"""A modern client's call held across rounds while a handshake-era upstream asks it something
+(``downstream/held_calls.py``): the upstream's one call is answered by the client's retry, is
+its client's and tool's only, and is cancelled upstream when the client gives it up.
+
+The client is the official ``mcp`` client in the modern era, taking each round's
+``InputRequiredResult`` itself (``allow_input_required``) so the test holds the retries; the
+upstream is the recording server over Streamable HTTP, handshake era, one shared session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from agent_gateway.downstream import held_calls
+from tests.servers import recorder
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+BOUND = 10.0
+NAMES = ["a", "b"]
+
+
+@asynccontextmanager
+async def gateway(**policy: Any) -> AsyncIterator[tuple[RunningGateway, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+    auth = {
+        "mode": "bearer",
+        "tokens": [{"name": n, "token": f"${{T_{n}}}"} for n in NAMES],
+        "policies": {"default": policy},
+    }
+    environ = {f"T_{n}": f"{n}-token-0123456789abcdef" for n in NAMES}
+    async with (
+        serving_upstream(recorder.build(seen.append)) as url,
+        running_gateway(
+            {"upstreams": {"rec": {"url": url, "protocol": "legacy"}}, "auth": auth}, environ
+        ) as gw,
+    ):
+        yield gw, seen
+
+
+async def unused(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    raise AssertionError("the test answers each round itself")
+
+
+async def modern(stack: AsyncExitStack, gw: RunningGateway, name: str) -> Client:
+    """Client ``name`` in the modern era, declaring it can answer elicitation."""
+    headers = {"Authorization": f"Bearer {name}-token-0123456789abcdef"}
+    http = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=30))
+    return await stack.enter_async_context(
+        Client(streamable_http_client(gw.url, http_client=http), mode="auto", elicitation_callback=unused)
+    )
+
+
+async def ask(
+    client: Client, tool: str = "rec__ask", state: str | None = None, answers: dict[str, Any] | None = None
+) -> types.CallToolResult | types.InputRequiredResult:
+    return await client.session.call_tool(
+        tool,
+        {"question": "name?"} if tool == "rec__ask" else {"prompt": "hi"},
+        input_responses=answers,
+        request_state=state,
+        allow_input_required=True,
+    )
+
+
+async def refusal(retry: Awaitable[types.CallToolResult | types.InputRequiredResult]) -> str:
+    """Why ``retry`` was refused, by the SDK's request-state seal or by the held calls."""
+    try:
+        result = await retry
+    except MCPError as exc:
+        return f"sdk: {exc.error.message}"
+    assert isinstance(result, types.CallToolResult), result
+    assert result.is_error, result
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    assert "is not held here" in block.text, block
+    return block.text
+
+
+def accepting(value: str) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"value": value})
+
+
+async def until(seen: list[dict[str, Any]], event: str) -> dict[str, Any]:
+    with anyio.fail_after(BOUND):
+        while not (found := [e for e in seen if e["event"] == event]):
+            await anyio.sleep(0.02)
+    return found[0]
+
+
+async def test_the_upstreams_question_goes_to_the_client_and_its_retry_answers_the_same_call() -> None:
+    async with gateway() as (gw, seen), AsyncExitStack() as stack:
+        a, b = await modern(stack, gw, "a"), await modern(stack, gw, "b")
+        first = await ask(a)
+        assert isinstance(first, types.InputRequiredResult)
+        assert first.request_state is not None  # ours, sealed by the SDK's request-state boundary
+        [(key, question)] = (first.input_requests or {}).items()
+        assert isinstance(question, types.ElicitRequest)
+        assert question.params.message == "name?"
+
+        # Another client's retry, or one for another tool, answers nothing: the call is a's.
+        # (The SDK's seal refuses another client's; ours would refuse it as well.)
+        for client, tool in ((b, "rec__ask"), (a, "rec__sample")):
+            assert await refusal(ask(client, tool, first.request_state, {key: accepting("thief")}))
+
+        done = await ask(a, state=first.request_state, answers={key: accepting("ada")})
+        assert isinstance(done, types.CallToolResult)
+        assert not done.is_error, done
+        assert done.content[0] == types.TextContent(type="text", text="accept:ada")
+    # One call upstream, asked once and answered by its own client's retry.
+    assert [e["event"] for e in seen if e["event"] in ("asking", "answered")] == ["asking", "answered"]
+    assert len(gw.gateway.proxy.held) == 0
+
+
+async def test_a_round_its_client_gives_up_cancels_the_call_upstream() -> None:
+    async with gateway() as (gw, seen), AsyncExitStack() as stack:
+        a = await modern(stack, gw, "a")
+        async with anyio.create_task_group() as tg:  # a held call (a can be asked) that waits
+            tg.start_soon(a.call_tool, "rec__wait", {"seconds": 30})
+            await until(seen, "started")
+            tg.cancel_scope.cancel()  # the client closes the request's stream
+        started = await until(seen, "started")
+        cancelled = await until(seen, "handler_cancelled")
+        assert cancelled["request_id"] == started["request_id"]  # the upstream's own id
+        with anyio.fail_after(BOUND):
+            while len(gw.gateway.proxy.held):
+                await anyio.sleep(0.05)
+
+
+async def test_a_question_left_unanswered_fails_upstream_and_the_call_is_let_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(held_calls, "ANSWER_TIMEOUT", 1.0)
+    async with gateway() as (gw, seen), AsyncExitStack() as stack:
+        a = await modern(stack, gw, "a")
+        first = await ask(a)
+        assert isinstance(first, types.InputRequiredResult)
+        unanswered = await until(seen, "unanswered")
+        assert "did not answer elicitation/create" in unanswered["error"]
+        with anyio.fail_after(BOUND):
+            while len(gw.gateway.proxy.held):
+                await anyio.sleep(0.05)
+        late = ask(a, state=first.request_state, answers={"elicitation-0": accepting("late")})
+        assert "is not held here" in await refusal(late)
+
+
+async def test_a_client_holds_at_most_its_max_concurrency_calls() -> None:
+    async with gateway(max_concurrency=2) as (gw, seen), AsyncExitStack() as stack:
+        a, b = await modern(stack, gw, "a"), await modern(stack, gw, "b")
+        for _ in range(2):
+            assert isinstance(await ask(a), types.InputRequiredResult)
+        third = await ask(a)
+        assert isinstance(third, types.CallToolResult)
+        assert third.is_error
+        assert "waiting for this client's answers" in str(third.content[0])
+        assert isinstance(await ask(b), types.InputRequiredResult)  # another client is not held up
+        assert len([e for e in seen if e["event"] == "asking"]) == 3
