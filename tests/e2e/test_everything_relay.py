@@ -92,17 +92,24 @@ async def test_an_elicitation_is_answered_by_the_calling_client(shared_url: str,
         assert "User declined" in text_of(result)
 
 
-async def test_a_modern_client_gets_a_clear_error_for_a_handshake_era_upstreams_request(
+async def test_a_modern_client_answers_a_handshake_era_upstreams_request_in_rounds(
     shared_url: str,
 ) -> None:
+    """server-everything asks in the middle of its call and waits; the modern client is asked
+    by an InputRequiredResult, and its retry's answer reaches the waiting upstream."""
+    asked: list[types.CreateMessageRequestParams] = []
+
     async def model(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
-        raise AssertionError("a modern client is never asked on a handshake-era upstream's behalf")
+        asked.append(params)
+        reply = types.TextContent(type="text", text="a modern model's answer")
+        return types.CreateMessageResult(role="assistant", content=reply, model="scripted")
 
     with anyio.fail_after(BOUND):
         async with Client(shared_url, mode="auto", sampling_callback=model) as client:
             result = await client.call_tool("everything__trigger-sampling-request", {"prompt": "hi"})
-    assert result.is_error
-    assert "cannot answer sampling/createMessage" in text_of(result)
+    assert not result.is_error, text_of(result)
+    assert len(asked) == 1
+    assert "a modern model's answer" in text_of(result)
 
 
 async def test_a_client_without_sampling_gets_a_clear_error_not_a_hang(shared_url: str) -> None:
