@@ -175,18 +175,17 @@ async def test_a_modern_client_with_a_token_keeps_its_upstream_state_across_requ
     session is still its own across them (one process, its state kept), another client's is
     another, and it ends once unused for the idle timeout."""
     upstream = python_upstream("recorder.py", session="per_client", protocol="legacy")
-    config = {"upstreams": {"rec": upstream}, "server": {"session_idle_timeout": 2}} | _auth()
+    config = {"upstreams": {"rec": upstream}, "server": {"session_idle_timeout": 3}} | _auth()
     async with running_gateway(config, environ=_tokens()) as gw:
         before = len(runtime.child_pids())
         async with AsyncExitStack() as stack:
             one, two = await modern_client(stack, gw, "c1"), await modern_client(stack, gw, "c2")
             first, again, other = await whoami(one), await whoami(one), await whoami(two)
             assert [await tally(one), await tally(one), await tally(two)] == [1, 2, 1]
-            assert first["pid"] == again["pid"] != other["pid"]
-            assert len(runtime.child_pids()) == before + 2  # kept past the requests that opened them
-            await one.call_tool("rec__wait", {"seconds": 3})  # in flight past the idle timeout
+            assert first["pid"] == again["pid"] != other["pid"]  # kept past the request that opened it
+            await one.call_tool("rec__wait", {"seconds": 4})  # in flight past the idle timeout
             assert await tally(one) == 3  # its session was not closed under the call
-        await settled(before)  # unused for 2 s: closed, their processes reaped
+        await settled(before)  # unused for 3 s: closed, their processes reaped
 
 
 async def test_an_anonymous_modern_client_gets_a_fresh_upstream_session_per_request() -> None:
