@@ -17,6 +17,7 @@ import anyio
 import httpx2
 import mcp_types as types
 import pytest
+from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -29,8 +30,25 @@ BOUND = 10.0
 NAMES = ["a", "b"]
 
 
+def upstream(seen: list[dict[str, Any]]) -> FastMCP:
+    """The recorder, and a tool that asks and then works on: its round waits after the answer."""
+    server = recorder.build(seen.append)
+
+    @server.tool
+    async def ask_then_work(seconds: float, ctx: Context) -> str:
+        """Ask for a name, then work ``seconds`` on it."""
+        answer = await ctx.elicit("name?", response_type=str)
+        seen.append({"event": "answered_then_working"})
+        await anyio.sleep(seconds)
+        return f"{answer.action}:{getattr(answer, 'data', '')}"
+
+    return server
+
+
 @asynccontextmanager
-async def gateway(**policy: Any) -> AsyncIterator[tuple[RunningGateway, list[dict[str, Any]]]]:
+async def gateway(
+    tool_timeouts: dict[str, float] | None = None, **policy: Any
+) -> AsyncIterator[tuple[RunningGateway, list[dict[str, Any]]]]:
     seen: list[dict[str, Any]] = []
     auth = {
         "mode": "bearer",
@@ -39,9 +57,15 @@ async def gateway(**policy: Any) -> AsyncIterator[tuple[RunningGateway, list[dic
     }
     environ = {f"T_{n}": f"{n}-token-0123456789abcdef" for n in NAMES}
     async with (
-        serving_upstream(recorder.build(seen.append)) as url,
+        serving_upstream(upstream(seen)) as url,
         running_gateway(
-            {"upstreams": {"rec": {"url": url, "protocol": "legacy"}}, "auth": auth}, environ
+            {
+                "upstreams": {
+                    "rec": {"url": url, "protocol": "legacy", "tool_timeouts": tool_timeouts or {}}
+                },
+                "auth": auth,
+            },
+            environ,
         ) as gw,
     ):
         yield gw, seen
@@ -164,3 +188,51 @@ async def test_a_client_holds_at_most_its_max_concurrency_calls() -> None:
         assert "waiting for this client's answers" in str(third.content[0])
         assert isinstance(await ask(b), types.InputRequiredResult)  # another client is not held up
         assert len([e for e in seen if e["event"] == "asking"]) == 3
+
+
+async def test_a_call_that_ends_between_rounds_gives_its_retry_its_own_error_and_holds_no_room() -> None:
+    async with gateway(tool_timeouts={"ask": 1}, max_concurrency=1) as (gw, seen), AsyncExitStack() as stack:
+        a = await modern(stack, gw, "a")
+        first = await ask(a)
+        assert isinstance(first, types.InputRequiredResult)
+        await until(seen, "handler_cancelled")  # the upstream's timeout (1 s) came first
+        late = await ask(a, state=first.request_state, answers={"elicitation-0": accepting("late")})
+        assert isinstance(late, types.CallToolResult)
+        assert late.is_error
+        assert "no answer within 1s" in str(late.content[0])  # the call's own failure, not "not held"
+        assert len(gw.gateway.proxy.held) == 0
+        assert isinstance(await ask(a), types.InputRequiredResult)  # its room is free again
+
+
+async def test_one_round_of_a_call_at_a_time_and_answers_checked_before_any_is_handed_on() -> None:
+    tool, arguments = "rec__ask_then_work", {"seconds": 2}
+    async with gateway() as (gw, seen), AsyncExitStack() as stack:
+        a = await modern(stack, gw, "a")
+        first = await a.session.call_tool(tool, arguments, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult)
+        [key] = first.input_requests or {}
+        content = types.TextContent(type="text", text="x")
+        wrong = types.CreateMessageResult(role="assistant", content=content, model="m")
+        refused = await a.session.call_tool(
+            tool, arguments, input_responses={key: wrong}, request_state=first.request_state
+        )
+        assert refused.is_error
+        assert f"the answer to {key!r} is not a elicitation/create result" in str(refused.content[0])
+        texts: list[str] = []
+
+        async def retry() -> None:
+            result = await a.session.call_tool(
+                tool, arguments, input_responses={key: accepting("ada")}, request_state=first.request_state
+            )
+            block = result.content[0]
+            assert isinstance(block, types.TextContent)
+            texts.append(block.text)
+
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(retry)
+                await until(seen, "answered_then_working")
+                tg.start_soon(retry)  # while the first retry's round waits on the upstream's work
+    assert len(texts) == 2
+    assert "being served already" in texts[0]
+    assert texts[1] == "accept:ada"

@@ -14,10 +14,13 @@ upstream's waiting request, and waits again, for the result or the next question
 and log lines go to whichever request of the call is current.
 
 Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream gets an error
-for it); a client holds at most its ``max_concurrency`` such calls, the gateway
-``MAX_HELD``; a retry must come from the client that made the call, for the same tool. A
-round cancelled by its client (the request's stream closed) cancels the upstream call. The
-held call lives on one replica: a retry reaching another is refused, saying so.
+for it); a client has at most its ``max_concurrency`` calls waiting for its answers, the
+gateway ``MAX_HELD``; a retry must come from the client that made the call, for the same tool
+(the SDK's seal of ``requestState`` binds both as well), one round at a time, its answers each
+of its question's type. A call that ends between rounds (its timeout, its upstream gone)
+gives the retry its own failure. A round cancelled by its client (the request's stream
+closed) cancels the upstream call. The held call lives on one replica: a retry reaching
+another is refused, saying so.
 """
 
 from __future__ import annotations
@@ -33,10 +36,11 @@ import anyio
 import mcp_types as types
 from anyio.abc import TaskGroup
 from mcp.shared.dispatcher import ProgressFnT
+from pydantic import ValidationError
 
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.input_requests import result_type, unsupported
-from agent_gateway.errors import ClientLimited, UnknownRound
+from agent_gateway.errors import ClientLimited, InvalidArguments, UnknownRound
 from agent_gateway.refusals import refused
 from agent_gateway.tally import held_rounds
 from agent_gateway.upstreams.client_side import ClientSide
@@ -73,6 +77,10 @@ class _Held:
     """Asked and not yet answered, by the key the client answers them under."""
     changed: anyio.Event = field(default_factory=anyio.Event)
     """Set when a question is asked or the call ends; a round waits on it."""
+    asked: bool = False
+    """It has asked its client something: it counts against the bounds until it is done."""
+    serving: bool = False
+    """A round of it is being served (one at a time: a second would wait on nothing)."""
     done: bool = False
     result: ToolResult | None = None
     error: BaseException | None = None
@@ -133,11 +141,14 @@ class HeldCaller:
             return unable
         key = f"{request.method.split('/')[0]}-{next(held.keys)}"
         question = held.questions[key] = _Question(request)
+        held.asked = True
         held.changed.set()
         logger.info("%s from %s held for the next round of call %s", request.method, upstream, held.name)
-        with anyio.move_on_after(ANSWER_TIMEOUT):
-            await question.answered.wait()
-        held.questions.pop(key, None)
+        try:
+            with anyio.move_on_after(ANSWER_TIMEOUT):
+                await question.answered.wait()
+        finally:
+            held.questions.pop(key, None)  # answered, timed out, or withdrawn: not asked again
         if question.answer is None:
             return types.ErrorData(
                 code=types.INVALID_REQUEST,
@@ -178,9 +189,9 @@ class HeldCalls:
             return None
         held = self._held.get(state.removeprefix(STATE_PREFIX))
         client = caller.client.label if caller.client is not None else ""
-        if held is None or held.done or held.client != client or held.tool != tool:
+        if held is None or held.client != client or held.tool != tool:
             raise UnknownRound(tool)
-        return held
+        return held  # one done between rounds too: its retry takes its result, or its error
 
     async def call(self, caller: Caller, tool: str, start: Start) -> ToolResult:
         """Make the call ``start`` begins, in a task of ours: its result, or the questions it
@@ -201,8 +212,10 @@ class HeldCalls:
     async def round(self, held: _Held, caller: Caller) -> ToolResult:
         """One round of ``held``, for ``caller``'s request: its answers handed on, then the
         call's result, or the questions still unanswered."""
-        held.caller = caller
+        if held.serving:
+            raise ClientLimited("a round of this call is being served already; wait for its answer")
         self._answer(held, caller.input_responses or {})
+        held.caller, held.serving = caller, True
         try:
             while not held.done and not held.questions:
                 held.changed = anyio.Event()
@@ -214,6 +227,8 @@ class HeldCalls:
             held_rounds.add(1, {"outcome": "given_up"})
             logger.info("held call %s of %s given up by its client: cancelled upstream", held.name, held.tool)
             raise
+        finally:
+            held.serving = False
         if held.done:
             held.collected.set()
             self._held.pop(held.token, None)
@@ -228,35 +243,65 @@ class HeldCalls:
         return types.InputRequiredResult(input_requests=asked, request_state=STATE_PREFIX + held.token)
 
     def _check_room(self, caller: Caller, client: str) -> None:
+        """Calls that asked and wait for an answer are bounded, per client and in all; a call
+        that asks nothing holds no room once answered, and one done is not waiting."""
+        waiting = [held for held in self._held.values() if held.asked and not held.done]
+        mine = sum(1 for held in waiting if held.client == client)
         limit = caller.client.policy.max_concurrency if caller.client is not None else None
-        mine = sum(1 for held in self._held.values() if held.client == client)
-        if len(self._held) >= MAX_HELD or (limit is not None and mine >= limit):
-            refused("held_calls", "client %s refused a held call (%d held)", client, mine)
+        if limit is not None and mine >= limit:
+            refused("held_calls", "client %s refused a held call (%d waiting for it)", client, mine)
             raise ClientLimited(
                 f"{mine} calls waiting for this client's answers; answer or cancel them first"
             )
+        if len(waiting) >= MAX_HELD:
+            refused("held_calls", "client %s refused a held call (%d waiting in all)", client, len(waiting))
+            raise ClientLimited(
+                f"the gateway holds {len(waiting)} calls waiting for clients' answers; retry later"
+            )
 
     def _answer(self, held: _Held, answers: types.InputResponses) -> None:
+        """Hand ``answers`` to the questions they answer, each checked first: one that is not
+        its question's answer refuses them all, and none is handed on.
+
+        Raises:
+            InvalidArguments: an answer is not of its question's result type.
+        """
+        checked: list[tuple[str, _Question, types.InputResponse]] = []
         for key, answer in answers.items():
             question = held.questions.get(key)
             if question is None or question.answered.is_set():
                 continue  # answered already, or never asked: nothing waits for it
             expected = result_type(question.request)
-            dumped = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
-            question.answer = expected.model_validate(dumped, by_name=False)
+            try:
+                dumped = answer.model_dump(by_alias=True, mode="json", exclude_none=True)
+                checked.append((key, question, expected.model_validate(dumped, by_name=False)))
+            except ValidationError as exc:
+                reason = f"the answer to {key!r} is not a {question.request.method} result: {exc.error_count()} error(s)"
+                raise InvalidArguments(held.tool, reason) from exc
+        for key, question, answer in checked:
+            question.answer = answer
             question.answered.set()
-            held.questions.pop(key)
+            held.questions.pop(key, None)  # answered now, not asked again this round
 
     async def _run(self, held: _Held, start: Start) -> None:
-        with held.scope:
-            try:
-                held.result = await start(HeldCaller(held))
-            except Exception as exc:  # raised in the round that takes it, as if never held
-                held.error = exc
-        if held.result is None and held.error is None:  # cancelled
+        try:
+            with held.scope:
+                try:
+                    held.result = await start(HeldCaller(held))
+                except Exception as exc:  # raised in the round that takes it, as if never held
+                    held.error = exc
+            self._end(held)
+            with anyio.move_on_after(ANSWER_TIMEOUT):  # until a round takes the outcome
+                await held.collected.wait()
+        finally:  # the gateway stopping cancels it anywhere: a waiting round still wakes
+            self._end(held)
+            self._held.pop(held.token, None)
+
+    @staticmethod
+    def _end(held: _Held) -> None:
+        if held.done:
+            return
+        if held.result is None and held.error is None:  # cancelled: given up, or stopping
             held.error = UnknownRound(held.tool)
         held.done = True
         held.changed.set()
-        with anyio.move_on_after(ANSWER_TIMEOUT):  # until a round takes the outcome
-            await held.collected.wait()
-        self._held.pop(held.token, None)
