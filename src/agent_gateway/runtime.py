@@ -28,9 +28,10 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TypeVar, TypeVarTuple, Unpack
+from typing import Self, TypeVar, TypeVarTuple, Unpack
 
 import anyio
+from anyio.abc import TaskGroup
 
 SEND_TIMEOUT = 5.0
 """The longest one message outside a call may take to leave (a notification or log line to a
@@ -48,6 +49,24 @@ CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2")
 """Libraries that log every HTTP request at INFO: one line per upstream call."""
 
 logger = logging.getLogger(__name__)
+
+
+class TaskHost:
+    """Owns tasks that serve only while it runs: ``_tg`` is their group inside ``running``
+    (None outside it, so a start then is refused), and they are cancelled on its way out."""
+
+    _tg: TaskGroup | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Self]:
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            try:
+                yield self
+            finally:
+                self._tg = None
+                tg.cancel_scope.cancel()
+
 
 _frozen_objects = 0
 """How many objects the last freeze left frozen: ``gc.get_freeze_count()`` walks the frozen

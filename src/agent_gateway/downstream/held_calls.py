@@ -28,13 +28,11 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
 import mcp_types as types
-from anyio.abc import TaskGroup
 from mcp.shared.dispatcher import ProgressFnT
 from pydantic import ValidationError
 
@@ -42,6 +40,7 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.errors import ClientLimited, InvalidArguments, UnknownRound
 from agent_gateway.refusals import refused
+from agent_gateway.runtime import TaskHost
 from agent_gateway.tally import held_rounds
 from agent_gateway.upstreams.client_side import ClientSide
 
@@ -157,22 +156,11 @@ class HeldCaller:
         return question.answer
 
 
-class HeldCalls:
+class HeldCalls(TaskHost):
     """The held calls of this gateway process, run in its own task group."""
 
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}
-        self._tg: TaskGroup | None = None
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[HeldCalls]:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            try:
-                yield self
-            finally:
-                self._tg = None
-                tg.cancel_scope.cancel()
 
     def __len__(self) -> int:
         return len(self._held)

@@ -30,13 +30,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import anyio
 import mcp_types as types
-from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import IncomingMessage
 from opentelemetry import context as otel_context
@@ -46,6 +44,7 @@ from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamBusy, UpstreamError, UpstreamUnavailable, describe
 from agent_gateway.refusals import refused
+from agent_gateway.runtime import TaskHost
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
@@ -73,7 +72,7 @@ class _Dedicated:
     """Its owner is a standing one: closed once unused for the idle timeout, not with a session."""
 
 
-class DedicatedSessions:
+class DedicatedSessions(TaskHost):
     """Opens, hands out and closes dedicated upstream sessions."""
 
     def __init__(
@@ -94,18 +93,7 @@ class DedicatedSessions:
         self._records = records
         self._sessions: dict[str, dict[str, _Dedicated]] = {}
         """Owner (downstream session) -> upstream -> its session: a client's own found at once."""
-        self._tg: TaskGroup | None = None
         self.opened = 0
-
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[DedicatedSessions]:
-        async with anyio.create_task_group() as tg:
-            self._tg = tg
-            try:
-                yield self
-            finally:
-                self._tg = None
-                tg.cancel_scope.cancel()
 
     @property
     def live(self) -> list[UpstreamSession]:
