@@ -187,7 +187,27 @@ async def test_a_client_holds_at_most_its_max_concurrency_calls() -> None:
         assert third.is_error
         assert "waiting for this client's answers" in str(third.content[0])
         assert isinstance(await ask(b), types.InputRequiredResult)  # another client is not held up
-        assert len([e for e in seen if e["event"] == "asking"]) == 3
+        assert len([e for e in seen if e["event"] == "asking"]) == 3  # the refused one never began
+
+
+async def test_calls_let_in_side_by_side_are_bounded_when_they_ask() -> None:
+    async with gateway(max_concurrency=2) as (gw, seen), AsyncExitStack() as stack:
+        a = await modern(stack, gw, "a")
+        assert isinstance(await ask(a), types.InputRequiredResult)
+        results: list[types.CallToolResult | types.InputRequiredResult] = []
+
+        async def call() -> None:
+            results.append(await ask(a))
+
+        async with anyio.create_task_group() as tg:  # both let in: neither had asked yet
+            tg.start_soon(call)
+            tg.start_soon(call)
+        held = [r for r in results if isinstance(r, types.InputRequiredResult)]
+        assert len(held) == 1  # 2 waiting for a's answers: the other's question was refused
+        [refused] = [r for r in results if isinstance(r, types.CallToolResult)]
+        assert refused.is_error
+        unanswered = await until(seen, "unanswered")
+        assert "calls waiting for this client's answers" in unanswered["error"]
 
 
 async def test_a_call_that_ends_between_rounds_gives_its_retry_its_own_error_and_holds_no_room() -> None:

@@ -97,8 +97,9 @@ class HeldCaller:
     """The client side of a held call (``upstreams.client_side.ClientSide``): questions are
     held for the next round; progress and log lines go to the current round's request."""
 
-    def __init__(self, held: _Held) -> None:
+    def __init__(self, held: _Held, calls: HeldCalls) -> None:
         self._held = held
+        self._calls = calls
 
     @property
     def session_id(self) -> str:
@@ -138,6 +139,9 @@ class HeldCaller:
         held = self._held
         if (unable := unsupported(held.caller.capabilities, request)) is not None:
             return unable
+        if not held.asked and (over := self._calls.over_bound(held.caller)) is not None:
+            # Checked again here: calls let in side by side had asked nothing then.
+            return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {over}")
         key = f"{request.method.split('/')[0]}-{next(held.keys)}"
         question = held.questions[key] = _Question(request)
         held.asked = True
@@ -190,8 +194,9 @@ class HeldCalls(TaskHost):
         """
         if self._tg is None:  # stopping: not held, as before held calls
             return await start(caller)
+        if (over := self.over_bound(caller)) is not None:
+            raise ClientLimited(over)
         client = caller.client.label if caller.client is not None else ""
-        self._check_room(caller, client)
         held = _Held(secrets.token_urlsafe(24), tool, client, caller)
         self._held[held.token] = held
         self._tg.start_soon(self._run, held, start, name=f"held call {tool}")
@@ -230,22 +235,23 @@ class HeldCalls(TaskHost):
         logger.info("held call %s of %s asks its client: %s", held.name, held.tool, ", ".join(asked))
         return types.InputRequiredResult(input_requests=asked, request_state=STATE_PREFIX + held.token)
 
-    def _check_room(self, caller: Caller, client: str) -> None:
-        """Calls that asked and wait for an answer are bounded, per client and in all; a call
-        that asks nothing holds no room once answered, and one done is not waiting."""
+    def over_bound(self, caller: Caller) -> str | None:
+        """Why ``caller``'s client may not have one more call waiting for its answers (None:
+        it may). Calls that asked and wait are bounded, per client and in all; a call that
+        asks nothing holds no room, and one done is not waiting. Checked as a call begins
+        (refused at once) and as it first asks (the question refused): calls let in side by
+        side had asked nothing when they began."""
+        client = caller.client.label if caller.client is not None else ""
         waiting = [held for held in self._held.values() if held.asked and not held.done]
         mine = sum(1 for held in waiting if held.client == client)
         limit = caller.client.policy.max_concurrency if caller.client is not None else None
         if limit is not None and mine >= limit:
             refused("held_calls", "client %s refused a held call (%d waiting for it)", client, mine)
-            raise ClientLimited(
-                f"{mine} calls waiting for this client's answers; answer or cancel them first"
-            )
+            return f"{mine} calls waiting for this client's answers; answer or cancel them first"
         if len(waiting) >= MAX_HELD:
             refused("held_calls", "client %s refused a held call (%d waiting in all)", client, len(waiting))
-            raise ClientLimited(
-                f"the gateway holds {len(waiting)} calls waiting for clients' answers; retry later"
-            )
+            return f"the gateway holds {len(waiting)} calls waiting for clients' answers; retry later"
+        return None
 
     def _answer(self, held: _Held, answers: types.InputResponses) -> None:
         """Hand ``answers`` to the questions they answer, each checked first: one that is not
@@ -275,7 +281,7 @@ class HeldCalls(TaskHost):
         try:
             with held.scope:
                 try:
-                    held.result = await start(HeldCaller(held))
+                    held.result = await start(HeldCaller(held, self))
                 except Exception as exc:  # raised in the round that takes it, as if never held
                     held.error = exc
             self._end(held)
