@@ -155,6 +155,7 @@ async def test_a_round_its_client_gives_up_cancels_the_call_upstream() -> None:
         started = await until(seen, "started")
         cancelled = await until(seen, "handler_cancelled")
         assert cancelled["request_id"] == started["request_id"]  # the upstream's own id
+        assert "progressToken" not in started["meta"]  # the client asked for no progress
         with anyio.fail_after(BOUND):
             while len(gw.gateway.proxy.held):
                 await anyio.sleep(0.05)

@@ -126,6 +126,10 @@ class HeldCaller:
         return None
 
     def progress_relay(self) -> ProgressFnT | None:
+        if self._held.caller.progress_token is None:
+            return None  # as unheld: the upstream is sent no token the client did not send
+        # The upstream's token is the first round's; its progress goes to the current round.
+
         async def relay(progress: float, total: float | None, message: str | None) -> None:
             if (current := self._held.caller.progress_relay()) is not None:
                 await current(progress, total, message)
