@@ -30,7 +30,20 @@ BOUND = 10.0
 NAMES = ["a", "b"]
 
 
-def upstream(seen: list[dict[str, Any]]) -> FastMCP:
+class Seen(list[dict[str, Any]]):
+    """What the upstream recorded, in order; ``until`` wakes as each event is appended."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.grew = anyio.Event()
+
+    def append(self, event: dict[str, Any]) -> None:
+        super().append(event)
+        self.grew.set()
+        self.grew = anyio.Event()
+
+
+def upstream(seen: Seen) -> FastMCP:
     """The recorder, and a tool that asks and then works on: its round waits after the answer."""
     server = recorder.build(seen.append)
 
@@ -48,8 +61,8 @@ def upstream(seen: list[dict[str, Any]]) -> FastMCP:
 @asynccontextmanager
 async def gateway(
     tool_timeouts: dict[str, float] | None = None, **policy: Any
-) -> AsyncIterator[tuple[RunningGateway, list[dict[str, Any]]]]:
-    seen: list[dict[str, Any]] = []
+) -> AsyncIterator[tuple[RunningGateway, Seen]]:
+    seen = Seen()
     auth = {
         "mode": "bearer",
         "tokens": [{"name": n, "token": f"${{T_{n}}}"} for n in NAMES],
@@ -114,10 +127,10 @@ def accepting(value: str) -> types.ElicitResult:
     return types.ElicitResult(action="accept", content={"value": value})
 
 
-async def until(seen: list[dict[str, Any]], event: str) -> dict[str, Any]:
+async def until(seen: Seen, event: str) -> dict[str, Any]:
     with anyio.fail_after(BOUND):
         while not (found := [e for e in seen if e["event"] == event]):
-            await anyio.sleep(0.02)
+            await seen.grew.wait()
     return found[0]
 
 
