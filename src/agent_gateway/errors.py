@@ -9,6 +9,8 @@
     │   └── ToolHeld           a pinned tool that changed, withheld until an operator accepts it
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
     ├── NotAllowed             a name outside the calling client's policy (never forwarded)
+    ├── UnknownRound           a retry naming a held call that is not held for it
+    ├── ReplicaError           another replica's error serving a held call's round
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
     ├── GatewayBusy            an answer that would pass the process's bound of bytes in flight
     └── UpstreamError          anything that went wrong talking to one upstream
@@ -119,9 +121,18 @@ class UnknownRound(GatewayError):
 
     def __init__(self, tool: str) -> None:
         super().__init__(
-            f"the call of {tool!r} this requestState names is not held here: it ended, its answers "
-            "came too late, or another replica holds it; call the tool again"
+            f"the call of {tool!r} this requestState names is not held here: it ended, "
+            "its answers came too late, or the replica holding it is gone; call the tool again"
         )
+
+
+class ReplicaError(GatewayError):
+    """The error another replica met serving a round of a held call it holds
+    (``store.rounds``), passed on with its code and message."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ClientLimited(GatewayError):

@@ -25,10 +25,10 @@ import gc
 import importlib
 import importlib.util
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Self, TypeVar, TypeVarTuple, Unpack
+from typing import Any, Self, TypeVar, TypeVarTuple, Unpack
 
 import anyio
 from anyio.abc import TaskGroup
@@ -56,6 +56,15 @@ class TaskHost:
     (None outside it, so a start then is refused), and they are cancelled on its way out."""
 
     _tg: TaskGroup | None = None
+
+    def start_soon(
+        self, work: Callable[[Unpack[Args]], Coroutine[Any, Any, Any]], *args: *Args, name: str
+    ) -> bool:
+        """Run ``work`` in this host's group: whether it was started (not while it is stopped)."""
+        if self._tg is None:
+            return False
+        self._tg.start_soon(work, *args, name=name)
+        return True
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[Self]:

@@ -39,6 +39,7 @@ from agent_gateway.request_wrapper import RequestWrapper
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
 from agent_gateway.store import SharedState
+from agent_gateway.store.rounds import Rounds
 from agent_gateway.telemetry import RequestTelemetry, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -95,6 +96,7 @@ class Gateway:
             idle_timeout=config.server.session_idle_timeout,
         )
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
+        self.rounds = Rounds(self.shared, self.proxy.held) if self.shared is not None else None
         self.search = ToolSearch(config.search.embeddings)
         self.listing = ToolListing(self.catalog, config.search, config.server.page_size, self._own_tools)
         self.notifier = ListChangedNotifier(
@@ -297,8 +299,7 @@ class Gateway:
 
     def _refresh_upstream(self, name: str) -> None:
         """Another replica heard ``name`` change its lists: list it here too."""
-        upstream = self.pool.upstreams.get(name)
-        if upstream is not None:
+        if (upstream := self.pool.upstreams.get(name)) is not None:
             upstream.refresh()
 
     def unready(self) -> list[str]:
@@ -324,15 +325,13 @@ class Gateway:
         await self.proxy.end_session(session)
 
     async def _roots_changed(self, ctx: Any, params: types.NotificationParams) -> None:
-        session = connection_of(ctx.session).state.get(STATE_KEY)
-        if isinstance(session, DownstreamSession):
+        if isinstance(session := connection_of(ctx.session).state.get(STATE_KEY), DownstreamSession):
             await self.proxy.roots_changed(session)
 
     async def take_over_subscriptions(self, session_id: str) -> None:
         """This replica holds ``session_id``'s notification stream: it takes over the
         session's subscriptions no replica holds (their holder died, or let them go)."""
-        session = self.sessions.live.get(session_id)
-        if session is not None:
+        if (session := self.sessions.live.get(session_id)) is not None:
             await self.subscriptions.take_over(session)
 
     async def _resource_updated(self, upstream: UpstreamSession, uri: str) -> None:

@@ -19,8 +19,12 @@ gateway ``MAX_HELD``; a retry must come from the client that made the call, for 
 (the SDK's seal of ``requestState`` binds both as well), one round at a time, its answers each
 of its question's type. A call that ends between rounds (its timeout, its upstream gone)
 gives the retry its own failure. A round cancelled by its client (the request's stream
-closed) cancels the upstream call. The held call lives on one replica: a retry reaching
-another is refused, saying so.
+closed) cancels the upstream call.
+
+A held call lives on the replica that began it, and its ``requestState`` names that replica.
+With several replicas (``store:``) a retry that reaches another is served by the holder over
+the replicas' channels (``store/rounds.py``): its answers sent there, the round's progress, log
+lines and outcome sent back, a hang-up passed on; a holder that is gone refuses it at once.
 """
 
 from __future__ import annotations
@@ -30,12 +34,14 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
 from pydantic import ValidationError
 
+from agent_gateway.access import Principal
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.errors import ClientLimited, InvalidArguments, UnknownRound
@@ -58,6 +64,35 @@ Start = Callable[[ClientSide], Awaitable[ToolResult]]
 """Begins the upstream call on behalf of the client side it is given."""
 
 
+class RoundRequest(ClientSide, Protocol):
+    """The request serving one round: a ``Caller`` here, or another replica's (``store/rounds``)."""
+
+    @property
+    def client(self) -> Principal | None:
+        """Who asked (the held call's own client)."""
+
+    @property
+    def progress_token(self) -> types.ProgressToken | None:
+        """The request's progress token (None: it asked for no progress)."""
+
+
+class Rounds(Protocol):
+    """Where a round of a call another replica holds is served (``store/rounds.Rounds``)."""
+
+    async def round(self, elsewhere: Elsewhere, caller: Caller) -> ToolResult:
+        """The round's outcome, served by ``elsewhere.replica``."""
+        ...  # a Protocol member: the signature is the contract
+
+
+@dataclass(frozen=True)
+class Elsewhere:
+    """A retry's held call, held by another replica."""
+
+    replica: str
+    token: str
+    tool: str
+
+
 @dataclass(eq=False)
 class _Question:
     request: types.InputRequest
@@ -70,7 +105,7 @@ class _Held:
     token: str
     tool: str
     client: str
-    caller: Caller
+    caller: RoundRequest
     """The current round's request: where progress and log lines go."""
     questions: dict[str, _Question] = field(default_factory=dict)
     """Asked and not yet answered, by the key the client answers them under."""
@@ -90,7 +125,7 @@ class _Held:
     @property
     def name(self) -> str:
         """How log lines name it: never its whole token, which would let a reader answer it."""
-        return self.token[:8]
+        return self.token.rpartition(".")[2][:8]
 
 
 class HeldCaller:
@@ -169,25 +204,44 @@ class HeldCalls(TaskHost):
 
     def __init__(self) -> None:
         self._held: dict[str, _Held] = {}
+        self.replica = ""
+        """This replica among several (its tokens begin with it); empty: the only one."""
+        self.elsewhere: Rounds | None = None
+        """Where rounds of calls other replicas hold are served (None: one replica)."""
 
     def __len__(self) -> int:
         return len(self._held)
 
-    def resumed(self, caller: Caller, tool: str) -> _Held | None:
+    def resumed(self, caller: Caller, tool: str) -> _Held | Elsewhere | None:
         """The held call ``caller``'s retry answers (None: it answers none of ours).
 
         Raises:
-            UnknownRound: it names one of ours that is not held here, or not for this client
-                and tool.
+            UnknownRound: it names one of ours that is not held here (nor by another replica
+                that could serve it), or not for this client and tool.
         """
         state = caller.request_state
         if state is None or not state.startswith(STATE_PREFIX):
             return None
-        held = self._held.get(state.removeprefix(STATE_PREFIX))
+        token = state.removeprefix(STATE_PREFIX)
+        replica = token.partition(".")[0] if "." in token else ""
+        if replica != self.replica and self.elsewhere is not None:
+            return Elsewhere(replica, token, tool)
         client = caller.client.label if caller.client is not None else ""
+        return self._held_for(token, client, tool)
+
+    def _held_for(self, token: str, client: str, tool: str) -> _Held:
+        held = self._held.get(token)
         if held is None or held.client != client or held.tool != tool:
             raise UnknownRound(tool)
         return held  # one done between rounds too: its retry takes its result, or its error
+
+    async def serve(
+        self, token: str, client: str, tool: str, request: Callable[[Principal | None], RoundRequest]
+    ) -> ToolResult:
+        """A round another replica was sent, for ``client``'s retry: ``request`` makes the
+        round's request for the held call's own client (raises like ``round``)."""
+        held = self._held_for(token, client, tool)
+        return await self.round(held, request(held.caller.client))
 
     async def call(self, caller: Caller, tool: str, start: Start) -> ToolResult:
         """Make the call ``start`` begins, in a task of ours: its result, or the questions it
@@ -201,14 +255,19 @@ class HeldCalls(TaskHost):
         if (over := self.over_bound(caller)) is not None:
             raise ClientLimited(over)
         client = caller.client.label if caller.client is not None else ""
-        held = _Held(secrets.token_urlsafe(24), tool, client, caller)
+        secret = secrets.token_urlsafe(24)
+        held = _Held(f"{self.replica}.{secret}" if self.replica else secret, tool, client, caller)
         self._held[held.token] = held
         self._tg.start_soon(self._run, held, start, name=f"held call {tool}")
         return await self.round(held, caller)
 
-    async def round(self, held: _Held, caller: Caller) -> ToolResult:
+    async def round(self, held: _Held | Elsewhere, caller: RoundRequest) -> ToolResult:
         """One round of ``held``, for ``caller``'s request: its answers handed on, then the
         call's result, or the questions still unanswered."""
+        if isinstance(held, Elsewhere):
+            assert self.elsewhere is not None  # resumed gives one only then
+            assert isinstance(caller, Caller)  # a client's own retry
+            return await self.elsewhere.round(held, caller)
         if held.serving:
             raise ClientLimited("a round of this call is being served already; wait for its answer")
         self._answer(held, caller.input_responses or {})
@@ -239,7 +298,7 @@ class HeldCalls(TaskHost):
         logger.info("held call %s of %s asks its client: %s", held.name, held.tool, ", ".join(asked))
         return types.InputRequiredResult(input_requests=asked, request_state=STATE_PREFIX + held.token)
 
-    def over_bound(self, caller: Caller) -> str | None:
+    def over_bound(self, caller: RoundRequest) -> str | None:
         """Why ``caller``'s client may not have one more call waiting for its answers (None:
         it may). Calls that asked and wait are bounded, per client and in all; a call that
         asks nothing holds no room, and one done is not waiting. Checked as a call begins

@@ -9,6 +9,7 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 - ``holders``: which replica holds each resource subscription; a dead one's are claimed.
 - ``bus``: announcements between replicas (a session deleted, an upstream's lists changed, a
   notification for a session whose stream another replica holds).
+- ``rounds``: a held call's round served by the replica holding it, for a retry another got.
 """
 
 from __future__ import annotations
@@ -37,6 +38,11 @@ CATALOG = "catalog"
 Refresh = Callable[[str], None]
 
 
+def rounds_channel(replica: str) -> str:
+    """The channel of ``replica``'s held calls' rounds (``store/rounds.py``)."""
+    return f"rounds:{replica}"
+
+
 class SharedState:
     """Everything the replicas share, over one Redis client."""
 
@@ -46,10 +52,10 @@ class SharedState:
         self.limits = SharedLimits(self.store, idle)
         self.sessions = SessionRecords(self.store, idle)
         self.events = SharedEventStore(self.store, store.events)
-        self.bus = Bus(self.store, (ENDED, CATALOG, LIVE))
-        self.leases = Leases(self.store)
         self.replica = uuid.uuid4().hex[:12]
         """This process among the replicas (its own announcements are not acted on twice)."""
+        self.bus = Bus(self.store, (ENDED, CATALOG, LIVE, rounds_channel(self.replica)))
+        self.leases = Leases(self.store)
         self.holders = SubscriptionHolders(self.store, self.sessions, self.replica)
 
     @property

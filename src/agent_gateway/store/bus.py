@@ -38,8 +38,10 @@ class Bus:
         message that comes before a handler is set is dropped)."""
         self._handlers[self.store.key(channel)] = handler
 
-    async def publish(self, channel: str, message: str) -> None:
-        await self.store.call(self.store.redis.publish(self.store.key(channel), message), "publish")
+    async def publish(self, channel: str, message: str) -> int:
+        """Say ``message`` on ``channel``: how many replicas heard it (raises ``StoreUnavailable``)."""
+        heard = await self.store.call(self.store.redis.publish(self.store.key(channel), message), "publish")
+        return int(heard)
 
     async def listen(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Dispatch messages for ever, resubscribing after the store comes back."""
