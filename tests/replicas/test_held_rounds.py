@@ -106,11 +106,10 @@ async def modern(stack: AsyncExitStack, url: str, who: str, heard: Heard | None 
     http = await stack.enter_async_context(
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {TOKENS[who]}"}, timeout=BOUND)
     )
-    logs = {"logging_callback": heard.on_log} if heard is not None else {}
+    transport = streamable_http_client(url, http_client=http)
+    on_log = heard.on_log if heard is not None else None
     return await stack.enter_async_context(
-        Client(
-            streamable_http_client(url, http_client=http), mode="auto", elicitation_callback=unused, **logs
-        )
+        Client(transport, mode="auto", elicitation_callback=unused, logging_callback=on_log)
     )
 
 
