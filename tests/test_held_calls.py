@@ -270,3 +270,17 @@ async def test_one_round_of_a_call_at_a_time_and_answers_checked_before_any_is_h
     assert len(texts) == 2
     assert "being served already" in texts[0]
     assert texts[1] == "accept:ada"
+
+
+async def test_a_client_with_no_concurrency_bound_holds_at_most_a_quarter_of_the_room(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(held_calls, "PER_CLIENT", 2)
+    async with gateway(max_concurrency=None) as (gw, seen), AsyncExitStack() as stack:
+        a, b = await modern(stack, gw, "a"), await modern(stack, gw, "b")
+        for _ in range(2):
+            assert isinstance(await ask(a), types.InputRequiredResult)
+        third = await ask(a)
+        assert isinstance(third, types.CallToolResult)
+        assert "2 calls waiting for this client's answers" in str(third.content[0])
+        assert isinstance(await ask(b), types.InputRequiredResult)  # the room left is others'

@@ -226,3 +226,99 @@ async def test_a_modern_clients_log_line_reaches_it_with_another_of_its_calls_in
         await client.call_tool("rec__say", {"text": "with another in flight"})
         tg.cancel_scope.cancel()
     assert lines == ["alone", "with another in flight"]
+
+
+async def unused(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    raise AssertionError("the test answers each round itself")
+
+
+async def asking_client(stack: AsyncExitStack, gw: RunningGateway, name: str, **options: Any) -> Client:
+    """A modern-era client with ``name``'s token that declares it can answer elicitation."""
+    headers = {"Authorization": f"Bearer {name}-token-0123456789abcdef"}
+    http = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=30))
+    transport = streamable_http_client(gw.url, http_client=http)
+    return await stack.enter_async_context(
+        Client(transport, mode="auto", elicitation_callback=unused, **options)
+    )
+
+
+def standing_config(script: str) -> dict[str, Any]:
+    return {"upstreams": {"rec": python_upstream(script, session="per_client", protocol="legacy")}} | _auth()
+
+
+async def test_a_modern_clients_call_on_its_standing_session_is_held_when_the_upstream_asks() -> None:
+    """The upstream of a standing session is told the client side can answer: a request that
+    can is asked in rounds (a held call), as on a shared session."""
+    async with running_gateway(standing_config("recorder.py"), _tokens()) as gw, AsyncExitStack() as stack:
+        client = await asking_client(stack, gw, "c1")
+        with anyio.fail_after(BOUND):
+            first = await client.session.call_tool(
+                "rec__ask", {"question": "name?"}, allow_input_required=True
+            )
+            assert isinstance(first, types.InputRequiredResult), first
+            [key] = first.input_requests or {}
+            answer = types.ElicitResult(action="accept", content={"value": "ada"})
+            done = await client.session.call_tool(
+                "rec__ask",
+                {"question": "name?"},
+                input_responses={key: answer},
+                request_state=first.request_state,
+            )
+    assert done.content == [types.TextContent(type="text", text="accept:ada")]
+
+
+async def test_a_log_line_on_a_standing_session_goes_to_a_request_that_wants_it() -> None:
+    """Request A opts in to log lines, request B of the same client (later) to none: the line
+    A's call logs while B is in flight reaches the client (not B's request, which drops it)."""
+    lines: list[str] = []
+    said: list[bool] = []
+
+    async def logged(params: types.LoggingMessageNotificationParams) -> None:
+        lines.append(params.data["msg"])
+
+    async def say(client: Client) -> None:
+        meta: Any = {types.LOG_LEVEL_META_KEY: "debug"}
+        arguments = {"delay": 1, "text": "A's line"}
+        said.append((await client.session.call_tool("rec__later_say", arguments, meta=meta)).is_error)
+
+    async with running_gateway(standing_config("delayed.py"), _tokens()) as gw, AsyncExitStack() as stack:
+        client = await asking_client(stack, gw, "c1", logging_callback=logged)
+        await client.call_tool("rec__whoami", {})  # the standing session is open
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(say, client)
+            await anyio.sleep(0.2)
+            tg.start_soon(client.call_tool, "rec__wait", {"seconds": 30})  # the latest, wanting none
+            with anyio.fail_after(BOUND):
+                while not said:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    assert said == [False]
+    assert lines == ["A's line"]
+
+
+async def test_a_question_on_a_standing_session_with_two_requests_in_flight_is_refused_not_misrouted() -> (
+    None
+):
+    """Two held calls of one client on its stdio standing session: the upstream's question
+    cannot be told to be either's, so it is refused with the reason, never handed to the other."""
+    async with running_gateway(standing_config("delayed.py"), _tokens()) as gw, AsyncExitStack() as stack:
+        client = await asking_client(stack, gw, "c1")
+        await client.call_tool("rec__whoami", {})  # the standing session is open
+        results: dict[str, types.CallToolResult | types.InputRequiredResult] = {}
+
+        async def call(name: str, tool: str, arguments: dict[str, Any]) -> None:
+            results[name] = await client.session.call_tool(tool, arguments, allow_input_required=True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "asks", "rec__later_ask", {"delay": 1})
+            await anyio.sleep(0.2)
+            tg.start_soon(call, "waits", "rec__wait", {"seconds": 30})
+            with anyio.fail_after(BOUND):
+                while "asks" not in results:
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    asked = results["asks"]
+    assert isinstance(asked, types.CallToolResult), asked
+    assert asked.is_error
+    assert "whose call asks is unknown" in str(asked.content[0])
+    assert "waits" not in results  # its call was not handed the question

@@ -14,8 +14,8 @@ upstream's waiting request, and waits again, for the result or the next question
 and log lines go to whichever request of the call is current.
 
 Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream gets an error
-for it); a client has at most its ``max_concurrency`` calls waiting for its answers, the
-gateway ``MAX_HELD``; a retry must come from the client that made the call, for the same tool
+for it); a client has at most its ``max_concurrency`` calls waiting for its answers (and no
+more than ``PER_CLIENT``), the gateway ``MAX_HELD``; a retry must come from the client that made the call, for the same tool
 (the SDK's seal of ``requestState`` binds both as well), one round at a time, its answers each
 of its question's type. A call that ends between rounds (its timeout, its upstream gone)
 gives the retry its own failure. A round cancelled by its client (the request's stream
@@ -56,6 +56,9 @@ ANSWER_TIMEOUT = 300.0
 """Seconds a held call's question waits for the client's retry carrying its answer."""
 MAX_HELD = 1024
 """Calls held at once, all clients together."""
+PER_CLIENT = MAX_HELD // 4
+"""Calls held at once for one client whose policy sets no lower ``max_concurrency`` (or
+none): no client takes more than a quarter of the room."""
 STATE_PREFIX = "agent-gateway/held/"
 """How a ``requestState`` of ours begins (any other is the upstream's own, passed through)."""
 
@@ -307,8 +310,9 @@ class HeldCalls(TaskHost):
         client = caller.client.label if caller.client is not None else ""
         waiting = [held for held in self._held.values() if held.asked and not held.done]
         mine = sum(1 for held in waiting if held.client == client)
-        limit = caller.client.policy.max_concurrency if caller.client is not None else None
-        if limit is not None and mine >= limit:
+        own = caller.client.policy.max_concurrency if caller.client is not None else None
+        limit = min(own or PER_CLIENT, PER_CLIENT)
+        if mine >= limit:
             refused("held_calls", "client %s refused a held call (%d waiting for it)", client, mine)
             return f"{mine} calls waiting for this client's answers; answer or cancel them first"
         if len(waiting) >= MAX_HELD:

@@ -38,6 +38,7 @@ from agent_gateway.limits import session_opened
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
 from agent_gateway.tally import sessions_active
+from agent_gateway.upstreams.client_side import EVERYTHING
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +161,13 @@ class DownstreamSession:
 def standing(client: Principal) -> DownstreamSession:
     """The owner of an authenticated modern-era client's dedicated upstream sessions across its
     requests (``upstreams/dedicated.py``): of that era, with no channel, open in no registry;
-    its id the same for each of the client's requests, and naming no secret."""
+    its id the same for each of the client's requests, and naming no secret. The upstream is
+    told it may ask everything, as a shared session's is: each request's own capabilities
+    decide what that request is asked (a held call's, ``held_calls.HeldCaller.ask``)."""
     digest = hashlib.sha256(client.label.encode()).hexdigest()[:16]
-    return DownstreamSession(f"client-{digest}", "modern", "http", None, client=client)
+    return DownstreamSession(
+        f"client-{digest}", "modern", "http", None, capabilities=EVERYTHING, client=client
+    )
 
 
 def refusal(session: DownstreamSession, request: types.InputRequest) -> types.ErrorData | None:

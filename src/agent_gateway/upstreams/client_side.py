@@ -48,3 +48,14 @@ class ClientSide(Protocol):
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         """Relay a sampling, elicitation or roots request to the client and return its answer."""
         ...  # a Protocol member: the signature is the contract
+
+
+EVERYTHING = types.ClientCapabilities(
+    sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+    elicitation=types.ElicitationCapability(
+        form=types.FormElicitationCapability(), url=types.UrlElicitationCapability()
+    ),
+    roots=types.RootsCapability(list_changed=True),
+)
+"""What an upstream session shared by several client sides is told they can answer: each
+request is then refused what its own client cannot."""

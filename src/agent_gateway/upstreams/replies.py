@@ -15,6 +15,7 @@ import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from typing import get_args
 
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
@@ -62,21 +63,28 @@ class Replies:
             self._in_flight.pop(token, None)
 
     def attributed(self) -> ClientSide | None:
-        """The one downstream session this session's traffic can belong to, if there is one."""
+        """The one downstream session this session's traffic can belong to, if there is one:
+        a question (sampling, elicitation, roots) goes there, or is refused."""
         if (exact := _CALLER.get()) is not None:
             return exact
         callers = {c.session_id: c for c in self._in_flight.values()}
-        if len(callers) == 1 or (callers and self.owner is not None):
-            # A dedicated session's calls are all its owner's client's (a standing owner's:
-            # several of its modern requests): the latest reaches that client as well as any.
-            return next(reversed(callers.values()))
+        if len(callers) == 1:
+            return next(iter(callers.values()))
         if not callers:
             return self.owner
         return None
 
+    def _log_target(self, level: types.LoggingLevel) -> ClientSide | None:
+        """Where a log line goes: as ``attributed``, but on a dedicated session, whose calls
+        are all its owner's client's (a standing owner's: several of its modern requests,
+        which no question may be guessed between), the oldest request that wants the line."""
+        if (target := self.attributed()) is not None or self.owner is None:
+            return target
+        return next((c for c in self._in_flight.values() if _wants(c.log_level, level)), None)
+
     async def on_log(self, params: types.LoggingMessageNotificationParams) -> None:
         # Chosen before any await: the call may finish right after its last log line.
-        target = self.attributed()
+        target = self._log_target(params.level)
         if target is not None:
             await target.log(self.name, params)
         elif not self._in_flight and self._broadcast is not None:
@@ -110,29 +118,36 @@ class Replies:
 
     async def _relay(self, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         target = self.attributed()
-        if target is None and not self._in_flight and isinstance(request, types.ListRootsRequest):
+        asked = target is not None and not target.modern  # a modern client is asked only by a call
+        if not asked and not self._in_flight and isinstance(request, types.ListRootsRequest):
             # Many servers ask right after connecting, when no client is there to ask: no roots.
             logger.debug("roots/list from %s with no client call in flight: no roots", self.name)
             return types.ListRootsResult(roots=[])
         if target is None:
-            reason = (
-                "several clients have calls in flight on this shared upstream session "
-                "(configure `session: per_client` for this upstream)"
-                if self._in_flight
-                else "no client call is in flight to answer it"
-            )
+            reason = self._unattributed()
             logger.warning("%s from %s refused: %s", request.method, self.name, reason)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
         return await target.ask(self.name, request)
 
+    def _unattributed(self) -> str:
+        """Why a question on this session has nobody to ask."""
+        if not self._in_flight:
+            return "no client call is in flight to answer it"
+        if self.owner is None:
+            return (
+                "several clients have calls in flight on this shared upstream session "
+                "(configure `session: per_client` for this upstream)"
+            )
+        return "several requests of its client have calls in flight on it, and whose call asks is unknown"
 
-EVERYTHING = types.ClientCapabilities(
-    sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),
-    elicitation=types.ElicitationCapability(
-        form=types.FormElicitationCapability(), url=types.UrlElicitationCapability()
-    ),
-    roots=types.RootsCapability(list_changed=True),
-)
+
+_LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
+"""The log levels, least severe first (as MCP lists them)."""
+
+
+def _wants(threshold: types.LoggingLevel | None, level: types.LoggingLevel) -> bool:
+    """Whether a client side asking for lines from ``threshold`` up (None: none) wants ``level``."""
+    return threshold is not None and _LEVELS.index(level) >= _LEVELS.index(threshold)
 
 
 def _wrong_answer(method: str) -> types.ErrorData:

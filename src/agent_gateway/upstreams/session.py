@@ -31,11 +31,11 @@ from agent_gateway.errors import (
     UpstreamUnavailable,
 )
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
-from agent_gateway.upstreams.client_side import ClientSide
+from agent_gateway.upstreams.client_side import EVERYTHING, ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
-from agent_gateway.upstreams.replies import EVERYTHING, Broadcast, Replies
+from agent_gateway.upstreams.replies import Broadcast, Replies
 from agent_gateway.upstreams.translation import translated
 
 if TYPE_CHECKING:
