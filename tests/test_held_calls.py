@@ -284,3 +284,4 @@ async def test_a_client_with_no_concurrency_bound_holds_at_most_a_quarter_of_the
         assert isinstance(third, types.CallToolResult)
         assert "2 calls waiting for this client's answers" in str(third.content[0])
         assert isinstance(await ask(b), types.InputRequiredResult)  # the room left is others'
+        assert len([e for e in seen if e["event"] == "asking"]) == 3  # the refused one never began
