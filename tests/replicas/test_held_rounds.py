@@ -113,6 +113,17 @@ async def modern(stack: AsyncExitStack, url: str, who: str, heard: Heard | None 
     )
 
 
+@asynccontextmanager
+async def alice_on_both(
+    redis: Redis, prefix: str, tmp_path: Path, answered: list[str], heard: Heard | None = None
+) -> AsyncIterator[tuple[Cluster, AsyncExitStack, Client, Client]]:
+    """The cluster, and alice's client of each replica (the second's lines and progress to
+    ``heard``); more clients may be opened on the stack."""
+    async with cluster_of(redis, prefix, tmp_path, answered) as cluster, AsyncExitStack() as stack:
+        on_0 = await modern(stack, cluster.endpoint(0), "alice")
+        yield cluster, stack, on_0, await modern(stack, cluster.endpoint(1), "alice", heard)
+
+
 def accepting(value: str) -> types.ElicitResult:
     return types.ElicitResult(action="accept", content={"value": value})
 
@@ -141,9 +152,7 @@ async def test_a_retry_reaching_the_other_replica_is_served_by_the_one_holding_t
 ) -> None:
     answered: list[str] = []
     heard = Heard()
-    async with cluster_of(redis, prefix, tmp_path, answered) as cluster, AsyncExitStack() as stack:
-        on_0 = await modern(stack, cluster.endpoint(0), "alice")
-        on_1 = await modern(stack, cluster.endpoint(1), "alice", heard)
+    async with alice_on_both(redis, prefix, tmp_path, answered, heard) as (cluster, stack, on_0, on_1):
         state, key = await first_round(on_0)
         with anyio.fail_after(BOUND):
             done = await on_1.session.call_tool(
@@ -185,9 +194,7 @@ async def test_a_round_given_up_on_the_other_replica_cancels_the_call_upstream(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     answered: list[str] = []
-    async with cluster_of(redis, prefix, tmp_path, answered) as cluster, AsyncExitStack() as stack:
-        on_0 = await modern(stack, cluster.endpoint(0), "alice")
-        on_1 = await modern(stack, cluster.endpoint(1), "alice")
+    async with alice_on_both(redis, prefix, tmp_path, answered) as (_cluster, _, on_0, on_1):
         state, key = await first_round(on_0, "asker__ask_then_wait")
         async with anyio.create_task_group() as tg:
             tg.start_soon(
@@ -208,9 +215,7 @@ async def test_a_retry_for_a_replica_that_is_gone_is_refused_at_once(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     answered: list[str] = []
-    async with cluster_of(redis, prefix, tmp_path, answered) as cluster, AsyncExitStack() as stack:
-        on_0 = await modern(stack, cluster.endpoint(0), "alice")
-        on_1 = await modern(stack, cluster.endpoint(1), "alice")
+    async with alice_on_both(redis, prefix, tmp_path, answered) as (cluster, _, on_0, on_1):
         state, key = await first_round(on_0)
         cluster.kill(0)
         with anyio.fail_after(5):  # not the holder's heartbeat (10 s): nobody heard the round
