@@ -22,6 +22,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tests.otlp import SpanSeen, otlp_receiver
 from tests.replicas.cluster import Cluster, replicas
 from tests.replicas.services import Redis
 from tests.support import serving_upstream
@@ -61,9 +62,9 @@ def asking_server(answered: list[str]) -> FastMCP:
     return server
 
 
-def config(redis: Redis, prefix: str, upstream: str) -> dict[str, Any]:
+def config(redis: Redis, prefix: str, upstream: str, **extra: Any) -> dict[str, Any]:
     tokens = [{"name": n, "token": f"${{{n.upper()}_TOKEN}}"} for n in TOKENS]
-    return {
+    return extra | {
         "store": {"url": redis.url, "prefix": prefix},
         # Both replicas seal requestState with the same key, so either may unseal the other's.
         "server": {"state_keys": [STATE_KEY]},
@@ -75,11 +76,11 @@ def config(redis: Redis, prefix: str, upstream: str) -> dict[str, Any]:
 
 @asynccontextmanager
 async def cluster_of(
-    redis: Redis, prefix: str, tmp_path: Path, answered: list[str]
+    redis: Redis, prefix: str, tmp_path: Path, answered: list[str], **extra: Any
 ) -> AsyncIterator[Cluster]:
     async with (
         serving_upstream(asking_server(answered)) as upstream,
-        replicas(config(redis, prefix, upstream), tmp_path, env=TOKEN_ENV) as cluster,
+        replicas(config(redis, prefix, upstream, **extra), tmp_path, env=TOKEN_ENV) as cluster,
     ):
         yield cluster
 
@@ -225,3 +226,37 @@ async def test_a_retry_for_a_replica_that_is_gone_is_refused_at_once(
         assert late.is_error
         assert "is not held here" in text_of(late)
         assert answered == []
+
+
+async def test_a_round_served_across_replicas_is_one_trace_from_the_retry_to_the_holder(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    answered: list[str] = []
+    async with (
+        otlp_receiver() as (endpoint, received),
+        cluster_of(redis, prefix, tmp_path, answered, telemetry={"otlp_endpoint": endpoint}) as cluster,
+        AsyncExitStack() as stack,
+    ):
+        on_0 = await modern(stack, cluster.endpoint(0), "alice")
+        on_1 = await modern(stack, cluster.endpoint(1), "alice")
+        state, key = await first_round(on_0)
+        done = await on_1.session.call_tool(
+            "asker__ask", {}, input_responses={key: accepting("ada")}, request_state=state
+        )
+        assert text_of(done) == "hello ada"
+        spans = await received.wait_for(
+            lambda seen: len([s for s in seen if s.name == "held_call.round asker__ask"]) == 2, timeout=BOUND
+        )
+    sent = one(spans, "held_call.round asker__ask", "CLIENT")
+    served = one(spans, "held_call.round asker__ask", "SERVER")
+    [retry] = [s for s in spans if s.span_id == sent.parent_id]  # on replica 1: the retry's own
+    assert (retry.name, retry.kind, retry.trace_id) == ("tools/call asker__ask", "SERVER", sent.trace_id)
+    assert (served.trace_id, served.parent_id) == (sent.trace_id, sent.span_id)  # on replica 0
+    assert (
+        served.attributes["agent_gateway.replica.holder"] == sent.attributes["agent_gateway.replica.holder"]
+    )
+
+
+def one(spans: list[SpanSeen], name: str, kind: str) -> SpanSeen:
+    [found] = [s for s in spans if s.name == name and s.kind == kind]
+    return found

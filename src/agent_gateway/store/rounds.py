@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import secrets
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,9 @@ import anyio
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.dispatcher import ProgressFnT
+from opentelemetry import propagate, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
 from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.access import Principal
@@ -37,6 +41,9 @@ from agent_gateway.errors import GatewayError, InvalidArguments, ReplicaError, U
 from agent_gateway.store import SharedState
 from agent_gateway.store import rounds_channel as channel
 from agent_gateway.store.bus import Bus
+from agent_gateway.tally import held_rounds
+from agent_gateway.telemetry import SCOPE
+from agent_gateway.trace_context import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +51,7 @@ _CHECK_EVERY = 3.0
 """Seconds between checks, while a round waits, that its holder is still alive."""
 _BACKLOG = 64
 """Progress and log lines waiting to be passed to the client; more are dropped."""
+_tracer = trace.get_tracer(SCOPE)
 _OUTCOME: TypeAdapter[ToolResult] = TypeAdapter(ToolResult)
 _ANSWERS: TypeAdapter[types.InputResponses] = TypeAdapter(types.InputResponses)
 
@@ -108,13 +116,18 @@ class Rounds:
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](_BACKLOG)
         waiting = self._waiting[nonce] = _Waiting(send, receive)
         try:
-            heard = await self._bus.publish(
-                channel(elsewhere.replica), _asked(nonce, self._replica, elsewhere, caller)
-            )
-            if not heard:  # nobody listens on its channel: the replica is gone
-                raise UnknownRound(elsewhere.tool)
-            logger.info("held call of %s: its round sent to replica %s", elsewhere.tool, elsewhere.replica)
-            await self._relay(waiting, caller, elsewhere)
+            with _span(elsewhere.tool, SpanKind.CLIENT, elsewhere.replica):
+                carrier: dict[str, str] = {}
+                propagate.inject(carrier)  # the holder's span of the round is this one's child
+                asked = _asked(nonce, self._replica, elsewhere, caller, carrier)
+                if not await self._bus.publish(channel(elsewhere.replica), asked):
+                    held_rounds.add(1, {"outcome": "holder_gone"})  # nobody listens on its channel
+                    raise UnknownRound(elsewhere.tool)
+                held_rounds.add(1, {"outcome": "sent_across"})
+                logger.info(
+                    "held call of %s: its round sent to replica %s", elsewhere.tool, elsewhere.replica
+                )
+                await self._relay(waiting, caller, elsewhere)
         except anyio.get_cancelled_exc_class():
             with anyio.CancelScope(shield=True), contextlib.suppress(GatewayError):
                 # The client gave the call up: so does its holder (bounded by the store's timeout).
@@ -138,6 +151,7 @@ class Rounds:
                     return
             if message is None:  # quiet for a while: is the holder still there?
                 if not await self._holders.alive(elsewhere.replica):
+                    held_rounds.add(1, {"outcome": "holder_gone"})
                     logger.warning(
                         "held call of %s: replica %s died during its round", elsewhere.tool, elsewhere.replica
                     )
@@ -151,8 +165,9 @@ class Rounds:
         nonce = str(asked["id"])
         reply = _Reply(self._bus, channel(str(asked["from"])), nonce)
         served = self._served[nonce] = _Served()
+        parent = propagate.extract(asked.get("trace") or {})
         try:
-            with served.scope:
+            with served.scope, _span(str(asked.get("tool")), SpanKind.SERVER, self._replica, parent):
                 outcome = await self._outcome(asked, reply)
                 await reply.send(outcome)
         except GatewayError as exc:  # the store is out of reach: the asking replica sees it too
@@ -255,7 +270,17 @@ class _Remote:
         return types.ErrorData(code=types.INVALID_REQUEST, message="agent-gateway: not asked across replicas")
 
 
-def _asked(nonce: str, replica: str, elsewhere: Elsewhere, caller: Caller) -> str:
+def _span(
+    tool: str, kind: SpanKind, holder: str, parent: Context | None = None
+) -> AbstractContextManager[object]:
+    """A round's span on either replica (none while no tracer provider is installed)."""
+    if not tracing():
+        return contextlib.nullcontext()
+    attributes = {"gen_ai.tool.name": tool, "agent_gateway.replica.holder": holder}
+    return _tracer.start_as_current_span(f"held_call.round {tool}", parent, kind, attributes)
+
+
+def _asked(nonce: str, replica: str, elsewhere: Elsewhere, caller: Caller, carrier: dict[str, str]) -> str:
     """The round as sent to its holder: the retry's answers and what the round's request is."""
     answers = {
         key: answer.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -277,6 +302,7 @@ def _asked(nonce: str, replica: str, elsewhere: Elsewhere, caller: Caller) -> st
             else capabilities.model_dump(by_alias=True, mode="json", exclude_none=True),
             "log_level": caller.log_level,
             "progress": caller.progress_token is not None,
+            "trace": carrier,
         }
     )
 
