@@ -55,6 +55,20 @@ def upstream(seen: Seen) -> FastMCP:
         await anyio.sleep(seconds)
         return f"{answer.action}:{getattr(answer, 'data', '')}"
 
+    @server.tool
+    async def ask_or_work(seconds: float, ctx: Context) -> str:
+        """Ask for a name; with no answer, work ``seconds`` anyway."""
+        try:
+            await ctx.elicit("name?", response_type=str)
+        except Exception:  # the upstream's own choice: carry on without it
+            seen.append({"event": "working_unanswered"})
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            seen.append({"event": "work_cancelled"})
+            raise
+        return "worked"
+
     return server
 
 
@@ -189,6 +203,21 @@ async def test_a_question_left_unanswered_fails_upstream_and_the_call_is_let_go(
                 await anyio.sleep(0.05)
         late = ask(a, state=first.request_state, answers={"elicitation-0": accepting("late")})
         assert "is not held here" in await refusal(late)
+
+
+async def test_a_question_left_unanswered_gives_the_call_up_upstream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upstream that carries on when its question goes unanswered is cancelled: the client
+    is gone, and nobody would take the call's outcome."""
+    monkeypatch.setattr(held_calls, "ANSWER_TIMEOUT", 1.0)
+    async with gateway() as (gw, seen), AsyncExitStack() as stack:
+        a = await modern(stack, gw, "a")
+        first = await a.session.call_tool("rec__ask_or_work", {"seconds": 30}, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult)
+        await until(seen, "working_unanswered")
+        await until(seen, "work_cancelled")  # not 30 s of work for nobody
+        with anyio.fail_after(BOUND):
+            while len(gw.gateway.proxy.held):
+                await anyio.sleep(0.05)
 
 
 async def test_a_client_holds_at_most_its_max_concurrency_calls() -> None:

@@ -41,6 +41,7 @@ held_rounds = Tally(
     "agent_gateway.held_calls.rounds",
     "Rounds of modern clients' calls held for a handshake-era upstream's questions, by outcome: "
     "asked (answered with InputRequiredResult), answered (the call's result), given_up (the "
-    "client cancelled the round: the call is cancelled upstream); and on a replica that got a "
+    "client cancelled the round: the call is cancelled upstream), unanswered (a question went "
+    "unanswered for its time: the call is cancelled upstream); and on a replica that got a "
     "retry of a call another holds: sent_across (sent to the holder), holder_gone (it is gone).",
 )

@@ -14,7 +14,7 @@ upstream's waiting request, and waits again, for the result or the next question
 and log lines go to whichever request of the call is current.
 
 Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream gets an error
-for it); a client has at most its ``max_concurrency`` calls waiting for its answers (and no
+for it, and the call is given up: cancelled upstream, as nobody would take its outcome); a client has at most its ``max_concurrency`` calls waiting for its answers (and no
 more than ``PER_CLIENT``), the gateway ``MAX_HELD``; a retry must come from the client that made the call, for the same tool
 (the SDK's seal of ``requestState`` binds both as well), one round at a time, its answers each
 of its question's type. A call that ends between rounds (its timeout, its upstream gone)
@@ -194,6 +194,11 @@ class HeldCaller:
                 await question.answered.wait()
         finally:
             held.questions.pop(key, None)  # answered, timed out, or withdrawn: not asked again
+        if question.answer is None and not held.done:
+            # The client is gone, or will not answer: nobody would take the call's outcome either.
+            held.scope.cancel()
+            held_rounds.add(1, {"outcome": "unanswered"})
+            logger.info("held call %s of %s given up: its client did not answer", held.name, held.tool)
         if question.answer is None:
             return types.ErrorData(
                 code=types.INVALID_REQUEST,
