@@ -38,10 +38,11 @@ class Bus:
         message that comes before a handler is set is dropped)."""
         self._handlers[self.store.key(channel)] = handler
 
-    async def publish(self, channel: str, message: str) -> int:
-        """Say ``message`` on ``channel``: how many replicas heard it (raises ``StoreUnavailable``)."""
+    async def publish(self, channel: str, message: str) -> int | None:
+        """Say ``message`` on ``channel``: how many replicas heard it, or None when the store
+        failed (logged and watched by the store)."""
         heard = await self.store.call(self.store.redis.publish(self.store.key(channel), message), "publish")
-        return int(heard)
+        return None if heard is None else int(heard)
 
     async def listen(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Dispatch messages for ever, resubscribing after the store comes back."""

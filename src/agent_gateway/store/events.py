@@ -94,7 +94,7 @@ class SharedEventStore(EventStore):
         data = _PRIMING if message is None else jsonrpc_message_adapter.dump_json(message, by_alias=True)
         try:
             self._queue[0].send_nowait((self._key(digest), stream_id, event_id, data))
-        except anyio.WouldBlock:
+        except (anyio.WouldBlock, anyio.ClosedResourceError):  # full, or the writer has stopped
             _dropped.add(1)
         return event_id
 
@@ -108,9 +108,11 @@ class SharedEventStore(EventStore):
                 batch += _drain(reader, _BATCH - 1)
                 await self._send(batch)
         finally:
+            self._queue[0].close()  # nothing more is queued once the writer stops
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.store.config.timeout):
                 if rest := _drain(reader, _QUEUE):
                     await self._send(rest)
+            reader.close()
 
     async def _send(self, batch: list[Pending]) -> None:
         pipe = self.store.redis.pipeline(transaction=False)

@@ -67,14 +67,6 @@ class SubscriptionHolders:
             with anyio.CancelScope(shield=True), anyio.move_on_after(2):
                 await self._store.call(self._store.redis.delete(key), "heartbeat_end")
 
-    async def alive(self, replica: str) -> bool:
-        """Whether ``replica``'s heartbeat is there: it has beaten within ``HEARTBEAT_TTL``."""
-        return bool(
-            await self._store.call(
-                self._store.redis.exists(self._store.key("replica", replica)), "heartbeat_check"
-            )
-        )
-
     async def held(self, session_id: str, uri: str) -> None:
         """This replica took ``session_id``'s subscription to ``uri``."""
         await self._records.set_field(session_id, _SUB + uri, self._replica, "subscription_hold")
