@@ -14,10 +14,11 @@ upstream's waiting request, and waits again, for the result or the next question
 and log lines go to whichever request of the call is current.
 
 Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream gets an error
-for it, and the call is given up: cancelled upstream, as nobody would take its outcome); a client has at most its ``max_concurrency`` calls waiting for its answers (and no
-more than ``PER_CLIENT``), the gateway ``MAX_HELD``; a retry must come from the client that made the call, for the same tool
-(the SDK's seal of ``requestState`` binds both as well), one round at a time, its answers each
-of its question's type. A call that ends between rounds (its timeout, its upstream gone)
+for it, and the call is given up: cancelled upstream, as nobody would take its outcome); a
+client has at most its ``max_concurrency`` calls waiting for its answers (and no more than
+``PER_CLIENT``), the gateway ``MAX_HELD``; a retry must come from the client that made the
+call, for the same tool (the SDK's seal of ``requestState`` binds both as well), one round at
+a time, its answers each of its question's type. A call that ends between rounds (its timeout, its upstream gone)
 gives the retry its own failure. A round cancelled by its client (the request's stream
 closed) cancels the upstream call.
 
