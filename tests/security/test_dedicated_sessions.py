@@ -242,6 +242,13 @@ async def asking_client(stack: AsyncExitStack, gw: RunningGateway, name: str, **
     )
 
 
+async def in_flight(gw: RunningGateway, calls: int) -> None:
+    """Until ``calls`` calls are in flight upstream."""
+    with anyio.fail_after(BOUND):
+        while gw.gateway.proxy.pending() != calls:
+            await anyio.sleep(0.01)
+
+
 def standing_config(script: str) -> dict[str, Any]:
     return {"upstreams": {"rec": python_upstream(script, session="per_client", protocol="legacy")}} | _auth()
 
@@ -286,7 +293,7 @@ async def test_a_log_line_on_a_standing_session_goes_to_a_request_that_wants_it(
         await client.call_tool("rec__whoami", {})  # the standing session is open
         async with anyio.create_task_group() as tg:
             tg.start_soon(say, client)
-            await anyio.sleep(0.2)
+            await in_flight(gw, 1)  # the first call is upstream before the second begins
             tg.start_soon(client.call_tool, "rec__wait", {"seconds": 30})  # the latest, wanting none
             with anyio.fail_after(BOUND):
                 while not said:
@@ -311,7 +318,7 @@ async def test_a_question_on_a_standing_session_with_two_requests_in_flight_is_r
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call, "asks", "rec__later_ask", {"delay": 1})
-            await anyio.sleep(0.2)
+            await in_flight(gw, 1)  # the first call is upstream before the second begins
             tg.start_soon(call, "waits", "rec__wait", {"seconds": 30})
             with anyio.fail_after(BOUND):
                 while "asks" not in results:
