@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Generator
 from contextlib import AsyncExitStack, contextmanager
 from dataclasses import dataclass
@@ -157,8 +159,10 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
 
     serving = False
     starting = anyio.CancelScope()
+    drained_by = math.inf
 
     def stop() -> None:
+        nonlocal drained_by
         if not serving:
             starting.cancel()  # still starting: the upstreams started so far are stopped
             return
@@ -166,6 +170,7 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         # other replicas), clients' notification streams end so they reconnect elsewhere,
         # and the calls in flight have drain_timeout to finish.
         logger.info("draining: the calls in flight have %ds to finish", server.drain_timeout)
+        drained_by = time.monotonic() + server.drain_timeout
         http.should_exit = True
         begin_draining(app)
 
@@ -191,8 +196,20 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
                         runtime.settle_heap()
                         serving = True
                         await http.serve(sockets=[sock])
+                        await _held_calls_answered(gateway, drained_by)
                         tg.cancel_scope.cancel()
             signals.cancel_scope.cancel()
+
+
+async def _held_calls_answered(gateway: Gateway, by: float) -> None:
+    """With several replicas, wait (until ``by``, the drain's end) for the calls held here:
+    their clients' retries still come, through the other replicas (``store/rounds.py``). With
+    one, none can: the listener is closed."""
+    if gateway.rounds is None or not (held := len(gateway.proxy.held)):
+        return
+    logger.info("draining: %d held calls wait for their clients' answers through other replicas", held)
+    with anyio.move_on_after(max(0.0, by - time.monotonic())):
+        await gateway.proxy.held.all_ended()
 
 
 def listener_options(gateway: Gateway) -> dict[str, Any]:

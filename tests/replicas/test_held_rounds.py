@@ -7,6 +7,7 @@ the modern era, sending each round to the replica the test picks, as a balancer 
 
 from __future__ import annotations
 
+import signal
 import warnings
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -260,3 +261,29 @@ async def test_a_round_served_across_replicas_is_one_trace_from_the_retry_to_the
 def one(spans: list[SpanSeen], name: str, kind: str) -> SpanSeen:
     [found] = [s for s in spans if s.name == name and s.kind == kind]
     return found
+
+
+async def test_a_draining_holder_serves_its_held_calls_rounds_until_they_end(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    """SIGTERM closes the holder's listener, but its held call's retry still comes through the
+    other replica: the holder waits for it (within its drain time), then exits."""
+    answered: list[str] = []
+    async with alice_on_both(redis, prefix, tmp_path, answered) as (cluster, _, on_0, on_1):
+        state, key = await first_round(on_0)
+        cluster.processes[0].send_signal(signal.SIGTERM)
+        await until_logged(cluster, 0, "held calls wait for their clients' answers")
+        done = await on_1.session.call_tool(
+            "asker__ask", {}, input_responses={key: accepting("ada")}, request_state=state
+        )
+        assert text_of(done) == "hello ada"
+        exit_code = await anyio.to_thread.run_sync(cluster.processes[0].wait, BOUND)
+    assert answered == ["ada"]
+    assert exit_code == 0
+
+
+async def until_logged(cluster: Cluster, replica: int, *words: str) -> None:
+    """Until a line of ``replica``'s log holds all of ``words``."""
+    with anyio.fail_after(BOUND):
+        while not any(all(w in line for w in words) for line in cluster.log(replica).splitlines()):
+            await anyio.sleep(0.05)

@@ -31,7 +31,7 @@ from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import ReplicaError, StoreUnavailable, UnknownRound
 from agent_gateway.store import SharedState
 from agent_gateway.store.rounds import Rounds
-from tests.replicas.cluster import Cluster, replicas
+from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_held_rounds import (
     BOUND,
@@ -42,6 +42,7 @@ from tests.replicas.test_held_rounds import (
     first_round,
     modern,
     text_of,
+    until_logged,
 )
 from tests.replicas.test_sessions import config as counter_config
 from tests.replicas.test_sessions import counter_server, session_to
@@ -143,12 +144,6 @@ async def test_the_store_going_away_during_a_round_leaves_the_holder_serving(tmp
             await until_logged(cluster, 0, "its round's outcome not sent back")
             assert cluster.processes[0].poll() is None
             assert "Traceback" not in cluster.log(0)
-
-
-async def until_logged(cluster: Cluster, replica: int, *words: str) -> None:
-    with anyio.fail_after(BOUND):
-        while not any(all(w in line for w in words) for line in cluster.log(replica).splitlines()):
-            await anyio.sleep(0.05)
 
 
 async def test_an_upstreams_list_change_while_the_store_is_away_is_still_applied(

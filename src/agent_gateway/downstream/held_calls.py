@@ -217,9 +217,21 @@ class HeldCalls(TaskHost):
         """This replica among several (its tokens begin with it); empty: the only one."""
         self.elsewhere: Rounds | None = None
         """Where rounds of calls other replicas hold are served (None: one replica)."""
+        self._emptied: anyio.Event | None = None
 
     def __len__(self) -> int:
         return len(self._held)
+
+    async def all_ended(self) -> None:
+        """Until no call is held here (a drain waits for them, within its time)."""
+        while self._held:
+            self._emptied = anyio.Event()
+            await self._emptied.wait()
+
+    def _forget(self, token: str) -> None:
+        self._held.pop(token, None)
+        if not self._held and self._emptied is not None:
+            self._emptied.set()
 
     def resumed(self, caller: Caller, tool: str) -> _Held | Elsewhere | None:
         """The held call ``caller``'s retry answers (None: it answers none of ours).
@@ -287,7 +299,7 @@ class HeldCalls(TaskHost):
                 await held.changed.wait()
         except anyio.get_cancelled_exc_class():
             held.scope.cancel()  # the client gave the call up: so does the upstream
-            self._held.pop(held.token, None)
+            self._forget(held.token)
             held.collected.set()  # nobody will: let the call's task end
             held_rounds.add(1, {"outcome": "given_up"})
             logger.info("held call %s of %s given up by its client: cancelled upstream", held.name, held.tool)
@@ -296,7 +308,7 @@ class HeldCalls(TaskHost):
             held.serving = False
         if held.done:
             held.collected.set()
-            self._held.pop(held.token, None)
+            self._forget(held.token)
             held_rounds.add(1, {"outcome": "answered"})
             if held.error is not None:
                 raise held.error
@@ -362,7 +374,7 @@ class HeldCalls(TaskHost):
                 await held.collected.wait()
         finally:  # the gateway stopping cancels it anywhere: a waiting round still wakes
             self._end(held)
-            self._held.pop(held.token, None)
+            self._forget(held.token)
 
     @staticmethod
     def _end(held: _Held) -> None:
