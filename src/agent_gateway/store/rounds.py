@@ -95,13 +95,6 @@ class _Reply:
             return not self.ended and await self.bus.publish(self.channel, said(message)) is not None
 
 
-@dataclass(eq=False)
-class _Served:
-    """A round this replica serves for another's request."""
-
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
-
-
 class Rounds:
     """Rounds of held calls between the replicas: asked for here, or served here (in the held
     calls' own task group, so they end with them)."""
@@ -113,7 +106,8 @@ class Rounds:
         self._replica = shared.replica
         self._calls = calls
         self._waiting: dict[str, _Waiting] = {}
-        self._served: dict[tuple[str, str], _Served] = {}
+        self._served: dict[tuple[str, str], anyio.CancelScope] = {}
+        """The rounds served here for other replicas' requests, by (asking replica, round)."""
         calls.replica, calls.elsewhere = shared.replica, self
         shared.bus.on(channel(shared.replica), self._heard)
 
@@ -185,13 +179,13 @@ class Rounds:
 
     # -- served here -------------------------------------------------------------------------
 
-    async def _serve(self, asked: Asked, served: _Served) -> None:
+    async def _serve(self, asked: Asked, served: anyio.CancelScope) -> None:
         """Serve ``asked`` and send its outcome back; nothing escapes (this runs in the held
         calls' task group, beside every call this replica holds)."""
         reply = _Reply(self._bus, channel(asked.sender), asked.id)
         parent = propagate.extract(asked.trace)
         try:
-            with served.scope, _span(asked.tool, SpanKind.SERVER, self._replica, parent):
+            with served, _span(asked.tool, SpanKind.SERVER, self._replica, parent):
                 async with anyio.create_task_group() as tg:
                     alive = anyio.CancelScope()  # the asking replica told it is being served
                     tg.start_soon(_keep_alive, reply, alive)
@@ -202,8 +196,10 @@ class Rounds:
                             "held call of %s: its round's outcome not sent back (the store failed)",
                             asked.tool,
                         )
-        except Exception:
-            logger.exception("held call of %s: serving another replica's round failed", asked.tool)
+        except Exception:  # its outcome not sent: the asking replica ends the round on silence
+            logger.exception(
+                "held call of %s: the round served for replica %s failed", asked.tool, asked.sender
+            )
         finally:
             reply.ended = True
             if self._served.get((asked.sender, asked.id)) is served:
@@ -230,7 +226,7 @@ class Rounds:
                 await self._asked_here(asked)
             case Cancel(id=nonce, sender=sender):
                 if (served := self._served.get((sender, nonce))) is not None:
-                    served.scope.cancel()
+                    served.cancel()
             case Outcome() | Failed() as outcome:
                 if (waiting := self._waiting.get(outcome.id)) is not None:
                     waiting.outcome = outcome
@@ -250,7 +246,7 @@ class Rounds:
         if key in self._served:
             logger.warning("held call of %s: a round heard twice, served once", asked.tool)
             return
-        served = self._served[key] = _Served()
+        served = self._served[key] = anyio.CancelScope()
         logger.info("held call of %s: serving a round for replica %s", asked.tool, asked.sender)
         if not self._calls.start_soon(self._serve, asked, served, name=f"round of {asked.tool}"):
             del self._served[key]
