@@ -128,8 +128,8 @@ class Principal:
 
     @contextmanager
     def calling(self) -> Iterator[None]:
-        """One tool call in flight, refused at once over the policy's ``max_concurrency``.
-        Inside an agent run (``running_agent``) the run already holds the client's slot."""
+        """One call in flight (a tool call, a prompt render, a resource read, a completion),
+        refused at once over the policy's ``max_concurrency``. Inside an agent run (``running_agent``) the run already holds the client's slot."""
         if _IN_RUN.get():
             yield
             return

@@ -39,14 +39,16 @@ def _identity(caller: Caller | None, client: Principal | None, kind: str, name: 
 
 def _unseen(
     caller: Caller, kind: Literal["prompt", "resource"], name: str, shown_as: str | None = None
-) -> None:
-    """Raises ``UnknownName`` when the caller may not reach ``name``: the answer a name that
-    does not exist gets, so a client cannot probe which hidden names exist."""
+) -> Principal:
+    """The caller's client, which may reach ``name``. Raises ``UnknownName`` when it may
+    not: the answer a name that does not exist gets, so a client cannot probe which hidden
+    names exist."""
     who = caller.client
     if who is None or not who.allows(kind, name):
         subject = who.label if who is not None else "(no identity)"
         logger.warning("client %s refused %s %r (answered as unknown)", subject, kind, name)
         raise UnknownName(shown_as or kind, name)
+    return who
 
 
 _UPSTREAM_META = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
@@ -89,9 +91,11 @@ class Proxy:
             UnknownName, NotAllowed, ClientLimited, InvalidArguments, UnknownRound, UpstreamError
         """
         snapshot = self._catalog.snapshot
-        origin = snapshot.tool(name)
         who = _identity(caller, client, "tool", name)
+        # The policy first: a name outside it is refused alike whether it exists, is held for
+        # review or not (the lookup's answers would tell a restricted client which do).
         who.check("tool", name)
+        origin = snapshot.tool(name)
         await snapshot.validate_arguments(name, arguments)
         if held and caller is not None and (round_of := self.held.resumed(caller, name)) is not None:
             with who.calling():
@@ -112,18 +116,20 @@ class Proxy:
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None, caller: Caller
     ) -> types.GetPromptResult:
-        """Forward a prompt render (raises UnknownName, NotAllowed or UpstreamError)."""
+        """Forward a prompt render (raises UnknownName, ClientLimited or UpstreamError)."""
         origin = self._catalog.snapshot.prompt(name)
-        _unseen(caller, "prompt", name)
+        who = _unseen(caller, "prompt", name)
         session = await self._session(origin.upstream, caller)
-        return _relayed(await session.get_prompt(origin.name, arguments, caller))
+        with who.calling():  # a slow render holds an upstream's slot as a tool call does
+            return _relayed(await session.get_prompt(origin.name, arguments, caller))
 
     async def read_resource(self, uri: str, caller: Caller) -> types.ReadResourceResult:
-        """Forward a resource read (raises UnknownName, NotAllowed or UpstreamError)."""
+        """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError)."""
         upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        _unseen(caller, "resource", uri)
+        who = _unseen(caller, "resource", uri)
         session = await self._session(upstream, caller)
-        return _relayed(await session.read_resource(upstream_uri, caller))
+        with who.calling():
+            return _relayed(await session.read_resource(upstream_uri, caller))
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
         """Forward ``completion/complete`` for a public prompt or template to its upstream,
@@ -132,16 +138,17 @@ class Proxy:
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             origin = snapshot.prompt(ref.name)
-            _unseen(caller, "prompt", ref.name)
+            who = _unseen(caller, "prompt", ref.name)
             upstream, ref = origin.upstream, ref.model_copy(update={"name": origin.name})
         else:
             entry = next((e for e in snapshot.templates if e.public == ref.uri), None)
             if entry is None:
                 raise UnknownName("resource template", ref.uri)
-            _unseen(caller, "resource", ref.uri, "resource template")
+            who = _unseen(caller, "resource", ref.uri, "resource template")
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
-        return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
+        with who.calling():
+            return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
 
     async def resource_session(
         self, uri: str, owner: DownstreamSession, client: Principal | None

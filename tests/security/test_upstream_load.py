@@ -8,6 +8,7 @@ import anyio
 import mcp_types as types
 from fastmcp import FastMCP
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.upstreams.transports import PROBE_LANE, pool_size
@@ -22,6 +23,20 @@ def _slow_server(release: anyio.Event) -> FastMCP:
     async def wait() -> str:
         await release.wait()
         return "released"
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    @server.prompt
+    async def brief(topic: str) -> str:  # a render that fetches something remote, say
+        await release.wait()
+        return f"brief on {topic}"
+
+    @server.resource("slow://report")
+    async def report() -> str:
+        await release.wait()
+        return "report"
 
     return server
 
@@ -83,3 +98,46 @@ async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
     assert len(refused_ours) == 3
     assert all("the limit (max_concurrency) is 10" in t for t in refused_ours)
     assert [_text(r) for r in theirs + ours if not r.is_error] == ["released"] * 10
+
+
+async def test_a_clients_slow_prompt_renders_and_resource_reads_take_only_its_own_slots() -> None:
+    """Prompt renders and resource reads hold an upstream's slot as long as a tool call: they
+    count against the client's ``max_concurrency`` as calls do, or one client's slow renders
+    would take every slot of the upstream and the bystander's calls be refused."""
+    release = anyio.Event()
+    async with serving_upstream(_slow_server(release)) as url:
+        config = {"upstreams": {"slow": {"url": url, "max_concurrency": 10}}} | bearer({"max_concurrency": 4})
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ) as gw,
+            client(gw.url, ATTACKER_TOKEN) as attacker,
+            client(gw.url, BYSTANDER_TOKEN) as bystander,
+        ):
+            guard = gw.gateway.pool.get("slow").guard
+            refusals: list[str] = []
+
+            async def render() -> None:
+                try:
+                    await attacker.get_prompt("slow__brief", {"topic": "x"})
+                except MCPError as exc:
+                    refusals.append(exc.error.message)
+
+            async def read() -> None:
+                try:
+                    await attacker.read_resource("slow://report")
+                except MCPError as exc:
+                    refusals.append(exc.error.message)
+
+            async with anyio.create_task_group() as tg:
+                for _ in range(6):
+                    tg.start_soon(render)
+                    tg.start_soon(read)
+                with anyio.fail_after(20):  # each of the 12 in flight upstream or refused
+                    while len(refusals) + guard.in_flight < 12:
+                        await anyio.sleep(0.02)
+                assert _text(await bystander.call_tool("slow__echo", {"text": "hi"})) == "hi"
+                assert guard.in_flight == 4
+                release.set()
+            assert (
+                refusals == ["client limit: 4 calls already in flight, the limit (max_concurrency) is 4"] * 8
+            )
