@@ -201,3 +201,24 @@ def test_env_passthrough_takes_names_and_globs_and_the_top_level_reaches_every_u
     assert config.upstreams["a"].env_passthrough == ("AWS_*", "KUBECONFIG")
     with pytest.raises(ConfigError, match=r"upstreams\.a\.env_passthrough\.0: String should match pattern"):
         parse_config({"upstreams": {"a": {"command": "x", "env_passthrough": ["A B"]}}}, {}, source="s")
+
+
+@pytest.mark.parametrize("mode", ["off", "on", "auto"])
+def test_the_words_on_and_off_are_read_as_written(tmp_path: Path, mode: str) -> None:
+    """YAML 1.1 reads a bare ``off``/``on`` as a boolean; the README writes ``mode: off``."""
+    text = f"search:\n  mode: {mode}\npinning: off\nupstreams:\n  a: {{command: echo, enabled: no, env: {{DEBUG: yes}}}}\n"
+    config = load_config(write(tmp_path, "g.yaml", text), {})
+    assert config.search.mode == mode
+    assert config.pinning == "off"
+    assert config.upstreams["a"].enabled is False  # a boolean setting still takes yes/no
+    assert config.upstreams["a"].env == {"DEBUG": "yes"}  # an environment value is the word
+
+
+@pytest.mark.parametrize("name", ["search_tools", "call_tool"])
+def test_the_agent_cannot_take_a_search_tools_name(tmp_path: Path, name: str) -> None:
+    """With search ``auto`` any client may be in search mode: the agent would be listed next to
+    the search tool of its name, and never reached."""
+    with pytest.raises(
+        ConfigError, match=f"agent.name: '{name}' is the name of one of the gateway's search tools"
+    ):
+        load_config(write(tmp_path, "g.yaml", f"agent:\n  name: {name}\n"), {})

@@ -18,7 +18,7 @@ from agent_gateway.config_base import EnvName, FieldProblem, Seconds, scheme_of
 from agent_gateway.config_base import Strict as _Strict
 from agent_gateway.config_connections import ConnectionsConfig
 from agent_gateway.config_store import EventsConfig, StoreConfig
-from agent_gateway.naming import DEFAULT_SEPARATOR, upstream_name_problem
+from agent_gateway.naming import DEFAULT_SEPARATOR, AgentName, upstream_name_problem
 
 __all__ = [  # the auth, connections and store models and FieldProblem are re-exported: callers import them from here
     "AuthConfig",
@@ -274,7 +274,7 @@ class AgentConfig(_Strict):
     """``ask_agent``: the gateway's own LangGraph agent over the catalog."""
 
     enabled: bool = True
-    name: str = Field(default="ask_agent", pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    name: AgentName = "ask_agent"
     model: ModelConfig | None = None
     """None: the calling client's model through sampling, when it offers sampling."""
     instructions: str = (

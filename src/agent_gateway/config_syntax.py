@@ -1,5 +1,10 @@
 """A configuration file's text to data: YAML or JSON, strictly, with problems located by line.
 
+YAML is read with YAML 1.2's booleans (``true``/``false`` only): PyYAML follows YAML 1.1, where
+a bare ``on``, ``off``, ``yes`` or ``no`` is a boolean, so ``search: {mode: off}`` as the README
+writes it would arrive as ``False`` and be refused as not one of its words (a boolean setting
+still takes ``yes``/``on``: pydantic reads those words as true).
+
 PyYAML and ``json`` both let a repeated key silently replace the first; in a gateway config
 that hides an upstream or a setting, so a repeated key is an error naming both lines. An empty
 file and a syntax error name the file and the line too, on one line.
@@ -8,6 +13,7 @@ file and a syntax error name the file and the line too, on one line.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
@@ -18,6 +24,7 @@ from yaml.nodes import MappingNode
 from agent_gateway.errors import ConfigError
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+_BOOL_TAG = "tag:yaml.org,2002:bool"
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -40,6 +47,15 @@ class _StrictLoader(yaml.SafeLoader):
             if isinstance(key, Hashable):
                 seen[key] = line
         return super().construct_mapping(node, deep)
+
+
+_StrictLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != _BOOL_TAG]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_StrictLoader.add_implicit_resolver(
+    _BOOL_TAG, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 
 
 def parse_text(path: Path, text: str) -> object:

@@ -11,8 +11,13 @@ import hashlib
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
 
+from pydantic import AfterValidator, Field
+
+SEARCH_TOOLS = "search_tools"
+CALL_TOOL = "call_tool"
+"""The gateway's own tools in search mode (``search/tools.py``)."""
 DEFAULT_SEPARATOR = "__"
 MAX_NAME_LENGTH = 64
 _HASH_LENGTH = 8
@@ -31,6 +36,18 @@ def upstream_name_problem(name: str, separator: str = DEFAULT_SEPARATOR) -> str 
     if separator in name:
         return f"must not contain the separator {separator!r}"
     return None
+
+
+def _not_a_search_tool(name: str) -> str:
+    # With search ``auto``, any client may be in search mode once the catalog grows: an agent
+    # of the same name would be listed next to it and never be reached (the name routes there).
+    if name in (SEARCH_TOOLS, CALL_TOOL):
+        raise ValueError(f"{name!r} is the name of one of the gateway's search tools; choose another")
+    return name
+
+
+AgentName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$"), AfterValidator(_not_a_search_tool)]
+"""The name ``ask_agent`` is listed under: a public name, not one of the search tools'."""
 
 
 def sanitize(name: str) -> str:

@@ -14,12 +14,10 @@ import mcp_types as types
 from jsonschema import Draft202012Validator
 
 from agent_gateway.errors import InvalidArguments, shown
-from agent_gateway.naming import MAX_NAME_LENGTH
+from agent_gateway.naming import CALL_TOOL, MAX_NAME_LENGTH, SEARCH_TOOLS
 from agent_gateway.schema_check import reason
 from agent_gateway.search.engine import Found
 
-SEARCH_TOOLS = "search_tools"
-CALL_TOOL = "call_tool"
 MAX_LIMIT = 50
 WEAK = 0.25
 """Below this score a result matches little of the request; its listing line says so."""
