@@ -21,6 +21,7 @@ from agent_gateway.access import RATE_LIMITED
 from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_refusals
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
+from agent_gateway.telemetry import called
 
 
 class CallRecord:
@@ -44,12 +45,15 @@ class CallRecorder:
         activity: Activity,
         upstream_of: Callable[[str, str], str | None],
         arguments: Literal["none", "digest", "full"] = "digest",
+        via: str | None = None,
     ) -> None:
         """``upstream_of(method, name)``: the upstream a call of ``name`` goes to, or None;
-        ``arguments``: what a record keeps of the call's arguments."""
+        ``arguments``: what a record keeps of the call's arguments; ``via``: a tool that calls
+        the tool named in its arguments (``call_tool``), recorded as that tool's call."""
         self._activity = activity
         self._upstream_of = upstream_of
         self._arguments = arguments
+        self._via = via
 
     @contextmanager
     def recording(
@@ -89,9 +93,8 @@ class CallRecorder:
         at: float,
         started: float,
     ) -> Call:
-        name = params.get("uri" if ctx.method == "resources/read" else "name")
-        name = cut(name if isinstance(name, str) else "", 200) or ""
-        arguments = params.get("arguments")
+        name, arguments = called(ctx.method, params, self._via)
+        name = cut(name or "", 200) or ""
         return Call(
             at=at,
             client=client,

@@ -135,13 +135,13 @@ class Gateway:
         # First in the chain, and the gateway's only middleware: the request's client, span
         # and record, once per request, around everything the gateway does for it.
         own = set(own_tool_names(config))
-        audit = config.audit
+        kept = config.audit.arguments if config.audit.enabled else "none"
         lowlevel.middleware.insert(
             0,
             RequestWrapper(
                 self.access,
                 RequestTelemetry(self._upstream_of, lambda: own, via=CALL_TOOL),
-                CallRecorder(self.activity, self._upstream_of, audit.arguments if audit.enabled else "none"),
+                CallRecorder(self.activity, self._upstream_of, kept, via=CALL_TOOL),
                 self.visibility,
             ),
         )

@@ -160,7 +160,7 @@ class RequestTelemetry:
     def spanned(self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]) -> Iterator[ServerSpan]:
         """Around one request (not a notification): its span, current inside, and its
         duration recorded when it ends, however it ends."""
-        target = _target(ctx.method, params, self._via)
+        target, _ = called(ctx.method, params, self._via)
         upstream = self._upstream_of(ctx.method, target) if target is not None else None
         # Labels only from what the gateway knows: a client's made-up names must not each
         # become a metric series (the span, which is not aggregated, keeps them).
@@ -197,14 +197,16 @@ class RequestTelemetry:
 _NAMED = ("tools/call", "prompts/get")
 
 
-def _target(method: str, params: Mapping[str, Any], via: str | None = None) -> str | None:
+def called(method: str, params: Mapping[str, Any], via: str | None = None) -> tuple[str | None, Any]:
+    """The name (or URI) a request is for, and the arguments it passes: for a call of ``via``
+    (``call_tool``), the tool it calls and that tool's arguments, as a direct call has them."""
     key = "uri" if method in ("resources/read", "resources/subscribe", "resources/unsubscribe") else "name"
-    value = params.get(key)
-    if via is not None and method == "tools/call" and value == via:
-        inner = params.get("arguments")
-        if isinstance(inner, Mapping) and isinstance(name := inner.get("name"), str):  # pyright: ignore[reportUnknownMemberType]
-            return name
-    return value if isinstance(value, str) else None
+    value, arguments = params.get(key), params.get("arguments")
+    if via is not None and method == "tools/call" and value == via and isinstance(arguments, Mapping):
+        inner: Mapping[str, Any] = arguments  # pyright: ignore[reportUnknownVariableType]
+        if isinstance(name := inner.get("name"), str):
+            return name, inner.get("arguments")
+    return (value if isinstance(value, str) else None), arguments
 
 
 def _server_attributes(

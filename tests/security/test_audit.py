@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
+from mcp import Client
 
 from agent_gateway.cli import main
 from tests.agent.scripted import ScriptedChatModel, answer
@@ -181,3 +182,26 @@ async def test_two_gateways_on_one_trail_each_keep_a_whole_chain(
         assert [r["seq"] for r in records(path)] == [1, 2, 3], path
         assert main(["audit", "verify", str(path)]) == 0, path
     assert f"this one writes {beside}" in caplog.text
+
+
+async def test_a_call_through_call_tool_is_recorded_as_the_tool_it_called(tmp_path: Path) -> None:
+    """In search mode nearly every call goes through ``call_tool``: its record must name the
+    tool that ran, its upstream and its arguments' digest, as the direct call's does."""
+    trail = tmp_path / "audit.jsonl"
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "search": {"mode": "on"},
+            "audit": {"path": str(trail)},
+        }
+        async with running_gateway(config) as gw, Client(gw.url) as direct:
+            await direct.call_tool("desk__echo", {"text": "hi"})
+            await direct.call_tool("call_tool", {"name": "desk__echo", "arguments": {"text": "hi"}})
+    calls = [
+        (r["name"], r["upstream"], r["arguments_sha256"])
+        for r in records(trail)
+        if r["method"] == "tools/call"
+    ]
+    assert len(calls) == 2
+    assert calls[0][:2] == ("desk__echo", "desk")
+    assert calls[1] == calls[0]
