@@ -359,3 +359,24 @@ async def test_a_page_of_large_tool_definitions_holds_fewer_tools() -> None:
     # Each page within the bound, but for one that holds a single definition past it.
     assert all(size <= PAGE_BYTES * 1.1 or len(page) == 1 for size, page in zip(wire, pages, strict=True))
     assert ["big__huge"] in [[t.name for t in page] for page in pages]
+
+
+async def test_a_renamed_tool_is_found_by_the_name_clients_call_it_by() -> None:
+    """``rename`` gives a tool the name clients see and call: the index reads that name (and
+    the upstream's own), so a request in the new name's words finds it, strongly."""
+    server = FastMCP("billing")
+    server.tool(lambda: "ok", name="op_17", description="Runs operation seventeen.")
+    server.tool(lambda: "ok", name="op_18", description="Runs operation eighteen.")
+    async with serving_upstream(server) as url:
+        config = {
+            "upstreams": {"billing": {"url": url, "rename": {"op_17": "send_invoice"}}},
+            "search": {"mode": "on"},
+        }
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            found = await client.call_tool(SEARCH_TOOLS, {"query": "send an invoice"})
+            by_old_name = await client.call_tool(SEARCH_TOOLS, {"query": "op 17"})
+    assert found.structured_content is not None
+    assert by_old_name.structured_content is not None
+    top = found.structured_content["tools"][0]
+    assert (top["name"], top["score"] >= 0.25) == ("billing__send_invoice", True), text_of(found)
+    assert by_old_name.structured_content["tools"][0]["name"] == "billing__send_invoice"

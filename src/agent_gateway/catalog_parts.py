@@ -50,6 +50,8 @@ class Part:
     """Tools withheld by pinning (public name to what changed)."""
     sizes: Mapping[str, int] = field(default_factory=dict)
     """About the bytes of each listed tool's definition (``size_of``): what a page costs."""
+    renamed: Mapping[str, str] = field(default_factory=dict)
+    """The name ``rename`` gave a tool, by public name (the search index reads both names)."""
 
 
 Review = Callable[[str, str, Mapping[str, types.Tool]], dict[str, str]]
@@ -78,7 +80,8 @@ def build_part(
         listed = {n: t for n, t in listed.items() if n not in held}
     prompts = _first_of_each("prompt", _prompt_entries(upstream, listing, up, sep))
     sizes = {name: size_of(tool) for name, tool in listed.items()}
-    return Part(upstream, listing, tools, listed, prompts, held, sizes)
+    renamed = {public: up.rename[o.name] for public, o in tools.items() if o.name in up.rename}
+    return Part(upstream, listing, tools, listed, prompts, held, sizes, renamed)
 
 
 def size_of(tool: types.Tool) -> int:
