@@ -253,12 +253,19 @@ async def test_calls_let_in_side_by_side_are_bounded_when_they_ask() -> None:
         assert "calls waiting for this client's answers" in unanswered["error"]
 
 
-async def test_a_call_that_ends_between_rounds_gives_its_retry_its_own_error_and_holds_no_room() -> None:
+async def test_a_call_that_ends_between_rounds_gives_its_retry_its_own_error_and_holds_room_till_then() -> (
+    None
+):
     async with gateway(tool_timeouts={"ask": 1}, max_concurrency=1) as (gw, seen), AsyncExitStack() as stack:
         a = await modern(stack, gw, "a")
         first = await ask(a)
         assert isinstance(first, types.InputRequiredResult)
         await until(seen, "handler_cancelled")  # the upstream's timeout (1 s) came first
+        # Its outcome is kept for the retry, and counted: a client that never retries cannot
+        # pile up calls (and their results) past its bound.
+        kept = await ask(a)
+        assert isinstance(kept, types.CallToolResult)
+        assert "1 calls waiting for this client's answers" in str(kept.content[0])
         late = await ask(a, state=first.request_state, answers={"elicitation-0": accepting("late")})
         assert isinstance(late, types.CallToolResult)
         assert late.is_error

@@ -19,7 +19,9 @@ client has at most its ``max_concurrency`` calls waiting for its answers (and no
 ``PER_CLIENT``), the gateway ``MAX_HELD``; a retry must come from the client that made the
 call, for the same tool (the SDK's seal of ``requestState`` binds both as well), one round at
 a time, its answers each of its question's type. A call that ends between rounds (its timeout, its upstream gone)
-gives the retry its own failure. A round cancelled by its client (the request's stream
+gives the retry its own failure; until a retry takes its outcome (or ``ANSWER_TIMEOUT`` passes)
+it still counts against its client's bound, so a client that never retries cannot pile up
+outcomes past it. A round cancelled by its client (the request's stream
 closed) cancels the upstream call.
 
 A held call lives on the replica that began it, and its ``requestState`` names that replica.
@@ -116,7 +118,8 @@ class _Held:
     changed: anyio.Event = field(default_factory=anyio.Event)
     """Set when a question is asked or the call ends; a round waits on it."""
     asked: bool = False
-    """It has asked its client something: it counts against the bounds until it is done."""
+    """It has asked its client something: it counts against the bounds until its outcome is
+    taken (or it is given up)."""
     serving: bool = False
     """A round of it is being served (one at a time: a second would wait on nothing)."""
     done: bool = False
@@ -321,12 +324,13 @@ class HeldCalls(TaskHost):
 
     def over_bound(self, caller: RoundRequest) -> str | None:
         """Why ``caller``'s client may not have one more call waiting for its answers (None:
-        it may). Calls that asked and wait are bounded, per client and in all; a call that
-        asks nothing holds no room, and one done is not waiting. Checked as a call begins
+        it may). Calls that asked are bounded, per client and in all, until their outcome is
+        taken (one done between rounds holds its result until then); a call that asks nothing
+        holds no room. Checked as a call begins
         (refused at once) and as it first asks (the question refused): calls let in side by
         side had asked nothing when they began."""
         client = caller.client.label if caller.client is not None else ""
-        waiting = [held for held in self._held.values() if held.asked and not held.done]
+        waiting = [held for held in self._held.values() if held.asked]
         mine = sum(1 for held in waiting if held.client == client)
         own = caller.client.policy.max_concurrency if caller.client is not None else None
         limit = min(own or PER_CLIENT, PER_CLIENT)
@@ -369,6 +373,7 @@ class HeldCalls(TaskHost):
                     held.result = await start(HeldCaller(held, self))
                 except Exception as exc:  # raised in the round that takes it, as if never held
                     held.error = exc
+            del start  # the call's arguments: not kept while its outcome waits
             self._end(held)
             with anyio.move_on_after(ANSWER_TIMEOUT):  # until a round takes the outcome
                 await held.collected.wait()
