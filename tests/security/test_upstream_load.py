@@ -4,6 +4,10 @@ and the upstream is never marked down for being busy."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
 import anyio
 import mcp_types as types
 from fastmcp import FastMCP
@@ -13,7 +17,7 @@ from mcp.shared.exceptions import MCPError
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.upstreams.transports import PROBE_LANE, pool_size
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
-from tests.support import running_gateway, serving_upstream
+from tests.support import RunningGateway, running_gateway, serving_upstream
 
 
 def _slow_server(release: anyio.Event) -> FastMCP:
@@ -41,6 +45,24 @@ def _slow_server(release: anyio.Event) -> FastMCP:
     return server
 
 
+@asynccontextmanager
+async def _attacked(
+    release: anyio.Event, upstream: dict[str, Any], max_concurrency: int
+) -> AsyncIterator[tuple[RunningGateway, Client, Client]]:
+    """The slow upstream behind a gateway; the attacker's calls in flight bounded by its policy."""
+    async with serving_upstream(_slow_server(release)) as url:
+        config = {"upstreams": {"slow": {"url": url} | upstream}} | bearer(
+            {"max_concurrency": max_concurrency}
+        )
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ) as gw,
+            client(gw.url, ATTACKER_TOKEN) as attacker,
+            client(gw.url, BYSTANDER_TOKEN) as bystander,
+        ):
+            yield gw, attacker, bystander
+
+
 def _text(result: types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, types.TextContent)
@@ -58,38 +80,31 @@ async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
     # the probe lane keeps a check from waiting behind the 10 calls. (A modern-era call goes
     # out on the forwarder's own connections, and the checks would pass with no lane at all.)
     upstream = {"max_concurrency": 10, "protocol": "legacy", "health": {"interval": 0.2, "timeout": 1}}
-    async with serving_upstream(_slow_server(release)) as url:
-        config = {"upstreams": {"slow": {"url": url} | upstream}} | bearer({"max_concurrency": 8})
-        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
-        async with (
-            running_gateway(config, environ=environ) as gw,
-            client(gw.url, ATTACKER_TOKEN) as attacker,
-            client(gw.url, BYSTANDER_TOKEN) as bystander,
-        ):
-            guard = gw.gateway.pool.get("slow").guard
-            theirs: list[types.CallToolResult] = []
-            ours: list[types.CallToolResult] = []
+    async with _attacked(release, upstream, 8) as (gw, attacker, bystander):
+        guard = gw.gateway.pool.get("slow").guard
+        theirs: list[types.CallToolResult] = []
+        ours: list[types.CallToolResult] = []
 
-            async def call(c: Client, into: list[types.CallToolResult]) -> None:
-                into.append(await c.call_tool("slow__wait", {}))
+        async def call(c: Client, into: list[types.CallToolResult]) -> None:
+            into.append(await c.call_tool("slow__wait", {}))
 
-            async with anyio.create_task_group() as tg:
-                for _ in range(30):
-                    tg.start_soon(call, attacker, theirs)
-                with anyio.fail_after(20):
-                    while len(theirs) < 22 or guard.in_flight < 8:
-                        await anyio.sleep(0.02)
-                # The attacker holds 8 of the upstream's 10; the bystander gets the other 2.
-                for _ in range(5):
-                    tg.start_soon(call, bystander, ours)
-                with anyio.fail_after(20):
-                    while len(ours) < 3:
-                        await anyio.sleep(0.02)
-                await anyio.sleep(1.5)  # several health checks while every call slot is taken
-                status = {s.name: s for s in gw.gateway.pool.statuses()}["slow"]
-                assert status.serving
-                assert status.connections == 1  # never lost, never reconnected
-                release.set()
+        async with anyio.create_task_group() as tg:
+            for _ in range(30):
+                tg.start_soon(call, attacker, theirs)
+            with anyio.fail_after(20):
+                while len(theirs) < 22 or guard.in_flight < 8:
+                    await anyio.sleep(0.02)
+            # The attacker holds 8 of the upstream's 10; the bystander gets the other 2.
+            for _ in range(5):
+                tg.start_soon(call, bystander, ours)
+            with anyio.fail_after(20):
+                while len(ours) < 3:
+                    await anyio.sleep(0.02)
+            await anyio.sleep(1.5)  # several health checks while every call slot is taken
+            status = {s.name: s for s in gw.gateway.pool.statuses()}["slow"]
+            assert status.serving
+            assert status.connections == 1  # never lost, never reconnected
+            release.set()
     refused_theirs = [_text(r) for r in theirs if r.is_error]
     assert (
         refused_theirs == ["client limit: 8 calls already in flight, the limit (max_concurrency) is 8"] * 22
@@ -105,39 +120,30 @@ async def test_a_clients_slow_prompt_renders_and_resource_reads_take_only_its_ow
     count against the client's ``max_concurrency`` as calls do, or one client's slow renders
     would take every slot of the upstream and the bystander's calls be refused."""
     release = anyio.Event()
-    async with serving_upstream(_slow_server(release)) as url:
-        config = {"upstreams": {"slow": {"url": url, "max_concurrency": 10}}} | bearer({"max_concurrency": 4})
-        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
-        async with (
-            running_gateway(config, environ=environ) as gw,
-            client(gw.url, ATTACKER_TOKEN) as attacker,
-            client(gw.url, BYSTANDER_TOKEN) as bystander,
-        ):
-            guard = gw.gateway.pool.get("slow").guard
-            refusals: list[str] = []
+    async with _attacked(release, {"max_concurrency": 10}, 4) as (gw, attacker, bystander):
+        guard = gw.gateway.pool.get("slow").guard
+        refusals: list[str] = []
 
-            async def render() -> None:
-                try:
-                    await attacker.get_prompt("slow__brief", {"topic": "x"})
-                except MCPError as exc:
-                    refusals.append(exc.error.message)
+        async def render() -> None:
+            try:
+                await attacker.get_prompt("slow__brief", {"topic": "x"})
+            except MCPError as exc:
+                refusals.append(exc.error.message)
 
-            async def read() -> None:
-                try:
-                    await attacker.read_resource("slow://report")
-                except MCPError as exc:
-                    refusals.append(exc.error.message)
+        async def read() -> None:
+            try:
+                await attacker.read_resource("slow://report")
+            except MCPError as exc:
+                refusals.append(exc.error.message)
 
-            async with anyio.create_task_group() as tg:
-                for _ in range(6):
-                    tg.start_soon(render)
-                    tg.start_soon(read)
-                with anyio.fail_after(20):  # each of the 12 in flight upstream or refused
-                    while len(refusals) + guard.in_flight < 12:
-                        await anyio.sleep(0.02)
-                assert _text(await bystander.call_tool("slow__echo", {"text": "hi"})) == "hi"
-                assert guard.in_flight == 4
-                release.set()
-            assert (
-                refusals == ["client limit: 4 calls already in flight, the limit (max_concurrency) is 4"] * 8
-            )
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(render)
+                tg.start_soon(read)
+            with anyio.fail_after(20):  # each of the 12 in flight upstream or refused
+                while len(refusals) + guard.in_flight < 12:
+                    await anyio.sleep(0.02)
+            assert _text(await bystander.call_tool("slow__echo", {"text": "hi"})) == "hi"
+            assert guard.in_flight == 4
+            release.set()
+        assert refusals == ["client limit: 4 calls already in flight, the limit (max_concurrency) is 4"] * 8
