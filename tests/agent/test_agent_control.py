@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,84 @@ async def test_a_run_that_fails_before_it_starts_never_shows_another_runs_record
     assert record(own)["thread_id"].startswith("anonymous:session-")  # never the session id upstreams see
     assert theirs.is_error
     assert (record(theirs)["steps"], record(theirs)["model"]) == (0, "client model (sampling)")
+
+
+def answering(content: dict[str, Any] | None, asked: list[str]) -> Any:
+    """A user who accepts every approval form with ``content``."""
+
+    async def user(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content=content)  # type: ignore[arg-type]
+
+    return user
+
+
+@pytest.mark.parametrize("content", [{"approve": "false"}, {"approve": 0}, {"approve": "no"}, {}])
+async def test_an_accepted_approval_form_without_approve_true_runs_nothing(
+    tmp_path: Path, content: dict[str, Any]
+) -> None:
+    # The form asks for one boolean: an answer that does not say true (a UI sending the string
+    # "false" for an unticked box, no field) approves nothing.
+    asked: list[str] = []
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="users")), answer("Done.")])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, math, _),
+        Client(gw.url, mode="legacy", elicitation_callback=answering(content, asked)) as client,
+    ):
+        result = await ask(client, "Drop the users table.")
+    assert not result.is_error, text(result)
+    assert len(asked) == 1
+    assert math.calls == []
+    [refused] = record(result)["tool_calls"]
+    assert refused["is_error"] is True
+    told = model.seen[1][-1]
+    assert isinstance(told, ToolMessage)
+    assert (
+        told.text
+        == "Tool math__drop_table was not run: the approval answered did not say yes (approve: true)."
+    )
+
+
+async def test_a_turn_over_the_call_bound_asks_approval_only_for_the_calls_it_runs(tmp_path: Path) -> None:
+    # 40 destructive calls in one turn: 32 are run. The user is not asked about the 8 that
+    # are refused anyway (nor flooded by a model's hundreds).
+    asked: list[str] = []
+    turn = calls(*(call("math__drop_table", table=f"t{i}") for i in range(40)))
+    model = ScriptedChatModel(script=[turn, answer("Done.")])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, math, _),
+        Client(gw.url, mode="legacy", elicitation_callback=answering({"approve": True}, asked)) as client,
+    ):
+        result = await ask(client, "Drop forty tables.")
+    assert not result.is_error, text(result)
+    assert len(math.calls) == 32
+    assert len(asked) == 32
+    assert not [m for m in asked if any(f'"t{i}"' in m for i in range(32, 40))]
+
+
+async def test_a_cancelled_run_leaves_its_thread_with_only_its_latest_checkpoint(tmp_path: Path) -> None:
+    # Each thread keeps only its latest checkpoint; a cancelled run skipped the compaction and
+    # left one per step (a modern request's fresh thread is never run again: they stayed until
+    # the thread's retention).
+    model = ScriptedChatModel(
+        script=[
+            calls(call("math__add", a=1, b=1)),
+            calls(call("math__add", a=2, b=2)),
+            calls(call("math__meet", who="ann")),
+        ]
+    )
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                client.call_tool, "ask_agent", {"query": "add twice then meet", "conversation_id": "c"}
+            )
+            with anyio.fail_after(BOUND):
+                while "meet" not in math.names():
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(BOUND):
+            while gw.gateway.activity.runs[-1].status == "running":
+                await anyio.sleep(0.01)
+    with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
+        kept = db.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'anonymous:c'").fetchone()[0]
+    assert kept == 1

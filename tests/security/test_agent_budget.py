@@ -11,9 +11,13 @@ import anyio
 import mcp_types as types
 from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from mcp import Client
 
 from agent_gateway.agent.calls import _SLOTS  # pyright: ignore[reportPrivateUsage]
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.agent.test_ask_agent import BOUND, ask, record
+from tests.agent.test_rounds import call_round, finished, paused, unused
+from tests.agent.upstreams import Ran, two_upstreams
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
@@ -151,3 +155,63 @@ async def test_one_runs_many_calls_take_at_most_the_clients_max_concurrency_at_o
     results = [m for m in replies[0] if isinstance(m, ToolMessage)]
     assert [str(m.content) for m in results].count("released") == 32
     assert sum("at most 32 tool calls of one turn" in str(m.content) for m in results) == 8
+
+
+@asynccontextmanager
+async def _budgeted(
+    model: ScriptedChatModel, tokens_per_hour: int
+) -> AsyncIterator[tuple[RunningGateway, Ran]]:
+    """The agent over the test servers, every client's model tokens bounded per hour (the
+    scripted model reports 10 input and 5 output tokens a turn)."""
+    async with two_upstreams() as (upstreams, math, _):
+        config = {
+            "upstreams": upstreams,
+            "agent": {"memory": {"store": "memory"}},
+            "auth": {"policies": {"default": {"agent": {"tokens_per_hour": tokens_per_hour}}}},
+        }
+        async with running_gateway(config, chat_model=model) as gw:
+            yield gw, math
+
+
+async def test_a_cancelled_runs_model_tokens_count_against_the_clients_tokens_per_hour() -> None:
+    # The first turn costs 15 tokens, over the budget of 10; the client cancels the run while
+    # its tool call is in flight. The tokens were spent all the same: charged only when a run
+    # ended, cancelling just before the end made every run free.
+    model = ScriptedChatModel(script=[calls(call("math__meet", who="ann")), answer("ok"), answer("ok")])
+    async with _budgeted(model, 10) as (gw, math), Client(gw.url, mode="legacy") as c:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(c.call_tool, "ask_agent", {"query": "meet"})
+            with anyio.fail_after(BOUND):
+                while not math.calls:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        with anyio.fail_after(BOUND):
+            while gw.gateway.activity.runs[-1].status == "running":
+                await anyio.sleep(0.01)
+        again = await ask(c, "again")
+    assert again.is_error
+    assert (
+        _text(again)
+        == "client limit: 15 model tokens in the last hour, the limit (agent.tokens_per_hour) is 10"
+    )
+
+
+async def test_a_paused_modern_run_is_charged_each_model_turn_once() -> None:
+    # One run, two model turns of 15 tokens (30 in all), paused between them for an approval.
+    # Charged each round with the run's running total, it counted 15 + 30 = 45, and the next
+    # run was refused under a budget of 40 it had not used up.
+    model = ScriptedChatModel(
+        script=[calls(call("math__drop_table", table="a")), answer("Dropped."), answer("Next.")]
+    )
+    question = {"query": "Drop a."}
+    yes: types.InputResponses = {"approve-0": types.ElicitResult(action="accept", content={"approve": True})}
+    async with (
+        _budgeted(model, 40) as (gw, math),
+        Client(gw.url, mode="auto", elicitation_callback=unused) as c,
+    ):
+        first = paused(await call_round(c, question))
+        done = finished(await call_round(c, question, yes, first.request_state))
+        assert record(done)["usage"] == {"input_tokens": 20, "output_tokens": 10}
+        then = finished(await call_round(c, {"query": "And now?"}))
+    assert math.names() == ["drop_table"]
+    assert not then.is_error, _text(then)

@@ -71,10 +71,14 @@ def _verdict(name: str, answer: Answer, wait_limit: float) -> str | None:
         return (
             f"Tool {name} was not run: the client answered the approval request with {type(answer).__name__}."
         )
-    approved = answer.action == "accept" and (answer.content or {}).get("approve", True) is not False
+    # Only the form's own "yes": an answer that does not fit it ("false", 0, no field) approves
+    # nothing, whatever a client meant by it.
+    approved = answer.action == "accept" and (answer.content or {}).get("approve") is True
     logger.info("approval for %s: %s", name, "granted" if approved else answer.action)
     if approved:
         return None
+    if answer.action == "accept":
+        return f"Tool {name} was not run: the approval answered did not say yes (approve: true)."
     verb = "dismissed the request to run" if answer.action == "cancel" else "declined to run"
     return f"The user {verb} {name}. It was not run; do not try it again in this run."
 

@@ -137,7 +137,7 @@ class ToolRunner:
 
     async def _approvals(self, calls: Sequence[ToolCall]) -> dict[str, str | None]:
         proposed: dict[str, Proposed] = {}
-        for index, call in enumerate(calls):
+        for index, call in enumerate(calls[:MAX_CALLS_PER_TURN]):  # the rest are not run: not asked
             tool = self.toolbox.get(call["name"])
             if tool is not None and tool.needs_approval:
                 proposed[_key(index)] = Proposed(tool, call["args"])

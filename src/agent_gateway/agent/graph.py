@@ -10,6 +10,7 @@ model turn and widened by the model's own ``search_tools`` calls.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
 
@@ -65,6 +66,9 @@ class RunContext:
     max_context_tokens: int
     scrub: tuple[str, ...] = field(default=(), repr=False)
     """Strings (secrets) that must not appear in an error message."""
+    charge: Callable[[int], None] = field(default=lambda _: None, repr=False)
+    """Counts a model turn's tokens against the client's budget as the turn ends: a run
+    cancelled (or paused, then resumed) later is charged each turn once, and no turn twice."""
 
 
 AgentGraph = CompiledStateGraph[AgentState, RunContext, Any, Any]
@@ -103,6 +107,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
                 usage.get("input_tokens", 0),
                 usage.get("output_tokens", 0),
             )
+        run.charge(usage.get("input_tokens", 0) + usage.get("output_tokens", 0))
         forget = [RemoveMessage(id=m.id) for m in out_of_view(history, view) if m.id]
         return {
             "messages": [*forget, reply],

@@ -199,8 +199,10 @@ class AgentRunner:
                 else:
                     async with self._thread_lock(thread), self._exclusive(thread):
                         await self._conversations.used(thread)
-                        outcome = await self._on_thread(graph, context, record, request, resumed, token)
-                        await self._conversations.compact(thread)
+                        try:
+                            outcome = await self._on_thread(graph, context, record, request, resumed, token)
+                        finally:  # a cancelled run's steps too (shielded, time-bounded)
+                            await self._conversations.compact(thread)
                 agent_finished(span, _status(outcome), outcome.error)
         except anyio.get_cancelled_exc_class():
             kept.finish("cancelled", "cancelled before it ended (by the client, or the gateway stopping)")
@@ -304,6 +306,7 @@ class AgentRunner:
             max_steps=self.config.max_steps,
             max_context_tokens=self.config.max_context_tokens,
             scrub=(secret,) if secret else (),
+            charge=client.spent.used,
         )
 
     def _searcher(self, toolbox: Toolbox) -> Search | None:

@@ -174,8 +174,6 @@ class AgentTool:
         except ClientLimited as exc:
             refused(type(exc).__name__)
             return _failed(str(exc))
-        usage = outcome.record.get("usage") or {}
-        client.spent.used(int(usage.get("input_tokens", 0)) + int(usage.get("output_tokens", 0)))
         if outcome.pending is not None:
             return outcome.pending
         return types.CallToolResult(
