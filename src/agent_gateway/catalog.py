@@ -10,13 +10,19 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 import mcp_types as types
 from mcp.shared.inbound import X_MCP_HEADER_KEY
-from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part
+from agent_gateway.catalog_resources import (
+    TemplateEntry,
+    most_specific_first,
+    resource_table,
+    template_entries,
+)
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import ConfigError, InvalidArguments, ToolHeld, UnknownName
 from agent_gateway.naming import NameCollision, Origin
@@ -28,19 +34,6 @@ ListName = Literal["tools", "prompts", "resources"]
 """A list a client can be told changed (``notifications/tools/list_changed``, ...)."""
 ChangeListener = Callable[["CatalogChange"], Awaitable[None]]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True, slots=True)
-class TemplateEntry:
-    """A public resource template and how to turn a matching URI into the upstream's URI."""
-
-    public: str
-    origin: Origin[types.ResourceTemplate]
-    matcher: UriTemplate
-    prefix: str
-
-    def upstream_uri(self, uri: str) -> str:
-        return uri[len(self.prefix) :]
 
 
 @dataclass(frozen=True)
@@ -83,10 +76,15 @@ class CatalogSnapshot:
         """
         if (origin := self.resources.get(uri)) is not None:
             return origin.upstream, origin.name
-        for entry in self.templates:
+        for entry in self._most_specific_first:
             if uri.startswith(entry.prefix) and entry.matcher.match(uri) is not None:
                 return entry.origin.upstream, entry.upstream_uri(uri)
         raise UnknownName("resource", uri)
+
+    @cached_property
+    def _most_specific_first(self) -> tuple[TemplateEntry, ...]:
+        """The templates in the order a URI is matched against them (``most_specific_first``)."""
+        return most_specific_first(self.templates)
 
     def log_ready(self, upstreams: int) -> None:
         logger.info(
@@ -142,8 +140,8 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         tools=tools,
         listed=listed,
         prompts=prompts,
-        resources=_resource_table(ordered),
-        templates=_template_entries(ordered),
+        resources=resource_table(ordered, previous.resources if previous is not None else {}),
+        templates=template_entries(ordered),
         instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
         version=version,
         parts={p.upstream: p for p in parts},
@@ -179,44 +177,6 @@ def build_snapshot(
     """
     names = [n for n in config.upstreams if n in listings]
     return merge([build_part(config, n, listings[n], reserved) for n in names], version)
-
-
-def _resource_table(ordered: list[tuple[str, Listing]]) -> dict[str, Origin[types.Resource]]:
-    owners: dict[str, int] = {}
-    for _, listing in ordered:
-        for uri in {str(r.uri) for r in listing.resources}:
-            owners[uri] = owners.get(uri, 0) + 1
-    table: dict[str, Origin[types.Resource]] = {}
-    for upstream, listing in ordered:
-        for resource in listing.resources:
-            uri = str(resource.uri)
-            # A URI two upstreams share is qualified with the upstream's name, never dropped.
-            public = uri if owners[uri] == 1 else f"{upstream}+{uri}"
-            table[public] = Origin(upstream, uri, resource)
-    return table
-
-
-def _template_entries(ordered: list[tuple[str, Listing]]) -> tuple[TemplateEntry, ...]:
-    counts: dict[str, int] = {}
-    for _, listing in ordered:
-        for template in listing.templates:
-            counts[template.uri_template] = counts.get(template.uri_template, 0) + 1
-    entries: list[TemplateEntry] = []
-    for upstream, listing in ordered:
-        for template in listing.templates:
-            prefix = "" if counts[template.uri_template] == 1 else f"{upstream}+"
-            public = prefix + template.uri_template
-            try:
-                matcher = UriTemplate.parse(public)
-            except InvalidUriTemplate:
-                logger.warning(
-                    "upstream %s: skipping invalid URI template %r", upstream, template.uri_template
-                )
-                continue
-            entries.append(
-                TemplateEntry(public, Origin(upstream, template.uri_template, template), matcher, prefix)
-            )
-    return tuple(entries)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import mcp_types as types
 import msgspec
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.errors import shown
 from agent_gateway.naming import Origin, is_selected, public_name
 from agent_gateway.pins import source_of
 
@@ -71,7 +72,11 @@ def build_part(
     upstream already gave (``a.b`` and ``a_b``: the first is served, the other skipped)."""
     up = config.upstreams[upstream]
     sep = config.server.separator
-    entries = [e for e in _tool_entries(upstream, listing, up, sep) if not _reserved(reserved, *e)]
+    entries = [
+        e
+        for e in _tool_entries(upstream, listing, up, sep)
+        if not _reserved(reserved, *e) and not _too_deep(*e)
+    ]
     tools = _first_of_each("tool", entries)
     listed = {public: origin.item.model_copy(update={"name": public}) for public, origin in tools.items()}
     held = review(upstream, source_of(up), listed) if review is not None else {}
@@ -95,18 +100,24 @@ def size_of(tool: types.Tool) -> int:
 
 def _first_of_each(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str, Origin[T]]:
     table: dict[str, Origin[T]] = {}
+    skipped: list[tuple[str, Origin[T]]] = []
     for public, origin in entries:
-        if (first := table.get(public)) is not None:
-            logger.warning(
-                "upstream %s: %s %r is skipped: its public name %r is already %r's (rename one of them)",
-                origin.upstream,
-                kind,
-                origin.name,
-                public,
-                first.name,
-            )
-            continue
-        table[public] = origin
+        if public in table:
+            skipped.append((public, origin))
+        else:
+            table[public] = origin
+    if skipped:  # one line per listing: the upstream chooses how many it repeats
+        public, origin = skipped[0]
+        logger.warning(
+            "upstream %s: %d %ss skipped: their public names are already given (%s: %r is already %s's); "
+            "rename one of each",
+            origin.upstream,
+            len(skipped),
+            kind,
+            shown(origin.name),
+            public,
+            shown(table[public].name),
+        )
     return table
 
 
@@ -122,6 +133,43 @@ def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool])
         public,
     )
     return True
+
+
+MAX_SCHEMA_DEPTH = 100
+"""How deep a tool's schemas may nest (objects and arrays). Deeper, the tool is not listed:
+no client could read a page holding it (pydantic serialises at most 255 levels and its JSON
+parser, in clients, reads about 200), so one such tool would fail every client's listing."""
+
+
+def _too_deep(public: str, origin: Origin[types.Tool]) -> bool:
+    """Whether an upstream tool's schemas nest deeper than ``MAX_SCHEMA_DEPTH`` (said once)."""
+    tool = origin.item
+    for schema in (tool.input_schema, tool.output_schema):
+        if schema is not None and _nests_deeper(schema, MAX_SCHEMA_DEPTH):
+            logger.warning(
+                "upstream %s: tool %s is not listed: its schema nests deeper than %d levels",
+                origin.upstream,
+                shown(origin.name),
+                MAX_SCHEMA_DEPTH,
+            )
+            return True
+    return False
+
+
+def _nests_deeper(schema: Mapping[str, object], bound: int) -> bool:
+    # Counted without recursion (a schema thousands deep must not exhaust the stack), and
+    # walked only when it has more brackets than the bound: real schemas have far fewer.
+    encoded = msgspec.json.encode(schema)
+    if encoded.count(b"{") + encoded.count(b"[") <= bound:
+        return False
+    stack: list[tuple[object, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > bound:
+            return True
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return False
 
 
 def _tool_entries(

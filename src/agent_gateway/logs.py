@@ -57,9 +57,15 @@ class Clipped(logging.Filter):
         return True
 
 
-PEER_LOGGERS = ("mcp.client.", "agent_gateway.upstreams.forwarding")
+PEER_LOGGERS = (
+    "mcp.client.",
+    "agent_gateway.upstreams.forwarding",
+    "agent_gateway.upstreams.replies",
+    "agent_gateway.catalog",
+)
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
-about what an upstream sent (a malformed notification, say): the upstream chooses how many."""
+about what an upstream sent (a malformed notification, a question outside any call, a
+listing's repeated names): the upstream chooses how many."""
 REPEAT_WINDOW = 10.0
 """Seconds within which one such line is written once, the rest counted."""
 _KIND = 40

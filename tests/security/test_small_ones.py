@@ -4,6 +4,7 @@ private conversation files, and a bounded exit when the collector is unreachable
 
 from __future__ import annotations
 
+import logging
 import signal
 import stat
 import subprocess
@@ -22,6 +23,9 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.catalog import Catalog
+from agent_gateway.catalog_parts import Listing
+from agent_gateway.config_files import parse_config
 from agent_gateway.host_check import HostNames
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
@@ -156,9 +160,27 @@ async def test_one_upstream_giving_two_tools_one_public_name_serves_the_first(
         async with running_gateway(config) as gw, Client(gw.url) as c:
             names = {t.name for t in (await c.list_tools()).tools}
             assert {"clash__a_b", "library__echo"} <= names
-    [warning] = [r.getMessage() for r in caplog.records if "is skipped" in r.getMessage()]
-    assert "'a_b' is skipped: its public name 'clash__a_b' is already 'a.b''s" in warning
+    [warning] = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert (
+        "1 tools skipped: their public names are already given ('a_b': 'clash__a_b' is already 'a.b''s)"
+        in warning
+    )
     assert "prefix" not in warning
+
+
+async def test_an_upstream_listing_one_name_thousands_of_times_is_told_in_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The upstream chooses how many names it repeats, and how often it lists them: one line a
+    # listing (and the log's repeat filter, one a window), not one per repeated name.
+    config = parse_config({"upstreams": {"dups": {"url": "http://127.0.0.1:9/mcp"}}}, {}, source="test")
+    tools = tuple(types.Tool(name="same", input_schema={"type": "object"}) for _ in range(2000))
+    catalog = Catalog(config)
+    with caplog.at_level(logging.WARNING, logger="agent_gateway.catalog"):
+        await catalog.update("dups", Listing(tools=tools))
+    assert list(catalog.start().tools) == ["dups__same"]
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert warning.startswith("upstream dups: 1999 tools skipped")
 
 
 async def test_the_conversations_file_and_its_directory_are_private(tmp_path: Path) -> None:

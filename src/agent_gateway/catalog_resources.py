@@ -1,0 +1,91 @@
+"""Resources and resource templates under their public URIs: a URI (or template) one upstream
+lists keeps its own; one several list is published once per upstream as ``{upstream}+{uri}``.
+Pure functions over the upstreams' listings, in configuration order."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import mcp_types as types
+from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
+
+from agent_gateway.catalog_parts import Listing
+from agent_gateway.naming import Origin
+
+logger = logging.getLogger("agent_gateway.catalog")
+
+_EXPRESSION = re.compile(r"\{[^}]*\}")
+"""A URI template's expression (``{name}``, ``{+path}``): what is left is its literal text."""
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateEntry:
+    """A public resource template and how to turn a matching URI into the upstream's URI."""
+
+    public: str
+    origin: Origin[types.ResourceTemplate]
+    matcher: UriTemplate
+    prefix: str
+
+    def upstream_uri(self, uri: str) -> str:
+        return uri[len(self.prefix) :]
+
+
+def resource_table(
+    ordered: list[tuple[str, Listing]], before: Mapping[str, Origin[types.Resource]]
+) -> dict[str, Origin[types.Resource]]:
+    owners: dict[str, set[str]] = {}
+    for upstream, listing in ordered:
+        for resource in listing.resources:
+            owners.setdefault(str(resource.uri), set()).add(upstream)
+    table: dict[str, Origin[types.Resource]] = {}
+    for upstream, listing in ordered:
+        for resource in listing.resources:
+            uri = str(resource.uri)
+            public = uri if _keeps(upstream, uri, owners[uri], before) else f"{upstream}+{uri}"
+            table[public] = Origin(upstream, uri, resource)
+    return table
+
+
+def _keeps(upstream: str, uri: str, owners: set[str], before: Mapping[str, Origin[types.Resource]]) -> bool:
+    """Whether ``upstream``'s resource is published under its own URI. A URI several upstreams
+    list is qualified with each one's name (``{upstream}+{uri}``), never dropped; but one that
+    was already served unqualified stays its upstream's while it lists it: an upstream that
+    starts listing another's URI does not take it from that upstream's clients."""
+    if len(owners) == 1:
+        return True
+    served = before.get(uri)
+    return served is not None and served.upstream == upstream
+
+
+def template_entries(ordered: list[tuple[str, Listing]]) -> tuple[TemplateEntry, ...]:
+    counts: dict[str, int] = {}
+    for _, listing in ordered:
+        for template in listing.templates:
+            counts[template.uri_template] = counts.get(template.uri_template, 0) + 1
+    entries: list[TemplateEntry] = []
+    for upstream, listing in ordered:
+        for template in listing.templates:
+            prefix = "" if counts[template.uri_template] == 1 else f"{upstream}+"
+            public = prefix + template.uri_template
+            try:
+                matcher = UriTemplate.parse(public)
+            except InvalidUriTemplate:
+                logger.warning(
+                    "upstream %s: skipping invalid URI template %r", upstream, template.uri_template
+                )
+                continue
+            entries.append(
+                TemplateEntry(public, Origin(upstream, template.uri_template, template), matcher, prefix)
+            )
+    return tuple(entries)
+
+
+def most_specific_first(templates: tuple[TemplateEntry, ...]) -> tuple[TemplateEntry, ...]:
+    """``templates`` in the order a URI is matched against them: the most literal text first
+    (configuration order among equals), so one upstream's catch-all (``{+uri}``) does not take
+    the reads another's ``file:///logs/{name}`` was written for."""
+    return tuple(sorted(templates, key=lambda e: -len(_EXPRESSION.sub("", e.public))))

@@ -1,0 +1,58 @@
+"""An upstream's hostile listing costs only that upstream: a schema too deep for any client
+to read, another upstream's resource URI, a template that matches every URI (a review's
+findings; each upstream is ``tests/servers/hostile_listings.py``, raw JSON-RPC over stdio)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from mcp import Client
+
+from tests.faults.harness import gateway_under_fault, text_of, wait_until
+from tests.support import SERVERS, python_upstream, running_gateway
+
+
+def hostile(mode: str) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), mode]}
+
+
+async def test_a_tool_whose_schema_nests_too_deep_is_left_out_and_every_listing_stays_whole() -> None:
+    # 150 levels of properties (301 of JSON objects): no tools/list page holding it could be
+    # written (pydantic serialises 255), and the official client lists before it calls.
+    config = {"upstreams": {"deep": hostile("deep150"), "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+    assert "deep__deep" not in names
+    assert {"deep__collide", "healthy__increment"} <= set(names)
+    assert counted == "1"
+
+
+async def test_a_deep_schema_a_client_can_read_is_listed() -> None:
+    config = {"upstreams": {"deep": hostile("deep40")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        names = [t.name for t in (await client.list_tools()).tools]
+    assert "deep__deep" in names
+
+
+async def test_an_upstream_listing_a_uri_another_serves_gets_only_its_own_qualified_one() -> None:
+    upstreams = {"good": hostile("good"), "evil": hostile("evil")}
+    async with gateway_under_fault(upstreams) as faulted, Client(faulted.gw.url) as client:
+        before = await client.read_resource("file:///shared/doc")
+        assert text_of(await client.call_tool("evil__collide", {})) == "collide"
+        snapshot = lambda: faulted.gw.gateway.catalog.snapshot  # noqa: E731
+        await wait_until(lambda: "evil+file:///shared/doc" in snapshot().resources)
+        after = await client.read_resource("file:///shared/doc")
+        theirs = await client.read_resource("evil+file:///shared/doc")
+    assert [r.contents[0].text for r in (before, after, theirs)] == ["good", "good", "evil"]  # type: ignore[union-attr]
+
+
+async def test_a_catch_all_template_does_not_take_the_reads_of_a_more_specific_one() -> None:
+    # The catch-all's upstream comes first in the configuration: order alone would send it
+    # every read, and the URI with whatever it names.
+    upstreams = {"evil": hostile("catchall"), "good": hostile("good")}
+    async with gateway_under_fault(upstreams) as faulted, Client(faulted.gw.url) as client:
+        logs = await client.read_resource("file:///logs/today")
+        other = await client.read_resource("notes://anything")
+    assert [r.contents[0].text for r in (logs, other)] == ["good", "catchall"]  # type: ignore[union-attr]
