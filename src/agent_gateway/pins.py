@@ -39,6 +39,12 @@ from agent_gateway.private_files import private
 logger = logging.getLogger(__name__)
 
 PinningMode = Literal["hold", "warn", "off"]  # as GatewayConfig.pinning
+MAX_PINS = 10_000
+"""Tool names one upstream (as configured) has pinned at most. A pin outlives its tool's
+listing (a tool removed and listed again changed is still caught), so an upstream listing
+ever-new names would grow the file, and each review's read of it, without end; past this a
+new name is not pinned and, in ``hold`` mode, withheld like a changed tool."""
+
 FIELDS = ("description", "title", "inputSchema", "outputSchema", "annotations")
 
 _open_pins: weakref.WeakSet[Pins] = weakref.WeakSet()
@@ -223,12 +229,19 @@ class Pins:
             )
         }
         held: dict[str, str] = {}
+        room, unpinned = MAX_PINS - len(known), 0
+        full = f"new, and its upstream has pinned {MAX_PINS:,} tool names already"
         with self._db:
             for name, tool in tools.items():
                 definition, canonical = pinned_form(name, tool)
                 digest = digest_of(canonical)
                 pinned = known.get(name)
-                if pinned is None:
+                if pinned is None and room <= 0:
+                    unpinned += 1
+                    if self.mode == "hold":
+                        held[name] = full
+                elif pinned is None:
+                    room -= 1
                     self._pin(source, name, upstream, digest, canonical)
                 elif pinned[0] == digest:
                     if pinned[1] is not None:  # changed back to what was accepted
@@ -241,6 +254,9 @@ class Pins:
                     if self.mode == "hold":
                         held[name] = what
         self._pending = self._count_pending()
+        if unpinned:
+            action = "withheld" if self.mode == "hold" else "served unpinned"
+            logger.warning("upstream %s: %d new tools %s: %s", upstream, unpinned, action, full)
         return held
 
     def pins(self) -> list[Pin]:

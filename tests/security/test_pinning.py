@@ -19,6 +19,7 @@ from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.cli import main
+from agent_gateway import pins
 from agent_gateway.pins import Pins, digest_of, pinned_form
 from agent_gateway.search.tools import CALL_TOOL
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -129,3 +130,26 @@ def test_a_definitions_digest_is_the_one_earlier_releases_pinned() -> None:
     definition, text = pinned_form("tracker__close_issue", infinite)
     assert definition["inputSchema"] == {"type": "number", "maximum": None}
     assert digest_of(text) == "d0d416fef1c30cdff4b3a90a6101c96d557391778261ded54842473c47e62a8a"
+
+
+def test_an_upstream_listing_ever_new_names_pins_at_most_its_bound_and_holds_the_rest(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A pin outlives its tool's listing (removed, then listed again changed: still caught), so
+    # an upstream listing 100 new names each time grew the file, and each review's read of it,
+    # for ever. Past the bound a new name is not pinned, and is held like a changed tool.
+    monkeypatch.setattr(pins, "MAX_PINS", 250)
+    review = Pins(None, "hold")
+
+    def listing(generation: int) -> dict[str, types.Tool]:
+        names = [f"churn__t{generation}_{i}" for i in range(100)] + ["churn__steady"]
+        return {n: types.Tool(name=n, input_schema={"type": "object"}) for n in names}
+
+    held = [review.review("churn", "src", listing(generation)) for generation in range(4)]
+    assert [len(h) for h in held] == [0, 0, 51, 100]  # 101 + 100 + 49 pinned, then none
+    assert len(review.pins()) == 250
+    assert held[3]["churn__t3_0"] == "new, and its upstream has pinned 250 tool names already"
+    assert "churn__steady" not in held[3]  # what was pinned is reviewed as before
+    assert caplog.messages[-1] == (
+        "upstream churn: 100 new tools withheld: new, and its upstream has pinned 250 tool names already"
+    )
