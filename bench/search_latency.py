@@ -1,0 +1,71 @@
+"""The gateway's tool search in process, per request: this checkout against another (``--against``
+the ``src`` of the code before), alternating, on the 2,815 tools and 355 requests of
+``bench/data/tool_search``. Each run is a child process, so each imports its own code.
+
+    .venv/bin/python bench/search_latency.py --against /tmp/wt-before/src [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def measure(repeats: int) -> dict[str, float]:
+    """p50 and p99 in ms of every request, ``repeats`` times each, after one warm pass."""
+    sys.path.insert(0, str(ROOT))
+    from bench.tool_search import gateway_ranker, load
+
+    async def run() -> list[float]:
+        servers, queries = load()
+        times: list[float] = []
+        async with gateway_ranker(servers) as rank:
+            for query in queries:
+                await rank(query.text)
+            for _ in range(repeats):
+                for query in queries:
+                    started = time.perf_counter()
+                    await rank(query.text)
+                    times.append(time.perf_counter() - started)
+        return sorted(times)
+
+    times = asyncio.run(run())
+    return {"p50": times[len(times) // 2] * 1e3, "p99": times[int(len(times) * 0.99)] * 1e3}
+
+
+def child(src: Path, repeats: int) -> dict[str, float]:
+    code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import search_latency as s; print(json.dumps(s.measure({repeats})))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--against", type=Path, required=True, help="the src directory of the code before")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    options = parser.parse_args()
+    rows: dict[str, list[dict[str, float]]] = {"before": [], "this checkout": []}
+    for _ in range(options.runs):
+        rows["before"].append(child(options.against, options.repeats))
+        rows["this checkout"].append(child(ROOT / "src", options.repeats))
+    print("| code | p50 ms | p99 ms |\n|---|---:|---:|")
+    for name, runs in rows.items():
+        p50 = ", ".join(f"{r['p50']:.2f}" for r in runs)
+        p99 = ", ".join(f"{r['p99']:.2f}" for r in runs)
+        print(f"| {name} | {p50} | {p99} |")
+    print(f"\ncommand: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+
+
+if __name__ == "__main__":
+    main()
