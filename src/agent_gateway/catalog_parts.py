@@ -159,7 +159,10 @@ def _too_deep(public: str, origin: Origin[types.Tool]) -> bool:
 def _nests_deeper(schema: Mapping[str, object], bound: int) -> bool:
     # Counted without recursion (a schema thousands deep must not exhaust the stack), and
     # walked only when it has more brackets than the bound: real schemas have far fewer.
-    encoded = msgspec.json.encode(schema)
+    try:
+        encoded = msgspec.json.encode(schema)
+    except RecursionError:  # deeper than the encoder goes: far deeper than the bound
+        return True
     if encoded.count(b"{") + encoded.count(b"[") <= bound:
         return False
     stack: list[tuple[object, int]] = [(schema, 1)]

@@ -7,8 +7,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import mcp_types as types
 from mcp import Client
 
+from agent_gateway.catalog import Catalog
+from agent_gateway.catalog_parts import Listing
+from agent_gateway.config_files import parse_config
 from tests.faults.harness import gateway_under_fault, text_of, wait_until
 from tests.support import SERVERS, python_upstream, running_gateway
 
@@ -56,3 +60,17 @@ async def test_a_catch_all_template_does_not_take_the_reads_of_a_more_specific_o
         logs = await client.read_resource("file:///logs/today")
         other = await client.read_resource("notes://anything")
     assert [r.contents[0].text for r in (logs, other)] == ["good", "catchall"]  # type: ignore[union-attr]
+
+
+async def test_a_schema_deeper_than_the_encoder_goes_is_left_out_not_the_whole_listing() -> None:
+    schema: dict[str, Any] = {"type": "object"}
+    for _ in range(950):  # msgspec's encoder stops near 1,000 levels with a RecursionError
+        schema = {"type": "object", "properties": {"a": schema}}
+    config = parse_config({"upstreams": {"deep": {"url": "http://127.0.0.1:9/mcp"}}}, {}, source="test")
+    catalog = Catalog(config)
+    tools = (
+        types.Tool(name="deep", input_schema=schema),
+        types.Tool(name="flat", input_schema={"type": "object"}),
+    )
+    await catalog.update("deep", Listing(tools=tools))
+    assert list(catalog.start().tools) == ["deep__flat"]

@@ -18,8 +18,8 @@ import yaml
 from fastmcp import FastMCP
 from mcp import Client
 
-from agent_gateway.cli import main
 from agent_gateway import pins
+from agent_gateway.cli import main
 from agent_gateway.pins import Pins, digest_of, pinned_form
 from agent_gateway.search.tools import CALL_TOOL
 from tests.support import RunningGateway, running_gateway, serving_upstream
