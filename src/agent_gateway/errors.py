@@ -18,7 +18,8 @@
         │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)
         ├── UpstreamBusy           not sent: the upstream's max_concurrency is reached
         ├── UpstreamTimeout        no answer within the upstream's timeout
-        └── UpstreamRejected       the upstream answered with a JSON-RPC error
+        └── UpstreamRejected       the upstream's answer was an error, or not one to pass on
+            └── UpstreamAnswered   the upstream's own JSON-RPC error, relayed with its code and data
     └── AgentError             an ``ask_agent`` run that could not produce an answer
         ├── ModelUnavailable       no model configured and the client offers no sampling
         ├── ModelFailed            the model call raised (provider error, refused sampling)
@@ -29,10 +30,13 @@ Foreign errors are translated into this tree at two boundaries: mcp's ``MCPError
 transport errors in ``upstreams.session`` (``UpstreamSession.translated``); model providers'
 errors in ``agent.graph`` (the model node). Every error a client receives as a JSON-RPC error leaves through ``to_wire``
 (whichever method met it, a timeout is -32001); a tool's failure is instead an ``isError``
-result the model can read, and an agent run turns ``AgentError`` into one too.
+result the model can read, and an agent run turns ``AgentError`` into one too (but an
+upstream's -32042 to a tool call, "URL elicitation required", is relayed as it came).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import httpx2
 import mcp_types as types
@@ -43,8 +47,9 @@ class GatewayError(Exception):
     """Base of every error the gateway raises on purpose."""
 
     code: int = types.INTERNAL_ERROR
-    data: dict[str, str] | None = None
-    """What a client is told beside the message (the JSON-RPC error's ``data``)."""
+    data: Any = None
+    """What a client is told beside the message (the JSON-RPC error's ``data``: any JSON value,
+    an upstream's own passed on as it sent it)."""
 
 
 class ConfigError(GatewayError):
@@ -179,11 +184,22 @@ class UpstreamTimeout(UpstreamError):
 
 
 class UpstreamRejected(UpstreamError):
-    """The upstream answered the request with a JSON-RPC error; its code is kept."""
+    """The upstream's answer was an error, or not an answer the gateway can pass on; its code
+    is kept."""
 
     def __init__(self, upstream: str, message: str, code: int) -> None:
         super().__init__(upstream, message)
         self.code = code
+
+
+class UpstreamAnswered(UpstreamRejected):
+    """The upstream answered with a JSON-RPC error of its own: the client gets its code and
+    ``data`` as the upstream sent them (a tool call's is an ``isError`` result, but for URL
+    elicitation's -32042, whose data holds the URLs the client must open)."""
+
+    def __init__(self, upstream: str, message: str, code: int, data: Any) -> None:
+        super().__init__(upstream, message, code)
+        self.data = data
 
 
 class AgentError(GatewayError):

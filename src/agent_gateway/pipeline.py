@@ -41,6 +41,7 @@ from agent_gateway.errors import (
     InvalidArguments,
     NotAllowed,
     ToolHeld,
+    UpstreamAnswered,
     UpstreamBusy,
     shown,
     to_wire,
@@ -205,7 +206,11 @@ def _unwrapped(params: types.CallToolRequestParams) -> types.CallToolRequestPara
 
 
 def _error_result(exc: GatewayError) -> types.CallToolResult:
-    # A tool's failure is a result the model can read, not a protocol error.
+    """A tool's failure as a result the model can read, not a protocol error; but an
+    upstream's "URL elicitation required" (-32042) is raised as it came: it is a step of the
+    protocol the client takes (its data holds the URLs to open, then the call is retried)."""
+    if isinstance(exc, UpstreamAnswered) and exc.code == types.URL_ELICITATION_REQUIRED:
+        raise to_wire(exc) from exc
     if isinstance(exc, NotAllowed | ClientLimited | UpstreamBusy | ToolHeld | GatewayBusy):
         refused(type(exc).__name__)
     return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)

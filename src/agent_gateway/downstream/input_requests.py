@@ -4,6 +4,7 @@ declared it can answer, and the model its answer is read as."""
 from __future__ import annotations
 
 import mcp_types as types
+from mcp.server.validation import check_sampling_tools_capability, wants_sampling_tools
 
 
 def unsupported(
@@ -17,11 +18,29 @@ def unsupported(
         "roots/list": caps.roots,
     }[request.method]
     if capability is None:
-        return types.ErrorData(
-            code=types.INVALID_REQUEST,
-            message=f"agent-gateway: the client did not declare the capability for {request.method}",
-        )
+        return _undeclared(request.method)
+    # The gateway tells upstreams it can do everything, so the parts are checked here, as the
+    # upstream's own SDK would check a client it spoke to directly.
+    if isinstance(request, types.CreateMessageRequest):
+        params = request.params
+        if wants_sampling_tools(params.tools, params.tool_choice) and not check_sampling_tools_capability(
+            caps
+        ):
+            return _undeclared("sampling/createMessage with tools")
+    if isinstance(request, types.ElicitRequest) and isinstance(caps.elicitation, types.ElicitationCapability):
+        url = isinstance(request.params, types.ElicitRequestURLParams)
+        if url and caps.elicitation.url is None:
+            return _undeclared("elicitation/create in url mode")
+        if not url and caps.elicitation.url is not None and caps.elicitation.form is None:
+            return _undeclared("elicitation/create in form mode")
     return None
+
+
+def _undeclared(what: str) -> types.ErrorData:
+    return types.ErrorData(
+        code=types.INVALID_REQUEST,
+        message=f"agent-gateway: the client did not declare the capability for {what}",
+    )
 
 
 def result_type(request: types.InputRequest) -> type[types.InputResponse]:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from agent_gateway.compat.mcp import result_check_failed
 from agent_gateway.errors import (
     SessionGivenUp,
+    UpstreamAnswered,
     UpstreamRejected,
     UpstreamTimeout,
     UpstreamUnavailable,
@@ -84,4 +85,4 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
         session.lose(reason)
         closed = f"{what}: connection closed during the call ({reason})"
         return (SessionGivenUp if session.given_up else UpstreamUnavailable)(session.name, closed)
-    return UpstreamRejected(session.name, f"{what}: {exc.error.message}", code)
+    return UpstreamAnswered(session.name, f"{what}: {exc.error.message}", code, exc.error.data)
