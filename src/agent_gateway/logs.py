@@ -25,6 +25,38 @@ def redacted_url(text: str) -> str:
     return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
+def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with every secret taken out: whole, in any case, any echo of 8 or more of
+    its characters in a row, and a masked form (``sk-…abcd``: its start and its end)."""
+    for secret in secrets:
+        if len(secret) >= 8:
+            text = _without_echoes(text, secret)
+            masked = re.escape(secret[:3]) + r"[.*…xX•\-_ ]{2,}" + re.escape(secret[-4:])
+            text = re.sub(masked, "[redacted]", text, flags=re.IGNORECASE)
+        elif secret:
+            text = re.sub(re.escape(secret), "[redacted]", text, flags=re.IGNORECASE)
+    return text
+
+
+_ECHO = 8
+
+
+def _without_echoes(text: str, secret: str) -> str:
+    """``text`` with every run of ``_ECHO`` or more characters of ``secret`` (any case) cut."""
+    grams = {secret.lower()[i : i + _ECHO] for i in range(len(secret) - _ECHO + 1)}
+    lowered, marked = text.lower(), [False] * len(text)
+    for i in range(len(text) - _ECHO + 1):
+        if lowered[i : i + _ECHO] in grams:
+            marked[i : i + _ECHO] = [True] * _ECHO
+    out: list[str] = []
+    for i, char in enumerate(text):
+        if not marked[i]:
+            out.append(char)
+        elif i == 0 or not marked[i - 1]:
+            out.append("[redacted]")
+    return "".join(out)
+
+
 CLIP = 256
 """Characters of one logged value kept: clients choose many of them (names, ids, URIs)."""
 
@@ -133,10 +165,27 @@ class TraceIds(logging.Filter):
         return True
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+"""Characters that could start a line of their own or move the terminal (a tab is kept)."""
+
+
+def _escaped(character: re.Match[str]) -> str:
+    return {"\n": "\\n", "\r": "\\r"}.get(character.group(), f"\\x{ord(character.group()):02x}")
+
+
 class LineFormatter(logging.Formatter):
     """One log line (the text format; ``JsonFormatter`` builds on it): logging's own formatter,
     but a record's time is formatted with ``strftime`` once a second, not once a line (it was
-    half of the access line's formatting); the milliseconds are added as logging adds them."""
+    half of the access line's formatting); the milliseconds are added as logging adds them.
+
+    A message's control characters are written escaped (``\\n``, ``\\x1b``): what a client or
+    an upstream sent (a tool's name, an error's text, a tracestate a library quotes) cannot end
+    the line and forge the next one, nor move the terminal. A traceback keeps its lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if _CONTROL.search(record.message) is not None:
+            record.message = _CONTROL.sub(_escaped, record.message)
+        return super().formatMessage(record)
 
     def __init__(self, fmt: str | None = None) -> None:
         super().__init__(fmt)

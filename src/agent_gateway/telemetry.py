@@ -256,6 +256,19 @@ def _labels(method: str, tool: str | None, upstream: str | None) -> dict[str, st
     return labels
 
 
+KNOWN_CODES = frozenset(
+    value for name, value in vars(types).items() if name.isupper() and type(value) is int and value < 0
+) | {-32029, -32002}
+"""The JSON-RPC error codes of the spec, MCP and the gateway (rate limited; resource not found
+as handshake-era servers answer it): the ones a metric label may name."""
+
+
+def error_type_of(code: int) -> str:
+    """A JSON-RPC error's ``error.type``: its code if it is a known one, else ``_OTHER`` (an
+    upstream chooses its codes, and each would be a metric series of its own)."""
+    return str(code) if code in KNOWN_CODES else "_OTHER"
+
+
 @dataclass
 class Outcome:
     """How an operation ended, for its span's status and its metric's ``error.type``."""
@@ -292,7 +305,7 @@ class Recorded:
             return False
         outcome, span = self._outcome, self._span
         if isinstance(exc, MCPError):
-            outcome.fail(span, str(exc.error.code), exc.error.message)
+            outcome.fail(span, error_type_of(exc.error.code), exc.error.message)
         elif isinstance(exc, anyio.get_cancelled_exc_class()):
             outcome.fail(span, "cancelled", "cancelled")
         elif isinstance(exc, ValidationError):

@@ -15,8 +15,8 @@ import uvicorn
 import yaml
 from fastmcp import FastMCP
 
-from agent_gateway.agent.graph import scrubbed
 from agent_gateway.cli import main
+from agent_gateway.logs import scrubbed
 from tests.support import free_socket
 
 PASSWORD = "hunter2-password"

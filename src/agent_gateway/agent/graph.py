@@ -9,7 +9,6 @@ model turn and widened by the model's own ``search_tools`` calls.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
@@ -30,6 +29,7 @@ from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import system_prompt
 from agent_gateway.errors import AgentError, ModelFailed
+from agent_gateway.logs import scrubbed
 
 
 class Usage(TypedDict):
@@ -168,35 +168,3 @@ def _added(usage: Usage, reply: AIMessage) -> Usage:
         input_tokens=usage["input_tokens"] + meta.get("input_tokens", 0),
         output_tokens=usage["output_tokens"] + meta.get("output_tokens", 0),
     )
-
-
-def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
-    """``text`` with every secret taken out: whole, in any case, any echo of 8 or more of
-    its characters in a row, and a masked form (``sk-…abcd``: its start and its end)."""
-    for secret in secrets:
-        if len(secret) >= 8:
-            text = _without_echoes(text, secret)
-            masked = re.escape(secret[:3]) + r"[.*…xX•\-_ ]{2,}" + re.escape(secret[-4:])
-            text = re.sub(masked, "[redacted]", text, flags=re.IGNORECASE)
-        elif secret:
-            text = re.sub(re.escape(secret), "[redacted]", text, flags=re.IGNORECASE)
-    return text
-
-
-_ECHO = 8
-
-
-def _without_echoes(text: str, secret: str) -> str:
-    """``text`` with every run of ``_ECHO`` or more characters of ``secret`` (any case) cut."""
-    grams = {secret.lower()[i : i + _ECHO] for i in range(len(secret) - _ECHO + 1)}
-    lowered, marked = text.lower(), [False] * len(text)
-    for i in range(len(text) - _ECHO + 1):
-        if lowered[i : i + _ECHO] in grams:
-            marked[i : i + _ECHO] = [True] * _ECHO
-    out: list[str] = []
-    for i, char in enumerate(text):
-        if not marked[i]:
-            out.append(char)
-        elif i == 0 or not marked[i - 1]:
-            out.append("[redacted]")
-    return "".join(out)

@@ -35,7 +35,6 @@ from agent_gateway.agent.graph import (
     build_graph,
     recursion_limit,
     run_input,
-    scrubbed,
 )
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.agent.models import ModelSource
@@ -50,6 +49,7 @@ from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
+from agent_gateway.logs import scrubbed
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found, ToolSearch
 

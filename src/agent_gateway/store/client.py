@@ -35,13 +35,19 @@ failures = metrics.get_meter("agent-gateway").create_counter(
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password, for log lines and errors."""
+    """``url`` without its password, for log lines and errors: before the ``@``, or in the
+    query (``?password=…``, which Redis and Postgres clients read too: every query value)."""
+    url, question, query = url.partition("?")
+    if question:  # each value hidden, each name kept (it says what was set)
+        query = "&".join(
+            part.partition("=")[0] + ("=***" if "=" in part else "") for part in query.split("&")
+        )
     scheme, sep, rest = url.partition("://")
     userinfo, at, host = rest.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}{sep}{user}:***@{host}" if user else f"{scheme}{sep}***@{host}"
+    if at:
+        user = userinfo.split(":", 1)[0]
+        url = f"{scheme}{sep}{user}:***@{host}" if user else f"{scheme}{sep}***@{host}"
+    return f"{url}{question}{query}"
 
 
 class SharedStore:

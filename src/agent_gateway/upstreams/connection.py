@@ -24,12 +24,13 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable, describe
-from agent_gateway.logs import redacted_url
+from agent_gateway.logs import redacted_url, scrubbed
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import UpdateSink, connected, unanswered
 from agent_gateway.upstreams.replies import Broadcast
 from agent_gateway.upstreams.session import UpstreamSession
+from agent_gateway.upstreams.translation import secrets_of
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class Upstream:
         """Record the failure; True when the upstream had been up until now."""
         was_up = self.up_since is not None and self.down_since is None
         self.state = UpstreamState.DOWN
-        self.last_error = describe(exc)
+        self.last_error = scrubbed(describe(exc), secrets_of(self.config))
         if was_up or self.down_since is None:
             self.down_since = time.time()
         logger.warning("upstream %s is down: %s", self.name, self.last_error)

@@ -53,6 +53,7 @@ from agent_gateway.compat.mcp import (
     stamp,
 )
 from agent_gateway.schema_check import SchemaCheck
+from agent_gateway.telemetry import error_type_of
 from agent_gateway.trace_context import carried, tracing
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.http_transport import UpstreamClient
@@ -195,7 +196,7 @@ class Forwarder:
             if "error" in message:
                 error = types.ErrorData.model_validate(message["error"], by_name=False)
                 span.set_attributes(
-                    {"error.type": str(error.code), "rpc.response.status_code": str(error.code)}
+                    {"error.type": error_type_of(error.code), "rpc.response.status_code": str(error.code)}
                 )
                 raise MCPError.from_error_data(error)
         result = message.get("result")

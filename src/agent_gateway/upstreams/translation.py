@@ -11,6 +11,7 @@ session's end.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from agent_gateway.compat.mcp import result_check_failed
+from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import (
     SessionGivenUp,
     UpstreamAnswered,
@@ -30,7 +32,7 @@ from agent_gateway.errors import (
     UpstreamUnavailable,
     describe,
 )
-from agent_gateway.logs import clipped
+from agent_gateway.logs import clipped, scrubbed
 
 if TYPE_CHECKING:
     from agent_gateway.upstreams.session import UpstreamSession
@@ -85,4 +87,17 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
         session.lose(reason)
         closed = f"{what}: connection closed during the call ({reason})"
         return (SessionGivenUp if session.given_up else UpstreamUnavailable)(session.name, closed)
-    return UpstreamAnswered(session.name, f"{what}: {exc.error.message}", code, exc.error.data)
+    secrets = secrets_of(session.config)
+    message, data = scrubbed(exc.error.message, secrets), exc.error.data
+    if data is not None and secrets:
+        data = json.loads(scrubbed(json.dumps(data), secrets))
+    return UpstreamAnswered(session.name, f"{what}: {message}", code, data)
+
+
+def secrets_of(config: UpstreamConfig) -> tuple[str, ...]:
+    """What the gateway sends an upstream that it must not repeat: the words of its configured
+    header and environment values long enough to be credentials. An upstream's error may quote
+    the credential it was sent (``invalid credentials: 'Bearer …'``): taken out of everything the
+    gateway passes on of it (a client's error, the log, the status page, ``check``)."""
+    values = [*config.headers.values(), *config.env.values()]
+    return tuple(dict.fromkeys(word for value in values for word in value.split() if len(word) >= 8))
