@@ -11,8 +11,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -309,3 +311,21 @@ def gateway_env() -> dict[str, str]:
     """The environment for a gateway subprocess: this venv's scripts first on PATH."""
     bin_dir = str(Path(sys.executable).parent)
     return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+@contextmanager
+def asgi_in_a_thread(app: Any) -> Iterator[int]:
+    """``app`` served by uvicorn in a thread of its own (for a synchronous command's test)."""
+    sock = free_socket()
+    running = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not running.started and time.monotonic() < deadline:
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        running.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -10,7 +10,6 @@ import io
 import json
 import logging
 import re
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -20,7 +19,6 @@ from typing import Any
 import httpx
 import jwt
 import pytest
-import uvicorn
 import yaml
 from fastmcp import FastMCP
 from mcp import Client
@@ -29,9 +27,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from starlette.types import Scope, Send
 
 from agent_gateway.cli import _log_handler, main  # pyright: ignore[reportPrivateUsage]
+from tests.security.test_hostile_load import HEADERS, INITIALIZE
 from tests.support import (
     RunningGateway,
-    free_socket,
+    asgi_in_a_thread,
     gateway_process,
     intercepted,
     running_gateway,
@@ -39,19 +38,17 @@ from tests.support import (
     serving_upstream,
 )
 
-HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "probe", "version": "1"},
-    },
-}
 FORGED = "2030-01-01 00:00:00.000 ERROR agent_gateway.access: FORGED admin logged in"
 """A log line of the attacker's (no comma: trace context lists split on commas)."""
+
+
+async def _answer(send: Send, status: int, message: dict[str, Any]) -> None:
+    """A raw JSON-RPC answer, as an upstream that is not FastMCP writes it."""
+    body = json.dumps(message).encode()
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _echo_server() -> FastMCP:
@@ -206,15 +203,7 @@ def echoing_upstream() -> Any:
             return False
         sent = dict(scope["headers"]).get(b"authorization", b"").decode()
         error = {"code": -32003, "message": f"invalid credentials: {sent!r}"}
-        body = json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": error}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 401, {"jsonrpc": "2.0", "id": request["id"], "error": error})
         return True
 
     return intercepted(server, intercept)
@@ -257,15 +246,7 @@ def coded_errors() -> Any:
         if request.get("method") != "prompts/get":
             return False
         error = {"code": next(codes), "message": "failed"}
-        body = json.dumps({"jsonrpc": "2.0", "id": request["id"], "error": error}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 200, {"jsonrpc": "2.0", "id": request["id"], "error": error})
         return True
 
     return intercepted(server, intercept)
@@ -299,15 +280,7 @@ def refusing_upstream(said: str = "") -> Any:
     async def intercept(scope: Scope, request: dict[str, Any], send: Send) -> bool:
         sent = dict(scope["headers"]).get(b"authorization", b"").decode()
         error = {"code": -32003, "message": f"invalid credentials: {sent!r}{said}"}
-        body = json.dumps({"jsonrpc": "2.0", "id": request.get("id"), "error": error}).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [(b"content-type", b"application/json")],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await _answer(send, 401, {"jsonrpc": "2.0", "id": request.get("id"), "error": error})
         return True
 
     return intercepted(server, intercept)
@@ -351,24 +324,6 @@ def test_check_prints_no_header_an_upstream_echoes_when_refusing_the_handshake(
     out, err = capfd.readouterr()
     assert "invalid credentials" in err, err
     assert leaks({"stdout": out, "stderr": err}) == {}
-
-
-@contextmanager
-def asgi_in_a_thread(app: Any) -> Iterator[int]:
-    """``app`` served by uvicorn in a thread of its own (for a synchronous command's test)."""
-    sock = free_socket()
-    running = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not running.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        running.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 # -- claim 3: the caller's trace context continued upstream, cleaned -------------------------

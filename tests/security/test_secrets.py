@@ -4,20 +4,17 @@ the API key in another case, in part or masked reaches no client."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 import yaml
 from fastmcp import FastMCP
 
 from agent_gateway.cli import main
 from agent_gateway.logs import scrubbed
-from tests.support import free_socket
+from tests.support import asgi_in_a_thread
 
 PASSWORD = "hunter2-password"
 API_KEY = "query-secret-0123456789"
@@ -31,19 +28,8 @@ def upstream_in_a_thread() -> Iterator[int]:
     def hello() -> str:
         return "hi"
 
-    sock = free_socket()
-    running = uvicorn.Server(uvicorn.Config(server.http_app(path="/mcp"), log_level="warning"))
-    thread = threading.Thread(target=running.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not running.started and time.monotonic() < deadline:
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        running.should_exit = True
-        thread.join(10)
-        sock.close()
+    with asgi_in_a_thread(server.http_app(path="/mcp")) as port:
+        yield port
 
 
 def test_check_and_debug_logs_print_urls_without_credentials_or_query_values(
