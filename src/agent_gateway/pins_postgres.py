@@ -89,10 +89,15 @@ class SharedPins:
         Raises:
             StoreUnavailable: the database cannot be reached, or the table cannot be made.
         """
-        self._conn = await self._connect()
+        try:
+            self._conn = await self._connect()
+        except BaseException:
+            self._close_queue()  # never used: closed here, not left to the collector's warning
+            raise
         try:
             await set_up(self._conn, self._make)
         except Exception as exc:
+            self._close_queue()
             await self._conn.close()
             raise StoreUnavailable(f"{self._where}: cannot create the tool pins' table: {exc}") from exc
         try:
@@ -108,8 +113,13 @@ class SharedPins:
             if tg.cancel_scope.cancelled_caught:
                 logger.warning("%s: tool pin changes left unwritten at shutdown", self._where)
         finally:
+            self._close_queue()
             with anyio.CancelScope(shield=True):
                 await self._conn.close()
+
+    def _close_queue(self) -> None:
+        self._send.close()
+        self._receive.close()
 
     async def rows(self) -> list[tuple[Any, ...]]:
         """Every pin, as ``Pins``' table holds it (raises ``StoreUnavailable``)."""

@@ -98,4 +98,5 @@ class SharedState:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
+            self.events.close()
             await self.store.close()

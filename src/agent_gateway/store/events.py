@@ -114,6 +114,11 @@ class SharedEventStore(EventStore):
                     await self._send(rest)
             reader.close()
 
+    def close(self) -> None:
+        """The queue closed, written or not (a store never reached never starts ``write``)."""
+        for end in self._queue:
+            end.close()
+
     async def _send(self, batch: list[Pending]) -> None:
         pipe = self.store.redis.pipeline(transaction=False)
         for key, stream_id, event_id, data in batch:
