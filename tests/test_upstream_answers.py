@@ -221,3 +221,42 @@ def test_a_url_elicitation_is_not_asked_of_a_client_that_declared_forms_only() -
             "form",
         ): "agent-gateway: the client did not declare the capability for elicitation/create in form mode",
     }
+
+
+def completing_upstream() -> FastMCP:
+    server = FastMCP("auth")
+
+    @server.tool
+    async def completes(ctx: Context) -> str:
+        """Tell the client its URL-mode elicitation e1 is complete (2025-11-25)."""
+        await ctx.session.send_elicit_complete("e1", related_request_id=ctx.request_id)
+        return "done"
+
+    return server
+
+
+async def test_an_upstreams_elicitation_complete_notification_reaches_the_client_of_the_call() -> None:
+    heard: list[str] = []
+
+    async def handler(message: Any) -> None:
+        if isinstance(message, types.ElicitCompleteNotification):
+            heard.append(message.params.elicitation_id)
+
+    async def elicited(context: Any, params: Any) -> types.ElicitResult:
+        return types.ElicitResult(action="accept")
+
+    options: dict[str, Any] = {"message_handler": handler, "elicitation_callback": elicited}
+    async with serving_upstream(completing_upstream()) as url:
+        async with Client(url, mode="legacy", **options) as direct:
+            await direct.call_tool("completes", {})
+            with anyio.fail_after(BOUND):
+                while not heard:
+                    await anyio.sleep(0.01)
+        config = {"upstreams": {"auth": {"url": url, "protocol": "legacy"}}}
+        async with running_gateway(config) as gw, Client(gw.url, mode="legacy", **options) as client:
+            result = await client.call_tool("auth__completes", {})
+            with anyio.fail_after(BOUND):
+                while len(heard) < 2:
+                    await anyio.sleep(0.01)
+    assert not result.is_error
+    assert heard == ["e1", "e1"]  # directly, then through the gateway

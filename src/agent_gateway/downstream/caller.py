@@ -18,7 +18,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
 from agent_gateway.access import Principal
-from agent_gateway.downstream.input_requests import result_type
+from agent_gateway.downstream.input_requests import elicits_by_url, result_type
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, refusal, relabelled, wanted
 from agent_gateway.runtime import SEND_TIMEOUT
 
@@ -113,6 +113,16 @@ class Caller:
         line = types.LoggingMessageNotification(params=relabelled(upstream, params))
         with anyio.move_on_after(SEND_TIMEOUT):
             await self.server_session.send_notification(line, related_request_id=self.request_id)
+
+    async def elicitation_complete(
+        self, upstream: str, params: types.ElicitCompleteNotificationParams
+    ) -> None:
+        if self.modern or not elicits_by_url(self.capabilities):
+            return
+        with anyio.move_on_after(SEND_TIMEOUT):
+            await self.server_session.send_notification(
+                types.ElicitCompleteNotification(params=params), related_request_id=self.request_id
+            )
 
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         if (refused := refusal(self.session, request)) is not None:

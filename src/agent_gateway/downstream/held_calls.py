@@ -181,6 +181,11 @@ class HeldCaller:
     async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         await self._held.caller.log(upstream, params)
 
+    async def elicitation_complete(
+        self, upstream: str, params: types.ElicitCompleteNotificationParams
+    ) -> None:
+        return  # a held call's client is modern: it learns the outcome from its next round
+
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         held = self._held
         if (unable := unsupported(held.caller.capabilities, request)) is not None:

@@ -36,6 +36,12 @@ def unsupported(
     return None
 
 
+def elicits_by_url(capabilities: types.ClientCapabilities | None) -> bool:
+    """Whether a client declared URL-mode elicitation (and so understands its completion)."""
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and elicitation.url is not None
+
+
 def _undeclared(what: str) -> types.ErrorData:
     return types.ErrorData(
         code=types.INVALID_REQUEST,

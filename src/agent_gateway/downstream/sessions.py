@@ -33,7 +33,7 @@ from agent_gateway import access
 from agent_gateway.access import Principal
 from agent_gateway.compat.adoption import owner_of
 from agent_gateway.compat.mcp import connection_of
-from agent_gateway.downstream.input_requests import result_type, unsupported
+from agent_gateway.downstream.input_requests import elicits_by_url, result_type, unsupported
 from agent_gateway.limits import session_opened
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
@@ -138,6 +138,17 @@ class DownstreamSession:
         with anyio.move_on_after(SEND_TIMEOUT):
             # Connection.notify, not the deprecated Connection.log: same frame, no warning.
             await self.connection.notify("notifications/message", line)
+
+    async def elicitation_complete(
+        self, upstream: str, params: types.ElicitCompleteNotificationParams
+    ) -> None:
+        if self.connection is None or self.modern or not elicits_by_url(self.capabilities):
+            return
+        with anyio.move_on_after(SEND_TIMEOUT):
+            await self.connection.notify(
+                "notifications/elicitation/complete",
+                params.model_dump(by_alias=True, mode="json", exclude_none=True),
+            )
 
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         if (refused := refusal(self, request)) is not None:

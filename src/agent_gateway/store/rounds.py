@@ -307,6 +307,11 @@ class _Remote:
     async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         await self._reply.send(Log(id=self._reply.nonce, upstream=upstream, params=params))
 
+    async def elicitation_complete(
+        self, upstream: str, params: types.ElicitCompleteNotificationParams
+    ) -> None:
+        return  # a held call's client is modern (as in held_calls.HeldCaller)
+
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         # Never asked: a held call's questions are held for its next round (held_calls.HeldCaller).
         return types.ErrorData(code=types.INVALID_REQUEST, message="agent-gateway: not asked across replicas")

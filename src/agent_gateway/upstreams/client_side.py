@@ -49,6 +49,12 @@ class ClientSide(Protocol):
         """Relay a sampling, elicitation or roots request to the client and return its answer."""
         ...  # a Protocol member: the signature is the contract
 
+    async def elicitation_complete(
+        self, upstream: str, params: types.ElicitCompleteNotificationParams
+    ) -> None:
+        """Tell a handshake-era client that can elicit by URL that the upstream's URL-mode
+        elicitation ``params`` names is complete (2025-11-25); others are told nothing."""
+
 
 EVERYTHING = types.ClientCapabilities(
     sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),

@@ -92,6 +92,13 @@ class Replies:
         else:
             logger.debug("log line from %s dropped: several clients have calls in flight", self.name)
 
+    async def on_elicitation_complete(self, params: types.ElicitCompleteNotificationParams) -> None:
+        """A URL-mode elicitation finished: told to the client it was asked of, if known."""
+        if (target := self.attributed()) is not None:
+            await target.elicitation_complete(self.name, params)
+        else:
+            logger.debug("elicitation/complete from %s dropped: whose it is is unknown", self.name)
+
     async def on_sampling(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:

@@ -138,6 +138,8 @@ class UpstreamSession:
             # client also shows them here: taking both would relay each one twice.
             if isinstance(message, types.ResourceUpdatedNotification) and not self.modern:
                 self._queue_update(message.params.uri)
+            elif isinstance(message, types.ElicitCompleteNotification):
+                await self.replies.on_elicitation_complete(message.params)
             await handler(message)
 
         return on_message
