@@ -228,6 +228,19 @@ def to_wire(exc: GatewayError) -> MCPError:
     return MCPError(code=exc.code, message=str(exc), data=exc.data)
 
 
+KNOWN_CODES = frozenset(
+    value for name, value in vars(types).items() if name.isupper() and type(value) is int and value < 0
+) | {-32029, -32002}  # rate limited (access.RATE_LIMITED); a handshake-era resource not found
+"""The JSON-RPC error codes of the spec, MCP and the gateway (rate limited; resource not found
+as handshake-era servers answer it): the ones a metric label may name."""
+
+
+def error_type_of(code: int) -> str:
+    """A JSON-RPC error's ``error.type``: its code if it is a known one, else ``_OTHER`` (an
+    upstream chooses its codes, and each would be a metric series of its own)."""
+    return str(code) if code in KNOWN_CODES else "_OTHER"
+
+
 def describe(exc: BaseException) -> str:
     """A one-line, secret-free description of a failure (groups unwrapped)."""
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:

@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace import Span as SdkSpan
 from opentelemetry.trace import Span, SpanKind, StatusCode
 from pydantic import ValidationError
 
-from agent_gateway.errors import GatewayError
+from agent_gateway.errors import GatewayError, error_type_of
 from agent_gateway.trace_context import incoming_context, tracing
 
 PROMETHEUS_METRICS: frozenset[str] = frozenset(
@@ -254,19 +254,6 @@ def _labels(method: str, tool: str | None, upstream: str | None) -> dict[str, st
     if upstream is not None:
         labels["agent_gateway.upstream"] = upstream
     return labels
-
-
-KNOWN_CODES = frozenset(
-    value for name, value in vars(types).items() if name.isupper() and type(value) is int and value < 0
-) | {-32029, -32002}
-"""The JSON-RPC error codes of the spec, MCP and the gateway (rate limited; resource not found
-as handshake-era servers answer it): the ones a metric label may name."""
-
-
-def error_type_of(code: int) -> str:
-    """A JSON-RPC error's ``error.type``: its code if it is a known one, else ``_OTHER`` (an
-    upstream chooses its codes, and each would be a metric series of its own)."""
-    return str(code) if code in KNOWN_CODES else "_OTHER"
 
 
 @dataclass

@@ -52,8 +52,8 @@ from agent_gateway.compat.mcp import (
     output_schemas,
     stamp,
 )
+from agent_gateway.errors import error_type_of
 from agent_gateway.schema_check import SchemaCheck
-from agent_gateway.telemetry import error_type_of
 from agent_gateway.trace_context import carried, tracing
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.http_transport import UpstreamClient
