@@ -20,6 +20,7 @@ from mcp.server.runner import ServerRunner
 from mcp.shared.inbound import ERROR_CODE_HTTP_STATUS
 from mcp.shared.transport_context import TransportContext
 from mcp_types.version import LATEST_MODERN_VERSION
+from starlette.datastructures import Headers
 
 from agent_gateway.compat import exchange
 from agent_gateway.compat.stdlib import holds_callbacks
@@ -139,6 +140,42 @@ async def test_a_post_that_does_not_accept_its_answers_type_gets_406_saying_so()
             "code": types.INVALID_REQUEST,
             "message": "Not Acceptable: Client must accept both application/json and text/event-stream",
         }
+
+
+def test_indexed_headers_answer_every_lookup_as_starlettes_headers_do() -> None:
+    raw = [
+        (b"host", b"gw:8000"),
+        (b"mcp-method", b"tools/call"),
+        (b"x-twice", b"first"),
+        (b"accept", b"application/json"),
+        (b"x-twice", b"second"),
+    ]  # lower-case, as ASGI servers give them
+    scope = {"type": "http", "headers": raw}
+    indexed, plain = exchange.IndexedHeaders(scope), Headers(scope=scope)
+    names = ["host", "HOST", "Mcp-Method", "x-twice", "accept", "absent"]
+    assert [indexed.get(n) for n in names] == [plain.get(n) for n in names]
+    assert [n in indexed for n in names] == [n in plain for n in names]
+    assert dict(indexed) == dict(plain) == indexed.first
+    assert (indexed.items(), indexed.getlist("x-twice")) == (plain.items(), plain.getlist("x-twice"))
+    with pytest.raises(KeyError):
+        indexed["absent"]
+    assert indexed.repeated
+    assert not exchange.IndexedHeaders({"type": "http", "headers": raw[:2]}).repeated
+    assert exchange.IndexedHeaders({"type": "http", "headers": [(b"a", b"1"), (b"A", b"2")]}).repeated
+
+
+@pytest.mark.parametrize("header", ["mcp-method", "mcp-protocol-version"])
+async def test_a_routing_header_given_twice_is_refused_and_reaches_no_upstream(header: str) -> None:
+    async with gateway() as (http, gw):
+        params = {"name": "up__echo", "arguments": {"text": "hi"}, "_meta": ENVELOPE}
+        message = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+        headers = [*(HEADERS | {"mcp-method": "tools/call", "mcp-name": "up__echo"}).items()]
+        twice = [*headers, (header, dict(headers)[header])]
+        refused = await http.post(gw.url, content=json.dumps(message), headers=twice)
+        answered = await http.post(gw.url, content=json.dumps(message), headers=headers)
+    assert refused.status_code == 400
+    assert header in refused.json()["error"]["message"].lower()
+    assert answered.json()["result"]["content"][0]["text"] == "hi"
 
 
 def answers_counted(scraped: str, form: str) -> float:
