@@ -331,6 +331,13 @@ def served_count(scraped: str, method: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in lines if f'mcp_method_name="{method}"' in line)
 
 
+def refusals_counted(scraped: str, reason: str) -> float:
+    """How many refusals for ``reason`` the gateway's metric counted."""
+    family = "agent_gateway_refusals_total{"
+    lines = [line for line in scraped.splitlines() if line.startswith(family)]
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if f'reason="{reason}"' in line)
+
+
 async def test_a_modern_calls_mcp_param_headers_are_checked_against_the_tools_schema(tmp_path: Path) -> None:
     # The gateway answers the SDK's schema lookup from its catalog (server.py): a header that
     # disagrees with its argument is still refused, as the spec requires, before any upstream.
@@ -394,9 +401,17 @@ async def test_with_client_policies_each_request_is_counted_once_and_checked_aga
     assert over.status_code == 429  # the fourth request: three tokens, one each
     assert served_count(scraped, "tools/list") == 0
     assert served_count(scraped, "tools/call") == 2  # the header mismatch never reached dispatch
+    assert refusals_counted(scraped, "checks") == 1  # but it was refused, and counted so
     records = [json.loads(line) for line in audit.read_text().splitlines()]
     calls = [(r["name"], r["outcome"]) for r in records if r["method"] == "tools/call"]
-    assert calls == [("geo__locate", "ok"), ("geo__survey", "refused"), ("geo__locate", "refused")]
+    assert calls == [
+        ("geo__locate", "ok"),
+        ("geo__locate", "refused"),  # the header mismatch: billed a token, so recorded
+        ("geo__survey", "refused"),
+        ("geo__locate", "refused"),
+    ]
+    mismatch = [r for r in records if r["method"] == "tools/call"][1]
+    assert mismatch["detail"] == disagreeing.json()["error"]["message"]
 
 
 async def test_each_forwarded_request_of_a_modern_client_is_one_downstream_session() -> None:

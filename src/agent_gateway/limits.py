@@ -126,20 +126,36 @@ class Admission:
                 await self._settle(client, verdict.reservation, None)
             return
         with admitting(client):
-            if session is not None:
-                await self.app(scope, replay(body, receive), send)
-                return
-            client.opening += 1
-            counted = [client]  # until the session it opens is counted (``session_opened``)
-            token = _OPENING.set(counted)
-            opened = _Opened(send)
             try:
-                await self.app(scope, replay(body, receive), opened.send)
+                if session is not None:
+                    await self.app(scope, replay(body, receive), send)
+                else:
+                    await self._opening(scope, replay(body, receive), send, client, verdict)
             finally:
-                _OPENING.reset(token)
-                client.opening -= len(counted)
-                if verdict is not None and verdict.reservation is not None:
-                    await self._settle(client, verdict.reservation, opened.session)
+                if (why := scope.get(CHECKS_REFUSED)) is not None:
+                    self._checks_refused(client, session, body, why)
+
+    async def _opening(
+        self, scope: Scope, receive: Receive, send: Send, client: Principal, verdict: Verdict | None
+    ) -> None:
+        """A request without a session served, counted as opening one for ``client`` until
+        the session it opens is counted (``session_opened``) or it ends."""
+        client.opening += 1
+        counted = [client]
+        token = _OPENING.set(counted)
+        opened = _Opened(send)
+        try:
+            await self.app(scope, receive, opened.send)
+        finally:
+            _OPENING.reset(token)
+            client.opening -= len(counted)
+            if verdict is not None and verdict.reservation is not None:
+                await self._settle(client, verdict.reservation, opened.session)
+
+    def _checks_refused(self, client: Principal, session: str | None, body: bytes, why: str) -> None:
+        refused("checks", "refused a modern-era request of %s: %s", client.label, why)
+        if self.on_refused is not None:
+            self.on_refused(client.subject, session, body, why)
 
     async def _shared_verdict(
         self, client: Principal, session: str | None, *, opening: bool
@@ -321,6 +337,11 @@ def session_opened(client: Principal) -> None:
         counted.clear()
         client.opening -= 1
 
+
+CHECKS_REFUSED = "agent_gateway.checks_refused"
+"""Scope key: why the modern lane's checks (the SDK entry's: headers, envelope, ``Mcp-Param``)
+refused a request admission let in; admission records it as a refused call, as its own
+refusals are (it took the client's rate-limit token; no span or handler ever sees it)."""
 
 PARSED = "agent_gateway.parsed"
 """Scope key: a request's body and the JSON object it holds, as admission parsed it, for the

@@ -20,7 +20,7 @@ refusals = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.refusals",
     description="Requests and connections refused by a bound, by reason (connections, "
     "header_timeout, rate_limit, sessions, subscriptions, body, name, in_flight, concurrency, "
-    "dedicated_sessions).",
+    "dedicated_sessions, checks).",
 )
 
 

@@ -74,7 +74,7 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.compat.stdlib import holds_callbacks
 from agent_gateway.downstream.keepalive import Keepalive
-from agent_gateway.limits import PARSED, replay
+from agent_gateway.limits import CHECKS_REFUSED, PARSED, replay
 from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
@@ -118,8 +118,12 @@ class ModernLane:
         try:
             admitted = await self._admitted(request, body, lifespan_state)
         except _NotAcceptable as refusal:  # the SDK's entry answers an empty 406 here
+            scope[CHECKS_REFUSED] = str(refusal)
             await json_answer(send, refusal.body, 406)
             return
+        if isinstance(admitted, str):  # admission records it, as a request it refused itself
+            scope[CHECKS_REFUSED] = admitted
+            admitted = None
         if admitted is None:  # the SDK's entry answers it, its errors included
             await sdk.handle_modern_request(
                 self._server,
@@ -150,14 +154,14 @@ class ModernLane:
 
     async def _admitted(
         self, request: _Request, body: bytes, lifespan_state: Any
-    ) -> tuple[JSONRPCRequest, InboundModernRoute] | None:
+    ) -> tuple[JSONRPCRequest, InboundModernRoute] | str | None:
         """The request in ``body`` and its route when every check of the SDK's entry passes,
-        in its order; None for anything its entry answers otherwise."""
-        if (
-            request.method != "POST"
-            or await self._security.validate_request(request, is_post=True) is not None
-        ):
+        in its order; else what the SDK's entry answers it with: why a check refused it, or
+        None for anything that is not a plain request (a notification, a batch, malformed)."""
+        if request.method != "POST":
             return None
+        if (refused := await self._security.validate_request(request, is_post=True)) is not None:
+            return f"HTTP {refused.status_code}: {bytes(refused.body).decode(errors='replace')}"
         has_json, has_sse = check_accept_headers(request)
         if not has_json or not (self._json_response or has_sse):
             raise _NotAcceptable(self._json_response)
@@ -170,13 +174,13 @@ class ModernLane:
         if message is None or message.method == "subscriptions/listen":
             return None
         headers = request.headers
-        if headers.repeated and find_duplicated_routing_header(headers.items()) is not None:
-            return None
+        if headers.repeated and (twice := find_duplicated_routing_header(headers.items())) is not None:
+            return f"the {twice} header given twice"
         route = classify_inbound_request(decoded, headers=headers.first)
         if not isinstance(route, InboundModernRoute):
-            return None
+            return route.message
         rejection = await sdk._mcp_param_rejection(self._server, request, message, route, lifespan_state)  # pyright: ignore[reportPrivateUsage]
-        return (message, route) if rejection is None else None
+        return (message, route) if rejection is None else rejection.message
 
 
 class IndexedHeaders(Headers):
