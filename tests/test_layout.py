@@ -70,3 +70,22 @@ def test_the_proxy_only_routes_the_client_side_is_downstreams() -> None:
     tree = ast.parse((SRC / "proxy.py").read_text())
     classes = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
     assert classes == {"Proxy"}
+
+
+def test_every_error_a_client_receives_is_made_by_to_wire() -> None:
+    # Issue 18, item 6: one boundary to the wire. MCPError is built in errors.to_wire only,
+    # but on the upstream side (upstreams/, and the SDK's seam in compat/), where the
+    # forwarder speaks the SDK client's errors before translation.py takes them in.
+    inward = ("upstreams/", "compat/")
+    made = []
+    for path in SRC.rglob("*.py"):
+        where = path.relative_to(SRC).as_posix()
+        if where == "errors.py" or where.startswith(inward):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", "")) == "MCPError"
+            ):
+                made.append(f"{where}:{node.lineno}")
+    assert made == []

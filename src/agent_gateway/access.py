@@ -31,12 +31,10 @@ from typing import Any, Literal
 from fastmcp.server.auth import AccessToken
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
-from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS
 
 from agent_gateway.authentication import StaticAccessToken
 from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
-from agent_gateway.errors import ClientLimited, NotAllowed
+from agent_gateway.errors import ClientLimited, InvalidRequest, NotAllowed, RateLimited, to_wire
 from agent_gateway.logs import clipped
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.refusals import refused
@@ -47,8 +45,6 @@ Kind = Literal["tool", "prompt", "resource"]
 Clock = Callable[[], float]
 
 ANONYMOUS = "anonymous"
-RATE_LIMITED = -32029
-"""JSON-RPC code for a request refused by the client's rate limit (implementation-defined range)."""
 _UNMETERED = frozenset({"initialize", "notifications/initialized", "server/discover", "ping"})
 
 
@@ -322,7 +318,7 @@ class AccessControl:
 def admit(ctx: ServerRequestContext[Any, Any], principal: Principal | None) -> None:
     """Refuse a request whose name no catalog could hold; on stdio, apply ``principal``'s
     rate limit too (over HTTP, admission took the token before the body was read:
-    ``limits.Admission``). Raises ``MCPError``."""
+    ``limits.Admission``). Raises ``MCPError`` (``errors.to_wire``'s)."""
     _check_name(ctx.method, ctx.params)
     stdio = ctx.request is None
     if stdio and principal is not None and ctx.method not in _UNMETERED:
@@ -343,16 +339,16 @@ def bound(principal: Principal | None) -> Iterator[None]:
 def _meter(principal: Principal, method: str) -> None:
     if principal.bucket is not None and (wait := principal.bucket.take()) is not None:
         logger.warning("client %s over its rate limit (%s)", principal.subject, clipped(method))
-        raise MCPError(
-            code=RATE_LIMITED,
-            message=f"rate limit exceeded for client {principal.subject!r}: retry in {wait:.1f}s",
-            data={"retryAfterSeconds": round(wait, 1)},
-        )
+        raise to_wire(RateLimited(rate_limit_message(principal, wait), retry_after=wait))
 
 
 MAX_URI_LENGTH = 8192
 """The longest resource URI accepted (browsers' and proxies' common bound is 8 KiB)."""
 _NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri", "resources/subscribe": "uri"}
+
+
+def rate_limit_message(client: Principal, wait: float) -> str:
+    return f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
 
 
 def _check_name(method: str, params: Any) -> None:
@@ -366,9 +362,7 @@ def _check_name(method: str, params: Any) -> None:
     if isinstance(value, str) and len(value) > bound:
         refused("name", "refused %s: a %s of %d characters", method, field, len(value))
         what = "public names are" if field == "name" else "URIs are"
-        raise MCPError(
-            code=INVALID_PARAMS, message=f"{field} is {len(value)} characters long; {what} at most {bound}"
-        )
+        raise to_wire(InvalidRequest(f"{field} is {len(value)} characters long; {what} at most {bound}"))
 
 
 def token_of(request: Any) -> AccessToken | None:

@@ -17,10 +17,10 @@ from mcp.server.context import HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 
-from agent_gateway.access import RATE_LIMITED
 from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_refusals
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
+from agent_gateway.errors import RATE_LIMITED
 from agent_gateway.telemetry import called
 
 

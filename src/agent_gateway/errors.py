@@ -8,10 +8,12 @@
     ├── UnknownName            a tool, prompt or resource the catalog does not have
     │   └── ToolHeld           a pinned tool that changed, withheld until an operator accepts it
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
+    ├── InvalidRequest         a request taken as it is by nothing (an over-long name, a cursor not ours)
     ├── NotAllowed             a name outside the calling client's policy (never forwarded)
     ├── UnknownRound           a retry naming a held call that is not held for it
     ├── ReplicaError           another replica's error serving a held call's round
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
+    ├── RateLimited            the calling client is over its rate or its sessions: 429, retried later
     ├── GatewayBusy            an answer that would pass the process's bound of bytes in flight
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
@@ -105,6 +107,34 @@ class InvalidArguments(GatewayError):
         super().__init__(f"Invalid arguments for tool {tool!r}: {reason}")
         self.tool = tool
         self.reason = reason
+
+
+class InvalidRequest(GatewayError):
+    """A request the gateway cannot take as it is: a name or URI longer than any it serves,
+    a cursor it never issued, a subscription outside a session, a body it cannot read."""
+
+    code = types.INVALID_PARAMS
+
+    def __init__(self, message: str, code: int = types.INVALID_PARAMS) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+RATE_LIMITED = -32029
+"""The JSON-RPC code of a request refused by its client's rate or sessions limit (-32000 to
+-32099 are the implementation's own)."""
+
+
+class RateLimited(GatewayError):
+    """The calling client is over its rate limit, or holds its ``max_sessions``: answered
+    429 (over HTTP) with ``retryAfterSeconds`` when a retry then would be served."""
+
+    code = RATE_LIMITED
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        if retry_after is not None:
+            self.data = {"retryAfterSeconds": round(retry_after, 1)}
 
 
 class NotAllowed(GatewayError):
@@ -230,7 +260,7 @@ def to_wire(exc: GatewayError) -> MCPError:
 
 KNOWN_CODES = frozenset(
     value for name, value in vars(types).items() if name.isupper() and type(value) is int and value < 0
-) | {-32029, -32002}  # rate limited (access.RATE_LIMITED); a handshake-era resource not found
+) | {RATE_LIMITED, -32002}  # a handshake-era resource not found
 """The JSON-RPC error codes of the spec, MCP and the gateway (rate limited; resource not found
 as handshake-era servers answer it): the ones a metric label may name."""
 

@@ -40,13 +40,14 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.access import (
-    RATE_LIMITED,
     AccessControl,
     Principal,
     address_of_scope,
     admitting,
+    rate_limit_message,
     token_of_scope,
 )
+from agent_gateway.errors import GatewayError, InvalidRequest, RateLimited, to_wire
 from agent_gateway.json_text import holds_constants, json_values
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
@@ -115,10 +116,10 @@ class Admission:
             own_rate, own_opening = verdict is None, session is None and (verdict is None or modern)
             refusal = self._over_limits(client, rate=own_rate, opening=own_opening)
         if refusal is not None:
-            message, data, headers = refusal
+            limited, headers = refusal
             if self.on_refused is not None:
-                self.on_refused(client.subject, session, body, message)
-            await _refuse(send, 429, message, code=RATE_LIMITED, data=data, headers=headers)
+                self.on_refused(client.subject, session, body, str(limited))
+            await _refuse(send, 429, limited, headers)
             return
         if (problem := self._shape_problem(body, scope)) is not None:
             await self._refuse_body(send, 400, *problem)
@@ -216,7 +217,7 @@ class Admission:
 
     async def _refuse_body(self, send: Send, status: int, message: str, code: int = INVALID_REQUEST) -> None:
         refused("body", "refused an HTTP request: %s", message)
-        await _refuse(send, status, message, code=code)
+        await _refuse(send, status, InvalidRequest(message, code))
 
     async def _read(self, receive: Receive) -> bytes | None:
         """The whole body; None as soon as it passes the limit; ``_GONE`` if the client left."""
@@ -239,8 +240,8 @@ class Admission:
         return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
 
 
-Refusal = tuple[str, dict[str, Any] | None, list[tuple[bytes, bytes]]]
-"""Why a request is refused: (message, JSON-RPC error data, HTTP headers)."""
+Refusal = tuple[RateLimited, list[tuple[bytes, bytes]]]
+"""Why a request is refused, and the HTTP headers that say when to retry."""
 
 
 def _refusal(client: Principal, verdict: Verdict) -> Refusal | None:
@@ -254,8 +255,8 @@ def _refusal(client: Principal, verdict: Verdict) -> Refusal | None:
 
 def _rate_refusal(client: Principal, wait: float) -> Refusal:
     refused("rate_limit", "client %s over its rate limit", client.label)
-    message = f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
-    return message, {"retryAfterSeconds": round(wait, 1)}, [(b"retry-after", str(retry_after(wait)).encode())]
+    limited = RateLimited(rate_limit_message(client, wait), retry_after=wait)
+    return limited, [(b"retry-after", str(retry_after(wait)).encode())]
 
 
 def _sessions_refusal(client: Principal, open_now: int) -> Refusal:
@@ -268,7 +269,7 @@ def _sessions_refusal(client: Principal, open_now: int) -> Refusal:
         limit,
     )
     message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
-    return message, None, []
+    return RateLimited(message), []
 
 
 class _Opened:
@@ -350,17 +351,11 @@ same: a layer between may have changed it)."""
 
 
 async def _refuse(
-    send: Send,
-    status: int,
-    message: str,
-    *,
-    code: int = INVALID_REQUEST,
-    data: dict[str, Any] | None = None,
-    headers: list[tuple[bytes, bytes]] | None = None,
+    send: Send, status: int, refusal: GatewayError, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    error: dict[str, Any] = {"code": code, "message": message}
-    if data is not None:
-        error["data"] = data
+    """``refusal`` as the JSON-RPC error ``errors.to_wire`` makes of it, with no id (the body
+    was never parsed), in an HTTP answer of ``status``."""
+    error = to_wire(refusal).error.model_dump(mode="json", exclude_none=True)
     encoded = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
     await send(
         {

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
-from mcp.shared.exceptions import MCPError
 
 from agent_gateway import access
 from agent_gateway.access import Principal
 from agent_gateway.catalog import Catalog, CatalogChange, CatalogSnapshot, Part
 from agent_gateway.catalog_parts import size_of
 from agent_gateway.config import SearchConfig
+from agent_gateway.errors import InvalidRequest, to_wire
 from agent_gateway.naming import matches_any
 
 OwnTools = Callable[[CatalogSnapshot, Principal | None, bool], list[types.Tool]]
@@ -196,4 +196,4 @@ def _offset(cursor: str | None) -> int:
             return int(offset)
     except (binascii.Error, UnicodeError, ValueError):
         pass
-    raise MCPError(code=types.INVALID_PARAMS, message="invalid cursor for tools/list")
+    raise to_wire(InvalidRequest("invalid cursor for tools/list"))

@@ -15,11 +15,10 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-import mcp_types as types
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ServerEvent
-from mcp.shared.exceptions import MCPError
 
 from agent_gateway.downstream.sessions import DownstreamSession
+from agent_gateway.errors import GatewayBusy, to_wire
 from agent_gateway.refusals import refused
 
 logger = logging.getLogger(__name__)
@@ -73,7 +72,7 @@ class Listeners:
         """
         self.check_open()
         if session in self._ending:
-            raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
+            raise to_wire(GatewayBusy("agent-gateway: listen stream limit reached"))
         if len(self._serving) - len(self._ending) >= self._max_streams:
             self._make_room(session)
         self._serving[session] = None
@@ -85,9 +84,7 @@ class Listeners:
             MCPError: draining.
         """
         if self._closed:
-            raise MCPError(
-                code=types.INTERNAL_ERROR, message="agent-gateway: shutting down, listen elsewhere"
-            )
+            raise to_wire(GatewayBusy("agent-gateway: shutting down, listen elsewhere"))
 
     def _make_room(self, newcomer: DownstreamSession) -> None:
         """End the oldest stream of the client holding the most, when it holds at least two
@@ -105,7 +102,7 @@ class Listeners:
                 "listen_streams", "client %s refused a listen stream: the gateway holds its %d, "
                 "%d of them its own", newcomer.label, self._max_streams, mine,
             )  # fmt: skip
-            raise MCPError(code=types.INTERNAL_ERROR, message="agent-gateway: listen stream limit reached")
+            raise to_wire(GatewayBusy("agent-gateway: listen stream limit reached"))
         victim = next(s for s in open_now if s.label == largest)
         self._ending.add(victim)
         self._streams[victim][1].close()

@@ -34,7 +34,7 @@ from agent_gateway.config import ClientPolicy
 from agent_gateway.downstream import sessions
 from agent_gateway.downstream.listeners import Listeners
 from agent_gateway.downstream.sessions import DownstreamSession
-from agent_gateway.errors import ClientLimited, GatewayError, describe, to_wire
+from agent_gateway.errors import ClientLimited, GatewayError, InvalidRequest, describe, to_wire
 from agent_gateway.proxy import Proxy
 from agent_gateway.refusals import refused
 from agent_gateway.runtime import SEND_TIMEOUT
@@ -379,4 +379,4 @@ def _session(ctx: Any) -> DownstreamSession:
     known = connection_of(ctx.session).state.get(sessions.STATE_KEY)
     if isinstance(known, DownstreamSession):
         return known
-    raise MCPError(code=types.INVALID_REQUEST, message="resources/subscribe outside a known session")
+    raise to_wire(InvalidRequest("resources/subscribe outside a known session", types.INVALID_REQUEST))
