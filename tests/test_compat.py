@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 import logging
 import os
+import pkgutil
 import sqlite3
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -49,6 +51,7 @@ from mcp_types import methods as mcp_methods
 from pydantic import ValidationError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+import agent_gateway
 from agent_gateway import compat
 from agent_gateway.compat import exchange, lane
 from agent_gateway.compat import fastmcp as fastmcp_compat
@@ -565,6 +568,17 @@ def test_chat_anthropic_still_builds_its_client_from_client_params() -> None:
     assert chat._async_client is sentinel  # pyright: ignore[reportPrivateUsage]
 
 
+def test_each_chat_model_still_names_its_type_in_llm_type() -> None:
+    openai = langchain_compat.openai_chat(
+        model="gpt-test", api_key="sk-test", base_url="http://127.0.0.1:9/v1"
+    )
+    anthropic = ChatAnthropic(model_name="claude-test", api_key="sk-test", timeout=5, stop=None)  # type: ignore[call-arg]
+    assert langchain_compat.model_type(openai) == "openai-chat", "langchain-openai: _llm_type changed"
+    assert langchain_compat.model_type(anthropic) == "anthropic-chat", (
+        "langchain-anthropic: _llm_type changed"
+    )
+
+
 def test_chat_openai_still_makes_its_message_in_create_chat_result() -> None:
     chat = langchain_compat.openai_chat(model="gpt-test", api_key="sk-test", base_url="http://127.0.0.1:9/v1")
     calls = [
@@ -719,6 +733,48 @@ def test_no_module_outside_compat_reaches_a_private_member_of_a_dependency() -> 
             ):
                 found.append(f"{path.relative_to(SRC)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+OVERRIDDEN = {
+    # LangChain's chat-model extension points (its docs' "implement _generate, _llm_type").
+    "agent.sampling.SamplingChatModel._agenerate (langchain_core BaseChatModel)",
+    "agent.sampling.SamplingChatModel._generate (langchain_core BaseChatModel)",
+    "agent.sampling.SamplingChatModel._llm_type (langchain_core BaseChatModel)",
+    # FastMCP's Provider hooks: a provider serves its components by overriding these.
+    "components.CatalogProvider._get_prompt (fastmcp Provider)",
+    "components.CatalogProvider._get_resource (fastmcp Provider)",
+    "components.CatalogProvider._get_resource_template (fastmcp Provider)",
+    "components.CatalogProvider._list_prompts (fastmcp Provider)",
+    "components.CatalogProvider._list_resource_templates (fastmcp Provider)",
+    "components.CatalogProvider._list_resources (fastmcp Provider)",
+}
+"""Private methods of a dependency's class that our subclasses outside ``compat/`` override
+(uvicorn's, in ``listener.py``, are checked by the uvicorn tests above)."""
+
+
+def test_each_private_method_we_override_outside_compat_is_known_and_still_there() -> None:
+    # The guard above counts any ``def _x`` as ours, so an override of a dependency's private
+    # method passes it: this finds each one, by the classes' MROs, and fails on a new one (list
+    # it here, with why) or on one whose base no longer defines it (the override is dead).
+    found = set()
+    for info in pkgutil.walk_packages(agent_gateway.__path__, "agent_gateway."):
+        if ".compat" in info.name:
+            continue
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != module.__name__:
+                continue
+            for name, member in vars(cls).items():
+                own_code = inspect.isfunction(member) or isinstance(member, property)
+                if (
+                    not name.startswith("_") or name.endswith("_") or not own_code
+                ):  # not dunders, enums' sunders
+                    continue
+                base = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
+                if base is not None and not base.__module__.startswith("agent_gateway"):
+                    where = f"{module.__name__.removeprefix('agent_gateway.')}.{cls.__qualname__}"
+                    found.add(f"{where}.{name} ({base.__module__.split('.')[0]} {base.__qualname__})")
+    assert found == OVERRIDDEN
 
 
 def test_jsonschema_matches_every_pattern_through_the_re_the_seam_bounds() -> None:
