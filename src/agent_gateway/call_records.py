@@ -21,7 +21,7 @@ from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
 from agent_gateway.errors import RATE_LIMITED
-from agent_gateway.telemetry import called
+from agent_gateway.requested import Requested
 
 
 class CallRecord:
@@ -40,27 +40,17 @@ class CallRecorder:
     inside the request's SERVER span so the record carries its trace id, and around the
     access checks so a call they refuse is recorded too)."""
 
-    def __init__(
-        self,
-        activity: Activity,
-        upstream_of: Callable[[str, str], str | None],
-        arguments: Literal["none", "digest", "full"] = "digest",
-        via: str | None = None,
-    ) -> None:
-        """``upstream_of(method, name)``: the upstream a call of ``name`` goes to, or None;
-        ``arguments``: what a record keeps of the call's arguments; ``via``: a tool that calls
-        the tool named in its arguments (``call_tool``), recorded as that tool's call."""
+    def __init__(self, activity: Activity, arguments: Literal["none", "digest", "full"] = "digest") -> None:
+        """``arguments``: what a record keeps of the call's arguments."""
         self._activity = activity
-        self._upstream_of = upstream_of
         self._arguments = arguments
-        self._via = via
 
     @contextmanager
     def recording(
-        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any], client: str
+        self, ctx: ServerRequestContext[Any, Any], request: Requested, client: str
     ) -> Iterator[CallRecord]:
-        """Around one request from ``client`` (its subject): a call is recorded when it ends,
-        however it ends; any other request is not."""
+        """Around one request from ``client`` (its subject), for what ``request`` says it is
+        for: a call is recorded when it ends, however it ends; any other request is not."""
         record = CallRecord()
         if ctx.method not in CALLED:
             yield record
@@ -82,19 +72,18 @@ class CallRecorder:
             record.detail = type(exc).__name__
             raise
         finally:
-            self._activity.finished(self._call(ctx, params, client, record, at, started))
+            self._activity.finished(self._call(ctx, request, client, record, at, started))
 
     def _call(
         self,
         ctx: ServerRequestContext[Any, Any],
-        params: Mapping[str, Any],
+        request: Requested,
         client: str,
         record: CallRecord,
         at: float,
         started: float,
     ) -> Call:
-        name, arguments = called(ctx.method, params, self._via)
-        name = cut(name or "", 200) or ""
+        name, arguments = cut(request.target or "", 200) or "", request.arguments
         return Call(
             at=at,
             client=client,
@@ -102,7 +91,7 @@ class CallRecorder:
             session=_session_id(ctx),
             method=ctx.method,
             name=name,
-            upstream=self._upstream_of(ctx.method, name),
+            upstream=request.upstream,
             outcome=record.outcome,
             detail=cut(record.detail),
             duration_ms=round((time.perf_counter() - started) * 1e3, 1),

@@ -15,6 +15,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from agent_gateway import access
 from agent_gateway.access import ANONYMOUS, AccessControl
 from agent_gateway.call_records import CallRecorder
+from agent_gateway.requested import UpstreamOf, requested
 from agent_gateway.telemetry import RequestTelemetry
 from agent_gateway.visibility import Visibility
 
@@ -28,7 +29,14 @@ class RequestWrapper:
         telemetry: RequestTelemetry,
         recorder: CallRecorder,
         visibility: Visibility,
+        upstream_of: UpstreamOf,
+        via: str | None = None,
     ) -> None:
+        """``upstream_of``: where a request goes, for its span and record (the catalog's
+        lookup, once per request); ``via``: a tool that calls the tool named in its arguments
+        (``call_tool``), spanned and recorded as that tool's call."""
+        self._upstream_of = upstream_of
+        self._via = via
         self._access = access_control
         self._telemetry = telemetry
         self._recorder = recorder
@@ -42,10 +50,11 @@ class RequestWrapper:
                 return await call_next(ctx)
         params = ctx.params or {}
         subject = client.subject if client is not None else ANONYMOUS
+        request = requested(ctx.method, params, self._upstream_of, self._via)
         # In this order: the record carries the span's trace id; a refusal below is recorded.
         with (
-            self._telemetry.spanned(ctx, params) as span,
-            self._recorder.recording(ctx, params, subject) as record,
+            self._telemetry.spanned(ctx, params, request) as span,
+            self._recorder.recording(ctx, request, subject) as record,
         ):
             access.admit(ctx, client)
             with access.bound(client):

@@ -136,15 +136,11 @@ class Gateway:
         # and record, once per request, around everything the gateway does for it.
         own = set(own_tool_names(config))
         kept = config.audit.arguments if config.audit.enabled else "none"
-        lowlevel.middleware.insert(
-            0,
-            RequestWrapper(
-                self.access,
-                RequestTelemetry(self._upstream_of, lambda: own, via=CALL_TOOL),
-                CallRecorder(self.activity, self._upstream_of, kept, via=CALL_TOOL),
-                self.visibility,
-            ),
+        telemetry, recorder = RequestTelemetry(lambda: own), CallRecorder(self.activity, kept)
+        wrapper = RequestWrapper(
+            self.access, telemetry, recorder, self.visibility, self._upstream_of, CALL_TOOL
         )
+        lowlevel.middleware.insert(0, wrapper)
         searching = config.search.mode != "off"
         self.pipeline = Pipeline(
             self.access,

@@ -41,6 +41,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode
 from pydantic import ValidationError
 
 from agent_gateway.errors import GatewayError, error_type_of
+from agent_gateway.requested import Requested
 from agent_gateway.trace_context import incoming_context, tracing
 
 PROMETHEUS_METRICS: frozenset[str] = frozenset(
@@ -143,25 +144,17 @@ class RequestTelemetry:
     """The SERVER span and duration metric of every request the gateway serves (entered by
     ``request_wrapper.RequestWrapper``, once per request)."""
 
-    def __init__(
-        self,
-        upstream_of: Callable[[str, str], str | None],
-        own_tools: Callable[[], set[str]],
-        via: str | None = None,
-    ) -> None:
-        """``upstream_of(method, target)``: the upstream a request goes to, or None;
-        ``own_tools()``: the tools the gateway serves itself (``ask_agent``); ``via``: a tool
-        that calls the tool named in its arguments (``call_tool``), spanned as that tool."""
-        self._upstream_of = upstream_of
+    def __init__(self, own_tools: Callable[[], set[str]]) -> None:
+        """``own_tools()``: the tools the gateway serves itself (``ask_agent``)."""
         self._own_tools = own_tools
-        self._via = via
 
     @contextmanager
-    def spanned(self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any]) -> Iterator[ServerSpan]:
-        """Around one request (not a notification): its span, current inside, and its
-        duration recorded when it ends, however it ends."""
-        target, _ = called(ctx.method, params, self._via)
-        upstream = self._upstream_of(ctx.method, target) if target is not None else None
+    def spanned(
+        self, ctx: ServerRequestContext[Any, Any], params: Mapping[str, Any], request: Requested
+    ) -> Iterator[ServerSpan]:
+        """Around one request (not a notification), for what ``request`` says it is for: its
+        span, current inside, and its duration recorded when it ends, however it ends."""
+        target, upstream = request.target, request.upstream
         # Labels only from what the gateway knows: a client's made-up names must not each
         # become a metric series (the span, which is not aggregated, keeps them).
         known = upstream is not None or (ctx.method == "tools/call" and target in self._own_tools())
@@ -195,18 +188,6 @@ class RequestTelemetry:
 
 
 _NAMED = ("tools/call", "prompts/get")
-
-
-def called(method: str, params: Mapping[str, Any], via: str | None = None) -> tuple[str | None, Any]:
-    """The name (or URI) a request is for, and the arguments it passes: for a call of ``via``
-    (``call_tool``), the tool it calls and that tool's arguments, as a direct call has them."""
-    key = "uri" if method in ("resources/read", "resources/subscribe", "resources/unsubscribe") else "name"
-    value, arguments = params.get(key), params.get("arguments")
-    if via is not None and method == "tools/call" and value == via and isinstance(arguments, Mapping):
-        inner: Mapping[str, Any] = arguments  # pyright: ignore[reportUnknownVariableType]
-        if isinstance(name := inner.get("name"), str):
-            return name, inner.get("arguments")
-    return (value if isinstance(value, str) else None), arguments
 
 
 def _server_attributes(
