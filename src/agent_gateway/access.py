@@ -243,6 +243,10 @@ def visible(kind: Kind, name: str) -> bool:
     return client is not None and client.allows(kind, name)
 
 
+IDENTIFIED = "agent_gateway.client"
+"""Scope key: the client HTTP admission identified a request as (``limits.Admission``), by the
+request's verified token or its address; each later step reads it there (``identify``)."""
+
 OPERATOR = Principal("local", "operator", ClientPolicy(), authenticated=True)
 """Whoever runs the gateway's own command line (``agent-gateway ask``): every tool, any
 conversation. Never the identity of a request."""
@@ -261,7 +265,11 @@ class AccessControl:
     def identify(self, request: Any) -> Principal | None:
         """The client an MCP request comes from, by its own verified token (over HTTP) or,
         without auth, its address; None when auth is on and the request carries no verified
-        token: such a request is refused, never served as nobody in particular."""
+        token: such a request is refused, never served as nobody in particular. Over HTTP,
+        admission identified it already, from the same token and address (``IDENTIFIED``)."""
+        scope = getattr(request, "scope", None)
+        if isinstance(scope, dict) and isinstance(known := scope.get(IDENTIFIED), Principal):  # pyright: ignore[reportUnknownMemberType]
+            return known
         token = token_of(request)
         if token is None and self._required and request is not None:
             return None

@@ -40,6 +40,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.access import (
+    IDENTIFIED,
     AccessControl,
     Principal,
     address_of_scope,
@@ -100,6 +101,7 @@ class Admission:
             await self.app(scope, receive, send)  # answered 401 by the auth middleware, unread
             return
         client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
+        scope[IDENTIFIED] = client
         # Read, not parsed: the limits below cost a client over them a read, never a parse.
         body = await self._body(scope, receive, send)
         if body is None:

@@ -9,8 +9,11 @@ import hashlib
 from types import SimpleNamespace
 
 import httpx
+import httpx2
 import mcp_types as types
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from starlette.requests import Request
 
 from agent_gateway.access import AccessControl
@@ -83,3 +86,29 @@ async def test_ask_agent_on_the_pipeline_refuses_a_request_with_no_identity_and_
     assert "no identity" in refused.content[0].text
     assert model.seen == []  # the model was never asked
     assert counted.structured_content == {"result": 1}  # type: ignore[union-attr]  # nothing got through
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_http_request_is_identified_once_by_admission_and_read_after(mode: str) -> None:
+    # Issue 18, item 1: identified once. Each later step (the request wrapper, the pipeline)
+    # reads the client admission found for the request's token and address.
+    async with running_gateway(bearer()) as gw:
+        access = gw.gateway.access
+        made = access.principal
+        identified: list[str] = []
+
+        def counted(*args: object, **kwargs: object) -> object:
+            principal = made(*args, **kwargs)  # type: ignore[arg-type]
+            identified.append(principal.subject)
+            return principal
+
+        headers = {"authorization": f"Bearer {TOKEN}"}
+        async with (
+            httpx2.AsyncClient(headers=headers) as http,
+            Client(streamable_http_client(gw.url, http_client=http), mode=mode) as client,  # type: ignore[arg-type]
+        ):
+            await client.list_tools()  # the handshake, before the one call counted
+            access.principal = counted  # type: ignore[method-assign]
+            result = await client.call_tool("counter__increment", {})
+    assert not result.is_error
+    assert identified == ["ci"]
