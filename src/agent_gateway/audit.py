@@ -32,6 +32,7 @@ from opentelemetry import metrics
 from agent_gateway.activity import Call
 from agent_gateway.config import AuditConfig
 from agent_gateway.private_files import private
+from agent_gateway.runtime import CLEANUP_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,6 @@ _BATCH = 512
 _GATHER = 0.05
 """Seconds a batch waits for more records after its first: one hop to the writer thread per
 batch, not per call (a record is on disk within ``_GATHER`` of its call ending, plus the write)."""
-_CLOSE_TIMEOUT = 5.0
 
 _meter = metrics.get_meter("agent-gateway")
 audit_records = _meter.create_counter(
@@ -126,7 +126,7 @@ class AuditLog:
                 batch, gathered = gathered, []
                 await anyio.to_thread.run_sync(self._write, batch)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
                 self._send.close()
                 rest = gathered + list(_drain(receive, self.config.queue))
                 receive.close()

@@ -38,6 +38,10 @@ SEND_TIMEOUT = 5.0
 client, a level or subscription change to an upstream): a stuck peer is skipped, not waited
 for, and whoever sent it goes on."""
 
+CLEANUP_TIMEOUT = 5.0
+"""The longest a shielded cleanup may take (a client, a file, a store, a session or a task
+closed or ended): a stuck one is given up on, and whatever was stopping goes on."""
+
 T = TypeVar("T")
 Args = TypeVarTuple("Args")
 

@@ -25,6 +25,7 @@ from agent_gateway.compat.langgraph import THREADS_IN_STORE, keep_latest_in_memo
 from agent_gateway.config import MemoryConfig
 from agent_gateway.errors import AgentError
 from agent_gateway.private_files import private
+from agent_gateway.runtime import CLEANUP_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,6 @@ _NO_RESULT = (
     "No result: the run ended (cancelled, failed or at its step limit) before this call returned; "
     "it may or may not have taken effect."
 )
-_CLOSE_TIMEOUT = 5.0
 _DAY = 86_400.0
 # LangGraph's SQLite schema: checkpoint ids sort in time order (its own "latest" is MAX).
 # When each thread was last used, next to LangGraph's tables; threads from before the table
@@ -91,7 +91,7 @@ class Conversations:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             await self._stack.aclose()
         self._saver = None
 
@@ -134,7 +134,7 @@ class Conversations:
         self._used[thread] = time.time()
         if self._shared is None and not isinstance(saver, AsyncSqliteSaver):
             return
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             try:
                 if self._shared is not None:
                     await self._shared.used(thread, self._used.pop(thread))
@@ -152,7 +152,7 @@ class Conversations:
         without this a long conversation would store its window once per step, for ever.
         """
         saver = self._saver
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             try:
                 if isinstance(saver, AsyncSqliteSaver):
                     async with saver.lock:
@@ -182,7 +182,7 @@ class Conversations:
         if cutoff is None or used_at is None or used_at >= cutoff:
             return False
         saver = await self.checkpointer()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             await saver.adelete_thread(thread)
             self._used.pop(thread, None)
             if self._shared is not None:

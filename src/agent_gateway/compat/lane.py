@@ -62,6 +62,7 @@ from mcp_types import (
 )
 from starlette.types import Send
 
+from agent_gateway.runtime import CLEANUP_TIMEOUT
 from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
@@ -76,8 +77,6 @@ class Unanswered(Enum):
 
 Outcome = dict[str, Any] | ErrorData | Unanswered
 """A request's result, its error, or why it has neither."""
-_STOP_TIMEOUT = 5.0
-"""How long a POST waits for a task it runs in the session manager's task group to stop."""
 _ROUTE_KEY = "agent_gateway.lane"
 Headers = Sequence[tuple[bytes, bytes]]
 StartStream = Callable[[MemoryObjectReceiveStream[EventMessage], str], Coroutine[Any, Any, None]]
@@ -234,7 +233,7 @@ class Hosted:
     async def stop(self) -> None:
         """Cancel the task and wait (bounded, shielded) until it has ended."""
         self._scope.cancel()
-        with anyio.move_on_after(_STOP_TIMEOUT, shield=True):
+        with anyio.move_on_after(CLEANUP_TIMEOUT, shield=True):
             await self._done.wait()
 
 

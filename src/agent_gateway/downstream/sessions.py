@@ -35,7 +35,7 @@ from agent_gateway.compat.adoption import owner_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.input_requests import elicits_by_url, result_type, unsupported
 from agent_gateway.limits import session_opened
-from agent_gateway.runtime import SEND_TIMEOUT
+from agent_gateway.runtime import CLEANUP_TIMEOUT, SEND_TIMEOUT
 from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
 from agent_gateway.tally import sessions_active
 from agent_gateway.upstreams.client_side import EVERYTHING
@@ -52,7 +52,6 @@ LEVELS: tuple[types.LoggingLevel, ...] = (
     "alert",
     "emergency",
 )
-_END_TIMEOUT = 5.0
 STATE_KEY = "agent_gateway.session"
 
 CURRENT: contextvars.ContextVar[DownstreamSession | None] = contextvars.ContextVar(
@@ -351,7 +350,7 @@ class SessionRegistry(Middleware):
         # Most hold nothing (every modern-era request ends a session): then no shielded,
         # bounded scope is entered, 2.6 % of such a call's instructions.
         if self._holds(session):
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
                 await self._on_end(session)
         if session.era == "handshake":
             logger.info(
@@ -360,7 +359,7 @@ class SessionRegistry(Middleware):
                 time.monotonic() - session.started,
                 ", ".join(sorted(session.upstream_sessions)) or "none",
             )
-            with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
                 await self._on_levels(None)  # its level no longer counts upstream
 
     async def _set_level(self, session: DownstreamSession, level: Any) -> None:

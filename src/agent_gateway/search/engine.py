@@ -19,6 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from agent_gateway.catalog import CatalogChange, CatalogSnapshot, Part
 from agent_gateway.config import EmbeddingsConfig
+from agent_gateway.runtime import CLEANUP_TIMEOUT
 from agent_gateway.search.dense import DenseIndex, Embedder, EmbeddingsFailed
 from agent_gateway.search.index import Document, ToolIndex
 from agent_gateway.search.text import words
@@ -90,7 +91,7 @@ class ToolSearch:
             self._arrivals = None
             self._loaded.set()  # no load is coming: let any waiting change through
             if self._embedder is not None:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
                     await self._embedder.aclose()
             self._embedder = None
 
@@ -297,7 +298,6 @@ _FUSED = 50
 """Candidates taken from each ranking before they are fused."""
 _RETRY_FIRST = 1.0
 _RETRY_MOST = 60.0
-_CLOSE_TIMEOUT = 5.0
 
 
 def embedding_text(document: Document) -> str:

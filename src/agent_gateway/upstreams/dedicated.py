@@ -44,7 +44,7 @@ from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamBusy, UpstreamError, UpstreamUnavailable, describe
 from agent_gateway.refusals import refused
-from agent_gateway.runtime import TaskHost
+from agent_gateway.runtime import CLEANUP_TIMEOUT, TaskHost
 from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
@@ -53,7 +53,6 @@ from agent_gateway.upstreams.session import ClientSide, UpstreamSession
 
 logger = logging.getLogger(__name__)
 
-_CLOSE_TIMEOUT = 5.0
 _IDLE = 1.0
 """Seconds a dedicated session must go unused before a new one may take its place: a client
 between two calls keeps its own."""
@@ -156,7 +155,7 @@ class DedicatedSessions(TaskHost):
         cap = config.max_sessions
         share = config.max_sessions_per_client or max(1, cap // 4)
         bound = ""
-        with anyio.move_on_after(_CLOSE_TIMEOUT):
+        with anyio.move_on_after(CLEANUP_TIMEOUT):
             while self._live(owner, upstream) is None:
                 held = [e for owned in self._sessions.values() if (e := owned.get(upstream)) is not None]
                 mine = [e for e in held if e.client == client]
@@ -311,7 +310,7 @@ class DedicatedSessions(TaskHost):
             return
         for entry in entries:
             entry.close.set()
-        with anyio.move_on_after(_CLOSE_TIMEOUT):
+        with anyio.move_on_after(CLEANUP_TIMEOUT):
             for entry in entries:
                 await entry.done.wait()
 
