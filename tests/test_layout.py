@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
+from types import FrameType
+
+import pytest
+from mcp import Client
 
 import agent_gateway
 from agent_gateway.agent.tool import RUNNER_MODULE
+from tests.support import running_gateway, serving_upstream
+from tests.test_responses import upstream
 
 SRC = Path(agent_gateway.__file__).resolve().parent
 
@@ -89,3 +96,61 @@ def test_every_error_a_client_receives_is_made_by_to_wire() -> None:
             ):
                 made.append(f"{where}:{node.lineno}")
     assert made == []
+
+
+README = SRC.parent.parent / "README.md"
+
+
+def readme_path_of_a_call() -> list[list[str]]:
+    """The modules each numbered step of the README's path of one ``tools/call`` names, as
+    files under ``src/agent_gateway`` (``http.DirectRoute`` -> ``http.py``)."""
+    text = README.read_text()
+    start = text.index("**The path of one `tools/call`**")
+    section = text[start : text.index("`prompts/get`, `resources/read`", start)]
+    steps = []
+    for line in section.splitlines():
+        if not re.match(r"\d+\. ", line):
+            continue
+        named = []
+        for token in re.findall(r"`([\w/.]+)`", line):
+            stem = token.removesuffix(".py") if token.endswith(".py") else token.split(".")[0]
+            if (SRC / f"{stem}.py").is_file() and f"{stem}.py" not in named:
+                named.append(f"{stem}.py")
+        steps.append(named)
+    return steps
+
+
+async def entered_by_one_call(mode: str) -> list[str]:
+    """The modules of ``src/agent_gateway`` one ``tools/call`` over HTTP enters, in the order it
+    first enters them (a warm call first: the handshake, the upstream's session)."""
+    root = f"{SRC}/"
+    entered: dict[str, None] = {}
+
+    def seen(frame: FrameType, event: str, _: object) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            entered.setdefault(frame.f_code.co_filename.removeprefix(root), None)
+
+    async with (
+        serving_upstream(upstream()) as url,
+        running_gateway({"upstreams": {"up": {"url": url}}}) as gw,
+        Client(gw.url, mode=mode) as client,  # type: ignore[arg-type]
+    ):
+        await client.call_tool("up__echo", {"text": "warm"})
+        sys.setprofile(seen)
+        try:
+            await client.call_tool("up__echo", {"text": "traced"})
+        finally:
+            sys.setprofile(None)
+    return list(entered)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_readmes_path_of_a_tools_call_is_the_path_a_call_takes(mode: str) -> None:
+    steps = readme_path_of_a_call()
+    entered = await entered_by_one_call(mode)
+    named = {module for step in steps for module in step}
+    assert [module for module in entered if module not in named] == []  # none left out
+    # Each step begins where the one before it hands the call on (the last step is the way out).
+    first = {module: entered.index(module) for module in entered}
+    leading = [step[0] for step in steps[:-1]]
+    assert [first[module] for module in leading] == sorted(first[module] for module in leading), leading
