@@ -98,7 +98,7 @@ def test_every_error_a_client_receives_is_made_by_to_wire() -> None:
     assert made == []
 
 
-README = SRC.parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def readme_path_of_a_call() -> list[list[str]]:
