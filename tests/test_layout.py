@@ -42,6 +42,13 @@ def test_the_catalog_is_pure_it_pulls_in_no_transport() -> None:
     assert loaded_by("agent_gateway.catalog", ("agent_gateway.upstreams", "aiohttp", "websockets")) == []
 
 
+def test_the_catalog_pulls_in_no_store_and_no_server() -> None:
+    # Its pins' key (catalog_parts.source_of) lived in pins.py, which brought the shared
+    # store's and Postgres's clients, and through them FastMCP, into every catalog user.
+    prefixes = ("agent_gateway.store", "agent_gateway.pins", "redis", "psycopg", "fastmcp")
+    assert loaded_by("agent_gateway.catalog", prefixes) == []
+
+
 def test_a_gateway_without_a_provider_loads_no_provider_sdk() -> None:
     # Each takes ~1 s and ~40 MB to import: a gateway whose model comes from the client
     # (the example's) must not pay for them at start-up (issue 15: start-up and RSS at scale).

@@ -4,6 +4,7 @@ once per listing an upstream sends, so a change of one upstream rebuilds only it
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -15,7 +16,6 @@ import msgspec
 from agent_gateway.config import GatewayConfig, UpstreamConfig
 from agent_gateway.errors import shown
 from agent_gateway.naming import Origin, is_selected, public_name
-from agent_gateway.pins import source_of
 
 logger = logging.getLogger("agent_gateway.catalog")
 T = TypeVar("T")
@@ -198,3 +198,10 @@ def _prompt_entries(
         )
         for p in listing.prompts
     ]
+
+
+def source_of(config: UpstreamConfig) -> str:
+    """The upstream as configured: what it runs or where it is (not its headers or env): what
+    its tools are pinned under (``pins.py``), so the same tools from elsewhere are not trusted."""
+    where = [config.command or "", *config.args, config.url or "", config.cwd or ""]
+    return hashlib.sha256("\0".join(where).encode()).hexdigest()[:32]

@@ -31,7 +31,7 @@ import mcp_types as types
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import StoreUnavailable
 from agent_gateway.pins_postgres import Change, SharedPins
 from agent_gateway.private_files import private
@@ -127,12 +127,6 @@ def _canonical(definition: Mapping[str, Any]) -> str:
 
 def digest_of(canonical: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def source_of(config: UpstreamConfig) -> str:
-    """The upstream as configured: what it runs or where it is (not its headers or env)."""
-    where = [config.command or "", *config.args, config.url or "", config.cwd or ""]
-    return hashlib.sha256("\0".join(where).encode()).hexdigest()[:32]
 
 
 def pins_path(config: GatewayConfig) -> Path:
