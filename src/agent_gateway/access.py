@@ -266,9 +266,12 @@ class AccessControl:
         """The client an MCP request comes from, by its own verified token (over HTTP) or,
         without auth, its address; None when auth is on and the request carries no verified
         token: such a request is refused, never served as nobody in particular. Over HTTP,
-        admission identified it already, from the same token and address (``IDENTIFIED``)."""
+        admission identified it already, from the same token and address (``IDENTIFIED``):
+        that client, unless it was forgotten meanwhile (``_forget_idle``, while its body
+        arrived): its sessions and calls are then counted on the one kept now."""
         scope = getattr(request, "scope", None)
-        if isinstance(scope, dict) and isinstance(known := scope.get(IDENTIFIED), Principal):  # pyright: ignore[reportUnknownMemberType]
+        known = scope.get(IDENTIFIED) if isinstance(scope, dict) else None  # pyright: ignore[reportUnknownMemberType]
+        if isinstance(known, Principal) and self._principals.get(known.label) is known:
             return known
         token = token_of(request)
         if token is None and self._required and request is not None:

@@ -6,8 +6,11 @@ nothing went through.
 from __future__ import annotations
 
 import hashlib
+import json
+from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
+import anyio
 import httpx
 import httpx2
 import mcp_types as types
@@ -112,3 +115,57 @@ async def test_an_http_request_is_identified_once_by_admission_and_read_after(mo
             result = await client.call_tool("counter__increment", {})
     assert not result.is_error
     assert identified == ["ci"]
+
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+async def test_a_client_forgotten_while_its_body_arrives_is_still_held_to_its_max_sessions() -> None:
+    # Admission identifies a client before its body arrives; if 10,000 other clients arrive
+    # meanwhile, it is forgotten (idle, as far as the table knows). Its session must then be
+    # counted on the client the table keeps, or its next session would pass max_sessions.
+    async with running_gateway(
+        {"upstreams": {}, "auth": {"policies": {"default": {"max_sessions": 1}}}}
+    ) as gw:
+        access = gw.gateway.access
+        body = json.dumps(INITIALIZE).encode()
+        arrived = anyio.Event()
+
+        async def slowly() -> AsyncIterator[bytes]:
+            yield body[:10]
+            await arrived.wait()
+            yield body[10:]
+
+        opened: list[httpx.Response] = []
+        async with httpx.AsyncClient(timeout=10) as http:
+
+            async def first() -> None:
+                headers = POST_HEADERS | {"content-length": str(len(body))}
+                opened.append(await http.post(gw.url, content=slowly(), headers=headers))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(first)
+                with anyio.fail_after(5):  # admission has identified it and reads its body
+                    while access.client("anonymous@127.0.0.1") is None:
+                        await anyio.sleep(0.01)
+                for i in range(10_000):
+                    access.principal(None, f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+                assert access.client("anonymous@127.0.0.1") is None
+                arrived.set()
+            session = POST_HEADERS | {"mcp-session-id": opened[0].headers["mcp-session-id"]}
+            await http.post(
+                gw.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session
+            )
+            second = await http.post(gw.url, json=INITIALIZE, headers=POST_HEADERS)
+    assert opened[0].status_code == 200
+    assert second.status_code == 429, second.text  # max_sessions 1, and one is open
