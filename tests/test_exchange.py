@@ -5,6 +5,7 @@ SDK's own entry answers."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -176,6 +177,33 @@ async def test_a_routing_header_given_twice_is_refused_and_reaches_no_upstream(h
     assert refused.status_code == 400
     assert header in refused.json()["error"]["message"].lower()
     assert answered.json()["result"]["content"][0]["text"] == "hi"
+
+
+@pytest.mark.parametrize("refused", [{"accept": "text/html"}, {"content-type": "text/plain"}])
+async def test_a_notification_the_checks_refuse_is_not_counted_as_a_refused_request(
+    refused: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Only a request (with an id) the SDK entry's checks refuse is recorded as a refused call;
+    # a notification is no call, refused before its body is read or after.
+    note = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 1, "_meta": ENVELOPE},
+    }
+    call = {
+        "jsonrpc": "2.0",
+        "id": 3,
+        "method": "tools/call",
+        "params": {"name": "up__echo", "_meta": ENVELOPE},
+    }
+    caplog.set_level(logging.WARNING, logger="agent_gateway.refusals")
+    async with gateway() as (http, gw):
+        for message, method in ((note, "notifications/cancelled"), (call, "tools/call")):
+            headers = HEADERS | {"mcp-method": method, "mcp-name": "up__echo"} | refused
+            answer = await http.post(gw.url, json=message, headers=headers)
+            assert answer.status_code in (400, 406)
+    counted = [r.getMessage() for r in caplog.records if "refused a modern-era request" in r.getMessage()]
+    assert len(counted) == 1  # the call's
 
 
 def answers_counted(scraped: str, form: str) -> float:

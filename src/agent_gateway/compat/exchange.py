@@ -118,11 +118,11 @@ class ModernLane:
         try:
             admitted = await self._admitted(request, body, lifespan_state)
         except _NotAcceptable as refusal:  # the SDK's entry answers an empty 406 here
-            scope[CHECKS_REFUSED] = str(refusal)
+            _checks_refused(scope, str(refusal))
             await json_answer(send, refusal.body, 406)
             return
-        if isinstance(admitted, str):  # admission records it, as a request it refused itself
-            scope[CHECKS_REFUSED] = admitted
+        if isinstance(admitted, str):
+            _checks_refused(scope, admitted)
             admitted = None
         if admitted is None:  # the SDK's entry answers it, its errors included
             await sdk.handle_modern_request(
@@ -181,6 +181,13 @@ class ModernLane:
             return route.message
         rejection = await sdk._mcp_param_rejection(self._server, request, message, route, lifespan_state)  # pyright: ignore[reportPrivateUsage]
         return (message, route) if rejection is None else rejection.message
+
+
+def _checks_refused(scope: Scope, why: str) -> None:
+    """Admission records a request the checks refused, as one it refused itself: a request
+    only (admission parsed its body: it has an id), not a notification, which is no call."""
+    if PARSED in scope:
+        scope[CHECKS_REFUSED] = why
 
 
 class IndexedHeaders(Headers):
