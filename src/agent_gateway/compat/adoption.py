@@ -67,7 +67,7 @@ _RELAY_TIMEOUT = 5.0
 client can still replay it from the store)."""
 
 
-def owner_of(scope: Scope) -> AuthorizationContext | None:
+def credential_of(scope: Scope) -> AuthorizationContext | None:
     """The SDK's identity of the credential on a request (None: no auth)."""
     user = scope.get("user")
     return authorization_context(user) if isinstance(user, AuthenticatedUser) else None
@@ -89,7 +89,7 @@ class AdoptingSessionManager(DeferredSessionManager):
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
         if session_id is not None and session_id not in self._server_instances:
-            await self._adopt(session_id, owner_of(scope))
+            await self._adopt(session_id, credential_of(scope))
         held = session_id is not None and session_id in self._server_instances
         if held and scope["method"] == "GET":
             assert session_id is not None
@@ -97,7 +97,7 @@ class AdoptingSessionManager(DeferredSessionManager):
             return
         if held and scope["method"] == "DELETE":
             assert session_id is not None
-            if self._session_owners.get(session_id) == owner_of(scope):
+            if self._session_owners.get(session_id) == credential_of(scope):
                 # Ended in the store first: what closes with the session here (its dedicated
                 # upstream sessions) then finds it ended everywhere, not held by another replica.
                 await self.on_deleted(session_id)
@@ -166,7 +166,7 @@ class AdoptingSessionManager(DeferredSessionManager):
         record = await self.records.find(session_id)
         if record is None:
             return
-        if (dict(record.owner) if record.owner is not None else None) != requestor:
+        if (dict(record.credential) if record.credential is not None else None) != requestor:
             logger.warning(
                 "session %s: not adopted, the credential is not the one that opened it", session_id[:64]
             )

@@ -31,7 +31,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import access
 from agent_gateway.access import Principal
-from agent_gateway.compat.adoption import owner_of
+from agent_gateway.compat.adoption import credential_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.input_requests import elicits_by_url, result_type, unsupported
 from agent_gateway.limits import session_opened
@@ -255,7 +255,7 @@ class SessionRegistry(Middleware):
         record = SessionRecord(
             id=connection.session_id,
             client=client.subject if client is not None else access.ANONYMOUS,
-            owner=owner_of(scope),
+            credential=credential_of(scope),
             params=message.params,
             version=result.protocol_version,
         )

@@ -206,8 +206,8 @@ class ToolSearch:
         if dense:
             ranked = _fused(ranked, dense, snapshot)
         found = [
-            Found(snapshot.listed[key], owner, round(score, 4))
-            for key, owner, score in ranked[:limit]
+            Found(snapshot.listed[key], upstream, round(score, 4))
+            for key, upstream, score in ranked[:limit]
             if key in snapshot.listed  # the index may trail a change by one update
         ]
         return found, max(results.total, len(ranked))
@@ -258,26 +258,26 @@ def _fused(
     a narrow policy's) a hair's difference is not several deviations. Each tool keeps the
     better of its two scores as its own: the lexical one, or how far its similarity stands out."""
     score: dict[str, float] = {}
-    owner: dict[str, str] = {}
+    upstream_of: dict[str, str] = {}
     for key, upstream, lexical_score in lexical:
-        score[key], owner[key] = lexical_score, upstream
+        score[key], upstream_of[key] = lexical_score, upstream
     meaning: dict[str, float] = {}
     for key, cosine, confidence in dense:
         if key in snapshot.tools:
             meaning[key] = cosine
             score[key] = max(score.get(key, 0.0), confidence)
-            owner.setdefault(key, snapshot.tools[key].upstream)
+            upstream_of.setdefault(key, snapshot.tools[key].upstream)
     by_words, unmatched = _standardized([s for _, _, s in lexical], 0.0, _LEAST_SPREAD_WORDS)
     by_meaning, farthest = _standardized(
         list(meaning.values()), min(meaning.values(), default=0.0), _LEAST_SPREAD_MEANING
     )
-    fused = dict.fromkeys(owner, unmatched + farthest)
+    fused = dict.fromkeys(upstream_of, unmatched + farthest)
     for (key, _, _), standing in zip(lexical, by_words, strict=True):
         fused[key] += standing - unmatched
     for key, standing in zip(meaning, by_meaning, strict=True):
         fused[key] += standing - farthest
     order = sorted(fused, key=lambda k: (-fused[k], k))
-    return [(key, owner[key], score[key]) for key in order]
+    return [(key, upstream_of[key], score[key]) for key in order]
 
 
 def _standardized(scores: list[float], floor: float, least_spread: float) -> tuple[list[float], float]:

@@ -96,8 +96,9 @@ class SessionRecord:
     id: str
     client: str
     """The subject of the client that opened it (whose session count it is in)."""
-    owner: Mapping[str, Any] | None
-    """The SDK's ``AuthorizationContext`` of the credential that opened it (None: no auth)."""
+    credential: Mapping[str, Any] | None
+    """The SDK's ``AuthorizationContext`` of the credential that opened it (None: no auth);
+    stored as ``owner``, the field's name in records replicas of earlier versions wrote."""
     params: types.InitializeRequestParams
     version: str
     """The negotiated protocol version."""
@@ -106,7 +107,7 @@ class SessionRecord:
     def fields(self) -> dict[str, str]:
         return {
             "client": self.client,
-            "owner": json.dumps(self.owner, sort_keys=True) if self.owner is not None else "",
+            "owner": json.dumps(self.credential, sort_keys=True) if self.credential is not None else "",
             "params": self.params.model_dump_json(by_alias=True, exclude_none=True),
             "version": self.version,
             "level": self.level or "",
@@ -117,10 +118,10 @@ class SessionRecord:
         """The record in ``fields`` (a Redis hash), or None when it is not one (logged)."""
         try:
             text = {k.decode(): v.decode() for k, v in fields.items()}
-            owner = json.loads(text["owner"]) if text["owner"] else None
+            credential = json.loads(text["owner"]) if text["owner"] else None
             params = types.InitializeRequestParams.model_validate_json(text["params"], by_name=False)
             level = text.get("level") or None
-            return cls(session_id, text["client"], owner, params, text["version"], level)  # pyright: ignore[reportArgumentType]
+            return cls(session_id, text["client"], credential, params, text["version"], level)  # pyright: ignore[reportArgumentType]
         except (KeyError, ValueError, ValidationError, UnicodeDecodeError) as exc:
             logger.warning("session %s: unreadable record in the shared store (%s)", session_id[:64], exc)
             return None

@@ -121,8 +121,8 @@ class DedicatedSessions(TaskHost):
             raise UpstreamUnavailable(upstream, f"dedicated session for {owner.session_id}: {reason}")
         return entry.session
 
-    def _live(self, owner: str, upstream: str) -> _Dedicated | None:
-        entry = self._sessions.get(owner, {}).get(upstream)
+    def _live(self, session_id: str, upstream: str) -> _Dedicated | None:
+        entry = self._sessions.get(session_id, {}).get(upstream)
         if entry is None or entry.done.is_set() or entry.close.is_set() or entry.session.lost.is_set():
             return None  # closed, closing, or lost
         return entry
@@ -143,10 +143,10 @@ class DedicatedSessions(TaskHost):
         self._tg.start_soon(self._run, key, entry, name=f"dedicated {entry.session.id}")
         return entry
 
-    async def _make_room(self, upstream: str, owner: str, client: str) -> None:
+    async def _make_room(self, upstream: str, session_id: str, client: str) -> None:
         """Wait until ``upstream`` has room for one more session of ``client``, closing an
         idle one in its way (see the module docstring), or waiting (bounded) for one closing;
-        at once when another call of ``owner`` opened its session meanwhile.
+        at once when another call of session ``session_id`` opened its session meanwhile.
 
         Raises:
             UpstreamBusy: none is idle or closing.
@@ -156,7 +156,7 @@ class DedicatedSessions(TaskHost):
         share = config.max_sessions_per_client or max(1, cap // 4)
         bound = ""
         with anyio.move_on_after(CLEANUP_TIMEOUT):
-            while self._live(owner, upstream) is None:
+            while self._live(session_id, upstream) is None:
                 held = [e for owned in self._sessions.values() if (e := owned.get(upstream)) is not None]
                 mine = [e for e in held if e.client == client]
                 if len(mine) < share and len(held) < cap:
