@@ -16,6 +16,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from agent_gateway.store.holders import HEARTBEAT_TTL
+from agent_gateway.store.sessions import ENDED
 from tests.replicas.cluster import AGENT_GATEWAY, Cluster, replicas, write_config
 from tests.replicas.services import Redis, free_port, redis_server
 from tests.replicas.test_sessions import BOUND, cluster_of, config, counter_server, session_to, text_of
@@ -279,3 +280,60 @@ async def test_a_session_that_only_listens_stays_adoptable_past_its_idle_timeout
             ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
             answer = await http.post(cluster.endpoint(1), json=ping, headers={**headers, **ACCEPT})
     assert answer.status_code == 200
+
+
+def echo_call(request_id: int, text: str) -> dict[str, Any]:
+    arguments = {"name": "counter__echo", "arguments": {"text": text}}
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": arguments}
+
+
+async def test_a_delete_is_answered_after_the_replicas_subscriptions_reconnected(
+    prefix: str, tmp_path: Path
+) -> None:
+    # A replica hears its own announcement that a session ended, too. With its subscription
+    # freshly reconnected (any Redis blip, or an idle-connection reaper, cuts it), that
+    # announcement came back before the SDK had answered the client's DELETE: the session was
+    # dropped under it, and the client was told "Session not found" for its own live session.
+    with redis_server() as redis:
+        async with (
+            serving_upstream(counter_server([])) as upstream,
+            replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            assert (
+                await http.post(cluster.endpoint(1), json=echo_call(1, "a"), headers=headers)
+            ).status_code == 200
+            async with aioredis.Redis.from_url(redis.url) as client:
+                await client.execute_command("CLIENT", "KILL", "TYPE", "pubsub")
+                with anyio.fail_after(BOUND):  # both replicas listen again
+                    while (await client.pubsub_numsub(f"{prefix}:{ENDED}"))[0][1] < 2:
+                        await anyio.sleep(0.1)
+            deleted = await http.delete(cluster.endpoint(1), headers=headers)
+            with anyio.fail_after(BOUND):  # and the other replica hears it
+                while (
+                    await http.post(cluster.endpoint(0), json=echo_call(2, "b"), headers=headers)
+                ).status_code != 404:
+                    await anyio.sleep(0.1)
+    assert deleted.status_code == 200, deleted.text
+
+
+async def test_a_log_level_set_on_a_session_the_store_lost_leaves_no_key_behind(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Redis restarted without persistence: the session's record is gone while a replica still
+    # serves it. Setting its level must not make a record of one field that never expires.
+    async with (
+        serving_upstream(counter_server([])) as upstream,
+        replicas(config(redis, prefix, upstream), tmp_path, count=1) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+        session = headers["Mcp-Session-Id"]
+        assert await client.delete(f"{prefix}:session:{session}") == 1
+        level = {"jsonrpc": "2.0", "id": 9, "method": "logging/setLevel", "params": {"level": "debug"}}
+        answer = await http.post(cluster.endpoint(0), json=level, headers=headers)
+        left = [key async for key in client.scan_iter(f"{prefix}:session:*")]
+    assert answer.status_code == 200, answer.text
+    assert left == []

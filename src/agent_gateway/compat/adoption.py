@@ -82,6 +82,10 @@ class AdoptingSessionManager(DeferredSessionManager):
     """This replica's event ids start with it (``SharedEventStore.replica``)."""
     listening: dict[str, StreamableHTTPServerTransport]
     """The sessions whose notification stream this replica holds, by that stream's digest."""
+    deleting: set[str]
+    """The sessions whose client's DELETE this replica is serving: the store's announcement
+    that they ended, which this replica hears too, must not drop them before the SDK has
+    answered the DELETE (it would answer "Session not found")."""
     on_listening: Ended
     """Told, now and then, of each session whose notification stream this replica holds (it
     takes over the session's subscriptions that no replica holds)."""
@@ -100,7 +104,13 @@ class AdoptingSessionManager(DeferredSessionManager):
             if self._session_owners.get(session_id) == credential_of(scope):
                 # Ended in the store first: what closes with the session here (its dedicated
                 # upstream sessions) then finds it ended everywhere, not held by another replica.
-                await self.on_deleted(session_id)
+                self.deleting.add(session_id)
+                try:
+                    await self.on_deleted(session_id)
+                    await super()._handle_stateful_request(scope, receive, send)
+                finally:
+                    self.deleting.discard(session_id)
+                return
         await super()._handle_stateful_request(scope, receive, send)
 
     async def _listening(self, session_id: str, scope: Scope, receive: Receive, send: Send) -> None:
@@ -152,7 +162,7 @@ class AdoptingSessionManager(DeferredSessionManager):
     async def drop(self, session_id: str) -> None:
         """Forget ``session_id`` here: it was deleted through another replica."""
         transport = self._server_instances.get(session_id)
-        if transport is not None:
+        if transport is not None and session_id not in self.deleting:  # else the DELETE ends it
             logger.info("session %s ended on another replica: dropped here", session_id)
             await self._discard_session(session_id, transport)
 
@@ -261,5 +271,6 @@ def adopt_sessions(
     adopting.on_deleted = on_deleted
     adopting.replica = replica
     adopting.listening = {}
+    adopting.deleting = set()
     adopting.on_listening = on_listening
     return adopting

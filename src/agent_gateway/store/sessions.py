@@ -167,8 +167,9 @@ class SessionRecords:
         return SessionRecord.parse(session_id, fields)  # pyright: ignore[reportUnknownArgumentType]
 
     async def level_set(self, session_id: str, level: types.LoggingLevel) -> None:
-        key = self.store.key("session", session_id)
-        await self.store.call(self.store.redis.hset(key, "level", level), "session_level")  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+        """Record the session's log level (into its record only while it lives: set into a
+        record the store lost, it would make a key of one field that never expires)."""
+        await self.set_field(session_id, "level", level, "session_level")
 
     async def ended(self, session_id: str) -> None:
         """``session_id`` was deleted by its client: forget it everywhere (its record, its
