@@ -23,6 +23,7 @@ from agent_gateway.access import AccessControl
 from agent_gateway.errors import NotAllowed
 from agent_gateway.server import Gateway
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.security.test_hostile_load import HEADERS, INITIALIZE
 from tests.support import config_of, python_upstream, running_gateway
 
 TOKEN = "fail-closed-token-0123456789ab"
@@ -117,19 +118,6 @@ async def test_an_http_request_is_identified_once_by_admission_and_read_after(mo
     assert identified == ["ci"]
 
 
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "t", "version": "1"},
-    },
-}
-POST_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
-
-
 async def test_a_client_forgotten_while_its_body_arrives_is_still_held_to_its_max_sessions() -> None:
     # Admission identifies a client before its body arrives; if 10,000 other clients arrive
     # meanwhile, it is forgotten (idle, as far as the table knows). Its session must then be
@@ -150,7 +138,7 @@ async def test_a_client_forgotten_while_its_body_arrives_is_still_held_to_its_ma
         async with httpx.AsyncClient(timeout=10) as http:
 
             async def first() -> None:
-                headers = POST_HEADERS | {"content-length": str(len(body))}
+                headers = HEADERS | {"content-length": str(len(body))}
                 opened.append(await http.post(gw.url, content=slowly(), headers=headers))
 
             async with anyio.create_task_group() as tg:
@@ -162,10 +150,10 @@ async def test_a_client_forgotten_while_its_body_arrives_is_still_held_to_its_ma
                     access.principal(None, f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
                 assert access.client("anonymous@127.0.0.1") is None
                 arrived.set()
-            session = POST_HEADERS | {"mcp-session-id": opened[0].headers["mcp-session-id"]}
+            session = HEADERS | {"mcp-session-id": opened[0].headers["mcp-session-id"]}
             await http.post(
                 gw.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session
             )
-            second = await http.post(gw.url, json=INITIALIZE, headers=POST_HEADERS)
+            second = await http.post(gw.url, json=INITIALIZE, headers=HEADERS)
     assert opened[0].status_code == 200
     assert second.status_code == 429, second.text  # max_sessions 1, and one is open
