@@ -350,16 +350,12 @@ def bound(principal: Principal | None) -> Iterator[None]:
 def _meter(principal: Principal, method: str) -> None:
     if principal.bucket is not None and (wait := principal.bucket.take()) is not None:
         logger.warning("client %s over its rate limit (%s)", principal.subject, clipped(method))
-        raise to_wire(RateLimited(rate_limit_message(principal, wait), retry_after=wait))
+        raise to_wire(RateLimited.retry_in(principal.subject, wait))
 
 
 MAX_URI_LENGTH = 8192
 """The longest resource URI accepted (browsers' and proxies' common bound is 8 KiB)."""
 _NAMED = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri", "resources/subscribe": "uri"}
-
-
-def rate_limit_message(client: Principal, wait: float) -> str:
-    return f"rate limit exceeded for client {client.subject!r}: retry in {wait:.1f}s"
 
 
 def _check_name(method: str, params: Any) -> None:

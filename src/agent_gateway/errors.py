@@ -136,6 +136,11 @@ class RateLimited(GatewayError):
         if retry_after is not None:
             self.data = {"retryAfterSeconds": round(retry_after, 1)}
 
+    @classmethod
+    def retry_in(cls, subject: str, wait: float) -> RateLimited:
+        """Client ``subject`` over its rate limit: its next token comes in ``wait`` seconds."""
+        return cls(f"rate limit exceeded for client {subject!r}: retry in {wait:.1f}s", retry_after=wait)
+
 
 class NotAllowed(GatewayError):
     """A tool, prompt or resource outside the calling client's policy: never forwarded."""

@@ -45,7 +45,6 @@ from agent_gateway.access import (
     Principal,
     address_of_scope,
     admitting,
-    rate_limit_message,
     token_of_scope,
 )
 from agent_gateway.errors import GatewayError, InvalidRequest, RateLimited, to_wire
@@ -257,7 +256,7 @@ def _refusal(client: Principal, verdict: Verdict) -> Refusal | None:
 
 def _rate_refusal(client: Principal, wait: float) -> Refusal:
     refused("rate_limit", "client %s over its rate limit", client.label)
-    limited = RateLimited(rate_limit_message(client, wait), retry_after=wait)
+    limited = RateLimited.retry_in(client.subject, wait)
     return limited, [(b"retry-after", str(retry_after(wait)).encode())]
 
 
