@@ -233,6 +233,7 @@ def _deferring(
                     shared.sessions.ended,
                     shared.events.replica,
                     gateway.take_over_subscriptions,
+                    shared.keeper.lost,
                 )
                 if adopting is not None:
                     shared.on_session_ended(adopting.drop)

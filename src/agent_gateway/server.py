@@ -27,6 +27,7 @@ from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
 from agent_gateway.downstream.notifier import ListChangedNotifier
+from agent_gateway.downstream.records import HeldRecords
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession, SessionRegistry
 from agent_gateway.downstream.subscriptions import ResourceSubscriptions
 from agent_gateway.errors import ConfigError, UnknownName
@@ -95,6 +96,8 @@ class Gateway:
             records=self.shared.sessions if self.shared is not None else None,
             idle_timeout=config.server.session_idle_timeout,
         )
+        if self.shared is not None:
+            self.shared.keeper.keep(HeldRecords(self.sessions, self.dedicated.records_of))
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.rounds = Rounds(self.shared, self.proxy.held) if self.shared is not None else None
         self.search = ToolSearch(config.search.embeddings)

@@ -89,6 +89,8 @@ class AdoptingSessionManager(DeferredSessionManager):
     on_listening: Ended
     """Told, now and then, of each session whose notification stream this replica holds (it
     takes over the session's subscriptions that no replica holds)."""
+    on_lost: Ended
+    """Told of a session whose record its open notification stream found gone from the store."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
@@ -120,7 +122,8 @@ class AdoptingSessionManager(DeferredSessionManager):
         async def keep_alive() -> None:
             while True:
                 await anyio.sleep(self.records.idle_seconds / 3)
-                await self.records.touch(session_id)
+                if await self.records.touch(session_id) is False:
+                    await self.on_lost(session_id)
 
         async def hold_subscriptions() -> None:
             while True:  # now, and every few seconds while the stream is open here
@@ -256,7 +259,12 @@ def _header(scope: Scope, name: str) -> str | None:
 
 
 def adopt_sessions(
-    manager: Any, records: SessionRecords, on_deleted: Ended, replica: str, on_listening: Ended
+    manager: Any,
+    records: SessionRecords,
+    on_deleted: Ended,
+    replica: str,
+    on_listening: Ended,
+    on_lost: Ended,
 ) -> AdoptingSessionManager | None:
     """Make ``manager`` (already a ``DeferredSessionManager``) adopt sessions from the store;
     None (logged) for a manager of another kind."""
@@ -273,4 +281,5 @@ def adopt_sessions(
     adopting.listening = {}
     adopting.deleting = set()
     adopting.on_listening = on_listening
+    adopting.on_lost = on_lost
     return adopting

@@ -92,6 +92,9 @@ class DownstreamSession:
     """Who opened the session (None: no auth, or no request seen yet)."""
     software: str | None = None
     """What the client says it is (``clientInfo.name``), when it says."""
+    record: SessionRecord | None = None
+    """What the shared store holds of it (handshake era, HTTP, with a store): written when its
+    ``initialize`` is answered, or read when it was adopted."""
 
     @cached_property
     def conversation(self) -> str:
@@ -259,6 +262,8 @@ class SessionRegistry(Middleware):
             params=message.params,
             version=result.protocol_version,
         )
+        if isinstance(session := connection.state.get(STATE_KEY), DownstreamSession):
+            session.record = record  # to be written again should the store lose it
         await self._records.opened(record)
 
     def connection(self, session_id: str) -> Connection | None:
@@ -317,6 +322,7 @@ class SessionRegistry(Middleware):
         session.software = _software(connection)
         if isinstance(adopted := connection.state.get(ADOPTED), SessionRecord):
             session.log_level = adopted.level
+            session.record = adopted
             self.adopted += 1
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
         connection.exit_stack.push_async_callback(self.end, session)

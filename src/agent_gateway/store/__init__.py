@@ -4,6 +4,7 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 - ``client``: the connection, its health, the one clear error when it is missing.
 - ``limits``: rate limits and live-session counts, one round trip per request.
 - ``sessions``: handshake-era session records, so any replica adopts any session.
+- ``keeper``: the records the store lost, written again by the replica serving their sessions.
 - ``events``: the SSE event store, so a dropped stream resumes on any replica.
 - ``leases``: one ``ask_agent`` run at a time on a conversation, across replicas.
 - ``holders``: which replica holds each resource subscription; a dead one's are claimed.
@@ -26,6 +27,7 @@ from agent_gateway.store.bus import Bus
 from agent_gateway.store.client import SharedStore, redacted
 from agent_gateway.store.events import LIVE, SharedEventStore
 from agent_gateway.store.holders import SubscriptionHolders
+from agent_gateway.store.keeper import SessionKeeper
 from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
 from agent_gateway.store.sessions import ENDED, SessionRecords
@@ -49,8 +51,9 @@ class SharedState:
     def __init__(self, config: GatewayConfig, store: StoreConfig) -> None:
         idle = config.server.session_idle_timeout
         self.store = SharedStore(store)
-        self.limits = SharedLimits(self.store, idle)
         self.sessions = SessionRecords(self.store, idle)
+        self.keeper = SessionKeeper(self.store, self.sessions)
+        self.limits = SharedLimits(self.store, idle, on_lost=self.keeper.lost)
         self.events = SharedEventStore(self.store, store.events)
         self.replica = uuid.uuid4().hex[:12]
         """This process among the replicas (its own announcements are not acted on twice)."""
@@ -93,6 +96,7 @@ class SharedState:
                 await tg.start(self.bus.listen)
                 await tg.start(self.events.write)
                 await tg.start(self.holders.beat)
+                await tg.start(self.keeper.run)
                 try:
                     yield self
                 finally:

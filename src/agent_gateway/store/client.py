@@ -64,6 +64,8 @@ class SharedStore:
         )
         self.problem: str | None = "not connected yet"
         """Why the store is unavailable now, or None while it answers."""
+        self.outages = 0
+        """Times it became unavailable since start-up (what was written meanwhile is not in it)."""
         _availability.add(0)
         failures.add(0)  # a series from the start: a dashboard shows 0, not "no data"
 
@@ -134,6 +136,7 @@ class SharedStore:
 
     def _mark_down(self, problem: str) -> None:
         if self.problem is None:
+            self.outages += 1
             logger.error(
                 "shared store %s unavailable (%s): limits fall back to this replica's own, "
                 "sessions started elsewhere cannot be adopted until it answers",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from redis.commands.core import AsyncScript
@@ -28,7 +29,8 @@ _TOUCHED_KEPT = 100_000
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
 # reservation id, reservation seconds, session id to touch ("" : none), session seconds.
-# Returns {verdict, wait in ms, sessions open}: verdict 0 admitted, 1 rate, 2 sessions.
+# Returns {verdict, wait in ms, sessions open[, the touched session's record was gone (1)]}:
+# verdict 0 admitted, 1 rate, 2 sessions.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
@@ -44,9 +46,12 @@ if rate > 0 then
   redis.call('PEXPIRE', KEYS[1], math.ceil(burst / rate * 1000) + 1000)
 end
 local ttl = tonumber(ARGV[8])
+local lost = 0
 if ARGV[7] ~= '' then
   redis.call('ZADD', KEYS[2], 'XX', now + ttl, ARGV[7])
-  redis.call('EXPIRE', KEYS[3], math.ceil(ttl))
+  if redis.call('EXPIRE', KEYS[3], math.ceil(ttl)) == 0 then
+    lost = 1
+  end
 end
 local open = 0
 if ARGV[3] == '1' then
@@ -58,7 +63,7 @@ if ARGV[3] == '1' then
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[6]), ARGV[5])
 end
 redis.call('EXPIRE', KEYS[2], math.ceil(ttl + tonumber(ARGV[6])))
-return {0, 0, open}
+return {0, 0, open, lost}
 """
 
 # KEYS: sessions. ARGV: reservation id, session id ("" : the request opened none), seconds.
@@ -95,8 +100,12 @@ class SharedLimits:
     costs no round trip.
     """
 
-    def __init__(self, store: SharedStore, session_seconds: float) -> None:
+    def __init__(
+        self, store: SharedStore, session_seconds: float, on_lost: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """``on_lost`` is told of a session whose record a request found gone."""
         self.store = store
+        self._on_lost = on_lost
         self._session_seconds = session_seconds
         self._touch_every = min(_TOUCH_EVERY, session_seconds / 10)
         self._touched: dict[str, float] = {}
@@ -141,7 +150,9 @@ class SharedLimits:
         answer = await self.store.call(self._admit(keys=keys, args=args), "admit")
         if answer is None:
             return None
-        verdict, wait_ms, open_now = (int(v) for v in answer)  # pyright: ignore[reportUnknownVariableType, reportGeneralTypeIssues]
+        verdict, wait_ms, open_now, *lost = (int(v) for v in answer)  # pyright: ignore[reportUnknownVariableType, reportGeneralTypeIssues]
+        if lost == [1] and session is not None:
+            await self._on_lost(session)
         if verdict == 1:
             return Verdict("rate_limit", wait=wait_ms / 1000.0)
         if verdict == 2:

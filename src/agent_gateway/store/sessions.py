@@ -6,15 +6,21 @@ that then gets a request for a session it does not hold reads the record and ado
 session (``compat/adoption.py``) instead of answering "Session not found". Each request
 pushes the record's expiry back (in the admission script, ``store/limits.py``), so a session
 expires after ``server.session_idle_timeout`` without a request on any replica. A DELETE
-removes the record and is announced, so every replica that adopted the session drops it.
+removes the record, leaves a tombstone for as long, and is announced, so every replica that
+adopted the session drops it.
+
+A record the store lost while a replica still serves its session (opened while Redis could
+not be reached, or gone with a restart, a flush or an eviction) is written again by that
+replica (``restore``; when, ``store/keeper.py``), unless the tombstone says it was deleted.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import mcp_types as types
@@ -29,15 +35,50 @@ ENDED = "ended"
 ADOPTED = "agent_gateway.adopted"
 """The key, in an adopted session's ``Connection.state``, of the record it was adopted from."""
 
-# KEYS: the record. ARGV: the session id, the client counts' key prefix, the channel.
+# KEYS: the record, its tombstone. ARGV: the session id, the client counts' key prefix, the
+# channel, seconds the tombstone is kept.
 _END = """
 local client = redis.call('HGET', KEYS[1], 'client')
 redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
 if client then
   redis.call('ZREM', ARGV[2] .. client, ARGV[1])
 end
 redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
+"""
+
+# KEYS: the record, its tombstone, its client's count. ARGV: the session id, seconds, then the
+# record's fields and values. Returns -1: the session was deleted; 0: the record is there; 1:
+# written again (and counted again among its client's sessions).
+_RESTORE = """
+if redis.call('EXISTS', KEYS[2]) == 1 then
+  return -1
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 0
+end
+local seconds = tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+redis.call('EXPIRE', KEYS[1], seconds)
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[3], tonumber(t[1]) + seconds, ARGV[1])
+if redis.call('TTL', KEYS[3]) < seconds then
+  redis.call('EXPIRE', KEYS[3], seconds)
+end
+return 1
+"""
+
+# KEYS: the epoch. ARGV: a new value, taken when there is none. Returns the value.
+_EPOCH = """
+local epoch = redis.call('GET', KEYS[1])
+if not epoch then
+  epoch = ARGV[1]
+  redis.call('SET', KEYS[1], epoch)
+end
+return epoch
 """
 
 # KEYS: the record. ARGV: the session id, the client counts' key prefix, seconds.
@@ -103,15 +144,19 @@ class SessionRecord:
     version: str
     """The negotiated protocol version."""
     level: types.LoggingLevel | None = None
+    upstreams: Mapping[str, UpstreamRecord] = field(default_factory=dict[str, UpstreamRecord])
+    """The dedicated upstream sessions opened for it, by upstream (written with it only when
+    it is written again: ``upstream_opened`` records each as it opens)."""
 
     def fields(self) -> dict[str, str]:
-        return {
+        fields = {
             "client": self.client,
             "owner": json.dumps(self.credential, sort_keys=True) if self.credential is not None else "",
             "params": self.params.model_dump_json(by_alias=True, exclude_none=True),
             "version": self.version,
             "level": self.level or "",
         }
+        return fields | {_UPSTREAM + name: record.text() for name, record in self.upstreams.items()}
 
     @classmethod
     def parse(cls, session_id: str, fields: Mapping[bytes, bytes]) -> SessionRecord | None:
@@ -136,16 +181,20 @@ class SessionRecords:
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
         self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
+        self._restore = store.redis.register_script(_RESTORE)
+        self._epoch = store.redis.register_script(_EPOCH)
 
     @property
     def idle_seconds(self) -> int:
         return self._idle
 
-    async def touch(self, session_id: str) -> None:
-        """Push ``session_id``'s expiry back (a request on it, or its open notification stream)."""
+    async def touch(self, session_id: str) -> bool | None:
+        """Push ``session_id``'s expiry back (its open notification stream); False: the store
+        has no record of it, None: the store did not say."""
         keys = [self.store.key("session", session_id)]
         args = [session_id, self.store.key("sessions", ""), self._idle]
-        await self.store.call(self._touch(keys=keys, args=args), "session_touch")
+        found = await self.store.call(self._touch(keys=keys, args=args), "session_touch")
+        return None if found is None else bool(found)
 
     async def opened(self, record: SessionRecord) -> None:
         """Record a session whose ``initialize`` was answered."""
@@ -174,9 +223,31 @@ class SessionRecords:
     async def ended(self, session_id: str) -> None:
         """``session_id`` was deleted by its client: forget it everywhere (its record, its
         place in its client's count), and say so to the other replicas."""
-        keys = [self.store.key("session", session_id)]
-        args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED)]
+        keys = [self.store.key("session", session_id), self.store.key("ended", session_id)]
+        args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._idle]
         await self.store.call(self._end(keys=keys, args=args), "session_end")
+
+    async def restore(self, records: Iterable[SessionRecord]) -> list[int] | None:
+        """Write again each of ``records`` the store no longer holds, in one round trip; for
+        each, -1 (deleted meanwhile: not written), 0 (still there) or 1 (written again).
+        None: the store did not answer."""
+        pipe = self.store.redis.pipeline(transaction=False)
+        for record in records:
+            keys = [
+                self.store.key("session", record.id),
+                self.store.key("ended", record.id),
+                self.store.key("sessions", record.client),
+            ]
+            pairs = [part for item in record.fields().items() for part in item]
+            await self._restore(keys=keys, args=[record.id, self._idle, *pairs], client=pipe)
+        answers: list[int] | None = await self.store.call(pipe.execute(), "session_restore")
+        return None if answers is None else [int(a) for a in answers]
+
+    async def epoch(self) -> bytes | None:
+        """A value the store keeps until it loses its data (a restart without persistence, a
+        flush): a new one says records may be gone. None: the store did not answer."""
+        keys = [self.store.key("epoch")]
+        return await self.store.call(self._epoch(keys=keys, args=[secrets.token_hex(8)]), "epoch")
 
     async def live(self, session_id: str) -> bool | None:
         """Whether ``session_id`` is still open on some replica (None: the store did not say)."""

@@ -69,6 +69,8 @@ class _Dedicated:
     error: str | None = None
     standing: bool = False
     """Its owner is a standing one: closed once unused for the idle timeout, not with a session."""
+    record: UpstreamRecord | None = None
+    """What the shared store holds of it, for another replica to resume it."""
 
 
 class DedicatedSessions(TaskHost):
@@ -192,6 +194,7 @@ class DedicatedSessions(TaskHost):
             found = await self._recorded(key, entry)
             if found is not None:
                 try:
+                    entry.record = found
                     await self._hold(key, entry, HttpSession(found.id, kept=True), found.result)
                     return
                 except Exception as exc:
@@ -200,6 +203,7 @@ class DedicatedSessions(TaskHost):
                     assert self._records is not None
                     logger.info("upstream session of %s on %s not resumed (%s): opening another", *key, exc)
                     await self._records.upstream_lost(*key)
+                    entry.record = None
                     entry.session = self._new_session(key[1], entry.session.owner)
             resumable = (
                 self._records is not None
@@ -234,7 +238,7 @@ class DedicatedSessions(TaskHost):
         async with connected(session, _ignore, self._updates, checked, link, resumed) as (client, tg, _):
             self.opened += 1
             if link is not None and resumed is None:
-                await self._record(key, client, link)
+                entry.record = await self._record(key, client, link)
             entry.ready.set()
             how = "resumed" if resumed is not None else "opened"
             logger.info("dedicated upstream session %s %s for %s", session.id, how, key[0])
@@ -250,6 +254,7 @@ class DedicatedSessions(TaskHost):
                 # One given up is ended and forgotten: resumed, it would hang the next call again.
                 link.kept = not session.given_up and await self._records.live(key[0]) is not False
                 if session.given_up:
+                    entry.record = None
                     await self._records.upstream_lost(*key)
 
     async def _until_idle(self, entry: _Dedicated) -> None:
@@ -277,12 +282,15 @@ class DedicatedSessions(TaskHost):
             return None  # a standing owner has no client session record: each replica its own
         return await self._records.upstream_session(*key)
 
-    async def _record(self, key: tuple[str, str], client: Client, link: HttpSession) -> None:
+    async def _record(self, key: tuple[str, str], client: Client, link: HttpSession) -> UpstreamRecord | None:
         """Share a handshake-era upstream session's id, so another replica can resume it."""
         assert self._records is not None
         result = client.session.initialize_result
-        if result is not None and link.session_id is not None:
-            await self._records.upstream_opened(*key, UpstreamRecord(link.session_id, result))
+        if result is None or link.session_id is None:
+            return None
+        record = UpstreamRecord(link.session_id, result)
+        await self._records.upstream_opened(*key, record)
+        return record
 
     def _new_session(self, upstream: str, owner: ClientSide | None) -> UpstreamSession:
         config = self._configs[upstream]
@@ -296,6 +304,11 @@ class DedicatedSessions(TaskHost):
         self._configs, self._guards = configs, guards
         gone = set(closing)
         await self._close([e for owned in self._sessions.values() for u, e in owned.items() if u in gone])
+
+    def records_of(self, downstream_id: str) -> dict[str, UpstreamRecord]:
+        """The shared records of ``downstream_id``'s dedicated sessions, by upstream."""
+        owned = self._sessions.get(downstream_id, {})
+        return {upstream: e.record for upstream, e in owned.items() if e.record is not None}
 
     def holds(self, downstream_id: str) -> bool:
         """Whether ``downstream_id`` has dedicated sessions here (open or opening)."""

@@ -1,0 +1,195 @@
+"""Session records the shared store lost while their sessions live on a replica (opened while
+Redis was down; gone with a restart, or evicted) are written again by that replica, so the
+other replicas adopt the session again and its client's count holds it again; a session
+deleted meanwhile is not brought back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+import redis.asyncio as aioredis
+
+from agent_gateway.config import StoreConfig
+from agent_gateway.store.client import SharedStore
+from agent_gateway.store.sessions import SessionRecord, SessionRecords, UpstreamRecord
+from tests.replicas.cluster import Cluster, replicas
+from tests.replicas.services import Redis, redis_server
+from tests.replicas.test_dedicated import visits_server
+from tests.replicas.test_sessions import BOUND, config, counter_server
+from tests.replicas.test_store import ACCEPT, events, opened
+from tests.support import serving_upstream
+
+PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+
+
+def request(request_id: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+
+
+async def adopted_by(
+    http: httpx.AsyncClient, cluster: Cluster, replica: int, headers: dict[str, str]
+) -> None:
+    """Until ``replica`` serves the session of ``headers`` (it answered 404 while the store had
+    no record of it)."""
+    with anyio.fail_after(BOUND):
+        while (
+            await http.post(cluster.endpoint(replica), json=PING, headers={**headers, **ACCEPT})
+        ).status_code != 200:
+            await anyio.sleep(0.1)
+
+
+async def recorded(client: aioredis.Redis, prefix: str, session: str) -> dict[str, str]:
+    """Until the store holds ``session``'s record again; its fields."""
+    fields: dict[bytes, bytes] = {}
+    with anyio.fail_after(BOUND):
+        while not fields:
+            fields = await client.hgetall(f"{prefix}:session:{session}")  # pyright: ignore[reportGeneralTypeIssues, reportAssignmentType]
+            await anyio.sleep(0.1)
+    return {k.decode(): v.decode() for k, v in fields.items()}
+
+
+async def counted(client: aioredis.Redis, prefix: str, session: str) -> bool:
+    """Whether ``session`` is among the anonymous client's sessions across replicas."""
+    return await client.zscore(f"{prefix}:sessions:anonymous", session) is not None
+
+
+async def test_a_session_opened_while_redis_was_down_is_adopted_by_the_other_replica_once_it_is_back(
+    prefix: str, tmp_path: Path
+) -> None:
+    with redis_server() as redis:
+        async with (
+            serving_upstream(counter_server([])) as upstream,
+            replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+            redis.stop()
+            headers = await opened(http, cluster.endpoint(0))  # served by replica 0 alone
+            redis.start()
+            await adopted_by(http, cluster, 1, headers)
+            async with aioredis.Redis.from_url(redis.url) as client:
+                assert await counted(client, prefix, headers["Mcp-Session-Id"])
+            metrics = (await http.get(f"{cluster.replicas[0]}/metrics")).text
+    assert "session record(s) it no longer held written again (it answers again)" in cluster.log(0)
+    [restored] = [
+        line for line in metrics.splitlines() if line.startswith("agent_gateway_store_sessions_restored")
+    ]
+    assert restored.endswith(" 1.0")
+
+
+async def test_records_a_flush_lost_are_written_again_as_they_are_now(prefix: str, tmp_path: Path) -> None:
+    # Redis flushed (as a restart without persistence leaves it): every record gone, and no
+    # operation failed on the replica that holds the session. Its record comes back with its
+    # log level and its dedicated upstream session as they are now, and its place in its
+    # client's count.
+    with redis_server() as redis:
+        async with (
+            serving_upstream(counter_server([])) as counter,
+            serving_upstream(visits_server()) as visits,
+        ):
+            data = config(redis, prefix, counter)
+            data["upstreams"]["visits"] = {"url": visits, "protocol": "legacy", "session": "per_client"}
+            async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
+                headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+                session = headers["Mcp-Session-Id"]
+                level = request(2, "logging/setLevel", {"level": "debug"})
+                visit = request(3, "tools/call", {"name": "visits__visit"})
+                for sent in (level, visit):
+                    assert (
+                        await http.post(cluster.endpoint(0), json=sent, headers=headers)
+                    ).status_code == 200
+                async with aioredis.Redis.from_url(redis.url) as client:
+                    before = await recorded(client, prefix, session)
+                    await client.flushall()
+                    after = await recorded(client, prefix, session)
+                    assert await counted(client, prefix, session)
+                await adopted_by(http, cluster, 1, headers)
+    assert after == before
+    assert after["level"] == "debug"
+    assert "upstream:visits" in after
+
+
+async def test_a_record_the_store_evicted_is_written_again_by_the_next_request(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(counter_server([])) as upstream,
+        replicas(config(redis, prefix, upstream, server={"session_idle_timeout": 20}), tmp_path) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        headers = await opened(http, cluster.endpoint(0))
+        session = headers["Mcp-Session-Id"]
+        assert await client.delete(f"{prefix}:session:{session}", f"{prefix}:sessions:anonymous") == 2
+        with anyio.fail_after(BOUND):  # each request pushes the expiry back every 2 s at most
+            while not await client.exists(f"{prefix}:session:{session}"):
+                assert (
+                    await http.post(cluster.endpoint(0), json=PING, headers={**headers, **ACCEPT})
+                ).status_code == 200
+                await anyio.sleep(0.2)
+        assert await counted(client, prefix, session)
+        await adopted_by(http, cluster, 1, headers)
+    assert "written again (its record was gone)" in cluster.log(0)
+
+
+async def test_a_record_the_store_evicted_is_written_again_while_its_client_only_listens(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(counter_server([])) as upstream,
+        replicas(config(redis, prefix, upstream, server={"session_idle_timeout": 3}), tmp_path) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        headers = await opened(http, cluster.endpoint(0))
+        session = headers["Mcp-Session-Id"]
+        async with events(http, cluster.endpoint(0), headers):
+            assert await client.delete(f"{prefix}:session:{session}") == 1
+            await recorded(client, prefix, session)  # no request: the open stream finds it gone
+            await adopted_by(http, cluster, 1, headers)
+
+
+def record(session: str, **extra: Any) -> SessionRecord:
+    params = types.InitializeRequestParams(
+        protocol_version="2025-11-25",
+        capabilities=types.ClientCapabilities(),
+        client_info=types.Implementation(name="raw", version="1"),
+    )
+    return SessionRecord(session, "alice", None, params, "2025-11-25", **extra)
+
+
+async def test_restore_writes_only_what_is_gone_and_never_a_deleted_session(
+    redis: Redis, prefix: str
+) -> None:
+    store = SharedStore(StoreConfig(url=redis.url, prefix=prefix))
+    await store.start()
+    records = SessionRecords(store, 60)
+    upstream = UpstreamRecord(
+        "up-1",
+        types.InitializeResult(
+            protocol_version="2025-11-25",
+            capabilities=types.ServerCapabilities(),
+            server_info=types.Implementation(name="visits", version="1"),
+        ),
+    )
+    kept, gone, deleted = (
+        record("kept"),
+        record("gone", level="info", upstreams={"visits": upstream}),
+        record("deleted"),
+    )
+    try:
+        await records.opened(kept)
+        await records.opened(deleted)
+        await records.ended("deleted")  # its client's DELETE, through any replica
+        assert await records.restore([kept, gone, deleted]) == [0, 1, -1]
+        assert await records.find("gone") == record("gone", level="info")
+        assert await records.upstream_session("gone", "visits") == upstream
+        assert await records.find("deleted") is None
+        async with aioredis.Redis.from_url(redis.url) as client:
+            assert await client.zscore(f"{prefix}:sessions:alice", "gone") is not None
+            assert await client.zscore(f"{prefix}:sessions:alice", "deleted") is None
+    finally:
+        await store.close()
