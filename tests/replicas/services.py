@@ -104,6 +104,15 @@ class Redis:
             _stop(self.process)
             self.process = None
 
+    def freeze(self) -> None:
+        """Unreachable, its data kept: it answers nothing (SIGSTOP) until ``thaw``."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
 
 @contextlib.contextmanager
 def redis_server() -> Iterator[Redis]:

@@ -66,9 +66,11 @@ async def test_a_session_opened_while_redis_was_down_is_adopted_by_the_other_rep
             replicas(config(redis, prefix, upstream), tmp_path) as cluster,
             httpx.AsyncClient(timeout=BOUND) as http,
         ):
-            redis.stop()
-            headers = await opened(http, cluster.endpoint(0))  # served by replica 0 alone
-            redis.start()
+            redis.freeze()  # unreachable, its data kept (a restart would also lose them)
+            try:
+                headers = await opened(http, cluster.endpoint(0))  # served by replica 0 alone
+            finally:
+                redis.thaw()
             await adopted_by(http, cluster, 1, headers)
             async with aioredis.Redis.from_url(redis.url) as client:
                 assert await counted(client, prefix, headers["Mcp-Session-Id"])
