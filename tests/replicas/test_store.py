@@ -322,7 +322,8 @@ async def test_a_log_level_set_on_a_session_the_store_lost_leaves_no_key_behind(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     # Redis restarted without persistence: the session's record is gone while a replica still
-    # serves it. Setting its level must not make a record of one field that never expires.
+    # serves it. Setting its level must not make a record of one field that never expires (the
+    # replica may write the whole record again, with its expiry: store/keeper.py).
     async with (
         serving_upstream(counter_server([])) as upstream,
         replicas(config(redis, prefix, upstream), tmp_path, count=1) as cluster,
@@ -334,6 +335,6 @@ async def test_a_log_level_set_on_a_session_the_store_lost_leaves_no_key_behind(
         assert await client.delete(f"{prefix}:session:{session}") == 1
         level = {"jsonrpc": "2.0", "id": 9, "method": "logging/setLevel", "params": {"level": "debug"}}
         answer = await http.post(cluster.endpoint(0), json=level, headers=headers)
-        left = [key async for key in client.scan_iter(f"{prefix}:session:*")]
+        left = {key: await client.ttl(key) async for key in client.scan_iter(f"{prefix}:session:*")}
     assert answer.status_code == 200, answer.text
-    assert left == []
+    assert all(ttl > 0 for ttl in left.values()), left
