@@ -98,6 +98,7 @@ class Gateway:
         )
         if self.shared is not None:
             self.shared.keeper.keep(HeldRecords(self.sessions, self.dedicated.records_of))
+            self.shared.on_level_set(self.sessions.level_set_elsewhere)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.rounds = Rounds(self.shared, self.proxy.held) if self.shared is not None else None
         self.search = ToolSearch(config.search.embeddings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import warnings
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from typing import Any
 import anyio
 import httpx
 import redis.asyncio as aioredis
+from fastmcp import Context, FastMCP
 
 from agent_gateway.store.holders import HEARTBEAT_TTL
 from agent_gateway.store.sessions import ENDED
@@ -338,3 +340,45 @@ async def test_a_log_level_set_on_a_session_the_store_lost_leaves_no_key_behind(
         left = {key: await client.ttl(key) async for key in client.scan_iter(f"{prefix}:session:*")}
     assert answer.status_code == 200, answer.text
     assert all(ttl > 0 for ttl in left.values()), left
+
+
+def chatty_server() -> FastMCP:
+    server = FastMCP("chatty")
+
+    @server.tool
+    async def chat(ctx: Context) -> str:
+        """Say a line at info level, then answer."""
+        with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+            await ctx.info("said at info")
+        return "done"
+
+    return server
+
+
+def handshake(url: str) -> dict[str, Any]:
+    """The upstream at ``url`` spoken to in the handshake era (log lines are of that era)."""
+    return {"counter": {"url": url, "protocol": "legacy"}}
+
+
+async def test_a_log_level_set_through_one_replica_is_applied_by_the_other_serving_the_session(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(chatty_server()) as upstream,
+        replicas(config(redis, prefix, upstream, upstreams=handshake(upstream)), tmp_path) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+
+        async def post(replica: int, request_id: int, method: str, params: dict[str, Any]) -> str:
+            request = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
+            answer = await http.post(cluster.endpoint(replica), json=request, headers=headers)
+            assert answer.status_code == 200, answer.text
+            return answer.text
+
+        await post(0, 1, "logging/setLevel", {"level": "error"})
+        assert "said at info" not in await post(1, 2, "tools/call", {"name": "counter__chat"})  # adopted
+        await post(0, 3, "logging/setLevel", {"level": "debug"})  # through the other replica
+        with anyio.fail_after(BOUND):  # replica 1 hears it, and asks its upstream for info lines
+            while "said at info" not in await post(1, 4, "tools/call", {"name": "counter__chat"}):
+                await anyio.sleep(0.1)

@@ -8,8 +8,8 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 - ``events``: the SSE event store, so a dropped stream resumes on any replica.
 - ``leases``: one ``ask_agent`` run at a time on a conversation, across replicas.
 - ``holders``: which replica holds each resource subscription; a dead one's are claimed.
-- ``bus``: announcements between replicas (a session deleted, an upstream's lists changed, a
-  notification for a session whose stream another replica holds).
+- ``bus``: announcements between replicas (a session deleted or its log level set, an
+  upstream's lists changed, a notification for a session whose stream another replica holds).
 - ``rounds``: a held call's round served by the replica holding it, for a retry another got.
 """
 
@@ -30,7 +30,7 @@ from agent_gateway.store.holders import SubscriptionHolders
 from agent_gateway.store.keeper import SessionKeeper
 from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
-from agent_gateway.store.sessions import ENDED, SessionRecords
+from agent_gateway.store.sessions import ENDED, LEVEL, SessionRecords
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class SharedState:
         self.events = SharedEventStore(self.store, store.events)
         self.replica = uuid.uuid4().hex[:12]
         """This process among the replicas (its own announcements are not acted on twice)."""
-        self.bus = Bus(self.store, (ENDED, CATALOG, LIVE, rounds_channel(self.replica)))
+        self.bus = Bus(self.store, (ENDED, LEVEL, CATALOG, LIVE, rounds_channel(self.replica)))
         self.leases = Leases(self.store)
         self.holders = SubscriptionHolders(self.store, self.sessions, self.replica)
 
@@ -80,6 +80,10 @@ class SharedState:
 
     def on_session_ended(self, drop: Callable[[str], Awaitable[None]]) -> None:
         self.bus.on(ENDED, drop)
+
+    def on_level_set(self, apply: Callable[[str], Awaitable[None]]) -> None:
+        """``apply`` each session's new log level set through any replica (``store/sessions.py``)."""
+        self.bus.on(LEVEL, apply)
 
     def on_notification(self, relay: Callable[[str], Awaitable[None]]) -> None:
         """``relay`` each notification-stream event any replica writes (``store/events.py``)."""

@@ -32,6 +32,9 @@ logger = logging.getLogger(__name__)
 
 ENDED = "ended"
 """The channel on which a session's end is announced (its id is the message)."""
+LEVEL = "level"
+"""The channel on which a session's new log level is announced (``<session id> <level>``):
+the other replicas serving it filter its log lines by it too."""
 ADOPTED = "agent_gateway.adopted"
 """The key, in an adopted session's ``Connection.state``, of the record it was adopted from."""
 
@@ -100,6 +103,14 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return 1
+"""
+# KEYS: the record. ARGV: the level, the channel, the session id.
+_LEVEL = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'level', ARGV[1])
+end
+redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. ARGV[1])
 return 1
 """
 _UPSTREAM = "upstream:"
@@ -182,6 +193,7 @@ class SessionRecords:
         self._touch = store.redis.register_script(_TOUCH)
         self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
         self._restore = store.redis.register_script(_RESTORE)
+        self._level = store.redis.register_script(_LEVEL)
         self._epoch = store.redis.register_script(_EPOCH)
 
     @property
@@ -217,8 +229,11 @@ class SessionRecords:
 
     async def level_set(self, session_id: str, level: types.LoggingLevel) -> None:
         """Record the session's log level (into its record only while it lives: set into a
-        record the store lost, it would make a key of one field that never expires)."""
-        await self.set_field(session_id, "level", level, "session_level")
+        record the store lost, it would make a key of one field that never expires), and
+        announce it to the other replicas serving the session."""
+        keys = [self.store.key("session", session_id)]
+        args = [level, self.store.key(LEVEL), session_id]
+        await self.store.call(self._level(keys=keys, args=args), "session_level")
 
     async def ended(self, session_id: str) -> None:
         """``session_id`` was deleted by its client: forget it everywhere (its record, its
