@@ -96,9 +96,6 @@ class Gateway:
             records=self.shared.sessions if self.shared is not None else None,
             idle_timeout=config.server.session_idle_timeout,
         )
-        if self.shared is not None:
-            self.shared.keeper.keep(HeldRecords(self.sessions, self.dedicated.records_of))
-            self.shared.on_level_set(self.sessions.level_set_elsewhere)
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.rounds = Rounds(self.shared, self.proxy.held) if self.shared is not None else None
         self.search = ToolSearch(config.search.embeddings)
@@ -112,6 +109,10 @@ class Gateway:
         self.subscriptions = ResourceSubscriptions(
             self.proxy, self.notifier.bus, holders, config.server.max_listen_streams
         )
+        if (shared := self.shared) is not None:
+            subscribed, dedicated = self.subscriptions.held, self.dedicated.records_of
+            shared.keeper.keep(HeldRecords(self.sessions, dedicated, subscribed, shared.replica))
+            shared.on_level_set(self.sessions.level_set_elsewhere)
         # In this order: searches and listings reflect a change before any client is told of it.
         self.catalog.subscribe_early(self.search.prepare)
         self.catalog.subscribe(self.search.changed)

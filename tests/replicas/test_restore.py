@@ -21,6 +21,7 @@ from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_dedicated import visits_server
 from tests.replicas.test_sessions import BOUND, config, counter_server
 from tests.replicas.test_store import ACCEPT, events, opened
+from tests.servers import recorder
 from tests.support import serving_upstream
 
 PING = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
@@ -85,21 +86,25 @@ async def test_a_session_opened_while_redis_was_down_is_adopted_by_the_other_rep
 async def test_records_a_flush_lost_are_written_again_as_they_are_now(prefix: str, tmp_path: Path) -> None:
     # Redis flushed (as a restart without persistence leaves it): every record gone, and no
     # operation failed on the replica that holds the session. Its record comes back with its
-    # log level and its dedicated upstream session as they are now, and its place in its
-    # client's count.
+    # log level, its dedicated upstream session and the replica holding its subscription as
+    # they are now, and its place in its client's count.
     with redis_server() as redis:
         async with (
-            serving_upstream(counter_server([])) as counter,
+            serving_upstream(recorder.build(lambda _: None)) as rec,
             serving_upstream(visits_server()) as visits,
         ):
-            data = config(redis, prefix, counter)
-            data["upstreams"]["visits"] = {"url": visits, "protocol": "legacy", "session": "per_client"}
+            data = config(redis, prefix, rec)
+            data["upstreams"] = {
+                "rec": {"url": rec, "protocol": "legacy"},
+                "visits": {"url": visits, "protocol": "legacy", "session": "per_client"},
+            }
             async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
                 headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
                 session = headers["Mcp-Session-Id"]
                 level = request(2, "logging/setLevel", {"level": "debug"})
                 visit = request(3, "tools/call", {"name": "visits__visit"})
-                for sent in (level, visit):
+                subscribe = request(4, "resources/subscribe", {"uri": "counter://value"})
+                for sent in (level, visit, subscribe):
                     assert (
                         await http.post(cluster.endpoint(0), json=sent, headers=headers)
                     ).status_code == 200
@@ -112,6 +117,7 @@ async def test_records_a_flush_lost_are_written_again_as_they_are_now(prefix: st
     assert after == before
     assert after["level"] == "debug"
     assert "upstream:visits" in after
+    assert "sub:counter://value" in after
 
 
 async def test_a_record_the_store_evicted_is_written_again_by_the_next_request(

@@ -159,6 +159,11 @@ class ResourceSubscriptions:
         """Whether ``session`` is subscribed to anything here."""
         return bool(self._keys.get(session))
 
+    def held(self, session: DownstreamSession) -> list[str]:
+        """The URIs ``session`` is subscribed to here."""
+        uris = (self._subscribers.get(key, {}).get(session) for key in self._keys.get(session, ()))
+        return [uri for uri in uris if uri is not None]
+
     async def session_ended(self, session: DownstreamSession) -> None:
         """``session`` ended here: its subscriptions leave the tables at once, then are left
         upstream, ``RELEASE_CONCURRENCY`` at a time within ``RELEASE_TIMEOUT`` (one not sent

@@ -18,7 +18,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from agent_gateway.store.client import SharedStore
-from agent_gateway.store.sessions import SessionRecords
+from agent_gateway.store.sessions import SUBSCRIPTION, SessionRecords
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,6 @@ HEARTBEAT_TTL = 10
 """Seconds a replica's heartbeat outlives its last beat: a dead replica's subscriptions are
 claimed after at most this (plus a claim interval)."""
 _BEAT_EVERY = 3.0
-_SUB = "sub:"
 
 # KEYS: the record. ARGV: this replica, the heartbeat keys' prefix. Each subscription whose
 # holder's heartbeat is gone (or that was let go: no holder) becomes this replica's.
@@ -69,15 +68,15 @@ class SubscriptionHolders:
 
     async def held(self, session_id: str, uri: str) -> None:
         """This replica took ``session_id``'s subscription to ``uri``."""
-        await self._records.set_field(session_id, _SUB + uri, self._replica, "subscription_hold")
+        await self._records.set_field(session_id, SUBSCRIPTION + uri, self._replica, "subscription_hold")
 
     async def let_go(self, session_id: str, uri: str) -> None:
         """This replica no longer holds it, but the client still wants it."""
-        await self._records.set_field(session_id, _SUB + uri, "", "subscription_let_go")
+        await self._records.set_field(session_id, SUBSCRIPTION + uri, "", "subscription_let_go")
 
     async def dropped(self, session_id: str, uri: str) -> None:
         """The client unsubscribed (or must subscribe again): no replica is to hold it."""
-        await self._records.drop_field(session_id, _SUB + uri, "subscription_drop")
+        await self._records.drop_field(session_id, SUBSCRIPTION + uri, "subscription_drop")
 
     async def orphaned(self, session_id: str) -> list[str]:
         """Claim ``session_id``'s subscriptions nobody holds now; their URIs."""

@@ -115,6 +115,9 @@ return 1
 """
 _UPSTREAM = "upstream:"
 """Record fields naming a dedicated upstream session: ``upstream:<upstream name>``."""
+SUBSCRIPTION = "sub:"
+"""Record fields naming the replica holding a resource subscription: ``sub:<uri>``
+(``store/holders.py``)."""
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,9 @@ class SessionRecord:
     upstreams: Mapping[str, UpstreamRecord] = field(default_factory=dict[str, UpstreamRecord])
     """The dedicated upstream sessions opened for it, by upstream (written with it only when
     it is written again: ``upstream_opened`` records each as it opens)."""
+    subscriptions: Mapping[str, str] = field(default_factory=dict[str, str])
+    """The replica holding each of its resource subscriptions, by URI (likewise: as each is
+    taken, ``store/holders.py`` records it)."""
 
     def fields(self) -> dict[str, str]:
         fields = {
@@ -167,7 +173,8 @@ class SessionRecord:
             "version": self.version,
             "level": self.level or "",
         }
-        return fields | {_UPSTREAM + name: record.text() for name, record in self.upstreams.items()}
+        fields |= {_UPSTREAM + name: record.text() for name, record in self.upstreams.items()}
+        return fields | {SUBSCRIPTION + uri: holder for uri, holder in self.subscriptions.items()}
 
     @classmethod
     def parse(cls, session_id: str, fields: Mapping[bytes, bytes]) -> SessionRecord | None:
