@@ -119,7 +119,7 @@ async def main(sizes: list[int], repeat: int) -> None:
     print("command: .venv/bin/python bench/session_restore.py " + shlex.join(sys.argv[1:]))
     print()
     print(
-        "| held sessions | opened, one by one (baseline) ms | restore, all lost ms | vs baseline | restore, none lost ms | longest event-loop stall ms |"
+        "| held sessions | opened, one by one (baseline) ms | restore, all lost ms | vs baseline | restore, none lost ms | longest event-loop stall, restore / opened ms |"
     )
     print("|---:|---:|---:|---:|---:|---:|")
     for n, t in rows:
