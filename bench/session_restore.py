@@ -90,7 +90,7 @@ async def _open_each(records: SessionRecords, held: list[SessionRecord]) -> None
 async def _size(url: str, count: int, repeat: int) -> dict[str, float]:
     store = SharedStore(StoreConfig(url=url, prefix="bench"))
     await store.start()
-    records = SessionRecords(store, 3600)
+    records = SessionRecords(store, 3600, "bench")
     keeper = SessionKeeper(store, records)
     held = [SessionRecord(f"s{i:06d}", f"client-{i % 50}", None, _PARAMS, "2025-11-25") for i in range(count)]
     keeper.keep(_Held(held))

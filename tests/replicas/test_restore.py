@@ -5,6 +5,7 @@ deleted meanwhile is not brought back."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,12 +16,13 @@ import redis.asyncio as aioredis
 
 from agent_gateway.config import StoreConfig
 from agent_gateway.store.client import SharedStore
+from agent_gateway.store.holders import HEARTBEAT_TTL
 from agent_gateway.store.sessions import SessionRecord, SessionRecords, UpstreamRecord
 from tests.replicas.cluster import Cluster, replicas
 from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_dedicated import visits_server
 from tests.replicas.test_sessions import BOUND, config, counter_server
-from tests.replicas.test_store import ACCEPT, events, opened
+from tests.replicas.test_store import ACCEPT, UPDATED, events, opened
 from tests.servers import recorder
 from tests.support import serving_upstream
 
@@ -174,7 +176,7 @@ async def test_restore_writes_only_what_is_gone_and_never_a_deleted_session(
 ) -> None:
     store = SharedStore(StoreConfig(url=redis.url, prefix=prefix))
     await store.start()
-    records = SessionRecords(store, 60)
+    records = SessionRecords(store, 60, "replica-a")
     upstream = UpstreamRecord(
         "up-1",
         types.InitializeResult(
@@ -188,16 +190,125 @@ async def test_restore_writes_only_what_is_gone_and_never_a_deleted_session(
         record("gone", level="info", upstreams={"visits": upstream}),
         record("deleted"),
     )
+    # Another replica holds a subscription of the kept session: what this one lacks is added,
+    # what the record has is left as it is.
+    held_elsewhere = replace(kept, level="debug", subscriptions={"counter://value": "replica-b"})
     try:
         await records.opened(kept)
         await records.opened(deleted)
         await records.ended("deleted")  # its client's DELETE, through any replica
-        assert await records.restore([kept, gone, deleted]) == [0, 1, -1]
+        assert await records.restore([held_elsewhere, gone, deleted]) == [0, 1, -1]
+        assert await records.find("kept") == kept
         assert await records.find("gone") == record("gone", level="info")
         assert await records.upstream_session("gone", "visits") == upstream
         assert await records.find("deleted") is None
         async with aioredis.Redis.from_url(redis.url) as client:
+            assert await client.hget(f"{prefix}:session:kept", "sub:counter://value") == b"replica-b"
+            assert await client.zscore(f"{prefix}:sessions:alice", "kept") is not None
             assert await client.zscore(f"{prefix}:sessions:alice", "gone") is not None
             assert await client.zscore(f"{prefix}:sessions:alice", "deleted") is None
     finally:
         await store.close()
+
+
+async def test_a_touch_finds_a_lost_count_and_keeps_the_count_alive(redis: Redis, prefix: str) -> None:
+    # A session that only listens is touched by its stream alone: its count must outlive the
+    # expiry the last request gave it, and a count the store lost must be noticed.
+    store = SharedStore(StoreConfig(url=redis.url, prefix=prefix))
+    await store.start()
+    records = SessionRecords(store, 60, "replica-a")
+    count = f"{prefix}:sessions:alice"
+    try:
+        await records.opened(record("listening"))
+        assert await records.touch("listening") is False  # never counted: lost
+        async with aioredis.Redis.from_url(redis.url) as client:
+            await client.zadd(count, {"listening": 0})
+            await client.expire(count, 1)  # as a request's admission left it, long ago
+            assert await records.touch("listening") is True
+            assert await client.ttl(count) > 50
+    finally:
+        await store.close()
+
+
+async def test_a_session_deleted_while_redis_restarted_is_not_brought_back(
+    prefix: str, tmp_path: Path
+) -> None:
+    # Replica 1 serves the DELETE while Redis is down: neither the tombstone nor the
+    # announcement can be written then. When Redis is back, replica 1 tells it before it
+    # writes anything again; replica 0, which also serves the session, must not bring it back
+    # (had its look come first, the end it then hears removes what it wrote).
+    with redis_server() as redis:
+        async with (
+            serving_upstream(counter_server([])) as upstream,
+            replicas(config(redis, prefix, upstream), tmp_path) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            await adopted_by(http, cluster, 1, headers)
+            redis.stop()
+            try:
+                deleted = await http.delete(cluster.endpoint(1), headers=headers)
+            finally:
+                redis.start()
+            assert deleted.status_code == 200, deleted.text
+            with anyio.fail_after(BOUND):  # replica 0 hears of it, late
+                while (await http.post(cluster.endpoint(0), json=PING, headers=headers)).status_code != 404:
+                    await anyio.sleep(0.1)
+            async with aioredis.Redis.from_url(redis.url) as client:
+                left = await client.exists(f"{prefix}:session:{headers['Mcp-Session-Id']}")
+            again = await http.post(cluster.endpoint(1), json=PING, headers=headers)
+    assert (left, again.status_code) == (0, 404)
+
+
+async def test_a_session_deleted_elsewhere_unheard_is_dropped_when_its_record_is_found_gone(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(counter_server([])) as upstream,
+        replicas(
+            config(redis, prefix, upstream, server={"session_idle_timeout": 20}), tmp_path, count=1
+        ) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+        session = headers["Mcp-Session-Id"]
+        async with client.pipeline(transaction=True) as pipe:  # a DELETE elsewhere, unheard here
+            pipe.delete(f"{prefix}:session:{session}")
+            pipe.set(f"{prefix}:ended:{session}", "1", ex=20)
+            pipe.zrem(f"{prefix}:sessions:anonymous", session)
+            await pipe.execute()
+        with anyio.fail_after(BOUND):  # the next touch finds it gone, and deleted
+            while (await http.post(cluster.endpoint(0), json=PING, headers=headers)).status_code != 404:
+                await anyio.sleep(0.2)
+    assert "was deleted through another replica: dropped here" in cluster.log(0)
+
+
+async def test_a_record_written_again_by_one_replica_gets_the_subscription_another_holds(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # The session opened on replica 0, its subscription held by replica 1. The store evicts
+    # the record; replica 0's next request writes it again from what replica 0 holds, and
+    # replica 1 adds its subscription: when replica 1 dies, the stream's replica takes it over.
+    async with serving_upstream(recorder.build(lambda _: None)) as upstream:
+        data = config(redis, prefix, upstream, server={"session_idle_timeout": 20})
+        data["upstreams"] = {"rec": {"url": upstream, "protocol": "legacy"}}
+        async with (
+            replicas(data, tmp_path) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+            aioredis.Redis.from_url(redis.url) as client,
+        ):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            session = headers["Mcp-Session-Id"]
+            subscribe = request(1, "resources/subscribe", {"uri": "counter://value"})
+            assert (await http.post(cluster.endpoint(1), json=subscribe, headers=headers)).status_code == 200
+            assert await client.delete(f"{prefix}:session:{session}") == 1
+            with anyio.fail_after(BOUND):
+                while not await client.hexists(f"{prefix}:session:{session}", "sub:counter://value"):
+                    await http.post(cluster.endpoint(0), json=PING, headers=headers)
+                    await anyio.sleep(0.2)
+            async with events(http, cluster.endpoint(0), headers) as reader:
+                cluster.kill(1)
+                with anyio.fail_after(HEARTBEAT_TTL + BOUND):
+                    _, told = await reader.__anext__()
+    assert told == UPDATED  # taken over: "it may have changed while nobody relayed its updates"

@@ -368,10 +368,9 @@ class SessionRegistry(Middleware):
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
                 await self._on_levels(None)  # its level no longer counts upstream
 
-    async def level_set_elsewhere(self, message: str) -> None:
-        """A session's log level was set through a replica (``<session id> <level>``): this
-        one filters the session's log lines by it too, when it serves the session."""
-        session_id, _, level = message.partition(" ")
+    async def level_set_elsewhere(self, session_id: str, level: str) -> None:
+        """A session's log level was set through another replica: this one filters the
+        session's log lines by it too, when it serves the session."""
         session = self.live.get(session_id)
         if session is not None and level in LEVELS and level != session.log_level:
             session.log_level = LEVELS[LEVELS.index(level)]

@@ -30,7 +30,7 @@ from agent_gateway.store.holders import SubscriptionHolders
 from agent_gateway.store.keeper import SessionKeeper
 from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
-from agent_gateway.store.sessions import ENDED, LEVEL, SessionRecords
+from agent_gateway.store.sessions import ENDED, LEVEL, RESTORED, SessionRecords
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,15 @@ class SharedState:
     def __init__(self, config: GatewayConfig, store: StoreConfig) -> None:
         idle = config.server.session_idle_timeout
         self.store = SharedStore(store)
-        self.sessions = SessionRecords(self.store, idle)
+        self.replica = uuid.uuid4().hex[:12]
+        """This process among the replicas (its own announcements are not acted on twice)."""
+        self.sessions = SessionRecords(self.store, idle, self.replica)
         self.keeper = SessionKeeper(self.store, self.sessions)
         self.limits = SharedLimits(self.store, idle, on_lost=self.keeper.lost)
         self.events = SharedEventStore(self.store, store.events)
-        self.replica = uuid.uuid4().hex[:12]
-        """This process among the replicas (its own announcements are not acted on twice)."""
-        self.bus = Bus(self.store, (ENDED, LEVEL, CATALOG, LIVE, rounds_channel(self.replica)))
+        channels = (ENDED, LEVEL, RESTORED, CATALOG, LIVE, rounds_channel(self.replica))
+        self.bus = Bus(self.store, channels)
+        self.bus.on(RESTORED, self.keeper.restored_elsewhere)
         self.leases = Leases(self.store)
         self.holders = SubscriptionHolders(self.store, self.sessions, self.replica)
 
@@ -79,11 +81,21 @@ class SharedState:
         self.bus.on(CATALOG, handle)
 
     def on_session_ended(self, drop: Callable[[str], Awaitable[None]]) -> None:
+        """``drop`` each session deleted through another replica (its id)."""
         self.bus.on(ENDED, drop)
+        self.keeper.drop_with(drop)
 
-    def on_level_set(self, apply: Callable[[str], Awaitable[None]]) -> None:
-        """``apply`` each session's new log level set through any replica (``store/sessions.py``)."""
-        self.bus.on(LEVEL, apply)
+    def on_level_set(self, apply: Callable[[str, str], Awaitable[None]]) -> None:
+        """``apply`` each session's new log level (its id, the level) set through another
+        replica (``store/sessions.py``)."""
+
+        async def handle(message: str) -> None:
+            replica, _, rest = message.partition(" ")
+            session_id, _, level = rest.partition(" ")
+            if replica != self.replica:
+                await apply(session_id, level)
+
+        self.bus.on(LEVEL, handle)
 
     def on_notification(self, relay: Callable[[str], Awaitable[None]]) -> None:
         """``relay`` each notification-stream event any replica writes (``store/events.py``)."""

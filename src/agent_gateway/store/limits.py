@@ -29,7 +29,7 @@ _TOUCHED_KEPT = 100_000
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
 # reservation id, reservation seconds, session id to touch ("" : none), session seconds.
-# Returns {verdict, wait in ms, sessions open[, the touched session's record was gone (1)]}:
+# Returns {verdict, wait in ms, sessions open[, the touched session's record or count was gone (1)]}:
 # verdict 0 admitted, 1 rate, 2 sessions.
 _ADMIT = """
 local t = redis.call('TIME')
@@ -48,8 +48,8 @@ end
 local ttl = tonumber(ARGV[8])
 local lost = 0
 if ARGV[7] ~= '' then
-  redis.call('ZADD', KEYS[2], 'XX', now + ttl, ARGV[7])
-  if redis.call('EXPIRE', KEYS[3], math.ceil(ttl)) == 0 then
+  local counted = redis.call('ZADD', KEYS[2], 'XX', 'CH', now + ttl, ARGV[7])
+  if redis.call('EXPIRE', KEYS[3], math.ceil(ttl)) == 0 or counted == 0 then
     lost = 1
   end
 end

@@ -33,8 +33,11 @@ logger = logging.getLogger(__name__)
 ENDED = "ended"
 """The channel on which a session's end is announced (its id is the message)."""
 LEVEL = "level"
-"""The channel on which a session's new log level is announced (``<session id> <level>``):
-the other replicas serving it filter its log lines by it too."""
+"""The channel on which a session's new log level is announced (``<replica> <session id>
+<level>``): the other replicas serving it filter its log lines by it too."""
+RESTORED = "restored"
+"""The channel on which a record written again after a request found it gone is announced
+(its session id): each other replica serving the session adds what it holds of it."""
 ADOPTED = "agent_gateway.adopted"
 """The key, in an adopted session's ``Connection.state``, of the record it was adopted from."""
 
@@ -51,27 +54,34 @@ redis.call('PUBLISH', ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: the record, its tombstone, its client's count. ARGV: the session id, seconds, then the
-# record's fields and values. Returns -1: the session was deleted; 0: the record is there; 1:
-# written again (and counted again among its client's sessions).
+# KEYS: the record, its tombstone, its client's count. ARGV: the session id, seconds, the
+# channel to announce a record written again on ('': none), then the record's fields and
+# values. Returns -1: the session was deleted; 0: the record is there (what it lacked of this
+# replica's fields, and its place in its client's count, added); 1: written again.
 _RESTORE = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return -1
 end
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
-end
+local written = 1 - redis.call('EXISTS', KEYS[1])
 local seconds = tonumber(ARGV[2])
-for i = 3, #ARGV, 2 do
-  redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+for i = 4, #ARGV, 2 do
+  redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
 end
-redis.call('EXPIRE', KEYS[1], seconds)
 local t = redis.call('TIME')
-redis.call('ZADD', KEYS[3], tonumber(t[1]) + seconds, ARGV[1])
+if written == 1 then
+  redis.call('EXPIRE', KEYS[1], seconds)
+  redis.call('ZADD', KEYS[3], tonumber(t[1]) + seconds, ARGV[1])
+  if ARGV[3] ~= '' then
+    redis.call('PUBLISH', ARGV[3], ARGV[1])
+  end
+else
+  local left = redis.call('TTL', KEYS[1])
+  redis.call('ZADD', KEYS[3], 'NX', tonumber(t[1]) + (left > 0 and left or seconds), ARGV[1])
+end
 if redis.call('TTL', KEYS[3]) < seconds then
   redis.call('EXPIRE', KEYS[3], seconds)
 end
-return 1
+return written
 """
 
 # KEYS: the epoch. ARGV: a new value, taken when there is none. Returns the value.
@@ -84,16 +94,22 @@ end
 return epoch
 """
 
-# KEYS: the record. ARGV: the session id, the client counts' key prefix, seconds.
+# KEYS: the record. ARGV: the session id, the client counts' key prefix, seconds. Returns 0
+# when the store lost the record or the session's place in its client's count.
 _TOUCH = """
 local client = redis.call('HGET', KEYS[1], 'client')
 if not client then
   return 0
 end
-redis.call('EXPIRE', KEYS[1], ARGV[3])
+local seconds = tonumber(ARGV[3])
+redis.call('EXPIRE', KEYS[1], seconds)
 local t = redis.call('TIME')
-redis.call('ZADD', ARGV[2] .. client, 'XX', tonumber(t[1]) + tonumber(ARGV[3]), ARGV[1])
-return 1
+local count = ARGV[2] .. client
+local counted = redis.call('ZADD', count, 'XX', 'CH', tonumber(t[1]) + seconds, ARGV[1])
+if redis.call('TTL', count) < seconds then
+  redis.call('EXPIRE', count, seconds)
+end
+return counted
 """
 
 
@@ -105,14 +121,15 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 return 1
 """
-# KEYS: the record. ARGV: the level, the channel, the session id.
+# KEYS: the record. ARGV: the level, the channel, the message.
 _LEVEL = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   redis.call('HSET', KEYS[1], 'level', ARGV[1])
 end
-redis.call('PUBLISH', ARGV[2], ARGV[3] .. ' ' .. ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
+_UNSAID_KEPT = 100_000
 _UPSTREAM = "upstream:"
 """Record fields naming a dedicated upstream session: ``upstream:<upstream name>``."""
 SUBSCRIPTION = "sub:"
@@ -193,9 +210,13 @@ class SessionRecord:
 class SessionRecords:
     """Session records in the shared store."""
 
-    def __init__(self, store: SharedStore, idle_seconds: float) -> None:
+    def __init__(self, store: SharedStore, idle_seconds: float, replica: str) -> None:
+        """``replica``: this one (its own announcements are not acted on twice)."""
         self.store = store
+        self.replica = replica
         self._idle = int(max(1, idle_seconds))
+        self._unsaid: set[str] = set()
+        """Sessions deleted here while the store could not be told: told when it answers."""
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
         self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
@@ -239,20 +260,38 @@ class SessionRecords:
         record the store lost, it would make a key of one field that never expires), and
         announce it to the other replicas serving the session."""
         keys = [self.store.key("session", session_id)]
-        args = [level, self.store.key(LEVEL), session_id]
+        args = [level, self.store.key(LEVEL), f"{self.replica} {session_id} {level}"]
         await self.store.call(self._level(keys=keys, args=args), "session_level")
 
     async def ended(self, session_id: str) -> None:
         """``session_id`` was deleted by its client: forget it everywhere (its record, its
         place in its client's count), and say so to the other replicas."""
-        keys = [self.store.key("session", session_id), self.store.key("ended", session_id)]
-        args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._idle]
-        await self.store.call(self._end(keys=keys, args=args), "session_end")
+        if await self._say_ended([session_id]) is None and len(self._unsaid) < _UNSAID_KEPT:
+            self._unsaid.add(session_id)  # else another replica would write it again when back
 
-    async def restore(self, records: Iterable[SessionRecord]) -> list[int] | None:
-        """Write again each of ``records`` the store no longer holds, in one round trip; for
-        each, -1 (deleted meanwhile: not written), 0 (still there) or 1 (written again).
-        None: the store did not answer."""
+    async def say_ended(self) -> bool:
+        """Tell the store of the sessions deleted here while it could not be told (before any
+        record is written again); False: it still does not answer."""
+        unsaid = list(self._unsaid)
+        if unsaid and await self._say_ended(unsaid) is None:
+            return False
+        self._unsaid.difference_update(unsaid)
+        return True
+
+    async def _say_ended(self, session_ids: list[str]) -> list[Any] | None:
+        pipe = self.store.redis.pipeline(transaction=False)
+        for session_id in session_ids:
+            keys = [self.store.key("session", session_id), self.store.key("ended", session_id)]
+            args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._idle]
+            await self._end(keys=keys, args=args, client=pipe)
+        return await self.store.call(pipe.execute(), "session_end")
+
+    async def restore(self, records: Iterable[SessionRecord], *, announce: bool = False) -> list[int] | None:
+        """Write again each of ``records`` the store no longer holds, and add what it lacks
+        of the others (this replica's fields, their place in their client's count), in one
+        round trip; for each, -1 (deleted: not written), 0 (still there) or 1 (written again,
+        and said on ``RESTORED`` when ``announce``). None: the store did not answer."""
+        channel = self.store.key(RESTORED) if announce else ""
         pipe = self.store.redis.pipeline(transaction=False)
         for record in records:
             keys = [
@@ -261,7 +300,7 @@ class SessionRecords:
                 self.store.key("sessions", record.client),
             ]
             pairs = [part for item in record.fields().items() for part in item]
-            await self._restore(keys=keys, args=[record.id, self._idle, *pairs], client=pipe)
+            await self._restore(keys=keys, args=[record.id, self._idle, channel, *pairs], client=pipe)
         answers: list[int] | None = await self.store.call(pipe.execute(), "session_restore")
         return None if answers is None else [int(a) for a in answers]
 
