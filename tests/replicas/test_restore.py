@@ -5,6 +5,8 @@ deleted meanwhile is not brought back."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -60,15 +62,23 @@ async def counted(client: aioredis.Redis, prefix: str, session: str) -> bool:
     return await client.zscore(f"{prefix}:sessions:anonymous", session) is not None
 
 
+@asynccontextmanager
+async def counter_replicas(
+    redis: Redis, prefix: str, tmp_path: Path, count: int = 2, **server: Any
+) -> AsyncIterator[tuple[Cluster, httpx.AsyncClient]]:
+    """``count`` replicas of one counter upstream sharing ``redis``, and an HTTP client."""
+    data = config(redis, prefix, "", **({"server": server} if server else {}))
+    async with serving_upstream(counter_server([])) as upstream:
+        data["upstreams"]["counter"]["url"] = upstream
+        async with replicas(data, tmp_path, count) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
+            yield cluster, http
+
+
 async def test_a_session_opened_while_redis_was_down_is_adopted_by_the_other_replica_once_it_is_back(
     prefix: str, tmp_path: Path
 ) -> None:
     with redis_server() as redis:
-        async with (
-            serving_upstream(counter_server([])) as upstream,
-            replicas(config(redis, prefix, upstream), tmp_path) as cluster,
-            httpx.AsyncClient(timeout=BOUND) as http,
-        ):
+        async with counter_replicas(redis, prefix, tmp_path) as (cluster, http):
             redis.freeze()  # unreachable, its data kept (a restart would also lose them)
             try:
                 headers = await opened(http, cluster.endpoint(0))  # served by replica 0 alone
@@ -126,9 +136,7 @@ async def test_a_record_the_store_evicted_is_written_again_by_the_next_request(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     async with (
-        serving_upstream(counter_server([])) as upstream,
-        replicas(config(redis, prefix, upstream, server={"session_idle_timeout": 20}), tmp_path) as cluster,
-        httpx.AsyncClient(timeout=BOUND) as http,
+        counter_replicas(redis, prefix, tmp_path, session_idle_timeout=20) as (cluster, http),
         aioredis.Redis.from_url(redis.url) as client,
     ):
         headers = await opened(http, cluster.endpoint(0))
@@ -149,9 +157,7 @@ async def test_a_record_the_store_evicted_is_written_again_while_its_client_only
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     async with (
-        serving_upstream(counter_server([])) as upstream,
-        replicas(config(redis, prefix, upstream, server={"session_idle_timeout": 3}), tmp_path) as cluster,
-        httpx.AsyncClient(timeout=BOUND) as http,
+        counter_replicas(redis, prefix, tmp_path, session_idle_timeout=3) as (cluster, http),
         aioredis.Redis.from_url(redis.url) as client,
     ):
         headers = await opened(http, cluster.endpoint(0))
@@ -238,11 +244,7 @@ async def test_a_session_deleted_while_redis_restarted_is_not_brought_back(
     # writes anything again; replica 0, which also serves the session, must not bring it back
     # (had its look come first, the end it then hears removes what it wrote).
     with redis_server() as redis:
-        async with (
-            serving_upstream(counter_server([])) as upstream,
-            replicas(config(redis, prefix, upstream), tmp_path) as cluster,
-            httpx.AsyncClient(timeout=BOUND) as http,
-        ):
+        async with counter_replicas(redis, prefix, tmp_path) as (cluster, http):
             headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
             await adopted_by(http, cluster, 1, headers)
             redis.stop()
@@ -264,11 +266,7 @@ async def test_a_session_deleted_elsewhere_unheard_is_dropped_when_its_record_is
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     async with (
-        serving_upstream(counter_server([])) as upstream,
-        replicas(
-            config(redis, prefix, upstream, server={"session_idle_timeout": 20}), tmp_path, count=1
-        ) as cluster,
-        httpx.AsyncClient(timeout=BOUND) as http,
+        counter_replicas(redis, prefix, tmp_path, 1, session_idle_timeout=20) as (cluster, http),
         aioredis.Redis.from_url(redis.url) as client,
     ):
         headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
