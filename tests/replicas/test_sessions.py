@@ -17,6 +17,7 @@ import httpx
 import httpx2
 import mcp_types as types
 import pytest
+import redis.asyncio as aioredis
 from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -171,6 +172,32 @@ async def test_a_session_is_adopted_only_with_the_credential_that_opened_it(
     assert stolen.status_code == 404
     assert "Session not found" in stolen.text
     assert own.status_code == 200
+
+
+async def test_requests_naming_another_clients_session_do_not_keep_it_alive(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Bob names Alice's session (its id leaked) again and again: each is answered 404, and
+    # none pushes its expiry back; it ends after its idle timeout without Alice's requests.
+    idle = 3
+    async with cluster_of(
+        redis, prefix, tmp_path, [], auth=bearer(), server={"session_idle_timeout": idle}
+    ) as cluster, session_to(cluster.endpoint(0), "alice") as (client, opened):
+        await client.list_tools()
+        ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        headers = {
+            "Mcp-Session-Id": opened.id or "",
+            "Mcp-Protocol-Version": "2025-11-25",
+            "Accept": "application/json, text/event-stream",
+            "Authorization": f"Bearer {TOKENS['bob']}",
+        }
+        async with httpx.AsyncClient(timeout=BOUND) as http, aioredis.Redis.from_url(redis.url) as store:
+            with anyio.fail_after(idle + BOUND):
+                while await store.exists(f"{prefix}:session:{opened.id}"):
+                    for replica in (0, 1):
+                        answer = await http.post(cluster.endpoint(replica), json=ping, headers=headers)
+                        assert answer.status_code == 404
+                    await anyio.sleep(0.1)
 
 
 async def test_a_session_deleted_through_one_replica_is_gone_on_the_other(

@@ -28,7 +28,7 @@ _TOUCH_EVERY = 10.0
 _TOUCHED_KEPT = 100_000
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
-# reservation id, reservation seconds, session id to touch ("" : none), session seconds.
+# reservation id, reservation seconds, session id to touch ("" : none), session seconds, the client.
 # Returns {verdict, wait in ms, sessions open[, the touched session's record or count was gone (1)]}:
 # verdict 0 admitted, 1 rate, 2 sessions.
 _ADMIT = """
@@ -48,9 +48,14 @@ end
 local ttl = tonumber(ARGV[8])
 local lost = 0
 if ARGV[7] ~= '' then
-  local counted = redis.call('ZADD', KEYS[2], 'XX', 'CH', now + ttl, ARGV[7])
-  if redis.call('EXPIRE', KEYS[3], math.ceil(ttl)) == 0 or counted == 0 then
+  local client = redis.call('HGET', KEYS[3], 'client')
+  if not client then
     lost = 1
+  elseif client == ARGV[9] then  -- only its own client's requests keep it alive
+    redis.call('EXPIRE', KEYS[3], math.ceil(ttl))
+    if redis.call('ZADD', KEYS[2], 'XX', 'CH', now + ttl, ARGV[7]) == 0 then
+      lost = 1
+    end
   end
 end
 local open = 0
@@ -145,6 +150,7 @@ class SharedLimits:
             _RESERVATION,
             session or "",
             self._session_seconds,
+            client.subject,
         ]
         keys = [*self._keys(client), self.store.key("session", session or "")]
         answer = await self.store.call(self._admit(keys=keys, args=args), "admit")
