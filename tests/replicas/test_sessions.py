@@ -180,9 +180,12 @@ async def test_requests_naming_another_clients_session_do_not_keep_it_alive(
     # Bob names Alice's session (its id leaked) again and again: each is answered 404, and
     # none pushes its expiry back; it ends after its idle timeout without Alice's requests.
     idle = 3
-    async with cluster_of(
-        redis, prefix, tmp_path, [], auth=bearer(), server={"session_idle_timeout": idle}
-    ) as cluster, session_to(cluster.endpoint(0), "alice") as (client, opened):
+    async with (
+        cluster_of(
+            redis, prefix, tmp_path, [], auth=bearer(), server={"session_idle_timeout": idle}
+        ) as cluster,
+        session_to(cluster.endpoint(0), "alice") as (client, opened),
+    ):
         await client.list_tools()
         ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         headers = {
