@@ -13,7 +13,8 @@ open notification stream (``compat/adoption.py``) finds its record, or its place
 client's count, gone; then the other replicas serving it add what they hold of it (the
 subscriptions they hold, their dedicated upstream sessions). A session deleted meanwhile is
 not brought back: its tombstone says so (and the replica drops it), and a replica that served
-a DELETE while the store could not be told tells it before writing anything again.
+a DELETE while the store could not be told tells it before writing anything again (so too
+the record fields it set or dropped meanwhile: a log level, a subscription let go).
 """
 
 from __future__ import annotations
@@ -87,8 +88,9 @@ class SessionKeeper:
             if epoch is None or (outages, epoch) == seen:
                 continue
             why = "it answers again" if outages != seen[0] else "it lost its data"
-            # The deletions it missed first: else a session deleted meanwhile came back.
-            if await self._records.say_ended() and await self._restore(self._all(), why):
+            # What it missed first: else a session deleted meanwhile came back, or a record
+            # written again kept a level or a subscription older than the replica's own.
+            if await self._records.say_unsaid() and await self._restore(self._all(), why):
                 seen, wait = (outages, epoch), _LOOK_EVERY
             else:  # it fails again: the next try later, each time (a store out of memory)
                 wait = min(wait * 2, _BACKOFF_MAX)

@@ -29,7 +29,7 @@ _TOUCHED_KEPT = 100_000
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
 # reservation id, reservation seconds, session id to touch ("" : none), session seconds, the client.
-# Returns {verdict, wait in ms, sessions open[, the touched session's record or count was gone (1)]}:
+# Returns {verdict, wait in ms, sessions open[, the touched session's record was gone (1)]}:
 # verdict 0 admitted, 1 rate, 2 sessions.
 _ADMIT = """
 local t = redis.call('TIME')
@@ -53,9 +53,8 @@ if ARGV[7] ~= '' then
     lost = 1
   elseif client == ARGV[9] then  -- only its own client's requests keep it alive
     redis.call('EXPIRE', KEYS[3], math.ceil(ttl))
-    if redis.call('ZADD', KEYS[2], 'XX', 'CH', now + ttl, ARGV[7]) == 0 then
-      lost = 1
-    end
+    -- Counted again if the count lost it (or the opening request is not settled yet).
+    redis.call('ZADD', KEYS[2], now + ttl, ARGV[7])
   end
 end
 local open = 0

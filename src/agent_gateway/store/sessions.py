@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import anyio
 import mcp_types as types
 from pydantic import ValidationError
 
@@ -130,6 +131,8 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 _UNSAID_KEPT = 100_000
+_BATCH = 500
+"""Deletions or fields told in one round trip (a pipeline the store's timeout bounds)."""
 _UPSTREAM = "upstream:"
 """Record fields naming a dedicated upstream session: ``upstream:<upstream name>``."""
 SUBSCRIPTION = "sub:"
@@ -217,6 +220,8 @@ class SessionRecords:
         self._idle = int(max(1, idle_seconds))
         self._unsaid: set[str] = set()
         """Sessions deleted here while the store could not be told: told when it answers."""
+        self._unsaid_fields: dict[tuple[str, str], str | None] = {}
+        """Likewise, record fields set (their last value) or dropped (None) meanwhile."""
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
         self._set_if_live = store.redis.register_script(_SET_IF_LIVE)
@@ -261,7 +266,8 @@ class SessionRecords:
         announce it to the other replicas serving the session."""
         keys = [self.store.key("session", session_id)]
         args = [level, self.store.key(LEVEL), f"{self.replica} {session_id} {level}"]
-        await self.store.call(self._level(keys=keys, args=args), "session_level")
+        if await self.store.call(self._level(keys=keys, args=args), "session_level") is None:
+            self._unsaid_field(session_id, "level", level)
 
     async def ended(self, session_id: str) -> None:
         """``session_id`` was deleted by its client: forget it everywhere (its record, its
@@ -269,14 +275,40 @@ class SessionRecords:
         if await self._say_ended([session_id]) is None and len(self._unsaid) < _UNSAID_KEPT:
             self._unsaid.add(session_id)  # else another replica would write it again when back
 
-    async def say_ended(self) -> bool:
-        """Tell the store of the sessions deleted here while it could not be told (before any
-        record is written again); False: it still does not answer."""
-        unsaid = list(self._unsaid)
-        if unsaid and await self._say_ended(unsaid) is None:
-            return False
-        self._unsaid.difference_update(unsaid)
+    async def say_unsaid(self) -> bool:
+        """Tell the store what this replica could not tell it meanwhile (before any record is
+        written again): the sessions deleted here, the fields set or dropped (a level, a
+        subscription let go); a batch at a time. False: it still does not answer."""
+        while self._unsaid:
+            batch = list(self._unsaid)[:_BATCH]
+            if await self._say_ended(batch) is None:
+                return False
+            self._unsaid.difference_update(batch)
+        while self._unsaid_fields:
+            fields = list(self._unsaid_fields.items())[:_BATCH]
+            pipe = self.store.redis.pipeline(transaction=False)
+            for (session_id, name), value in fields:
+                await self._field_op(pipe, session_id, name, value)
+            if await self._execute(pipe, "session_fields") is None:
+                return False
+            for key, value in fields:  # unless changed again meanwhile
+                if self._unsaid_fields.get(key, value) == value:
+                    self._unsaid_fields.pop(key, None)
         return True
+
+    async def _field_op(self, pipe: Any, session_id: str, field: str, value: str | None) -> None:
+        key = self.store.key("session", session_id)
+        if field == "level" and value is not None:
+            args = [value, self.store.key(LEVEL), f"{self.replica} {session_id} {value}"]
+            await self._level(keys=[key], args=args, client=pipe)
+        elif value is None:
+            pipe.hdel(key, field)
+        else:
+            await self._set_if_live(keys=[key], args=[field, value], client=pipe)
+
+    def _unsaid_field(self, session_id: str, field: str, value: str | None) -> None:
+        if len(self._unsaid_fields) < _UNSAID_KEPT:
+            self._unsaid_fields[(session_id, field)] = value
 
     async def _say_ended(self, session_ids: list[str]) -> list[Any] | None:
         pipe = self.store.redis.pipeline(transaction=False)
@@ -284,7 +316,15 @@ class SessionRecords:
             keys = [self.store.key("session", session_id), self.store.key("ended", session_id)]
             args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._idle]
             await self._end(keys=keys, args=args, client=pipe)
-        return await self.store.call(pipe.execute(), "session_end")
+        return await self._execute(pipe, "session_end")
+
+    async def _execute(self, pipe: Any, what: str) -> Any:
+        """A pipeline's answers (None: the store failed), its connection given back either way."""
+        try:
+            return await self.store.call(pipe.execute(), what)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pipe.reset()
 
     async def restore(self, records: Iterable[SessionRecord], *, announce: bool = False) -> list[int] | None:
         """Write again each of ``records`` the store no longer holds, and add what it lacks
@@ -301,7 +341,7 @@ class SessionRecords:
             ]
             pairs = [part for item in record.fields().items() for part in item]
             await self._restore(keys=keys, args=[record.id, self._idle, channel, *pairs], client=pipe)
-        answers: list[int] | None = await self.store.call(pipe.execute(), "session_restore")
+        answers: list[int] | None = await self._execute(pipe, "session_restore")
         return None if answers is None else [int(a) for a in answers]
 
     async def epoch(self) -> bytes | None:
@@ -339,8 +379,10 @@ class SessionRecords:
         """Set one field of ``session_id``'s record, only while the record lives (it carries
         the expiry: a field set into an expired record would outlive it)."""
         keys = [self.store.key("session", session_id)]
-        await self.store.call(self._set_if_live(keys=keys, args=[field, value]), what)
+        if await self.store.call(self._set_if_live(keys=keys, args=[field, value]), what) is None:
+            self._unsaid_field(session_id, field, value)
 
     async def drop_field(self, session_id: str, field: str, what: str) -> None:
         key = self.store.key("session", session_id)
-        await self.store.call(self.store.redis.hdel(key, field), what)  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+        if await self.store.call(self.store.redis.hdel(key, field), what) is None:  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
+            self._unsaid_field(session_id, field, None)

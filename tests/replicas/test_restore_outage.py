@@ -1,0 +1,153 @@
+"""What a replica did while Redis could not be told, told when it answers (before any record
+is written again): sessions deleted, log levels set, subscriptions let go; and a new session's
+first requests, which find nothing lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx
+import redis.asyncio as aioredis
+
+from agent_gateway.config import StoreConfig
+from agent_gateway.store.client import SharedStore
+from agent_gateway.store.sessions import SessionRecords
+from tests.replicas.cluster import Cluster, replicas
+from tests.replicas.services import Redis, redis_server
+from tests.replicas.test_restore import PING, adopted_by, counter_replicas, request
+from tests.replicas.test_sessions import BOUND, config
+from tests.replicas.test_store import ACCEPT, opened
+from tests.servers import recorder
+from tests.support import serving_upstream
+
+SETTLE = 8.0
+"""Seconds for a replica to see the store answer again and sweep (watch 1 s, look 2 s)."""
+UNSAID = 20_000
+"""Deletions told once the store answers: more than one pipeline under its 2 s timeout holds."""
+
+
+async def unavailable_to(http: httpx.AsyncClient, cluster: Cluster, replica: int) -> None:
+    """Until ``replica`` found the (frozen) store unavailable: its keeper's look every 2 s
+    times out. A command sent to a frozen Redis is run when it thaws: none is sent after."""
+    with anyio.fail_after(BOUND):
+        while (await http.get(f"{cluster.replicas[replica]}/readyz")).status_code == 200:
+            await anyio.sleep(0.2)
+
+
+async def test_thousands_of_deletions_unsaid_are_told_when_the_store_answers(
+    prefix: str,
+) -> None:
+    # Told in one pipeline, they outlasted the store's timeout every time (and marked it down
+    # again): no sweep ever ran after. A batch at a time, each within it.
+    with redis_server() as redis:
+        store = SharedStore(StoreConfig(url=redis.url, prefix=prefix))
+        await store.start()
+        records = SessionRecords(store, 60, "replica-a")
+        try:
+            redis.stop()
+            for i in range(UNSAID):  # DELETEs served meanwhile (the first finds it down)
+                await records.ended(f"s{i:032x}")
+            redis.start()
+            await store.start()  # it answers again
+            told = await records.say_unsaid()
+            async with aioredis.Redis.from_url(redis.url) as client:
+                tombstones = await client.exists(*(f"{prefix}:ended:s{i:032x}" for i in (0, UNSAID - 1)))
+            problem = store.problem
+        finally:
+            await store.close()
+    assert (told, problem, tombstones) == (True, None, 2)
+
+
+async def test_a_log_level_set_while_redis_was_unreachable_reaches_the_record(
+    prefix: str, tmp_path: Path
+) -> None:
+    # Replica 0 serves logging/setLevel while Redis is frozen (data kept): neither the record
+    # nor the other replicas hear of it then. A restore only adds fields the record lacks:
+    # the level must be told as such when Redis answers.
+    with redis_server() as redis:
+        async with (
+            counter_replicas(redis, prefix, tmp_path) as (cluster, http),
+            aioredis.Redis.from_url(redis.url) as client,
+        ):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            session = headers["Mcp-Session-Id"]
+            await adopted_by(http, cluster, 1, headers)
+            redis.freeze()
+            try:
+                await unavailable_to(http, cluster, 0)  # what it does now is not sent
+                level = request(2, "logging/setLevel", {"level": "error"})
+                answer = await http.post(cluster.endpoint(0), json=level, headers=headers)
+                assert answer.status_code == 200, answer.text
+            finally:
+                redis.thaw()
+            with anyio.fail_after(SETTLE):
+                while await client.hget(f"{prefix}:session:{session}", "level") != b"error":
+                    await anyio.sleep(0.2)
+            recorded = await client.hget(f"{prefix}:session:{session}", "level")
+            assert "answers again" in cluster.log(0)
+    assert recorded == b"error"
+
+
+async def test_a_subscription_dropped_while_redis_was_unreachable_leaves_the_record_once_it_answers(
+    prefix: str, tmp_path: Path
+) -> None:
+    # The client unsubscribes through replica 0 while Redis is frozen: the HDEL fails. Left in
+    # the record, 'sub:<uri>' names replica 0, which no longer holds it: had replica 0 died,
+    # the replica serving the stream would have subscribed again for a client that left.
+    with redis_server() as redis:
+        async with serving_upstream(recorder.build(lambda _: None)) as upstream:
+            data = config(redis, prefix, upstream)
+            data["upstreams"] = {"rec": {"url": upstream, "protocol": "legacy"}}
+            async with (
+                replicas(data, tmp_path) as cluster,
+                httpx.AsyncClient(timeout=BOUND) as http,
+                aioredis.Redis.from_url(redis.url) as client,
+            ):
+                headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+                key = f"{prefix}:session:{headers['Mcp-Session-Id']}"
+                subscribe = request(2, "resources/subscribe", {"uri": "counter://value"})
+                unsubscribe = request(3, "resources/unsubscribe", {"uri": "counter://value"})
+                assert (
+                    await http.post(cluster.endpoint(0), json=subscribe, headers=headers)
+                ).status_code == 200
+                assert await client.hexists(key, "sub:counter://value")
+                redis.freeze()
+                try:
+                    await unavailable_to(http, cluster, 0)  # what it does now is not sent
+                    answer = await http.post(cluster.endpoint(0), json=unsubscribe, headers=headers)
+                    assert answer.status_code == 200, answer.text
+                finally:
+                    redis.thaw()
+                with anyio.fail_after(SETTLE):
+                    while await client.hexists(key, "sub:counter://value"):
+                        await anyio.sleep(0.2)
+                left = await client.hget(key, "sub:counter://value")
+                assert "answers again" in cluster.log(0)
+    assert left is None
+
+
+async def test_a_new_sessions_first_requests_find_nothing_lost(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Nothing is lost here. Yet the request that follows initialize (notifications/initialized,
+    # sent as soon as the answer arrives) is admitted before the opening request is settled
+    # (its reservation replaced by the session in the client's count): the touch's
+    # ZADD XX CH finds no member, says "lost", and the replica runs the restore script inline
+    # in admission (a second round trip before the request is served). HSETNX is only in it.
+    async with (
+        counter_replicas(redis, prefix, tmp_path, 1) as (cluster, http),
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        await client.config_resetstat()
+
+        async def one() -> None:
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            assert (await http.post(cluster.endpoint(0), json=PING, headers=headers)).status_code == 200
+
+        async with anyio.create_task_group() as tg:  # clients opening sessions at once
+            for _ in range(40):
+                tg.start_soon(one)
+        stats = await client.info("commandstats")
+    restores = stats.get("cmdstat_hsetnx", {}).get("calls", 0) // 5  # five fields a record
+    assert restores == 0
