@@ -74,6 +74,19 @@ async def counter_replicas(
             yield cluster, http
 
 
+@asynccontextmanager
+async def recorder_replicas(
+    redis: Redis, prefix: str, tmp_path: Path, **server: Any
+) -> AsyncIterator[tuple[Cluster, httpx.AsyncClient]]:
+    """Two replicas of a handshake-era recorder upstream (its ``counter://value`` can be
+    subscribed to) sharing ``redis``, and an HTTP client."""
+    async with serving_upstream(recorder.build(lambda _: None)) as upstream:
+        data = config(redis, prefix, upstream, **({"server": server} if server else {}))
+        data["upstreams"] = {"rec": {"url": upstream, "protocol": "legacy"}}
+        async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
+            yield cluster, http
+
+
 async def test_a_session_opened_while_redis_was_down_is_adopted_by_the_other_replica_once_it_is_back(
     prefix: str, tmp_path: Path
 ) -> None:
@@ -288,25 +301,21 @@ async def test_a_record_written_again_by_one_replica_gets_the_subscription_anoth
     # The session opened on replica 0, its subscription held by replica 1. The store evicts
     # the record; replica 0's next request writes it again from what replica 0 holds, and
     # replica 1 adds its subscription: when replica 1 dies, the stream's replica takes it over.
-    async with serving_upstream(recorder.build(lambda _: None)) as upstream:
-        data = config(redis, prefix, upstream, server={"session_idle_timeout": 20})
-        data["upstreams"] = {"rec": {"url": upstream, "protocol": "legacy"}}
-        async with (
-            replicas(data, tmp_path) as cluster,
-            httpx.AsyncClient(timeout=BOUND) as http,
-            aioredis.Redis.from_url(redis.url) as client,
-        ):
-            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
-            session = headers["Mcp-Session-Id"]
-            subscribe = request(1, "resources/subscribe", {"uri": "counter://value"})
-            assert (await http.post(cluster.endpoint(1), json=subscribe, headers=headers)).status_code == 200
-            assert await client.delete(f"{prefix}:session:{session}") == 1
-            with anyio.fail_after(BOUND):
-                while not await client.hexists(f"{prefix}:session:{session}", "sub:counter://value"):
-                    await http.post(cluster.endpoint(0), json=PING, headers=headers)
-                    await anyio.sleep(0.2)
-            async with events(http, cluster.endpoint(0), headers) as reader:
-                cluster.kill(1)
-                with anyio.fail_after(HEARTBEAT_TTL + BOUND):
-                    _, told = await reader.__anext__()
+    async with (
+        recorder_replicas(redis, prefix, tmp_path, session_idle_timeout=20) as (cluster, http),
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+        session = headers["Mcp-Session-Id"]
+        subscribe = request(1, "resources/subscribe", {"uri": "counter://value"})
+        assert (await http.post(cluster.endpoint(1), json=subscribe, headers=headers)).status_code == 200
+        assert await client.delete(f"{prefix}:session:{session}") == 1
+        with anyio.fail_after(BOUND):
+            while not await client.hexists(f"{prefix}:session:{session}", "sub:counter://value"):
+                await http.post(cluster.endpoint(0), json=PING, headers=headers)
+                await anyio.sleep(0.2)
+        async with events(http, cluster.endpoint(0), headers) as reader:
+            cluster.kill(1)
+            with anyio.fail_after(HEARTBEAT_TTL + BOUND):
+                _, told = await reader.__anext__()
     assert told == UPDATED  # taken over: "it may have changed while nobody relayed its updates"

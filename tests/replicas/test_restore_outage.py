@@ -13,13 +13,11 @@ import redis.asyncio as aioredis
 from agent_gateway.config import StoreConfig
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.sessions import SessionRecords
-from tests.replicas.cluster import Cluster, replicas
+from tests.replicas.cluster import Cluster
 from tests.replicas.services import Redis, redis_server
-from tests.replicas.test_restore import PING, adopted_by, counter_replicas, request
-from tests.replicas.test_sessions import BOUND, config
+from tests.replicas.test_restore import PING, adopted_by, counter_replicas, recorder_replicas, request
+from tests.replicas.test_sessions import BOUND
 from tests.replicas.test_store import ACCEPT, opened
-from tests.servers import recorder
-from tests.support import serving_upstream
 
 SETTLE = 8.0
 """Seconds for a replica to see the store answer again and sweep (watch 1 s, look 2 s)."""
@@ -96,34 +94,28 @@ async def test_a_subscription_dropped_while_redis_was_unreachable_leaves_the_rec
     # the record, 'sub:<uri>' names replica 0, which no longer holds it: had replica 0 died,
     # the replica serving the stream would have subscribed again for a client that left.
     with redis_server() as redis:
-        async with serving_upstream(recorder.build(lambda _: None)) as upstream:
-            data = config(redis, prefix, upstream)
-            data["upstreams"] = {"rec": {"url": upstream, "protocol": "legacy"}}
-            async with (
-                replicas(data, tmp_path) as cluster,
-                httpx.AsyncClient(timeout=BOUND) as http,
-                aioredis.Redis.from_url(redis.url) as client,
-            ):
-                headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
-                key = f"{prefix}:session:{headers['Mcp-Session-Id']}"
-                subscribe = request(2, "resources/subscribe", {"uri": "counter://value"})
-                unsubscribe = request(3, "resources/unsubscribe", {"uri": "counter://value"})
-                assert (
-                    await http.post(cluster.endpoint(0), json=subscribe, headers=headers)
-                ).status_code == 200
-                assert await client.hexists(key, "sub:counter://value")
-                redis.freeze()
-                try:
-                    await unavailable_to(http, cluster, 0)  # what it does now is not sent
-                    answer = await http.post(cluster.endpoint(0), json=unsubscribe, headers=headers)
-                    assert answer.status_code == 200, answer.text
-                finally:
-                    redis.thaw()
-                with anyio.fail_after(SETTLE):
-                    while await client.hexists(key, "sub:counter://value"):
-                        await anyio.sleep(0.2)
-                left = await client.hget(key, "sub:counter://value")
-                assert "answers again" in cluster.log(0)
+        async with (
+            recorder_replicas(redis, prefix, tmp_path) as (cluster, http),
+            aioredis.Redis.from_url(redis.url) as client,
+        ):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            key = f"{prefix}:session:{headers['Mcp-Session-Id']}"
+            subscribe = request(2, "resources/subscribe", {"uri": "counter://value"})
+            unsubscribe = request(3, "resources/unsubscribe", {"uri": "counter://value"})
+            assert (await http.post(cluster.endpoint(0), json=subscribe, headers=headers)).status_code == 200
+            assert await client.hexists(key, "sub:counter://value")
+            redis.freeze()
+            try:
+                await unavailable_to(http, cluster, 0)  # what it does now is not sent
+                answer = await http.post(cluster.endpoint(0), json=unsubscribe, headers=headers)
+                assert answer.status_code == 200, answer.text
+            finally:
+                redis.thaw()
+            with anyio.fail_after(SETTLE):
+                while await client.hexists(key, "sub:counter://value"):
+                    await anyio.sleep(0.2)
+            left = await client.hget(key, "sub:counter://value")
+            assert "answers again" in cluster.log(0)
     assert left is None
 
 
