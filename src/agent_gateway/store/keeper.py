@@ -8,9 +8,9 @@ and missing from its client's count across replicas, for as long as it lived.
 
 So the replica writes the records of the sessions it holds again (``SessionRecords.restore``):
 all of them when the store answers again after an outage, or when its *epoch* (a key the store
-keeps until it loses its data) changed; one of them when a request (``store/limits.py``) or an
-open notification stream (``compat/adoption.py``) finds its record, or its place in its
-client's count, gone; then the other replicas serving it add what they hold of it (the
+keeps until it loses its data) changed; one of them when a request (``store/limits.py``) finds
+its record gone, or an open notification stream (``compat/adoption.py``) its record or its
+place in its client's count (a request counts it again itself); then the other replicas serving it add what they hold of it (the
 subscriptions they hold, their dedicated upstream sessions). A session deleted meanwhile is
 not brought back: its tombstone says so (and the replica drops it), and a replica that served
 a DELETE while the store could not be told tells it before writing anything again (so too
@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 from opentelemetry import metrics, trace
 
+from agent_gateway.runtime import CLEANUP_TIMEOUT
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
 from agent_gateway.telemetry import SCOPE
@@ -134,5 +135,6 @@ class SessionKeeper:
         for session_id in deleted:  # its end was announced while this replica was not listening
             logger.info("session %s was deleted through another replica: dropped here", session_id[:64])
             if self._drop is not None:
-                await self._drop(session_id)
+                with anyio.move_on_after(CLEANUP_TIMEOUT):  # as the announcement's handler is
+                    await self._drop(session_id)
         return True
