@@ -265,7 +265,7 @@ class SessionRecords:
         record the store lost, it would make a key of one field that never expires), and
         announce it to the other replicas serving the session."""
         keys = [self.store.key("session", session_id)]
-        args = [level, self.store.key(LEVEL), f"{self.replica} {session_id} {level}"]
+        args = self._level_args(session_id, level)
         if await self.store.call(self._level(keys=keys, args=args), "session_level") is None:
             self._unsaid_field(session_id, "level", level)
 
@@ -299,12 +299,15 @@ class SessionRecords:
     async def _field_op(self, pipe: Any, session_id: str, field: str, value: str | None) -> None:
         key = self.store.key("session", session_id)
         if field == "level" and value is not None:
-            args = [value, self.store.key(LEVEL), f"{self.replica} {session_id} {value}"]
-            await self._level(keys=[key], args=args, client=pipe)
+            await self._level(keys=[key], args=self._level_args(session_id, value), client=pipe)
         elif value is None:
             pipe.hdel(key, field)
         else:
             await self._set_if_live(keys=[key], args=[field, value], client=pipe)
+
+    def _level_args(self, session_id: str, level: str) -> list[str]:
+        """The level script's arguments: the level, the channel, the announcement."""
+        return [level, self.store.key(LEVEL), f"{self.replica} {session_id} {level}"]
 
     def _unsaid_field(self, session_id: str, field: str, value: str | None) -> None:
         if len(self._unsaid_fields) < _UNSAID_KEPT:
