@@ -13,6 +13,7 @@ import anyio
 import msgspec
 from fastmcp.server.http import StreamableHTTPASGIApp
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.connection import Connection
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -31,6 +32,7 @@ from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
+from agent_gateway.store.sessions import SessionRecord
 from agent_gateway.ui import status_page
 
 logger = logging.getLogger(__name__)
@@ -191,6 +193,13 @@ def _drain(manager: object, gateway: Gateway) -> None:
     logger.info("draining: clients' notification streams ended, new ones refused")
 
 
+async def _adopted(gateway: Gateway, connection: Connection, record: SessionRecord, scope: Scope) -> None:
+    """A session adopted from the shared store, served as the gateway's own from now on, its
+    client the one the adopting request is (that request's credential opened the session)."""
+    client = gateway.access.identify(Request(scope))
+    await gateway.sessions.adopt(connection, record, client)
+
+
 def _bounds(gateway: Gateway) -> Bounds:
     server = gateway.config.server
     return Bounds(
@@ -234,6 +243,7 @@ def _deferring(
                     shared.events.replica,
                     gateway.take_over_subscriptions,
                     shared.keeper.lost,
+                    partial(_adopted, gateway),
                 )
                 if adopting is not None:
                     shared.on_session_ended(adopting.drop)

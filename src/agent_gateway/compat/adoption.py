@@ -39,7 +39,7 @@ from mcp.server.auth.middleware.bearer_auth import (
     authorization_context,
 )
 from mcp.server.connection import Connection
-from mcp.server.runner import serve_connection
+from mcp.server.runner import aclose_shielded, serve_connection
 from mcp.server.streamable_http import (
     GET_STREAM_KEY,
     MCP_SESSION_ID_HEADER,
@@ -53,12 +53,15 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.compat.deferred import DeferredSessionManager, deferring
 from agent_gateway.compat.mcp import parse_message
 from agent_gateway.store.events import own_event, relayed, stream_digest
-from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
+from agent_gateway.store.sessions import SessionRecord, SessionRecords
 
 logger = logging.getLogger(__name__)
 
 Ended = Callable[[str], Awaitable[None]]
 """Told that a session (its id) was deleted by its client here."""
+Adopted = Callable[[Connection, SessionRecord, Scope], Awaitable[None]]
+"""Told of a session adopted here (its connection, its record, the request that adopted it),
+before any of its messages is read: the gateway serves it as its own from then on."""
 _CLAIM_EVERY = 5.0
 """Seconds between two looks, for a notification stream held here, at its session's
 subscriptions that no live replica holds."""
@@ -91,11 +94,12 @@ class AdoptingSessionManager(DeferredSessionManager):
     takes over the session's subscriptions that no replica holds)."""
     on_lost: Ended
     """Told of a session whose record its open notification stream found gone from the store."""
+    on_adopted: Adopted
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
         if session_id is not None and session_id not in self._server_instances:
-            await self._adopt(session_id, credential_of(scope))
+            await self._adopt(session_id, scope)
         held = session_id is not None and session_id in self._server_instances
         if held and scope["method"] == "GET":
             assert session_id is not None
@@ -175,7 +179,8 @@ class AdoptingSessionManager(DeferredSessionManager):
             self._scope_events(transport)
         return transport
 
-    async def _adopt(self, session_id: str, requestor: AuthorizationContext | None) -> None:
+    async def _adopt(self, session_id: str, scope: Scope) -> None:
+        requestor = credential_of(scope)
         record = await self.records.find(session_id)
         if record is None:
             return
@@ -200,7 +205,7 @@ class AdoptingSessionManager(DeferredSessionManager):
             # Connected before it is registered: a concurrent request for the same session
             # must find it ready to take messages.
             assert self._task_group is not None, "run() is entered before any request"
-            await self._task_group.start(self._serve_adopted, transport, record)
+            await self._task_group.start(self._serve_adopted, transport, record, scope)
             if requestor is not None:
                 self._session_owners[session_id] = requestor
             self._server_instances[session_id] = transport
@@ -210,12 +215,13 @@ class AdoptingSessionManager(DeferredSessionManager):
         self,
         transport: StreamableHTTPServerTransport,
         record: SessionRecord,
+        scope: Scope,
         *,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """The SDK's session loop (``serve_loop``), on a connection initialized from ``record``."""
+        """The SDK's session loop (``serve_loop``), on a connection initialized from ``record``
+        and made the gateway's session (``on_adopted``) before the adopting request is served."""
         async with transport.connect() as (read_stream, write_stream):
-            task_status.started()
             try:
                 idle_scope = transport.idle_scope or anyio.CancelScope()
                 with idle_scope:
@@ -229,7 +235,12 @@ class AdoptingSessionManager(DeferredSessionManager):
                         client_params=record.params,
                     )
                     connection.initialized.set()
-                    connection.state[ADOPTED] = record
+                    try:
+                        await self.on_adopted(connection, record, scope)
+                    except BaseException:
+                        await aclose_shielded(connection)  # what it opened ends with it
+                        raise
+                    task_status.started()
                     await serve_connection(
                         self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
                     )
@@ -265,6 +276,7 @@ def adopt_sessions(
     replica: str,
     on_listening: Ended,
     on_lost: Ended,
+    on_adopted: Adopted,
 ) -> AdoptingSessionManager | None:
     """Make ``manager`` (already a ``DeferredSessionManager``) adopt sessions from the store;
     None (logged) for a manager of another kind."""
@@ -282,4 +294,5 @@ def adopt_sessions(
     adopting.deleting = set()
     adopting.on_listening = on_listening
     adopting.on_lost = on_lost
+    adopting.on_adopted = on_adopted
     return adopting

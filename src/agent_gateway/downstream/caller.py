@@ -18,8 +18,8 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
 from agent_gateway.access import Principal
-from agent_gateway.downstream.input_requests import elicits_by_url, result_type
-from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, refusal, relabelled, wanted
+from agent_gateway.downstream.input_requests import elicits_by_url, refusal, result_type
+from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, relabelled, wanted
 from agent_gateway.runtime import SEND_TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class Caller:
             )
 
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
-        if (refused := refusal(self.session, request)) is not None:
+        if (refused := refusal(self.session.modern, self.session.capabilities, request)) is not None:
             logger.warning(
                 "%s from %s for session %s refused: %s",
                 request.method,

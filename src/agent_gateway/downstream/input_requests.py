@@ -7,6 +7,20 @@ import mcp_types as types
 from mcp.server.validation import check_sampling_tools_capability, wants_sampling_tools
 
 
+def refusal(
+    modern: bool, capabilities: types.ClientCapabilities | None, request: types.InputRequest
+) -> types.ErrorData | None:
+    """Why ``request`` cannot be relayed to a client (of the modern era, or with
+    ``capabilities``), as an error for the upstream."""
+    if modern:
+        return types.ErrorData(
+            code=types.INVALID_REQUEST,
+            message=f"agent-gateway: the client speaks MCP 2026-07-28, which cannot answer {request.method} "
+            "from a handshake-era upstream",
+        )
+    return unsupported(capabilities, request)
+
+
 def unsupported(
     capabilities: types.ClientCapabilities | None, request: types.InputRequest
 ) -> types.ErrorData | None:

@@ -33,10 +33,10 @@ from agent_gateway import access
 from agent_gateway.access import Principal
 from agent_gateway.compat.adoption import credential_of
 from agent_gateway.compat.mcp import connection_of
-from agent_gateway.downstream.input_requests import elicits_by_url, result_type, unsupported
+from agent_gateway.downstream.input_requests import elicits_by_url, refusal, result_type
 from agent_gateway.limits import session_opened
 from agent_gateway.runtime import CLEANUP_TIMEOUT, SEND_TIMEOUT
-from agent_gateway.store.sessions import ADOPTED, SessionRecord, SessionRecords
+from agent_gateway.store.sessions import SessionRecord, SessionRecords
 from agent_gateway.tally import sessions_active
 from agent_gateway.upstreams.client_side import EVERYTHING
 
@@ -153,7 +153,7 @@ class DownstreamSession:
             )
 
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
-        if (refused := refusal(self, request)) is not None:
+        if (refused := refusal(self.modern, self.capabilities, request)) is not None:
             return refused
         assert self.connection is not None  # refusal() covers the modern era
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -181,17 +181,6 @@ def standing(client: Principal) -> DownstreamSession:
     return DownstreamSession(
         f"client-{digest}", "modern", "http", None, capabilities=EVERYTHING, client=client
     )
-
-
-def refusal(session: DownstreamSession, request: types.InputRequest) -> types.ErrorData | None:
-    """Why ``request`` cannot be relayed to the client of ``session``, as an error for the upstream."""
-    if session.modern:
-        return types.ErrorData(
-            code=types.INVALID_REQUEST,
-            message=f"agent-gateway: the client speaks MCP 2026-07-28, which cannot answer {request.method} "
-            "from a handshake-era upstream",
-        )
-    return unsupported(session.capabilities, request)
 
 
 def _software(connection: Connection) -> str | None:
@@ -304,7 +293,7 @@ class SessionRegistry(Middleware):
         connection = connection_of(request.session)
         if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
             caps = request.session.client_capabilities
-            return self._open(secrets.token_hex(16), "modern", None, caps), True
+            return self._open(secrets.token_hex(16), "modern", None, caps, access.current()), True
         known = connection.state.get(STATE_KEY)
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed
@@ -312,29 +301,40 @@ class SessionRegistry(Middleware):
             if known.software is None:  # likewise
                 known.software = _software(connection)
             return known, False
-        session = self._open(
-            connection.session_id or uuid.uuid4().hex,
-            "handshake",
-            connection,
-            request.session.client_capabilities,
-        )
-        connection.state[STATE_KEY] = session
-        session.software = _software(connection)
-        if isinstance(adopted := connection.state.get(ADOPTED), SessionRecord):
-            session.log_level = adopted.level
-            session.record = adopted
-            self.adopted += 1
+        sid, caps = connection.session_id or uuid.uuid4().hex, request.session.client_capabilities
+        return self._hold(self._open(sid, "handshake", connection, caps, access.current())), True
+
+    async def adopt(self, connection: Connection, record: SessionRecord, client: Principal | None) -> None:
+        """Serve here the session ``record`` describes, adopted from the shared store on
+        ``connection`` by ``client``'s request: live from now on, before that request is
+        served, since a GET opening its notification stream is served by no handler (a client
+        that only listens sends this replica nothing else, and the session's subscriptions,
+        its record and its log level must still be kept here)."""
+        caps = connection.client_capabilities
+        session = self._hold(self._open(record.id, "handshake", connection, caps, client))
+        session.log_level, session.record = record.level, record
+        self.adopted += 1
+        await self._on_levels(None)
+
+    def _hold(self, session: DownstreamSession) -> DownstreamSession:
+        """``session`` kept on its connection, and ended with it."""
+        assert session.connection is not None
+        session.connection.state[STATE_KEY] = session
+        session.software = _software(session.connection)
         # Unwound on DELETE, idle expiry, stdio EOF and shutdown alike.
-        connection.exit_stack.push_async_callback(self.end, session)
-        return session, True
+        session.connection.exit_stack.push_async_callback(self.end, session)
+        return session
 
     def _open(
-        self, sid: str, era: str, connection: Connection | None, caps: types.ClientCapabilities | None
+        self,
+        sid: str,
+        era: str,
+        connection: Connection | None,
+        caps: types.ClientCapabilities | None,
+        client: Principal | None,
     ) -> DownstreamSession:
         transport = "stdio" if connection is not None and connection.session_id is None else "http"
-        session = DownstreamSession(
-            sid, era, transport, connection, capabilities=caps, client=access.current()
-        )
+        session = DownstreamSession(sid, era, transport, connection, capabilities=caps, client=client)
         self.live[sid] = session
         if session.client is not None and era == "handshake":  # modern: counted by admission
             session.client.sessions += 1

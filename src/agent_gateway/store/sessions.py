@@ -39,8 +39,6 @@ LEVEL = "level"
 RESTORED = "restored"
 """The channel on which a record written again after a request found it gone is announced
 (its session id): each other replica serving the session adds what it holds of it."""
-ADOPTED = "agent_gateway.adopted"
-"""The key, in an adopted session's ``Connection.state``, of the record it was adopted from."""
 
 # KEYS: the record, its tombstone. ARGV: the session id, the client counts' key prefix, the
 # channel, seconds the tombstone is kept.
