@@ -181,6 +181,30 @@ async def test_a_record_the_store_evicted_is_written_again_while_its_client_only
             await adopted_by(http, cluster, 1, headers)
 
 
+async def test_a_record_lost_is_written_again_by_the_replica_holding_only_its_stream(
+    prefix: str, tmp_path: Path
+) -> None:
+    # A client that subscribed and then only listens: its stream is what moves to a replica
+    # that survives the one it used, and that replica holds the session by it alone.
+    with redis_server() as redis:
+        async with recorder_replicas(redis, prefix, tmp_path) as (cluster, http):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            session = headers["Mcp-Session-Id"]
+            level = request(2, "logging/setLevel", {"level": "debug"})
+            assert (await http.post(cluster.endpoint(0), json=level, headers=headers)).status_code == 200
+            async with (
+                events(http, cluster.endpoint(1), headers),
+                aioredis.Redis.from_url(redis.url) as client,
+            ):
+                await recorded(client, prefix, session)
+                cluster.kill(0)  # replica 1 alone holds the session now, by its stream
+                await client.flushall()  # a restart without persistence: every record gone
+                after = await recorded(client, prefix, session)
+                assert await counted(client, prefix, session)
+    assert after["level"] == "debug"
+    assert "session record(s) it no longer held written again" in cluster.log(1)
+
+
 def record(session: str, **extra: Any) -> SessionRecord:
     params = types.InitializeRequestParams(
         protocol_version="2025-11-25",

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 import redis.asyncio as aioredis
 from fastmcp import Context, FastMCP
 
@@ -167,13 +168,17 @@ async def test_a_resource_update_arising_on_one_replica_reaches_the_stream_held_
     assert [e["uri"] for e in seen if e["event"] == "subscribe"] == ["counter://value"]
 
 
+@pytest.mark.parametrize("asked", [True, False], ids=["asked-first", "stream-alone"])
 async def test_a_subscription_held_by_a_replica_that_dies_is_taken_over_by_the_other(
-    redis: Redis, prefix: str, tmp_path: Path
+    redis: Redis, prefix: str, tmp_path: Path, asked: bool
 ) -> None:
+    # The other replica adopts the session by a request, or by its notification stream alone
+    # (a client that subscribed and then only listens: what moves when its replica dies).
     seen: list[dict[str, Any]] = []
     async with recorder_cluster(redis, prefix, tmp_path, seen) as session:
         await session.post(0, SUBSCRIBE)  # held by replica 0
-        await session.post(1, {"id": 2, "method": "tools/call", "params": {"name": "rec__whoami"}})
+        if asked:
+            await session.post(1, {"id": 2, "method": "tools/call", "params": {"name": "rec__whoami"}})
         async with session.events(1) as reader:
             session.cluster.kill(0)  # the holder dies; the stream's replica takes it over
             with anyio.fail_after(HEARTBEAT_TTL + 3 * BOUND / 4):
