@@ -4,7 +4,7 @@ and the status page at ``/``."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -193,11 +193,13 @@ def _drain(manager: object, gateway: Gateway) -> None:
     logger.info("draining: clients' notification streams ended, new ones refused")
 
 
-async def _adopted(gateway: Gateway, connection: Connection, record: SessionRecord, scope: Scope) -> None:
+def _adopted(
+    gateway: Gateway, connection: Connection, record: SessionRecord, scope: Scope
+) -> Awaitable[None]:
     """A session adopted from the shared store, served as the gateway's own from now on, its
     client the one the adopting request is (that request's credential opened the session)."""
     client = gateway.access.identify(Request(scope))
-    await gateway.sessions.adopt(connection, record, client)
+    return gateway.sessions.adopt(connection, record, client)
 
 
 def _bounds(gateway: Gateway) -> Bounds:

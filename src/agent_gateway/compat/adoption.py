@@ -60,8 +60,12 @@ logger = logging.getLogger(__name__)
 Ended = Callable[[str], Awaitable[None]]
 """Told that a session (its id) was deleted by its client here."""
 Adopted = Callable[[Connection, SessionRecord, Scope], Awaitable[None]]
-"""Told of a session adopted here (its connection, its record, the request that adopted it),
-before any of its messages is read: the gateway serves it as its own from then on."""
+"""Called (its answer not awaited yet) with a session adopted here (its connection, its
+record, the request that adopted it) before the session is registered: the gateway serves
+it as its own from then on. What it returns is awaited once the session is registered, in
+the session's own task before its first message is read: nothing is awaited while the
+replica's session lock is held (every new session waits for it, and an upstream stuck on a
+log level would hold each up to its bound)."""
 _CLAIM_EVERY = 5.0
 """Seconds between two looks, for a notification stream held here, at its session's
 subscriptions that no live replica holds."""
@@ -236,14 +240,14 @@ class AdoptingSessionManager(DeferredSessionManager):
                     )
                     connection.initialized.set()
                     try:
-                        await self.on_adopted(connection, record, scope)
-                    except BaseException:
-                        await aclose_shielded(connection)  # what it opened ends with it
-                        raise
-                    task_status.started()
-                    await serve_connection(
-                        self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
-                    )
+                        then = self.on_adopted(connection, record, scope)
+                        task_status.started()
+                        await then
+                        await serve_connection(
+                            self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
+                        )
+                    finally:  # what it opened ends with it, should the loop never have run
+                        await aclose_shielded(connection)
             except Exception:
                 logger.exception("adopted session %s crashed", record.id)
             finally:

@@ -304,17 +304,20 @@ class SessionRegistry(Middleware):
         sid, caps = connection.session_id or uuid.uuid4().hex, request.session.client_capabilities
         return self._hold(self._open(sid, "handshake", connection, caps, access.current())), True
 
-    async def adopt(self, connection: Connection, record: SessionRecord, client: Principal | None) -> None:
+    def adopt(
+        self, connection: Connection, record: SessionRecord, client: Principal | None
+    ) -> Awaitable[None]:
         """Serve here the session ``record`` describes, adopted from the shared store on
         ``connection`` by ``client``'s request: live from now on, before that request is
         served, since a GET opening its notification stream is served by no handler (a client
         that only listens sends this replica nothing else, and the session's subscriptions,
-        its record and its log level must still be kept here)."""
+        its record and its log level must still be kept here). Returns what is left: its
+        level applied upstream, to await once the session is registered."""
         caps = connection.client_capabilities
         session = self._hold(self._open(record.id, "handshake", connection, caps, client))
         session.log_level, session.record = record.level, record
         self.adopted += 1
-        await self._on_levels(None)
+        return self._on_levels(None)
 
     def _hold(self, session: DownstreamSession) -> DownstreamSession:
         """``session`` kept on its connection, and ended with it."""
