@@ -195,7 +195,7 @@ def _drain(manager: object, gateway: Gateway) -> None:
 
 def _adopted(
     gateway: Gateway, connection: Connection, record: SessionRecord, scope: Scope
-) -> Awaitable[None]:
+) -> Callable[[], Awaitable[None]]:
     """A session adopted from the shared store, served as the gateway's own from now on, its
     client the one the adopting request is (that request's credential opened the session)."""
     client = gateway.access.identify(Request(scope))

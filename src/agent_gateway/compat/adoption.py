@@ -59,13 +59,13 @@ logger = logging.getLogger(__name__)
 
 Ended = Callable[[str], Awaitable[None]]
 """Told that a session (its id) was deleted by its client here."""
-Adopted = Callable[[Connection, SessionRecord, Scope], Awaitable[None]]
-"""Called (its answer not awaited yet) with a session adopted here (its connection, its
-record, the request that adopted it) before the session is registered: the gateway serves
-it as its own from then on. What it returns is awaited once the session is registered, in
-the session's own task before its first message is read: nothing is awaited while the
-replica's session lock is held (every new session waits for it, and an upstream stuck on a
-log level would hold each up to its bound)."""
+Adopted = Callable[[Connection, SessionRecord, Scope], Callable[[], Awaitable[None]]]
+"""Called with a session adopted here (its connection, its record, the request that adopted
+it) before the session is registered: the gateway serves it as its own from then on. What it
+returns is run once the session is registered, in the session's own task beside its loop
+(cancelled when the loop ends): nothing is awaited while the replica's session lock is held
+(every new session waits for it, and an upstream stuck on a log level would hold each up to
+its bound), nor holds up the session's messages or its end."""
 _CLAIM_EVERY = 5.0
 """Seconds between two looks, for a notification stream held here, at its session's
 subscriptions that no live replica holds."""
@@ -242,10 +242,15 @@ class AdoptingSessionManager(DeferredSessionManager):
                     try:
                         then = self.on_adopted(connection, record, scope)
                         task_status.started()
-                        await then
-                        await serve_connection(
-                            self.app, dispatcher, connection=connection, lifespan_state=self._lifespan_state
-                        )
+                        async with anyio.create_task_group() as tg:
+                            tg.start_soon(_run, then)
+                            await serve_connection(
+                                self.app,
+                                dispatcher,
+                                connection=connection,
+                                lifespan_state=self._lifespan_state,
+                            )
+                            tg.cancel_scope.cancel()
                     finally:  # what it opened ends with it, should the loop never have run
                         await aclose_shielded(connection)
             except Exception:
@@ -263,6 +268,10 @@ class AdoptingSessionManager(DeferredSessionManager):
         shared = self._shared_event_store
         if shared is not None and transport.mcp_session_id is not None:
             transport._event_store = SessionScopedEventStore(shared, session_id=transport.mcp_session_id)  # pyright: ignore[reportPrivateUsage]
+
+
+async def _run(then: Callable[[], Awaitable[None]]) -> None:
+    await then()
 
 
 def _header(scope: Scope, name: str) -> str | None:

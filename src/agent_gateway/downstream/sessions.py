@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 import anyio
@@ -306,18 +306,18 @@ class SessionRegistry(Middleware):
 
     def adopt(
         self, connection: Connection, record: SessionRecord, client: Principal | None
-    ) -> Awaitable[None]:
+    ) -> Callable[[], Awaitable[None]]:
         """Serve here the session ``record`` describes, adopted from the shared store on
         ``connection`` by ``client``'s request: live from now on, before that request is
         served, since a GET opening its notification stream is served by no handler (a client
         that only listens sends this replica nothing else, and the session's subscriptions,
         its record and its log level must still be kept here). Returns what is left: its
-        level applied upstream, to await once the session is registered."""
+        level applied upstream, to run once the session is registered."""
         caps = connection.client_capabilities
         session = self._hold(self._open(record.id, "handshake", connection, caps, client))
         session.log_level, session.record = record.level, record
         self.adopted += 1
-        return self._on_levels(None)
+        return partial(self._on_levels, None)
 
     def _hold(self, session: DownstreamSession) -> DownstreamSession:
         """``session`` kept on its connection, and ended with it."""
