@@ -6,7 +6,10 @@ The SDK's session manager knows only the sessions its own process opened. This s
 hold up in the shared store (``store/sessions.py``), and when the credential is the one
 that opened it, registers a transport under that id and serves it with a connection that
 is already initialized (the recorded ``initialize`` params and version), as the SDK's own
-loop would be after the handshake. A different credential is answered exactly as the SDK
+loop would be after the handshake; the gateway makes it its own session at once
+(``on_adopted``), whichever request adopted it: a notification stream's GET is served by
+no handler, and a client that only listens must still have its subscriptions, record and
+log level kept by the replica it listens on. A different credential is answered exactly as the SDK
 answers one: 404, "Session not found". A DELETE is passed on to the store so every replica
 forgets the session; a session ended elsewhere is dropped here (``drop``).
 
