@@ -69,4 +69,4 @@ async def test_adoptions_wait_on_a_stuck_upstream_side_by_side_not_in_turn(
                 with anyio.fail_after(BOUND):
                     while levels.most < 2:
                         await anyio.sleep(0.05)
-                await opened(http, cluster.endpoint(1))  # and a new session is not held up
+                await opened(http, cluster.endpoint(1))  # and a new session opens meanwhile
