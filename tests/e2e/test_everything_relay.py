@@ -5,6 +5,7 @@ server-everything reports back, so the far end saw what the client said.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -160,9 +161,10 @@ async def test_the_upstream_sees_each_clients_own_roots_and_their_changes(per_cl
 def simulated(
     lines: list[types.LoggingMessageNotificationParams],
 ) -> list[types.LoggingMessageNotificationParams]:
-    """The simulated lines among ``lines``: server-everything also says, whenever it has asked
-    the gateway for its roots, "Roots updated" (logger ``everything-server``), at no set time."""
-    return [line for line in lines if "-level message" in str(line.data)]
+    """The simulated lines among ``lines`` ("Debug-level message" … "Alert level-message"):
+    server-everything also says, whenever it has asked the gateway for its roots, "Roots
+    updated" (logger ``everything-server``), at no set time."""
+    return [line for line in lines if re.match(r"\w+[- ]level[- ]message", str(line.data))]
 
 
 async def test_simulated_log_lines_reach_every_client_tagged_with_the_upstream(shared_url: str) -> None:
