@@ -23,17 +23,18 @@ from tests.support import serving_upstream
 
 class HeldLevels(Middleware):
     """An upstream whose ``logging/setLevel`` waits, while ``held``, until the gateway gives
-    up on it; ``most``: how many waited at once."""
+    up on it; ``together`` is set once two wait at once."""
 
     def __init__(self) -> None:
         self.held = False
         self.waiting = 0
-        self.most = 0
+        self.together = anyio.Event()
 
     async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         if context.method == "logging/setLevel" and self.held:
             self.waiting += 1
-            self.most = max(self.most, self.waiting)
+            if self.waiting == 2:
+                self.together.set()
             try:
                 await anyio.sleep_forever()  # until the gateway cancels it, at its bound
             finally:
@@ -67,6 +68,5 @@ async def test_adoptions_wait_on_a_stuck_upstream_side_by_side_not_in_turn(
                 events(http, cluster.endpoint(1), sessions[1]),
             ):
                 with anyio.fail_after(BOUND):
-                    while levels.most < 2:
-                        await anyio.sleep(0.05)
+                    await levels.together.wait()
                 await opened(http, cluster.endpoint(1))  # and a new session opens meanwhile
