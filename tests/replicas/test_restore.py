@@ -16,9 +16,11 @@ import httpx
 import mcp_types as types
 import redis.asyncio as aioredis
 
-from agent_gateway.config import StoreConfig
+from agent_gateway.access import Principal
+from agent_gateway.config import ClientPolicy, StoreConfig
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.holders import HEARTBEAT_TTL
+from agent_gateway.store.limits import SharedLimits
 from agent_gateway.store.sessions import SessionRecord, SessionRecords, UpstreamRecord
 from tests.replicas.cluster import Cluster, replicas
 from tests.replicas.services import Redis, redis_server
@@ -269,6 +271,43 @@ async def test_a_touch_finds_a_lost_count_and_keeps_the_count_alive(redis: Redis
             await client.expire(count, 1)  # as a request's admission left it, long ago
             assert await records.touch("listening") is True
             assert await client.ttl(count) > 50
+    finally:
+        await store.close()
+
+
+async def test_a_record_outlives_its_sessions_idle_timeout_by_the_touch_interval(
+    redis: Redis, prefix: str
+) -> None:
+    # A replica's requests push a session's expiry back at most once a touch interval (6 s at
+    # a 60 s idle timeout), so its last request may come that long after the last push: a
+    # record kept for the idle timeout alone ran out before the replica's idle timer ended
+    # the session, and a request in between wrote it again as lost (a WARNING for nothing).
+    store = SharedStore(StoreConfig(url=redis.url, prefix=prefix))
+    await store.start()
+    records, lost = SessionRecords(store, 60, "replica-a"), list[str]()
+
+    async def on_lost(session: str) -> None:
+        lost.append(session)
+
+    limits = SharedLimits(store, 60, on_lost=on_lost)
+    alice = Principal("alice", "default", ClientPolicy())
+    key, count = f"{prefix}:session:kept", f"{prefix}:sessions:alice"
+    try:
+        async with aioredis.Redis.from_url(redis.url) as client:
+            kept = []
+            await records.opened(record("kept"))
+            kept.append(await client.ttl(key))
+            assert await limits.admit(alice, "kept", opening=False) is not None
+            kept.append(await client.ttl(key))
+            now = (await client.time())[0]
+            kept.append(int(await client.zscore(count, "kept") or 0) - now)
+            assert await records.touch("kept") is True
+            kept.append(await client.ttl(key))
+            await client.delete(key)
+            assert await records.restore([record("kept")]) == [1]
+            kept.append(await client.ttl(key))
+        assert all(seconds > 60 for seconds in kept), kept
+        assert lost == []
     finally:
         await store.close()
 

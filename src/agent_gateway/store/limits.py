@@ -25,6 +25,23 @@ _RESERVATION = 60.0
 """Seconds a place taken by an opening request is held before the session is established."""
 _TOUCH_EVERY = 10.0
 """Seconds between two pushes of a session's expiry from one replica (at most)."""
+
+
+def touch_every(idle: float) -> float:
+    """Seconds between two pushes of a session's expiry by one replica's requests."""
+    return min(_TOUCH_EVERY, idle / 10)
+
+
+def kept_for(idle: float) -> int:
+    """Seconds the store keeps a session's record and count after a push of its expiry: its
+    idle timeout and one push interval more. A replica's requests push it at most once a
+    ``touch_every``, so a session's last request may come that long after the last push:
+    kept for the idle timeout alone, the record ran out up to that long before the replica's
+    own idle timer ended the session, and a request in between found it gone and wrote it
+    again as a loss (a WARNING and a restore counted, for a session that was merely idle)."""
+    return math.ceil(idle + touch_every(idle))
+
+
 _TOUCHED_KEPT = 100_000
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
@@ -105,13 +122,13 @@ class SharedLimits:
     """
 
     def __init__(
-        self, store: SharedStore, session_seconds: float, on_lost: Callable[[str], Awaitable[None]]
+        self, store: SharedStore, idle_seconds: float, on_lost: Callable[[str], Awaitable[None]]
     ) -> None:
         """``on_lost`` is told of a session whose record a request found gone."""
         self.store = store
         self._on_lost = on_lost
-        self._session_seconds = session_seconds
-        self._touch_every = min(_TOUCH_EVERY, session_seconds / 10)
+        self._session_seconds = kept_for(idle_seconds)
+        self._touch_every = touch_every(idle_seconds)
         self._touched: dict[str, float] = {}
         self._admit: AsyncScript = store.redis.register_script(_ADMIT)  # pyright: ignore[reportAttributeAccessIssue]
         self._settle: AsyncScript = store.redis.register_script(_SETTLE)  # pyright: ignore[reportAttributeAccessIssue]

@@ -5,7 +5,8 @@ The replica that answers ``initialize`` records what the handshake settled (the 
 that then gets a request for a session it does not hold reads the record and adopts the
 session (``compat/adoption.py``) instead of answering "Session not found". Each request
 pushes the record's expiry back (in the admission script, ``store/limits.py``), so a session
-expires after ``server.session_idle_timeout`` without a request on any replica. A DELETE
+expires after ``server.session_idle_timeout`` without a request on any replica (the record is
+kept a touch interval longer, ``limits.kept_for``, so that it never runs out first). A DELETE
 removes the record, leaves a tombstone for as long, and is announced, so every replica that
 adopted the session drops it.
 
@@ -28,6 +29,7 @@ import mcp_types as types
 from pydantic import ValidationError
 
 from agent_gateway.store.client import SharedStore
+from agent_gateway.store.limits import kept_for
 
 logger = logging.getLogger(__name__)
 
@@ -216,6 +218,7 @@ class SessionRecords:
         self.store = store
         self.replica = replica
         self._idle = int(max(1, idle_seconds))
+        self._kept = kept_for(self._idle)
         self._unsaid: set[str] = set()
         """Sessions deleted here while the store could not be told: told when it answers."""
         self._unsaid_fields: dict[tuple[str, str], str | None] = {}
@@ -235,7 +238,7 @@ class SessionRecords:
         """Push ``session_id``'s expiry back (its open notification stream); False: the store
         has no record of it, None: the store did not say."""
         keys = [self.store.key("session", session_id)]
-        args = [session_id, self.store.key("sessions", ""), self._idle]
+        args = [session_id, self.store.key("sessions", ""), self._kept]
         found = await self.store.call(self._touch(keys=keys, args=args), "session_touch")
         return None if found is None else bool(found)
 
@@ -245,7 +248,7 @@ class SessionRecords:
         pipe = self.store.redis.pipeline(transaction=True)
         fields: dict[Any, Any] = record.fields()
         pipe.hset(key, mapping=fields)  # pyright: ignore[reportUnknownMemberType]
-        pipe.expire(key, self._idle)
+        pipe.expire(key, self._kept)
         await self.store.call(pipe.execute(), "session_open")
 
     async def find(self, session_id: str) -> SessionRecord | None:
@@ -315,7 +318,7 @@ class SessionRecords:
         pipe = self.store.redis.pipeline(transaction=False)
         for session_id in session_ids:
             keys = [self.store.key("session", session_id), self.store.key("ended", session_id)]
-            args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._idle]
+            args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._kept]
             await self._end(keys=keys, args=args, client=pipe)
         return await self._execute(pipe, "session_end")
 
@@ -341,7 +344,7 @@ class SessionRecords:
                 self.store.key("sessions", record.client),
             ]
             pairs = [part for item in record.fields().items() for part in item]
-            await self._restore(keys=keys, args=[record.id, self._idle, channel, *pairs], client=pipe)
+            await self._restore(keys=keys, args=[record.id, self._kept, channel, *pairs], client=pipe)
         answers: list[int] | None = await self._execute(pipe, "session_restore")
         return None if answers is None else [int(a) for a in answers]
 
