@@ -334,7 +334,11 @@ async def test_a_session_deleted_while_redis_restarted_is_not_brought_back(
                     await anyio.sleep(0.1)
             async with aioredis.Redis.from_url(redis.url) as client:
                 left = await client.exists(f"{prefix}:session:{headers['Mcp-Session-Id']}")
-            again = await http.post(cluster.endpoint(1), json=PING, headers=headers)
+            with anyio.fail_after(BOUND):  # 503 ("retry") until replica 1 sees the store back
+                while (
+                    again := await http.post(cluster.endpoint(1), json=PING, headers=headers)
+                ).status_code == 503:
+                    await anyio.sleep(0.1)
     assert (left, again.status_code) == (0, 404)
 
 

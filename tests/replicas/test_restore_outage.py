@@ -143,3 +143,24 @@ async def test_a_new_sessions_first_requests_find_nothing_lost(
         stats = await client.info("commandstats")
     restores = stats.get("cmdstat_hsetnx", {}).get("calls", 0) // 5  # five fields a record
     assert restores == 0
+
+
+async def test_a_session_held_elsewhere_is_answered_retry_not_gone_while_the_store_is_away(
+    prefix: str, tmp_path: Path
+) -> None:
+    # "Session not found" tells a client its session ended: it starts a new one, its state
+    # lost to a moment's outage. The replica that cannot look the session up says "retry".
+    with redis_server() as redis:
+        async with counter_replicas(redis, prefix, tmp_path) as (cluster, http):
+            headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+            redis.freeze()
+            try:
+                await unavailable_to(http, cluster, 1)
+                away = await http.post(cluster.endpoint(1), json=PING, headers=headers)
+                held = await http.post(cluster.endpoint(0), json=PING, headers=headers)
+            finally:
+                redis.thaw()
+            await adopted_by(http, cluster, 1, headers)
+    assert (away.status_code, away.headers.get("retry-after"), held.status_code) == (503, "1", 200)
+    assert away.json()["error"]["message"] == "the shared session store does not answer: retry shortly"
+    assert "not looked up: the shared store does not answer" in cluster.log(1)

@@ -10,8 +10,10 @@ loop would be after the handshake; the gateway makes it its own session at once
 (``on_adopted``), whichever request adopted it: a notification stream's GET is served by
 no handler, and a client that only listens must still have its subscriptions, record and
 log level kept by the replica it listens on. A different credential is answered exactly as the SDK
-answers one: 404, "Session not found". A DELETE is passed on to the store so every replica
-forgets the session; a session ended elsewhere is dropped here (``drop``).
+answers one: 404, "Session not found"; while the store does not answer, a session this
+replica does not hold is answered 503 and a retry (it may well be live elsewhere). A DELETE
+is passed on to the store so every replica forgets the session; a session ended elsewhere is
+dropped here (``drop``).
 
 Stream events are scoped by the session id rather than FastMCP's random per-transport
 scope, so a stream that dropped on one replica replays on another. A notification that
@@ -29,6 +31,7 @@ transport's ``_event_store`` and ``_request_streams``; ``tests/test_compat.py`` 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -54,7 +57,10 @@ from mcp.shared.transport_context import TransportContext
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway.compat.deferred import DeferredSessionManager, deferring
+from agent_gateway.compat.lane import json_answer
 from agent_gateway.compat.mcp import parse_message
+from agent_gateway.errors import StoreUnavailable
+from agent_gateway.refusals import refused
 from agent_gateway.store.events import own_event, relayed, stream_digest
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
 
@@ -106,7 +112,11 @@ class AdoptingSessionManager(DeferredSessionManager):
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
         if session_id is not None and session_id not in self._server_instances:
-            await self._adopt(session_id, scope)
+            try:
+                await self._adopt(session_id, scope)
+            except StoreUnavailable as exc:
+                await _not_looked_up(session_id, str(exc), send)
+                return
         held = session_id is not None and session_id in self._server_instances
         if held and scope["method"] == "GET":
             assert session_id is not None
@@ -275,6 +285,20 @@ class AdoptingSessionManager(DeferredSessionManager):
 
 async def _run(then: Callable[[], Awaitable[None]]) -> None:
     await then()
+
+
+async def _not_looked_up(session_id: str, why: str, send: Send) -> None:
+    """A session this replica does not hold, while the store cannot say whether it lives:
+    503 and a retry, not "Session not found", which tells a client its session is gone (it
+    starts again, its state lost to a moment's outage). The connection closes, so that the
+    retry may reach another replica, the one holding the session among them."""
+    refused("store_unavailable", "session %s not looked up: %s", session_id, why, level=logging.INFO)
+    error = {
+        "code": StoreUnavailable.code,
+        "message": "the shared session store does not answer: retry shortly",
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    await json_answer(send, body, 503, [(b"retry-after", b"1"), (b"connection", b"close")])
 
 
 def _header(scope: Scope, name: str) -> str | None:

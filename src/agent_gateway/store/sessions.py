@@ -28,6 +28,7 @@ import anyio
 import mcp_types as types
 from pydantic import ValidationError
 
+from agent_gateway.errors import StoreUnavailable
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.limits import kept_for
 
@@ -252,11 +253,16 @@ class SessionRecords:
         await self.store.call(pipe.execute(), "session_open")
 
     async def find(self, session_id: str) -> SessionRecord | None:
-        """The record of ``session_id``, or None (unknown, expired, ended, or no store)."""
+        """The record of ``session_id``, or None (unknown, expired, ended or unreadable).
+
+        Raises:
+            StoreUnavailable: the store did not answer (the session may well be live)."""
         fields: dict[bytes, bytes] | None = await self.store.call(
             self.store.redis.hgetall(self.store.key("session", session_id)),  # pyright: ignore[reportUnknownMemberType]
             "session_find",
         )
+        if fields is None:
+            raise StoreUnavailable(f"the shared store does not answer ({self.store.problem})")
         if not fields:
             return None
         return SessionRecord.parse(session_id, fields)  # pyright: ignore[reportUnknownArgumentType]
