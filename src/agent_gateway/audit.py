@@ -55,7 +55,12 @@ def chained(record: dict[str, Any], seq: int, prev: str) -> tuple[str, str]:
     """``record``'s line in the chain (its canonical JSON with ``seq``, ``prev`` and its own
     ``hash`` added), and that hash: serialised once, the hash appended to the text hashed."""
     canonical = _canonical(record | {"seq": seq, "prev": prev})
-    digest = hashlib.sha256(canonical.encode()).hexdigest()
+    try:
+        data = canonical.encode()
+    except UnicodeEncodeError:  # a lone surrogate admission missed: a '?' for it, not the writer's end
+        canonical = canonical.encode(errors="replace").decode()
+        data = canonical.encode()
+    digest = hashlib.sha256(data).hexdigest()
     return f'{canonical[:-1]},"hash":"{digest}"}}\n', digest
 
 

@@ -1,10 +1,12 @@
-"""What a client's JSON text holds, read before (or instead of) parsing it: how many values,
-and whether it holds NaN or Infinity, which JSON does not have. HTTP admission (``limits``)
-and a stdio client's lines (``downstream/malformed``) ask the same."""
+"""What a client's JSON text holds: how many values (read before parsing it), and whether it
+holds a value that cannot be passed on as written (NaN or Infinity, a number past a double's
+range, a lone surrogate). HTTP admission (``limits``) and a stdio client's lines
+(``downstream/malformed``) ask the same."""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -27,28 +29,55 @@ def json_values(body: bytes, bound: int) -> int:
     return bare.count(b"{") + bare.count(b"[") + bare.count(b",")
 
 
-class _Constant(ValueError):
-    """NaN, Infinity or -Infinity met while parsing."""
+class Unrepresentable(ValueError):
+    """A value a client's JSON text holds that cannot be passed on as written (the reason)."""
 
 
 def _constant(name: str) -> Any:
-    raise _Constant(name)
+    raise Unrepresentable("NaN or Infinity, which JSON does not have")
 
 
-def holds_constants(text: bytes | str) -> bool:
-    """Whether ``text`` holds NaN or Infinity as a value. Python's parser (and the SDK's)
-    takes them, and such a value reached the upstream as null: a call the client never made."""
-    named = (
-        "NaN" in text or "Infinity" in text
-        if isinstance(text, str)
-        else b"NaN" in text or b"Infinity" in text
-    )
-    if not named:  # nearly every message: no parse
-        return False
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise Unrepresentable("a number past a double's range")
+    return value
+
+
+def parsed(text: bytes | str) -> Any:
+    """``text`` parsed as a client's JSON, by Python's parser (at C speed: the hooks run for
+    floats and constants only).
+
+    Raises:
+        Unrepresentable: it holds NaN or Infinity, a number past a double's range (read as
+            infinity) or a surrogate escape without its pair (no UTF-8 text holds one).
+            Python's parser (and the SDK's) takes each: the first two reached the upstream
+            as null, a call the client never made; the third raised wherever the gateway
+            wrote the value as UTF-8 (the call's record, the audit writer).
+        ValueError, RecursionError: it is not JSON, or nests too deeply to read.
+    """
+    value = json.loads(text, parse_constant=_constant, parse_float=_float)
+    escapes = ("\\ud", "\\uD") if isinstance(text, str) else (b"\\ud", b"\\uD")
+    if any(e in text for e in escapes) and not _utf8(value):  # type: ignore[operator]
+        raise Unrepresentable("a surrogate escape without its pair, which no UTF-8 text holds")
+    return value
+
+
+def unrepresentable(text: bytes | str) -> str | None:
+    """Why ``text`` holds a value that cannot be passed on as written (``parsed``); None when
+    it holds none, or is not JSON (its parser's own error says so)."""
     try:
-        json.loads(text, parse_constant=_constant)
-    except _Constant:
-        return True
-    except (ValueError, RecursionError):  # not JSON: its parser's own error says so
+        parsed(text)
+    except Unrepresentable as exc:
+        return str(exc)
+    except (ValueError, RecursionError):
+        return None
+    return None
+
+
+def _utf8(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
         return False
-    return False
+    return True

@@ -48,7 +48,7 @@ from agent_gateway.access import (
     token_of_scope,
 )
 from agent_gateway.errors import GatewayError, InvalidRequest, RateLimited, to_wire
-from agent_gateway.json_text import holds_constants, json_values
+from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
 
@@ -211,9 +211,15 @@ class Admission:
         if (count := json_values(body, bound)) > bound:
             problem = f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
             return problem, INVALID_REQUEST
-        if holds_constants(body):
-            return "the request holds NaN or Infinity, which JSON does not have", PARSE_ERROR
-        problem = _id_problem(body, scope)
+        try:
+            message: Any = parsed(body)
+        except Unrepresentable as exc:
+            return f"the request holds {exc}", PARSE_ERROR
+        except ValueError:
+            return None  # not JSON: the SDK answers that with its parse error
+        except RecursionError:
+            return "the request is nested too deeply to read", INVALID_REQUEST
+        problem = _id_problem(body, message, scope)
         return (problem, INVALID_REQUEST) if problem is not None else None
 
     async def _refuse_body(self, send: Send, status: int, message: str, code: int = INVALID_REQUEST) -> None:
@@ -305,15 +311,7 @@ def replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def _id_problem(body: bytes, scope: Scope) -> str | None:
-    if b'"id"' not in body:
-        return None
-    try:
-        message: Any = json.loads(body)
-    except ValueError:
-        return None  # not JSON: the SDK answers that with its parse error
-    except RecursionError:
-        return "the request is nested too deeply to read"
+def _id_problem(body: bytes, message: Any, scope: Scope) -> str | None:
     if not isinstance(message, dict) or "id" not in message or "method" not in message:
         return None
     request_id = message["id"]

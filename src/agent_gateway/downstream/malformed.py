@@ -22,7 +22,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import ValidationError
 
-from agent_gateway.json_text import holds_constants
+from agent_gateway.json_text import unrepresentable
 from agent_gateway.logs import clipped
 from agent_gateway.upstreams.stdio import request_id_of
 
@@ -47,8 +47,8 @@ def malformed(line: str) -> Malformed | None:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         return _diagnosed(line, exc)
-    if holds_constants(line):
-        reason = "the message holds NaN or Infinity, which JSON does not have"
+    if (held := unrepresentable(line)) is not None:
+        reason = f"the message holds {held}"
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             return Malformed(reason, None)  # an answer: an error to it would be read as one
         return _refused(reason, _usable(getattr(message, "id", None)), types.PARSE_ERROR)
