@@ -164,13 +164,15 @@ class Pipeline:
         if client is None:
             raise NotAllowed("tool", SEARCH_TOOLS, "(no identity)")
         request = search_request(arguments)
-        found, total = await self._search.search(
-            self._catalog.snapshot,
-            request.query,
-            request.limit or self._search_config.limit,
-            upstream=request.upstream,
-            accept=client.tool_filter(),
-        )
+        with client.calling():  # a search is a call in flight, under max_concurrency as any
+            found, total = await self._search.search(
+                self._catalog.snapshot,
+                request.query,
+                request.limit or self._search_config.limit,
+                upstream=request.upstream,
+                accept=client.tool_filter(),
+                party=client.subject,
+            )
         logger.debug("search_tools %s: %d of %d", shown(request.query), len(found), total)
         return search_result(found, total, request.query)
 

@@ -37,6 +37,8 @@ class Endpoint:
     authorizations: list[str] = field(default_factory=list)
     failing: bool = False
     not_finite: bool = False
+    gate: anyio.Event | None = None
+    """Set: each request after the catalog's first batch waits for it."""
 
 
 def vector(text: str) -> list[float]:
@@ -52,6 +54,8 @@ def embeddings_app(endpoint: Endpoint) -> Starlette:
         body = await request.json()
         endpoint.requests.append(body)
         endpoint.authorizations.append(request.headers.get("authorization", ""))
+        if endpoint.gate is not None:
+            await endpoint.gate.wait()
         if endpoint.failing:
             return JSONResponse({"error": {"message": "overloaded"}}, 503)
         data = [
@@ -73,13 +77,16 @@ def garden_server() -> FastMCP:
 
 
 @asynccontextmanager
-async def dense_gateway(endpoint: Endpoint, **embeddings: str) -> AsyncIterator[RunningGateway]:
+async def dense_gateway(
+    endpoint: Endpoint, auth: dict[str, Any] | None = None, **embeddings: str
+) -> AsyncIterator[RunningGateway]:
     async with serving(embeddings_app(endpoint)) as base, serving_upstream(garden_server()) as url:
         search = {
             "mode": "on",
             "embeddings": {"base_url": f"{base}/v1", "model": "toy-embed", "api_key": KEY, **embeddings},
         }
-        async with running_gateway({"upstreams": {"garden": {"url": url}}, "search": search}) as gw:
+        config = {"upstreams": {"garden": {"url": url}}, "search": search, "auth": auth or {}}
+        async with running_gateway(config) as gw:
             with anyio.fail_after(10):
                 while not gw.gateway.search.embedded(3):
                     await anyio.sleep(0.01)
@@ -149,3 +156,28 @@ async def test_an_endpoint_answering_a_vector_that_is_not_finite_leaves_lexical_
     assert not result.is_error
     assert found(result) == ["garden__water_garden"]  # the words' match alone, not the meaning's
     assert all(math.isfinite(t["score"]) for t in result.structured_content["tools"])  # type: ignore[index]
+
+
+async def test_a_search_in_flight_counts_against_the_clients_max_concurrency() -> None:
+    # A search is a call in flight: over the client's max_concurrency it is refused at once,
+    # as a tool call is, not queued with all the others at the index (a helper's attack sent
+    # hundreds at once, and every other client's searches waited behind them).
+    endpoint = Endpoint()
+    single = {"mode": "none", "policies": {"default": {"max_concurrency": 1}}}
+    async with dense_gateway(endpoint, single) as gw, Client(gw.url) as client:
+        endpoint.gate, seen = anyio.Event(), len(endpoint.requests)
+        async with anyio.create_task_group() as tg:
+            first: list[Any] = []
+
+            async def search() -> None:
+                first.append(await client.call_tool(SEARCH_TOOLS, {"query": "water the garden"}))
+
+            tg.start_soon(search)
+            with anyio.fail_after(10):  # the first search is at the endpoint, embedding its query
+                while len(endpoint.requests) == seen:
+                    await anyio.sleep(0.01)
+            busy = await client.call_tool(SEARCH_TOOLS, {"query": "plant trees"})
+            endpoint.gate.set()
+    assert busy.is_error
+    assert busy.content[0].text == "client limit: 1 calls already in flight, the limit (max_concurrency) is 1"  # type: ignore[union-attr]
+    assert found(first[0])[0] == "garden__water_garden"

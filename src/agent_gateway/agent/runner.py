@@ -297,7 +297,7 @@ class AgentRunner:
                 report,
                 asker,
                 self.config.approval_timeout,
-                self._searcher(toolbox),
+                self._searcher(toolbox, client.subject),
                 names,
                 client,
             ),
@@ -309,7 +309,7 @@ class AgentRunner:
             charge=client.spent.used,
         )
 
-    def _searcher(self, toolbox: Toolbox) -> Search | None:
+    def _searcher(self, toolbox: Toolbox, party: str) -> Search | None:
         index = self._search
         if index is None:
             return None
@@ -317,7 +317,9 @@ class AgentRunner:
         async def search(
             query: str, limit: int, upstream: str | None, accept: Callable[[str], bool]
         ) -> list[Found]:
-            found, _ = await index.search(toolbox.snapshot, query, limit, upstream=upstream, accept=accept)
+            found, _ = await index.search(
+                toolbox.snapshot, query, limit, upstream=upstream, accept=accept, party=party
+            )
             return found
 
         return search

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -23,12 +23,15 @@ from agent_gateway.runtime import CLEANUP_TIMEOUT
 from agent_gateway.search.dense import DenseIndex, Embedder, EmbeddingsFailed
 from agent_gateway.search.index import Document, ToolIndex
 from agent_gateway.search.text import words
+from agent_gateway.search.turns import Turns
 
 logger = logging.getLogger(__name__)
 
 Accept = Callable[[str], bool]
 """Whether the asker may call a tool, by public name."""
 T = TypeVar("T")
+INDEXING = "(indexing)"
+"""The party of the index's own updates, in turn with the searches."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,12 +68,13 @@ class ToolSearch:
         self._loaded.set()
         self._wake = anyio.Event()
         self._quiet_until = 0.0
-        self._turn = anyio.Lock()
+        self._turns = Turns()
         """The index's one user at a time (SQLite's connection and the postings kept)."""
 
-    async def _indexed(self, operation: Callable[[], T]) -> T:
-        """``operation`` on the index, in a worker thread, when no other is under way."""
-        async with self._turn:
+    async def _indexed(self, operation: Callable[[], T], party: Hashable = INDEXING) -> T:
+        """``operation`` on the index, in a worker thread, when no other is under way; after
+        each of ``party``'s operations before it, but behind at most one of any other's."""
+        async with self._turns.taken(party):
             return await anyio.to_thread.run_sync(operation)
 
     @asynccontextmanager
@@ -194,12 +198,14 @@ class ToolSearch:
         *,
         upstream: str | None = None,
         accept: Accept | None = None,
+        party: Hashable = None,
     ) -> tuple[list[Found], int]:
         """The ``limit`` tools of ``snapshot`` best matching ``query``, best first, of those
-        ``accept`` takes (and of ``upstream`` only, when given); and how many matched in all."""
+        ``accept`` takes (and of ``upstream`` only, when given); and how many matched in all.
+        ``party``: who searches (a client), for its turn at the index (``search/turns.py``)."""
         pool = max(limit, _FUSED) if self._dense is not None else limit
         results = await self._indexed(
-            partial(self._index.search, query, limit=pool, upstream=upstream, accept=accept)
+            partial(self._index.search, query, limit=pool, upstream=upstream, accept=accept), party
         )
         ranked = [(hit.key, hit.upstream, hit.score) for hit in results.hits]
         dense = await self._nearest(query, upstream, accept)
