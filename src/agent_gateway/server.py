@@ -380,8 +380,8 @@ root middleware, which binds a request context for FastMCP's handlers, is skippe
 
 
 def own_tool_names(config: GatewayConfig) -> frozenset[str]:
-    """The public names of the gateway's own tools, which no upstream tool may take."""
-    names = {config.agent.name} if config.agent.enabled else set[str]()
+    """The public names of the gateway's own tools (the agent's ``search_tools`` too), which no upstream tool may take."""
+    names = {config.agent.name, SEARCH_TOOLS} if config.agent.enabled else set[str]()
     if config.search.mode != "off":
         names |= {SEARCH_TOOLS, CALL_TOOL}
     return frozenset(names)

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import mcp_types as types
+from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.access import OPERATOR
@@ -71,8 +72,8 @@ async def test_a_run_over_a_thousand_tools_binds_the_relevant_ones_and_calls_the
         assert len(names) <= 40 <= OPENAI_MAX_TOOLS  # agent.max_tools: up to 39 chosen, and search_tools
         assert names[-1] == "search_tools"
     out = record(result)
-    assert 1 <= out["offered_tools"]["count"] <= 39
-    assert ACK in out["offered_tools"]["names"]
+    assert 2 <= out["offered_tools"]["count"] <= 40
+    assert {ACK, "search_tools"} <= set(out["offered_tools"]["names"])  # as the model was offered them
 
 
 async def test_a_tool_the_request_does_not_name_is_found_by_the_models_own_search() -> None:
@@ -145,3 +146,28 @@ async def test_a_client_model_is_described_only_the_bound_tools_in_the_envelope(
     assert 2 <= len(described) <= 10  # up to 9 chosen, and search_tools: not a thousand
     assert described[0].startswith(f"- {ACK}:")
     assert described[-1].startswith("- search_tools:")
+
+
+async def test_an_upstream_tool_named_search_tools_never_stands_beside_the_agents_own() -> None:
+    # With search off and an upstream unprefixed, a catalog tool could take the name the agent
+    # gives its own search: the model was bound two functions of one name (model APIs refuse
+    # that), and each call of it went to the gateway's search. The name is the gateway's.
+    docs = FastMCP("docs")
+    docs.tool(lambda query: f"hits for {query}", name="search_tools", description="Search the docs' tools.")
+    for i in range(12):
+        docs.tool(lambda: "ok", name=f"page_{i}", description=f"Read documentation page {i}.")
+    app, api = openai_api([Turn(text="done")])
+    async with serving(app) as base, serving_upstream(docs) as url:
+        config = {
+            "upstreams": {"docs": {"url": url, "prefix": False}},
+            "search": {"mode": "off"},
+            "agent": {"memory": {"store": "memory"}, "max_tools": 5, "model": openai_model(base)},
+        }
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            listed = {tool.name for tool in (await client.list_tools()).tools}
+            result = await ask(client, "read the documentation pages")
+    assert not result.is_error, text(result)
+    assert "search_tools" not in listed
+    assert "page_0" in listed
+    names = offered(api.requests[0])
+    assert (len(names), names.count("search_tools")) == (5, 1)

@@ -114,7 +114,10 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
             "steps": step,
             "usage": _added(state["usage"], reply),
             "offered": offered,
-            "offered_seen": list(dict.fromkeys([*(state.get("offered_seen") or []), *offered])),
+            # As the model was offered them: search_tools too, when it was bound.
+            "offered_seen": list(
+                dict.fromkeys([*(state.get("offered_seen") or []), *(s["function"]["name"] for s in specs)])
+            ),
         }
 
     async def tools(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
