@@ -74,10 +74,9 @@ from agent_gateway.catalog import Catalog, CatalogChange
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config_files import parse_config
 from agent_gateway.listing import ToolListing
-from agent_gateway.naming import public_name
+from agent_gateway.naming import own_tool_names, public_name
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS
-from agent_gateway.server import own_tool_names
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: make `tests` importable
 from tests.support import free_socket, serving

@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 from fastmcp import Context, FastMCP
@@ -22,6 +23,7 @@ from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS
 from tests.servers import recorder
 from tests.support import RunningGateway, running_gateway, serving_upstream
 from tests.test_access import client_with
+from tests.test_gateway import geo_upstream, modern_call
 from tests.test_proxying import BOUND, Recorded, cancels
 
 MODES = ["legacy", "auto"]
@@ -380,3 +382,23 @@ async def test_a_renamed_tool_is_found_by_the_name_clients_call_it_by() -> None:
     top = found.structured_content["tools"][0]
     assert (top["name"], top["score"] >= 0.25) == ("billing__send_invoice", True), text_of(found)
     assert by_old_name.structured_content["tools"][0]["name"] == "billing__send_invoice"
+
+
+async def test_a_modern_client_calls_an_unlisted_tool_with_header_arguments_by_its_name() -> None:
+    # A tool not listed (search mode) declares an argument repeated in an Mcp-Param header: a
+    # modern client learns the declarations from tools/list, so it sends no header, and the
+    # gateway refused its direct call (HEADER_MISMATCH) though call_tool served it. A client
+    # that does send the header (it read the declaration in search_tools' result) is still
+    # held to it.
+    async with (
+        serving_upstream(geo_upstream()) as url,
+        running_gateway({"upstreams": {"geo": {"url": url}}, "search": {"mode": "on"}}) as gw,
+        Client(gw.url, mode="auto") as client,
+        httpx.AsyncClient() as http,
+    ):
+        assert "geo__locate" not in names(await client.list_tools())
+        direct = await client.call_tool("geo__locate", {"region": "eu"})
+        body, headers = modern_call("geo__locate", "eu")
+        disagreeing = await http.post(gw.url, json=body, headers=headers | {"mcp-param-region": "us"})
+    assert (direct.is_error, text_of(direct)) == (False, "located in eu")
+    assert disagreeing.json()["error"]["code"] == types.HEADER_MISMATCH

@@ -84,6 +84,11 @@ class ToolListing:
         """Whether ``client`` is in search mode now."""
         return self.view(self._catalog.snapshot, client).searching
 
+    def lists(self, client: Principal | None, name: str) -> bool:
+        """Whether ``client``'s ``tools/list`` names the catalog tool ``name`` (in search mode,
+        only if it is pinned)."""
+        return not self.searching(client) or matches_any(name, self._config.pinned)
+
     def view(self, snapshot: CatalogSnapshot, client: Principal | None) -> View:
         key = (snapshot.version, _policy(client))
         if (view := self._views.get(key)) is None:

@@ -11,9 +11,12 @@ import hashlib
 import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Annotated, Generic, TypeVar
+from typing import TYPE_CHECKING, Annotated, Generic, TypeVar
 
 from pydantic import AfterValidator, Field
+
+if TYPE_CHECKING:
+    from agent_gateway.config import GatewayConfig
 
 SEARCH_TOOLS = "search_tools"
 CALL_TOOL = "call_tool"
@@ -113,3 +116,12 @@ def build_table(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str, Or
             raise NameCollision(kind, public, existing, origin)  # type: ignore[arg-type]
         table[public] = origin
     return table
+
+
+def own_tool_names(config: GatewayConfig) -> frozenset[str]:
+    """The public names of the gateway's own tools, which no upstream tool may take (the
+    agent's own ``search_tools`` too, which it offers its model over a large toolbox)."""
+    names = {config.agent.name, SEARCH_TOOLS} if config.agent.enabled else set[str]()
+    if config.search.mode != "off":
+        names |= {SEARCH_TOOLS, CALL_TOOL}
+    return frozenset(names)

@@ -22,6 +22,7 @@ from agent_gateway.authentication import build_auth
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.catalog_parts import Listing
+from agent_gateway.compat.exchange import PARAMS_SENT
 from agent_gateway.compat.fastmcp import lowlevel_server, past_fastmcp
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
@@ -33,6 +34,7 @@ from agent_gateway.downstream.subscriptions import ResourceSubscriptions
 from agent_gateway.errors import ConfigError, UnknownName
 from agent_gateway.in_flight import bounded
 from agent_gateway.listing import ToolListing
+from agent_gateway.naming import own_tool_names
 from agent_gateway.pins import pins_for
 from agent_gateway.pipeline import Pipeline
 from agent_gateway.proxy import Proxy
@@ -190,12 +192,14 @@ class Gateway:
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:
         """A tool's inputSchema by public name (the catalog's or ``ask_agent``'s), or None:
         None too for a tool the admitted client may not call, or with no client admitted
-        (the headers then go unchecked; the call itself is refused on its own path)."""
+        (the headers then go unchecked; the call itself is refused on its own path), or for
+        one it is not listed (search mode) when it sent no header: it could not know them."""
         client = access.admitted()
         if client is None or not client.allows("tool", name):
             return None
         if (origin := (snapshot := self.catalog.snapshot).tools.get(name)) is not None:  # None: no header
-            return origin.item.input_schema if snapshot.declares_headers(name) else None
+            known = PARAMS_SENT.get() or self.listing.lists(client, name)
+            return origin.item.input_schema if known and snapshot.declares_headers(name) else None
         if self._agent_tool is not None and name == self._agent_tool.name:
             return INPUT_SCHEMA
         if self.config.search.mode != "off" and name in (SEARCH_TOOLS, CALL_TOOL):
@@ -377,14 +381,6 @@ class Gateway:
 SERVED_HERE = frozenset({"tools/call", "prompts/get", "resources/read", "completion/complete", "tools/list"})
 """The methods the gateway's own handlers serve (the pipeline's, the listing's): FastMCP's
 root middleware, which binds a request context for FastMCP's handlers, is skipped for them."""
-
-
-def own_tool_names(config: GatewayConfig) -> frozenset[str]:
-    """The public names of the gateway's own tools (the agent's ``search_tools`` too), which no upstream tool may take."""
-    names = {config.agent.name, SEARCH_TOOLS} if config.agent.enabled else set[str]()
-    if config.search.mode != "off":
-        names |= {SEARCH_TOOLS, CALL_TOOL}
-    return frozenset(names)
 
 
 def _instructions(own: str | None, snapshot: CatalogSnapshot) -> str | None:

@@ -36,6 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +86,8 @@ WATCH_AFTER = 0.25
 """Seconds a call runs before its POST is watched for the client hanging up."""
 _SSE_HEADERS: list[tuple[bytes, bytes]] = sdk._SSE_HEADERS  # pyright: ignore[reportPrivateUsage]
 _PING = b": ping\r\n\r\n"
+PARAMS_SENT: ContextVar[bool] = ContextVar("agent_gateway_params_sent", default=True)
+"""Whether the modern ``tools/call`` whose ``Mcp-Param-*`` headers are checked sent any."""
 
 
 def watches() -> Keepalive:
@@ -179,7 +182,11 @@ class ModernLane:
         route = classify_inbound_request(decoded, headers=headers.first)
         if not isinstance(route, InboundModernRoute):
             return route.message
-        rejection = await sdk._mcp_param_rejection(self._server, request, message, route, lifespan_state)  # pyright: ignore[reportPrivateUsage]
+        sent = PARAMS_SENT.set(any(n.lower().startswith("mcp-param-") for n in headers.first))
+        try:
+            rejection = await sdk._mcp_param_rejection(self._server, request, message, route, lifespan_state)  # pyright: ignore[reportPrivateUsage]
+        finally:
+            PARAMS_SENT.reset(sent)
         return (message, route) if rejection is None else rejection.message
 
 
