@@ -128,16 +128,19 @@ async def test_a_search_runs_off_the_event_loop_while_others_are_served() -> Non
     await catalog.update("tracker", listing("create_issue", "close_issue"))
     snapshot = catalog.start()
     await search.load(snapshot)
-    served = threading.Event()
+    entered, served = threading.Event(), threading.Event()
     waited: list[bool] = []
 
     def accept(name: str) -> bool:
         if not waited:
+            entered.set()
             waited.append(served.wait(BOUND))
         return True
 
-    async def bystander() -> None:
-        await anyio.lowlevel.checkpoint()
+    async def bystander() -> None:  # served only once the search is under way, however it began
+        with anyio.fail_after(BOUND):
+            while not entered.is_set():
+                await anyio.sleep(0.005)
         served.set()
 
     async with anyio.create_task_group() as tg:

@@ -90,6 +90,20 @@ async def test_a_value_json_cannot_pass_on_is_a_parse_error_and_reaches_no_upstr
     assert [r.getMessage() for r in caplog.records if r.exc_info is not None] == []
 
 
+async def test_a_surrogates_own_bytes_in_a_modern_request_are_a_parse_error() -> None:
+    # Not an escape: the three bytes UTF-8 would give a surrogate, which json.loads decodes
+    # ("surrogatepass") where a strict UTF-8 reader refuses them.
+    received: list[object] = []
+    async with (
+        serving_upstream(recorder(received)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        body, headers = modern_call("rec__keep", '{"x":"SURROGATE"}')
+        answer = await http.post(gw.url, content=body.replace(b"SURROGATE", b"\xed\xa0\x80"), headers=headers)
+    assert (answer.json()["error"]["code"], received) == (PARSE_ERROR, [])
+
+
 async def test_one_call_naming_a_lone_surrogate_leaves_the_gateway_serving(tmp_path: Path) -> None:
     # The inner name of call_tool is in no routing header: before, the SDK's checks let it
     # through, and its audit record ended the audit writer and, with it, the process.
