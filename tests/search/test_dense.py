@@ -78,12 +78,17 @@ def garden_server() -> FastMCP:
 
 @asynccontextmanager
 async def dense_gateway(
-    endpoint: Endpoint, auth: dict[str, Any] | None = None, **embeddings: str
+    endpoint: Endpoint, auth: dict[str, Any] | None = None, embeddings: dict[str, str] | None = None
 ) -> AsyncIterator[RunningGateway]:
     async with serving(embeddings_app(endpoint)) as base, serving_upstream(garden_server()) as url:
         search = {
             "mode": "on",
-            "embeddings": {"base_url": f"{base}/v1", "model": "toy-embed", "api_key": KEY, **embeddings},
+            "embeddings": {
+                "base_url": f"{base}/v1",
+                "model": "toy-embed",
+                "api_key": KEY,
+                **(embeddings or {}),
+            },
         }
         config = {"upstreams": {"garden": {"url": url}}, "search": search, "auth": auth or {}}
         async with running_gateway(config) as gw:
@@ -110,7 +115,7 @@ async def test_a_request_sharing_no_word_with_the_tool_is_found_by_its_meaning()
 async def test_the_configured_prefixes_mark_requests_and_tool_texts_for_models_trained_with_them() -> None:
     endpoint = Endpoint()
     prefixes = {"query_prefix": "query: ", "document_prefix": "passage: "}
-    async with dense_gateway(endpoint, **prefixes) as gw, Client(gw.url) as client:
+    async with dense_gateway(endpoint, embeddings=prefixes) as gw, Client(gw.url) as client:
         result = await client.call_tool(SEARCH_TOOLS, {"query": "put some young oaks in the ground"})
     assert found(result)[0] == "garden__plant_trees"
     catalog, query = endpoint.requests[0]["input"], endpoint.requests[-1]["input"]
@@ -166,8 +171,9 @@ async def test_a_search_in_flight_counts_against_the_clients_max_concurrency() -
     single = {"mode": "none", "policies": {"default": {"max_concurrency": 1}}}
     async with dense_gateway(endpoint, single) as gw, Client(gw.url) as client:
         endpoint.gate, seen = anyio.Event(), len(endpoint.requests)
+        first: list[Any] = []
+        busy: Any = None
         async with anyio.create_task_group() as tg:
-            first: list[Any] = []
 
             async def search() -> None:
                 first.append(await client.call_tool(SEARCH_TOOLS, {"query": "water the garden"}))

@@ -10,7 +10,7 @@ from agent_gateway.search.turns import Turns
 
 
 async def test_a_party_sending_many_holds_one_place_in_the_queue() -> None:
-    turns, served, release = Turns(), list[str](), anyio.Event()
+    turns, served, release, queued = Turns(), list[str](), anyio.Event(), 0
 
     async def use(party: str, name: str) -> None:
         async with turns.taken(party):
