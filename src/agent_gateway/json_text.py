@@ -60,11 +60,14 @@ def parsed(text: bytes | str) -> Any:
             wrote the value as UTF-8 (the call's record, the audit writer).
         ValueError, RecursionError: it is not JSON, or nests too deeply to read.
     """
-    if isinstance(text, bytes):  # strictly: json.loads lets a surrogate's bytes through
+    if isinstance(text, bytes):  # strictly: json.loads (the SDK's too) takes a byte-order mark,
+        # UTF-16 and UTF-32 (whose ASCII is valid UTF-8, NULs), and a surrogate's own bytes
         try:
+            if json.detect_encoding(text) != "utf-8":
+                raise UnicodeError
             text = text.decode()
-        except UnicodeDecodeError:
-            raise Unrepresentable("bytes that are not UTF-8 text") from None
+        except UnicodeError:
+            raise Unrepresentable("bytes that are not UTF-8 text without a byte-order mark") from None
     value = _DECODER.decode(text)
     if ("\\ud" in text or "\\uD" in text) and not _utf8(value):
         raise Unrepresentable("a surrogate escape without its pair, which no UTF-8 text holds")

@@ -171,7 +171,7 @@ class Pipeline:
                 request.limit or self._search_config.limit,
                 upstream=request.upstream,
                 accept=client.tool_filter(),
-                party=client.subject,
+                party=client.label,  # anonymous clients: each address its own
             )
         logger.debug("search_tools %s: %d of %d", shown(request.query), len(found), total)
         return search_result(found, total, request.query)

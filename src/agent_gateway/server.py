@@ -198,8 +198,10 @@ class Gateway:
         if client is None or not client.allows("tool", name):
             return None
         if (origin := (snapshot := self.catalog.snapshot).tools.get(name)) is not None:  # None: no header
-            known = PARAMS_SENT.get() or self.listing.lists(client, name)
-            return origin.item.input_schema if known and snapshot.declares_headers(name) else None
+            known = snapshot.declares_headers(name) and (
+                PARAMS_SENT.get() or self.listing.lists(client, name)
+            )
+            return origin.item.input_schema if known else None
         if self._agent_tool is not None and name == self._agent_tool.name:
             return INPUT_SCHEMA
         if self.config.search.mode != "off" and name in (SEARCH_TOOLS, CALL_TOOL):

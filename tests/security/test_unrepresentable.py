@@ -104,6 +104,39 @@ async def test_a_surrogates_own_bytes_in_a_modern_request_are_a_parse_error() ->
     assert (answer.json()["error"]["code"], received) == (PARSE_ERROR, [])
 
 
+ENCODED = {  # what json.loads reads (a byte-order mark; UTF-16 and UTF-32, their ASCII valid UTF-8)
+    "utf8-bom": lambda body: b"\xef\xbb\xbf" + body,
+    "utf16-le": lambda body: body.decode().encode("utf-16-le"),
+    "utf16-be": lambda body: body.decode().encode("utf-16-be"),
+    "utf32-le": lambda body: body.decode().encode("utf-32-le"),
+}
+
+
+@pytest.mark.parametrize(
+    ("encoding", "arguments"),
+    [
+        ("utf8-bom", '{"x":NaN}'),
+        ("utf16-le", '{"x":1e400}'),
+        ("utf16-be", '{"x":"\\ud800"}'),
+        ("utf32-le", "{}"),
+    ],
+)
+async def test_a_modern_body_not_in_utf8_is_a_parse_error_not_read_past_the_checks(
+    encoding: str, arguments: str
+) -> None:
+    # Admission read such a body as "not JSON" and let it through unchecked; the SDK's modern
+    # entry then read it with json.loads, which detects each, and NaN reached the upstream.
+    received: list[object] = []
+    async with (
+        serving_upstream(recorder(received)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        body, headers = modern_call("rec__keep", arguments)
+        answer = await http.post(gw.url, content=ENCODED[encoding](body), headers=headers)
+    assert (answer.json()["error"]["code"], received) == (PARSE_ERROR, [])
+
+
 async def test_one_call_naming_a_lone_surrogate_leaves_the_gateway_serving(tmp_path: Path) -> None:
     # The inner name of call_tool is in no routing header: before, the SDK's checks let it
     # through, and its audit record ended the audit writer and, with it, the process.

@@ -297,7 +297,7 @@ class AgentRunner:
                 report,
                 asker,
                 self.config.approval_timeout,
-                self._searcher(toolbox, client.subject),
+                self._searcher(toolbox, client.label),
                 names,
                 client,
             ),

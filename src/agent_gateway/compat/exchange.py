@@ -72,6 +72,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from agent_gateway import json_text
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.compat.stdlib import holds_callbacks
 from agent_gateway.downstream.keepalive import Keepalive
@@ -170,7 +171,7 @@ class ModernLane:
             raise _NotAcceptable(self._json_response)
         try:
             parsed = request.scope.get(PARSED)  # admission's, when it parsed this very body
-            decoded = parsed[1] if parsed is not None and parsed[0] == body else json.loads(body)
+            decoded = parsed[1] if parsed is not None and parsed[0] == body else json_text.parsed(body)
             message = JSONRPCRequest.model_validate(decoded) if "id" in decoded else None
         except (ValueError, RecursionError, TypeError, ValidationError):
             return None

@@ -43,3 +43,7 @@ class Turns:
     def parties(self) -> int:
         """Parties with a user waiting or served now."""
         return len(self._parties)
+
+    def users(self) -> int:
+        """Users waiting or served now, of every party."""
+        return sum(users for _, users in self._parties.values())
