@@ -28,7 +28,9 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   calls that upstream too;
 - ``modern-dedicated`` (not an attack): one client with a token calling that upstream in the
   modern era, one call after another, for 10 s: its calls per second, and how many upstream
-  processes answered them (a modern request is a session of its own).
+  processes answered them (a modern request is a session of its own);
+- ``search-flood``: one client keeping 300 ``search_tools`` calls in flight, each matching
+  every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``).
 
 ``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
 under /tmp, run with this venv), for the table in bench/README.md::
@@ -226,6 +228,7 @@ class Bystander:
     """A well-behaved client calling ``echo`` in a loop during an attack."""
 
     tool: str = "slow__echo"
+    arguments: dict[str, Any] = field(default_factory=lambda: {"text": "hi"})
     latencies: list[float] = field(default_factory=list)
     failures: int = 0
 
@@ -240,7 +243,7 @@ class Bystander:
                         started = time.perf_counter()
                         try:
                             async with asyncio.timeout(15):
-                                result = await client.call_tool(self.tool, {"text": "hi"})
+                                result = await client.call_tool(self.tool, self.arguments)
                             if result.is_error:
                                 self.failures += 1
                             else:
@@ -501,6 +504,31 @@ async def modern_dedicated(url: str, proc: Process, seconds: float) -> str:
     return f"{calls} modern calls in {seconds:g}s ({calls / seconds:.0f}/s); {len(started)} upstream processes answered"
 
 
+async def search_flood(url: str, proc: Process, seconds: float) -> str:
+    """300 searches matching every tool kept in flight by one client: the index's queue."""
+    answered = refused = 0
+    deadline = time.monotonic() + seconds
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+
+        async def one() -> None:
+            nonlocal answered, refused
+            while time.monotonic() < deadline:
+                result = await client.call_tool(
+                    "search_tools", {"query": "tool number of many for a catalog"}
+                )
+                if result.is_error:
+                    refused += 1
+                    await asyncio.sleep(0.01)
+                else:
+                    answered += 1
+
+        await asyncio.gather(*(one() for _ in range(300)))
+    return f"{answered} searches answered, {refused} refused at once"
+
+
 async def status_page(url: str, proc: Process, seconds: float) -> str:
     base = url.removesuffix("/mcp")
     served = 0
@@ -661,21 +689,31 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "dedicated-sessions": (dedicated_sessions, 3.0, None),
     "modern-dedicated": (modern_dedicated, 10.0, None),
     "status-page": (status_page, 10.0, {"admin": True}),
+    "search-flood": (search_flood, 10.0, None),
 }
 
 UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
 """The upstream's settings an attack needs beyond the others'."""
-TINY_TOOLS = {"status-page": 3000}
+TINY_TOOLS = {"status-page": 3000, "search-flood": 5000}
 """The tools the stdio upstream lists beyond ``echo``, where an attack needs a large catalog."""
-BYSTANDER_TOOL = {"dedicated-sessions": "tiny__echo", "modern-dedicated": "tiny__echo"}
+BYSTANDER_TOOL = {
+    "dedicated-sessions": "tiny__echo",
+    "modern-dedicated": "tiny__echo",
+    "search-flood": "search_tools",
+}
 """The tool the bystander calls where it is not ``slow__echo``."""
+BYSTANDER_ARGUMENTS = {"search-flood": {"query": "tool number 7 of many"}}
+"""Its arguments, where they are not ``{"text": "hi"}``."""
 
 
 async def one_attack(name: str, code: str, src: Path, upstream_port: int) -> Row:
     attack, seconds, policy = ATTACKS[name]
     async with gateway(name, src, upstream_port, policy, UPSTREAM_SETTINGS.get(name)) as (url, proc):
         before = (proc.rss_mb(), proc.fds())
-        bystander, stop = Bystander(BYSTANDER_TOOL.get(name, "slow__echo")), asyncio.Event()
+        bystander = Bystander(
+            BYSTANDER_TOOL.get(name, "slow__echo"), BYSTANDER_ARGUMENTS.get(name, {"text": "hi"})
+        )
+        stop = asyncio.Event()
         watcher = asyncio.create_task(bystander.run(url, stop))
         await asyncio.sleep(1)
         samples: list[tuple[float, int]] = []
