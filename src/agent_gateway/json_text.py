@@ -1,7 +1,7 @@
 """What a client's JSON text holds: how many values (read before parsing it), and whether it
 holds a value that cannot be passed on as written (NaN or Infinity, a number past a double's
-range, a lone surrogate). HTTP admission (``limits``) and a stdio client's lines
-(``downstream/malformed``) ask the same."""
+range, a lone surrogate, bytes that are not UTF-8). HTTP admission (``limits``) and a stdio
+client's lines (``downstream/malformed``) ask the same."""
 
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def parsed(text: bytes | str) -> Any:
         Unrepresentable: it holds NaN or Infinity, a number past a double's range (read as
             infinity), a surrogate escape without its pair (no UTF-8 text holds one) or, in
             bytes, what is not UTF-8 (a surrogate's own bytes among them).
-            Python's parser (and the SDK's) takes each: the first two reached the upstream
-            as null, a call the client never made; the third raised wherever the gateway
-            wrote the value as UTF-8 (the call's record, the audit writer).
+            Python's parser (and the SDK's) takes each: such numbers reached the upstream
+            as null, a call the client never made; a lone surrogate raised wherever the
+            gateway wrote it as UTF-8 (the call's record; the audit writer, and the process).
         ValueError, RecursionError: it is not JSON, or nests too deeply to read.
     """
     if isinstance(text, bytes):  # strictly: json.loads (the SDK's too) takes a byte-order mark,
