@@ -34,6 +34,7 @@ INPUT_SCHEMA: dict[str, Any] = {
         "conversation_id": {
             "type": "string",
             "minLength": 1,
+            "maxLength": 256,
             "description": "Continue this conversation (the thread_id of an earlier answer). "
             "Default: this MCP session's conversation.",
         },

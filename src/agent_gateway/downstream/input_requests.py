@@ -3,8 +3,13 @@ declared it can answer, and the model its answer is read as."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import anyio
 import mcp_types as types
 from mcp.server.validation import check_sampling_tools_capability, wants_sampling_tools
+from mcp.shared.exceptions import MCPError
 
 
 def refusal(
@@ -71,3 +76,38 @@ def result_type(request: types.InputRequest) -> type[types.InputResponse]:
     if isinstance(request, types.ElicitRequest):
         return types.ElicitResult
     return types.ListRootsResult
+
+
+MAX_WAITING = 16
+"""A client's requests from its upstreams, outside any call, it has not answered yet, at most."""
+ASK_TIMEOUT = 300.0
+"""Seconds each of them waits for the client's answer (as a held call's question does)."""
+
+
+class Waiting(Protocol):
+    """A session's count of the requests it has sent its client and awaits answers to."""
+
+    waiting: int
+
+
+async def asked(
+    session: Waiting, send: Callable[[], Awaitable[dict[str, Any]]]
+) -> dict[str, Any] | types.ErrorData:
+    """What ``send`` (a request to ``session``'s client outside any call: ``roots/list``,
+    mostly) is answered, or the error the upstream is given instead: at most ``MAX_WAITING``
+    at once, each for at most ``ASK_TIMEOUT``. A client need not answer (it need not even open
+    the stream they come on), and its own notifications can make an upstream ask again as
+    often as it likes: each request waited for ever, a task apiece."""
+    if session.waiting >= MAX_WAITING:
+        message = f"agent-gateway: the client has {MAX_WAITING} requests unanswered; not asked"
+        return types.ErrorData(code=types.INTERNAL_ERROR, message=message)
+    session.waiting += 1
+    try:
+        with anyio.move_on_after(ASK_TIMEOUT):
+            return await send()
+        message = f"agent-gateway: the client did not answer within {ASK_TIMEOUT:g}s"
+        return types.ErrorData(code=types.REQUEST_TIMEOUT, message=message)
+    except MCPError as exc:
+        return exc.error
+    finally:
+        session.waiting -= 1

@@ -26,14 +26,13 @@ import mcp_types as types
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.server.connection import Connection
 from mcp.shared.dispatcher import ProgressFnT
-from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import access
 from agent_gateway.access import Principal
 from agent_gateway.compat.adoption import credential_of
 from agent_gateway.compat.mcp import connection_of
-from agent_gateway.downstream.input_requests import elicits_by_url, refusal, result_type
+from agent_gateway.downstream.input_requests import asked, elicits_by_url, refusal, result_type
 from agent_gateway.limits import session_opened
 from agent_gateway.runtime import CLEANUP_TIMEOUT, SEND_TIMEOUT
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
@@ -95,6 +94,7 @@ class DownstreamSession:
     record: SessionRecord | None = None
     """What the shared store holds of it (handshake era, HTTP, with a store): written when its
     ``initialize`` is answered, or read when it was adopted."""
+    waiting: int = 0  # requests to its client outside any call, unanswered (input_requests.asked)
 
     @cached_property
     def conversation(self) -> str:
@@ -157,10 +157,9 @@ class DownstreamSession:
             return refused
         assert self.connection is not None  # refusal() covers the modern era
         data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-        try:
-            raw = await self.connection.send_raw_request(data["method"], data.get("params"))
-        except MCPError as exc:
-            return exc.error
+        raw = await asked(self, partial(self.connection.send_raw_request, data["method"], data.get("params")))
+        if isinstance(raw, types.ErrorData):
+            return raw
         return result_type(request).model_validate(raw, by_name=False)
 
     def used(self, upstream_session_id: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, Protocol
 
@@ -29,6 +29,7 @@ import mcp_types as types
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.access import Principal
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.config import ClientPolicy
 from agent_gateway.downstream import sessions
@@ -228,7 +229,8 @@ class ResourceSubscriptions:
             with self._room(session, key):
                 async with self._lock(key):
                     if key not in self._upstream:
-                        await upstream.subscribe(uri)
+                        with _calling(session.client):  # a call in flight, as any: else one
+                            await upstream.subscribe(uri)  # client's flood took the upstream's slots
                         self._upstream[key] = upstream
                     self._subscribers[key][session] = public
                     self._keys.setdefault(session, set()).add(key)
@@ -385,3 +387,7 @@ def _session(ctx: Any) -> DownstreamSession:
     if isinstance(known, DownstreamSession):
         return known
     raise to_wire(InvalidRequest("resources/subscribe outside a known session", types.INVALID_REQUEST))
+
+
+def _calling(client: Principal | None) -> AbstractContextManager[None]:
+    return client.calling() if client is not None else nullcontext()

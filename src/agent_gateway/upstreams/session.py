@@ -75,6 +75,7 @@ class UpstreamSession:
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.level_sent: types.LoggingLevel | None = None
+        self._setting_level = anyio.Lock()
         """The log level this session was last told (None: never; the upstream's default)."""
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
@@ -325,6 +326,14 @@ class UpstreamSession:
         if "logging/setLevel" in self.guard.unimplemented:
             return
         request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
+        # One at a time: each held a slot of the upstream's until its answer set level_sent,
+        # so a client's flood of one level took them all and sent it again and again.
+        async with self._setting_level:
+            if self.level_sent == level:
+                return
+            await self._send_level(request, level)
+
+    async def _send_level(self, request: types.SetLevelRequest, level: types.LoggingLevel) -> None:
         try:
             with self._calling(None, "logging/setLevel") as client:
                 # The request itself, not the deprecated helper: the era makes it current here.

@@ -1,0 +1,119 @@
+"""One client's ``logging/setLevel`` requests took the upstream's call slots: each was sent
+on to every shared handshake-era upstream session while the level last sent differed, and the
+level was recorded only once the upstream had answered, so concurrent setLevel requests (one
+level) each sent one, every one inside the upstream's ``max_concurrency`` (200) guard, none
+under the client's own limits. With an upstream slow to answer them, a bystander's tool call
+was refused ``the limit (max_concurrency) is 200``. Found by a helper's attack (stop 50).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import httpx
+import mcp_types as types
+from fastmcp import FastMCP
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.support import running_gateway, serving_upstream
+
+BOUND = 20.0
+ATTACK = 260
+
+
+class _SlowLevels(Middleware):
+    """An upstream slow to apply a log level (a remote one, say)."""
+
+    def __init__(self, seen: list[str], release: anyio.Event) -> None:
+        self._seen = seen
+        self._release = release
+
+    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        if context.method == "logging/setLevel":
+            self._seen.append("setLevel")
+            with anyio.move_on_after(4.0):  # within the gateway's own 5 s bound on it
+                await self._release.wait()
+        return await call_next(context)
+
+
+def _server(seen: list[str], release: anyio.Event) -> FastMCP:
+    server = FastMCP("echo", middleware=[_SlowLevels(seen, release)])
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+async def test_one_clients_set_level_requests_do_not_take_a_bystanders_upstream_slots() -> None:
+    seen: list[str] = []
+    release = anyio.Event()
+    async with serving_upstream(_server(seen, release)) as url:
+        config = {"upstreams": {"echo": {"url": url, "protocol": "legacy"}}} | bearer({})
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ) as gw,
+            client(gw.url, BYSTANDER_TOKEN) as bystander,
+            httpx.AsyncClient(
+                timeout=BOUND,
+                limits=httpx.Limits(max_connections=ATTACK + 10, max_keepalive_connections=ATTACK + 10),
+            ) as http,
+        ):
+            assert not (await bystander.call_tool("echo__echo", {"text": "before"})).is_error
+            headers = {
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {ATTACKER_TOKEN}",
+            }
+            init = await http.post(
+                gw.url,
+                headers=headers,
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "attacker", "version": "0"},
+                    },
+                },
+            )
+            assert init.status_code == 200, init.text
+            headers |= {
+                "Mcp-Session-Id": init.headers["mcp-session-id"],
+                "MCP-Protocol-Version": "2025-11-25",
+            }
+            await http.post(
+                gw.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+            )
+            already = len(seen)
+
+            async def set_level(n: int) -> None:
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": n + 1,
+                    "method": "logging/setLevel",
+                    "params": {"level": "debug"},
+                }
+                await http.post(gw.url, headers=headers, json=body)
+
+            result: types.CallToolResult | None = None
+            with anyio.fail_after(BOUND):
+                async with anyio.create_task_group() as tg:
+                    for n in range(ATTACK):
+                        tg.start_soon(set_level, n)
+                    while len(seen) == already:
+                        await anyio.sleep(0.02)
+                    # The upstream holds the attacker's setLevel requests; the bystander calls.
+                    result = await bystander.call_tool("echo__echo", {"text": "during"})
+                    release.set()
+    assert result is not None
+    text = result.content[0].text if isinstance(result.content[0], types.TextContent) else ""
+    assert not result.is_error, f"the bystander was refused while one client flooded setLevel: {text}"
+    assert len(seen) - already <= 2, (
+        f"one client's {ATTACK} setLevel requests sent {len(seen) - already} upstream"
+    )

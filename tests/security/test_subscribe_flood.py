@@ -1,0 +1,95 @@
+"""Each ``resources/subscribe`` a client sends is a request the gateway makes upstream inside
+the upstream's ``max_concurrency`` (200) guard; it was counted under none of the client's
+own bounds but its session's ``max_subscriptions`` (1,000), so one client's 260 concurrent
+subscribes to an upstream a little slow to answer them took every slot, and a bystander's
+tool call was refused. Now a subscribe is a call in flight under the client's
+``max_concurrency``. Found by a helper's attack (stop 50).
+"""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+import mcp_types as types
+
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.servers import watched
+from tests.support import running_gateway, serving_upstream
+
+BOUND = 20.0
+ATTACK = 260
+CLIENT_LIMIT = 64  # a policy's max_concurrency by default (the upstream's: 200)
+
+
+async def test_one_clients_subscribes_do_not_take_a_bystanders_upstream_slots() -> None:
+    seen: list[tuple[str, str]] = []
+    most = [0]
+    server = watched.build(seen, subscribe_delay=4.0, most=most)
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    async with serving_upstream(server) as url:
+        config = {"upstreams": {"w": {"url": url, "protocol": "legacy"}}} | bearer({})
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ) as gw,
+            client(gw.url, BYSTANDER_TOKEN) as bystander,
+            httpx.AsyncClient(
+                timeout=BOUND,
+                limits=httpx.Limits(max_connections=ATTACK + 10, max_keepalive_connections=ATTACK + 10),
+            ) as http,
+        ):
+            assert not (await bystander.call_tool("w__echo", {"text": "before"})).is_error
+            headers = {
+                "Accept": "application/json, text/event-stream",
+                "Content-Type": "application/json",
+                "Authorization": f"Bearer {ATTACKER_TOKEN}",
+            }
+            init = await http.post(
+                gw.url,
+                headers=headers,
+                json={
+                    "jsonrpc": "2.0",
+                    "id": 0,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": "2025-11-25",
+                        "capabilities": {},
+                        "clientInfo": {"name": "attacker", "version": "0"},
+                    },
+                },
+            )
+            assert init.status_code == 200, init.text
+            headers |= {
+                "Mcp-Session-Id": init.headers["mcp-session-id"],
+                "MCP-Protocol-Version": "2025-11-25",
+            }
+            await http.post(
+                gw.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+            )
+
+            async def subscribe(n: int) -> None:
+                body = {
+                    "jsonrpc": "2.0",
+                    "id": n + 1,
+                    "method": "resources/subscribe",
+                    "params": {"uri": f"item://{n}"},
+                }
+                await http.post(gw.url, headers=headers, json=body)
+
+            result: types.CallToolResult | None = None
+            with anyio.fail_after(BOUND):
+                async with anyio.create_task_group() as tg:
+                    for n in range(ATTACK):
+                        tg.start_soon(subscribe, n)
+                    while most[0] < CLIENT_LIMIT - 4:  # the attacker's subscribes held upstream
+                        await anyio.sleep(0.02)
+                    result = await bystander.call_tool("w__echo", {"text": "during"})
+    assert most[0] <= CLIENT_LIMIT
+    assert result is not None
+    text = result.content[0].text if isinstance(result.content[0], types.TextContent) else ""
+    assert not result.is_error, (
+        f"the bystander was refused while one client subscribed by the hundred: {text}"
+    )
