@@ -8,6 +8,8 @@ was refused ``the limit (max_concurrency) is 200``. Found by a helper's attack (
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -15,12 +17,14 @@ import httpx
 import mcp_types as types
 from fastmcp import FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp import Client
 
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
-from tests.support import running_gateway, serving_upstream
+from tests.support import RunningGateway, running_gateway, serving_upstream
 
 BOUND = 20.0
 ATTACK = 260
+VERSION = "2025-11-25"
 
 
 class _SlowLevels(Middleware):
@@ -48,69 +52,73 @@ def _server(seen: list[str], release: anyio.Event) -> FastMCP:
     return server
 
 
+@asynccontextmanager
+async def attacked(
+    upstream: str, tool: str
+) -> AsyncIterator[tuple[RunningGateway, Client, httpx.AsyncClient, dict[str, str]]]:
+    """A gateway (bearer auth) before ``upstream``, a bystander that called its ``tool`` once,
+    and the attacker's HTTP client with its handshake-era session's headers."""
+    config = {"upstreams": {"u": {"url": upstream, "protocol": "legacy"}}} | bearer({})
+    limits = httpx.Limits(max_connections=ATTACK + 10, max_keepalive_connections=ATTACK + 10)
+    async with (
+        running_gateway(config, environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}) as gw,
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        httpx.AsyncClient(timeout=BOUND, limits=limits) as http,
+    ):
+        assert not (await bystander.call_tool(tool, {"text": "before"})).is_error
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {ATTACKER_TOKEN}",
+        }
+        info = {
+            "protocolVersion": VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "attacker", "version": "0"},
+        }
+        init = await http.post(
+            gw.url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": info}
+        )
+        headers |= {"Mcp-Session-Id": init.headers["mcp-session-id"], "MCP-Protocol-Version": VERSION}
+        await http.post(
+            gw.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
+        )
+        yield gw, bystander, http, headers
+
+
 async def test_one_clients_set_level_requests_do_not_take_a_bystanders_upstream_slots() -> None:
     seen: list[str] = []
     release = anyio.Event()
-    async with serving_upstream(_server(seen, release)) as url:
-        config = {"upstreams": {"echo": {"url": url, "protocol": "legacy"}}} | bearer({})
-        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
-        async with (
-            running_gateway(config, environ=environ) as gw,
-            client(gw.url, BYSTANDER_TOKEN) as bystander,
-            httpx.AsyncClient(
-                timeout=BOUND,
-                limits=httpx.Limits(max_connections=ATTACK + 10, max_keepalive_connections=ATTACK + 10),
-            ) as http,
-        ):
-            assert not (await bystander.call_tool("echo__echo", {"text": "before"})).is_error
-            headers = {
-                "Accept": "application/json, text/event-stream",
-                "Content-Type": "application/json",
-                "Authorization": f"Bearer {ATTACKER_TOKEN}",
-            }
-            init = await http.post(
-                gw.url,
-                headers=headers,
-                json={
-                    "jsonrpc": "2.0",
-                    "id": 0,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-11-25",
-                        "capabilities": {},
-                        "clientInfo": {"name": "attacker", "version": "0"},
-                    },
-                },
-            )
-            assert init.status_code == 200, init.text
-            headers |= {
-                "Mcp-Session-Id": init.headers["mcp-session-id"],
-                "MCP-Protocol-Version": "2025-11-25",
-            }
-            await http.post(
-                gw.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
-            )
-            already = len(seen)
+    async with (
+        serving_upstream(_server(seen, release)) as url,
+        attacked(url, "u__echo") as (
+            gw,
+            bystander,
+            http,
+            headers,
+        ),
+    ):
+        already = len(seen)
 
-            async def set_level(n: int) -> None:
-                body = {
-                    "jsonrpc": "2.0",
-                    "id": n + 1,
-                    "method": "logging/setLevel",
-                    "params": {"level": "debug"},
-                }
-                await http.post(gw.url, headers=headers, json=body)
+        async def set_level(n: int) -> None:
+            body = {
+                "jsonrpc": "2.0",
+                "id": n + 1,
+                "method": "logging/setLevel",
+                "params": {"level": "debug"},
+            }
+            await http.post(gw.url, headers=headers, json=body)
 
-            result: types.CallToolResult | None = None
-            with anyio.fail_after(BOUND):
-                async with anyio.create_task_group() as tg:
-                    for n in range(ATTACK):
-                        tg.start_soon(set_level, n)
-                    while len(seen) == already:
-                        await anyio.sleep(0.02)
-                    # The upstream holds the attacker's setLevel requests; the bystander calls.
-                    result = await bystander.call_tool("echo__echo", {"text": "during"})
-                    release.set()
+        result: types.CallToolResult | None = None
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                for n in range(ATTACK):
+                    tg.start_soon(set_level, n)
+                while len(seen) == already:
+                    await anyio.sleep(0.02)
+                # The upstream holds the attacker's setLevel requests; the bystander calls.
+                result = await bystander.call_tool("u__echo", {"text": "during"})
+                release.set()
     assert result is not None
     text = result.content[0].text if isinstance(result.content[0], types.TextContent) else ""
     assert not result.is_error, f"the bystander was refused while one client flooded setLevel: {text}"

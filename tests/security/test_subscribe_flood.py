@@ -9,15 +9,12 @@ tool call was refused. Now a subscribe is a call in flight under the client's
 from __future__ import annotations
 
 import anyio
-import httpx
 import mcp_types as types
 
-from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.security.test_set_level_flood import ATTACK, BOUND, attacked
 from tests.servers import watched
-from tests.support import running_gateway, serving_upstream
+from tests.support import serving_upstream
 
-BOUND = 20.0
-ATTACK = 260
 CLIENT_LIMIT = 64  # a policy's max_concurrency by default (the upstream's: 200)
 
 
@@ -30,63 +27,25 @@ async def test_one_clients_subscribes_do_not_take_a_bystanders_upstream_slots() 
     def echo(text: str) -> str:
         return text
 
-    async with serving_upstream(server) as url:
-        config = {"upstreams": {"w": {"url": url, "protocol": "legacy"}}} | bearer({})
-        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
-        async with (
-            running_gateway(config, environ=environ) as gw,
-            client(gw.url, BYSTANDER_TOKEN) as bystander,
-            httpx.AsyncClient(
-                timeout=BOUND,
-                limits=httpx.Limits(max_connections=ATTACK + 10, max_keepalive_connections=ATTACK + 10),
-            ) as http,
-        ):
-            assert not (await bystander.call_tool("w__echo", {"text": "before"})).is_error
-            headers = {
-                "Accept": "application/json, text/event-stream",
-                "Content-Type": "application/json",
-                "Authorization": f"Bearer {ATTACKER_TOKEN}",
-            }
-            init = await http.post(
-                gw.url,
-                headers=headers,
-                json={
-                    "jsonrpc": "2.0",
-                    "id": 0,
-                    "method": "initialize",
-                    "params": {
-                        "protocolVersion": "2025-11-25",
-                        "capabilities": {},
-                        "clientInfo": {"name": "attacker", "version": "0"},
-                    },
-                },
-            )
-            assert init.status_code == 200, init.text
-            headers |= {
-                "Mcp-Session-Id": init.headers["mcp-session-id"],
-                "MCP-Protocol-Version": "2025-11-25",
-            }
-            await http.post(
-                gw.url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"}
-            )
+    async with serving_upstream(server) as url, attacked(url, "u__echo") as (gw, bystander, http, headers):
 
-            async def subscribe(n: int) -> None:
-                body = {
-                    "jsonrpc": "2.0",
-                    "id": n + 1,
-                    "method": "resources/subscribe",
-                    "params": {"uri": f"item://{n}"},
-                }
-                await http.post(gw.url, headers=headers, json=body)
+        async def subscribe(n: int) -> None:
+            body = {
+                "jsonrpc": "2.0",
+                "id": n + 1,
+                "method": "resources/subscribe",
+                "params": {"uri": f"item://{n}"},
+            }
+            await http.post(gw.url, headers=headers, json=body)
 
-            result: types.CallToolResult | None = None
-            with anyio.fail_after(BOUND):
-                async with anyio.create_task_group() as tg:
-                    for n in range(ATTACK):
-                        tg.start_soon(subscribe, n)
-                    while most[0] < CLIENT_LIMIT - 4:  # the attacker's subscribes held upstream
-                        await anyio.sleep(0.02)
-                    result = await bystander.call_tool("w__echo", {"text": "during"})
+        result: types.CallToolResult | None = None
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                for n in range(ATTACK):
+                    tg.start_soon(subscribe, n)
+                while most[0] < CLIENT_LIMIT - 4:  # the attacker's subscribes held upstream
+                    await anyio.sleep(0.02)
+                result = await bystander.call_tool("u__echo", {"text": "during"})
     assert most[0] <= CLIENT_LIMIT
     assert result is not None
     text = result.content[0].text if isinstance(result.content[0], types.TextContent) else ""
