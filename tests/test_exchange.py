@@ -24,6 +24,7 @@ from mcp_types.version import LATEST_MODERN_VERSION
 from starlette.datastructures import Headers
 
 from agent_gateway.compat import exchange
+from agent_gateway.compat.headers import IndexedHeaders
 from agent_gateway.compat.stdlib import holds_callbacks
 from tests.replicas.test_store import opened
 from tests.support import RunningGateway, gateway_process, running_gateway, serving_upstream
@@ -152,7 +153,7 @@ def test_indexed_headers_answer_every_lookup_as_starlettes_headers_do() -> None:
         (b"x-twice", b"second"),
     ]  # lower-case, as ASGI servers give them
     scope = {"type": "http", "headers": raw}
-    indexed, plain = exchange.IndexedHeaders(scope), Headers(scope=scope)
+    indexed, plain = IndexedHeaders(scope), Headers(scope=scope)
     names = ["host", "HOST", "Mcp-Method", "x-twice", "accept", "absent"]
     assert [indexed.get(n) for n in names] == [plain.get(n) for n in names]
     assert [n in indexed for n in names] == [n in plain for n in names]
@@ -161,8 +162,8 @@ def test_indexed_headers_answer_every_lookup_as_starlettes_headers_do() -> None:
     with pytest.raises(KeyError):
         indexed["absent"]
     assert indexed.repeated
-    assert not exchange.IndexedHeaders({"type": "http", "headers": raw[:2]}).repeated
-    assert exchange.IndexedHeaders({"type": "http", "headers": [(b"a", b"1"), (b"A", b"2")]}).repeated
+    assert not IndexedHeaders({"type": "http", "headers": raw[:2]}).repeated
+    assert IndexedHeaders({"type": "http", "headers": [(b"a", b"1"), (b"A", b"2")]}).repeated
 
 
 @pytest.mark.parametrize("header", ["mcp-method", "mcp-protocol-version"])

@@ -68,11 +68,10 @@ from mcp_types import (
     RequestId,
 )
 from pydantic import ValidationError
-from starlette.datastructures import Headers
-from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway import json_text
+from agent_gateway.compat.headers import IndexedRequest
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.compat.stdlib import holds_callbacks
 from agent_gateway.downstream.keepalive import Keepalive
@@ -117,7 +116,7 @@ class ModernLane:
     ) -> None:
         """Answer one POST; ``host``: a task group as long-lived as the session manager,
         where a long call's watcher runs."""
-        request = _Request(scope, receive)
+        request = IndexedRequest(scope, receive)
         body = await request.body() if scope["method"] == "POST" else b""
         try:
             admitted = await self._admitted(request, body, lifespan_state)
@@ -157,7 +156,7 @@ class ModernLane:
         await exchange.answer(message.id, work, self._watching)
 
     async def _admitted(
-        self, request: _Request, body: bytes, lifespan_state: Any
+        self, request: IndexedRequest, body: bytes, lifespan_state: Any
     ) -> tuple[JSONRPCRequest, InboundModernRoute] | str | None:
         """The request in ``body`` and its route when every check of the SDK's entry passes,
         in its order; else what the SDK's entry answers it with: why a check refused it, or
@@ -196,49 +195,6 @@ def _checks_refused(scope: Scope, why: str) -> None:
     only (admission parsed its body: it has an id), not a notification, which is no call."""
     if PARSED in scope:
         scope[CHECKS_REFUSED] = why
-
-
-class IndexedHeaders(Headers):
-    """A request's headers, each name's first value kept in a dict. The lane's checks and
-    the call's handlers look headers up a dozen times a call, and Starlette's ``Headers``
-    scans and decodes the raw list at every lookup (``dict(headers)``, once per name): a
-    few percent of a call's CPU (``bench/README.md``). Lookups answer as Starlette's do."""
-
-    def __init__(self, scope: Scope) -> None:
-        super().__init__(scope=scope)
-        first: dict[str, str] = {}
-        seen: set[str] = set()
-        self.repeated = False
-        """Whether some name, in any case, is given more than once."""
-        for raw_name, raw_value in self.raw:
-            name = raw_name.decode("latin-1")
-            first.setdefault(name, raw_value.decode("latin-1"))
-            folded = name.lower()
-            self.repeated = self.repeated or folded in seen
-            seen.add(folded)
-        self.first = first
-        """Each name as the client sent it, and its first value (what ``dict(headers)`` holds)."""
-
-    def __getitem__(self, key: str) -> str:
-        try:
-            return self.first[key.lower()]
-        except KeyError:
-            raise KeyError(key) from None
-
-    def __contains__(self, key: Any) -> bool:
-        return key.lower() in self.first
-
-
-class _Request(Request):
-    """A Starlette request whose headers are looked up in a dict (``IndexedHeaders``)."""
-
-    def __init__(self, scope: Scope, receive: Receive) -> None:
-        super().__init__(scope, receive)
-        self._indexed = IndexedHeaders(scope)
-
-    @property
-    def headers(self) -> IndexedHeaders:
-        return self._indexed
 
 
 class Exchange:
