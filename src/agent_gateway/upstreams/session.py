@@ -75,8 +75,8 @@ class UpstreamSession:
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.level_sent: types.LoggingLevel | None = None
-        self._setting_level = anyio.Lock()
         """The log level this session was last told (None: never; the upstream's default)."""
+        self._setting_level = anyio.Lock()
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
         self.lost_reason: str | None = None
