@@ -17,16 +17,17 @@ from agent_gateway.config_auth import AuthConfig, ClientPolicy, JwtConfig, RateL
 from agent_gateway.config_base import EnvName, FieldProblem, Seconds, scheme_of
 from agent_gateway.config_base import Strict as _Strict
 from agent_gateway.config_connections import ConnectionsConfig
-from agent_gateway.config_store import EventsConfig, StoreConfig
+from agent_gateway.config_store import EventsConfig, MemoryConfig, StoreConfig
 from agent_gateway.naming import DEFAULT_SEPARATOR, AgentName, upstream_name_problem
 
-__all__ = [  # the auth, connections and store models and FieldProblem are re-exported: callers import them from here
+__all__ = [  # the auth, connections, store and memory models and FieldProblem are re-exported: callers import them from here
     "AuthConfig",
     "ClientPolicy",
     "ConnectionsConfig",
     "EventsConfig",
     "FieldProblem",
     "JwtConfig",
+    "MemoryConfig",
     "RateLimit",
     "StaticToken",
     "StoreConfig",
@@ -248,26 +249,6 @@ class AgentToolsConfig(_Strict):
 
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
-
-
-class MemoryConfig(_Strict):
-    """Where conversations are kept: a SQLite file (survives restarts), this process only, or a
-    Postgres database that every replica shares."""
-
-    store: Literal["sqlite", "memory", "postgres"] = "sqlite"
-    path: str = ".agent-gateway/conversations.sqlite"
-    url: str | None = Field(default=None, pattern=r"^postgres(ql)?://", repr=False)
-    """``store: postgres``: the database (``postgresql://user:password@host/db``); never logged."""
-    retention_days: float | None = Field(default=30.0, gt=0)
-    """A thread no run has used for this long is deleted; None keeps threads for ever."""
-
-    @model_validator(mode="after")
-    def _located(self) -> MemoryConfig:
-        if self.store == "postgres" and self.url is None:
-            raise FieldProblem(
-                ("agent", "memory", "url"), "store 'postgres' needs url: postgresql://user:password@host/db"
-            )
-        return self
 
 
 class AgentConfig(_Strict):

@@ -1,10 +1,13 @@
-"""``store:``: the state several replicas share (Redis); absent, each replica keeps its own."""
+"""``store:``: the state several replicas share (Redis; absent, each replica keeps its own), and
+``agent.memory``: where conversations are kept."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Literal
 
-from agent_gateway.config_base import Seconds
+from pydantic import Field, model_validator
+
+from agent_gateway.config_base import FieldProblem, Seconds
 from agent_gateway.config_base import Strict as _Strict
 
 
@@ -28,3 +31,25 @@ class StoreConfig(_Strict):
     timeout: Seconds = 2.0
     """A store operation that takes longer has failed: the request goes on without it."""
     events: EventsConfig = Field(default_factory=EventsConfig)
+
+
+class MemoryConfig(_Strict):
+    """Where conversations are kept: a SQLite file (survives restarts), this process only, or a
+    Postgres database that every replica shares."""
+
+    store: Literal["sqlite", "memory", "postgres"] = "sqlite"
+    path: str = ".agent-gateway/conversations.sqlite"
+    url: str | None = Field(default=None, pattern=r"^postgres(ql)?://", repr=False)
+    """``store: postgres``: the database (``postgresql://user:password@host/db``); never logged."""
+    retention_days: float | None = Field(default=30.0, gt=0)
+    """A thread no run has used for this long is deleted; None keeps threads for ever."""
+    max_threads: int | None = Field(default=100, ge=1)
+    """Threads one client (anonymous: one address) keeps; past it its least recently used go."""
+
+    @model_validator(mode="after")
+    def _located(self) -> MemoryConfig:
+        if self.store == "postgres" and self.url is None:
+            raise FieldProblem(
+                ("agent", "memory", "url"), "store 'postgres' needs url: postgresql://user:password@host/db"
+            )
+        return self

@@ -69,11 +69,11 @@ async def an_unused_thread_expires_and_a_used_one_stays(config: MemoryConfig) ->
     """With ``config``'s store (a retention of a fraction of a second)."""
     async with Conversations(config) as conversations:
         await conversations.checkpointer()
-        await conversations.used("old")
+        await conversations.used("old", "someone")
         with anyio.fail_after(BOUND):
             while await conversations.expired() != ["old"]:
                 await anyio.sleep(0.02)
-        await conversations.used("old")  # a run began on it since: it is kept
+        await conversations.used("old", "someone")  # a run began on it since: it is kept
         assert await conversations.forget("old") is False
         with anyio.fail_after(BOUND):
             while not await conversations.expired():
@@ -108,3 +108,32 @@ async def test_the_gateway_deletes_a_thread_unused_for_its_retention_and_keeps_t
     assert not again.is_error, text(again)
     # The conversation starts over: the model sees only the new question.
     assert [m.text for m in model.seen[-1][1:]] == ["What was it?"]
+
+
+async def test_a_clients_threads_past_its_bound_go_in_the_in_memory_store() -> None:
+    await a_clients_least_recently_used_threads_past_its_bound_go(MemoryConfig(store="memory", max_threads=2))
+
+
+async def test_a_clients_threads_past_its_bound_go_in_sqlite(tmp_path: Path) -> None:
+    path = tmp_path / "conversations.sqlite"
+    await a_clients_least_recently_used_threads_past_its_bound_go(
+        MemoryConfig(store="sqlite", path=str(path), max_threads=2)
+    )
+
+
+async def a_clients_least_recently_used_threads_past_its_bound_go(config: MemoryConfig) -> None:
+    """With ``config``'s store, two threads a client."""
+    async with Conversations(config) as conversations:
+        await conversations.checkpointer()
+        for name in ("a1", "a2", "a3"):
+            await conversations.used(name, "a")
+        await conversations.used("b1", "b")
+        await conversations.used("a1", "a")  # used again: a2 is now the least recently used
+        assert await conversations.crowded("a") == ["a2"]
+        assert await conversations.crowded("b") == []
+        assert await conversations.evict("a3", "a") is False  # within the bound: kept
+        assert await conversations.evict("a2", "a") is True
+        assert await conversations.crowded("a") == []
+        await conversations.used("a2", "b")  # a new thread, of another client
+        assert await conversations.crowded("a") == []
+        assert await conversations.crowded("b") == []

@@ -20,6 +20,7 @@ from agent_gateway.config import MemoryConfig
 from tests.agent.model_apis import Turn, openai_api
 from tests.agent.test_retention import (
     SECONDS,
+    a_clients_least_recently_used_threads_past_its_bound_go,
     an_unused_thread_expires_and_a_used_one_stays,
     five_runs_compacted,
 )
@@ -40,7 +41,7 @@ async def test_replicas_setting_up_an_empty_database_together_make_it_once(datab
 
     async def start() -> None:
         async with Conversations(config) as conversations:
-            await conversations.used("t")
+            await conversations.used("t", "someone")
 
     async with anyio.create_task_group() as tg:
         for _ in range(4):
@@ -65,6 +66,18 @@ async def test_an_unused_postgres_thread_expires_and_a_used_one_stays(database: 
     config = MemoryConfig(store="postgres", url=database, retention_days=0.3 * SECONDS)
     await an_unused_thread_expires_and_a_used_one_stays(config)
     assert await rows(database, "SELECT thread_id FROM agent_gateway_threads") == []
+
+
+async def test_a_clients_postgres_threads_past_its_bound_go(database: str) -> None:
+    await a_clients_least_recently_used_threads_past_its_bound_go(
+        MemoryConfig(store="postgres", url=database, max_threads=2)
+    )
+    assert {t for (t,) in await rows(database, "SELECT thread_id FROM agent_gateway_threads")} == {
+        "a1",
+        "a3",
+        "b1",
+        "a2",
+    }
 
 
 def agent_config(redis: Redis, prefix: str, database: str, **agent: Any) -> dict[str, Any]:

@@ -40,10 +40,18 @@ _DAY = 86_400.0
 _THREADS = (
     "CREATE TABLE IF NOT EXISTS agent_gateway_threads (thread_id TEXT PRIMARY KEY, used_at REAL NOT NULL)"
 )
-_ADOPT = f"INSERT OR IGNORE INTO agent_gateway_threads SELECT thread_id, ? FROM ({THREADS_IN_STORE})"
+_ADOPT = f"INSERT OR IGNORE INTO agent_gateway_threads (thread_id, used_at) SELECT thread_id, ? FROM ({THREADS_IN_STORE})"
+# Whose each thread is (a digest of the client's label), for the bound on threads per client;
+# threads from before the column existed belong to no one and only expire.
+_OWNERS = "ALTER TABLE agent_gateway_threads ADD COLUMN owner TEXT"
+_BY_OWNER = "CREATE INDEX IF NOT EXISTS agent_gateway_threads_owner ON agent_gateway_threads (owner, used_at)"
 _USED = (
-    "INSERT INTO agent_gateway_threads VALUES (?, ?) "
-    "ON CONFLICT(thread_id) DO UPDATE SET used_at = excluded.used_at"
+    "INSERT INTO agent_gateway_threads (thread_id, used_at, owner) VALUES (?, ?, ?) "
+    "ON CONFLICT(thread_id) DO UPDATE SET used_at = excluded.used_at, "
+    "owner = COALESCE(agent_gateway_threads.owner, excluded.owner)"
+)
+_CROWDED = (
+    "SELECT thread_id FROM agent_gateway_threads WHERE owner = ? ORDER BY used_at DESC LIMIT -1 OFFSET ?"
 )
 _EXPIRED = "SELECT thread_id FROM agent_gateway_threads WHERE used_at < ?"
 _USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = ?"
@@ -53,8 +61,9 @@ _FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = ?"
 class Conversations:
     """Owns the checkpointer. Use ``async with conversations:``; it closes the store on exit.
 
-    Each thread is compacted to its latest checkpoint after every run, and a thread no run
-    has used for ``retention_days`` is deleted (``expired`` finds them, ``forget`` deletes).
+    Each thread is compacted to its latest checkpoint after every run; a thread no run has
+    used for ``retention_days`` is deleted (``expired`` finds them, ``forget`` deletes), and so
+    is a client's least recently used thread past its ``max_threads`` (``crowded``, ``evict``).
     """
 
     def __init__(self, config: MemoryConfig) -> None:
@@ -63,6 +72,7 @@ class Conversations:
         self._stack = AsyncExitStack()
         self._saver: BaseCheckpointSaver[str] | None = None
         self._used: dict[str, float] = {}  # the in-memory store's use times
+        self._owners: dict[str, str] = {}  # and whose each thread is
         self._shared: PostgresThreads | None = None
 
     @property
@@ -121,6 +131,10 @@ class Conversations:
             await saver.setup()
             async with saver.lock:
                 await saver.conn.execute(_THREADS)
+                async with saver.conn.execute("PRAGMA table_info(agent_gateway_threads)") as rows:
+                    if "owner" not in {row[1] for row in await rows.fetchall()}:
+                        await saver.conn.execute(_OWNERS)
+                await saver.conn.execute(_BY_OWNER)
                 await saver.conn.execute(_ADOPT, (time.time(),))
                 await saver.conn.commit()
         except Exception as exc:  # sqlite3 and OS errors alike: the run reports it, the gateway goes on
@@ -128,19 +142,21 @@ class Conversations:
         logger.info("conversation memory: %s", path)
         return saver
 
-    async def used(self, thread: str) -> None:
-        """Mark ``thread`` as used now (a run on it is starting), so it is not expired under it."""
+    async def used(self, thread: str, owner: str) -> None:
+        """Mark ``thread`` as used now by a run of ``owner`` (a digest of the client), so it is
+        not expired under it; a thread keeps the owner it was first used by."""
         saver = await self.checkpointer()
         self._used[thread] = time.time()
         if self._shared is None and not isinstance(saver, AsyncSqliteSaver):
+            self._owners.setdefault(thread, owner)
             return
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             try:
                 if self._shared is not None:
-                    await self._shared.used(thread, self._used.pop(thread))
+                    await self._shared.used(thread, self._used.pop(thread), owner)
                 elif isinstance(saver, AsyncSqliteSaver):
                     async with saver.lock:
-                        await saver.conn.execute(_USED, (thread, self._used.pop(thread)))
+                        await saver.conn.execute(_USED, (thread, self._used.pop(thread), owner))
                         await saver.conn.commit()
             except Exception as exc:  # the run goes on (and says so if the store is down)
                 logger.warning("conversation memory: thread %s could not be marked used: %s", thread, exc)
@@ -181,18 +197,48 @@ class Conversations:
         cutoff, used_at = self._cutoff(), await self._used_at(thread)
         if cutoff is None or used_at is None or used_at >= cutoff:
             return False
+        await self._delete(thread)
+        logger.info("conversation memory: thread %s expired and was deleted", thread)
+        return True
+
+    async def crowded(self, owner: str) -> list[str]:
+        """``owner``'s threads past its ``max_threads`` most recently used (none without a bound)."""
+        kept = self._config.max_threads
+        if kept is None or self._saver is None:
+            return []
+        if self._shared is not None:
+            return await self._shared.crowded(owner, kept)
+        if not isinstance(self._saver, AsyncSqliteSaver):
+            owned = sorted((t for t, o in self._owners.items() if o == owner), key=self._used.__getitem__)
+            return owned[: max(0, len(owned) - kept)]
+        saver = self._saver
+        async with saver.lock, saver.conn.execute(_CROWDED, (owner, kept)) as rows:
+            return [str(row[0]) for row in await rows.fetchall()]
+
+    async def evict(self, thread: str, owner: str) -> bool:
+        """Delete ``thread`` if it is (still) past ``owner``'s bound; call under its run lock."""
+        if thread not in await self.crowded(owner):
+            return False
+        await self._delete(thread)
+        logger.info(
+            "conversation memory: thread %s deleted, its client's least recently used past %d (max_threads)",
+            thread,
+            self._config.max_threads,
+        )
+        return True
+
+    async def _delete(self, thread: str) -> None:
         saver = await self.checkpointer()
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             await saver.adelete_thread(thread)
             self._used.pop(thread, None)
+            self._owners.pop(thread, None)
             if self._shared is not None:
                 await self._shared.forget(thread)
             elif isinstance(saver, AsyncSqliteSaver):
                 async with saver.lock:
                     await saver.conn.execute(_FORGET, (thread,))
                     await saver.conn.commit()
-        logger.info("conversation memory: thread %s expired and was deleted", thread)
-        return True
 
     async def _used_at(self, thread: str) -> float | None:
         saver = self._saver

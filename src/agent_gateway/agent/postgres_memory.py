@@ -34,13 +34,20 @@ _THREADS = (
     "(thread_id TEXT PRIMARY KEY, used_at DOUBLE PRECISION NOT NULL)"
 )
 _ADOPT = (
-    "INSERT INTO agent_gateway_threads SELECT DISTINCT thread_id, %s FROM checkpoints "
+    "INSERT INTO agent_gateway_threads (thread_id, used_at) SELECT DISTINCT thread_id, %s FROM checkpoints "
     "ON CONFLICT (thread_id) DO NOTHING"
 )
-_USED = (
-    "INSERT INTO agent_gateway_threads VALUES (%s, %s) "
-    "ON CONFLICT (thread_id) DO UPDATE SET used_at = GREATEST(agent_gateway_threads.used_at, excluded.used_at)"
+# Whose each thread is, for the bound on threads per client (threads from before: no one's).
+_OWNERS = (
+    "ALTER TABLE agent_gateway_threads ADD COLUMN IF NOT EXISTS owner TEXT",
+    "CREATE INDEX IF NOT EXISTS agent_gateway_threads_owner ON agent_gateway_threads (owner, used_at)",
 )
+_USED = (
+    "INSERT INTO agent_gateway_threads (thread_id, used_at, owner) VALUES (%s, %s, %s) "
+    "ON CONFLICT (thread_id) DO UPDATE SET used_at = GREATEST(agent_gateway_threads.used_at, excluded.used_at), "
+    "owner = COALESCE(agent_gateway_threads.owner, excluded.owner)"
+)
+_CROWDED = "SELECT thread_id FROM agent_gateway_threads WHERE owner = %s ORDER BY used_at DESC OFFSET %s"
 _EXPIRED = "SELECT thread_id FROM agent_gateway_threads WHERE used_at < %s"
 _USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = %s"
 _FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = %s"
@@ -92,6 +99,8 @@ async def _set_up(pool: Pool, saver: AsyncPostgresSaver) -> None:
     async def make() -> None:
         await saver.setup()
         await conn.execute(_THREADS)
+        for statement in _OWNERS:
+            await conn.execute(statement)
         await conn.execute(_ADOPT, (time.time(),))
 
     async with pool.connection() as conn:
@@ -129,9 +138,9 @@ class PostgresThreads:
             return f"conversation memory (Postgres) does not answer: {str(exc) or type(exc).__name__}"
         return None
 
-    async def used(self, thread: str, at: float) -> None:
+    async def used(self, thread: str, at: float, owner: str) -> None:
         async with self._pool.connection() as conn:
-            await conn.execute(_USED, (thread, at))
+            await conn.execute(_USED, (thread, at, owner))
 
     async def compact(self, thread: str) -> None:
         async with self._pool.connection() as conn:
@@ -140,6 +149,11 @@ class PostgresThreads:
     async def expired(self, cutoff: float) -> list[str]:
         async with self._pool.connection() as conn:
             rows = await (await conn.execute(_EXPIRED, (cutoff,))).fetchall()
+        return [str(row["thread_id"]) for row in rows]
+
+    async def crowded(self, owner: str, kept: int) -> list[str]:
+        async with self._pool.connection() as conn:
+            rows = await (await conn.execute(_CROWDED, (owner, kept))).fetchall()
         return [str(row["thread_id"]) for row in rows]
 
     async def used_at(self, thread: str) -> float | None:

@@ -11,7 +11,6 @@ import dataclasses
 import logging
 import secrets
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -43,8 +42,9 @@ from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.run_record import fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
-from agent_gateway.agent.threads import thread_of
+from agent_gateway.agent.threads import owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
+from agent_gateway.agent.upkeep import Upkeep
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
@@ -58,7 +58,6 @@ logger = logging.getLogger(__name__)
 _READ_TIMEOUT = 5.0
 Exclusive = Callable[[str], AbstractAsyncContextManager[None]]
 """Hold a thread (by name) for one run."""
-_SWEEP_EVERY = 3600.0
 
 
 @dataclass(frozen=True)
@@ -112,15 +111,14 @@ class AgentRunner:
         self._graph: AgentGraph | None = None
         self._reach = Reach(config)
         self._lock = anyio.Lock()
-        # Runs on one thread take turns: two at once would interleave one conversation.
-        self._threads: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+        self._upkeep = Upkeep(self._conversations)
         self._exclusive = exclusive or _anywhere
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentRunner]:
         try:
             async with self._conversations, anyio.create_task_group() as tg:
-                tg.start_soon(self._expire_threads)
+                tg.start_soon(self._upkeep.sweep)
                 tg.start_soon(self._conversations.watch)
                 yield self
                 tg.cancel_scope.cancel()
@@ -131,24 +129,6 @@ class AgentRunner:
     def memory_problem(self) -> str | None:
         """Why conversation memory cannot be used now (its shared database is down), or None."""
         return self._conversations.problem
-
-    async def _expire_threads(self) -> None:
-        """Delete, now and then, the threads unused for longer than ``agent.memory.retention_days``."""
-        retention = self._conversations.retention
-        if retention is None:
-            return
-        while True:
-            await anyio.sleep(min(retention / 10, _SWEEP_EVERY))
-            try:
-                for thread in await self._conversations.expired():
-                    lock = self._thread_lock(thread)
-                    if lock.locked():  # a run is on it: in use, not expired
-                        continue
-                    # Under the lock, re-checked: a run that began since keeps it.
-                    async with lock:
-                        await self._conversations.forget(thread)
-            except Exception:  # the sweeper's top: a failing store must not end the gateway
-                logger.exception("conversation memory: expired threads could not be deleted")
 
     def toolbox(self, client: access.Principal) -> tuple[Toolbox, tuple[str, ...]]:
         """The toolbox of a run for ``client`` in the current catalog, and its tools' names
@@ -197,8 +177,9 @@ class AgentRunner:
                 except AgentError as exc:
                     outcome = _failure(record, str(exc))
                 else:
-                    async with self._thread_lock(thread), self._exclusive(thread):
-                        await self._conversations.used(thread)
+                    async with self._upkeep.lock(thread), self._exclusive(thread):
+                        await self._conversations.used(thread, owner_of(client))
+                        await self._upkeep.make_room(owner_of(client))
                         try:
                             outcome = await self._on_thread(graph, context, record, request, resumed, token)
                         finally:  # a cancelled run's steps too (shielded, time-bounded)
@@ -265,12 +246,6 @@ class AgentRunner:
             if self._graph is None:
                 self._graph = build_graph(await self._conversations.checkpointer())
             return self._graph
-
-    def _thread_lock(self, thread: str) -> anyio.Lock:
-        lock = self._threads.get(thread)
-        if lock is None:
-            lock = self._threads[thread] = anyio.Lock()
-        return lock
 
     def _context(
         self, client: access.Principal, caller: Caller | None, report: RunObserver, token: str

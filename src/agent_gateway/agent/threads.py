@@ -32,6 +32,12 @@ def space_of(client: access.Principal) -> str:
     return "c" + hashlib.sha256(client.subject.encode()).hexdigest()[:32] + ":"
 
 
+def owner_of(client: access.Principal) -> str:
+    """Whose a thread is, for the bound on threads per client: a digest of the client's label
+    (its subject, or an anonymous client's address), neither kept in the clear."""
+    return hashlib.sha256(client.label.encode()).hexdigest()[:32]
+
+
 def _default_thread(caller: Caller | None, run_id: str) -> str:
     # A session's own thread has a random id, never the session id (which upstreams see).
     # A modern-era request is a session of its own: a fresh thread, returned for continuing.

@@ -1,0 +1,69 @@
+"""What conversation memory keeps, and who may touch a thread meanwhile.
+
+Runs on one thread take turns (``lock``): two at once would interleave one conversation.
+Threads leave the store two ways: unused for ``agent.memory.retention_days`` (``sweep``, now
+and then), or past their client's ``max_threads`` (``make_room``, as a run starts one): with
+no bound, one client starting runs with new conversation ids (or a modern client, each of
+whose runs is a new thread) grew the store without end, its disk everyone's. A thread a run
+holds is never deleted under it: each is re-checked under its lock, and a locked one skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Awaitable, Callable
+from functools import partial
+
+import anyio
+
+from agent_gateway.agent.memory import Conversations
+
+logger = logging.getLogger(__name__)
+
+_SWEEP_EVERY = 3600.0
+
+
+class Upkeep:
+    """The run locks of one gateway's threads, and the deletions they guard."""
+
+    def __init__(self, conversations: Conversations) -> None:
+        self._conversations = conversations
+        self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
+
+    def lock(self, thread: str) -> anyio.Lock:
+        """The lock a run on ``thread`` holds throughout."""
+        lock = self._locks.get(thread)
+        if lock is None:
+            lock = self._locks[thread] = anyio.Lock()
+        return lock
+
+    async def make_room(self, owner: str) -> None:
+        """Delete ``owner``'s least recently used threads past its bound (not those in use)."""
+        try:
+            for thread in await self._conversations.crowded(owner):
+                await self._delete_unless_held(thread, partial(self._conversations.evict, thread, owner))
+        except Exception:  # the run goes on; the next one tries again
+            logger.exception("conversation memory: a client's threads past its bound could not be deleted")
+
+    async def sweep(self) -> None:
+        """Delete, now and then, the threads unused for longer than the retention; until cancelled."""
+        retention = self._conversations.retention
+        if retention is None:
+            return
+        while True:
+            await anyio.sleep(min(retention / 10, _SWEEP_EVERY))
+            try:
+                for thread in await self._conversations.expired():
+                    await self._delete_unless_held(thread, partial(self._conversations.forget, thread))
+            except Exception:  # the sweeper's top: a failing store must not end the gateway
+                logger.exception("conversation memory: expired threads could not be deleted")
+
+    async def _delete_unless_held(self, thread: str, delete: Callable[[], Awaitable[bool]]) -> None:
+        """``delete`` (which re-checks, under the lock, that the thread is still to go) unless
+        a run is on the thread: in use, it stays."""
+        lock = self.lock(thread)
+        if lock.locked():
+            return
+        async with lock:
+            await delete()
