@@ -30,7 +30,11 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   modern era, one call after another, for 10 s: its calls per second, and how many upstream
   processes answered them (a modern request is a session of its own);
 - ``search-flood``: one client keeping 300 ``search_tools`` calls in flight, each matching
-  every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``).
+  every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``);
+- ``thread-flood``: one client's ``ask_agent`` runs, 8 at a time for 20 s, each on a new
+  conversation, its own model (sampling) answering each with 64 KB: the threads and bytes
+  the conversation store (SQLite, the default) holds after. Its run budget (60 a minute by
+  default) is lifted, to reach in seconds what the default reaches in minutes.
 
 ``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
 under /tmp, run with this venv), for the table in bench/README.md::
@@ -48,6 +52,7 @@ import resource
 import shlex
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -60,6 +65,7 @@ from typing import Any
 
 import httpx
 import httpx2
+import mcp_types as types
 import yaml
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
@@ -289,7 +295,7 @@ async def gateway(
                 "env": {"TINY_TOOLS": str(TINY_TOOLS.get(attack, 0))},
             },
         },
-        "agent": {"enabled": False, "memory": {"path": str(home / "conversations.sqlite")}},
+        "agent": {"enabled": attack in AGENT_ATTACKS, "memory": {"path": str(home / "conversations.sqlite")}},
         "auth": {
             "mode": "bearer",
             "tokens": [
@@ -529,6 +535,47 @@ async def search_flood(url: str, proc: Process, seconds: float) -> str:
     return f"{answered} searches answered, {refused} refused at once"
 
 
+async def thread_flood(url: str, proc: Process, seconds: float) -> str:
+    """Agent runs on new conversations, 8 at a time, each answered by the client's model with
+    64 KB: what the conversation store holds after."""
+    final = json.dumps({"type": "final", "content": "x" * 65536})  # the sampling provider's envelope
+    answer = types.TextContent(type="text", text=final)
+
+    async def model(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(role="assistant", content=answer, model="the attacker's")
+
+    runs = failed = 0
+    deadline = time.monotonic() + seconds
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=60) as http,
+        Client(
+            streamable_http_client(url, http_client=http), mode="legacy", sampling_callback=model
+        ) as client,
+    ):
+
+        async def one() -> None:
+            nonlocal runs, failed
+            while time.monotonic() < deadline:
+                query = {
+                    "query": "remember this",
+                    "conversation_id": f"c{runs + failed}-{time.monotonic_ns()}",
+                }
+                result = await client.call_tool("ask_agent", query)
+                failed, runs = (failed + 1, runs) if result.is_error else (failed, runs + 1)
+
+        await asyncio.gather(*(one() for _ in range(8)))
+    threads, size = _store_held(proc.pid)
+    return f"{runs} runs ({failed} failed); the store holds {threads} threads, {size:.1f} MB"
+
+
+def _store_held(pid: int) -> tuple[int, float]:
+    """The threads and MB the gateway's conversation store (in its working directory) holds."""
+    store = Path(f"/proc/{pid}/cwd").resolve() / "conversations.sqlite"
+    with sqlite3.connect(store) as db:
+        (threads,) = db.execute("SELECT count(DISTINCT thread_id) FROM checkpoints").fetchone()
+    return threads, sum(f.stat().st_size for f in store.parent.glob("conversations.sqlite*")) / 2**20
+
+
 async def status_page(url: str, proc: Process, seconds: float) -> str:
     base = url.removesuffix("/mcp")
     served = 0
@@ -690,7 +737,10 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "modern-dedicated": (modern_dedicated, 10.0, None),
     "status-page": (status_page, 10.0, {"admin": True}),
     "search-flood": (search_flood, 10.0, None),
+    "thread-flood": (thread_flood, 20.0, {"agent": {"runs_per_minute": 100_000}}),
 }
+AGENT_ATTACKS = {"thread-flood"}
+"""The attacks that need ``ask_agent`` (off for the others: nothing of it loaded)."""
 
 UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
 """The upstream's settings an attack needs beyond the others'."""
