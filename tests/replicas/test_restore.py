@@ -59,9 +59,13 @@ async def recorded(client: aioredis.Redis, prefix: str, session: str) -> dict[st
     return {k.decode(): v.decode() for k, v in fields.items()}
 
 
+ANONYMOUS = "anonymous@127.0.0.1"
+"""The tests' client, anonymous on loopback: its sessions are counted by its address."""
+
+
 async def counted(client: aioredis.Redis, prefix: str, session: str) -> bool:
     """Whether ``session`` is among the anonymous client's sessions across replicas."""
-    return await client.zscore(f"{prefix}:sessions:anonymous", session) is not None
+    return await client.zscore(f"{prefix}:sessions:{ANONYMOUS}", session) is not None
 
 
 @asynccontextmanager
@@ -156,7 +160,7 @@ async def test_a_record_the_store_evicted_is_written_again_by_the_next_request(
     ):
         headers = await opened(http, cluster.endpoint(0))
         session = headers["Mcp-Session-Id"]
-        assert await client.delete(f"{prefix}:session:{session}", f"{prefix}:sessions:anonymous") == 2
+        assert await client.delete(f"{prefix}:session:{session}", f"{prefix}:sessions:{ANONYMOUS}") == 2
         with anyio.fail_after(BOUND):  # each request pushes the expiry back every 2 s at most
             while not await client.exists(f"{prefix}:session:{session}"):
                 assert (
@@ -354,7 +358,7 @@ async def test_a_session_deleted_elsewhere_unheard_is_dropped_when_its_record_is
         async with client.pipeline(transaction=True) as pipe:  # a DELETE elsewhere, unheard here
             pipe.delete(f"{prefix}:session:{session}")
             pipe.set(f"{prefix}:ended:{session}", "1", ex=20)
-            pipe.zrem(f"{prefix}:sessions:anonymous", session)
+            pipe.zrem(f"{prefix}:sessions:{ANONYMOUS}", session)
             await pipe.execute()
         with anyio.fail_after(BOUND):  # the next touch finds it gone, and deleted
             while (await http.post(cluster.endpoint(0), json=PING, headers=headers)).status_code != 404:

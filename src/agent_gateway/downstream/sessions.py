@@ -245,7 +245,7 @@ class SessionRegistry(Middleware):
         client = access.current()
         record = SessionRecord(
             id=connection.session_id,
-            client=client.subject if client is not None else access.ANONYMOUS,
+            client=client.label if client is not None else access.ANONYMOUS,
             credential=credential_of(scope),
             params=message.params,
             version=result.protocol_version,

@@ -43,6 +43,9 @@ def kept_for(idle: float) -> int:
 
 
 _TOUCHED_KEPT = 100_000
+_SESSION_ID_MAX = 64
+"""The longest session id worth a touch: replicas issue 32 hex digits (the SDK's ``uuid4().hex``);
+an id of a header's length was kept whole, 100,000 of them at 60 KB each."""
 
 # KEYS: bucket, sessions, the touched session's record. ARGV: rate (tokens/s, 0: none), burst, opening (0|1), cap,
 # reservation id, reservation seconds, session id to touch ("" : none), session seconds, the client.
@@ -87,10 +90,12 @@ redis.call('EXPIRE', KEYS[2], math.ceil(ttl + tonumber(ARGV[6])))
 return {0, 0, open, lost}
 """
 
-# KEYS: sessions. ARGV: reservation id, session id ("" : the request opened none), seconds.
+# KEYS: sessions, the session's tombstone. ARGV: reservation id, session id ("" : the request
+# opened none), seconds. A session ended already (its DELETE, on another replica, can come
+# before its opening request is settled here) is not counted again: it would count for 30 min.
 _SETTLE = """
 redis.call('ZREM', KEYS[1], ARGV[1])
-if ARGV[2] ~= '' then
+if ARGV[2] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
   local t = redis.call('TIME')
   redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(ARGV[3]), ARGV[2])
 end
@@ -129,7 +134,7 @@ class SharedLimits:
         self._on_lost = on_lost
         self._session_seconds = kept_for(idle_seconds)
         self._touch_every = touch_every(idle_seconds)
-        self._touched: dict[str, float] = {}
+        self._touched: dict[tuple[str, str], float] = {}
         self._admit: AsyncScript = store.redis.register_script(_ADMIT)  # pyright: ignore[reportAttributeAccessIssue]
         self._settle: AsyncScript = store.redis.register_script(_SETTLE)  # pyright: ignore[reportAttributeAccessIssue]
 
@@ -139,15 +144,19 @@ class SharedLimits:
             return False
         if client.policy.rate_limit is not None or opening:
             return True
-        return session is not None and self._touch_due(session)
+        return session is not None and self._touch_due(client, session)
 
-    def _touch_due(self, session: str) -> bool:
-        now = time.monotonic()
-        if now - self._touched.get(session, -math.inf) < self._touch_every:
+    def _touch_due(self, client: Principal, session: str) -> bool:
+        if len(session) > _SESSION_ID_MAX:  # no id a replica issues: the SDK answers it 404
+            return False
+        # By client too: another client naming this session's id takes no slot of its owner's
+        # (whose own touches it would have put off, for as long as it kept naming it).
+        key, now = (client.label, session), time.monotonic()
+        if now - self._touched.get(key, -math.inf) < self._touch_every:
             return False
         if len(self._touched) >= _TOUCHED_KEPT:  # ended sessions are forgotten here too
-            self._touched = {s: t for s, t in self._touched.items() if now - t < self._touch_every}
-        self._touched[session] = now
+            self._touched = {k: t for k, t in self._touched.items() if now - t < self._touch_every}
+        self._touched[key] = now
         return True
 
     async def admit(self, client: Principal, session: str | None, *, opening: bool) -> Verdict | None:
@@ -166,7 +175,7 @@ class SharedLimits:
             _RESERVATION,
             session or "",
             self._session_seconds,
-            client.subject,
+            client.label,
         ]
         keys = [*self._keys(client), self.store.key("session", session or "")]
         answer = await self.store.call(self._admit(keys=keys, args=args), "admit")
@@ -185,14 +194,14 @@ class SharedLimits:
         """The opening request ended: count ``session`` (when it opened one) in place of its
         reservation."""
         args = [reservation, session or "", self._session_seconds]
-        await self.store.call(self._settle(keys=self._keys(client)[1:], args=args), "settle")
-
-    async def ended(self, client: str, session: str) -> None:
-        """``session`` of ``client`` ended (DELETE): it no longer counts, on any replica."""
-        await self.store.call(self.store.redis.zrem(self.store.key("sessions", client), session), "end")
+        keys = [self._keys(client)[1], self.store.key("ended", session or "")]
+        await self.store.call(self._settle(keys=keys, args=args), "settle")
 
     def _keys(self, client: Principal) -> list[str]:
-        return [self.store.key("bucket", client.subject), self.store.key("sessions", client.subject)]
+        """The client's bucket and session count, by its label: its subject, and for an
+        anonymous client its address (by subject, every anonymous client shared one count,
+        and one of them with its 100 sessions open shut the others out on every replica)."""
+        return [self.store.key("bucket", client.label), self.store.key("sessions", client.label)]
 
 
 def retry_after(wait: float) -> int:

@@ -171,7 +171,8 @@ class SessionRecord:
 
     id: str
     client: str
-    """The subject of the client that opened it (whose session count it is in)."""
+    """The label of the client that opened it (its subject; an anonymous client's, with its
+    address): whose session count it is in, and whose requests keep it alive."""
     credential: Mapping[str, Any] | None
     """The SDK's ``AuthorizationContext`` of the credential that opened it (None: no auth);
     stored as ``owner``, the field's name in records replicas of earlier versions wrote."""

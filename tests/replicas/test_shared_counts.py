@@ -1,0 +1,90 @@
+"""What the shared store counts for each client (found by a helper's attack on two replicas,
+stop 51): anonymous clients counted apart, by address, as each replica counts them; a session
+ended before its opening request was settled not counted for half an hour; another client
+naming a session's id putting off none of its owner's touches; a header-long id not kept."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import httpx
+import redis.asyncio as aioredis
+
+from agent_gateway.access import AccessControl, Principal
+from agent_gateway.config import AuthConfig, StoreConfig
+from agent_gateway.store.client import SharedStore
+from agent_gateway.store.limits import SharedLimits
+from tests.replicas.services import Redis
+from tests.replicas.test_sessions import BOUND, cluster_of
+from tests.security.test_hostile_load import HEADERS, INITIALIZE
+
+
+async def test_anonymous_clients_are_counted_apart_by_address_across_replicas(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Without auth every client's subject is "anonymous": counted by it, one address's
+    # sessions shut every other address out, on every replica, for half an hour.
+    capped = {"mode": "none", "policies": {"default": {"max_sessions": 3}}}
+    async with cluster_of(redis, prefix, tmp_path, [], auth=capped) as cluster:
+
+        async def opening(replica: int, address: str) -> int:
+            transport = httpx.AsyncHTTPTransport(local_address=address)
+            async with httpx.AsyncClient(transport=transport, timeout=BOUND) as http:
+                answer = await http.post(cluster.endpoint(replica), json=INITIALIZE, headers=HEADERS)
+            return answer.status_code
+
+        assert [await opening(n % 2, "127.0.0.1") for n in range(3)] == [200, 200, 200]
+        assert await opening(1, "127.0.0.1") == 429  # its cap, counted across the replicas
+        assert await opening(0, "127.0.0.2") == 200  # another address: a count of its own
+        assert await opening(1, "127.0.0.2") == 200
+
+
+def anonymous(address: str) -> Principal:
+    return AccessControl(AuthConfig()).principal(None, address)
+
+
+async def limits_on(redis: Redis, prefix: str) -> SharedLimits:
+    store = SharedStore(StoreConfig(url=redis.url, prefix=prefix))
+    await store.start()
+
+    async def lost(_: str) -> None:
+        pass
+
+    return SharedLimits(store, 60.0, lost)
+
+
+async def test_a_session_ended_before_its_opening_is_settled_is_not_counted(
+    redis: Redis, prefix: str
+) -> None:
+    limits, client = await limits_on(redis, prefix), anonymous("127.0.0.1")
+    verdict = await limits.admit(client, None, opening=True)
+    assert verdict is not None
+    assert verdict.reservation is not None
+    session = uuid.uuid4().hex
+    # Its DELETE, on another replica, ends it (the record gone, a tombstone left) before the
+    # opening request's settle here, which comes after the answer was sent.
+    async with aioredis.Redis.from_url(redis.url) as store:
+        await store.set(f"{prefix}:ended:{session}", "1", ex=60)
+        await limits.settle(client, verdict.reservation, session)
+        assert await store.zcard(f"{prefix}:sessions:{client.label}") == 0
+        # A session not ended is counted as before.
+        again = await limits.admit(client, None, opening=True)
+        assert again is not None
+        assert again.reservation is not None
+        await limits.settle(client, again.reservation, uuid.uuid4().hex)
+        assert await store.zcard(f"{prefix}:sessions:{client.label}") == 1
+    await limits.store.redis.aclose()
+
+
+async def test_another_client_naming_a_session_puts_off_none_of_its_owners_touches(
+    redis: Redis, prefix: str
+) -> None:
+    limits = await limits_on(redis, prefix)
+    owner, other, session = anonymous("127.0.0.1"), anonymous("127.0.0.2"), uuid.uuid4().hex
+    assert limits.needed(other, session, opening=False)  # its touch of the id it names (refused)
+    assert limits.needed(owner, session, opening=False)  # the owner's own still due
+    assert not limits.needed(owner, session, opening=False)  # and then not again for a while
+    # An id as long as a header is no id a replica issues: nothing asked of the store, nothing kept.
+    assert not limits.needed(owner, "x" * 60_000, opening=False)
+    await limits.store.redis.aclose()
