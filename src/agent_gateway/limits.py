@@ -17,10 +17,10 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
 - The body limit: a body over ``server.max_body_bytes`` is refused with 413 and a JSON-RPC
   error before any of it is parsed. A declared ``Content-Length`` is refused up front; a
   chunked body is counted as it arrives and refused as soon as it passes the limit.
-- The request id: the SDK reads a message whose ``id`` is not a string or an integer (an
-  array, an object, a float, a boolean) as a notification and answers 202 with nothing, so
-  the client waits for an answer that never comes. Such a request gets a JSON-RPC
-  ``Invalid Request`` error instead (with a null id, as JSON-RPC says for an unreadable id).
+- The body's shape (``body_shape.py``): its request id (a string or an integer, not too
+  long), and what the gateway keeps of its client (an ``initialize``'s params, a request's
+  ``_meta``). A request it refuses gets a JSON-RPC ``Invalid Request`` error (with a null
+  id, as JSON-RPC says for an unreadable id).
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
 Refusals are JSON-RPC errors with a null id, which the SDK's client matches to its request.
@@ -39,6 +39,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_gateway import body_shape
 from agent_gateway.access import (
     IDENTIFIED,
     AccessControl,
@@ -219,8 +220,11 @@ class Admission:
             return None  # not JSON: the SDK answers that with its parse error
         except RecursionError:
             return "the request is nested too deeply to read", INVALID_REQUEST
-        problem = _id_problem(body, message, scope)
-        return (problem, INVALID_REQUEST) if problem is not None else None
+        if (problem := body_shape.problem(body, message)) is not None:
+            return problem, INVALID_REQUEST
+        if body_shape.is_request(message):
+            scope[PARSED] = (body, message)
+        return None
 
     async def _refuse_body(self, send: Send, status: int, message: str, code: int = INVALID_REQUEST) -> None:
         refused("body", "refused an HTTP request: %s", message)
@@ -309,16 +313,6 @@ def replay(body: bytes, receive: Receive) -> Receive:
         return await receive()  # afterwards only a disconnect can come
 
     return replayed
-
-
-def _id_problem(body: bytes, message: Any, scope: Scope) -> str | None:
-    if not isinstance(message, dict) or "id" not in message or "method" not in message:
-        return None
-    request_id = message["id"]
-    if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
-        return f"a request id must be a string or an integer, not {type(request_id).__name__}"
-    scope[PARSED] = (body, message)
-    return None
 
 
 _OPENING: contextvars.ContextVar[list[Principal] | None] = contextvars.ContextVar(

@@ -1,0 +1,58 @@
+"""What a request's body may hold, past its size and its number of JSON values (``limits.py``).
+
+- Its id: the SDK reads a message whose ``id`` is not a string or an integer (an array, an
+  object, a float, a boolean) as a notification and answers 202 with nothing, so the client
+  waits for an answer that never comes; such a request is refused instead. A string id is at
+  most ``MAX_ID_LENGTH`` characters: every span, record and answer of the request carries it.
+- What the gateway keeps of its client: at most ``MAX_KEPT_BYTES`` of an ``initialize``'s
+  params (kept for the session's life) and of a request's ``_meta`` envelope (the modern
+  era's client info and capabilities, kept for the request's, hours for a listen stream).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeGuard
+
+MAX_ID_LENGTH = 256
+MAX_KEPT_BYTES = 64 * 1024
+"""The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
+
+
+def problem(body: bytes, message: Any) -> str | None:
+    """What is wrong with ``message`` (``body`` parsed) past its size and its JSON; None: nothing."""
+    if not is_request(message):
+        return None
+    return _id_problem(message) or _kept_problem(body, message)
+
+
+def is_request(message: Any) -> TypeGuard[dict[str, Any]]:
+    """Whether ``message`` is one JSON-RPC request (not a notification, an answer or a batch)."""
+    return isinstance(message, dict) and "id" in message and "method" in message
+
+
+def _id_problem(message: dict[str, Any]) -> str | None:
+    request_id = message["id"]
+    if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        return f"a request id must be a string or an integer, not {type(request_id).__name__}"
+    if isinstance(request_id, str) and len(request_id) > MAX_ID_LENGTH:
+        # Every span, record and answer of the request carries its id.
+        return f"a request id of {len(request_id)} characters; the limit is {MAX_ID_LENGTH}"
+    return None
+
+
+def _kept_problem(body: bytes, message: dict[str, Any]) -> str | None:
+    """Why ``message`` holds more of its client than the gateway keeps: an ``initialize``'s
+    params are kept for the session's life, a request's ``_meta`` envelope (the modern era's
+    client info and capabilities) for the request's, a listen stream's for hours. Parsed,
+    a 900 KB initialize of small values held 22 MB, for each of a client's 100 sessions."""
+    if len(body) <= MAX_KEPT_BYTES:  # nothing in it can be larger: the common case, unmeasured
+        return None
+    params = message.get("params")
+    if not isinstance(params, dict):
+        return None
+    kept = params if message.get("method") == "initialize" else params.get("_meta")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if kept is None or (size := len(json.dumps(kept))) <= MAX_KEPT_BYTES:
+        return None
+    what = "initialize params" if kept is params else "_meta"
+    return f"{what} of {size} bytes; the gateway keeps at most {MAX_KEPT_BYTES} bytes of them"

@@ -1,0 +1,85 @@
+"""What the gateway keeps of a client is bounded, not only what it reads: an ``initialize``'s
+params are kept for the session's life and a request's ``_meta`` envelope for the request's
+(a listen stream's for hours). Parsed, a 909 KB initialize of small values held 22 MB, so one
+address's 100 sessions took 2.2 GB, and 100 listen streams 2.7 GB; a request id of 3.9 MB
+was kept whole in each of its spans. Each is now refused at admission, and costs no one else
+anything. Found by a helper's attack (stop 51)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from agent_gateway.body_shape import MAX_ID_LENGTH, MAX_KEPT_BYTES
+from tests.security.test_unrepresentable import HEADERS, VERSION, modern_call, recorder
+from tests.support import running_gateway, serving_upstream
+
+INVALID_REQUEST = -32600
+
+
+def initialize(experimental_bytes: int) -> dict[str, object]:
+    """An ``initialize`` whose capabilities hold about ``experimental_bytes`` of small values."""
+    values = {f"k{n}": n for n in range(experimental_bytes // 12)}
+    capabilities = {"experimental": {"x": values}}
+    info = {
+        "protocolVersion": VERSION,
+        "capabilities": capabilities,
+        "clientInfo": {"name": "c", "version": "1"},
+    }
+    return {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": info}
+
+
+async def test_an_initialize_holding_more_than_the_gateway_keeps_is_refused_and_one_within_served() -> None:
+    async with running_gateway({}) as gw, httpx.AsyncClient(timeout=10) as http:
+        refused = await http.post(gw.url, json=initialize(2 * MAX_KEPT_BYTES), headers=HEADERS)
+        served = await http.post(gw.url, json=initialize(MAX_KEPT_BYTES // 2), headers=HEADERS)
+    assert refused.json()["error"]["code"] == INVALID_REQUEST, refused.text
+    assert "initialize params of" in refused.json()["error"]["message"]
+    assert "mcp-session-id" not in refused.headers  # no session opened
+    assert served.status_code == 200, served.text
+    assert "mcp-session-id" in served.headers
+
+
+@pytest.mark.parametrize("meta_bytes", [2 * MAX_KEPT_BYTES, 0])
+async def test_a_modern_requests_envelope_is_bounded_and_its_arguments_are_not(meta_bytes: int) -> None:
+    received: list[object] = []
+    big = "y" * (2 * MAX_KEPT_BYTES)  # arguments are passed on, not kept: large ones are served
+    async with (
+        serving_upstream(recorder(received)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        body, headers = modern_call("rec__keep", json.dumps({"x": big}))
+        if meta_bytes:
+            document = json.loads(body)
+            document["params"]["_meta"]["io.example/padding"] = "z" * meta_bytes
+            body = json.dumps(document).encode()
+        answer = (await http.post(gw.url, content=body, headers=headers)).json()
+    if meta_bytes:
+        assert answer["error"]["code"] == INVALID_REQUEST, answer
+        assert "_meta of" in answer["error"]["message"]
+        assert received == []
+    else:
+        assert answer["result"]["content"][0]["text"] == "kept", answer
+        assert received == [big]
+
+
+async def test_a_request_id_longer_than_the_limit_is_refused_and_reaches_no_upstream() -> None:
+    received: list[object] = []
+    async with (
+        serving_upstream(recorder(received)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url}}}) as gw,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        answers = []
+        for length in (MAX_ID_LENGTH + 1, MAX_ID_LENGTH):
+            body, headers = modern_call("rec__keep", '{"x": 1}')
+            document = json.loads(body) | {"id": "i" * length}
+            answers.append((await http.post(gw.url, json=document, headers=headers)).json())
+    refused, served = answers
+    assert refused["error"]["code"] == INVALID_REQUEST, refused
+    assert "request id of" in refused["error"]["message"]
+    assert served["id"] == "i" * MAX_ID_LENGTH
+    assert received == [1]
