@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 from opentelemetry import baggage, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
 
 from agent_gateway.config import TelemetryConfig
 from agent_gateway.errors import ConfigError
-from agent_gateway.exporters import Settings
+from agent_gateway.exporters import MAX_ATTRIBUTE_LENGTH, Settings, _tracer_provider  # pyright: ignore[reportPrivateUsage]
 from agent_gateway.trace_context import incoming_context
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -63,3 +65,26 @@ def test_otel_variables_win_over_the_telemetry_block() -> None:
 def test_a_bad_sampler_argument_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
         Settings.of(TelemetryConfig(), {"OTEL_TRACES_SAMPLER_ARG": "most"})
+
+
+@pytest.mark.parametrize(
+    ("environ", "kept"),
+    [({}, MAX_ATTRIBUTE_LENGTH), ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "10"}, 10)],
+)
+def test_a_spans_attribute_values_are_cut_to_a_bound_and_the_standard_variable_wins(
+    environ: dict[str, str], kept: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A client's values are attributes (its session id, up to a header's 64 KiB): each was
+    # kept whole, in up to 2,048 spans waiting for export. Found by a helper's attack (stop 51).
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)  # the SDK reads the variable itself
+    config = TelemetryConfig(otlp_endpoint="http://127.0.0.1:9")
+    provider = _tracer_provider(Settings.of(config, environ), Resource.create({}))
+    try:
+        span = provider.get_tracer("t").start_span("s", attributes={"mcp.session.id": "x" * 60_000})
+        span.end()
+        assert isinstance(span, ReadableSpan)
+        assert span.attributes is not None
+        assert len(str(span.attributes["mcp.session.id"])) == kept
+    finally:
+        provider.shutdown()

@@ -19,7 +19,7 @@ from opentelemetry.sdk.environment_variables import OTEL_METRICS_EXEMPLAR_FILTER
 from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
@@ -29,6 +29,8 @@ from agent_gateway.errors import ConfigError
 from agent_gateway.telemetry import UpstreamSpans
 
 logger = logging.getLogger(__name__)
+MAX_ATTRIBUTE_LENGTH = 1024
+_ATTRIBUTE_LENGTH_VARIABLES = ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Settings:
     sampling_ratio: float
     metrics: bool
     disabled: bool
+    attribute_length: int | None = None
+    """The longest attribute value a span keeps (None: the standard variables' own)."""
 
     @classmethod
     def of(cls, config: TelemetryConfig, environ: Mapping[str, str]) -> Settings:
@@ -60,6 +64,11 @@ class Settings:
             sampling_ratio=ratio,
             metrics=config.metrics and environ.get("OTEL_METRICS_EXPORTER", "") != "none",
             disabled=environ.get("OTEL_SDK_DISABLED", "").lower() == "true",
+            # A client's values (its session id, up to a header's 64 KiB) are attributes: each
+            # was kept whole in the export queue's 2,048 spans. The standard variables win.
+            attribute_length=None
+            if any(name in environ for name in _ATTRIBUTE_LENGTH_VARIABLES)
+            else MAX_ATTRIBUTE_LENGTH,
         )
 
 
@@ -131,7 +140,9 @@ def _tracer_provider(settings: Settings, resource: Resource) -> TracerProvider:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     provider = TracerProvider(
-        resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio))
+        resource=resource,
+        sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio)),
+        span_limits=SpanLimits(max_attribute_length=settings.attribute_length),
     )
     provider.add_span_processor(UpstreamSpans())
     exporter = OTLPSpanExporter(
