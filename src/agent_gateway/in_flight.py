@@ -1,4 +1,5 @@
-"""The process's bound on bytes of upstream answers in flight, and how an answer is written.
+"""The process's bound on bytes of upstream answers (and client requests) in flight, and how
+an answer is written.
 
 An upstream's answer is held by the gateway from the moment its first byte is read until the
 client's HTTP exchange that carries it has been written. Without a bound, a few clients
@@ -14,6 +15,10 @@ asking for large results at once grow the process without end (three 40 MB resul
   client holds at most half the bound: a client that asks for large answers and reads them
   slowly (or never, until the listener's write deadline drops it) leaves the other half to
   everyone else.
+
+A client's request body counts against the same bound and share from its first read until
+the request has been served (``BodyHeld``, taken by admission): over it, the request is
+refused (503) before its body is read further.
 
 ``Outflow`` also writes a large body in slices: uvicorn hands a body to the socket's
 transport whole, and what the socket does not take at once is copied into the transport's
@@ -128,6 +133,52 @@ metrics.get_meter("agent-gateway").create_observable_gauge(
     unit="By",
     description="Bytes of upstream answers held between reading them and writing them to a client",
 )
+
+
+class BodyHeld:
+    """The bytes of one client's request body, from its first read until the request has been
+    served (the body is kept that long), counted against the same bound and share as its
+    answers: without, one address's 512 connections each holding 4 MiB of a body it never
+    finished took 2 GB for as long as the body timeout, again and again."""
+
+    def __init__(self, client: Principal) -> None:
+        self.client = client
+        self.size = 0
+
+    def take(self, size: int) -> GatewayBusy | None:
+        """Count ``size`` more bytes; the error (counted, logged) when they do not fit."""
+        client, share = self.client, IN_FLIGHT.limit // SHARE
+        if client.held + size > share:
+            refused(
+                "in_flight",
+                "a request body refused: client %s holds %s of its %s",
+                client.label,
+                client.held,
+                share,
+            )
+            return GatewayBusy(
+                f"client {client.subject!r} holds {_mib(client.held)} of requests and answers in flight, "
+                f"its share of the gateway's bound is {_mib(share)}; retry shortly"
+            )
+        if not IN_FLIGHT.take(size):
+            refused(
+                "in_flight",
+                "a request body refused: %s of %s bytes in flight",
+                IN_FLIGHT.held,
+                IN_FLIGHT.limit,
+            )
+            return GatewayBusy(
+                f"the gateway holds its bound of {_mib(IN_FLIGHT.limit)} of requests and answers in flight; "
+                "retry shortly"
+            )
+        client.held += size
+        self.size += size
+        return None
+
+    def release(self) -> None:
+        IN_FLIGHT.give(self.size)
+        self.client.held = max(0, self.client.held - self.size)
+        self.size = 0
 
 
 def hold(scope: Scope | None, result: Any, client: Principal | None = None) -> None:

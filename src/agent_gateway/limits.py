@@ -48,7 +48,8 @@ from agent_gateway.access import (
     admitting,
     token_of_scope,
 )
-from agent_gateway.errors import GatewayError, InvalidRequest, RateLimited, to_wire
+from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, RateLimited, to_wire
+from agent_gateway.in_flight import BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
@@ -102,8 +103,17 @@ class Admission:
             return
         client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
         scope[IDENTIFIED] = client
+        held = BodyHeld(client)
+        try:
+            await self._admit(scope, receive, send, client, held)
+        finally:
+            held.release()
+
+    async def _admit(
+        self, scope: Scope, receive: Receive, send: Send, client: Principal, held: BodyHeld
+    ) -> None:
         # Read, not parsed: the limits below cost a client over them a read, never a parse.
-        body = await self._body(scope, receive, send)
+        body = await self._body(scope, receive, send, held)
         if body is None:
             return
         # A modern-era request is a session only while it runs: counted by this replica alone
@@ -185,7 +195,7 @@ class Admission:
             return _sessions_refusal(client, open_now)
         return None
 
-    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+    async def _body(self, scope: Scope, receive: Receive, send: Send, held: BodyHeld) -> bytes | None:
         """The body, whole and in time; None when it was refused (answered) or the client left."""
         limit = self.bounds.body_bytes
         declared = _content_length(scope)
@@ -194,7 +204,10 @@ class Admission:
             return None
         # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
-            body = await self._read(receive)
+            body = await self._read(receive, held)
+            if isinstance(body, GatewayBusy):
+                await _refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])
+                return None
             if body is _GONE:
                 return None  # the client left before its body was whole: nothing to answer
             if body is None:
@@ -230,8 +243,9 @@ class Admission:
         refused("body", "refused an HTTP request: %s", message)
         await _refuse(send, status, InvalidRequest(message, code))
 
-    async def _read(self, receive: Receive) -> bytes | None:
-        """The whole body; None as soon as it passes the limit; ``_GONE`` if the client left."""
+    async def _read(self, receive: Receive, held: BodyHeld) -> bytes | GatewayBusy | None:
+        """The whole body; None as soon as it passes the limit; the error as soon as it does not
+        fit the bytes in flight (``held``); ``_GONE`` if the client left."""
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -242,6 +256,8 @@ class Admission:
             size += len(chunk)
             if size > self.bounds.body_bytes:
                 return None
+            if (busy := held.take(len(chunk))) is not None:
+                return busy
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break

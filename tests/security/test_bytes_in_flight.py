@@ -5,10 +5,14 @@ bystander is served throughout."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
@@ -39,6 +43,10 @@ def big_server(finished: anyio.Event | None = None) -> FastMCP:
     @server.tool
     def ping() -> str:
         return "pong"
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
 
     @server.resource("big://text")
     def big_text() -> str:
@@ -212,3 +220,51 @@ async def test_a_result_whose_client_hung_up_is_not_held() -> None:
         after = (await http.post(gw.url, json=ping, headers=headers)).json()
     assert held == 0
     assert after["result"]["content"][0]["text"] == "pong"
+
+
+async def held_body(url: str, address: str, sent: int, declared: int) -> tuple[Any, Any]:
+    """A POST from ``address`` declaring ``declared`` bytes of body and sending ``sent`` of them."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port, local_addr=(address, 0))
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json, text/event-stream\r\nContent-Length: {declared}\r\n\r\n"
+    )
+    writer.write(head.encode() + b" " * sent)
+    await writer.drain()
+    return reader, writer
+
+
+async def answer_of(reader: Any) -> bytes:
+    """What the gateway answered before it closed the connection (reset: the body unread)."""
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := await reader.read(65536):
+            answer += chunk
+    return answer
+
+
+async def test_request_bodies_held_count_against_the_clients_share_and_the_bystander_is_served() -> None:
+    # One address's 512 connections each sending 4 MiB of a body it never finished held 2 GB
+    # for as long as the body timeout, again and again. Found by a helper's attack (stop 51).
+    chunk, share = 2**20, BOUND // 2
+    async with serving_upstream(big_server()) as url:
+        config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": {"big": {"url": url}}}
+        async with running_gateway(config) as gw, Client(gw.url) as bystander:
+            held = []
+            try:
+                for _ in range(share // chunk):
+                    held.append(await held_body(gw.url, "127.0.0.2", chunk, 2 * chunk))
+                    await until(lambda: IN_FLIGHT.held >= len(held) * chunk)
+                reader, writer = await held_body(gw.url, "127.0.0.2", chunk, 2 * chunk)
+                held.append((reader, writer))
+                with anyio.fail_after(WAIT):
+                    refusal = await answer_of(reader)
+                served = await bystander.call_tool("big__echo", {"text": "y" * chunk})
+            finally:
+                for _, writer in held:
+                    writer.close()
+            await until(lambda: IN_FLIGHT.held == 0)  # each body given back as its client left
+    assert refusal.startswith(b"HTTP/1.1 503"), refusal[:200]
+    assert b"client 'anonymous' holds 24 MiB of requests and answers in flight" in refusal
+    assert text(served) == "y" * chunk
