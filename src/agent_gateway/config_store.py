@@ -18,6 +18,13 @@ class EventsConfig(_Strict):
     """An event older than this is gone; a client reconnecting later starts afresh."""
     per_stream: int = Field(default=1000, ge=1, le=1_000_000)
     """Events kept per stream (the newest)."""
+    max_event_bytes: int = Field(default=2**20, ge=1024)
+    """A larger event (a large answer) is not kept: a client whose stream drops before it
+    arrives asks again. Every event is in Redis for ``ttl``: one client's large answers held
+    gigabytes there."""
+    max_replay_bytes: int = Field(default=16 * 2**20, ge=1024)
+    """A resume that would replay more is refused (the client starts its request again):
+    a replay is read whole, and held once per resume."""
 
 
 class StoreConfig(_Strict):
