@@ -31,6 +31,10 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   processes answered them (a modern request is a session of its own);
 - ``search-flood``: one client keeping 300 ``search_tools`` calls in flight, each matching
   every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``);
+- ``slow-bodies``: 300 connections, each sending 4 MiB - 1 byte of a body and never the
+  last, held for 10 s: how many bodies the gateway holds, how many it refused;
+- ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
+  ~900 KB of small JSON values in its capabilities, all kept open;
 - ``thread-flood``: one client's ``ask_agent`` runs, 8 at a time for 20 s, each on a new
   conversation, its own model (sampling) answering each with 64 KB: the threads and bytes
   the conversation store (SQLite, the default) holds after. Its run budget (60 a minute by
@@ -535,6 +539,59 @@ async def search_flood(url: str, proc: Process, seconds: float) -> str:
     return f"{answered} searches answered, {refused} refused at once"
 
 
+async def slow_bodies(url: str, proc: Process, seconds: float) -> str:
+    """Bodies of 4 MiB - 1 byte sent on 300 connections, the last byte never: what is held."""
+    port, size = httpx.URL(url).port or 80, 4 * 2**20
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ATTACKER}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        f"Content-Length: {size}\r\n\r\n"
+    ).encode()
+    payload = head + b" " * (size - 1)  # one object, written on every connection
+    streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def one() -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        streams.append((reader, writer))
+        writer.write(payload)
+        with suppress(OSError):
+            await writer.drain()
+
+    await asyncio.gather(*(one() for _ in range(300)), return_exceptions=True)
+    await asyncio.sleep(seconds)
+    held = 0
+    for reader, writer in streams:
+        try:  # an answer (the 503), or the connection closed or reset: not held
+            await asyncio.wait_for(reader.read(12), 0.05)
+        except TimeoutError:
+            held += 1
+        except OSError:
+            pass
+        writer.close()
+    return f"{held} bodies held unfinished, {len(streams) - held} refused (503, closed)"
+
+
+async def big_initialize(url: str, proc: Process, seconds: float) -> str:
+    """100 sessions opened by initialize requests of ~900 KB of small values each, kept open."""
+    values = {f"k{n}": n for n in range(75_000)}
+    info = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"experimental": {"x": values}},
+        "clientInfo": {"name": "a", "version": "1"},
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": info}).encode()
+    headers = {
+        "Authorization": f"Bearer {ATTACKER}",
+        "Accept": "application/json, text/event-stream",
+        "Content-Type": "application/json",
+    }
+    async with httpx.AsyncClient(timeout=60) as http:
+        answers = [await http.post(url, content=body, headers=headers) for _ in range(100)]
+    opened = sum(a.status_code == 200 for a in answers)
+    await asyncio.sleep(seconds)
+    return f"{opened} sessions opened with {len(body) // 1024} KB initialize requests, {len(answers) - opened} refused"
+
+
 async def thread_flood(url: str, proc: Process, seconds: float) -> str:
     """Agent runs on new conversations, 8 at a time, each answered by the client's model with
     64 KB: what the conversation store holds after."""
@@ -730,6 +787,8 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "long-calls": (long_calls, 10.0, None),
     "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),
     "big-bodies": (big_bodies, 10.0, None),
+    "slow-bodies": (slow_bodies, 10.0, None),
+    "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),
     "patterns": (patterns, 10.0, None),
     "undecided-patterns": (undecided_patterns, 10.0, None),
