@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from fastmcp import FastMCP
+from collections import deque
+from typing import Annotated
 
-notes: list[str] = []
-server = FastMCP("notes", instructions="Keeps short text notes for the current process.")
+from fastmcp import FastMCP
+from pydantic import Field
+
+MAX_NOTES = 1000
+MAX_NOTE_LENGTH = 4096
+# Bounded: every client of the example shares this process, and one client's 40 notes of
+# 4 MB made every list of them too large to pass on, for everyone, until a restart.
+notes: deque[str] = deque(maxlen=MAX_NOTES)
+server = FastMCP(
+    "notes",
+    instructions=f"Keeps short text notes for the current process (the latest {MAX_NOTES}).",
+)
 
 
 @server.tool
-def add_note(text: str) -> dict[str, int]:
-    """Store a note; returns its number."""
+def add_note(text: Annotated[str, Field(max_length=MAX_NOTE_LENGTH)]) -> dict[str, int]:
+    """Store a note (at most 4,096 characters; the oldest goes past 1,000 notes); returns its number."""
     notes.append(text)
     return {"number": len(notes)}
 
