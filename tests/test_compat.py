@@ -287,7 +287,7 @@ def test_the_session_manager_has_each_private_method_adoption_uses(method: str) 
 @pytest.mark.parametrize("attribute", MANAGER_STATE)
 def test_the_session_manager_keeps_each_piece_of_state_adoption_reads(attribute: str) -> None:
     assert assigned_in_init(FastMCPStreamableHTTPSessionManager, attribute), (
-        f"mcp/fastmcp: the session manager no longer sets self.{attribute} (compat/adoption.py, compat/deferred.py)"
+        f"mcp/fastmcp: the session manager no longer sets self.{attribute} (compat/adoption.py, compat/deferred.py, compat/idle.py)"
     )
 
 

@@ -26,6 +26,7 @@ from agent_gateway.access import token_of_scope
 from agent_gateway.call_records import admission_refusals
 from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import DeferredSessionManager, defer_responses
+from agent_gateway.downstream.room import Room
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
 from agent_gateway.in_flight import Outflow
@@ -42,6 +43,7 @@ def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
     server = gateway.config.server
     shared = gateway.shared
+    room = Room(gateway.sessions)
     # Host and Origin are checked on every request (DNS rebinding), by HostCheck, in place of
     # FastMCP's guard: loopback names and the bound address always pass; anything else must be
     # listed in server.allowed_hosts ("*" passes any Host; Origin is still checked).
@@ -64,6 +66,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 bounds=_bounds(gateway),
                 on_refused=admission_refusals(gateway.activity),
                 shared=shared.limits if shared is not None else None,
+                make_room=room.make,
             ),
             Middleware(Outflow),
             Middleware(DirectRoute, path=server.path),
@@ -115,7 +118,7 @@ def build_app(gateway: Gateway) -> Starlette:
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
     mcp_app.router.lifespan_context = _deferring(
-        mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path), gateway
+        mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path), gateway, room
     )
     return mcp_app
 
@@ -223,7 +226,7 @@ def _endpoint(app: Starlette, path: str) -> StreamableHTTPASGIApp:
 
 
 def _deferring(
-    lifespan: Lifespan[Starlette], endpoint: StreamableHTTPASGIApp, gateway: Gateway
+    lifespan: Lifespan[Starlette], endpoint: StreamableHTTPASGIApp, gateway: Gateway, room: Room
 ) -> Lifespan[Starlette]:
     """FastMCP's lifespan, with its session manager answering silent calls with JSON (and,
     with a shared store, adopting sessions that other replicas opened)."""
@@ -234,6 +237,7 @@ def _deferring(
             # FastMCP makes the manager as the app starts, before any request is served.
             manager = endpoint.session_manager
             keepalives = defer_responses(manager, gateway.sessions.connection)
+            room.manager = manager
             app.state.drain = partial(_drain, manager, gateway)
             for keepalive in keepalives:
                 tg.start_soon(keepalive.run)

@@ -85,11 +85,13 @@ class Admission:
         bounds: Bounds,
         on_refused: Refused | None = None,
         shared: SharedLimits | None = None,
+        make_room: Callable[[Principal], bool] | None = None,
     ) -> None:
         self.app = app
         self.access = access
         self.bounds = bounds
         self.on_refused = on_refused
+        self.make_room = make_room  # a client's session idle the longest ended, at its cap
         self.shared = shared
         """Limits counted across replicas (``store:``); None, or the store unreachable: this
         replica's own counts."""
@@ -191,7 +193,8 @@ class Admission:
         if rate and client.bucket is not None and (wait := client.bucket.take()) is not None:
             return _rate_refusal(client, wait)
         limit = client.policy.max_sessions
-        if opening and (open_now := client.sessions + client.opening) >= limit:
+        open_now = client.sessions + client.opening
+        if opening and open_now >= limit and (self.make_room is None or not self.make_room(client)):
             return _sessions_refusal(client, open_now)
         return None
 

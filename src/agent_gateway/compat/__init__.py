@@ -8,7 +8,8 @@ compatible releases in ``pyproject.toml``:
 
 - ``mcp`` 2.3.0 (``mcp.py``, and ``deferred.py``: the SDK's Streamable HTTP transport and
   FastMCP's session manager, answering a call that sends nothing before its result as JSON;
-  ``replay.py``: a GET's ``Last-Event-ID`` with no event store);
+  ``replay.py``: a GET's ``Last-Event-ID`` with no event store; ``idle.py``: a client's
+  session idle the longest, ended to make room for its next);
 - ``fastmcp`` 4.1.2 (``fastmcp.py``);
 - ``httpx2`` 2.16 (``httpx2.py``);
 - ``langchain-anthropic`` 1.7 (``langchain.py``);
