@@ -8,14 +8,15 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import anyio
 import httpx
 import redis.asyncio as aioredis
 
 from agent_gateway.access import AccessControl, Principal
 from agent_gateway.config import AuthConfig, StoreConfig
 from agent_gateway.store.client import SharedStore
-from agent_gateway.store.limits import SharedLimits
-from tests.replicas.services import Redis
+from agent_gateway.store.limits import SharedLimits, Verdict
+from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_sessions import BOUND, cluster_of
 from tests.security.test_hostile_load import HEADERS, INITIALIZE
 
@@ -88,3 +89,30 @@ async def test_another_client_naming_a_session_puts_off_none_of_its_owners_touch
     # An id as long as a header is no id a replica issues: nothing asked of the store, nothing kept.
     assert not limits.needed(owner, "x" * 60_000, opening=False)
     await limits.store.redis.aclose()
+
+
+async def test_connections_a_restarted_redis_closed_are_replaced_not_taken_for_an_outage(prefix: str) -> None:
+    # Each pooled connection Redis closed as it restarted failed its next command, used
+    # seconds or minutes later, and marked the store unavailable anew: 503s for sessions held
+    # elsewhere, records not written (then 404s on the other replica). Found by a helper's
+    # attack on two replicas (stop 51).
+    with redis_server() as redis:
+        limits, client = await limits_on(redis, prefix), anonymous("127.0.0.1")
+
+        async def admitted(verdicts: list[Verdict | None]) -> None:
+            verdicts.append(await limits.admit(client, None, opening=True))
+
+        before: list[Verdict | None] = []
+        async with anyio.create_task_group() as tg:  # 20 at once: 20 connections in the pool
+            for _ in range(20):
+                tg.start_soon(admitted, before)
+        redis.stop()
+        redis.start()  # empty, and every pooled connection closed
+        after: list[Verdict | None] = []
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(admitted, after)
+        assert limits.store.available, limits.store.problem
+        await limits.store.redis.aclose()
+    assert None not in before
+    assert None not in after

@@ -16,6 +16,9 @@ from typing import Any
 import anyio
 from opentelemetry import metrics
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from agent_gateway.config import StoreConfig
@@ -61,6 +64,11 @@ class SharedStore:
             socket_connect_timeout=config.timeout,
             health_check_interval=30,
             decode_responses=False,
+            # A pooled connection Redis closed (it restarted) fails its next command: tried once
+            # more on a fresh connection, not taken for the store being down. Without it, each
+            # stale connection in the pool, used minutes later, marked the store unavailable
+            # anew (503s, records not written). A timeout is not retried: it is the store's.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         self.problem: str | None = "not connected yet"
         """Why the store is unavailable now, or None while it answers."""
