@@ -186,7 +186,8 @@ class SharedEventStore(EventStore):
                 break
             start = "(" + page[-1][0].decode()
         if not seen:
-            logger.info("replay: event %s is no longer kept (or was never stored)", last_event_id[:100])
+            if stream_id:  # the stream is kept, not this event
+                logger.info("replay: event %s is no longer kept (or was never stored)", last_event_id[:100])
             return None
         return stream_id, after
 
