@@ -19,10 +19,9 @@ MAX_KEPT_BYTES = 64 * 1024
 """The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
 
 
-def problem(body: bytes, message: Any) -> str | None:
-    """What is wrong with ``message`` (``body`` parsed) past its size and its JSON; None: nothing."""
-    if not is_request(message):
-        return None
+def problem(body: bytes, message: dict[str, Any]) -> str | None:
+    """What is wrong with the request ``message`` (``body`` parsed) past its size and its JSON;
+    None: nothing."""
     return _id_problem(message) or _kept_problem(body, message)
 
 

@@ -58,6 +58,8 @@ DEFAULT_LIMIT = 256 * 2**20
 SHARE = 2
 """One client may hold at most ``1 / SHARE`` of the bound."""
 SLICE = 2**20
+UNCOUNTED = 64 * 2**10
+"""Bytes of a request body not counted as held (``BodyHeld``)."""
 """Bytes of a response body handed to the server at a time."""
 _SCOPE_KEY = "agent_gateway.outflow"
 
@@ -139,7 +141,11 @@ class BodyHeld:
     """The bytes of one client's request body, from its first read until the request has been
     served (the body is kept that long), counted against the same bound and share as its
     answers: without, one address's 512 connections each holding 4 MiB of a body it never
-    finished took 2 GB for as long as the body timeout, again and again."""
+    finished took 2 GB for as long as the body timeout, again and again. A body's first
+    ``UNCOUNTED`` bytes are not counted: nearly every body is smaller, and the connection
+    bounds hold those (512 an address, 32 MiB)."""
+
+    __slots__ = ("client", "size")
 
     def __init__(self, client: Principal) -> None:
         self.client = client
@@ -176,9 +182,10 @@ class BodyHeld:
         return None
 
     def release(self) -> None:
-        IN_FLIGHT.give(self.size)
-        self.client.held = max(0, self.client.held - self.size)
-        self.size = 0
+        if self.size:
+            IN_FLIGHT.give(self.size)
+            self.client.held = max(0, self.client.held - self.size)
+            self.size = 0
 
 
 def hold(scope: Scope | None, result: Any, client: Principal | None = None) -> None:

@@ -49,7 +49,7 @@ from agent_gateway.access import (
     token_of_scope,
 )
 from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, RateLimited, to_wire
-from agent_gateway.in_flight import BodyHeld
+from agent_gateway.in_flight import UNCOUNTED, BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
@@ -236,10 +236,11 @@ class Admission:
             return None  # not JSON: the SDK answers that with its parse error
         except RecursionError:
             return "the request is nested too deeply to read", INVALID_REQUEST
+        if not body_shape.is_request(message):
+            return None
         if (problem := body_shape.problem(body, message)) is not None:
             return problem, INVALID_REQUEST
-        if body_shape.is_request(message):
-            scope[PARSED] = (body, message)
+        scope[PARSED] = (body, message)
         return None
 
     async def _refuse_body(self, send: Send, status: int, message: str, code: int = INVALID_REQUEST) -> None:
@@ -259,7 +260,7 @@ class Admission:
             size += len(chunk)
             if size > self.bounds.body_bytes:
                 return None
-            if (busy := held.take(len(chunk))) is not None:
+            if size > UNCOUNTED and (busy := held.take(size - held.size)) is not None:
                 return busy
             chunks.append(chunk)
             if not message.get("more_body", False):
