@@ -4,9 +4,12 @@
   object, a float, a boolean) as a notification and answers 202 with nothing, so the client
   waits for an answer that never comes; such a request is refused instead. A string id is at
   most ``MAX_ID_LENGTH`` characters: every span, record and answer of the request carries it.
-- What the gateway keeps of its client: at most ``MAX_KEPT_BYTES`` of an ``initialize``'s
-  params (kept for the session's life) and of a request's ``_meta`` envelope (the modern
-  era's client info and capabilities, kept for the request's, hours for a listen stream).
+- Its method name: at most ``MAX_METHOD_LENGTH`` characters (a span is named by it, and an
+  unknown method's error carries it back).
+- What the gateway keeps of its client: at most ``MAX_KEPT_BYTES`` of the params of an
+  ``initialize`` (kept for the session's life) or a ``subscriptions/listen`` (the stream's,
+  hours), and of any other request's ``_meta`` envelope (the modern era's client info and
+  capabilities, kept for the request's).
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ import json
 from typing import Any, TypeGuard
 
 MAX_ID_LENGTH = 256
+MAX_METHOD_LENGTH = 128
 MAX_KEPT_BYTES = 64 * 1024
 """The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
+_LONG_LIVED = ("initialize", "subscriptions/listen")
+"""Requests kept whole for long (a session's life, a stream's): their params are measured."""
 
 
 def problem(body: bytes, message: dict[str, Any]) -> str | None:
     """What is wrong with the request ``message`` (``body`` parsed) past its size and its JSON;
     None: nothing."""
-    return _id_problem(message) or _kept_problem(body, message)
+    return _id_problem(message) or _method_problem(message) or _kept_problem(body, message)
 
 
 def is_request(message: Any) -> TypeGuard[dict[str, Any]]:
@@ -40,18 +46,27 @@ def _id_problem(message: dict[str, Any]) -> str | None:
     return None
 
 
+def _method_problem(message: dict[str, Any]) -> str | None:
+    method = message["method"]
+    if isinstance(method, str) and len(method) > MAX_METHOD_LENGTH:  # not a string: the SDK's to refuse
+        # A span is named by it, and an unknown method's error carries it back.
+        return f"a method name of {len(method)} characters; the limit is {MAX_METHOD_LENGTH}"
+    return None
+
+
 def _kept_problem(body: bytes, message: dict[str, Any]) -> str | None:
     """Why ``message`` holds more of its client than the gateway keeps: an ``initialize``'s
-    params are kept for the session's life, a request's ``_meta`` envelope (the modern era's
-    client info and capabilities) for the request's, a listen stream's for hours. Parsed,
-    a 900 KB initialize of small values held 22 MB, for each of a client's 100 sessions."""
+    params are kept for the session's life, a listen stream's for hours, any other request's
+    ``_meta`` envelope (the modern era's client info and capabilities) for the request's.
+    Parsed, a 900 KB initialize of small values held 22 MB, for each of a client's 100
+    sessions; a listen stream holding its payload beside ``_meta``, 25 MB."""
     if len(body) <= MAX_KEPT_BYTES:  # nothing in it can be larger: the common case, unmeasured
         return None
     params = message.get("params")
     if not isinstance(params, dict):
         return None
-    kept = params if message.get("method") == "initialize" else params.get("_meta")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    kept = params if message.get("method") in _LONG_LIVED else params.get("_meta")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     if kept is None or (size := len(json.dumps(kept))) <= MAX_KEPT_BYTES:
         return None
-    what = "initialize params" if kept is params else "_meta"
+    what = f"{message['method']} params" if kept is params else "_meta"
     return f"{what} of {size} bytes; the gateway keeps at most {MAX_KEPT_BYTES} bytes of them"

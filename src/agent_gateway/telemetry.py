@@ -173,7 +173,7 @@ class RequestTelemetry:
             with (
                 suppress_fastmcp_telemetry(),
                 tracer.start_as_current_span(
-                    f"{ctx.method} {target}" if ctx.method in _NAMED and target else ctx.method,
+                    (f"{ctx.method} {target}" if ctx.method in _NAMED and target else ctx.method)[:_NAME_MAX],
                     kind=SpanKind.SERVER,
                     attributes=_server_attributes(ctx, params, target, upstream),
                     record_exception=False,
@@ -189,6 +189,8 @@ class RequestTelemetry:
 
 
 _NAMED = ("tools/call", "prompts/get")
+_NAME_MAX = 200
+"""A span's name at most (a client's made-up prompt name is in it: attribute limits do not cut names)."""
 
 
 def _server_attributes(

@@ -83,3 +83,19 @@ async def test_a_request_id_longer_than_the_limit_is_refused_and_reaches_no_upst
     assert "request id of" in refused["error"]["message"]
     assert served["id"] == "i" * MAX_ID_LENGTH
     assert received == [1]
+
+
+async def test_a_listen_streams_params_and_a_long_method_name_are_bounded() -> None:
+    # A listen stream holds its whole request for hours: a 909 KB payload beside a small
+    # _meta took 25 MB a stream, 100 streams 2.7 GB. A 3.9 MB method name named a span and
+    # came back in the unknown method's error. Found by a helper's attack (stop 51).
+    async with running_gateway({}) as gw, httpx.AsyncClient(timeout=10) as http:
+        body, headers = modern_call("x", "{}")
+        listen = json.loads(body) | {"method": "subscriptions/listen"}
+        listen["params"] = {"_meta": listen["params"]["_meta"], "junk": "j" * (2 * MAX_KEPT_BYTES)}
+        refused_listen = (await http.post(gw.url, json=listen, headers=headers)).json()
+        long_method = json.loads(body) | {"method": "m" * 129}
+        refused_method = (await http.post(gw.url, json=long_method, headers=headers)).json()
+    assert "subscriptions/listen params of" in refused_listen["error"]["message"], refused_listen
+    assert refused_method["error"]["code"] == INVALID_REQUEST
+    assert "a method name of 129 characters" in refused_method["error"]["message"]
