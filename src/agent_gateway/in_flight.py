@@ -58,6 +58,8 @@ DEFAULT_LIMIT = 256 * 2**20
 SHARE = 2
 """One client may hold at most ``1 / SHARE`` of the bound."""
 SLICE = 2**20
+BODY_SHARE = 4
+"""One client's request bodies (with its answers) may hold at most ``1 / BODY_SHARE`` of the bound."""
 UNCOUNTED = 64 * 2**10
 """Bytes of a request body not counted as held (``BodyHeld``)."""
 """Bytes of a response body handed to the server at a time."""
@@ -70,6 +72,8 @@ class InFlight:
     def __init__(self, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
         self.held = 0
+        self.bodies = 0
+        """Of ``held``, request bodies' bytes: at most half the bound, the rest kept for answers."""
 
     def take(self, size: int) -> bool:
         """Count ``size`` more bytes held; False (nothing counted) when they do not fit."""
@@ -153,7 +157,9 @@ class BodyHeld:
 
     def take(self, size: int) -> GatewayBusy | None:
         """Count ``size`` more bytes; the error (counted, logged) when they do not fit."""
-        client, share = self.client, IN_FLIGHT.limit // SHARE
+        # A client's bodies take at most half of what bodies may take (a quarter of the bound):
+        # one client alone never fills it.
+        client, share = self.client, IN_FLIGHT.limit // BODY_SHARE
         if client.held + size > share:
             refused(
                 "in_flight",
@@ -166,24 +172,29 @@ class BodyHeld:
                 f"client {client.subject!r} holds {_mib(client.held)} of requests and answers in flight, "
                 f"its share of the gateway's bound is {_mib(share)}; retry shortly"
             )
-        if not IN_FLIGHT.take(size):
+        # Bodies take at most half the bound: two clients' unfinished bodies, each within its
+        # share, otherwise left no room for anyone's answers.
+        if IN_FLIGHT.bodies + size > IN_FLIGHT.limit // 2 or not IN_FLIGHT.take(size):
             refused(
                 "in_flight",
-                "a request body refused: %s of %s bytes in flight",
+                "a request body refused: %s of %s bytes in flight (%s of them bodies)",
                 IN_FLIGHT.held,
                 IN_FLIGHT.limit,
+                IN_FLIGHT.bodies,
             )
             return GatewayBusy(
-                f"the gateway holds its bound of {_mib(IN_FLIGHT.limit)} of requests and answers in flight; "
-                "retry shortly"
+                f"the gateway holds its bound of request bodies in flight ({_mib(IN_FLIGHT.bodies)} of "
+                f"{_mib(IN_FLIGHT.limit // 2)}, half its {_mib(IN_FLIGHT.limit)} in flight); retry shortly"
             )
         client.held += size
+        IN_FLIGHT.bodies += size
         self.size += size
         return None
 
     def release(self) -> None:
         if self.size:
             IN_FLIGHT.give(self.size)
+            IN_FLIGHT.bodies = max(0, IN_FLIGHT.bodies - self.size)
             self.client.held = max(0, self.client.held - self.size)
             self.size = 0
 

@@ -246,25 +246,32 @@ async def answer_of(reader: Any) -> bytes:
 
 async def test_request_bodies_held_count_against_the_clients_share_and_the_bystander_is_served() -> None:
     # One address's 512 connections each sending 4 MiB of a body it never finished held 2 GB
-    # for as long as the body timeout, again and again. Found by a helper's attack (stop 51).
-    chunk, share = 2**20, BOUND // 2
+    # for as long as the body timeout, again and again; then two clients' bodies, each within
+    # its share, left no room for anyone's answers. Found by a helper's attack (stop 51).
+    chunk, share = 2**20, BOUND // 4
     async with serving_upstream(big_server()) as url:
         config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": {"big": {"url": url}}}
         async with running_gateway(config) as gw, Client(gw.url) as bystander:
             held = []
             try:
-                for _ in range(share // chunk):
-                    held.append(await held_body(gw.url, "127.0.0.2", chunk, 2 * chunk))
-                    await until(lambda: IN_FLIGHT.held >= len(held) * chunk)
-                reader, writer = await held_body(gw.url, "127.0.0.2", chunk, 2 * chunk)
-                held.append((reader, writer))
-                with anyio.fail_after(WAIT):
-                    refusal = await answer_of(reader)
-                served = await bystander.call_tool("big__echo", {"text": "y" * chunk})
+                for address in ("127.0.0.2", "127.0.0.3"):
+                    for _ in range(share // chunk):
+                        held.append(await held_body(gw.url, address, chunk, 2 * chunk))
+                        await until(lambda: IN_FLIGHT.held >= len(held) * chunk)
+                refusals = []
+                for address in ("127.0.0.2", "127.0.0.4"):  # past its share; past the bodies' half
+                    reader, writer = await held_body(gw.url, address, chunk, 2 * chunk)
+                    held.append((reader, writer))
+                    with anyio.fail_after(WAIT):
+                        refusals.append(await answer_of(reader))
+                served = await bystander.call_tool("big__echo", {"text": "y" * 1000})
+                answered = await bystander.call_tool("big__big", {"size": SHARED})  # 22 MiB: the other half
             finally:
                 for _, writer in held:
                     writer.close()
             await until(lambda: IN_FLIGHT.held == 0)  # each body given back as its client left
-    assert refusal.startswith(b"HTTP/1.1 503"), refusal[:200]
-    assert b"client 'anonymous' holds 24 MiB of requests and answers in flight" in refusal
-    assert text(served) == "y" * chunk
+    assert all(r.startswith(b"HTTP/1.1 503") for r in refusals), [r[:200] for r in refusals]
+    assert b"client 'anonymous' holds 12 MiB of requests and answers in flight" in refusals[0]
+    assert b"the gateway holds its bound of request bodies in flight (24 MiB of 24 MiB" in refusals[1]
+    assert text(served) == "y" * 1000
+    assert len(text(answered)) == SHARED
