@@ -22,7 +22,7 @@ class EventsConfig(_Strict):
     """A larger event (a large answer) is not kept: a client whose stream drops before it
     arrives asks again. Every event is in Redis for ``ttl``: one client's large answers held
     gigabytes there."""
-    max_replay_bytes: int = Field(default=16 * 2**20, ge=1024)
+    max_replay_bytes: int = Field(default=4 * 2**20, ge=1024)
     """A resume that would replay more is refused (the client starts its request again):
     a replay is read whole, and held once per resume."""
 

@@ -102,3 +102,28 @@ async def test_a_resume_past_the_replay_bound_is_refused_and_a_shorter_one_serve
     assert refused is None
     assert served is not None
     assert [e.event_id for e in served] == ids[3:]
+
+
+async def test_a_replica_reads_a_few_resumes_at_once(redis: Redis, prefix: str) -> None:
+    # Each resume holds what it replays until it is sent: 40 at once took a replica to 1.3 GB.
+    async with event_store(redis, prefix) as (shared, raw):
+        first = await shared.store_event(STREAM, note(10))
+        await shared.store_event(STREAM, note(10))
+        await stored(raw, prefix, 2)
+        sending, go, at_once = [0], anyio.Event(), 0
+
+        async def slow(_: EventMessage) -> None:  # a client reading slowly
+            sending[0] += 1
+            await go.wait()
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(shared.replay_events_after, first, slow)
+            with anyio.fail_after(BOUND):
+                while sending[0] < 4:
+                    await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()  # the other two wait their turn, not Redis
+            at_once = sending[0]
+            go.set()
+    assert at_once == 4
+    assert sending[0] == 6
