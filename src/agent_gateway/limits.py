@@ -17,10 +17,8 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
 - The body limit: a body over ``server.max_body_bytes`` is refused with 413 and a JSON-RPC
   error before any of it is parsed. A declared ``Content-Length`` is refused up front; a
   chunked body is counted as it arrives and refused as soon as it passes the limit.
-- The body's shape (``body_shape.py``): its request id (a string or an integer, not too
-  long), and what the gateway keeps of its client (an ``initialize``'s params, a request's
-  ``_meta``). A request it refuses gets a JSON-RPC ``Invalid Request`` error (with a null
-  id, as JSON-RPC says for an unreadable id).
+- The body's shape (``body_shape.py``: its id, its method, what is kept of its client); a
+  request it refuses gets ``Invalid Request`` (a null id, as for an unreadable id).
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
 Refusals are JSON-RPC errors with a null id, which the SDK's client matches to its request.
