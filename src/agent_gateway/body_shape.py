@@ -17,9 +17,14 @@ from __future__ import annotations
 import json
 from typing import Any, TypeGuard
 
+from agent_gateway.json_text import json_values
+
 MAX_ID_LENGTH = 256
 MAX_METHOD_LENGTH = 128
 MAX_KEPT_BYTES = 64 * 1024
+MAX_KEPT_VALUES = 4096
+"""The most JSON values of an ``initialize``'s or a listen stream's params the gateway keeps
+(a real ``initialize`` holds under 100; a listen naming its 1,000 resources a few thousand)."""
 """The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
 _LONG_LIVED = ("initialize", "subscriptions/listen")
 """Requests kept whole for long (a session's life, a stream's): their params are measured."""
@@ -60,13 +65,18 @@ def _kept_problem(body: bytes, message: dict[str, Any]) -> str | None:
     ``_meta`` envelope (the modern era's client info and capabilities) for the request's.
     Parsed, a 900 KB initialize of small values held 22 MB, for each of a client's 100
     sessions; a listen stream holding its payload beside ``_meta``, 25 MB."""
+    method = message.get("method")
+    # Small values parse to many times their text: 64 KiB of empty lists kept 2.35 MB a
+    # session, and each anonymous address has its 100.
+    if method in _LONG_LIVED and (values := json_values(body, MAX_KEPT_VALUES)) > MAX_KEPT_VALUES:
+        return f"{method} params of {values} JSON values; the gateway keeps at most {MAX_KEPT_VALUES}"
     if len(body) <= MAX_KEPT_BYTES:  # nothing in it can be larger: the common case, unmeasured
         return None
     params = message.get("params")
     if not isinstance(params, dict):
         return None
-    kept = params if message.get("method") in _LONG_LIVED else params.get("_meta")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    kept = params if method in _LONG_LIVED else params.get("_meta")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     if kept is None or (size := len(json.dumps(kept))) <= MAX_KEPT_BYTES:
         return None
-    what = f"{message['method']} params" if kept is params else "_meta"
+    what = f"{method} params" if kept is params else "_meta"
     return f"{what} of {size} bytes; the gateway keeps at most {MAX_KEPT_BYTES} bytes of them"

@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from agent_gateway.body_shape import MAX_ID_LENGTH, MAX_KEPT_BYTES
+from agent_gateway.body_shape import MAX_ID_LENGTH, MAX_KEPT_BYTES, MAX_KEPT_VALUES
 from tests.security.test_unrepresentable import HEADERS, VERSION, modern_call, recorder
 from tests.support import running_gateway, serving_upstream
 
@@ -99,3 +99,15 @@ async def test_a_listen_streams_params_and_a_long_method_name_are_bounded() -> N
     assert "subscriptions/listen params of" in refused_listen["error"]["message"], refused_listen
     assert refused_method["error"]["code"] == INVALID_REQUEST
     assert "a method name of 129 characters" in refused_method["error"]["message"]
+
+
+async def test_an_initialize_of_many_small_values_is_refused_whatever_its_size() -> None:
+    # 64 KiB of empty lists parse to 2.35 MB, kept for each session of each address (a
+    # helper's re-run of its attack, stop 51): the values are counted too.
+    many = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize(0)["params"]}
+    many["params"]["capabilities"] = {"experimental": {"x": [[] for _ in range(MAX_KEPT_VALUES + 100)]}}
+    async with running_gateway({}) as gw, httpx.AsyncClient(timeout=10) as http:
+        assert len(json.dumps(many)) < MAX_KEPT_BYTES
+        refused = await http.post(gw.url, json=many, headers=HEADERS)
+    assert refused.json()["error"]["code"] == INVALID_REQUEST, refused.text
+    assert f"the gateway keeps at most {MAX_KEPT_VALUES}" in refused.json()["error"]["message"]
