@@ -22,10 +22,10 @@ from agent_gateway.json_text import json_values
 MAX_ID_LENGTH = 256
 MAX_METHOD_LENGTH = 128
 MAX_KEPT_BYTES = 64 * 1024
+"""The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
 MAX_KEPT_VALUES = 4096
 """The most JSON values of an ``initialize``'s or a listen stream's params the gateway keeps
 (a real ``initialize`` holds under 100; a listen naming its 1,000 resources a few thousand)."""
-"""The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
 _LONG_LIVED = ("initialize", "subscriptions/listen")
 """Requests kept whole for long (a session's life, a stream's): their params are measured."""
 
@@ -46,7 +46,6 @@ def _id_problem(message: dict[str, Any]) -> str | None:
     if request_id is None or isinstance(request_id, bool) or not isinstance(request_id, str | int):
         return f"a request id must be a string or an integer, not {type(request_id).__name__}"
     if isinstance(request_id, str) and len(request_id) > MAX_ID_LENGTH:
-        # Every span, record and answer of the request carries its id.
         return f"a request id of {len(request_id)} characters; the limit is {MAX_ID_LENGTH}"
     return None
 
