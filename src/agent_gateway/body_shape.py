@@ -23,11 +23,15 @@ MAX_ID_LENGTH = 256
 MAX_METHOD_LENGTH = 128
 MAX_KEPT_BYTES = 64 * 1024
 """The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
+MAX_INITIALIZE_VALUES = 512
+"""The most JSON values of an ``initialize``'s params the gateway keeps, for the session's life
+(a real one holds under 100; 4,000 held 0.94 MB a session, and a replica holds 1,000)."""
 MAX_KEPT_VALUES = 4096
-"""The most JSON values of an ``initialize``'s or a listen stream's params the gateway keeps
-(a real ``initialize`` holds under 100; a listen naming its 1,000 resources a few thousand)."""
-_LONG_LIVED = ("initialize", "subscriptions/listen")
-"""Requests kept whole for long (a session's life, a stream's): their params are measured."""
+"""The most JSON values of a listen stream's params the gateway keeps (a listen naming its
+1,000 resources holds a few thousand)."""
+_LONG_LIVED = {"initialize": MAX_INITIALIZE_VALUES, "subscriptions/listen": MAX_KEPT_VALUES}
+"""Requests kept whole for long (a session's life, a stream's): their params are measured,
+each against its bound of values."""
 
 
 def problem(body: bytes, message: dict[str, Any]) -> str | None:
@@ -67,8 +71,9 @@ def _kept_problem(body: bytes, message: dict[str, Any]) -> str | None:
     method = message.get("method")
     # Small values parse to many times their text: 64 KiB of empty lists kept 2.35 MB a
     # session, and each anonymous address has its 100.
-    if method in _LONG_LIVED and (values := json_values(body, MAX_KEPT_VALUES)) > MAX_KEPT_VALUES:
-        return f"{method} params of {values} JSON values; the gateway keeps at most {MAX_KEPT_VALUES}"
+    bound = _LONG_LIVED.get(method) if isinstance(method, str) else None
+    if bound is not None and (values := json_values(body, bound)) > bound:
+        return f"{method} params of {values} JSON values; the gateway keeps at most {bound}"
     if len(body) <= MAX_KEPT_BYTES:  # nothing in it can be larger: the common case, unmeasured
         return None
     params = message.get("params")

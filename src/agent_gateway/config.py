@@ -192,6 +192,11 @@ class ServerConfig(_Strict):
     """Modern-era ``subscriptions/listen`` streams open at once. At the bound a client's new
     stream ends the oldest of the client holding the most (when it holds two more than the
     newcomer's client), else it is refused: a few clients cannot keep everyone else out."""
+    max_sessions: int = Field(default=1000, ge=1, le=10_000)
+    """Handshake-era HTTP sessions this replica holds (each kept until its idle timeout). At
+    the bound a new one ends the session idle the longest of the client holding the most,
+    else it is refused with 503: many clients (an anonymous one per address) cannot fill it
+    for everyone. At most the SDK's own bound, 10,000."""
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with

@@ -14,7 +14,7 @@
     ├── ReplicaError           another replica's error serving a held call's round
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
     ├── RateLimited            the calling client is over its rate or its sessions: 429, retried later
-    ├── GatewayBusy            an answer that would pass the process's bound of bytes in flight
+    ├── GatewayBusy            past a bound of the process's: bytes in flight, sessions (retried later)
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
         │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)
@@ -183,8 +183,9 @@ class ClientLimited(GatewayError):
 
 
 class GatewayBusy(GatewayError):
-    """An upstream's answer not relayed: the process holds its bound of bytes in flight
-    (``server.max_bytes_in_flight``). Transient: retried later, it is served."""
+    """The process holds its bound: of bytes in flight (``server.max_bytes_in_flight``: an
+    upstream's answer not relayed, a body not read), or of sessions (``server.max_sessions``,
+    none idle: a new one not opened). Transient: retried later, it is served."""
 
 
 class UpstreamError(GatewayError):

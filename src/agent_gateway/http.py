@@ -43,7 +43,7 @@ def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
     server = gateway.config.server
     shared = gateway.shared
-    room = Room(gateway.sessions)
+    room = Room(gateway.sessions.handshake_sessions, server.max_sessions)
     # Host and Origin are checked on every request (DNS rebinding), by HostCheck, in place of
     # FastMCP's guard: loopback names and the bound address always pass; anything else must be
     # listed in server.allowed_hosts ("*" passes any Host; Origin is still checked).
@@ -66,7 +66,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 bounds=_bounds(gateway),
                 on_refused=admission_refusals(gateway.activity),
                 shared=shared.limits if shared is not None else None,
-                make_room=room.make,
+                room=room,
             ),
             Middleware(Outflow),
             Middleware(DirectRoute, path=server.path),

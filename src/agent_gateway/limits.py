@@ -26,7 +26,6 @@ Refusals are JSON-RPC errors with a null id, which the SDK's client matches to i
 
 from __future__ import annotations
 
-import contextvars
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,9 +45,11 @@ from agent_gateway.access import (
     admitting,
     token_of_scope,
 )
+from agent_gateway.downstream.room import Room
 from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, RateLimited, to_wire
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
+from agent_gateway.opening import Opened, opening
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
 
@@ -83,13 +84,15 @@ class Admission:
         bounds: Bounds,
         on_refused: Refused | None = None,
         shared: SharedLimits | None = None,
-        make_room: Callable[[Principal], bool] | None = None,
+        room: Room | None = None,
     ) -> None:
         self.app = app
         self.access = access
         self.bounds = bounds
         self.on_refused = on_refused
-        self.make_room = make_room  # a client's session idle the longest ended, at its cap
+        self.room = room
+        """Room for a client's next session at its cap, and for any at this replica's bound
+        (``server.max_sessions``)."""
         self.shared = shared
         """Limits counted across replicas (``store:``); None, or the store unreachable: this
         replica's own counts."""
@@ -138,32 +141,49 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
+        # After the body's checks: a session is ended to make room only for a request served.
+        if session is None and not modern and (full := self._full(client)) is not None:
+            await _refuse(send, 503, full, [(b"retry-after", b"1")])
+            if verdict is not None and verdict.reservation is not None:
+                await self._settle(client, verdict.reservation, None)
+            return
         with admitting(client):
             try:
                 if session is not None:
                     await self.app(scope, replay(body, receive), send)
                 else:
-                    await self._opening(scope, replay(body, receive), send, client, verdict)
+                    await self._opening(scope, replay(body, receive), send, client, verdict, modern)
             finally:
                 if (why := scope.get(CHECKS_REFUSED)) is not None:
                     self._checks_refused(client, session, body, why)
 
     async def _opening(
-        self, scope: Scope, receive: Receive, send: Send, client: Principal, verdict: Verdict | None
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        client: Principal,
+        verdict: Verdict | None,
+        modern: bool,
     ) -> None:
-        """A request without a session served, counted as opening one for ``client`` until
-        the session it opens is counted (``session_opened``) or it ends."""
-        client.opening += 1
-        counted = [client]
-        token = _OPENING.set(counted)
-        opened = _Opened(send)
+        """A request without a session served, counted as opening one (``opening.py``)."""
+        opened = Opened(send)
+        openings = self.room.openings if self.room is not None and not modern else None
         try:
-            await self.app(scope, receive, opened.send)
+            with opening(client, openings):
+                await self.app(scope, receive, opened.send)
         finally:
-            _OPENING.reset(token)
-            client.opening -= len(counted)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, opened.session)
+
+    def _full(self, client: Principal) -> GatewayBusy | None:
+        """Why this replica has no room for another session of ``client``'s, or None."""
+        if self.room is None or self.room.admit(client):
+            return None
+        return GatewayBusy(
+            f"the gateway holds {self.room.max_sessions} sessions (server.max_sessions), "
+            "none of them idle; retry later"
+        )
 
     def _checks_refused(self, client: Principal, session: str | None, body: bytes, why: str) -> None:
         refused("checks", "refused a modern-era request of %s: %s", client.label, why)
@@ -192,7 +212,7 @@ class Admission:
             return _rate_refusal(client, wait)
         limit = client.policy.max_sessions
         open_now = client.sessions + client.opening
-        if opening and open_now >= limit and (self.make_room is None or not self.make_room(client)):
+        if opening and open_now >= limit and (self.room is None or not self.room.make(client)):
             return _sessions_refusal(client, open_now)
         return None
 
@@ -301,21 +321,6 @@ def _sessions_refusal(client: Principal, open_now: int) -> Refusal:
     return RateLimited(message), []
 
 
-class _Opened:
-    """A ``send`` that notes the session id an opening request's answer gives the client."""
-
-    def __init__(self, send: Send) -> None:
-        self._send = send
-        self.session: str | None = None
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and message["status"] < 400:
-            for name, value in message.get("headers", ()):
-                if name.lower() == _SESSION_HEADER:
-                    self.session = bytes(value).decode("latin-1")
-        await self._send(message)
-
-
 _GONE = b"\x00gone"
 """A sentinel for a body cut short by a disconnect (compared by identity)."""
 
@@ -331,23 +336,6 @@ def replay(body: bytes, receive: Receive) -> Receive:
         return await receive()  # afterwards only a disconnect can come
 
     return replayed
-
-
-_OPENING: contextvars.ContextVar[list[Principal] | None] = contextvars.ContextVar(
-    "agent_gateway_opening", default=None
-)
-"""The client whose request being served is counted as opening a session (until it has)."""
-
-
-def session_opened(client: Principal) -> None:
-    """The session the request being served was opening is open, and counted as such by the
-    session registry: no longer as opening too. Else, while its answer was written (16 MB of
-    instructions to a slow reader, say), it was counted twice and its client refused short of
-    its ``max_sessions``."""
-    counted = _OPENING.get()
-    if counted and counted[0] is client:
-        counted.clear()
-        client.opening -= 1
 
 
 CHECKS_REFUSED = "agent_gateway.checks_refused"

@@ -19,8 +19,8 @@ logger = logging.getLogger("agent_gateway.refusals")
 refusals = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.refusals",
     description="Requests and connections refused by a bound, by reason (connections, "
-    "header_timeout, rate_limit, sessions, subscriptions, body, name, in_flight, concurrency, "
-    "dedicated_sessions, checks).",
+    "header_timeout, rate_limit, sessions, sessions_all, session_made_way, subscriptions, body, "
+    "name, in_flight, concurrency, dedicated_sessions, checks).",
 )
 
 

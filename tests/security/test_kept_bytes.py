@@ -12,7 +12,7 @@ import json
 import httpx
 import pytest
 
-from agent_gateway.body_shape import MAX_ID_LENGTH, MAX_KEPT_BYTES, MAX_KEPT_VALUES
+from agent_gateway.body_shape import MAX_ID_LENGTH, MAX_INITIALIZE_VALUES, MAX_KEPT_BYTES
 from tests.security.test_unrepresentable import HEADERS, VERSION, modern_call, recorder
 from tests.support import running_gateway, serving_upstream
 
@@ -20,9 +20,8 @@ INVALID_REQUEST = -32600
 
 
 def initialize(experimental_bytes: int) -> dict[str, object]:
-    """An ``initialize`` whose capabilities hold about ``experimental_bytes`` of small values."""
-    values = {f"k{n}": n for n in range(experimental_bytes // 12)}
-    capabilities = {"experimental": {"x": values}}
+    """An ``initialize`` whose capabilities hold a string of ``experimental_bytes``."""
+    capabilities = {"experimental": {"x": {"note": "v" * experimental_bytes}}}
     info = {
         "protocolVersion": VERSION,
         "capabilities": capabilities,
@@ -105,9 +104,14 @@ async def test_an_initialize_of_many_small_values_is_refused_whatever_its_size()
     # 64 KiB of empty lists parse to 2.35 MB, kept for each session of each address (a
     # helper's re-run of its attack, stop 51): the values are counted too.
     many = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": initialize(0)["params"]}
-    many["params"]["capabilities"] = {"experimental": {"x": [[] for _ in range(MAX_KEPT_VALUES + 100)]}}
+    many["params"]["capabilities"] = {"experimental": {"x": [[] for _ in range(MAX_INITIALIZE_VALUES + 10)]}}
+    fewer = json.loads(json.dumps(many))
+    fewer["params"]["capabilities"]["experimental"]["x"] = list(range(MAX_INITIALIZE_VALUES - 50))
     async with running_gateway({}) as gw, httpx.AsyncClient(timeout=10) as http:
         assert len(json.dumps(many)) < MAX_KEPT_BYTES
         refused = await http.post(gw.url, json=many, headers=HEADERS)
+        served = await http.post(gw.url, json=fewer, headers=HEADERS)
     assert refused.json()["error"]["code"] == INVALID_REQUEST, refused.text
-    assert f"the gateway keeps at most {MAX_KEPT_VALUES}" in refused.json()["error"]["message"]
+    assert f"the gateway keeps at most {MAX_INITIALIZE_VALUES}" in refused.json()["error"]["message"]
+    assert served.status_code == 200, served.text
+    assert "mcp-session-id" in served.headers

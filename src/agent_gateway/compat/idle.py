@@ -1,9 +1,10 @@
-"""Which of a client's sessions has been idle the longest, ended to make room for its next.
+"""The SDK session manager's sessions as room is made among them: how many it holds, which
+are idle, and ending one early.
 
-The SDK's session manager ends a session once no request of it has been in flight for its
-idle timeout: its transport's ``idle_scope`` has that deadline while the session is idle, none
-(infinity) while a request or its notification stream is open, and ending the session early
-is cancelling it, as the timeout would. The manager's table of transports is private
+The manager ends a session once no request of it has been in flight for its idle timeout:
+its transport's ``idle_scope`` has that deadline while the session is idle, none (infinity)
+while a request or its notification stream is open, and ending the session early is
+cancelling it, as the timeout would. The manager's table of transports is private
 (``_server_instances``); ``tests/test_compat.py`` checks it and ``idle_scope``.
 """
 
@@ -14,19 +15,39 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def end_longest_idle(manager: object, session_ids: Iterable[str]) -> str | None:
-    """End (as its idle timeout would) the session among ``session_ids`` idle the longest;
-    its id, or None when none is idle (each has a request or its stream open)."""
-    transports: dict[str, Any] = getattr(manager, "_server_instances", {})
-    idle = [
-        (scope.deadline, session_id, scope)
-        for session_id in session_ids
-        if (scope := getattr(transports.get(session_id), "idle_scope", None)) is not None
-        and not scope.cancel_called
-        and scope.deadline < math.inf
-    ]
-    if not idle:
-        return None
-    _, session_id, scope = min(idle, key=lambda entry: entry[0])
-    scope.cancel()
-    return session_id
+def _transports(manager: object) -> dict[str, Any]:
+    return getattr(manager, "_server_instances", {})
+
+
+def held(manager: object) -> int:
+    """How many sessions the manager holds, those being ended included (one lookup)."""
+    return len(_transports(manager))
+
+
+def live(manager: object) -> int:
+    """How many sessions the manager holds that are not being ended (a pass over them)."""
+    return sum(1 for transport in _transports(manager).values() if not _ending(transport))
+
+
+def idle(manager: object, session_ids: Iterable[str]) -> dict[str, float]:
+    """Which of ``session_ids`` are idle now (no request, no stream open), each with the time
+    its idle timeout will end it at: the smallest, the session idle the longest."""
+    transports = _transports(manager)
+    found: dict[str, float] = {}
+    for session_id in session_ids:
+        scope = getattr(transports.get(session_id), "idle_scope", None)
+        if scope is not None and not scope.cancel_called and scope.deadline < math.inf:
+            found[session_id] = scope.deadline
+    return found
+
+
+def end(manager: object, session_id: str) -> None:
+    """End the session ``session_id`` now, as its idle timeout would have."""
+    scope = getattr(_transports(manager).get(session_id), "idle_scope", None)
+    if scope is not None:
+        scope.cancel()
+
+
+def _ending(transport: object) -> bool:
+    scope = getattr(transport, "idle_scope", None)
+    return scope is not None and scope.cancel_called

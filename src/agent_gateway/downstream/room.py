@@ -1,49 +1,130 @@
-"""Room for a client's next session at its ``max_sessions``: its session idle the longest ends.
+"""Room for a new session: at its client's ``max_sessions``, and at this replica's
+``server.max_sessions``, an idle session ends to make way for it.
 
-Without, a client that opens sessions and never says DELETE (many do not: they reconnect,
-each time a new session) locked itself out for the idle timeout (30 min) once it reached its
-cap; and every anonymous client on one address is one client (the README's example, on
-loopback: every local IDE and agent), so one of them holding the address's 100 sessions shut
-the others out. Now the client's session idle the longest ends, as its idle timeout would
-have ended it, and the new one is served; only when every one of its sessions has a
-request or its notification stream open is it refused. Counted (``session_made_way``) and
-logged at INFO.
+At the client's cap. A client that opens sessions and never says DELETE (many do not: they
+reconnect, each time a new session) locked itself out for the idle timeout (30 min) once it
+reached its cap; and every anonymous client on one address is one client (the README's
+example, on loopback: every local IDE and agent), so one of them holding the address's 100
+sessions shut the others out. Now the client's session idle the longest ends, as its idle
+timeout would have ended it, and the new one is served.
+
+At the replica's bound. Anonymous clients are told apart by address, and a local process may
+use any of loopback's 16 million: 100 addresses holding 100 sessions each filled the SDK's
+10,000 (9.5 GB, at 58 KB of ``initialize`` each), and every new session was refused for the
+idle timeout. Now the replica holds ``server.max_sessions``; at the bound, the session idle the
+longest among those of the clients holding the most (more than the newcomer does) ends;
+failing one idle, of the clients holding the next most, and so on; then the newcomer's own. So the clients filling the bound are the ones that
+give way, a client holding fewer is never made to, and a session with a request or its
+stream open never ends.
+
+Only when no such session is idle is the new one refused. Each ending is counted
+(``session_made_way``) and logged at INFO.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from agent_gateway.access import Principal
-from agent_gateway.compat.idle import end_longest_idle
-from agent_gateway.downstream.sessions import SessionRegistry
+from agent_gateway.compat import idle
+from agent_gateway.opening import Openings
 from agent_gateway.refusals import refused
+
+
+class Held(Protocol):
+    """A session as room is made: a ``downstream.sessions.Held`` (named by
+    what is read of it: that module is beneath admission, which asks here)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def transport(self) -> str: ...
+    @property
+    def client(self) -> Principal | None: ...
 
 
 class Room:
     """Makes room among one gateway's sessions, once its HTTP app has started (``manager``)."""
 
-    def __init__(self, sessions: SessionRegistry) -> None:
+    def __init__(self, sessions: Callable[[], Iterable[Held]], max_sessions: int) -> None:
         self._sessions = sessions
+        """The handshake-era sessions held now (``SessionRegistry.handshake_sessions``)."""
+        self.max_sessions = max_sessions
+        """This replica's bound of handshake-era HTTP sessions (``server.max_sessions``)."""
+        self.openings = Openings()
         self.manager: object | None = None
         """The session manager serving the sessions (None until the app has started)."""
 
     def make(self, client: Principal) -> bool:
         """Whether a session of ``client``'s, idle, was ended to make room for its next."""
+        own = [s for s in self._http_sessions() if s.client is client]
+        ended = self._end_longest_idle([own])
+        if ended is not None:
+            self._made_way(ended, client, f"its max_sessions {client.policy.max_sessions}")
+        return ended is not None
+
+    def admit(self, client: Principal) -> bool:
+        """Whether a new session of ``client``'s fits this replica's bound, room made for it
+        when it is reached; False: every session that could give way is busy."""
         if self.manager is None:
-            return False
-        own = [
-            s.id for s in self._sessions.handshake_sessions() if s.client is client and s.transport == "http"
-        ]
-        ended = end_longest_idle(self.manager, own)
+            return True
+        opening = self.openings.count
+        # Counted in one lookup while below the bound (the count is an upper bound: sessions
+        # being ended are in it); counted exactly once near it.
+        if idle.held(self.manager) + opening < self.max_sessions:
+            return True
+        if idle.live(self.manager) + opening < self.max_sessions:
+            return True
+        ended = self._end_longest_idle(self._may_give_way(client))
         if ended is None:
+            refused(
+                "sessions_all",
+                "refused a new session of %s: this replica holds its %d sessions, none idle",
+                client.label,
+                self.max_sessions,
+            )
             return False
+        self._made_way(ended, client, f"server.max_sessions {self.max_sessions}")
+        return True
+
+    def _may_give_way(self, client: Principal) -> list[list[Held]]:
+        """The sessions that may end for a new one of ``client``'s, in the order they give
+        way: those of the clients holding more than it does, the most first; then its own."""
+        tiers: dict[int, list[Held]] = {}
+        own: list[Held] = []
+        for session in self._http_sessions():
+            holder = session.client
+            if holder is client:
+                own.append(session)
+            elif holder is not None and holder.sessions > client.sessions:
+                tiers.setdefault(holder.sessions, []).append(session)
+        return [tiers[count] for count in sorted(tiers, reverse=True)] + [own]
+
+    def _end_longest_idle(self, tiers: list[list[Held]]) -> Held | None:
+        """End the session idle the longest in the first of ``tiers`` with one idle; None
+        when none is."""
+        if self.manager is None:
+            return None
+        for tier in tiers:
+            deadlines = idle.idle(self.manager, (s.id for s in tier))
+            if deadlines:
+                longest = min(deadlines, key=deadlines.__getitem__)
+                idle.end(self.manager, longest)
+                return next(s for s in tier if s.id == longest)
+        return None
+
+    def _http_sessions(self) -> list[Held]:
+        return [s for s in self._sessions() if s.transport == "http"]
+
+    def _made_way(self, ended: Held, client: Principal, bound: str) -> None:
         refused(
             "session_made_way",
-            "ended session %s of %s, idle the longest, to make way for its next (max_sessions %d)",
-            ended,
+            "ended session %s of %s, idle the longest, to make way for a new one of %s (%s)",
+            ended.id,
+            ended.client.label if ended.client is not None else "?",
             client.label,
-            client.policy.max_sessions,
+            bound,
             level=logging.INFO,
         )
-        return True

@@ -33,7 +33,7 @@ from agent_gateway.access import Principal
 from agent_gateway.compat.adoption import credential_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.input_requests import asked, elicits_by_url, refusal, result_type
-from agent_gateway.limits import session_opened
+from agent_gateway.opening import session_opened
 from agent_gateway.runtime import CLEANUP_TIMEOUT, SEND_TIMEOUT
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
 from agent_gateway.tally import sessions_active

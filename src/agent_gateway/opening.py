@@ -1,0 +1,92 @@
+"""A request without a session id, counted as opening a session from admission until the
+session registry counts the session it opened (or the request ends without one).
+
+Two counts see it: its client's (``Principal.opening``, against the client's
+``max_sessions``) and, for a handshake-era ``initialize``, this replica's
+(``Openings.count``, against ``server.max_sessions``: the sessions the gateway keeps for
+their idle timeout). Counted until then, so that requests opening sessions at once cannot all
+pass a bound that has room for one; no longer after, else a session whose answer is still
+being written (16 MB of instructions to a slow reader, say) was counted twice and its client
+refused short of its ``max_sessions``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from starlette.types import Message, Send
+
+from agent_gateway.access import Principal
+
+_SESSION_HEADER = b"mcp-session-id"
+
+
+class Openings:
+    """This replica's handshake-era requests opening a session, not yet counted open."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+@dataclass
+class _Opening:
+    client: Principal
+    openings: Openings | None
+    counted: bool = True
+
+
+_OPENING: contextvars.ContextVar[_Opening | None] = contextvars.ContextVar(
+    "agent_gateway_opening", default=None
+)
+"""The request being served that is counted as opening a session (until it has)."""
+
+
+@contextmanager
+def opening(client: Principal, openings: Openings | None) -> Iterator[None]:
+    """The request served within counted as opening a session for ``client`` (and, with
+    ``openings``, for this replica) until ``session_opened`` or its end."""
+    entry = _Opening(client, openings)
+    client.opening += 1
+    if openings is not None:
+        openings.count += 1
+    token = _OPENING.set(entry)
+    try:
+        yield
+    finally:
+        _OPENING.reset(token)
+        _uncount(entry)
+
+
+def session_opened(client: Principal) -> None:
+    """The session the request being served was opening is open, and counted as such by the
+    session registry: no longer as opening too."""
+    entry = _OPENING.get()
+    if entry is not None and entry.client is client:
+        _uncount(entry)
+
+
+def _uncount(entry: _Opening) -> None:
+    if not entry.counted:
+        return
+    entry.counted = False
+    entry.client.opening -= 1
+    if entry.openings is not None:
+        entry.openings.count -= 1
+
+
+class Opened:
+    """A ``send`` that notes the session id an opening request's answer gives the client."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.session: str | None = None
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] < 400:
+            for name, value in message.get("headers", ()):
+                if name.lower() == _SESSION_HEADER:
+                    self.session = bytes(value).decode("latin-1")
+        await self._send(message)
