@@ -106,11 +106,12 @@ async def test_at_the_bound_the_largest_holders_idle_session_ends_and_a_bystande
         AsyncExitStack() as streams,
     ):
         mine = await opened(bystander, gw.url)  # the bystander's, idle the longest of all
+        others = [await opened(other, gw.url) for _ in range(2)]  # idle longer than the hoarder's
         busy = await opened(hoarder, gw.url)
         await streams.enter_async_context(events(hoarder, gw.url, busy))  # never idle
-        hoarded = [await opened(hoarder, gw.url) for _ in range(4)]
-        others = [await opened(other, gw.url) for _ in range(2)]  # 1 + 5 + 2: the bound
-        # The bystander's second session: the hoarder's session idle the longest ends for it.
+        hoarded = [await opened(hoarder, gw.url) for _ in range(4)]  # 1 + 2 + 5: the bound
+        # The bystander's second session: the session idle the longest of the client holding
+        # the most (the hoarder) ends for it; neither its own nor the other's, idle longer.
         second = await opened(bystander, gw.url)
         await ended(hoarder, gw.url, hoarded[0])
         assert await echo(bystander, gw.url, second, "served") == "served"
