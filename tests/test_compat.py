@@ -291,6 +291,19 @@ def test_the_session_manager_keeps_each_piece_of_state_adoption_reads(attribute:
     )
 
 
+# Each piece of a transport's state room is made by (compat/idle.py).
+IDLE_STATE = ["idle_scope", "_requests_in_flight", "_request_streams"]
+
+
+@pytest.mark.parametrize("attribute", IDLE_STATE)
+def test_the_sdk_transport_keeps_each_piece_of_state_room_is_made_by(attribute: str) -> None:
+    assert assigned_in_init(StreamableHTTPServerTransport, attribute), (
+        f"mcp: StreamableHTTPServerTransport no longer sets self.{attribute} (compat/idle.py)"
+    )
+    # An open GET stream counts as a request in flight, as idle.listening reads it.
+    assert "self._requests_in_flight += 1" in inspect.getsource(StreamableHTTPServerTransport.handle_request)
+
+
 def test_a_session_scoped_stream_id_is_what_the_relay_looks_its_stream_up_by() -> None:
     # The relay finds a session's notification stream by the id FastMCP's scoped store
     # gives it; the transport keeps that stream under GET_STREAM_KEY in _request_streams.

@@ -32,7 +32,7 @@ HELLO = {
 }
 
 
-def _echo(seen: list[str]) -> FastMCP:
+def _echo(seen: list[str], release: anyio.Event) -> FastMCP:
     server = FastMCP("echo")
 
     @server.tool
@@ -40,12 +40,20 @@ def _echo(seen: list[str]) -> FastMCP:
         seen.append(text)
         return text
 
+    @server.tool
+    async def hold() -> str:
+        seen.append("held")
+        await release.wait()
+        return "released"
+
     return server
 
 
 @asynccontextmanager
-async def gateway(seen: list[str], max_sessions: int) -> AsyncIterator[RunningGateway]:
-    async with serving_upstream(_echo(seen)) as url:
+async def gateway(
+    seen: list[str], max_sessions: int, release: anyio.Event | None = None
+) -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(_echo(seen, release or anyio.Event())) as url:
         config = {"server": {"max_sessions": max_sessions}, "upstreams": {"echo": {"url": url}}}
         async with running_gateway(config) as gw:
             yield gw
@@ -150,6 +158,56 @@ async def test_with_every_session_busy_a_new_one_is_refused_until_one_is_idle() 
     assert "server.max_sessions" in error["message"]
     assert "retry later" in error["message"]
     assert seen == ["in"]
+
+
+async def test_with_none_idle_a_client_holding_two_more_gives_up_its_oldest_session_that_only_listens() -> (
+    None
+):
+    # Sessions kept busy by their streams alone would keep the bound full for everyone: the
+    # client holding the most gives up its oldest that only listens; a call in flight, never.
+    seen: list[str] = []
+    release = anyio.Event()
+    hold = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "echo__hold", "arguments": {}},
+    }
+    async with (
+        gateway(seen, max_sessions=4, release=release) as gw,
+        from_address("127.0.0.1") as bystander,
+        from_address("127.0.0.2") as hoarder,
+        from_address("127.0.0.3") as newcomer,
+        AsyncExitStack() as streams,
+        anyio.create_task_group() as tg,
+    ):
+        calling = await opened(hoarder, gw.url)  # the oldest: a call in flight, no stream
+        oldest, newer = await opened(hoarder, gw.url), await opened(hoarder, gw.url)
+        mine = await opened(bystander, gw.url)
+        for headers in (oldest, newer):
+            await streams.enter_async_context(events(hoarder, gw.url, headers))
+        await streams.enter_async_context(events(bystander, gw.url, mine))
+        answers: list[httpx.Response] = []
+
+        async def call_held() -> None:
+            answers.append(await hoarder.post(gw.url, json=hold, headers={**calling, **ACCEPT}))
+
+        tg.start_soon(call_held)
+        with anyio.fail_after(10):
+            while "held" not in seen:
+                await anyio.sleep(0.02)
+        fresh = await opened(newcomer, gw.url)  # none idle: the hoarder's "oldest" ends
+        await ended(hoarder, gw.url, oldest)
+        assert await echo(newcomer, gw.url, fresh, "in") == "in"
+        statuses = [await status(hoarder, gw.url, newer), await status(bystander, gw.url, mine)]
+        release.set()
+        with anyio.fail_after(10):
+            while not answers:
+                await anyio.sleep(0.02)
+    assert statuses == [200, 200]
+    assert answers[0].status_code == 200
+    assert "released" in answers[0].text  # the call in flight was never cut
+    assert seen == ["held", "in"]
 
 
 async def test_sessions_opened_at_once_do_not_pass_the_bound() -> None:

@@ -1,11 +1,13 @@
 """The SDK session manager's sessions as room is made among them: how many it holds, which
-are idle, and ending one early.
+are idle, which only listen, and ending one early.
 
 The manager ends a session once no request of it has been in flight for its idle timeout:
 its transport's ``idle_scope`` has that deadline while the session is idle, none (infinity)
 while a request or its notification stream is open, and ending the session early is
-cancelling it, as the timeout would. The manager's table of transports is private
-(``_server_instances``); ``tests/test_compat.py`` checks it and ``idle_scope``.
+cancelling it, as the timeout would (an open stream is closed with it). The manager's table of
+transports is private (``_server_instances``), and so are a transport's count of requests in
+flight, its stream included (``_requests_in_flight``), and its open streams
+(``_request_streams``); ``tests/test_compat.py`` checks each, and ``idle_scope``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from typing import Any
+
+from mcp.server.streamable_http import GET_STREAM_KEY
 
 
 def _transports(manager: object) -> dict[str, Any]:
@@ -38,6 +42,20 @@ def idle(manager: object, session_ids: Iterable[str]) -> dict[str, float]:
         scope = getattr(transports.get(session_id), "idle_scope", None)
         if scope is not None and not scope.cancel_called and scope.deadline < math.inf:
             found[session_id] = scope.deadline
+    return found
+
+
+def listening(manager: object, session_ids: Iterable[str]) -> list[str]:
+    """Which of ``session_ids`` have their notification stream open and no request in flight."""
+    transports = _transports(manager)
+    found: list[str] = []
+    for session_id in session_ids:
+        transport = transports.get(session_id)
+        if transport is None or _ending(transport):
+            continue
+        streams = getattr(transport, "_request_streams", {})
+        if getattr(transport, "_requests_in_flight", 0) == 1 and set(streams) == {GET_STREAM_KEY}:
+            found.append(session_id)
     return found
 
 

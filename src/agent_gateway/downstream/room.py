@@ -13,11 +13,14 @@ use any of loopback's 16 million: 100 addresses holding 100 sessions each filled
 10,000 (9.5 GB, at 58 KB of ``initialize`` each), and every new session was refused for the
 idle timeout. Now the replica holds ``server.max_sessions``; at the bound, the session idle the
 longest among those of the clients holding the most (more than the newcomer does) ends;
-failing one idle, of the clients holding the next most, and so on; then the newcomer's own. So the clients filling the bound are the ones that
-give way, a client holding fewer is never made to, and a session with a request or its
-stream open never ends.
+failing one idle, of the clients holding the next most, and so on; then the newcomer's own.
+With none idle, a client holding two more than the newcomer gives up its oldest session that
+only listens (its notification stream open, no request in flight; its client reconnects), as
+``listeners.py`` does for listen streams: holding streams open does not keep the bound full.
+So the clients filling the bound are the ones that give way, a client holding fewer is never
+made to, and a session with a request in flight never ends.
 
-Only when no such session is idle is the new one refused. Each ending is counted
+Only when none of these is found is the new one refused. Each ending is counted
 (``session_made_way``) and logged at INFO.
 """
 
@@ -43,6 +46,8 @@ class Held(Protocol):
     def transport(self) -> str: ...
     @property
     def client(self) -> Principal | None: ...
+    @property
+    def started(self) -> float: ...
 
 
 class Room:
@@ -62,7 +67,9 @@ class Room:
         own = [s for s in self._http_sessions() if s.client is client]
         ended = self._end_longest_idle([own])
         if ended is not None:
-            self._made_way(ended, client, f"its max_sessions {client.policy.max_sessions}")
+            self._made_way(
+                ended, client, f"its max_sessions {client.policy.max_sessions}", "idle the longest"
+            )
         return ended is not None
 
     def admit(self, client: Principal) -> bool:
@@ -77,16 +84,19 @@ class Room:
             return True
         if idle.live(self.manager) + opening < self.max_sessions:
             return True
-        ended = self._end_longest_idle(self._may_give_way(client))
+        tiers = self._may_give_way(client)
+        ended, why = self._end_longest_idle(tiers), "idle the longest"
+        if ended is None:
+            ended, why = self._end_oldest_listening(client, tiers[:-1]), "the oldest only listening"
         if ended is None:
             refused(
                 "sessions_all",
-                "refused a new session of %s: this replica holds its %d sessions, none idle",
+                "refused a new session of %s: this replica holds its %d sessions, none to give way",
                 client.label,
                 self.max_sessions,
             )
             return False
-        self._made_way(ended, client, f"server.max_sessions {self.max_sessions}")
+        self._made_way(ended, client, f"server.max_sessions {self.max_sessions}", why)
         return True
 
     def _may_give_way(self, client: Principal) -> list[list[Held]]:
@@ -115,15 +125,33 @@ class Room:
                 return next(s for s in tier if s.id == longest)
         return None
 
+    def _end_oldest_listening(self, client: Principal, tiers: list[list[Held]]) -> Held | None:
+        """End the oldest session that only listens (its stream open, no request in flight)
+        of the client holding the most, when it holds two more than ``client`` (so the two do
+        not take each other's in turn); None when there is none."""
+        if self.manager is None:
+            return None
+        for tier in tiers:
+            holder = tier[0].client
+            if holder is None or holder.sessions < client.sessions + 2:
+                return None  # the tiers hold fewer and fewer
+            listening = set(idle.listening(self.manager, (s.id for s in tier)))
+            if listening:
+                oldest = min((s for s in tier if s.id in listening), key=lambda s: s.started)
+                idle.end(self.manager, oldest.id)
+                return oldest
+        return None
+
     def _http_sessions(self) -> list[Held]:
         return [s for s in self._sessions() if s.transport == "http"]
 
-    def _made_way(self, ended: Held, client: Principal, bound: str) -> None:
+    def _made_way(self, ended: Held, client: Principal, bound: str, why: str) -> None:
         refused(
             "session_made_way",
-            "ended session %s of %s, idle the longest, to make way for a new one of %s (%s)",
+            "ended session %s of %s, %s, to make way for a new one of %s (%s)",
             ended.id,
             ended.client.label if ended.client is not None else "?",
+            why,
             client.label,
             bound,
             level=logging.INFO,
