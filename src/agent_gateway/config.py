@@ -194,9 +194,9 @@ class ServerConfig(_Strict):
     newcomer's client), else it is refused: a few clients cannot keep everyone else out."""
     max_sessions: int = Field(default=1000, ge=1, le=10_000)
     """Handshake-era HTTP sessions this replica holds (each kept until its idle timeout). At
-    the bound a new one ends the session idle the longest of the client holding the most,
-    else it is refused with 503: many clients (an anonymous one per address) cannot fill it
-    for everyone. At most the SDK's own bound, 10,000."""
+    the bound a new one ends the session idle the longest of the client holding the most
+    (``downstream/room.py``), else it is refused with 503: many clients (an anonymous one
+    per address) cannot fill it for everyone. At most the SDK's own bound, 10,000."""
     connections: ConnectionsConfig = Field(default_factory=ConnectionsConfig)
     page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with

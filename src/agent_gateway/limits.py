@@ -182,7 +182,7 @@ class Admission:
             return None
         return GatewayBusy(
             f"the gateway holds {self.room.max_sessions} sessions (server.max_sessions), "
-            "none of them idle; retry later"
+            "none of which can end for a new one; retry later"
         )
 
     def _checks_refused(self, client: Principal, session: str | None, body: bytes, why: str) -> None:
