@@ -49,7 +49,7 @@ from agent_gateway.downstream.room import Room
 from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, RateLimited, to_wire
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
-from agent_gateway.opening import Opened, opening
+from agent_gateway.opening import Opened, Opening
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
 
@@ -170,7 +170,7 @@ class Admission:
         opened = Opened(send)
         openings = self.room.openings if self.room is not None and not modern else None
         try:
-            with opening(client, openings):
+            with Opening(client, openings):
                 await self.app(scope, receive, opened.send)
         finally:
             if verdict is not None and verdict.reservation is not None:

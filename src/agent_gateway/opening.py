@@ -13,9 +13,6 @@ refused short of its ``max_sessions``.
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 from starlette.types import Message, Send
 
@@ -31,33 +28,42 @@ class Openings:
         self.count = 0
 
 
-@dataclass
-class _Opening:
-    client: Principal
-    openings: Openings | None
-    counted: bool = True
+class Opening:
+    """One request counted as opening a session for its client (and, with ``openings``, for
+    this replica) from ``with`` until ``session_opened`` or the block's end. A class, not a
+    generator: every modern-era request enters one."""
+
+    __slots__ = ("_token", "client", "counted", "openings")
+
+    def __init__(self, client: Principal, openings: Openings | None) -> None:
+        self.client = client
+        self.openings = openings
+        self.counted = False
+
+    def __enter__(self) -> None:
+        self.counted = True
+        self.client.opening += 1
+        if self.openings is not None:
+            self.openings.count += 1
+        self._token = _OPENING.set(self)
+
+    def __exit__(self, *_: object) -> None:
+        _OPENING.reset(self._token)
+        self.uncount()
+
+    def uncount(self) -> None:
+        if not self.counted:
+            return
+        self.counted = False
+        self.client.opening -= 1
+        if self.openings is not None:
+            self.openings.count -= 1
 
 
-_OPENING: contextvars.ContextVar[_Opening | None] = contextvars.ContextVar(
+_OPENING: contextvars.ContextVar[Opening | None] = contextvars.ContextVar(
     "agent_gateway_opening", default=None
 )
 """The request being served that is counted as opening a session (until it has)."""
-
-
-@contextmanager
-def opening(client: Principal, openings: Openings | None) -> Iterator[None]:
-    """The request served within counted as opening a session for ``client`` (and, with
-    ``openings``, for this replica) until ``session_opened`` or its end."""
-    entry = _Opening(client, openings)
-    client.opening += 1
-    if openings is not None:
-        openings.count += 1
-    token = _OPENING.set(entry)
-    try:
-        yield
-    finally:
-        _OPENING.reset(token)
-        _uncount(entry)
 
 
 def session_opened(client: Principal) -> None:
@@ -65,16 +71,7 @@ def session_opened(client: Principal) -> None:
     session registry: no longer as opening too."""
     entry = _OPENING.get()
     if entry is not None and entry.client is client:
-        _uncount(entry)
-
-
-def _uncount(entry: _Opening) -> None:
-    if not entry.counted:
-        return
-    entry.counted = False
-    entry.client.opening -= 1
-    if entry.openings is not None:
-        entry.openings.count -= 1
+        entry.uncount()
 
 
 class Opened:
