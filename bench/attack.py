@@ -35,6 +35,10 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   last, held for 10 s: how many bodies the gateway holds, how many it refused;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
   ~900 KB of small JSON values in its capabilities, all kept open;
+- ``many-addresses``: the README's example (no auth), the attacker on 100 loopback addresses
+  (each an anonymous client of its own), each opening 100 sessions (its cap) with a 6 KB
+  ``initialize``, never ending them, then 20 addresses more opening sessions as fast as they
+  are answered for 10 s; the bystander opens a session for each call (as a CLI agent does);
 - ``thread-flood``: one client's ``ask_agent`` runs, 8 at a time for 20 s, each on a new
   conversation, its own model (sampling) answering each with 64 KB: the threads and bytes
   the conversation store (SQLite, the default) holds after. Its run budget (60 a minute by
@@ -51,6 +55,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import shlex
@@ -239,18 +244,21 @@ class Bystander:
 
     tool: str = "slow__echo"
     arguments: dict[str, Any] = field(default_factory=lambda: {"text": "hi"})
+    fresh: bool = False
+    """Each call in a session of its own (its latency then counts the session's opening)."""
     latencies: list[float] = field(default_factory=list)
     failures: int = 0
 
     async def run(self, url: str, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            opening = time.perf_counter()
             try:
                 async with (
                     httpx2.AsyncClient(headers={"Authorization": f"Bearer {BYSTANDER}"}, timeout=30) as http,
                     Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
                 ):
                     while not stop.is_set():
-                        started = time.perf_counter()
+                        started = opening if self.fresh else time.perf_counter()
                         try:
                             async with asyncio.timeout(15):
                                 result = await client.call_tool(self.tool, self.arguments)
@@ -261,6 +269,8 @@ class Bystander:
                         except Exception:
                             self.failures += 1
                         await asyncio.sleep(0.1)
+                        if self.fresh:
+                            break
             except Exception:
                 self.failures += 1
                 await asyncio.sleep(0.5)
@@ -300,7 +310,9 @@ async def gateway(
             },
         },
         "agent": {"enabled": attack in AGENT_ATTACKS, "memory": {"path": str(home / "conversations.sqlite")}},
-        "auth": {
+        "auth": {"mode": "none"}
+        if attack in ANONYMOUS_ATTACKS
+        else {
             "mode": "bearer",
             "tokens": [
                 {"name": "attacker", "token": ATTACKER, "policy": "attacker"},
@@ -455,6 +467,48 @@ async def sessions(url: str, proc: Process, seconds: float) -> str:
     return f"{opened} sessions opened in {seconds:g}s (limit 60 requests/min)"
 
 
+def _initialize(values: int) -> bytes:
+    """An ``initialize`` whose capabilities hold ``values`` small JSON values."""
+    info = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"experimental": {"x": {f"k{n}": n for n in range(values)}}},
+        "clientInfo": {"name": "a", "version": "1"},
+    }
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": info}).encode()
+
+
+async def many_addresses(url: str, proc: Process, seconds: float) -> str:
+    """Anonymous sessions from 100 loopback addresses, 100 each (each address's cap), each
+    ``initialize`` 6 KB of small values, never ended; then for ``seconds`` more opened from
+    20 addresses more, as fast as they are answered (taking any room the bystander's leave)."""
+    body = _initialize(480)
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    counts: dict[int, int] = {}
+
+    held: dict[int, int] = {}
+
+    async def one_address(n: int, times: int, until: float, counted: dict[int, int]) -> None:
+        transport = httpx.AsyncHTTPTransport(local_address=f"127.0.{1 + n // 250}.{2 + n % 250}")
+        async with httpx.AsyncClient(transport=transport, timeout=30) as http:
+            for _ in range(times):
+                if time.monotonic() > until:
+                    return
+                status = (await http.post(url, content=body, headers=headers)).status_code
+                counted[status] = counted.get(status, 0) + 1
+
+    for first in range(0, 100, 10):
+        await asyncio.gather(*(one_address(first + n, 100, math.inf, counts) for n in range(10)))
+    until = time.monotonic() + seconds
+    await asyncio.gather(*(one_address(100 + n, 1_000_000, until, held) for n in range(20)))
+
+    def told(counted: dict[int, int]) -> str:
+        return ", ".join(f"{count} {status}" for status, count in sorted(counted.items()))
+
+    return (
+        f"10,000 initialize from 100 addresses: {told(counts)}; then {seconds:g}s from 20 more: {told(held)}"
+    )
+
+
 async def dedicated_sessions(url: str, proc: Process, seconds: float) -> str:
     sessions = 90  # below the client's own cap of 100 sessions
     served = refused = most = 0
@@ -573,13 +627,7 @@ async def slow_bodies(url: str, proc: Process, seconds: float) -> str:
 
 async def big_initialize(url: str, proc: Process, seconds: float) -> str:
     """100 sessions opened by initialize requests of ~900 KB of small values each, kept open."""
-    values = {f"k{n}": n for n in range(75_000)}
-    info = {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {"experimental": {"x": values}},
-        "clientInfo": {"name": "a", "version": "1"},
-    }
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": info}).encode()
+    body = _initialize(75_000)
     headers = {
         "Authorization": f"Bearer {ATTACKER}",
         "Accept": "application/json, text/event-stream",
@@ -796,10 +844,15 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "modern-dedicated": (modern_dedicated, 10.0, None),
     "status-page": (status_page, 10.0, {"admin": True}),
     "search-flood": (search_flood, 10.0, None),
+    "many-addresses": (many_addresses, 10.0, None),
     "thread-flood": (thread_flood, 20.0, {"agent": {"runs_per_minute": 100_000}}),
 }
 AGENT_ATTACKS = {"thread-flood"}
 """The attacks that need ``ask_agent`` (off for the others: nothing of it loaded)."""
+ANONYMOUS_ATTACKS = {"many-addresses"}
+"""The attacks on the README's example, without auth (each address an anonymous client)."""
+FRESH_BYSTANDER = {"many-addresses"}
+"""The attacks whose bystander opens a session for each call (as a CLI agent does)."""
 
 UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
 """The upstream's settings an attack needs beyond the others'."""
@@ -820,7 +873,9 @@ async def one_attack(name: str, code: str, src: Path, upstream_port: int) -> Row
     async with gateway(name, src, upstream_port, policy, UPSTREAM_SETTINGS.get(name)) as (url, proc):
         before = (proc.rss_mb(), proc.fds())
         bystander = Bystander(
-            BYSTANDER_TOOL.get(name, "slow__echo"), BYSTANDER_ARGUMENTS.get(name, {"text": "hi"})
+            BYSTANDER_TOOL.get(name, "slow__echo"),
+            BYSTANDER_ARGUMENTS.get(name, {"text": "hi"}),
+            fresh=name in FRESH_BYSTANDER,
         )
         stop = asyncio.Event()
         watcher = asyncio.create_task(bystander.run(url, stop))
