@@ -32,6 +32,7 @@ from fastmcp.server.auth import AccessToken
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
 
+from agent_gateway.addresses import client_key
 from agent_gateway.authentication import StaticAccessToken
 from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
 from agent_gateway.errors import ClientLimited, InvalidRequest, NotAllowed, RateLimited, to_wire
@@ -283,7 +284,7 @@ class AccessControl:
         ``address``: anonymous clients are told apart by address, so that one of them over
         its limits (rate, sessions, calls in flight) does not hold up the others."""
         subject = ANONYMOUS if token is None else (token.subject or token.client_id)
-        key = subject if token is not None or address is None else f"{ANONYMOUS}@{address}"
+        key = subject if token is not None or address is None else f"{ANONYMOUS}@{client_key(address)}"
         principal = self._principals.get(key)
         if principal is None:
             if len(self._principals) >= _CLIENTS:

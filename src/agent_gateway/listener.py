@@ -50,6 +50,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from agent_gateway.addresses import client_key
 from agent_gateway.config import ConnectionsConfig
 from agent_gateway.refusals import refused
 
@@ -90,7 +91,8 @@ def connection_cap(config: ConnectionsConfig, upstreams: int, fds: int) -> int:
 
 @dataclass
 class Connections:
-    """The open client connections, counted in total and per client address."""
+    """The open client connections, counted in total and per client (``addresses.client_key``:
+    an IPv6 client by its /64)."""
 
     cap: int
     per_address: int
@@ -106,19 +108,19 @@ class Connections:
         """Count one more connection from ``address``; the reason if it must be refused."""
         if self.open >= self.cap:
             return f"{self.open} connections open, the limit is {self.cap}"
-        if self.by_address[address] >= self.per_address:
-            return (
-                f"{self.by_address[address]} connections open from {address}, the limit is {self.per_address}"
-            )
+        key = client_key(address)
+        if self.by_address[key] >= self.per_address:
+            return f"{self.by_address[key]} connections open from {key}, the limit is {self.per_address}"
         self.open += 1
-        self.by_address[address] += 1
+        self.by_address[key] += 1
         return None
 
     def release(self, address: str) -> None:
+        key = client_key(address)
         self.open -= 1
-        self.by_address[address] -= 1
-        if self.by_address[address] <= 0:
-            del self.by_address[address]
+        self.by_address[key] -= 1
+        if self.by_address[key] <= 0:
+            del self.by_address[key]
 
 
 def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
