@@ -250,6 +250,7 @@ def _deferring(
                     gateway.take_over_subscriptions,
                     shared.keeper.lost,
                     partial(_adopted, gateway),
+                    room.has_room,
                 )
                 if adopting is not None:
                     shared.on_session_ended(adopting.drop)

@@ -5,9 +5,12 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
 - The client is found (from its verified token; unauthenticated requests pass on untouched,
   to be answered 401) and its rate limit taken, before a byte of the body is parsed: a
   client over its limit costs the gateway a lookup, never a parse.
-- A POST without ``Mcp-Session-Id`` opens a session (a handshake-era ``initialize``, or a
-  modern-era request, which is a session while it runs): refused once the client has
-  ``max_sessions`` open, so one client cannot fill the table everyone shares.
+- A request that opens a session (a handshake-era ``initialize``, or a modern-era request,
+  which is a session while it runs), once its body has passed the checks below: refused
+  once the client has ``max_sessions`` open and none idle, so one client cannot fill the table
+  everyone shares; an ``initialize`` also within this replica's ``server.max_sessions``, room
+  made fairly (``downstream/room.py``). Never an idle session ended for a request that would
+  not open one (a ping without a session id, a malformed body).
 - With a shared store (several replicas) the rate limit and the handshake-era session count
   are the store's, counted once across replicas (``store/limits.py``); while the store is
   unreachable, this replica's own counts apply (never no limit).
@@ -33,7 +36,7 @@ from typing import Any
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway import body_shape
@@ -46,12 +49,13 @@ from agent_gateway.access import (
     token_of_scope,
 )
 from agent_gateway.downstream.room import Room
-from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, RateLimited, to_wire
+from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, to_wire
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.opening import Opened, Opening
+from agent_gateway.over_limits import Refusal, bound_refusal, rate_refusal, sessions_refusal, verdict_refusal
 from agent_gateway.refusals import refused
-from agent_gateway.store.limits import SharedLimits, Verdict, retry_after
+from agent_gateway.store.limits import SharedLimits, Verdict
 
 INVALID_REQUEST = -32600
 PARSE_ERROR = -32700
@@ -121,15 +125,17 @@ class Admission:
             return
         # A modern-era request is a session only while it runs: counted by this replica alone
         # (a round trip each would double its cost); a handshake-era session across replicas.
-        modern = _header(scope, _VERSION_HEADER) in MODERN_PROTOCOL_VERSIONS
+        # The era as the session manager routes it (``compat/deferred.py``): no version, or a
+        # handshake one, is the handshake era; any other, the modern lane (which refuses it).
+        version = _header(scope, _VERSION_HEADER)
+        modern = version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS
         # That era has no session id: a modern request opens a session whatever Mcp-Session-Id
         # it carries (the SDK ignores it), else any header let its listen streams past the cap.
         session = None if modern else _header(scope, _SESSION_HEADER)
         verdict = await self._shared_verdict(client, session, opening=session is None and not modern)
-        refusal = _refusal(client, verdict) if verdict is not None else None
-        if refusal is None:
-            own_rate, own_opening = verdict is None, session is None and (verdict is None or modern)
-            refusal = self._over_limits(client, rate=own_rate, opening=own_opening)
+        refusal = verdict_refusal(client, verdict) if verdict is not None else None
+        if refusal is None and verdict is None:
+            refusal = self._over_rate(client)
         if refusal is not None:
             limited, headers = refusal
             if self.on_refused is not None:
@@ -141,9 +147,15 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
-        # After the body's checks: a session is ended to make room only for a request served.
-        if session is None and not modern and (full := self._full(client)) is not None:
-            await _refuse(send, 503, full, [(b"retry-after", b"1")])
+        # After the body's checks, and only for a request that opens a session (a modern one,
+        # or an ``initialize``): else one that never would ended others' to make room for it.
+        opens = session is None and (modern or _initializes(scope))
+        own = opens and (verdict is None or modern)  # with a store, it counts handshake sessions
+        if opens and (no_room := self._no_room(client, own=own, handshake=not modern)) is not None:
+            status, error, headers = no_room
+            if self.on_refused is not None:
+                self.on_refused(client.subject, session, body, str(error))
+            await _refuse(send, status, error, headers)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
@@ -152,7 +164,9 @@ class Admission:
                 if session is not None:
                     await self.app(scope, replay(body, receive), send)
                 else:
-                    await self._opening(scope, replay(body, receive), send, client, verdict, modern)
+                    await self._opening(
+                        scope, replay(body, receive), send, client, verdict, opens and not modern
+                    )
             finally:
                 if (why := scope.get(CHECKS_REFUSED)) is not None:
                     self._checks_refused(client, session, body, why)
@@ -164,11 +178,12 @@ class Admission:
         send: Send,
         client: Principal,
         verdict: Verdict | None,
-        modern: bool,
+        initialize: bool,
     ) -> None:
-        """A request without a session served, counted as opening one (``opening.py``)."""
+        """A request without a session served, counted as opening one (``opening.py``); an
+        ``initialize`` for this replica's bound too."""
         opened = Opened(send)
-        openings = self.room.openings if self.room is not None and not modern else None
+        openings = self.room.openings if self.room is not None and initialize else None
         try:
             with Opening(client, openings):
                 await self.app(scope, receive, opened.send)
@@ -176,14 +191,22 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, opened.session)
 
-    def _full(self, client: Principal) -> GatewayBusy | None:
-        """Why this replica has no room for another session of ``client``'s, or None."""
-        if self.room is None or self.room.admit(client):
-            return None
-        return GatewayBusy(
-            f"the gateway holds {self.room.max_sessions} sessions (server.max_sessions), "
-            "none of which can end for a new one; retry later"
-        )
+    def _no_room(
+        self, client: Principal, *, own: bool, handshake: bool
+    ) -> tuple[int, GatewayError, list[tuple[bytes, bytes]]] | None:
+        """Why no session may open for ``client``'s request (its HTTP status, the error and its
+        headers): its own ``max_sessions`` (``own``: counted here), or this replica's bound
+        (``handshake``: a session kept after the request); None once room is made."""
+        open_now = client.sessions + client.opening
+        if (
+            own
+            and open_now >= client.policy.max_sessions
+            and (self.room is None or not self.room.make(client))
+        ):
+            return 429, *sessions_refusal(client, open_now)
+        if handshake and self.room is not None and not self.room.admit(client):
+            return 503, *bound_refusal(self.room.max_sessions)
+        return None
 
     def _checks_refused(self, client: Principal, session: str | None, body: bytes, why: str) -> None:
         refused("checks", "refused a modern-era request of %s: %s", client.label, why)
@@ -205,15 +228,10 @@ class Admission:
         with anyio.CancelScope(shield=True):  # bounded by the store's own timeout
             await self.shared.settle(client, reservation, session)
 
-    def _over_limits(self, client: Principal, *, rate: bool, opening: bool) -> Refusal | None:
-        """Why ``client`` is refused this request by this replica's own counts (its rate, its
-        sessions opening), or None."""
-        if rate and client.bucket is not None and (wait := client.bucket.take()) is not None:
-            return _rate_refusal(client, wait)
-        limit = client.policy.max_sessions
-        open_now = client.sessions + client.opening
-        if opening and open_now >= limit and (self.room is None or not self.room.make(client)):
-            return _sessions_refusal(client, open_now)
+    def _over_rate(self, client: Principal) -> Refusal | None:
+        """Why ``client`` is refused this request by its rate limit (this replica's count)."""
+        if client.bucket is not None and (wait := client.bucket.take()) is not None:
+            return rate_refusal(client, wait)
         return None
 
     async def _body(self, scope: Scope, receive: Receive, send: Send, held: BodyHeld) -> bytes | None:
@@ -289,38 +307,6 @@ class Admission:
         return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
 
 
-Refusal = tuple[RateLimited, list[tuple[bytes, bytes]]]
-"""Why a request is refused, and the HTTP headers that say when to retry."""
-
-
-def _refusal(client: Principal, verdict: Verdict) -> Refusal | None:
-    """The shared limits' refusal (counted once across replicas), or None."""
-    if verdict.refused == "rate_limit":
-        return _rate_refusal(client, verdict.wait)
-    if verdict.refused == "sessions":
-        return _sessions_refusal(client, verdict.open)
-    return None
-
-
-def _rate_refusal(client: Principal, wait: float) -> Refusal:
-    refused("rate_limit", "client %s over its rate limit", client.label)
-    limited = RateLimited.retry_in(client.subject, wait)
-    return limited, [(b"retry-after", str(retry_after(wait)).encode())]
-
-
-def _sessions_refusal(client: Principal, open_now: int) -> Refusal:
-    limit = client.policy.max_sessions
-    refused(
-        "sessions",
-        "client %s refused a new session: %d open, the limit is %d",
-        client.label,
-        open_now,
-        limit,
-    )
-    message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
-    return RateLimited(message), []
-
-
 _GONE = b"\x00gone"
 """A sentinel for a body cut short by a disconnect (compared by identity)."""
 
@@ -368,6 +354,12 @@ async def _refuse(
         }
     )
     await send({"type": "http.response.body", "body": encoded})
+
+
+def _initializes(scope: Scope) -> bool:
+    """Whether the request admitted is an ``initialize`` (as admission parsed it)."""
+    parsed = scope.get(PARSED)
+    return parsed is not None and parsed[1].get("method") == "initialize"
 
 
 def _header(scope: Scope, wanted: bytes) -> str | None:

@@ -16,6 +16,8 @@ def test_a_client_key_is_the_ipv4_address_or_the_ipv6_64() -> None:
     assert client_key("2001:db8:1:2:aaaa::1") == "2001:db8:1:2::/64"
     assert client_key("::1") == "::/64"
     assert client_key("unix") == "unix"
+    assert client_key("fe80::1%eth0") == "fe80::1%eth0"  # every host on the link is in fe80::/64
+    assert client_key("64:ff9b::a00:7") == "10.0.0.7"  # NAT64: the IPv4 client behind it
 
 
 def test_anonymous_clients_in_one_64_are_one_client() -> None:

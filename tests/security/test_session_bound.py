@@ -173,6 +173,8 @@ async def test_with_none_idle_a_client_holding_two_more_gives_up_its_oldest_sess
         "method": "tools/call",
         "params": {"name": "echo__hold", "arguments": {}},
     }
+    answers: list[httpx.Response] = []
+    statuses: list[int] = []
     async with (
         gateway(seen, max_sessions=4, release=release) as gw,
         from_address("127.0.0.1") as bystander,
@@ -187,7 +189,6 @@ async def test_with_none_idle_a_client_holding_two_more_gives_up_its_oldest_sess
         for headers in (oldest, newer):
             await streams.enter_async_context(events(hoarder, gw.url, headers))
         await streams.enter_async_context(events(bystander, gw.url, mine))
-        answers: list[httpx.Response] = []
 
         async def call_held() -> None:
             answers.append(await hoarder.post(gw.url, json=hold, headers={**calling, **ACCEPT}))
@@ -199,7 +200,7 @@ async def test_with_none_idle_a_client_holding_two_more_gives_up_its_oldest_sess
         fresh = await opened(newcomer, gw.url)  # none idle: the hoarder's "oldest" ends
         await ended(hoarder, gw.url, oldest)
         assert await echo(newcomer, gw.url, fresh, "in") == "in"
-        statuses = [await status(hoarder, gw.url, newer), await status(bystander, gw.url, mine)]
+        statuses += [await status(hoarder, gw.url, newer), await status(bystander, gw.url, mine)]
         release.set()
         with anyio.fail_after(10):
             while not answers:
@@ -228,3 +229,50 @@ async def test_sessions_opened_at_once_do_not_pass_the_bound() -> None:
             alive = [await status(http, gw.url, session_of(a)) for http, a in answers if a.status_code == 200]
     assert sorted({a.status_code for _, a in answers}) in ([200], [200, 503])
     assert 1 <= alive.count(200) <= 4, alive
+
+
+async def test_only_a_request_that_opens_a_session_makes_room() -> None:
+    # A POST without a session id that opens none (a ping, an initialize for a version the
+    # gateway does not speak) ended the largest holder's idle session for nothing: its sender
+    # held none after, so it could end every idle session on the replica (stop 52's review).
+    seen: list[str] = []
+    async with (
+        gateway(seen, max_sessions=2) as gw,
+        from_address("127.0.0.2") as holder,
+        from_address("127.0.0.3") as sender,
+    ):
+        held = [await opened(holder, gw.url), await opened(holder, gw.url)]  # the bound, idle
+        ping = await sender.post(gw.url, json=PING, headers=ACCEPT)
+        unknown = {**ACCEPT, "Mcp-Protocol-Version": "1999-01-01"}
+        foreign = await sender.post(gw.url, json=HELLO, headers=unknown)
+        statuses = [await status(holder, gw.url, h) for h in held]
+    assert ping.status_code == 400, ping.text  # the SDK's: no session id
+    assert foreign.status_code == 400, foreign.text
+    assert statuses == [200, 200]
+
+
+async def test_a_client_opening_many_at_once_ranks_by_what_it_is_opening_too() -> None:
+    # Counted by its open sessions alone, a newcomer opening several at once ranked as holding
+    # none for each, and ended a bystander's session holding one (stop 52's review).
+    seen: list[str] = []
+    async with (
+        gateway(seen, max_sessions=3) as gw,
+        from_address("127.0.0.1") as bystander,
+        from_address("127.0.0.2") as other,
+        from_address("127.0.0.3") as newcomer,
+    ):
+        mine = await opened(bystander, gw.url)  # idle the longest
+        others = [await opened(other, gw.url), await opened(other, gw.url)]
+        answers: list[int] = []
+
+        async def open_one() -> None:
+            answers.append((await newcomer.post(gw.url, json=HELLO, headers=ACCEPT)).status_code)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(3):
+                tg.start_soon(open_one)
+        for headers in others:
+            await ended(other, gw.url, headers)
+        assert await echo(bystander, gw.url, mine, "kept") == "kept"
+    assert answers.count(200) >= 2, answers
+    assert seen == ["kept"]

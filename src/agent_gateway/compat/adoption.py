@@ -108,6 +108,10 @@ class AdoptingSessionManager(DeferredSessionManager):
     on_lost: Ended
     """Told of a session whose record its open notification stream found gone from the store."""
     on_adopted: Adopted
+    has_room: Callable[[], bool]
+    """Whether this replica holds fewer than its ``server.max_sessions``: a session is adopted
+    only then (a session ended here to make room would otherwise come back at its next request,
+    past the bound; refused, its client gets 404 and opens a new one, through admission)."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
         session_id = _header(scope, MCP_SESSION_ID_HEADER)
@@ -209,6 +213,9 @@ class AdoptingSessionManager(DeferredSessionManager):
         async with self._session_creation_lock:
             if session_id in self._server_instances:
                 return  # adopted meanwhile, by a concurrent request
+            if not self.has_room():
+                logger.info("session %s: not adopted, this replica holds its max_sessions", session_id[:64])
+                return
             transport = StreamableHTTPServerTransport(
                 mcp_session_id=session_id,
                 is_json_response_enabled=self.json_response,
@@ -317,6 +324,7 @@ def adopt_sessions(
     on_listening: Ended,
     on_lost: Ended,
     on_adopted: Adopted,
+    has_room: Callable[[], bool],
 ) -> AdoptingSessionManager | None:
     """Make ``manager`` (already a ``DeferredSessionManager``) adopt sessions from the store;
     None (logged) for a manager of another kind."""
@@ -335,4 +343,5 @@ def adopt_sessions(
     adopting.on_listening = on_listening
     adopting.on_lost = on_lost
     adopting.on_adopted = on_adopted
+    adopting.has_room = has_room
     return adopting

@@ -37,8 +37,8 @@ from agent_gateway.refusals import refused
 
 
 class Held(Protocol):
-    """A session as room is made: a ``downstream.sessions.Held`` (named by
-    what is read of it: that module is beneath admission, which asks here)."""
+    """A session as room is made: a ``downstream.sessions.DownstreamSession`` (named by what
+    is read of it: that module is beneath admission, which asks here)."""
 
     @property
     def id(self) -> str: ...
@@ -48,6 +48,8 @@ class Held(Protocol):
     def client(self) -> Principal | None: ...
     @property
     def started(self) -> float: ...
+    @property
+    def waiting(self) -> int: ...
 
 
 class Room:
@@ -64,7 +66,7 @@ class Room:
 
     def make(self, client: Principal) -> bool:
         """Whether a session of ``client``'s, idle, was ended to make room for its next."""
-        own = [s for s in self._http_sessions() if s.client is client]
+        own = [s for s in self._http_sessions() if s.client is client and not s.waiting]
         ended = self._end_longest_idle([own])
         if ended is not None:
             self._made_way(
@@ -72,9 +74,8 @@ class Room:
             )
         return ended is not None
 
-    def admit(self, client: Principal) -> bool:
-        """Whether a new session of ``client``'s fits this replica's bound, room made for it
-        when it is reached; False: every session that could give way is busy."""
+    def has_room(self) -> bool:
+        """Whether this replica holds fewer sessions than its bound (none ended to make room)."""
         if self.manager is None:
             return True
         opening = self.openings.count
@@ -82,7 +83,12 @@ class Room:
         # being ended are in it); counted exactly once near it.
         if idle.held(self.manager) + opening < self.max_sessions:
             return True
-        if idle.live(self.manager) + opening < self.max_sessions:
+        return idle.live(self.manager) + opening < self.max_sessions
+
+    def admit(self, client: Principal) -> bool:
+        """Whether a new session of ``client``'s fits this replica's bound, room made for it
+        when it is reached; False: every session that could give way is busy."""
+        if self.has_room():
             return True
         tiers = self._may_give_way(client)
         ended, why = self._end_longest_idle(tiers), "idle the longest"
@@ -101,15 +107,18 @@ class Room:
 
     def _may_give_way(self, client: Principal) -> list[list[Held]]:
         """The sessions that may end for a new one of ``client``'s, in the order they give
-        way: those of the clients holding more than it does, the most first; then its own."""
+        way: those of the clients holding more than it does, the most first; then its own.
+        Not one with a question of the gateway's to its client unanswered (``waiting``)."""
         tiers: dict[int, list[Held]] = {}
         own: list[Held] = []
         for session in self._http_sessions():
             holder = session.client
+            if session.waiting:
+                continue
             if holder is client:
                 own.append(session)
-            elif holder is not None and holder.sessions > client.sessions:
-                tiers.setdefault(holder.sessions, []).append(session)
+            elif holder is not None and (count := _holding(holder)) > _holding(client):
+                tiers.setdefault(count, []).append(session)
         return [tiers[count] for count in sorted(tiers, reverse=True)] + [own]
 
     def _end_longest_idle(self, tiers: list[list[Held]]) -> Held | None:
@@ -133,7 +142,7 @@ class Room:
             return None
         for tier in tiers:
             holder = tier[0].client
-            if holder is None or holder.sessions < client.sessions + 2:
+            if holder is None or _holding(holder) < _holding(client) + 2:
                 return None  # the tiers hold fewer and fewer
             listening = set(idle.listening(self.manager, (s.id for s in tier)))
             if listening:
@@ -156,3 +165,9 @@ class Room:
             bound,
             level=logging.INFO,
         )
+
+
+def _holding(client: Principal) -> int:
+    """The sessions ``client`` holds, those it is opening now included (else a client opening
+    many at once ranked as holding none, and each ended a bystander's)."""
+    return client.sessions + client.opening

@@ -1,0 +1,50 @@
+"""What admission answers a client it refuses for its limits: its rate, its sessions (counted
+here or, with a shared store, across replicas), this replica's bound of sessions. Each is
+counted and logged (``refusals.py``) and carries the HTTP headers that say when to retry."""
+
+from __future__ import annotations
+
+from agent_gateway.access import Principal
+from agent_gateway.errors import GatewayBusy, RateLimited
+from agent_gateway.refusals import refused
+from agent_gateway.store.limits import Verdict, retry_after
+
+Refusal = tuple[RateLimited, list[tuple[bytes, bytes]]]
+"""Why a request is refused, and the HTTP headers that say when to retry."""
+
+
+def verdict_refusal(client: Principal, verdict: Verdict) -> Refusal | None:
+    """The shared limits' refusal (counted once across replicas), or None."""
+    if verdict.refused == "rate_limit":
+        return rate_refusal(client, verdict.wait)
+    if verdict.refused == "sessions":
+        return sessions_refusal(client, verdict.open)
+    return None
+
+
+def rate_refusal(client: Principal, wait: float) -> Refusal:
+    refused("rate_limit", "client %s over its rate limit", client.label)
+    limited = RateLimited.retry_in(client.subject, wait)
+    return limited, [(b"retry-after", str(retry_after(wait)).encode())]
+
+
+def sessions_refusal(client: Principal, open_now: int) -> Refusal:
+    limit = client.policy.max_sessions
+    refused(
+        "sessions",
+        "client %s refused a new session: %d open, the limit is %d",
+        client.label,
+        open_now,
+        limit,
+    )
+    message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
+    return RateLimited(message), []
+
+
+def bound_refusal(max_sessions: int) -> tuple[GatewayBusy, list[tuple[bytes, bytes]]]:
+    """This replica holds ``max_sessions`` sessions and none can end for a new one."""
+    busy = GatewayBusy(
+        f"the gateway holds {max_sessions} sessions (server.max_sessions), "
+        "none of which can end for a new one; retry later"
+    )
+    return busy, [(b"retry-after", b"1")]
