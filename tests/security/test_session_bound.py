@@ -269,7 +269,7 @@ async def test_a_client_opening_many_at_once_ranks_by_what_it_is_opening_too() -
             answers.append((await newcomer.post(gw.url, json=HELLO, headers=ACCEPT)).status_code)
 
         async with anyio.create_task_group() as tg:
-            for _ in range(3):
+            for _ in range(6):
                 tg.start_soon(open_one)
         for headers in others:
             await ended(other, gw.url, headers)
