@@ -111,13 +111,14 @@ class Room:
         Not one with a question of the gateway's to its client unanswered (``waiting``)."""
         tiers: dict[int, list[Held]] = {}
         own: list[Held] = []
+        mine = _holding(client)
         for session in self._http_sessions():
             holder = session.client
             if session.waiting:
                 continue
             if holder is client:
                 own.append(session)
-            elif holder is not None and (count := _holding(holder)) > _holding(client):
+            elif holder is not None and (count := _holding(holder)) > mine:
                 tiers.setdefault(count, []).append(session)
         return [tiers[count] for count in sorted(tiers, reverse=True)] + [own]
 
