@@ -87,6 +87,9 @@ async def replicas(
                 tg.start_soon(ready, port)
         with nginx_balancer([f"127.0.0.1:{p}" for p in ports]) as balancer:
             yield Cluster([f"http://127.0.0.1:{p}" for p in ports], balancer, processes, logs)
+    except BaseException:
+        _show_logs(logs)  # pytest shows what a failed test printed: the replicas' side of it
+        raise
     finally:
         with anyio.CancelScope(shield=True):
             for process in processes:
@@ -98,3 +101,10 @@ async def replicas(
                 if process.poll() is None:
                     process.kill()
                     await anyio.to_thread.run_sync(process.wait, 10)
+
+
+def _show_logs(logs: list[Path], lines: int = 80) -> None:
+    for i, log in enumerate(logs):
+        if log.exists():
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            print(f"--- replica {i}, the last {len(tail)} lines of its log ---", *tail, sep="\n")
