@@ -91,8 +91,13 @@ class Clipped(logging.Filter):
 
 PEER_LOGGERS = (
     "mcp.client.",
+    "agent_gateway.upstreams.correlation",
     "agent_gateway.upstreams.forwarding",
+    "agent_gateway.upstreams.http_transport",
     "agent_gateway.upstreams.replies",
+    "agent_gateway.upstreams.session",
+    "agent_gateway.upstreams.stdio",
+    "agent_gateway.upstreams.websocket",
     "agent_gateway.catalog",
 )
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are

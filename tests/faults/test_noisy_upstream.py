@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Scope, Send
 from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
 from agent_gateway.logs import PeerRepeats
 from tests.faults.harness import text_of
-from tests.support import child_process, free_socket, gateway_env, intercepted, ready, serving
+from tests.support import SERVERS, child_process, free_socket, gateway_env, intercepted, ready, serving
 
 NOISE = 300
 """Malformed progress notifications sent before one call's result."""
@@ -101,3 +101,28 @@ def test_warnings_quoting_what_an_upstream_sent_are_one_kind_and_other_lines_pas
     assert all(repeats.filter(_warning(CLIENT_SESSION_LOGGER, "same", level=logging.INFO)) for _ in range(5))
     # A record it cannot format is written as it is, not lost, and raises nothing.
     assert repeats.filter(_warning(CLIENT_SESSION_LOGGER, "%d notifications", "many"))
+
+
+async def test_a_stdio_upstreams_garbage_and_stray_answers_by_the_hundred_write_one_line_each(
+    tmp_path: Path,
+) -> None:
+    """Lines that are not JSON-RPC and answers to ids never sent, 200 of each: the call is
+    served, and each kind of warning is written once (each of them wrote a line before)."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = tmp_path / "gateway.log"
+    config = tmp_path / "gateway.yaml"
+    upstream = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}
+    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {"noisy": upstream}}))
+    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
+    async with child_process(command, gateway_env(), log):
+        await ready(port)
+        async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
+            answers = [text_of(await client.call_tool("noisy__garble", {"times": 100})) for _ in range(2)]
+    assert answers == ["garble", "garble"]
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    garbage = [line for line in warnings if "not JSON-RPC" in line]
+    strays = [line for line in warnings if "id never sent" in line]
+    assert len(garbage) == 1, garbage
+    assert len(strays) == 1, strays

@@ -1,0 +1,92 @@
+"""A handshake-era stdio upstream that sends what an SDK server would not, by the hundred,
+written as raw JSON-RPC. Its tools (each answers first with its own name, unless said):
+
+- ``garble {times}``: before its answer, ``times`` lines that are not JSON-RPC and ``times``
+  answers to ids never sent;
+- ``flood {lines, size}``: after its answer (no call in flight then: the lines are nobody's),
+  ``lines`` log lines of ``size`` characters each, numbered, as fast as the pipe takes them;
+- ``churn {times}``: after its answer, ``times`` ``tools/list_changed`` notices, each listing
+  then holding one tool more (``churned_N``);
+- ``echo {text}``: ``text``;
+- ``listings``: how many times its tools were listed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+STATE = {"listed": 0, "listings": 0}
+
+
+def send(message: dict[str, Any]) -> None:
+    write(json.dumps(message).encode() + b"\n")
+
+
+def write(data: bytes) -> None:
+    sys.stdout.buffer.write(data)
+    sys.stdout.buffer.flush()
+
+
+def tools() -> list[dict[str, Any]]:
+    STATE["listings"] += 1
+    names = [
+        "garble",
+        "flood",
+        "churn",
+        "echo",
+        "listings",
+        *(f"churned_{n}" for n in range(STATE["listed"])),
+    ]
+    return [{"name": n, "inputSchema": {"type": "object"}} for n in names]
+
+
+def after(name: str, arguments: dict[str, Any]) -> None:
+    if name == "flood":
+        for n in range(arguments["lines"]):
+            line = f"{n} ".ljust(arguments["size"], "x")
+            send(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/message",
+                    "params": {"level": "info", "data": line},
+                }
+            )
+    elif name == "churn":
+        for _ in range(arguments["times"]):
+            STATE["listed"] += 1
+            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+
+
+def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    if method == "initialize":
+        capabilities = {"tools": {"listChanged": True}, "logging": {}}
+        info = {"name": "noisy", "version": "1"}
+        return {
+            "protocolVersion": params["protocolVersion"],
+            "capabilities": capabilities,
+            "serverInfo": info,
+        }
+    if method == "tools/list":
+        return {"tools": tools()}
+    if method == "tools/call":
+        name, arguments = params["name"], params.get("arguments") or {}
+        if name == "garble":
+            for n in range(arguments["times"]):
+                write(f"not json {n}\n".encode())
+                send({"jsonrpc": "2.0", "id": 10_000 + n, "result": {}})
+        text = arguments["text"] if name == "echo" else name
+        if name == "listings":
+            text = str(STATE["listings"])
+        return {"content": [{"type": "text", "text": text}]}
+    return {}  # ping, logging/setLevel, and whatever else: an empty result
+
+
+for line in sys.stdin.buffer:
+    message = json.loads(line)
+    if "id" in message and "method" in message:
+        params = message.get("params") or {}
+        send({"jsonrpc": "2.0", "id": message["id"], "result": answer(message["method"], params)})
+        if message["method"] == "tools/call":
+            after(params["name"], params.get("arguments") or {})
