@@ -27,6 +27,7 @@ from agent_gateway.compat.fastmcp import lowlevel_server, past_fastmcp
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
+from agent_gateway.downstream.broadcast import LogBroadcast
 from agent_gateway.downstream.notifier import ListChangedNotifier
 from agent_gateway.downstream.records import HeldRecords
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession, SessionRegistry
@@ -81,10 +82,11 @@ class Gateway:
             records=self.shared.sessions if self.shared is not None else None,
         )
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
+        self.broadcast = LogBroadcast(self.sessions.handshake_sessions, self.visibility.may_see)
         self.pool = UpstreamPool(
             config.active_upstreams,
             self._upstream_listed,
-            self._broadcast_log,
+            self.broadcast.send,
             self._updates,
             on_down=self.catalog.withdraw,
             on_changed=self.shared.catalog_changed if self.shared is not None else None,
@@ -222,9 +224,6 @@ class Gateway:
             tools += [search_tool(self.config.search.limit), call_tool()]
         return tools
 
-    async def _broadcast_log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
-        await self.sessions.broadcast_log(upstream, params, self.visibility.may_see)
-
     def _upstream_of(self, method: str, target: str) -> str | None:
         """The upstream a request for ``target`` goes to (for its span and metrics), or None."""
         snapshot = self.catalog.snapshot
@@ -259,6 +258,7 @@ class Gateway:
                 self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
                 self.proxy.held.running(),
+                self.broadcast.running(),
                 self._agent_running(agent_imported) as agent_refused,
                 self._audit_running(),
             ):

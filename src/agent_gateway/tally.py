@@ -45,3 +45,10 @@ held_rounds = Tally(
     "unanswered for its time: the call is cancelled upstream); and on a replica that got a "
     "retry of a call another holds: sent_across (sent to the holder), holder_gone (it is gone).",
 )
+notifications_dropped = Tally(
+    "agent_gateway.notifications.dropped",
+    "Log lines and progress reports from upstreams not passed on, by kind (log, progress) and "
+    "why: behind (the client was still taking the previous line no call owns) or backlog (an "
+    "upstream session already had its bound of them being passed on: its clients read slower "
+    "than it sends).",
+)

@@ -1,10 +1,11 @@
 """A handshake-era stdio upstream that sends what an SDK server would not, by the hundred,
-written as raw JSON-RPC. Its tools (each answers first with its own name, unless said):
+written as raw JSON-RPC. Its tools (each answers with its own name, unless said):
 
 - ``garble {times}``: before its answer, ``times`` lines that are not JSON-RPC and ``times``
   answers to ids never sent;
-- ``flood {lines, size}``: after its answer (no call in flight then: the lines are nobody's),
-  ``lines`` log lines of ``size`` characters each, numbered, as fast as the pipe takes them;
+- ``flood {lines, size, during?}``: ``lines`` log lines of ``size`` characters each, numbered,
+  as fast as the pipe takes them: before its answer with ``during``, else before the answer
+  to the next ``logging/setLevel`` (no call is in flight then: the lines are nobody's);
 - ``churn {times}``: after its answer, ``times`` ``tools/list_changed`` notices, each listing
   then holding one tool more (``churned_N``);
 - ``echo {text}``: ``text``;
@@ -17,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-STATE = {"listed": 0, "listings": 0}
+STATE: dict[str, Any] = {"listed": 0, "listings": 0, "armed": None}
 
 
 def send(message: dict[str, Any]) -> None:
@@ -42,18 +43,15 @@ def tools() -> list[dict[str, Any]]:
     return [{"name": n, "inputSchema": {"type": "object"}} for n in names]
 
 
+def flood(lines: int, size: int) -> None:
+    for n in range(lines):
+        line = f"{n} ".ljust(size, "x")
+        params = {"level": "info", "data": line}
+        send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+
+
 def after(name: str, arguments: dict[str, Any]) -> None:
-    if name == "flood":
-        for n in range(arguments["lines"]):
-            line = f"{n} ".ljust(arguments["size"], "x")
-            send(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "notifications/message",
-                    "params": {"level": "info", "data": line},
-                }
-            )
-    elif name == "churn":
+    if name == "churn":
         for _ in range(arguments["times"]):
             STATE["listed"] += 1
             send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
@@ -70,12 +68,19 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
         }
     if method == "tools/list":
         return {"tools": tools()}
+    if method == "logging/setLevel" and STATE["armed"] is not None:
+        flood(*STATE["armed"])
+        STATE["armed"] = None
     if method == "tools/call":
         name, arguments = params["name"], params.get("arguments") or {}
         if name == "garble":
             for n in range(arguments["times"]):
                 write(f"not json {n}\n".encode())
                 send({"jsonrpc": "2.0", "id": 10_000 + n, "result": {}})
+        if name == "flood" and arguments.get("during"):
+            flood(arguments["lines"], arguments["size"])
+        elif name == "flood":
+            STATE["armed"] = (arguments["lines"], arguments["size"])
         text = arguments["text"] if name == "echo" else name
         if name == "listings":
             text = str(STATE["listings"])

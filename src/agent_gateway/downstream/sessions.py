@@ -384,15 +384,3 @@ class SessionRegistry(Middleware):
             if self._records is not None and session.transport == "http" and session.era == "handshake":
                 await self._records.level_set(session.id, level)
             await self._on_levels(session)
-
-    async def broadcast_log(
-        self,
-        upstream: str,
-        params: types.LoggingMessageNotificationParams,
-        reaches: Callable[[Principal | None, str], bool],
-    ) -> None:
-        """A log line no single call owns goes to every handshake-era client that ``reaches``
-        the upstream (one whose policy excludes it never reads its words)."""
-        for session in self.handshake_sessions():
-            if reaches(session.client, upstream):
-                await session.log(upstream, params)

@@ -19,12 +19,18 @@ from typing import get_args
 
 import mcp_types as types
 from mcp.client.session import ClientRequestContext
+from mcp.shared.dispatcher import ProgressFnT
 
+from agent_gateway.tally import notifications_dropped
 from agent_gateway.upstreams.client_side import ClientSide
 
 logger = logging.getLogger(__name__)
 
 Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
+MAX_PASSING = 64
+"""Log lines and progress reports of one upstream session passed on to clients at once; more
+are dropped. The SDK's client starts a task for each notification and each waits until its
+client takes it: an upstream sending faster than its clients read held every one in memory."""
 
 _CALLER: contextvars.ContextVar[ClientSide | None] = contextvars.ContextVar(
     "agent_gateway_caller", default=None
@@ -43,6 +49,8 @@ class Replies:
         self._broadcast = broadcast
         self._in_flight: dict[int, ClientSide] = {}
         self._tokens = itertools.count()
+        self._passing = 0
+        """Log lines and progress reports of this session being passed on to clients now."""
 
     @property
     def pending(self) -> int:
@@ -86,11 +94,45 @@ class Replies:
         # Chosen before any await: the call may finish right after its last log line.
         target = self._log_target(params.level)
         if target is not None:
-            await target.log(self.name, params)
+            if self._passing_on("log"):
+                try:
+                    await target.log(self.name, params)
+                finally:
+                    self._passing -= 1
         elif not self._in_flight and self._broadcast is not None:
-            await self._broadcast(self.name, params)
+            await self._broadcast(self.name, params)  # returns at once (downstream/broadcast.py)
         else:
             logger.debug("log line from %s dropped: several clients have calls in flight", self.name)
+
+    def progress_relay(self, relay: ProgressFnT | None) -> ProgressFnT | None:
+        """``relay`` (a caller's progress relay), passing on at most ``MAX_PASSING`` of this
+        session's reports and log lines at once (the SDK's client starts a task for each)."""
+        if relay is None:
+            return None
+
+        async def passed_on(progress: float, total: float | None, message: str | None) -> None:
+            if self._passing_on("progress"):
+                try:
+                    await relay(progress, total, message)
+                finally:
+                    self._passing -= 1
+
+        return passed_on
+
+    def _passing_on(self, kind: str) -> bool:
+        """Whether one more line or report may be passed on now (counted in ``_passing``
+        when it may; the caller takes it off when done)."""
+        if self._passing >= MAX_PASSING:
+            notifications_dropped.add(1, {"kind": kind, "why": "backlog"})
+            logger.warning(
+                "%s from %s dropped: %d are being passed on already (its clients read slower than it sends)",
+                kind,
+                self.name,
+                MAX_PASSING,
+            )
+            return False
+        self._passing += 1
+        return True
 
     async def on_elicitation_complete(self, params: types.ElicitCompleteNotificationParams) -> None:
         """A URL-mode elicitation finished: told to the client it was asked of, if known."""

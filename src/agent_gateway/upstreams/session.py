@@ -261,7 +261,7 @@ class UpstreamSession:
         """
         timeout = self.config.timeout_of(name)
         with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout) as client:
-            progress = caller.progress_relay() if caller is not None else None
+            progress = self.replies.progress_relay(caller.progress_relay()) if caller is not None else None
             meta = self._meta(caller)
             # A modern caller answers a modern upstream's input requests itself.
             passing = caller if caller is not None and caller.modern and self.modern else None
