@@ -3,12 +3,14 @@ kind every ten seconds, not a traceback each: the upstream chooses how many it s
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import yaml
 from fastmcp import FastMCP
@@ -17,8 +19,18 @@ from starlette.types import ASGIApp, Scope, Send
 
 from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
 from agent_gateway.logs import PeerRepeats
+from agent_gateway.upstreams.connection import REFRESH_SPACING
 from tests.faults.harness import text_of
-from tests.support import SERVERS, child_process, free_socket, gateway_env, intercepted, ready, serving
+from tests.support import (
+    SERVERS,
+    child_process,
+    free_socket,
+    gateway_env,
+    intercepted,
+    ready,
+    running_gateway,
+    serving,
+)
 
 NOISE = 300
 """Malformed progress notifications sent before one call's result."""
@@ -126,3 +138,22 @@ async def test_a_stdio_upstreams_garbage_and_stray_answers_by_the_hundred_write_
     strays = [line for line in warnings if "id never sent" in line]
     assert len(garbage) == 1, garbage
     assert len(strays) == 1, strays
+
+
+async def test_an_upstream_saying_its_list_changed_after_each_listing_is_listed_once_a_second() -> None:
+    """Listed again after each notice as fast as each listing ended, such an upstream had the
+    gateway list it (and tell every client) without pause; each change still arrives."""
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}
+    async with (
+        running_gateway({"upstreams": {"noisy": noisy}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        assert text_of(await client.call_tool("noisy__churn", {"times": 4})) == "churn"
+        with anyio.fail_after(20):
+            while "noisy__churned_3" not in {tool.name for tool in (await client.list_tools()).tools}:
+                await anyio.sleep(0.05)
+        listed = json.loads(text_of(await client.call_tool("noisy__listings", {})))
+    # At start-up, then once for each of the four notices, each a second or more after the last.
+    assert len(listed) == 5, listed
+    gaps = [later - earlier for earlier, later in itertools.pairwise(listed[1:])]
+    assert min(gaps) >= REFRESH_SPACING * 0.9, gaps

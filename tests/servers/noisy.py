@@ -6,19 +6,20 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
 - ``flood {lines, size, during?}``: ``lines`` log lines of ``size`` characters each, numbered,
   as fast as the pipe takes them: before its answer with ``during``, else before the answer
   to the next ``logging/setLevel`` (no call is in flight then: the lines are nobody's);
-- ``churn {times}``: after its answer, ``times`` ``tools/list_changed`` notices, each listing
-  then holding one tool more (``churned_N``);
+- ``churn {times}``: after its answer, ``tools/list_changed``, and again after each listing
+  that follows, ``times`` in all, each listing then holding one tool more (``churned_N``);
 - ``echo {text}``: ``text``;
-- ``listings``: how many times its tools were listed.
+- ``listings``: when its tools were listed (``time.monotonic()`` each, a JSON list).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
-STATE: dict[str, Any] = {"listed": 0, "listings": 0, "armed": None}
+STATE: dict[str, Any] = {"listed": 0, "listings": [], "armed": None, "churn": 0}
 
 
 def send(message: dict[str, Any]) -> None:
@@ -31,7 +32,7 @@ def write(data: bytes) -> None:
 
 
 def tools() -> list[dict[str, Any]]:
-    STATE["listings"] += 1
+    STATE["listings"].append(time.monotonic())
     names = [
         "garble",
         "flood",
@@ -51,10 +52,13 @@ def flood(lines: int, size: int) -> None:
 
 
 def after(name: str, arguments: dict[str, Any]) -> None:
+    """What follows the answer to ``name`` (a tool's, or a method's)."""
     if name == "churn":
-        for _ in range(arguments["times"]):
-            STATE["listed"] += 1
-            send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        STATE["churn"] = arguments["times"]
+    if name in ("churn", "tools/list") and STATE["churn"] > 0:
+        STATE["churn"] -= 1
+        STATE["listed"] += 1
+        send({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
 
 
 def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -83,7 +87,7 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
             STATE["armed"] = (arguments["lines"], arguments["size"])
         text = arguments["text"] if name == "echo" else name
         if name == "listings":
-            text = str(STATE["listings"])
+            text = json.dumps(STATE["listings"])
         return {"content": [{"type": "text", "text": text}]}
     return {}  # ping, logging/setLevel, and whatever else: an empty result
 
@@ -95,3 +99,5 @@ for line in sys.stdin.buffer:
         send({"jsonrpc": "2.0", "id": message["id"], "result": answer(message["method"], params)})
         if message["method"] == "tools/call":
             after(params["name"], params.get("arguments") or {})
+        else:
+            after(message["method"], {})

@@ -35,6 +35,10 @@ from agent_gateway.upstreams.translation import secrets_of
 logger = logging.getLogger(__name__)
 
 _PAGE_CAP = 1000
+REFRESH_SPACING = 1.0
+"""Seconds at least between two listings of one upstream after it says its lists changed. An
+upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
+listings of 2,000 tools in 15 s, the gateway's CPU all theirs) and every client told each time."""
 _LIST_CHANGED = (
     types.ToolListChangedNotification,
     types.PromptListChangedNotification,
@@ -213,16 +217,25 @@ class Upstream:
         self._refresh.set()
 
     async def _refresh_on_change(self, client: Client, session: UpstreamSession) -> None:
+        """List the upstream again when it says its lists changed, at most once every
+        ``REFRESH_SPACING`` (the notices meanwhile make one listing, after); one that does
+        not list within ``connect_timeout`` is reconnected, as one that fails to."""
         while True:
             await self._refresh.wait()
             self._refresh = anyio.Event()
             heard, self._heard = self._heard, False
-            with session.translated("list"):
+            timeout = self.config.connect_timeout
+            with anyio.move_on_after(timeout) as waited, session.translated("list"):
                 listing = await fetch_listing(client)
+            if waited.cancelled_caught:
+                raise UpstreamUnavailable(
+                    self.name, f"no listing within connect_timeout ({timeout:g}s) after a change"
+                )
             logger.info("upstream %s changed its catalog; refreshed", self.name)
             await self._on_listing(self.name, listing)
             if heard and self._on_changed is not None:
                 await self._on_changed(self.name)
+            await anyio.sleep(REFRESH_SPACING)
 
     async def _listen_for_changes(self, client: Client, session: UpstreamSession) -> None:
         caps = client.server_capabilities
