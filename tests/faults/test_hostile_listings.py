@@ -13,6 +13,7 @@ from mcp import Client
 from agent_gateway.catalog import Catalog
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config_files import parse_config
+from agent_gateway.upstreams.connection import MAX_LISTED
 from tests.faults.harness import gateway_under_fault, text_of, wait_until
 from tests.support import SERVERS, python_upstream, running_gateway
 
@@ -74,3 +75,19 @@ async def test_a_schema_deeper_than_the_encoder_goes_is_left_out_not_the_whole_l
     )
     await catalog.update("deep", Listing(tools=tools))
     assert list(catalog.start().tools) == ["deep__flat"]
+
+
+async def test_an_upstream_listing_more_tools_than_the_gateway_takes_is_refused_alone() -> None:
+    # 60,000 tools of 2 KB each (120 MB) were read and kept whole; the largest real servers
+    # list a few hundred. At the bound they are taken, one more and the upstream is refused.
+    upstreams = {"many": hostile(f"many{MAX_LISTED + 1}"), "most": hostile(f"many{MAX_LISTED}")}
+    config = {"upstreams": {**upstreams, "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+        catalog = gw.gateway.catalog.snapshot
+        refused = next(s for s in gw.gateway.pool.statuses() if s.name == "many")
+    assert counted == "1"
+    assert "many__t0" not in catalog.tools
+    assert {"most__t0", f"most__t{MAX_LISTED - 1}"} <= set(catalog.tools)
+    assert refused.state != "up"  # down, and tried again after its backoff
+    assert "more than the gateway takes from one upstream" in (refused.last_error or "")

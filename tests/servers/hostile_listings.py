@@ -4,7 +4,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``deepN``: a tool ``deep`` whose input schema nests N levels of objects;
 - ``good``: the resource ``file:///shared/doc`` and the template ``file:///logs/{name}``;
 - ``evil``: the same URI, once its tool ``collide`` is called (a ``list_changed`` follows);
-- ``catchall``: the template ``{+uri}``, which matches every URI.
+- ``catchall``: the template ``{+uri}``, which matches every URI;
+- ``manyN``: N tools (``t0``...), 2,000 a page.
 
 A read answers with the mode's name, so a test sees which upstream served it.
 """
@@ -34,6 +35,13 @@ def tools() -> list[dict[str, Any]]:
     return listed
 
 
+def page(count: int, start: int) -> dict[str, Any]:
+    """Tools ``start`` onwards of ``count``, 2,000 a page."""
+    end = min(count, start + 2000)
+    listed = [{"name": f"t{n}", "inputSchema": {"type": "object"}} for n in range(start, end)]
+    return {"tools": listed, **({"nextCursor": str(end)} if end < count else {})}
+
+
 def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
     if method == "initialize":
         capabilities = {"tools": {"listChanged": True}, "resources": {"listChanged": True}}
@@ -43,6 +51,8 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
             "capabilities": capabilities,
             "serverInfo": info,
         }
+    if method == "tools/list" and MODE.startswith("many"):
+        return page(int(MODE[4:]), int(params.get("cursor") or 0))
     if method == "tools/list":
         return {"tools": tools()}
     if method == "resources/list":

@@ -11,6 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -23,7 +24,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.catalog_parts import Listing
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamUnavailable, describe
+from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url, scrubbed
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.guard import Guard
@@ -35,6 +36,11 @@ from agent_gateway.upstreams.translation import secrets_of
 logger = logging.getLogger(__name__)
 
 _PAGE_CAP = 1000
+MAX_LISTED = 10_000
+"""Items of one kind (tools, prompts, resources, templates) one upstream may list; the largest
+real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
+MAX_LISTED_TEXT = 32 * 2**20
+"""Characters of names, titles and descriptions in one upstream's list of one kind."""
 REFRESH_SPACING = 1.0
 """Seconds at least between two listings of one upstream after it says its lists changed. An
 upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
@@ -134,7 +140,8 @@ class Upstream:
         started = time.perf_counter()
         logger.info("starting %s (%s)", self.name, describe_target(self.config))
         session = UpstreamSession(self.name, self.config, broadcast=self._broadcast, guard=self.guard)
-        async with connected(session, self._on_message, self._updates, fetch_listing) as (
+        listing = partial(fetch_listing, upstream=self.name)
+        async with connected(session, self._on_message, self._updates, listing) as (
             client,
             tg,
             listing,
@@ -225,9 +232,10 @@ class Upstream:
             self._refresh = anyio.Event()
             heard, self._heard = self._heard, False
             timeout = self.config.connect_timeout
-            with anyio.move_on_after(timeout) as waited, session.translated("list"):
-                listing = await fetch_listing(client)
-            if waited.cancelled_caught:
+            listing: Listing | None = None
+            with anyio.move_on_after(timeout), session.translated("list"):
+                listing = await fetch_listing(client, self.name)
+            if listing is None:
                 raise UpstreamUnavailable(
                     self.name, f"no listing within connect_timeout ({timeout:g}s) after a change"
                 )
@@ -287,15 +295,27 @@ def describe_target(config: UpstreamConfig, width: int = 80) -> str:
     return redacted_url(config.url)
 
 
-async def fetch_listing(client: Client) -> Listing:
-    """Everything the upstream lists, all pages, for what its capabilities say it has."""
+async def fetch_listing(client: Client, upstream: str) -> Listing:
+    """Everything ``upstream`` lists, all pages, for what its capabilities say it has.
+
+    Raises:
+        UpstreamRejected: one of its lists holds more than ``MAX_LISTED`` items, or more than
+            ``MAX_LISTED_TEXT`` characters of names, titles and descriptions.
+    """
     caps = client.server_capabilities
+    pages = _Pages(upstream)
     return Listing(
-        tools=await _all_pages(client.list_tools, lambda r: r.tools) if caps.tools else (),
-        prompts=await _all_pages(client.list_prompts, lambda r: r.prompts) if caps.prompts else (),
-        resources=await _all_pages(client.list_resources, lambda r: r.resources) if caps.resources else (),
+        tools=await pages.all(client.list_tools, lambda r: r.tools, "tools") if caps.tools else (),
+        prompts=await pages.all(client.list_prompts, lambda r: r.prompts, "prompts") if caps.prompts else (),
+        resources=(
+            await pages.all(client.list_resources, lambda r: r.resources, "resources")
+            if caps.resources
+            else ()
+        ),
         templates=(
-            await _all_pages(client.list_resource_templates, lambda r: r.resource_templates)
+            await pages.all(
+                client.list_resource_templates, lambda r: r.resource_templates, "resource templates"
+            )
             if caps.resources
             else ()
         ),
@@ -304,13 +324,30 @@ async def fetch_listing(client: Client) -> Listing:
     )
 
 
-async def _all_pages(fetch: Callable[..., Awaitable[Any]], items: Callable[[Any], list[T]]) -> tuple[T, ...]:
-    collected: list[T] = []
-    cursor: str | None = None
-    for _ in range(_PAGE_CAP):
-        page = await fetch(cursor=cursor)
-        collected.extend(items(page))
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tuple(collected)
+@dataclass(frozen=True)
+class _Pages:
+    upstream: str
+
+    async def all(
+        self, fetch: Callable[..., Awaitable[Any]], items: Callable[[Any], list[T]], kind: str
+    ) -> tuple[T, ...]:
+        """Every page of one list, within the bounds (see ``fetch_listing``)."""
+        collected: list[T] = []
+        text = 0
+        cursor: str | None = None
+        for _ in range(_PAGE_CAP):
+            page = await fetch(cursor=cursor)
+            found = items(page)
+            collected.extend(found)
+            text += sum(len(i.name) + len(i.title or "") + len(i.description or "") for i in found)  # type: ignore[attr-defined]
+            if len(collected) > MAX_LISTED or text > MAX_LISTED_TEXT:
+                raise UpstreamRejected(
+                    self.upstream,
+                    f"its {kind} are more than the gateway takes from one upstream ({MAX_LISTED:,} "
+                    f"items, {MAX_LISTED_TEXT // 2**20} Mi characters of names and descriptions): refused",
+                    types.INTERNAL_ERROR,
+                )
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        return tuple(collected)
