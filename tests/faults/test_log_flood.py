@@ -21,6 +21,7 @@ import httpx
 import mcp_types as types
 import yaml
 from mcp import Client
+from mcp.client.session import LoggingFnT
 
 from tests.faults.harness import text_of
 from tests.support import SERVERS, child_process, free_socket, gateway_env, ready
@@ -79,7 +80,7 @@ async def noisy_gateway(tmp_path: Path) -> AsyncIterator[tuple[str, Callable[[],
         yield f"http://127.0.0.1:{port}/mcp", tasks
 
 
-def hearing(heard: list[str]) -> Callable[[types.LoggingMessageNotificationParams], Awaitable[None]]:
+def hearing(heard: list[str]) -> LoggingFnT:
     async def on_log(params: types.LoggingMessageNotificationParams) -> None:
         heard.append(str(params.data))
 

@@ -83,11 +83,11 @@ async def test_a_restricted_client_reads_only_the_words_of_upstreams_it_reaches(
             # A log line each upstream sends outside any call.
             params = types.LoggingMessageNotificationParams(level="warning", data="line")
             for upstream in ("public", "hidden"):
-                await gw.gateway.sessions.broadcast_log(upstream, params, gw.gateway.visibility.may_see)
+                await gw.gateway.broadcast.send(upstream, params)
             # Then a last one it may read: its stream is ordered, so a hidden line sent to it
             # would have arrived before this one.
             end = types.LoggingMessageNotificationParams(level="warning", data="end")
-            await gw.gateway.sessions.broadcast_log("public", end, gw.gateway.visibility.may_see)
+            await gw.gateway.broadcast.send("public", end)
             with anyio.fail_after(10):
                 while len(full_logs) < 3 or "public: end" not in restricted_logs:
                     await anyio.sleep(0.02)
