@@ -12,6 +12,7 @@ import pytest
 from langchain_core.messages import ToolMessage
 from mcp import Client
 
+from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
 from tests.servers import recorder
@@ -316,6 +317,28 @@ async def test_a_turn_over_the_call_bound_asks_approval_only_for_the_calls_it_ru
     assert len(math.calls) == 32
     assert len(asked) == 32
     assert not [m for m in asked if any(f'"t{i}"' in m for i in range(32, 40))]
+
+
+async def test_a_turn_of_a_thousand_calls_is_cut_to_the_calls_kept_and_32_of_them_run(tmp_path: Path) -> None:
+    # A client's model answered one turn with 10,000 calls: each was logged, answered "Not
+    # run" and kept, and the next request built from them held the event loop for 90 s.
+    seen: list[list[Any]] = []
+
+    def respond(messages: list[Any]) -> Any:
+        if isinstance(messages[-1], ToolMessage):
+            seen.append(messages)
+            return answer("Done.")
+        return calls(*(call("math__add", a=n, b=1) for n in range(1000)))
+
+    model = ScriptedChatModel(respond=respond)
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Add a thousand times.")
+    assert not result.is_error, text(result)
+    assert len(math.calls) == MAX_CALLS_PER_TURN  # the upstream ran 32
+    results = [m for m in seen[0] if isinstance(m, ToolMessage)]
+    assert len(results) == MAX_CALLS_KEPT  # the model reads 128 answers, 96 of them "Not run"
+    assert sum("Not run" in str(m.content) for m in results) == MAX_CALLS_KEPT - MAX_CALLS_PER_TURN
+    assert len(record(result)["tool_calls"]) == MAX_CALLS_KEPT
 
 
 async def test_a_cancelled_run_leaves_its_thread_with_only_its_latest_checkpoint(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ offered to the model from its next turn on.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -26,7 +27,14 @@ from weakref import WeakKeyDictionary
 
 import anyio
 import mcp_types as types
-from langchain_core.messages import AnyMessage, HumanMessage, InvalidToolCall, ToolCall, ToolMessage
+from langchain_core.messages import (
+    AIMessage,
+    AnyMessage,
+    HumanMessage,
+    InvalidToolCall,
+    ToolCall,
+    ToolMessage,
+)
 
 from agent_gateway.access import Principal
 from agent_gateway.agent.approvals import Proposed, refusals
@@ -40,8 +48,15 @@ from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found
 from agent_gateway.search.tools import SEARCH_TOOLS, search_request
 
+logger = logging.getLogger(__name__)
+
 MAX_CALLS_PER_TURN = 32
 """Tool calls of one model turn that are run; the model is told the rest were not."""
+MAX_CALLS_KEPT = 4 * MAX_CALLS_PER_TURN
+"""Tool calls of one model turn kept in the conversation (those past ``MAX_CALLS_PER_TURN``
+answered "Not run"); a reply asking for more is cut to these. A client's model answered one
+turn with 10,000 calls: each was logged, answered and kept, and the next request built from
+them held the event loop for 90 s."""
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
 
@@ -181,6 +196,24 @@ class ToolRunner:
         if isinstance(result, types.InputRequiredResult):
             return f"Tool {name} asked for input from the user, which the agent cannot supply.", True
         return render(result), bool(result.is_error)
+
+
+def kept_calls(reply: AIMessage) -> AIMessage:
+    """``reply`` with at most ``MAX_CALLS_KEPT`` tool calls, valid ones first (the rest are
+    cut from the conversation, the model's own view of its turn included)."""
+    calls, invalid = reply.tool_calls, reply.invalid_tool_calls
+    if len(calls) + len(invalid) <= MAX_CALLS_KEPT:
+        return reply
+    logger.warning(
+        "a model turn asked for %d tool calls: the first %d kept, %d run",
+        len(calls) + len(invalid),
+        MAX_CALLS_KEPT,
+        MAX_CALLS_PER_TURN,
+    )
+    kept = calls[:MAX_CALLS_KEPT]
+    return reply.model_copy(
+        update={"tool_calls": kept, "invalid_tool_calls": invalid[: MAX_CALLS_KEPT - len(kept)]}
+    )
 
 
 def _found_text(query: str, hits: Sequence[Found]) -> str:
