@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextvars
 import itertools
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -176,7 +177,8 @@ class Replies:
             reason = self._unattributed()
             logger.warning("%s from %s refused: %s", request.method, self.name, reason)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
-        return await target.ask(self.name, request)
+        answer = await target.ask(self.name, request)
+        return _passed_up(answer) if isinstance(answer, types.ErrorData) else answer
 
     def _unattributed(self) -> str:
         """Why a question on this session has nobody to ask."""
@@ -188,6 +190,23 @@ class Replies:
                 "(configure `session: per_client` for this upstream)"
             )
         return "several requests of its client have calls in flight on it, and whose call asks is unknown"
+
+
+MAX_ERROR_CHARS = 1000
+"""Characters of a client's error answer passed to the upstream that asked (its ``data`` only
+when that short too). A client answered with a 1 MB message, and the upstream, shared by
+every client, spent its CPU logging it until its health check failed."""
+
+
+def _passed_up(error: types.ErrorData) -> types.ErrorData:
+    """A client's error answer as the upstream gets it: cut to ``MAX_ERROR_CHARS``."""
+    message = error.message
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}… ({len(message)} characters)"
+    data = error.data if len(json.dumps(error.data, default=str)) <= MAX_ERROR_CHARS else None
+    if message is error.message and data is error.data:
+        return error
+    return types.ErrorData(code=error.code, message=message, data=data)
 
 
 _LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
