@@ -12,7 +12,7 @@ import pytest
 from langchain_core.messages import ToolMessage
 from mcp import Client
 
-from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN
+from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN, MAX_REPLY_CHARS
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
 from tests.servers import recorder
@@ -339,6 +339,17 @@ async def test_a_turn_of_a_thousand_calls_is_cut_to_the_calls_kept_and_32_of_the
     assert len(results) == MAX_CALLS_KEPT  # the model reads 128 answers, 96 of them "Not run"
     assert sum("Not run" in str(m.content) for m in results) == MAX_CALLS_KEPT - MAX_CALLS_PER_TURN
     assert len(record(result)["tool_calls"]) == MAX_CALLS_KEPT
+
+
+async def test_a_reply_over_the_characters_a_run_takes_ends_the_run_before_any_call(tmp_path: Path) -> None:
+    # A client's model answered each turn with 3.5 MB of arguments: every turn was kept
+    # whole, and one run took 1.1 GB of memory and 446 MB of disk.
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="t" * MAX_REPLY_CHARS))])
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Drop this table.")
+    assert result.is_error
+    assert f"at most {MAX_REPLY_CHARS:,}" in text(result)
+    assert math.calls == []
 
 
 async def test_a_cancelled_run_leaves_its_thread_with_only_its_latest_checkpoint(tmp_path: Path) -> None:

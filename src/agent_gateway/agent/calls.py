@@ -43,7 +43,7 @@ from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import Search, Toolbox, merged
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.errors import GatewayError, shown
+from agent_gateway.errors import GatewayError, ModelFailed, shown
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import Found
 from agent_gateway.search.tools import SEARCH_TOOLS, search_request
@@ -57,6 +57,11 @@ MAX_CALLS_KEPT = 4 * MAX_CALLS_PER_TURN
 answered "Not run"); a reply asking for more is cut to these. A client's model answered one
 turn with 10,000 calls: each was logged, answered and kept, and the next request built from
 them held the event loop for 90 s."""
+MAX_REPLY_CHARS = 500_000
+"""Characters of one model reply (its text and its tool calls' arguments) a run takes; a
+longer one ends the run. A client's model answered each of a run's ten turns with a call of
+3.5 MB of arguments: every turn was kept whole, the run's record held them all, and one run
+took 1.1 GB of memory and 446 MB of disk."""
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
 
@@ -198,10 +203,22 @@ class ToolRunner:
         return render(result), bool(result.is_error)
 
 
-def kept_calls(reply: AIMessage) -> AIMessage:
-    """``reply`` with at most ``MAX_CALLS_KEPT`` tool calls, valid ones first (the rest are
-    cut from the conversation, the model's own view of its turn included)."""
+def taken(reply: AIMessage) -> AIMessage:
+    """The model's ``reply`` as the run takes it: with at most ``MAX_CALLS_KEPT`` tool calls,
+    valid ones first (the rest are cut from the conversation, the model's own view of its
+    turn included).
+
+    Raises:
+        ModelFailed: its text and tool arguments hold more than ``MAX_REPLY_CHARS``.
+    """
     calls, invalid = reply.tool_calls, reply.invalid_tool_calls
+    size = len(reply.text) + sum(len(json.dumps(c["args"], default=str)) for c in calls)
+    size += sum(len(c.get("args") or "") for c in invalid)
+    if size > MAX_REPLY_CHARS:
+        raise ModelFailed(
+            f"the model's reply holds {size:,} characters of text and tool arguments; "
+            f"a run takes at most {MAX_REPLY_CHARS:,} from one reply"
+        )
     if len(calls) + len(invalid) <= MAX_CALLS_KEPT:
         return reply
     logger.warning(

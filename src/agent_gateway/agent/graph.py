@@ -23,7 +23,7 @@ from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
-from agent_gateway.agent.calls import ToolRunner, kept_calls
+from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import chat_span
@@ -100,7 +100,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         prompt = system_prompt(run.instructions, run.tools.toolbox, offered)
         view = model_view(prompt, history, run.max_context_tokens)
         with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
-            reply = kept_calls(await _reply(bound, view, run.scrub))
+            reply = taken(await _reply(bound, view, run.scrub))
             usage = reply.usage_metadata or {}
             call.answered(
                 reply.response_metadata.get("model_name"),
