@@ -99,10 +99,12 @@ PEER_LOGGERS = (
     "agent_gateway.upstreams.stdio",
     "agent_gateway.upstreams.websocket",
     "agent_gateway.catalog",
+    "opentelemetry.trace.propagation",
 )
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
-about what an upstream sent (a malformed notification, a question outside any call, a
-listing's repeated names): the upstream chooses how many."""
+about what a peer sent (an upstream's malformed notification, question outside any call or
+listing's repeated names; a client's ``traceparent`` over 512 characters, one warning each
+request that carried one): the peer chooses how many."""
 REPEAT_WINDOW = 10.0
 """Seconds within which one such line is written once, the rest counted."""
 _KIND = 40

@@ -105,7 +105,11 @@ def test_warnings_quoting_what_an_upstream_sent_are_one_kind_and_other_lines_pas
     assert quoted.count(True) == 1
     # The gateway's own lines about what an upstream sent: a question outside any call, a
     # listing's repeated names (each of 500 questions refused wrote a line).
-    for name in ("agent_gateway.upstreams.replies", "agent_gateway.catalog"):
+    for name in (
+        "agent_gateway.upstreams.replies",
+        "agent_gateway.catalog",
+        "opentelemetry.trace.propagation.tracecontext",
+    ):
         refusals = [repeats.filter(_warning(name, "%s from %s refused: %s", "m", "up", n)) for n in range(50)]
         assert refusals.count(True) == 1, name
     # The gateway's own warnings, and the SDK client's below WARNING, are not the upstream's.
