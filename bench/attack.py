@@ -39,6 +39,17 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   (each an anonymous client of its own), each opening 100 sessions (its cap) with a 6 KB
   ``initialize``, never ending them, then 20 addresses more opening sessions as fast as they
   are answered for 10 s; the bystander opens a session for each call (as a CLI agent does);
+- ``log-flood`` (an upstream's): 16 of the attacker's clients reading log lines, then the
+  stdio upstream ``tests/servers/noisy.py`` writing 8,000 lines of 64 KB that no call owns as
+  fast as its pipe takes them: the lines passed on, how long a call to that upstream waited
+  behind them, and the gateway's RSS;
+- ``list-churn`` (an upstream's): that upstream saying its tools changed after each listing
+  for 10 s: how often the gateway listed it, how many ``list_changed`` one client was told;
+- ``many-calls``: one ``ask_agent`` run whose model (the attacker's own, through sampling with
+  tools) answers each turn with 10,000 tool calls: how long the run took, how large the
+  requests it was sent grew;
+- ``fat-replies``: one modern-era run whose model (the JSON envelope) answers each turn with a call of
+  3.5 MB of arguments: the largest turn it was sent, what the conversation store holds after;
 - ``thread-flood``: one client's ``ask_agent`` runs, 8 at a time for 20 s, each on a new
   conversation, its own model (sampling) answering each with 64 KB: the threads and bytes
   the conversation store (SQLite, the default) holds after. Its run budget (60 a minute by
@@ -54,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -66,6 +78,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
@@ -308,6 +321,11 @@ async def gateway(
                 "session": "per_client",
                 "env": {"TINY_TOOLS": str(TINY_TOOLS.get(attack, 0))},
             },
+            **(
+                {"noisy": {"command": sys.executable, "args": [str(NOISY)]}}
+                if attack in NOISY_ATTACKS
+                else {}
+            ),
         },
         "agent": {"enabled": attack in AGENT_ATTACKS, "memory": {"path": str(home / "conversations.sqlite")}},
         "auth": {"mode": "none"}
@@ -827,6 +845,129 @@ MODERN = "2026-07-28"
 BIG_RESULTS = 8
 
 
+NOISY = ROOT / "tests" / "servers" / "noisy.py"
+"""A raw stdio upstream that floods and churns on request (the code under test does not
+matter to it: the same script serves both revisions)."""
+
+
+@asynccontextmanager
+async def _attacker_clients(url: str, count: int, on_log: Any = None) -> AsyncIterator[list[Client]]:
+    """``count`` handshake-era clients of the attacker's, each with ``on_log`` for its lines."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = []
+        for _ in range(count):
+            http = await stack.enter_async_context(
+                httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120)
+            )
+            client = Client(
+                streamable_http_client(url, http_client=http), mode="legacy", logging_callback=on_log
+            )
+            clients.append(await stack.enter_async_context(client))
+        yield clients
+
+
+async def log_flood(url: str, proc: Process, seconds: float) -> str:
+    """16 clients reading log lines; the stdio upstream then writes 8,000 of 64 KB that no call
+    owns, as fast as its pipe takes them: how many reached the clients, and how long a call to
+    that upstream waited behind them (its answer comes after the last line)."""
+    heard = [0]
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard[0] += 1
+
+    async with _attacker_clients(url, 16, on_log) as clients:
+        await clients[0].call_tool("noisy__flood", {"lines": 8000, "size": 65536})
+        started = time.monotonic()
+        with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+            await clients[0].set_logging_level("debug")  # passed on to the upstream: the flood
+        await clients[0].call_tool("noisy__echo", {"text": "read"})  # answered after its last line
+        took = time.monotonic() - started
+        await asyncio.sleep(seconds)
+    return f"8,000 lines of 64 KB to 16 clients: {heard[0]:,} passed on; a call behind them answered after {took:.1f} s"
+
+
+async def list_churn(url: str, proc: Process, seconds: float) -> str:
+    """The stdio upstream says its tools changed after each listing, for ``seconds``: how often
+    the gateway listed it, and how many ``list_changed`` one client was told."""
+    told = [0]
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            told[0] += 1
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120) as http:
+        transport = streamable_http_client(url, http_client=http)
+        async with Client(transport, mode="legacy", message_handler=on_message) as client:
+            await client.call_tool("noisy__churn", {"times": 1_000_000})
+            await asyncio.sleep(seconds)
+            await client.call_tool("noisy__churn", {"times": 0})
+            listed = json.loads(client_text(await client.call_tool("noisy__listings", {})))
+    return f"{len(listed) - 1:,} listings in {seconds:.0f} s; {told[0]:,} list_changed told to one client"
+
+
+async def _one_run(url: str, model: Any, tools: bool, mode: str = "legacy") -> tuple[str, int, int]:
+    """One ``ask_agent`` run of the attacker's in ``mode``, its model ``model`` (sampling, with
+    the tools capability when ``tools``): how it ended, the model turns asked, the largest
+    turn's bytes."""
+    asked: list[int] = []
+
+    async def sample(context: Any, params: types.CreateMessageRequestParams) -> Any:
+        asked.append(len(params.model_dump_json()))
+        return model()
+
+    capabilities = types.SamplingCapability(tools=types.SamplingToolsCapability()) if tools else None
+    ended = ""
+    try:
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=300) as http:
+            transport = streamable_http_client(url, http_client=http)
+            async with Client(
+                transport, mode=mode, sampling_callback=sample, sampling_capabilities=capabilities
+            ) as client:
+                result = await client.call_tool("ask_agent", {"query": "go", "conversation_id": "one"})
+                ended = client_text(result)[:60]
+    except Exception as exc:  # the SDK's client reads at most 1 MB of an SSE event
+        ended = f"its result unreadable ({type(exc).__name__})"
+    return ended, len(asked), max(asked, default=0)
+
+
+async def many_calls(url: str, proc: Process, seconds: float) -> str:
+    """One run whose model (the client's, with tools) answers each turn with 10,000 calls."""
+    calls: list[types.SamplingMessageContentBlock] = [
+        types.ToolUseContent(id=f"t{i}", name="slow__echo", input={"text": "hi"}) for i in range(10_000)
+    ]
+    started = time.monotonic()
+    ended, turns, largest = await _one_run(
+        url,
+        lambda: types.CreateMessageResultWithTools(
+            role="assistant", content=calls, model="m", stop_reason="toolUse"
+        ),
+        tools=True,
+    )
+    took = time.monotonic() - started
+    return f"one run, {turns} turns of 10,000 calls in {took:.1f} s (largest request {largest / 2**20:.1f} MB): {ended}"
+
+
+async def fat_replies(url: str, proc: Process, seconds: float) -> str:
+    """One run whose model (the client's, the JSON envelope) answers each turn with a call of
+    3.5 MB of arguments: the largest turn it was sent, what the conversation store holds."""
+    call = json.dumps({"type": "tool_call", "name": "slow__echo", "args": {"text": "x" * 3_500_000}})
+    ended, turns, largest = await _one_run(
+        url,
+        lambda: types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text=call), model="m"
+        ),
+        tools=False,
+        mode="auto",  # its turns in JSON answers: the SDK's client reads an SSE event of 1 MB at most
+    )
+    _, size = _store_held(proc.pid)
+    return f"one run, {turns} turns, the largest {largest / 2**20:.1f} MB; the store holds {size:.0f} MB: {ended}"
+
+
+def client_text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    return block.text if isinstance(block, types.TextContent) else ""
+
+
 ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
     "slow-heads": (slow_heads, 15.0, None),
     "endless-heads": (endless_heads, 8.0, None),
@@ -846,8 +987,14 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "search-flood": (search_flood, 10.0, None),
     "many-addresses": (many_addresses, 10.0, None),
     "thread-flood": (thread_flood, 20.0, {"agent": {"runs_per_minute": 100_000}}),
+    "log-flood": (log_flood, 10.0, None),
+    "list-churn": (list_churn, 10.0, None),
+    "many-calls": (many_calls, 0.0, {"agent": {"runs_per_minute": 100_000}}),
+    "fat-replies": (fat_replies, 0.0, {"agent": {"runs_per_minute": 100_000}}),
 }
-AGENT_ATTACKS = {"thread-flood"}
+NOISY_ATTACKS = {"log-flood", "list-churn"}
+"""The attacks of an upstream's (``NOISY``, beside the others)."""
+AGENT_ATTACKS = {"thread-flood", "many-calls", "fat-replies"}
 """The attacks that need ``ask_agent`` (off for the others: nothing of it loaded)."""
 ANONYMOUS_ATTACKS = {"many-addresses"}
 """The attacks on the README's example, without auth (each address an anonymous client)."""
