@@ -48,7 +48,7 @@ held_rounds = Tally(
 notifications_dropped = Tally(
     "agent_gateway.notifications.dropped",
     "Log lines and progress reports from upstreams not passed on, by kind (log, progress) and "
-    "why: behind (the client was still taking the previous line no call owns) or backlog (an "
+    "why: behind (16 lines no call owns were waiting for the client already) or backlog (an "
     "upstream session already had its bound of them being passed on: its clients read slower "
     "than it sends).",
 )

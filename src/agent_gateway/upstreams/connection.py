@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import mcp_types as types
@@ -51,7 +51,16 @@ _LIST_CHANGED = (
     types.ResourceListChangedNotification,
 )
 
-T = TypeVar("T")
+
+class _Listed(Protocol):
+    """What every listed item has (a tool, prompt, resource or template)."""
+
+    name: str
+    title: str | None
+    description: str | None
+
+
+T = TypeVar("T", bound=_Listed)
 
 
 class UpstreamState(StrEnum):
@@ -140,8 +149,8 @@ class Upstream:
         started = time.perf_counter()
         logger.info("starting %s (%s)", self.name, describe_target(self.config))
         session = UpstreamSession(self.name, self.config, broadcast=self._broadcast, guard=self.guard)
-        listing = partial(fetch_listing, upstream=self.name)
-        async with connected(session, self._on_message, self._updates, listing) as (
+        fetch = partial(fetch_listing, upstream=self.name)
+        async with connected(session, self._on_message, self._updates, fetch) as (
             client,
             tg,
             listing,
@@ -339,7 +348,7 @@ class _Pages:
             page = await fetch(cursor=cursor)
             found = items(page)
             collected.extend(found)
-            text += sum(len(i.name) + len(i.title or "") + len(i.description or "") for i in found)  # type: ignore[attr-defined]
+            text += sum(len(i.name) + len(i.title or "") + len(i.description or "") for i in found)
             if len(collected) > MAX_LISTED or text > MAX_LISTED_TEXT:
                 raise UpstreamRejected(
                     self.upstream,
