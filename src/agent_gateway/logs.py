@@ -129,8 +129,9 @@ class PeerRepeats(logging.Filter):
         self._lock = threading.Lock()  # handlers may be called from any thread
 
     def filter(self, record: logging.LogRecord) -> bool:
-        peer = record.name == CLIENT_SESSION_LOGGER or record.name.startswith(PEER_LOGGERS)
-        if record.levelno < logging.WARNING or not peer:
+        if record.levelno < logging.WARNING:  # first: each call writes an INFO line
+            return True
+        if record.name != CLIENT_SESSION_LOGGER and not record.name.startswith(PEER_LOGGERS):
             return True
         try:
             return self._first_of_its_kind(record)
