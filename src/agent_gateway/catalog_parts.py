@@ -75,7 +75,7 @@ def build_part(
     entries = [
         e
         for e in _tool_entries(upstream, listing, up, sep)
-        if not _reserved(reserved, *e) and not _too_deep(*e)
+        if not _reserved(reserved, *e) and not _unlistable(*e)
     ]
     tools = _first_of_each("tool", entries)
     listed = {public: origin.item.model_copy(update={"name": public}) for public, origin in tools.items()}
@@ -135,36 +135,57 @@ def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool])
     return True
 
 
+MAX_SCHEMA_BYTES = 256 * 2**10
+"""How large one of a tool's schemas may be, serialised (most real ones are a few KB; the
+largest of the benchmark's 2,815 real tools is 88 KB). Larger, the tool is not listed:
+otherwise only the upstream's message size (128 MiB) bounded it, and every client's listing
+page holding the tool carried it, and every search result naming it."""
 MAX_SCHEMA_DEPTH = 100
 """How deep a tool's schemas may nest (objects and arrays). Deeper, the tool is not listed:
 no client could read a page holding it (pydantic serialises at most 255 levels and its JSON
 parser, in clients, reads about 200), so one such tool would fail every client's listing."""
 
 
-def _too_deep(public: str, origin: Origin[types.Tool]) -> bool:
-    """Whether an upstream tool's schemas nest deeper than ``MAX_SCHEMA_DEPTH`` (said once)."""
+def _unlistable(public: str, origin: Origin[types.Tool]) -> bool:
+    """Whether an upstream tool's schemas nest deeper than ``MAX_SCHEMA_DEPTH`` or are larger
+    than ``MAX_SCHEMA_BYTES`` (said once)."""
     tool = origin.item
     for schema in (tool.input_schema, tool.output_schema):
-        if schema is not None and _nests_deeper(schema, MAX_SCHEMA_DEPTH):
+        why = _schema_fault(schema) if schema is not None else None
+        if why is not None:
             logger.warning(
-                "upstream %s: tool %s is not listed: its schema nests deeper than %d levels",
-                origin.upstream,
-                shown(origin.name),
-                MAX_SCHEMA_DEPTH,
+                "upstream %s: tool %s is not listed: its schema %s", origin.upstream, shown(origin.name), why
             )
             return True
     return False
 
 
-def _nests_deeper(schema: Mapping[str, object], bound: int) -> bool:
-    # Counted without recursion (a schema thousands deep must not exhaust the stack), and
-    # walked only when it has more brackets than the bound: real schemas have far fewer.
+def _schema_fault(schema: Mapping[str, object]) -> str | None:
+    """What keeps ``schema`` from any listing, or None."""
     try:
         encoded = msgspec.json.encode(schema)
     except RecursionError:  # deeper than the encoder goes: far deeper than the bound
-        return True
+        return f"nests deeper than {MAX_SCHEMA_DEPTH} levels"
+    if len(encoded) > MAX_SCHEMA_BYTES:
+        return f"is {len(encoded):,} bytes, more than {MAX_SCHEMA_BYTES:,}"
+    if _nests_deeper(schema, encoded, MAX_SCHEMA_DEPTH):
+        return f"nests deeper than {MAX_SCHEMA_DEPTH} levels"
+    return None
+
+
+def _nests_deeper(schema: Mapping[str, object], encoded: bytes, bound: int) -> bool:
+    # Counted without recursion (a schema thousands deep must not exhaust the stack), and
+    # walked only when it has more brackets than the bound: real schemas have far fewer.
     if encoded.count(b"{") + encoded.count(b"[") <= bound:
         return False
+    stack: list[tuple[object, int]] = [(schema, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > bound:
+            return True
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+    return False
     stack: list[tuple[object, int]] = [(schema, 1)]
     while stack:
         value, depth = stack.pop()

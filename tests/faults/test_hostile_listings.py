@@ -34,6 +34,22 @@ async def test_a_tool_whose_schema_nests_too_deep_is_left_out_and_every_listing_
     assert counted == "1"
 
 
+async def test_a_tool_whose_schema_is_larger_than_the_gateway_takes_is_left_out_alone() -> None:
+    # Its schema was otherwise bounded only by the message size (128 MiB), and carried in
+    # every client's listing page holding the tool.
+    config = {"upstreams": {"huge": hostile("wide40000"), "fits": hostile("wide20000")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        names: list[str] = []
+        cursor: str | None = None
+        while True:  # a page ends before 128 KiB of definitions: the wide tool has one of its own
+            page = await client.list_tools(cursor=cursor)
+            names += [t.name for t in page.tools]
+            if not (cursor := page.next_cursor):
+                break
+    assert "huge__wide" not in names  # ~320 KB
+    assert {"huge__collide", "fits__wide", "fits__collide"} <= set(names)  # ~160 KB: listed
+
+
 async def test_a_deep_schema_a_client_can_read_is_listed() -> None:
     config = {"upstreams": {"deep": hostile("deep40")}}
     async with running_gateway(config) as gw, Client(gw.url) as client:

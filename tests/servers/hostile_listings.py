@@ -5,7 +5,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``good``: the resource ``file:///shared/doc`` and the template ``file:///logs/{name}``;
 - ``evil``: the same URI, once its tool ``collide`` is called (a ``list_changed`` follows);
 - ``catchall``: the template ``{+uri}``, which matches every URI;
-- ``manyN``: N tools (``t0``...), 2,000 a page.
+- ``manyN``: N tools (``t0``...), 2,000 a page;
+- ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes).
 
 A read answers with the mode's name, so a test sees which upstream served it.
 """
@@ -32,6 +33,11 @@ def tools() -> list[dict[str, Any]]:
         for _ in range(int(MODE[4:])):
             schema = {"type": "object", "properties": {"a": schema}}
         listed.append({"name": "deep", "inputSchema": schema})
+    if MODE.startswith("wide"):  # an enum of N short strings: about 8 N bytes
+        enum = [f"v{n:05d}" for n in range(int(MODE[4:]))]
+        listed.append(
+            {"name": "wide", "inputSchema": {"type": "object", "properties": {"v": {"enum": enum}}}}
+        )
     return listed
 
 
