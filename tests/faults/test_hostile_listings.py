@@ -50,6 +50,19 @@ async def test_a_tool_whose_schema_is_larger_than_the_gateway_takes_is_left_out_
     assert {"huge__collide", "fits__wide", "fits__collide"} <= set(names)  # ~160 KB: listed
 
 
+async def test_an_upstream_listing_more_schema_bytes_than_the_gateway_takes_is_refused_alone() -> None:
+    # Each schema within its own bound (256 KiB), 10,000 of them would be 2.5 GiB: 400 of
+    # ~200 KB (80 MB) pass the bound on one upstream's list of one kind (64 MiB).
+    config = {"upstreams": {"fat": hostile("fat400"), "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+        refused = next(s for s in gw.gateway.pool.statuses() if s.name == "fat")
+        catalog = gw.gateway.catalog.snapshot
+    assert counted == "1"
+    assert "fat__t0" not in catalog.tools
+    assert "MiB of names, descriptions and schemas" in (refused.last_error or "")
+
+
 async def test_a_deep_schema_a_client_can_read_is_listed() -> None:
     config = {"upstreams": {"deep": hostile("deep40")}}
     async with running_gateway(config) as gw, Client(gw.url) as client:

@@ -6,7 +6,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``evil``: the same URI, once its tool ``collide`` is called (a ``list_changed`` follows);
 - ``catchall``: the template ``{+uri}``, which matches every URI;
 - ``manyN``: N tools (``t0``...), 2,000 a page;
-- ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes).
+- ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes);
+- ``fatN``: N tools each with a schema of about 200 KB (within the bound on one), 50 a page.
 
 A read answers with the mode's name, so a test sees which upstream served it.
 """
@@ -33,19 +34,24 @@ def tools() -> list[dict[str, Any]]:
         for _ in range(int(MODE[4:])):
             schema = {"type": "object", "properties": {"a": schema}}
         listed.append({"name": "deep", "inputSchema": schema})
-    if MODE.startswith("wide"):  # an enum of N short strings: about 8 N bytes
-        enum = [f"v{n:05d}" for n in range(int(MODE[4:]))]
-        listed.append(
-            {"name": "wide", "inputSchema": {"type": "object", "properties": {"v": {"enum": enum}}}}
-        )
+    if MODE.startswith("wide"):
+        listed.append({"name": "wide", "inputSchema": wide(int(MODE[4:]))})
     return listed
 
 
-def page(count: int, start: int) -> dict[str, Any]:
-    """Tools ``start`` onwards of ``count``, 2,000 a page."""
-    end = min(count, start + 2000)
-    listed = [{"name": f"t{n}", "inputSchema": {"type": "object"}} for n in range(start, end)]
+def page(
+    count: int, start: int, per_page: int = 2000, schema: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Tools ``start`` onwards of ``count``, ``per_page`` a page, each with ``schema``."""
+    end = min(count, start + per_page)
+    schema = schema or {"type": "object"}
+    listed = [{"name": f"t{n}", "inputSchema": schema} for n in range(start, end)]
     return {"tools": listed, **({"nextCursor": str(end)} if end < count else {})}
+
+
+def wide(count: int) -> dict[str, Any]:
+    """A schema of an enum of ``count`` short strings: about 8 ``count`` bytes."""
+    return {"type": "object", "properties": {"v": {"enum": [f"v{n:05d}" for n in range(count)]}}}
 
 
 def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +65,8 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
         }
     if method == "tools/list" and MODE.startswith("many"):
         return page(int(MODE[4:]), int(params.get("cursor") or 0))
+    if method == "tools/list" and MODE.startswith("fat"):
+        return page(int(MODE[3:]), int(params.get("cursor") or 0), 50, wide(25_000))
     if method == "tools/list":
         return {"tools": tools()}
     if method == "resources/list":

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio
 import mcp_types as types
+import msgspec
 from anyio.abc import TaskGroup
 from mcp import Client
 from mcp.client.session import IncomingMessage
@@ -39,8 +40,10 @@ _PAGE_CAP = 1000
 MAX_LISTED = 10_000
 """Items of one kind (tools, prompts, resources, templates) one upstream may list; the largest
 real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
-MAX_LISTED_TEXT = 32 * 2**20
-"""Characters of names, titles and descriptions in one upstream's list of one kind."""
+MAX_LISTED_BYTES = 64 * 2**20
+"""What one upstream's list of one kind may hold: the characters of its names, titles and
+descriptions and the bytes of its tools' schemas (each schema is bounded too, 256 KiB:
+``catalog_parts.MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 2.5 GiB)."""
 REFRESH_SPACING = 1.0
 """Seconds at least between two listings of one upstream after it says its lists changed. An
 upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
@@ -309,12 +312,14 @@ async def fetch_listing(client: Client, upstream: str) -> Listing:
 
     Raises:
         UpstreamRejected: one of its lists holds more than ``MAX_LISTED`` items, or more than
-            ``MAX_LISTED_TEXT`` characters of names, titles and descriptions.
+            ``MAX_LISTED_BYTES`` of names, titles, descriptions and schemas.
     """
     caps = client.server_capabilities
     pages = _Pages(upstream)
     return Listing(
-        tools=await pages.all(client.list_tools, lambda r: r.tools, "tools") if caps.tools else (),
+        tools=await pages.all(client.list_tools, lambda r: r.tools, "tools", _tool_size)
+        if caps.tools
+        else (),
         prompts=await pages.all(client.list_prompts, lambda r: r.prompts, "prompts") if caps.prompts else (),
         resources=(
             await pages.all(client.list_resources, lambda r: r.resources, "resources")
@@ -338,25 +343,38 @@ class _Pages:
     upstream: str
 
     async def all(
-        self, fetch: Callable[..., Awaitable[Any]], items: Callable[[Any], list[T]], kind: str
+        self,
+        fetch: Callable[..., Awaitable[Any]],
+        items: Callable[[Any], list[T]],
+        kind: str,
+        size: Callable[[T], int] = lambda item: _text_size(item),
     ) -> tuple[T, ...]:
         """Every page of one list, within the bounds (see ``fetch_listing``)."""
         collected: list[T] = []
-        text = 0
+        held = 0
         cursor: str | None = None
         for _ in range(_PAGE_CAP):
             page = await fetch(cursor=cursor)
             found = items(page)
             collected.extend(found)
-            text += sum(len(i.name) + len(i.title or "") + len(i.description or "") for i in found)
-            if len(collected) > MAX_LISTED or text > MAX_LISTED_TEXT:
+            held += sum(size(i) for i in found)
+            if len(collected) > MAX_LISTED or held > MAX_LISTED_BYTES:
                 raise UpstreamRejected(
                     self.upstream,
                     f"its {kind} are more than the gateway takes from one upstream ({MAX_LISTED:,} "
-                    f"items, {MAX_LISTED_TEXT // 2**20} Mi characters of names and descriptions): refused",
+                    f"items, {MAX_LISTED_BYTES // 2**20} MiB of names, descriptions and schemas): refused",
                     types.INTERNAL_ERROR,
                 )
             cursor = page.next_cursor
             if not cursor:
                 break
         return tuple(collected)
+
+
+def _text_size(item: _Listed) -> int:
+    return len(item.name) + len(item.title or "") + len(item.description or "")
+
+
+def _tool_size(tool: types.Tool) -> int:
+    schemas = (tool.input_schema, tool.output_schema)
+    return _text_size(tool) + sum(len(msgspec.json.encode(s)) for s in schemas if s is not None)
