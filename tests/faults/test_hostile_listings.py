@@ -37,7 +37,7 @@ async def test_a_tool_whose_schema_nests_too_deep_is_left_out_and_every_listing_
 async def test_a_tool_whose_schema_is_larger_than_the_gateway_takes_is_left_out_alone() -> None:
     # Its schema was otherwise bounded only by the message size (128 MiB), and carried in
     # every client's listing page holding the tool.
-    config = {"upstreams": {"huge": hostile("wide40000"), "fits": hostile("wide20000")}}
+    config = {"upstreams": {"huge": hostile("wide140000"), "fits": hostile("wide40000")}}
     async with running_gateway(config) as gw, Client(gw.url) as client:
         names: list[str] = []
         cursor: str | None = None
@@ -46,12 +46,12 @@ async def test_a_tool_whose_schema_is_larger_than_the_gateway_takes_is_left_out_
             names += [t.name for t in page.tools]
             if not (cursor := page.next_cursor):
                 break
-    assert "huge__wide" not in names  # ~320 KB
-    assert {"huge__collide", "fits__wide", "fits__collide"} <= set(names)  # ~160 KB: listed
+    assert "huge__wide" not in names  # ~1.3 MB
+    assert {"huge__collide", "fits__wide", "fits__collide"} <= set(names)  # ~360 KB: listed
 
 
 async def test_an_upstream_listing_more_schema_bytes_than_the_gateway_takes_is_refused_alone() -> None:
-    # Each schema within its own bound (256 KiB), 10,000 of them would be 2.5 GiB: 400 of
+    # Each schema within its own bound (1 MiB), 10,000 of them would be 10 GiB: 400 of
     # ~200 KB (80 MB) pass the bound on one upstream's list of one kind (64 MiB).
     config = {"upstreams": {"fat": hostile("fat400"), "healthy": python_upstream("counter.py")}}
     async with running_gateway(config) as gw, Client(gw.url) as client:

@@ -42,8 +42,8 @@ MAX_LISTED = 10_000
 real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
 MAX_LISTED_BYTES = 64 * 2**20
 """What one upstream's list of one kind may hold: the characters of its names, titles and
-descriptions and the bytes of its tools' schemas (each schema is bounded too, 256 KiB:
-``catalog_parts.MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 2.5 GiB)."""
+descriptions and the bytes of its tools' schemas (each schema is bounded too, 1 MiB:
+``catalog_parts.MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
 REFRESH_SPACING = 1.0
 """Seconds at least between two listings of one upstream after it says its lists changed. An
 upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
