@@ -187,14 +187,6 @@ def _nests_deeper(schema: Mapping[str, object], encoded: bytes, bound: int) -> b
         children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
     return False
-    stack: list[tuple[object, int]] = [(schema, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > bound:
-            return True
-        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
-    return False
 
 
 def _tool_entries(
