@@ -95,11 +95,9 @@ class Replies:
         # Chosen before any await: the call may finish right after its last log line.
         target = self._log_target(params.level)
         if target is not None:
-            if self._passing_on("log"):
-                try:
+            with self._passing_on("log") as passing:
+                if passing:
                     await target.log(self.name, params)
-                finally:
-                    self._passing -= 1
         elif not self._in_flight and self._broadcast is not None:
             await self._broadcast(self.name, params)  # returns at once (downstream/broadcast.py)
         else:
@@ -112,17 +110,16 @@ class Replies:
             return None
 
         async def passed_on(progress: float, total: float | None, message: str | None) -> None:
-            if self._passing_on("progress"):
-                try:
+            with self._passing_on("progress") as passing:
+                if passing:
                     await relay(progress, total, message)
-                finally:
-                    self._passing -= 1
 
         return passed_on
 
-    def _passing_on(self, kind: str) -> bool:
-        """Whether one more line or report may be passed on now (counted in ``_passing``
-        when it may; the caller takes it off when done)."""
+    @contextmanager
+    def _passing_on(self, kind: str) -> Iterator[bool]:
+        """Whether one more line or report may be passed on now; counted in ``_passing``
+        while it is, when it may."""
         if self._passing >= MAX_PASSING:
             notifications_dropped.add(1, {"kind": kind, "why": "backlog"})
             logger.warning(
@@ -131,9 +128,13 @@ class Replies:
                 self.name,
                 MAX_PASSING,
             )
-            return False
+            yield False
+            return
         self._passing += 1
-        return True
+        try:
+            yield True
+        finally:
+            self._passing -= 1
 
     async def on_elicitation_complete(self, params: types.ElicitCompleteNotificationParams) -> None:
         """A URL-mode elicitation finished: told to the client it was asked of, if known."""
