@@ -72,8 +72,8 @@ def test_an_oversized_response_fails_the_call_it_answers_whichever_sdk_wrote_it(
     body = b'"' + b"y" * 2000 + b'"'
     python_order = b'{"jsonrpc": "2.0", "id": 7, "result": {"id": 99, "text": ' + body + b"}}"
     typescript_order = b'{"result": {"id": 99, "text": ' + body + b'}, "jsonrpc": "2.0", "id": "r-8"}'
-    assert error_id(refusal(oversized(python_order), 100)) == 7
-    assert error_id(refusal(oversized(typescript_order), 100)) == "r-8"
+    assert error_id(refusal(oversized(python_order), 100, "up")) == 7
+    assert error_id(refusal(oversized(typescript_order), 100, "up")) == "r-8"
 
 
 def test_an_oversized_message_that_is_no_response_is_only_reported() -> None:
@@ -83,7 +83,7 @@ def test_an_oversized_message_that_is_no_response_is_only_reported() -> None:
     nested_only = b'{"jsonrpc": "2.0", "method": "x", "params": {"id": 5, "v": "' + b"z" * 2000 + b'"}}'
     bad_escape = b'{"jsonrpc": "2.0", "id": "a\\q", "result": "' + b"z" * 2000 + b'"}'
     for line in (request, nested_only, bad_escape):
-        assert isinstance(refusal(oversized(line), 100), ValueError)
+        assert isinstance(refusal(oversized(line), 100, "up"), ValueError)
 
 
 async def test_a_line_past_the_bound_of_bytes_in_flight_fails_its_call_and_holds_nothing() -> None:
@@ -100,7 +100,7 @@ async def test_a_line_past_the_bound_of_bytes_in_flight_fails_its_call_and_holds
         assert IN_FLIGHT.held == before
         assert isinstance(over, Oversized)
         assert over.busy
-        answer = refusal(over, 2**31)
+        answer = refusal(over, 2**31, "up")
     assert not isinstance(answer, Exception)
     assert isinstance(answer.message, types.JSONRPCError)
     assert answer.message.id == 7

@@ -119,12 +119,14 @@ class PeerRepeats(logging.Filter):
     upstream's malformed message) as one line, not a traceback through the SDK. Before, each of
     an upstream's malformed notifications wrote a traceback of dozens of lines.
 
-    A kind is a logger and the start of the message's template: the SDK writes some with
-    f-strings that quote what the upstream sent after a colon, each one different."""
+    A kind is a logger, the peer the line is about (``extra={"peer": ...}``, where the writer
+    knows it: one noisy upstream's lines do not hide another's) and the start of the message's
+    template: the SDK writes some with f-strings that quote what the upstream sent after a
+    colon, each one different."""
 
     def __init__(self) -> None:
         super().__init__()
-        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+        self._seen: dict[tuple[str, str, str], tuple[float, int]] = {}
         """Kind -> (when its window began, lines left out since); oldest kind first."""
         self._lock = threading.Lock()  # handlers may be called from any thread
 
@@ -142,7 +144,10 @@ class PeerRepeats(logging.Filter):
         template = str(record.msg)
         if not record.args:  # maybe an f-string: what the upstream sent follows its first colon
             template = template.split(":", 1)[0]
-        kind, now = (record.name, template[:_KIND]), time.monotonic()
+        kind, now = (
+            (record.name, str(getattr(record, "peer", ""))[:_KIND], template[:_KIND]),
+            time.monotonic(),
+        )
         with self._lock:
             began, left_out = self._seen.get(kind, (-REPEAT_WINDOW, 0))
             if now - began < REPEAT_WINDOW:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -122,26 +123,38 @@ def test_warnings_quoting_what_an_upstream_sent_are_one_kind_and_other_lines_pas
 async def test_a_stdio_upstreams_garbage_and_stray_answers_by_the_hundred_write_one_line_each(
     tmp_path: Path,
 ) -> None:
-    """Lines that are not JSON-RPC and answers to ids never sent, 200 of each: the call is
-    served, and each kind of warning is written once (each of them wrote a line before)."""
+    """Lines that are not JSON-RPC and answers to ids never sent, 200 of each from each of two
+    upstreams: the calls are served, and each kind of warning is written once per upstream,
+    naming it (each line wrote one before; then the first upstream's hid the second's, and
+    the lines about garbage named no upstream)."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
     log = tmp_path / "gateway.log"
     config = tmp_path / "gateway.yaml"
     upstream = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}
-    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {"noisy": upstream}}))
+    upstreams = {"noisy": upstream, "loud": upstream}
+    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": upstreams}))
     command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
     async with child_process(command, gateway_env(), log):
         await ready(port)
         async with Client(f"http://127.0.0.1:{port}/mcp", mode="legacy") as client:
-            answers = [text_of(await client.call_tool("noisy__garble", {"times": 100})) for _ in range(2)]
-    assert answers == ["garble", "garble"]
+            answers = [
+                text_of(await client.call_tool(f"{name}__garble", {"times": 100}))
+                for name in ("noisy", "loud", "noisy", "loud")
+            ]
+    assert answers == ["garble"] * 4
     warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
-    garbage = [line for line in warnings if "not JSON-RPC" in line]
-    strays = [line for line in warnings if "id never sent" in line]
-    assert len(garbage) == 1, garbage
-    assert len(strays) == 1, strays
+    for kind in ("not JSON-RPC", "id never sent"):
+        lines = [line for line in warnings if kind in line]
+        assert len(lines) == 2, lines
+        assert {_named(line) for line in lines} == {"noisy", "loud"}, lines
+
+
+def _named(line: str) -> str | None:
+    """The upstream a warning names by its session (``upstream session NAME/1a2b3c4d``)."""
+    found = re.search(r"upstream session (\w+)/[0-9a-f]{8}", line)
+    return found.group(1) if found else None
 
 
 async def test_an_upstream_saying_its_list_changed_after_each_listing_is_listed_once_a_second() -> None:

@@ -69,6 +69,7 @@ class SentRequests:
                 self._label,
                 _SHOWN,
                 request_id,
+                extra={"peer": self._label},
             )
         return False
 

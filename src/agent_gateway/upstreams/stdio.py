@@ -51,10 +51,11 @@ _POLL = 0.02
 
 @asynccontextmanager
 async def stdio_transport(
-    params: StdioServerParameters, max_message_bytes: int = 2**31
+    params: StdioServerParameters, max_message_bytes: int = 2**31, label: str = "stdio"
 ) -> AsyncIterator[TransportStreams]:
     """Spawn ``params``' server and talk to it over its stdin/stdout; leaving the context
-    stops the whole process group (shielded, every wait bounded)."""
+    stops the whole process group (shielded, every wait bounded). ``label`` names the
+    upstream session in the warnings about what it writes."""
     if sys.platform == "win32":  # pragma: no cover
         async with stdio_client(params) as streams:
             yield streams
@@ -64,7 +65,7 @@ async def stdio_transport(
     outgoing, outgoing_out = anyio.create_memory_object_stream[SessionMessage](0)
     written = anyio.Event()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_read, process, incoming_in, max_message_bytes)
+        tg.start_soon(_read, process, incoming_in, max_message_bytes, label)
         tg.start_soon(_write, process, outgoing_out, incoming_in, written)
         try:
             yield incoming, outgoing
@@ -74,7 +75,7 @@ async def stdio_transport(
                 outgoing.close()
                 with anyio.move_on_after(_FLUSH_TIMEOUT):
                     await written.wait()
-                await _stop(process)
+                await _stop(process, label)
             tg.cancel_scope.cancel()
 
 
@@ -111,7 +112,7 @@ def _stderr() -> TextIO | None:
 
 
 async def _read(
-    process: Process, incoming: MemoryObjectSendStream[SessionMessage | Exception], limit: int
+    process: Process, incoming: MemoryObjectSendStream[SessionMessage | Exception], limit: int, label: str
 ) -> None:
     assert process.stdout is not None
     lines = Lines(limit)
@@ -122,7 +123,7 @@ async def _read(
         ):
             while True:
                 for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
-                    message = _parse(line) if isinstance(line, bytes) else refusal(line, limit)
+                    message = _parse(line, label) if isinstance(line, bytes) else refusal(line, limit, label)
                     # Closed when shutting down: keep draining, so the server can flush and exit.
                     with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                         await incoming.send(message)
@@ -235,7 +236,7 @@ def request_id_of(head: bytes, tail: bytes) -> types.RequestId | None:
     return value if isinstance(value, int | str) else None
 
 
-def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
+def refusal(line: Oversized, limit: int, label: str) -> SessionMessage | Exception:
     """For an oversized response: an error answer to the request it answers, so that call
     fails at once saying why; for anything else, an error the session logs."""
     reason = (
@@ -243,7 +244,7 @@ def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
         if line.busy
         else f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
     )
-    logger.warning("%s: dropped", reason)
+    logger.warning("upstream session %s: %s: dropped", label, reason, extra={"peer": label})
     found = _ID_FIRST.match(line.head)
     if found is None and _RESPONSE_START.match(line.head):
         found = _ID_LAST.search(line.tail)
@@ -257,11 +258,16 @@ def refusal(line: Oversized, limit: int) -> SessionMessage | Exception:
     return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
 
-def _parse(line: bytes) -> SessionMessage | Exception:
+def _parse(line: bytes, label: str) -> SessionMessage | Exception:
     try:
         return SessionMessage(parse_message(line))
     except ValueError as exc:  # handed to the session, which reports it and reads on
-        logger.warning("upstream wrote a line that is not JSON-RPC (%d bytes)", len(line))
+        logger.warning(
+            "upstream session %s wrote a line that is not JSON-RPC (%d bytes)",
+            label,
+            len(line),
+            extra={"peer": label},
+        )
         return exc
 
 
@@ -285,7 +291,7 @@ async def _write(
         written.set()
 
 
-async def _stop(process: Process) -> None:
+async def _stop(process: Process, label: str) -> None:
     """Close stdin, give it a grace period, then SIGTERM and SIGKILL its group; reap it."""
     assert process.stdin is not None
     assert process.stdout is not None
@@ -294,7 +300,9 @@ async def _stop(process: Process) -> None:
     if not await _exited(process, PROCESS_TERMINATION_TIMEOUT):
         await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
         if not await _exited(process, _REAP_TIMEOUT):
-            logger.warning("upstream process %d survived SIGKILL; abandoning it", process.pid)
+            logger.warning(
+                "upstream session %s: process %d survived SIGKILL; abandoning it", label, process.pid
+            )
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdout.aclose()
     with anyio.move_on_after(_REAP_TIMEOUT):

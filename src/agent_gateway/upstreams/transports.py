@@ -149,10 +149,11 @@ async def _uncoded(response: httpx2.Response) -> None:
 
 @asynccontextmanager
 async def open_transport(
-    config: UpstreamConfig, link: HttpSession | None = None
+    config: UpstreamConfig, link: HttpSession, label: str
 ) -> AsyncIterator[TransportStreams]:
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child).
-    ``link``: the Streamable HTTP session to resume or keep (other transports ignore it)."""
+    ``link``: the Streamable HTTP session to resume or keep (other transports ignore it);
+    ``label``: the upstream session, as the transport's warnings name it."""
     lean_result_checks()  # every transport's client session checks results alike
     async with AsyncExitStack() as stack:
         kind = config.kind
@@ -163,17 +164,17 @@ async def open_transport(
             params = StdioServerParameters(
                 command=config.command, args=list(config.args), env=environment, cwd=config.cwd
             )
-            transport: Transport = stdio_transport(params, config.max_message_bytes)
+            transport: Transport = stdio_transport(params, config.max_message_bytes, label)
         else:
             assert config.url is not None
             if kind == "sse":
                 transport = sse_client(config.url, headers=dict(config.headers), httpx_client_factory=_traced)
             elif kind == "websocket":
-                transport = websocket_client(config.url, config.headers, config.max_message_bytes)
+                transport = websocket_client(config.url, config.headers, config.max_message_bytes, label)
             else:
                 lean_client_parsing()  # half the memory for a large answer
                 http = await stack.enter_async_context(_http_client(config))
                 # One SSE event holds one message: the SDK's own bound (1 MiB) would refuse
                 # a larger result and count it as the connection lost.
-                transport = http_session(config.url, http, config.max_message_bytes, link or HttpSession())
+                transport = http_session(config.url, http, config.max_message_bytes, link)
         yield await stack.enter_async_context(transport)

@@ -38,16 +38,17 @@ Incoming = SessionMessage | Exception
 
 @asynccontextmanager
 async def websocket_client(
-    url: str, headers: Mapping[str, str], max_message_bytes: int = MAX_MESSAGE_BYTES
+    url: str, headers: Mapping[str, str], max_message_bytes: int = MAX_MESSAGE_BYTES, label: str = "websocket"
 ) -> AsyncIterator[TransportStreams]:
     """Connect to the MCP server at ``url`` (ws:// or wss://), sending ``headers`` in the
     handshake; yield its read and write streams. Leaving the context closes the connection.
+    ``label`` names the upstream session in the log lines about what it sends.
 
     Opening is not bounded here: the caller bounds it (the gateway's ``connect_timeout``).
     """
     connection = await _connect(url, headers, max_message_bytes)
     try:
-        async with _bridged(connection) as streams:
+        async with _bridged(connection, label) as streams:
             yield streams
     finally:
         # Bounded by CLOSE_TIMEOUT, and shielded so a cancelled caller still frees the socket.
@@ -67,13 +68,13 @@ async def _connect(url: str, headers: Mapping[str, str], max_message_bytes: int)
 
 
 @asynccontextmanager
-async def _bridged(connection: ClientConnection) -> AsyncIterator[TransportStreams]:
+async def _bridged(connection: ClientConnection, label: str) -> AsyncIterator[TransportStreams]:
     """Relay frames to and from memory streams in two tasks, stopped when the context exits."""
     read_writer, read_stream = anyio.create_memory_object_stream[Incoming](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     # Every end is closed here too: a task cancelled before its first step closes nothing.
     async with read_writer, read_stream, write_stream, write_reader, anyio.create_task_group() as tg:
-        tg.start_soon(_read_frames, connection, read_writer)
+        tg.start_soon(_read_frames, connection, read_writer, label)
         tg.start_soon(_write_frames, connection, write_reader)
         try:
             yield read_stream, write_stream
@@ -81,24 +82,26 @@ async def _bridged(connection: ClientConnection) -> AsyncIterator[TransportStrea
             tg.cancel_scope.cancel()
 
 
-async def _read_frames(connection: ClientConnection, sink: MemoryObjectSendStream[Incoming]) -> None:
+async def _read_frames(
+    connection: ClientConnection, sink: MemoryObjectSendStream[Incoming], label: str
+) -> None:
     """Pass each frame on as a message until the connection closes, then end the stream."""
     async with sink:
         try:
             while True:
-                await sink.send(_parse(await connection.recv()))
+                await sink.send(_parse(await connection.recv(), label))
         except ConnectionClosed as closed:  # a clean close and a lost connection alike
-            logger.info("websocket connection to an upstream ended: %s", closed)
+            logger.info("websocket connection of upstream session %s ended: %s", label, closed)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the session stopped reading: it is closing
 
 
-def _parse(frame: Data) -> Incoming:
+def _parse(frame: Data, label: str) -> Incoming:
     """One frame as a message, or the parse error as a value for the session to surface."""
     try:
         message = types.jsonrpc_message_adapter.validate_json(frame, by_name=False)
     except ValueError as exc:
-        logger.warning("unparseable message from a websocket upstream: %s", exc)
+        logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
     return SessionMessage(message)
 
