@@ -155,7 +155,7 @@ async def test_lines_that_are_not_json_rpc_and_stray_responses_are_ignored(
             tg.cancel_scope.cancel()
         assert (upstream.connections, upstream.state) == (1, "up")
     logged = caplog.text
-    assert logged.count("upstream wrote a line that is not JSON-RPC") == 2
+    assert logged.count("wrote a line that is not JSON-RPC") == 2
     assert logged.count("a response to an id never sent on this session") == 6
 
 
