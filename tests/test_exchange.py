@@ -88,6 +88,20 @@ async def test_an_error_is_a_json_body_with_the_sdks_status_for_its_code() -> No
     assert media_type(response) == "application/json"
 
 
+async def test_params_of_the_wrong_type_are_named_by_their_field() -> None:
+    async with gateway() as (http, gw):
+        token = await post(http, gw, "tools/call", {"name": "up__echo", "arguments": {}}, progressToken=[1])
+        arguments = await post(http, gw, "tools/call", {"name": "up__echo", "arguments": "hi"})
+        prompt = await post(http, gw, "prompts/get", {"name": "up__brief", "arguments": ["hi"]})
+    said = [response.json()["error"] for response in (token, arguments, prompt)]
+    assert {error["code"] for error in said} == {types.INVALID_PARAMS}
+    assert [error["message"].removeprefix("Invalid request parameters: ") for error in said] == [
+        "params._meta.progressToken: should be a valid string or a valid integer",
+        "params.arguments: should be a valid dictionary",
+        "params.arguments: should be a valid dictionary",
+    ]
+
+
 async def test_progress_before_the_result_commits_a_stream_with_everything_in_order() -> None:
     async with gateway() as (http, gw):
         call = {"name": "up__steps", "arguments": {"count": 2}}

@@ -11,10 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from pydantic import ValidationError
 
 from agent_gateway import access
 from agent_gateway.access import ANONYMOUS, AccessControl
 from agent_gateway.call_records import CallRecorder
+from agent_gateway.errors import invalid_params, to_wire
 from agent_gateway.requested import UpstreamOf, requested
 from agent_gateway.telemetry import RequestTelemetry
 from agent_gateway.visibility import Visibility
@@ -58,7 +60,12 @@ class RequestWrapper:
         ):
             access.admit(ctx, client)
             with access.bound(client):
-                result = await call_next(ctx)
+                try:
+                    result = await call_next(ctx)
+                except ValidationError as exc:  # the SDK's check of the params, answered with no word
+                    if (invalid := invalid_params(exc)) is None:
+                        raise
+                    raise to_wire(invalid) from None
             if ctx.method in _INTRODUCTIONS:
                 result = self._visibility.introduced(result, client)
             span.answered(result)

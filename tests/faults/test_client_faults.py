@@ -57,6 +57,17 @@ async def handshake(faulted: Faulted) -> str:
     return session
 
 
+WRONG_TYPES = [
+    ({"name": 42}, "params.name: should be a valid string"),
+    ({"name": "faulty__ping", "arguments": 5}, "params.arguments: should be a valid dictionary"),
+    (
+        {"name": "faulty__ping", "_meta": {"progressToken": {"a": 1}}},
+        "params._meta.progressToken: should be a valid string or a valid integer",
+    ),
+]
+"""Params of the wrong type, and what the error answering each says."""
+
+
 async def test_malformed_json_unknown_methods_and_wrong_types_get_json_rpc_errors() -> None:
     async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted:
         garbage = await post(faulted, b'{"jsonrpc": "2.0", "id": 1, "method": ')
@@ -67,8 +78,12 @@ async def test_malformed_json_unknown_methods_and_wrong_types_get_json_rpc_error
         unknown = await post(faulted, {"jsonrpc": "2.0", "id": 2, "method": "no/such/method"}, session)
         assert rpc_error(unknown)["code"] == types.METHOD_NOT_FOUND
 
-        wrong = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": 42}}
-        assert rpc_error(await post(faulted, wrong, session))["code"] == types.INVALID_PARAMS
+        # Each named by its field and what it should be (the SDK's own answer names nothing).
+        for params, said in WRONG_TYPES:
+            wrong = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": params}
+            error = rpc_error(await post(faulted, wrong, session))
+            assert error["code"] == types.INVALID_PARAMS
+            assert error["message"] == f"Invalid request parameters: {said}"
 
         not_rpc = await post(faulted, {"hello": "world"}, session)
         assert not_rpc.status_code == 400
