@@ -223,6 +223,11 @@ class Process:
                 return int(line.split()[1]) / 1024
         return 0.0
 
+    def cpu_seconds(self) -> float:
+        """User and system CPU time spent so far (``/proc/PID/stat``, in clock ticks)."""
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def reset_peak(self) -> None:
         Path(f"/proc/{self.pid}/clear_refs").write_text("5")
 
@@ -886,6 +891,29 @@ async def log_flood(url: str, proc: Process, seconds: float) -> str:
     return f"8,000 lines of 64 KB to 16 clients: {heard[0]:,} passed on; a call behind them answered after {took:.1f} s"
 
 
+async def small_flood(url: str, proc: Process, seconds: float) -> str:
+    """16 clients reading log lines; the stdio upstream then writes 300,000 lines of 100 bytes
+    that no call owns, as fast as its pipe takes them: how many reached the clients, how long a
+    call behind them waited, and the gateway's CPU seconds meanwhile."""
+    heard = [0]
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard[0] += 1
+
+    async with _attacker_clients(url, 16, on_log) as clients:
+        await clients[0].call_tool("noisy__flood", {"lines": 300_000, "size": 100})
+        cpu, started = proc.cpu_seconds(), time.monotonic()
+        with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+            await clients[0].set_logging_level("debug")  # passed on to the upstream: the flood
+        await clients[0].call_tool("noisy__echo", {"text": "read"})  # answered after its last line
+        took, spent = time.monotonic() - started, proc.cpu_seconds() - cpu
+        await asyncio.sleep(seconds)
+    return (
+        f"300,000 lines of 100 bytes to 16 clients: {heard[0]:,} passed on; a call behind them "
+        f"answered after {took:.1f} s; the gateway's CPU meanwhile {spent:.1f} s"
+    )
+
+
 async def list_churn(url: str, proc: Process, seconds: float) -> str:
     """The stdio upstream says its tools changed after each listing, for ``seconds``: how often
     the gateway listed it, and how many ``list_changed`` one client was told."""
@@ -988,11 +1016,12 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "many-addresses": (many_addresses, 10.0, None),
     "thread-flood": (thread_flood, 20.0, {"agent": {"runs_per_minute": 100_000}}),
     "log-flood": (log_flood, 10.0, None),
+    "small-flood": (small_flood, 5.0, None),
     "list-churn": (list_churn, 10.0, None),
     "many-calls": (many_calls, 0.0, {"agent": {"runs_per_minute": 100_000}}),
     "fat-replies": (fat_replies, 0.0, {"agent": {"runs_per_minute": 100_000}}),
 }
-NOISY_ATTACKS = {"log-flood", "list-churn"}
+NOISY_ATTACKS = {"log-flood", "small-flood", "list-churn"}
 """The attacks of an upstream's (``NOISY``, beside the others)."""
 AGENT_ATTACKS = {"thread-flood", "many-calls", "fat-replies"}
 """The attacks that need ``ask_agent`` (off for the others: nothing of it loaded)."""

@@ -29,6 +29,7 @@ from starlette.routing import Route
 
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient
+from agent_gateway.upstreams.pace import Pace
 from tests.servers import recorder
 from tests.support import Seen, serving, serving_upstream
 
@@ -63,7 +64,7 @@ class Relayed:
         self.notifications.append(notification)
 
     def forwarder(self, http: httpx2.AsyncClient, url: str) -> Forwarder:
-        return Forwarder(http, url, 2**20, (self.log, self.notify))
+        return Forwarder(http, url, 2**20, (self.log, self.notify), Pace("up", "up/1", None))
 
 
 @asynccontextmanager

@@ -34,40 +34,19 @@ from mcp.server.context import ServerRequestContext
 
 from agent_gateway.addresses import client_key
 from agent_gateway.authentication import StaticAccessToken
-from agent_gateway.config import AuthConfig, ClientPolicy, RateLimit
+from agent_gateway.config import AuthConfig, ClientPolicy
 from agent_gateway.errors import ClientLimited, InvalidRequest, NotAllowed, RateLimited, to_wire
 from agent_gateway.logs import clipped
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.refusals import refused
+from agent_gateway.token_bucket import Clock, TokenBucket
 
 logger = logging.getLogger(__name__)
 
 Kind = Literal["tool", "prompt", "resource"]
-Clock = Callable[[], float]
 
 ANONYMOUS = "anonymous"
 _UNMETERED = frozenset({"initialize", "notifications/initialized", "server/discover", "ping"})
-
-
-class TokenBucket:
-    """``per_minute`` tokens a minute, holding at most ``burst``; each request takes one."""
-
-    def __init__(self, limit: RateLimit, clock: Clock = time.monotonic) -> None:
-        self._rate = limit.per_minute / 60.0
-        self._burst = float(limit.burst)
-        self._tokens = float(limit.burst)
-        self._clock = clock
-        self._at = clock()
-
-    def take(self) -> float | None:
-        """Take one token; None if taken, else the seconds until one is there."""
-        now = self._clock()
-        self._tokens = min(self._burst, self._tokens + (now - self._at) * self._rate)
-        self._at = now
-        if self._tokens >= 1.0:
-            self._tokens -= 1.0
-            return None
-        return (1.0 - self._tokens) / self._rate
 
 
 @dataclass(eq=False)
@@ -291,7 +270,7 @@ class AccessControl:
                 self._forget_idle()
             name = self._policy_name(subject, token)
             policy = self._config.policy(name)
-            bucket = TokenBucket(policy.rate_limit, self._clock) if policy.rate_limit else None
+            bucket = TokenBucket.of(policy.rate_limit, self._clock) if policy.rate_limit else None
             principal = Principal(subject, name, policy, bucket, token is not None, label=key)
             self._principals[key] = principal
             principal.spent = self._spend(policy)
@@ -300,9 +279,7 @@ class AccessControl:
     def _spend(self, policy: ClientPolicy) -> AgentSpend:
         budget = policy.agent
         runs = budget.runs_per_minute
-        bucket = (
-            TokenBucket(RateLimit(per_minute=runs, burst=max(1, int(runs))), self._clock) if runs else None
-        )
+        bucket = TokenBucket(runs / 60.0, max(1, int(runs)), self._clock) if runs else None
         return AgentSpend(bucket, budget.tokens_per_hour, self._clock)
 
     def _forget_idle(self) -> None:

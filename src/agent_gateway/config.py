@@ -107,6 +107,10 @@ class UpstreamConfig(_Strict):
     max_message_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**31)
     """The largest message accepted from this upstream (stdio and WebSocket). Over it, on
     stdio the call it answers fails at once saying so; on WebSocket the connection closes."""
+    notification_rate: int | None = Field(default=1000, ge=1, le=1_000_000)
+    """Notifications and requests one session of this upstream may send unasked a second (a
+    second's worth at once); past it the gateway reads the upstream more slowly, dropping
+    nothing (``upstreams/pace.py``). None: no bound."""
     tool_timeouts: dict[str, Seconds] = Field(default_factory=dict)
     """Per-tool timeouts: globs over the upstream's own tool names; the first match wins
     over ``timeout``."""

@@ -94,6 +94,7 @@ PEER_LOGGERS = (
     "agent_gateway.upstreams.correlation",
     "agent_gateway.upstreams.forwarding",
     "agent_gateway.upstreams.http_transport",
+    "agent_gateway.upstreams.pace",
     "agent_gateway.upstreams.replies",
     "agent_gateway.upstreams.session",
     "agent_gateway.upstreams.stdio",

@@ -45,10 +45,16 @@ held_rounds = Tally(
     "unanswered for its time: the call is cancelled upstream); and on a replica that got a "
     "retry of a call another holds: sent_across (sent to the holder), holder_gone (it is gone).",
 )
+notifications_held = Tally(
+    "agent_gateway.upstream.notifications.held",
+    "Notifications and requests an upstream sent unasked that the gateway waited before reading, "
+    "by upstream: the session was over its notification_rate (nothing is dropped; the upstream "
+    "is read more slowly).",
+)
 notifications_dropped = Tally(
     "agent_gateway.notifications.dropped",
     "Log lines and progress reports from upstreams not passed on, by kind (log, progress) and "
-    "why: behind (16 lines no call owns were waiting for the client already) or backlog (an "
+    "why: behind (16 lines no call owns were waiting for the client already), backlog (an "
     "upstream session already had its bound of them being passed on: its clients read slower "
-    "than it sends).",
+    "than it sends) or rate (over 100 lines a second no call owns from one upstream).",
 )

@@ -3,9 +3,10 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
 
 - ``garble {times}``: before its answer, ``times`` lines that are not JSON-RPC and ``times``
   answers to ids never sent;
-- ``flood {lines, size, during?}``: ``lines`` log lines of ``size`` characters each, numbered,
-  as fast as the pipe takes them: before its answer with ``during``, else before the answer
-  to the next ``logging/setLevel`` (no call is in flight then: the lines are nobody's);
+- ``flood {lines, size, during?}``: ``lines`` log lines of ``size`` characters each, each
+  its number and when it was written (``time.monotonic()``), as fast as the pipe takes them:
+  before its answer with ``during``, else before the answer to the next ``logging/setLevel``
+  (no call is in flight then: the lines are nobody's);
 - ``churn {times}``: after its answer, ``tools/list_changed``, and again after each listing
   that follows, ``times`` in all, each listing then holding one tool more (``churned_N``);
 - ``echo {text}``: ``text``;
@@ -46,7 +47,7 @@ def tools() -> list[dict[str, Any]]:
 
 def flood(lines: int, size: int) -> None:
     for n in range(lines):
-        line = f"{n} ".ljust(size, "x")
+        line = f"{n} {time.monotonic():.4f} ".ljust(size, "x")  # numbered, stamped when written
         params = {"level": "info", "data": line}
         send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
 

@@ -8,6 +8,11 @@ the task the SDK's client starts for each notification: an upstream writing fast
 clients read (64 KB lines as fast as a pipe takes them) held thousands of those tasks and
 half a gigabyte, still being sent a minute after it stopped, and one client not reading held
 each line up to 5 s for all the others.
+
+Each line is sent to every client, so an upstream's lines cost the gateway as many sends as it
+has clients: at most ``RATE`` lines a second of one upstream's are passed on (``RATE`` at
+once), the rest dropped (``why=rate``). An upstream chattier than that outside any call is
+writing a log, not telling its clients something.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ from agent_gateway.access import Principal
 from agent_gateway.downstream.sessions import DownstreamSession, wanted
 from agent_gateway.runtime import TaskHost
 from agent_gateway.tally import notifications_dropped
+from agent_gateway.token_bucket import TokenBucket
 
+RATE = 100
+"""Lines no call owns passed on a second for one upstream, and at once."""
 QUEUED = 16
 """Lines waiting for one client at most; more are dropped for it while it catches up (the
 lines themselves are shared: each client's queue holds references)."""
@@ -41,9 +49,17 @@ class LogBroadcast(TaskHost):
         self._reaches = reaches
         self._queues: dict[str, deque[Line]] = {}
         """The lines waiting for each session that has any (its task sends them)."""
+        self._rates: dict[str, TokenBucket] = {}
+        """Each upstream's lines passed on (upstreams are the config's: the table is bounded)."""
 
     async def send(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
         """Queue ``params`` for each session that wants it; returns at once."""
+        rate = self._rates.get(upstream)
+        if rate is None:
+            rate = self._rates[upstream] = TokenBucket(RATE, RATE)
+        if rate.take() is not None:
+            notifications_dropped.add(1, {"kind": "log", "why": "rate"})
+            return
         behind = 0
         for session in self._sessions():
             if not wanted(params.level, session.log_level) or not self._reaches(session.client, upstream):

@@ -57,6 +57,7 @@ from agent_gateway.schema_check import SchemaCheck
 from agent_gateway.trace_context import carried, tracing
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.http_transport import UpstreamClient
+from agent_gateway.upstreams.pace import Pace
 
 logger = logging.getLogger(__name__)
 
@@ -136,7 +137,9 @@ def _no_keyword_apart(schema: Any) -> bool:
 class Forwarder:
     """Sends ``tools/call`` requests to one modern-era Streamable HTTP upstream."""
 
-    def __init__(self, http: httpx2.AsyncClient, url: str, max_event_bytes: int, sinks: Sinks) -> None:
+    def __init__(
+        self, http: httpx2.AsyncClient, url: str, max_event_bytes: int, sinks: Sinks, pace: Pace
+    ) -> None:
         """``http``: the transport's client; on an ``UpstreamClient`` a call is posted straight
         on its aiohttp connections (httpx2's request and response building are a tenth of a
         forwarded call's CPU), on any other (or to a URL with credentials) through the client."""
@@ -144,6 +147,8 @@ class Forwarder:
         self._url = url
         self._max_event = max_event_bytes
         self._sinks = sinks
+        self._pace = pace
+        """Shared with the session: the notifications on every call's stream count together."""
         wire = http.wire if isinstance(http, UpstreamClient) else None
         # Credentials in the URL become an Authorization header only in httpx2's own building.
         direct = wire is not None and not httpx2.URL(url).userinfo
@@ -269,6 +274,7 @@ class Forwarder:
                 message = _message(event.data, "SSE message")
                 if message.get("id") == request_id and ("result" in message or "error" in message):
                     return message
+                await self._pace.take()
                 await _relay(message, version, progress, self._sinks)
         except httpx2.SSEError as exc:
             raise MCPError(code=types.CONNECTION_CLOSED, message=f"SSE stream failed: {exc}") from exc

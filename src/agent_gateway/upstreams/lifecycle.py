@@ -107,7 +107,9 @@ async def connected(
     # One scope around the whole connection: a deadline while connecting, none after.
     # (A timeout scope around only the entry would exit before the client's task group.)
     with anyio.CancelScope(deadline=anyio.current_time() + timeout) as connecting:
-        transport = watched(open_transport(session.config, link, session.id), session.lost, session.id)
+        transport = watched(
+            open_transport(session.config, link, session.id), session.lost, session.id, session.pace
+        )
         try:
             async with session.new_client(transport, on_message, resumed) as client:
                 if resumed is None:

@@ -35,6 +35,7 @@ from agent_gateway.upstreams.client_side import EVERYTHING, ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
+from agent_gateway.upstreams.pace import Pace
 from agent_gateway.upstreams.replies import Broadcast, Replies
 from agent_gateway.upstreams.translation import translated
 
@@ -74,6 +75,7 @@ class UpstreamSession:
         """The upstream's breaker and concurrency cap, shared with its other sessions."""
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
+        self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
         self.level_sent: types.LoggingLevel | None = None
         """The log level this session was last told (None: never; the upstream's default)."""
         self._setting_level = anyio.Lock()
@@ -224,7 +226,9 @@ class UpstreamSession:
         self._client = client
         if http is not None and self.config.url is not None and self._on_message is not None:
             sinks = (self.replies.on_log, self._on_message)
-            self._forwarder = Forwarder(http, self.config.url, self.config.max_message_bytes, sinks)
+            self._forwarder = Forwarder(
+                http, self.config.url, self.config.max_message_bytes, sinks, self.pace
+            )
 
     def detach(self) -> None:
         """The session is over: no more calls, and its update queue is closed."""

@@ -30,24 +30,31 @@ from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, ssl_context
+from agent_gateway.upstreams.pace import Pace
 from agent_gateway.upstreams.stdio import stdio_transport
 from agent_gateway.upstreams.websocket import websocket_client
 
 
 class WatchedReadStream:
-    """A read stream that sets ``closed`` when the peer's stream ends, and drops responses
-    to ids the session never sent (``correlation``).
+    """A read stream that sets ``closed`` when the peer's stream ends, drops responses to ids
+    the session never sent (``correlation``), and takes what the peer sends unasked at its
+    ``pace``.
 
     Wraps rather than relays, so there is no extra hop per message and the sender's
     context snapshot (``last_context``) stays visible to the dispatcher.
     """
 
     def __init__(
-        self, inner: ReadStream[SessionMessage | Exception], closed: anyio.Event, sent: SentRequests
+        self,
+        inner: ReadStream[SessionMessage | Exception],
+        closed: anyio.Event,
+        sent: SentRequests,
+        pace: Pace,
     ) -> None:
         self._inner = inner
         self._closed = closed
         self._sent = sent
+        self._pace = pace
 
     @property
     def last_context(self) -> Any:
@@ -57,6 +64,9 @@ class WatchedReadStream:
         try:
             while True:
                 item = await self._inner.receive()
+                if self._pace.counts(item):
+                    await self._pace.take()  # the reader waits: the upstream's writes wait in turn
+                    return item
                 if isinstance(item, Exception) or self._sent.admits(item):
                     return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -89,12 +99,15 @@ class WatchedReadStream:
 
 
 @asynccontextmanager
-async def watched(transport: Transport, closed: anyio.Event, label: str) -> AsyncIterator[TransportStreams]:
+async def watched(
+    transport: Transport, closed: anyio.Event, label: str, pace: Pace
+) -> AsyncIterator[TransportStreams]:
     """Enter ``transport`` for upstream session ``label``; ``closed`` is set when its read
-    side reaches end-of-stream; responses only pass to requests sent on it."""
+    side reaches end-of-stream; responses only pass to requests sent on it; what it sends
+    unasked is read at ``pace``."""
     sent = SentRequests(label)
     async with transport as (read_stream, write_stream):
-        yield WatchedReadStream(read_stream, closed, sent), RecordingWriteStream(write_stream, sent)
+        yield WatchedReadStream(read_stream, closed, sent, pace), RecordingWriteStream(write_stream, sent)
 
 
 _UNCODED = {"Accept-Encoding": "identity"}

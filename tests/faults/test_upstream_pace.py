@@ -1,0 +1,113 @@
+"""An upstream sending notifications faster than its ``notification_rate`` is read more
+slowly (``upstreams/pace.py``): its writes wait in its pipe, every line still reaches its
+client in order, and the other upstreams' clients are served meanwhile. Before, each line was
+read as fast as the upstream wrote it, and the SDK started a task for each: 300,000 small
+lines cost the gateway 20 s of CPU, and every client's calls waited behind them. And its lines
+no call owns, which go to every listening client, are passed on at most 100 a second."""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+import anyio
+import mcp_types as types
+from mcp import Client
+
+from agent_gateway.downstream import broadcast
+from tests.faults.harness import text_of
+from tests.support import SERVERS, running_gateway, serving_upstream
+from tests.test_responses import upstream as steps_upstream
+
+RATE = 200
+"""The flooding upstream's ``notification_rate`` (a second's worth may come at once)."""
+LINES = 1000
+SIZE = 8000
+BUFFERED = 100
+"""Lines the upstream may write beyond what the gateway has read: its pipe (64 KiB), the
+buffer of the event loop's transport reading it (128 KiB) and the chunk the reader holds
+(64 KiB): about 32 at this size."""
+BOUND = 60.0
+
+
+async def test_an_upstream_over_its_notification_rate_waits_in_its_pipe_and_loses_nothing() -> None:
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")], "notification_rate": RATE}
+    calm = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}
+    heard: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(str(params.data))
+
+    served_meanwhile = 0
+    async with (
+        running_gateway({"upstreams": {"noisy": noisy, "calm": calm}}) as gw,
+        Client(gw.url, mode="legacy", logging_callback=on_log) as flooded,
+        Client(gw.url, mode="legacy") as bystander,
+    ):
+        flooding = anyio.Event()
+
+        async def flood() -> None:
+            arguments = {"lines": LINES, "size": SIZE, "during": True}
+            assert text_of(await flooded.call_tool("noisy__flood", arguments)) == "flood"
+            flooding.set()
+
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(flood)
+                while not flooding.is_set():
+                    assert text_of(await bystander.call_tool("calm__echo", {"text": "hi"})) == "hi"
+                    served_meanwhile += 1 if not flooding.is_set() else 0
+    # Every line, in the order written: the upstream was slowed, nothing was dropped.
+    assert [int(line.split()[0]) for line in heard] == list(range(LINES))
+    # It could not write them faster than the gateway read them: all but a second's worth
+    # and what its pipe held waited for the gateway's reads, RATE a second.
+    stamps = [float(line.split()[1]) for line in heard]
+    assert stamps[-1] - stamps[0] >= (LINES - RATE - BUFFERED) / RATE
+    assert served_meanwhile > 0  # another upstream's client was served throughout
+
+
+async def test_a_forwarded_calls_progress_reports_are_read_at_the_upstreams_rate() -> None:
+    """A modern-era upstream's reports on a call's own stream count against its rate too."""
+    reports = 3 * RATE
+    received: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        received.append(time.monotonic())
+
+    async with (
+        serving_upstream(steps_upstream()) as url,
+        running_gateway({"upstreams": {"up": {"url": url, "notification_rate": RATE}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("up__steps", {"count": reports}, progress_callback=on_progress)
+    assert text_of(result) == f"{reports} steps"
+    assert len(received) == reports
+    # A second's worth at once, the rest RATE a second (the upstream wrote them all at once).
+    assert received[-1] - received[0] >= (reports - RATE) / RATE * 0.9
+
+
+async def test_lines_no_call_owns_are_passed_on_at_most_a_hundred_a_second_for_an_upstream() -> None:
+    """Each such line goes to every client that listens: an upstream's chatter outside any
+    call cost the gateway one send per client per line. Past ``broadcast.RATE`` a second they
+    are dropped (and counted), however many the upstream writes."""
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}
+    heard: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(str(params.data))
+
+    async with (
+        running_gateway({"upstreams": {"noisy": noisy}}) as gw,
+        Client(gw.url, mode="legacy", logging_callback=on_log) as client,
+    ):
+        with anyio.fail_after(BOUND):
+            assert text_of(await client.call_tool("noisy__flood", {"lines": 3000, "size": 100})) == "flood"
+            started = time.monotonic()
+            with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+                await client.set_logging_level("debug")  # passed on to the upstream: the flood
+            assert text_of(await client.call_tool("noisy__echo", {"text": "read"})) == "read"  # after it
+            lasted = time.monotonic() - started
+            count = len(heard)
+    assert 0 < count <= broadcast.RATE * (1 + lasted) + broadcast.QUEUED, (count, lasted)
