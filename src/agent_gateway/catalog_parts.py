@@ -135,6 +135,25 @@ def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool])
     return True
 
 
+MAX_INSTRUCTIONS = 8192
+"""The characters of an upstream's ``instructions`` kept (real ones are a few hundred to a few
+thousand). They go into every client's handshake, the search index and the agent's prompt:
+an upstream's 2 MiB of them made every handshake-era client's ``initialize`` answer larger
+than the SDK client reads (1 MiB), so no such client could connect, whichever upstreams it
+used; 50 MiB held 0.5 GB of the gateway's memory."""
+
+
+def kept_instructions(text: str | None, upstream: str) -> str | None:
+    """``upstream``'s instructions as the catalog keeps them: at most ``MAX_INSTRUCTIONS``
+    characters, the cut said in the text and in one WARNING."""
+    if text is None or len(text) <= MAX_INSTRUCTIONS:
+        return text
+    logger.warning(
+        "%s's instructions are %d characters long: the first %d kept", upstream, len(text), MAX_INSTRUCTIONS
+    )
+    return f"{text[:MAX_INSTRUCTIONS]}... (cut: {len(text)} characters)"
+
+
 MAX_SCHEMA_BYTES = 2**20
 """How large one of a tool's schemas may be, serialised (most real ones are a few KB; the
 largest of the benchmark's 2,815 real tools, Microsoft 365's ``create-sharepoint-list-item``,

@@ -8,14 +8,15 @@ import sys
 from typing import Any
 
 import mcp_types as types
+from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.catalog import Catalog
-from agent_gateway.catalog_parts import Listing
+from agent_gateway.catalog_parts import MAX_INSTRUCTIONS, Listing
 from agent_gateway.config_files import parse_config
 from agent_gateway.upstreams.connection import MAX_LISTED
 from tests.faults.harness import gateway_under_fault, text_of, wait_until
-from tests.support import SERVERS, python_upstream, running_gateway
+from tests.support import SERVERS, python_upstream, running_gateway, serving_upstream
 
 
 def hostile(mode: str) -> dict[str, Any]:
@@ -120,3 +121,24 @@ async def test_an_upstream_listing_more_tools_than_the_gateway_takes_is_refused_
     assert {"most__t0", f"most__t{MAX_LISTED - 1}"} <= set(catalog.tools)
     assert refused.state != "up"  # down, and tried again after its backoff
     assert "more than the gateway takes from one upstream" in (refused.last_error or "")
+
+
+async def test_an_upstreams_megabytes_of_instructions_are_cut_and_every_client_still_connects() -> None:
+    """Two MiB of an upstream's instructions made every handshake-era client's ``initialize``
+    answer larger than the official client reads (1 MiB): no client could connect at all."""
+    wordy = FastMCP("wordy", instructions="Read this first. " + "x" * 2 * 2**20)
+    wordy.tool(lambda: "said", name="say")
+    async with (
+        serving_upstream(wordy) as url,
+        running_gateway(
+            {"upstreams": {"wordy": {"url": url}, "healthy": python_upstream("counter.py")}}
+        ) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        said = text_of(await client.call_tool("wordy__say", {}))
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+        instructions = client.instructions or ""
+    assert (said, counted) == ("said", "1")
+    assert "[wordy] Read this first. xxx" in instructions
+    assert f"... (cut: {len('Read this first. ') + 2 * 2**20} characters)\n\n[healthy]" in instructions
+    assert len(instructions) < MAX_INSTRUCTIONS + 100

@@ -23,7 +23,7 @@ from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from agent_gateway.catalog_parts import Listing
+from agent_gateway.catalog_parts import Listing, kept_instructions
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url, scrubbed
@@ -333,7 +333,7 @@ async def fetch_listing(client: Client, upstream: str) -> Listing:
             if caps.resources
             else ()
         ),
-        instructions=client.instructions,
+        instructions=kept_instructions(client.instructions, upstream),
         protocol_version=client.protocol_version,
     )
 
