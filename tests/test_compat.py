@@ -37,7 +37,7 @@ from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 from mcp.client import session as client_session
-from mcp.client import streamable_http
+from mcp.client import sse, streamable_http
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.runner import ServerRunner, serve_connection
@@ -45,6 +45,7 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import GET_STREAM_KEY, LAST_EVENT_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared._httpx_utils import sse_within_origin
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
@@ -398,6 +399,16 @@ def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_re
     mcp_compat.lean_client_parsing()
     adapter = vars(streamable_http)["jsonrpc_message_adapter"]
     assert isinstance(adapter.validate_json(b'{"jsonrpc":"2.0","id":1,"result":{}}'), JSONRPCResponse)
+
+
+def test_the_sdk_sse_client_opens_its_stream_through_its_modules_function_which_we_bound() -> None:
+    opened = inspect.unwrap(sse.sse_client)
+    assert "sse_within_origin" in opened.__code__.co_names, (
+        "mcp: sse_client no longer reads the module's sse_within_origin (compat/sse.py)"
+    )
+    assert "max_event_size" in inspect.signature(sse_within_origin).parameters, (
+        "mcp: sse_within_origin takes no max_event_size (compat/sse.py)"
+    )
 
 
 def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_replace() -> None:

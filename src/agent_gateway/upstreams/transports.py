@@ -11,7 +11,6 @@ from typing import Any
 import anyio
 import httpx2
 from mcp.client import Transport
-from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
 from mcp.shared.message import SessionMessage
 
@@ -25,6 +24,7 @@ from agent_gateway.compat.mcp import (
     lean_result_checks,
 )
 from agent_gateway.compat.resumed import HttpSession, http_session
+from agent_gateway.compat.sse import sse_client
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
@@ -181,7 +181,7 @@ async def open_transport(
         else:
             assert config.url is not None
             if kind == "sse":
-                transport = sse_client(config.url, headers=dict(config.headers), httpx_client_factory=_traced)
+                transport = sse_client(config.url, dict(config.headers), _traced, config.max_message_bytes)
             elif kind == "websocket":
                 transport = websocket_client(config.url, config.headers, config.max_message_bytes, label)
             else:
