@@ -337,19 +337,19 @@ async def test_a_legacy_sse_result_over_a_mebibyte_arrives_and_a_call_beside_it_
     # The SDK's SSE client bounds each event at 1 MiB, and took no bound to pass: a 2 MiB
     # result ended the stream, that call and every other in flight on it failing as
     # "connection closed", and the upstream reconnected. The bound is max_message_bytes.
+    results: dict[str, types.CallToolResult] = {}
     async with kit_gateway("sse", "legacy") as (url, _), Client(url) as client, Client(url) as beside:
+
+        async def call(on: Client, name: str, arguments: dict[str, Any]) -> None:
+            results[name] = await on.call_tool(f"kit__{name}", arguments)
+
         async with anyio.create_task_group() as tg:
-            steps: list[types.CallToolResult] = []
-
-            async def step() -> None:
-                steps.append(await beside.call_tool("kit__steps", {"count": 3}))
-
-            tg.start_soon(step)
-            result = await client.call_tool("kit__big", {"size": len(BIG)})
+            tg.start_soon(call, beside, "steps", {"count": 3})
+            tg.start_soon(call, client, "big", {"size": len(BIG)})
         after = await client.call_tool("kit__ping", {})
-    assert not result.is_error, text_of(result)
-    assert text_of(result) == BIG
-    assert [text_of(done) for done in steps] == ["3"]
+    assert not results["big"].is_error, text_of(results["big"])
+    assert text_of(results["big"]) == BIG
+    assert text_of(results["steps"]) == "3"
     assert text_of(after) == "pong"
 
 

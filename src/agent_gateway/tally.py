@@ -51,6 +51,11 @@ notifications_held = Tally(
     "by upstream: the session was over its notification_rate (nothing is dropped; the upstream "
     "is read more slowly).",
 )
+requests_refused = Tally(
+    "agent_gateway.upstream.requests.refused",
+    "Requests an upstream sent (ping, sampling, elicitation, roots) answered with an error unread, "
+    "by upstream: 256 of its session's requests were being answered already.",
+)
 notifications_dropped = Tally(
     "agent_gateway.notifications.dropped",
     "Log lines and progress reports from upstreams not passed on, by kind (log, progress) and "

@@ -7,6 +7,8 @@ no call owns, which go to every listening client, are passed on at most 100 a se
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sys
 import time
 import warnings
@@ -16,6 +18,7 @@ import mcp_types as types
 from mcp import Client
 
 from agent_gateway.downstream import broadcast
+from agent_gateway.upstreams.pace import MAX_ASKED
 from tests.faults.harness import text_of
 from tests.support import SERVERS, running_gateway, serving_upstream
 from tests.test_responses import upstream as steps_upstream
@@ -111,3 +114,36 @@ async def test_lines_no_call_owns_are_passed_on_at_most_a_hundred_a_second_for_a
             lasted = time.monotonic() - started
             count = len(heard)
     assert 0 < count <= broadcast.RATE * (1 + lasted) + broadcast.QUEUED, (count, lasted)
+
+
+async def test_an_upstreams_requests_past_256_being_answered_are_refused_at_once() -> None:
+    """The SDK starts a task for each request an upstream sends (``ping`` among them, answered
+    by the SDK itself): an upstream sending them flat out while not reading their answers held
+    51,683 tasks. Past ``MAX_ASKED`` being answered, one is answered with an error unread."""
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")], "notification_rate": 100_000}
+    # Read 2,000 a second, their answers (45 bytes each) fill its stdin pipe and the event
+    # loop's write buffer (64 KiB each), then wait in the gateway.
+    pings = 8000
+    most = [0]
+
+    async def sample(stop: anyio.Event) -> None:
+        while not stop.is_set():
+            most[0] = max(most[0], len(asyncio.all_tasks()))
+            await anyio.sleep(0.005)
+
+    async with (
+        running_gateway({"upstreams": {"noisy": noisy}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        before, stop = len(asyncio.all_tasks()), anyio.Event()
+        answered: dict[str, int] = {}
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sample, stop)
+                assert text_of(await client.call_tool("noisy__pings", {"times": pings})) == "pings"
+                while sum(answered.values()) < pings:  # each answered, one way or the other
+                    answered = json.loads(text_of(await client.call_tool("noisy__answered", {})))
+                stop.set()
+    assert answered["error"] > 0, answered  # refused at once, unread
+    assert answered["result"] >= MAX_ASKED, answered
+    assert most[0] - before < MAX_ASKED + 100, (most[0], before)

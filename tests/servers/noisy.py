@@ -9,6 +9,10 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
   (no call is in flight then: the lines are nobody's);
 - ``churn {times}``: after its answer, ``tools/list_changed``, and again after each listing
   that follows, ``times`` in all, each listing then holding one tool more (``churned_N``);
+- ``pings {times}``: ``times`` ``ping`` requests to the gateway, written as fast as the pipe
+  takes them (by a thread) while their answers are read 2,000 a second (the rest wait in its
+  pipe, then in the gateway);
+- ``answered``: how the gateway answered those pings (a JSON object: results, errors);
 - ``echo {text}``: ``text``;
 - ``listings``: when its tools were listed (``time.monotonic()`` each, a JSON list).
 """
@@ -17,19 +21,36 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
-STATE: dict[str, Any] = {"listed": 0, "listings": [], "armed": None, "churn": 0}
+STATE: dict[str, Any] = {
+    "listed": 0,
+    "listings": [],
+    "armed": None,
+    "churn": 0,
+    "pinged": {"result": 0, "error": 0},
+}
 
 
 def send(message: dict[str, Any]) -> None:
     write(json.dumps(message).encode() + b"\n")
 
 
+WRITING = threading.Lock()
+"""Lines are written whole: ``pings`` writes from a thread of its own."""
+
+
 def write(data: bytes) -> None:
-    sys.stdout.buffer.write(data)
-    sys.stdout.buffer.flush()
+    with WRITING:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+
+
+def pings(times: int) -> None:
+    for n in range(times):
+        send({"jsonrpc": "2.0", "id": f"ping-{n}", "method": "ping"})
 
 
 def tools() -> list[dict[str, Any]]:
@@ -40,6 +61,8 @@ def tools() -> list[dict[str, Any]]:
         "churn",
         "echo",
         "listings",
+        "pings",
+        "answered",
         *(f"churned_{n}" for n in range(STATE["listed"])),
     ]
     return [{"name": n, "inputSchema": {"type": "object"}} for n in names]
@@ -56,6 +79,8 @@ def after(name: str, arguments: dict[str, Any]) -> None:
     """What follows the answer to ``name`` (a tool's, or a method's)."""
     if name == "churn":
         STATE["churn"] = arguments["times"]
+    if name == "pings":
+        threading.Thread(target=pings, args=(arguments["times"],), daemon=True).start()
     if name in ("churn", "tools/list") and STATE["churn"] > 0:
         STATE["churn"] -= 1
         STATE["listed"] += 1
@@ -89,13 +114,18 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
         text = arguments["text"] if name == "echo" else name
         if name == "listings":
             text = json.dumps(STATE["listings"])
+        if name == "answered":
+            text = json.dumps(STATE["pinged"])
         return {"content": [{"type": "text", "text": text}]}
     return {}  # ping, logging/setLevel, and whatever else: an empty result
 
 
 for line in sys.stdin.buffer:
     message = json.loads(line)
-    if "id" in message and "method" in message:
+    if str(message.get("id")).startswith("ping-") and "method" not in message:
+        STATE["pinged"]["error" if "error" in message else "result"] += 1
+        time.sleep(0.0005)  # a slow reader: the gateway's answers wait
+    elif "id" in message and "method" in message:
         params = message.get("params") or {}
         send({"jsonrpc": "2.0", "id": message["id"], "result": answer(message["method"], params)})
         if message["method"] == "tools/call":

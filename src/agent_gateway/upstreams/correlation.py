@@ -23,6 +23,7 @@ from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import WriteStream
+from agent_gateway.upstreams.pace import Pace
 
 logger = logging.getLogger(__name__)
 
@@ -75,15 +76,18 @@ class SentRequests:
 
 
 class RecordingWriteStream:
-    """A transport's write stream that notes each message in ``sent`` before sending it."""
+    """A transport's write stream that notes each message in ``sent`` before sending it, and
+    each answer to the upstream's requests in ``pace`` once it is sent."""
 
-    def __init__(self, inner: WriteStream[SessionMessage], sent: SentRequests) -> None:
+    def __init__(self, inner: WriteStream[SessionMessage], sent: SentRequests, pace: Pace) -> None:
         self._inner = inner
         self._sent = sent
+        self._pace = pace
 
     async def send(self, item: SessionMessage, /) -> None:
         self._sent.note(item)
         await self._inner.send(item)
+        self._pace.answered(item)
 
     async def aclose(self) -> None:
         await self._inner.aclose()

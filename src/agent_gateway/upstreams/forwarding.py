@@ -274,7 +274,7 @@ class Forwarder:
                 message = _message(event.data, "SSE message")
                 if message.get("id") == request_id and ("result" in message or "error" in message):
                     return message
-                await self._pace.take()
+                await self._pace.take_report()
                 await _relay(message, version, progress, self._sinks)
         except httpx2.SSEError as exc:
             raise MCPError(code=types.CONNECTION_CLOSED, message=f"SSE stream failed: {exc}") from exc

@@ -17,23 +17,33 @@ import logging
 
 import anyio
 import mcp_types as types
+from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 
-from agent_gateway.tally import notifications_held
+from agent_gateway.tally import notifications_held, requests_refused
 from agent_gateway.token_bucket import TokenBucket
 
 logger = logging.getLogger(__name__)
 
 
+MAX_ASKED = 256
+"""An upstream session's requests (``ping`` among them) being answered at once: the SDK starts a
+task for each, and an upstream sending pings flat out while accepting the answers slowly held
+51,683 of them (835 MB). Its questions for clients (sampling, elicitation, roots) wait for
+those clients, so they are not waited for here: one more is answered with an error at once."""
+
+
 class Pace:
     """How fast one upstream session's notifications and requests are read: ``rate`` a second,
-    ``rate`` at once; None: no bound."""
+    ``rate`` at once (None: no bound); and how many of its requests are answered at once."""
 
     def __init__(self, upstream: str, label: str, rate: int | None) -> None:
         self._upstream = upstream
         self._label = label
         self._rate = rate
         self._bucket = TokenBucket(rate, rate) if rate is not None else None
+        self._asked: set[types.RequestId] = set()
+        """The ids of the upstream's requests whose answers are not yet sent."""
 
     def counts(self, item: SessionMessage | Exception) -> bool:
         """Whether ``item`` is one the upstream sent unasked (a notification or a request)."""
@@ -41,12 +51,28 @@ class Pace:
             item.message, types.JSONRPCNotification | types.JSONRPCRequest
         )
 
-    async def take(self) -> None:
-        """Take one message's turn, waiting for it while the upstream is over its rate."""
-        if self._bucket is None:
-            return
-        wait = self._bucket.take()
-        if wait is None:
+    async def take(self, item: SessionMessage) -> types.JSONRPCError | None:
+        """Take ``item``'s turn, waiting for it while the upstream is over its rate; for a
+        request past ``MAX_ASKED`` being answered, the error it is answered with instead."""
+        await self._rate_turn()
+        message = item.message
+        if isinstance(message, types.JSONRPCRequest):
+            return self._refusal(message.id)
+        if isinstance(message, types.JSONRPCNotification) and message.method == "notifications/cancelled":
+            # The SDK may then answer nothing: its place is free.
+            self._forget(cancelled_request_id_from_params(message.params))
+
+    async def take_report(self) -> None:
+        """The turn of a notification on a forwarded call's stream (which holds no requests)."""
+        await self._rate_turn()
+
+    def answered(self, item: SessionMessage) -> None:
+        """``item`` was sent to the upstream: an answer frees its request's place."""
+        if isinstance(item.message, types.JSONRPCResponse | types.JSONRPCError):
+            self._forget(item.message.id)
+
+    async def _rate_turn(self) -> None:
+        if self._bucket is None or (wait := self._bucket.take()) is None:
             return
         notifications_held.add(1, {"upstream": self._upstream})
         logger.warning(
@@ -59,3 +85,21 @@ class Pace:
         while wait is not None:
             await anyio.sleep(wait)
             wait = self._bucket.take()
+
+    def _refusal(self, request_id: types.RequestId) -> types.JSONRPCError | None:
+        if len(self._asked) < MAX_ASKED:
+            self._asked.add(request_id)
+            return None
+        requests_refused.add(1, {"upstream": self._upstream})
+        logger.warning(
+            "upstream session %s has %d requests being answered: one more refused",
+            self._label,
+            MAX_ASKED,
+            extra={"peer": self._label},
+        )
+        message = f"agent-gateway: {MAX_ASKED} of this session's requests are being answered; not taken"
+        error = types.ErrorData(code=types.INTERNAL_ERROR, message=message)
+        return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+
+    def _forget(self, request_id: object) -> None:
+        self._asked.discard(request_id)  # pyright: ignore[reportArgumentType]

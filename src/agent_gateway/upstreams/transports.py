@@ -50,11 +50,14 @@ class WatchedReadStream:
         closed: anyio.Event,
         sent: SentRequests,
         pace: Pace,
+        answer: RecordingWriteStream,
     ) -> None:
+        """``answer``: where the upstream's requests past ``pace``'s bound are refused."""
         self._inner = inner
         self._closed = closed
         self._sent = sent
         self._pace = pace
+        self._answer = answer
 
     @property
     def last_context(self) -> Any:
@@ -65,8 +68,13 @@ class WatchedReadStream:
             while True:
                 item = await self._inner.receive()
                 if self._pace.counts(item):
-                    await self._pace.take()  # the reader waits: the upstream's writes wait in turn
-                    return item
+                    assert isinstance(item, SessionMessage)  # counts() says so
+                    # The reader waits for its turn: the upstream's writes wait in turn.
+                    refusal = await self._pace.take(item)
+                    if refusal is None:
+                        return item
+                    await self._answer.send(SessionMessage(refusal))
+                    continue
                 if isinstance(item, Exception) or self._sent.admits(item):
                     return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
@@ -107,7 +115,8 @@ async def watched(
     unasked is read at ``pace``."""
     sent = SentRequests(label)
     async with transport as (read_stream, write_stream):
-        yield WatchedReadStream(read_stream, closed, sent, pace), RecordingWriteStream(write_stream, sent)
+        writing = RecordingWriteStream(write_stream, sent, pace)
+        yield WatchedReadStream(read_stream, closed, sent, pace, writing), writing
 
 
 _UNCODED = {"Accept-Encoding": "identity"}
