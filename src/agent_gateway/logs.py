@@ -101,11 +101,15 @@ PEER_LOGGERS = (
     "agent_gateway.upstreams.websocket",
     "agent_gateway.catalog",
     "opentelemetry.trace.propagation",
+    "opentelemetry.baggage",
 )
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
 about what a peer sent (an upstream's malformed notification, question outside any call or
-listing's repeated names; a client's ``traceparent`` over 512 characters, one warning each
-request that carried one): the peer chooses how many."""
+listing's repeated names; a client's ``traceparent`` over 512 characters or ``baggage`` over
+8 KiB, one warning each request that carried one): the peer chooses how many."""
+PEER_LINES = frozenset({("mcp.server.runner", "dropped %r: malformed params")})
+"""Lines of other loggers that are about what a peer sent (a client's notification the SDK
+cannot read: one warning each POST); their other lines are the gateway's own."""
 REPEAT_WINDOW = 10.0
 """Seconds within which one such line is written once, the rest counted."""
 _KIND = 40
@@ -134,7 +138,11 @@ class PeerRepeats(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:  # first: each call writes an INFO line
             return True
-        if record.name != CLIENT_SESSION_LOGGER and not record.name.startswith(PEER_LOGGERS):
+        if (
+            record.name != CLIENT_SESSION_LOGGER
+            and not record.name.startswith(PEER_LOGGERS)
+            and (record.name, record.msg) not in PEER_LINES
+        ):
             return True
         try:
             return self._first_of_its_kind(record)

@@ -5,17 +5,20 @@ leaks (see ``harness``)."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 import mcp_types as types
+import yaml
 from mcp import Client
 
 from tests.faults.harness import Faulted, faulty_stdio, gateway_under_fault, text_of, wait_until
-from tests.support import answer_before_the_body_ends
+from tests.support import answer_before_the_body_ends, child_process, free_socket, gateway_env, ready
 
 MODERN = "2026-07-28"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -38,20 +41,20 @@ def rpc_error(answer: httpx.Response) -> dict[str, Any]:
     return message["error"]
 
 
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+
+
 async def handshake(faulted: Faulted) -> str:
-    answer = await post(
-        faulted,
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "1"},
-            },
-        },
-    )
+    answer = await post(faulted, INITIALIZE)
     session = answer.headers["mcp-session-id"]
     await post(faulted, {"jsonrpc": "2.0", "method": "notifications/initialized"}, session)
     return session
@@ -197,3 +200,34 @@ async def test_a_modern_client_that_abandons_its_request_has_the_call_cancelled_
             await wait_until(lambda: guard.in_flight == 0 and faulted.pending == 0)
             assert time.monotonic() - abandoned < 5  # cancelled, not the 60 s timeout
             assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+
+
+BAGGAGE = ",".join(f"k{n}=v" for n in range(3000))
+"""A ``baggage`` header of 3,000 members (the W3C's bound: 180), 23 KB."""
+
+
+async def test_a_clients_malformed_notifications_and_long_baggage_write_one_line_each(tmp_path: Path) -> None:
+    """Each POST of a ``notifications/cancelled`` the SDK cannot read, and each request with
+    a ``baggage`` header over 8 KiB, wrote a WARNING: the client chose how many (6,868 lines
+    in 8 s from one client)."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = tmp_path / "gateway.log"
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {}}))
+    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
+    url = f"http://127.0.0.1:{port}/mcp"
+    async with child_process(command, gateway_env(), log), httpx.AsyncClient(timeout=30) as http:
+        await ready(port)
+        opened = await http.post(url, json=INITIALIZE, headers=HEADERS)
+        session = HEADERS | {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
+        for n in range(100):
+            malformed = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": {}}}
+            assert (await http.post(url, json=malformed, headers=session)).status_code == 202
+            baggage = session | {"traceparent": f"00-{'1' * 32}-{'2' * 16}-01", "baggage": BAGGAGE}
+            ping = {"jsonrpc": "2.0", "id": n, "method": "ping"}
+            assert (await http.post(url, json=ping, headers=baggage)).status_code == 200
+    warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
+    assert len([line for line in warnings if "malformed params" in line]) == 1, warnings
+    assert len([line for line in warnings if "Baggage" in line]) == 1, warnings
