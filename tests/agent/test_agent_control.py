@@ -14,7 +14,7 @@ from mcp import Client
 
 from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN, MAX_REPLY_CHARS
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
-from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
+from tests.agent.test_ask_agent import BOUND, LOCAL, agent_gateway, ask, record, text
 from tests.servers import recorder
 from tests.support import running_gateway, serving_upstream
 from tests.test_proxying import Recorded, cancels
@@ -261,7 +261,7 @@ async def test_a_run_that_fails_before_it_starts_never_shows_another_runs_record
         async with Client(gw.url, mode="legacy") as second:
             theirs = await ask(second, "what did they say?", conversation_id="shared")
     assert not mine.is_error, text(mine)
-    assert record(own)["thread_id"].startswith("anonymous:session-")  # never the session id upstreams see
+    assert record(own)["thread_id"].startswith(f"{LOCAL}session-")  # never the session id upstreams see
     assert theirs.is_error
     assert (record(theirs)["steps"], record(theirs)["model"]) == (0, "client model (sampling)")
 
@@ -376,5 +376,7 @@ async def test_a_cancelled_run_leaves_its_thread_with_only_its_latest_checkpoint
             while gw.gateway.activity.runs[-1].status == "running":
                 await anyio.sleep(0.01)
     with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
-        kept = db.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'anonymous:c'").fetchone()[0]
+        kept = db.execute("SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (f"{LOCAL}c",)).fetchone()[
+            0
+        ]
     assert kept == 1

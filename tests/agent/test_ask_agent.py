@@ -8,14 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from jsonschema import Draft202012Validator
 from langchain_core.messages import SystemMessage, ToolMessage
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from agent_gateway.access import OPERATOR
+from agent_gateway.agent.threads import anonymous_space
 from agent_gateway.agent.tool import AgentTool
 from agent_gateway.config_files import parse_config
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
@@ -23,6 +26,9 @@ from tests.agent.upstreams import Ran, two_upstreams
 from tests.support import RunningGateway, python_upstream, running_gateway
 
 BOUND = 20.0
+
+LOCAL = anonymous_space("anonymous@127.0.0.1")
+"""The thread space of the tests' anonymous clients (all on loopback's 127.0.0.1)."""
 
 
 @asynccontextmanager
@@ -235,13 +241,44 @@ async def test_a_conversation_continues_within_a_session_and_by_its_id(tmp_path:
     assert _human_turns(model, 2) == ["My colour is blue.", "What is my colour?", "And now?"]
 
 
+@asynccontextmanager
+async def at(address: str, url: str) -> AsyncIterator[Client]:
+    """A handshake-era client of the gateway at ``url``, connecting from ``address``."""
+    transport = httpx2.AsyncHTTPTransport(local_address=address)
+    async with (
+        httpx2.AsyncClient(transport=transport, timeout=BOUND) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+        yield client
+
+
+async def test_anonymous_clients_at_two_addresses_cannot_open_each_others_conversations(
+    tmp_path: Path,
+) -> None:
+    # Every anonymous client's threads were in one space: a client at another address read
+    # (its model was sent) and wrote the conversation by naming it, or its thread_id.
+    model = ScriptedChatModel(
+        script=[answer("Noted."), answer("Nothing to recall."), answer("Again nothing.")]
+    )
+    async with agent_gateway(model, tmp_path) as (gw, _, _):
+        async with at("127.0.0.2", gw.url) as victim:
+            told = await ask(victim, "The password is HUNTER2.", conversation_id="plans")
+        async with at("127.0.0.3", gw.url) as other:
+            by_name = await ask(other, "What is the password?", conversation_id="plans")
+            by_id = await ask(other, "And now?", conversation_id=record(told)["thread_id"])
+    assert record(told)["thread_id"] != record(by_name)["thread_id"]
+    assert record(by_id)["thread_id"].startswith(record(by_name)["thread_id"].split(":")[0])
+    for seen in model.seen[1:]:  # what the other client's runs sent the model
+        assert not any("HUNTER2" in str(message.content) for message in seen)
+
+
 async def test_a_conversation_survives_a_gateway_restart(tmp_path: Path) -> None:
     model = ScriptedChatModel(script=[answer("Noted: 42."), answer("It was 42.")])
     async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
         first = await ask(client, "Remember 42.", conversation_id="project-x")
     async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
         second = await ask(client, "What was the number?", conversation_id="project-x")
-    assert record(first)["thread_id"] == record(second)["thread_id"] == "anonymous:project-x"
+    assert record(first)["thread_id"] == record(second)["thread_id"] == f"{LOCAL}project-x"
     assert [m.text for m in model.seen[1][1:]] == ["Remember 42.", "Noted: 42.", "What was the number?"]
 
 
@@ -333,10 +370,10 @@ async def test_history_out_of_the_context_window_is_dropped_from_the_stored_thre
             result = await ask(client, f"turn {n} {filler}", conversation_id="long")
             assert not result.is_error, text(result)
     async with AsyncSqliteSaver.from_conn_string(str(tmp_path / "conversations.sqlite")) as saver:
-        stored = await saver.aget_tuple({"configurable": {"thread_id": "anonymous:long"}})
+        stored = await saver.aget_tuple({"configurable": {"thread_id": f"{LOCAL}long"}})
         # Only the latest checkpoint is kept: the file does not grow with every step.
         async with saver.conn.execute(
-            "SELECT COUNT(*) FROM checkpoints WHERE thread_id = 'anonymous:long'"
+            "SELECT COUNT(*) FROM checkpoints WHERE thread_id = ?", (f"{LOCAL}long",)
         ) as rows:
             assert await rows.fetchone() == (1,)
     assert stored is not None

@@ -18,7 +18,7 @@ from mcp import Client
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.config import MemoryConfig
 from tests.agent.scripted import ScriptedChatModel, answer
-from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, text
+from tests.agent.test_ask_agent import BOUND, LOCAL, agent_gateway, ask, text
 
 SECONDS = 1 / 86_400  # retention_days is in days
 
@@ -100,10 +100,10 @@ async def test_the_gateway_deletes_a_thread_unused_for_its_retention_and_keeps_t
         await ask(client, "Remember 7.", conversation_id="old")
         with anyio.fail_after(BOUND):
             # "fresh" is used while "old" ages: "old" goes, "fresh" stays.
-            while "anonymous:old" in stored_threads(path):
+            while f"{LOCAL}old" in stored_threads(path):
                 await ask(client, "Still here.", conversation_id="fresh")
                 await anyio.sleep(0.1)
-        assert stored_threads(path) == {"anonymous:fresh"}
+        assert stored_threads(path) == {f"{LOCAL}fresh"}
         again = await ask(client, "What was it?", conversation_id="old")
     assert not again.is_error, text(again)
     # The conversation starts over: the model sees only the new question.

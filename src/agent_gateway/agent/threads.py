@@ -28,8 +28,15 @@ def thread_of(
 def space_of(client: access.Principal) -> str:
     """The prefix of every thread of ``client``."""
     if not client.authenticated:
-        return "anonymous:"
+        return anonymous_space(client.label)
     return "c" + hashlib.sha256(client.subject.encode()).hexdigest()[:32] + ":"
+
+
+def anonymous_space(label: str) -> str:
+    """The space of the anonymous client ``label`` (``anonymous@`` its address): one per
+    address, as every other bound of anonymous clients is. One space for all of them let a
+    client at one address read another's conversation, and write into it, by its name."""
+    return "a" + hashlib.sha256(label.encode()).hexdigest()[:32] + ":"
 
 
 def owner_of(client: access.Principal) -> str:
