@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from agent_gateway.access import OPERATOR
 from agent_gateway.agent.threads import anonymous_space
-from agent_gateway.agent.tool import AgentTool
+from agent_gateway.agent.tool import MAX_QUERY_CHARS, AgentTool
 from agent_gateway.config_files import parse_config
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.upstreams import Ran, two_upstreams
@@ -270,6 +271,27 @@ async def test_anonymous_clients_at_two_addresses_cannot_open_each_others_conver
     assert record(by_id)["thread_id"].startswith(record(by_name)["thread_id"].split(":")[0])
     for seen in model.seen[1:]:  # what the other client's runs sent the model
         assert not any("HUNTER2" in str(message.content) for message in seen)
+
+
+async def test_a_query_or_context_longer_than_a_context_window_is_refused_before_any_run(
+    tmp_path: Path,
+) -> None:
+    # Unbounded, 3.5 MB queries grew the gateway by 1 GB, and its store by 350 MB, in 30 runs.
+    model = ScriptedChatModel(script=[answer("Fits.")])
+    long = "word " * (MAX_QUERY_CHARS // 5) + "!"
+    async with agent_gateway(model, tmp_path) as (gw, _, _), Client(gw.url, mode="legacy") as client:
+        too_long = await ask(client, long, conversation_id="big")
+        too_much = await ask(client, "Look.", conversation_id="big", context={"notes": long})
+        fits = await ask(client, long[:-2], conversation_id="small")
+    assert too_long.is_error
+    assert too_much.is_error
+    assert "Invalid arguments for ask_agent: query: " in text(too_long)
+    assert f"context: {len(long) + 13:,} characters of JSON, more than {MAX_QUERY_CHARS:,}" in text(too_much)
+    assert not fits.is_error, text(fits)
+    assert len(model.seen) == 1  # only the run that fits reached the model
+    with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
+        threads = {row[0] for row in db.execute("SELECT DISTINCT thread_id FROM checkpoints")}
+    assert threads == {f"{LOCAL}small"}
 
 
 async def test_a_conversation_survives_a_gateway_restart(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ and called on the same pipeline as they are."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -27,10 +28,16 @@ if TYPE_CHECKING:
 RUNNER_MODULE = "agent_gateway.agent.runner"
 """Where ``AgentRunner`` is: imported by name, in a worker thread (``AgentTool.runner_class``)."""
 
+MAX_QUERY_CHARS = 100_000
+"""The longest ``query``, and the longest ``context`` as JSON: more than the default context
+window (32,000 tokens) holds. Unbounded, a client's 3.5 MB queries (within its 60 runs a
+minute) grew the gateway by 1 GB and its conversation store by 350 MB in 30 runs."""
+
 INPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "query": plain_words("What you want done or answered, in plain words."),
+        "query": plain_words("What you want done or answered, in plain words.")
+        | {"maxLength": MAX_QUERY_CHARS},
         "conversation_id": {
             "type": "string",
             "minLength": 1,
@@ -38,7 +45,10 @@ INPUT_SCHEMA: dict[str, Any] = {
             "description": "Continue this conversation (the thread_id of an earlier answer). "
             "Default: this MCP session's conversation.",
         },
-        "context": {"type": "object", "description": "Extra facts for the agent, as a JSON object."},
+        "context": {
+            "type": "object",
+            "description": f"Extra facts for the agent, as a JSON object (at most {MAX_QUERY_CHARS:,} characters of it).",
+        },
     },
     "required": ["query"],
     "additionalProperties": False,
@@ -191,4 +201,8 @@ def _failed(text: str) -> types.CallToolResult:
 def invalid(arguments: dict[str, Any], tool: str) -> str | None:
     """Why ``arguments`` do not fit ``INPUT_SCHEMA``, or None."""
     problem = argument_problem(_VALIDATOR, arguments)
+    if problem is None and "context" in arguments:
+        size = len(json.dumps(arguments["context"], ensure_ascii=False))
+        if size > MAX_QUERY_CHARS:
+            problem = f"context: {size:,} characters of JSON, more than {MAX_QUERY_CHARS:,}"
     return None if problem is None else f"Invalid arguments for {tool}: {problem}"
