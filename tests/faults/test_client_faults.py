@@ -231,3 +231,34 @@ async def test_a_clients_malformed_notifications_and_long_baggage_write_one_line
     warnings = [line for line in log.read_text().splitlines() if "WARNING" in line]
     assert len([line for line in warnings if "malformed params" in line]) == 1, warnings
     assert len([line for line in warnings if "Baggage" in line]) == 1, warnings
+
+
+async def test_a_second_request_under_an_id_being_answered_is_refused_and_the_first_answered() -> None:
+    # Under one id (7, or "7", which the SDK takes for 7) the second took the first's place:
+    # one POST got both calls' progress and the first's result, the other never ended, its
+    # session pinned (one with a request in flight never makes way) till the client hung up.
+    async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted:
+        guard = faulted.gw.gateway.pool.get("faulty").guard
+        session = await handshake(faulted)
+        answers: dict[str, httpx.Response] = {}
+
+        async def send(name: str, body: dict[str, Any]) -> None:
+            answers[name] = await post(faulted, body, session)
+
+        for second_id in (7, "7"):
+            call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call"}
+            first = call | {"params": {"name": "faulty__slow", "arguments": {"seconds": 1}}}
+
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(send, "first", first)
+                    await wait_until(lambda: guard.in_flight == 1)
+                    second = call | {"id": second_id, "params": {"name": "faulty__ping", "arguments": {}}}
+                    await send("second", second)
+            refused = answers["second"]
+            assert refused.status_code == 400
+            assert rpc_error(refused) == {
+                "code": types.INVALID_REQUEST,
+                "message": f"request id {str(second_id)!r} is already in flight in this session",
+            }
+            assert json.loads(answers["first"].text)["result"]["content"][0]["text"] == "slept 1s"

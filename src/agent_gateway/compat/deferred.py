@@ -16,9 +16,8 @@ the SDK's priming event, which lets a client resume a stream that dropped before
 event: here no stream exists before its first event, and a POST that drops before any answer
 is retried by the client.
 
-It lives in ``compat/`` because it is built of the SDK transport's private methods and state
-(``tests/test_compat.py`` lists each) and swaps the class of FastMCP's session manager and of
-each transport it makes: the SDK offers no transport factory to pass.
+It lives in ``compat/``: it is built of the SDK transport's private state (``tests/test_compat.py``
+lists each) and swaps the class of FastMCP's session manager and of each transport it makes.
 """
 
 from __future__ import annotations
@@ -65,6 +64,7 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.compat import exchange
 from agent_gateway.compat.exchange import ModernLane
 from agent_gateway.compat.lane import (
+    Answering,
     Committing,
     Outcome,
     Route,
@@ -72,6 +72,8 @@ from agent_gateway.compat.lane import (
     encoded,
     json_answer,
     json_body,
+    refused_twice,
+    refused_while_draining,
     route_of,
 )
 from agent_gateway.compat.replay import ReplayFromStore
@@ -98,6 +100,7 @@ class DeferredStreamTransport(ReplayFromStore):
     keepalive that watches them, the task group that writes the streams the lane commits."""
     _served: set[anyio.CancelScope]
     """The calls served in their POSTs' tasks, cancelled when the session ends."""
+    answering: Answering
 
     async def _handle_post_request(
         self, scope: Scope, request: Request, receive: Receive, send: Send
@@ -109,7 +112,8 @@ class DeferredStreamTransport(ReplayFromStore):
         if not await self._validate_request_headers(request, send):
             return
         try:
-            await self._answer(message, request, send)
+            with self.answering.taken(message.id) as free:
+                await (self._answer(message, request, send) if free else refused_twice(message.id, send))
         except Exception as exc:  # the SDK's top-level answer for a POST it failed to serve
             logger.exception("error answering POST")
             await self._create_error_response(
@@ -328,7 +332,7 @@ class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
     async def _by_era(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The SDK's routing by the protocol-version header, with its modern entry replaced."""
         if self.draining and scope["method"] == "GET":
-            await _refused_while_draining(send)
+            await refused_while_draining(send)
             return
         version = next((v for k, v in scope["headers"] if k == _VERSION_HEADER), None)
         host = self._task_group
@@ -361,13 +365,6 @@ class DeferredSessionManager(FastMCPStreamableHTTPSessionManager):
         return transport
 
 
-async def _refused_while_draining(send: Send) -> None:
-    # The connection closes after it: the client's next try reaches a listening replica.
-    headers = [(b"content-length", b"0"), (b"connection", b"close"), (b"retry-after", b"1")]
-    await send({"type": "http.response.start", "status": HTTPStatus.SERVICE_UNAVAILABLE, "headers": headers})
-    await send({"type": "http.response.body", "body": b""})
-
-
 def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSessionManager) -> None:
     """Make ``transport`` (the SDK's, just built) a ``DeferredStreamTransport`` of ``manager``'s.
     The subclass adds behaviour and the state set here: the SDK has no transport factory to pass."""
@@ -375,6 +372,7 @@ def deferring(transport: StreamableHTTPServerTransport, manager: DeferredSession
     deferred = cast(DeferredStreamTransport, transport)
     deferred.manager = manager
     deferred._served = set()
+    deferred.answering = Answering()
 
 
 def defer_responses(manager: object, connections: Callable[[str], Connection | None]) -> list[Keepalive]:

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import partial
+from http import HTTPStatus
 from typing import Any
 
 import anyio
@@ -53,6 +55,7 @@ from mcp.shared.message import MessageMetadata
 from mcp.shared.transport_context import TransportContext
 from mcp_types import (
     INTERNAL_ERROR,
+    INVALID_REQUEST,
     ErrorData,
     JSONRPCError,
     JSONRPCMessage,
@@ -62,6 +65,7 @@ from mcp_types import (
 )
 from starlette.types import Send
 
+from agent_gateway.errors import shown
 from agent_gateway.runtime import CLEANUP_TIMEOUT
 from agent_gateway.tally import http_answers
 
@@ -323,3 +327,42 @@ def json_body(request_id: RequestId, outcome: dict[str, Any] | ErrorData) -> byt
         return msgspec.json.encode({"jsonrpc": "2.0", "id": request_id, "result": outcome})
     except (TypeError, msgspec.EncodeError):  # an object only pydantic can write
         return encoded(JSONRPCResponse(jsonrpc="2.0", id=request_id, result=outcome))
+
+
+class Answering:
+    """The ids of one session's requests being answered, as the SDK's dispatcher tells ids
+    apart (``"7"`` is ``7``). A second request under an id still being answered took the
+    first's place in the SDK's tables: one answer was written to both POSTs' stream, the
+    other lost, and its POST never ended, pinning its session (which never makes room with a
+    request in flight) until the client hung up."""
+
+    def __init__(self) -> None:
+        self._ids: set[RequestId] = set()
+
+    @contextmanager
+    def taken(self, request_id: RequestId) -> Iterator[bool]:
+        """Whether ``request_id`` is free, held for the block when it is."""
+        key = coerce_request_id(request_id)
+        if key in self._ids:
+            yield False
+            return
+        self._ids.add(key)
+        try:
+            yield True
+        finally:
+            self._ids.discard(key)
+
+
+async def refused_twice(request_id: RequestId, send: Send) -> None:
+    """The answer to a request whose id is being answered already in its session."""
+    message = f"request id {shown(str(request_id))} is already in flight in this session"
+    error = ErrorData(code=INVALID_REQUEST, message=message)
+    await json_answer(send, json_body(request_id, error), status=400)
+
+
+async def refused_while_draining(send: Send) -> None:
+    """A draining replica's answer to a POST. The connection closes after it: the client's
+    next try reaches a listening replica."""
+    headers = [(b"content-length", b"0"), (b"connection", b"close"), (b"retry-after", b"1")]
+    await send({"type": "http.response.start", "status": HTTPStatus.SERVICE_UNAVAILABLE, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
