@@ -92,6 +92,17 @@ async def test_malformed_json_unknown_methods_and_wrong_types_get_json_rpc_error
         assert not_rpc.status_code == 400
         assert rpc_error(not_rpc)["code"] in (types.INVALID_REQUEST, types.PARSE_ERROR, types.INVALID_PARAMS)
 
+        # MCP has no batches: an array, or any JSON not an object, is refused as one (the
+        # SDK's answer was -32602 with pydantic's dump of the body).
+        ping = {"jsonrpc": "2.0", "id": 4, "method": "ping"}
+        for not_one in ([ping, ping | {"id": 5}], [], 5, "ping"):
+            refused = await post(faulted, json.dumps(not_one).encode(), session)
+            assert refused.status_code == 400
+            assert rpc_error(refused) == {
+                "code": types.INVALID_REQUEST,
+                "message": "Body must be a single JSON-RPC request or notification object",
+            }
+
         for bad_id in ([], {}, 1.5, True, None):  # the SDK would take these for notifications
             odd = await post(faulted, {"jsonrpc": "2.0", "id": bad_id, "method": "ping"}, session)
             assert odd.status_code == 400

@@ -8,6 +8,7 @@ gateway tells anonymous clients apart by address, and caps connections per addre
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import socket
@@ -273,6 +274,10 @@ async def test_an_upgrade_request_is_answered_then_its_connection_closed_without
     assert any(r.getMessage() == f"ignored a protocol upgrade from {ATTACKER}" for r in caplog.records)
 
 
+_CALL_IDS = itertools.count(2)
+"""Each unread call's id: one session answers one request under an id at a time."""
+
+
 def _big_answer_unread(port: int, session: str, megabytes: int, token: str | None = None) -> socket.socket:
     """A call for an answer of ``megabytes`` (twice that with its structured copy), on a
     connection whose client then reads nothing."""
@@ -282,7 +287,7 @@ def _big_answer_unread(port: int, session: str, megabytes: int, token: str | Non
     sock.connect(("127.0.0.1", port))
     call = {
         "jsonrpc": "2.0",
-        "id": 2,
+        "id": next(_CALL_IDS),
         "method": "tools/call",
         "params": {"name": "echo__big", "arguments": {"megabytes": megabytes}},
     }
@@ -428,13 +433,15 @@ def _unread_initialize(port: int) -> socket.socket:
 async def test_a_session_whose_opening_answer_is_still_being_written_is_counted_once() -> None:
     # Counted as opening until its POST ended and as open from its handshake, a session
     # was counted twice meanwhile: a client opening several at once was refused short of its
-    # max_sessions. Here the answers (16 MB of instructions) are not read, so that lasts.
-    server = FastMCP("wordy", instructions="x" * 16 * 2**20)
+    # max_sessions. Here the answers (16 MB of the gateway's instructions) are not read, so
+    # that lasts.
+    server = FastMCP("plain")
     server.tool(lambda text: text, name="echo")
+    wordy = {"server": {"instructions": "x" * 16 * 2**20}}
     async with (
         serving_upstream(server) as url,
         running_gateway(
-            {"upstreams": {"wordy": {"url": url}}} | bearer({"max_sessions": 3}),
+            {"upstreams": {"plain": {"url": url}}} | bearer({"max_sessions": 3}) | wordy,
             environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN},
         ) as gw,
         httpx.AsyncClient(timeout=10) as http,
