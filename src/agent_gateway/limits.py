@@ -272,9 +272,8 @@ class Admission:
             return None  # not JSON: the SDK answers that with its parse error
         except RecursionError:
             return "the request is nested too deeply to read", INVALID_REQUEST
-        if not isinstance(
-            message, dict
-        ):  # a batch (MCP has none), a number: the SDK's answer dumped pydantic's
+        # A batch (MCP has none), a number: the SDK answered with pydantic's dump of it.
+        if not isinstance(message, dict):
             return "Body must be a single JSON-RPC request or notification object", INVALID_REQUEST
         if not body_shape.is_request(message):
             return None
