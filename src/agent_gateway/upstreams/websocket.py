@@ -16,20 +16,26 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
-import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
-from websockets.typing import Data, Subprotocol
+from websockets.typing import Subprotocol
 
-from agent_gateway.compat.mcp import TransportStreams
+from agent_gateway.compat.mcp import TransportStreams, parse_message
+from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.upstreams.stdio import Oversized, refusal
 
 logger = logging.getLogger(__name__)
 
 SUBPROTOCOL = Subprotocol("mcp")
+_EDGE = 512
+"""The first and last bytes of a refused message kept, where its id is looked for."""
 MAX_MESSAGE_BYTES = 64 * 2**20
 """The largest message accepted from the upstream: tool results can be big (images, files)."""
+QUEUED_FRAMES = 1
+"""Messages received ahead of the one being parsed. The library's default, 16, held up to 16
+of the largest (2 GiB at 128 MiB each) from an upstream writing them back to back."""
 CLOSE_TIMEOUT = 2.0
 """How long the closing handshake may take before the socket is dropped."""
 
@@ -48,7 +54,7 @@ async def websocket_client(
     """
     connection = await _connect(url, headers, max_message_bytes)
     try:
-        async with _bridged(connection, label) as streams:
+        async with _bridged(connection, label, max_message_bytes) as streams:
             yield streams
     finally:
         # Bounded by CLOSE_TIMEOUT, and shielded so a cancelled caller still frees the socket.
@@ -62,19 +68,20 @@ async def _connect(url: str, headers: Mapping[str, str], max_message_bytes: int)
         subprotocols=[SUBPROTOCOL],
         additional_headers=dict(headers),
         max_size=max_message_bytes,  # a bigger frame closes the connection (code 1009)
+        max_queue=QUEUED_FRAMES,
         open_timeout=None,
         close_timeout=CLOSE_TIMEOUT,
     )
 
 
 @asynccontextmanager
-async def _bridged(connection: ClientConnection, label: str) -> AsyncIterator[TransportStreams]:
+async def _bridged(connection: ClientConnection, label: str, limit: int) -> AsyncIterator[TransportStreams]:
     """Relay frames to and from memory streams in two tasks, stopped when the context exits."""
     read_writer, read_stream = anyio.create_memory_object_stream[Incoming](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     # Every end is closed here too: a task cancelled before its first step closes nothing.
     async with read_writer, read_stream, write_stream, write_reader, anyio.create_task_group() as tg:
-        tg.start_soon(_read_frames, connection, read_writer, label)
+        tg.start_soon(_read_frames, connection, read_writer, label, limit)
         tg.start_soon(_write_frames, connection, write_reader)
         try:
             yield read_stream, write_stream
@@ -83,26 +90,35 @@ async def _bridged(connection: ClientConnection, label: str) -> AsyncIterator[Tr
 
 
 async def _read_frames(
-    connection: ClientConnection, sink: MemoryObjectSendStream[Incoming], label: str
+    connection: ClientConnection, sink: MemoryObjectSendStream[Incoming], label: str, limit: int
 ) -> None:
     """Pass each frame on as a message until the connection closes, then end the stream."""
     async with sink:
         try:
             while True:
-                await sink.send(_parse(await connection.recv(), label))
+                # Bytes, not decoded to text first: msgspec reads UTF-8 (a copy of the message less).
+                await sink.send(_parse(await connection.recv(decode=False), label, limit))
         except ConnectionClosed as closed:  # a clean close and a lost connection alike
             logger.info("websocket connection of upstream session %s ended: %s", label, closed)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the session stopped reading: it is closing
 
 
-def _parse(frame: Data, label: str) -> Incoming:
-    """One frame as a message, or the parse error as a value for the session to surface."""
+def _parse(frame: bytes, label: str, limit: int) -> Incoming:
+    """One frame as a message, or the parse error as a value for the session to surface. Its
+    bytes count against the process's bound in flight while it is parsed (``in_flight.py``):
+    one that does not fit is refused as a stdio line would be (an error answer to its
+    request). Parsed as stdio lines are (msgspec, then pydantic: a quarter of the memory)."""
+    size = len(frame)
+    if not IN_FLIGHT.take(size):
+        return refusal(Oversized(frame[:_EDGE], frame[-_EDGE:], size, busy=True), limit, label)
     try:
-        message = types.jsonrpc_message_adapter.validate_json(frame, by_name=False)
+        message = parse_message(frame)
     except ValueError as exc:
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
+    finally:
+        IN_FLIGHT.give(size)
     return SessionMessage(message)
 
 
