@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import logging
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from http.cookiejar import Cookie, CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import aiohttp
@@ -303,11 +305,40 @@ def _translated(request: httpx2.Request, *, connecting: bool) -> Iterator[None]:
 
 class UpstreamClient(httpx2.AsyncClient):
     """httpx2's client on an ``AiohttpTransport``, which a call forwarded below the SDK's client
-    posts on directly (``upstreams/forwarding.py``)."""
+    posts on directly (``upstreams/forwarding.py``); its cookies bounded (``BoundedCookies``)."""
 
     def __init__(self, *, wire: AiohttpTransport, **options: Any) -> None:
-        super().__init__(transport=wire, **options)
+        policy = BoundedCookies()
+        jar = policy.jar = CookieJar(policy)
+        super().__init__(transport=wire, cookies=jar, **options)
         self.wire = wire
+
+
+MAX_COOKIES = 50
+"""Cookies kept for one upstream: RFC 6265's least a client should keep per domain."""
+MAX_COOKIE_BYTES = 4096
+"""The longest cookie kept, its name and value (RFC 6265's least a client should keep)."""
+
+
+class BoundedCookies(DefaultCookiePolicy):
+    """httpx2's (the standard library's) cookie rules, and at most ``MAX_COOKIES`` cookies of at
+    most ``MAX_COOKIE_BYTES``. The jar kept all an upstream set and sent them with every
+    request, walking it each time: one setting 100 new cookies an answer took 0.85 of a core
+    within 25 s, every client's calls to it slowed, and health checks carried the jar."""
+
+    jar: CookieJar | None = None
+
+    def set_ok(self, cookie: Cookie, request: urllib.request.Request) -> bool:
+        if len(cookie.name) + len(cookie.value or "") > MAX_COOKIE_BYTES:
+            return False
+        jar = self.jar
+        if jar is not None and len(jar) >= MAX_COOKIES and not any(_same(cookie, kept) for kept in jar):
+            return False  # a cookie already kept may still be replaced
+        return super().set_ok(cookie, request)
+
+
+def _same(one: Cookie, other: Cookie) -> bool:
+    return (one.domain, one.path, one.name) == (other.domain, other.path, other.name)
 
 
 def ssl_context() -> ssl.SSLContext:
@@ -315,4 +346,12 @@ def ssl_context() -> ssl.SSLContext:
     return httpx2.create_ssl_context()
 
 
-__all__ = ["AiohttpTransport", "OversizedBody", "Posted", "Target", "UpstreamClient", "ssl_context"]
+__all__ = [
+    "AiohttpTransport",
+    "BoundedCookies",
+    "OversizedBody",
+    "Posted",
+    "Target",
+    "UpstreamClient",
+    "ssl_context",
+]
