@@ -141,6 +141,11 @@ class Oversized:
     busy: bool = False
     """Dropped because the gateway held its bound of bytes in flight, not for its size."""
 
+    @classmethod
+    def held_back(cls, message: bytes) -> Oversized:
+        """A whole ``message`` the gateway could not take (its bound of bytes in flight)."""
+        return cls(message[:_EDGE], message[-_EDGE:], len(message), busy=True)
+
 
 _EDGE = 512
 

@@ -29,8 +29,6 @@ from agent_gateway.upstreams.stdio import Oversized, refusal
 logger = logging.getLogger(__name__)
 
 SUBPROTOCOL = Subprotocol("mcp")
-_EDGE = 512
-"""The first and last bytes of a refused message kept, where its id is looked for."""
 MAX_MESSAGE_BYTES = 64 * 2**20
 """The largest message accepted from the upstream: tool results can be big (images, files)."""
 QUEUED_FRAMES = 1
@@ -111,7 +109,7 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
     request). Parsed as stdio lines are (msgspec, then pydantic: a quarter of the memory)."""
     size = len(frame)
     if not IN_FLIGHT.take(size):
-        return refusal(Oversized(frame[:_EDGE], frame[-_EDGE:], size, busy=True), limit, label)
+        return refusal(Oversized.held_back(frame), limit, label)
     try:
         message = parse_message(frame)
     except ValueError as exc:
