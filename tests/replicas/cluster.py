@@ -18,7 +18,7 @@ import httpx
 import yaml
 
 from tests.replicas.services import free_port, nginx_balancer
-from tests.support import gateway_env, ready
+from tests.support import gateway_env
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 
@@ -72,21 +72,37 @@ async def replicas(
 ) -> AsyncIterator[Cluster]:
     """``count`` replicas of ``data`` started at the same moment, each in its own directory
     (nothing shared but what the configuration names), behind nginx."""
-    ports = [free_port() for _ in range(count)]
+    ports = [0] * count
     logs = [directory / f"replica-{i}.log" for i in range(count)]
     processes: list[subprocess.Popen[bytes]] = []
+    """Every process started, to stop; ``serving[i]``: replica ``i``'s that serves."""
+    serving: dict[int, subprocess.Popen[bytes]] = {}
     environ = {**gateway_env(), **(env or {})}
-    try:
-        for i, port in enumerate(ports):
-            config = write_config(data, directory / f"replica-{i}", port)
+
+    async def start(i: int) -> None:
+        # A port found free can be taken by another test's process before the replica binds
+        # it ("address already in use", the replica exits): tried again on another.
+        for _ in range(_TRIES):
+            ports[i] = free_port()
+            config = write_config(data, directory / f"replica-{i}", ports[i])
             with logs[i].open("wb") as out:
                 command = [AGENT_GATEWAY, "serve", "-c", str(config)]
-                processes.append(subprocess.Popen(command, env=environ, stdout=out, stderr=subprocess.STDOUT))
+                process = subprocess.Popen(command, env=environ, stdout=out, stderr=subprocess.STDOUT)
+            processes.append(process)
+            if await _ready_unless_gone(ports[i], process):
+                serving[i] = process
+                return
+            if "address already in use" not in logs[i].read_text(errors="replace"):
+                raise RuntimeError(f"replica {i} exited at start-up ({process.returncode})")
+        raise RuntimeError(f"replica {i} found no free port in {_TRIES} tries")
+
+    try:
         async with anyio.create_task_group() as tg:
-            for port in ports:
-                tg.start_soon(ready, port)
+            for i in range(count):
+                tg.start_soon(start, i)
         with nginx_balancer([f"127.0.0.1:{p}" for p in ports]) as balancer:
-            yield Cluster([f"http://127.0.0.1:{p}" for p in ports], balancer, processes, logs)
+            started = [serving[i] for i in range(count)]
+            yield Cluster([f"http://127.0.0.1:{p}" for p in ports], balancer, started, logs)
     except BaseException:
         _show_logs(logs)  # pytest shows what a failed test printed: the replicas' side of it
         raise
@@ -101,6 +117,22 @@ async def replicas(
                 if process.poll() is None:
                     process.kill()
                     await anyio.to_thread.run_sync(process.wait, 10)
+
+
+_TRIES = 3
+
+
+async def _ready_unless_gone(port: int, process: subprocess.Popen[bytes], bound: float = 30) -> bool:
+    """Whether the replica ``process`` answers ``/readyz`` on ``port`` (within ``bound``
+    seconds), False as soon as it has exited."""
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        with anyio.fail_after(bound):
+            while process.poll() is None:
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get("/readyz")).status_code == 200:
+                        return True
+                await anyio.sleep(0.05)
+    return False
 
 
 def _show_logs(logs: list[Path], lines: int = 80) -> None:
