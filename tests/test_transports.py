@@ -279,6 +279,20 @@ async def test_a_websocket_upstream_receives_its_configured_headers() -> None:
         assert headers["sec-websocket-protocol"] == "mcp"
 
 
+async def test_a_websocket_upstream_is_not_offered_compression_so_it_cannot_send_a_deflate_bomb() -> None:
+    # Inflating runs on the event loop: 100 KB deflated was a 100 MB message and 0.3 s of the
+    # loop for every client. This server (uvicorn) accepts permessage-deflate when offered.
+    handshakes: list[Mapping[str, str]] = []
+    async with (
+        serving_websocket_upstream(kit_server(), on_handshake=handshakes.append) as url,
+        running_gateway({"upstreams": {"kit": {"url": url}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert handshakes, "the upstream saw no handshake"
+    assert [headers.get("sec-websocket-extensions") for headers in handshakes] == [None] * len(handshakes)
+
+
 async def test_a_websocket_upstream_that_never_answers_the_handshake_is_down_after_connect_timeout() -> None:
     with free_socket() as silent:
         silent.listen()  # the kernel completes TCP connections; nobody ever answers the upgrade
