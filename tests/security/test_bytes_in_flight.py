@@ -20,10 +20,11 @@ import mcp_types as types
 import pytest
 from fastmcp import Context, FastMCP
 from mcp import Client
+from starlette.types import ASGIApp, Scope, Send
 
 from agent_gateway.in_flight import IN_FLIGHT
 from tests.replicas.test_store import ACCEPT, opened
-from tests.support import gateway_child, running_gateway, serving_upstream
+from tests.support import gateway_child, intercepted, running_gateway, serving, serving_upstream
 from tests.test_gateway import modern_request
 from tests.test_transports import serving_websocket_upstream
 
@@ -286,3 +287,62 @@ async def test_request_bodies_held_count_against_the_clients_share_and_the_bysta
     assert b"the gateway holds its bound of request bodies in flight (24 MiB of 24 MiB" in refusals[1]
     assert text(served) == "y" * 1000
     assert len(text(answered)) == SHARED
+
+
+EVENT = 20 * 2**20
+"""An unfinished event's bytes: two fit ``BOUND``, three do not."""
+
+
+def endless_events(server: FastMCP, ended: anyio.Event) -> ASGIApp:
+    """``server`` over Streamable HTTP, its ``endless`` calls answered with an SSE stream of one
+    event that never ends: ``EVENT`` bytes of it, then nothing until ``ended``."""
+
+    async def intercept(scope: Scope, request: dict[str, Any], send: Send) -> bool:
+        if (request.get("params") or {}).get("name") != "endless":
+            return False
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        head = b'event: message\ndata: {"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"'
+        await send(
+            {
+                "type": "http.response.body",
+                "body": head % json.dumps(request["id"]).encode(),
+                "more_body": True,
+            }
+        )
+        for _ in range(EVENT // 2**20):
+            await send({"type": "http.response.body", "body": b"x" * 2**20, "more_body": True})
+        with anyio.move_on_after(WAIT):
+            await ended.wait()
+        return True
+
+    return intercepted(server, intercept)
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_the_unfinished_event_of_a_streamed_answer_counts_in_flight(protocol: str) -> None:
+    # Not counted, sixteen calls each answered with one endless 100 MiB event held 1.8 GB
+    # (every event under max_message_bytes, the bound each event is read under).
+    ended = anyio.Event()
+    server = big_server()
+    server.tool(lambda: "never sent", name="endless")
+    refused: list[types.CallToolResult] = []
+    async with serving(endless_events(server, ended)) as base:
+        upstream = {"url": f"{base}/mcp", "protocol": protocol, "timeout": 10}
+        config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": {"big": upstream}}
+        async with running_gateway(config) as gw, Client(gw.url) as client, Client(gw.url) as bystander:
+            async with anyio.create_task_group() as tg:
+
+                async def call() -> None:
+                    refused.append(await client.call_tool("big__endless", {}))
+
+                for _ in range(3):
+                    tg.start_soon(call)
+                await until(lambda: bool(refused) and IN_FLIGHT.held >= 2 * EVENT)
+                assert text(await bystander.call_tool("big__ping", {})) == "pong"
+                tg.cancel_scope.cancel()  # the two streaming: their held bytes go back
+            await until(lambda: IN_FLIGHT.held == 0)
+        ended.set()
+    [one] = refused
+    assert one.is_error
+    assert "the gateway holds its bound of 48 MiB of answers in flight" in text(one)

@@ -33,28 +33,70 @@ class OversizedBody(httpx2.StreamError):
     """
 
 
+class OversizedEvent(httpx2.SSEError):
+    """An SSE stream's unfinished event grew past what the process may hold in flight; the
+    rest is not read. An ``SSEError``, as the reader's own for an event over its size: the SDK
+    fails the request whose stream it was without reconnecting, and so does the forwarder."""
+
+
 class BodyBound:
-    """The bytes of one answer's body read so far: at most ``limit`` (None: not bounded whole,
-    as an SSE stream, whose reader bounds each event), and, when bounded, counted against the
-    process's bound of bytes in flight (``in_flight``) until given back."""
+    """The bytes of one answer's body held: at most ``limit`` of it whole, counted against the
+    process's bound of bytes in flight (``in_flight``) until given back. An SSE stream
+    (``by_event``) is not bounded whole (its reader bounds each event under
+    ``max_message_bytes``): only the bytes of the event not yet ended are held, since the
+    reader keeps them until it does. Sixteen calls answered with one endless event each held
+    1.8 GB before they were counted."""
 
     def __init__(self, limit: int | None) -> None:
         self.limit = limit
         self._held = 0
+        self._events = False
+        self._tail = b""
+        """The last bytes taken of a stream, for an event's end split between two reads."""
 
-    def take(self, size: int) -> None:
-        """Raises ``OversizedBody`` when ``size`` more bytes do not fit."""
+    def by_event(self) -> None:
+        """The body is an SSE stream: from here, only its unfinished event is held."""
+        self.limit, self._events = None, True
+
+    def take(self, chunk: bytes) -> None:
+        """Raises ``OversizedBody`` when ``chunk`` does not fit."""
+        if self._events:
+            self._take_event(chunk)
+            return
         if self.limit is None:
             return
-        if self._held + size > self.limit:
+        if self._held + len(chunk) > self.limit:
             raise OversizedBody(f"the upstream's answer is over max_message_bytes ({self.limit} bytes)")
-        if not IN_FLIGHT.take(size):
-            raise OversizedBody(str(IN_FLIGHT.busy(self._held + size)))
-        self._held += size
+        self._hold(len(chunk))
 
     def give_back(self) -> None:
         IN_FLIGHT.give(self._held)
         self._held = 0
+
+    def _take_event(self, chunk: bytes) -> None:
+        joined = self._tail + chunk
+        end = max(joined.rfind(mark) + len(mark) if mark in joined else -1 for mark in _EVENT_ENDS)
+        self._tail = joined[-_TAIL:]
+        if end < 0:
+            self._hold(len(chunk))
+            return
+        unfinished = len(joined) - end  # all of it read after the last event ended
+        if unfinished < self._held:
+            IN_FLIGHT.give(self._held - unfinished)
+            self._held = unfinished
+        else:
+            self._hold(unfinished - self._held)
+
+    def _hold(self, size: int) -> None:
+        if not IN_FLIGHT.take(size):
+            busy = str(IN_FLIGHT.busy(self._held + size))
+            raise OversizedEvent(busy) if self._events else OversizedBody(busy)
+        self._held += size
+
+
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
+"""What ends an SSE event: a blank line, after any of the three line ends."""
+_TAIL = 3
 
 
 class Reading(Protocol):
@@ -161,7 +203,7 @@ class Answer:
         if self._error is not None:
             raise self._error
         if self.streamed:
-            self._bound.limit = None
+            self._bound.by_event()
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives, all that is here at each turn (not chunk by chunk: a server
@@ -171,7 +213,7 @@ class Answer:
                 chunk = bytes(self._buffer)
                 self._buffer.clear()
                 self._resume()
-                self._bound.take(len(chunk))
+                self._bound.take(chunk)
                 yield chunk
                 continue
             if self.complete:

@@ -194,7 +194,7 @@ class Posted:
         self.content_type = response.content_type
         self.sets_cookie = "set-cookie" in response.headers
         self.streamed = response.content_type == "text/event-stream"
-        self.body = _Body(request, response, None if self.streamed else limit)
+        self.body = _Body(request, response, limit, by_event=self.streamed)
         self._request = request
 
     async def read(self) -> bytes:
@@ -221,22 +221,26 @@ class Posted:
 class _Body(httpx2.AsyncByteStream):
     """One response's body, read from its aiohttp connection chunk by chunk.
 
-    A whole answer's bytes (not a stream's: the SDK parses its events one at a time, each
-    under ``max_message_bytes``) count against the process's bound of bytes in flight
-    (``in_flight``) from their read until the body is closed, once read to its end. The SDK
-    then parses it at once, and the pipeline counts the result again when its call has it.
+    A whole answer's bytes count against the process's bound of bytes in flight
+    (``in_flight``) from their read until the body is closed, once read to its end (a
+    stream's, those of its unfinished event: ``BodyBound.by_event``). The SDK then parses it
+    at once, and the pipeline counts the result again when its call has it.
     """
 
-    def __init__(self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None) -> None:
+    def __init__(
+        self, request: httpx2.Request, response: aiohttp.ClientResponse, limit: int | None, *, by_event: bool
+    ) -> None:
         self._request = request
         self._response = response
         self._bound = BodyBound(limit)
+        if by_event:
+            self._bound.by_event()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         with _translated(self._request, connecting=False):
             try:
                 async for chunk in self._response.content.iter_any():
-                    self._bound.take(len(chunk))
+                    self._bound.take(chunk)
                     yield chunk
             except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError) as exc:
                 raise CutShort(f"the answer ended early: {type(exc).__name__}") from exc
