@@ -35,6 +35,7 @@ from mcp.shared._compat import resync_tracer
 from mcp.shared._context_streams import create_context_streams
 from mcp.shared.message import SessionMessage
 
+from agent_gateway.compat.http_streams import BoundedTransport
 from agent_gateway.compat.mcp import TransportStreams
 
 logger = logging.getLogger(__name__)
@@ -67,8 +68,10 @@ class HttpSession:
 async def http_session(
     url: str, http_client: httpx2.AsyncClient, max_sse_event_size: int | None, link: HttpSession
 ) -> AsyncIterator[TransportStreams]:
-    """The SDK's Streamable HTTP client transport, holding ``link``'s session (see above)."""
-    transport = StreamableHTTPTransport(url, max_sse_event_size=max_sse_event_size)
+    """The SDK's Streamable HTTP client transport (its streams bounded: ``http_streams.py``),
+    holding ``link``'s session (see above)."""
+    transport = BoundedTransport(url, max_sse_event_size=max_sse_event_size)
+    transport.floored(http_client)
     transport.session_id = link.resume_id
     link.transport, link.client = transport, http_client
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)

@@ -1,0 +1,127 @@
+"""The SDK's Streamable HTTP client transport, with what an upstream's streams may cost
+bounded (verified against mcp 2.3.0; ``tests/test_compat.py`` checks each member used).
+
+- **A request given up is let go.** In the handshake era the SDK sends a cancelled request's
+  ``notifications/cancelled`` and goes on reading its answer's stream until the upstream ends
+  it: a call that timed out against an upstream that drips kept its POST, its connection and
+  its bytes in flight (up to the pool's size per upstream). The frame is that era's
+  cancellation (a disconnect is not one), so once it is sent the POST is aborted, as the SDK
+  does at once in the modern era.
+- **Streams are reopened at most once a second.** The SDK waits as long as the upstream's
+  ``retry`` says before reopening a stream that ended, zero included, and starts counting
+  afresh for every stream that opened: an upstream answering each call with ``retry: 0`` and
+  ending every stream at once had 16 calls make 46,000 GETs in 45 s.
+- **A request's stream is resumed at most ``MAX_RESUMPTIONS`` times.** The SDK resumes by
+  recursion, a frame deeper each time; past the bound the request fails, saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import weakref
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+from mcp.client import streamable_http
+from mcp.client.streamable_http import RequestContext, StreamableHTTPTransport
+from mcp.shared._httpx_utils import sse_within_origin
+from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
+from mcp_types import JSONRPCMessage, JSONRPCNotification, JSONRPCRequest
+
+logger = logging.getLogger(__name__)
+
+RETRY_FLOOR_MS = 1000
+"""The least wait before a stream is reopened: the SDK's own when the upstream names none."""
+MAX_RESUMPTIONS = 256
+"""Times one request's answer stream is reopened before the request fails."""
+
+_FLOORED: weakref.WeakSet[httpx2.AsyncClient] = weakref.WeakSet()
+"""The upstream sessions' HTTP clients: their streams' ``retry`` is floored (other users of
+the SDK in the process, tests' clients among them, are left as they are)."""
+
+
+class BoundedTransport(StreamableHTTPTransport):
+    """``StreamableHTTPTransport`` with its streams' cost bounded (see above)."""
+
+    def __init__(self, url: str, *, max_sse_event_size: int | None) -> None:
+        super().__init__(url, max_sse_event_size=max_sse_event_size)
+        self._resumed: dict[int, int] = {}
+        """Reopenings so far of each request being resumed, by its context's identity."""
+
+    @staticmethod
+    def floored(client: httpx2.AsyncClient) -> None:
+        """The streams ``client`` opens for this transport wait at least ``RETRY_FLOOR_MS``."""
+        _FLOORED.add(client)
+        streamable_http.sse_within_origin = _floored  # pyright: ignore[reportPrivateImportUsage]
+
+    async def _handle_post_request(self, ctx: RequestContext) -> None:
+        try:
+            await super()._handle_post_request(ctx)
+        finally:
+            self._let_go(ctx.session_message.message)
+
+    def _let_go(self, message: JSONRPCMessage) -> None:
+        """After a cancel frame (sent or failed), abort the POST of the request it names."""
+        if not (isinstance(message, JSONRPCNotification) and message.method == "notifications/cancelled"):
+            return
+        request_id = cancelled_request_id_from_params(message.params)
+        post = self._in_flight_posts.get(request_id) if request_id is not None else None
+        if post is not None:
+            logger.debug("aborting the POST of cancelled request %r", request_id)
+            post.scope.cancel()
+
+    async def _handle_reconnection(
+        self,
+        ctx: RequestContext,
+        last_event_id: str,
+        retry_interval_ms: int | None = None,
+        attempt: int = 0,
+    ) -> None:
+        key = id(ctx)  # the same context at every depth of one request's resumption
+        done = self._resumed.get(key, 0)
+        if done >= MAX_RESUMPTIONS:
+            assert isinstance(ctx.session_message.message, JSONRPCRequest)
+            message = f"the upstream ended this answer's stream {MAX_RESUMPTIONS} times without the answer"
+            await self._resolve_abandoned_request(
+                ctx.read_stream_writer, ctx.session_message.message.id, message
+            )
+            return
+        self._resumed[key] = done + 1
+        try:
+            retry = max(retry_interval_ms or 0, RETRY_FLOOR_MS)
+            await super()._handle_reconnection(ctx, last_event_id, retry, attempt)
+        finally:
+            if done == 0:
+                del self._resumed[key]
+
+
+@asynccontextmanager
+async def _floored(
+    client: httpx2.AsyncClient,
+    url: httpx2.URL | str,
+    *,
+    headers: dict[str, str] | None = None,
+    **options: Any,
+) -> AsyncIterator[httpx2.EventSource]:
+    """``sse_within_origin``, its events' ``retry`` at least ``RETRY_FLOOR_MS`` for an upstream
+    session's client."""
+    async with sse_within_origin(client, url, headers=headers, **options) as events:
+        yield _FlooredEvents(events) if client in _FLOORED else events
+
+
+class _FlooredEvents(httpx2.EventSource):
+    def __init__(self, events: httpx2.EventSource) -> None:
+        self._events = events
+
+    @property
+    def response(self) -> httpx2.Response:
+        return self._events.response
+
+    async def __aiter__(self) -> AsyncIterator[httpx2.ServerSentEvent]:
+        async for event in self._events:
+            if event.retry is not None and event.retry < RETRY_FLOOR_MS:
+                event = dataclasses.replace(event, retry=RETRY_FLOOR_MS)
+            yield event
