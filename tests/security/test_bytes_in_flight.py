@@ -312,7 +312,7 @@ def endless_events(server: FastMCP, ended: anyio.Event) -> ASGIApp:
         )
         for _ in range(EVENT // 2**20):
             await send({"type": "http.response.body", "body": b"x" * 2**20, "more_body": True})
-        with anyio.move_on_after(WAIT):
+        with anyio.move_on_after(3 * WAIT):
             await ended.wait()
         return True
 
@@ -330,19 +330,21 @@ async def test_the_unfinished_event_of_a_streamed_answer_counts_in_flight(protoc
     async with serving(endless_events(server, ended)) as base:
         upstream = {"url": f"{base}/mcp", "protocol": protocol, "timeout": 10}
         config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": {"big": upstream}}
-        async with running_gateway(config) as gw, Client(gw.url) as client, Client(gw.url) as bystander:
-            async with anyio.create_task_group() as tg:
+        try:
+            async with running_gateway(config) as gw, Client(gw.url) as client, Client(gw.url) as bystander:
+                async with anyio.create_task_group() as tg:
 
-                async def call() -> None:
-                    refused.append(await client.call_tool("big__endless", {}))
+                    async def call() -> None:
+                        refused.append(await client.call_tool("big__endless", {}))
 
-                for _ in range(3):
-                    tg.start_soon(call)
-                await until(lambda: bool(refused) and IN_FLIGHT.held >= 2 * EVENT)
-                assert text(await bystander.call_tool("big__ping", {})) == "pong"
-                tg.cancel_scope.cancel()  # the two streaming: their held bytes go back
-            await until(lambda: IN_FLIGHT.held == 0)
-        ended.set()
+                    for _ in range(3):
+                        tg.start_soon(call)
+                    await until(lambda: bool(refused) and IN_FLIGHT.held >= 2 * EVENT)
+                    assert text(await bystander.call_tool("big__ping", {})) == "pong"
+                    tg.cancel_scope.cancel()  # the two streaming: given up, their bytes go back
+                await until(lambda: IN_FLIGHT.held == 0)
+        finally:
+            ended.set()  # only now do the upstream's streams end
     [one] = refused
     assert one.is_error
     assert "the gateway holds its bound of 48 MiB of answers in flight" in text(one)
