@@ -35,8 +35,8 @@ class Recorded:
 
     def __init__(self) -> None:
         self.seen: list[str] = []
-        self.resumed: list[float] = []
-        """When each GET carrying ``Last-Event-ID`` arrived."""
+        self.stormed: list[float] = []
+        """When each stream of a ``storm`` call was asked for: its POST, then each resumption."""
         self.listened: list[float] = []
         """When each GET of the session's own stream arrived (resumed or not)."""
 
@@ -54,7 +54,7 @@ def recording(server: FastMCP, recorded: Recorded, listen_ends: bool = False) ->
             return await app(scope, receive, send)
         headers = dict(scope["headers"])
         if scope["method"] == "GET" and (b"last-event-id" in headers or listen_ends):
-            (recorded.listened if listen_ends else recorded.resumed).append(time.monotonic())
+            (recorded.listened if listen_ends else recorded.stormed).append(time.monotonic())
             return await _ended_at_once(send, b"id: r%d\nretry: 0\n\n" % next(ids))
         if scope["method"] != "POST":
             return await app(scope, receive, send)
@@ -66,6 +66,7 @@ def recording(server: FastMCP, recorded: Recorded, listen_ends: bool = False) ->
         if name == "drip":
             return await _drip(receive, send, recorded)
         if name == "storm":
+            recorded.stormed.append(time.monotonic())
             return await _ended_at_once(send, b"id: p1\nretry: 0\ndata: \n\n")
         unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -148,8 +149,8 @@ async def test_an_answer_stream_ended_at_once_with_retry_zero_is_reopened_once_a
         pong = await client.call_tool("up__ping", {})
     assert result.is_error
     assert "no answer within 3.5s" in text_of(result)
-    assert len(recorded.resumed) >= 2, recorded.resumed
-    gaps = [later - earlier for earlier, later in itertools.pairwise(recorded.resumed)]
+    assert len(recorded.stormed) >= 3, recorded.stormed
+    gaps = [later - earlier for earlier, later in itertools.pairwise(recorded.stormed)]
     assert min(gaps) >= http_streams.RETRY_FLOOR_MS / 1000 * 0.9, gaps
     assert text_of(pong) == "pong"
 
@@ -184,4 +185,4 @@ async def test_a_request_whose_stream_keeps_ending_fails_saying_so_after_max_res
         result = await client.call_tool("up__storm", {})
     assert result.is_error
     assert "the upstream ended this answer's stream 3 times without the answer" in text_of(result)
-    assert len(recorded.resumed) == 3
+    assert len(recorded.stormed) == 1 + 3  # the call's POST, then three resumptions
