@@ -362,6 +362,36 @@ def test_the_sdk_http_client_transport_is_built_as_http_session_builds_it() -> N
     assert "tg.start_soon(transport.handle_get_stream, client, read_stream_writer)" in source
 
 
+def test_the_sdk_http_transport_members_bounded_transport_overrides_are_what_they_were() -> None:
+    # compat/http_streams.BoundedTransport: what it overrides, reads and calls of the SDK's.
+    transport = streamable_http.StreamableHTTPTransport
+    private = {
+        "_handle_post_request": ["ctx"],
+        "_handle_reconnection": ["ctx", "last_event_id", "retry_interval_ms", "attempt"],
+        "_resolve_abandoned_request": ["read_stream_writer", "request_id", "message", "code"],
+    }
+    for name, expected in private.items():
+        assert parameters(getattr(transport, name)) == expected, (
+            f"mcp: {name} changed (compat/http_streams.py)"
+        )
+    assert assigned_in_init(transport, "_in_flight_posts")
+    assert [f.name for f in dataclasses.fields(streamable_http._InFlightPost)] == ["scope", "modern"]  # pyright: ignore[reportPrivateUsage]
+    assert {"session_message", "read_stream_writer"} <= {
+        f.name for f in dataclasses.fields(streamable_http.RequestContext)
+    }
+    # Resumed by recursion through self (each depth is counted), and every stream reopened
+    # through the module's sse_within_origin (replaced to floor its events' retry).
+    reconnect = transport._handle_reconnection  # pyright: ignore[reportPrivateUsage]
+    assert "self._handle_reconnection(" in inspect.getsource(reconnect)
+    for method in (reconnect, transport.handle_get_stream):
+        assert "sse_within_origin" in method.__code__.co_names, (
+            f"mcp: {method.__name__} no longer opens its stream through the module's sse_within_origin"
+        )
+    source = inspect.getsource(transport.post_writer)
+    assert "self._consume_modern_cancellation(session_message)" in source
+    assert "await handle_request_async()" in source, "mcp: a notification is no longer POSTed before the next"
+
+
 async def test_a_resumed_client_adopts_its_handshake_and_sends_nothing_to_enter() -> None:
     # Client._build_session is the one place the recorded InitializeResult is installed.
     assert parameters(Client._build_session) == ["exit_stack"]  # pyright: ignore[reportPrivateUsage]
