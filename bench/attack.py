@@ -53,7 +53,14 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
 - ``thread-flood``: one client's ``ask_agent`` runs, 8 at a time for 20 s, each on a new
   conversation, its own model (sampling) answering each with 64 KB: the threads and bytes
   the conversation store (SQLite, the default) holds after. Its run budget (60 a minute by
-  default) is lifted, to reach in seconds what the default reaches in minutes.
+  default) is lifted, to reach in seconds what the default reaches in minutes;
+- ``given-up-calls`` (an upstream's): batches of 32 handshake-era calls answered with a stream
+  that drips and never ends, given up at their 2 s timeout, for 10 s: the streams still open
+  upstream after, and the gateway's descriptors;
+- ``resumption-storm`` (an upstream's): 16 handshake-era calls answered with a stream that ends at
+  once with ``retry: 0``, as does every resumption of it, for their 5 s: the resumptions;
+- ``endless-events`` (an upstream's): 16 modern-era calls answered with one SSE event of 100 MiB
+  never ended: the gateway's peak RSS.
 
 ``--before REV`` runs the same attacks against the code at git revision REV (a worktree made
 under /tmp, run with this venv), for the table in bench/README.md::
@@ -142,15 +149,61 @@ def _answer(body: bytes) -> bytes | None:
     result = _big_result(params["arguments"]["megabytes"])
     return b'{"jsonrpc": "2.0", "id": %s, "result": %s}' % (json.dumps(request["id"]).encode(), result)
 
+# drip, storm and endless are answered below FastMCP with a stream (streamed_attacks).
+for _name in ("drip", "storm", "endless"):
+    server.tool(lambda: "never sent", name=_name)
+_streams = {"dripping": 0, "resumptions": 0}
+
+@server.tool
+def streams() -> dict:
+    return _streams
+
+SSE = [(b"content-type", b"text/event-stream")]
+
+async def _streamed(body: bytes, receive, send) -> bool:
+    request = json.loads(body) if body.startswith(b"{") else {}
+    name = (request.get("params") or {}).get("name")
+    if request.get("method") != "tools/call" or name not in ("drip", "storm", "endless"):
+        return False
+    await send({"type": "http.response.start", "status": 200, "headers": SSE})
+    if name == "storm":  # ended at once, to be resumed at once
+        await send({"type": "http.response.body", "body": b"id: p1\\nretry: 0\\ndata: \\n\\n"})
+        return True
+    if name == "endless":  # one event of 100 MiB, never ended
+        head = b'event: message\\ndata: {"jsonrpc":"2.0","id":%s,"result":{"content":[{"type":"text","text":"'
+        await send({"type": "http.response.body", "body": head % json.dumps(request["id"]).encode(), "more_body": True})
+        for _ in range(100):
+            await send({"type": "http.response.body", "body": b"x" * 2**20, "more_body": True})
+    _streams["dripping"] += 1
+    try:
+        async def drip():
+            while name == "drip":
+                await send({"type": "http.response.body", "body": b": drip\\n\\n", "more_body": True})
+                await asyncio.sleep(0.05)
+        dripping = asyncio.ensure_future(drip())
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        dripping.cancel()
+    finally:
+        _streams["dripping"] -= 1
+    return True
+
 app = server.http_app(path="/mcp")
 
 async def upstream(scope, receive, send):
+    if scope["type"] == "http" and scope["method"] == "GET" and b"last-event-id" in dict(scope["headers"]):
+        _streams["resumptions"] += 1
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        await send({"type": "http.response.body", "body": b"id: r%d\\nretry: 0\\n\\n" % _streams["resumptions"]})
+        return
     if scope["type"] != "http" or scope["method"] != "POST":
         return await app(scope, receive, send)
     body, more = b"", True
     while more:
         message = await receive()
         body, more = body + message.get("body", b""), message.get("more_body", False)
+    if await _streamed(body, receive, send):
+        return
     if (answer := _answer(body)) is not None:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
@@ -914,6 +967,52 @@ async def small_flood(url: str, proc: Process, seconds: float) -> str:
     )
 
 
+async def _streams_upstream(client: Client) -> dict[str, int]:
+    return json.loads(client_text(await client.call_tool("slow__streams", {})))
+
+
+async def _calls_at_once(client: Client, tool: str, count: int) -> list[str]:
+    results = await asyncio.gather(*(client.call_tool(tool, {}) for _ in range(count)))
+    return [client_text(r)[:160] for r in results]
+
+
+async def given_up_calls(url: str, proc: Process, seconds: float) -> str:
+    """Batches of 32 handshake-era calls at once, each answered with a stream that drips a
+    comment every 50 ms and never ends, given up at their 2 s timeout, for ``seconds``: how
+    many of their streams the upstream still had open a second after the last was given up."""
+    async with _attacker_clients(url, 1) as [client]:
+        end, calls = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            calls += len(await _calls_at_once(client, "slow__drip", 32))
+        await asyncio.sleep(1)
+        open_after = (await _streams_upstream(client))["dripping"]
+    return f"{calls} calls given up; {open_after} of their streams still open upstream 1 s after"
+
+
+async def resumption_storm(url: str, proc: Process, seconds: float) -> str:
+    """16 handshake-era calls at once, each answered with a stream that ends at once with an
+    event id and ``retry: 0``, as is every resumption of it, given up at their 5 s timeout:
+    how often the gateway reopened them, and its CPU seconds meanwhile."""
+    async with _attacker_clients(url, 1) as [client]:
+        cpu = proc.cpu_seconds()
+        await _calls_at_once(client, "slow__storm", 16)
+        spent = proc.cpu_seconds() - cpu
+        resumed = (await _streams_upstream(client))["resumptions"]
+    return f"16 calls of 5 s: their streams reopened {resumed:,} times; the gateway's CPU {spent:.1f} s"
+
+
+async def endless_events(url: str, proc: Process, seconds: float) -> str:
+    """16 modern-era calls at once, each answered with one SSE event of 100 MiB (under
+    ``max_message_bytes``) never ended, given up at their 10 s timeout: the gateway's peak RSS
+    (the kernel's high-water mark) and what the calls were answered."""
+    proc.reset_peak()
+    before = proc.rss_mb()
+    async with _attacker_clients(url, 1) as [client]:
+        answers = await _calls_at_once(client, "slow__endless", 16)
+    refused = sum("in flight" in answer for answer in answers)
+    return f"peak RSS +{proc.peak_mb() - before:.0f} MB; {refused} of 16 refused by the bound in flight"
+
+
 async def list_churn(url: str, proc: Process, seconds: float) -> str:
     """The stdio upstream says its tools changed after each listing, for ``seconds``: how often
     the gateway listed it, and how many ``list_changed`` one client was told."""
@@ -1020,6 +1119,9 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "list-churn": (list_churn, 10.0, None),
     "many-calls": (many_calls, 0.0, {"agent": {"runs_per_minute": 100_000}}),
     "fat-replies": (fat_replies, 0.0, {"agent": {"runs_per_minute": 100_000}}),
+    "given-up-calls": (given_up_calls, 10.0, None),
+    "resumption-storm": (resumption_storm, 0.0, None),
+    "endless-events": (endless_events, 0.0, None),
 }
 NOISY_ATTACKS = {"log-flood", "small-flood", "list-churn"}
 """The attacks of an upstream's (``NOISY``, beside the others)."""
@@ -1030,7 +1132,12 @@ ANONYMOUS_ATTACKS = {"many-addresses"}
 FRESH_BYSTANDER = {"many-addresses"}
 """The attacks whose bystander opens a session for each call (as a CLI agent does)."""
 
-UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {"slow-calls": {"tool_timeouts": {"wait": 2}}}
+UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {
+    "slow-calls": {"tool_timeouts": {"wait": 2}},
+    "given-up-calls": {"protocol": "legacy", "tool_timeouts": {"drip": 2}},
+    "resumption-storm": {"protocol": "legacy", "tool_timeouts": {"storm": 5}},
+    "endless-events": {"tool_timeouts": {"endless": 10}},
+}
 """The upstream's settings an attack needs beyond the others'."""
 TINY_TOOLS = {"status-page": 3000, "search-flood": 5000}
 """The tools the stdio upstream lists beyond ``echo``, where an attack needs a large catalog."""
