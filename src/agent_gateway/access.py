@@ -111,7 +111,9 @@ class Principal:
             return
         limit = self.policy.max_concurrency
         if limit is not None and self.in_flight >= limit:
-            refused("concurrency", "client %s over its max_concurrency (%d)", self.label, limit)
+            refused(
+                "concurrency", "client %s over its max_concurrency (%d)", self.label, limit, peer=self.label
+            )
             raise ClientLimited(
                 f"{self.in_flight} calls already in flight, the limit (max_concurrency) is {limit}"
             )
@@ -155,12 +157,12 @@ class AgentSpend:
     def start(self, subject: str) -> None:
         """Raises ``ClientLimited`` when a new run would pass the client's agent budget."""
         if self._per_hour is not None and (used := self._last_hour()) >= self._per_hour:
-            refused("agent_budget", "client %s over its agent tokens_per_hour", subject)
+            refused("agent_budget", "client %s over its agent tokens_per_hour", subject, peer=subject)
             raise ClientLimited(
                 f"{used} model tokens in the last hour, the limit (agent.tokens_per_hour) is {self._per_hour}"
             )
         if self._runs is not None and (wait := self._runs.take()) is not None:
-            refused("agent_budget", "client %s over its agent runs_per_minute", subject)
+            refused("agent_budget", "client %s over its agent runs_per_minute", subject, peer=subject)
             raise ClientLimited(f"agent runs over the limit (agent.runs_per_minute): retry in {wait:.1f}s")
 
     def used(self, tokens: int) -> None:

@@ -97,6 +97,7 @@ class InFlight:
             client.label,
             client.held,
             share,
+            peer=client.label,
         )
         return GatewayBusy(
             f"client {client.subject!r} holds {_mib(client.held)} of answers not yet written, "
@@ -167,6 +168,7 @@ class BodyHeld:
                 client.label,
                 client.held,
                 share,
+                peer=client.label,
             )
             return GatewayBusy(
                 f"client {client.subject!r} holds {_mib(client.held)} of requests and answers in flight, "

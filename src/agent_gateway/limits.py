@@ -143,7 +143,7 @@ class Admission:
             await _refuse(send, 429, limited, headers)
             return
         if (problem := self._shape_problem(body, scope)) is not None:
-            await self._refuse_body(send, 400, *problem)
+            await self._refuse_body(send, client, 400, *problem)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
@@ -209,7 +209,7 @@ class Admission:
         return None
 
     def _checks_refused(self, client: Principal, session: str | None, body: bytes, why: str) -> None:
-        refused("checks", "refused a modern-era request of %s: %s", client.label, why)
+        refused("checks", "refused a modern-era request of %s: %s", client.label, why, peer=client.label)
         if self.on_refused is not None:
             self.on_refused(client.subject, session, body, why)
 
@@ -239,7 +239,7 @@ class Admission:
         limit = self.bounds.body_bytes
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            await self._refuse_body(send, 413, self._too_large(f"{declared} bytes"))
+            await self._refuse_body(send, held.client, 413, self._too_large(f"{declared} bytes"))
             return None
         # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
@@ -250,11 +250,11 @@ class Admission:
             if body is _GONE:
                 return None  # the client left before its body was whole: nothing to answer
             if body is None:
-                await self._refuse_body(send, 413, self._too_large(f"over {limit} bytes"))
+                await self._refuse_body(send, held.client, 413, self._too_large(f"over {limit} bytes"))
                 return None
             return body
         await self._refuse_body(
-            send, 408, f"the request body did not arrive within {self.bounds.body_timeout:g}s"
+            send, held.client, 408, f"the request body did not arrive within {self.bounds.body_timeout:g}s"
         )
         return None
 
@@ -282,8 +282,10 @@ class Admission:
         scope[PARSED] = (body, message)
         return None
 
-    async def _refuse_body(self, send: Send, status: int, message: str, code: int = INVALID_REQUEST) -> None:
-        refused("body", "refused an HTTP request: %s", message)
+    async def _refuse_body(
+        self, send: Send, client: Principal, status: int, message: str, code: int = INVALID_REQUEST
+    ) -> None:
+        refused("body", "refused an HTTP request of %s: %s", client.label, message, peer=client.label)
         await _refuse(send, status, InvalidRequest(message, code))
 
     async def _read(self, receive: Receive, held: BodyHeld) -> bytes | GatewayBusy | None:

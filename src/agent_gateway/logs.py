@@ -102,6 +102,7 @@ PEER_LOGGERS = (
     "agent_gateway.catalog",
     "opentelemetry.trace.propagation",
     "opentelemetry.baggage",
+    "agent_gateway.refusals",
 )
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
 about what a peer sent (an upstream's malformed notification, question outside any call or

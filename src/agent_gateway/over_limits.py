@@ -23,7 +23,7 @@ def verdict_refusal(client: Principal, verdict: Verdict) -> Refusal | None:
 
 
 def rate_refusal(client: Principal, wait: float) -> Refusal:
-    refused("rate_limit", "client %s over its rate limit", client.label)
+    refused("rate_limit", "client %s over its rate limit", client.label, peer=client.label)
     limited = RateLimited.retry_in(client.subject, wait)
     return limited, [(b"retry-after", str(retry_after(wait)).encode())]
 
@@ -36,6 +36,7 @@ def sessions_refusal(client: Principal, open_now: int) -> Refusal:
         client.label,
         open_now,
         limit,
+        peer=client.label,
     )
     message = f"client {client.subject!r} has {limit} sessions open, the limit (max_sessions); end one (DELETE) or reuse it"
     return RateLimited(message), []

@@ -3,7 +3,10 @@
 Every bound against a noisy or hostile party (connections, request heads, rate limits,
 sessions, bodies, names, bytes in flight) ends here: one metric,
 ``agent_gateway.refusals{reason}``, and one WARNING line whose values are cut to a bounded
-length (a client chooses them, so it must not choose how much is written).
+length (a client chooses them, so it must not choose how much is written). Nor how many: the
+lines of one kind about one party (``peer``, the client's label where one is known) are
+written once per ten seconds, the count of those left out with the next (``logs.PeerRepeats``);
+every refusal is counted in the metric all the same.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ refusals = metrics.get_meter("agent-gateway").create_counter(
 )
 
 
-def refused(reason: str, message: str, *values: object, level: int = logging.WARNING) -> None:
-    """Count one refusal for ``reason`` and log ``message % values`` (values clipped)."""
+def refused(reason: str, message: str, *values: object, level: int = logging.WARNING, peer: str = "") -> None:
+    """Count one refusal for ``reason`` and log ``message % values`` (values clipped) about
+    ``peer`` (empty: no one party)."""
     refusals.add(1, {"reason": reason})
     if logger.isEnabledFor(level):
-        logger.log(level, message, *(clipped(v) for v in values))
+        logger.log(level, message, *(clipped(v) for v in values), extra={"peer": peer})

@@ -244,6 +244,46 @@ async def test_a_clients_malformed_notifications_and_long_baggage_write_one_line
     assert len([line for line in warnings if "Baggage" in line]) == 1, warnings
 
 
+async def test_a_clients_refusals_write_one_line_per_ten_seconds_and_another_clients_their_own(
+    tmp_path: Path,
+) -> None:
+    """Each refused request wrote a WARNING: a client over its rate limit chose how many."""
+    sock = free_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    log = tmp_path / "gateway.log"
+    config = tmp_path / "gateway.yaml"
+    tokens = [
+        {"name": name, "token": f"{name}-token-0123456789", "policy": "slow"} for name in ("noisy", "quiet")
+    ]
+    auth = {
+        "mode": "bearer",
+        "tokens": tokens,
+        "policies": {"slow": {"rate_limit": {"per_minute": 60, "burst": 5}}},
+    }
+    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {}, "auth": auth}))
+    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
+    url = f"http://127.0.0.1:{port}/mcp"
+    statuses: dict[str, list[int]] = {"noisy": [], "quiet": []}
+    async with child_process(command, gateway_env(), log), httpx.AsyncClient(timeout=30) as http:
+        await ready(port)
+        for name, count in (("noisy", 200), ("quiet", 10)):
+            headers = HEADERS | {"Authorization": f"Bearer {name}-token-0123456789"}
+            for n in range(count):
+                ping = {"jsonrpc": "2.0", "id": n, "method": "ping"}
+                statuses[name].append((await http.post(url, json=ping, headers=headers)).status_code)
+        scraped = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    refusals = [line for line in log.read_text().splitlines() if "over its rate limit" in line]
+    assert statuses["noisy"].count(429) >= 190, statuses
+    assert statuses["quiet"].count(429) >= 4, statuses
+    assert len([line for line in refusals if "client noisy" in line]) in (1, 2), refusals  # 2: past 10 s
+    assert len([line for line in refusals if "client quiet" in line]) == 1, refusals
+    counted = next(
+        line for line in scraped.splitlines() if 'reason="rate_limit"' in line and "refusals" in line
+    )
+    assert float(counted.rsplit(" ", 1)[1]) == statuses["noisy"].count(429) + statuses["quiet"].count(429)
+
+
 async def test_a_second_request_under_an_id_being_answered_is_refused_and_the_first_answered() -> None:
     # Under one id (7, or "7", which the SDK takes for 7) the second took the first's place:
     # one POST got both calls' progress and the first's result, the other never ended, its

@@ -340,7 +340,9 @@ class HeldCalls(TaskHost):
         own = caller.client.policy.max_concurrency if caller.client is not None else None
         limit = min(own or PER_CLIENT, PER_CLIENT)
         if mine >= limit:
-            refused("held_calls", "client %s refused a held call (%d waiting for it)", client, mine)
+            refused(
+                "held_calls", "client %s refused a held call (%d waiting for it)", client, mine, peer=client
+            )
             return f"{mine} calls waiting for this client's answers; answer or cancel them first"
         if len(waiting) >= MAX_HELD:
             refused("held_calls", "client %s refused a held call (%d waiting in all)", client, len(waiting))

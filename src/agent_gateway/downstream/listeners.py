@@ -100,7 +100,7 @@ class Listeners:
         if most < mine + 2:
             refused(
                 "listen_streams", "client %s refused a listen stream: the gateway holds its %d, "
-                "%d of them its own", newcomer.label, self._max_streams, mine,
+                "%d of them its own", newcomer.label, self._max_streams, mine, peer=newcomer.label,
             )  # fmt: skip
             raise to_wire(GatewayBusy("agent-gateway: listen stream limit reached"))
         victim = next(s for s in open_now if s.label == largest)

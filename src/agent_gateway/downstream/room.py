@@ -100,6 +100,7 @@ class Room:
                 "refused a new session of %s: this replica holds its %d sessions, none to give way",
                 client.label,
                 self.max_sessions,
+                peer=client.label,
             )
             return False
         self._made_way(ended, client, f"server.max_sessions {self.max_sessions}", why)

@@ -349,7 +349,14 @@ def _check_room(session: DownstreamSession, wanted: int) -> None:
     if wanted <= limit:
         return
     label = session.client.label if session.client is not None else "(none)"
-    refused("subscriptions", "client %s refused %d subscriptions in a session (max %d)", label, wanted, limit)
+    refused(
+        "subscriptions",
+        "client %s refused %d subscriptions in a session (max %d)",
+        label,
+        wanted,
+        limit,
+        peer=label,
+    )
     where = "one listen stream" if session.modern else "one session"
     raise to_wire(
         ClientLimited(f"{wanted} resource subscriptions in {where}; the limit (max_subscriptions) is {limit}")

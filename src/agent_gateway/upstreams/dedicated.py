@@ -177,7 +177,14 @@ class DedicatedSessions(TaskHost):
                 await victim.done.wait()
             else:  # its session is open now
                 return
-        refused("dedicated_sessions", "no room for a session of %s on %s: %s in use", client, upstream, bound)
+        refused(
+            "dedicated_sessions",
+            "no room for a session of %s on %s: %s in use",
+            client,
+            upstream,
+            bound,
+            peer=client,
+        )
         raise UpstreamBusy(upstream, f"{bound} sessions (max_sessions) are in use; retry later")
 
     async def _run(self, key: tuple[str, str], entry: _Dedicated) -> None:
