@@ -105,7 +105,11 @@ class StdinLines:
 
     async def _malformed(self, problem: Malformed, size: int) -> None:
         answered = "refused" if problem.answer is not None else "ignored"
-        refused("body", "stdio: a line of %d bytes %s: %s", size, answered, problem.reason)
+        # The one client is the process that started the gateway: each kind of problem is its
+        # own kind of line (repeats of one, once per ten seconds).
+        refused(
+            "body", "stdio: a line of %d bytes %s: %s", size, answered, problem.reason, peer=problem.reason
+        )
         if problem.answer is not None and self.refuse is not None:
             await self.refuse(problem.answer)
 
