@@ -167,16 +167,17 @@ async def gateway_process(data: Mapping[str, Any], directory: Path) -> AsyncIter
 
 @asynccontextmanager
 async def gateway_child(
-    data: Mapping[str, Any], directory: Path
+    data: Mapping[str, Any], directory: Path, log: Path | None = None
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
-    """``gateway_process``, with the process itself (to read its memory from /proc)."""
+    """``gateway_process``, with the process itself (to read its memory from /proc); its
+    output to ``log`` when given."""
     sock = free_socket()
     port = sock.getsockname()[1]
     sock.close()
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump({**data, "server": {**data.get("server", {}), "port": port}}))
     command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
-    async with child_process(command, gateway_env()) as child:
+    async with child_process(command, gateway_env(), log) as child:
         await ready(port)
         yield f"http://127.0.0.1:{port}", child
 

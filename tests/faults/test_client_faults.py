@@ -5,7 +5,6 @@ leaks (see ``harness``)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -14,11 +13,10 @@ from typing import Any
 import anyio
 import httpx
 import mcp_types as types
-import yaml
 from mcp import Client
 
 from tests.faults.harness import Faulted, faulty_stdio, gateway_under_fault, text_of, wait_until
-from tests.support import answer_before_the_body_ends, child_process, free_socket, gateway_env, ready
+from tests.support import answer_before_the_body_ends, gateway_child
 
 MODERN = "2026-07-28"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -221,16 +219,12 @@ async def test_a_clients_malformed_notifications_and_long_baggage_write_one_line
     """Each POST of a ``notifications/cancelled`` the SDK cannot read, and each request with
     a ``baggage`` header over 8 KiB, wrote a WARNING: the client chose how many (6,868 lines
     in 8 s from one client)."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
     log = tmp_path / "gateway.log"
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {}}))
-    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
-    url = f"http://127.0.0.1:{port}/mcp"
-    async with child_process(command, gateway_env(), log), httpx.AsyncClient(timeout=30) as http:
-        await ready(port)
+    async with (
+        gateway_child({"upstreams": {}}, tmp_path, log) as (base, _),
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        url = f"{base}/mcp"
         opened = await http.post(url, json=INITIALIZE, headers=HEADERS)
         session = HEADERS | {"Mcp-Session-Id": opened.headers["mcp-session-id"]}
         for n in range(100):
@@ -248,11 +242,7 @@ async def test_a_clients_refusals_write_one_line_per_ten_seconds_and_another_cli
     tmp_path: Path,
 ) -> None:
     """Each refused request wrote a WARNING: a client over its rate limit chose how many."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
     log = tmp_path / "gateway.log"
-    config = tmp_path / "gateway.yaml"
     tokens = [
         {"name": name, "token": f"{name}-token-0123456789", "policy": "slow"} for name in ("noisy", "quiet")
     ]
@@ -261,18 +251,16 @@ async def test_a_clients_refusals_write_one_line_per_ten_seconds_and_another_cli
         "tokens": tokens,
         "policies": {"slow": {"rate_limit": {"per_minute": 60, "burst": 5}}},
     }
-    config.write_text(yaml.safe_dump({"server": {"port": port}, "upstreams": {}, "auth": auth}))
-    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(config)]
-    url = f"http://127.0.0.1:{port}/mcp"
     statuses: dict[str, list[int]] = {"noisy": [], "quiet": []}
-    async with child_process(command, gateway_env(), log), httpx.AsyncClient(timeout=30) as http:
-        await ready(port)
+    config = {"upstreams": {}, "auth": auth}
+    async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
+        url = f"{base}/mcp"
         for name, count in (("noisy", 200), ("quiet", 10)):
             headers = HEADERS | {"Authorization": f"Bearer {name}-token-0123456789"}
             for n in range(count):
                 ping = {"jsonrpc": "2.0", "id": n, "method": "ping"}
                 statuses[name].append((await http.post(url, json=ping, headers=headers)).status_code)
-        scraped = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+        scraped = (await http.get(f"{base}/metrics")).text
     refusals = [line for line in log.read_text().splitlines() if "over its rate limit" in line]
     assert statuses["noisy"].count(429) >= 190, statuses
     assert statuses["quiet"].count(429) >= 4, statuses

@@ -7,8 +7,8 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
 import pytest
@@ -115,19 +115,24 @@ def storming_server() -> FastMCP:
     return server
 
 
-def gateway_config(url: str, timeout: float) -> dict[str, Any]:
-    return {"upstreams": {"up": {"url": url, "protocol": "legacy", "timeout": timeout}}}
+@asynccontextmanager
+async def storming(
+    recorded: Recorded, call_timeout: float, listen_ends: bool = False
+) -> AsyncIterator[Client]:
+    """A client of a gateway whose one upstream (``up``, handshake era, calls bounded by
+    ``call_timeout``) is ``storming_server`` behind ``recording``."""
+    upstream = recording(storming_server(), recorded, listen_ends)
+    async with serving(upstream) as base:
+        config = {"upstreams": {"up": {"url": f"{base}/mcp", "protocol": "legacy", "timeout": call_timeout}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            yield client
 
 
 async def test_a_handshake_era_call_given_up_closes_its_answer_stream_after_cancelling_it() -> None:
     # The SDK sent the cancel and read on until the upstream ended the stream: every call
     # timed out against an upstream that drips kept a POST, a connection and a task.
     recorded = Recorded()
-    async with (
-        serving(recording(storming_server(), recorded)) as base,
-        running_gateway(gateway_config(f"{base}/mcp", 1)) as gw,
-        Client(gw.url) as client,
-    ):
+    async with storming(recorded, 1) as client:
         result = await client.call_tool("up__drip", {})
         await until(lambda: "disconnected" in recorded.seen)
         pong = await client.call_tool("up__ping", {})
@@ -140,11 +145,7 @@ async def test_a_handshake_era_call_given_up_closes_its_answer_stream_after_canc
 async def test_an_answer_stream_ended_at_once_with_retry_zero_is_reopened_once_a_second() -> None:
     # Honoured as the upstream asked, 16 such calls made 46,000 GETs in 45 s.
     recorded = Recorded()
-    async with (
-        serving(recording(storming_server(), recorded)) as base,
-        running_gateway(gateway_config(f"{base}/mcp", 3.5)) as gw,
-        Client(gw.url) as client,
-    ):
+    async with storming(recorded, 3.5) as client:
         result = await client.call_tool("up__storm", {})
         pong = await client.call_tool("up__ping", {})
     assert result.is_error
@@ -157,11 +158,7 @@ async def test_an_answer_stream_ended_at_once_with_retry_zero_is_reopened_once_a
 
 async def test_the_sessions_own_stream_ended_at_once_with_retry_zero_is_reopened_once_a_second() -> None:
     recorded = Recorded()
-    async with (
-        serving(recording(storming_server(), recorded, listen_ends=True)) as base,
-        running_gateway(gateway_config(f"{base}/mcp", 5)) as gw,
-        Client(gw.url) as client,
-    ):
+    async with storming(recorded, 5, listen_ends=True) as client:
         await until(lambda: len(recorded.listened) >= 3)
         pong = await client.call_tool("up__ping", {})
     gaps = [later - earlier for earlier, later in itertools.pairwise(recorded.listened)]
@@ -177,11 +174,7 @@ async def test_a_request_whose_stream_keeps_ending_fails_saying_so_after_max_res
     monkeypatch.setattr(http_streams, "MAX_RESUMPTIONS", 3)
     monkeypatch.setattr(http_streams, "RETRY_FLOOR_MS", 10)
     recorded = Recorded()
-    async with (
-        serving(recording(storming_server(), recorded)) as base,
-        running_gateway(gateway_config(f"{base}/mcp", 30)) as gw,
-        Client(gw.url) as client,
-    ):
+    async with storming(recorded, 30) as client:
         result = await client.call_tool("up__storm", {})
     assert result.is_error
     assert "the upstream ended this answer's stream 3 times without the answer" in text_of(result)
