@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+import ipaddress
+
+from pydantic import Field, field_validator
 
 from agent_gateway.config_base import Seconds
 from agent_gateway.config_base import Strict as _Strict
@@ -33,3 +35,20 @@ class ConnectionsConfig(_Strict):
     min_read_rate: int = Field(default=4096, ge=0, le=2**30)
     """Bytes a second such a client must read, on average over each ``write_timeout`` (or
     half of what was waiting, if less); 0: any byte read counts."""
+    trusted_proxies: tuple[str, ...] = ()
+    """Addresses or networks (``10.0.0.0/8``) of the proxies in front of the gateway (a load
+    balancer): a request arriving from one is taken to come from the address its
+    ``X-Forwarded-For`` names (the last one not itself a trusted proxy), which is then the
+    client's address for everything keyed by it (an anonymous client's identity, its limits).
+    Empty: the header is ignored. uvicorn's own default trusts loopback, so any local process
+    could name its own address, and with it become as many anonymous clients as it liked."""
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _addresses(cls, values: tuple[str, ...]) -> tuple[str, ...]:
+        for value in values:
+            try:
+                ipaddress.ip_network(value)
+            except ValueError:
+                raise ValueError(f"trusted_proxies: {value!r} is not an IP address or network") from None
+        return values

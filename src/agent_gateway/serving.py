@@ -235,6 +235,9 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
         # the bounded protocol's, counted until it closes (an upgraded one never was released).
         "ws": "none",
         "timeout_keep_alive": settings.keep_alive_timeout,
+        # Who a request is from: X-Forwarded-For only from the proxies named (none by default).
+        "proxy_headers": bool(settings.trusted_proxies),
+        "forwarded_allow_ips": list(settings.trusted_proxies),
         # A bound on shutdown (SIGTERM): a call still running after it is cut off.
         "timeout_graceful_shutdown": gateway.config.server.drain_timeout,
     }

@@ -60,6 +60,8 @@ class Cluster:
 def write_config(data: Mapping[str, Any], directory: Path, port: int) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     server = {**data.get("server", {}), "port": port}
+    # nginx, on loopback, names each client in X-Forwarded-For (deploy/mcp-proxy.conf).
+    server["connections"] = {"trusted_proxies": ["127.0.0.1"], **server.get("connections", {})}
     audit = {"path": str(directory / "audit.jsonl"), **data.get("audit", {})}
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump({**data, "server": server, "audit": audit}))

@@ -6,6 +6,8 @@ naming a session's id putting off none of its owner's touches; a header-long id 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
@@ -39,6 +41,58 @@ async def test_anonymous_clients_are_counted_apart_by_address_across_replicas(
         assert await opening(1, "127.0.0.1") == 429  # its cap, counted across the replicas
         assert await opening(0, "127.0.0.2") == 200  # another address: a count of its own
         assert await opening(1, "127.0.0.2") == 200
+
+
+async def test_behind_the_balancer_anonymous_clients_are_counted_by_their_own_address_which_they_cannot_name(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # nginx passed a client's X-Forwarded-For on, and the replicas believed whatever came from
+    # loopback: a client naming a new address each time was a new anonymous client each time
+    # (200 of 200 sessions against max_sessions 3); one that named none shared 127.0.0.1, the
+    # balancer's address, with every other client, and shut them all out.
+    capped = {"mode": "none", "policies": {"default": {"max_sessions": 3}}}
+    async with cluster_of(redis, prefix, tmp_path, [], auth=capped) as cluster:
+
+        async def opening(address: str, named: str | None = None) -> int:
+            headers = HEADERS | ({"X-Forwarded-For": named} if named else {})
+            transport = httpx.AsyncHTTPTransport(local_address=address)
+            async with httpx.AsyncClient(transport=transport, timeout=BOUND) as http:
+                return (await http.post(cluster.url, json=INITIALIZE, headers=headers)).status_code
+
+        forged = [await opening("127.0.0.2", f"10.0.0.{n}") for n in range(5)]
+        assert forged == [200, 200, 200, 429, 429]  # counted as 127.0.0.2, whatever it named
+        assert await opening("127.0.0.3") == 200  # another address behind the balancer: its own count
+        async with raw_client(redis) as raw:
+            counted = await raw.zcard(f"{prefix}:sessions:anonymous@127.0.0.2")
+    assert counted == 3
+
+
+@asynccontextmanager
+async def raw_client(redis: Redis) -> AsyncIterator[aioredis.Redis]:
+    raw = aioredis.from_url(redis.url)
+    try:
+        yield raw
+    finally:
+        await raw.aclose()
+
+
+async def test_a_client_that_opens_one_session_and_never_comes_back_leaves_no_key_for_ever(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Settling the opening request removed its reservation, the set's one member: the set went,
+    # with its expiry, and the session's id added after made it again with none (301 such
+    # clients, 301 keys kept for ever).
+    async with cluster_of(redis, prefix, tmp_path, [], auth={"mode": "none"}) as cluster:
+        async with httpx.AsyncClient(timeout=BOUND) as http:
+            answer = await http.post(cluster.endpoint(0), json=INITIALIZE, headers=HEADERS)
+        assert answer.status_code == 200
+        key = f"{prefix}:sessions:anonymous@127.0.0.1"
+        async with raw_client(redis) as raw:
+            with anyio.fail_after(BOUND):  # settled once the answer is written
+                while await raw.zscore(key, answer.headers["mcp-session-id"]) is None:
+                    await anyio.sleep(0.02)
+            ttl = await raw.ttl(key)
+    assert 0 < ttl <= 1900, ttl  # the session's own: its idle timeout and a touch interval
 
 
 def anonymous(address: str) -> Principal:

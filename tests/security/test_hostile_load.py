@@ -468,6 +468,33 @@ async def test_a_session_whose_opening_answer_is_still_being_written_is_counted_
     assert live == 3
 
 
+@pytest.mark.parametrize("trusted", [False, True], ids=["no-proxy-trusted", "loopback-trusted"])
+async def test_a_client_names_its_own_address_only_from_a_trusted_proxy(
+    caplog: pytest.LogCaptureFixture, trusted: bool
+) -> None:
+    # uvicorn trusts X-Forwarded-For from loopback by default: on the README's example any
+    # local process naming a new address each request was a new anonymous client each time,
+    # past its max_sessions, and no client the room could single out.
+    caplog.set_level(logging.INFO)
+    connections = {"trusted_proxies": ["127.0.0.1"]} if trusted else {}
+    capped = {"auth": {"policies": {"default": {"max_sessions": 2}}}, "server": {"connections": connections}}
+    async with gateway(capped) as gw, httpx.AsyncClient(timeout=10) as http:
+        named = [HEADERS | {"X-Forwarded-For": f"10.0.0.{n}"} for n in range(3)]
+        statuses = [
+            (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code for headers in named
+        ]
+        live = len(gw.gateway.sessions.live)
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
+    assert statuses == [200, 200, 200]  # idle sessions make way for their own client's new one
+    if trusted:  # a proxy's word: three clients, one session each
+        assert (live, lines) == (3, [])
+    else:  # one client: its first session ended for its third
+        assert live == 2
+        [line] = lines
+        assert "of anonymous@127.0.0.1, idle" in line, line
+        assert line.endswith("to make way for a new one of anonymous@127.0.0.1 (its max_sessions 2)"), line
+
+
 async def test_a_refusal_of_an_anonymous_client_names_its_address_in_the_log(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
