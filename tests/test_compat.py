@@ -64,6 +64,7 @@ from agent_gateway.compat.deferred import DeferredStreamTransport
 from agent_gateway.compat.replay import ReplayFromStore
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.compat.stdlib import holds_callbacks
+from agent_gateway.store.events import session_of
 from tests.support import serving_upstream
 
 SRC = Path(compat.__file__).resolve().parent.parent
@@ -310,6 +311,9 @@ def test_a_session_scoped_stream_id_is_what_the_relay_looks_its_stream_up_by() -
     # gives it; the transport keeps that stream under GET_STREAM_KEY in _request_streams.
     scoped = SessionScopedEventStore(InMemoryEventStore(), session_id="s-1")
     assert scoped._scope_stream_id(GET_STREAM_KEY) == "3:s-1:_GET_stream"  # pyright: ignore[reportPrivateUsage]
+    # store/events.session_of reads the session back out of it (its streams go with its DELETE).
+    assert session_of(scoped._scope_stream_id("7:a:b")) == "s-1"  # pyright: ignore[reportPrivateUsage]
+    assert session_of("not-scoped") is None
     assert "_request_streams" in TRANSPORT_STATE
 
 

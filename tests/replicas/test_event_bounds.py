@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
+import httpx
 import mcp_types as types
 import redis.asyncio as aioredis
 from mcp.server.streamable_http import EventMessage
@@ -18,6 +20,8 @@ from agent_gateway.config import EventsConfig, StoreConfig
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.events import Entry, SharedEventStore, stream_digest
 from tests.replicas.services import Redis
+from tests.replicas.test_sessions import cluster_of
+from tests.security.test_hostile_load import HEADERS, INITIALIZE
 
 BOUND = 10.0
 STREAM = "session-1:request-1"
@@ -127,3 +131,25 @@ async def test_a_replica_reads_a_few_resumes_at_once(redis: Redis, prefix: str) 
             go.set()
     assert at_once == 4
     assert sending[0] == 6
+
+
+async def test_a_deleted_sessions_event_streams_go_with_it(redis: Redis, prefix: str, tmp_path: Path) -> None:
+    # Kept for their age (5 min), they outlived the session: a client opening and deleting
+    # sessions in a loop left 4,325 streams of a priming event each (21 MB) in 30 s.
+    opening = INITIALIZE | {"params": {**INITIALIZE["params"], "protocolVersion": "2025-11-25"}}
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], auth={"mode": "none"}) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        aioredis.Redis.from_url(redis.url) as raw,
+    ):
+        opened = await http.post(cluster.endpoint(0), json=opening, headers=HEADERS)
+        session = opened.headers["mcp-session-id"]
+        streams = f"{prefix}:streams:{session}"
+        with anyio.fail_after(BOUND):  # written behind
+            while not (kept := await raw.smembers(streams)):
+                await anyio.sleep(0.02)
+        assert await raw.exists(*kept) == len(kept)
+        ended = await http.delete(cluster.endpoint(1), headers=HEADERS | {"Mcp-Session-Id": session})
+        left = await raw.exists(streams, *kept)
+    assert ended.status_code == 200
+    assert left == 0

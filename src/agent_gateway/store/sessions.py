@@ -7,8 +7,8 @@ session (``compat/adoption.py``) instead of answering "Session not found". Each 
 pushes the record's expiry back (in the admission script, ``store/limits.py``), so a session
 expires after ``server.session_idle_timeout`` without a request on any replica (the record is
 kept a touch interval longer, ``limits.kept_for``, so that it never runs out first). A DELETE
-removes the record, leaves a tombstone for as long, and is announced, so every replica that
-adopted the session drops it.
+removes the record and the session's event streams, leaves a tombstone for as long, and is
+announced, so every replica that adopted the session drops it.
 
 A record the store lost while a replica still serves its session (opened while Redis could
 not be reached, or gone with a restart, a flush or an eviction) is written again by that
@@ -30,12 +30,12 @@ from pydantic import ValidationError
 
 from agent_gateway.errors import StoreUnavailable
 from agent_gateway.store.client import SharedStore
+from agent_gateway.store.events import STREAMS
 from agent_gateway.store.limits import kept_for
 
 logger = logging.getLogger(__name__)
 
-ENDED = "ended"
-"""The channel on which a session's end is announced (its id is the message)."""
+ENDED = "ended"  # the channel on which a session's end is announced (its id the message)
 LEVEL = "level"
 """The channel on which a session's new log level is announced (``<replica> <session id>
 <level>``): the other replicas serving it filter its log lines by it too."""
@@ -43,11 +43,12 @@ RESTORED = "restored"
 """The channel on which a record written again after a request found it gone is announced
 (its session id): each other replica serving the session adds what it holds of it."""
 
-# KEYS: the record, its tombstone. ARGV: the session id, the client counts' key prefix, the
-# channel, seconds the tombstone is kept.
+# KEYS: the record, its tombstone, its streams' keys (``events.STREAMS``). ARGV: the session
+# id, the client counts' key prefix, the channel, seconds the tombstone is kept.
 _END = """
 local client = redis.call('HGET', KEYS[1], 'client')
-redis.call('DEL', KEYS[1])
+for _, stream in ipairs(redis.call('SMEMBERS', KEYS[3])) do redis.call('DEL', stream) end
+redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
 if client then
   redis.call('ZREM', ARGV[2] .. client, ARGV[1])
@@ -324,7 +325,7 @@ class SessionRecords:
     async def _say_ended(self, session_ids: list[str]) -> list[Any] | None:
         pipe = self.store.redis.pipeline(transaction=False)
         for session_id in session_ids:
-            keys = [self.store.key("session", session_id), self.store.key("ended", session_id)]
+            keys = [self.store.key(part, session_id) for part in ("session", "ended", STREAMS)]
             args = [session_id, self.store.key("sessions", ""), self.store.key(ENDED), self._kept]
             await self._end(keys=keys, args=args, client=pipe)
         return await self._execute(pipe, "session_end")
