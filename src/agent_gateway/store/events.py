@@ -143,13 +143,13 @@ class SharedEventStore(EventStore):
             pipe.expire(key, self._ttl)
             if stream_id.endswith(_LISTENING) and data != _PRIMING:
                 pipe.publish(self.store.key(LIVE), event_id.encode() + b"\n" + data)
-            if data == _PRIMING and (session := session_of(stream_id)) is not None:  # a new stream
-                pipe.sadd(self.store.key(STREAMS, session), key)
-                pipe.expire(self.store.key(STREAMS, session), self._ttl)
         # Events older than the ttl go, not only whole streams unwritten for as long: a stream
         # written to now and then (a resume adds a priming event) kept all it ever held.
-        for key in {key for key, *_ in batch}:
+        for key, stream_id in {key: stream_id for key, stream_id, *_ in batch}.items():
             pipe.xtrim(key, minid=_oldest(self._ttl), approximate=False)
+            if (session := session_of(stream_id)) is not None:  # listed for its DELETE
+                pipe.sadd(self.store.key(STREAMS, session), key)
+                pipe.expire(self.store.key(STREAMS, session), self._ttl)
         await self.store.call(pipe.execute(), "event_store")
 
     async def replay_events_after(
