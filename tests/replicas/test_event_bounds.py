@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import httpx
 import mcp_types as types
+import pytest
 import redis.asyncio as aioredis
 from mcp.server.streamable_http import EventMessage
 
@@ -133,10 +134,13 @@ async def test_a_replica_reads_a_few_resumes_at_once(redis: Redis, prefix: str) 
     assert sending[0] == 6
 
 
-async def test_a_deleted_sessions_event_streams_go_with_it(redis: Redis, prefix: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", ["2025-06-18", "2025-11-25"])  # opened by its answer; by a priming event
+async def test_a_deleted_sessions_event_streams_go_with_it(
+    redis: Redis, prefix: str, tmp_path: Path, version: str
+) -> None:
     # Kept for their age (5 min), they outlived the session: a client opening and deleting
-    # sessions in a loop left 4,325 streams of a priming event each (21 MB) in 30 s.
-    opening = INITIALIZE | {"params": {**INITIALIZE["params"], "protocolVersion": "2025-11-25"}}
+    # sessions in a loop left 4,325 streams (21 MB) in 30 s.
+    opening = INITIALIZE | {"params": {**INITIALIZE["params"], "protocolVersion": version}}
     async with (
         cluster_of(redis, prefix, tmp_path, [], auth={"mode": "none"}) as cluster,
         httpx.AsyncClient(timeout=BOUND) as http,
