@@ -58,9 +58,10 @@ Pending = tuple[str, str, str, bytes]
 _PRIMING = b""
 """A priming event's stored message: it opens a stream and is never replayed."""
 STREAMS = "streams"
-"""A session's set of its streams' keys (``streams:<session id>``): its DELETE deletes them.
-Kept for their age, they outlived the session: a client opening and deleting sessions in a
-loop left 4,325 streams of a priming event each (21 MB) in 30 s."""
+"""A session's streams' keys (``streams:<session id>``, a sorted set by when each was last
+written, those older than the ttl dropped as it is written): its DELETE deletes them. Kept for
+their age, they outlived the session: a client opening and deleting sessions in a loop left
+4,325 streams (21 MB) in 30 s."""
 LIVE = "live"
 """The channel of notification-stream events, each ``<event id>\n<message>``."""
 _LISTENING = ":" + GET_STREAM_KEY
@@ -145,11 +146,14 @@ class SharedEventStore(EventStore):
                 pipe.publish(self.store.key(LIVE), event_id.encode() + b"\n" + data)
         # Events older than the ttl go, not only whole streams unwritten for as long: a stream
         # written to now and then (a resume adds a priming event) kept all it ever held.
+        now = time.time()
         for key, stream_id in {key: stream_id for key, stream_id, *_ in batch}.items():
             pipe.xtrim(key, minid=_oldest(self._ttl), approximate=False)
             if (session := session_of(stream_id)) is not None:  # listed for its DELETE
-                pipe.sadd(self.store.key(STREAMS, session), key)
-                pipe.expire(self.store.key(STREAMS, session), self._ttl)
+                listed = self.store.key(STREAMS, session)
+                pipe.zadd(listed, {key: now})
+                pipe.zremrangebyscore(listed, "-inf", now - self._ttl)
+                pipe.expire(listed, self._ttl)
         await self.store.call(pipe.execute(), "event_store")
 
     async def replay_events_after(

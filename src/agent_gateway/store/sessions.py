@@ -47,7 +47,7 @@ RESTORED = "restored"
 # id, the client counts' key prefix, the channel, seconds the tombstone is kept.
 _END = """
 local client = redis.call('HGET', KEYS[1], 'client')
-for _, stream in ipairs(redis.call('SMEMBERS', KEYS[3])) do redis.call('DEL', stream) end
+for _, stream in ipairs(redis.call('ZRANGE', KEYS[3], 0, -1)) do redis.call('DEL', stream) end
 redis.call('DEL', KEYS[1], KEYS[3])
 redis.call('SET', KEYS[2], '1', 'EX', ARGV[4])
 if client then
