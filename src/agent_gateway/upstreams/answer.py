@@ -74,13 +74,16 @@ class BodyBound:
         self._held = 0
 
     def _take_event(self, chunk: bytes) -> None:
-        joined = self._tail + chunk
-        end = max(joined.rfind(mark) + len(mark) if mark in joined else -1 for mark in _EVENT_ENDS)
-        self._tail = joined[-_TAIL:]
-        if end < 0:
+        # The chunk is searched in place (it may be large: not copied onto the tail); the last
+        # bytes before it only when no event ends within it, for an end split between two reads.
+        end = _last_end(chunk)
+        if end is None and (at := _last_end(self._tail + chunk[:_TAIL])) is not None:
+            end = at - len(self._tail)
+        self._tail = (self._tail + chunk)[-_TAIL:] if len(chunk) < _TAIL else chunk[-_TAIL:]
+        if end is None:
             self._hold(len(chunk))
             return
-        unfinished = len(joined) - end  # all of it read after the last event ended
+        unfinished = len(chunk) - end  # all of it read after the last event ended
         if unfinished < self._held:
             IN_FLIGHT.give(self._held - unfinished)
             self._held = unfinished
@@ -97,6 +100,12 @@ class BodyBound:
 _EVENT_ENDS = (b"\n\n", b"\r\r", b"\r\n\r\n")
 """What ends an SSE event: a blank line, after any of the three line ends."""
 _TAIL = 3
+
+
+def _last_end(data: bytes) -> int | None:
+    """Where in ``data`` its last event ends (just past the blank line); None: none ends in it."""
+    ends = [at + len(mark) for mark in _EVENT_ENDS if (at := data.rfind(mark)) >= 0]
+    return max(ends) if ends else None
 
 
 class Reading(Protocol):
