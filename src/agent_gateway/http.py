@@ -43,7 +43,9 @@ def build_app(gateway: Gateway) -> Starlette:
     """An ASGI app serving ``gateway``, which the caller runs (``async with gateway.running()``)."""
     server = gateway.config.server
     shared = gateway.shared
-    room = Room(gateway.sessions.handshake_sessions, server.max_sessions)
+    room = Room(
+        gateway.sessions.handshake_sessions, server.max_sessions, shared.room if shared is not None else None
+    )
     # Host and Origin are checked on every request (DNS rebinding), by HostCheck, in place of
     # FastMCP's guard: loopback names and the bound address always pass; anything else must be
     # listed in server.allowed_hosts ("*" passes any Host; Origin is still checked).

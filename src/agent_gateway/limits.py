@@ -133,6 +133,8 @@ class Admission:
         # it carries (the SDK ignores it), else any header let its listen streams past the cap.
         session = None if modern else _header(scope, _SESSION_HEADER)
         verdict = await self._shared_verdict(client, session, opening=session is None and not modern)
+        if verdict is not None and verdict.refused == "sessions" and self._initialize(body, scope):
+            verdict = await self._room_across_replicas(client, verdict)
         refusal = verdict_refusal(client, verdict) if verdict is not None else None
         if refusal is None and verdict is None:
             refusal = self._over_rate(client)
@@ -190,6 +192,17 @@ class Admission:
         finally:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, opened.session)
+
+    def _initialize(self, body: bytes, scope: Scope) -> bool:
+        """Whether ``body`` is an ``initialize`` that passes the body's checks (parsed once)."""
+        return self._shape_problem(body, scope) is None and _initializes(scope)
+
+    async def _room_across_replicas(self, client: Principal, verdict: Verdict) -> Verdict:
+        """The store's verdict on ``client``'s ``initialize`` once a session of its that no
+        replica serves has ended for it (``store/room.py``); ``verdict`` when none could."""
+        if self.room is None or self.shared is None or not await self.room.make_shared(client):
+            return verdict
+        return await self.shared.admit(client, None, opening=True) or verdict
 
     def _no_room(
         self, client: Principal, *, own: bool, handshake: bool
@@ -260,6 +273,8 @@ class Admission:
 
     def _shape_problem(self, body: bytes, scope: Scope) -> tuple[str, int] | None:
         """What is wrong with ``body``'s shape, and its JSON-RPC code; None: nothing."""
+        if PARSED in scope:  # checked already
+            return None
         bound = self.bounds.body_elements
         if (count := json_values(body, bound)) > bound:
             problem = f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"

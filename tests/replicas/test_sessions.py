@@ -96,9 +96,13 @@ class Session:
 
     def __init__(self) -> None:
         self.id: str | None = None
+        self.listening = anyio.Event()
+        """Set once its notification stream (the client's GET) is open."""
 
     async def seen(self, response: httpx2.Response) -> None:
         self.id = response.headers.get("mcp-session-id") or self.id
+        if response.request.method == "GET" and response.status_code == 200:
+            self.listening.set()
 
 
 @asynccontextmanager
@@ -256,10 +260,14 @@ async def test_the_live_session_cap_is_shared(redis: Redis, prefix: str, tmp_pat
     capped = {"max_sessions": 3}
     async with cluster_of(redis, prefix, tmp_path, [], auth=bearer(alice=capped)) as cluster:
         async with (
-            session_to(cluster.url, "alice"),
-            session_to(cluster.url, "alice"),
-            session_to(cluster.url, "alice"),
+            session_to(cluster.url, "alice") as (_, one),
+            session_to(cluster.url, "alice") as (_, two),
+            session_to(cluster.url, "alice") as (_, three),
         ):
+            # Each served (its stream open): none ends for a new one (``store/room.py``).
+            with anyio.fail_after(BOUND):
+                for held in (one, two, three):
+                    await held.listening.wait()
             with pytest.raises(Exception) as refused:  # noqa: PT011  # the SDK client's own wrapping
                 async with session_to(cluster.url, "alice"):
                     pass

@@ -59,6 +59,21 @@ def listening(manager: object, session_ids: Iterable[str]) -> list[str]:
     return found
 
 
+def serving(manager: object, session_ids: Iterable[str]) -> list[str]:
+    """Which of ``session_ids`` the manager holds with a request in flight or a stream open
+    (not idle, not being ended; one whose idle timer has not started yet counts as served)."""
+    transports = _transports(manager)
+    found: list[str] = []
+    for session_id in session_ids:
+        transport = transports.get(session_id)
+        if transport is None or _ending(transport):
+            continue
+        scope = getattr(transport, "idle_scope", None)
+        if scope is None or scope.deadline == math.inf:
+            found.append(session_id)
+    return found
+
+
 def end(manager: object, session_id: str) -> None:
     """End the session ``session_id`` now, as its idle timeout would have."""
     scope = getattr(_transports(manager).get(session_id), "idle_scope", None)

@@ -20,6 +20,9 @@ only listens (its notification stream open, no request in flight; its client rec
 So the clients filling the bound are the ones that give way, a client holding fewer is never
 made to, and a session with a request in flight never ends.
 
+With a shared store a client's sessions are counted across replicas, and one idle here may be
+served by another: the one no replica serves is found by asking them (``store/room.py``).
+
 Only when none of these is found is the new one refused. Each ending is counted
 (``session_made_way``) and logged at INFO.
 """
@@ -27,13 +30,16 @@ Only when none of these is found is the new one refused. Each ending is counted
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from agent_gateway.access import Principal
 from agent_gateway.compat import idle
 from agent_gateway.opening import Openings
 from agent_gateway.refusals import refused
+
+if TYPE_CHECKING:
+    from agent_gateway.store.room import SharedRoom
 
 
 class Held(Protocol):
@@ -55,7 +61,9 @@ class Held(Protocol):
 class Room:
     """Makes room among one gateway's sessions, once its HTTP app has started (``manager``)."""
 
-    def __init__(self, sessions: Callable[[], Iterable[Held]], max_sessions: int) -> None:
+    def __init__(
+        self, sessions: Callable[[], Iterable[Held]], max_sessions: int, shared: SharedRoom | None = None
+    ) -> None:
         self._sessions = sessions
         """The handshake-era sessions held now (``SessionRegistry.handshake_sessions``)."""
         self.max_sessions = max_sessions
@@ -63,6 +71,10 @@ class Room:
         self.openings = Openings()
         self.manager: object | None = None
         """The session manager serving the sessions (None until the app has started)."""
+        self._shared = shared
+        """Room across replicas (``store:``), where clients' sessions are counted."""
+        if shared is not None:
+            shared.serving = self.serving
 
     def make(self, client: Principal) -> bool:
         """Whether a session of ``client``'s, idle, was ended to make room for its next."""
@@ -70,9 +82,31 @@ class Room:
         ended = self._end_longest_idle([own])
         if ended is not None:
             self._made_way(
-                ended, client, f"its max_sessions {client.policy.max_sessions}", "idle the longest"
+                ended.id, client, f"its max_sessions {client.policy.max_sessions}", "idle the longest"
             )
         return ended is not None
+
+    async def make_shared(self, client: Principal) -> bool:
+        """Whether a session of ``client``'s that no replica serves was ended to make room for
+        its next, at its ``max_sessions`` counted across replicas (``store/room.py``)."""
+        if self._shared is None:
+            return False
+        ended = await self._shared.make(client)
+        if ended is None:
+            return False
+        if self.manager is not None:  # at once: its end's announcement drops it here too, later
+            idle.end(self.manager, ended)
+        bound = f"its max_sessions {client.policy.max_sessions} across replicas"
+        self._made_way(ended, client, bound, "touched the longest ago, served by no replica")
+        return True
+
+    def serving(self, session_ids: Sequence[str]) -> list[str]:
+        """Which of ``session_ids`` this replica serves now: a request in flight, its stream
+        open, or a question to its client unanswered."""
+        if self.manager is None:
+            return []
+        asking = {s.id for s in self._http_sessions() if s.waiting}
+        return [*idle.serving(self.manager, session_ids), *(s for s in session_ids if s in asking)]
 
     def has_room(self) -> bool:
         """Whether this replica holds fewer sessions than its bound (none ended to make room)."""
@@ -103,7 +137,8 @@ class Room:
                 peer=client.label,
             )
             return False
-        self._made_way(ended, client, f"server.max_sessions {self.max_sessions}", why)
+        holder = ended.client.label if ended.client is not None else "?"
+        self._made_way(ended.id, client, f"server.max_sessions {self.max_sessions}", why, holder)
         return True
 
     def _may_give_way(self, client: Principal) -> list[list[Held]]:
@@ -156,12 +191,15 @@ class Room:
     def _http_sessions(self) -> list[Held]:
         return [s for s in self._sessions() if s.transport == "http"]
 
-    def _made_way(self, ended: Held, client: Principal, bound: str, why: str) -> None:
+    def _made_way(
+        self, ended: str, client: Principal, bound: str, why: str, holder: str | None = None
+    ) -> None:
+        """Count and log an ending (``holder``: the ended session's client, when not ``client``)."""
         refused(
             "session_made_way",
             "ended session %s of %s, %s, to make way for a new one of %s (%s)",
-            ended.id,
-            ended.client.label if ended.client is not None else "?",
+            ended,
+            holder or client.label,
             why,
             client.label,
             bound,

@@ -11,6 +11,7 @@ short-lived. Without ``store:`` none of this exists and each replica keeps its o
 - ``bus``: announcements between replicas (a session deleted or its log level set, an
   upstream's lists changed, a notification for a session whose stream another replica holds).
 - ``rounds``: a held call's round served by the replica holding it, for a retry another got.
+- ``room``: a client's session no replica serves ended for its new one at its ``max_sessions``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from agent_gateway.store.holders import SubscriptionHolders
 from agent_gateway.store.keeper import SessionKeeper
 from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
+from agent_gateway.store.room import MAKE_WAY, SharedRoom
 from agent_gateway.store.sessions import ENDED, LEVEL, RESTORED, SessionRecords
 
 logger = logging.getLogger(__name__)
@@ -57,9 +59,10 @@ class SharedState:
         self.keeper = SessionKeeper(self.store, self.sessions)
         self.limits = SharedLimits(self.store, idle, on_lost=self.keeper.lost)
         self.events = SharedEventStore(self.store, store.events)
-        channels = (ENDED, LEVEL, RESTORED, CATALOG, LIVE, rounds_channel(self.replica))
+        channels = (ENDED, LEVEL, RESTORED, CATALOG, LIVE, MAKE_WAY, rounds_channel(self.replica))
         self.bus = Bus(self.store, channels)
         self.bus.on(RESTORED, self.keeper.restored_elsewhere)
+        self.room = SharedRoom(self.store, self.bus, self.sessions)
         self.leases = Leases(self.store)
         self.holders = SubscriptionHolders(self.store, self.sessions, self.replica)
 

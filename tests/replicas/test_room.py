@@ -1,0 +1,105 @@
+"""A client at its ``max_sessions`` counted across replicas gets its next session by ending its
+session touched the longest ago that no replica serves (``store/room.py``). Before, with a
+store, it was refused until its sessions' idle timeout: a client that reconnects without a
+DELETE locked itself out of every replica for 30 minutes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.replicas.services import Redis
+from tests.replicas.test_sessions import BOUND, cluster_of
+from tests.replicas.test_shared_counts import raw_client
+from tests.replicas.test_store import ACCEPT, events, opened
+
+PING = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+CAPPED = {"mode": "none", "policies": {"default": {"max_sessions": 3}}}
+COUNT = "sessions:anonymous@127.0.0.1"
+
+
+async def status(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> int:
+    return (await http.post(url, json=PING, headers={**headers, **ACCEPT})).status_code
+
+
+async def gone(http: httpx.AsyncClient, at: Callable[[int], str], headers: dict[str, str]) -> None:
+    """Wait until neither replica serves the session any more."""
+    with anyio.fail_after(BOUND):
+        while [await status(http, at(n), headers) for n in (0, 1)] != [404, 404]:
+            await anyio.sleep(0.02)
+
+
+async def test_at_its_cap_across_replicas_a_client_ends_its_session_touched_the_longest_ago(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        at = cluster.endpoint
+        first, second, third = [await opened(http, at(n % 2)) for n in range(3)]
+        assert await status(http, at(1), first) == 200  # touched again, on the other replica
+        newest = await opened(http, at(0))  # at the cap: "second" ends for it
+        await gone(http, at, second)
+        kept = [await status(http, at(n), h) for n in (0, 1) for h in (first, third, newest)]
+        async with raw_client(redis) as raw:
+            counted = await raw.zrange(f"{prefix}:{COUNT}", 0, -1)
+            record = await raw.exists(f"{prefix}:session:{second['Mcp-Session-Id']}")
+        log = cluster.log(0)
+    assert kept == [200] * 6
+    assert sorted(m.decode() for m in counted) == sorted(h["Mcp-Session-Id"] for h in (first, third, newest))
+    assert record == 0
+    assert "touched the longest ago, served by no replica" in log
+
+
+async def test_a_session_served_by_another_replica_never_ends_for_a_new_one(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        at = cluster.endpoint
+        first, second, third = [await opened(http, at(n % 2)) for n in range(3)]
+        # "first" is touched the longest ago and idle on replica 0, which opened it; its stream
+        # is open on replica 1: served there, it is not the one that ends.
+        async with events(http, at(1), first):
+            newest = await opened(http, at(0))
+            await gone(http, at, second)
+            kept = [await status(http, at(n), h) for n in (0, 1) for h in (first, third, newest)]
+            # Each served now (its stream open on one replica): none ends, the client is refused.
+            async with events(http, at(0), third), events(http, at(1), newest):
+                refused = await http.post(at(0), json=PING | {"method": "initialize"}, headers=ACCEPT)
+    assert kept == [200] * 6
+    assert refused.status_code == 429, refused.text
+    assert "sessions open" in refused.text
+
+
+@pytest.mark.parametrize("answering", [False, True])
+async def test_a_replica_that_does_not_answer_may_serve_any_session_so_none_ends(
+    redis: Redis, prefix: str, tmp_path: Path, answering: bool
+) -> None:
+    # A third listener on the replicas' channel (a replica cut off, or stalled) that hears the
+    # question and never answers: the replicas cannot know it serves none of the sessions.
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+        raw_client(redis) as raw,
+        raw.pubsub() as silent,
+    ):
+        at = cluster.endpoint
+        held = [await opened(http, at(n % 2)) for n in range(3)]
+        if not answering:
+            await silent.subscribe(f"{prefix}:make-way")
+        answer = await http.post(at(0), json=PING | {"method": "initialize"}, headers=ACCEPT)
+        kept = [await status(http, at(0), h) for h in held]
+    if answering:
+        assert answer.status_code == 200, answer.text
+        assert kept.count(404) == 1
+    else:
+        assert answer.status_code == 429, answer.text
+        assert kept == [200] * 3
