@@ -128,7 +128,7 @@ async def listening(http: httpx.AsyncClient, url: str, count: int) -> AsyncItera
 
 async def flood(cluster: Cluster, seconds: float) -> tuple[str, str]:
     quiet = await bystander(cluster.url, seconds / 2)
-    refused = 0
+    refused, loaded = 0, list[float]()
     async with client("127.0.0.3") as http, listening(http, cluster.url, CAP):
 
         async def attacker() -> None:
@@ -171,7 +171,7 @@ def run_before(rev: str, argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="A client that reconnects without DELETE, two replicas.")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--before", help="run with this revision's src/ instead")
     args = parser.parse_args()
