@@ -63,6 +63,7 @@ PROMETHEUS_METRICS: frozenset[str] = frozenset(
         "agent_gateway_store_failures_total",
         "agent_gateway_store_events_dropped_total",
         "agent_gateway_store_notifications_relayed_total",
+        "agent_gateway_store_notifications_unrelayed_total",
         "agent_gateway_store_sessions_restored_total",
         "gen_ai_client_token_usage",
         "gen_ai_client_operation_duration_seconds",

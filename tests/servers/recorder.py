@@ -199,6 +199,18 @@ def build(sink: Sink) -> FastMCP:
         )
         return value["n"]
 
+    @server.resource("note://{name}", mime_type="text/plain")
+    def note(name: str) -> str:
+        return name
+
+    @server.tool
+    async def updates(uri: str, times: int, ctx: Context) -> int:
+        """Announce ``times`` updates of ``uri`` to its subscribers (handshake era)."""
+        for _ in range(times):
+            params = types.ResourceUpdatedNotificationParams(uri=uri)
+            await ctx.send_notification(types.ResourceUpdatedNotification(params=params))
+        return times
+
     # FastMCP serves no resources/subscribe; a real stateful server would.
     async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         sink({"event": "subscribe", "uri": params.uri})

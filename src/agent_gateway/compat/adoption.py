@@ -49,7 +49,6 @@ from mcp.server.runner import aclose_shielded, serve_connection
 from mcp.server.streamable_http import (
     GET_STREAM_KEY,
     MCP_SESSION_ID_HEADER,
-    EventMessage,
     StreamableHTTPServerTransport,
 )
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
@@ -58,10 +57,10 @@ from starlette.types import Receive, Scope, Send
 
 from agent_gateway.compat.deferred import DeferredSessionManager, deferring
 from agent_gateway.compat.lane import json_answer
-from agent_gateway.compat.mcp import parse_message
+from agent_gateway.compat.relays import Relays
 from agent_gateway.errors import StoreUnavailable
 from agent_gateway.refusals import refused
-from agent_gateway.store.events import own_event, relayed, stream_digest
+from agent_gateway.store.events import own_event, stream_digest
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
 
 logger = logging.getLogger(__name__)
@@ -78,9 +77,6 @@ its bound), nor holds up the session's messages or its end."""
 _CLAIM_EVERY = 5.0
 """Seconds between two looks, for a notification stream held here, at its session's
 subscriptions that no live replica holds."""
-_RELAY_TIMEOUT = 5.0
-"""How long a relayed event may wait for room on a notification stream (then dropped: the
-client can still replay it from the store)."""
 
 
 def credential_of(scope: Scope) -> AuthorizationContext | None:
@@ -96,8 +92,8 @@ class AdoptingSessionManager(DeferredSessionManager):
     on_deleted: Ended
     replica: str
     """This replica's event ids start with it (``SharedEventStore.replica``)."""
-    listening: dict[str, StreamableHTTPServerTransport]
-    """The sessions whose notification stream this replica holds, by that stream's digest."""
+    listening: dict[str, Relays]
+    """The notification streams this replica holds, by digest: what other replicas wrote for each."""
     deleting: set[str]
     """The sessions whose client's DELETE this replica is serving: the store's announcement
     that they ended, which this replica hears too, must not drop them before the SDK has
@@ -156,36 +152,27 @@ class AdoptingSessionManager(DeferredSessionManager):
                 await anyio.sleep(_CLAIM_EVERY)
 
         digest = stream_digest(self._listening_stream(session_id))
-        self.listening[digest] = self._server_instances[session_id]
+        relays = self.listening[digest] = Relays(session_id)
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(keep_alive)
                 tg.start_soon(hold_subscriptions)
+                tg.start_soon(relays.forward, self._server_instances[session_id])
                 await super()._handle_stateful_request(scope, receive, send)
                 tg.cancel_scope.cancel()
         finally:
             self.listening.pop(digest, None)
+            relays.close()
 
     async def relay(self, message: str) -> None:
         """An event of a session's notification stream that another replica wrote
-        (``<event id>\n<message>``): sent on that stream when this replica holds it."""
+        (``<event id>\n<message>``): queued for that stream when this replica holds it (the
+        bus waits on no client, ``compat/relays.py``)."""
         event_id, _, data = message.partition("\n")
         _, _, digest = event_id.partition("/")
-        transport = self.listening.get(digest)
-        if transport is None or own_event(event_id, self.replica):
-            return
-        streams = transport._request_streams.get(GET_STREAM_KEY)  # pyright: ignore[reportPrivateUsage]
-        if streams is None:
-            return
-        with anyio.move_on_after(_RELAY_TIMEOUT):
-            try:
-                await streams[0].send(EventMessage(parse_message(data), event_id))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return  # the stream closed meanwhile: the client replays the event when back
-            relayed.add(1)
-            logger.debug("notification %s from another replica sent on its stream here", event_id)
-            return
-        logger.warning("a notification relayed for another replica was dropped: its stream is full")
+        relays = self.listening.get(digest)
+        if relays is not None and not own_event(event_id, self.replica):
+            relays.put(event_id, data)
 
     async def drop(self, session_id: str) -> None:
         """Forget ``session_id`` here: it was deleted through another replica."""

@@ -81,6 +81,10 @@ relayed = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.store.notifications_relayed",
     description="Notifications another replica wrote, sent on the session's stream held here.",
 )
+unrelayed = metrics.get_meter("agent-gateway").create_counter(
+    "agent_gateway.store.notifications_unrelayed",
+    description="Notifications another replica wrote, dropped here: its client did not read its stream.",
+)
 
 
 class SharedEventStore(EventStore):
@@ -101,6 +105,7 @@ class SharedEventStore(EventStore):
         )
         _dropped.add(0)  # a series from the start
         relayed.add(0)
+        unrelayed.add(0)
 
     async def store_event(self, stream_id: StreamId, message: JSONRPCMessage | None) -> EventId:
         digest = stream_digest(stream_id)
