@@ -33,7 +33,7 @@ from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
-from agent_gateway.store.sessions import SessionRecord
+from agent_gateway.store.record import SessionRecord
 from agent_gateway.ui import status_page
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ from agent_gateway.config import ClientPolicy, StoreConfig
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.holders import HEARTBEAT_TTL
 from agent_gateway.store.limits import SharedLimits
-from agent_gateway.store.sessions import SessionRecord, SessionRecords, UpstreamRecord
+from agent_gateway.store.record import SessionRecord, UpstreamRecord
+from agent_gateway.store.sessions import SessionRecords
 from tests.replicas.cluster import Cluster, replicas
 from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_dedicated import visits_server

@@ -47,7 +47,7 @@ async def test_at_its_cap_across_replicas_a_client_ends_its_session_touched_the_
         await gone(http, at, second)
         kept = [await status(http, at(n), h) for n in (0, 1) for h in (first, third, newest)]
         async with raw_client(redis) as raw:
-            counted = await raw.zrange(f"{prefix}:{COUNT}", 0, -1)
+            counted: list[bytes] = await raw.zrange(f"{prefix}:{COUNT}", 0, -1)  # pyright: ignore[reportAssignmentType]
             record = await raw.exists(f"{prefix}:session:{second['Mcp-Session-Id']}")
         log = cluster.log(0)
     assert kept == [200] * 6

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 
 from agent_gateway.downstream.sessions import DownstreamSession, SessionRegistry
-from agent_gateway.store.sessions import SessionRecord, UpstreamRecord
+from agent_gateway.store.record import SessionRecord, UpstreamRecord
 
 
 class HeldRecords:

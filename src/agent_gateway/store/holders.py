@@ -18,7 +18,8 @@ import anyio
 from anyio.abc import TaskStatus
 
 from agent_gateway.store.client import SharedStore
-from agent_gateway.store.sessions import SUBSCRIPTION, SessionRecords
+from agent_gateway.store.record import SUBSCRIPTION
+from agent_gateway.store.sessions import SessionRecords
 
 logger = logging.getLogger(__name__)
 

@@ -45,7 +45,8 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamBusy, UpstreamError, UpstreamUnavailable, describe
 from agent_gateway.refusals import refused
 from agent_gateway.runtime import CLEANUP_TIMEOUT, TaskHost
-from agent_gateway.store.sessions import SessionRecords, UpstreamRecord
+from agent_gateway.store.record import UpstreamRecord
+from agent_gateway.store.sessions import SessionRecords
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import UpdateSink, connected, nothing, unanswered
