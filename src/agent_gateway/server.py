@@ -117,6 +117,7 @@ class Gateway:
             subscribed, dedicated = self.subscriptions.held, self.dedicated.records_of
             shared.keeper.keep(HeldRecords(self.sessions, dedicated, subscribed, shared.replica))
             shared.on_level_set(self.sessions.level_set_elsewhere)
+            shared.holders.on_dropped(self.subscriptions.dropped_elsewhere)
         # In this order: searches and listings reflect a change before any client is told of it.
         self.catalog.subscribe_early(self.search.prepare)
         self.catalog.subscribe(self.search.changed)
@@ -259,6 +260,7 @@ class Gateway:
                 self.dedicated.running(),
                 self.proxy.held.running(),
                 self.broadcast.running(),
+                self.subscriptions.running(),
                 self._agent_running(agent_imported) as agent_refused,
                 self._audit_running(),
             ):

@@ -12,15 +12,16 @@ bound: one not sent in time is left to the upstream session's end, never kept as
 
 With several replicas (``Holders``), a handshake-era session's subscriptions are in its
 shared record, with the replica holding each: a replica that serves the session's
-notification stream takes over those whose holder died or let go (``take_over``).
+notification stream takes over those whose holder died or let go (``take_over``); the holder
+of one its client dropped through another replica leaves it (``dropped_elsewhere``).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager, nullcontext
 from functools import partial
 from typing import Any, Protocol
 
@@ -31,27 +32,20 @@ from mcp.shared.exceptions import MCPError
 
 from agent_gateway.access import Principal
 from agent_gateway.compat.mcp import connection_of
-from agent_gateway.config import ClientPolicy
 from agent_gateway.downstream import sessions
 from agent_gateway.downstream.listeners import Listeners
 from agent_gateway.downstream.sessions import DownstreamSession
-from agent_gateway.errors import ClientLimited, GatewayError, InvalidRequest, describe, to_wire
+from agent_gateway.downstream.subscription_bounds import RELEASE_TIMEOUT, Leaving, check_room, each_bounded
+from agent_gateway.errors import GatewayError, InvalidRequest, to_wire
 from agent_gateway.proxy import Proxy
-from agent_gateway.refusals import refused
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
 
-RELEASE_TIMEOUT = 3.0
-"""Seconds a session's end spends unsubscribing upstream (within the session end's own
-bound, which releases its dedicated upstream sessions after)."""
-RELEASE_CONCURRENCY = 16
-"""Unsubscribes (and clients told of a lost subscription) sent at once."""
 JOIN_CONCURRENCY = 16
 """Subscribes of one listen stream sent upstream at once: one at a time, a stream naming a
 thousand resources of a remote upstream waited a thousand round trips before it opened."""
-_DEFAULT_LIMIT = ClientPolicy().max_subscriptions
 
 Key = tuple[str, str]
 """(upstream session id, upstream URI)"""
@@ -92,6 +86,7 @@ class ResourceSubscriptions:
         """One per key: subscribing and unsubscribing upstream happen one at a time."""
         self._joining: dict[DownstreamSession, int] = {}
         """Subscriptions each session is making now, counted against its bound with those held."""
+        self._leaving = Leaving()
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
@@ -116,7 +111,7 @@ class ResourceSubscriptions:
         """
         session = _session(ctx)
         uris = list(dict.fromkeys(params.notifications.resource_subscriptions or ()))
-        _check_room(session, len(uris))  # refused before any is subscribed upstream
+        check_room(session, len(uris))  # refused before any is subscribed upstream
         async with self._listeners.opened(session) as handler:
             await self._join_all(session, uris)
             # Streams may have been closed meanwhile; and only a stream about to be served
@@ -173,19 +168,51 @@ class ResourceSubscriptions:
         takes them over (a session ended everywhere takes its record, and them, with it)."""
         released = self._drop(session)
         shared = self._holders is not None and session.connection is not None
-        left, why = await _each_bounded([partial(self._release, session, each, shared) for each in released])
+        left, why = await each_bounded([partial(self._release, session, each, shared) for each in released])
         if left:  # one line, whatever the count: they are forgotten here either way
             what = f"{left} of its {len(released)} subscriptions not let go upstream in {RELEASE_TIMEOUT:g}s"
             logger.warning(
                 "session %s ended: %s%s; they end with their upstream session", session.id, what, why
             )
 
-    def _drop(self, session: DownstreamSession) -> list[Released]:
-        """Take ``session`` out of every table (no await: nothing sees it half gone); each of
-        its subscriptions, with the upstream session to unsubscribe on if it was the last."""
+    def dropped_elsewhere(self, session_id: str, public: str) -> None:
+        """``session_id``'s subscription to ``public``, held here, was dropped by its client
+        through another replica: out of the tables now, left upstream by ``Leaving`` (no
+        wait: the replicas' channel calls this)."""
+        session = next((s for s in self._keys if s.id == session_id), None)
+        if session is None:
+            return
+        for released in self._drop(session, public):
+            logger.info(
+                "session %s: its subscription to %s dropped through another replica", session_id, public
+            )
+            if released[2] is not None and not self._leaving.put(
+                partial(self._release, session, released, False)
+            ):
+                logger.warning(
+                    "session %s: %s left to its upstream session's end (too many to leave)",
+                    session_id,
+                    public,
+                )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """Subscriptions dropped through another replica left upstream while inside."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self._leaving.run)
+            yield
+            tg.cancel_scope.cancel()
+
+    def _drop(self, session: DownstreamSession, only: str | None = None) -> list[Released]:
+        """Take ``session`` out of every table (no await: nothing sees it half gone), or out of
+        its subscription to ``only``; each subscription taken, with the upstream session to
+        unsubscribe on if it was the last."""
         dropped: list[Released] = []
-        for key in self._keys.pop(session, ()):
+        for key in list(self._keys.get(session, ())):
             subscribers = self._subscribers.get(key, {})
+            if only is not None and subscribers.get(session) != only:
+                continue
+            self._forget(session, key)
             public = subscribers.pop(session, None)
             if public is None:
                 continue
@@ -247,7 +274,7 @@ class ResourceSubscriptions:
         held = self._keys.get(session, set())
         joining = self._joining.get(session, 0)
         if key not in held:
-            _check_room(session, len(held) + joining + 1)
+            check_room(session, len(held) + joining + 1)
         self._joining[session] = joining + 1
         try:
             yield
@@ -313,7 +340,7 @@ class ResourceSubscriptions:
             len(lost),
             len({session for session, _ in lost}),
         )
-        await _each_bounded([partial(self._tell_lost, session, public) for session, public in lost])
+        await each_bounded([partial(self._tell_lost, session, public) for session, public in lost])
 
     async def _tell_lost(self, session: DownstreamSession, public: str) -> None:
         if self._holders is not None and session.connection is not None:
@@ -336,54 +363,6 @@ class ResourceSubscriptions:
     @property
     def count(self) -> int:
         return sum(len(s) for s in self._subscribers.values())
-
-
-def _check_room(session: DownstreamSession, wanted: int) -> None:
-    """Refuses ``wanted`` subscriptions in ``session`` (those it holds and is making, and
-    one more; or those a listen stream names) past its client's ``max_subscriptions``.
-
-    Raises:
-        MCPError: the bound, as a ``client limit`` error naming it.
-    """
-    limit = session.client.policy.max_subscriptions if session.client is not None else _DEFAULT_LIMIT
-    if wanted <= limit:
-        return
-    label = session.client.label if session.client is not None else "(none)"
-    refused(
-        "subscriptions",
-        "client %s refused %d subscriptions in a session (max %d)",
-        label,
-        wanted,
-        limit,
-        peer=label,
-    )
-    where = "one listen stream" if session.modern else "one session"
-    raise to_wire(
-        ClientLimited(f"{wanted} resource subscriptions in {where}; the limit (max_subscriptions) is {limit}")
-    )
-
-
-async def _each_bounded(calls: Sequence[Callable[[], Awaitable[None]]]) -> tuple[int, str]:
-    """Make ``calls``, ``RELEASE_CONCURRENCY`` at a time, for at most ``RELEASE_TIMEOUT``: how
-    many did not succeed by then, and why the first that failed did (`` (why)``, or "")."""
-    queue = iter(calls)
-    done = 0
-    failed: list[str] = []
-
-    async def worker() -> None:
-        nonlocal done
-        for call in queue:  # shared: each call is taken by one worker
-            try:
-                await call()
-                done += 1
-            except GatewayError as exc:  # one upstream (or the store) failing stops no other
-                failed.append(describe(exc))
-
-    with anyio.move_on_after(RELEASE_TIMEOUT):
-        async with anyio.create_task_group() as tg:
-            for _ in range(min(RELEASE_CONCURRENCY, len(calls))):
-                tg.start_soon(worker)
-    return len(calls) - done, f" ({failed[0]})" if failed else ""
 
 
 def _session(ctx: Any) -> DownstreamSession:

@@ -27,7 +27,7 @@ from agent_gateway.config import GatewayConfig, StoreConfig
 from agent_gateway.store.bus import Bus
 from agent_gateway.store.client import SharedStore, redacted
 from agent_gateway.store.events import LIVE, SharedEventStore
-from agent_gateway.store.holders import SubscriptionHolders
+from agent_gateway.store.holders import DROPPED, SubscriptionHolders
 from agent_gateway.store.keeper import SessionKeeper
 from agent_gateway.store.leases import Leases
 from agent_gateway.store.limits import SharedLimits
@@ -59,12 +59,12 @@ class SharedState:
         self.keeper = SessionKeeper(self.store, self.sessions)
         self.limits = SharedLimits(self.store, idle, on_lost=self.keeper.lost)
         self.events = SharedEventStore(self.store, store.events)
-        channels = (ENDED, LEVEL, RESTORED, CATALOG, LIVE, MAKE_WAY, rounds_channel(self.replica))
+        channels = (ENDED, LEVEL, RESTORED, CATALOG, LIVE, MAKE_WAY, DROPPED, rounds_channel(self.replica))
         self.bus = Bus(self.store, channels)
         self.bus.on(RESTORED, self.keeper.restored_elsewhere)
         self.room = SharedRoom(self.store, self.bus, self.sessions)
         self.leases = Leases(self.store)
-        self.holders = SubscriptionHolders(self.store, self.sessions, self.replica)
+        self.holders = SubscriptionHolders(self.store, self.bus, self.sessions, self.replica)
 
     @property
     def problem(self) -> str | None:

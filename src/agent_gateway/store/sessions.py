@@ -114,9 +114,13 @@ return counted
 """
 
 
-# KEYS: the record. ARGV: a field, its value. Only into a live record (it carries the expiry).
+# KEYS: the record. ARGV: a field, its value[, the value it must have now]. Only into a live
+# record (it carries the expiry).
 _SET_IF_LIVE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+if ARGV[3] and redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[3] then
   return 0
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -131,6 +135,7 @@ redis.call('PUBLISH', ARGV[2], ARGV[3])
 return 1
 """
 _UNSAID_KEPT = 100_000
+_UNSAID_BYTES = 16 << 20
 _BATCH = 500
 """Deletions or fields told in one round trip (a pipeline the store's timeout bounds)."""
 
@@ -147,6 +152,7 @@ class SessionRecords:
         self._unsaid: set[str] = set()
         """Sessions deleted here while the store could not be told: told when it answers."""
         self._unsaid_fields: dict[tuple[str, str], str | None] = {}
+        self._unsaid_bytes = 0
         """Likewise, record fields set (their last value) or dropped (None) meanwhile."""
         self._end = store.redis.register_script(_END)
         self._touch = store.redis.register_script(_TOUCH)
@@ -225,6 +231,7 @@ class SessionRecords:
             for key, value in fields:  # unless changed again meanwhile
                 if self._unsaid_fields.get(key, value) == value:
                     self._unsaid_fields.pop(key, None)
+        self._unsaid_bytes = 0  # all told (an upper bound while any is left)
         return True
 
     async def _field_op(self, pipe: Any, session_id: str, field: str, value: str | None) -> None:
@@ -234,15 +241,18 @@ class SessionRecords:
         elif value is None:
             pipe.hdel(key, field)
         else:
-            await self._set_if_live(keys=[key], args=[field, value], client=pipe)
+            await self._set_if_live(keys=[key], args=self._field_args(field, value), client=pipe)
 
     def _level_args(self, session_id: str, level: str) -> list[str]:
         """The level script's arguments: the level, the channel, the announcement."""
         return [level, self.store.key(LEVEL), f"{self.replica} {session_id} {level}"]
 
     def _unsaid_field(self, session_id: str, field: str, value: str | None) -> None:
-        if len(self._unsaid_fields) < _UNSAID_KEPT:
+        # Bounded in bytes too: a field's name holds a URI, which a client names (megabytes).
+        size = len(session_id) + len(field) + len(value or "")
+        if len(self._unsaid_fields) < _UNSAID_KEPT and self._unsaid_bytes + size <= _UNSAID_BYTES:
             self._unsaid_fields[(session_id, field)] = value
+            self._unsaid_bytes += size
 
     async def _say_ended(self, session_ids: list[str]) -> list[Any] | None:
         pipe = self.store.redis.pipeline(transaction=False)
@@ -313,8 +323,17 @@ class SessionRecords:
         """Set one field of ``session_id``'s record, only while the record lives (it carries
         the expiry: a field set into an expired record would outlive it)."""
         keys = [self.store.key("session", session_id)]
-        if await self.store.call(self._set_if_live(keys=keys, args=[field, value]), what) is None:
+        if (
+            await self.store.call(self._set_if_live(keys=keys, args=self._field_args(field, value)), what)
+            is None
+        ):
             self._unsaid_field(session_id, field, value)
+
+    def _field_args(self, field: str, value: str) -> list[str]:
+        """A field set to ``value``; to "" (a subscription let go) only from this replica's own
+        name: else a replica's copy of a session, ending after the client unsubscribed through
+        another, wrote the subscription back as wanted, and the stream's holder took it again."""
+        return [field, value, self.replica] if value == "" else [field, value]
 
     async def drop_field(self, session_id: str, field: str, what: str) -> None:
         key = self.store.key("session", session_id)
