@@ -164,3 +164,30 @@ async def test_a_session_held_elsewhere_is_answered_retry_not_gone_while_the_sto
     assert (away.status_code, away.headers.get("retry-after"), held.status_code) == (503, "1", 200)
     assert away.json()["error"]["message"] == "the shared session store does not answer: retry shortly"
     assert "not looked up: the shared store does not answer" in cluster.log(1)
+
+
+async def test_subscriptions_dropped_while_redis_was_unreachable_are_kept_to_tell_within_16_mib(
+    prefix: str,
+) -> None:
+    # A field's name holds the URI a client chose: 300 unsubscribes naming 1 MB URIs kept
+    # 0.9 MB each until the store answered, bounded by count alone (100,000 of them).
+    uris = [f"note://{i:02}" + "x" * (1 << 20) for i in range(24)]
+    with redis_server() as redis:
+        store = SharedStore(StoreConfig(url=redis.url, prefix=prefix, timeout=0.5))
+        await store.start()
+        records = SessionRecords(store, 60, "replica-a")
+        key = f"{prefix}:session:s1"
+        try:
+            redis.stop()
+            for uri in uris:
+                await records.drop_field("s1", f"sub:{uri}", "subscription_drop")
+            redis.start()
+            await store.start()
+            async with aioredis.Redis.from_url(redis.url) as client:
+                await client.hset(key, mapping={"client": "c", **{f"sub:{uri}": "b" for uri in uris}})  # pyright: ignore[reportGeneralTypeIssues]
+                told = await records.say_unsaid()
+                left = await client.hlen(key)  # pyright: ignore[reportGeneralTypeIssues]
+        finally:
+            await store.close()
+    # Told: the first 15 (16 MiB); forgotten: the rest, which their records keep.
+    assert (told, left) == (True, 1 + 24 - 15)
