@@ -12,7 +12,7 @@ import pytest
 from langchain_core.messages import ToolMessage
 from mcp import Client
 
-from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN, MAX_REPLY_CHARS
+from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN, MAX_NAME_CHARS, MAX_REPLY_CHARS
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, LOCAL, agent_gateway, ask, record, text
 from tests.servers import recorder
@@ -350,6 +350,25 @@ async def test_a_reply_over_the_characters_a_run_takes_ends_the_run_before_any_c
     assert result.is_error
     assert f"at most {MAX_REPLY_CHARS:,}" in text(result)
     assert math.calls == []
+
+
+async def test_a_tool_name_of_megabytes_is_cut_wherever_the_run_keeps_it(tmp_path: Path) -> None:
+    # A client's model named a 3 MB tool: kept whole in the span's name, the run's steps, the
+    # status page (57 MB a render), the checkpoint (10 MB a conversation) and the log.
+    long = "math__" + "x" * 3_000_000
+    model = ScriptedChatModel(script=[calls(call(long)), answer("Done.")])
+    async with agent_gateway(model, tmp_path) as (gw, math, _), Client(gw.url, mode="legacy") as client:
+        result = await ask(client, "Use the long one.", conversation_id="c")
+        steps = [step.name for step in gw.gateway.activity.runs[-1].steps]
+    with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
+        kept = db.execute("SELECT SUM(LENGTH(checkpoint)) FROM checkpoints").fetchone()[0]
+    assert not result.is_error
+    assert math.calls == []
+    assert steps == [long[:MAX_NAME_CHARS]]
+    assert kept < 100_000
+    told = model.seen[-1][-1]  # what the model was told of its call
+    assert isinstance(told, ToolMessage)
+    assert f"Unknown tool '{long[:MAX_NAME_CHARS]}'" in str(told.content)
 
 
 async def test_a_cancelled_run_leaves_its_thread_with_only_its_latest_checkpoint(tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ answered "Not run"); a reply asking for more is cut to these. A client's model a
 turn with 10,000 calls: each was logged, answered and kept, and the next request built from
 them held the event loop for 90 s."""
 MAX_REPLY_CHARS = 500_000
+MAX_NAME_CHARS = 128
+"""The longest tool name or call id of a model's reply a run keeps (public names are at most 64)."""
 """Characters of one model reply (its text and its tool calls' arguments) a run takes; a
 longer one ends the run. A client's model answered each of a run's ten turns with a call of
 3.5 MB of arguments: every turn was kept whole, the run's record held them all, and one run
@@ -211,6 +213,7 @@ def taken(reply: AIMessage) -> AIMessage:
     Raises:
         ModelFailed: its text and tool arguments hold more than ``MAX_REPLY_CHARS``.
     """
+    reply = _names_cut(reply)
     calls, invalid = reply.tool_calls, reply.invalid_tool_calls
     size = len(reply.text) + sum(len(json.dumps(c["args"], default=str)) for c in calls)
     size += sum(len(c.get("args") or "") for c in invalid)
@@ -231,6 +234,36 @@ def taken(reply: AIMessage) -> AIMessage:
     return reply.model_copy(
         update={"tool_calls": kept, "invalid_tool_calls": invalid[: MAX_CALLS_KEPT - len(kept)]}
     )
+
+
+def _names_cut(reply: AIMessage) -> AIMessage:
+    """``reply`` with each tool call's name and id at most ``MAX_NAME_CHARS``: a name past it
+    names no tool, and is answered as an unknown one of that length. Before, a model's
+    3 MB name was kept whole in the call's span name, the run's steps and the status page
+    (57 MB a render), the checkpoint (10 MB a conversation) and the log."""
+    long = [
+        c
+        for c in (*reply.tool_calls, *reply.invalid_tool_calls)
+        if len(c.get("name") or "") > MAX_NAME_CHARS or len(c.get("id") or "") > MAX_NAME_CHARS
+    ]
+    if not long:
+        return reply
+    logger.warning("a model turn named %d tool calls past %d characters: cut", len(long), MAX_NAME_CHARS)
+    return reply.model_copy(
+        update={
+            "tool_calls": [_cut_call(c) for c in reply.tool_calls],
+            "invalid_tool_calls": [_cut_call(c) for c in reply.invalid_tool_calls],
+        }
+    )
+
+
+def _cut_call(call: Any) -> Any:
+    name, call_id = call.get("name"), call.get("id")
+    return {
+        **call,
+        "name": name[:MAX_NAME_CHARS] if name is not None else None,
+        "id": call_id[:MAX_NAME_CHARS] if call_id is not None else None,
+    }
 
 
 def _found_text(query: str, hits: Sequence[Found]) -> str:

@@ -71,6 +71,7 @@ class Relays:
 
     def close(self) -> None:
         self._send.close()
+        self._receive.close()  # also when the stream ended before its task began
 
     def _drop(self) -> None:
         unrelayed.add(1)

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 
 from agent_gateway.config import ClientPolicy
 from agent_gateway.downstream.sessions import DownstreamSession
@@ -38,10 +39,12 @@ class Leaving:
     """Upstream unsubscribes for callers that must not wait, sent one after another."""
 
     def __init__(self) -> None:
-        self._send, self._receive = anyio.create_memory_object_stream[Leave](_QUEUED)
+        self._send: MemoryObjectSendStream[Leave] | None = None
 
     def put(self, leave: Leave) -> bool:
-        """Queue one (False: the queue is full, or no longer served)."""
+        """Queue one (False: the queue is full, or not served: before ``run``, or after)."""
+        if self._send is None:
+            return False
         try:
             self._send.send_nowait(leave)
         except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
@@ -50,9 +53,10 @@ class Leaving:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Leave each queued subscription (each bounded by its own send timeout) until cancelled."""
+        self._send, receive = anyio.create_memory_object_stream[Leave](_QUEUED)
         task_status.started()
-        async with self._receive:
-            async for leave in self._receive:
+        async with self._send, receive:
+            async for leave in receive:
                 try:
                     await leave()
                 except GatewayError as exc:  # the upstream may be gone: nothing left to undo
