@@ -69,6 +69,8 @@ class Call:
     """SHA-256 of the arguments' canonical JSON (tools and prompts), for the audit trail."""
     arguments: Any = None
     """The arguments themselves: kept only with ``audit.arguments: full``, never logged."""
+    arguments_bytes: int = 0
+    """The size of ``arguments`` as JSON (the audit writer's queue is bounded in bytes)."""
 
     @property
     def failed(self) -> bool:

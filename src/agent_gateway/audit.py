@@ -15,17 +15,21 @@ full queue drops records rather than slow calls, counted in a metric and a warni
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from opentelemetry import metrics
 
@@ -40,6 +44,9 @@ GENESIS = "0" * 64
 _CLAIMS = 100
 """Files a trail may be written to, itself and the ones beside it for other processes."""
 _BATCH = 512
+QUEUED_BYTES = 64 << 20
+"""Bytes of arguments (``audit.arguments: full``) queued for the writer at most; past that a
+record is dropped, counted, as at the queue's length."""
 _GATHER = 0.05
 """Seconds a batch waits for more records after its first: one hop to the writer thread per
 batch, not per call (a record is on disk within ``_GATHER`` of its call ending, plus the write)."""
@@ -102,13 +109,19 @@ class AuditLog:
         self._seq, self._prev = 0, GENESIS
         self._file: BinaryIO | None = None
         self._lock: BinaryIO | None = None
+        self._writing = threading.Lock()
+        """Held by the thread writing: one given up on (cancelled) may still be at it."""
+        self._queued_bytes = 0
 
     def record(self, call: Call) -> None:
         """Queue ``call``; never blocks (a full queue drops it, counted)."""
         if self._send is None:
             return  # not running (a command that does not serve)
         try:
+            if self._queued_bytes + call.arguments_bytes > QUEUED_BYTES:
+                raise anyio.WouldBlock
             self._send.send_nowait(call)
+            self._queued_bytes += call.arguments_bytes
         except anyio.WouldBlock:
             self.dropped += 1
             audit_records.add(1, {"state": "dropped"})
@@ -129,13 +142,18 @@ class AuditLog:
                 await anyio.sleep(_GATHER)
                 gathered += _drain(receive, _BATCH - 1)
                 batch, gathered = gathered, []
-                await anyio.to_thread.run_sync(self._write, batch)
+                self._queued_bytes -= sum(call.arguments_bytes for call in batch)
+                await _in_daemon_thread(self._write, batch)
         finally:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT) as bound:
                 self._send.close()
                 rest = gathered + list(_drain(receive, self.config.queue))
                 receive.close()
-                await anyio.to_thread.run_sync(self._close, rest)
+                await _in_daemon_thread(self._close, rest)
+            if bound.cancelled_caught:
+                logger.error(
+                    "audit: %s did not take the last records in %ss: given up", self.path, CLEANUP_TIMEOUT
+                )
 
     def _open(self) -> None:
         self._claim()
@@ -146,22 +164,27 @@ class AuditLog:
         logger.info("audit: appending to %s (record %d on)", self.path, self._seq + 1)
 
     def _write(self, calls: list[Call]) -> None:
-        lines: list[str] = []
-        for call in calls:
-            self._seq += 1
-            line, self._prev = chained(record_of(call), self._seq, self._prev)
-            lines.append(line)
-        if self._file is None:  # kept open between batches: one open per file, not per batch
-            self._file = open(self.path, "ab")  # noqa: SIM115  # closed by _close or _rotate
-        self._file.write("".join(lines).encode())
-        self._file.flush()
-        audit_records.add(len(calls), {"state": "written"})
-        if self._file.tell() >= self.config.max_bytes:
-            self._rotate()
+        with self._writing:
+            for call in calls:  # rotated at the record that reaches max_bytes, not after a batch
+                self._seq += 1
+                line, self._prev = chained(record_of(call), self._seq, self._prev)
+                if self._file is None:  # kept open between batches: one open per file
+                    self._file = open(self.path, "ab")  # noqa: SIM115  # closed by _close or _rotate
+                self._file.write(line.encode())
+                if self._file.tell() >= self.config.max_bytes:
+                    self._file.flush()
+                    self._rotate()
+            if self._file is not None:
+                self._file.flush()
+            audit_records.add(len(calls), {"state": "written"})
 
     def _close(self, rest: list[Call]) -> None:
         if rest:
             self._write(rest)
+        with self._writing:
+            self._closed()
+
+    def _closed(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -208,6 +231,29 @@ class AuditLog:
         self.path.rename(_rotated(self.path, 1))
         private(self.path)
         logger.info("audit: rotated %s at record %d", self.path, self._seq)
+
+
+async def _in_daemon_thread(write: Callable[[list[Call]], None], calls: list[Call]) -> None:
+    """``write(calls)`` in a daemon thread of its own, given up on when cancelled. On a hung
+    disk (an NFS mount gone) a write never returns: in anyio's worker (not a daemon) it held
+    the gateway's stop for ever, past every bound; given up on, it ends with the process
+    (``AuditLog._writing`` keeps it apart from a later write meanwhile)."""
+    done = anyio.Event()
+    token = anyio.lowlevel.current_token()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            write(calls)
+        except BaseException as exc:  # handed to the task, which raises it
+            failed.append(exc)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+            anyio.from_thread.run_sync(done.set, token=token)
+
+    threading.Thread(target=run, name="audit writer", daemon=True).start()
+    await done.wait()
+    if failed:
+        raise failed[0]
 
 
 def _drain(receive: MemoryObjectReceiveStream[Call], limit: int) -> Iterator[Call]:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import anyio
+import httpx
 import pytest
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
@@ -19,7 +23,9 @@ from mcp import Client
 from agent_gateway.cli import main
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
-from tests.support import RunningGateway, running_gateway, serving_upstream
+from tests.support import RunningGateway, gateway_child, running_gateway, serving_upstream
+
+BOUND = 30.0
 
 
 def _server() -> FastMCP:
@@ -45,14 +51,23 @@ def _server() -> FastMCP:
 
 
 @asynccontextmanager
-async def audited(path: Path, **audit: Any) -> AsyncIterator[RunningGateway]:
+async def audited(
+    path: Path, limits: dict[str, Any] | None = None, **audit: Any
+) -> AsyncIterator[RunningGateway]:
     model = ScriptedChatModel(respond=lambda messages: answer("done"))
     async with serving_upstream(_server()) as url:
         config = {
             "upstreams": {"desk": {"url": url}},
             "agent": {"memory": {"store": "memory"}},
             "audit": {"path": str(path)} | audit,
-        } | bearer({"tools": ["desk__echo"], "prompts": [], "resources": []})
+        } | bearer(
+            {
+                "tools": ["desk__echo"],
+                "prompts": [],
+                "resources": [],
+                **(limits or {}),
+            }
+        )
         environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
         async with running_gateway(config, environ=environ, chat_model=model) as gw:
             yield gw
@@ -205,3 +220,65 @@ async def test_a_call_through_call_tool_is_recorded_as_the_tool_it_called(tmp_pa
     assert len(calls) == 2
     assert calls[0][:2] == ("desk__echo", "desk")
     assert calls[1] == calls[0]
+
+
+async def test_a_clients_refusals_are_one_record_a_second_and_its_session_header_is_cut(
+    tmp_path: Path,
+) -> None:
+    # Refused before a byte was parsed, each was a record, with the Mcp-Session-Id header the
+    # client sent: 60,000 characters each, 285 MB in 20 s rotated every earlier record out.
+    trail = tmp_path / "audit.jsonl"
+    limited = {"rate_limit": {"per_minute": 60, "burst": 1}}
+    async with audited(trail, limited) as gw, httpx.AsyncClient(timeout=BOUND) as http:
+        headers = {
+            "Authorization": f"Bearer {ATTACKER_TOKEN}",
+            "Accept": "application/json, text/event-stream",
+            "Mcp-Session-Id": "s" * 60_000,
+        }
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "desk__echo"}}
+        sent, refused = 0, []
+        with anyio.fail_after(BOUND):
+            while not any("more of this client's" in r["detail"] for r in refused):
+                answer = await http.post(gw.url, json=call, headers=headers)
+                assert answer.status_code in (404, 429)  # 404: within its rate, no such session
+                sent += answer.status_code == 429
+                refused = [r for r in records(trail) if r["outcome"] == "refused"] if trail.exists() else []
+    assert len(refused) < sent
+    assert all(len(r["session"]) <= 64 for r in refused)
+    assert main(["audit", "verify", str(trail)]) == 0
+
+
+async def test_full_arguments_past_64_kib_are_kept_as_their_size_and_digest(tmp_path: Path) -> None:
+    # 16 calls of 3.5 MB held 1.3 GB in the writer's queue, and files overshot max_bytes.
+    trail = tmp_path / "audit.jsonl"
+    text = "x" * 100_000
+    async with audited(trail, arguments="full") as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        await c.call_tool("desk__echo", {"text": text})
+        await c.call_tool("desk__echo", {"text": "short"})
+    first, second = [r for r in records(trail) if r["name"] == "desk__echo"]
+    whole = json.dumps({"text": text}, sort_keys=True, separators=(",", ":"))
+    assert first["arguments"] == {"cut": f"{len(whole):,} characters"}
+    assert first["arguments_sha256"] == hashlib.sha256(whole.encode()).hexdigest()
+    assert second["arguments"] == {"text": "short"}
+
+
+async def test_a_gateway_whose_audit_disk_hangs_still_stops(tmp_path: Path) -> None:
+    # A FIFO nobody reads stands in for a hung mount: opening it to write never returns. The
+    # write ran in anyio's worker thread, which the interpreter waits for: SIGTERM never
+    # stopped the gateway.
+    hung = tmp_path / "hung" / "audit.jsonl"
+    hung.parent.mkdir()
+    os.mkfifo(hung)
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"enabled": False},
+            "audit": {"path": str(hung)},
+        }
+        async with gateway_child(config, tmp_path) as (base, child), client(f"{base}/mcp") as c:
+            assert not (await c.call_tool("desk__echo", {"text": "x"})).is_error
+            child.send_signal(signal.SIGTERM)
+            with anyio.fail_after(BOUND):
+                while child.poll() is None:
+                    await anyio.sleep(0.05)
+    assert child.returncode == 0
