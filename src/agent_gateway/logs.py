@@ -103,11 +103,13 @@ PEER_LOGGERS = (
     "opentelemetry.trace.propagation",
     "opentelemetry.baggage",
     "agent_gateway.refusals",
+    "fastmcp.server.auth",
 )
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
 about what a peer sent (an upstream's malformed notification, question outside any call or
 listing's repeated names; a client's ``traceparent`` over 512 characters or ``baggage`` over
-8 KiB, one warning each request that carried one): the peer chooses how many."""
+8 KiB, one warning each request that carried one; a token FastMCP's verifier refused): the
+peer chooses how many."""
 PEER_LINES = frozenset({("mcp.server.runner", "dropped %r: malformed params")})
 """Lines of other loggers that are about what a peer sent (a client's notification the SDK
 cannot read: one warning each POST); their other lines are the gateway's own."""

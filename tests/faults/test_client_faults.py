@@ -301,3 +301,24 @@ async def test_a_second_request_under_an_id_being_answered_is_refused_and_the_fi
                 "message": f"request id {str(second_id)!r} is already in flight in this session",
             }
             assert json.loads(answers["first"].text)["result"]["content"][0]["text"] == "slept 1s"
+
+
+async def test_requests_refused_401_write_no_line_each_and_fastmcps_lines_are_the_gateways(
+    tmp_path: Path,
+) -> None:
+    # FastMCP's loggers had a Rich handler of their own: each 401 wrote its two lines past the
+    # gateway's filters (1 ms of CPU each, never JSON, never throttled), and a verifier's
+    # warning about a token's 20,000-character subject was word-wrapped for 2.6 s.
+    log = tmp_path / "gateway.log"
+    auth = {"mode": "bearer", "tokens": [{"name": "ci", "token": "ci-token-0123456789abcdef"}]}
+    config = {"upstreams": {}, "auth": auth, "telemetry": {"log_format": "json"}}
+    async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
+        for n in range(50):
+            headers = HEADERS | {"Authorization": f"Bearer wrong-{n}"}
+            ping = {"jsonrpc": "2.0", "id": n, "method": "ping"}
+            assert (await http.post(f"{base}/mcp", json=ping, headers=headers)).status_code == 401
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    assert not [line for line in lines if "Auth error returned" in line]
+    assert all(line.startswith("{") for line in lines), [line for line in lines if not line.startswith("{")][
+        :3
+    ]
