@@ -72,6 +72,14 @@ def clipped(value: object, limit: int = CLIP) -> object:
     return value
 
 
+def clip_args(record: logging.LogRecord) -> None:
+    """Cut each of ``record``'s arguments to ``CLIP`` characters."""
+    if isinstance(record.args, tuple) and record.args:
+        record.args = tuple(clipped(a) for a in record.args)
+    elif isinstance(record.args, dict) and record.args:
+        record.args = {k: clipped(v) for k, v in record.args.items()}
+
+
 class Clipped(logging.Filter):
     """Cuts every argument of every record to ``CLIP`` characters (with ``JsonFormatter``, the
     only writer of structured fields, which cuts those: the places that keep a client from
@@ -79,10 +87,7 @@ class Clipped(logging.Filter):
     the message (a library's debug line prints the URL it requested)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple) and record.args:
-            record.args = tuple(clipped(a) for a in record.args)
-        elif isinstance(record.args, dict) and record.args:
-            record.args = {k: clipped(v) for k, v in record.args.items()}
+        clip_args(record)
         message = record.getMessage()
         if "://" in message or "?" in message:
             record.msg, record.args = redacted_url(message), ()
@@ -169,6 +174,7 @@ class PeerRepeats(logging.Filter):
             if len(self._seen) >= _KINDS:  # kinds are few; bounded all the same
                 del self._seen[next(iter(self._seen))]
             self._seen[kind] = (now, 0)
+        clip_args(record)  # before the message is made (``Clipped`` comes after, and finds it made)
         message = record.getMessage()
         if record.exc_info is not None and isinstance(error := record.exc_info[1], ValidationError):
             # "1 validation error for X", the field, what was wrong with it: one line.

@@ -16,6 +16,7 @@ import mcp_types as types
 from mcp import Client
 
 from tests.faults.harness import Faulted, faulty_stdio, gateway_under_fault, text_of, wait_until
+from tests.security.test_identity import SECRET, token
 from tests.support import answer_before_the_body_ends, gateway_child
 
 MODERN = "2026-07-28"
@@ -307,18 +308,22 @@ async def test_requests_refused_401_write_no_line_each_and_fastmcps_lines_are_th
     tmp_path: Path,
 ) -> None:
     # FastMCP's loggers had a Rich handler of their own: each 401 wrote its two lines past the
-    # gateway's filters (1 ms of CPU each, never JSON, never throttled), and a verifier's
-    # warning about a token's 20,000-character subject was word-wrapped for 2.6 s.
+    # gateway's filters (1 ms of CPU each, never JSON, never throttled), and the verifier's
+    # warning naming a token's 20,000-character subject was word-wrapped for 2.6 s.
     log = tmp_path / "gateway.log"
-    auth = {"mode": "bearer", "tokens": [{"name": "ci", "token": "ci-token-0123456789abcdef"}]}
+    auth = {"mode": "jwt", "jwt": {"secret": SECRET, "algorithm": "HS256", "audience": "gw"}}
     config = {"upstreams": {}, "auth": auth, "telemetry": {"log_format": "json"}}
     async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
-        for n in range(50):
-            headers = HEADERS | {"Authorization": f"Bearer wrong-{n}"}
+        for n in range(20):  # signed, for another audience, its subject long and two lines
+            signed = token(aud="other", sub=str(n) + "\n" + "s" * 20_000)
+            headers = HEADERS | {"Authorization": f"Bearer {signed}"}
             ping = {"jsonrpc": "2.0", "id": n, "method": "ping"}
             assert (await http.post(f"{base}/mcp", json=ping, headers=headers)).status_code == 401
     lines = [line for line in log.read_text().splitlines() if line.strip()]
+    mismatched = [line for line in lines if "audience mismatch" in line]
     assert not [line for line in lines if "Auth error returned" in line]
-    assert all(line.startswith("{") for line in lines), [line for line in lines if not line.startswith("{")][
-        :3
-    ]
+    assert all(line.startswith("{") for line in lines), [
+        line[:200] for line in lines if not line.startswith("{")
+    ][:3]
+    assert 1 <= len(mismatched) <= 2  # one a 10 s window: the client chose how many
+    assert all(len(line) < 5_000 for line in mismatched)
