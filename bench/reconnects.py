@@ -42,18 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.replicas.cluster import Cluster, replicas
 from tests.replicas.services import redis_server
+from tests.security.test_hostile_load import HEADERS, INITIALIZE
 
 ROOT = Path(__file__).resolve().parent.parent
 
 CAP = 10
-VERSION = "2025-06-18"
-ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-HELLO = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
-}
+VERSION = INITIALIZE["params"]["protocolVersion"]
+ACCEPT, HELLO = HEADERS, INITIALIZE
 CALL = {
     "jsonrpc": "2.0",
     "id": 1,

@@ -5,13 +5,15 @@ DELETE locked itself out of every replica for 30 minutes."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import httpx
 import pytest
 
+from tests.replicas.cluster import Cluster
 from tests.replicas.services import Redis
 from tests.replicas.test_sessions import BOUND, cluster_of
 from tests.replicas.test_shared_counts import raw_client
@@ -26,6 +28,18 @@ async def status(http: httpx.AsyncClient, url: str, headers: dict[str, str]) -> 
     return (await http.post(url, json=PING, headers={**headers, **ACCEPT})).status_code
 
 
+@asynccontextmanager
+async def capped(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> AsyncIterator[tuple[Cluster, httpx.AsyncClient, list[dict[str, str]]]]:
+    """Two replicas, a client capped at 3 sessions, and its 3 opened on replicas 0, 1, 0."""
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        yield cluster, http, [await opened(http, cluster.endpoint(n % 2)) for n in range(3)]
+
+
 async def gone(http: httpx.AsyncClient, at: Callable[[int], str], headers: dict[str, str]) -> None:
     """Wait until neither replica serves the session any more."""
     with anyio.fail_after(BOUND):
@@ -36,12 +50,8 @@ async def gone(http: httpx.AsyncClient, at: Callable[[int], str], headers: dict[
 async def test_at_its_cap_across_replicas_a_client_ends_its_session_touched_the_longest_ago(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
-    async with (
-        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
-        httpx.AsyncClient(timeout=BOUND) as http,
-    ):
+    async with capped(redis, prefix, tmp_path) as (cluster, http, (first, second, third)):
         at = cluster.endpoint
-        first, second, third = [await opened(http, at(n % 2)) for n in range(3)]
         assert await status(http, at(1), first) == 200  # touched again, on the other replica
         newest = await opened(http, at(0))  # at the cap: "second" ends for it
         await gone(http, at, second)
@@ -59,12 +69,8 @@ async def test_at_its_cap_across_replicas_a_client_ends_its_session_touched_the_
 async def test_a_session_served_by_another_replica_never_ends_for_a_new_one(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
-    async with (
-        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
-        httpx.AsyncClient(timeout=BOUND) as http,
-    ):
+    async with capped(redis, prefix, tmp_path) as (cluster, http, (first, second, third)):
         at = cluster.endpoint
-        first, second, third = [await opened(http, at(n % 2)) for n in range(3)]
         # "first" is touched the longest ago and idle on replica 0, which opened it; its stream
         # is open on replica 1: served there, it is not the one that ends.
         async with events(http, at(1), first):
@@ -86,13 +92,11 @@ async def test_a_replica_that_does_not_answer_may_serve_any_session_so_none_ends
     # A third listener on the replicas' channel (a replica cut off, or stalled) that hears the
     # question and never answers: the replicas cannot know it serves none of the sessions.
     async with (
-        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED) as cluster,
-        httpx.AsyncClient(timeout=BOUND) as http,
+        capped(redis, prefix, tmp_path) as (cluster, http, held),
         raw_client(redis) as raw,
         raw.pubsub() as silent,
     ):
         at = cluster.endpoint
-        held = [await opened(http, at(n % 2)) for n in range(3)]
         if not answering:
             await silent.subscribe(f"{prefix}:make-way")
         answer = await http.post(at(0), json=PING | {"method": "initialize"}, headers=ACCEPT)

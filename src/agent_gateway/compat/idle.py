@@ -13,7 +13,7 @@ flight, its stream included (``_requests_in_flight``), and its open streams
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from mcp.server.streamable_http import GET_STREAM_KEY
@@ -47,31 +47,32 @@ def idle(manager: object, session_ids: Iterable[str]) -> dict[str, float]:
 
 def listening(manager: object, session_ids: Iterable[str]) -> list[str]:
     """Which of ``session_ids`` have their notification stream open and no request in flight."""
-    transports = _transports(manager)
-    found: list[str] = []
-    for session_id in session_ids:
-        transport = transports.get(session_id)
-        if transport is None or _ending(transport):
-            continue
-        streams = getattr(transport, "_request_streams", {})
-        if getattr(transport, "_requests_in_flight", 0) == 1 and set(streams) == {GET_STREAM_KEY}:
-            found.append(session_id)
-    return found
+    return [
+        session_id
+        for session_id, transport in _live(manager, session_ids)
+        if getattr(transport, "_requests_in_flight", 0) == 1
+        and set(getattr(transport, "_request_streams", {})) == {GET_STREAM_KEY}
+    ]
 
 
 def serving(manager: object, session_ids: Iterable[str]) -> list[str]:
     """Which of ``session_ids`` the manager holds with a request in flight or a stream open
     (not idle, not being ended; one whose idle timer has not started yet counts as served)."""
-    transports = _transports(manager)
     found: list[str] = []
-    for session_id in session_ids:
-        transport = transports.get(session_id)
-        if transport is None or _ending(transport):
-            continue
+    for session_id, transport in _live(manager, session_ids):
         scope = getattr(transport, "idle_scope", None)
         if scope is None or scope.deadline == math.inf:
             found.append(session_id)
     return found
+
+
+def _live(manager: object, session_ids: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """Each of ``session_ids`` the manager holds and is not ending, with its transport."""
+    transports = _transports(manager)
+    for session_id in session_ids:
+        transport = transports.get(session_id)
+        if transport is not None and not _ending(transport):
+            yield session_id, transport
 
 
 def end(manager: object, session_id: str) -> None:

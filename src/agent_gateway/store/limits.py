@@ -95,12 +95,15 @@ return {0, 0, open, lost}
 # before its opening request is settled here) is not counted again: it would count for 30 min.
 # The reservation was the set's one member when the client had no other session: its removal
 # deleted the set and its expiry, so the set the ZADD makes anew is given one (without, each
-# client that opened a session and never came back left a key for ever).
+# client that opened a session and never came back left a key for ever). Scored as a touch is,
+# to the microsecond and never back (GT): the client's next request can come before the
+# settle, and its touch, undone, made the session look used the longest ago of its client's.
 _SETTLE = """
 redis.call('ZREM', KEYS[1], ARGV[1])
 if ARGV[2] ~= '' and redis.call('EXISTS', KEYS[2]) == 0 then
   local t = redis.call('TIME')
-  redis.call('ZADD', KEYS[1], tonumber(t[1]) + tonumber(ARGV[3]), ARGV[2])
+  local expires = tonumber(t[1]) + tonumber(t[2]) / 1e6 + tonumber(ARGV[3])
+  redis.call('ZADD', KEYS[1], 'GT', expires, ARGV[2])
   if redis.call('TTL', KEYS[1]) < 0 then
     redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3])))
   end
