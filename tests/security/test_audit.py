@@ -20,7 +20,10 @@ from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from mcp import Client
 
+from agent_gateway.activity import Call
+from agent_gateway.audit import QUEUED_BYTES, AuditLog
 from agent_gateway.cli import main
+from agent_gateway.config import AuditConfig
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
 from tests.support import RunningGateway, gateway_child, running_gateway, serving_upstream
@@ -282,3 +285,21 @@ async def test_a_gateway_whose_audit_disk_hangs_still_stops(tmp_path: Path) -> N
                 while child.poll() is None:
                     await anyio.sleep(0.05)
     assert child.returncode == 0
+
+
+async def test_full_arguments_waiting_for_the_writer_are_bounded_in_bytes(tmp_path: Path) -> None:
+    # Bounded by count alone (10,000 records), 16 calls of 3.5 MB at once held 1.3 GB.
+    trail = tmp_path / "audit.jsonl"
+    log = AuditLog(AuditConfig(path=str(trail), arguments="full"))
+    kept = {"text": "x" * 1000}
+    call = Call(
+        1.0, "ci", None, None, "tools/call", "desk__echo", "desk", "ok", None, 0.1, None, None, kept, 1 << 20
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(log.run)
+        for _ in range(100):  # no await between: the writer takes none meanwhile
+            log.record(call)
+        dropped = log.dropped
+        tg.cancel_scope.cancel()  # what is queued is written on the way out
+    assert dropped == 100 - QUEUED_BYTES // (1 << 20)
+    assert len(records(trail)) == QUEUED_BYTES // (1 << 20)
