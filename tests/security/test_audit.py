@@ -295,6 +295,7 @@ async def test_full_arguments_waiting_for_the_writer_are_bounded_in_bytes(tmp_pa
     call = Call(
         1.0, "ci", None, None, "tools/call", "desk__echo", "desk", "ok", None, 0.1, None, None, kept, 1 << 20
     )
+    dropped = -1
     async with anyio.create_task_group() as tg:
         await tg.start(log.run)
         for _ in range(100):  # no await between: the writer takes none meanwhile
