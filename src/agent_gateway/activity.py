@@ -92,7 +92,7 @@ class Call:
         )
 
 
-_LOGGED = tuple(f.name for f in fields(Call) if f.name != "arguments")
+_LOGGED = tuple(f.name for f in fields(Call) if f.name not in ("arguments", "arguments_bytes"))
 
 CallListener = Callable[[Call], None]
 

@@ -153,8 +153,10 @@ def _software(ctx: ServerRequestContext[Any, Any]) -> str | None:
 _PEEKED = 4096
 _SESSION_CHARS = 64
 _REFUSALS_EVERY = 1.0
-"""Seconds between two refusals of one client's recorded (admission's: it refuses unparsed)."""
-_CLIENTS_KEPT = 10_000
+"""Seconds between two refusals of one kind of one client's recorded (admission's)."""
+_KIND = 40
+"""Characters of a refusal's reason that make its kind (a rate limit's, a header check's)."""
+_KINDS_KEPT = 10_000
 ARGUMENTS_KEPT = 64 << 10
 """Characters of arguments a record keeps with ``audit.arguments: full``."""
 _METHOD = re.compile(rb'"method"\s*:\s*"([a-z/]{1,32})"')
@@ -166,20 +168,18 @@ def admission_refusals(activity: Activity) -> Callable[[str, str | None, bytes, 
     recorded as a refused call when it was one (its method and name read from the body's
     first bytes, never parsed)."""
 
-    last: dict[str, tuple[float, int]] = {}
-    """Each client's last refusal recorded, and how many of its refusals were not since."""
+    last: dict[tuple[str, str], tuple[float, int]] = {}
+    """Each client's last refusal of each kind recorded, and how many like it were not since."""
 
     def record(client: str, session: str | None, body: bytes, why: str) -> None:
         head = body[:_PEEKED]
         method = _METHOD.search(head)
         if method is None or (name := method.group(1).decode()) not in CALLED:
             return
-        if (unrecorded := _unrecorded(last, client)) is None:
+        if (unrecorded := _unrecorded(last, (client, why[:_KIND]))) is None:
             return
         named = _NAME.search(head)
-        more = (
-            f" (and {unrecorded} more of this client's since its last refusal recorded)" if unrecorded else ""
-        )
+        more = f" (and {unrecorded} more like it from this client since, not recorded)" if unrecorded else ""
         activity.finished(
             Call(
                 at=time.time(),
@@ -199,20 +199,20 @@ def admission_refusals(activity: Activity) -> Callable[[str, str | None, bytes, 
     return record
 
 
-def _unrecorded(last: dict[str, tuple[float, int]], client: str) -> int | None:
-    """Whether a refusal of ``client``'s is recorded now: None when it is not (one a second a
-    client; counted), else how many of its refusals were not since its last recorded. A
-    client's refusals set the audit trail's pace: one sending as fast as it could, refused,
-    rotated every earlier record out of the trail in 20 s."""
+def _unrecorded(last: dict[tuple[str, str], tuple[float, int]], kind: tuple[str, str]) -> int | None:
+    """Whether a refusal of ``kind`` (a client, the start of why) is recorded now: None when
+    it is not (one a second; counted), else how many like it were not since the last one
+    recorded. A client's refusals set the audit trail's pace: one sending as fast as it could,
+    refused, rotated every earlier record out of the trail in 20 s."""
     now = time.monotonic()
-    at, skipped = last.get(client, (-math.inf, 0))
+    at, skipped = last.get(kind, (-math.inf, 0))
     if now - at < _REFUSALS_EVERY:
-        last[client] = (at, skipped + 1)
+        last[kind] = (at, skipped + 1)
         return None
-    if len(last) >= _CLIENTS_KEPT:  # those quiet for a window forgotten (their counts in metrics)
-        for stale in [c for c, (t, _) in last.items() if now - t >= _REFUSALS_EVERY]:
+    if len(last) >= _KINDS_KEPT:  # those quiet for a window forgotten (their counts in metrics)
+        for stale in [k for k, (t, _) in last.items() if now - t >= _REFUSALS_EVERY]:
             del last[stale]
-    last[client] = (now, 0)
+    last[kind] = (now, 0)
     return skipped
 
 

@@ -241,7 +241,7 @@ async def test_a_clients_refusals_are_one_record_a_second_and_its_session_header
         call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "desk__echo"}}
         sent, refused = 0, []
         with anyio.fail_after(BOUND):
-            while not any("more of this client's" in r["detail"] for r in refused):
+            while not any("more like it from this client" in r["detail"] for r in refused):
                 answer = await http.post(gw.url, json=call, headers=headers)
                 assert answer.status_code in (404, 429)  # 404: within its rate, no such session
                 sent += answer.status_code == 429
