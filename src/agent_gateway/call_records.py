@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -22,6 +21,7 @@ from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
 from agent_gateway.errors import RATE_LIMITED
+from agent_gateway.logs import Repeats
 from agent_gateway.requested import Requested
 
 
@@ -168,15 +168,16 @@ def admission_refusals(activity: Activity) -> Callable[[str, str | None, bytes, 
     recorded as a refused call when it was one (its method and name read from the body's
     first bytes, never parsed)."""
 
-    last: dict[tuple[str, str], tuple[float, int]] = {}
-    """Each client's last refusal of each kind recorded, and how many like it were not since."""
+    # A client's refusals set the audit trail's pace: one sending as fast as it could, refused,
+    # rotated every earlier record out of the trail in 20 s. One a second of each kind.
+    repeats = Repeats(_REFUSALS_EVERY, _KINDS_KEPT)
 
     def record(client: str, session: str | None, body: bytes, why: str) -> None:
         head = body[:_PEEKED]
         method = _METHOD.search(head)
         if method is None or (name := method.group(1).decode()) not in CALLED:
             return
-        if (unrecorded := _unrecorded(last, (client, why[:_KIND]))) is None:
+        if (unrecorded := repeats.first((client, why[:_KIND]))) is None:
             return
         named = _NAME.search(head)
         more = f" (and {unrecorded} more like it from this client since, not recorded)" if unrecorded else ""
@@ -197,23 +198,6 @@ def admission_refusals(activity: Activity) -> Callable[[str, str | None, bytes, 
         )
 
     return record
-
-
-def _unrecorded(last: dict[tuple[str, str], tuple[float, int]], kind: tuple[str, str]) -> int | None:
-    """Whether a refusal of ``kind`` (a client, the start of why) is recorded now: None when
-    it is not (one a second; counted), else how many like it were not since the last one
-    recorded. A client's refusals set the audit trail's pace: one sending as fast as it could,
-    refused, rotated every earlier record out of the trail in 20 s."""
-    now = time.monotonic()
-    at, skipped = last.get(kind, (-math.inf, 0))
-    if now - at < _REFUSALS_EVERY:
-        last[kind] = (at, skipped + 1)
-        return None
-    if len(last) >= _KINDS_KEPT:  # those quiet for a window forgotten (their counts in metrics)
-        for stale in [k for k, (t, _) in last.items() if now - t >= _REFUSALS_EVERY]:
-            del last[stale]
-    last[kind] = (now, 0)
-    return skipped
 
 
 def _canonical(arguments: Any) -> str | None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from opentelemetry import trace
@@ -126,6 +128,33 @@ _KINDS = 1000
 """Kinds remembered at most (the oldest forgotten first)."""
 
 
+class Repeats:
+    """Which of a stream of kinds to write now: the first of each kind in a window, then none
+    until the window has passed, counting those left out (the next one written says how many).
+    At most ``kinds`` are remembered, the oldest forgotten first. Thread-safe."""
+
+    def __init__(self, window: float, kinds: int) -> None:
+        self._window = window
+        self._kinds = kinds
+        self._seen: dict[Hashable, tuple[float, int]] = {}
+        """Kind -> (when its window began, left out since); oldest kind first."""
+        self._lock = threading.Lock()  # log handlers may be called from any thread
+
+    def first(self, kind: Hashable) -> int | None:
+        """None: ``kind`` is left out now (counted); else how many like it were since the last."""
+        now = time.monotonic()
+        with self._lock:
+            began, left_out = self._seen.get(kind, (-math.inf, 0))
+            if now - began < self._window:
+                self._seen[kind] = (began, left_out + 1)
+                return None
+            self._seen.pop(kind, None)
+            if len(self._seen) >= self._kinds:  # kinds are few; bounded all the same
+                del self._seen[next(iter(self._seen))]
+            self._seen[kind] = (now, 0)
+            return left_out
+
+
 class PeerRepeats(logging.Filter):
     """Writes a warning about what an upstream sent once per ``REPEAT_WINDOW`` for each kind
     of line, saying how many like it were left out; a pydantic ``ValidationError`` (the
@@ -139,9 +168,7 @@ class PeerRepeats(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._seen: dict[tuple[str, str, str], tuple[float, int]] = {}
-        """Kind -> (when its window began, lines left out since); oldest kind first."""
-        self._lock = threading.Lock()  # handlers may be called from any thread
+        self._repeats = Repeats(REPEAT_WINDOW, _KINDS)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:  # first: each call writes an INFO line
@@ -161,19 +188,9 @@ class PeerRepeats(logging.Filter):
         template = str(record.msg)
         if not record.args:  # maybe an f-string: what the upstream sent follows its first colon
             template = template.split(":", 1)[0]
-        kind, now = (
-            (record.name, str(getattr(record, "peer", ""))[:_KIND], template[:_KIND]),
-            time.monotonic(),
-        )
-        with self._lock:
-            began, left_out = self._seen.get(kind, (-REPEAT_WINDOW, 0))
-            if now - began < REPEAT_WINDOW:
-                self._seen[kind] = (began, left_out + 1)
-                return False
-            self._seen.pop(kind, None)
-            if len(self._seen) >= _KINDS:  # kinds are few; bounded all the same
-                del self._seen[next(iter(self._seen))]
-            self._seen[kind] = (now, 0)
+        kind = (record.name, str(getattr(record, "peer", ""))[:_KIND], template[:_KIND])
+        if (left_out := self._repeats.first(kind)) is None:
+            return False
         clip_args(record)  # before the message is made (``Clipped`` comes after, and finds it made)
         message = record.getMessage()
         if record.exc_info is not None and isinstance(error := record.exc_info[1], ValidationError):
