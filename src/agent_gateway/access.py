@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import anyio
 from fastmcp.server.auth import AccessToken
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
@@ -67,6 +68,8 @@ class Principal:
     opening: int = 0
     """Requests without a session id being served now: each opens one (HTTP admission)."""
     spent: AgentSpend = field(default_factory=lambda: AgentSpend(None, None))
+    turn: anyio.Lock | None = field(default=None, repr=False)
+    """Held by its request with a large body being served (``turns.py``)."""
     label: str = ""
     """How log lines name it: its subject, and an anonymous client's address with it."""
     _allowed: dict[tuple[Kind, str], bool] = field(default_factory=dict, repr=False)
@@ -367,6 +370,14 @@ def address_of(request: Any) -> str | None:
 def address_of_scope(scope: Mapping[str, Any]) -> str | None:
     client = scope.get("client")
     return str(client[0]) if isinstance(client, tuple | list) and client else None
+
+
+def header_of_scope(scope: Mapping[str, Any], wanted: bytes) -> str | None:
+    """The first value of an ASGI request's header named ``wanted`` (lower case)."""
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return str(value.decode("latin-1"))
+    return None
 
 
 def token_of_scope(scope: Mapping[str, Any]) -> AccessToken | None:

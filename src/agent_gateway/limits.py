@@ -46,6 +46,7 @@ from agent_gateway.access import (
     Principal,
     address_of_scope,
     admitting,
+    header_of_scope,
     token_of_scope,
 )
 from agent_gateway.downstream.room import Room
@@ -56,6 +57,7 @@ from agent_gateway.opening import Opened, Opening
 from agent_gateway.over_limits import Refusal, bound_refusal, rate_refusal, sessions_refusal, verdict_refusal
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict
+from agent_gateway.turns import LARGE_BODY_BYTES, large_turn
 
 INVALID_REQUEST = -32600
 PARSE_ERROR = -32700
@@ -112,26 +114,25 @@ class Admission:
         scope[IDENTIFIED] = client
         held = BodyHeld(client)
         try:
-            await self._admit(scope, receive, send, client, held)
+            # Read, not parsed: the limits below cost a client over them a read, never a parse.
+            if (body := await self._body(scope, receive, send, held)) is not None:
+                async with large_turn(client, len(body)):
+                    await self._admit(scope, receive, send, client, body)
         finally:
             held.release()
 
     async def _admit(
-        self, scope: Scope, receive: Receive, send: Send, client: Principal, held: BodyHeld
+        self, scope: Scope, receive: Receive, send: Send, client: Principal, body: bytes
     ) -> None:
-        # Read, not parsed: the limits below cost a client over them a read, never a parse.
-        body = await self._body(scope, receive, send, held)
-        if body is None:
-            return
         # A modern-era request is a session only while it runs: counted by this replica alone
         # (a round trip each would double its cost); a handshake-era session across replicas.
         # The era as the session manager routes it (``compat/deferred.py``): no version, or a
         # handshake one, is the handshake era; any other, the modern lane (which refuses it).
-        version = _header(scope, _VERSION_HEADER)
+        version = header_of_scope(scope, _VERSION_HEADER)
         modern = version is not None and version not in HANDSHAKE_PROTOCOL_VERSIONS
         # That era has no session id: a modern request opens a session whatever Mcp-Session-Id
         # it carries (the SDK ignores it), else any header let its listen streams past the cap.
-        session = None if modern else _header(scope, _SESSION_HEADER)
+        session = None if modern else header_of_scope(scope, _SESSION_HEADER)
         verdict = await self._shared_verdict(client, session, opening=session is None and not modern)
         if verdict is not None and verdict.refused == "sessions" and self._initialize(body, scope):
             verdict = await self._room_across_replicas(client, verdict)
@@ -149,6 +150,8 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
+        if len(body) > LARGE_BODY_BYTES:  # its parse one step of the loop, its serving the next
+            await anyio.lowlevel.checkpoint()
         # After the body's checks, and only for a request that opens a session (a modern one,
         # or an ``initialize``): else one that never would ended others' to make room for it.
         opens = session is None and (modern or _initializes(scope))
@@ -380,13 +383,6 @@ def _initializes(scope: Scope) -> bool:
     """Whether the request admitted is an ``initialize`` (as admission parsed it)."""
     parsed = scope.get(PARSED)
     return parsed is not None and parsed[1].get("method") == "initialize"
-
-
-def _header(scope: Scope, wanted: bytes) -> str | None:
-    for name, value in scope["headers"]:
-        if name == wanted:
-            return value.decode("latin-1")
-    return None
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -55,6 +55,7 @@ from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.transport_context import TransportContext
 from starlette.types import Receive, Scope, Send
 
+from agent_gateway.access import header_of_scope
 from agent_gateway.compat.deferred import DeferredSessionManager, deferring
 from agent_gateway.compat.lane import json_answer
 from agent_gateway.compat.relays import Relays
@@ -110,7 +111,7 @@ class AdoptingSessionManager(DeferredSessionManager):
     past the bound; refused, its client gets 404 and opens a new one, through admission)."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = _header(scope, MCP_SESSION_ID_HEADER)
+        session_id = header_of_scope(scope, MCP_SESSION_ID_HEADER.lower().encode())
         if session_id is not None and session_id not in self._server_instances:
             try:
                 await self._adopt(session_id, scope)
@@ -293,14 +294,6 @@ async def _not_looked_up(session_id: str, why: str, send: Send) -> None:
     }
     body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
     await json_answer(send, body, 503, [(b"retry-after", b"1"), (b"connection", b"close")])
-
-
-def _header(scope: Scope, name: str) -> str | None:
-    wanted = name.lower().encode("latin-1")
-    for key, value in scope["headers"]:
-        if key == wanted:
-            return value.decode("latin-1")
-    return None
 
 
 def adopt_sessions(

@@ -78,6 +78,7 @@ from agent_gateway.compat.lane import (
 )
 from agent_gateway.compat.replay import ReplayFromStore
 from agent_gateway.downstream.keepalive import Keepalive
+from agent_gateway.limits import PARSED
 from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)
@@ -129,8 +130,14 @@ class DeferredStreamTransport(ReplayFromStore):
         has_json, has_sse = check_accept_headers(request)
         if not (has_json and has_sse and self._check_content_type(request)):
             return None
+        body = await request.body()
+        parsed = request.scope.get(PARSED)  # admission's, when it parsed this very body
         try:
-            message = jsonrpc_message_adapter.validate_json(await request.body(), by_name=False)
+            message = (
+                jsonrpc_message_adapter.validate_python(parsed[1], by_name=False)
+                if parsed is not None and parsed[0] == body  # not parsed twice: 4 ms at 3.5 MB
+                else jsonrpc_message_adapter.validate_json(body, by_name=False)
+            )
         except (ValueError, ValidationError):
             return None
         if not isinstance(message, JSONRPCRequest) or message.method == "initialize":

@@ -1,0 +1,72 @@
+"""A client's requests with large bodies are served one at a time (``turns.py``): each such
+step costs the event loop time in proportion to its body, and sixteen of one client's at
+once put sixteen of them ahead of every other client's each turn of the loop. Its small
+requests, and every other client's, are not held."""
+
+from __future__ import annotations
+
+import anyio
+import httpx
+from fastmcp import FastMCP
+
+from agent_gateway.turns import LARGE_BODY_BYTES, large_waits
+from tests.security.test_bytes_in_flight import until
+from tests.support import running_gateway, serving_upstream
+from tests.test_gateway import modern_request
+
+LARGE = "x" * (LARGE_BODY_BYTES + 1)
+
+
+def waited() -> int:
+    return sum(large_waits._totals.values())  # pyright: ignore[reportPrivateUsage]
+
+
+def holding_server(entered: list[str], release: anyio.Event) -> FastMCP:
+    server = FastMCP("held")
+
+    @server.tool
+    async def hold(tag: str, text: str) -> str:
+        """Records that the call reached the upstream, then waits to be released."""
+        entered.append(tag)
+        await release.wait()
+        return f"{tag}:{len(text)}"
+
+    return server
+
+
+async def test_one_clients_large_requests_take_turns_and_nobody_else_waits() -> None:
+    entered: list[str] = []
+    release = anyio.Event()
+    answers: dict[str, str] = {}
+    async with (
+        serving_upstream(holding_server(entered, release)) as url,
+        running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
+    ):
+
+        async def call(tag: str, address: str, text: str) -> None:
+            body, headers = modern_request("held__hold", {"tag": tag, "text": text})
+            transport = httpx.AsyncHTTPTransport(local_address=address)
+            async with httpx.AsyncClient(timeout=30, transport=transport) as http:
+                answer = (await http.post(gw.url, json=body, headers=headers)).json()
+            answers[tag] = answer["result"]["content"][0]["text"]
+
+        before = waited()
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "first", "127.0.0.2", LARGE)
+            await until(lambda: entered == ["first"])
+            group.start_soon(call, "second", "127.0.0.2", LARGE)
+            group.start_soon(call, "small", "127.0.0.2", "short")  # the same client, a small body
+            group.start_soon(call, "other", "127.0.0.3", LARGE)  # another client, a large body
+            # The second has waited its turn, and the rest reached the upstream meanwhile.
+            await until(lambda: waited() > before and len(entered) == 3)
+            held = list(entered)
+            release.set()
+        assert sorted(held) == ["first", "other", "small"]
+        assert entered[3:] == ["second"]  # served once the first was
+    size = len(LARGE)
+    assert answers == {
+        "first": f"first:{size}",
+        "second": f"second:{size}",
+        "small": "small:5",
+        "other": f"other:{size}",
+    }
