@@ -22,7 +22,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from agent_gateway.downstream import held_calls
+from agent_gateway.downstream import held_bounds, held_calls
 from tests.servers import recorder
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
@@ -74,7 +74,7 @@ def upstream(seen: Seen) -> FastMCP:
 
 @asynccontextmanager
 async def gateway(
-    tool_timeouts: dict[str, float] | None = None, **policy: Any
+    tool_timeouts: dict[str, float] | None = None, upstream_limit: int | None = 200, **policy: Any
 ) -> AsyncIterator[tuple[RunningGateway, Seen]]:
     seen = Seen()
     auth = {
@@ -88,7 +88,12 @@ async def gateway(
         running_gateway(
             {
                 "upstreams": {
-                    "rec": {"url": url, "protocol": "legacy", "tool_timeouts": tool_timeouts or {}}
+                    "rec": {
+                        "url": url,
+                        "protocol": "legacy",
+                        "tool_timeouts": tool_timeouts or {},
+                        "max_concurrency": upstream_limit,
+                    }
                 },
                 "auth": auth,
             },
@@ -311,7 +316,7 @@ async def test_one_round_of_a_call_at_a_time_and_answers_checked_before_any_is_h
 async def test_a_client_with_no_concurrency_bound_holds_at_most_a_quarter_of_the_room(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(held_calls, "PER_CLIENT", 2)
+    monkeypatch.setattr(held_bounds, "PER_CLIENT", 2)
     async with gateway(max_concurrency=None) as (gw, seen), AsyncExitStack() as stack:
         a, b = await modern(stack, gw, "a"), await modern(stack, gw, "b")
         for _ in range(2):
@@ -321,3 +326,21 @@ async def test_a_client_with_no_concurrency_bound_holds_at_most_a_quarter_of_the
         assert "2 calls waiting for this client's answers" in str(third.content[0])
         assert isinstance(await ask(b), types.InputRequiredResult)  # the room left is others'
         assert len([e for e in seen if e["event"] == "asking"]) == 3  # the refused one never began
+
+
+async def test_calls_waiting_for_answers_take_at_most_half_of_an_upstreams_slots() -> None:
+    # A held call keeps its upstream call, and one of the upstream's slots, while its client
+    # keeps no connection: 17 anonymous addresses held all 200 of an upstream's for its call
+    # timeout, and every other client's calls to it were refused.
+    async with gateway(upstream_limit=4) as (gw, seen), AsyncExitStack() as stack:
+        a, b = await modern(stack, gw, "a"), await modern(stack, gw, "b")
+        for _ in range(2):
+            assert isinstance(await ask(a), types.InputRequiredResult)
+        third = await ask(b)
+        served = await b.call_tool("rec__steps", {"count": 3})
+    assert isinstance(third, types.CallToolResult) and third.is_error
+    unanswered = [e for e in seen if e["event"] == "unanswered"]
+    assert len(unanswered) == 1
+    assert "upstream 'rec' has 2 calls waiting for clients' answers" in unanswered[0]["error"]
+    assert not served.is_error
+    assert "3" in str(served.content[0])

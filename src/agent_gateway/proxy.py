@@ -72,8 +72,13 @@ class Proxy:
         self._catalog = catalog
         self._pool = pool
         self._dedicated = dedicated
-        self.held = HeldCalls()
+        self.held = HeldCalls(self._concurrency_of)
         """Modern clients' calls held across rounds for a handshake-era upstream's questions."""
+
+    def _concurrency_of(self, upstream: str) -> int | None:
+        """``upstream``'s ``max_concurrency`` (None: none, or no such upstream)."""
+        known = self._pool.upstreams.get(upstream)
+        return known.guard.limit if known is not None else None
 
     async def call_tool(
         self,

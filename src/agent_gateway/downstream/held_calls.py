@@ -16,7 +16,8 @@ and log lines go to whichever request of the call is current.
 Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream gets an error
 for it, and the call is given up: cancelled upstream, as nobody would take its outcome); a
 client has at most its ``max_concurrency`` calls waiting for its answers (and no more than
-``PER_CLIENT``), the gateway ``MAX_HELD``; a retry must come from the client that made the
+``PER_CLIENT``), an upstream's half its ``max_concurrency``, the gateway ``MAX_HELD``
+(``held_bounds.py``); a retry must come from the client that made the
 call, for the same tool (the SDK's seal of ``requestState`` binds both as well), one round at
 a time, its answers each of its question's type. A call that ends between rounds (its timeout, its upstream gone)
 gives the retry its own failure; until a retry takes its outcome (or ``ANSWER_TIMEOUT`` passes)
@@ -46,9 +47,9 @@ from pydantic import ValidationError
 
 from agent_gateway.access import Principal
 from agent_gateway.downstream.caller import Caller
+from agent_gateway.downstream.held_bounds import over_bound
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.errors import ClientLimited, InvalidArguments, UnknownRound
-from agent_gateway.refusals import refused
 from agent_gateway.runtime import TaskHost
 from agent_gateway.tally import held_rounds
 from agent_gateway.upstreams.client_side import ClientSide
@@ -57,11 +58,6 @@ logger = logging.getLogger(__name__)
 
 ANSWER_TIMEOUT = 300.0
 """Seconds a held call's question waits for the client's retry carrying its answer."""
-MAX_HELD = 1024
-"""Calls held at once, all clients together."""
-PER_CLIENT = MAX_HELD // 4
-"""Calls held at once for one client whose policy sets no lower ``max_concurrency`` (or
-none): no client takes more than a quarter of the room."""
 STATE_PREFIX = "agent-gateway/held/"
 """How a ``requestState`` of ours begins (any other is the upstream's own, passed through)."""
 
@@ -120,6 +116,8 @@ class _Held:
     asked: bool = False
     """It has asked its client something: it counts against the bounds until its outcome is
     taken (or it is given up)."""
+    upstream: str = ""
+    """The upstream that asked it."""
     serving: bool = False
     """A round of it is being served (one at a time: a second would wait on nothing)."""
     done: bool = False
@@ -190,12 +188,12 @@ class HeldCaller:
         held = self._held
         if (unable := unsupported(held.caller.capabilities, request)) is not None:
             return unable
-        if not held.asked and (over := self._calls.over_bound(held.caller)) is not None:
+        if not held.asked and (over := self._calls.over_bound(held.caller, upstream)) is not None:
             # Checked again here: calls let in side by side had asked nothing then.
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {over}")
         key = f"{request.method.split('/')[0]}-{next(held.keys)}"
         question = held.questions[key] = _Question(request)
-        held.asked = True
+        held.asked, held.upstream = True, upstream
         held.changed.set()
         logger.info("%s from %s held for the next round of call %s", request.method, upstream, held.name)
         try:
@@ -219,8 +217,10 @@ class HeldCaller:
 class HeldCalls(TaskHost):
     """The held calls of this gateway process, run in its own task group."""
 
-    def __init__(self) -> None:
+    def __init__(self, upstream_limit: Callable[[str], int | None] = lambda _: None) -> None:
         self._held: dict[str, _Held] = {}
+        self.upstream_limit = upstream_limit
+        """An upstream's ``max_concurrency`` (None: none, or no such upstream)."""
         self.replica = ""
         """This replica among several (its tokens begin with it); empty: the only one."""
         self.elsewhere: Rounds | None = None
@@ -327,27 +327,15 @@ class HeldCalls(TaskHost):
         logger.info("held call %s of %s asks its client: %s", held.name, held.tool, ", ".join(asked))
         return types.InputRequiredResult(input_requests=asked, request_state=STATE_PREFIX + held.token)
 
-    def over_bound(self, caller: RoundRequest) -> str | None:
+    def over_bound(self, caller: RoundRequest, upstream: str | None = None) -> str | None:
         """Why ``caller``'s client may not have one more call waiting for its answers (None:
-        it may). Calls that asked are bounded, per client and in all, until their outcome is
-        taken (one done between rounds holds its result until then); a call that asks nothing
-        holds no room. Checked as a call begins
-        (refused at once) and as it first asks (the question refused): calls let in side by
-        side had asked nothing when they began."""
-        client = caller.client.label if caller.client is not None else ""
+        it may), ``upstream`` asking (``held_bounds.py``). Calls that asked are bounded until
+        their outcome is taken (one done between rounds holds its result until then); a call
+        that asks nothing holds no room. Checked as a call begins (refused at once) and as it
+        first asks (the question refused): calls let in side by side had asked nothing then."""
         waiting = [held for held in self._held.values() if held.asked]
-        mine = sum(1 for held in waiting if held.client == client)
-        own = caller.client.policy.max_concurrency if caller.client is not None else None
-        limit = min(own or PER_CLIENT, PER_CLIENT)
-        if mine >= limit:
-            refused(
-                "held_calls", "client %s refused a held call (%d waiting for it)", client, mine, peer=client
-            )
-            return f"{mine} calls waiting for this client's answers; answer or cancel them first"
-        if len(waiting) >= MAX_HELD:
-            refused("held_calls", "client %s refused a held call (%d waiting in all)", client, len(waiting))
-            return f"the gateway holds {len(waiting)} calls waiting for clients' answers; retry later"
-        return None
+        limit = self.upstream_limit(upstream) if upstream is not None else None
+        return over_bound(waiting, caller.client, upstream, limit)
 
     def _answer(self, held: _Held, answers: types.InputResponses) -> None:
         """Hand ``answers`` to the questions they answer, each checked first: one that is not

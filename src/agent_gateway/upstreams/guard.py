@@ -158,6 +158,11 @@ class Guard:
         """Optional methods the upstream answered with Method not found: never sent again."""
 
     @property
+    def limit(self) -> int | None:
+        """Its ``max_concurrency`` (None: none)."""
+        return self._limit
+
+    @property
     def circuit(self) -> Circuit:
         return self.breaker.state if self.breaker is not None else Circuit.CLOSED
 
