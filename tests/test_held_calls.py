@@ -328,19 +328,29 @@ async def test_a_client_with_no_concurrency_bound_holds_at_most_a_quarter_of_the
         assert len([e for e in seen if e["event"] == "asking"]) == 3  # the refused one never began
 
 
-async def test_calls_waiting_for_answers_take_at_most_half_of_an_upstreams_slots() -> None:
+async def test_calls_waiting_for_answers_take_half_of_an_upstreams_slots_shared_fairly() -> None:
     # A held call keeps its upstream call, and one of the upstream's slots, while its client
     # keeps no connection: 17 anonymous addresses held all 200 of an upstream's for its call
     # timeout, and every other client's calls to it were refused.
     async with gateway(upstream_limit=4) as (gw, seen), AsyncExitStack() as stack:
         a, b = await modern(stack, gw, "a"), await modern(stack, gw, "b")
-        for _ in range(2):
-            assert isinstance(await ask(a), types.InputRequiredResult)
-        third = await ask(b)
+        first, second = await ask(a), await ask(a)  # the upstream's two slots for waiting calls
+        assert isinstance(first, types.InputRequiredResult)
+        assert isinstance(second, types.InputRequiredResult)
+        # b holds none there: a's oldest is ended for it, and the rest is shared one each.
+        made_way = await ask(b)
+        await until(seen, "handler_cancelled")
+        refused = await ask(b)
         served = await b.call_tool("rec__steps", {"count": 3})
-    assert isinstance(third, types.CallToolResult) and third.is_error
+        gone = await refusal(ask(a, state=first.request_state, answers={"elicitation-0": accepting("late")}))
+        cancelled = [e for e in seen if e["event"] == "handler_cancelled"]  # before the gateway stops
+    assert isinstance(made_way, types.InputRequiredResult)
+    assert isinstance(refused, types.CallToolResult)
+    assert refused.is_error
     unanswered = [e for e in seen if e["event"] == "unanswered"]
     assert len(unanswered) == 1
     assert "upstream 'rec' has 2 calls waiting for clients' answers" in unanswered[0]["error"]
+    assert len(cancelled) == 1
+    assert "is not held here" in gone
     assert not served.is_error
     assert "3" in str(served.content[0])

@@ -7,12 +7,16 @@ Counted per client alone, 17 anonymous loopback addresses of one process held al
 of an upstream for its call timeout, again and again, with one burst of requests each time:
 every other client's calls to it were refused (a helper's attack). Calls waiting on one
 upstream therefore take at most half its slots; the other half serve calls that are running.
+Past that half, a client holding fewer there than another has the oldest call of the one
+holding the most ended for it: an attacker of many addresses cannot keep the room from a
+client that asks for one.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from agent_gateway.access import Principal
 from agent_gateway.refusals import refused
@@ -39,34 +43,59 @@ class Waiting(Protocol):
         """The upstream that asked (empty: none yet)."""
         ...  # a Protocol member: the signature is the contract
 
+    @property
+    def done(self) -> bool:
+        """Its upstream call has ended (its outcome waits for the client's retry)."""
+        ...  # a Protocol member: the signature is the contract
 
-def over_bound(
-    waiting: Sequence[Waiting], client: Principal | None, upstream: str | None, upstream_limit: int | None
-) -> str | None:
-    """Why one more call of ``client`` may not wait, ``upstream`` asking it (None: not known
-    yet), whose ``max_concurrency`` is ``upstream_limit``; None: it may."""
+    @property
+    def serving(self) -> bool:
+        """A round of it is being served: its client is there."""
+        ...  # a Protocol member: the signature is the contract
+
+
+W = TypeVar("W", bound=Waiting)
+
+
+def over_bound(waiting: Sequence[Waiting], client: Principal | None) -> str | None:
+    """Why one more call of ``client`` may not wait (None: it may), by its own bound and the
+    gateway's."""
     label = client.label if client is not None else ""
     mine = sum(1 for held in waiting if held.client == label)
     own = client.policy.max_concurrency if client is not None else None
     if mine >= min(own or PER_CLIENT, PER_CLIENT):
         refused("held_calls", "client %s refused a held call (%d waiting for it)", label, mine, peer=label)
         return f"{mine} calls waiting for this client's answers; answer or cancel them first"
-    if upstream is not None and upstream_limit is not None:
-        there = sum(1 for held in waiting if held.upstream == upstream)
-        if there >= max(1, int(upstream_limit * UPSTREAM_SHARE)):
-            refused(
-                "held_calls",
-                "client %s refused a held call (%d waiting on upstream %s)",
-                label,
-                there,
-                upstream,
-                peer=label,
-            )
-            return (
-                f"upstream {upstream!r} has {there} calls waiting for clients' answers, half of its "
-                f"max_concurrency ({upstream_limit}); retry later"
-            )
     if len(waiting) >= MAX_HELD:
         refused("held_calls", "client %s refused a held call (%d waiting in all)", label, len(waiting))
         return f"the gateway holds {len(waiting)} calls waiting for clients' answers; retry later"
     return None
+
+
+def upstream_room(
+    waiting: Sequence[W], client: Principal | None, upstream: str, limit: int | None
+) -> W | str | None:
+    """Room for one more call of ``client`` waiting on ``upstream``, whose ``max_concurrency``
+    is ``limit``: None, there is some; a call to end for it, the oldest of the client holding
+    the most there when it holds two more than ``client`` (and so no fewer after; as
+    ``downstream/room.py`` makes room for sessions), none in a round; else why there is none."""
+    there = [held for held in waiting if held.upstream == upstream and not held.done]
+    if limit is None or len(there) < max(1, int(limit * UPSTREAM_SHARE)):
+        return None
+    label = client.label if client is not None else ""
+    counts = Counter(held.client for held in there)
+    endable = [held for held in there if not held.serving and counts[held.client] > counts[label] + 1]
+    if endable:
+        return max(endable, key=lambda held: counts[held.client])  # the first of the most: the oldest
+    refused(
+        "held_calls",
+        "client %s refused a held call (%d waiting on upstream %s)",
+        label,
+        len(there),
+        upstream,
+        peer=label,
+    )
+    return (
+        f"upstream {upstream!r} has {len(there)} calls waiting for clients' answers, half of its "
+        f"max_concurrency ({limit}); retry later"
+    )

@@ -47,7 +47,7 @@ from pydantic import ValidationError
 
 from agent_gateway.access import Principal
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.downstream.held_bounds import over_bound
+from agent_gateway.downstream.held_bounds import over_bound, upstream_room
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.errors import ClientLimited, InvalidArguments, UnknownRound
 from agent_gateway.runtime import TaskHost
@@ -306,10 +306,7 @@ class HeldCalls(TaskHost):
                 held.changed = anyio.Event()
                 await held.changed.wait()
         except anyio.get_cancelled_exc_class():
-            held.scope.cancel()  # the client gave the call up: so does the upstream
-            self._forget(held.token)
-            held.collected.set()  # nobody will: let the call's task end
-            held_rounds.add(1, {"outcome": "given_up"})
+            self._give_up(held, "given_up")  # the client gave the call up: so does the upstream
             logger.info("held call %s of %s given up by its client: cancelled upstream", held.name, held.tool)
             raise
         finally:
@@ -334,8 +331,21 @@ class HeldCalls(TaskHost):
         that asks nothing holds no room. Checked as a call begins (refused at once) and as it
         first asks (the question refused): calls let in side by side had asked nothing then."""
         waiting = [held for held in self._held.values() if held.asked]
-        limit = self.upstream_limit(upstream) if upstream is not None else None
-        return over_bound(waiting, caller.client, upstream, limit)
+        if (over := over_bound(waiting, caller.client)) is not None or upstream is None:
+            return over
+        room = upstream_room(waiting, caller.client, upstream, self.upstream_limit(upstream))
+        if isinstance(room, _Held):
+            self._give_up(room, "made_way")
+            logger.info("held call %s of %s ended for a call of a client holding fewer", room.name, room.tool)
+            return None
+        return room
+
+    def _give_up(self, held: _Held, outcome: str) -> None:
+        """End ``held``: cancelled upstream, forgotten (a retry of it is an unknown round)."""
+        held.scope.cancel()
+        self._forget(held.token)
+        held.collected.set()  # nobody will: let the call's task end
+        held_rounds.add(1, {"outcome": outcome})
 
     def _answer(self, held: _Held, answers: types.InputResponses) -> None:
         """Hand ``answers`` to the questions they answer, each checked first: one that is not
