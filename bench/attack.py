@@ -865,6 +865,51 @@ async def big_bodies(url: str, proc: Process, seconds: float) -> str:
     return f"{sent} bodies of {len(flood) / 2**20:.1f} MiB sent, {refused} refused unparsed"
 
 
+_BIG_ARGUMENTS = r"""
+import asyncio, sys, time, httpx
+url, token, seconds, callers = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
+           "Authorization": "Bearer " + token, "Mcp-Protocol-Version": "2025-06-18"}
+text = "x" * 3_500_000
+async def main():
+    served = 0
+    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=callers + 2)) as http:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+                "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}}
+        session = (await http.post(url, json=init, headers=headers)).headers["mcp-session-id"]
+        end = time.monotonic() + seconds
+        async def caller(k):
+            nonlocal served
+            i = 0
+            while time.monotonic() < end:
+                i += 1
+                body = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"slow__echo","arguments":{"text":"%s"}}}' % (k * 10**6 + i, text)
+                answer = await http.post(url, content=body, headers=headers | {"Mcp-Session-Id": session})
+                served += answer.status_code == 200
+        await asyncio.gather(*(caller(k) for k in range(callers)))
+    print(served)
+asyncio.run(main())
+"""
+
+
+async def big_arguments(url: str, proc: Process, seconds: float) -> str:
+    """16 callers of ``tools/call`` with 3.5 MB of arguments each (the echo answers them back),
+    from a process of their own: on this one's event loop the attacker's own JSON work would
+    be the bystander's wait."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _BIG_ARGUMENTS,
+        url,
+        ATTACKER,
+        str(seconds),
+        "16",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    return f"{out.decode().strip() or '?'} calls of 3.5 MB arguments served, 16 at once"
+
+
 async def big_results(url: str, proc: Process, seconds: float) -> str:
     """One 40 MB result alone for a client of each era, then eight at once (each an 80 MB
     answer: FastMCP sends the text twice, as content and as structuredContent): the peak RSS
@@ -1103,6 +1148,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "long-calls": (long_calls, 10.0, None),
     "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),
     "big-bodies": (big_bodies, 10.0, None),
+    "big-arguments": (big_arguments, 15.0, None),
     "slow-bodies": (slow_bodies, 10.0, None),
     "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),
