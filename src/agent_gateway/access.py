@@ -28,7 +28,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import anyio
 from fastmcp.server.auth import AccessToken
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
@@ -41,6 +40,7 @@ from agent_gateway.logs import clipped
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.refusals import refused
 from agent_gateway.token_bucket import Clock, TokenBucket
+from agent_gateway.turns import Turns
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class Principal:
     opening: int = 0
     """Requests without a session id being served now: each opens one (HTTP admission)."""
     spent: AgentSpend = field(default_factory=lambda: AgentSpend(None, None))
-    turn: anyio.Lock | None = field(default=None, repr=False)
-    """Held by its request with a large body being served (``turns.py``)."""
+    turns: Turns | None = field(default=None, repr=False)
+    """Its large bodies' turns to be parsed and served (``turns.py``), made at its first."""
     label: str = ""
     """How log lines name it: its subject, and an anonymous client's address with it."""
     _allowed: dict[tuple[Kind, str], bool] = field(default_factory=dict, repr=False)

@@ -57,7 +57,7 @@ from agent_gateway.opening import Opened, Opening
 from agent_gateway.over_limits import Refusal, bound_refusal, rate_refusal, sessions_refusal, verdict_refusal
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict
-from agent_gateway.turns import LARGE_BODY_BYTES, large_turn
+from agent_gateway.turns import Turns, parsing_turn, serving_turn
 
 INVALID_REQUEST = -32600
 PARSE_ERROR = -32700
@@ -116,8 +116,7 @@ class Admission:
         try:
             # Read, not parsed: the limits below cost a client over them a read, never a parse.
             if (body := await self._body(scope, receive, send, held)) is not None:
-                async with large_turn(client, len(body)):
-                    await self._admit(scope, receive, send, client, body)
+                await self._admit(scope, receive, send, client, body)
         finally:
             held.release()
 
@@ -145,13 +144,14 @@ class Admission:
                 self.on_refused(client.subject, session, body, str(limited))
             await _refuse(send, 429, limited, headers)
             return
-        if (problem := self._shape_problem(body, scope)) is not None:
+        turns = client.turns = client.turns or Turns()
+        async with parsing_turn(turns, client.label, len(body)):
+            problem = self._shape_problem(body, scope)
+        if problem is not None:
             await self._refuse_body(send, client, 400, *problem)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
-        if len(body) > LARGE_BODY_BYTES:  # its parse one step of the loop, its serving the next
-            await anyio.lowlevel.checkpoint()
         # After the body's checks, and only for a request that opens a session (a modern one,
         # or an ``initialize``): else one that never would ended others' to make room for it.
         opens = session is None and (modern or _initializes(scope))
@@ -164,17 +164,19 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
-        with admitting(client):
-            try:
-                if session is not None:
-                    await self.app(scope, replay(body, receive), send)
-                else:
-                    await self._opening(
-                        scope, replay(body, receive), send, client, verdict, opens and not modern
-                    )
-            finally:
-                if (why := scope.get(CHECKS_REFUSED)) is not None:
-                    self._checks_refused(client, session, body, why)
+        request = parsed[1] if (parsed := scope.get(PARSED)) is not None else None
+        async with serving_turn(turns, client.label, len(body), request):
+            with admitting(client):
+                try:
+                    if session is not None:
+                        await self.app(scope, replay(body, receive), send)
+                    else:
+                        await self._opening(
+                            scope, replay(body, receive), send, client, verdict, opens and not modern
+                        )
+                finally:
+                    if (why := scope.get(CHECKS_REFUSED)) is not None:
+                        self._checks_refused(client, session, body, why)
 
     async def _opening(
         self,

@@ -3,48 +3,80 @@
 The event loop serves everyone, one step at a time, and a request's body costs its steps
 time in proportion to its size: a 3.5 MB ``tools/call`` is ~20 ms of parsing, checking and
 digesting with no await in between. Sixteen of them at once from one client put sixteen such
-steps ahead of every other client's each turn of the loop: a bystander's call took 250 ms
-at its median and 420 ms at p99 against 6 ms before (``bench/README.md``). A client's
-requests whose bodies pass ``LARGE_BODY_BYTES`` therefore take turns, first come first
-served: at most one of them is past admission at once, so another client waits at most one
-such step per turn. They wait with their bodies read, and those are counted against the
-client's share of the bytes in flight (``in_flight.BodyHeld``), which bounds how many can
-wait. Smaller requests, and every other client, never wait here."""
+steps ahead of every other client's each turn of the loop: a bystander's call took 330 ms
+at its median and 480-620 ms at p99 against 6 ms before (``bench/README.md``). So a client
+whose bodies pass ``LARGE_BODY_BYTES`` takes turns, first come first served, twice:
+
+- parsing: one of its large bodies parsed at a time (a step that waits on nothing else);
+- serving: one of its large requests served at a time, from its parse to its answer.
+  Only a request waits for this turn, and not a listen stream (which lasts for hours): an
+  answer to the gateway's question (sampling, elicitation, roots) or a notification may be
+  what the request being served waits for.
+
+Waiting, their bodies are read, and counted against the client's share of the bytes in
+flight (``in_flight.BodyHeld``), which bounds how many can wait. Smaller bodies, and every
+other client, never wait here."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import anyio
 
-from agent_gateway.access import Principal
 from agent_gateway.tally import Tally
 
 logger = logging.getLogger(__name__)
 
 LARGE_BODY_BYTES = 256 * 1024
 """Past this a body costs its request's step ~1.5 ms or more of the loop (~6 ns a byte)."""
+_LASTING = frozenset({"subscriptions/listen"})
+"""Requests whose serving lasts as long as their client wants: they take no serving turn."""
 
 large_waits = Tally(
     "agent_gateway.requests.waited",
-    "Requests with bodies past 256 KiB that waited for their client's previous such request "
-    "to be served (a client's large requests are served one at a time).",
+    "Bodies past 256 KiB that waited for their client's previous one, by turn: parsing (one "
+    "at a time), serving (one request at a time, from its parse to its answer).",
 )
 
 
+@dataclass(eq=False)
+class Turns:
+    """One client's turns (kept on its ``Principal``)."""
+
+    parsing: anyio.Lock = field(default_factory=anyio.Lock)
+    serving: anyio.Lock = field(default_factory=anyio.Lock)
+
+
 @asynccontextmanager
-async def large_turn(client: Principal, body_bytes: int) -> AsyncIterator[None]:
-    """``client``'s turn to be served a request of ``body_bytes``: at once for a small one,
-    after its previous large one for a large one."""
+async def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AsyncIterator[None]:
+    """The client's turn to parse a body of ``body_bytes`` (at once for a small one)."""
+    async with _turn(turns.parsing, "parsing", label, body_bytes):
+        yield
+
+
+@asynccontextmanager
+async def serving_turn(
+    turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None
+) -> AsyncIterator[None]:
+    """The client's turn to serve ``request`` (None: not a request, which waits for none)."""
+    lasting = request is None or request.get("method") in _LASTING
+    async with _turn(turns.serving, "serving", label, 0 if lasting else body_bytes):
+        yield
+
+
+@asynccontextmanager
+async def _turn(
+    lock: anyio.Lock, kind: Literal["parsing", "serving"], label: str, body_bytes: int
+) -> AsyncIterator[None]:
     if body_bytes <= LARGE_BODY_BYTES:
         yield
         return
-    if client.turn is None:
-        client.turn = anyio.Lock()
-    if client.turn.locked():
-        large_waits.add(1, {})
-        logger.debug("a large request of %s waits for its previous one", client.label)
-    async with client.turn:
+    if lock.locked():
+        large_waits.add(1, {"turn": kind})
+        logger.debug("a large body of %s waits for its %s turn", label, kind)
+    async with lock:
         yield

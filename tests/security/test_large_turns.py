@@ -10,18 +10,21 @@ from typing import Any
 
 import anyio
 import httpx
+import mcp_types as types
 from fastmcp import FastMCP
+from mcp import Client
 
 from agent_gateway.turns import LARGE_BODY_BYTES, large_waits
 from tests.security.test_bytes_in_flight import until
+from tests.servers import recorder
 from tests.support import running_gateway, serving_upstream
 from tests.test_gateway import modern_request
 
 LARGE = "x" * (LARGE_BODY_BYTES + 1)
 
 
-def waited() -> int:
-    return sum(large_waits._totals.values())  # pyright: ignore[reportPrivateUsage]
+def waited(turn: str) -> int:
+    return large_waits._totals.get((("turn", turn),), 0)  # pyright: ignore[reportPrivateUsage]
 
 
 def answer_of(response: httpx.Response) -> dict[str, Any]:
@@ -62,7 +65,7 @@ async def test_one_clients_large_requests_take_turns_and_nobody_else_waits() -> 
                 answer = answer_of(await http.post(gw.url, json=body, headers=headers))
             answers[tag] = answer["result"]["content"][0]["text"]
 
-        before, held = waited(), list[str]()
+        before, held = waited("serving"), list[str]()
         async with anyio.create_task_group() as group:
             group.start_soon(call, "first", "127.0.0.2", LARGE)
             await until(lambda: entered == ["first"])
@@ -70,7 +73,7 @@ async def test_one_clients_large_requests_take_turns_and_nobody_else_waits() -> 
             group.start_soon(call, "small", "127.0.0.2", "short")  # the same client, a small body
             group.start_soon(call, "other", "127.0.0.3", LARGE)  # another client, a large body
             # The second has waited its turn, and the rest reached the upstream meanwhile.
-            await until(lambda: waited() > before and len(entered) == 3)
+            await until(lambda: waited("serving") > before and len(entered) == 3)
             held = list(entered)
             release.set()
         assert sorted(held) == ["first", "other", "small"]
@@ -82,3 +85,24 @@ async def test_one_clients_large_requests_take_turns_and_nobody_else_waits() -> 
         "small": "small:5",
         "other": f"other:{size}",
     }
+
+
+async def test_a_large_answer_to_a_question_of_a_large_call_is_not_held_behind_it() -> None:
+    # A handshake-era client answers the upstream's sampling request with a POST of its own,
+    # while the call that caused it waits for that answer: were the answer to wait for the
+    # call's turn, each would wait for the other until the call's timeout.
+    async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text=LARGE), model="m"
+        )
+
+    async with (
+        serving_upstream(recorder.build(lambda event: None)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url, "protocol": "legacy"}}}) as gw,
+        Client(gw.url, mode="legacy", sampling_callback=sample) as client,
+    ):
+        with anyio.fail_after(20):
+            result = await client.call_tool("rec__sample", {"prompt": LARGE})
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    assert block.text == LARGE
