@@ -116,7 +116,12 @@ async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
     with _signals() as (stops, hangups):
         async with anyio.create_task_group() as tg:
             tg.start_soon(_on_signal, stops, tg.cancel_scope.cancel)
-            async with gateway.running(), StdinLines(limit) as requests, anyio.create_task_group() as serving:
+            values = gateway.config.server.max_body_elements
+            async with (
+                gateway.running(),
+                StdinLines(limit, values) as requests,
+                anyio.create_task_group() as serving,
+            ):
                 if reloading is not None:
                     serving.start_soon(reloading.run, hangups)
                 runtime.settle_heap()

@@ -22,7 +22,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import ValidationError
 
-from agent_gateway.json_text import unrepresentable
+from agent_gateway.json_text import json_values, unrepresentable
 from agent_gateway.logs import clipped
 from agent_gateway.upstreams.stdio import request_id_of
 
@@ -55,6 +55,22 @@ def malformed(line: str) -> Malformed | None:
     if isinstance(message, types.JSONRPCNotification) and '"id"' in line:
         return _diagnosed(line, None)  # a request whose id the SDK did not take, maybe
     return None
+
+
+def too_many_values(line: bytes, bound: int) -> Malformed | None:
+    """Why ``line`` is refused unparsed: it holds more JSON values than ``bound``
+    (``server.max_body_elements``, as an HTTP body; 1.3 million ``{}`` in a 3.9 MB line cost
+    1.1 s of CPU and 140 MB to parse). Answered to its id when it is a request's (its
+    method in its first or last characters); an answer of the client's is not answered."""
+    if (values := json_values(line, bound)) <= bound:
+        return None
+    reason = (
+        f"the message holds {values} JSON values or more; the limit (server.max_body_elements) is {bound}"
+    )
+    head, tail = line[:_EDGE], line[-_EDGE:]
+    if b'"method"' not in head and b'"method"' not in tail:
+        return Malformed(reason, None)
+    return _refused(reason, request_id_of(head, tail))
 
 
 def _diagnosed(line: str, exc: ValidationError | None) -> Malformed | None:

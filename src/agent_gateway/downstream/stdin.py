@@ -30,7 +30,7 @@ import anyio.lowlevel
 import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from agent_gateway.downstream.malformed import Malformed, malformed
+from agent_gateway.downstream.malformed import Malformed, malformed, too_many_values
 from agent_gateway.refusals import refused
 from agent_gateway.upstreams.stdio import request_id_of
 
@@ -53,8 +53,9 @@ class _TooLong:
 class StdinLines:
     """The lines of ``fd`` (stdin by default), as text, for the SDK's stdio transport."""
 
-    def __init__(self, limit: int, fd: int = 0) -> None:
+    def __init__(self, limit: int, values: int, fd: int = 0) -> None:
         self._limit = limit
+        self._values = values
         self._fd = fd
         send, receive = anyio.create_memory_object_stream[bytes | _TooLong](0)
         self._send: MemoryObjectSendStream[bytes | _TooLong] = send
@@ -87,6 +88,9 @@ class StdinLines:
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
                 await self._too_long(line)
+                continue
+            if (problem := too_many_values(line, self._values)) is not None:
+                await self._malformed(problem, len(line))
                 continue
             text = line.decode("utf-8", errors="replace")
             if not text.strip():
