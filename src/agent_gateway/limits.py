@@ -29,7 +29,6 @@ Refusals are JSON-RPC errors with a null id, which the SDK's client matches to i
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,11 +49,18 @@ from agent_gateway.access import (
     token_of_scope,
 )
 from agent_gateway.downstream.room import Room
-from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest, to_wire
+from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.opening import Opened, Opening
-from agent_gateway.over_limits import Refusal, bound_refusal, rate_refusal, sessions_refusal, verdict_refusal
+from agent_gateway.over_limits import (
+    Refusal,
+    bound_refusal,
+    rate_refusal,
+    refuse,
+    sessions_refusal,
+    verdict_refusal,
+)
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict
 from agent_gateway.turns import Turns, parsing_turn, serving_turn
@@ -142,7 +148,7 @@ class Admission:
             limited, headers = refusal
             if self.on_refused is not None:
                 self.on_refused(client.subject, session, body, str(limited))
-            await _refuse(send, 429, limited, headers)
+            await refuse(send, 429, limited, headers)
             return
         turns = client.turns = client.turns or Turns()
         async with parsing_turn(turns, client.label, len(body)):
@@ -152,6 +158,23 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
+        # A large request takes its turn before the session checks: counted as opening only
+        # once it is served, one let past them while it waited would open a session past them.
+        request = parsed[1] if (parsed := scope.get(PARSED)) is not None else None
+        async with serving_turn(turns, client.label, len(body), request):
+            await self._serve(scope, receive, send, client, body, session, modern, verdict)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        client: Principal,
+        body: bytes,
+        session: str | None,
+        modern: bool,
+        verdict: Verdict | None,
+    ) -> None:
         # After the body's checks, and only for a request that opens a session (a modern one,
         # or an ``initialize``): else one that never would ended others' to make room for it.
         opens = session is None and (modern or _initializes(scope))
@@ -160,23 +183,21 @@ class Admission:
             status, error, headers = no_room
             if self.on_refused is not None:
                 self.on_refused(client.subject, session, body, str(error))
-            await _refuse(send, status, error, headers)
+            await refuse(send, status, error, headers)
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
-        request = parsed[1] if (parsed := scope.get(PARSED)) is not None else None
-        async with serving_turn(turns, client.label, len(body), request):
-            with admitting(client):
-                try:
-                    if session is not None:
-                        await self.app(scope, replay(body, receive), send)
-                    else:
-                        await self._opening(
-                            scope, replay(body, receive), send, client, verdict, opens and not modern
-                        )
-                finally:
-                    if (why := scope.get(CHECKS_REFUSED)) is not None:
-                        self._checks_refused(client, session, body, why)
+        with admitting(client):
+            try:
+                if session is not None:
+                    await self.app(scope, replay(body, receive), send)
+                else:
+                    await self._opening(
+                        scope, replay(body, receive), send, client, verdict, opens and not modern
+                    )
+            finally:
+                if (why := scope.get(CHECKS_REFUSED)) is not None:
+                    self._checks_refused(client, session, body, why)
 
     async def _opening(
         self,
@@ -263,7 +284,7 @@ class Admission:
         with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
             body = await self._read(receive, held)
             if isinstance(body, GatewayBusy):
-                await _refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])
+                await refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])
                 return None
             if body is _GONE:
                 return None  # the client left before its body was whole: nothing to answer
@@ -306,7 +327,7 @@ class Admission:
         self, send: Send, client: Principal, status: int, message: str, code: int = INVALID_REQUEST
     ) -> None:
         refused("body", "refused an HTTP request of %s: %s", client.label, message, peer=client.label)
-        await _refuse(send, status, InvalidRequest(message, code))
+        await refuse(send, status, InvalidRequest(message, code))
 
     async def _read(self, receive: Receive, held: BodyHeld) -> bytes | GatewayBusy | None:
         """The whole body; None as soon as it passes the limit; the error as soon as it does not
@@ -358,27 +379,6 @@ PARSED = "agent_gateway.parsed"
 """Scope key: a request's body and the JSON object it holds, as admission parsed it, for the
 modern lane (``compat/exchange.py``), which would parse it again (it must check the body is the
 same: a layer between may have changed it)."""
-
-
-async def _refuse(
-    send: Send, status: int, refusal: GatewayError, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    """``refusal`` as the JSON-RPC error ``errors.to_wire`` makes of it, with no id (the body
-    was never parsed), in an HTTP answer of ``status``."""
-    error = to_wire(refusal).error.model_dump(mode="json", exclude_none=True)
-    encoded = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(encoded)).encode()),
-                *(headers or []),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": encoded})
 
 
 def _initializes(scope: Scope) -> bool:

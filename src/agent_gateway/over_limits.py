@@ -4,8 +4,12 @@ counted and logged (``refusals.py``) and carries the HTTP headers that say when 
 
 from __future__ import annotations
 
+import json
+
+from starlette.types import Send
+
 from agent_gateway.access import Principal
-from agent_gateway.errors import GatewayBusy, RateLimited
+from agent_gateway.errors import GatewayBusy, GatewayError, RateLimited, to_wire
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import Verdict, retry_after
 
@@ -49,3 +53,24 @@ def bound_refusal(max_sessions: int) -> tuple[GatewayBusy, list[tuple[bytes, byt
         "none of which can end for a new one; retry later"
     )
     return busy, [(b"retry-after", b"1")]
+
+
+async def refuse(
+    send: Send, status: int, refusal: GatewayError, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """``refusal`` as the JSON-RPC error ``errors.to_wire`` makes of it, with no id (the body
+    was never parsed), in an HTTP answer of ``status``."""
+    error = to_wire(refusal).error.model_dump(mode="json", exclude_none=True)
+    encoded = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(encoded)).encode()),
+                *(headers or []),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": encoded})

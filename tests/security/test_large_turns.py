@@ -15,6 +15,7 @@ from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.turns import LARGE_BODY_BYTES, large_waits
+from tests.replicas.test_store import ACCEPT, VERSION
 from tests.security.test_bytes_in_flight import until
 from tests.servers import recorder
 from tests.support import running_gateway, serving_upstream
@@ -106,3 +107,48 @@ async def test_a_large_answer_to_a_question_of_a_large_call_is_not_held_behind_i
     block = result.content[0]
     assert isinstance(block, types.TextContent)
     assert block.text == LARGE
+
+
+async def test_large_initializes_waiting_their_turn_still_meet_the_session_cap() -> None:
+    # Checked before the wait and counted as opening only after it, five padded initialize
+    # requests of one client opened five sessions against its max_sessions of 2.
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    padded = json.dumps(hello) + " " * (LARGE_BODY_BYTES + 1)
+    sessions: list[str] = []
+    config = {"auth": {"mode": "none", "policies": {"default": {"max_sessions": 2}}}}
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+
+        async def initialize() -> None:
+            answer = await http.post(
+                gw.url, content=padded, headers={**ACCEPT, "content-type": "application/json"}
+            )
+            if answer.status_code == 200:
+                sessions.append(answer.headers["mcp-session-id"])
+
+        async with anyio.create_task_group() as group:
+            for _ in range(5):
+                group.start_soon(initialize)
+        ping = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
+        live = [
+            session
+            for session in sessions
+            if (
+                await http.post(
+                    gw.url,
+                    json=ping,
+                    headers={**ACCEPT, "Mcp-Session-Id": session, "Mcp-Protocol-Version": VERSION},
+                )
+            ).status_code
+            == 200
+        ]
+    assert len(sessions) >= 2
+    assert len(live) <= 2
