@@ -17,13 +17,13 @@ Bounds: a question waits ``ANSWER_TIMEOUT`` for its answer (then the upstream ge
 for it, and the call is given up: cancelled upstream, as nobody would take its outcome); a
 client has at most its ``max_concurrency`` calls waiting for its answers (and no more than
 ``PER_CLIENT``), an upstream's half its ``max_concurrency``, the gateway ``MAX_HELD``
-(``held_bounds.py``); a retry must come from the client that made the
-call, for the same tool (the SDK's seal of ``requestState`` binds both as well), one round at
-a time, its answers each of its question's type. A call that ends between rounds (its timeout, its upstream gone)
-gives the retry its own failure; until a retry takes its outcome (or ``ANSWER_TIMEOUT`` passes)
-it still counts against its client's bound, so a client that never retries cannot pile up
-outcomes past it. A round cancelled by its client (the request's stream
-closed) cancels the upstream call.
+(``held_bounds.py``); a retry must come from the client that made the call, for the same
+tool (the SDK's seal of ``requestState`` binds both as well), one round at a time, its
+answers each of its question's type. A call that ends between rounds (its timeout, its
+upstream gone) gives the retry its own failure; until a retry takes its outcome (or
+``ANSWER_TIMEOUT`` passes) it still counts against its client's bound, so a client that never
+retries cannot pile up outcomes past it. A round cancelled by its client (the request's
+stream closed) cancels the upstream call.
 
 A held call lives on the replica that began it, and its ``requestState`` names that replica.
 With several replicas (``store:``) a retry that reaches another is served by the holder over
@@ -326,23 +326,27 @@ class HeldCalls(TaskHost):
 
     def over_bound(self, caller: RoundRequest, upstream: str | None = None) -> str | None:
         """Why ``caller``'s client may not have one more call waiting for its answers (None:
-        it may), ``upstream`` asking (``held_bounds.py``). Calls that asked are bounded until
-        their outcome is taken (one done between rounds holds its result until then); a call
-        that asks nothing holds no room. Checked as a call begins (refused at once) and as it
-        first asks (the question refused): calls let in side by side had asked nothing then."""
+        it may, room made), ``upstream`` asking (``held_bounds.py``). Checked as a call begins
+        and as it first asks: calls let in side by side had asked nothing then."""
         waiting = [held for held in self._held.values() if held.asked]
         if (over := over_bound(waiting, caller.client)) is not None or upstream is None:
             return over
         room = upstream_room(waiting, caller.client, upstream, self.upstream_limit(upstream))
         if isinstance(room, _Held):
             self._give_up(room, "made_way")
-            logger.info("held call %s of %s ended for a call of a client holding fewer", room.name, room.tool)
+            who = caller.client.label if caller.client is not None else ""
+            logger.warning(
+                "held call %s of %s (%s) ended for %s's: it held more", room.name, room.tool, room.client, who
+            )
             return None
         return room
 
     def _give_up(self, held: _Held, outcome: str) -> None:
-        """End ``held``: cancelled upstream, forgotten (a retry of it is an unknown round)."""
+        """End ``held``: cancelled upstream, its questions ended now, forgotten (its retry: unknown)."""
         held.scope.cancel()
+        self._end(held)  # before its questions wake: they see a call ended, not one unanswered
+        for question in held.questions.values():
+            question.answered.set()
         self._forget(held.token)
         held.collected.set()  # nobody will: let the call's task end
         held_rounds.add(1, {"outcome": outcome})
