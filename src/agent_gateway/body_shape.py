@@ -79,7 +79,7 @@ def _kept_problem(body: bytes, message: dict[str, Any]) -> str | None:
     params = message.get("params")
     if not isinstance(params, dict):
         return None
-    kept = params if method in _LONG_LIVED else params.get("_meta")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    kept = params if bound is not None else params.get("_meta")  # a list for a method: no set lookup  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
     if kept is None or (size := len(json.dumps(kept))) <= MAX_KEPT_BYTES:
         return None
     what = f"{method} params" if kept is params else "_meta"

@@ -8,10 +8,12 @@ at its median and 480-620 ms at p99 against 6 ms before (``bench/README.md``). S
 whose bodies pass ``LARGE_BODY_BYTES`` takes turns, first come first served, twice:
 
 - parsing: one of its large bodies parsed at a time (a step that waits on nothing else);
-- serving: one of its large requests served at a time, from its parse to its answer.
-  Only a request waits for this turn, and not a listen stream (which lasts for hours): an
-  answer to the gateway's question (sampling, elicitation, roots) or a notification may be
-  what the request being served waits for.
+- serving: one of its large requests served at a time, from its session checks to its
+  answer. Only a request waits for this turn, and not a listen stream (which lasts for
+  hours): an answer to the gateway's question (sampling, elicitation, roots) or a
+  notification may be what the request being served waits for. A request waits
+  ``TURN_WAIT`` at most (then is served anyway), and one whose client hangs up while it
+  waits is not served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
 flight (``in_flight.BodyHeld``), which bounds how many can wait. Smaller bodies, and every
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import anyio
+from starlette.types import Message, Receive
 
 from agent_gateway.tally import Tally
 
@@ -33,7 +36,11 @@ logger = logging.getLogger(__name__)
 
 LARGE_BODY_BYTES = 256 * 1024
 """Past this a body costs its request's step ~1.5 ms or more of the loop (~6 ns a byte)."""
-_LASTING = frozenset({"subscriptions/listen"})
+TURN_WAIT = 5.0
+"""Seconds a large request waits for its serving turn, then is served anyway: one of minutes
+(a slow upstream's call, an agent run) holds its turn throughout, and holds up its client's
+next large request this long at most (16 calls of 3.5 MB take ~1 s of turns)."""
+_LASTING = ("subscriptions/listen",)
 """Requests whose serving lasts as long as their client wants: they take no serving turn."""
 
 large_waits = Tally(
@@ -60,12 +67,58 @@ async def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AsyncIterat
 
 @asynccontextmanager
 async def serving_turn(
-    turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None
-) -> AsyncIterator[None]:
-    """The client's turn to serve ``request`` (None: not a request, which waits for none)."""
-    lasting = request is None or request.get("method") in _LASTING
-    async with _turn(turns.serving, "serving", label, 0 if lasting else body_bytes):
-        yield
+    turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None, receive: Receive
+) -> AsyncIterator[Receive | None]:
+    """The client's turn to serve ``request`` (None: not a request, which waits for none):
+    the ``receive`` to serve it with, or None when its client left while it waited (nothing
+    is served). A request waits ``TURN_WAIT`` at most, then is served anyway."""
+    lasting = request is None or request.get("method") in _LASTING  # a tuple: compared, not hashed
+    if lasting or body_bytes <= LARGE_BODY_BYTES:
+        yield receive
+        return
+    lock = turns.serving
+    if lock.locked():
+        large_waits.add(1, {"turn": "serving"})
+        logger.debug("a large request of %s waits for its serving turn", label)
+    taken, left = await _taken(lock, receive)
+    try:
+        if left is not None and left["type"] == "http.disconnect":
+            logger.debug("a large request of %s ended while it waited: its client left", label)
+            yield None
+        else:
+            yield receive if left is None else _replaying(left, receive)
+    finally:
+        if taken:
+            lock.release()
+
+
+async def _taken(lock: anyio.Lock, receive: Receive) -> tuple[bool, Message | None]:
+    """``lock`` taken (or ``TURN_WAIT`` passed first: False), and what the client sent
+    meanwhile (its body read, only a disconnect comes; None: nothing), which ends the wait."""
+    taken, left = False, None
+    async with anyio.create_task_group() as group:
+
+        async def watch() -> None:
+            nonlocal left
+            left = await receive()
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        with anyio.move_on_after(TURN_WAIT):
+            await lock.acquire()
+            taken = True
+        group.cancel_scope.cancel()
+    return taken, left
+
+
+def _replaying(message: Message, receive: Receive) -> Receive:
+    """``receive`` with ``message``, read from it already, first."""
+    pending = [message]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 @asynccontextmanager

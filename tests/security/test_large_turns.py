@@ -11,9 +11,11 @@ from typing import Any
 import anyio
 import httpx
 import mcp_types as types
+import pytest
 from fastmcp import FastMCP
 from mcp import Client
 
+from agent_gateway import turns
 from agent_gateway.turns import LARGE_BODY_BYTES, large_waits
 from tests.replicas.test_store import ACCEPT, VERSION
 from tests.security.test_bytes_in_flight import until
@@ -152,3 +154,59 @@ async def test_large_initializes_waiting_their_turn_still_meet_the_session_cap()
         ]
     assert len(sessions) >= 2
     assert len(live) <= 2
+
+
+async def large_call(url: str, tag: str, patience: float = 30) -> dict[str, Any]:
+    """A large ``held__hold`` call of the client at 127.0.0.2."""
+    body, headers = modern_request("held__hold", {"tag": tag, "text": LARGE})
+    transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with httpx.AsyncClient(timeout=patience, transport=transport) as http:
+        return answer_of(await http.post(url, json=body, headers=headers))
+
+
+async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A call of minutes (a slow upstream, an agent run) holds its turn throughout: its
+    # client's next large request is served anyway once it has waited TURN_WAIT.
+    monkeypatch.setattr(turns, "TURN_WAIT", 0.5)
+    entered: list[str] = []
+    release = anyio.Event()
+    async with (
+        serving_upstream(holding_server(entered, release)) as url,
+        running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(large_call, gw.url, "long")
+        await until(lambda: entered == ["long"])
+        group.start_soon(large_call, gw.url, "next")
+        await until(lambda: entered == ["long", "next"])  # while "long" still holds its turn
+        release.set()
+
+
+async def test_a_request_whose_client_leaves_while_it_waits_is_not_served() -> None:
+    entered: list[str] = []
+    release = anyio.Event()
+    async with (
+        serving_upstream(holding_server(entered, release)) as url,
+        running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
+    ):
+        before = waited("serving")
+        async with anyio.create_task_group() as group:
+            group.start_soon(large_call, gw.url, "first")
+            await until(lambda: entered == ["first"])
+            with pytest.raises(httpx.TimeoutException):
+                await large_call(gw.url, "gone", patience=1)  # it waits its turn, then hangs up
+            assert waited("serving") > before
+            group.start_soon(large_call, gw.url, "last")  # behind "gone" in the queue, were it there
+            await until(lambda: waited("serving") > before + 1)
+            release.set()
+    assert entered == ["first", "last"]
+
+
+async def test_a_large_body_whose_method_is_not_a_string_gets_an_error() -> None:
+    # Its method was looked up in a set of names: a list raised TypeError, and the client got
+    # its connection dropped (the property test found it).
+    body = {"jsonrpc": "2.0", "id": 1, "method": ["tools/call"], "params": {"pad": LARGE}}
+    async with running_gateway({}) as gw, httpx.AsyncClient(timeout=30) as http:
+        answer = await http.post(gw.url, json=body, headers={**ACCEPT, "content-type": "application/json"})
+    assert answer.status_code < 500, answer.text
+    assert "error" in answer.json()
