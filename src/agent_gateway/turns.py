@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from starlette.types import Message, Receive
@@ -46,7 +46,7 @@ _LASTING = ("subscriptions/listen",)
 large_waits = Tally(
     "agent_gateway.requests.waited",
     "Bodies past 256 KiB that waited for their client's previous one, by turn: parsing (one "
-    "at a time), serving (one request at a time, from its parse to its answer).",
+    "at a time), serving (one request at a time, from its session checks to its answer).",
 )
 
 
@@ -58,25 +58,38 @@ class Turns:
     serving: anyio.Lock = field(default_factory=anyio.Lock)
 
 
-@asynccontextmanager
-async def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AsyncIterator[None]:
-    """The client's turn to parse a body of ``body_bytes`` (at once for a small one)."""
-    async with _turn(turns.parsing, "parsing", label, body_bytes):
-        yield
+def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AbstractAsyncContextManager[None]:
+    """The client's turn to parse a body of ``body_bytes`` (at once for a small one: the
+    common request pays for no context of its own)."""
+    return _AT_ONCE if body_bytes <= LARGE_BODY_BYTES else _parsing(turns.parsing, label)
 
 
-@asynccontextmanager
-async def serving_turn(
+def serving_turn(
     turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None, receive: Receive
-) -> AsyncIterator[Receive | None]:
+) -> AbstractAsyncContextManager[Receive | None]:
     """The client's turn to serve ``request`` (None: not a request, which waits for none):
     the ``receive`` to serve it with, or None when its client left while it waited (nothing
     is served). A request waits ``TURN_WAIT`` at most, then is served anyway."""
     lasting = request is None or request.get("method") in _LASTING  # a tuple: compared, not hashed
     if lasting or body_bytes <= LARGE_BODY_BYTES:
-        yield receive
-        return
-    lock = turns.serving
+        return nullcontext(receive)
+    return _serving(turns.serving, label, receive)
+
+
+_AT_ONCE: AbstractAsyncContextManager[None] = nullcontext()
+
+
+@asynccontextmanager
+async def _parsing(lock: anyio.Lock, label: str) -> AsyncIterator[None]:
+    if lock.locked():
+        large_waits.add(1, {"turn": "parsing"})
+        logger.debug("a large body of %s waits for its parsing turn", label)
+    async with lock:
+        yield
+
+
+@asynccontextmanager
+async def _serving(lock: anyio.Lock, label: str, receive: Receive) -> AsyncIterator[Receive | None]:
     if lock.locked():
         large_waits.add(1, {"turn": "serving"})
         logger.debug("a large request of %s waits for its serving turn", label)
@@ -119,17 +132,3 @@ def _replaying(message: Message, receive: Receive) -> Receive:
         return pending.pop() if pending else await receive()
 
     return replayed
-
-
-@asynccontextmanager
-async def _turn(
-    lock: anyio.Lock, kind: Literal["parsing", "serving"], label: str, body_bytes: int
-) -> AsyncIterator[None]:
-    if body_bytes <= LARGE_BODY_BYTES:
-        yield
-        return
-    if lock.locked():
-        large_waits.add(1, {"turn": kind})
-        logger.debug("a large body of %s waits for its %s turn", label, kind)
-    async with lock:
-        yield
