@@ -90,10 +90,15 @@ async def test_one_clients_large_requests_take_turns_and_nobody_else_waits() -> 
     }
 
 
-async def test_a_large_answer_to_a_question_of_a_large_call_is_not_held_behind_it() -> None:
+async def test_a_large_answer_to_a_question_of_a_large_call_is_not_held_behind_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A handshake-era client answers the upstream's sampling request with a POST of its own,
     # while the call that caused it waits for that answer: were the answer to wait for the
-    # call's turn, each would wait for the other until the call's timeout.
+    # call's turn, each would wait for the other until the call's timeout (or the turn's
+    # bound on waiting, here longer than the test's).
+    monkeypatch.setattr(turns, "TURN_WAIT", 60.0)
+
     async def sample(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
         return types.CreateMessageResult(
             role="assistant", content=types.TextContent(type="text", text=LARGE), model="m"
@@ -104,7 +109,7 @@ async def test_a_large_answer_to_a_question_of_a_large_call_is_not_held_behind_i
         running_gateway({"upstreams": {"rec": {"url": url, "protocol": "legacy"}}}) as gw,
         Client(gw.url, mode="legacy", sampling_callback=sample) as client,
     ):
-        with anyio.fail_after(20):
+        with anyio.fail_after(15):
             result = await client.call_tool("rec__sample", {"prompt": LARGE})
     block = result.content[0]
     assert isinstance(block, types.TextContent)
