@@ -30,19 +30,18 @@ ACCEPT = {"Accept": "application/json, text/event-stream"}
 VERSION = "2025-11-25"
 
 
+HELLO = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}},
+}
+"""A handshake-era ``initialize``, raw."""
+
+
 async def opened(http: httpx.AsyncClient, url: str) -> dict[str, str]:
     """A handshake-era session opened with raw requests; its headers for what follows."""
-    hello = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        },
-    }
-    answer = await http.post(url, json=hello, headers=ACCEPT)
+    answer = await http.post(url, json=HELLO, headers=ACCEPT)
     assert answer.status_code == 200, answer.text
     headers = {"Mcp-Session-Id": answer.headers["mcp-session-id"], "Mcp-Protocol-Version": VERSION}
     done = {"jsonrpc": "2.0", "method": "notifications/initialized"}

@@ -17,7 +17,7 @@ from mcp import Client
 
 from agent_gateway import turns
 from agent_gateway.turns import LARGE_BODY_BYTES, large_waits
-from tests.replicas.test_store import ACCEPT, VERSION
+from tests.replicas.test_store import ACCEPT, HELLO, VERSION
 from tests.security.test_bytes_in_flight import until
 from tests.servers import recorder
 from tests.support import running_gateway, serving_upstream
@@ -119,17 +119,7 @@ async def test_a_large_answer_to_a_question_of_a_large_call_is_not_held_behind_i
 async def test_large_initializes_waiting_their_turn_still_meet_the_session_cap() -> None:
     # Checked before the wait and counted as opening only after it, five padded initialize
     # requests of one client opened five sessions against its max_sessions of 2.
-    hello = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        },
-    }
-    padded = json.dumps(hello) + " " * (LARGE_BODY_BYTES + 1)
+    padded = json.dumps(HELLO) + " " * (LARGE_BODY_BYTES + 1)
     sessions: list[str] = []
     config = {"auth": {"mode": "none", "policies": {"default": {"max_sessions": 2}}}}
     async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
