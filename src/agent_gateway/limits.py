@@ -161,11 +161,8 @@ class Admission:
         # A large request takes its turn before the session checks: counted as opening only
         # once it is served, one let past them while it waited would open a session past them.
         request = parsed[1] if (parsed := scope.get(PARSED)) is not None else None
-        async with serving_turn(turns, client.label, len(body), request, receive) as turn:
-            if turn is not None:
-                await self._serve(scope, turn, send, client, body, session, modern, verdict)
-            elif verdict is not None and verdict.reservation is not None:  # its client left
-                await self._settle(client, verdict.reservation, None)
+        async with serving_turn(turns, client.label, len(body), request):
+            await self._serve(scope, receive, send, client, body, session, modern, verdict)
 
     async def _serve(
         self,

@@ -12,8 +12,7 @@ whose bodies pass ``LARGE_BODY_BYTES`` takes turns, first come first served, twi
   answer. Only a request waits for this turn, and not a listen stream (which lasts for
   hours): an answer to the gateway's question (sampling, elicitation, roots) or a
   notification may be what the request being served waits for. A request waits
-  ``TURN_WAIT`` at most (then is served anyway), and one whose client hangs up while it
-  waits is not served.
+  ``TURN_WAIT`` at most, then is served anyway.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
 flight (``in_flight.BodyHeld``), which bounds how many can wait. Smaller bodies, and every
@@ -28,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-from starlette.types import Message, Receive
 
 from agent_gateway.tally import Tally
 
@@ -65,15 +63,14 @@ def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AbstractAsyncCont
 
 
 def serving_turn(
-    turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None, receive: Receive
-) -> AbstractAsyncContextManager[Receive | None]:
-    """The client's turn to serve ``request`` (None: not a request, which waits for none):
-    the ``receive`` to serve it with, or None when its client left while it waited (nothing
-    is served). A request waits ``TURN_WAIT`` at most, then is served anyway."""
+    turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None
+) -> AbstractAsyncContextManager[None]:
+    """The client's turn to serve ``request`` (None: not a request, which waits for none). A
+    request waits ``TURN_WAIT`` at most, then is served anyway."""
     lasting = request is None or request.get("method") in _LASTING  # a tuple: compared, not hashed
     if lasting or body_bytes <= LARGE_BODY_BYTES:
-        return nullcontext(receive)
-    return _serving(turns.serving, label, receive)
+        return _AT_ONCE
+    return _serving(turns.serving, label)
 
 
 _AT_ONCE: AbstractAsyncContextManager[None] = nullcontext()
@@ -89,46 +86,16 @@ async def _parsing(lock: anyio.Lock, label: str) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def _serving(lock: anyio.Lock, label: str, receive: Receive) -> AsyncIterator[Receive | None]:
+async def _serving(lock: anyio.Lock, label: str) -> AsyncIterator[None]:
     if lock.locked():
         large_waits.add(1, {"turn": "serving"})
         logger.debug("a large request of %s waits for its serving turn", label)
-    taken, left = await _taken(lock, receive)
+    taken = False
+    with anyio.move_on_after(TURN_WAIT):
+        await lock.acquire()
+        taken = True
     try:
-        if left is not None and left["type"] == "http.disconnect":
-            logger.debug("a large request of %s ended while it waited: its client left", label)
-            yield None
-        else:
-            yield receive if left is None else _replaying(left, receive)
+        yield
     finally:
         if taken:
             lock.release()
-
-
-async def _taken(lock: anyio.Lock, receive: Receive) -> tuple[bool, Message | None]:
-    """``lock`` taken (or ``TURN_WAIT`` passed first: False), and what the client sent
-    meanwhile (its body read, only a disconnect comes; None: nothing), which ends the wait."""
-    taken, left = False, None
-    async with anyio.create_task_group() as group:
-
-        async def watch() -> None:
-            nonlocal left
-            left = await receive()
-            group.cancel_scope.cancel()
-
-        group.start_soon(watch)
-        with anyio.move_on_after(TURN_WAIT):
-            await lock.acquire()
-            taken = True
-        group.cancel_scope.cancel()
-    return taken, left
-
-
-def _replaying(message: Message, receive: Receive) -> Receive:
-    """``receive`` with ``message``, read from it already, first."""
-    pending = [message]
-
-    async def replayed() -> Message:
-        return pending.pop() if pending else await receive()
-
-    return replayed

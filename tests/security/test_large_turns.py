@@ -177,26 +177,6 @@ async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.Mon
         release.set()
 
 
-async def test_a_request_whose_client_leaves_while_it_waits_is_not_served() -> None:
-    entered: list[str] = []
-    release = anyio.Event()
-    async with (
-        serving_upstream(holding_server(entered, release)) as url,
-        running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
-    ):
-        before = waited("serving")
-        async with anyio.create_task_group() as group:
-            group.start_soon(large_call, gw.url, "first")
-            await until(lambda: entered == ["first"])
-            with pytest.raises(httpx.TimeoutException):
-                await large_call(gw.url, "gone", patience=1)  # it waits its turn, then hangs up
-            assert waited("serving") > before
-            group.start_soon(large_call, gw.url, "last")  # behind "gone" in the queue, were it there
-            await until(lambda: waited("serving") > before + 1)
-            release.set()
-    assert entered == ["first", "last"]
-
-
 async def test_a_large_body_whose_method_is_not_a_string_gets_an_error() -> None:
     # Its method was looked up in a set of names: a list raised TypeError, and the client got
     # its connection dropped (the property test found it).
