@@ -151,28 +151,22 @@ async def test_large_initializes_waiting_their_turn_still_meet_the_session_cap()
     assert len(live) <= 2
 
 
-async def large_call(url: str, tag: str, patience: float = 30) -> dict[str, Any]:
-    """A large ``held__hold`` call of the client at 127.0.0.2."""
-    body, headers = modern_request("held__hold", {"tag": tag, "text": LARGE})
-    transport = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
-    async with httpx.AsyncClient(timeout=patience, transport=transport) as http:
-        return answer_of(await http.post(url, json=body, headers=headers))
-
-
 async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A call of minutes (a slow upstream, an agent run) holds its turn throughout: its
-    # client's next large request is served anyway once it has waited TURN_WAIT.
+    # A handshake-era call of minutes (a slow upstream, an agent run) holds its turn while its
+    # answer streams: its client's next large request is served anyway after TURN_WAIT.
     monkeypatch.setattr(turns, "TURN_WAIT", 0.5)
     entered: list[str] = []
     release = anyio.Event()
     async with (
         serving_upstream(holding_server(entered, release)) as url,
         running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy") as first,
+        Client(gw.url, mode="legacy") as second,  # the same anonymous client: one address
         anyio.create_task_group() as group,
     ):
-        group.start_soon(large_call, gw.url, "long")
+        group.start_soon(first.call_tool, "held__hold", {"tag": "long", "text": LARGE})
         await until(lambda: entered == ["long"])
-        group.start_soon(large_call, gw.url, "next")
+        group.start_soon(second.call_tool, "held__hold", {"tag": "next", "text": LARGE})
         await until(lambda: entered == ["long", "next"])  # while "long" still holds its turn
         release.set()
 
