@@ -71,6 +71,14 @@ def output_schemas(session: Any) -> Mapping[str, dict[str, Any] | None]:
     return schemas
 
 
+def message_of(body: bytes, parsed: tuple[bytes, Any] | None) -> JSONRPCMessage:
+    """``body``'s message, validated from ``parsed`` (admission's parse of a body and what it
+    holds) when that is of this very body: not parsed twice (4 ms at 3.5 MB)."""
+    if parsed is not None and parsed[0] == body:
+        return jsonrpc_message_adapter.validate_python(parsed[1], by_name=False)
+    return jsonrpc_message_adapter.validate_json(body, by_name=False)
+
+
 def parse_message(data: bytes | str) -> JSONRPCMessage:
     """One JSON-RPC message, as ``jsonrpc_message_adapter.validate_json`` reads it, in a
     quarter of the memory. pydantic's own JSON parser holds three to four times a message's
