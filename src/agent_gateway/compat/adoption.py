@@ -65,6 +65,8 @@ from agent_gateway.store.events import own_event, stream_digest
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
 
 logger = logging.getLogger(__name__)
+_SESSION_HEADER = MCP_SESSION_ID_HEADER.lower().encode()
+"""The session header as ASGI names it, encoded once rather than per request."""
 
 Ended = Callable[[str], Awaitable[None]]
 """Told that a session (its id) was deleted by its client here."""
@@ -111,7 +113,7 @@ class AdoptingSessionManager(DeferredSessionManager):
     past the bound; refused, its client gets 404 and opens a new one, through admission)."""
 
     async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
-        session_id = header_of_scope(scope, MCP_SESSION_ID_HEADER.lower().encode())
+        session_id = header_of_scope(scope, _SESSION_HEADER)
         if session_id is not None and session_id not in self._server_instances:
             try:
                 await self._adopt(session_id, scope)

@@ -31,27 +31,16 @@ UPSTREAM_SHARE = 0.5
 
 
 class Waiting(Protocol):
-    """A call waiting for its client's answers."""
+    """A call waiting for its client's answers (``held_calls._Held``)."""
 
-    @property
-    def client(self) -> str:
-        """Its client's label."""
-        ...  # a Protocol member: the signature is the contract
-
-    @property
-    def upstream(self) -> str:
-        """The upstream that asked (empty: none yet)."""
-        ...  # a Protocol member: the signature is the contract
-
-    @property
-    def done(self) -> bool:
-        """Its upstream call has ended (its outcome waits for the client's retry)."""
-        ...  # a Protocol member: the signature is the contract
-
-    @property
-    def serving(self) -> bool:
-        """A round of it is being served: its client is there."""
-        ...  # a Protocol member: the signature is the contract
+    client: str
+    """Its client's label."""
+    upstream: str
+    """The upstream that asked (empty: none yet)."""
+    done: bool
+    """Its upstream call has ended (its outcome waits for the client's retry)."""
+    serving: bool
+    """A round of it is being served: its client is there."""
 
 
 W = TypeVar("W", bound=Waiting)
