@@ -151,17 +151,18 @@ async def test_large_initializes_waiting_their_turn_still_meet_the_session_cap()
     assert len(live) <= 2
 
 
-async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    # A handshake-era call of minutes (a slow upstream, an agent run) holds its turn while its
-    # answer streams: its client's next large request is served anyway after TURN_WAIT.
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.MonkeyPatch, mode: str) -> None:
+    # A call of minutes (a slow upstream, an agent run) holds its turn until it is answered, in
+    # either era: its client's next large request is served anyway after TURN_WAIT.
     monkeypatch.setattr(turns, "TURN_WAIT", 0.5)
     entered: list[str] = []
     release = anyio.Event()
     async with (
         serving_upstream(holding_server(entered, release)) as url,
         running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
-        Client(gw.url, mode="legacy") as first,
-        Client(gw.url, mode="legacy") as second,  # the same anonymous client: one address
+        Client(gw.url, mode=mode) as first,
+        Client(gw.url, mode=mode) as second,  # the same anonymous client: one address
         anyio.create_task_group() as group,
     ):
         group.start_soon(first.call_tool, "held__hold", {"tag": "long", "text": LARGE})
