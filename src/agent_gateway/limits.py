@@ -59,6 +59,7 @@ from agent_gateway.over_limits import (
     rate_refusal,
     refuse,
     sessions_refusal,
+    unanswered,
     verdict_refusal,
 )
 from agent_gateway.refusals import refused
@@ -158,11 +159,14 @@ class Admission:
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
-        # A large request takes its turn before the session checks: counted as opening only
-        # once it is served, one let past them while it waited would open a session past them.
+        # A large request takes its turn before the session checks (one let past them while it
+        # waited would open a session past them).
         request = parsed[1] if (parsed := scope.get(PARSED)) is not None else None
-        async with serving_turn(turns, client.label, len(body), request):
-            await self._serve(scope, receive, send, client, body, session, modern, verdict)
+        async with serving_turn(turns, client.label, body, request, session) as served:
+            if served:
+                await self._serve(scope, receive, send, client, body, session, modern, verdict)
+            else:  # cancelled by its client while it waited: ended, never served
+                await unanswered(send, session)
 
     async def _serve(
         self,
@@ -383,8 +387,7 @@ same: a layer between may have changed it)."""
 
 def _initializes(scope: Scope) -> bool:
     """Whether the request admitted is an ``initialize`` (as admission parsed it)."""
-    parsed = scope.get(PARSED)
-    return parsed is not None and parsed[1].get("method") == "initialize"
+    return (parsed := scope.get(PARSED)) is not None and parsed[1].get("method") == "initialize"
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -74,3 +74,11 @@ async def refuse(
         }
     )
     await send({"type": "http.response.body", "body": encoded})
+
+
+async def unanswered(send: Send, session: str | None) -> None:
+    """A request its client cancelled before it was served, ended as the SDK's handshake-era
+    transport ends one: a stream with no event on it."""
+    headers = [(b"content-type", b"text/event-stream"), (b"mcp-session-id", (session or "").encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})

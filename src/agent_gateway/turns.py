@@ -12,7 +12,8 @@ whose bodies pass ``LARGE_BODY_BYTES`` takes turns, first come first served, twi
   answer. Only a request waits for this turn, and not a listen stream (which lasts for
   hours): an answer to the gateway's question (sampling, elicitation, roots) or a
   notification may be what the request being served waits for. A request waits
-  ``TURN_WAIT`` at most, then is served anyway.
+  ``TURN_WAIT`` at most, then is served anyway; one its client cancels meanwhile (a
+  handshake-era ``notifications/cancelled`` naming it) is never served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
 flight (``in_flight.BodyHeld``), which bounds how many can wait. Smaller bodies, and every
@@ -20,11 +21,12 @@ other client, never wait here."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import anyio
 
@@ -44,8 +46,14 @@ _LASTING = ("subscriptions/listen",)
 large_waits = Tally(
     "agent_gateway.requests.waited",
     "Bodies past 256 KiB that waited for their client's previous one, by turn: parsing (one "
-    "at a time), serving (one request at a time, from its session checks to its answer).",
+    "at a time), serving (one request at a time, from its session checks to its answer), "
+    "given_up (a request its client cancelled while it waited to be served: never served).",
 )
+_CANCELLED = b"notifications/cancelled"
+
+
+Waiting = tuple[str, str | int]
+"""A request waiting for its serving turn: its session and its id."""
 
 
 @dataclass(eq=False)
@@ -54,6 +62,23 @@ class Turns:
 
     parsing: anyio.Lock = field(default_factory=anyio.Lock)
     serving: anyio.Lock = field(default_factory=anyio.Lock)
+    waiting: dict[Waiting, anyio.CancelScope] = field(default_factory=dict[Waiting, anyio.CancelScope])
+    """Its handshake-era requests waiting for their serving turn, which a cancel gives up."""
+
+    def cancelled(self, session: str, body: bytes) -> None:
+        """Give up the waiting request that ``body`` cancels, if it is a cancel naming one.
+        Parsed again, only while the client has a request waiting and only when small: the
+        SDK's transport is where a notification is read, this is the one it cannot see."""
+        if not self.waiting or _CANCELLED not in body or len(body) > LARGE_BODY_BYTES:
+            return
+        try:
+            message = json.loads(body)
+            params = message["params"]
+            key = (session, params["requestId"]) if message["method"] == "notifications/cancelled" else None
+        except (ValueError, TypeError, KeyError):
+            return
+        if key is not None and _an_id(key[1]) and (scope := self.waiting.get(key)) is not None:
+            scope.cancel()
 
 
 def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AbstractAsyncContextManager[None]:
@@ -63,17 +88,27 @@ def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AbstractAsyncCont
 
 
 def serving_turn(
-    turns: Turns, label: str, body_bytes: int, request: Mapping[str, Any] | None
-) -> AbstractAsyncContextManager[None]:
-    """The client's turn to serve ``request`` (None: not a request, which waits for none). A
-    request waits ``TURN_WAIT`` at most, then is served anyway."""
-    lasting = request is None or request.get("method") in _LASTING  # a tuple: compared, not hashed
-    if lasting or body_bytes <= LARGE_BODY_BYTES:
-        return _AT_ONCE
-    return _serving(turns.serving, label)
+    turns: Turns, label: str, body: bytes, request: Mapping[str, Any] | None, session: str | None
+) -> AbstractAsyncContextManager[bool]:
+    """The client's turn to serve ``request`` (None: not a request, which waits for none, and
+    may cancel one waiting): entered with whether to serve it (False: its client cancelled it
+    while it waited). A request waits ``TURN_WAIT`` at most, then is served anyway."""
+    if request is None and session is not None:
+        turns.cancelled(session, body)  # and passed on: the SDK's session reads it too
+    # _LASTING is a tuple: a method is compared, not hashed (it may be a list).
+    if request is None or request.get("method") in _LASTING or len(body) <= LARGE_BODY_BYTES:
+        return _SERVE
+    request_id = request.get("id")
+    key = (session, request_id) if session is not None and _an_id(request_id) else None
+    return _serving(turns, label, key)
+
+
+def _an_id(value: object) -> TypeGuard[str | int]:
+    return isinstance(value, str | int) and not isinstance(value, bool)
 
 
 _AT_ONCE: AbstractAsyncContextManager[None] = nullcontext()
+_SERVE: AbstractAsyncContextManager[bool] = nullcontext(True)
 
 
 @asynccontextmanager
@@ -86,16 +121,26 @@ async def _parsing(lock: anyio.Lock, label: str) -> AsyncIterator[None]:
 
 
 @asynccontextmanager
-async def _serving(lock: anyio.Lock, label: str) -> AsyncIterator[None]:
+async def _serving(turns: Turns, label: str, key: Waiting | None) -> AsyncIterator[bool]:
+    lock = turns.serving
     if lock.locked():
         large_waits.add(1, {"turn": "serving"})
         logger.debug("a large request of %s waits for its serving turn", label)
     taken = False
-    with anyio.move_on_after(TURN_WAIT):
-        await lock.acquire()
-        taken = True
+    with anyio.move_on_after(TURN_WAIT), anyio.CancelScope() as waiting:
+        if key is not None:
+            turns.waiting[key] = waiting
+        try:
+            await lock.acquire()
+            taken = True
+        finally:
+            if key is not None and turns.waiting.get(key) is waiting:
+                del turns.waiting[key]
+    if given_up := not taken and waiting.cancel_called:
+        large_waits.add(1, {"turn": "given_up"})
+        logger.info("a large request of %s was cancelled by its client while it waited its turn", label)
     try:
-        yield
+        yield not given_up
     finally:
         if taken:
             lock.release()

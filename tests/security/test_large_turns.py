@@ -172,6 +172,33 @@ async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.Mon
         release.set()
 
 
+async def test_a_request_its_client_cancels_while_it_waits_its_turn_is_never_served() -> None:
+    # The cancel reaches the SDK's session, which has never seen the request: were the request
+    # not given up here, it would be served when its turn came, its client long gone.
+    entered: list[str] = []
+    release = anyio.Event()
+    before = waited("given_up")
+    async with (
+        serving_upstream(holding_server(entered, release)) as url,
+        running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy") as first,
+        Client(gw.url, mode="legacy") as second,  # the same anonymous client: one address
+        anyio.create_task_group() as group,
+    ):
+        group.start_soon(first.call_tool, "held__hold", {"tag": "long", "text": LARGE})
+        await until(lambda: entered == ["long"])
+        waiting_before = waited("serving")
+        async with anyio.create_task_group() as cancelled:
+            cancelled.start_soon(second.call_tool, "held__hold", {"tag": "cancelled", "text": LARGE})
+            await until(lambda: waited("serving") > waiting_before)
+            cancelled.cancel_scope.cancel()  # the SDK's client sends notifications/cancelled
+        await until(lambda: waited("given_up") > before)
+        release.set()
+        # The client's next large request is served after "long", with nothing between them.
+        await second.call_tool("held__hold", {"tag": "after", "text": LARGE})
+    assert entered == ["long", "after"]
+
+
 async def test_a_large_body_whose_method_is_not_a_string_gets_an_error() -> None:
     # Its method was looked up in a set of names: a list raised TypeError, and the client got
     # its connection dropped (the property test found it).
