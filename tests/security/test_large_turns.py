@@ -173,30 +173,44 @@ async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.Mon
 
 
 async def test_a_request_its_client_cancels_while_it_waits_its_turn_is_never_served() -> None:
-    # The cancel reaches the SDK's session, which has never seen the request: were the request
-    # not given up here, it would be served when its turn came, its client long gone.
+    # The cancel reaches the SDK's session, which has not seen the request yet: it was served
+    # when its turn came, its client long gone. Now its POST is ended at once, unserved.
     entered: list[str] = []
     release = anyio.Event()
-    before = waited("given_up")
+    answered: list[httpx.Response] = []
+    json_headers = {**ACCEPT, "content-type": "application/json"}
     async with (
         serving_upstream(holding_server(entered, release)) as url,
         running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
         Client(gw.url, mode="legacy") as first,
-        Client(gw.url, mode="legacy") as second,  # the same anonymous client: one address
+        httpx.AsyncClient(timeout=30) as http,  # the same anonymous client: one address
         anyio.create_task_group() as group,
     ):
+        session = (await http.post(gw.url, json=HELLO, headers=json_headers)).headers["mcp-session-id"]
+        headers = {**json_headers, "Mcp-Session-Id": session, "Mcp-Protocol-Version": VERSION}
+        await http.post(
+            gw.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+        )
         group.start_soon(first.call_tool, "held__hold", {"tag": "long", "text": LARGE})
         await until(lambda: entered == ["long"])
-        waiting_before = waited("serving")
-        async with anyio.create_task_group() as cancelled:
-            cancelled.start_soon(second.call_tool, "held__hold", {"tag": "cancelled", "text": LARGE})
-            await until(lambda: waited("serving") > waiting_before)
-            cancelled.cancel_scope.cancel()  # the SDK's client sends notifications/cancelled
-        await until(lambda: waited("given_up") > before)
+
+        async def call() -> None:
+            params = {"name": "held__hold", "arguments": {"tag": "cancelled", "text": LARGE}}
+            body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params}
+            answered.append(await http.post(gw.url, json=body, headers=headers))
+
+        before = waited("serving")
+        group.start_soon(call)
+        await until(lambda: waited("serving") > before)
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}
+        await http.post(gw.url, json=cancel, headers=headers)
+        await until(lambda: bool(answered))  # while "long" still holds the turn
         release.set()
         # The client's next large request is served after "long", with nothing between them.
-        await second.call_tool("held__hold", {"tag": "after", "text": LARGE})
+        await first.call_tool("held__hold", {"tag": "after", "text": LARGE})
     assert entered == ["long", "after"]
+    assert answered[0].status_code == 200
+    assert answered[0].text == ""  # a stream with no event, as the SDK's transport ends one
 
 
 async def test_a_large_body_whose_method_is_not_a_string_gets_an_error() -> None:
