@@ -143,6 +143,31 @@ async def test_an_upstream_that_comes_up_later_is_connected_and_clients_are_told
             assert text_of(await client.call_tool("late__ping", {})) == "pong"
 
 
+async def test_with_startup_wait_the_gateway_serves_before_a_slow_upstream_which_joins_later() -> None:
+    # Listening, not served: the gateway's connection is accepted by the kernel and its
+    # initialize waits in the backlog, as at an upstream slow to start (an npx download).
+    sock = free_socket()
+    sock.listen()
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    changes: list[IncomingMessage] = []
+
+    async def record(message: IncomingMessage) -> None:
+        changes.append(message)
+
+    config = {"server": {"startup_wait": 0.5}, "upstreams": {"slow": {"url": url, "connect_timeout": 60}}}
+    with anyio.fail_after(20):  # without startup_wait, start-up waits out the connect_timeout
+        async with (
+            running_gateway(config) as gw,
+            Client(gw.url, mode="legacy", message_handler=record) as client,
+        ):
+            assert [t.name for t in (await client.list_tools()).tools] == ["ask_agent"]
+            async with serving_upstream(gated_server(anyio.Event()), sock):
+                await wait_until(
+                    lambda: any(isinstance(m, types.ToolListChangedNotification) for m in changes), 15
+                )
+                assert text_of(await client.call_tool("slow__ping", {})) == "pong"
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_an_upstream_tool_list_change_is_relayed_to_clients(mode: str) -> None:
     changed = anyio.Event()

@@ -173,6 +173,10 @@ class ServerConfig(_Strict):
     session_idle_timeout: Seconds = 1800.0
     """An HTTP session with no request for this long is ended (and what it held released); an
     authenticated modern client's dedicated upstream session unused this long is closed."""
+    startup_wait: Seconds | None = None
+    """Seconds start-up waits for the upstreams before the gateway serves; None: until each
+    has connected or failed once (the largest ``connect_timeout``). One still connecting then
+    joins the catalog when it connects, and clients are told the list changed."""
     drain_timeout: int = Field(default=30, ge=1, le=3600)
     """On SIGTERM: seconds the calls in flight have to finish before they are cut off (new
     connections are refused at once, and notification streams closed so clients reconnect

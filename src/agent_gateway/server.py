@@ -256,7 +256,7 @@ class Gateway:
                 # The agent's libraries are imported while the upstreams connect.
                 runtime.importing(RUNNER_MODULE if self._agent_tool is not None else None) as agent_imported,
                 self.search.running(),  # indexes each upstream's tools as it connects
-                self.pool.running(settle_timeout=settle_timeout),
+                self.pool.running(settle_timeout=settle_timeout or self.config.server.startup_wait),
                 self.dedicated.running(),
                 self.proxy.held.running(),
                 self.broadcast.running(),
