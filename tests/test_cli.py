@@ -401,10 +401,13 @@ def test_check_starts_the_upstreams_and_reports_a_name_collision_as_serve_would(
     assert "tool name 'increment' is produced by both upstream 'a'" in err
 
 
+@pytest.mark.parametrize("startup_wait", [None, 0.001])
 def test_check_reports_each_upstream_up_with_its_tools(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], startup_wait: float | None
 ) -> None:
-    path = write_config(tmp_path, {"counter": counter()})
+    # check waits for every upstream, whatever server.startup_wait lets serve do: the counter's
+    # process takes far longer than a millisecond to start.
+    path = write_config(tmp_path, {"counter": counter()}, startup_wait=startup_wait)
     assert main(["--log-level", "error", "check", "-c", str(path)]) == 0
     assert "upstream counter: up, 4 tools" in capsys.readouterr().out
 

@@ -233,15 +233,14 @@ class Gateway:
                 return snapshot.tool(target).upstream if target in snapshot.tools else None
             if method == "prompts/get":
                 return snapshot.prompt(target).upstream if target in snapshot.prompts else None
-            if method.startswith("resources/"):
-                return snapshot.resource(target)[0]
+            return snapshot.resource(target)[0] if method.startswith("resources/") else None
         except UnknownName:
             return None
-        return None
 
     @asynccontextmanager
     async def running(self, *, settle_timeout: float | None = None) -> AsyncIterator[Gateway]:
-        """Connect the upstreams and build the catalog; stop everything on exit.
+        """Connect the upstreams (waiting ``settle_timeout`` or ``server.startup_wait``), build
+        the catalog; stop everything on exit.
 
         Raises:
             ConfigError: two upstreams produce the same public name at start-up, or the agent's
