@@ -45,6 +45,7 @@ from mcp_types import (
     TextResourceContents,
 )
 from opentelemetry import metrics
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.errors import GatewayBusy
@@ -226,43 +227,64 @@ def hold(scope: Scope | None, result: Any, client: Principal | None = None) -> N
 
 
 def result_size(result: Any) -> int:
-    """About how many bytes ``result`` holds: its texts and blobs (the rest is small)."""
+    """About how many bytes ``result`` holds: the strings in it, wherever they are (content,
+    structured content, completion values, ``_meta``; numbers and structure are small beside
+    them). The common results are read field by field (a call's every answer is sized)."""
     if isinstance(result, CallToolResult):
-        return sum(_content_size(c) for c in result.content) + _json_size(result.structured_content)
-    if isinstance(result, ReadResourceResult):
-        return sum(_resource_size(c) for c in result.contents)
-    if isinstance(result, GetPromptResult):
-        return sum(_content_size(m.content) for m in result.messages)
-    return 0
+        size = sum(_content_size(c) for c in result.content) + _json_size(result.structured_content)
+    elif isinstance(result, ReadResourceResult):
+        size = sum(_resource_size(c) for c in result.contents)
+    elif isinstance(result, GetPromptResult):
+        size = sum(_content_size(m.content) for m in result.messages)
+    else:  # a completion's values, anything else: every string in it
+        return _json_size(result)
+    return size + _json_size(result.meta) if result.meta else size
 
 
 def _content_size(content: Any) -> int:
     if isinstance(content, TextContent):
-        return len(content.text)
-    if isinstance(content, ImageContent | AudioContent):
-        return len(content.data)
-    if isinstance(content, EmbeddedResource):
-        return _resource_size(content.resource)
-    return 0
+        size = len(content.text)
+    elif isinstance(content, ImageContent | AudioContent):
+        size = len(content.data)
+    elif isinstance(content, EmbeddedResource):
+        size = _resource_size(content.resource)
+    else:
+        size = _json_size(content)  # a resource link: its URI, name, description, ...
+    return size + _json_size(content.meta) if content.meta else size
 
 
 def _resource_size(resource: Any) -> int:
     if isinstance(resource, TextResourceContents):
-        return len(resource.text)
-    if isinstance(resource, BlobResourceContents):
-        return len(resource.blob)
-    return 0
+        size = len(resource.text)
+    elif isinstance(resource, BlobResourceContents):
+        size = len(resource.blob)
+    else:
+        size = _json_size(resource)
+    return size + _json_size(resource.meta) if resource.meta else size
 
 
 def _json_size(value: Any) -> int:
-    """The strings' lengths in a JSON value (numbers and structure are small beside them)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(len(k) + _json_size(v) for k, v in value.items())
-    if isinstance(value, list):
-        return sum(_json_size(v) for v in value)
-    return 0
+    """The strings' lengths in ``value``, a JSON value or a model of one (numbers and structure
+    are small beside them). Walked with a stack: an upstream's answer may be nested as deep as
+    its parser let it."""
+    size = 0
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            size += len(item)
+        elif isinstance(item, dict):
+            size += sum(len(key) for key in item)  # pyright: ignore[reportUnknownArgumentType]
+            stack.extend(item.values())  # pyright: ignore[reportUnknownArgumentType]
+        elif isinstance(item, list | tuple):
+            stack.extend(item)  # pyright: ignore[reportUnknownArgumentType]
+        elif isinstance(item, BaseModel):
+            stack.extend(item.__dict__.values())
+            if item.__pydantic_extra__:
+                stack.append(item.__pydantic_extra__)
+        elif isinstance(item, bytes):
+            size += len(item)
+    return size
 
 
 class _Held:

@@ -92,8 +92,10 @@ class Pipeline:
         client = self._access.identify(ctx.request)
         if self._search is not None and name in (SEARCH_TOOLS, CALL_TOOL):
             try:
-                if name == SEARCH_TOOLS:
-                    return await self._search_tools(params.arguments or {}, client)
+                if name == SEARCH_TOOLS:  # its result holds whole tool schemas: held as any
+                    found = await self._search_tools(params.arguments or {}, client)
+                    hold(_scope(ctx), found, client)
+                    return found
                 params = _unwrapped(params)
             except GatewayError as exc:
                 return _error_result(exc)

@@ -11,7 +11,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 import anyio
@@ -19,7 +19,10 @@ import httpx
 import mcp_types as types
 import pytest
 from fastmcp import Context, FastMCP
+from fastmcp.tools import ToolResult
 from mcp import Client
+from mcp.shared.exceptions import MCPError
+from pydantic import Field
 from starlette.types import ASGIApp, Scope, Send
 
 from agent_gateway.in_flight import IN_FLIGHT
@@ -232,6 +235,67 @@ async def test_a_result_whose_client_hung_up_is_not_held() -> None:
         after = (await http.post(gw.url, json=ping, headers=headers)).json()
     assert held == 0
     assert after["result"]["content"][0]["text"] == "pong"
+
+
+OUT_OF_CONTENT = 3 * 2**20
+"""Over one client's share of a 4 MiB bound, in a part of a result that is not its content."""
+WIDE = "d" * (OUT_OF_CONTENT // 4)
+"""A parameter's description: five tools of it are a search result past the share."""
+
+
+def out_of_content_server() -> FastMCP:
+    """Results whose bytes are outside content: a completion's values, a result's ``_meta``,
+    and tool schemas (which ``search_tools`` returns whole)."""
+    server = FastMCP("odd")
+
+    @server.tool
+    def annotated() -> ToolResult:
+        return ToolResult(
+            content=[types.TextContent(type="text", text="small")], meta={"blob": "m" * OUT_OF_CONTENT}
+        )
+
+    for n in range(5):
+
+        def wide(query: Annotated[str, Field(description=WIDE)]) -> str:
+            return query
+
+        server.tool(wide, name=f"wide_{n}", description="lookup of things")
+
+    @server.prompt
+    def poem(theme: str) -> str:
+        return theme
+
+    @server.completion
+    def complete(ref: Any, argument: Any, context: Any) -> list[str]:
+        return ["c" * OUT_OF_CONTENT]
+
+    return server
+
+
+@pytest.mark.parametrize("asked", ["completion", "meta", "search"])
+async def test_an_answer_past_the_clients_share_is_refused_whatever_part_of_it_holds_the_bytes(
+    asked: str,
+) -> None:
+    # Sized by its content alone, each of these was held for nothing: one client asking for
+    # many and reading none of them grew the gateway by gigabytes.
+    async with serving_upstream(out_of_content_server()) as url:
+        config = {
+            "server": {"max_bytes_in_flight": 4 * 2**20},
+            "search": {"mode": "on"},
+            "upstreams": {"odd": {"url": url}},
+        }
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            if asked == "completion":
+                prompt = types.PromptReference(type="ref/prompt", name="odd__poem")
+                with pytest.raises(MCPError, match="retry shortly"):
+                    await client.complete(prompt, {"name": "theme", "value": ""})
+                return
+            if asked == "meta":
+                refused = await client.call_tool("odd__annotated", {})
+            else:
+                refused = await client.call_tool("search_tools", {"query": "lookup things", "limit": 5})
+    assert refused.is_error
+    assert "retry shortly" in text(refused)
 
 
 async def held_body(url: str, address: str, sent: int, declared: int) -> tuple[Any, Any]:
