@@ -55,6 +55,12 @@ REFUSED = [  # (line, the id answered, the code, the reason's start)
     ('{"jsonrpc": "2.0", "id": 5}', 5, -32600, "a request needs a method (a string), not null"),
     ('{"jsonrpc": "2.0", "id": true, "method": "ping"}', None, -32600, "a request id must be a string or"),
     ('{"jsonrpc": "2.0", "id": [6], "method": "ping"}', None, -32600, "a request id must be a string or"),
+    (  # deep enough that the SDK's models fail to serialise it, not to read it
+        '{"jsonrpc": "2.0", "id": 8, "method": "ping", "params": {"x": ' + "[" * 200 + "]" * 200 + "}}",
+        8,
+        -32600,
+        TOO_DEEP,
+    ),
     (
         '{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": ' + "[" * 300 + "]" * 300 + "}}",
         7,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import re
+from array import array
+from itertools import accumulate
 from typing import Any
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)
@@ -34,6 +36,32 @@ def json_values(body: bytes, bound: int) -> int:
 def _punctuation(body: bytes) -> int:
     """Opening braces, brackets and commas in ``body``: one pass (three ``count``s cost twice)."""
     return len(body) - len(body.translate(None, b"{[,"))
+
+
+MAX_DEPTH = 128
+"""How deep a client's JSON text may nest. Python's parser stops near 1,000 levels; past 255
+the SDK's models fail to serialise it (an error answered with code 0 and a traceback logged
+for each), and a FastMCP upstream sent arguments 200 deep never answered."""
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+_STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
+"""Brackets as signed bytes: +1 opens a level, -1 closes one."""
+
+
+class TooDeep(RecursionError):
+    """JSON text nested deeper than ``MAX_DEPTH`` (a ``RecursionError``, as Python's parser
+    raises for deeper still): read as nested too deeply wherever that is caught."""
+
+
+def nests_deeper(text: bytes, bound: int = MAX_DEPTH) -> bool:
+    """Whether the JSON text ``text`` nests deeper than ``bound``, at C speed: only text with
+    more brackets than that is looked at, its strings dropped (escapes first, then what is
+    between quotes), its brackets made steps of +1 and -1 and the deepest running sum taken."""
+    if text.count(b"{") + text.count(b"[") <= bound:
+        return False
+    if b"\\" in text:
+        text = _ESCAPE.sub(b"", text)
+    steps = b"".join(text.split(b'"')[::2]).translate(None, _NOT_BRACKETS).translate(_STEPS)
+    return max(accumulate(array("b", steps)), default=0) > bound
 
 
 class Unrepresentable(ValueError):
@@ -69,8 +97,11 @@ def parsed(text: bytes | str) -> Any:
             Python's parser (and the SDK's) takes each: such numbers reached the upstream
             as null, a call the client never made; a lone surrogate raised wherever the
             gateway wrote it as UTF-8 (the call's record; the audit writer, and the process).
-        ValueError, RecursionError: it is not JSON, or nests too deeply to read.
+        ValueError, RecursionError: it is not JSON, or nests too deeply to read (``TooDeep``:
+            deeper than ``MAX_DEPTH``).
     """
+    if nests_deeper(text if isinstance(text, bytes) else text.encode(errors="surrogatepass")):
+        raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
     if isinstance(text, bytes):  # strictly: json.loads (the SDK's too) takes a byte-order mark,
         # UTF-16 and UTF-32 (whose ASCII is valid UTF-8, NULs), and a surrogate's own bytes
         try:

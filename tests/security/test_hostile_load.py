@@ -667,6 +667,40 @@ async def test_names_over_64_characters_are_refused_and_no_log_line_holds_them(
 # -- finding 5: large bodies -------------------------------------------------------------
 
 
+def nested(depth: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_arguments_nested_past_128_levels_are_refused_before_anything_reads_them(mode: str) -> None:
+    # Past 255 levels the SDK's models failed to serialise them: answered with code 0 and a
+    # traceback logged for each (eight clients: 0.7 MB of log a second), and a FastMCP
+    # upstream never answered arguments 200 deep.
+    seen: list[str] = []
+    server = FastMCP("deep")
+
+    @server.tool
+    def keep(value: Any) -> str:
+        seen.append(json.dumps(value)[:20])
+        return "kept"
+
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"deep": {"url": url}}}) as gw,
+        Client(gw.url, mode=mode) as c,
+    ):
+        with pytest.raises(MCPError, match="nested too deeply"):
+            await c.call_tool("deep__keep", {"value": nested(200)})
+        # The envelope (message, params, arguments) and 120 levels of arguments: within the bound.
+        assert (await c.call_tool("deep__keep", {"value": nested(120)})).structured_content == {
+            "result": "kept"
+        }
+    assert seen == [json.dumps(nested(120))[:20]]
+
+
 async def test_a_body_of_a_million_values_is_refused_unparsed() -> None:
     async with gateway({}) as gw, client(gw.url) as c, httpx.AsyncClient(timeout=30) as http:
         session = await _open_session(http, gw.url, "unused")

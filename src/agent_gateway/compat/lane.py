@@ -150,9 +150,9 @@ class Route:
                 outcome = await self.on_request(dctx, message.method, message.params)
             except Exception as exc:
                 error = handler_exception_to_error_data(exc)
-                if error is None:
+                if error is None:  # the dispatcher answers code 0, which JSON-RPC does not define
                     logger.exception("handler for %r raised", message.method)
-                    error = ErrorData(code=0, message=str(exc))  # the dispatcher's own catch-all
+                    error = ErrorData(code=INTERNAL_ERROR, message=str(exc))
                 outcome = error
             finally:
                 dctx.close()

@@ -22,7 +22,7 @@ from typing import Any
 import mcp_types as types
 from pydantic import ValidationError
 
-from agent_gateway.json_text import json_values, unrepresentable
+from agent_gateway.json_text import json_values, nests_deeper, unrepresentable
 from agent_gateway.logs import clipped
 from agent_gateway.upstreams.stdio import request_id_of
 
@@ -47,6 +47,10 @@ def malformed(line: str) -> Malformed | None:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         return _diagnosed(line, exc)
+    if nests_deeper(line.encode(errors="surrogatepass")):  # as an HTTP body is refused (``limits``)
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
+            return Malformed(TOO_DEEP, None)
+        return _refused(TOO_DEEP, _usable(getattr(message, "id", None)))
     if (held := unrepresentable(line)) is not None:
         reason = f"the message holds {held}"
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
