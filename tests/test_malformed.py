@@ -55,12 +55,6 @@ REFUSED = [  # (line, the id answered, the code, the reason's start)
     ('{"jsonrpc": "2.0", "id": 5}', 5, -32600, "a request needs a method (a string), not null"),
     ('{"jsonrpc": "2.0", "id": true, "method": "ping"}', None, -32600, "a request id must be a string or"),
     ('{"jsonrpc": "2.0", "id": [6], "method": "ping"}', None, -32600, "a request id must be a string or"),
-    (  # deep enough that the SDK's models fail to serialise it, not to read it
-        '{"jsonrpc": "2.0", "id": 8, "method": "ping", "params": {"x": ' + "[" * 200 + "]" * 200 + "}}",
-        8,
-        -32600,
-        TOO_DEEP,
-    ),
     (
         '{"jsonrpc": "2.0", "id": 7, "method": "ping", "params": {"x": ' + "[" * 300 + "]" * 300 + "}}",
         7,
@@ -86,6 +80,19 @@ def test_a_malformed_line_is_answered_to_its_id_when_it_has_a_usable_one(
     assert (found.answer.id, found.answer.error.code) == (to, code)
     assert found.answer.error.message == found.reason
     assert found.reason.startswith(reason)
+
+
+def test_a_line_nested_past_128_levels_is_refused_as_an_http_body_is() -> None:
+    # Deep enough that the SDK's models read it and fail to serialise it (past 255 levels).
+    deep = "[" * 200 + "]" * 200
+    request = malformed('{"jsonrpc": "2.0", "id": 8, "method": "ping", "params": {"x": ' + deep + "}}")
+    answer = malformed('{"jsonrpc": "2.0", "id": 9, "result": {"x": ' + deep + "}}")
+    assert request is not None
+    assert request.answer is not None
+    assert (request.answer.id, request.answer.error.code, request.reason) == (8, -32600, TOO_DEEP)
+    assert answer is not None
+    assert answer.answer is None  # an answer of the client's is not answered
+    assert answer.reason.endswith(TOO_DEEP)
 
 
 def test_a_malformed_answer_from_the_client_is_not_answered_and_its_reason_is_bounded() -> None:
