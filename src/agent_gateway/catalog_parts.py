@@ -154,6 +154,13 @@ def kept_instructions(text: str | None, upstream: str) -> str | None:
     return f"{text[:MAX_INSTRUCTIONS]}... (cut: {len(text)} characters)"
 
 
+MAX_LISTED = 10_000
+"""Items of one kind (tools, prompts, resources, templates) one upstream may list; the largest
+real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
+MAX_LISTED_BYTES = 64 * 2**20
+"""What one upstream's list of one kind may hold: the characters of its names, titles and
+descriptions and the bytes of its tools' schemas (each schema is bounded too, 1 MiB:
+``MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
 MAX_SCHEMA_BYTES = 2**20
 """How large one of a tool's schemas may be, serialised (most real ones are a few KB; the
 largest of the benchmark's 2,815 real tools, Microsoft 365's ``create-sharepoint-list-item``,

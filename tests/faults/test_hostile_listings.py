@@ -12,9 +12,8 @@ from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway.catalog import Catalog
-from agent_gateway.catalog_parts import MAX_INSTRUCTIONS, Listing
+from agent_gateway.catalog_parts import MAX_INSTRUCTIONS, MAX_LISTED, Listing
 from agent_gateway.config_files import parse_config
-from agent_gateway.upstreams.connection import MAX_LISTED
 from tests.faults.harness import gateway_under_fault, text_of, wait_until
 from tests.support import SERVERS, python_upstream, running_gateway, serving_upstream
 
@@ -120,6 +119,21 @@ async def test_an_upstream_listing_more_tools_than_the_gateway_takes_is_refused_
     assert "many__t0" not in catalog.tools
     assert {"most__t0", f"most__t{MAX_LISTED - 1}"} <= set(catalog.tools)
     assert refused.state != "up"  # down, and tried again after its backoff
+    assert "more than the gateway takes from one upstream" in (refused.last_error or "")
+
+
+async def test_a_page_of_more_items_than_the_gateway_takes_is_refused_before_they_are_read() -> None:
+    # Counted after its items were made models: a page of a million tiny tools (50 MB) took
+    # 20 s of the event loop and 2.8 GB, every retry. Its items are not even tools: refused
+    # for their number, they were never validated.
+    config = {
+        "upstreams": {"junk": hostile(f"junk{MAX_LISTED + 1}"), "healthy": python_upstream("counter.py")}
+    }
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+        refused = next(s for s in gw.gateway.pool.statuses() if s.name == "junk")
+    assert counted == "1"
+    assert refused.state != "up"
     assert "more than the gateway takes from one upstream" in (refused.last_error or "")
 
 

@@ -23,7 +23,8 @@ from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from agent_gateway.catalog_parts import Listing, kept_instructions
+from agent_gateway.catalog_parts import MAX_LISTED, MAX_LISTED_BYTES, Listing, kept_instructions
+from agent_gateway.compat.mcp import PageTooLong
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url, scrubbed
@@ -37,13 +38,6 @@ from agent_gateway.upstreams.translation import secrets_of
 logger = logging.getLogger(__name__)
 
 _PAGE_CAP = 1000
-MAX_LISTED = 10_000
-"""Items of one kind (tools, prompts, resources, templates) one upstream may list; the largest
-real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
-MAX_LISTED_BYTES = 64 * 2**20
-"""What one upstream's list of one kind may hold: the characters of its names, titles and
-descriptions and the bytes of its tools' schemas (each schema is bounded too, 1 MiB:
-``catalog_parts.MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
 REFRESH_SPACING = 1.0
 """Seconds at least between two listings of one upstream after it says its lists changed. An
 upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
@@ -354,21 +348,27 @@ class _Pages:
         held = 0
         cursor: str | None = None
         for _ in range(_PAGE_CAP):
-            page = await fetch(cursor=cursor)
+            try:
+                page = await fetch(cursor=cursor)
+            except PageTooLong:  # refused before its items were made models
+                raise self._refused(kind) from None
             found = items(page)
             collected.extend(found)
             held += sum(size(i) for i in found)
             if len(collected) > MAX_LISTED or held > MAX_LISTED_BYTES:
-                raise UpstreamRejected(
-                    self.upstream,
-                    f"its {kind} are more than the gateway takes from one upstream ({MAX_LISTED:,} "
-                    f"items, {MAX_LISTED_BYTES // 2**20} MiB of names, descriptions and schemas): refused",
-                    types.INTERNAL_ERROR,
-                )
+                raise self._refused(kind)
             cursor = page.next_cursor
             if not cursor:
                 break
         return tuple(collected)
+
+    def _refused(self, kind: str) -> UpstreamRejected:
+        return UpstreamRejected(
+            self.upstream,
+            f"its {kind} are more than the gateway takes from one upstream ({MAX_LISTED:,} "
+            f"items, {MAX_LISTED_BYTES // 2**20} MiB of names, descriptions and schemas): refused",
+            types.INTERNAL_ERROR,
+        )
 
 
 def _text_size(item: _Listed) -> int:
