@@ -6,6 +6,8 @@
   most ``MAX_ID_LENGTH`` characters: every span, record and answer of the request carries it.
 - Its method name: at most ``MAX_METHOD_LENGTH`` characters (a span is named by it, and an
   unknown method's error carries it back).
+- A list's cursor: at most ``MAX_CURSOR_LENGTH`` characters (an unreadable one was answered
+  with the whole of it); refused as an invalid cursor is (``-32602``).
 - What the gateway keeps of its client: at most ``MAX_KEPT_BYTES`` of the params of an
   ``initialize`` (kept for the session's life) or a ``subscriptions/listen`` (the stream's,
   hours), and of any other request's ``_meta`` envelope (the modern era's client info and
@@ -17,10 +19,14 @@ from __future__ import annotations
 import json
 from typing import Any, TypeGuard
 
+import mcp_types as types
+
 from agent_gateway.json_text import json_values
 
 MAX_ID_LENGTH = 256
 MAX_METHOD_LENGTH = 128
+MAX_CURSOR_LENGTH = 256
+"""A list's cursor: the gateway's own are a few dozen characters."""
 MAX_KEPT_BYTES = 64 * 1024
 """The most of an ``initialize``'s params, or of a request's ``_meta``, the gateway keeps."""
 MAX_INITIALIZE_VALUES = 512
@@ -34,10 +40,16 @@ _LONG_LIVED = {"initialize": MAX_INITIALIZE_VALUES, "subscriptions/listen": MAX_
 each against its bound of values."""
 
 
-def problem(body: bytes, message: dict[str, Any]) -> str | None:
-    """What is wrong with the request ``message`` (``body`` parsed) past its size and its JSON;
-    None: nothing."""
-    return _id_problem(message) or _method_problem(message) or _kept_problem(body, message)
+def problem(body: bytes, message: dict[str, Any]) -> tuple[str, int] | None:
+    """What is wrong with the request ``message`` (``body`` parsed) past its size and its JSON,
+    and its JSON-RPC code; None: nothing."""
+    if (
+        found := _id_problem(message) or _method_problem(message) or _kept_problem(body, message)
+    ) is not None:
+        return found, types.INVALID_REQUEST
+    if (found := _cursor_problem(message)) is not None:
+        return found, types.INVALID_PARAMS  # as the spec answers an invalid cursor
+    return None
 
 
 def is_request(message: Any) -> TypeGuard[dict[str, Any]]:
@@ -59,6 +71,16 @@ def _method_problem(message: dict[str, Any]) -> str | None:
     if isinstance(method, str) and len(method) > MAX_METHOD_LENGTH:  # not a string: the SDK's to refuse
         # A span is named by it, and an unknown method's error carries it back.
         return f"a method name of {len(method)} characters; the limit is {MAX_METHOD_LENGTH}"
+    return None
+
+
+def _cursor_problem(message: dict[str, Any]) -> str | None:
+    # FastMCP's lists (prompts, resources, templates) answered an unreadable cursor with the
+    # whole of it: 3.5 MB sent back for 3.5 MB sent, each time.
+    params = message.get("params")
+    cursor = params.get("cursor") if isinstance(params, dict) else None  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    if isinstance(cursor, str) and len(cursor) > MAX_CURSOR_LENGTH:
+        return f"a cursor of {len(cursor)} characters; the gateway's own are at most {MAX_CURSOR_LENGTH}"
     return None
 
 

@@ -323,7 +323,7 @@ class Admission:
         if not body_shape.is_request(message):
             return None
         if (problem := body_shape.problem(body, message)) is not None:
-            return problem, INVALID_REQUEST
+            return problem
         scope[PARSED] = (body, message)
         return None
 

@@ -13,10 +13,12 @@ import httpx
 import pytest
 
 from agent_gateway.body_shape import MAX_ID_LENGTH, MAX_INITIALIZE_VALUES, MAX_KEPT_BYTES
+from tests.replicas.test_store import ACCEPT, opened
 from tests.security.test_unrepresentable import HEADERS, VERSION, modern_call, recorder
 from tests.support import running_gateway, serving_upstream
 
 INVALID_REQUEST = -32600
+INVALID_PARAMS = -32602
 
 
 def initialize(experimental_bytes: int) -> dict[str, object]:
@@ -115,3 +117,23 @@ async def test_an_initialize_of_many_small_values_is_refused_whatever_its_size()
     assert f"the gateway keeps at most {MAX_INITIALIZE_VALUES}" in refused.json()["error"]["message"]
     assert served.status_code == 200, served.text
     assert "mcp-session-id" in served.headers
+
+
+@pytest.mark.parametrize(
+    "method", ["prompts/list", "resources/list", "resources/templates/list", "tools/list"]
+)
+async def test_a_cursor_longer_than_the_gateways_own_is_refused_without_being_sent_back(method: str) -> None:
+    # FastMCP's lists answered an unreadable cursor with the whole of it: 3.5 MB back for
+    # each 3.5 MB sent (four clients took the gateway's CPU). A real one is read, as ever.
+    async with (
+        serving_upstream(recorder([])) as url,
+        running_gateway({"upstreams": {"rec": {"url": url}}, "server": {"page_size": 1}}) as gw,
+        httpx.AsyncClient(timeout=10) as http,
+    ):
+        headers = {**await opened(http, gw.url), **ACCEPT}
+        ask = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"cursor": "A" * 100_000}}
+        refused = await http.post(gw.url, json=ask, headers=headers)
+        first = await http.post(gw.url, json={**ask, "params": {}}, headers=headers)
+    assert refused.json()["error"]["code"] == INVALID_PARAMS, refused.text
+    assert len(refused.content) < 1_000
+    assert "result" in first.json(), first.text
