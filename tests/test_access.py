@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import socket
 import time
@@ -37,6 +38,7 @@ from agent_gateway.access import Principal
 from agent_gateway.config import ClientPolicy
 from agent_gateway.errors import ConfigError
 from agent_gateway.http import build_app
+from agent_gateway.logs import PeerRepeats
 from agent_gateway.server import Gateway
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import (
@@ -533,3 +535,27 @@ async def test_status_needs_a_token_when_auth_is_on_and_odd_bodies_get_400() -> 
         )
         assert answer.status_code == 400
         assert "nested too deeply" in answer.json()["error"]["message"]
+
+
+async def test_a_clients_refused_calls_write_one_warning_a_window_and_anothers_its_own() -> None:
+    # Each refusal wrote a WARNING line: eight callers of names outside their policy wrote
+    # 4,300 lines in 5 s. Written through the filter the CLI puts on its handler.
+    written: list[str] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append(record.getMessage())
+
+    handler = Kept(logging.WARNING)
+    handler.addFilter(PeerRepeats())
+    logging.getLogger("agent_gateway").addHandler(handler)
+    try:
+        async with bearer_gateway() as gw:
+            for token in (CI_TOKEN, "pids-token-0123456789abcdef"):
+                async with client_with(gw.url, token) as client:
+                    for _ in range(20):  # counter__reset is outside both policies
+                        assert (await client.call_tool("counter__reset", {})).is_error
+    finally:
+        logging.getLogger("agent_gateway").removeHandler(handler)
+    refused = [line for line in written if "refused tool 'counter__reset'" in line]
+    assert [line.split()[1] for line in refused] == ["ci", "pids"], refused

@@ -36,7 +36,7 @@ from agent_gateway.addresses import client_key
 from agent_gateway.authentication import StaticAccessToken
 from agent_gateway.config import AuthConfig, ClientPolicy
 from agent_gateway.errors import ClientLimited, InvalidRequest, NotAllowed, RateLimited, to_wire
-from agent_gateway.logs import clipped
+from agent_gateway.logs import POLICY_REFUSED, clipped
 from agent_gateway.naming import MAX_NAME_LENGTH
 from agent_gateway.refusals import refused
 from agent_gateway.token_bucket import Clock, TokenBucket
@@ -102,7 +102,9 @@ class Principal:
     def check(self, kind: Kind, name: str) -> None:
         """Raises ``NotAllowed`` when the policy does not let this client reach ``name``."""
         if not self.allows(kind, name):
-            logger.warning("client %s refused %s %r (policy %s)", self.label, kind, name, self.policy_name)
+            logger.warning(
+                POLICY_REFUSED, self.label, kind, name, self.policy_name, extra={"peer": self.label}
+            )
             raise NotAllowed(kind, name, self.subject)
 
     @contextmanager

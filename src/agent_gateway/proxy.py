@@ -20,6 +20,7 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
+from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -32,7 +33,7 @@ def _identity(caller: Caller | None, client: Principal | None, kind: str, name: 
     """The client a request is forwarded for; fail closed: without one, nothing is."""
     who = client if client is not None else (caller.client if caller is not None else None)
     if who is None:
-        logger.warning("refused %s %r: the request carries no identity", kind, name)
+        logger.warning(NO_IDENTITY_REFUSED, kind, name)
         raise NotAllowed(kind, name, "(no identity)")
     return who
 
@@ -46,7 +47,7 @@ def _unseen(
     who = caller.client
     if who is None or not who.allows(kind, name):
         subject = who.label if who is not None else "(no identity)"
-        logger.warning("client %s refused %s %r (answered as unknown)", subject, kind, name)
+        logger.warning(UNSEEN_REFUSED, subject, kind, name, extra={"peer": subject})
         raise UnknownName(shown_as or kind, name)
     return who
 
