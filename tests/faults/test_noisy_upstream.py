@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
 from agent_gateway.logs import PeerRepeats
-from agent_gateway.upstreams.connection import REFRESH_SPACING
+from agent_gateway.upstreams.connection import REFRESH_SHARE, REFRESH_SPACING
 from agent_gateway.upstreams.http_transport import MAX_COOKIES
 from tests.faults.harness import text_of
 from tests.support import (
@@ -175,6 +175,24 @@ async def test_an_upstream_saying_its_list_changed_after_each_listing_is_listed_
     assert len(listed) == 5, listed
     gaps = [later - earlier for earlier, later in itertools.pairwise(listed[1:])]
     assert min(gaps) >= REFRESH_SPACING * 0.9, gaps
+
+
+async def test_an_upstream_whose_listings_take_long_is_listed_a_tenth_of_the_time_at_most() -> None:
+    """Spaced a second apart whatever each took, an upstream of 10,000 tools saying it changed
+    after each listing took the gateway's event loop 40 % of the time (0.7-1.6 s a listing)."""
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}
+    async with (
+        running_gateway({"upstreams": {"noisy": noisy}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        assert text_of(await client.call_tool("noisy__churn", {"times": 2, "slow": 0.4})) == "churn"
+        with anyio.fail_after(30):
+            while "noisy__churned_1" not in {tool.name for tool in (await client.list_tools()).tools}:
+                await anyio.sleep(0.05)
+        listed = json.loads(text_of(await client.call_tool("noisy__listings", {})))
+    # Each listing after the churn took 0.4 s or more: the next one waited nine times that.
+    assert len(listed) == 3, listed
+    assert listed[2] - listed[1] >= 0.4 / REFRESH_SHARE - 0.4 * 1.1, listed
 
 
 def cookie_setting(server: FastMCP, seen: list[int]) -> ASGIApp:

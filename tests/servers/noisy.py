@@ -7,8 +7,9 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
   its number and when it was written (``time.monotonic()``), as fast as the pipe takes them:
   before its answer with ``during``, else before the answer to the next ``logging/setLevel``
   (no call is in flight then: the lines are nobody's);
-- ``churn {times}``: after its answer, ``tools/list_changed``, and again after each listing
-  that follows, ``times`` in all, each listing then holding one tool more (``churned_N``);
+- ``churn {times, slow?}``: after its answer, ``tools/list_changed``, and again after each
+  listing that follows, ``times`` in all, each listing then holding one tool more
+  (``churned_N``) and, with ``slow``, answered that many seconds late;
 - ``pings {times}``: ``times`` ``ping`` requests to the gateway, written as fast as the pipe
   takes them (by a thread) while their answers are read 2,000 a second (the rest wait in its
   pipe, then in the gateway);
@@ -30,6 +31,7 @@ STATE: dict[str, Any] = {
     "listings": [],
     "armed": None,
     "churn": 0,
+    "slow": 0,
     "pinged": {"result": 0, "error": 0},
 }
 
@@ -79,6 +81,7 @@ def after(name: str, arguments: dict[str, Any]) -> None:
     """What follows the answer to ``name`` (a tool's, or a method's)."""
     if name == "churn":
         STATE["churn"] = arguments["times"]
+        STATE["slow"] = arguments.get("slow", 0)
     if name == "pings":
         threading.Thread(target=pings, args=(arguments["times"],), daemon=True).start()
     if name in ("churn", "tools/list") and STATE["churn"] > 0:
@@ -97,6 +100,7 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
             "serverInfo": info,
         }
     if method == "tools/list":
+        time.sleep(STATE["slow"])
         return {"tools": tools()}
     if method == "logging/setLevel" and STATE["armed"] is not None:
         flood(*STATE["armed"])
