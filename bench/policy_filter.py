@@ -1,0 +1,80 @@
+"""A client's policy applied to a search's every matching row: this checkout against another
+(``--against``, the ``src`` of the code before), alternating, each run a child process.
+
+``search_tools`` keeps only the rows the client's policy allows: each row's public name is
+matched against the policy's globs (``access.Principal.allows``). The catalog here is the
+2,815 tools of ``bench/data/tool_search`` four times over (11,260 names, each copy under its
+own upstream names), the policy 30 globs naming 30 of its upstreams; a pass asks about every
+name, as a search of common words matching every row does.
+
+    .venv/bin/python bench/policy_filter.py --against /tmp/wt-before/src [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PASSES = 20
+
+
+def measure() -> dict[str, float]:
+    """The first pass and the median of the next ``PASSES`` in ms."""
+    from agent_gateway.access import Principal
+    from agent_gateway.config import ClientPolicy
+
+    servers = json.loads((ROOT / "bench/data/tool_search/tools.json").read_text())["servers"]
+    names = [
+        f"{server['name']}{copy}__{tool['name']}"
+        for copy in range(4)
+        for server in servers
+        for tool in server["tools"]
+    ]
+    upstreams = sorted({name.split("__")[0] for name in names})
+    globs = tuple(f"{u}__*" for u in upstreams[:30])
+    client = Principal(subject="restricted", policy=ClientPolicy(tools=globs), policy_name="restricted")
+    times: list[float] = []
+    allowed = 0
+    for _ in range(PASSES + 1):
+        started = time.perf_counter()
+        allowed = sum(client.allows("tool", name) for name in names)
+        times.append((time.perf_counter() - started) * 1e3)
+    assert allowed, "the policy allows some names"
+    later = sorted(times[1:])
+    return {"first": times[0], "p50": later[len(later) // 2], "names": len(names)}
+
+
+def child(src: Path) -> dict[str, float]:
+    code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import policy_filter as p; print(json.dumps(p.measure()))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--against", type=Path, required=True, help="the src directory of the code before")
+    parser.add_argument("--runs", type=int, default=2)
+    options = parser.parse_args()
+    rows: dict[str, list[dict[str, float]]] = {"before": [], "this checkout": []}
+    for _ in range(options.runs):
+        rows["before"].append(child(options.against))
+        rows["this checkout"].append(child(ROOT / "src"))
+    names = int(rows["before"][0]["names"])
+    print(f"| code | first pass over {names:,} names, ms | later passes, p50 ms |\n|---|---:|---:|")
+    for name, runs in rows.items():
+        first = ", ".join(f"{r['first']:.1f}" for r in runs)
+        p50 = ", ".join(f"{r['p50']:.1f}" for r in runs)
+        print(f"| {name} | {first} | {p50} |")
+    print(f"\ncommand: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+
+
+if __name__ == "__main__":
+    main()
