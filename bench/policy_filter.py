@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its neighbours importable
+from search_latency import measured_in, printed
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSES = 20
@@ -51,11 +52,7 @@ def measure() -> dict[str, float]:
 
 
 def child(src: Path) -> dict[str, float]:
-    code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import policy_filter as p; print(json.dumps(p.measure()))"
-    out = subprocess.run(
-        [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True, check=True
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return measured_in(src, "policy_filter", "measure()")
 
 
 def main() -> None:
@@ -68,12 +65,10 @@ def main() -> None:
         rows["before"].append(child(options.against))
         rows["this checkout"].append(child(ROOT / "src"))
     names = int(rows["before"][0]["names"])
-    print(f"| code | first pass over {names:,} names, ms | later passes, p50 ms |\n|---|---:|---:|")
-    for name, runs in rows.items():
-        first = ", ".join(f"{r['first']:.1f}" for r in runs)
-        p50 = ", ".join(f"{r['p50']:.1f}" for r in runs)
-        print(f"| {name} | {first} | {p50} |")
-    print(f"\ncommand: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+    printed(
+        rows,
+        {f"first pass over {names:,} names, ms": ("first", ".1f"), "later passes, p50 ms": ("p50", ".1f")},
+    )
 
 
 if __name__ == "__main__":

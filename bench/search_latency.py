@@ -42,7 +42,13 @@ def measure(repeats: int) -> dict[str, float]:
 
 
 def child(src: Path, repeats: int) -> dict[str, float]:
-    code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import search_latency as s; print(json.dumps(s.measure({repeats})))"
+    return measured_in(src, "search_latency", f"measure({repeats})")
+
+
+def measured_in(src: Path, module: str, call: str) -> dict[str, float]:
+    """``module.call`` (a module of ``bench/``) run in a child process importing ``src``: what
+    it returns, a JSON object."""
+    code = f"import json, sys; sys.path.insert(0, {str(ROOT / 'bench')!r}); import {module} as m; print(json.dumps(m.{call}))"
     out = subprocess.run(
         [sys.executable, "-c", code], env={"PYTHONPATH": str(src)}, capture_output=True, text=True, check=True
     )
@@ -59,11 +65,16 @@ def main() -> None:
     for _ in range(options.runs):
         rows["before"].append(child(options.against, options.repeats))
         rows["this checkout"].append(child(ROOT / "src", options.repeats))
-    print("| code | p50 ms | p99 ms |\n|---|---:|---:|")
+    printed(rows, {"p50 ms": ("p50", ".2f"), "p99 ms": ("p99", ".2f")})
+
+
+def printed(rows: dict[str, list[dict[str, float]]], columns: dict[str, tuple[str, str]]) -> None:
+    """A table of one line per code, each column (its heading: the figure's key, its format)
+    every run's figure; then the command that made it."""
+    print("| code | " + " | ".join(columns) + " |\n|---|" + "---:|" * len(columns))
     for name, runs in rows.items():
-        p50 = ", ".join(f"{r['p50']:.2f}" for r in runs)
-        p99 = ", ".join(f"{r['p99']:.2f}" for r in runs)
-        print(f"| {name} | {p50} | {p99} |")
+        cells = [", ".join(format(run[key], shape) for run in runs) for key, shape in columns.values()]
+        print(f"| {name} | " + " | ".join(cells) + " |")
     print(f"\ncommand: {shlex.join([Path(sys.executable).name, *sys.argv])}")
 
 
