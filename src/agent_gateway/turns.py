@@ -75,7 +75,7 @@ class Turns:
             message = json.loads(body)
             params = message["params"]
             key = (session, params["requestId"]) if message["method"] == "notifications/cancelled" else None
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, RecursionError):
             return
         if key is not None and _an_id(key[1]) and (scope := self.waiting.get(key)) is not None:
             scope.cancel()
