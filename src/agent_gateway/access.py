@@ -82,6 +82,8 @@ class Principal:
         patterns = {"tool": self.policy.tools, "prompt": self.policy.prompts}.get(kind, self.policy.resources)
         if patterns == ("*",):  # everything: no glob to match, nothing to cache
             return True
+        if len(name) > _CACHED_NAME:  # a long URI, chosen by its client: not kept
+            return _matches(patterns, kind == "resource", name)
         return _allowed(patterns, kind == "resource", name)
 
     def tool_filter(self) -> Callable[[str], bool] | None:
@@ -177,15 +179,19 @@ _CACHED = 65_536
 """Names whose answer ``_allowed`` keeps, for all clients: each policy's globs against the
 catalog's names. Kept per client and 4,096 of them, a search of a 10,000-tool catalog under
 a policy of 30 globs matched every row again each time (4-5 times an unrestricted one's)."""
+_CACHED_NAME = 256
+"""Longer names are matched each time, not kept: 65,536 resource URIs of 8 KiB held 525 MiB."""
 _CLIENTS = 10_000
 
 
-@functools.lru_cache(maxsize=_CACHED)
-def _allowed(patterns: tuple[str, ...], resource: bool, name: str) -> bool:
-    """Whether ``name`` matches one of ``patterns`` (a policy's globs for one kind), kept for
-    every client whose policy has the same (names come from clients: the cache is bounded)."""
+def _matches(patterns: tuple[str, ...], resource: bool, name: str) -> bool:
+    """Whether ``name`` matches one of ``patterns`` (a policy's globs for one kind)."""
     known = any(fnmatch.fnmatchcase(name, p) for p in patterns)
     return known and not (resource and _climbs(name))  # file:///docs/../etc matches file:///docs/*
+
+
+_allowed = functools.lru_cache(maxsize=_CACHED)(_matches)
+"""``_matches``, kept for every client whose policy has the same globs."""
 
 
 def _climbs(uri: str) -> bool:

@@ -247,6 +247,7 @@ class Gateway:
                 model provider refuses its configured settings.
         """
         refused: ConfigError | None = None
+        settle_timeout = self.config.server.startup_wait if settle_timeout is None else settle_timeout
         try:
             async with (
                 bounded(self.config.server.max_bytes_in_flight),
@@ -255,7 +256,7 @@ class Gateway:
                 # The agent's libraries are imported while the upstreams connect.
                 runtime.importing(RUNNER_MODULE if self._agent_tool is not None else None) as agent_imported,
                 self.search.running(),  # indexes each upstream's tools as it connects
-                self.pool.running(settle_timeout=settle_timeout or self.config.server.startup_wait),
+                self.pool.running(settle_timeout=settle_timeout),
                 self.dedicated.running(),
                 self.proxy.held.running(),
                 self.broadcast.running(),

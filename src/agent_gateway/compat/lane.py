@@ -152,7 +152,7 @@ class Route:
                 error = handler_exception_to_error_data(exc)
                 if error is None:  # the dispatcher answers code 0, which JSON-RPC does not define
                     logger.exception("handler for %r raised", message.method)
-                    error = ErrorData(code=INTERNAL_ERROR, message=str(exc))
+                    error = ErrorData(code=INTERNAL_ERROR, message="Internal server error")
                 outcome = error
             finally:
                 dctx.close()

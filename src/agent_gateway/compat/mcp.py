@@ -217,7 +217,7 @@ async def call_in_rounds(client: Client, name: str, send: Round) -> CallToolResu
             try:
                 with anyio.fail_after(client.read_timeout_seconds):
                     await client._relist_tool(name)  # pyright: ignore[reportPrivateUsage]
-            except (MCPError, TimeoutError, ValidationError) as relist_error:
+            except (MCPError, TimeoutError, ValidationError, PageTooLong) as relist_error:
                 raise mismatch from relist_error
             return await send(answers, state)
 

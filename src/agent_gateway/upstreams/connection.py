@@ -49,9 +49,13 @@ the event loop: spaced 1 s, an upstream saying it changed after each took the lo
 the time and a bystander's p99 to 1.1 s."""
 
 
+REFRESH_SPACING_MAX = 30.0
+"""The longest wait: ``took`` counts the upstream's own time too (a slow remote one's pages)."""
+
+
 def refresh_spacing(took: float) -> float:
     """Seconds the next listing of an upstream waits after one that took ``took``."""
-    return max(REFRESH_SPACING, took / REFRESH_SHARE - took)
+    return min(REFRESH_SPACING_MAX, max(REFRESH_SPACING, took / REFRESH_SHARE - took))
 
 
 _LIST_CHANGED = (

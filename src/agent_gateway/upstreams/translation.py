@@ -22,7 +22,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
-from agent_gateway.compat.mcp import result_check_failed
+from agent_gateway.compat.mcp import PageTooLong, result_check_failed
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import (
     SessionGivenUp,
@@ -54,6 +54,8 @@ def translated(session: UpstreamSession, what: str) -> Iterator[None]:
             raise _cut_short(session, what, describe(exc)) from exc
         session.lose(f"{what}: connection failed: {describe(exc)}")
         raise UpstreamUnavailable(session.name, f"{what}: connection failed: {describe(exc)}") from exc
+    except PageTooLong as exc:  # a list asked for during a call (its tool's schema)
+        raise UpstreamRejected(session.name, f"{what}: {exc}: refused", types.INTERNAL_ERROR) from exc
     except ValidationError as exc:
         raise UpstreamRejected(
             session.name,
