@@ -43,12 +43,9 @@ REFRESH_SPACING = 1.0
 upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
 listings of 2,000 tools in 15 s, the gateway's CPU all theirs) and every client told each time."""
 REFRESH_SHARE = 0.1
-"""The most of the time one upstream's listings may take: after a listing that took ``t``,
-the next waits ``t / REFRESH_SHARE - t`` at least. One of 10,000 tools takes 0.7-1.6 s of
-the event loop: spaced 1 s, an upstream saying it changed after each took the loop 40 % of
-the time and a bystander's p99 to 1.1 s."""
-
-
+"""The most of the time one upstream's listings may take: after one that took ``t``, the next
+waits ``t / REFRESH_SHARE - t``. One of 10,000 tools takes 0.7-1.6 s of the event loop: spaced
+1 s, an upstream saying it changed after each took the loop 40 % of the time."""
 REFRESH_SPACING_MAX = 30.0
 """The longest wait: ``took`` counts the upstream's own time too (a slow remote one's pages)."""
 
