@@ -248,8 +248,8 @@ def _content_size(content: Any) -> int:
         size = len(content.data)
     elif isinstance(content, EmbeddedResource):
         size = _resource_size(content.resource)
-    else:
-        size = _json_size(content)  # a resource link: its URI, name, description, ...
+    else:  # a resource link: its URI, name, description, _meta, ...
+        return _json_size(content)
     return size + _json_size(content.meta) if content.meta else size
 
 
@@ -258,8 +258,8 @@ def _resource_size(resource: Any) -> int:
         size = len(resource.text)
     elif isinstance(resource, BlobResourceContents):
         size = len(resource.blob)
-    else:
-        size = _json_size(resource)
+    else:  # its _meta among its strings
+        return _json_size(resource)
     return size + _json_size(resource.meta) if resource.meta else size
 
 

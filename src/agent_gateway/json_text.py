@@ -52,11 +52,16 @@ class TooDeep(RecursionError):
     raises for deeper still): read as nested too deeply wherever that is caught."""
 
 
-def nests_deeper(text: bytes, bound: int = MAX_DEPTH) -> bool:
+def nests_deeper(text: bytes | str, bound: int = MAX_DEPTH) -> bool:
     """Whether the JSON text ``text`` nests deeper than ``bound``, at C speed: only text with
-    more brackets than that is looked at, its strings dropped (escapes first, then what is
-    between quotes), its brackets made steps of +1 and -1 and the deepest running sum taken."""
-    if text.count(b"{") + text.count(b"[") <= bound:
+    more brackets than that is looked at (text is encoded only then), its strings dropped
+    (escapes first, then what is between quotes), its brackets made steps of +1 and -1 and
+    the deepest running sum taken."""
+    if isinstance(text, str):
+        if text.count("{") + text.count("[") <= bound:
+            return False
+        text = text.encode(errors="surrogatepass")
+    elif text.count(b"{") + text.count(b"[") <= bound:
         return False
     if b"\\" in text:
         text = _ESCAPE.sub(b"", text)
@@ -100,7 +105,7 @@ def parsed(text: bytes | str) -> Any:
         ValueError, RecursionError: it is not JSON, or nests too deeply to read (``TooDeep``:
             deeper than ``MAX_DEPTH``).
     """
-    if nests_deeper(text if isinstance(text, bytes) else text.encode(errors="surrogatepass")):
+    if nests_deeper(text):
         raise TooDeep(f"JSON nested deeper than {MAX_DEPTH} levels")
     if isinstance(text, bytes):  # strictly: json.loads (the SDK's too) takes a byte-order mark,
         # UTF-16 and UTF-32 (whose ASCII is valid UTF-8, NULs), and a surrogate's own bytes

@@ -47,7 +47,7 @@ def malformed(line: str) -> Malformed | None:
         message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
     except ValidationError as exc:
         return _diagnosed(line, exc)
-    if nests_deeper(line.encode(errors="surrogatepass")):  # as an HTTP body is refused (``limits``)
+    if nests_deeper(line):  # as an HTTP body is refused (``limits``)
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             return Malformed(TOO_DEEP, None)
         return _refused(TOO_DEEP, _usable(getattr(message, "id", None)))
