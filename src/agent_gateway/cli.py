@@ -160,8 +160,9 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 async def _check_connected(gateway: Gateway) -> int:
-    """Start every upstream as serve would: collisions raise ConfigError; the rest is reported."""
-    async with gateway.running(settle_timeout=_every_upstream(gateway)):
+    """Start every upstream as serve would: collisions raise ConfigError; the rest is reported.
+    A one-shot command waits for every upstream, whatever ``server.startup_wait`` lets serve do."""
+    async with gateway.running(settle_timeout=gateway.pool.every_upstream()):
         statuses = gateway.pool.statuses()
         tools = Counter(origin.upstream for origin in gateway.catalog.snapshot.tools.values())
     for status in statuses:
@@ -169,12 +170,6 @@ async def _check_connected(gateway: Gateway) -> int:
             print(f"  upstream {status.name}: up, {tools[status.name]} tools")
     down = [f"upstream {s.name}: {s.last_error or s.state}" for s in statuses if not s.serving]
     return _problems(down + [f"upstream {name}: {text}" for name, text in gateway.catalog.problems.items()])
-
-
-def _every_upstream(gateway: Gateway) -> float:
-    """How long a one-shot command waits at start-up: for every upstream to connect or fail
-    once, whatever ``server.startup_wait`` lets ``serve`` do."""
-    return max((u.connect_timeout for u in gateway.config.active_upstreams.values()), default=0.0)
 
 
 def _problems(problems: list[str]) -> int:
@@ -212,7 +207,7 @@ def _tools(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 async def _print_catalog(gateway: Gateway, as_json: bool) -> int:
-    async with gateway.running(settle_timeout=_every_upstream(gateway)):
+    async with gateway.running(settle_timeout=gateway.pool.every_upstream()):
         report = catalog_report(gateway)
     if as_json:
         print(json.dumps(report, indent=2))
@@ -233,7 +228,7 @@ def _ask(args: argparse.Namespace, config: GatewayConfig) -> int:
 async def _run_agent(gateway: Gateway, request: AgentRequest, as_json: bool) -> int:
     stream = sys.stderr if as_json else sys.stdout
     observer = TerminalObserver(lambda line: print(line, file=stream, flush=True))
-    async with gateway.running(settle_timeout=_every_upstream(gateway)):
+    async with gateway.running(settle_timeout=gateway.pool.every_upstream()):
         assert gateway.agent is not None  # _ask checked agent.enabled
         outcome = await gateway.agent.run(request, access.OPERATOR, None, observer)
     if as_json:

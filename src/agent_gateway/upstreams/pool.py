@@ -154,12 +154,12 @@ class UpstreamPool:
         if (life := self._lives.pop(name, None)) is not None:
             await life.stop()
 
+    def every_upstream(self) -> float:
+        """Seconds until every upstream has connected or failed once: the longest connect_timeout."""
+        return max((u.config.connect_timeout for u in self.upstreams.values()), default=0.0)
+
     async def _settle(self, limit: float | None) -> None:
-        bound = (
-            limit
-            if limit is not None
-            else max((u.config.connect_timeout for u in self.upstreams.values()), default=0)
-        )
+        bound = limit if limit is not None else self.every_upstream()
         with anyio.move_on_after(bound + 1):
             for upstream in self.upstreams.values():
                 await upstream.settled.wait()
