@@ -31,6 +31,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   processes answered them (a modern request is a session of its own);
 - ``search-flood``: one client keeping 300 ``search_tools`` calls in flight, each matching
   every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``);
+- ``escaped-arguments``: 16 callers of ``tools/call`` whose 3.5 MB arguments are 1.75 million
+  escaped quotes after 200 ``[`` (what admission reads before the parse steps over);
 - ``slow-bodies``: 300 connections, each sending 4 MiB - 1 byte of a body and never the
   last, held for 10 s: how many bodies the gateway holds, how many it refused;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
@@ -867,10 +869,10 @@ async def big_bodies(url: str, proc: Process, seconds: float) -> str:
 
 _BIG_ARGUMENTS = r"""
 import asyncio, sys, time, httpx
-url, token, seconds, callers = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+url, token, seconds, callers, escaped = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "escaped"
 headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
            "Authorization": "Bearer " + token, "Mcp-Protocol-Version": "2025-06-18"}
-text = "x" * 3_500_000
+text = "[" * 200 + '\\"' * 1_750_000 if escaped else "x" * 3_500_000
 async def main():
     served = 0
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=callers + 2)) as http:
@@ -892,10 +894,11 @@ asyncio.run(main())
 """
 
 
-async def big_arguments(url: str, proc: Process, seconds: float) -> str:
+async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
     """16 callers of ``tools/call`` with 3.5 MB of arguments each (the echo answers them back),
     from a process of their own: on this one's event loop the attacker's own JSON work would
-    be the bystander's wait."""
+    be the bystander's wait. ``kind``: ``plain`` text, or ``escaped`` quotes after 200 ``[``
+    (every read before the parse steps over each escape)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -904,10 +907,20 @@ async def big_arguments(url: str, proc: Process, seconds: float) -> str:
         ATTACKER,
         str(seconds),
         "16",
+        kind,
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await child.communicate()
-    return f"{out.decode().strip() or '?'} calls of 3.5 MB arguments served, 16 at once"
+    return out.decode().strip() or "?"
+
+
+async def big_arguments(url: str, proc: Process, seconds: float) -> str:
+    return f"{await _arguments_flood(url, seconds, 'plain')} calls of 3.5 MB arguments served, 16 at once"
+
+
+async def escaped_arguments(url: str, proc: Process, seconds: float) -> str:
+    served = await _arguments_flood(url, seconds, "escaped")
+    return f"{served} calls of 3.5 MB arguments (1.75 M escaped quotes) served, 16 at once"
 
 
 async def big_results(url: str, proc: Process, seconds: float) -> str:
@@ -1149,6 +1162,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "long-names": (long_names, 0.0, {"tools": ["slow__*"]}),
     "big-bodies": (big_bodies, 10.0, None),
     "big-arguments": (big_arguments, 15.0, None),
+    "escaped-arguments": (escaped_arguments, 15.0, None),
     "slow-bodies": (slow_bodies, 10.0, None),
     "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),

@@ -1,0 +1,58 @@
+"""``json_text`` reads a client's JSON text without parsing it: how many values it holds and
+how deep it nests, from its punctuation outside strings. Hypothesis draws JSON values whose
+strings are full of what those reads must step over (quotes, backslashes, brackets, commas)
+and checks both reads against the value itself."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent_gateway.json_text import json_values, nests_deeper
+
+tricky_text = st.text(
+    alphabet=st.sampled_from(['"', "\\", "[", "]", "{", "}", ",", ":", "a", "é", " "]), max_size=8
+)
+values = st.recursive(
+    st.none() | st.integers() | tricky_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(tricky_text, children, max_size=4),
+    max_leaves=24,
+)
+
+
+def depth(value: Any) -> int:
+    if isinstance(value, list):
+        return 1 + max((depth(item) for item in value), default=0)  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, dict):
+        return 1 + max((depth(item) for item in value.values()), default=0)  # pyright: ignore[reportUnknownVariableType]
+    return 0
+
+
+def value_marks(value: Any) -> int:
+    """Opening braces, brackets and commas outside strings: each container one, each item
+    after a container's first one."""
+    if isinstance(value, list | dict):
+        items = list(value.values() if isinstance(value, dict) else value)  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+        return 1 + max(len(items) - 1, 0) + sum(value_marks(item) for item in items)  # pyright: ignore[reportUnknownArgumentType, reportUnknownVariableType]
+    return 0
+
+
+def texts(value: Any) -> list[bytes]:
+    return [json.dumps(value).encode(), json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()]
+
+
+@given(value=values, bound=st.integers(min_value=0, max_value=6))
+def test_depth_is_read_from_brackets_outside_strings(value: Any, bound: int) -> None:
+    for text in texts(value):
+        assert nests_deeper(text, bound) == (depth(value) > bound), text
+        assert nests_deeper(text.decode(), bound) == (depth(value) > bound), text
+
+
+@given(value=values)
+def test_values_are_counted_from_punctuation_outside_strings(value: Any) -> None:
+    for text in texts(value):
+        # A bound of 0 has every text with punctuation in it counted without its strings.
+        assert json_values(text, 0) == value_marks(value), text
