@@ -1,7 +1,8 @@
 """What a client's JSON text holds: how many values (read before parsing it), and whether it
 holds a value that cannot be passed on as written (NaN or Infinity, a number past a double's
 range, a lone surrogate, bytes that are not UTF-8). HTTP admission (``limits``) and a stdio
-client's lines (``downstream/malformed``) ask the same."""
+client's lines (``downstream/malformed``) ask the same; an upstream's messages are counted
+too (``compat/mcp.parse_message``)."""
 
 from __future__ import annotations
 
@@ -36,22 +37,28 @@ def _outside_strings(text: bytes, kept: bytes) -> bytes:
     return text
 
 
-def json_values(body: bytes, bound: int) -> int:
+def json_values(body: bytes | str, bound: int) -> int:
     """About how many JSON values ``body`` holds (objects, arrays and the items between
     commas), at C speed: punctuation is counted first, and only when that passes ``bound``
     again without what is inside strings (text full of commas is still one value). A body of
-    ``bound`` bytes or fewer cannot pass it and is not counted (0)."""
+    ``bound`` bytes or fewer cannot pass it and is not counted (0). The first count copies
+    nothing (an upstream's answer may be 128 MiB); text is encoded only for the second."""
     if len(body) <= bound:  # each value takes a byte at least
         return 0
     count = _punctuation(body)
     if count <= bound:
         return count
+    if isinstance(body, str):
+        body = body.encode(errors="surrogatepass")
     return len(_outside_strings(body, _VALUE_MARKS))
 
 
-def _punctuation(body: bytes) -> int:
-    """Opening braces, brackets and commas in ``body``: one pass (three ``count``s cost twice)."""
-    return len(body) - len(body.translate(None, _VALUE_MARKS))
+def _punctuation(body: bytes | str) -> int:
+    """Opening braces, brackets and commas in ``body``: three ``count``s, as fast as one
+    ``translate`` (40 MB: 40 ms either way), which would copy the body."""
+    if isinstance(body, str):
+        return body.count("{") + body.count("[") + body.count(",")
+    return body.count(b"{") + body.count(b"[") + body.count(b",")
 
 
 MAX_DEPTH = 128

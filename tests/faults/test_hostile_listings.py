@@ -13,6 +13,7 @@ from mcp import Client
 
 from agent_gateway.catalog import Catalog
 from agent_gateway.catalog_parts import MAX_INSTRUCTIONS, MAX_LISTED, Listing
+from agent_gateway.compat.mcp import MAX_MESSAGE_VALUES
 from agent_gateway.config_files import parse_config
 from tests.faults.harness import gateway_under_fault, text_of, wait_until
 from tests.support import SERVERS, python_upstream, running_gateway, serving_upstream
@@ -135,6 +136,19 @@ async def test_a_page_of_more_items_than_the_gateway_takes_is_refused_before_the
     assert counted == "1"
     assert refused.state != "up"
     assert "more than the gateway takes from one upstream" in (refused.last_error or "")
+
+
+async def test_a_page_of_more_json_values_than_the_gateway_reads_is_refused_before_it_is_parsed() -> None:
+    # Counted only once parsed, a page of a million tiny tools (56 MB) stalled every client
+    # 3.2 s and took 1.8 GB at each retry; this page holds about 1.2 million values.
+    junk = hostile(f"junk{MAX_MESSAGE_VALUES * 6 // 10}")
+    config = {"upstreams": {"junk": junk, "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+        refused = next(s for s in gw.gateway.pool.statuses() if s.name == "junk")
+    assert counted == "1"
+    assert refused.state != "up"
+    assert f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message" in (refused.last_error or "")
 
 
 async def test_an_upstreams_megabytes_of_instructions_are_cut_and_every_client_still_connects() -> None:

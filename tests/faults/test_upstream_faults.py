@@ -3,6 +3,7 @@ other clients keep being served, and nothing leaks (see ``harness``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -12,6 +13,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
+from agent_gateway.compat.mcp import MAX_MESSAGE_VALUES
 from tests.faults.harness import (
     Faulted,
     HttpProcess,
@@ -232,3 +234,27 @@ async def test_a_result_over_max_message_bytes_fails_its_call_clearly_and_the_re
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
         upstream = faulted.gw.gateway.pool.get("faulty")
         assert (upstream.connections, upstream.state) == (1, "up")  # read past, not reconnected
+
+
+@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
+async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_call_alone(
+    transport: str,
+) -> None:
+    # Parsed, 128 MiB of JSON values (the default max_message_bytes) is tens of millions of
+    # objects: seconds of the event loop and gigabytes for every client, not this call's.
+    process = HttpProcess()
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "stdio":
+            config = faulty_stdio()
+        else:
+            await stack.enter_async_context(process.running())
+            config = {"url": process.url} | ({"protocol": "legacy"} if transport == "handshake" else {})
+        faulted = await stack.enter_async_context(gateway_under_fault({"faulty": config}))
+        client = await stack.enter_async_context(Client(faulted.gw.url))
+        refused = await client.call_tool("faulty__numbers", {"count": MAX_MESSAGE_VALUES + 1})
+        served = await client.call_tool("faulty__numbers", {"count": 3})
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        assert (upstream.connections, upstream.state) == (1, "up")
+    assert refused.is_error
+    assert f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message" in text_of(refused)
+    assert served.structured_content == {"result": [0, 0, 0]}

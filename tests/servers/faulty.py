@@ -111,6 +111,12 @@ def big(megabytes: int) -> str:
     return "x" * (megabytes * 1024 * 1024)
 
 
+@server.tool
+def numbers(count: int) -> list[int]:
+    """``count`` zeros, as structured content (a JSON value each)."""
+    return [0] * count
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run(

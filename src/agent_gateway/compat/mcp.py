@@ -30,15 +30,19 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import Span, SpanKind
 from pydantic import ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent_gateway.catalog_parts import MAX_LISTED
+from agent_gateway.json_text import json_values
 
 __all__ = [
     "CLIENT_SESSION_LOGGER",
+    "MAX_MESSAGE_VALUES",
     "MCP_DEFAULT_SSE_READ_TIMEOUT",
     "MCP_DEFAULT_TIMEOUT",
     "ReadStream",
     "Round",
+    "TooManyValues",
     "TransportStreams",
     "WriteStream",
     "call_in_rounds",
@@ -81,13 +85,40 @@ def message_of(body: bytes, parsed: tuple[bytes, Any] | None) -> JSONRPCMessage:
     return jsonrpc_message_adapter.validate_json(body, by_name=False)
 
 
+MAX_MESSAGE_VALUES = 1_000_000
+"""The JSON values one message from an upstream may hold. The parse makes an object of each
+(all of it on the event loop): a page of a million tiny tools (56 MB, three million values)
+stalled every client 3.2 s and took 1.8 GB at each retry; 128 MiB of ``{}`` would be 42
+million. A listing of the most tools the gateway takes from one upstream (10,000) holds
+about 550,000 (55 a tool in the tool search benchmark's 2,815); a million is read in about
+half a second."""
+
+
+class TooManyValues(ValueError):
+    """A message from an upstream holding more than ``MAX_MESSAGE_VALUES`` JSON values, found
+    by counting its punctuation before it is parsed (``json_text.json_values``)."""
+
+    @classmethod
+    def holding(cls, values: int) -> TooManyValues:
+        return cls(
+            f"the upstream's message holds {values:,} JSON values or more; "
+            f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message"
+        )
+
+
 def parse_message(data: bytes | str) -> JSONRPCMessage:
     """One JSON-RPC message, as ``jsonrpc_message_adapter.validate_json`` reads it, in a
     quarter of the memory. pydantic's own JSON parser holds three to four times a message's
     size at its peak (an 80 MB answer: +320 MB); msgspec makes the Python objects straight
     from the bytes (+80 MB), and pydantic validates them keeping their strings. What msgspec
     refuses (bad JSON, bad UTF-8) is left to pydantic, which raises its own error for it.
+
+    Raises:
+        TooManyValues: it holds more than ``MAX_MESSAGE_VALUES`` values (it is not parsed).
+        ValidationError: it is not a JSON-RPC message.
     """
+    if (values := json_values(data, MAX_MESSAGE_VALUES)) > MAX_MESSAGE_VALUES:
+        raise TooManyValues.holding(values)
     try:
         decoded = _decode(data)
     except ValueError:  # msgspec's DecodeError, or bad UTF-8 (UnicodeDecodeError)
@@ -102,8 +133,15 @@ class _LeanAdapter:
     """``jsonrpc_message_adapter`` as the SDK's Streamable HTTP client calls it."""
 
     def validate_json(self, data: bytes | str, *, by_name: bool = False) -> JSONRPCMessage:
+        """``parse_message``, its refusals raised as pydantic's errors are: the SDK answers
+        the request a JSON body answers with its parse error for those alone."""
         assert not by_name, "the SDK reads messages by alias"
-        return parse_message(data)
+        try:
+            return parse_message(data)
+        except TooManyValues as exc:
+            reason = PydanticCustomError("too_many_values", "{reason}", {"reason": str(exc)})
+            detail = InitErrorDetails(type=reason, input=None)
+            raise ValidationError.from_exception_data("JSONRPCMessage", [detail]) from exc
 
     def __getattr__(self, name: str) -> Any:
         return getattr(jsonrpc_message_adapter, name)

@@ -38,7 +38,7 @@ from mcp.client.stdio import (
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
-from agent_gateway.compat.mcp import TransportStreams, parse_message
+from agent_gateway.compat.mcp import TooManyValues, TransportStreams, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
 
 logger = logging.getLogger(__name__)
@@ -249,10 +249,22 @@ def refusal(line: Oversized, limit: int, label: str) -> SessionMessage | Excepti
         if line.busy
         else f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
     )
+    return _unread(line.head, line.tail, reason, label)
+
+
+def unread(message: bytes, reason: str, label: str) -> SessionMessage | Exception:
+    """For a whole ``message`` the gateway would not parse, as for an oversized one: an error
+    answer to the request it answers, saying ``reason``; for anything else, an error the
+    session logs."""
+    return _unread(message[:_EDGE], message[-_EDGE:], reason, label)
+
+
+def _unread(head: bytes, tail: bytes, reason: str, label: str) -> SessionMessage | Exception:
+    """``unread``, for a message known by its first and last bytes."""
     logger.warning("upstream session %s: %s: dropped", label, reason, extra={"peer": label})
-    found = _ID_FIRST.match(line.head)
-    if found is None and _RESPONSE_START.match(line.head):
-        found = _ID_LAST.search(line.tail)
+    found = _ID_FIRST.match(head)
+    if found is None and _RESPONSE_START.match(head):
+        found = _ID_LAST.search(tail)
     if found is None:
         return ValueError(reason)
     try:
@@ -266,6 +278,8 @@ def refusal(line: Oversized, limit: int, label: str) -> SessionMessage | Excepti
 def _parse(line: bytes, label: str) -> SessionMessage | Exception:
     try:
         return SessionMessage(parse_message(line))
+    except TooManyValues as exc:
+        return unread(line, str(exc), label)
     except ValueError as exc:  # handed to the session, which reports it and reads on
         logger.warning(
             "upstream session %s wrote a line that is not JSON-RPC (%d bytes)",

@@ -22,9 +22,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from agent_gateway.compat.mcp import TransportStreams, parse_message
+from agent_gateway.compat.mcp import TooManyValues, TransportStreams, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
-from agent_gateway.upstreams.stdio import Oversized, refusal
+from agent_gateway.upstreams.stdio import Oversized, refusal, unread
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +118,8 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
         return refusal(Oversized.held_back(frame), limit, label)
     try:
         message = parse_message(frame)
+    except TooManyValues as exc:
+        return unread(frame, str(exc), label)
     except ValueError as exc:
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
