@@ -47,6 +47,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   behind them, and the gateway's RSS;
 - ``list-churn`` (an upstream's): that upstream saying its tools changed after each listing
   for 10 s: how often the gateway listed it, how many ``list_changed`` one client was told;
+- ``huge-listing`` (an upstream's): the stdio upstream ``tests/servers/hostile_listings.py``
+  listing a million tiny tools in one page (56 MB) at each connection, for 40 s;
 - ``many-calls``: one ``ask_agent`` run whose model (the attacker's own, through sampling with
   tools) answers each turn with 10,000 tool calls: how long the run took, how large the
   requests it was sent grew;
@@ -386,6 +388,11 @@ async def gateway(
                 if attack in NOISY_ATTACKS
                 else {}
             ),
+            **(
+                {"huge": {"command": sys.executable, "args": [str(HOSTILE_LISTINGS), HUGE_LISTING]}}
+                if attack == "huge-listing"
+                else {}
+            ),
         },
         "agent": {"enabled": attack in AGENT_ATTACKS, "memory": {"path": str(home / "conversations.sqlite")}},
         "auth": {"mode": "none"}
@@ -418,8 +425,14 @@ async def gateway(
         async with httpx.AsyncClient() as http:
             deadline = time.monotonic() + 60
             while True:
-                with suppress(httpx.TransportError):
-                    if (await http.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200:
+                with suppress(httpx.TransportError, ValueError):
+                    answer = await http.get(f"http://127.0.0.1:{port}/readyz")
+                    body = answer.json()
+                    missing = {u["name"] for u in body.get("missing", [])}
+                    started = not body.get("starting")
+                    if answer.status_code == 200 or (
+                        attack in UNREADY_ATTACKS and started and missing == {"huge"}
+                    ):
                         break
                 if time.monotonic() > deadline or child.poll() is not None:
                     raise RuntimeError(f"the gateway never got ready: its log is {home / 'stderr.log'}")
@@ -1071,6 +1084,20 @@ async def endless_events(url: str, proc: Process, seconds: float) -> str:
     return f"peak RSS +{proc.peak_mb() - before:.0f} MB; {refused} of 16 refused by the bound in flight"
 
 
+HOSTILE_LISTINGS = ROOT / "tests" / "servers" / "hostile_listings.py"
+HUGE_LISTING = "one1000000"
+"""A page of a million tiny tools (56 MB, three million JSON values), at every listing."""
+
+
+async def huge_listing(url: str, proc: Process, seconds: float) -> str:
+    """The upstream ``huge`` lists a million tiny tools in one page, at its start and at each
+    reconnection after its refusal: the gateway's CPU meanwhile (the bystander and the RSS as
+    for every attack)."""
+    cpu = proc.cpu_seconds()
+    await asyncio.sleep(seconds)
+    return f"the gateway's CPU: {proc.cpu_seconds() - cpu:.1f} s in {seconds:.0f} s"
+
+
 async def list_churn(url: str, proc: Process, seconds: float) -> str:
     """The stdio upstream says its tools changed after each listing, for ``seconds``: how often
     the gateway listed it, and how many ``list_changed`` one client was told."""
@@ -1177,12 +1204,15 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "log-flood": (log_flood, 10.0, None),
     "small-flood": (small_flood, 5.0, None),
     "list-churn": (list_churn, 10.0, None),
+    "huge-listing": (huge_listing, 40.0, None),
     "many-calls": (many_calls, 0.0, {"agent": {"runs_per_minute": 100_000}}),
     "fat-replies": (fat_replies, 0.0, {"agent": {"runs_per_minute": 100_000}}),
     "given-up-calls": (given_up_calls, 10.0, None),
     "resumption-storm": (resumption_storm, 0.0, None),
     "endless-events": (endless_events, 0.0, None),
 }
+UNREADY_ATTACKS = {"huge-listing"}
+"""The attacks on a gateway with an upstream never up (``huge``): waited for until every other is."""
 NOISY_ATTACKS = {"log-flood", "small-flood", "list-churn"}
 """The attacks of an upstream's (``NOISY``, beside the others)."""
 AGENT_ATTACKS = {"thread-flood", "many-calls", "fat-replies"}

@@ -9,7 +9,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes);
 - ``fatN``: N tools each with a schema of about 200 KB (within the bound on one), 20 a page
   (500,000 JSON values: within the bound on one message);
-- ``junkN``: one page of N items that are not tools (``{}``).
+- ``junkN``: one page of N items that are not tools (``{}``);
+- ``oneN``: N tools in one page (a million: 56 MB, three million JSON values).
 
 A read answers with the mode's name, so a test sees which upstream served it.
 """
@@ -69,6 +70,8 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
         return page(int(MODE[4:]), int(params.get("cursor") or 0))
     if method == "tools/list" and MODE.startswith("fat"):
         return page(int(MODE[3:]), int(params.get("cursor") or 0), 20, wide(25_000))
+    if method == "tools/list" and MODE.startswith("one"):
+        return page(int(MODE[3:]), 0, int(MODE[3:]))
     if method == "tools/list" and MODE.startswith("junk"):
         return {"tools": [{}] * int(MODE[4:])}
     if method == "tools/list":

@@ -47,6 +47,7 @@ __all__ = [
     "WriteStream",
     "call_in_rounds",
     "connection_of",
+    "count_values",
     "create_mcp_http_client",
     "inject_trace_context",
     "lean_client_parsing",
@@ -106,6 +107,12 @@ class TooManyValues(ValueError):
         )
 
 
+def count_values(data: bytes | str) -> None:
+    """Raises ``TooManyValues`` when ``data`` holds more than ``MAX_MESSAGE_VALUES`` values."""
+    if (values := json_values(data, MAX_MESSAGE_VALUES)) > MAX_MESSAGE_VALUES:
+        raise TooManyValues.holding(values)
+
+
 def parse_message(data: bytes | str) -> JSONRPCMessage:
     """One JSON-RPC message, as ``jsonrpc_message_adapter.validate_json`` reads it, in a
     quarter of the memory. pydantic's own JSON parser holds three to four times a message's
@@ -117,8 +124,7 @@ def parse_message(data: bytes | str) -> JSONRPCMessage:
         TooManyValues: it holds more than ``MAX_MESSAGE_VALUES`` values (it is not parsed).
         ValidationError: it is not a JSON-RPC message.
     """
-    if (values := json_values(data, MAX_MESSAGE_VALUES)) > MAX_MESSAGE_VALUES:
-        raise TooManyValues.holding(values)
+    count_values(data)
     try:
         decoded = _decode(data)
     except ValueError:  # msgspec's DecodeError, or bad UTF-8 (UnicodeDecodeError)

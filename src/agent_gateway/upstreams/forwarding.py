@@ -46,16 +46,15 @@ from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.compat.mcp import (
-    MAX_MESSAGE_VALUES,
     TooManyValues,
     call_in_rounds,
+    count_values,
     inject_trace_context,
     otel_client_span,
     output_schemas,
     stamp,
 )
 from agent_gateway.errors import error_type_of
-from agent_gateway.json_text import json_values
 from agent_gateway.schema_check import SchemaCheck
 from agent_gateway.trace_context import carried, tracing
 from agent_gateway.upstreams.client_side import ClientSide
@@ -343,8 +342,10 @@ async def _parsed(read: Callable[[], Awaitable[bytes]]) -> dict[str, Any]:
 
 
 def _message(raw: bytes | str, what: str) -> dict[str, Any]:
-    if (values := json_values(raw, MAX_MESSAGE_VALUES)) > MAX_MESSAGE_VALUES:  # as parse_message counts
-        raise MCPError(code=types.INTERNAL_ERROR, message=str(TooManyValues.holding(values)))
+    try:
+        count_values(raw)  # as parse_message does
+    except TooManyValues as exc:
+        raise MCPError(code=types.INTERNAL_ERROR, message=str(exc)) from None
     try:
         message = _decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
