@@ -32,6 +32,16 @@ def test_every_break_applies_and_names_only_what_its_module_defines(tmp_path: Pa
         if applied.returncode != 0:
             unapplied.append(f"{patch.name}: {applied.stderr.strip()[:200]}")
     assert not unapplied, "regenerate these patches against src/:\n" + "\n".join(unapplied)
-    lint = [sys.executable, "-m", "ruff", "check", "--select", "F821,F823", "--no-cache", "--output-format", "concise"]
+    lint = [
+        sys.executable,
+        "-m",
+        "ruff",
+        "check",
+        "--select",
+        "F821,F823",
+        "--no-cache",
+        "--output-format",
+        "concise",
+    ]
     undefined = subprocess.run([*lint, str(tmp_path)], capture_output=True, text=True)
     assert undefined.returncode == 0, undefined.stdout

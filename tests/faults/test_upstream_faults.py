@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import time
 
 import anyio
@@ -23,6 +24,7 @@ from tests.faults.harness import (
     text_of,
     wait_until,
 )
+from tests.support import SERVERS
 
 
 async def call_in_background(
@@ -234,6 +236,20 @@ async def test_a_result_over_max_message_bytes_fails_its_call_clearly_and_the_re
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
         upstream = faulted.gw.gateway.pool.get("faulty")
         assert (upstream.connections, upstream.state) == (1, "up")  # read past, not reconnected
+
+
+async def test_a_result_nested_deeper_than_the_parser_reads_fails_its_call_alone() -> None:
+    # msgspec raises RecursionError past ~1,000 levels: over stdio it ended the reader, so
+    # every call in flight on the shared session failed and the upstream was restarted.
+    hostile = {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), "good"]}
+    async with gateway_under_fault({"deep": hostile}) as faulted, Client(faulted.gw.url) as client:
+        refused = await client.call_tool("deep__nested", {"levels": 1200})
+        served = await client.call_tool("deep__collide", {})
+        upstream = faulted.gw.gateway.pool.get("deep")
+        assert (upstream.connections, upstream.state) == (1, "up")
+    assert refused.is_error
+    assert "nests deeper than the gateway reads" in text_of(refused)
+    assert text_of(served) == "collide"
 
 
 @pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])

@@ -12,7 +12,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``junkN``: one page of N items that are not tools (``{}``);
 - ``oneN``: N tools in one page (a million: 56 MB, three million JSON values).
 
-A read answers with the mode's name, so a test sees which upstream served it.
+A read answers with the mode's name, so a test sees which upstream served it. In every mode a
+call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def send(message: dict[str, Any]) -> None:
 
 
 def tools() -> list[dict[str, Any]]:
-    listed: list[dict[str, Any]] = [{"name": "collide", "inputSchema": {"type": "object"}}]
+    listed: list[dict[str, Any]] = [
+        {"name": "collide", "inputSchema": {"type": "object"}},
+        {"name": "nested", "inputSchema": {"type": "object"}},
+    ]
     if MODE.startswith("deep"):
         schema: dict[str, Any] = {"type": "object"}
         for _ in range(int(MODE[4:])):
@@ -95,7 +99,15 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 for line in sys.stdin.buffer:
     message = json.loads(line)
-    if "id" in message and "method" in message:
+    if message.get("method") == "tools/call" and message["params"]["name"] == "nested":
+        levels = int(message["params"]["arguments"]["levels"])  # past what json.dumps writes
+        nested = '{"a":' * levels + "{}" + "}" * levels
+        content = '{"content":[{"type":"text","text":"deep"}],"structuredContent":' + nested + "}"
+        sys.stdout.buffer.write(
+            b'{"jsonrpc":"2.0","id":%d,"result":%s}\n' % (message["id"], content.encode())
+        )
+        sys.stdout.buffer.flush()
+    elif "id" in message and "method" in message:
         send(
             {
                 "jsonrpc": "2.0",

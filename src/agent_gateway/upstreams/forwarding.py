@@ -46,9 +46,10 @@ from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.compat.mcp import (
-    TooManyValues,
+    Unreadable,
     call_in_rounds,
     count_values,
+    decode,
     inject_trace_context,
     otel_client_span,
     output_schemas,
@@ -70,7 +71,6 @@ Sinks = tuple[OnLog, Callable[[Any], Awaitable[None]]]
 
 _ids = itertools.count(1)
 _encode = msgspec.json.Encoder().encode
-_decode = msgspec.json.Decoder().decode
 _ACCEPT = "application/json, text/event-stream"
 _INPUT_RESPONSES = TypeAdapter(types.InputResponses)
 
@@ -344,10 +344,9 @@ async def _parsed(read: Callable[[], Awaitable[bytes]]) -> dict[str, Any]:
 def _message(raw: bytes | str, what: str) -> dict[str, Any]:
     try:
         count_values(raw)  # as parse_message does
-    except TooManyValues as exc:
+        message = decode(raw)
+    except Unreadable as exc:
         raise MCPError(code=types.INTERNAL_ERROR, message=str(exc)) from None
-    try:
-        message = _decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise MCPError(code=types.PARSE_ERROR, message=f"Failed to parse {what}: {exc}") from exc
     if not isinstance(message, dict):

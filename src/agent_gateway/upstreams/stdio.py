@@ -38,7 +38,7 @@ from mcp.client.stdio import (
 from mcp.os.posix.utilities import terminate_posix_process_tree
 from mcp.shared.message import SessionMessage
 
-from agent_gateway.compat.mcp import TooManyValues, TransportStreams, parse_message
+from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
 
 logger = logging.getLogger(__name__)
@@ -278,7 +278,7 @@ def _unread(head: bytes, tail: bytes, reason: str, label: str) -> SessionMessage
 def _parse(line: bytes, label: str) -> SessionMessage | Exception:
     try:
         return SessionMessage(parse_message(line))
-    except TooManyValues as exc:
+    except Unreadable as exc:
         return unread(line, str(exc), label)
     except ValueError as exc:  # handed to the session, which reports it and reads on
         logger.warning(

@@ -22,7 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.typing import Subprotocol
 
-from agent_gateway.compat.mcp import TooManyValues, TransportStreams, parse_message
+from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
 from agent_gateway.upstreams.stdio import Oversized, refusal, unread
 
@@ -118,7 +118,7 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
         return refusal(Oversized.held_back(frame), limit, label)
     try:
         message = parse_message(frame)
-    except TooManyValues as exc:
+    except Unreadable as exc:
         return unread(frame, str(exc), label)
     except ValueError as exc:
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
