@@ -9,7 +9,6 @@ child process. Each figure is the median of ``REPEATS`` reads of the body, in ms
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -17,7 +16,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its neighbours importable
-from search_latency import measured_in, printed
+from search_latency import alternated, printed
 
 ROOT = Path(__file__).resolve().parent.parent
 REPEATS = 5
@@ -63,14 +62,7 @@ def measure() -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--against", type=Path, required=True, help="the src directory of the code before")
-    parser.add_argument("--runs", type=int, default=2)
-    options = parser.parse_args()
-    rows: dict[str, list[dict[str, float]]] = {"before": [], "this checkout": []}
-    for _ in range(options.runs):
-        rows["before"].append(measured_in(options.against, "json_reads", "measure()"))
-        rows["this checkout"].append(measured_in(ROOT / "src", "json_reads", "measure()"))
+    rows = alternated("json_reads", (__doc__ or "").splitlines()[0])
     printed(rows, {f"{name}, ms": (name, ".1f") for name in rows["before"][0]})
 
 

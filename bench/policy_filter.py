@@ -12,14 +12,13 @@ name, as a search of common words matching every row does.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its neighbours importable
-from search_latency import measured_in, printed
+from search_latency import alternated, printed
 
 ROOT = Path(__file__).resolve().parent.parent
 PASSES = 20
@@ -51,19 +50,8 @@ def measure() -> dict[str, float]:
     return {"first": times[0], "p50": later[len(later) // 2], "names": len(names)}
 
 
-def child(src: Path) -> dict[str, float]:
-    return measured_in(src, "policy_filter", "measure()")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--against", type=Path, required=True, help="the src directory of the code before")
-    parser.add_argument("--runs", type=int, default=2)
-    options = parser.parse_args()
-    rows: dict[str, list[dict[str, float]]] = {"before": [], "this checkout": []}
-    for _ in range(options.runs):
-        rows["before"].append(child(options.against))
-        rows["this checkout"].append(child(ROOT / "src"))
+    rows = alternated("policy_filter", (__doc__ or "").splitlines()[0])
     names = int(rows["before"][0]["names"])
     printed(
         rows,

@@ -68,6 +68,20 @@ def main() -> None:
     printed(rows, {"p50 ms": ("p50", ".2f"), "p99 ms": ("p99", ".2f")})
 
 
+def alternated(module: str, description: str) -> dict[str, list[dict[str, float]]]:
+    """``module.measure()`` run in the code before (``--against``, its ``src``) and in this
+    checkout, alternating, ``--runs`` times each: every run's figures by code."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--against", type=Path, required=True, help="the src directory of the code before")
+    parser.add_argument("--runs", type=int, default=2)
+    options = parser.parse_args()
+    rows: dict[str, list[dict[str, float]]] = {"before": [], "this checkout": []}
+    for _ in range(options.runs):
+        rows["before"].append(measured_in(options.against, module, "measure()"))
+        rows["this checkout"].append(measured_in(ROOT / "src", module, "measure()"))
+    return rows
+
+
 def printed(rows: dict[str, list[dict[str, float]]], columns: dict[str, tuple[str, str]]) -> None:
     """A table of one line per code, each column (its heading: the figure's key, its format)
     every run's figure; then the command that made it."""
