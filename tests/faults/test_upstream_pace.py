@@ -142,7 +142,11 @@ async def test_an_upstreams_requests_past_256_being_answered_are_refused_at_once
                 tg.start_soon(sample, stop)
                 assert text_of(await client.call_tool("noisy__pings", {"times": pings})) == "pings"
                 while sum(answered.values()) < pings:  # each answered, one way or the other
-                    answered = json.loads(text_of(await client.call_tool("noisy__answered", {})))
+                    # Asked while its stdin is full of answers, the call may time out (on a
+                    # loaded 2-core machine): asked again, the state is what is waited on.
+                    reply = await client.call_tool("noisy__answered", {})
+                    if not reply.is_error:
+                        answered = json.loads(text_of(reply))
                 stop.set()
     assert answered["error"] > 0, answered  # refused at once, unread
     assert answered["result"] >= MAX_ASKED, answered
