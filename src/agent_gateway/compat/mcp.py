@@ -94,8 +94,8 @@ MAX_MESSAGE_VALUES = 1_000_000
 (all of it on the event loop): a page of a million tiny tools (56 MB, three million values)
 stalled every client 3.2 s and took 1.8 GB at each retry; 128 MiB of ``{}`` would be 42
 million. A listing of the most tools the gateway takes from one upstream (10,000) holds
-about 550,000 (55 a tool in the tool search benchmark's 2,815); a million is read in about
-half a second."""
+about 550,000 (55 a tool in the tool search benchmark's 2,815). Below the bound a message
+of small containers still costs its parse (``decode`` pauses the collector for it)."""
 
 
 class Unreadable(ValueError):
