@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anyio
@@ -214,14 +215,14 @@ class Admission:
     ) -> None:
         """A request without a session served, counted as opening one (``opening.py``); an
         ``initialize`` for this replica's bound too."""
-        opened = Opened(send)
+        reservation = verdict.reservation if verdict is not None else None
+        opened = Opened(send, None if reservation is None else partial(self._settle, client, reservation))
         openings = self.room.openings if self.room is not None and initialize else None
         try:
             with Opening(client, openings):
                 await self.app(scope, receive, opened.send)
         finally:
-            if verdict is not None and verdict.reservation is not None:
-                await self._settle(client, verdict.reservation, opened.session)
+            await opened.settled()
 
     def _initialize(self, body: bytes, scope: Scope) -> bool:
         """Whether ``body`` is an ``initialize`` that passes the body's checks (parsed once)."""
@@ -336,8 +337,7 @@ class Admission:
     async def _read(self, receive: Receive, held: BodyHeld) -> bytes | GatewayBusy | None:
         """The whole body; None as soon as it passes the limit; the error as soon as it does not
         fit the bytes in flight (``held``); ``_GONE`` if the client left."""
-        chunks: list[bytes] = []
-        size = 0
+        size, chunks = 0, list[bytes]()
         while True:
             message = await receive()
             if message["type"] != "http.request":

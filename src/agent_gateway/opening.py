@@ -13,6 +13,7 @@ refused short of its ``max_sessions``.
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Awaitable, Callable
 
 from starlette.types import Message, Send
 
@@ -75,15 +76,27 @@ def session_opened(client: Principal) -> None:
 
 
 class Opened:
-    """A ``send`` that notes the session id an opening request's answer gives the client."""
+    """A ``send`` that notes the session id an opening request's answer gives the client, and
+    counts it in the shared store (``settle``) before that answer starts: settled after the
+    answer, its client's next ``initialize`` could come first and find both the session and
+    its opening's place counted, one too many (which ended another of its sessions for it)."""
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, settle: Callable[[str | None], Awaitable[None]] | None = None) -> None:
         self._send = send
+        self._settle = settle
         self.session: str | None = None
 
     async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start" and message["status"] < 400:
-            for name, value in message.get("headers", ()):
-                if name.lower() == _SESSION_HEADER:
-                    self.session = bytes(value).decode("latin-1")
+        if message["type"] == "http.response.start":
+            if message["status"] < 400:
+                for name, value in message.get("headers", ()):
+                    if name.lower() == _SESSION_HEADER:
+                        self.session = bytes(value).decode("latin-1")
+            await self.settled()
         await self._send(message)
+
+    async def settled(self) -> None:
+        """Settle the opening's place now, once (the request's end settles one never answered)."""
+        settle, self._settle = self._settle, None
+        if settle is not None:
+            await settle(self.session)

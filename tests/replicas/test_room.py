@@ -17,7 +17,7 @@ from tests.replicas.cluster import Cluster
 from tests.replicas.services import Redis
 from tests.replicas.test_sessions import BOUND, cluster_of
 from tests.replicas.test_shared_counts import raw_client
-from tests.replicas.test_store import ACCEPT, events, opened
+from tests.replicas.test_store import ACCEPT, HELLO, VERSION, events, opened
 
 PING = {"jsonrpc": "2.0", "id": 9, "method": "ping"}
 CAPPED = {"mode": "none", "policies": {"default": {"max_sessions": 3}}}
@@ -83,6 +83,33 @@ async def test_a_session_served_by_another_replica_never_ends_for_a_new_one(
     assert kept == [200] * 6
     assert refused.status_code == 429, refused.text
     assert "sessions open" in refused.text
+
+
+async def test_a_session_is_counted_once_as_its_answer_starts_so_the_next_one_ends_none(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # Counted as open only after its ``initialize`` answer had gone out, a session stayed
+    # counted twice (open, and its opening's place) while its client went on: the client's
+    # next session found one too many and ended its own oldest (failed once in CI, the race
+    # a round trip wide). A long answer its client does not read holds that window open.
+    wordy = {"instructions": "Read this first. " + "x" * 8 * 2**20}
+    async with (
+        cluster_of(redis, prefix, tmp_path, [], auth=CAPPED, server=wordy) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        at = cluster.endpoint
+        first = await opened(http, at(0))
+        async with http.stream("POST", at(1), json=HELLO, headers=ACCEPT) as unread:
+            second = {"Mcp-Session-Id": unread.headers["mcp-session-id"], "Mcp-Protocol-Version": VERSION}
+            used = await status(http, at(1), second)
+            newest = await opened(http, at(0))
+            kept = [await status(http, at(n), h) for n in (0, 1) for h in (first, second, newest)]
+        async with raw_client(redis) as raw:
+            counted: list[bytes] = await raw.zrange(f"{prefix}:{COUNT}", 0, -1)  # pyright: ignore[reportAssignmentType]
+        log = cluster.log(0)
+    assert (used, kept) == (200, [200] * 6)
+    assert sorted(m.decode() for m in counted) == sorted(h["Mcp-Session-Id"] for h in (first, second, newest))
+    assert "to make way" not in log
 
 
 @pytest.mark.parametrize("answering", [False, True])
