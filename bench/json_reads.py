@@ -42,6 +42,8 @@ def bodies() -> dict[str, bytes]:
         + b'"'
         + b",0" * 100_001,
         "100,000 short strings": json.dumps(["a[b"] * 99_000).encode(),
+        "129 opening brackets, then 4 MiB of closing ones": b"[" * 129 + b"]" * (MAX_BODY - 129),
+        "50,000 levels opened and closed": b"[" * 50_000 + b"]" * 50_000,
         "a listing of 200,000 tools (11 MB)": json.dumps({"result": {"tools": tools}}).encode(),
     }
 

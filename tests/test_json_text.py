@@ -6,6 +6,7 @@ and checks both reads against the value itself."""
 from __future__ import annotations
 
 import json
+from itertools import accumulate
 from typing import Any
 
 from hypothesis import given
@@ -49,6 +50,14 @@ def test_depth_is_read_from_brackets_outside_strings(value: Any, bound: int) -> 
     for text in texts(value):
         assert nests_deeper(text, bound) == (depth(value) > bound), text
         assert nests_deeper(text.decode(), bound) == (depth(value) > bound), text
+
+
+@given(text=st.text(alphabet="[]{}", max_size=40), bound=st.integers(min_value=0, max_value=6))
+def test_depth_of_any_brackets_is_their_deepest_running_level(text: str, bound: int) -> None:
+    # Unbalanced too (a body's first check comes before its parse): the running level, walked.
+    deepest = max(accumulate(1 if c in "[{" else -1 for c in text), default=0)
+    assert nests_deeper(text, bound) == (deepest > bound), text
+    assert nests_deeper(text.encode(), bound) == (deepest > bound), text
 
 
 @given(value=values)

@@ -10,7 +10,9 @@ import json
 import math
 import re
 from array import array
-from itertools import accumulate
+from collections.abc import Iterator
+from itertools import accumulate, count
+from operator import sub
 from typing import Any
 
 _VALUE_MARKS = b"{[,"
@@ -67,6 +69,8 @@ the SDK's models fail to serialise it (an error answered with code 0 and a trace
 for each), and a FastMCP upstream sent arguments 200 deep never answered."""
 _STEPS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
 """Brackets as signed bytes: +1 opens a level, -1 closes one."""
+_OPENINGS = bytes.maketrans(b"{}", b"[]")
+"""Both kinds of bracket as one: only the levels count."""
 
 
 class TooDeep(RecursionError):
@@ -76,16 +80,28 @@ class TooDeep(RecursionError):
 
 def nests_deeper(text: bytes | str, bound: int = MAX_DEPTH) -> bool:
     """Whether the JSON text ``text`` nests deeper than ``bound``, at C speed: only text with
-    more brackets than that is looked at (text is encoded only then), its brackets outside
-    strings made steps of +1 and -1 and the deepest running sum taken."""
+    more opening brackets than that is looked at (text is encoded only then), and then only
+    its brackets outside strings, for the deepest level they reach (``_levels``)."""
     if isinstance(text, str):
         if text.count("{") + text.count("[") <= bound:
             return False
         text = text.encode(errors="surrogatepass")
     elif text.count(b"{") + text.count(b"[") <= bound:
         return False
-    steps = _outside_strings(text, _BRACKETS).translate(_STEPS)
-    return max(accumulate(array("b", steps)), default=0) > bound
+    return max(_levels(_outside_strings(text, _BRACKETS)), default=0) > bound
+
+
+def _levels(brackets: bytes) -> Iterator[int]:
+    """The level after each bracket of ``brackets``, or after each opening one (the deepest is
+    the same): with most of them closing, split at each opening bracket (the level after the
+    k-th is k less the closing ones before it), else walked one by one, which costs a Python
+    int a bracket but half a split's step. Walked, 129 opening brackets and 4 MiB of closing
+    ones took 90 ms of the event loop; split, a body's 100,000 pairs took twice a walk's."""
+    opening = brackets.count(b"[") + brackets.count(b"{")
+    if len(brackets) <= 4 * opening:
+        return accumulate(array("b", brackets.translate(_STEPS)))
+    between = brackets.translate(_OPENINGS).split(b"[")[:-1]
+    return map(sub, count(1), accumulate(map(len, between)))
 
 
 class Unrepresentable(ValueError):
