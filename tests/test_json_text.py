@@ -52,7 +52,16 @@ def test_depth_is_read_from_brackets_outside_strings(value: Any, bound: int) -> 
         assert nests_deeper(text.decode(), bound) == (depth(value) > bound), text
 
 
-@given(text=st.text(alphabet="[]{}", max_size=40), bound=st.integers(min_value=0, max_value=6))
+runs = st.lists(
+    st.tuples(st.sampled_from("[{"), st.integers(0, 3), st.sampled_from("]}"), st.integers(0, 12))
+)
+brackets = st.text(alphabet="[]{}", max_size=40) | runs.map(
+    lambda rs: "".join(o * a + c * b for o, a, c, b in rs)
+)
+"""Any brackets, and runs of them with the closing ones mostly outnumbering the opening ones."""
+
+
+@given(text=brackets, bound=st.integers(min_value=0, max_value=6))
 def test_depth_of_any_brackets_is_their_deepest_running_level(text: str, bound: int) -> None:
     # Unbalanced too (a body's first check comes before its parse): the running level, walked.
     deepest = max(accumulate(1 if c in "[{" else -1 for c in text), default=0)
