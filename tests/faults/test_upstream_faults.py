@@ -14,7 +14,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from agent_gateway.compat.mcp import MAX_MESSAGE_VALUES
+from agent_gateway.compat.mcp import MAX_MESSAGE_DEPTH, MAX_MESSAGE_VALUES
 from tests.faults.harness import (
     Faulted,
     HttpProcess,
@@ -238,17 +238,21 @@ async def test_a_result_over_max_message_bytes_fails_its_call_clearly_and_the_re
         assert (upstream.connections, upstream.state) == (1, "up")  # read past, not reconnected
 
 
-async def test_a_result_nested_deeper_than_the_parser_reads_fails_its_call_alone() -> None:
+@pytest.mark.parametrize("levels", [300, 1200])
+async def test_a_result_nested_deeper_than_the_gateway_reads_fails_its_call_alone(levels: int) -> None:
     # msgspec raises RecursionError past ~1,000 levels: over stdio it ended the reader, so
-    # every call in flight on the shared session failed and the upstream was restarted.
+    # every call in flight on the shared session failed and the upstream was restarted. Past
+    # ~255 the SDK failed to write the answer: -32603 and an ERROR traceback for each call.
     hostile = {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), "good"]}
     async with gateway_under_fault({"deep": hostile}) as faulted, Client(faulted.gw.url) as client:
-        refused = await client.call_tool("deep__nested", {"levels": 1200})
+        kept = await client.call_tool("deep__nested", {"levels": MAX_MESSAGE_DEPTH - 5})
+        refused = await client.call_tool("deep__nested", {"levels": levels})
         served = await client.call_tool("deep__collide", {})
         upstream = faulted.gw.gateway.pool.get("deep")
         assert (upstream.connections, upstream.state) == (1, "up")
+    assert text_of(kept) == "deep"
     assert refused.is_error
-    assert "nests deeper than the gateway reads" in text_of(refused)
+    assert f"nests deeper than the gateway reads ({MAX_MESSAGE_DEPTH} levels)" in text_of(refused)
     assert text_of(served) == "collide"
 
 

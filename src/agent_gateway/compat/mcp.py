@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from agent_gateway.catalog_parts import MAX_LISTED
-from agent_gateway.json_text import json_values
+from agent_gateway.json_text import json_values, nests_deeper
 
 __all__ = [
     "CLIENT_SESSION_LOGGER",
@@ -146,6 +146,11 @@ def parse_message(data: bytes | str) -> JSONRPCMessage:
 _decode = msgspec.json.Decoder().decode
 _LARGE = 2**20
 """A message past this many bytes is decoded with the garbage collector paused."""
+MAX_MESSAGE_DEPTH = 200
+"""How deep one message from an upstream may nest. Past about 255 levels the SDK's models
+fail to write the answer to the client (a -32603 for the call and an ERROR traceback logged,
+each time); msgspec stops near 1,000 (a ``RecursionError``)."""
+_TOO_DEEP = f"the upstream's message nests deeper than the gateway reads ({MAX_MESSAGE_DEPTH} levels)"
 
 
 def decode(data: bytes | str) -> Any:
@@ -154,17 +159,20 @@ def decode(data: bytes | str) -> Any:
     ``{"a": {}}``: 327 ms, 50 ms paused; 700 ms in a gateway's larger heap).
 
     Raises:
-        Unreadable: it nests deeper than msgspec reads (about 1,000 levels: a
-            ``RecursionError``, which ended a stdio upstream's reader and its session).
+        Unreadable: it nests deeper than ``MAX_MESSAGE_DEPTH`` (read from its brackets
+            first) or than msgspec reads (a ``RecursionError``, which ended a stdio
+            upstream's reader and its session).
         msgspec.DecodeError, UnicodeDecodeError: it is not JSON.
     """
+    if nests_deeper(data, MAX_MESSAGE_DEPTH):
+        raise Unreadable(_TOO_DEEP)
     paused = len(data) > _LARGE and gc.isenabled()
     if paused:
         gc.disable()
     try:
         return _decode(data)
     except RecursionError:
-        raise Unreadable("the upstream's message nests deeper than the gateway reads") from None
+        raise Unreadable(_TOO_DEEP) from None
     finally:
         if paused:
             gc.enable()
