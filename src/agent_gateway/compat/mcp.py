@@ -160,22 +160,32 @@ def decode(data: bytes | str) -> Any:
 
     Raises:
         Unreadable: it nests deeper than ``MAX_MESSAGE_DEPTH`` (read from its brackets
-            first) or than msgspec reads (a ``RecursionError``, which ended a stdio
-            upstream's reader and its session).
+            first), a tool listing excepted, or than msgspec reads (a ``RecursionError``,
+            which ended a stdio upstream's reader and its session).
         msgspec.DecodeError, UnicodeDecodeError: it is not JSON.
     """
-    if nests_deeper(data, MAX_MESSAGE_DEPTH):
-        raise Unreadable(_TOO_DEEP)
+    deep = nests_deeper(data, MAX_MESSAGE_DEPTH)
     paused = len(data) > _LARGE and gc.isenabled()
     if paused:
         gc.disable()
     try:
-        return _decode(data)
+        value = _decode(data)
     except RecursionError:
         raise Unreadable(_TOO_DEEP) from None
     finally:
         if paused:
             gc.enable()
+    if deep and not _lists_tools(value):
+        raise Unreadable(_TOO_DEEP)
+    return value
+
+
+def _lists_tools(value: Any) -> bool:
+    """Whether ``value`` answers a ``tools/list``: read however deep it nests (within what
+    msgspec reads), since each tool whose schema is too deep for a client is left out alone
+    (``catalog_parts``), not its upstream's whole list. A call's result has ``content``."""
+    result = value.get("result") if isinstance(value, dict) else None
+    return isinstance(result, dict) and "tools" in result and "content" not in result
 
 
 class _LeanAdapter:
