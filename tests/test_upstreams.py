@@ -16,6 +16,7 @@ from anyio.abc import TaskStatus
 from fastmcp import FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
+from starlette.types import Receive, Scope, Send
 
 from agent_gateway.runtime import child_pids
 from agent_gateway.upstreams.connection import describe_target
@@ -25,6 +26,7 @@ from tests.support import (
     outliving_its_input,
     python_upstream,
     running_gateway,
+    serving,
     serving_upstream,
 )
 
@@ -247,6 +249,32 @@ async def test_stdio_children_are_reaped_when_the_gateway_stops() -> None:
         assert pid_alive(pid)
         assert len(started) == 1  # the shell, the server's parent
     await wait_until(lambda: not any(pid_alive(p) for p in {pid, *started}), 10)
+
+
+async def test_a_handshake_era_http_session_is_ended_upstream_when_the_gateway_stops() -> None:
+    # The transport closes by the gateway's cancel, which cancelled its DELETE too: each stop
+    # (a deploy, a restart) left every HTTP upstream holding the gateway's session until the
+    # upstream's own idle timeout (FastMCP has none). The official client sends its DELETE.
+    server = FastMCP("held")
+    server.tool(lambda: "pong", name="ping")
+    app = server.http_app(path="/mcp")
+    named: list[tuple[str, str | None]] = []
+
+    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            named.append(
+                (scope["method"], dict(scope["headers"]).get(b"mcp-session-id", b"").decode() or None)
+            )
+        await app(scope, receive, send)
+
+    async with serving(recording) as base:
+        config = {"upstreams": {"held": {"url": f"{base}/mcp", "protocol": "legacy"}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            assert text_of(await client.call_tool("held__ping", {})) == "pong"
+            used = {session for method, session in named if method == "POST" and session}
+        ended = [session for method, session in named if method == "DELETE"]
+    assert len(used) == 1
+    assert ended == list(used)
 
 
 async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(

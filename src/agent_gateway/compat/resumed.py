@@ -40,6 +40,9 @@ from agent_gateway.compat.mcp import TransportStreams
 
 logger = logging.getLogger(__name__)
 
+_END_TIMEOUT = 2.0
+"""Seconds the DELETE that ends a session upstream may take as its transport closes."""
+
 
 @dataclass
 class HttpSession:
@@ -89,8 +92,9 @@ async def http_session(
         try:
             yield read_stream, write_stream
         finally:
-            if not link.kept:
-                await link.end()
+            if not link.kept:  # shielded: closed by a cancel (the gateway stopping), it sent none
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_END_TIMEOUT):
+                    await link.end()
             tg.cancel_scope.cancel()
     await resync_tracer()
 
