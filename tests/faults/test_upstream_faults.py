@@ -4,6 +4,7 @@ other clients keep being served, and nothing leaks (see ``harness``)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -12,7 +13,10 @@ import time
 import anyio
 import mcp_types as types
 import pytest
+from fastmcp import FastMCP
 from mcp import Client
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Scope, Send
 
 from agent_gateway.compat.mcp import MAX_MESSAGE_DEPTH, MAX_MESSAGE_VALUES
 from tests.faults.harness import (
@@ -24,7 +28,7 @@ from tests.faults.harness import (
     text_of,
     wait_until,
 )
-from tests.support import SERVERS
+from tests.support import SERVERS, intercepted, serving
 
 
 async def call_in_background(
@@ -278,3 +282,55 @@ async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_cal
     assert refused.is_error
     assert f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message" in text_of(refused)
     assert served.structured_content == {"result": [0, 0, 0]}
+
+
+def nan_writing() -> ASGIApp:
+    """FastMCP over Streamable HTTP, but its tool ``reading`` answered raw with ``NaN`` in its
+    structured content, as Python's ``json.dumps`` writes a float NaN (an SDK server writes
+    null); ``collide`` is FastMCP's."""
+    server = FastMCP("odd")
+    server.tool(lambda: "collide", name="collide")
+    server.tool(lambda: "never sent", name="reading")
+
+    async def intercept(scope: Scope, message: dict[str, object], send: Send) -> bool:
+        params = message.get("params")
+        if (
+            message.get("method") != "tools/call"
+            or not isinstance(params, dict)
+            or params.get("name") != "reading"
+        ):
+            return False
+        result = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await Response(body, media_type="application/json")(scope, nothing, send)
+        return True
+
+    return intercepted(server, intercept)
+
+
+@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
+async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null(
+    transport: str,
+) -> None:
+    # msgspec refuses NaN; the SDK's parser (pydantic's) took it, and wrote it to the client as
+    # null: a value the upstream never sent. Over the modern era's forwarding, a parse error.
+    async with contextlib.AsyncExitStack() as stack:
+        if transport == "stdio":
+            config = {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), "good"]}
+        else:
+            base = await stack.enter_async_context(serving(nan_writing()))
+            config = {"url": f"{base}/mcp"} | ({"protocol": "legacy"} if transport == "handshake" else {})
+        faulted = await stack.enter_async_context(gateway_under_fault({"odd": config}))
+        client = await stack.enter_async_context(Client(faulted.gw.url))
+        refused = await client.call_tool("odd__reading", {})
+        served = await client.call_tool("odd__collide", {})
+    assert refused.is_error
+    assert refused.structured_content is None
+    assert "holds NaN, Infinity or a number past a double's range, which JSON does not have" in text_of(
+        refused
+    )
+    assert text_of(served) == "collide"

@@ -13,7 +13,9 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``oneN``: N tools in one page (a million: 56 MB, three million JSON values).
 
 A read answers with the mode's name, so a test sees which upstream served it. In every mode a
-call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep.
+call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep, and
+one of ``reading`` with structured content holding ``NaN`` (as Python's ``json.dumps`` writes
+a float NaN; JSON has no such value).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def tools() -> list[dict[str, Any]]:
     listed: list[dict[str, Any]] = [
         {"name": "collide", "inputSchema": {"type": "object"}},
         {"name": "nested", "inputSchema": {"type": "object"}},
+        {"name": "reading", "inputSchema": {"type": "object"}},
     ]
     if MODE.startswith("deep"):
         schema: dict[str, Any] = {"type": "object"}
@@ -107,6 +110,9 @@ for line in sys.stdin.buffer:
             b'{"jsonrpc":"2.0","id":%d,"result":%s}\n' % (message["id"], content.encode())
         )
         sys.stdout.buffer.flush()
+    elif message.get("method") == "tools/call" and message["params"]["name"] == "reading":
+        result = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
+        send({"jsonrpc": "2.0", "id": message["id"], "result": result})
     elif "id" in message and "method" in message:
         send(
             {

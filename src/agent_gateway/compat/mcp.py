@@ -31,7 +31,7 @@ from mcp_types import methods as _methods
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from opentelemetry.trace import Span, SpanKind
 from pydantic import ValidationError
-from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError, from_json
 
 from agent_gateway.catalog_parts import MAX_LISTED
 from agent_gateway.json_text import json_values, nests_deeper
@@ -130,7 +130,7 @@ def parse_message(data: bytes | str) -> JSONRPCMessage:
 
     Raises:
         TooManyValues: it holds more than ``MAX_MESSAGE_VALUES`` values (it is not parsed).
-        Unreadable: it nests deeper than the parser reads.
+        Unreadable: it nests too deeply, or holds numbers JSON does not have (``decode``).
         ValidationError: it is not a JSON-RPC message.
     """
     count_values(data)
@@ -162,7 +162,8 @@ def decode(data: bytes | str) -> Any:
         Unreadable: it nests deeper than ``MAX_MESSAGE_DEPTH`` (read from its brackets
             first), a tool listing excepted, or than msgspec reads (a ``RecursionError``,
             which ended a stdio upstream's reader and its session).
-        msgspec.DecodeError, UnicodeDecodeError: it is not JSON.
+        msgspec.DecodeError, UnicodeDecodeError: it is not JSON (``Unreadable`` when it holds
+            NaN, Infinity or a number past a double's range).
     """
     deep = nests_deeper(data, MAX_MESSAGE_DEPTH)
     paused = len(data) > _LARGE and gc.isenabled()
@@ -172,12 +173,32 @@ def decode(data: bytes | str) -> Any:
         value = _decode(data)
     except RecursionError:
         raise Unreadable(_TOO_DEEP) from None
+    except msgspec.DecodeError:
+        if _read_leniently(data):
+            raise Unreadable(_NOT_JSON_NUMBERS) from None
+        raise
     finally:
         if paused:
             gc.enable()
     if deep and not _lists_tools(value):
         raise Unreadable(_TOO_DEEP)
     return value
+
+
+_NOT_JSON_NUMBERS = (
+    "the upstream's message holds NaN, Infinity or a number past a double's range, which JSON does not have"
+)
+
+
+def _read_leniently(data: bytes | str) -> bool:
+    """Whether pydantic's parser reads ``data``, which msgspec refused: then it holds NaN,
+    Infinity or a number past a double's range (the one difference). Read by pydantic (the
+    SDK's parser), each reached the client as null: a value the upstream never sent."""
+    try:
+        from_json(data)
+    except ValueError:
+        return False
+    return True
 
 
 def _lists_tools(value: Any) -> bool:
