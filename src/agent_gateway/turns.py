@@ -68,8 +68,9 @@ class Turns:
     def cancelled(self, session: str, body: bytes) -> None:
         """Give up the waiting request that ``body`` cancels, if it is a cancel naming one.
         Parsed again, only while the client has a request waiting and only when small: the
-        SDK's transport is where a notification is read, this is the one it cannot see."""
-        if not self.waiting or _CANCELLED not in body or len(body) > LARGE_BODY_BYTES:
+        SDK's transport is where a notification is read, this is the one it cannot see. A body
+        with an escape is parsed too: ``notifications\\/cancelled`` is the same method."""
+        if not self.waiting or len(body) > LARGE_BODY_BYTES or (_CANCELLED not in body and b"\\" not in body):
             return
         try:
             message = json.loads(body)
