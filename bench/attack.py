@@ -33,6 +33,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``);
 - ``escaped-arguments``: 16 callers of ``tools/call`` whose 3.5 MB arguments are 1.75 million
   escaped quotes after 200 ``[`` (what admission reads before the parse steps over);
+- ``closing-brackets``: 16 callers of bodies of 129 ``[`` and 3.5 million ``]`` (no request:
+  refused as nested too deeply, after admission reads their depth);
 - ``slow-bodies``: 300 connections, each sending 4 MiB - 1 byte of a body and never the
   last, held for 10 s: how many bodies the gateway holds, how many it refused;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
@@ -882,7 +884,8 @@ async def big_bodies(url: str, proc: Process, seconds: float) -> str:
 
 _BIG_ARGUMENTS = r"""
 import asyncio, sys, time, httpx
-url, token, seconds, callers, escaped = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5] == "escaped"
+url, token, seconds, callers, kind = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+escaped = kind == "escaped"
 headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
            "Authorization": "Bearer " + token, "Mcp-Protocol-Version": "2025-06-18"}
 text = "[" * 200 + '\\"' * 1_750_000 if escaped else "x" * 3_500_000
@@ -899,8 +902,10 @@ async def main():
             while time.monotonic() < end:
                 i += 1
                 body = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"slow__echo","arguments":{"text":"%s"}}}' % (k * 10**6 + i, text)
+                if kind == "closing":  # no request at all: what admission reads of it is the cost
+                    body = "[" * 129 + "]" * 3_500_000
                 answer = await http.post(url, content=body, headers=headers | {"Mcp-Session-Id": session})
-                served += answer.status_code == 200
+                served += answer.status_code == (400 if kind == "closing" else 200)
         await asyncio.gather(*(caller(k) for k in range(callers)))
     print(served)
 asyncio.run(main())
@@ -910,8 +915,9 @@ asyncio.run(main())
 async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
     """16 callers of ``tools/call`` with 3.5 MB of arguments each (the echo answers them back),
     from a process of their own: on this one's event loop the attacker's own JSON work would
-    be the bystander's wait. ``kind``: ``plain`` text, or ``escaped`` quotes after 200 ``[``
-    (every read before the parse steps over each escape)."""
+    be the bystander's wait. ``kind``: ``plain`` text, ``escaped`` quotes after 200 ``[``
+    (every read before the parse steps over each escape), or ``closing`` brackets instead of
+    a request."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -934,6 +940,11 @@ async def big_arguments(url: str, proc: Process, seconds: float) -> str:
 async def escaped_arguments(url: str, proc: Process, seconds: float) -> str:
     served = await _arguments_flood(url, seconds, "escaped")
     return f"{served} calls of 3.5 MB arguments (1.75 M escaped quotes) served, 16 at once"
+
+
+async def closing_brackets(url: str, proc: Process, seconds: float) -> str:
+    served = await _arguments_flood(url, seconds, "closing")
+    return f"{served} bodies of 129 opening brackets and 3.5 M closing ones refused, 16 at once"
 
 
 async def big_results(url: str, proc: Process, seconds: float) -> str:
@@ -1190,6 +1201,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "big-bodies": (big_bodies, 10.0, None),
     "big-arguments": (big_arguments, 15.0, None),
     "escaped-arguments": (escaped_arguments, 15.0, None),
+    "closing-brackets": (closing_brackets, 15.0, None),
     "slow-bodies": (slow_bodies, 10.0, None),
     "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),
