@@ -9,6 +9,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -284,24 +287,28 @@ async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_cal
     assert served.structured_content == {"result": [0, 0, 0]}
 
 
-def nan_writing() -> ASGIApp:
+NAN_RESULT = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
+REFUSAL = {"code": -32000, "message": "bad input"}
+
+
+def odd_http_upstream() -> ASGIApp:
     """FastMCP over Streamable HTTP, but its tool ``reading`` answered raw with ``NaN`` in its
     structured content, as Python's ``json.dumps`` writes a float NaN (an SDK server writes
-    null); ``collide`` is FastMCP's."""
+    null), and ``refuse`` with ``-32000 bad input``; ``collide`` is FastMCP's."""
     server = FastMCP("odd")
     server.tool(lambda: "collide", name="collide")
     server.tool(lambda: "never sent", name="reading")
+    server.tool(lambda: "never sent", name="refuse")
 
     async def intercept(scope: Scope, message: dict[str, object], send: Send) -> bool:
         params = message.get("params")
-        if (
-            message.get("method") != "tools/call"
-            or not isinstance(params, dict)
-            or params.get("name") != "reading"
-        ):
+        name = (
+            params.get("name") if message.get("method") == "tools/call" and isinstance(params, dict) else None
+        )
+        if name not in ("reading", "refuse"):
             return False
-        result = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
-        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], "result": result}).encode()
+        answer = {"result": NAN_RESULT} if name == "reading" else {"error": REFUSAL}
+        body = json.dumps({"jsonrpc": "2.0", "id": message["id"], **answer}).encode()
 
         async def nothing() -> Message:
             return {"type": "http.disconnect"}
@@ -312,20 +319,27 @@ def nan_writing() -> ASGIApp:
     return intercepted(server, intercept)
 
 
+@asynccontextmanager
+async def odd_upstream(transport: str) -> AsyncIterator[dict[str, Any]]:
+    """The config of an upstream answering ``reading`` and ``refuse`` oddly, over ``transport``."""
+    if transport == "stdio":
+        yield {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), "good"]}
+        return
+    async with serving(odd_http_upstream()) as base:
+        yield {"url": f"{base}/mcp"} | ({"protocol": "legacy"} if transport == "handshake" else {})
+
+
 @pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
 async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null(
     transport: str,
 ) -> None:
     # msgspec refuses NaN; the SDK's parser (pydantic's) took it, and wrote it to the client as
     # null: a value the upstream never sent. Over the modern era's forwarding, a parse error.
-    async with contextlib.AsyncExitStack() as stack:
-        if transport == "stdio":
-            config = {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), "good"]}
-        else:
-            base = await stack.enter_async_context(serving(nan_writing()))
-            config = {"url": f"{base}/mcp"} | ({"protocol": "legacy"} if transport == "handshake" else {})
-        faulted = await stack.enter_async_context(gateway_under_fault({"odd": config}))
-        client = await stack.enter_async_context(Client(faulted.gw.url))
+    async with (
+        odd_upstream(transport) as config,
+        gateway_under_fault({"odd": config}) as faulted,
+        Client(faulted.gw.url) as client,
+    ):
         refused = await client.call_tool("odd__reading", {})
         served = await client.call_tool("odd__collide", {})
     assert refused.is_error
@@ -333,4 +347,25 @@ async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client
     assert "holds NaN, Infinity or a number past a double's range, which JSON does not have" in text_of(
         refused
     )
+    assert text_of(served) == "collide"
+
+
+@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
+async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_session_goes_on(
+    transport: str,
+) -> None:
+    # -32000 is also the code the SDK gives a closed connection: read as one, a tool's "bad
+    # input" (which any client can ask for) ended a stdio session, failing every client's
+    # calls on it and restarting the process; over HTTP it became "its answer ended early".
+    async with (
+        odd_upstream(transport) as config,
+        gateway_under_fault({"odd": config}) as faulted,
+        Client(faulted.gw.url) as client,
+    ):
+        refused = await client.call_tool("odd__refuse", {})
+        served = await client.call_tool("odd__collide", {})
+        upstream = faulted.gw.gateway.pool.get("odd")
+        assert (upstream.connections, upstream.state) == (1, "up")
+    assert refused.is_error
+    assert text_of(refused) == "upstream 'odd': tool 'refuse': bad input"
     assert text_of(served) == "collide"

@@ -15,7 +15,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 A read answers with the mode's name, so a test sees which upstream served it. In every mode a
 call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep, and
 one of ``reading`` with structured content holding ``NaN`` (as Python's ``json.dumps`` writes
-a float NaN; JSON has no such value).
+a float NaN; JSON has no such value), and one of ``refuse`` with the error ``-32000 bad input``
+(JSON-RPC's first server error, as servers answer errors of their own).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import sys
 from typing import Any
 
 MODE = sys.argv[1]
+REFUSAL = {"code": -32000, "message": "bad input"}
 STATE = {"collide": False}
 
 
@@ -38,6 +40,7 @@ def tools() -> list[dict[str, Any]]:
         {"name": "collide", "inputSchema": {"type": "object"}},
         {"name": "nested", "inputSchema": {"type": "object"}},
         {"name": "reading", "inputSchema": {"type": "object"}},
+        {"name": "refuse", "inputSchema": {"type": "object"}},
     ]
     if MODE.startswith("deep"):
         schema: dict[str, Any] = {"type": "object"}
@@ -113,6 +116,8 @@ for line in sys.stdin.buffer:
     elif message.get("method") == "tools/call" and message["params"]["name"] == "reading":
         result = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
         send({"jsonrpc": "2.0", "id": message["id"], "result": result})
+    elif message.get("method") == "tools/call" and message["params"]["name"] == "refuse":
+        send({"jsonrpc": "2.0", "id": message["id"], "error": REFUSAL})
     elif "id" in message and "method" in message:
         send(
             {

@@ -13,6 +13,11 @@ bounded (verified against mcp 2.3.0; ``tests/test_compat.py`` checks each member
   ending every stream at once had 16 calls make 46,000 GETs in 45 s.
 - **A request's stream is resumed at most ``MAX_RESUMPTIONS`` times.** The SDK resumes by
   recursion, a frame deeper each time; past the bound the request fails, saying why.
+- **An answer that ended before it came is marked so** (``cut_short``). The SDK fails such a
+  request with the code of a closed connection, -32000, which is also JSON-RPC's first server
+  error, the one upstreams answer their own errors with: read as a closed connection, an
+  upstream's ``-32000 bad input`` failed the call as cut short, and over stdio ended the
+  session for every client.
 """
 
 from __future__ import annotations
@@ -24,12 +29,22 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 import httpx2
 from mcp.client import streamable_http
-from mcp.client.streamable_http import RequestContext, StreamableHTTPTransport
+from mcp.client.streamable_http import RequestContext, StreamableHTTPTransport, StreamWriter
 from mcp.shared._httpx_utils import sse_within_origin
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
-from mcp_types import JSONRPCMessage, JSONRPCNotification, JSONRPCRequest
+from mcp.shared.message import SessionMessage
+from mcp_types import (
+    CONNECTION_CLOSED,
+    ErrorData,
+    JSONRPCError,
+    JSONRPCMessage,
+    JSONRPCNotification,
+    JSONRPCRequest,
+    RequestId,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +52,21 @@ RETRY_FLOOR_MS = 1000
 """The least wait before a stream is reopened: the SDK's own when the upstream names none."""
 MAX_RESUMPTIONS = 256
 """Times one request's answer stream is reopened before the request fails."""
+
+_CUT_SHORT = "agent_gateway.cut_short"
+
+
+def cut_short(message: str) -> ErrorData:
+    """The error of a request whose answer ended before it came, marked as the transport's
+    own: not an upstream's answer with the same code (see above)."""
+    return ErrorData(code=CONNECTION_CLOSED, message=message, data={_CUT_SHORT: True})
+
+
+def is_cut_short(error: ErrorData) -> bool:
+    """Whether ``error`` is a transport's ``cut_short`` (an upstream sending the mark on an
+    error of its own has only its own call read as cut short)."""
+    return isinstance(error.data, dict) and error.data.get(_CUT_SHORT) is True  # pyright: ignore[reportUnknownMemberType]
+
 
 _FLOORED: weakref.WeakSet[httpx2.AsyncClient] = weakref.WeakSet()
 """The upstream sessions' HTTP clients: their streams' ``retry`` is floored (other users of
@@ -72,6 +102,23 @@ class BoundedTransport(StreamableHTTPTransport):
         if post is not None:
             logger.debug("aborting the POST of cancelled request %r", request_id)
             post.scope.cancel()
+
+    async def _resolve_abandoned_request(
+        self,
+        read_stream_writer: StreamWriter,
+        request_id: RequestId,
+        message: str,
+        *,
+        code: int = CONNECTION_CLOSED,
+    ) -> None:
+        """As the SDK's, with its error marked ``cut_short`` when it is one."""
+        error = cut_short(message) if code == CONNECTION_CLOSED else ErrorData(code=code, message=message)
+        try:
+            await read_stream_writer.send(
+                SessionMessage(JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+            )
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            logger.debug("read stream closed before request %r could be resolved", request_id)
 
     async def _handle_reconnection(
         self,

@@ -45,6 +45,7 @@ from mcp_types import methods as mcp_methods
 from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
+from agent_gateway.compat.http_streams import cut_short
 from agent_gateway.compat.mcp import (
     Unreadable,
     call_in_rounds,
@@ -279,10 +280,10 @@ class Forwarder:
                 await self._pace.take_report()
                 await _relay(message, version, progress, self._sinks)
         except httpx2.SSEError as exc:
-            raise MCPError(code=types.CONNECTION_CLOSED, message=f"SSE stream failed: {exc}") from exc
+            raise MCPError.from_error_data(cut_short(f"SSE stream failed: {exc}")) from exc
         except httpx2.StreamError as exc:  # as the SDK's transport: the stream is over
             logger.debug("SSE stream of a forwarded call ended: %s", exc)
-        raise MCPError(code=types.CONNECTION_CLOSED, message="SSE stream ended without a response")
+        raise MCPError.from_error_data(cut_short("SSE stream ended without a response"))
 
 
 def _params(

@@ -22,6 +22,7 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
+from agent_gateway.compat.http_streams import is_cut_short
 from agent_gateway.compat.mcp import PageTooLong, result_check_failed
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import (
@@ -82,9 +83,14 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
     code = exc.error.code
     if code == types.REQUEST_TIMEOUT:
         return UpstreamTimeout(session.name, f"{what}: timed out upstream: {exc.error.message}")
-    if code == types.CONNECTION_CLOSED and _per_call(session):
+    # -32000 is also the first server error, which upstreams answer errors of their own with:
+    # a closed connection only when the transport says so (an answer cut short, marked; or,
+    # over one connection, its read side ended, which sets ``lost`` before the SDK fails the
+    # calls pending on it). Read as closed, an upstream's "-32000 bad input", which any client
+    # can ask for, ended a stdio session and every client's calls on it.
+    if code == types.CONNECTION_CLOSED and is_cut_short(exc.error) and _per_call(session):
         return _cut_short(session, what, exc.error.message)
-    if code == types.CONNECTION_CLOSED:
+    if code == types.CONNECTION_CLOSED and (session.lost.is_set() or is_cut_short(exc.error)):
         reason = session.lost_reason or "connection closed"
         session.lose(reason)
         closed = f"{what}: connection closed during the call ({reason})"
