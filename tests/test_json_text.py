@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent_gateway.json_text import json_values, nests_deeper
+from agent_gateway.json_text import json_values, nests_deeper, value_nests_deeper
 
 tricky_text = st.text(
     alphabet=st.sampled_from(['"', "\\", "[", "]", "{", "}", ",", ":", "a", "é", " "]), max_size=8
@@ -67,6 +67,17 @@ def test_depth_of_any_brackets_is_their_deepest_running_level(text: str, bound: 
     deepest = max(accumulate(1 if c in "[{" else -1 for c in text), default=0)
     assert nests_deeper(text, bound) == (deepest > bound), text
     assert nests_deeper(text.encode(), bound) == (deepest > bound), text
+
+
+@given(
+    value=values, bound=st.integers(min_value=0, max_value=6), walked=st.integers(min_value=0, max_value=30)
+)
+def test_depth_is_read_from_the_parsed_value_until_too_many_values(
+    value: Any, bound: int, walked: int
+) -> None:
+    read = value_nests_deeper(value, bound, walked)
+    assert read in (None, depth(value) > bound)
+    assert value_nests_deeper(value, bound, 10**6) == (depth(value) > bound)
 
 
 @given(value=values)
