@@ -39,8 +39,9 @@ def test_a_message_as_deep_as_the_bound_is_read_and_one_level_more_is_not(text: 
 
 
 def test_depth_is_read_past_many_values_too() -> None:
-    # Thousands of values before the deep part: past what is walked, the bytes are read.
-    many = '{"many":[' + ",".join(["{}"] * 10_000) + '],"deep":' + nested(MAX_MESSAGE_DEPTH) + "}"
+    # Thousands of values walked before the deep part (the last key first): past what is
+    # walked, the bytes are read.
+    many = '{"deep":' + nested(MAX_MESSAGE_DEPTH) + ',"many":[' + ",".join(["{}"] * 10_000) + "]}"
     with pytest.raises(Unreadable):
         decode(call_result(many))
 

@@ -240,9 +240,9 @@ def _lists_tools(value: Any) -> bool:
     (``catalog_parts``), not its upstream's whole list. Known by its keys: a result of
     another kind holding ``tools`` too is no listing."""
     result = value.get("result") if isinstance(value, dict) else None
-    return (
-        isinstance(result, dict) and isinstance(result.get("tools"), list) and result.keys() <= _LISTING_KEYS
-    )  # pyright: ignore[reportUnknownMemberType]
+    if not isinstance(result, dict):
+        return False
+    return isinstance(result.get("tools"), list) and result.keys() <= _LISTING_KEYS  # pyright: ignore[reportUnknownMemberType]
 
 
 class _LeanAdapter:
