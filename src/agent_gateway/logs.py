@@ -46,7 +46,10 @@ _ECHO = 8
 def _without_echoes(text: str, secret: str) -> str:
     """``text`` with every run of ``_ECHO`` or more characters of ``secret`` (any case) cut."""
     grams = {secret.lower()[i : i + _ECHO] for i in range(len(secret) - _ECHO + 1)}
-    lowered, marked = text.lower(), [False] * len(text)
+    lowered = text.lower()
+    if not any(gram in lowered for gram in grams):  # at C speed: most text holds none
+        return text
+    marked = [False] * len(text)
     for i in range(len(text) - _ECHO + 1):
         if lowered[i : i + _ECHO] in grams:
             marked[i : i + _ECHO] = [True] * _ECHO

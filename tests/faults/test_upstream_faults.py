@@ -22,6 +22,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Scope, Send
 
 from agent_gateway.compat.mcp import MAX_MESSAGE_DEPTH, MAX_MESSAGE_VALUES
+from agent_gateway.upstreams.translation import MAX_ERROR_DATA, MAX_ERROR_MESSAGE
 from tests.faults.harness import (
     Faulted,
     HttpProcess,
@@ -368,4 +369,26 @@ async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_ses
         assert (upstream.connections, upstream.state) == (1, "up")
     assert refused.is_error
     assert text_of(refused) == "upstream 'odd': tool 'refuse': bad input"
+    assert text_of(served) == "collide"
+
+
+async def test_an_upstreams_megabytes_of_error_reach_its_caller_cut_and_scrubbed() -> None:
+    # Passed whole, 30 MB of an error's message took the event loop 3 s to scrub of its
+    # upstream's credential (a step per character), and reached the client and the log whole.
+    key = "sk-live-0123456789abcdef"
+    loud = {
+        "command": sys.executable,
+        "args": [str(SERVERS / "hostile_listings.py"), "good"],
+        "env": {"LOUD_KEY": key},
+    }
+    async with gateway_under_fault({"loud": loud}) as faulted, Client(faulted.gw.url) as client:
+        cut = await client.call_tool("loud__loud", {"chars": 8_000_000, "data": 10})
+        left_out = await client.call_tool("loud__loud", {"chars": 100, "data": 100_000})
+        served = await client.call_tool("loud__collide", {})
+    said = text_of(cut)
+    assert said.startswith("upstream 'loud': tool 'loud': refused with key [redacted]: xxx")
+    assert said.endswith("… (8000000 characters)")
+    assert len(said) < MAX_ERROR_MESSAGE + 100
+    assert key not in said
+    assert text_of(left_out).endswith(f"(its data, over {MAX_ERROR_DATA} characters, left out)")
     assert text_of(served) == "collide"

@@ -15,13 +15,16 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 A read answers with the mode's name, so a test sees which upstream served it. In every mode a
 call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep, and
 one of ``reading`` with structured content holding ``NaN`` (as Python's ``json.dumps`` writes
-a float NaN; JSON has no such value), and one of ``refuse`` with the error ``-32000 bad input``
-(JSON-RPC's first server error, as servers answer errors of their own).
+a float NaN; JSON has no such value), one of ``refuse`` with the error ``-32000 bad input`` (JSON-RPC's first server error, as
+servers answer errors of their own), and one of ``loud`` with ``{"chars": N, "data": M}`` with
+an error whose message quotes the ``LOUD_KEY`` it was started with, then runs to N characters,
+and whose data is a string of M.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -41,6 +44,7 @@ def tools() -> list[dict[str, Any]]:
         {"name": "nested", "inputSchema": {"type": "object"}},
         {"name": "reading", "inputSchema": {"type": "object"}},
         {"name": "refuse", "inputSchema": {"type": "object"}},
+        {"name": "loud", "inputSchema": {"type": "object"}},
     ]
     if MODE.startswith("deep"):
         schema: dict[str, Any] = {"type": "object"}
@@ -118,6 +122,15 @@ for line in sys.stdin.buffer:
         send({"jsonrpc": "2.0", "id": message["id"], "result": result})
     elif message.get("method") == "tools/call" and message["params"]["name"] == "refuse":
         send({"jsonrpc": "2.0", "id": message["id"], "error": REFUSAL})
+    elif message.get("method") == "tools/call" and message["params"]["name"] == "loud":
+        sizes = message["params"]["arguments"]
+        said = f"refused with key {os.environ.get('LOUD_KEY', '')}: "
+        error = {
+            "code": -32005,
+            "message": said + "x" * (sizes["chars"] - len(said)),
+            "data": "d" * sizes["data"],
+        }
+        send({"jsonrpc": "2.0", "id": message["id"], "error": error})
     elif "id" in message and "method" in message:
         send(
             {

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
@@ -33,6 +33,7 @@ from agent_gateway.errors import (
     UpstreamUnavailable,
     describe,
 )
+from agent_gateway.json_text import fits
 from agent_gateway.logs import clipped, scrubbed
 
 if TYPE_CHECKING:
@@ -95,11 +96,29 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
         session.lose(reason)
         closed = f"{what}: connection closed during the call ({reason})"
         return (SessionGivenUp if session.given_up else UpstreamUnavailable)(session.name, closed)
-    secrets = secrets_of(session.config)
-    message, data = scrubbed(exc.error.message, secrets), exc.error.data
-    if data is not None and secrets:
-        data = json.loads(scrubbed(json.dumps(data), secrets))
+    message, data = _bounded(exc.error)
+    if secrets := secrets_of(session.config):  # on what is passed on: a bounded cost
+        message = scrubbed(message, secrets)
+        data = json.loads(scrubbed(json.dumps(data), secrets)) if data is not None else None
     return UpstreamAnswered(session.name, f"{what}: {message}", code, data)
+
+
+MAX_ERROR_MESSAGE = 4096
+"""Characters of an upstream's error message passed on (the rest cut, saying how long it was)."""
+MAX_ERROR_DATA = 65_536
+"""About the most characters of an upstream error's ``data`` passed on: a larger one is left out."""
+
+
+def _bounded(error: types.ErrorData) -> tuple[str, Any]:
+    """An upstream's error message and ``data`` as they are passed on: passed whole, 30 MB
+    of message took the event loop 3 s to scrub of its upstream's credentials (a step per
+    character, for each), and reached the client and the log whole."""
+    message, data = error.message, error.data
+    if len(message) > MAX_ERROR_MESSAGE:
+        message = f"{message[:MAX_ERROR_MESSAGE]}… ({len(message)} characters)"
+    if data is not None and not fits(data, MAX_ERROR_DATA):
+        message, data = f"{message} (its data, over {MAX_ERROR_DATA} characters, left out)", None
+    return message, data
 
 
 def secrets_of(config: UpstreamConfig) -> tuple[str, ...]:
