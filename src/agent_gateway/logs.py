@@ -129,6 +129,11 @@ PEER_LINES = frozenset(
         ("agent_gateway.access", POLICY_REFUSED),
         ("agent_gateway.proxy", UNSEEN_REFUSED),
         ("agent_gateway.proxy", NO_IDENTITY_REFUSED),
+        # uvicorn's, one for each connection a client opens (through the gateway's handler:
+        # uvicorn's own configuration wrote them past these filters and the JSON format).
+        ("uvicorn.error", "Invalid HTTP request received."),
+        ("uvicorn.error", "Unsupported upgrade request."),
+        ("uvicorn.error", "Exceeded concurrency limit."),
     }
 )
 """Lines of other loggers that are about what a peer sent or asked (a client's notification

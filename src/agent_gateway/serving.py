@@ -159,7 +159,7 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
     server = gateway.config.server
     app = build_app(gateway)
     options = listener_options(gateway)
-    http = Unsignalled(uvicorn.Config(app, log_level="warning", lifespan="on", **options))
+    http = Unsignalled(uvicorn.Config(app, log_level="warning", log_config=None, lifespan="on", **options))
     runtime.prepare_heap()  # the socket is bound: the gateway is starting
 
     serving = False

@@ -61,7 +61,9 @@ class StartingAnswers:
 
     def __init__(self, sock: socket.socket, options: dict[str, Any], readiness: Readiness) -> None:
         app = while_starting(readiness)
-        self._server = Unsignalled(uvicorn.Config(app, lifespan="off", log_level="warning", **options))
+        self._server = Unsignalled(
+            uvicorn.Config(app, lifespan="off", log_level="warning", log_config=None, **options)
+        )
         self._sock = sock
         self._scope = anyio.CancelScope()
         self._stopped = anyio.Event()

@@ -239,6 +239,26 @@ async def test_a_clients_malformed_notifications_and_long_baggage_write_one_line
     assert len([line for line in warnings if "Baggage" in line]) == 1, warnings
 
 
+async def test_requests_uvicorn_cannot_read_write_one_line_in_the_gateways_log_not_one_each(
+    tmp_path: Path,
+) -> None:
+    """uvicorn wrote "Invalid HTTP request received." for each such request in its own format
+    (its own handler: past the gateway's filters and ``log_format: json``): a client chose how
+    many lines, 200 connections 200 lines."""
+    log = tmp_path / "gateway.log"
+    async with gateway_child({"upstreams": {}}, tmp_path, log) as (base, _):
+        port = int(base.rsplit(":", 1)[1])
+        for _ in range(30):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: \x01\r\n\r\n")
+                assert (await stream.receive()).startswith(b"HTTP/1.1 400")
+        async with httpx.AsyncClient(timeout=30) as http:
+            assert (await http.get(f"{base}/healthz")).status_code == 200  # still served
+    lines = [line for line in log.read_text().splitlines() if "Invalid HTTP request received" in line]
+    assert len(lines) == 1, lines
+    assert "uvicorn.error" in lines[0]  # the gateway's own format names each line's logger
+
+
 async def test_a_clients_refusals_write_one_line_per_ten_seconds_and_another_clients_their_own(
     tmp_path: Path,
 ) -> None:
