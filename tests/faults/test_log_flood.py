@@ -23,6 +23,7 @@ import yaml
 from mcp import Client
 from mcp.client.session import LoggingFnT
 
+from agent_gateway.downstream.broadcast import MAX_DATA
 from tests.faults.harness import text_of
 from tests.support import SERVERS, child_process, free_socket, gateway_env, ready
 
@@ -123,3 +124,23 @@ async def test_lines_of_a_call_are_passed_on_a_bounded_number_at_once(tmp_path: 
             assert text_of(await bystander.call_tool("calm__echo", {"text": "bystander"})) == "bystander"
     assert heard
     assert most[0] < SPARE_TASKS, most
+
+
+async def test_a_line_no_call_owns_reaches_its_listeners_cut_to_a_bounded_size(tmp_path: Path) -> None:
+    # Whole, each client's queue of such lines held 16 of 4 MB each: 20 listeners that did not
+    # read took the gateway from 170 to 581 MB, which it kept.
+    heard: list[str] = []
+    async with (
+        noisy_gateway(tmp_path) as (url, _),
+        Client(url, mode="legacy", logging_callback=hearing(heard)) as reader,
+    ):
+        assert text_of(await reader.call_tool("noisy__flood", {"lines": 2, "size": 500_000})) == "flood"
+        with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
+            await reader.set_logging_level("debug")  # the flood follows its answer: nobody's lines
+        with anyio.fail_after(BOUND):
+            while len(heard) < 2:
+                await anyio.sleep(0.01)
+    assert [len(line) <= MAX_DATA + 30 for line in heard] == [True, True]
+    assert all(
+        line.startswith(f"{n} ") and line.endswith("… (500000 characters)") for n, line in enumerate(heard)
+    )
