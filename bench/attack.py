@@ -35,6 +35,10 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   escaped quotes after 200 ``[`` (what admission reads before the parse steps over);
 - ``closing-brackets``: 16 callers of bodies of 129 ``[`` and 3.5 million ``]`` (no request:
   refused as nested too deeply, after admission reads their depth);
+- ``loud-errors``: 4 callers of a tool whose stdio upstream (with a credential in its
+  environment) answers each call with a 30 MB error message;
+- ``own-errors``: 16 callers of a tool whose stdio upstream answers ``-32000 bad input``: how
+  often the gateway reconnected it;
 - ``slow-bodies``: 300 connections, each sending 4 MiB - 1 byte of a body and never the
   last, held for 10 s: how many bodies the gateway holds, how many it refused;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
@@ -393,6 +397,11 @@ async def gateway(
             **(
                 {"huge": {"command": sys.executable, "args": [str(HOSTILE_LISTINGS), HUGE_LISTING]}}
                 if attack == "huge-listing"
+                else {}
+            ),
+            **(
+                {"odd": {"command": sys.executable, "args": [str(HOSTILE_LISTINGS), "good"], "env": ODD_ENV}}
+                if attack in ODD_ATTACKS
                 else {}
             ),
         },
@@ -1100,6 +1109,70 @@ HUGE_LISTING = "one1000000"
 """A page of a million tiny tools (56 MB, three million JSON values), at every listing."""
 
 
+ODD_ENV = {"LOUD_KEY": "sk-live-0123456789abcdef"}
+"""The odd upstream's one credential: what its errors are scrubbed of."""
+ODD_ATTACKS = {"loud-errors", "own-errors"}
+
+_CALLS = r"""
+import asyncio, json, sys, time, httpx
+url, token, seconds, callers, name, arguments = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
+headers = {"Accept": "application/json, text/event-stream", "Authorization": "Bearer " + token, "Mcp-Protocol-Version": "2025-06-18"}
+async def main():
+    answered = 0
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=callers + 2)) as http:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+                "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}}
+        session = {"Mcp-Session-Id": (await http.post(url, json=init, headers=headers)).headers["mcp-session-id"]}
+        end = time.monotonic() + seconds
+        async def caller(k):
+            nonlocal answered
+            i = 0
+            while time.monotonic() < end:
+                i += 1
+                body = {"jsonrpc": "2.0", "id": k * 10**6 + i, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+                answered += (await http.post(url, json=body, headers=headers | session)).status_code == 200
+        await asyncio.gather(*(caller(k) for k in range(callers)))
+    print(answered)
+asyncio.run(main())
+"""
+
+
+async def _calls(url: str, seconds: float, callers: int, name: str, arguments: dict[str, Any]) -> str:
+    """``callers`` clients' worth of calls of ``name`` one after another for ``seconds``, from a
+    process of their own (their answers are read there): how many were answered."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _CALLS,
+        url,
+        ATTACKER,
+        str(seconds),
+        str(callers),
+        name,
+        json.dumps(arguments),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    return out.decode().strip() or "?"
+
+
+async def loud_errors(url: str, proc: Process, seconds: float) -> str:
+    """Four callers of a tool whose upstream (with a credential configured) answers each call
+    with an error of 30 MB."""
+    answered = await _calls(url, seconds, 4, "odd__loud", {"chars": 30_000_000, "data": 10})
+    return f"{answered} calls answered with a 30 MB error, 4 at once"
+
+
+async def own_errors(url: str, proc: Process, seconds: float) -> str:
+    """16 callers of a tool whose stdio upstream answers ``-32000 bad input``: how often the
+    gateway reconnected that upstream (its session was read as closed)."""
+    answered = await _calls(url, seconds, 16, "odd__refuse", {})
+    async with httpx.AsyncClient() as http:
+        upstreams = (await http.get(url.replace("/mcp", "/readyz"))).json().get("upstreams", [])
+    connections = next((u["connections"] for u in upstreams if u["name"] == "odd"), "?")
+    return f"{answered} calls answered with -32000; the upstream connected {connections} times"
+
+
 async def huge_listing(url: str, proc: Process, seconds: float) -> str:
     """The upstream ``huge`` lists a million tiny tools in one page, at its start and at each
     reconnection after its refusal: the gateway's CPU meanwhile (the bystander and the RSS as
@@ -1202,6 +1275,8 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "big-arguments": (big_arguments, 15.0, None),
     "escaped-arguments": (escaped_arguments, 15.0, None),
     "closing-brackets": (closing_brackets, 15.0, None),
+    "loud-errors": (loud_errors, 15.0, None),
+    "own-errors": (own_errors, 10.0, None),
     "slow-bodies": (slow_bodies, 10.0, None),
     "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),
