@@ -891,55 +891,65 @@ async def big_bodies(url: str, proc: Process, seconds: float) -> str:
     return f"{sent} bodies of {len(flood) / 2**20:.1f} MiB sent, {refused} refused unparsed"
 
 
-_BIG_ARGUMENTS = r"""
-import asyncio, sys, time, httpx
-url, token, seconds, callers, kind = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-escaped = kind == "escaped"
+_CALLERS = r"""
+import asyncio, json, sys, time, httpx
+url, token, seconds, callers, kind, call = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json",
            "Authorization": "Bearer " + token, "Mcp-Protocol-Version": "2025-06-18"}
-text = "[" * 200 + '\\"' * 1_750_000 if escaped else "x" * 3_500_000
+text = "[" * 200 + '\\"' * 1_750_000 if kind == "escaped" else "x" * 3_500_000
+def body(n):
+    if kind == "closing":  # no request at all: what admission reads of it is the cost
+        return "[" * 129 + "]" * 3_500_000
+    if kind == "call":  # a tool's name and arguments, as JSON
+        name, arguments = json.loads(call)
+        return json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": {"name": name, "arguments": arguments}})
+    return '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"slow__echo","arguments":{"text":"%s"}}}' % (n, text)
 async def main():
-    served = 0
-    async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=callers + 2)) as http:
+    answered = 0
+    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=callers + 2)) as http:
         init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
                 "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}}
-        session = (await http.post(url, json=init, headers=headers)).headers["mcp-session-id"]
+        session = {"Mcp-Session-Id": (await http.post(url, json=init, headers=headers)).headers["mcp-session-id"]}
         end = time.monotonic() + seconds
         async def caller(k):
-            nonlocal served
+            nonlocal answered
             i = 0
             while time.monotonic() < end:
                 i += 1
-                body = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"slow__echo","arguments":{"text":"%s"}}}' % (k * 10**6 + i, text)
-                if kind == "closing":  # no request at all: what admission reads of it is the cost
-                    body = "[" * 129 + "]" * 3_500_000
-                answer = await http.post(url, content=body, headers=headers | {"Mcp-Session-Id": session})
-                served += answer.status_code == (400 if kind == "closing" else 200)
+                answer = await http.post(url, content=body(k * 10**6 + i), headers=headers | session)
+                answered += answer.status_code == (400 if kind == "closing" else 200)
         await asyncio.gather(*(caller(k) for k in range(callers)))
-    print(served)
+    print(answered)
 asyncio.run(main())
 """
 
 
-async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
-    """16 callers of ``tools/call`` with 3.5 MB of arguments each (the echo answers them back),
-    from a process of their own: on this one's event loop the attacker's own JSON work would
-    be the bystander's wait. ``kind``: ``plain`` text, ``escaped`` quotes after 200 ``[``
-    (every read before the parse steps over each escape), or ``closing`` brackets instead of
-    a request."""
+async def _callers(url: str, seconds: float, callers: int, kind: str, call: str = "") -> str:
+    """``callers`` clients' worth of requests one after another for ``seconds``, from a process
+    of their own: on this one's event loop the attacker's own JSON work would be the
+    bystander's wait. ``kind``: ``tools/call`` of 3.5 MB arguments, ``plain`` text or
+    ``escaped`` quotes after 200 ``[`` (every read before the parse steps over each escape);
+    ``closing`` brackets instead of a request; or a ``call`` of ``[name, arguments]`` (JSON).
+    Returns how many were answered (refused, for ``closing``)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
-        _BIG_ARGUMENTS,
+        _CALLERS,
         url,
         ATTACKER,
         str(seconds),
-        "16",
+        str(callers),
         kind,
+        call,
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await child.communicate()
     return out.decode().strip() or "?"
+
+
+async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
+    """16 callers of ``tools/call`` with 3.5 MB of arguments each (the echo answers them back)."""
+    return await _callers(url, seconds, 16, kind)
 
 
 async def big_arguments(url: str, proc: Process, seconds: float) -> str:
@@ -1113,60 +1123,20 @@ ODD_ENV = {"LOUD_KEY": "sk-live-0123456789abcdef"}
 """The odd upstream's one credential: what its errors are scrubbed of."""
 ODD_ATTACKS = {"loud-errors", "own-errors"}
 
-_CALLS = r"""
-import asyncio, json, sys, time, httpx
-url, token, seconds, callers, name, arguments = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], json.loads(sys.argv[6])
-headers = {"Accept": "application/json, text/event-stream", "Authorization": "Bearer " + token, "Mcp-Protocol-Version": "2025-06-18"}
-async def main():
-    answered = 0
-    async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=callers + 2)) as http:
-        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
-                "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}}
-        session = {"Mcp-Session-Id": (await http.post(url, json=init, headers=headers)).headers["mcp-session-id"]}
-        end = time.monotonic() + seconds
-        async def caller(k):
-            nonlocal answered
-            i = 0
-            while time.monotonic() < end:
-                i += 1
-                body = {"jsonrpc": "2.0", "id": k * 10**6 + i, "method": "tools/call", "params": {"name": name, "arguments": arguments}}
-                answered += (await http.post(url, json=body, headers=headers | session)).status_code == 200
-        await asyncio.gather(*(caller(k) for k in range(callers)))
-    print(answered)
-asyncio.run(main())
-"""
-
-
-async def _calls(url: str, seconds: float, callers: int, name: str, arguments: dict[str, Any]) -> str:
-    """``callers`` clients' worth of calls of ``name`` one after another for ``seconds``, from a
-    process of their own (their answers are read there): how many were answered."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _CALLS,
-        url,
-        ATTACKER,
-        str(seconds),
-        str(callers),
-        name,
-        json.dumps(arguments),
-        stdout=asyncio.subprocess.PIPE,
-    )
-    out, _ = await child.communicate()
-    return out.decode().strip() or "?"
-
 
 async def loud_errors(url: str, proc: Process, seconds: float) -> str:
     """Four callers of a tool whose upstream (with a credential configured) answers each call
     with an error of 30 MB."""
-    answered = await _calls(url, seconds, 4, "odd__loud", {"chars": 30_000_000, "data": 10})
+    answered = await _callers(
+        url, seconds, 4, "call", json.dumps(["odd__loud", {"chars": 30_000_000, "data": 10}])
+    )
     return f"{answered} calls answered with a 30 MB error, 4 at once"
 
 
 async def own_errors(url: str, proc: Process, seconds: float) -> str:
     """16 callers of a tool whose stdio upstream answers ``-32000 bad input``: how often the
     gateway reconnected that upstream (its session was read as closed)."""
-    answered = await _calls(url, seconds, 16, "odd__refuse", {})
+    answered = await _callers(url, seconds, 16, "call", json.dumps(["odd__refuse", {}]))
     async with httpx.AsyncClient() as http:
         upstreams = (await http.get(url.replace("/mcp", "/readyz"))).json().get("upstreams", [])
     connections = next((u["connections"] for u in upstreams if u["name"] == "odd"), "?")

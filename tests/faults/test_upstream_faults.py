@@ -330,17 +330,24 @@ async def odd_upstream(transport: str) -> AsyncIterator[dict[str, Any]]:
         yield {"url": f"{base}/mcp"} | ({"protocol": "legacy"} if transport == "handshake" else {})
 
 
+@asynccontextmanager
+async def odd_gateway(transport: str) -> AsyncIterator[tuple[Faulted, Client]]:
+    """A gateway under fault over ``odd_upstream(transport)`` (as ``odd``), and a client of it."""
+    async with (
+        odd_upstream(transport) as config,
+        gateway_under_fault({"odd": config}) as faulted,
+        Client(faulted.gw.url) as client,
+    ):
+        yield faulted, client
+
+
 @pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
 async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null(
     transport: str,
 ) -> None:
     # msgspec refuses NaN; the SDK's parser (pydantic's) took it, and wrote it to the client as
     # null: a value the upstream never sent. Over the modern era's forwarding, a parse error.
-    async with (
-        odd_upstream(transport) as config,
-        gateway_under_fault({"odd": config}) as faulted,
-        Client(faulted.gw.url) as client,
-    ):
+    async with odd_gateway(transport) as (_, client):
         refused = await client.call_tool("odd__reading", {})
         served = await client.call_tool("odd__collide", {})
     assert refused.is_error
@@ -358,11 +365,7 @@ async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_ses
     # -32000 is also the code the SDK gives a closed connection: read as one, a tool's "bad
     # input" (which any client can ask for) ended a stdio session, failing every client's
     # calls on it and restarting the process; over HTTP it became "its answer ended early".
-    async with (
-        odd_upstream(transport) as config,
-        gateway_under_fault({"odd": config}) as faulted,
-        Client(faulted.gw.url) as client,
-    ):
+    async with odd_gateway(transport) as (faulted, client):
         refused = await client.call_tool("odd__refuse", {})
         served = await client.call_tool("odd__collide", {})
         upstream = faulted.gw.gateway.pool.get("odd")
