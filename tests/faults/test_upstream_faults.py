@@ -395,3 +395,18 @@ async def test_an_upstreams_megabytes_of_error_reach_its_caller_cut_and_scrubbed
     assert key not in said
     assert text_of(left_out).endswith(f"(its data, over {MAX_ERROR_DATA} characters, left out)")
     assert text_of(served) == "collide"
+
+
+async def test_an_upstreams_own_timeout_answers_are_answers_not_the_gateways_timeouts() -> None:
+    # Read as the gateway's own timeout, each -32001 answer counted against the upstream's
+    # breaker (health checks off): a client calling such a tool opened the circuit for all.
+    odd = {"command": sys.executable, "args": [str(SERVERS / "hostile_listings.py"), "good"]}
+    unchecked = odd | {"health": {"interval": None}}
+    async with gateway_under_fault({"odd": unchecked}) as faulted, Client(faulted.gw.url) as client:
+        refused = [await client.call_tool("odd__refuse", {"code": -32001}) for _ in range(10)]
+        served = await client.call_tool("odd__collide", {})
+        circuit = faulted.gw.gateway.pool.get("odd").guard.breaker
+    assert all(r.is_error and text_of(r) == "upstream 'odd': tool 'refuse': bad input" for r in refused)
+    assert text_of(served) == "collide"
+    assert circuit is not None
+    assert str(circuit.state) == "closed"

@@ -16,7 +16,7 @@ A read answers with the mode's name, so a test sees which upstream served it. In
 call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep, and
 one of ``reading`` with structured content holding ``NaN`` (as Python's ``json.dumps`` writes
 a float NaN; JSON has no such value), one of ``refuse`` with the error ``-32000 bad input`` (JSON-RPC's first server error, as
-servers answer errors of their own), and one of ``loud`` with ``{"chars": N, "data": M}`` with
+servers answer errors of their own; another code with ``{"code": N}``), and one of ``loud`` with ``{"chars": N, "data": M}`` with
 an error whose message quotes the ``LOUD_KEY`` it was started with, then runs to N characters,
 and whose data is a string of M.
 """
@@ -121,7 +121,8 @@ for line in sys.stdin.buffer:
         result = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
         send({"jsonrpc": "2.0", "id": message["id"], "result": result})
     elif message.get("method") == "tools/call" and message["params"]["name"] == "refuse":
-        send({"jsonrpc": "2.0", "id": message["id"], "error": REFUSAL})
+        code = message["params"].get("arguments", {}).get("code", REFUSAL["code"])
+        send({"jsonrpc": "2.0", "id": message["id"], "error": REFUSAL | {"code": code}})
     elif message.get("method") == "tools/call" and message["params"]["name"] == "loud":
         sizes = message["params"]["arguments"]
         said = f"refused with key {os.environ.get('LOUD_KEY', '')}: "

@@ -29,7 +29,6 @@ from agent_gateway.errors import (
     SessionGivenUp,
     UpstreamAnswered,
     UpstreamRejected,
-    UpstreamTimeout,
     UpstreamUnavailable,
     describe,
 )
@@ -81,9 +80,11 @@ def _cut_short(session: UpstreamSession, what: str, why: str) -> UpstreamRejecte
 
 
 def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Exception:
+    # The gateway's own deadlines are its cancel scopes (``UpstreamTimeout``; the SDK's read
+    # timeout is never set): a -32001 here is the upstream's answer, its own timeout's, and
+    # passes on as one. Read as the gateway's, a tool answering it (any client could ask
+    # for it) counted against the upstream's breaker, for every client.
     code = exc.error.code
-    if code == types.REQUEST_TIMEOUT:
-        return UpstreamTimeout(session.name, f"{what}: timed out upstream: {exc.error.message}")
     # -32000 is also the first server error, which upstreams answer errors of their own with:
     # a closed connection only when the transport says so (an answer cut short, marked; or,
     # over one connection, its read side ended, which sets ``lost`` before the SDK fails the
