@@ -22,8 +22,7 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   once a connection's write buffer is full, the client must read some of it within that
   time (and again within each such time while it stays full), at least
   ``min_read_rate`` bytes a second on average (or half of what waited), or the connection
-  is dropped. Without it a client that asks for large answers and
-  never reads them keeps them in memory for as long as it likes (and with them the
+  is dropped. Without it a client that asks for large answers and never reads them keeps them in memory for as long as it likes (and with them the
   process's bound on answers in flight, ``in_flight.py``, which every client shares).
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
@@ -332,7 +331,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
 class HeadWithBody(asyncio.Transport):
     """A connection's transport that holds a response's head until the response's first body
     bytes, and writes both at once. A head whose body is not written in the same turn of the
-    event loop (a stream that starts empty) goes out alone at the end of that turn."""
+    event loop (a stream that starts empty) goes out alone at the end of that turn. Nothing is
+    written once it is closing (pipelined answers wrote on after a hang-up: uvloop raised)."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         super().__init__()
@@ -340,6 +340,9 @@ class HeadWithBody(asyncio.Transport):
         self._head: bytes | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
+        if self._transport.is_closing():
+            self._head = None
+            return
         if self._head is not None:
             data, self._head = self._head + bytes(data), None
         elif data[:9] == b"HTTP/1.1 ":  # uvicorn writes a head whole, in one call

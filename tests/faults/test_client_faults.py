@@ -5,6 +5,7 @@ leaks (see ``harness``)."""
 from __future__ import annotations
 
 import json
+import socket
 import time
 from functools import partial
 from pathlib import Path
@@ -17,7 +18,8 @@ from mcp import Client
 
 from tests.faults.harness import Faulted, faulty_stdio, gateway_under_fault, text_of, wait_until
 from tests.security.test_identity import SECRET, token
-from tests.support import answer_before_the_body_ends, gateway_child
+from tests.servers import many_tools
+from tests.support import answer_before_the_body_ends, gateway_child, python_upstream, serving_upstream
 
 MODERN = "2026-07-28"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -212,6 +214,13 @@ async def test_a_modern_client_that_abandons_its_request_has_the_call_cancelled_
             assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
 
 
+ENVELOPE = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientCapabilities": {},
+    "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "1"},
+}
+"""A modern-era request's ``_meta`` envelope."""
+
 BAGGAGE = ",".join(f"k{n}=v" for n in range(3000))
 """A ``baggage`` header of 3,000 members (the W3C's bound: 180), 23 KB."""
 
@@ -257,6 +266,67 @@ async def test_requests_uvicorn_cannot_read_write_one_line_in_the_gateways_log_n
     lines = [line for line in log.read_text().splitlines() if "Invalid HTTP request received" in line]
     assert len(lines) == 1, lines
     assert "uvicorn.error" in lines[0]  # the gateway's own format names each line's logger
+
+
+def _pipelined_then_gone(port: int, request: bytes, count: int) -> None:
+    """``count`` requests sent on one connection at once; its first answer's first byte read,
+    then the connection closed with the rest unread."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(request * count)
+        sock.recv(1)
+
+
+async def test_a_client_that_pipelines_requests_and_hangs_up_writes_no_error(tmp_path: Path) -> None:
+    """uvicorn marks only the last request it parsed as disconnected: the answer being written
+    when such a client hung up went to a closed transport, which uvloop refuses: an ERROR
+    traceback of 4 KB for each such connection, as many as a client liked."""
+    log = tmp_path / "gateway.log"
+    params = {"name": "search_tools", "arguments": {"query": "create a billing report", "limit": 50}}
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params | {"_meta": ENVELOPE}}
+    )
+    head = (
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: application/json, text/event-stream\r\n"
+        "Content-Type: application/json\r\nMcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\n"
+        f"Mcp-Name: search_tools\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    config = {"upstreams": {"many": {"url": ""}}, "search": {"mode": "on"}}
+    async with serving_upstream(many_tools.build([])) as url:
+        config["upstreams"]["many"]["url"] = url
+        async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
+            idle = (await http.get(f"{base}/status")).json()["tasks"]
+            port = int(base.rsplit(":", 1)[1])
+            for _ in range(5):
+                await anyio.to_thread.run_sync(_pipelined_then_gone, port, (head + body).encode(), 100)
+            with anyio.fail_after(30):  # until every answer being written has ended
+                while (await http.get(f"{base}/status")).json()["tasks"] > idle:
+                    await anyio.sleep(0.05)
+    assert "Exception in ASGI application" not in log.read_text()
+    assert "ERROR" not in log.read_text()
+
+
+async def test_forged_request_states_write_one_line_per_ten_seconds(tmp_path: Path) -> None:
+    """The SDK writes a WARNING for each request whose ``requestState`` it cannot read: a
+    client chose how many (1,000 lines in 1.4 s)."""
+    log = tmp_path / "gateway.log"
+    params = {"name": "counter__increment", "arguments": {}, "requestState": "eyJ" + "A" * 100}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params | {"_meta": ENVELOPE}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "Mcp-Protocol-Version": "2026-07-28",
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "counter__increment",
+    }
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
+        answers = [
+            (await http.post(f"{base}/mcp", json=body, headers=headers)).status_code for _ in range(30)
+        ]
+    lines = [line for line in log.read_text().splitlines() if "requestState rejected" in line]
+    assert len(set(answers)) == 1, answers  # each refused alike
+    assert len(lines) == 1, lines
 
 
 async def test_a_clients_refusals_write_one_line_per_ten_seconds_and_another_clients_their_own(
