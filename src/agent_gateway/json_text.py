@@ -82,13 +82,19 @@ def nests_deeper(text: bytes | str, bound: int = MAX_DEPTH) -> bool:
     """Whether the JSON text ``text`` nests deeper than ``bound``, at C speed: only text with
     more opening brackets than that is looked at (text is encoded only then), and then only
     its brackets outside strings, for the deepest level they reach (``_levels``)."""
-    if isinstance(text, str):
-        if text.count("{") + text.count("[") <= bound:
-            return False
-        text = text.encode(errors="surrogatepass")
-    elif text.count(b"{") + text.count(b"[") <= bound:
+    if not opens_past(text, bound):
         return False
+    if isinstance(text, str):
+        text = text.encode(errors="surrogatepass")
     return max(_levels(_outside_strings(text, _BRACKETS)), default=0) > bound
+
+
+def opens_past(text: bytes | str, bound: int) -> bool:
+    """Whether ``text`` holds more than ``bound`` opening brackets, strings included (two
+    ``count``s): text with no more cannot nest deeper than ``bound``."""
+    if isinstance(text, str):
+        return text.count("{") + text.count("[") > bound
+    return text.count(b"{") + text.count(b"[") > bound
 
 
 def value_nests_deeper(value: Any, bound: int, values: int) -> bool | None:

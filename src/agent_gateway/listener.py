@@ -19,11 +19,11 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   and the connection is closed. The lines are counted after each read and before a request
   is served (not line by line: a call per header line cost every request about 3 µs);
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
-  once a connection's write buffer is full, the client must read some of it within that
-  time (and again within each such time while it stays full), at least
-  ``min_read_rate`` bytes a second on average (or half of what waited), or the connection
-  is dropped. Without it a client that asks for large answers and never reads them keeps them in memory for as long as it likes (and with them the
-  process's bound on answers in flight, ``in_flight.py``, which every client shares).
+  once a connection's write buffer is full, the client must read some of it within that time
+  (and again within each such time while it stays full), at least ``min_read_rate`` bytes a
+  second on average (or half of what waited), or the connection is dropped. Without it a
+  client that asks for large answers and never reads them keeps them in memory as long as
+  it likes (and with them the bound all clients share on answers in flight, ``in_flight``).
 
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,

@@ -129,9 +129,9 @@ PEER_LINES = frozenset(
         ("agent_gateway.access", POLICY_REFUSED),
         ("agent_gateway.proxy", UNSEEN_REFUSED),
         ("agent_gateway.proxy", NO_IDENTITY_REFUSED),
+        ("mcp.server.request_state", "requestState rejected on %s: %s"),
         # uvicorn's, one for each connection a client opens (through the gateway's handler:
         # uvicorn's own configuration wrote them past these filters and the JSON format).
-        ("mcp.server.request_state", "requestState rejected on %s: %s"),
         ("uvicorn.error", "Invalid HTTP request received."),
         ("uvicorn.error", "Unsupported upgrade request."),
         ("uvicorn.error", "Exceeded concurrency limit."),

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 from pydantic_core import InitErrorDetails, PydanticCustomError, from_json
 
 from agent_gateway.catalog_parts import MAX_LISTED
-from agent_gateway.json_text import json_values, nests_deeper, value_nests_deeper
+from agent_gateway.json_text import json_values, nests_deeper, opens_past, value_nests_deeper
 
 __all__ = [
     "CLIENT_SESSION_LOGGER",
@@ -194,16 +194,10 @@ def _nests_deeper(data: bytes | str, value: Any) -> bool:
     large one's values walked (a step each: next to nothing for an answer of text, where the
     counts cost 0.5 ms a MB), and past ``_WALKED`` values its bytes read (``nests_deeper``:
     counts, then a few passes over the bytes, cheaper than a walk of many small values)."""
-    if len(data) <= _LARGE and not _brackets_past(data, MAX_MESSAGE_DEPTH):
+    if len(data) <= _LARGE and not opens_past(data, MAX_MESSAGE_DEPTH):
         return False
     walked = value_nests_deeper(value, MAX_MESSAGE_DEPTH, _WALKED)
     return nests_deeper(data, MAX_MESSAGE_DEPTH) if walked is None else walked
-
-
-def _brackets_past(data: bytes | str, bound: int) -> bool:
-    if isinstance(data, str):
-        return data.count("{") + data.count("[") > bound
-    return data.count(b"{") + data.count(b"[") > bound
 
 
 _NOT_JSON_NUMBERS = (
