@@ -373,11 +373,17 @@ def test_the_sdk_http_transport_members_bounded_transport_overrides_are_what_the
         "_handle_post_request": ["ctx"],
         "_handle_reconnection": ["ctx", "last_event_id", "retry_interval_ms", "attempt"],
         "_resolve_abandoned_request": ["read_stream_writer", "request_id", "message", "code"],
+        "_handle_sse_event": ["sse", "read_stream_writer", "original_request_id", "resumption_callback"],
     }
     for name, expected in private.items():
         assert parameters(getattr(transport, name)) == expected, (
             f"mcp: {name} changed (compat/http_streams.py)"
         )
+    # Without the request's id, a message it cannot read is reported to the session, not
+    # made the request's failure; with it, only an answer's id is replaced.
+    handled = inspect.getsource(transport._handle_sse_event)  # pyright: ignore[reportPrivateUsage]
+    assert "if original_request_id is not None:" in handled
+    assert "await read_stream_writer.send(exc)" in handled
     assert assigned_in_init(transport, "_in_flight_posts")
     assert [f.name for f in dataclasses.fields(streamable_http._InFlightPost)] == ["scope", "modern"]  # pyright: ignore[reportPrivateUsage]
     assert {"session_message", "read_stream_writer"} <= {

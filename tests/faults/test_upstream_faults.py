@@ -290,31 +290,46 @@ async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_cal
 
 NAN_RESULT = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
 REFUSAL = {"code": -32000, "message": "bad input"}
+LOUD_NAN_LINE = {
+    "jsonrpc": "2.0",
+    "method": "notifications/message",
+    "params": {"level": "info", "data": float("nan")},
+}
+CHATTY_RESULT = {"content": [{"type": "text", "text": "said"}]}
+
+
+def _events(*messages: dict[str, Any]) -> bytes:
+    """``messages`` as one SSE stream, each written by Python's ``json.dumps`` (NaN and all)."""
+    return b"".join(b"event: message\ndata: " + json.dumps(m).encode() + b"\n\n" for m in messages)
 
 
 def odd_http_upstream() -> ASGIApp:
     """FastMCP over Streamable HTTP, but its tool ``reading`` answered raw with ``NaN`` in its
     structured content, as Python's ``json.dumps`` writes a float NaN (an SDK server writes
-    null), and ``refuse`` with ``-32000 bad input``; ``collide`` is FastMCP's."""
+    null), ``refuse`` with ``-32000 bad input``, and ``chatty`` with a stream whose log line
+    holds NaN before its result; ``collide`` is FastMCP's."""
     server = FastMCP("odd")
     server.tool(lambda: "collide", name="collide")
-    server.tool(lambda: "never sent", name="reading")
-    server.tool(lambda: "never sent", name="refuse")
+    for name in ("reading", "refuse", "chatty"):
+        server.tool(lambda: "never sent", name=name)
 
     async def intercept(scope: Scope, message: dict[str, object], send: Send) -> bool:
         params = message.get("params")
         name = (
             params.get("name") if message.get("method") == "tools/call" and isinstance(params, dict) else None
         )
-        if name not in ("reading", "refuse"):
+        if name not in ("reading", "refuse", "chatty"):
             return False
         answer = {"result": NAN_RESULT} if name == "reading" else {"error": REFUSAL}
         body = json.dumps({"jsonrpc": "2.0", "id": message["id"], **answer}).encode()
+        if name == "chatty":
+            body = _events(LOUD_NAN_LINE, {"jsonrpc": "2.0", "id": message["id"], "result": CHATTY_RESULT})
 
         async def nothing() -> Message:
             return {"type": "http.disconnect"}
 
-        await Response(body, media_type="application/json")(scope, nothing, send)
+        kind = "text/event-stream" if name == "chatty" else "application/json"
+        await Response(body, media_type=kind)(scope, nothing, send)
         return True
 
     return intercepted(server, intercept)
@@ -356,6 +371,18 @@ async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client
         refused
     )
     assert text_of(served) == "collide"
+
+
+@pytest.mark.parametrize("transport", ["modern", "handshake"])
+async def test_an_unreadable_log_line_on_a_calls_stream_is_dropped_and_the_call_answered(
+    transport: str,
+) -> None:
+    # As over stdio, where such a line is dropped: before, over the modern era's forwarding,
+    # the line failed the call it came with.
+    async with odd_gateway(transport) as (_, client):
+        answered = await client.call_tool("odd__chatty", {})
+    assert not answered.is_error, text_of(answered)
+    assert text_of(answered) == "said"
 
 
 @pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])

@@ -18,14 +18,19 @@ bounded (verified against mcp 2.3.0; ``tests/test_compat.py`` checks each member
   error, the one upstreams answer their own errors with: read as a closed connection, an
   upstream's ``-32000 bad input`` failed the call as cut short, and over stdio ended the
   session for every client.
+- **A notification it cannot read on a request's stream is dropped**, as over stdio, not
+  made the request's failure: the SDK fails the request on any message of its stream it
+  cannot parse, since that one may have been the answer. A message whose first member (after
+  ``jsonrpc``) is its ``method`` is no answer; any other still fails the request.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -60,6 +65,15 @@ def cut_short(message: str) -> ErrorData:
     """The error of a request whose answer ended before it came, marked as the transport's
     own: not an upstream's answer with the same code (see above)."""
     return ErrorData(code=CONNECTION_CLOSED, message=message, data={_CUT_SHORT: True})
+
+
+_NOTIFICATION_HEAD = re.compile(r'\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"method"\s*:')
+
+
+def names_its_method_first(data: str) -> bool:
+    """Whether the JSON-RPC message ``data`` is told by its first members to be no answer
+    (its ``method`` comes before any ``id``, ``result`` or ``error``), read or not."""
+    return _NOTIFICATION_HEAD.match(data) is not None
 
 
 def is_cut_short(error: ErrorData) -> bool:
@@ -102,6 +116,22 @@ class BoundedTransport(StreamableHTTPTransport):
         if post is not None:
             logger.debug("aborting the POST of cancelled request %r", request_id)
             post.scope.cancel()
+
+    async def _handle_sse_event(
+        self,
+        sse: httpx2.ServerSentEvent,
+        read_stream_writer: StreamWriter,
+        original_request_id: RequestId | None = None,
+        resumption_callback: Callable[[str], Awaitable[None]] | None = None,
+    ) -> bool:
+        """As the SDK's, but a message that names its method first is handled as one on the
+        session's own stream, where one it cannot read is reported to the session, which
+        reads on (the request's id is used only to fail the request, or for its answer)."""
+        if original_request_id is not None and sse.event == "message" and names_its_method_first(sse.data):
+            original_request_id = None
+        return await super()._handle_sse_event(
+            sse, read_stream_writer, original_request_id, resumption_callback
+        )
 
     async def _resolve_abandoned_request(
         self,

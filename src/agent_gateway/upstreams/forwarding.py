@@ -45,7 +45,7 @@ from mcp_types import methods as mcp_methods
 from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
-from agent_gateway.compat.http_streams import cut_short
+from agent_gateway.compat.http_streams import cut_short, names_its_method_first
 from agent_gateway.compat.mcp import (
     Unreadable,
     call_in_rounds,
@@ -70,6 +70,7 @@ OnLog = Callable[[types.LoggingMessageNotificationParams], Awaitable[None]]
 Sinks = tuple[OnLog, Callable[[Any], Awaitable[None]]]
 """Where the session sends an upstream's notifications: its logging callback, its message handler."""
 
+_DROPPED = "upstream session %s: a notification on a forwarded call's stream dropped: %s"
 _ids = itertools.count(1)
 _encode = msgspec.json.Encoder().encode
 _ACCEPT = "application/json, text/event-stream"
@@ -274,7 +275,15 @@ class Forwarder:
             async for event in httpx2.EventSource(response, max_event_size=self._max_event):
                 if event.event != "message" or not event.data:
                     continue  # a priming event (an id only): nothing to resume in this era
-                message = _message(event.data, "SSE message")
+                try:
+                    message = _message(event.data, "SSE message")
+                except MCPError as exc:
+                    if not names_its_method_first(event.data):  # maybe the answer: the call fails
+                        raise
+                    await self._pace.take_report()
+                    label = self._pace.label
+                    logger.warning(_DROPPED, label, exc.error.message, extra={"peer": label})
+                    continue
                 if message.get("id") == request_id and ("result" in message or "error" in message):
                     return message
                 await self._pace.take_report()

@@ -45,6 +45,11 @@ class Pace:
         self._asked: set[types.RequestId] = set()
         """The ids of the upstream's requests whose answers are not yet sent."""
 
+    @property
+    def label(self) -> str:
+        """The session's, as its log lines name it."""
+        return self._label
+
     def counts(self, item: SessionMessage | Exception) -> bool:
         """Whether ``item`` is one the upstream sent unasked (a notification or a request)."""
         return isinstance(item, SessionMessage) and isinstance(
