@@ -31,6 +31,15 @@ AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 BOUND = 30.0
 
 
+LAUGHS = (
+    "a0: &a0 ["
+    + ", ".join(["x"] * 10)
+    + "]\n"
+    + "".join(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]\n" for n in range(1, 7))
+)
+"""A few hundred bytes of YAML whose aliases expand to ten million values."""
+
+
 def counter(**extra: Any) -> dict[str, Any]:
     return python_upstream("counter.py", **extra)
 
@@ -110,15 +119,30 @@ async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_
     [
         ("upstreams:\n  keep: {command: x}\n  keep: {command: y}\n", "line 3: duplicate key 'keep'"),
         ("upstreams:\n  keep: {command: x, timout: 3}\n", "upstreams.keep.timout: unknown key 'timout'"),
+        # Each of these ended the gateway (its reload's exception left the serving task group).
+        ("upstreams:\n  keep: {command: caf\xe9}\n".encode("latin-1"), "not UTF-8 text (byte 32"),
+        ("x: &a [*a]\n", "nests deeper than 64 levels (an alias that holds itself?)"),
+        ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nests too deeply to read"),
+        ("x: " + "9" * 5000 + "\n", "holds a value that cannot be read: Exceeds the limit (4300 digits)"),
+        (LAUGHS, "holds more than 100,000 values once its YAML aliases are expanded"),
+    ],
+    ids=[
+        "repeated-key",
+        "unknown-key",
+        "latin-1",
+        "alias-of-itself",
+        "3000-levels",
+        "5000-digits",
+        "aliases",
     ],
 )
 async def test_a_bad_new_config_is_refused_in_one_line_and_the_running_one_kept(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str, reason: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, text: str | bytes, reason: str
 ) -> None:
     path = write(tmp_path / "g.yaml", {"keep": counter()})
     async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
         pid = text_of(await client.call_tool("keep__pid", {}))
-        path.write_text(text, encoding="utf-8")
+        path.write_bytes(text if isinstance(text, bytes) else text.encode())
         assert await reloader.reload() is None
         assert text_of(await client.call_tool("keep__pid", {})) == pid
     [refused] = [r for r in caplog.records if r.getMessage().startswith("reload refused")]

@@ -75,6 +75,10 @@ def _read(path: Path) -> object:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
+        ) from None
     return parse_text(path, text)
 
 

@@ -8,6 +8,13 @@ still takes ``yes``/``on``: pydantic reads those words as true).
 PyYAML and ``json`` both let a repeated key silently replace the first; in a gateway config
 that hides an upstream or a setting, so a repeated key is an error naming both lines. An empty
 file and a syntax error name the file and the line too, on one line.
+
+What is read is bounded, since a reload reads it on the event loop every client is served
+from: at most ``MAX_VALUES`` values once YAML's aliases are expanded (a 364-byte file of
+nested aliases expands to millions, and interpolating them held the loop for seconds), at
+most ``MAX_DEPTH`` levels (an alias that holds itself nests without end). Text nested too
+deeply to parse, or an integer of thousands of digits, is a ``ConfigError`` as any other
+problem: each ended the gateway at a reload.
 """
 
 from __future__ import annotations
@@ -22,7 +29,12 @@ import yaml
 from yaml.nodes import MappingNode
 
 from agent_gateway.errors import ConfigError
+from agent_gateway.logs import clipped
 
+MAX_VALUES = 100_000
+"""Values one configuration may hold, its aliases expanded (a large one holds a few thousand)."""
+MAX_DEPTH = 64
+"""Levels one configuration may nest (a large one nests under ten)."""
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _BOOL_TAG = "tag:yaml.org,2002:bool"
 
@@ -65,8 +77,17 @@ def parse_text(path: Path, text: str) -> object:
         ConfigError: the text is empty, not valid, or repeats a key; the message names
             ``path`` and the line.
     """
-    if path.suffix == ".json":
-        return _json(path, text)
+    try:
+        data = _json(path, text) if path.suffix == ".json" else _yaml(path, text)
+    except RecursionError:
+        raise ConfigError(f"{path}: nests too deeply to read (hundreds of levels)") from None
+    except ValueError as exc:  # an integer of thousands of digits, say
+        raise ConfigError(f"{path}: holds a value that cannot be read: {clipped(str(exc))}") from None
+    _check_size(path, data)
+    return data
+
+
+def _yaml(path: Path, text: str) -> object:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
     except _DuplicateKey as exc:
@@ -76,6 +97,27 @@ def parse_text(path: Path, text: str) -> object:
     if data is None:
         raise ConfigError(f"{path}: line 1: the file is empty (expected a mapping: server:, upstreams:, …)")
     return data
+
+
+def _check_size(path: Path, data: object) -> None:
+    """Raises ``ConfigError`` when ``data`` holds more than ``MAX_VALUES`` values (aliases
+    expanded) or nests deeper than ``MAX_DEPTH`` levels; walked without recursion, and
+    never past either bound."""
+    pending: list[tuple[object, int]] = [(data, 1)]
+    values = 0
+    while pending:
+        value, depth = pending.pop()
+        values += 1
+        if values > MAX_VALUES:
+            raise ConfigError(
+                f"{path}: holds more than {MAX_VALUES:,} values once its YAML aliases are expanded"
+            )
+        if depth > MAX_DEPTH:
+            raise ConfigError(f"{path}: nests deeper than {MAX_DEPTH} levels (an alias that holds itself?)")
+        if isinstance(value, dict):
+            pending.extend((item, depth + 1) for item in value.values())  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
+        elif isinstance(value, list):
+            pending.extend((item, depth + 1) for item in value)  # pyright: ignore[reportUnknownVariableType, reportUnknownArgumentType]
 
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:

@@ -130,6 +130,9 @@ class Reloader:
             except ConfigError as exc:
                 logger.error("reload refused, the running configuration is kept: %s", exc)
                 return None
+            except Exception:  # a reload never ends the gateway: it serves on as it was
+                logger.exception("reload failed, the running configuration is kept")
+                return None
             logger.info("reloaded %s: %s", self._source, found.describe())
             if found.needs_restart:
                 logger.warning(
