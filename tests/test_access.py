@@ -127,6 +127,15 @@ def test_auth_configuration_problems_name_the_field() -> None:
         config_of(
             {"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "RS256", "audience": "a"}}}
         )
+    with pytest.raises(
+        ConfigError, match=r"auth\.jwt\.algorithm: .*'RS256'"
+    ):  # check said valid, serve failed
+        config_of(
+            {"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "RS257", "audience": "a"}}}
+        )
+    jwks = {"jwks_url": "https://idp.test/jwks", "issuer": "https://idp.test", "audience": "a"}
+    with pytest.raises(ConfigError, match=r"keys from a jwks_url need a public-key algorithm, not 'HS256'"):
+        config_of({"auth": {"mode": "jwt", "jwt": jwks | {"algorithm": "HS256"}}})
     with pytest.raises(ConfigError, match=r"set 'audience'"):
         config_of({"auth": {"mode": "jwt", "jwt": {"secret": "s" * 32, "algorithm": "HS256"}}})
     with pytest.raises(ConfigError, match=r"set 'issuer'"):

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import time
 from typing import Any
 
 from fastmcp.server.auth import AccessToken, AuthProvider, JWTVerifier, RemoteAuthProvider, TokenVerifier
 
 from agent_gateway.config import AuthConfig
-
-logger = logging.getLogger("agent_gateway.access")
+from agent_gateway.refusals import refused
 
 
 class StaticAccessToken(AccessToken):
@@ -58,12 +56,16 @@ class ClaimedJWTVerifier(JWTVerifier):
         self._leeway = leeway
 
     async def load_access_token(self, token: str) -> AccessToken | None:
-        verified = await super().load_access_token(token)
+        try:
+            verified = await super().load_access_token(token)
+        except RecursionError:  # FastMCP reads the header before any check: a 2.7 KB token did it
+            refused("token", "bearer token refused: %s", "its header nests too deeply to read")
+            return None
         if verified is None:
             return None
         claims: dict[str, Any] = dict(verified.claims or {})
         if (problem := self._claims_problem(claims)) is not None:
-            logger.info("bearer token refused: %s", problem)
+            refused("token", "bearer token refused: %s", problem)
             return None
         subject = str(claims[self._subject_claim])
         return verified.model_copy(update={"subject": subject, "client_id": subject})

@@ -70,7 +70,24 @@ class JwtConfig(_Strict):
 
     jwks_url: str | None = Field(default=None, pattern=r"^https?://")
     secret: str | None = Field(default=None, min_length=32, repr=False)
-    algorithm: str = "RS256"
+    algorithm: Literal[
+        "RS256",
+        "RS384",
+        "RS512",
+        "PS256",
+        "PS384",
+        "PS512",
+        "ES256",
+        "ES384",
+        "ES512",
+        "EdDSA",
+        "Ed25519",
+        "Ed448",
+        "HS256",
+        "HS384",
+        "HS512",
+    ] = "RS256"
+    """What FastMCP's verifier accepts (``check`` said any other was valid, ``serve`` then failed)."""
     issuer: str | None = None
     audience: str | None = None
     subject_claim: str = Field(default="sub", min_length=1)
@@ -86,6 +103,8 @@ class JwtConfig(_Strict):
             raise ValueError("set exactly one of 'jwks_url' or 'secret'")
         if self.secret is not None and not self.algorithm.startswith("HS"):
             raise ValueError(f"a shared secret needs an HS* algorithm, not {self.algorithm!r}")
+        if self.jwks_url is not None and self.algorithm.startswith("HS"):
+            raise ValueError(f"keys from a jwks_url need a public-key algorithm, not {self.algorithm!r}")
         # Without them any token the key signs is accepted, minted for whichever application.
         if self.audience is None:
             raise ValueError("set 'audience' (this gateway's name in the tokens' aud claim)")

@@ -49,9 +49,16 @@ GEN0_THRESHOLD = 50_000
 GEN1_THRESHOLD = 10
 GEN2_THRESHOLD = 10
 
-CHATTY_LOGGERS = ("httpx", "httpx2", "httpcore", "httpcore2", "fastmcp.server.auth.middleware")
+CHATTY_LOGGERS = (
+    "httpx",
+    "httpx2",
+    "httpcore",
+    "httpcore2",
+    "fastmcp.server.auth.middleware",
+    "fastmcp.server.auth.providers.jwt",
+)
 """Libraries that log every HTTP request at INFO: one line per upstream call (FastMCP's auth:
-one per request refused 401, which a client sends as fast as it likes)."""
+one per request refused 401, and one per expired JWT, which a client sends as fast as it likes)."""
 
 logger = logging.getLogger(__name__)
 

@@ -4,6 +4,7 @@ leaks (see ``harness``)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import time
@@ -417,3 +418,39 @@ async def test_requests_refused_401_write_no_line_each_and_fastmcps_lines_are_th
     ][:3]
     assert 1 <= len(mismatched) <= 2  # one a 10 s window: the client chose how many
     assert all(len(line) < 5_000 for line in mismatched)
+
+
+def _deep_header_token(levels: int) -> str:
+    """A token whose header nests ``levels`` deep: FastMCP parses it before any check."""
+    header = b'{"alg":"HS256","typ":"JWT","x":' + b"[" * levels + b"]" * levels + b"}"
+    encoded = base64.urlsafe_b64encode(header).rstrip(b"=").decode()
+    return f"{encoded}.{token(sub='bot').split('.', 1)[1]}"
+
+
+async def test_expired_and_unreadable_tokens_are_refused_401_in_one_line_per_ten_seconds(
+    tmp_path: Path,
+) -> None:
+    # An expired token wrote FastMCP's INFO line, one without exp the gateway's own, per request
+    # (5,842 lines in 5 s); a header nested 1,000 deep was a 500 and an ERROR traceback each.
+    log = tmp_path / "gateway.log"
+    auth = {"mode": "jwt", "jwt": {"secret": SECRET, "algorithm": "HS256", "audience": "gw"}}
+    config = {"upstreams": {}, "auth": auth}
+    tokens = {
+        "expired": token(sub="bot", exp=int(time.time()) - 600),
+        "no exp claim": token(sub="bot", exp=None),
+        "nests too deeply": _deep_header_token(1000),
+    }
+    statuses: list[int] = []
+    async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
+        for signed in tokens.values():
+            headers = HEADERS | {"Authorization": f"Bearer {signed}"}
+            for n in range(30):
+                ping = {"jsonrpc": "2.0", "id": n, "method": "ping"}
+                statuses.append((await http.post(f"{base}/mcp", json=ping, headers=headers)).status_code)
+    text = log.read_text()
+    assert set(statuses) == {401}, statuses
+    assert "ERROR" not in text
+    assert "Traceback" not in text
+    assert "token expired" not in text  # FastMCP's INFO line: at DEBUG only, as its others
+    refused = [line for line in text.splitlines() if "bearer token refused" in line]
+    assert len(refused) in (1, 2), refused  # 2: the requests took past a 10 s window
