@@ -6,7 +6,6 @@ Its errors are translated where every call's are: ``UpstreamSession.translated``
 from __future__ import annotations
 
 import logging
-import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe
 from agent_gateway.logs import redacted_url, scrubbed
 from agent_gateway.telemetry import health_failures, reconnects
+from agent_gateway.upstreams.backoff import Backoff
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import UpdateSink, connected, unanswered
 from agent_gateway.upstreams.replies import Broadcast
@@ -85,23 +85,6 @@ ChangeCallback = Callable[[str], Awaitable[None]]
 """Told the name of an upstream that said its lists changed."""
 
 
-@dataclass(slots=True)
-class Backoff:
-    """Exponential backoff with full jitter, reset after a good connection."""
-
-    initial: float = 0.5
-    maximum: float = 30.0
-    attempt: int = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self.maximum, self.initial * 2**self.attempt)
-        self.attempt += 1
-        return random.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
 class Upstream:
     """The life of one upstream's shared connection: connect, list, watch, reconnect."""
 
@@ -142,7 +125,7 @@ class Upstream:
     async def run(self) -> None:
         """Connect, serve, and reconnect with backoff until cancelled."""
         while True:
-            was_up = False
+            was_up, began = False, time.monotonic()
             try:
                 await self._connect_and_serve()
             except Exception as exc:  # top of this upstream's life: record, log, retry
@@ -150,6 +133,8 @@ class Upstream:
             finally:
                 self._session = None
                 self.settled.set()
+            if was_up:
+                self._backoff.held(time.monotonic() - began)
             if was_up and self._on_down is not None and self.config.failure_mode == "hide":
                 await self._on_down(self.name)
             await anyio.sleep(self._backoff.next_delay())
@@ -206,7 +191,6 @@ class Upstream:
         self.up_since = time.time()
         self.down_since = None
         self.last_error = None
-        self._backoff.reset()
         # The breaker is not reset here: an upstream that dies on every call reconnects each
         # time, and only the breaker's memory across connections stops that loop.
         logger.info(
