@@ -123,12 +123,15 @@ peer chooses how many."""
 POLICY_REFUSED = "client %s refused %s %r (policy %s)"
 UNSEEN_REFUSED = "client %s refused %s %r (answered as unknown)"
 NO_IDENTITY_REFUSED = "refused %s %r: the request carries no identity"
+QUESTION_REFUSED = "%s from %s for session %s refused: %s"
+"""An upstream's question its caller cannot take: the upstream chooses how many."""
 PEER_LINES = frozenset(
     {
         ("mcp.server.runner", "dropped %r: malformed params"),
         ("agent_gateway.access", POLICY_REFUSED),
         ("agent_gateway.proxy", UNSEEN_REFUSED),
         ("agent_gateway.proxy", NO_IDENTITY_REFUSED),
+        ("agent_gateway.downstream.caller", QUESTION_REFUSED),
         ("mcp.server.request_state", "requestState rejected on %s: %s"),
         # uvicorn's, one for each connection a client opens (through the gateway's handler:
         # uvicorn's own configuration wrote them past these filters and the JSON format).

@@ -454,3 +454,20 @@ async def test_expired_and_unreadable_tokens_are_refused_401_in_one_line_per_ten
     assert "token expired" not in text  # FastMCP's INFO line: at DEBUG only, as its others
     refused = [line for line in text.splitlines() if "bearer token refused" in line]
     assert len(refused) in (1, 2), refused  # 2: the requests took past a 10 s window
+
+
+async def test_an_upstreams_questions_its_caller_cannot_take_are_refused_in_one_line_per_ten_seconds(
+    tmp_path: Path,
+) -> None:
+    # Each question to a client that cannot take it (no elicitation, here) was refused with a
+    # WARNING of its own: the upstream chose how many (2,700 lines in 6 s).
+    log = tmp_path / "gateway.log"
+    config = {"upstreams": {"faulty": python_upstream("faulty.py", protocol="legacy")}}  # asks by request
+    async with (
+        gateway_child(config, tmp_path, log) as (base, _),
+        Client(f"{base}/mcp", mode="legacy") as client,
+    ):
+        asked = await client.call_tool("faulty__asks", {"count": 40})
+    assert text_of(asked) == "40"
+    lines = [line for line in log.read_text().splitlines() if "elicitation/create from faulty" in line]
+    assert len(lines) in (1, 2), lines  # 2: the questions took past a 10 s window

@@ -38,6 +38,18 @@ def request_id(ctx: Context) -> int:
 
 
 @server.tool
+async def asks(ctx: Context, count: int) -> int:
+    """Ask the caller ``count`` questions, one after another: how many were refused."""
+    refused = 0
+    for _ in range(count):
+        try:
+            await ctx.elicit("go on?", response_type=str)
+        except Exception:  # the refusal, as the SDK raises it
+            refused += 1
+    return refused
+
+
+@server.tool
 def pid() -> int:
     """This server's process id."""
     return os.getpid()

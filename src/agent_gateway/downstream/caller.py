@@ -20,6 +20,7 @@ from mcp.shared.message import ServerMessageMetadata
 from agent_gateway.access import Principal
 from agent_gateway.downstream.input_requests import elicits_by_url, refusal, result_type
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, relabelled, wanted
+from agent_gateway.logs import QUESTION_REFUSED
 from agent_gateway.runtime import SEND_TIMEOUT
 
 logger = logging.getLogger(__name__)
@@ -127,11 +128,12 @@ class Caller:
     async def ask(self, upstream: str, request: types.InputRequest) -> types.InputResponse | types.ErrorData:
         if (refused := refusal(self.session.modern, self.session.capabilities, request)) is not None:
             logger.warning(
-                "%s from %s for session %s refused: %s",
+                QUESTION_REFUSED,
                 request.method,
                 upstream,
                 self.session_id,
                 refused.message,
+                extra={"peer": upstream},
             )
             return refused
         logger.info("relaying %s from %s to session %s", request.method, upstream, self.session_id)
