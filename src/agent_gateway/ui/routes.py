@@ -14,6 +14,9 @@ from agent_gateway.server import Gateway
 from agent_gateway.ui.page import StatusPage
 
 Endpoint = Callable[[Request], Awaitable[Response]]
+MAX_QUERY = 1024
+"""Bytes of a query string the page reads (its own: ``part=live&catalog=N``). Parsed whole,
+16,000 parameters took 9.5 ms of the event loop a request, from anyone the page lets in."""
 
 
 def status_page(
@@ -29,6 +32,8 @@ def status_page(
         if not authorized(request):
             status, reason = refusal(request)
             return HTMLResponse(f"<h1>{status}: {html.escape(reason)}</h1>", status_code=status)
+        if len(request.scope["query_string"]) > MAX_QUERY:
+            return HTMLResponse(f"<h1>414: a query string over {MAX_QUERY} bytes</h1>", status_code=414)
         if request.query_params.get("part") == "live":
             return _html(rendered.live(request.query_params.get("catalog")), nonce=None)
         nonce = secrets.token_urlsafe(16)
