@@ -222,3 +222,11 @@ def test_the_agent_cannot_take_a_search_tools_name(tmp_path: Path, name: str) ->
         ConfigError, match=f"agent.name: '{name}' is the name of one of the gateway's search tools"
     ):
         load_config(write(tmp_path, "g.yaml", f"agent:\n  name: {name}\n"), {})
+
+
+@pytest.mark.parametrize("target", ['""', "x" * 65, "'a b'"])
+def test_a_rename_target_must_be_a_tool_name(tmp_path: Path, target: str) -> None:
+    """An empty one published ``a__``; one of 10,000 characters, a name no client takes."""
+    text = f"upstreams:\n  a: {{command: echo, rename: {{sleep: {target}}}}}\n"
+    with pytest.raises(ConfigError, match=r"upstreams\.a\.rename\.sleep: .*\^\[A-Za-z0-9_-\]\{1,64\}\$"):
+        load_config(write(tmp_path, "g.yaml", text), {})

@@ -82,7 +82,8 @@ class UpstreamConfig(_Strict):
     prefix: bool = True
     include: tuple[str, ...] = ("*",)
     exclude: tuple[str, ...] = ()
-    rename: dict[str, str] = Field(default_factory=dict)
+    rename: dict[str, Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]] = Field(default_factory=dict)
+    """A tool's name as listed (before its prefix): a public name's characters, 1-64 of them."""
     session: Literal["shared", "per_client"] = "shared"
     """``shared``: one multiplexed upstream session; ``per_client``: one per downstream session."""
     max_sessions: int = Field(default=32, ge=1, le=10_000)
