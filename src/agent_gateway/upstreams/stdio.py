@@ -17,11 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import re
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import TextIO
 
 import anyio
 import anyio.lowlevel
@@ -40,6 +40,7 @@ from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.upstreams.stderr import StderrLines
 
 logger = logging.getLogger(__name__)
 
@@ -51,11 +52,15 @@ _POLL = 0.02
 
 @asynccontextmanager
 async def stdio_transport(
-    params: StdioServerParameters, max_message_bytes: int = 2**31, label: str = "stdio"
+    params: StdioServerParameters,
+    max_message_bytes: int = 2**31,
+    label: str = "stdio",
+    secrets: tuple[str, ...] = (),
 ) -> AsyncIterator[TransportStreams]:
     """Spawn ``params``' server and talk to it over its stdin/stdout; leaving the context
     stops the whole process group (shielded, every wait bounded). ``label`` names the
-    upstream session in the warnings about what it writes."""
+    upstream session in the warnings about what it writes, and in its stderr's lines, which
+    are logged without ``secrets`` (``upstreams/stderr.py``)."""
     if sys.platform == "win32":  # pragma: no cover
         async with stdio_client(params) as streams:
             yield streams
@@ -67,6 +72,8 @@ async def stdio_transport(
     async with anyio.create_task_group() as tg:
         tg.start_soon(_read, process, incoming_in, max_message_bytes, label)
         tg.start_soon(_write, process, outgoing_out, incoming_in, written)
+        assert process.stderr is not None
+        tg.start_soon(StderrLines(label, secrets).pass_on, process.stderr)
         try:
             yield incoming, outgoing
         finally:
@@ -87,7 +94,7 @@ async def _spawned(params: StdioServerParameters) -> Process:
     spawning = anyio.open_process(
         [params.command, *params.args],
         env=get_default_environment() | (params.env or {}),
-        stderr=_stderr(),
+        stderr=subprocess.PIPE,
         cwd=params.cwd,
         start_new_session=True,
     )
@@ -96,19 +103,6 @@ async def _spawned(params: StdioServerParameters) -> Process:
         process = await spawning
     assert process is not None  # a shielded scope is never cancelled
     return process
-
-
-def _stderr() -> TextIO | None:
-    """Where the child's stderr goes: ours, or the process's own when ours has no file
-    descriptor (replaced by a capturing object, as under pytest)."""
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            if stream is not None:
-                stream.fileno()
-                return stream
-        except (OSError, ValueError):  # io.UnsupportedOperation is both
-            continue
-    return None
 
 
 async def _read(

@@ -32,6 +32,7 @@ from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, ssl_context
 from agent_gateway.upstreams.pace import Pace
 from agent_gateway.upstreams.stdio import stdio_transport
+from agent_gateway.upstreams.translation import secrets_of
 from agent_gateway.upstreams.websocket import websocket_client
 
 
@@ -186,7 +187,9 @@ async def open_transport(
             params = StdioServerParameters(
                 command=config.command, args=list(config.args), env=environment, cwd=config.cwd
             )
-            transport: Transport = stdio_transport(params, config.max_message_bytes, label)
+            transport: Transport = stdio_transport(
+                params, config.max_message_bytes, label, secrets_of(config)
+            )
         else:
             assert config.url is not None
             if kind == "sse":
