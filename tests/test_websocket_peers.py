@@ -163,3 +163,24 @@ async def test_pongs_an_upstream_does_not_read_end_its_connection_past_the_bound
                     await read_stream.receive()
     closed = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.upstreams.websocket"]
     assert any("over 65536 bytes of pongs unread" in line for line in closed), closed
+
+
+# -- frames the gateway does not read -------------------------------------------------------
+
+
+async def test_a_text_frame_that_is_not_utf8_fails_the_call_it_answers_at_once() -> None:
+    async def garbling(ws: ServerConnection) -> None:
+        call = await served_until(ws, "tools/call")
+        text = json.dumps(answer(call)).encode()
+        await ws.send(text.replace(b'"result": {}', b'"result": {"x": "\xff"}'), text=True)
+        await ws.wait_closed()
+
+    async with (
+        raw_upstream(garbling) as url,
+        running_gateway({"upstreams": {"raw": {**legacy(url), "timeout": 60}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        with anyio.fail_after(BOUND):  # well inside the call's own 60 s
+            result = await client.call_tool("raw__echo", {})
+    assert result.is_error
+    assert "UTF-8" in text_of(result)

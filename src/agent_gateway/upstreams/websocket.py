@@ -143,11 +143,26 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
     except Unreadable as exc:
         return unread(frame, str(exc), label)
     except ValueError as exc:
+        if not _utf8(frame):  # answered at once, as an unreadable stdio line is
+            return unread(frame, NOT_UTF8, label)
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
     finally:
         IN_FLIGHT.give(size)
     return SessionMessage(message)
+
+
+NOT_UTF8 = "the upstream's message is not valid UTF-8, as a WebSocket text frame must be"
+
+
+def _utf8(frame: bytes) -> bool:
+    """Whether ``frame`` is UTF-8 (asked only of a frame that failed to parse). The library
+    does not check: frames are read as bytes, undecoded (``recv(decode=False)``)."""
+    try:
+        frame.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _write_frames(
