@@ -9,6 +9,7 @@ driven directly or through a running gateway with a bystander upstream beside it
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
+from mcp.shared.message import SessionMessage
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.protocol import State
 from websockets.typing import Subprotocol
@@ -184,3 +186,21 @@ async def test_a_text_frame_that_is_not_utf8_fails_the_call_it_answers_at_once()
             result = await client.call_tool("raw__echo", {})
     assert result.is_error
     assert "UTF-8" in text_of(result)
+
+
+async def test_a_websocket_message_the_gateway_refuses_is_logged_under_the_websocket_transport(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def sending_nan(ws: ServerConnection) -> None:
+        await ws.send('{"jsonrpc": "2.0", "id": 1, "result": {"x": NaN}}')
+        await ws.wait_closed()
+
+    caplog.set_level(logging.WARNING)
+    async with raw_upstream(sending_nan) as url:
+        with anyio.fail_after(BOUND):
+            async with websocket_client(url, {}, label="raw") as (read_stream, _):
+                refused = await read_stream.receive()
+    assert isinstance(refused, SessionMessage)
+    assert isinstance(refused.message, types.JSONRPCError)  # its call fails at once
+    names = {r.name for r in caplog.records if "NaN" in r.getMessage()}
+    assert names == {"agent_gateway.upstreams.websocket"}

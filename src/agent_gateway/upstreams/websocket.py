@@ -137,14 +137,14 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
     request). Parsed as stdio lines are (msgspec, then pydantic: a quarter of the memory)."""
     size = len(frame)
     if not IN_FLIGHT.take(size):
-        return refusal(Oversized.held_back(frame), limit, label)
+        return refusal(Oversized.held_back(frame), limit, label, logger)
     try:
         message = parse_message(frame)
     except Unreadable as exc:
-        return unread(frame, str(exc), label)
+        return unread(frame, str(exc), label, logger)
     except ValueError as exc:
         if not _utf8(frame):  # answered at once, as an unreadable stdio line is
-            return unread(frame, NOT_UTF8, label)
+            return unread(frame, NOT_UTF8, label, logger)
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
     finally:
