@@ -914,3 +914,27 @@ def test_the_sdk_client_session_warns_of_malformed_notifications_on_its_own_logg
     source = inspect.getsource(mcp.client.session)
     assert "logger = logging.getLogger(" in source
     assert 'logger.warning("Failed to validate notification: %s", method, exc_info=True)' in source
+
+
+def test_websockets_answers_pings_in_the_protocols_recv_frame_which_each_parsed_frame_goes_through() -> None:
+    # compat.websockets checks each ping before answering it by replacing the protocol's
+    # recv_frame on the instance: the parser must still call it through self for every frame,
+    # recv_frame must still be where a ping's pong is queued, and fail() must still swap the
+    # parser for one that discards the rest of the read (what stops a flood's parsing).
+    from websockets.asyncio.client import ClientConnection, connect
+    from websockets.asyncio.connection import Connection
+    from websockets.protocol import Protocol
+
+    assert "self.recv_frame(frame)" in inspect.getsource(Protocol.parse)
+    receiving = inspect.getsource(Protocol.recv_frame)
+    assert "opcode is PING" in receiving
+    assert "Frame(PONG, frame.data)" in receiving
+    assert "self.parser = self.discard()" in inspect.getsource(Protocol.fail)
+    assert "create_connection" in inspect.signature(connect).parameters
+    assert "create_connection(\n                protocol," in inspect.getsource(connect.__init__)
+    for member in ("connection_lost", "data_received"):
+        assert callable(getattr(ClientConnection, member, None)), f"websockets: Connection.{member} is gone"
+    assert "self.transport = transport" in inspect.getsource(Connection.connection_made)
+    made = inspect.getsource(Connection.__init__)
+    assert "self.loop = " in made
+    assert "self.close_timeout = close_timeout" in made

@@ -12,6 +12,7 @@ compatible releases in ``pyproject.toml``:
   session idle the longest, ended to make room for its next);
 - ``fastmcp`` 4.1.2 (``fastmcp.py``);
 - ``httpx2`` 2.16 (``httpx2.py``);
+- ``websockets`` 17.4 (``websockets.py``);
 - ``langchain-anthropic`` 1.7 (``langchain.py``);
 - ``langgraph`` 1.2 with ``langgraph-checkpoint`` 4.3 and ``langgraph-checkpoint-sqlite``
   3.1 (``langgraph.py``).

@@ -235,27 +235,34 @@ def request_id_of(head: bytes, tail: bytes) -> types.RequestId | None:
     return value if isinstance(value, int | str) else None
 
 
-def refusal(line: Oversized, limit: int, label: str) -> SessionMessage | Exception:
+def refusal(
+    line: Oversized, limit: int, label: str, log: logging.Logger = logger
+) -> SessionMessage | Exception:
     """For an oversized response: an error answer to the request it answers, so that call
-    fails at once saying why; for anything else, an error the session logs."""
+    fails at once saying why; for anything else, an error the session logs. The warning goes
+    to ``log``: the transport's own logger."""
     reason = (
         str(IN_FLIGHT.busy(line.size))
         if line.busy
         else f"upstream message of {line.size} bytes is over max_message_bytes ({limit})"
     )
-    return _unread(line.head, line.tail, reason, label)
+    return _unread(line.head, line.tail, reason, label, log)
 
 
-def unread(message: bytes, reason: str, label: str) -> SessionMessage | Exception:
+def unread(
+    message: bytes, reason: str, label: str, log: logging.Logger = logger
+) -> SessionMessage | Exception:
     """For a whole ``message`` the gateway would not parse, as for an oversized one: an error
     answer to the request it answers, saying ``reason``; for anything else, an error the
-    session logs."""
-    return _unread(message[:_EDGE], message[-_EDGE:], reason, label)
+    session logs. The warning goes to ``log``: the transport's own logger."""
+    return _unread(message[:_EDGE], message[-_EDGE:], reason, label, log)
 
 
-def _unread(head: bytes, tail: bytes, reason: str, label: str) -> SessionMessage | Exception:
+def _unread(
+    head: bytes, tail: bytes, reason: str, label: str, log: logging.Logger
+) -> SessionMessage | Exception:
     """``unread``, for a message known by its first and last bytes."""
-    logger.warning("upstream session %s: %s: dropped", label, reason, extra={"peer": label})
+    log.warning("upstream session %s: %s: dropped", label, reason, extra={"peer": label})
     found = _ID_FIRST.match(head)
     if found is None and _RESPONSE_START.match(head):
         found = _ID_LAST.search(tail)

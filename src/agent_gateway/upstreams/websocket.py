@@ -20,10 +20,13 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp.shared.message import SessionMessage
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 from websockets.typing import Subprotocol
 
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
+from agent_gateway.compat.websockets import checking_pings
 from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.upstreams.pings import PINGS, PingBounds, Pings
 from agent_gateway.upstreams.stdio import Oversized, refusal, unread
 
 logger = logging.getLogger(__name__)
@@ -47,15 +50,20 @@ Incoming = SessionMessage | Exception
 
 @asynccontextmanager
 async def websocket_client(
-    url: str, headers: Mapping[str, str], max_message_bytes: int = MAX_MESSAGE_BYTES, label: str = "websocket"
+    url: str,
+    headers: Mapping[str, str],
+    max_message_bytes: int = MAX_MESSAGE_BYTES,
+    label: str = "websocket",
+    pings: PingBounds = PINGS,
 ) -> AsyncIterator[TransportStreams]:
     """Connect to the MCP server at ``url`` (ws:// or wss://), sending ``headers`` in the
     handshake; yield its read and write streams. Leaving the context closes the connection.
-    ``label`` names the upstream session in the log lines about what it sends.
+    ``label`` names the upstream session in the log lines about what it sends; past ``pings``
+    the connection is closed (``upstreams/pings.py``).
 
     Opening is not bounded here: the caller bounds it (the gateway's ``connect_timeout``).
     """
-    connection = await _connect(url, headers, max_message_bytes)
+    connection = await _connect(url, headers, max_message_bytes, pings)
     try:
         async with _bridged(connection, label, max_message_bytes) as streams:
             yield streams
@@ -65,7 +73,9 @@ async def websocket_client(
             await connection.close()
 
 
-async def _connect(url: str, headers: Mapping[str, str], max_message_bytes: int) -> ClientConnection:
+async def _connect(
+    url: str, headers: Mapping[str, str], max_message_bytes: int, pings: PingBounds
+) -> ClientConnection:
     return await connect(
         url,
         subprotocols=[SUBPROTOCOL],
@@ -75,6 +85,7 @@ async def _connect(url: str, headers: Mapping[str, str], max_message_bytes: int)
         compression=COMPRESSION,
         open_timeout=None,
         close_timeout=CLOSE_TIMEOUT,
+        create_connection=checking_pings(lambda unwritten: Pings(pings, unwritten).refusal),
     )
 
 
@@ -103,9 +114,20 @@ async def _read_frames(
                 # Bytes, not decoded to text first: msgspec reads UTF-8 (a copy of the message less).
                 await sink.send(_parse(await connection.recv(decode=False), label, limit))
         except ConnectionClosed as closed:  # a clean close and a lost connection alike
-            logger.info("websocket connection of upstream session %s ended: %s", label, closed)
+            _ended(closed, label)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the session stopped reading: it is closing
+
+
+def _ended(closed: ConnectionClosed, label: str) -> None:
+    """Log the connection's end: a WARNING when the gateway closed it for what the upstream
+    sent (its pings), one per upstream session per 10 s (``logs.PeerRepeats``)."""
+    if closed.sent is not None and closed.sent.code == CloseCode.POLICY_VIOLATION:
+        logger.warning(
+            "upstream session %s: websocket closed: %s", label, closed.sent.reason, extra={"peer": label}
+        )
+    else:
+        logger.info("websocket connection of upstream session %s ended: %s", label, closed)
 
 
 def _parse(frame: bytes, label: str, limit: int) -> Incoming:
@@ -115,17 +137,32 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
     request). Parsed as stdio lines are (msgspec, then pydantic: a quarter of the memory)."""
     size = len(frame)
     if not IN_FLIGHT.take(size):
-        return refusal(Oversized.held_back(frame), limit, label)
+        return refusal(Oversized.held_back(frame), limit, label, logger)
     try:
         message = parse_message(frame)
     except Unreadable as exc:
-        return unread(frame, str(exc), label)
+        return unread(frame, str(exc), label, logger)
     except ValueError as exc:
+        if not _utf8(frame):  # answered at once, as an unreadable stdio line is
+            return unread(frame, NOT_UTF8, label, logger)
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
     finally:
         IN_FLIGHT.give(size)
     return SessionMessage(message)
+
+
+NOT_UTF8 = "the upstream's message is not valid UTF-8, as a WebSocket text frame must be"
+
+
+def _utf8(frame: bytes) -> bool:
+    """Whether ``frame`` is UTF-8 (asked only of a frame that failed to parse). The library
+    does not check: frames are read as bytes, undecoded (``recv(decode=False)``)."""
+    try:
+        frame.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _write_frames(

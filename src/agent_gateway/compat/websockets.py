@@ -1,0 +1,78 @@
+"""The websockets library's client connection, its answers to pings checked first (verified
+against websockets 17.4, the asyncio implementation).
+
+The library answers a ping inside the read callback that parsed it: its Sans-I/O protocol's
+``recv_frame`` queues a pong for each PING frame, and ``data_received`` parses a whole read
+before it returns. One 256 KiB read holds ~131,000 empty pings (over a second of the event
+loop for every client), and the pongs an upstream does not read pile up in the write buffer
+(2M pings: 135 to 539 MB). No option bounds either, so ``checking_pings`` gives ``connect``
+(through its public ``create_connection``) a connection whose protocol asks a check before
+each answer; refused, the connection is failed as the library fails it on a protocol error:
+a close frame (1008, the check's reason), the rest of what was read discarded unparsed, and
+the socket dropped ``close_timeout`` later if the upstream has not closed it by then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.client import ClientProtocol
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import CLOSED
+
+PingCheck = Callable[[int], str | None]
+"""Told each ping's payload size: the reason to refuse it (at most 123 bytes: a close frame's
+room), or None to answer it."""
+CheckFor = Callable[[Callable[[], int]], PingCheck]
+"""Makes one connection's check, given how to read the bytes its socket has not yet written."""
+
+
+def checking_pings(check_for: CheckFor) -> type[ClientConnection]:
+    """A ``ClientConnection`` class whose every connection answers pings only while the check
+    ``check_for`` makes for it says so."""
+
+    class Checked(ClientConnection):
+        def __init__(self, protocol: ClientProtocol, **options: Any) -> None:
+            super().__init__(protocol, **options)
+            self._dropping: asyncio.TimerHandle | None = None
+            _check_pings(protocol, check_for(self._unwritten), self._refused)
+
+        def _unwritten(self) -> int:
+            return self.transport.get_write_buffer_size()
+
+        def _refused(self) -> None:
+            """A ping was refused: the close frame is written as this read ends; an upstream
+            that neither reads it nor closes is dropped once the close may take no longer."""
+            if self._dropping is None:
+                self._dropping = self.loop.call_later(self.close_timeout or 0.0, self._drop)
+
+        def _drop(self) -> None:
+            if self.protocol.state is not CLOSED:
+                self.transport.abort()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._dropping is not None:
+                self._dropping.cancel()
+            super().connection_lost(exc)
+
+    return Checked
+
+
+def _check_pings(protocol: ClientProtocol, check: PingCheck, refused: Callable[[], None]) -> None:
+    """Ask ``check`` before ``protocol`` answers a ping. Set on the instance: ``connect``
+    builds the protocol itself, of its own class."""
+    answer = protocol.recv_frame
+
+    def recv_frame(frame: Frame) -> None:
+        if frame.opcode is Opcode.PING and (reason := check(len(frame.data))) is not None:
+            # As recv_frame's own close handling does: the parser is replaced (by fail) with
+            # one that discards the rest of the read, so no further frame of it is parsed.
+            protocol.fail(CloseCode.POLICY_VIOLATION, reason)
+            refused()
+            return
+        answer(frame)
+
+    protocol.recv_frame = recv_frame  # pyright: ignore[reportAttributeAccessIssue]
