@@ -171,6 +171,19 @@ async def test_lines_that_are_not_json_rpc_and_stray_responses_are_ignored(
     assert logged.count("a response to an id never sent on this session") == 6
 
 
+async def test_an_answer_that_is_not_utf8_fails_its_call_at_once() -> None:
+    # Handed to the session as a bare error, it was logged and read past: the call waited out
+    # its whole timeout (the upstream's real answer comes a minute later here).
+    async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted, Client(faulted.gw.url) as client:
+        with anyio.fail_after(20):
+            mangled = await client.call_tool("faulty__mangled", {})
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        upstream = faulted.gw.gateway.pool.get("faulty")
+        assert (upstream.connections, upstream.state) == (1, "up")
+    assert mangled.is_error
+    assert "the upstream's message is not valid UTF-8" in text_of(mangled)
+
+
 async def test_a_50_mb_result_arrives_whole_and_the_gateway_keeps_serving() -> None:
     config = faulty_stdio(timeout=120)
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:

@@ -92,6 +92,16 @@ def _write_raw(message: object) -> None:
 
 
 @server.tool
+async def mangled(ctx: Context) -> str:
+    """Answer this very call with a line that is not UTF-8 (a Latin-1 byte), then keep still:
+    the real answer comes only after a minute."""
+    line = b'{"jsonrpc": "2.0", "id": %s, "result": {"content": [{"type": "text", "text": "caf\xe9"}]}}'
+    os.write(_WIRE, line % str(int(ctx.request_id)).encode() + b"\n")
+    await anyio.sleep(60)
+    return "too late"
+
+
+@server.tool
 def garbage() -> str:
     """Write a line that is not JSON-RPC on stdout, then answer normally."""
     _write_raw("this is not json {")

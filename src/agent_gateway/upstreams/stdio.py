@@ -282,6 +282,8 @@ def _parse(line: bytes, label: str) -> SessionMessage | Exception:
     except Unreadable as exc:
         return unread(line, str(exc), label)
     except ValueError as exc:  # handed to the session, which reports it and reads on
+        if not is_utf8(line):  # answered at once, as another unreadable line
+            return unread(line, NOT_UTF8, label)
         logger.warning(
             "upstream session %s wrote a line that is not JSON-RPC (%d bytes)",
             label,
@@ -289,6 +291,19 @@ def _parse(line: bytes, label: str) -> SessionMessage | Exception:
             extra={"peer": label},
         )
         return exc
+
+
+NOT_UTF8 = "the upstream's message is not valid UTF-8, as JSON-RPC's text must be"
+
+
+def is_utf8(line: bytes) -> bool:
+    """Whether ``line`` is UTF-8 (asked only of a message that failed to parse: the transports
+    read bytes, undecoded, and leave the check to the parser)."""
+    try:
+        line.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 async def _write(

@@ -27,7 +27,7 @@ from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.compat.websockets import checking_pings
 from agent_gateway.in_flight import IN_FLIGHT
 from agent_gateway.upstreams.pings import PINGS, PingBounds, Pings
-from agent_gateway.upstreams.stdio import Oversized, refusal, unread
+from agent_gateway.upstreams.stdio import Oversized, is_utf8, refusal, unread
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
     except Unreadable as exc:
         return unread(frame, str(exc), label, logger)
     except ValueError as exc:
-        if not _utf8(frame):  # answered at once, as an unreadable stdio line is
+        if not is_utf8(frame):  # answered at once, as an unreadable stdio line is
             return unread(frame, NOT_UTF8, label, logger)
         logger.warning("unparseable message from upstream session %s: %s", label, exc, extra={"peer": label})
         return exc
@@ -153,16 +153,6 @@ def _parse(frame: bytes, label: str, limit: int) -> Incoming:
 
 
 NOT_UTF8 = "the upstream's message is not valid UTF-8, as a WebSocket text frame must be"
-
-
-def _utf8(frame: bytes) -> bool:
-    """Whether ``frame`` is UTF-8 (asked only of a frame that failed to parse). The library
-    does not check: frames are read as bytes, undecoded (``recv(decode=False)``)."""
-    try:
-        frame.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 async def _write_frames(
