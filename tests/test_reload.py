@@ -234,3 +234,34 @@ async def test_serve_applies_an_edited_file_on_sighup_or_with_watch(tmp_path: Pa
             process.send_signal(signal.SIGHUP)
         await until_upstreams(http, base, {"two"})
         assert process.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "outcome"), [(0.5, "slept 0.5s"), (30, "stopped by a configuration reload")]
+)
+async def test_a_call_in_flight_on_a_removed_upstream_is_given_the_drain_timeout_then_told_why(
+    tmp_path: Path, seconds: float, outcome: str
+) -> None:
+    # A reload cut the calls in flight on an upstream it removed or changed at once, with a
+    # bare "Connection closed" that read as the upstream's crash.
+    path = write(
+        tmp_path / "g.yaml",
+        {"keep": counter(), "slow": python_upstream("faulty.py")},
+        server={"drain_timeout": 2},
+    )
+    async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
+        answers: list[types.CallToolResult] = []
+
+        async def call() -> None:
+            answers.append(await client.call_tool("slow__slow", {"seconds": seconds}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(BOUND):
+                while gw.gateway.pool.get("slow").guard.in_flight == 0:
+                    await anyio.sleep(0.02)
+            write(path, {"keep": counter()}, server={"drain_timeout": 2})
+            assert await reloader.reload() is not None
+        assert text_of(await client.call_tool("keep__increment", {})) == "1"
+    [answer] = answers
+    assert outcome in text_of(answer)

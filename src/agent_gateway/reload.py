@@ -101,8 +101,9 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
     await gateway.pins.refresh()  # with a shared database: pins accepted meanwhile are served
     await gateway.catalog.reconfigure(applied, restarted)
     gateway.config = applied
-    for name in restarted:
-        await gateway.pool.remove(name)
+    async with anyio.create_task_group() as tg:  # calls in flight given the time a drain gives them
+        for name in restarted:
+            tg.start_soon(gateway.pool.remove, name, applied.server.drain_timeout)
     await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, restarted)
     async with anyio.create_task_group() as tg:
         for name in (*found.added, *found.changed):

@@ -88,6 +88,22 @@ class _Life:
             await self._done.wait()
 
 
+STOPPED_BY_RELOAD = "the upstream was stopped by a configuration reload"
+_POLL = 0.05
+
+
+async def _calls_ended(upstream: Upstream, grace: float) -> None:
+    """Until ``upstream``'s calls in flight have ended, at most ``grace`` seconds."""
+    if upstream.guard.in_flight == 0 or grace <= 0:
+        return
+    logger.info(
+        "reload: %s has %d calls in flight, given %gs to end", upstream.name, upstream.guard.in_flight, grace
+    )
+    with anyio.move_on_after(grace):
+        while upstream.guard.in_flight:  # noqa: ASYNC110  (polled: no event marks the count's end)
+            await anyio.sleep(_POLL)
+
+
 def _iso(epoch: float) -> str:
     return datetime.fromtimestamp(epoch, UTC).isoformat(timespec="seconds")
 
@@ -148,9 +164,15 @@ class UpstreamPool:
             await upstream.settled.wait()
         return upstream
 
-    async def remove(self, name: str) -> None:
-        """Stop an upstream (configuration reload): its calls fail, its process is reaped."""
-        self.upstreams.pop(name, None)
+    async def remove(self, name: str, grace: float = 0.0) -> None:
+        """Stop an upstream (configuration reload): its calls in flight are given ``grace``
+        seconds to end (new ones no longer find it), then fail saying why; its process is
+        reaped. Cut at once, a reload's calls failed with a bare "Connection closed"."""
+        upstream = self.upstreams.pop(name, None)
+        if upstream is not None:
+            await _calls_ended(upstream, grace)
+            if (session := upstream.live_session()) is not None:
+                session.lose(STOPPED_BY_RELOAD)
         if (life := self._lives.pop(name, None)) is not None:
             await life.stop()
 
