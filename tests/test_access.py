@@ -341,6 +341,40 @@ async def test_jwts_are_checked_for_signature_expiry_issuer_and_audience() -> No
             assert metadata["authorization_servers"] == ["https://idp.test"]
 
 
+async def test_a_jwks_over_a_megabyte_is_not_read_and_the_failure_is_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # FastMCP's fetch read the whole body (100 MB: RSS 162 to 441 MB), each read bounded but
+    # not the whole, and logged nothing when it failed.
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(RSAAlgorithm.to_jwk(key.public_key())) | {"kid": "k1", "use": "sig", "alg": "RS256"}
+    padding = [{"kty": "oct", "kid": f"pad-{n}", "k": "x" * 1000} for n in range(1100)]
+
+    async def jwks(_: Request) -> JSONResponse:
+        return JSONResponse({"keys": [public, *padding]})
+
+    async with serving(Starlette(routes=[Route("/jwks.json", jwks)])) as base:
+        config = {
+            "upstreams": {},
+            "auth": {
+                "mode": "jwt",
+                "jwt": {
+                    "jwks_url": f"{base}/jwks.json",
+                    "issuer": "https://idp.test",
+                    "audience": "agent-gateway",
+                },
+            },
+        }
+        async with running_gateway(config) as gw, httpx.AsyncClient() as http:
+            answer = await http.post(
+                gw.url,
+                json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                headers={"Authorization": f"Bearer {signed(key, sub='alice')}"},
+            )
+    assert answer.status_code == 401
+    assert "not fetched: the JWKS is over 1,048,576 bytes" in caplog.text
+
+
 async def test_jwts_signed_with_a_shared_secret() -> None:
     secret = "a-shared-secret-of-at-least-32-chars!"
     config = {

@@ -26,6 +26,7 @@ import mcp_types as types
 import pytest
 import uvicorn
 from fastmcp import FastMCP
+from fastmcp.server.auth import JWTVerifier
 from fastmcp.server.dependencies import get_context
 from fastmcp.server.event_store import EventStore as InMemoryEventStore
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
@@ -560,6 +561,18 @@ def test_fastmcp_keeps_its_low_level_server() -> None:
     assert isinstance(lowlevel.middleware, list)
     assert lowlevel.get_request_handler("tools/call") is not None
     assert hasattr(lowlevel, "get_tool_input_schema")
+
+
+def test_fastmcps_jwt_verifier_fetches_its_jwks_through_the_one_method_bounded_jwks_overrides() -> None:
+    # compat/fastmcp.BoundedJwks replaces _fetch_jwks; its caller turns a ValueError into a refusal.
+    verifier = JWTVerifier
+    assert parameters(verifier._fetch_jwks) == [], "fastmcp: _fetch_jwks takes arguments now"  # pyright: ignore[reportPrivateUsage]
+    refresh = inspect.getsource(verifier._refresh_jwks_key)  # pyright: ignore[reportPrivateUsage]
+    assert "await self._fetch_jwks()" in refresh, "fastmcp: the JWKS is no longer fetched by _fetch_jwks"
+    assert "except (JoseError, TypeError, KeyError, ValueError)" in refresh, (
+        "fastmcp: a ValueError is no refusal now"
+    )
+    assert "jwks_uri" in inspect.signature(verifier.__init__).parameters
 
 
 def test_fastmcps_stdio_run_is_still_what_run_stdio_repeats() -> None:

@@ -9,8 +9,9 @@ import hmac
 import time
 from typing import Any
 
-from fastmcp.server.auth import AccessToken, AuthProvider, JWTVerifier, RemoteAuthProvider, TokenVerifier
+from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 
+from agent_gateway.compat.fastmcp import BoundedJwks
 from agent_gateway.config import AuthConfig
 from agent_gateway.refusals import refused
 
@@ -43,7 +44,7 @@ def _digest_of(sha256: str | None, token: str | None) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-class ClaimedJWTVerifier(JWTVerifier):
+class ClaimedJWTVerifier(BoundedJwks):
     """FastMCP's JWT checks (signature, issuer, audience, an ``exp`` in the past: with no
     leeway, which it does not take), and ours: ``exp`` required, ``nbf`` and ``iat`` not in
     the future (with ``leeway``), and the

@@ -2,15 +2,20 @@
 ``mcp`` server, where the gateway adds its middleware and its own handlers (FastMCP has no
 public accessor for it; everything used on it is ``mcp``'s public API), its root
 low-level middleware, which the gateway's own methods skip, and its lifespan, which stdio
-serving enters itself (``run_stdio``)."""
+serving enters itself (``run_stdio``); and its JWT verifier's fetch of the JWKS, bounded
+(``BoundedJwks``)."""
 
 from __future__ import annotations
 
+import json
+import logging
 from functools import partial
 from typing import Any, Protocol, cast
 
 import anyio
+import httpx2
 from fastmcp import FastMCP
+from fastmcp.server.auth import JWTVerifier
 from fastmcp.server.context import reset_transport, set_transport
 from fastmcp.server.low_level import FastMCPServerMiddleware
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -20,6 +25,13 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError
 
 from agent_gateway.downstream.stdin import StdinLines
+
+logger = logging.getLogger(__name__)
+
+MAX_JWKS_BYTES = 1 << 20
+"""Bytes of a JWKS read (an identity provider's holds a few keys: a few KB)."""
+JWKS_TIMEOUT = 10.0
+"""Seconds one fetch of the JWKS may take in all (FastMCP's bound is per read)."""
 
 
 def lowlevel_server(server: FastMCP[Any]) -> Server[Any]:
@@ -84,3 +96,41 @@ class _Sends(Protocol):
 
 async def _refused(write: _Sends, answer: JSONRPCError) -> None:
     await write.send(SessionMessage(answer))
+
+
+class BoundedJwks(JWTVerifier):
+    """FastMCP's verifier, its JWKS fetched within ``JWKS_TIMEOUT`` in all and at most
+    ``MAX_JWKS_BYTES``, and a failed fetch logged. FastMCP's fetch (``_fetch_jwks``) read the
+    whole body (100 MB took RSS from 162 to 441 MB) with a 10 s bound on each read only (a
+    provider sending its keys a byte at a time held every request that needed them for
+    minutes), and said nothing of a failure. A failure raises what FastMCP's caller answers
+    with a refusal (``ValueError``); it tries again after its ``jwks_refresh_interval``."""
+
+    async def _fetch_jwks(self) -> dict[str, Any]:
+        uri = self.jwks_uri
+        if not uri:
+            raise ValueError("JWKS URI not configured")
+        try:
+            with anyio.fail_after(JWKS_TIMEOUT):
+                keys = json.loads(await _read_bounded(uri))
+        except (TimeoutError, ValueError, httpx2.HTTPError) as exc:
+            reason = f"no answer within {JWKS_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else str(exc)
+            logger.warning("JWKS from %s not fetched: %s", uri, reason)
+            raise ValueError(f"Failed to fetch JWKS: {reason}") from None
+        if not isinstance(keys, dict):
+            raise ValueError("Invalid JWKS: not a JSON object")
+        return cast(dict[str, Any], keys)
+
+
+async def _read_bounded(uri: str) -> bytes:
+    async with (
+        httpx2.AsyncClient(timeout=httpx2.Timeout(JWKS_TIMEOUT)) as client,
+        client.stream("GET", uri) as response,
+    ):
+        response.raise_for_status()
+        body = bytearray()
+        async for chunk in response.aiter_bytes():
+            body += chunk
+            if len(body) > MAX_JWKS_BYTES:
+                raise ValueError(f"the JWKS is over {MAX_JWKS_BYTES:,} bytes")
+        return bytes(body)
