@@ -237,7 +237,9 @@ async def test_serve_applies_an_edited_file_on_sighup_or_with_watch(tmp_path: Pa
 
 
 @pytest.mark.parametrize(
-    ("seconds", "outcome"), [(0.5, "slept 0.5s"), (30, "stopped by a configuration reload")]
+    ("seconds", "outcome"),
+    [(0.5, "slept 0.5s"), (30, "stopped by a configuration reload")],
+    ids=["ends-in-time", "outlasts-it"],
 )
 async def test_a_call_in_flight_on_a_removed_upstream_is_given_the_drain_timeout_then_told_why(
     tmp_path: Path, seconds: float, outcome: str
