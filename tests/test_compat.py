@@ -19,6 +19,7 @@ import sqlite3
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import httpx2
@@ -45,7 +46,7 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import GET_STREAM_KEY, LAST_EVENT_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared._httpx_utils import sse_within_origin
+from mcp.shared._httpx_utils import sse_within_origin, stream_within_origin
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
@@ -441,14 +442,30 @@ def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_re
     assert isinstance(adapter.validate_json(b'{"jsonrpc":"2.0","id":1,"result":{}}'), JSONRPCResponse)
 
 
-def test_the_sdk_sse_client_opens_its_stream_through_its_modules_function_which_we_bound() -> None:
+def names_read(code: CodeType) -> set[str]:
+    """The global and attribute names ``code`` and the functions nested in it read."""
+    nested = (const for const in code.co_consts if isinstance(const, CodeType))
+    return set(code.co_names).union(*(names_read(inner) for inner in nested))
+
+
+def test_the_sdk_sse_client_reads_the_module_globals_compat_replaces() -> None:
+    # compat/sse.py replaces mcp.client.sse's globals, read at each use: the stream's opener
+    # (its event bound), the POST (its failure told).
     opened = inspect.unwrap(sse.sse_client)
-    assert "sse_within_origin" in opened.__code__.co_names, (
-        "mcp: sse_client no longer reads the module's sse_within_origin (compat/sse.py)"
-    )
+    read = names_read(opened.__code__)
+    for name in ("sse_within_origin", "request_within_origin"):
+        assert name in read, f"mcp: sse_client no longer reads the module's {name} (compat/sse.py)"
     assert "max_event_size" in inspect.signature(sse_within_origin).parameters, (
         "mcp: sse_within_origin takes no max_event_size (compat/sse.py)"
     )
+    assert parameters(stream_within_origin)[:3] == ["client", "method", "url"], (
+        "mcp: stream_within_origin's parameters changed (compat/sse.py)"
+    )
+    # The writer stops at its first failed POST, told by raising (compat/sse.py tells the
+    # gateway first).
+    source = inspect.getsource(opened)
+    assert "response.raise_for_status()" in source
+    assert 'logger.exception("Error in post_writer")' in source
 
 
 def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_replace() -> None:

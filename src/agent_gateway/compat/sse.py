@@ -1,12 +1,13 @@
-"""The SDK's legacy SSE client (``transport: sse``), its events bounded by the upstream's
-``max_message_bytes`` (verified against mcp 2.3.0).
+"""The SDK's legacy SSE client (``transport: sse``), held to the gateway's bounds and checks
+(verified against mcp 2.3.0). ``mcp.client.sse.sse_client`` takes none of them as arguments;
+it reads its module's globals at each use (``tests/test_compat.py`` checks), which are
+replaced there, once, by ones that read the connection's own:
 
-``mcp.client.sse.sse_client`` opens its stream with ``sse_within_origin`` at that function's
-default bound, 1 MiB an event, and takes no bound to pass: a 2 MiB result ended the SSE
-stream, so that call failed as "connection closed", every other client's call in flight on
-the upstream failed with it, and the upstream was reconnected. The client reads
-``sse_within_origin`` from its module at each connection (``tests/test_compat.py`` checks),
-so it is replaced there, once, by one that takes the bound of the connection being opened.
+- ``sse_within_origin``, which opens the stream at 1 MiB an event: a 2 MiB result ended the
+  stream, every call in flight on the upstream failed as "connection closed", and the
+  upstream was reconnected. The bound is the upstream's ``max_message_bytes``.
+- ``request_within_origin``, which POSTs each message, and whose failure ends the SDK's writer
+  alone, silently: the connection is told (``writes_ended``), so the session is lost then.
 """
 
 from __future__ import annotations
@@ -14,21 +15,62 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import httpx2
 from mcp.client import sse
 from mcp.client._transport import TransportStreams
-from mcp.shared._httpx_utils import sse_within_origin
+from mcp.shared._httpx_utils import sse_within_origin, stream_within_origin
 
-_EVENT_BYTES: ContextVar[int | None] = ContextVar("sse_event_bytes", default=2**20)
-"""The bound of the SSE connection being opened (the SDK's own, 1 MiB, outside one)."""
+from agent_gateway.errors import describe
+
+WritesEnded = Callable[[str], None]
+"""Told why the SDK's writer stopped: nothing more is sent on the connection."""
+
+
+@dataclass(frozen=True)
+class _Connection:
+    event_bytes: int
+
+
+_OPENING: ContextVar[_Connection | None] = ContextVar("sse_connection", default=None)
+"""The connection being opened, read as its stream opens. Its POSTs run in each sender's
+context: they find theirs by client."""
+_WRITERS: WeakKeyDictionary[httpx2.AsyncClient, WritesEnded] = WeakKeyDictionary()
+"""Who is told when a POST on each connection's HTTP client fails."""
 
 
 def _bounded(
     client: httpx2.AsyncClient, url: httpx2.URL | str, *, headers: dict[str, str] | None = None, **_: Any
 ) -> AbstractAsyncContextManager[httpx2.EventSource]:
-    return sse_within_origin(client, url, headers=headers, max_event_size=_EVENT_BYTES.get())
+    opening = _OPENING.get()
+    bound = opening.event_bytes if opening is not None else 2**20  # the SDK's own outside one
+    return sse_within_origin(client, url, headers=headers, max_event_size=bound)
+
+
+async def _posted(
+    client: httpx2.AsyncClient, method: str, url: httpx2.URL | str, **kwargs: Any
+) -> httpx2.Response:
+    """``request_within_origin``, a failure (raised, or a status the SDK raises for) told to
+    the connection's ``WritesEnded``."""
+    told = _WRITERS.get(client)
+    try:
+        async with stream_within_origin(client, method, url, **kwargs) as response:
+            await response.aread()
+    except Exception as exc:  # each ends the SDK's writer: told why, and raised on to it
+        if told is not None:
+            told(f"a POST to its message endpoint failed ({describe(exc)})")
+        raise
+    if not response.is_success and told is not None:
+        told(f"its message endpoint answered a POST with HTTP {response.status_code}")
+    return response
+
+
+def _install() -> None:
+    sse.sse_within_origin = _bounded  # pyright: ignore[reportPrivateImportUsage]
+    sse.request_within_origin = _posted  # pyright: ignore[reportPrivateImportUsage]
 
 
 @asynccontextmanager
@@ -37,12 +79,24 @@ async def sse_client(
     headers: dict[str, str],
     client_factory: Callable[..., httpx2.AsyncClient],
     max_event_bytes: int,
+    writes_ended: WritesEnded,
 ) -> AsyncIterator[TransportStreams]:
-    """``sse.sse_client`` whose events may be ``max_event_bytes`` long each."""
-    sse.sse_within_origin = _bounded  # pyright: ignore[reportPrivateImportUsage]
-    token = _EVENT_BYTES.set(max_event_bytes)  # read as the client opens its stream, on entering
+    """``sse.sse_client`` whose events may be ``max_event_bytes`` long each; ``writes_ended``
+    is told why when a POST fails (the SDK then sends nothing more on the connection)."""
+    _install()
+
+    def watched_client(
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+    ) -> httpx2.AsyncClient:
+        client = client_factory(headers=headers, timeout=timeout, auth=auth)
+        _WRITERS[client] = writes_ended
+        return client
+
+    token = _OPENING.set(_Connection(max_event_bytes))  # read as the client opens its stream
     try:
-        async with sse.sse_client(url, headers=headers, httpx_client_factory=client_factory) as streams:
+        async with sse.sse_client(url, headers=headers, httpx_client_factory=watched_client) as streams:
             yield streams
     finally:
-        _EVENT_BYTES.reset(token)
+        _OPENING.reset(token)

@@ -1,0 +1,217 @@
+"""A hostile legacy SSE upstream (``transport: sse``, the 2024-11-05 HTTP+SSE transport):
+FastMCP's own legacy SSE app behind a layer that misbehaves on the calls a test picks (a
+POST answered with an error status, an endless body or a flood of cookies; an answer on
+the stream rewritten), through a running gateway with the official client downstream."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import mcp_types as types
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent_gateway.logs import PeerRepeats
+from tests.support import RunningGateway, running_gateway, serving
+
+BOUND = 10.0
+"""Well inside the upstream's call timeout (30 s): what waited for it fails this bound."""
+
+OnPost = Callable[[dict[str, Any], Send, Receive], Awaitable[Send | None]]
+"""Offered each POSTed message (and the request's ``send`` and ``receive``): None to answer it
+here (having sent the answer), else the ``send`` to pass FastMCP's answer through."""
+Rewrite = Callable[[dict[str, Any]], bytes | None]
+"""Offered each message on the stream: the data to send in its place, or None to keep it."""
+
+
+def kit_server() -> FastMCP:
+    server = FastMCP("kit")
+
+    @server.tool
+    def ping() -> str:
+        """Answer at once."""
+        return "pong"
+
+    @server.tool
+    def weather(city: str) -> str:
+        """The weather in ``city``."""
+        return f"sunny in {city}"
+
+    return server
+
+
+async def passed(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+    return send
+
+
+def kept(message: dict[str, Any]) -> bytes | None:
+    return None
+
+
+def hostile(app: ASGIApp, on_post: OnPost, rewrite: Rewrite) -> ASGIApp:
+    """``app`` (FastMCP's legacy SSE app), each POSTed message first offered to ``on_post``
+    and each message on its stream to ``rewrite``."""
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await app(scope, receive, send)
+        if scope["method"] == "GET":
+            return await app(scope, receive, rewritten(send, rewrite))
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        answer = await on_post(json.loads(body), send, receive)
+        if answer is None:
+            return None
+        unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def replayed() -> Message:
+            return unread.pop() if unread else await receive()
+
+        return await app(scope, replayed, answer)
+
+    return upstream
+
+
+def rewritten(send: Send, rewrite: Rewrite) -> Send:
+    """``send`` for the SSE stream, each ``message`` event's data offered to ``rewrite``."""
+
+    async def sending(message: Message) -> None:
+        body: bytes = message.get("body", b"")
+        if message["type"] == "http.response.body" and body.startswith(b"event: message"):
+            data = body.split(b"data: ", 1)[1].strip()
+            if (replaced := rewrite(json.loads(data))) is not None:
+                message = {**message, "body": b"event: message\r\ndata: " + replaced + b"\r\n\r\n"}
+        await send(message)
+
+    return sending
+
+
+def calls(message: dict[str, Any], tool: str) -> bool:
+    return message.get("method") == "tools/call" and message["params"]["name"] == tool
+
+
+def answers_with(message: dict[str, Any], text: str) -> bool:
+    content = message.get("result", {}).get("content", [{}])
+    return bool(content) and content[0].get("text") == text
+
+
+@asynccontextmanager
+async def sse_gateway(on_post: OnPost = passed, rewrite: Rewrite = kept) -> AsyncIterator[RunningGateway]:
+    app = hostile(kit_server().http_app(transport="sse", path="/sse"), on_post, rewrite)
+    async with serving(app) as base:
+        upstream = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy"}
+        upstream |= {"retry": {"initial_delay": 0.05, "max_delay": 0.1}}
+        async with running_gateway({"upstreams": {"kit": upstream}}) as gw:
+            yield gw
+
+
+def text_of(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def wait_until(predicate: Callable[[], bool]) -> None:
+    with anyio.fail_after(BOUND):
+        while not predicate():
+            await anyio.sleep(0.02)
+
+
+# -- a POST that fails -------------------------------------------------------------------------
+
+
+def failing_post(status: int, headers: list[tuple[bytes, bytes]]) -> OnPost:
+    """Answers the POST of a ``weather`` call with ``status`` and a two-byte body (a
+    ``content-length`` header past it cuts the answer short); passes the rest."""
+
+    async def on_post(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+        if not calls(message, "weather"):
+            return send
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": b"no"})
+        return None
+
+    return on_post
+
+
+class Written(logging.Handler):
+    """The lines of the SDK's SSE client, written as the CLI's handler writes them."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.addFilter(PeerRepeats())
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
+FAILED_POSTS = {
+    "500": (500, [], "answered a POST with HTTP 500", "HTTPStatusError"),
+    "429": (429, [], "answered a POST with HTTP 429", "HTTPStatusError"),
+    "404": (404, [], "answered a POST with HTTP 404", "HTTPStatusError"),
+    "elsewhere": (
+        302,
+        [(b"location", b"http://elsewhere.invalid/")],
+        "answered a POST with HTTP 302",
+        "HTTPStatusError",
+    ),
+    "cut-short": (
+        202,
+        [(b"content-length", b"100")],
+        "a POST to its message endpoint failed (RemoteProtocolError",
+        "RemoteProtocolError",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(FAILED_POSTS))
+async def test_a_post_that_fails_fails_its_call_at_once_and_the_upstream_reconnects(kind: str) -> None:
+    # The SDK's writer stops at its first failed POST, its stream reading on: the call waited
+    # its whole timeout, every later one failed as "Connection closed", the upstream "up".
+    status, headers, reason, error = FAILED_POSTS[kind]
+    written = Written()
+    sdk = logging.getLogger("mcp.client.sse")
+    sdk.addHandler(written)
+    try:
+        async with sse_gateway(failing_post(status, headers)) as gw, Client(gw.url) as client:
+            upstream = gw.gateway.pool.get("kit")
+            with anyio.fail_after(BOUND):
+                failed = await client.call_tool("kit__weather", {"city": "Oslo"})
+            await wait_until(lambda: upstream.connections == 2 and str(upstream.state) == "up")
+            after = await client.call_tool("kit__ping", {})
+    finally:
+        sdk.removeHandler(written)
+    assert failed.is_error
+    assert reason in text_of(failed), text_of(failed)
+    assert text_of(after) == "pong"
+    [line] = [line for line in written.lines if "post_writer" in line]
+    assert error in line
+    assert "Traceback" not in line
+
+
+async def refuse_every_post(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+    await send({"type": "http.response.start", "status": 404, "headers": []})
+    await send({"type": "http.response.body", "body": b"not here"})
+    return None
+
+
+async def test_an_upstream_refusing_every_post_is_down_naming_the_status() -> None:
+    app = hostile(kit_server().http_app(transport="sse", path="/sse"), refuse_every_post, kept)
+    async with serving(app) as base:
+        upstream = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy", "connect_timeout": 30}
+        async with running_gateway({"upstreams": {"kit": upstream}}) as gw:
+            [status] = gw.gateway.pool.statuses()
+    assert str(status.state) == "down"
+    assert status.last_error is not None
+    assert "HTTP 404" in status.last_error, status.last_error
