@@ -450,11 +450,12 @@ def names_read(code: CodeType) -> set[str]:
 
 def test_the_sdk_sse_client_reads_the_module_globals_compat_replaces() -> None:
     # compat/sse.py replaces mcp.client.sse's globals, read at each use: the stream's opener
-    # (its event bound), the POST (its failure told).
+    # (its event bound), the POST (its failure told), the parser (types' adapter).
     opened = inspect.unwrap(sse.sse_client)
     read = names_read(opened.__code__)
-    for name in ("sse_within_origin", "request_within_origin"):
+    for name in ("sse_within_origin", "request_within_origin", "types", "jsonrpc_message_adapter"):
         assert name in read, f"mcp: sse_client no longer reads the module's {name} (compat/sse.py)"
+    assert "types" in vars(sse), "mcp: sse has no module global types (compat/sse.py)"
     assert "max_event_size" in inspect.signature(sse_within_origin).parameters, (
         "mcp: sse_within_origin takes no max_event_size (compat/sse.py)"
     )
@@ -466,6 +467,9 @@ def test_the_sdk_sse_client_reads_the_module_globals_compat_replaces() -> None:
     source = inspect.getsource(opened)
     assert "response.raise_for_status()" in source
     assert 'logger.exception("Error in post_writer")' in source
+    # An event parsed into the message it returns, or what it raises logged and told the session.
+    assert "types.jsonrpc_message_adapter.validate_json(sse.data, by_name=False)" in source
+    assert 'logger.exception("Error parsing server message")' in source
 
 
 def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_replace() -> None:

@@ -200,6 +200,43 @@ async def test_a_post_that_fails_fails_its_call_at_once_and_the_upstream_reconne
     assert "Traceback" not in line
 
 
+# -- what the stream says ----------------------------------------------------------------------
+
+
+def deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+UNREAD = {
+    "nan": ('{"result": "x", "v": NaN}', "NaN, Infinity or a number past a double's range"),
+    "out-of-range": ('{"result": "x", "v": 1e400}', "NaN, Infinity or a number past a double's range"),
+    "deep": (f'{{"result": "x", "v": {deep(300)}}}', "nests deeper than the gateway reads"),
+    "deeper": (f'{{"result": "x", "v": {deep(5000)}}}', "nests deeper than the gateway reads"),
+    "many": (f'{{"result": "x", "v": [{",".join(["0"] * 1_000_001)}]}}', "JSON values"),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNREAD))
+async def test_an_answer_on_the_stream_the_gateway_does_not_read_fails_its_call_alone(kind: str) -> None:
+    structured, reason = UNREAD[kind]
+
+    def rewrite(message: dict[str, Any]) -> bytes | None:
+        if not answers_with(message, "sunny in Oslo"):
+            return None
+        result = f'{{"content": [{{"type": "text", "text": "x"}}], "structuredContent": {structured}}}'
+        return f'{{"jsonrpc": "2.0", "id": {json.dumps(message["id"])}, "result": {result}}}'.encode()
+
+    async with sse_gateway(rewrite=rewrite) as gw, Client(gw.url) as client:
+        with anyio.fail_after(BOUND):
+            unread = await client.call_tool("kit__weather", {"city": "Oslo"})
+        after = await client.call_tool("kit__ping", {})
+        upstream = gw.gateway.pool.get("kit")
+    assert unread.is_error
+    assert reason in text_of(unread), text_of(unread)
+    assert text_of(after) == "pong"
+    assert upstream.connections == 1  # the session went on
+
+
 async def refuse_every_post(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
     await send({"type": "http.response.start", "status": 404, "headers": []})
     await send({"type": "http.response.body", "body": b"not here"})

@@ -144,8 +144,9 @@ call, 4,300 lines in 5 s from eight callers); their other lines are the gateway'
 PEER_FAILURES = frozenset(
     {
         # The SDK's legacy SSE client: a POST that failed (its writer stops; the session is
-        # lost for it, ``upstreams.transports.WritesEnded``).
+        # lost for it, ``upstreams.transports.WritesEnded``), an event it could not read.
         ("mcp.client.sse", "Error in post_writer"),
+        ("mcp.client.sse", "Error parsing server message"),
     }
 )
 """Lines written with a traceback for what a peer did (an upstream's HTTP status, a reset):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -31,7 +32,7 @@ from agent_gateway.upstreams.correlation import RecordingWriteStream, SentReques
 from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, ssl_context
 from agent_gateway.upstreams.pace import Pace
-from agent_gateway.upstreams.stdio import stdio_transport
+from agent_gateway.upstreams.stdio import stdio_transport, unread
 from agent_gateway.upstreams.websocket import websocket_client
 
 
@@ -225,8 +226,9 @@ async def open_transport(
         else:
             assert config.url is not None
             if kind == "sse":
+                refuse = partial(unread, label=label)
                 limit = config.max_message_bytes
-                transport = sse_client(config.url, dict(config.headers), _traced, limit, writes)
+                transport = sse_client(config.url, dict(config.headers), _traced, limit, refuse, writes)
             elif kind == "websocket":
                 transport = websocket_client(config.url, config.headers, config.max_message_bytes, label)
             else:
