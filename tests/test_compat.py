@@ -467,6 +467,10 @@ def test_the_sdk_sse_client_reads_the_module_globals_compat_replaces() -> None:
     source = inspect.getsource(opened)
     assert "response.raise_for_status()" in source
     assert 'logger.exception("Error in post_writer")' in source
+    # A POST's answer, read to a bound there, is not read again here: its status alone.
+    assert "response = await request_within_origin(" in source
+    reads = ("response.content", "response.text", "response.json(", "response.aread(")
+    assert not any(read in source for read in reads), "mcp: sse_client reads a POST's answer (compat/sse.py)"
     # An event parsed into the message it returns, or what it raises logged and told the session.
     assert "types.jsonrpc_message_adapter.validate_json(sse.data, by_name=False)" in source
     assert 'logger.exception("Error parsing server message")' in source

@@ -12,7 +12,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import anyio.lowlevel
 import mcp_types as types
 import pytest
 from fastmcp import FastMCP
@@ -235,6 +234,44 @@ async def test_an_answer_on_the_stream_the_gateway_does_not_read_fails_its_call_
     assert reason in text_of(unread), text_of(unread)
     assert text_of(after) == "pong"
     assert upstream.connections == 1  # the session went on
+
+
+# -- what a POST's answer holds ----------------------------------------------------------------
+
+
+async def endless(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+    """Answers the POST of each ``ping`` call FastMCP's 202, its body a mebibyte that then
+    never ends (until the client hangs up): only a client that stops reading at its bound
+    sends another message after it."""
+    if not calls(message, "ping"):
+        return send
+
+    async def flood() -> None:
+        await send({"type": "http.response.body", "body": b"x" * 2**20, "more_body": True})
+        await anyio.sleep_forever()
+
+    async def answering(answer: Message) -> None:
+        if answer["type"] == "http.response.start":  # of no stated length
+            headers = [(k, v) for k, v in answer.get("headers", []) if k.lower() != b"content-length"]
+            return await send({**answer, "headers": headers})
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(flood)
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            tg.cancel_scope.cancel()
+
+    return answering
+
+
+async def test_a_posts_endless_answer_is_read_to_a_bound_and_the_next_post_goes_out() -> None:
+    # The SDK read a POST's answer whole, and sends one POST at a time: a 202 with 400 MiB
+    # took the gateway to 1 GB; an endless one stopped every later message.
+    async with sse_gateway(endless) as gw, Client(gw.url) as client:
+        with anyio.fail_after(BOUND):
+            first = await client.call_tool("kit__ping", {})
+            second = await client.call_tool("kit__weather", {"city": "Oslo"})
+    assert text_of(first) == "pong"
+    assert text_of(second) == "sunny in Oslo"
 
 
 async def refuse_every_post(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:

@@ -10,7 +10,8 @@ are replaced there, once, by ones that read the connection's own:
   pydantic's parser: no bound of values or depth, NaN and 1e400 passed on as null. Each is
   parsed as every other transport's messages are (``parse_message``); one the gateway does
   not read answers the request it answers with why, and the session goes on.
-- ``request_within_origin``, which POSTs each message, and whose failure ends the SDK's writer
+- ``request_within_origin``, which POSTs each message and read the answer's body whole (a
+  202 with 400 MiB of body took the gateway to 1 GB), and whose failure ends the SDK's writer
   alone, silently: the connection is told (``writes_ended``), so the session is lost then.
 """
 
@@ -39,6 +40,10 @@ Refusal = Callable[[bytes, str], SessionMessage | Exception]
 answer to the request it answers, or (answering none) the error the session is told."""
 WritesEnded = Callable[[str], None]
 """Told why the SDK's writer stopped: nothing more is sent on the connection."""
+
+MAX_POST_ANSWER_BYTES = 65_536
+"""Bytes of a POST's answer read; the rest is dropped with its HTTP connection. In this
+transport the answer to a message comes on the stream: a POST's own carries nothing."""
 
 
 @dataclass(frozen=True)
@@ -105,12 +110,12 @@ class _Types:
 async def _posted(
     client: httpx2.AsyncClient, method: str, url: httpx2.URL | str, **kwargs: Any
 ) -> httpx2.Response:
-    """``request_within_origin``, a failure (raised, or a status the SDK raises for) told to
-    the connection's ``WritesEnded``."""
+    """``request_within_origin``, reading at most ``MAX_POST_ANSWER_BYTES`` of the answer; a
+    failure (raised, or a status the SDK raises for) told to the connection's ``WritesEnded``."""
     told = _WRITERS.get(client)
     try:
         async with stream_within_origin(client, method, url, **kwargs) as response:
-            await response.aread()
+            await _drained(response)
     except Exception as exc:  # each ends the SDK's writer: told why, and raised on to it
         if told is not None:
             told(f"a POST to its message endpoint failed ({describe(exc)})")
@@ -118,6 +123,16 @@ async def _posted(
     if not response.is_success and told is not None:
         told(f"its message endpoint answered a POST with HTTP {response.status_code}")
     return response
+
+
+async def _drained(response: httpx2.Response) -> None:
+    """Read ``response``'s body up to ``MAX_POST_ANSWER_BYTES`` (so its HTTP connection can be
+    used again); a longer one is left unread, and closed with the response."""
+    read = 0
+    async for chunk in response.aiter_raw():
+        read += len(chunk)
+        if read > MAX_POST_ANSWER_BYTES:
+            return
 
 
 def _install() -> None:
