@@ -274,6 +274,49 @@ async def test_a_posts_endless_answer_is_read_to_a_bound_and_the_next_post_goes_
     assert text_of(second) == "sunny in Oslo"
 
 
+# -- cookies -----------------------------------------------------------------------------------
+
+
+class Cookies:
+    """Sets 50 new cookies of 1 KB on each POST's answer; records the cookies each POST sent."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+        self.sent: list[int] = []
+
+    async def on_post(self, message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+        async def setting(answer: Message) -> None:
+            if answer["type"] == "http.response.start":
+                self.answers += 1
+                fresh = [(b"set-cookie", b"c%d-%d=%s" % (self.answers, n, b"v" * 1000)) for n in range(50)]
+                answer = {**answer, "headers": [*answer.get("headers", []), *fresh]}
+            await send(answer)
+
+        return setting
+
+    def seen(self, scope: Scope) -> None:
+        cookie = dict(scope["headers"]).get(b"cookie", b"")
+        self.sent.append(len(cookie.split(b";")) if cookie else 0)
+
+
+async def test_a_legacy_sse_upstreams_cookies_are_bounded_as_a_streamable_http_ones() -> None:
+    cookies = Cookies()
+    app = hostile(kit_server().http_app(transport="sse", path="/sse"), cookies.on_post, kept)
+
+    async def recording(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            cookies.seen(scope)
+        await app(scope, receive, send)
+
+    async with serving(recording) as base:
+        upstream = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy"}
+        async with running_gateway({"upstreams": {"kit": upstream}}) as gw, Client(gw.url) as client:
+            for _ in range(20):
+                assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert len(cookies.sent) > 20
+    assert max(cookies.sent) == 50  # RFC 6265's least, as for Streamable HTTP (1,250 before)
+
+
 async def refuse_every_post(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
     await send({"type": "http.response.start", "status": 404, "headers": []})
     await send({"type": "http.response.body", "body": b"not here"})

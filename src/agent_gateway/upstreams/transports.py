@@ -30,7 +30,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
-from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, ssl_context
+from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, bounded_jar, ssl_context
 from agent_gateway.upstreams.pace import Pace
 from agent_gateway.upstreams.stdio import stdio_transport, unread
 from agent_gateway.upstreams.websocket import websocket_client
@@ -190,8 +190,11 @@ def _traced(
     auth: httpx2.Auth | None = None,
 ) -> httpx2.AsyncClient:
     """The SSE transport's HTTP client: the SDK's, plus the trace-context hook; asking for
-    no content coding (httpx2 would inflate a coded answer without bound)."""
+    no content coding (httpx2 would inflate a coded answer without bound); its cookies
+    bounded (``BoundedCookies``: an upstream setting 50 new ones an answer made a 1 MB
+    ``Cookie`` header within 20 POSTs)."""
     client = create_mcp_http_client((headers or {}) | _UNCODED, timeout, auth)
+    client.cookies = bounded_jar()  # as a Streamable HTTP upstream's (``UpstreamClient``)
     client.event_hooks["request"].append(trace_headers)
     client.event_hooks["response"].append(_uncoded)
     return client
