@@ -19,6 +19,7 @@ import sqlite3
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 import httpx2
@@ -46,7 +47,7 @@ from mcp.server.session import ServerSession
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http import GET_STREAM_KEY, LAST_EVENT_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.shared._httpx_utils import sse_within_origin
+from mcp.shared._httpx_utils import sse_within_origin, stream_within_origin
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
@@ -442,14 +443,38 @@ def test_the_sdk_client_parses_through_its_modules_adapter_which_lean_parsing_re
     assert isinstance(adapter.validate_json(b'{"jsonrpc":"2.0","id":1,"result":{}}'), JSONRPCResponse)
 
 
-def test_the_sdk_sse_client_opens_its_stream_through_its_modules_function_which_we_bound() -> None:
+def names_read(code: CodeType) -> set[str]:
+    """The global and attribute names ``code`` and the functions nested in it read."""
+    nested = (const for const in code.co_consts if isinstance(const, CodeType))
+    return set(code.co_names).union(*(names_read(inner) for inner in nested))
+
+
+def test_the_sdk_sse_client_reads_the_module_globals_compat_replaces() -> None:
+    # compat/sse.py replaces mcp.client.sse's globals, read at each use: the stream's opener
+    # (its event bound), the POST (its failure told), the parser (types' adapter).
     opened = inspect.unwrap(sse.sse_client)
-    assert "sse_within_origin" in opened.__code__.co_names, (
-        "mcp: sse_client no longer reads the module's sse_within_origin (compat/sse.py)"
-    )
+    read = names_read(opened.__code__)
+    for name in ("sse_within_origin", "request_within_origin", "types", "jsonrpc_message_adapter"):
+        assert name in read, f"mcp: sse_client no longer reads the module's {name} (compat/sse.py)"
+    assert "types" in vars(sse), "mcp: sse has no module global types (compat/sse.py)"
     assert "max_event_size" in inspect.signature(sse_within_origin).parameters, (
         "mcp: sse_within_origin takes no max_event_size (compat/sse.py)"
     )
+    assert parameters(stream_within_origin)[:3] == ["client", "method", "url"], (
+        "mcp: stream_within_origin's parameters changed (compat/sse.py)"
+    )
+    # The writer stops at its first failed POST, told by raising (compat/sse.py tells the
+    # gateway first).
+    source = inspect.getsource(opened)
+    assert "response.raise_for_status()" in source
+    assert 'logger.exception("Error in post_writer")' in source
+    # A POST's answer, read to a bound there, is not read again here: its status alone.
+    assert "response = await request_within_origin(" in source
+    reads = ("response.content", "response.text", "response.json(", "response.aread(")
+    assert not any(read in source for read in reads), "mcp: sse_client reads a POST's answer (compat/sse.py)"
+    # An event parsed into the message it returns, or what it raises logged and told the session.
+    assert "types.jsonrpc_message_adapter.validate_json(sse.data, by_name=False)" in source
+    assert 'logger.exception("Error parsing server message")' in source
 
 
 def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_replace() -> None:

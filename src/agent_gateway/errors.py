@@ -322,8 +322,7 @@ def error_type_of(code: int) -> str:
 
 def describe(exc: BaseException) -> str:
     """A one-line, secret-free description of a failure (groups unwrapped)."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
+    exc = lone(exc)
     if isinstance(exc, BaseExceptionGroup):
         # A transport's group often holds the same failure several times over.
         parts = dict.fromkeys(text for e in exc.exceptions if (text := describe(e).rstrip(": ")))
@@ -337,6 +336,13 @@ def describe(exc: BaseException) -> str:
         return f"{type(exc).__name__}: {str(exc).split(' for url ')[0].split(', url=')[0]}"
     text = str(exc) or type(exc).__name__
     return text if isinstance(exc, UpstreamUnavailable | CommandNotFound) else f"{type(exc).__name__}: {text}"
+
+
+def lone(exc: BaseException) -> BaseException:
+    """``exc``, or the one failure its task groups hold (however deep)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 SHOWN = 80

@@ -16,6 +16,7 @@ from opentelemetry import trace
 from pydantic import ValidationError
 
 from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
+from agent_gateway.errors import describe
 
 _USERINFO = re.compile(r"(\b[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
 _QUERY_VALUE = re.compile(r"([?&][^=\s&#?]+=)[^&\s#\"']+")
@@ -143,6 +144,16 @@ PEER_LINES = frozenset(
 """Lines of other loggers that are about what a peer sent or asked (a client's notification
 the SDK cannot read: one warning each POST; a name its policy does not let it reach: one each
 call, 4,300 lines in 5 s from eight callers); their other lines are the gateway's own."""
+PEER_FAILURES = frozenset(
+    {
+        # The SDK's legacy SSE client: a POST that failed (its writer stops; the session is
+        # lost for it, ``upstreams.transports.WritesEnded``), an event it could not read.
+        ("mcp.client.sse", "Error in post_writer"),
+        ("mcp.client.sse", "Error parsing server message"),
+    }
+)
+"""Lines written with a traceback for what a peer did (an upstream's HTTP status, a reset):
+written as one line naming the failure, bounded as the peer's other lines are."""
 REPEAT_WINDOW = 10.0
 """Seconds within which one such line is written once, the rest counted."""
 _KIND = 40
@@ -219,6 +230,10 @@ class PeerRepeats(logging.Filter):
         if record.exc_info is not None and isinstance(error := record.exc_info[1], ValidationError):
             # "1 validation error for X", the field, what was wrong with it: one line.
             message = f"{message}: {clipped('; '.join(line.strip() for line in str(error).splitlines()[:3]))}"
+            record.exc_info = record.exc_text = None
+        elif record.exc_info is not None and (record.name, record.msg) in PEER_FAILURES:
+            failure = record.exc_info[1]
+            message = f"{message}: {clipped(describe(failure)) if failure is not None else 'no detail'}"
             record.exc_info = record.exc_text = None
         if left_out:
             message = f"{message} ({left_out} more like it in the {REPEAT_WINDOW:g} s before, not written)"

@@ -1,12 +1,18 @@
-"""The SDK's legacy SSE client (``transport: sse``), its events bounded by the upstream's
-``max_message_bytes`` (verified against mcp 2.3.0).
+"""The SDK's legacy SSE client (``transport: sse``), held to the gateway's bounds and checks
+(verified against mcp 2.3.0). ``mcp.client.sse.sse_client`` takes none of them as arguments;
+it reads three of its module's globals at each use (``tests/test_compat.py`` checks), which
+are replaced there, once, by ones that read the connection's own:
 
-``mcp.client.sse.sse_client`` opens its stream with ``sse_within_origin`` at that function's
-default bound, 1 MiB an event, and takes no bound to pass: a 2 MiB result ended the SSE
-stream, so that call failed as "connection closed", every other client's call in flight on
-the upstream failed with it, and the upstream was reconnected. The client reads
-``sse_within_origin`` from its module at each connection (``tests/test_compat.py`` checks),
-so it is replaced there, once, by one that takes the bound of the connection being opened.
+- ``sse_within_origin``, which opens the stream at 1 MiB an event: a 2 MiB result ended the
+  stream, every call in flight on the upstream failed as "connection closed", and the
+  upstream was reconnected. The bound is the upstream's ``max_message_bytes``.
+- ``types`` (``mcp_types``), whose ``jsonrpc_message_adapter`` parsed each event with
+  pydantic's parser: no bound of values or depth, NaN and 1e400 passed on as null. Each is
+  parsed as every other transport's messages are (``parse_message``); one the gateway does
+  not read answers the request it answers with why, and the session goes on.
+- ``request_within_origin``, which POSTs each message and read the answer's body whole (a
+  202 with 400 MiB of body took the gateway to 1 GB), and whose failure ends the SDK's writer
+  alone, silently: the connection is told (``writes_ended``), so the session is lost then.
 """
 
 from __future__ import annotations
@@ -14,21 +20,125 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import httpx2
+import mcp_types
 from mcp.client import sse
 from mcp.client._transport import TransportStreams
-from mcp.shared._httpx_utils import sse_within_origin
+from mcp.shared._httpx_utils import sse_within_origin, stream_within_origin
+from mcp.shared.message import SessionMessage
+from mcp_types import JSONRPCMessage
 
-_EVENT_BYTES: ContextVar[int | None] = ContextVar("sse_event_bytes", default=2**20)
-"""The bound of the SSE connection being opened (the SDK's own, 1 MiB, outside one)."""
+from agent_gateway.compat.mcp import Unreadable, parse_message
+from agent_gateway.errors import describe
+
+Refusal = Callable[[bytes, str], SessionMessage | Exception]
+"""For an event's data the gateway does not read (its edges: ``_edges``), and why: the error
+answer to the request it answers, or (answering none) the error the session is told."""
+WritesEnded = Callable[[str], None]
+"""Told why the SDK's writer stopped: nothing more is sent on the connection."""
+
+MAX_POST_ANSWER_BYTES = 65_536
+"""Bytes of a POST's answer read; the rest is dropped with its HTTP connection. In this
+transport the answer to a message comes on the stream: a POST's own carries nothing."""
+
+
+@dataclass(frozen=True)
+class _Connection:
+    event_bytes: int
+    refuse: Refusal
+
+
+_OPENING: ContextVar[_Connection | None] = ContextVar("sse_connection", default=None)
+"""The connection being opened, read as its stream opens and by its reader (a task started
+then, in this context). Its POSTs run in each sender's context: they find theirs by client."""
+_WRITERS: WeakKeyDictionary[httpx2.AsyncClient, WritesEnded] = WeakKeyDictionary()
+"""Who is told when a POST on each connection's HTTP client fails."""
 
 
 def _bounded(
     client: httpx2.AsyncClient, url: httpx2.URL | str, *, headers: dict[str, str] | None = None, **_: Any
 ) -> AbstractAsyncContextManager[httpx2.EventSource]:
-    return sse_within_origin(client, url, headers=headers, max_event_size=_EVENT_BYTES.get())
+    opening = _OPENING.get()
+    bound = opening.event_bytes if opening is not None else 2**20  # the SDK's own outside one
+    return sse_within_origin(client, url, headers=headers, max_event_size=bound)
+
+
+class _Adapter:
+    """``jsonrpc_message_adapter`` as the SDK's SSE reader calls it: ``parse_message``."""
+
+    def validate_json(self, data: bytes | str, *, by_name: bool = False) -> JSONRPCMessage:
+        """Raises what ``parse_message`` raises, but ``Unreadable``: the message's refusal
+        (``Refusal``) is returned instead when it answers a request (else raised)."""
+        assert not by_name, "the SDK reads messages by alias"
+        try:
+            return parse_message(data)
+        except Unreadable as exc:
+            opening = _OPENING.get()
+            if opening is None:
+                raise
+            refusal = opening.refuse(_edges(data), str(exc))
+            if isinstance(refusal, Exception):
+                raise refusal from exc
+            return refusal.message
+
+
+_EDGE = 1024
+"""Characters kept of each end of an event's data for its refusal, which reads the request id
+there (``stdio.unread``: 512 bytes of each)."""
+
+
+def _edges(data: bytes | str) -> bytes:
+    """``data``'s ends, encoded: not a copy of a message of up to ``max_message_bytes``."""
+    if isinstance(data, bytes):
+        return data
+    return (data if len(data) <= 2 * _EDGE else data[:_EDGE] + data[-_EDGE:]).encode()
+
+
+class _Types:
+    """``mcp_types`` as the SDK's SSE client reads it: its adapter is ``_Adapter``."""
+
+    jsonrpc_message_adapter = _Adapter()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(mcp_types, name)
+
+
+async def _posted(
+    client: httpx2.AsyncClient, method: str, url: httpx2.URL | str, **kwargs: Any
+) -> httpx2.Response:
+    """``request_within_origin``, reading at most ``MAX_POST_ANSWER_BYTES`` of the answer; a
+    failure (raised, or a status the SDK raises for) told to the connection's ``WritesEnded``."""
+    told = _WRITERS.get(client)
+    try:
+        async with stream_within_origin(client, method, url, **kwargs) as response:
+            await _drained(response)
+    except Exception as exc:  # each ends the SDK's writer: told why, and raised on to it
+        if told is not None:
+            told(f"a POST to its message endpoint failed ({describe(exc)})")
+        raise
+    if not response.is_success and told is not None:
+        told(f"its message endpoint answered a POST with HTTP {response.status_code}")
+    return response
+
+
+async def _drained(response: httpx2.Response) -> None:
+    """Read ``response``'s body up to ``MAX_POST_ANSWER_BYTES`` (so its HTTP connection can be
+    used again); a longer one is left unread, and closed with the response."""
+    read = 0
+    async for chunk in response.aiter_raw():
+        read += len(chunk)
+        if read > MAX_POST_ANSWER_BYTES:
+            return
+
+
+def _install() -> None:
+    sse.sse_within_origin = _bounded  # pyright: ignore[reportPrivateImportUsage]
+    sse.request_within_origin = _posted  # pyright: ignore[reportPrivateImportUsage]
+    sse.types = _Types()  # type: ignore[assignment]
 
 
 @asynccontextmanager
@@ -37,12 +147,26 @@ async def sse_client(
     headers: dict[str, str],
     client_factory: Callable[..., httpx2.AsyncClient],
     max_event_bytes: int,
+    refuse: Refusal,
+    writes_ended: WritesEnded,
 ) -> AsyncIterator[TransportStreams]:
-    """``sse.sse_client`` whose events may be ``max_event_bytes`` long each."""
-    sse.sse_within_origin = _bounded  # pyright: ignore[reportPrivateImportUsage]
-    token = _EVENT_BYTES.set(max_event_bytes)  # read as the client opens its stream, on entering
+    """``sse.sse_client`` whose events may be ``max_event_bytes`` long each and are parsed as
+    ``parse_message`` parses (one it does not read: ``refuse``); ``writes_ended`` is told why
+    when a POST fails (the SDK then sends nothing more on the connection)."""
+    _install()
+
+    def watched_client(
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+    ) -> httpx2.AsyncClient:
+        client = client_factory(headers=headers, timeout=timeout, auth=auth)
+        _WRITERS[client] = writes_ended
+        return client
+
+    token = _OPENING.set(_Connection(max_event_bytes, refuse))  # read on entering, and by the reader
     try:
-        async with sse.sse_client(url, headers=headers, httpx_client_factory=client_factory) as streams:
+        async with sse.sse_client(url, headers=headers, httpx_client_factory=watched_client) as streams:
             yield streams
     finally:
-        _EVENT_BYTES.reset(token)
+        _OPENING.reset(token)

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from collections.abc import Callable
 from types import TracebackType
 
+import anyio
 import mcp_types as types
 from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
@@ -77,16 +79,28 @@ class SentRequests:
 
 class RecordingWriteStream:
     """A transport's write stream that notes each message in ``sent`` before sending it, and
-    each answer to the upstream's requests in ``pace`` once it is sent."""
+    each answer to the upstream's requests in ``pace`` once it is sent; a send finding the
+    write side gone tells ``writes_ended`` (its transport's writer stopped alone)."""
 
-    def __init__(self, inner: WriteStream[SessionMessage], sent: SentRequests, pace: Pace) -> None:
+    def __init__(
+        self,
+        inner: WriteStream[SessionMessage],
+        sent: SentRequests,
+        pace: Pace,
+        writes_ended: Callable[[str], None],
+    ) -> None:
         self._inner = inner
         self._sent = sent
         self._pace = pace
+        self._writes_ended = writes_ended
 
     async def send(self, item: SessionMessage, /) -> None:
         self._sent.note(item)
-        await self._inner.send(item)
+        try:
+            await self._inner.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            self._writes_ended("its transport stopped sending")
+            raise
         self._pace.answered(item)
 
     async def aclose(self) -> None:

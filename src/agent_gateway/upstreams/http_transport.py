@@ -312,10 +312,15 @@ class UpstreamClient(httpx2.AsyncClient):
     posts on directly (``upstreams/forwarding.py``); its cookies bounded (``BoundedCookies``)."""
 
     def __init__(self, *, wire: AiohttpTransport, **options: Any) -> None:
-        policy = BoundedCookies()
-        jar = policy.jar = CookieJar(policy)
-        super().__init__(transport=wire, cookies=jar, **options)
+        super().__init__(transport=wire, cookies=bounded_jar(), **options)
         self.wire = wire
+
+
+def bounded_jar() -> CookieJar:
+    """A cookie jar that keeps what ``BoundedCookies`` lets it (one per HTTP client)."""
+    policy = BoundedCookies()
+    jar = policy.jar = CookieJar(policy)
+    return jar
 
 
 MAX_COOKIES = 50
@@ -357,5 +362,6 @@ __all__ = [
     "Posted",
     "Target",
     "UpstreamClient",
+    "bounded_jar",
     "ssl_context",
 ]

@@ -20,9 +20,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.compat.resumed import HttpSession
-from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable
+from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable, lone
 from agent_gateway.upstreams.session import UpstreamSession
-from agent_gateway.upstreams.transports import open_transport, watched
+from agent_gateway.upstreams.transports import WritesEnded, open_transport, watched
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -86,6 +86,15 @@ async def unanswered(client: Client, session: UpstreamSession) -> str | None:
     return None
 
 
+def _closed_for(session: UpstreamSession, exc: Exception) -> bool:
+    """Whether ``exc`` is the connection closing because ``session`` was lost, for a reason it
+    knows (``WritesEnded``: its message endpoint refused the handshake's POST): the SDK says
+    only "Connection closed"."""
+    closed = lone(exc)
+    lost = session.lost_reason is not None
+    return lost and isinstance(closed, MCPError) and closed.code == types.CONNECTION_CLOSED
+
+
 @asynccontextmanager
 async def connected(
     session: UpstreamSession,
@@ -107,9 +116,9 @@ async def connected(
     # One scope around the whole connection: a deadline while connecting, none after.
     # (A timeout scope around only the entry would exit before the client's task group.)
     with anyio.CancelScope(deadline=anyio.current_time() + timeout) as connecting:
-        transport = watched(
-            open_transport(session.config, link, session.id), session.lost, session.id, session.pace
-        )
+        writes = WritesEnded(session.lose)
+        opened = open_transport(session.config, link, session.id, writes)
+        transport = watched(opened, session.lost, session.id, session.pace, writes)
         try:
             async with session.new_client(transport, on_message, resumed) as client:
                 if resumed is None:
@@ -122,6 +131,11 @@ async def connected(
                         await tg.start(session.relay_updates, updates)
                     yield client, tg, prepared
                     tg.cancel_scope.cancel()
+        except Exception as exc:  # translated, or raised as it is
+            if connecting.deadline == math.inf or not _closed_for(session, exc):
+                raise
+            assert session.lost_reason is not None  # _closed_for says so
+            raise UpstreamUnavailable(session.name, session.lost_reason) from exc
         finally:
             session.detach()
     if connecting.cancelled_caught:

@@ -3,8 +3,9 @@ for responses to nothing it sent."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -29,17 +30,44 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
-from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, ssl_context
+from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, bounded_jar, ssl_context
 from agent_gateway.upstreams.pace import Pace
-from agent_gateway.upstreams.stdio import stdio_transport
+from agent_gateway.upstreams.stdio import stdio_transport, unread
 from agent_gateway.upstreams.translation import secrets_of
 from agent_gateway.upstreams.websocket import websocket_client
 
 
+class WritesEnded:
+    """Told by a transport whose writes stopped while its stream reads on. The SDK's legacy SSE
+    client stops POSTing at its first failed POST (a 500, a reset) and says nothing else: the
+    call whose POST failed waited its whole timeout, every later one failed at once as
+    "Connection closed", and the upstream was reported up (its health checks "answered") for
+    as long as its stream stayed open. Here the session is lost, saying why (reconnected with
+    the usual backoff), and the read in progress ends: the SDK fails the calls pending on the
+    connection at once, as when its stream drops."""
+
+    def __init__(self, lose: Callable[[str], None]) -> None:
+        self._lose = lose
+        self.ended = False
+        self.watched = False
+        """Whether the transport can end its writes alone (legacy SSE): only then is each read
+        made in a scope of its own (a few microseconds a message, on every call's path)."""
+        self.reading: anyio.CancelScope | None = None
+        """The scope of the read in progress (``WatchedReadStream``), cancelled at the end."""
+
+    def __call__(self, reason: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self._lose(reason)
+        if self.reading is not None:
+            self.reading.cancel()
+
+
 class WatchedReadStream:
-    """A read stream that sets ``closed`` when the peer's stream ends, drops responses to ids
-    the session never sent (``correlation``), and takes what the peer sends unasked at its
-    ``pace``.
+    """A read stream that sets ``closed`` when the peer's stream ends (or its writes do:
+    ``WritesEnded``), drops responses to ids the session never sent (``correlation``), and
+    takes what the peer sends unasked at its ``pace``.
 
     Wraps rather than relays, so there is no extra hop per message and the sender's
     context snapshot (``last_context``) stays visible to the dispatcher.
@@ -52,6 +80,7 @@ class WatchedReadStream:
         sent: SentRequests,
         pace: Pace,
         answer: RecordingWriteStream,
+        writes: WritesEnded,
     ) -> None:
         """``answer``: where the upstream's requests past ``pace``'s bound are refused."""
         self._inner = inner
@@ -59,6 +88,7 @@ class WatchedReadStream:
         self._sent = sent
         self._pace = pace
         self._answer = answer
+        self._writes = writes
 
     @property
     def last_context(self) -> Any:
@@ -67,7 +97,7 @@ class WatchedReadStream:
     async def receive(self) -> SessionMessage | Exception:
         try:
             while True:
-                item = await self._inner.receive()
+                item = await self._next()
                 if self._pace.counts(item):
                     assert isinstance(item, SessionMessage)  # counts() says so
                     # The reader waits for its turn: the upstream's writes wait in turn.
@@ -81,6 +111,15 @@ class WatchedReadStream:
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             self._closed.set()
             raise
+
+    async def _next(self) -> SessionMessage | Exception:
+        """The inner stream's next item; its end once the transport's writes ended."""
+        if not self._writes.watched:
+            return await self._inner.receive()
+        with anyio.CancelScope() as self._writes.reading:
+            if not self._writes.ended:
+                return await self._inner.receive()
+        raise anyio.EndOfStream
 
     def __aiter__(self) -> WatchedReadStream:
         return self
@@ -109,15 +148,16 @@ class WatchedReadStream:
 
 @asynccontextmanager
 async def watched(
-    transport: Transport, closed: anyio.Event, label: str, pace: Pace
+    transport: Transport, closed: anyio.Event, label: str, pace: Pace, writes: WritesEnded
 ) -> AsyncIterator[TransportStreams]:
     """Enter ``transport`` for upstream session ``label``; ``closed`` is set when its read
-    side reaches end-of-stream; responses only pass to requests sent on it; what it sends
-    unasked is read at ``pace``."""
+    side reaches end-of-stream, or its writes end (``writes``, told by the transport, or a
+    send finding its write side closed); responses only pass to requests sent on it; what it
+    sends unasked is read at ``pace``."""
     sent = SentRequests(label)
     async with transport as (read_stream, write_stream):
-        writing = RecordingWriteStream(write_stream, sent, pace)
-        yield WatchedReadStream(read_stream, closed, sent, pace, writing), writing
+        writing = RecordingWriteStream(write_stream, sent, pace, writes)
+        yield WatchedReadStream(read_stream, closed, sent, pace, writing, writes), writing
 
 
 _UNCODED = {"Accept-Encoding": "identity"}
@@ -156,8 +196,11 @@ def _traced(
     auth: httpx2.Auth | None = None,
 ) -> httpx2.AsyncClient:
     """The SSE transport's HTTP client: the SDK's, plus the trace-context hook; asking for
-    no content coding (httpx2 would inflate a coded answer without bound)."""
+    no content coding (httpx2 would inflate a coded answer without bound); its cookies
+    bounded (``BoundedCookies``: an upstream setting 50 new ones an answer made a 1 MB
+    ``Cookie`` header within 20 POSTs)."""
     client = create_mcp_http_client((headers or {}) | _UNCODED, timeout, auth)
+    client.cookies = bounded_jar()  # as a Streamable HTTP upstream's (``UpstreamClient``)
     client.event_hooks["request"].append(trace_headers)
     client.event_hooks["response"].append(_uncoded)
     return client
@@ -172,11 +215,12 @@ async def _uncoded(response: httpx2.Response) -> None:
 
 @asynccontextmanager
 async def open_transport(
-    config: UpstreamConfig, link: HttpSession, label: str
+    config: UpstreamConfig, link: HttpSession, label: str, writes: WritesEnded
 ) -> AsyncIterator[TransportStreams]:
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child).
     ``link``: the Streamable HTTP session to resume or keep (other transports ignore it);
-    ``label``: the upstream session, as the transport's warnings name it."""
+    ``label``: the upstream session, as the transport's warnings name it; ``writes``: told
+    when a legacy SSE transport stops sending (a failed POST ends its writer alone)."""
     lean_result_checks()  # every transport's client session checks results alike
     async with AsyncExitStack() as stack:
         kind = config.kind
@@ -193,7 +237,10 @@ async def open_transport(
         else:
             assert config.url is not None
             if kind == "sse":
-                transport = sse_client(config.url, dict(config.headers), _traced, config.max_message_bytes)
+                refuse = partial(unread, label=label)
+                writes.watched = True
+                limit = config.max_message_bytes
+                transport = sse_client(config.url, dict(config.headers), _traced, limit, refuse, writes)
             elif kind == "websocket":
                 transport = websocket_client(config.url, config.headers, config.max_message_bytes, label)
             else:
