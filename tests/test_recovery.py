@@ -22,7 +22,7 @@ from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.connection import UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
 from tests.faults.harness import Faulted, HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
-from tests.support import config_of, python_upstream
+from tests.support import SERVERS, config_of, python_upstream
 
 
 class FakeClock:
@@ -326,36 +326,16 @@ async def test_a_dedicated_session_whose_process_dies_on_every_call_opens_the_ci
         assert faulted.gw.gateway.dedicated.opened == 2
 
 
-FLAPPING = """
-import json, sys, time
-with open(sys.argv[1], "a") as starts:
-    starts.write(f"{time.time()}\\n")
-for line in sys.stdin:
-    request = json.loads(line)
-    if "id" not in request:
-        continue
-    if request["method"] == "initialize":
-        result = {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                  "serverInfo": {"name": "flapping", "version": "1"}}
-    else:
-        result = {"tools": [{"name": "t", "inputSchema": {"type": "object"}}]}
-    print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
-    if request["method"] == "tools/list":
-        break
-"""
-"""A stdio server that answers its handshake and listing, then exits: up, and at once gone."""
-
-
 async def test_an_upstream_that_drops_each_connection_at_once_waits_longer_each_time(tmp_path: Path) -> None:
     # The backoff started over at every connection that listed: such an upstream was
     # reconnected twice a second for as long as it did so (with failure_mode hide, every
     # client told list_changed twice a round). Each wait is at least half its ceiling, the
     # ceiling doubling from initial_delay: the sixth at least 0.025 * 2**6 s.
     starts = tmp_path / "starts"
-    (tmp_path / "flapping.py").write_text(FLAPPING)
     config = {
         "command": sys.executable,
-        "args": [str(tmp_path / "flapping.py"), str(starts)],
+        "args": [str(SERVERS / "raw_stdio.py")],
+        "env": {"RAW_STARTS": str(starts), "RAW_EXIT_AFTER_LIST": "1"},
         "retry": {"initial_delay": 0.05, "max_delay": 10},
         "health": {"interval": None},
     }

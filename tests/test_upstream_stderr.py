@@ -10,31 +10,8 @@ from pathlib import Path
 from mcp import Client
 
 from tests.faults.harness import text_of
-from tests.support import gateway_child
+from tests.support import SERVERS, gateway_child
 
-CHATTY = """
-import json, os, sys
-sys.stderr.write(f"starting with token {os.environ['CHATTY_TOKEN']}\\n")
-sys.stderr.write("x" * 100_000 + "\\n")
-for n in range(5000):
-    sys.stderr.write(f"line {n}\\n")
-sys.stderr.flush()
-for line in sys.stdin:
-    request = json.loads(line)
-    if "id" not in request:
-        continue
-    method, result = request["method"], {}
-    if method == "initialize":
-        result = {"protocolVersion": request["params"]["protocolVersion"], "capabilities": {"tools": {}},
-                  "serverInfo": {"name": "chatty", "version": "1"}}
-    elif method == "tools/list":
-        result = {"tools": [{"name": "hello", "inputSchema": {"type": "object"}}]}
-    elif method == "tools/call":
-        result = {"content": [{"type": "text", "text": "hello"}]}
-    print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
-"""
-"""A stdio server that writes its credential, a line of 100,000 characters and 5,000 lines to
-its stderr before it serves."""
 TOKEN = "chatty-secret-credential-0123456789"
 
 
@@ -43,12 +20,11 @@ async def test_a_stdio_upstreams_stderr_is_logged_by_the_gateway_cut_scrubbed_an
 ) -> None:
     # The child wrote to the gateway's stderr itself: not JSON, not clipped, not bounded, and
     # an upstream that printed its environment put its credential in the gateway's log.
-    (tmp_path / "chatty.py").write_text(CHATTY)
     log = tmp_path / "gateway.log"
     upstream = {
         "command": sys.executable,
-        "args": [str(tmp_path / "chatty.py")],
-        "env": {"CHATTY_TOKEN": TOKEN},
+        "args": [str(SERVERS / "raw_stdio.py")],
+        "env": {"RAW_TOKEN": TOKEN},
     }
     config = {"upstreams": {"chatty": upstream}, "telemetry": {"log_format": "json"}}
     async with gateway_child(config, tmp_path, log) as (base, _), Client(f"{base}/mcp") as client:

@@ -1,0 +1,41 @@
+"""A stdio MCP server of a few lines of plain Python, one tool (``hello``), for the tests of
+how the gateway treats the process itself:
+
+- ``RAW_STARTS``: a file each start of the process appends its time to;
+- ``RAW_TOKEN``: before serving, writes to stderr a line holding this credential, a line of
+  100,000 characters and 5,000 short lines;
+- ``RAW_EXIT_AFTER_LIST``: exits once it has answered its listing (up, and at once gone).
+"""
+
+import json
+import os
+import sys
+import time
+
+if starts := os.environ.get("RAW_STARTS"):
+    with open(starts, "a") as record:
+        record.write(f"{time.time()}\n")
+if token := os.environ.get("RAW_TOKEN"):
+    sys.stderr.write(f"starting with token {token}\n")
+    sys.stderr.write("x" * 100_000 + "\n")
+    for n in range(5000):
+        sys.stderr.write(f"line {n}\n")
+    sys.stderr.flush()
+for line in sys.stdin:
+    request = json.loads(line)
+    if "id" not in request:
+        continue
+    method, result = request["method"], {}
+    if method == "initialize":
+        result = {
+            "protocolVersion": request["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "raw", "version": "1"},
+        }
+    elif method == "tools/list":
+        result = {"tools": [{"name": "hello", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call":
+        result = {"content": [{"type": "text", "text": "hello"}]}
+    print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
+    if method == "tools/list" and os.environ.get("RAW_EXIT_AFTER_LIST"):
+        break
