@@ -598,6 +598,16 @@ def test_fastmcps_jwt_verifier_fetches_its_jwks_through_the_one_method_bounded_j
         "fastmcp: a ValueError is no refusal now"
     )
     assert "jwks_uri" in inspect.signature(verifier.__init__).parameters
+    # Its keys kept past their hour while the provider is down, and fetched at start-up: the
+    # method a token's key comes from, the cache it reads, the lock and the retry interval.
+    assert parameters(verifier._get_jwks_key) == ["kid"], "fastmcp: _get_jwks_key changed its arguments"  # pyright: ignore[reportPrivateUsage]
+    assert parameters(verifier._refresh_jwks_key) == ["kid"], "fastmcp: _refresh_jwks_key changed"  # pyright: ignore[reportPrivateUsage]
+    lookup = inspect.getsource(verifier._get_jwks_key)  # pyright: ignore[reportPrivateUsage]
+    assert "self._jwks_last_refresh_attempt" in lookup, "fastmcp: the JWKS refresh interval is kept elsewhere"
+    assert "async with self._shared_jwks_refresh_lock" in lookup, "fastmcp: the JWKS refresh lock moved"
+    made = JWTVerifier(jwks_uri="https://idp.test/jwks", issuer="https://idp.test", algorithm="RS256")
+    assert made._jwks_cache == {}, "fastmcp: the JWKS cache is no longer a dict of kid to key"  # pyright: ignore[reportPrivateUsage]
+    assert isinstance(made._jwks_cache_time, int | float), "fastmcp: the JWKS fetch time moved"  # pyright: ignore[reportPrivateUsage]
 
 
 def test_fastmcps_stdio_run_is_still_what_run_stdio_repeats() -> None:

@@ -118,3 +118,9 @@ def build_auth(config: AuthConfig) -> AuthProvider | None:
         authorization_servers=list(config.authorization_servers),  # pyright: ignore[reportArgumentType]
         base_url=config.public_url,
     )
+
+
+def keys_of(auth: AuthProvider | None) -> BoundedJwks | None:
+    """The verifier of ``auth`` that fetches its keys from an identity provider, if any."""
+    verifier = auth.token_verifier if isinstance(auth, RemoteAuthProvider) else auth
+    return verifier if isinstance(verifier, BoundedJwks) and verifier.jwks_uri else None

@@ -15,6 +15,7 @@
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
     ├── RateLimited            the calling client is over its rate or its sessions: 429, retried later
     ├── GatewayBusy            past a bound of the process's: bytes in flight, sessions (retried later)
+    │   └── KeysUnavailable    the identity provider's keys cannot be fetched: a token not checkable now
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
         │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)
@@ -229,6 +230,12 @@ class GatewayBusy(GatewayError):
     """The process holds its bound: of bytes in flight (``server.max_bytes_in_flight``: an
     upstream's answer not relayed, a body not read), or of sessions (``server.max_sessions``,
     none idle: a new one not opened). Transient: retried later, it is served."""
+
+
+class KeysUnavailable(GatewayBusy):
+    """A JWT names a key the gateway cannot get now: the identity provider's JWKS cannot be
+    fetched. Not the token's fault (a 401 would have its client throw it away): answered
+    503, retried later."""
 
 
 class UpstreamError(GatewayError):

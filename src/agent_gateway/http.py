@@ -23,14 +23,18 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_gateway.access import token_of_scope
+from agent_gateway.authentication import keys_of
 from agent_gateway.call_records import admission_refusals
 from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import DeferredSessionManager, defer_responses
 from agent_gateway.downstream.room import Room
+from agent_gateway.errors import KeysUnavailable
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
 from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
+from agent_gateway.over_limits import refuse
+from agent_gateway.refusals import refused
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
 from agent_gateway.store.record import SessionRecord
@@ -91,7 +95,7 @@ def build_app(gateway: Gateway) -> Starlette:
         token = token_of_scope(request.scope)
         return token is not None and gateway.access.principal(token).policy.admin
 
-    def refused(request: Request) -> JSONResponse:
+    def not_admin(request: Request) -> JSONResponse:
         status, reason = admin_refusal(request)
         return JSONResponse({"error": reason}, status_code=status)
 
@@ -100,12 +104,12 @@ def build_app(gateway: Gateway) -> Starlette:
 
     async def status(request: Request) -> Response:
         if not authorized(request):
-            return refused(request)
+            return not_admin(request)
         return Response(counts.value(), media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         if minimal and not authorized(request):
-            return refused(request)
+            return not_admin(request)
         return Response(metrics.value(), media_type=CONTENT_TYPE_LATEST)
 
     # Added to FastMCP's own app rather than mounting it in a second Starlette app: every MCP
@@ -119,6 +123,8 @@ def build_app(gateway: Gateway) -> Starlette:
         mcp_app.router.routes.insert(0, Route("/", status_page(gateway, authorized, admin_refusal)))
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
+    if keys_of(gateway.server.auth) is not None:
+        mcp_app.add_middleware(KeysOutage)
     mcp_app.router.lifespan_context = _deferring(
         mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path), gateway, room
     )
@@ -174,6 +180,8 @@ def readiness(gateway: Gateway, *, starting: bool = False) -> tuple[bool, dict[s
     statuses = gateway.pool.statuses()
     missing = [s.as_dict() for s in statuses if not s.serving]
     problems = gateway.unready()
+    if (keys := keys_of(gateway.server.auth)) is not None and (problem := keys.keys_problem) is not None:
+        problems.append(problem)
     ready = not starting and not missing and not problems
     body: dict[str, Any] = {"ready": ready, "starting": True} if starting else {"ready": ready}
     if gateway.config.server.public_health != "minimal":
@@ -243,6 +251,8 @@ def _deferring(
             app.state.drain = partial(_drain, manager, gateway)
             for keepalive in keepalives:
                 tg.start_soon(keepalive.run)
+            if (keys := keys_of(gateway.server.auth)) is not None:
+                tg.start_soon(keys.keep_keys)
             if keepalives and (shared := gateway.shared) is not None:
                 adopting = adopt_sessions(
                     manager,
@@ -261,3 +271,24 @@ def _deferring(
             tg.cancel_scope.cancel()
 
     return started
+
+
+class KeysOutage:
+    """ASGI middleware, outside FastMCP's authentication: a request whose token could not be
+    checked because the identity provider's keys cannot be fetched is answered 503 with
+    ``Retry-After``, the JSON-RPC error saying why, instead of the 500 the exception would
+    make. Only installed with a ``jwks_url``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except KeysUnavailable as exc:  # raised before any answer began: authentication comes first
+            refused("keys", "bearer token not checked: %s", str(exc))
+            await refuse(send, 503, exc, [(b"retry-after", str(RETRY_AFTER).encode())])
+
+
+RETRY_AFTER = 5
+"""Seconds a client refused for an outage of the identity provider is told to wait."""

@@ -7,8 +7,10 @@ serving enters itself (``run_stdio``); and its JWT verifier's fetch of the JWKS,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
 from functools import partial
 from typing import Any, Protocol, cast
 
@@ -25,6 +27,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError
 
 from agent_gateway.downstream.stdin import StdinLines
+from agent_gateway.errors import KeysUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +35,12 @@ MAX_JWKS_BYTES = 1 << 20
 """Bytes of a JWKS read (an identity provider's holds a few keys: a few KB)."""
 JWKS_TIMEOUT = 10.0
 """Seconds one fetch of the JWKS may take in all (FastMCP's bound is per read)."""
+KEYS_RETRY_MAX = 30.0
+"""Seconds at most between fetches of the JWKS while no key is held."""
+KEPT_KEYS_FOR = 24 * 3600.0
+"""Seconds after its fetch a key still checks tokens while the JWKS cannot be fetched again:
+an outage of the identity provider should not end every session, nor a key it withdrew
+verify tokens for ever."""
 
 
 def lowlevel_server(server: FastMCP[Any]) -> Server[Any]:
@@ -100,11 +109,17 @@ async def _refused(write: _Sends, answer: JSONRPCError) -> None:
 
 class BoundedJwks(JWTVerifier):
     """FastMCP's verifier, its JWKS fetched within ``JWKS_TIMEOUT`` in all and at most
-    ``MAX_JWKS_BYTES``, and a failed fetch logged. FastMCP's fetch (``_fetch_jwks``) read the
-    whole body (100 MB took RSS from 162 to 441 MB) with a 10 s bound on each read only (a
-    provider sending its keys a byte at a time held every request that needed them for
-    minutes), and said nothing of a failure. A failure raises what FastMCP's caller answers
-    with a refusal (``ValueError``); it tries again after its ``jwks_refresh_interval``."""
+    ``MAX_JWKS_BYTES``, a failed fetch logged, and an outage of the provider told apart from
+    a bad token. FastMCP's fetch (``_fetch_jwks``) read the whole body (100 MB took RSS from
+    162 to 441 MB) with a 10 s bound on each read only (a provider sending its keys a byte at
+    a time held every request that needed them for minutes), and said nothing of a failure.
+    While the JWKS cannot be fetched FastMCP refused every token (401: a client then throws
+    its good token away) and dropped its keys an hour after their fetch: here a token signed
+    by a key fetched before (within ``KEPT_KEYS_FOR``) is still verified with it, and one
+    that no key fetched can check raises ``KeysUnavailable`` (503, retried later)."""
+
+    _outage: str | None = None
+    """Why the last fetch of the JWKS failed; None once one succeeds."""
 
     async def _fetch_jwks(self) -> dict[str, Any]:
         uri = self.jwks_uri
@@ -113,13 +128,65 @@ class BoundedJwks(JWTVerifier):
         try:
             with anyio.fail_after(JWKS_TIMEOUT):
                 keys = json.loads(await _read_bounded(uri))
+            if not isinstance(keys, dict):
+                raise ValueError("not a JSON object")
         except (TimeoutError, ValueError, httpx2.HTTPError) as exc:
             reason = f"no answer within {JWKS_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else str(exc)
             logger.warning("JWKS from %s not fetched: %s", uri, reason)
+            self._outage = reason
             raise ValueError(f"Failed to fetch JWKS: {reason}") from None
-        if not isinstance(keys, dict):
-            raise ValueError("Invalid JWKS: not a JSON object")
+        self._outage = None
         return cast(dict[str, Any], keys)
+
+    async def _get_jwks_key(self, kid: str | None) -> str:
+        try:
+            return await super()._get_jwks_key(kid)
+        except ValueError:
+            if self._outage is None:
+                raise  # the provider answered: the token names no key of its
+        if (key := self._kept_key(kid)) is not None:
+            return key
+        raise KeysUnavailable(
+            f"the identity provider's keys cannot be fetched now ({self._outage}); retry later"
+        )
+
+    def _keys_kept(self) -> bool:
+        """Whether keys fetched before are held, recent enough to check tokens with."""
+        return bool(self._jwks_cache) and time.monotonic() - self._jwks_cache_time <= KEPT_KEYS_FOR
+
+    def _kept_key(self, kid: str | None) -> str | None:
+        """The key fetched before that checks ``kid``'s tokens, if it is recent enough."""
+        if not self._keys_kept():
+            return None
+        if kid is not None:
+            return self._jwks_cache.get(kid)
+        return next(iter(self._jwks_cache.values())) if len(self._jwks_cache) == 1 else None
+
+    @property
+    def keys_problem(self) -> str | None:
+        """Why no token can be checked now (``/readyz``): the JWKS cannot be fetched and no
+        key fetched before is kept. None when tokens can be checked, if only with kept keys
+        (every replica shares the provider: all unready for its outage would serve nobody)."""
+        if self._outage is None or self._keys_kept():
+            return None
+        return f"the identity provider's keys (JWKS) cannot be fetched: {self._outage}"
+
+    async def keep_keys(self) -> None:
+        """Fetch the JWKS now (at start-up), so the first client is not the one that waits
+        for it and ``/readyz`` says at once whether tokens can be checked; while no key is
+        held, again every few seconds (``/readyz`` recovers with the provider, not with the
+        next client's token). Then FastMCP fetches it again when a token needs it."""
+        wait = 1.0
+        while True:
+            with contextlib.suppress(ValueError):  # logged, and kept as ``keys_problem``
+                async with self._shared_jwks_refresh_lock:
+                    await self._refresh_jwks_key(None)
+            # Not a rate limit for clients: the first token's unknown key is fetched when it comes.
+            self._jwks_last_refresh_attempt = None
+            if self.keys_problem is None:
+                return
+            await anyio.sleep(wait)
+            wait = min(wait * 2, KEYS_RETRY_MAX)
 
 
 async def _read_bounded(uri: str) -> bytes:
