@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -343,3 +344,32 @@ async def test_an_upstream_that_drops_each_connection_at_once_waits_longer_each_
         await wait_until(lambda: starts.exists() and len(starts.read_text().split()) >= 8, 60)
     times = [float(t) for t in starts.read_text().split()]
     assert times[7] - times[6] >= 0.025 * 2**6
+
+
+async def test_an_upstream_that_stops_answering_is_reported_down_before_its_process_is_ended(
+    tmp_path: Path,
+) -> None:
+    # The upstream was reported up until its transport had closed: for a stdio child that
+    # ignores SIGTERM, the grace period and the kill after it (seconds of /readyz saying up).
+    hung = tmp_path / "hung"
+    config = {
+        "command": sys.executable,
+        "args": [str(SERVERS / "raw_stdio.py")],
+        "env": {"RAW_HANG_ON_CALL": str(hung)},
+        "health": {"interval": 0.2, "timeout": 0.5},
+    }
+    async with (
+        gateway_under_fault({"raw": config}) as faulted,
+        Client(faulted.gw.url) as client,
+        anyio.create_task_group() as tg,
+        httpx.AsyncClient() as http,
+    ):
+        tg.start_soon(client.call_tool, "raw__hello", {})  # failed when the upstream is given up
+        await wait_until(hung.exists)
+        await wait_until(lambda: hung.read_text() != "")
+        pid = int(hung.read_text())
+        with anyio.fail_after(20):
+            while (readyz := await http.get(f"{faulted.gw.base}/readyz")).status_code == 200:
+                await anyio.sleep(0.02)
+        os.kill(pid, 0)  # still running: reported down while its process is being ended
+        assert [u["name"] for u in readyz.json()["missing"]] == ["raw"]

@@ -204,3 +204,29 @@ async def test_a_websocket_message_the_gateway_refuses_is_logged_under_the_webso
     assert isinstance(refused.message, types.JSONRPCError)  # its call fails at once
     names = {r.name for r in caplog.records if "NaN" in r.getMessage()}
     assert names == {"agent_gateway.upstreams.websocket"}
+
+
+# -- the connection's end -------------------------------------------------------------------
+
+
+async def test_a_close_during_a_call_fails_it_with_the_close_code_and_reason() -> None:
+    # The close's code and reason reached only the log: the caller read "connection closed".
+    closed = anyio.Event()
+
+    async def closing(ws: ServerConnection) -> None:
+        if closed.is_set():
+            await ws.wait_closed()  # a reconnection: served quietly
+            return
+        await served_until(ws, "tools/call")
+        await ws.close(1011, "overloaded!")
+        closed.set()
+
+    async with (
+        raw_upstream(closing) as url,
+        running_gateway({"upstreams": {"raw": legacy(url)}}) as gw,
+        Client(gw.url) as client,
+    ):
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("raw__echo", {})
+    assert result.is_error
+    assert "the upstream closed its websocket: 1011 (internal error) overloaded!" in text_of(result)

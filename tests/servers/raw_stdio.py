@@ -4,11 +4,14 @@ how the gateway treats the process itself:
 - ``RAW_STARTS``: a file each start of the process appends its time to;
 - ``RAW_TOKEN``: before serving, writes to stderr a line holding this credential, a line of
   100,000 characters and 5,000 short lines;
-- ``RAW_EXIT_AFTER_LIST``: exits once it has answered its listing (up, and at once gone).
+- ``RAW_EXIT_AFTER_LIST``: exits once it has answered its listing (up, and at once gone);
+- ``RAW_HANG_ON_CALL``: at its first call, writes its pid to this file, then answers nothing
+  more and ignores SIGTERM (stopped only by SIGKILL).
 """
 
 import json
 import os
+import signal
 import sys
 import time
 
@@ -34,6 +37,11 @@ for line in sys.stdin:
         }
     elif method == "tools/list":
         result = {"tools": [{"name": "hello", "inputSchema": {"type": "object"}}]}
+    elif method == "tools/call" and (hung := os.environ.get("RAW_HANG_ON_CALL")):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with open(hung, "w") as record:
+            record.write(str(os.getpid()))
+        time.sleep(3600)
     elif method == "tools/call":
         result = {"content": [{"type": "text", "text": "hello"}]}
     print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)

@@ -164,6 +164,9 @@ class Upstream:
         if self.config.health.interval is not None:
             tg.start_soon(self._ping, client, session, self.config.health.interval)
         await session.lost.wait()
+        # Down at once: /readyz and new calls need not wait for the transport's close (a
+        # WebSocket's closing handshake, a child's exit).
+        self.state = UpstreamState.DOWN
         tg.cancel_scope.cancel()
 
     async def _ping(self, client: Client, session: UpstreamSession, interval: float) -> None:

@@ -38,7 +38,9 @@ from agent_gateway.upstreams.websocket import websocket_client
 
 
 class WritesEnded:
-    """Told by a transport whose writes stopped while its stream reads on. The SDK's legacy SSE
+    """Told by a transport whose writes stopped while its stream reads on (or, by a WebSocket
+    transport, why its connection ended: the calls it fails say the close's code and reason,
+    where the SDK says "Connection closed"). The SDK's legacy SSE
     client stops POSTing at its first failed POST (a 500, a reset) and says nothing else: the
     call whose POST failed waited its whole timeout, every later one failed at once as
     "Connection closed", and the upstream was reported up (its health checks "answered") for
@@ -220,7 +222,8 @@ async def open_transport(
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child).
     ``link``: the Streamable HTTP session to resume or keep (other transports ignore it);
     ``label``: the upstream session, as the transport's warnings name it; ``writes``: told
-    when a legacy SSE transport stops sending (a failed POST ends its writer alone)."""
+    when a legacy SSE transport stops sending (a failed POST ends its writer alone), or why a
+    WebSocket's connection ended."""
     lean_result_checks()  # every transport's client session checks results alike
     async with AsyncExitStack() as stack:
         kind = config.kind
@@ -242,7 +245,8 @@ async def open_transport(
                 limit = config.max_message_bytes
                 transport = sse_client(config.url, dict(config.headers), _traced, limit, refuse, writes)
             elif kind == "websocket":
-                transport = websocket_client(config.url, config.headers, config.max_message_bytes, label)
+                limit = config.max_message_bytes
+                transport = websocket_client(config.url, config.headers, limit, label, ended=writes)
             else:
                 lean_client_parsing()  # half the memory for a large answer
                 http = await stack.enter_async_context(_http_client(config))

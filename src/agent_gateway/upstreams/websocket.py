@@ -12,7 +12,7 @@ value, and a closed connection ends the read stream so the gateway sees the upst
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
@@ -55,17 +55,19 @@ async def websocket_client(
     max_message_bytes: int = MAX_MESSAGE_BYTES,
     label: str = "websocket",
     pings: PingBounds = PINGS,
+    ended: Callable[[str], None] | None = None,
 ) -> AsyncIterator[TransportStreams]:
     """Connect to the MCP server at ``url`` (ws:// or wss://), sending ``headers`` in the
     handshake; yield its read and write streams. Leaving the context closes the connection.
     ``label`` names the upstream session in the log lines about what it sends; past ``pings``
-    the connection is closed (``upstreams/pings.py``).
+    the connection is closed (``upstreams/pings.py``); ``ended`` is told why the connection
+    ended (its close code and reason) before the read stream ends, so the calls it fails say so.
 
     Opening is not bounded here: the caller bounds it (the gateway's ``connect_timeout``).
     """
     connection = await _connect(url, headers, max_message_bytes, pings)
     try:
-        async with _bridged(connection, label, max_message_bytes) as streams:
+        async with _bridged(connection, label, max_message_bytes, ended or _unheard) as streams:
             yield streams
     finally:
         # Bounded by CLOSE_TIMEOUT, and shielded so a cancelled caller still frees the socket.
@@ -90,13 +92,15 @@ async def _connect(
 
 
 @asynccontextmanager
-async def _bridged(connection: ClientConnection, label: str, limit: int) -> AsyncIterator[TransportStreams]:
+async def _bridged(
+    connection: ClientConnection, label: str, limit: int, ended: Callable[[str], None]
+) -> AsyncIterator[TransportStreams]:
     """Relay frames to and from memory streams in two tasks, stopped when the context exits."""
     read_writer, read_stream = anyio.create_memory_object_stream[Incoming](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
     # Every end is closed here too: a task cancelled before its first step closes nothing.
     async with read_writer, read_stream, write_stream, write_reader, anyio.create_task_group() as tg:
-        tg.start_soon(_read_frames, connection, read_writer, label, limit)
+        tg.start_soon(_read_frames, connection, read_writer, label, limit, ended)
         tg.start_soon(_write_frames, connection, write_reader)
         try:
             yield read_stream, write_stream
@@ -105,9 +109,14 @@ async def _bridged(connection: ClientConnection, label: str, limit: int) -> Asyn
 
 
 async def _read_frames(
-    connection: ClientConnection, sink: MemoryObjectSendStream[Incoming], label: str, limit: int
+    connection: ClientConnection,
+    sink: MemoryObjectSendStream[Incoming],
+    label: str,
+    limit: int,
+    ended: Callable[[str], None],
 ) -> None:
-    """Pass each frame on as a message until the connection closes, then end the stream."""
+    """Pass each frame on as a message until the connection closes, then say why (``ended``)
+    and end the stream."""
     async with sink:
         try:
             while True:
@@ -115,6 +124,7 @@ async def _read_frames(
                 await sink.send(_parse(await connection.recv(decode=False), label, limit))
         except ConnectionClosed as closed:  # a clean close and a lost connection alike
             _ended(closed, label)
+            ended(why_closed(closed))
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the session stopped reading: it is closing
 
@@ -128,6 +138,21 @@ def _ended(closed: ConnectionClosed, label: str) -> None:
         )
     else:
         logger.info("websocket connection of upstream session %s ended: %s", label, closed)
+
+
+def why_closed(closed: ConnectionClosed) -> str:
+    """What ended the connection, as a call it fails and the upstream's status say it: the
+    upstream's close frame (its code and reason, at most 123 bytes by the protocol), the
+    gateway's own, or none."""
+    if closed.rcvd is not None:
+        return f"the upstream closed its websocket: {closed.rcvd}"
+    if closed.sent is not None:
+        return f"the gateway closed its websocket: {closed.sent}"
+    return "its websocket connection was lost (no close frame)"
+
+
+def _unheard(_: str) -> None:
+    """Nobody asked why the connection ended (the reader logs it all the same)."""
 
 
 def _parse(frame: bytes, label: str, limit: int) -> Incoming:
