@@ -13,25 +13,33 @@ are replaced there, once, by ones that read the connection's own:
 - ``request_within_origin``, which POSTs each message and read the answer's body whole (a
   202 with 400 MiB of body took the gateway to 1 GB), and whose failure ends the SDK's writer
   alone, silently: the connection is told (``writes_ended``), so the session is lost then.
+  Each POST is bounded by its sender's deadline (``_Deadlined``): one never answered held the
+  SDK's writer, which sends one at a time, for its client's read timeout (300 s), every later
+  message waiting behind it (each call failed after its timeout and 5 s more, the SDK's
+  wait to send its cancel), the upstream reported up.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 from urllib.parse import urljoin, urlparse
 from weakref import WeakKeyDictionary
 
+import anyio
 import httpx2
 import mcp_types
 from httpx2 import ServerSentEvent
 from mcp.client import sse
 from mcp.client._transport import TransportStreams
 from mcp.shared._httpx_utils import sse_within_origin, stream_within_origin
+from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCMessage
 
@@ -66,6 +74,9 @@ class _Connection:
 _OPENING: ContextVar[_Connection | None] = ContextVar("sse_connection", default=None)
 """The connection being opened, read as its stream opens and by its reader (a task started
 then, in this context). Its POSTs run in each sender's context: they find theirs by client."""
+_DEADLINE: ContextVar[float] = ContextVar("sse_post_deadline", default=math.inf)
+"""The deadline of the task that sent the message being POSTed (its call's, the connect's):
+set as it is sent, read by its POST, which runs in a copy of the sender's context."""
 _WRITERS: WeakKeyDictionary[httpx2.AsyncClient, WritesEnded] = WeakKeyDictionary()
 """Who is told when a POST on each connection's HTTP client fails."""
 
@@ -201,19 +212,62 @@ class _Types:
 async def _posted(
     client: httpx2.AsyncClient, method: str, url: httpx2.URL | str, **kwargs: Any
 ) -> httpx2.Response:
-    """``request_within_origin``, reading at most ``MAX_POST_ANSWER_BYTES`` of the answer; a
-    failure (raised, or a status the SDK raises for) told to the connection's ``WritesEnded``."""
-    told = _WRITERS.get(client)
-    try:
-        async with stream_within_origin(client, method, url, **kwargs) as response:
-            await _drained(response)
-    except Exception as exc:  # each ends the SDK's writer: told why, and raised on to it
-        if told is not None:
+    """``request_within_origin``, reading at most ``MAX_POST_ANSWER_BYTES`` of the answer,
+    within its sender's deadline (``_DEADLINE``); a failure (raised, or a status the SDK
+    raises for, or no answer in time) told to the connection's ``WritesEnded``."""
+    told = _WRITERS.get(client) or _untold
+    response: httpx2.Response | None = None
+    with anyio.CancelScope(deadline=_DEADLINE.get()) as bound:
+        try:
+            async with stream_within_origin(client, method, url, **kwargs) as response:
+                await _drained(response)
+        except Exception as exc:  # each ends the SDK's writer: told why, and raised on to it
             told(f"a POST to its message endpoint failed ({describe(exc)})")
-        raise
-    if not response.is_success and told is not None:
+            raise
+    if bound.cancelled_caught or response is None:  # its deadline came first
+        # Failed as any other POST is: every later message would wait behind this one.
+        told(UNANSWERED_POST)
+        raise TimeoutError(UNANSWERED_POST)
+    if not response.is_success:
         told(f"its message endpoint answered a POST with HTTP {response.status_code}")
     return response
+
+
+UNANSWERED_POST = "a POST to its message endpoint had no answer within its call's time"
+
+
+def _untold(reason: str) -> None:
+    """A POST on a client not opened here (the SDK's own use): nobody to tell."""
+
+
+class _Deadlined:
+    """The SDK's write stream, each message sent with its sender's deadline (``_DEADLINE``),
+    which bounds its POST."""
+
+    def __init__(self, inner: WriteStream[SessionMessage]) -> None:
+        self._inner = inner
+
+    async def send(self, item: SessionMessage, /) -> None:
+        token = _DEADLINE.set(anyio.current_effective_deadline())
+        try:
+            await self._inner.send(item)  # which copies the context, the deadline in it
+        finally:
+            _DEADLINE.reset(token)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def __aenter__(self) -> _Deadlined:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool | None:
+        await self.aclose()
+        return None
 
 
 async def _drained(response: httpx2.Response) -> None:
@@ -264,8 +318,11 @@ async def sse_client(
     connection = _Connection(url, label, max_event_bytes, refuse)
     token = _OPENING.set(connection)  # read on entering, and by the reader
     try:
-        async with sse.sse_client(url, headers=headers, httpx_client_factory=watched_client) as streams:
-            yield streams
+        async with sse.sse_client(url, headers=headers, httpx_client_factory=watched_client) as (
+            reads,
+            writes,
+        ):
+            yield reads, _Deadlined(writes)
     except Exception as exc:  # with no endpoint, the SDK's "child exited without started"
         if connection.refused is None:
             raise
