@@ -148,7 +148,7 @@ class _Events:
         logger.warning(
             "upstream session %s sent another endpoint event (%s): ignored, its messages still go to the first",
             label,
-            redacted_url(data),
+            redacted_url(str(clipped(data, 200))),  # cut first: an event may be max_message_bytes long
             extra={"peer": label},
         )
 
