@@ -105,10 +105,12 @@ def answers_with(message: dict[str, Any], text: str) -> bool:
 
 
 @asynccontextmanager
-async def sse_gateway(on_post: OnPost = passed, rewrite: Rewrite = kept) -> AsyncIterator[RunningGateway]:
+async def sse_gateway(
+    on_post: OnPost = passed, rewrite: Rewrite = kept, call_timeout: float = 30
+) -> AsyncIterator[RunningGateway]:
     app = hostile(kit_server().http_app(transport="sse", path="/sse"), on_post, rewrite)
     async with serving(app) as base:
-        upstream = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy"}
+        upstream = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy", "timeout": call_timeout}
         upstream |= {"retry": {"initial_delay": 0.05, "max_delay": 0.1}}
         async with running_gateway({"upstreams": {"kit": upstream}}) as gw:
             yield gw
@@ -197,6 +199,38 @@ async def test_a_post_that_fails_fails_its_call_at_once_and_the_upstream_reconne
     [line] = [line for line in written.lines if "post_writer" in line]
     assert error in line
     assert "Traceback" not in line
+
+
+async def stalled(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+    """Never answers the POST of a ``weather`` call (until the client hangs up)."""
+    if not calls(message, "weather"):
+        return send
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    return None
+
+
+async def test_a_post_never_answered_fails_its_call_within_its_timeout_and_the_upstream_reconnects() -> None:
+    # The SDK's writer, which POSTs one message at a time, waited on it for its client's read
+    # timeout (300 s): the call, and each later one (waiting behind it), failed after its
+    # timeout and 5 s more (the SDK's wait to send its cancel), the upstream reported up.
+    timeout = 2.0
+    lines = Written()
+    logging.getLogger().addHandler(lines)
+    try:
+        async with sse_gateway(stalled, call_timeout=timeout) as gw, Client(gw.url) as client:
+            upstream = gw.gateway.pool.get("kit")
+            began = anyio.current_time()
+            failed = await client.call_tool("kit__weather", {"city": "Oslo"})
+            took = anyio.current_time() - began
+            await wait_until(lambda: upstream.connections == 2 and str(upstream.state) == "up")
+            after = await client.call_tool("kit__ping", {})
+    finally:
+        logging.getLogger().removeHandler(lines)
+    assert failed.is_error
+    assert took < timeout + 2.5, took  # its own timeout, and the time to fail it
+    assert text_of(after) == "pong"
+    assert any("had no answer within its call's time" in line for line in lines.lines), lines.lines
 
 
 # -- what the stream says ----------------------------------------------------------------------

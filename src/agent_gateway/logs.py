@@ -102,6 +102,7 @@ class Clipped(logging.Filter):
 
 PEER_LOGGERS = (
     "mcp.client.",
+    "agent_gateway.compat.sse",
     "agent_gateway.upstreams.correlation",
     "agent_gateway.upstreams.forwarding",
     "agent_gateway.upstreams.http_transport",

@@ -243,7 +243,9 @@ async def open_transport(
                 refuse = partial(unread, label=label)
                 writes.watched = True
                 limit = config.max_message_bytes
-                transport = sse_client(config.url, dict(config.headers), _traced, limit, refuse, writes)
+                transport = sse_client(
+                    config.url, dict(config.headers), _traced, limit, refuse, writes, label
+                )
             elif kind == "websocket":
                 limit = config.max_message_bytes
                 transport = websocket_client(config.url, config.headers, limit, label, ended=writes)
