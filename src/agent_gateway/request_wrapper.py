@@ -8,16 +8,17 @@ audit trail. What each of those means lives in its own module (``access``, ``tel
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from pydantic import ValidationError
 
 from agent_gateway import access
-from agent_gateway.access import ANONYMOUS, AccessControl
+from agent_gateway.access import ANONYMOUS, AccessControl, Kind, Principal
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.errors import invalid_params, to_wire
-from agent_gateway.requested import UpstreamOf, requested
+from agent_gateway.requested import Requested, UpstreamOf, requested
 from agent_gateway.telemetry import RequestTelemetry
 from agent_gateway.visibility import Visibility
 
@@ -53,6 +54,7 @@ class RequestWrapper:
         params = ctx.params or {}
         subject = client.subject if client is not None else ANONYMOUS
         request = requested(ctx.method, params, self._upstream_of, self._via)
+        request = hidden_as_unknown(ctx.method, request, client)
         # In this order: the record carries the span's trace id; a refusal below is recorded.
         with (
             self._telemetry.spanned(ctx, params, request) as span,
@@ -71,6 +73,22 @@ class RequestWrapper:
             span.answered(result)
             record.answered(result)
             return result
+
+
+def hidden_as_unknown(method: str, request: Requested, client: Principal | None) -> Requested:
+    """``request`` as its span, metric and record should see it: a name outside the client's
+    policy as one the catalog does not hold (no upstream). Its refusal already reads the same
+    either way; labelled with its upstream, ``/metrics`` (open to scrapers) told a client
+    which hidden names exist (and, by their counts, which other clients call them)."""
+    if request.upstream is None or client is None or request.target is None:
+        return request
+    if client.allows(_KINDS.get(method, "resource"), request.target):
+        return request
+    return replace(request, upstream=None)
+
+
+_KINDS: dict[str, Kind] = {"tools/call": "tool", "prompts/get": "prompt"}
+"""The kind of name each method names (every other one ``upstream_of`` knows names a resource)."""
 
 
 _INTRODUCTIONS = frozenset({"initialize", "server/discover"})

@@ -4,18 +4,32 @@
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
+import httpx
 import httpx2
 import mcp_types as types
+import yaml
 from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer
-from tests.support import RunningGateway, running_gateway, serving_upstream
+from tests.support import (
+    RunningGateway,
+    child_process,
+    gateway_env,
+    python_upstream,
+    ready,
+    running_gateway,
+    serving_upstream,
+)
+from tests.test_telemetry import free_port
 
 
 def _server(name: str) -> FastMCP:
@@ -93,3 +107,45 @@ async def test_a_restricted_client_reads_only_the_words_of_upstreams_it_reaches(
                     await anyio.sleep(0.02)
     assert full_logs == ["public: line", "hidden: line", "public: end"]
     assert restricted_logs == ["public: line", "public: end"]
+
+
+async def test_metrics_say_nothing_of_a_hidden_tool_a_client_calls(tmp_path: Path) -> None:
+    # Refused alike, a hidden tool and a made-up one were told apart by /metrics (open to
+    # scrapers): the hidden one's series carried its name and upstream.
+    port = free_port()
+    config = {
+        "server": {"port": port},
+        "upstreams": {"counter": python_upstream("counter.py")},
+    } | bearer({"tools": ["counter__increment"]})
+    (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
+    gateway = [
+        str(Path(sys.executable).parent / "agent-gateway"),
+        "serve",
+        "-c",
+        str(tmp_path / "gateway.yaml"),
+    ]
+    env = {**gateway_env(), "B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+    async with child_process(gateway, env, tmp_path / "gateway.log"):
+        await ready(port)
+        url = f"http://127.0.0.1:{port}/mcp"
+        async with client(url, ATTACKER_TOKEN, []) as attacker:
+            refusals = []
+            for name in ("counter__pid", "counter__no_such_tool"):
+                refused = await attacker.call_tool(name, {})
+                assert refused.is_error
+                block = refused.content[0]
+                assert isinstance(block, types.TextContent)
+                refusals.append(block.text.replace(name, "NAME"))
+            assert (await attacker.call_tool("counter__increment", {})).structured_content == {"result": 1}
+        async with httpx.AsyncClient() as http:
+            scraped = (await http.get(f"http://127.0.0.1:{port}/metrics")).text
+    assert refusals[0] == refusals[1]  # the answers read alike
+    assert 'gen_ai_tool_name="counter__increment"' in scraped  # the allowed call is counted by name
+    assert "counter__pid" not in scraped
+    calls = re.findall(r"^mcp_server_operation_duration_seconds_count\{(.*)\} (\S+)$", scraped, re.M)
+    refused_calls = [(labels, count) for labels, count in calls if 'error_type="tool_error"' in labels]
+    assert len(refused_calls) == 1, refused_calls  # one series for both: no name, no upstream
+    labels, count = refused_calls[0]
+    assert 'agent_gateway_upstream=""' in labels
+    assert 'gen_ai_tool_name=""' in labels
+    assert float(count) == 2
