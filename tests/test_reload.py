@@ -267,3 +267,43 @@ async def test_a_call_in_flight_on_a_removed_upstream_is_given_the_drain_timeout
         assert text_of(await client.call_tool("keep__increment", {})) == "1"
     [answer] = answers
     assert outcome in text_of(answer)
+
+
+async def test_a_reload_adding_an_upstream_that_never_answers_is_done_in_seconds_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The reload waited out the new upstream's connect_timeout (60 s), saying nothing, and
+    # every reload after it waited behind it.
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+
+    async def silent(stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with anyio.CancelScope() as scope:
+                accepted.append(scope)
+                async for _ in stream:  # reads the request, answers nothing
+                    pass
+
+    accepted: list[anyio.CancelScope] = []
+    path = write(tmp_path / "g.yaml", {"keep": counter()})
+    silent_upstream = {"url": f"http://127.0.0.1:{port}/mcp", "connect_timeout": 60}
+    async with (
+        listener,
+        anyio.create_task_group() as tg,
+        from_file(path) as (gw, reloader),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        tg.start_soon(listener.serve, silent)
+        write(path, {"keep": counter(), "silent": silent_upstream})
+        with anyio.fail_after(BOUND):  # well inside the silent one's connect_timeout
+            added = await reloader.reload()
+            assert added is not None
+            assert added.added == ("silent",)
+            assert accepted  # it was reached, and never answered
+            assert str(gw.gateway.pool.get("silent").state) == "connecting"
+            write(path, {"keep": counter()})
+            assert await reloader.reload() is not None  # the next reload is not held behind it
+        assert text_of(await client.call_tool("keep__increment", {})) == "1"
+        tg.cancel_scope.cancel()
+    said = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.reload"]
+    assert "reload: silent not connected within 5 s; applied, connecting on in the background" in said

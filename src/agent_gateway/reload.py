@@ -105,11 +105,24 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
         for name in restarted:
             tg.start_soon(gateway.pool.remove, name, applied.server.drain_timeout)
     await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, restarted)
+    started = (*found.added, *found.changed)
     async with anyio.create_task_group() as tg:
-        for name in (*found.added, *found.changed):
-            tg.start_soon(gateway.pool.add, name, applied.active_upstreams[name])
+        for name in started:
+            tg.start_soon(gateway.pool.add, name, applied.active_upstreams[name], SETTLE_WAIT)
     await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, ())
+    if connecting := [name for name in started if not gateway.pool.upstreams[name].settled.is_set()]:
+        logger.warning(
+            "reload: %s not connected within %g s; applied, connecting on in the background",
+            ", ".join(connecting),
+            SETTLE_WAIT,
+        )
     return found
+
+
+SETTLE_WAIT = 5.0
+"""Seconds a reload waits for the upstreams it starts to connect (or fail) before it is done:
+one that never answers held the reload, and every reload after it, for its connect_timeout
+(60 s), saying nothing. Its tools are listed whenever it connects."""
 
 
 class Reloader:

@@ -155,12 +155,12 @@ class UpstreamPool:
         life = self._lives[upstream.name] = _Life()
         self._tg.start_soon(life.run, upstream, name=f"upstream {upstream.name}")
 
-    async def add(self, name: str, config: UpstreamConfig) -> Upstream:
+    async def add(self, name: str, config: UpstreamConfig, wait: float) -> Upstream:
         """Start a new upstream (configuration reload); return once it has connected or
-        failed once (bounded by its connect_timeout)."""
+        failed once, or after ``wait`` seconds (it goes on connecting meanwhile)."""
         upstream = self.upstreams[name] = self._make(name, config)
         self._start(upstream)
-        with anyio.move_on_after(config.connect_timeout + 1):
+        with anyio.move_on_after(wait):
             await upstream.settled.wait()
         return upstream
 
