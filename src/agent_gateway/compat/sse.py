@@ -27,7 +27,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 from urllib.parse import urljoin, urlparse
 from weakref import WeakKeyDictionary
@@ -44,6 +43,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCMessage
 
 from agent_gateway.compat.mcp import Unreadable, parse_message
+from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.errors import UpstreamUnavailable, describe
 from agent_gateway.logs import clipped, redacted_url
 
@@ -240,7 +240,7 @@ def _untold(reason: str) -> None:
     """A POST on a client not opened here (the SDK's own use): nobody to tell."""
 
 
-class _Deadlined:
+class _Deadlined(StreamWrapper[WriteStream[SessionMessage]]):
     """The SDK's write stream, each message sent with its sender's deadline (``_DEADLINE``),
     which bounds its POST."""
 
@@ -253,21 +253,6 @@ class _Deadlined:
             await self._inner.send(item)  # which copies the context, the deadline in it
         finally:
             _DEADLINE.reset(token)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> _Deadlined:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> bool | None:
-        await self.aclose()
-        return None
 
 
 async def _drained(response: httpx2.Response) -> None:

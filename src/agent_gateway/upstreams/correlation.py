@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from types import TracebackType
 
 import anyio
 import mcp_types as types
@@ -25,6 +24,7 @@ from mcp.shared.jsonrpc_dispatcher import cancelled_request_id_from_params
 from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import WriteStream
+from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.upstreams.pace import Pace
 
 logger = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class SentRequests:
         return False
 
 
-class RecordingWriteStream:
+class RecordingWriteStream(StreamWrapper[WriteStream[SessionMessage]]):
     """A transport's write stream that notes each message in ``sent`` before sending it, and
     each answer to the upstream's requests in ``pace`` once it is sent; a send finding the
     write side gone tells ``writes_ended`` (its transport's writer stopped alone)."""
@@ -102,18 +102,3 @@ class RecordingWriteStream:
             self._writes_ended("its transport stopped sending")
             raise
         self._pace.answered(item)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> RecordingWriteStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> bool | None:
-        await self.aclose()
-        return None

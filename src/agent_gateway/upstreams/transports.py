@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
-from types import TracebackType
 from typing import Any
 
 import anyio
@@ -26,6 +25,7 @@ from agent_gateway.compat.mcp import (
 )
 from agent_gateway.compat.resumed import HttpSession, http_session
 from agent_gateway.compat.sse import sse_client
+from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
@@ -66,7 +66,7 @@ class WritesEnded:
             self.reading.cancel()
 
 
-class WatchedReadStream:
+class WatchedReadStream(StreamWrapper[ReadStream[SessionMessage | Exception]]):
     """A read stream that sets ``closed`` when the peer's stream ends (or its writes do:
     ``WritesEnded``), drops responses to ids the session never sent (``correlation``), and
     takes what the peer sends unasked at its ``pace``.
@@ -131,21 +131,6 @@ class WatchedReadStream:
             return await self.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError):
             raise StopAsyncIteration from None
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    async def __aenter__(self) -> WatchedReadStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc_val: BaseException | None,
-        exc_tb: TracebackType | None,
-    ) -> bool | None:
-        await self.aclose()
-        return None
 
 
 @asynccontextmanager
