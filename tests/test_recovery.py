@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.connection import UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
 from tests.faults.harness import Faulted, HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
-from tests.support import SERVERS, config_of, python_upstream
+from tests.support import config_of, python_upstream
 
 
 class FakeClock:
@@ -333,13 +332,12 @@ async def test_an_upstream_that_drops_each_connection_at_once_waits_longer_each_
     # client told list_changed twice a round). Each wait is at least half its ceiling, the
     # ceiling doubling from initial_delay: the sixth at least 0.025 * 2**6 s.
     starts = tmp_path / "starts"
-    config = {
-        "command": sys.executable,
-        "args": [str(SERVERS / "raw_stdio.py")],
-        "env": {"RAW_STARTS": str(starts), "RAW_EXIT_AFTER_LIST": "1"},
-        "retry": {"initial_delay": 0.05, "max_delay": 10},
-        "health": {"interval": None},
-    }
+    config = python_upstream(
+        "raw_stdio.py",
+        env={"RAW_STARTS": str(starts), "RAW_EXIT_AFTER_LIST": "1"},
+        retry={"initial_delay": 0.05, "max_delay": 10},
+        health={"interval": None},
+    )
     async with gateway_under_fault({"flapping": config}):
         await wait_until(lambda: starts.exists() and len(starts.read_text().split()) >= 8, 60)
     times = [float(t) for t in starts.read_text().split()]
@@ -352,12 +350,9 @@ async def test_an_upstream_that_stops_answering_is_reported_down_before_its_proc
     # The upstream was reported up until its transport had closed: for a stdio child that
     # ignores SIGTERM, the grace period and the kill after it (seconds of /readyz saying up).
     hung = tmp_path / "hung"
-    config = {
-        "command": sys.executable,
-        "args": [str(SERVERS / "raw_stdio.py")],
-        "env": {"RAW_HANG_ON_CALL": str(hung)},
-        "health": {"interval": 0.2, "timeout": 0.5},
-    }
+    config = python_upstream(
+        "raw_stdio.py", env={"RAW_HANG_ON_CALL": str(hung)}, health={"interval": 0.2, "timeout": 0.5}
+    )
     async with (
         gateway_under_fault({"raw": config}) as faulted,
         Client(faulted.gw.url) as client,

@@ -4,13 +4,12 @@ upstream's credentials, within a rate; never written past the gateway's log."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from mcp import Client
 
 from tests.faults.harness import text_of
-from tests.support import SERVERS, gateway_child
+from tests.support import gateway_child, python_upstream
 
 TOKEN = "chatty-secret-credential-0123456789"
 
@@ -21,11 +20,7 @@ async def test_a_stdio_upstreams_stderr_is_logged_by_the_gateway_cut_scrubbed_an
     # The child wrote to the gateway's stderr itself: not JSON, not clipped, not bounded, and
     # an upstream that printed its environment put its credential in the gateway's log.
     log = tmp_path / "gateway.log"
-    upstream = {
-        "command": sys.executable,
-        "args": [str(SERVERS / "raw_stdio.py")],
-        "env": {"RAW_TOKEN": TOKEN},
-    }
+    upstream = python_upstream("raw_stdio.py", env={"RAW_TOKEN": TOKEN})
     config = {"upstreams": {"chatty": upstream}, "telemetry": {"log_format": "json"}}
     async with gateway_child(config, tmp_path, log) as (base, _), Client(f"{base}/mcp") as client:
         assert text_of(await client.call_tool("chatty__hello", {})) == "hello"
