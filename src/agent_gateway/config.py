@@ -41,7 +41,8 @@ class HealthConfig(_Strict):
     """Pings that find an upstream which stopped answering while its connection looks open."""
 
     interval: Seconds | None = 30.0
-    """Seconds between pings on the shared connection; None: no pings."""
+    """Seconds between pings on the shared connection; None: none on a timer (one is still sent
+    when a call times out with nothing else heard)."""
     timeout: Seconds = 10.0
     """A ping not answered within this marks the upstream down (and fails its pending calls)."""
 

@@ -70,6 +70,13 @@ async def hang(ctx: Context, report: bool = False) -> str:
 
 
 @server.tool
+def crash() -> str:
+    """Exit the process at once, mid-call."""
+    sys.stdout.flush()
+    os._exit(3)
+
+
+@server.tool
 def freeze() -> str:
     """Stop the whole process (SIGSTOP): no answer, no pings, until it is killed."""
     os.kill(os.getpid(), signal.SIGSTOP)

@@ -6,6 +6,7 @@ Its errors are translated where every call's are: ``UpstreamSession.translated``
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -161,8 +162,10 @@ class Upstream:
         tg.start_soon(self._refresh_on_change, client, session)
         if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
             tg.start_soon(self._listen_for_changes, client, session)
-        if self.config.health.interval is not None:
-            tg.start_soon(self._ping, client, session, self.config.health.interval)
+        # With no timer (health.interval null) a check is still sent when a call times out
+        # with nothing else heard: one client's slow calls opened the circuit for every client.
+        interval = self.config.health.interval
+        tg.start_soon(self._ping, client, session, math.inf if interval is None else interval)
         await session.lost.wait()
         # Down at once: /readyz and new calls need not wait for the transport's close (a
         # WebSocket's closing handshake, a child's exit).
@@ -170,7 +173,8 @@ class Upstream:
         tg.cancel_scope.cancel()
 
     async def _ping(self, client: Client, session: UpstreamSession, interval: float) -> None:
-        """Ping every ``interval``; an unanswered ping gives the connection up. Pings bypass
+        """Ping every ``interval`` (and when a call times out); an unanswered ping gives the
+        connection up. Pings bypass
         the guard: they must reach an upstream whose circuit is open, to see it recover."""
         session.guard.checked = True
         try:
