@@ -5,6 +5,7 @@ how the gateway treats the process itself:
 - ``RAW_TOKEN``: before serving, writes to stderr a line holding this credential, a line of
   100,000 characters and 5,000 short lines;
 - ``RAW_EXIT_AFTER_LIST``: exits once it has answered its listing (up, and at once gone);
+- ``RAW_CALLS``: a file each call appends a line to;
 - ``RAW_HANG_ON_CALL``: at its first call, writes its pid to this file, then answers nothing
   more and ignores SIGTERM (stopped only by SIGKILL).
 """
@@ -43,6 +44,9 @@ for line in sys.stdin:
             record.write(str(os.getpid()))
         time.sleep(3600)
     elif method == "tools/call":
+        if calls := os.environ.get("RAW_CALLS"):
+            with open(calls, "a") as record:
+                record.write("call\n")
         result = {"content": [{"type": "text", "text": "hello"}]}
     print(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}), flush=True)
     if method == "tools/list" and os.environ.get("RAW_EXIT_AFTER_LIST"):

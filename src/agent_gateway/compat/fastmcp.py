@@ -27,6 +27,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError
 
 from agent_gateway.downstream.stdin import StdinLines
+from agent_gateway.downstream.stdout import WRITE_GRACE, AnsweringStream, StdoutLines
 from agent_gateway.errors import KeysUnavailable
 
 logger = logging.getLogger(__name__)
@@ -79,22 +80,40 @@ def past_fastmcp(lowlevel: Server[Any], own: frozenset[str]) -> None:
 
 async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     """What FastMCP's ``run_stdio_async`` does, the client's requests read from ``requests``
-    instead of the SDK's reader of fd 0, which a stop could not interrupt; a request too long
-    to read, or malformed, is answered with an error on the SDK's stream to stdout. The rest
-    is theirs: FastMCP's transport marker and lifespan, the SDK's stdio transport (stdout
-    claimed as it claims it), the low-level server's loop."""
+    instead of the SDK's reader of fd 0, which a stop could not interrupt, and its answers
+    written by ``downstream/stdout.py`` instead of the SDK's writer, which a client not
+    reading held for ever; a request is read while fewer than ``MAX_IN_FLIGHT`` are
+    unanswered; a request too long to read, or malformed, is answered with an error on the
+    SDK's stream to stdout. Once the input has ended, the answers left are given
+    ``WRITE_GRACE`` to be taken. The rest is theirs: FastMCP's transport marker and
+    lifespan, the SDK's stdio transport, the low-level server's loop."""
     token = set_transport("stdio")
     try:
         lowlevel = lowlevel_server(server)
         async with (
             server._lifespan_manager(),  # pyright: ignore[reportPrivateUsage]
-            # The SDK reads any object its loop can iterate over; its hint names its own.
-            stdio_server(stdin=cast(anyio.AsyncFile[str], requests)) as (read, write),
+            StdoutLines() as answers,
+            anyio.create_task_group() as tg,
         ):
-            requests.refuse = partial(_refused, write)
-            await lowlevel.run(read, write, lowlevel.create_initialization_options())
+            tg.start_soon(_stopped_after_grace, requests.ended, tg.cancel_scope)
+            # The SDK reads and writes any object with the methods its loops call; its hint
+            # names its own.
+            stdin, stdout = cast(anyio.AsyncFile[str], requests), cast(anyio.AsyncFile[str], answers)
+            async with stdio_server(stdin=stdin, stdout=stdout) as (read, write):
+                requests.refuse = partial(_refused, write)
+                answering = AnsweringStream(write, requests.in_flight)
+                await lowlevel.run(read, answering, lowlevel.create_initialization_options())
+            tg.cancel_scope.cancel()
     finally:
         reset_transport(token)
+
+
+async def _stopped_after_grace(ended: anyio.Event, serving: anyio.CancelScope) -> None:
+    """A client whose input has ended and that takes no more answers is not waited for."""
+    await ended.wait()
+    await anyio.sleep(WRITE_GRACE)
+    logger.warning("stdio: input ended %g s ago and the answers left are not taken: stopping", WRITE_GRACE)
+    serving.cancel()
 
 
 class _Sends(Protocol):

@@ -50,12 +50,12 @@ def malformed(line: str) -> Malformed | None:
     if nests_deeper(line):  # as an HTTP body is refused (``limits``)
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             return Malformed(TOO_DEEP, None)
-        return _refused(TOO_DEEP, _usable(getattr(message, "id", None)))
+        return refusal(TOO_DEEP, _usable(getattr(message, "id", None)))
     if (held := unrepresentable(line)) is not None:
         reason = f"the message holds {held}"
         if isinstance(message, types.JSONRPCResponse | types.JSONRPCError):
             return Malformed(reason, None)  # an answer: an error to it would be read as one
-        return _refused(reason, _usable(getattr(message, "id", None)), types.PARSE_ERROR)
+        return refusal(reason, _usable(getattr(message, "id", None)), types.PARSE_ERROR)
     if isinstance(message, types.JSONRPCNotification) and '"id"' in line:
         return _diagnosed(line, None)  # a request whose id the SDK did not take, maybe
     return None
@@ -74,7 +74,7 @@ def too_many_values(line: bytes, bound: int) -> Malformed | None:
     head, tail = line[:_EDGE], line[-_EDGE:]
     if b'"method"' not in head and b'"method"' not in tail:
         return Malformed(reason, None)
-    return _refused(reason, request_id_of(head, tail))
+    return refusal(reason, request_id_of(head, tail))
 
 
 def _diagnosed(line: str, exc: ValidationError | None) -> Malformed | None:
@@ -82,13 +82,13 @@ def _diagnosed(line: str, exc: ValidationError | None) -> Malformed | None:
         value: object = json.loads(line.rstrip())  # a position on the line, not past its end
     except RecursionError:
         found = request_id_of(line[:_EDGE].encode(), line[-_EDGE:].encode())
-        return _refused(TOO_DEEP, found)
+        return refusal(TOO_DEEP, found)
     except ValueError as error:
-        return _refused(f"not JSON: {error}", None, types.PARSE_ERROR)
+        return refusal(f"not JSON: {error}", None, types.PARSE_ERROR)
     if isinstance(value, list):
         return _batch(value)
     if not isinstance(value, dict):
-        return _refused(f"a message must be a JSON object, not {_kind(value)}", None)
+        return refusal(f"a message must be a JSON object, not {_kind(value)}", None)
     return _checked(value, exc)
 
 
@@ -96,7 +96,7 @@ def _batch(values: list[Any]) -> Malformed:
     ids = [_usable(value.get("id")) for value in values if isinstance(value, dict) and "method" in value]
     single = ids[0] if len(ids) == 1 else None
     reason = "a batch (JSON array): MCP does not use batches, send each message on a line of its own"
-    return _refused(reason, single)
+    return refusal(reason, single)
 
 
 def _checked(message: dict[str, Any], exc: ValidationError | None) -> Malformed | None:
@@ -106,12 +106,12 @@ def _checked(message: dict[str, Any], exc: ValidationError | None) -> Malformed 
         return Malformed(f"an answer to id {_shown(message.get('id'))} is malformed: {reason[1]}", None)
     request_id = _usable(message.get("id"))
     if "id" in message and request_id is None:
-        return _refused(f"a request id must be a string or an integer, not {_shown(message['id'])}", None)
+        return refusal(f"a request id must be a string or an integer, not {_shown(message['id'])}", None)
     if (reason := _request_problem(message)) is not None:
-        return _refused(reason, request_id)
+        return refusal(reason, request_id)
     kind = "JSONRPCRequest" if "id" in message else "JSONRPCNotification"
     if (sdk := _sdk_reason(exc, kind)) is not None:
-        return _refused(sdk[1], request_id, sdk[0])
+        return refusal(sdk[1], request_id, sdk[0])
     return None
 
 
@@ -141,7 +141,8 @@ def _sdk_reason(exc: ValidationError | None, kind: str) -> tuple[int, str] | Non
     return types.INVALID_REQUEST, f"{where or 'the message'}: {first['msg']}"
 
 
-def _refused(reason: str, to: types.RequestId | None, code: int = types.INVALID_REQUEST) -> Malformed:
+def refusal(reason: str, to: types.RequestId | None, code: int = types.INVALID_REQUEST) -> Malformed:
+    """``reason`` as the error a request to ``to`` is answered with."""
     error = types.ErrorData(code=code, message=reason)
     return Malformed(reason, types.JSONRPCError(jsonrpc="2.0", id=to, error=error))
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -28,9 +29,13 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 import mcp_types as types
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from agent_gateway.downstream.malformed import Malformed, malformed, too_many_values
+from agent_gateway.body_shape import MAX_ID_LENGTH, is_request, problem
+from agent_gateway.downstream.malformed import Malformed, malformed, refusal, too_many_values
+from agent_gateway.downstream.stdout import InFlight
+from agent_gateway.logs import clipped
 from agent_gateway.refusals import refused
 from agent_gateway.upstreams.stdio import request_id_of
 
@@ -38,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 _EDGE = 512
 """The last bytes of a line over the limit that are kept: where its id may be."""
+
+HANG_UP_CHECK = 1.0
+"""Seconds between looks at whether the client closed its input, while its requests wait for
+room: the end of input is read only after the lines before it, which are not read then."""
 
 Refuse = Callable[[types.JSONRPCError], Awaitable[None]]
 """Sends the client an error answer."""
@@ -62,6 +71,10 @@ class StdinLines:
         self._receive: MemoryObjectReceiveStream[bytes | _TooLong] = receive
         self.refuse: Refuse | None = None
         """How a refused request is answered (set by the transport; None: not answered)."""
+        self.in_flight = InFlight()
+        """The requests read whose answers are not handed to stdout yet (released there)."""
+        self.ended = anyio.Event()
+        """Set at the end of the input."""
 
     async def __aenter__(self) -> StdinLines:
         source = os.fdopen(os.dup(self._fd), "rb")  # a duplicate: nothing closes it under the thread
@@ -85,6 +98,7 @@ class StdinLines:
             try:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
+                self.ended.set()
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
                 await self._too_long(line)
@@ -95,9 +109,37 @@ class StdinLines:
             text = line.decode("utf-8", errors="replace")
             if not text.strip():
                 continue  # nothing to read, nothing to answer
-            if (problem := malformed(text)) is None:
+            if (problem := malformed(text) or await self._admitted(line)) is None:
                 return text
             await self._malformed(problem, len(line))
+
+    async def _admitted(self, line: bytes) -> Malformed | None:
+        """Why a request is refused for its shape (as an HTTP body's is) or for an id already
+        in flight; None once it is counted in flight (room waited for: ``stdout.InFlight``).
+        A client's cancel releases the request it names: the SDK answers it no more."""
+        message = msgspec.json.decode(line)  # JSON, as ``malformed`` found
+        if not isinstance(message, dict):
+            return None
+        if message.get("method") == "notifications/cancelled":
+            params = message.get("params")
+            if isinstance(params, dict) and isinstance(cancelled := params.get("requestId"), str | int):
+                self.in_flight.answered(cancelled)
+            return None
+        if not is_request(message):
+            return None
+        request_id = message["id"]
+        if (found := problem(line, message)) is not None:
+            answerable = not isinstance(request_id, str) or len(request_id) <= MAX_ID_LENGTH
+            return refusal(found[0], request_id if answerable else None, found[1])
+        if request_id in self.in_flight:
+            return refusal(f"a request with id {clipped(request_id)} is in flight already", request_id)
+        while self.in_flight.full:
+            with anyio.move_on_after(HANG_UP_CHECK):
+                await self.in_flight.answer()
+            if hung_up(self._fd):  # what it wrote and was not read yet will not be served
+                self.ended.set()
+        self.in_flight.add(request_id)
+        return None
 
     async def _too_long(self, line: _TooLong) -> None:
         reason = f"request of {line.size} bytes is over server.max_body_bytes ({self._limit})"
@@ -141,3 +183,10 @@ class StdinLines:
             size += len(rest)
             tail = (tail + rest)[-_EDGE:]
         return _TooLong(head, tail.rstrip(b"\r\n"), size)
+
+
+def hung_up(fd: int) -> bool:
+    """Whether the writer of the pipe ``fd`` reads has closed it (lines may be left unread)."""
+    poll = select.poll()
+    poll.register(fd, select.POLLIN)
+    return any(events & select.POLLHUP for _, events in poll.poll(0))

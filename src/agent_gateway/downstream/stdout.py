@@ -1,0 +1,143 @@
+"""A stdio client's answers: written to stdout by a daemon thread, and the requests a stdio
+client has in flight, bounded until their answers are on their way.
+
+The SDK writes stdout through anyio's file wrapper, each line in a worker thread that a
+cancellation must wait for: a client that stopped reading its stdout (its pipe full) held
+that thread, and with it the gateway, for ever: the gateway outlived the client's end of
+input holding a gigabyte, its upstreams' processes running. And nothing held a client back
+that wrote requests without reading the answers: each was served, its answer kept until
+stdout took it (52,000 listings in 40 s: 2 GB). Here a daemon thread writes each line
+handed to it (a hand-over a cancellation ends at once), and a request is read only while
+fewer than ``MAX_IN_FLIGHT`` are unanswered, so such a client is held back by its own pipe,
+as over HTTP by the connection's. fd 1 is diverted to stderr while the gateway serves, as
+the SDK's transport does (a handler's stray print must not land on the wire), and restored.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from types import TracebackType
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import mcp_types as types
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from mcp.shared.message import SessionMessage
+
+from agent_gateway.compat.mcp import WriteStream
+from agent_gateway.compat.streams import StreamWrapper
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 64
+"""Requests of a stdio client served at once, their answers not yet handed to stdout (as a
+client's ``max_concurrency`` over HTTP): past it the next line is not read."""
+WRITE_GRACE = 5.0
+"""Seconds the answers left are given to reach stdout once the client's input has ended."""
+
+
+class InFlight:
+    """The ids of the requests being served whose answers are not yet handed to stdout."""
+
+    def __init__(self, bound: int = MAX_IN_FLIGHT) -> None:
+        self._bound = bound
+        self._ids: set[types.RequestId] = set()
+        self._answered = anyio.Event()
+
+    def __contains__(self, request_id: types.RequestId) -> bool:
+        return request_id in self._ids
+
+    @property
+    def full(self) -> bool:
+        return len(self._ids) >= self._bound
+
+    async def answer(self) -> None:
+        """Wait for the next answer handed to stdout."""
+        await self._answered.wait()
+
+    def add(self, request_id: types.RequestId) -> None:
+        self._ids.add(request_id)
+
+    def answered(self, request_id: types.RequestId) -> None:
+        """``request_id`` is answered (or cancelled by its client: the SDK answers it no more)."""
+        if request_id in self._ids:
+            self._ids.discard(request_id)
+            self._answered.set()
+            self._answered = anyio.Event()
+
+
+class AnsweringStream(StreamWrapper[WriteStream[SessionMessage]]):
+    """The low-level server's write stream: each answer handed on releases its request."""
+
+    def __init__(self, inner: WriteStream[SessionMessage], in_flight: InFlight) -> None:
+        self._inner = inner
+        self._in_flight = in_flight
+
+    async def send(self, item: SessionMessage, /) -> None:
+        await self._inner.send(item)
+        message = item.message
+        if isinstance(message, types.JSONRPCResponse | types.JSONRPCError) and message.id is not None:
+            self._in_flight.answered(message.id)
+
+
+class StdoutLines:
+    """What the SDK's stdio transport writes to stdout (``write``, ``flush``), written by a
+    daemon thread to a duplicate of fd 1, fd 1 itself pointed at stderr meanwhile."""
+
+    def __init__(self, fd: int = 1) -> None:
+        self._fd = fd
+        send, receive = anyio.create_memory_object_stream[bytes](0)
+        self._send: MemoryObjectSendStream[bytes] = send
+        self._receive: MemoryObjectReceiveStream[bytes] = receive
+        self._written = anyio.Event()
+        self._wire = -1
+
+    async def __aenter__(self) -> StdoutLines:
+        self._wire = fcntl.fcntl(self._fd, fcntl.F_DUPFD_CLOEXEC, 3)
+        os.dup2(2, self._fd)
+        token = anyio.lowlevel.current_token()
+        threading.Thread(target=self._write_lines, args=(token,), name="stdout", daemon=True).start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._send.close()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(WRITE_GRACE):
+            await self._written.wait()  # what was handed over is written, or the client reads no more
+        self._receive.close()  # the thread, if blocked in its write, ends with the process
+        os.dup2(self._wire, self._fd)
+
+    async def write(self, text: str) -> None:
+        try:
+            await self._send.send(text.encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return  # stdout is gone (the client closed it): nobody reads the answer
+
+    async def flush(self) -> None:
+        """Each line is flushed as it is written."""
+
+    def _write_lines(self, token: anyio.lowlevel.EventLoopToken) -> None:
+        """The thread: write each line handed over until the hand-over ends or stdout fails."""
+        with os.fdopen(self._wire, "wb", closefd=False) as wire:
+            try:
+                while True:
+                    line = anyio.from_thread.run(self._receive.receive, token=token)
+                    wire.write(line)
+                    wire.flush()
+            except OSError as exc:  # EPIPE: the client closed its end
+                logger.warning("stdio: writing stdout failed (%s): answers are dropped from now", exc)
+            except Exception:  # the hand-over ended (closed, finished, cancelled): done
+                logger.debug("stdio: stdout's writer done")
+        try:
+            anyio.from_thread.run_sync(self._ended, token=token)
+        except Exception:  # the loop has finished already: nobody to tell
+            return
+
+    def _ended(self) -> None:
+        self._written.set()
+        self._receive.close()  # a write handed over from now is dropped, not waited on

@@ -1,0 +1,147 @@
+"""A stdio client that writes requests and reads none of the answers: held back by its own
+pipe once ``MAX_IN_FLIGHT`` requests are unanswered, and its end of input ends the gateway
+(its upstreams reaped) though the answers left are never taken. Its requests are bounded as
+an HTTP client's are: an id past 256 characters, a second request under an id in flight."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import yaml
+from anyio.abc import Process
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from tests.e2e.peers import BOUND, descendants
+from tests.e2e.test_stdio_gateway import AGENT_GATEWAY, _initialize, all_exited, serve_args
+from tests.support import gateway_env, python_upstream
+
+pytestmark = pytest.mark.e2e
+
+FLOOD = 3000
+
+
+def stdio_config(tmp_path: Path, calls: Path) -> Path:
+    raw = python_upstream("raw_stdio.py", env={"RAW_CALLS": str(calls)})
+    upstreams = {"raw": raw, "slow": python_upstream("faulty.py")}
+    path = tmp_path / "gateway.yaml"
+    path.write_text(yaml.safe_dump({"server": {"transport": "stdio"}, "upstreams": upstreams}))
+    return path
+
+
+def call(request_id: Any, name: str = "raw__hello", **arguments: Any) -> bytes:
+    params = {"name": name, "arguments": arguments}
+    return (
+        json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}).encode()
+        + b"\n"
+    )
+
+
+async def initialized(process: Process) -> BufferedByteReceiveStream:
+    assert process.stdin is not None
+    assert process.stdout is not None
+    replies = BufferedByteReceiveStream(process.stdout)
+    with anyio.fail_after(BOUND):
+        await process.stdin.send(json.dumps(_initialize()).encode() + b"\n")
+        await replies.receive_until(b"\n", 1_000_000)
+    return replies
+
+
+def recorded(calls: Path) -> int:
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+async def settled(calls: Path) -> int:
+    """The calls the upstream recorded once they stop coming (or all have come)."""
+    seen, still = -1, 0
+    with anyio.fail_after(120):
+        while still < 8 and seen < FLOOD:
+            await anyio.sleep(0.25)
+            now = recorded(calls)
+            seen, still = now, (still + 1 if now == seen else 0)
+    return seen
+
+
+async def test_a_client_reading_no_answers_is_held_back_and_its_end_of_input_ends_the_gateway(
+    tmp_path: Path,
+) -> None:
+    # Each request was served and its answer kept until stdout took it: 52,000 listings in
+    # 40 s held 2 GB. At the end of input, the SDK's writer, blocked on the full pipe, held
+    # the gateway (1.1 GB, its upstreams running) for as long as the client lived.
+    calls = tmp_path / "calls"
+    stderr = tmp_path / "gateway.stderr"
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))]
+    with stderr.open("wb") as log:
+        # Pipes no reader drains: the kernel's 64 KiB of answers, no event loop's read-ahead.
+        gateway = subprocess.Popen(
+            args, env=gateway_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+        )
+    try:
+        assert gateway.stdin is not None
+        assert gateway.stdout is not None
+        gateway.stdin.write(json.dumps(_initialize()).encode() + b"\n")
+        gateway.stdin.flush()
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(gateway.stdout.readline, abandon_on_cancel=True)
+        children = descendants(gateway.pid)
+        os.set_blocking(gateway.stdin.fileno(), False)
+        flood, served = b"".join(call(n) for n in range(FLOOD)), 0
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_written, gateway.stdin.fileno(), flood)
+            served = await settled(calls)
+            tg.cancel_scope.cancel()
+        # The in-flight bound, plus what the stdout pipe holds of ~100-byte answers.
+        assert served < FLOOD // 2, served
+        gateway.stdin.close()  # the end of input; stdout is still never read
+        with anyio.fail_after(BOUND):
+            while gateway.poll() is None:
+                await anyio.sleep(0.05)
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+        for pipe in (gateway.stdin, gateway.stdout):
+            if pipe is not None:
+                pipe.close()
+    await all_exited(children)
+    assert "input ended 5 s ago and the answers left are not taken: stopping" in stderr.read_text()
+
+
+async def _written(fd: int, data: bytes) -> None:
+    """``data`` written to the non-blocking ``fd`` as fast as its reader takes it."""
+    while data:
+        try:
+            data = data[os.write(fd, data[:65536]) :]
+        except BlockingIOError:
+            await anyio.sleep(0.02)
+
+
+async def test_a_stdio_requests_long_id_or_an_id_in_flight_is_refused_as_over_http(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    process = await anyio.open_process(
+        [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))], env=gateway_env()
+    )
+    async with process:
+        replies = await initialized(process)
+        assert process.stdin is not None
+        with anyio.fail_after(BOUND):
+            slow = call(7, "slow__slow", seconds=3)  # in flight while the next two are read
+            await process.stdin.send(call("x" * 300_000) + slow + call(7) + call(8))
+            answers = [json.loads(await replies.receive_until(b"\n", 1_000_000)) for _ in range(4)]
+            await process.stdin.aclose()
+            await process.wait()
+    by_id: dict[Any, list[dict[str, Any]]] = {}
+    for answer in answers:
+        by_id.setdefault(answer["id"], []).append(answer)
+    [long_id] = by_id[None]  # not echoed: its id is the bulk of it
+    assert "a request id of 300000 characters; the limit is 256" in long_id["error"]["message"]
+    refused, served = by_id[7]  # the second 7 refused at once, the slow one answered later
+    assert "a request with id 7 is in flight already" in refused["error"]["message"]
+    assert served["result"]["content"][0]["text"] == "slept 3s"
+    assert "result" in by_id[8][0]
+    assert recorded(calls) == 1  # id 8 alone reached the upstream
