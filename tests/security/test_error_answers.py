@@ -12,7 +12,7 @@ from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from agent_gateway.upstreams.replies import MAX_ERROR_CHARS
+from agent_gateway.errors import MAX_ERROR_CHARS
 from tests.support import running_gateway, serving_upstream
 
 LONG = 100_000
