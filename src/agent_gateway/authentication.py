@@ -83,7 +83,19 @@ class ClaimedJWTVerifier(BoundedJwks):
         subject = claims.get(self._subject_claim)
         if not isinstance(subject, str) or not subject:
             return f"no {self._subject_claim} claim"
+        if not _is_text(subject):
+            # A lone UTF-16 surrogate: valid JSON, but no UTF-8 text holds it, so no client
+            # can be named by it (every digest, log and page of its name would fail on it).
+            return f"its {self._subject_claim} claim is not Unicode text (a lone surrogate)"
         return None
+
+
+def _is_text(value: str) -> bool:
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_time(value: Any) -> bool:

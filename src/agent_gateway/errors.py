@@ -39,6 +39,7 @@ upstream's -32042 to a tool call, "URL elicitation required", is relayed as it c
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx2
@@ -362,3 +363,22 @@ def shown(value: str) -> str:
     if len(value) <= SHOWN:
         return repr(value)
     return f"{value[:SHOWN]!r}... ({len(value)} characters)"
+
+
+MAX_ERROR_CHARS = 1000
+"""Characters of a client's error answer to a question (sampling, elicitation, roots) passed
+on to whoever asked, an upstream or an agent run (its ``data`` only when that short too). A
+client answered with a 1 MB message: an upstream shared by every client spent its CPU logging
+it until its health check failed, and an agent run sent it whole to its model and kept it."""
+
+
+def cut_client_error(error: types.ErrorData) -> types.ErrorData:
+    """A client's error answer as it is passed on: cut to ``MAX_ERROR_CHARS``, saying how long
+    it was, its ``data`` dropped when longer."""
+    message = error.message
+    if len(message) > MAX_ERROR_CHARS:
+        message = f"{message[:MAX_ERROR_CHARS]}… ({len(message)} characters)"
+    data = error.data if len(json.dumps(error.data, default=str)) <= MAX_ERROR_CHARS else None
+    if message is error.message and data is error.data:
+        return error
+    return types.ErrorData(code=error.code, message=message, data=data)

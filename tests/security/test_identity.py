@@ -11,7 +11,12 @@ from typing import Any
 import httpx
 import jwt
 import mcp_types as types
+import pytest
 
+from agent_gateway.access import Principal
+from agent_gateway.agent.threads import owner_of, space_of
+from agent_gateway.config_auth import ClientPolicy
+from agent_gateway.downstream.sessions import standing
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import INITIALIZE, _echo_server, client
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -58,6 +63,32 @@ async def test_tokens_without_exp_from_the_future_or_without_sub_are_refused() -
         # No subject: client_id/azp are not taken in its place (and matched to admin-*).
         assert await status(token(client_id="admin-evil")) == 401
         assert await status(token(azp="admin-evil")) == 401
+
+
+async def test_a_subject_holding_a_lone_surrogate_is_refused_and_a_bystander_served(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Validly signed, its sub "\ud800x" is JSON but no UTF-8 text: taken, every ask_agent of
+    # it failed with -32603 and a traceback (the thread space's digest could not encode it).
+    model = ScriptedChatModel(respond=lambda messages: answer("ok"))
+    unnamable = token(sub="\ud800x")
+    async with jwt_gateway(model) as gw, httpx.AsyncClient() as http:
+        headers = {"Authorization": f"Bearer {unnamable}", "Accept": "application/json, text/event-stream"}
+        refused = await http.post(gw.url, json=INITIALIZE, headers=headers)
+        served = await ask(gw, "bystander", "still here?", "main")
+    assert refused.status_code == 401
+    assert "its sub claim is not Unicode text" in caplog.text
+    assert not served.is_error
+    assert _said(model) == ["still here?"]
+
+
+def test_a_subject_no_utf8_text_holds_still_has_a_space_of_its_own() -> None:
+    # Refused at authentication; a name that got by any other way fails no run for it.
+    odd = Principal("\ud800x", "default", ClientPolicy(), authenticated=True)
+    replaced = Principal("\ufffdx", "default", ClientPolicy(), authenticated=True)
+    assert space_of(odd) != space_of(replaced)
+    assert owner_of(odd) != owner_of(replaced)
+    assert standing(odd).id != standing(replaced).id
 
 
 def _said(model: ScriptedChatModel) -> list[str]:

@@ -23,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.input_requests import result_type, unsupported
+from agent_gateway.errors import cut_client_error
 
 ANSWERS = "answers"
 LATE = "late"
@@ -57,7 +58,10 @@ class SessionAsker:
         async def one(key: str, request: types.InputRequest) -> None:
             with anyio.move_on_after(wait_limit):
                 try:
-                    answers[key] = await self._caller.ask(self._name, request)
+                    answer = await self._caller.ask(self._name, request)
+                    # Cut as an upstream gets it: a 1 MB error went whole to the model and
+                    # into the thread the run keeps.
+                    answers[key] = cut_client_error(answer) if isinstance(answer, types.ErrorData) else answer
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     answers[key] = types.ErrorData(code=types.INTERNAL_ERROR, message="the client went away")
                 except ValidationError as exc:  # the client's bad answer: its error, not ours

@@ -29,20 +29,26 @@ def space_of(client: access.Principal) -> str:
     """The prefix of every thread of ``client``."""
     if not client.authenticated:
         return anonymous_space(client.label)
-    return "c" + hashlib.sha256(client.subject.encode()).hexdigest()[:32] + ":"
+    return "c" + _digest(client.subject) + ":"
 
 
 def anonymous_space(label: str) -> str:
     """The space of the anonymous client ``label`` (``anonymous@`` its address): one per
     address, as every other bound of anonymous clients is. One space for all of them let a
     client at one address read another's conversation, and write into it, by its name."""
-    return "a" + hashlib.sha256(label.encode()).hexdigest()[:32] + ":"
+    return "a" + _digest(label) + ":"
 
 
 def owner_of(client: access.Principal) -> str:
     """Whose a thread is, for the bound on threads per client: a digest of the client's label
     (its subject, or an anonymous client's address), neither kept in the clear."""
-    return hashlib.sha256(client.label.encode()).hexdigest()[:32]
+    return _digest(client.label)
+
+
+def _digest(name: str) -> str:
+    # A lone surrogate is refused in a token's subject (``authentication.py``); one that got by
+    # is still a name: its bytes as written (UTF-8 holds no such bytes, so none is another's).
+    return hashlib.sha256(name.encode(errors="surrogatepass")).hexdigest()[:32]
 
 
 def _default_thread(caller: Caller | None, run_id: str) -> str:

@@ -176,7 +176,9 @@ def standing(client: Principal) -> DownstreamSession:
     its id the same for each of the client's requests, and naming no secret. The upstream is
     told it may ask everything, as a shared session's is: each request's own capabilities
     decide what that request is asked (a held call's, ``held_calls.HeldCaller.ask``)."""
-    digest = hashlib.sha256(client.label.encode()).hexdigest()[:16]
+    # surrogatepass: a name no UTF-8 holds (refused in a token, ``authentication.py``) still
+    # names a session of its own rather than failing each request of its client.
+    digest = hashlib.sha256(client.label.encode(errors="surrogatepass")).hexdigest()[:16]
     return DownstreamSession(
         f"client-{digest}", "modern", "http", None, capabilities=EVERYTHING, client=client
     )

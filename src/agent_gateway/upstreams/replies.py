@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextvars
 import itertools
-import json
 import logging
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -22,6 +21,7 @@ import mcp_types as types
 from mcp.client.session import ClientRequestContext
 from mcp.shared.dispatcher import ProgressFnT
 
+from agent_gateway.errors import cut_client_error
 from agent_gateway.tally import notifications_dropped
 from agent_gateway.upstreams.client_side import ClientSide
 
@@ -179,7 +179,7 @@ class Replies:
             logger.warning("%s from %s refused: %s", request.method, self.name, reason)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
         answer = await target.ask(self.name, request)
-        return _passed_up(answer) if isinstance(answer, types.ErrorData) else answer
+        return cut_client_error(answer) if isinstance(answer, types.ErrorData) else answer
 
     def _unattributed(self) -> str:
         """Why a question on this session has nobody to ask."""
@@ -191,23 +191,6 @@ class Replies:
                 "(configure `session: per_client` for this upstream)"
             )
         return "several requests of its client have calls in flight on it, and whose call asks is unknown"
-
-
-MAX_ERROR_CHARS = 1000
-"""Characters of a client's error answer passed to the upstream that asked (its ``data`` only
-when that short too). A client answered with a 1 MB message, and the upstream, shared by
-every client, spent its CPU logging it until its health check failed."""
-
-
-def _passed_up(error: types.ErrorData) -> types.ErrorData:
-    """A client's error answer as the upstream gets it: cut to ``MAX_ERROR_CHARS``."""
-    message = error.message
-    if len(message) > MAX_ERROR_CHARS:
-        message = f"{message[:MAX_ERROR_CHARS]}… ({len(message)} characters)"
-    data = error.data if len(json.dumps(error.data, default=str)) <= MAX_ERROR_CHARS else None
-    if message is error.message and data is error.data:
-        return error
-    return types.ErrorData(code=error.code, message=message, data=data)
 
 
 _LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
