@@ -202,6 +202,11 @@ MALFORMED = [  # (a line, the id its error answers, the error's code)
         16,
         -32600,
     ),
+    (
+        b'{"jsonrpc":"2.0","id":17,"method":"tools/call","params":{"name":"rec__say","arguments":{"text":"\xff"}}}',
+        17,
+        -32700,
+    ),
 ]
 
 
@@ -253,6 +258,7 @@ async def test_malformed_lines_are_answered_with_an_error_each_and_the_session_g
         "a request id must be a string or an integer, not 15.5",
     ]
     assert messages[5] == "the request is nested too deeply to read"
+    assert messages[6] == "the line is not valid UTF-8, as JSON-RPC's text must be"  # not read with U+FFFD
     assert sampled["result"]["content"][0]["text"] == "model says: hi"
     assert served["id"] == 21
     assert served["result"]["content"][0]["text"] == "still here"

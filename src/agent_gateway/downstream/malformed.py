@@ -77,6 +77,17 @@ def too_many_values(line: bytes, bound: int) -> Malformed | None:
     return refusal(reason, request_id_of(head, tail))
 
 
+def not_utf8(line: bytes) -> Malformed:
+    """Why ``line`` is refused undecoded: it is not UTF-8, which JSON-RPC's text must be (read
+    with U+FFFD in place of its bytes, a request reached its upstream changed, unsaid). Answered
+    to its id when it is a request's, as a line of too many values is."""
+    reason = "the line is not valid UTF-8, as JSON-RPC's text must be"
+    head, tail = line[:_EDGE], line[-_EDGE:]
+    if b'"method"' not in head and b'"method"' not in tail:
+        return Malformed(reason, None)
+    return refusal(reason, request_id_of(head, tail), types.PARSE_ERROR)
+
+
 def _diagnosed(line: str, exc: ValidationError | None) -> Malformed | None:
     try:
         value: object = json.loads(line.rstrip())  # a position on the line, not past its end

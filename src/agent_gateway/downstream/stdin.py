@@ -33,7 +33,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agent_gateway.body_shape import MAX_ID_LENGTH, is_request, problem
-from agent_gateway.downstream.malformed import Malformed, malformed, refusal, too_many_values
+from agent_gateway.downstream.malformed import Malformed, malformed, not_utf8, refusal, too_many_values
 from agent_gateway.downstream.stdout import InFlight
 from agent_gateway.logs import clipped
 from agent_gateway.refusals import refused
@@ -106,7 +106,11 @@ class StdinLines:
             if (problem := too_many_values(line, self._values)) is not None:
                 await self._malformed(problem, len(line))
                 continue
-            text = line.decode("utf-8", errors="replace")
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError:
+                await self._malformed(not_utf8(line), len(line))
+                continue
             if not text.strip():
                 continue  # nothing to read, nothing to answer
             if (problem := malformed(text) or await self._admitted(line)) is None:
