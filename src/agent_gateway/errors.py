@@ -242,10 +242,14 @@ class KeysUnavailable(GatewayBusy):
 class UpstreamError(GatewayError):
     """A failure attributable to one upstream; the message always names it."""
 
-    def __init__(self, upstream: str, message: str) -> None:
-        super().__init__(f"upstream {upstream!r}: {message}")
+    def __init__(self, upstream: str, message: str, *, what: str | None = None) -> None:
+        detail = message if what is None else f"{what}: {message}"
+        super().__init__(f"upstream {upstream!r}: {detail}")
         self.upstream = upstream
-        self.detail = message
+        self.detail = detail
+        # Without ``what`` (the request that met it: a tool's name, a client's session): what
+        # any client may be told of the failure (the circuit's refusals, ``/readyz``).
+        self.cause = message
 
 
 class UpstreamUnavailable(UpstreamError):

@@ -19,6 +19,8 @@ from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from agent_gateway.upstreams.connection import UpstreamState
+from tests.faults.harness import text_of, wait_until
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer
 from tests.support import (
     RunningGateway,
@@ -149,3 +151,32 @@ async def test_metrics_say_nothing_of_a_hidden_tool_a_client_calls(tmp_path: Pat
     assert 'agent_gateway_upstream=""' in labels
     assert 'gen_ai_tool_name=""' in labels
     assert float(count) == 2
+
+
+async def test_an_open_circuit_tells_other_clients_nothing_of_the_calls_that_opened_it() -> None:
+    # The breaker is shared by every client of an upstream: its refusals, and /readyz, named
+    # the last failed request (a tool outside the refused client's policy, or the session id
+    # of another client's dedicated session).
+    upstream = python_upstream(
+        "faulty.py", breaker={"failures": 2, "reset": 60}, retry={"initial_delay": 0.05}
+    )
+    config = {"upstreams": {"faulty": upstream}, "server": {"public_health": "full"}}
+    config |= bearer({"tools": ["faulty__ping"]})
+    async with running_gateway(config, environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}) as gw:
+        faulty = gw.gateway.pool.get("faulty")
+        async with client(gw.url, BYSTANDER_TOKEN, []) as bystander:
+            for connection in (1, 2):
+                await wait_until(
+                    lambda n=connection: faulty.connections == n and faulty.state is UpstreamState.UP
+                )
+                crashed = await bystander.call_tool("faulty__crash", {})
+                assert "connection closed during the call" in text_of(crashed)
+        await wait_until(lambda: faulty.connections == 3 and faulty.state is UpstreamState.UP)
+        async with client(gw.url, ATTACKER_TOKEN, []) as attacker:
+            refused = text_of(await attacker.call_tool("faulty__ping", {}))
+        async with httpx.AsyncClient() as http:
+            readyz = (await http.get(f"{gw.base}/readyz")).text
+    assert "circuit open after 2 failed calls (last: connection closed during the call" in refused
+    assert "crash" not in refused
+    assert "connection closed during the call" in readyz
+    assert "crash" not in readyz

@@ -121,7 +121,7 @@ class DedicatedSessions(TaskHost):
         entry.session.used = time.monotonic()  # however long it took to open
         if entry.session.client is None:
             reason = entry.error or f"no answer within connect_timeout ({config.connect_timeout:g}s)"
-            raise UpstreamUnavailable(upstream, f"dedicated session for {owner.session_id}: {reason}")
+            raise UpstreamUnavailable(upstream, reason, what=f"dedicated session for {owner.session_id}")
         return entry.session
 
     def _live(self, session_id: str, upstream: str) -> _Dedicated | None:

@@ -186,15 +186,15 @@ class Guard:
             yield
         except UpstreamTimeout as exc:
             if self.breaker is not None:
-                self._timed_out(self.breaker, probe, sent, exc.detail)
+                self._timed_out(self.breaker, probe, sent, exc.cause)
             raise
         except SessionGivenUp as exc:
             if self.breaker is not None:
-                self._given_up(self.breaker, probe, sent, exc.detail)
+                self._given_up(self.breaker, probe, sent, exc.cause)
             raise
         except UpstreamUnavailable as exc:
             if self.breaker is not None:
-                self.breaker.failed(probe, exc.detail)
+                self.breaker.failed(probe, exc.cause)
             raise
         except UpstreamRejected:
             self.heard()  # an error answer is still an answer: it is alive

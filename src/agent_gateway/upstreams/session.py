@@ -374,7 +374,7 @@ class UpstreamSession:
         if client is None:
             raise UpstreamUnavailable(self.name, "not connected")
         if self.lost.is_set():  # closing: its pending calls are being failed
-            raise UpstreamUnavailable(self.name, f"{what}: connection lost ({self.lost_reason})")
+            raise UpstreamUnavailable(self.name, f"connection lost ({self.lost_reason})", what=what)
         limit = timeout or self.config.timeout
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
@@ -391,7 +391,7 @@ class UpstreamSession:
                         raise TimeoutError
             except TimeoutError as exc:
                 self._doubted.set()
-                raise UpstreamTimeout(self.name, f"{what}: no answer within {limit:g}s") from exc
+                raise UpstreamTimeout(self.name, f"no answer within {limit:g}s", what=what) from exc
             finally:
                 self.used = time.monotonic()
 

@@ -53,8 +53,9 @@ def translated(session: UpstreamSession, what: str) -> Iterator[None]:
     except _BROKEN as exc:
         if isinstance(exc, _CUT_SHORT) and _per_call(session):
             raise _cut_short(session, what, describe(exc)) from exc
-        session.lose(f"{what}: connection failed: {describe(exc)}")
-        raise UpstreamUnavailable(session.name, f"{what}: connection failed: {describe(exc)}") from exc
+        # The shared session's reason is every client's to read: not the request that met it.
+        session.lose(f"connection failed: {describe(exc)}")
+        raise UpstreamUnavailable(session.name, f"connection failed: {describe(exc)}", what=what) from exc
     except PageTooLong as exc:  # a list asked for during a call (its tool's schema)
         raise UpstreamRejected(session.name, f"{what}: {exc}: refused", types.INTERNAL_ERROR) from exc
     except ValidationError as exc:
@@ -95,8 +96,8 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
     if code == types.CONNECTION_CLOSED and (session.lost.is_set() or is_cut_short(exc.error)):
         reason = session.lost_reason or "connection closed"
         session.lose(reason)
-        closed = f"{what}: connection closed during the call ({reason})"
-        return (SessionGivenUp if session.given_up else UpstreamUnavailable)(session.name, closed)
+        closed = f"connection closed during the call ({reason})"
+        return (SessionGivenUp if session.given_up else UpstreamUnavailable)(session.name, closed, what=what)
     message, data = _bounded(exc.error)
     if secrets := secrets_of(session.config):  # on what is passed on: a bounded cost
         message = scrubbed(message, secrets)
