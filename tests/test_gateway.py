@@ -374,7 +374,7 @@ async def test_with_client_policies_each_request_is_counted_once_and_checked_aga
         "policies": {"mapper": policy},
     }
     audit = tmp_path / "audit.jsonl"
-    config = {"auth": auth, "audit": {"path": str(audit)}}
+    config = {"auth": auth, "audit": {"path": str(audit)}, "server": {"public_health": "full"}}
     async with (
         serving_upstream(geo_upstream()) as url,
         gateway_process({"upstreams": {"geo": {"url": url}}, **config}, tmp_path) as base,

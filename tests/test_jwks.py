@@ -69,6 +69,7 @@ async def provider(*published: str, up: bool = True) -> AsyncIterator[Provider]:
 def jwt_config(idp: Provider) -> dict[str, Any]:
     return {
         "upstreams": {"counter": python_upstream("counter.py")},
+        "server": {"public_health": "full"},  # /readyz's problems, read by the tests
         "auth": {
             "mode": "jwt",
             "jwt": {"jwks_url": idp.url, "issuer": "https://idp.test", "audience": "agent-gateway"},

@@ -211,9 +211,10 @@ class ServerConfig(_Strict):
     page_size: int = Field(default=100, ge=1, le=10_000)
     """Items per page of ``tools/list`` (and the other lists): a longer list is paginated with
     ``nextCursor``. 100, as ``search.threshold``: a client listed more is usually searching."""
-    public_health: Literal["full", "minimal"] = "full"
+    public_health: Literal["full", "minimal"] | None = None
     """``minimal``: ``/readyz`` answers only whether the gateway is ready, and ``/metrics``
-    (tool and upstream names) needs an admin client, like ``/status``."""
+    (tool and upstream names) needs an admin client, like ``/status``. None: ``minimal``
+    when auth is on, ``full`` when it is not (``http.public_health``)."""
     ui: bool = True
     """Serve the status page at ``GET /`` (HTTP; behind the same auth as ``/status``)."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)

@@ -39,8 +39,8 @@ class ClientPolicy(_Strict):
     refused. 64 by default, so one client cannot take an upstream's whole connection pool."""
     agent: AgentBudget = Field(default_factory=AgentBudget)
     admin: bool = False
-    """May read ``/status`` and the status page (and ``/metrics`` with
-    ``server.public_health: minimal``): upstream hosts, errors and every client's calls."""
+    """May read ``/status`` and the status page (and ``/metrics`` when ``public_health`` is
+    minimal, as it is by default with auth on): upstream hosts, errors, every client's calls."""
     max_sessions: int = Field(default=100, ge=1, le=100_000)
     """Sessions this client may have open at once (a modern-era request is a session while
     it runs); one more is refused, other clients' are not."""

@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -27,6 +27,7 @@ from agent_gateway.authentication import keys_of
 from agent_gateway.call_records import admission_refusals
 from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import DeferredSessionManager, defer_responses
+from agent_gateway.config import GatewayConfig
 from agent_gateway.downstream.room import Room
 from agent_gateway.errors import KeysUnavailable
 from agent_gateway.exporters import installed
@@ -82,7 +83,7 @@ def build_app(gateway: Gateway) -> Starlette:
     async def healthz(_: Request) -> JSONResponse:
         return JSONResponse({"status": "ok"})
 
-    minimal = server.public_health == "minimal"
+    minimal = public_health(gateway.config) == "minimal"
 
     async def readyz(_: Request) -> JSONResponse:
         ready, body = readiness(gateway)
@@ -175,7 +176,7 @@ class DirectRoute:
 
 def readiness(gateway: Gateway, *, starting: bool = False) -> tuple[bool, dict[str, Any]]:
     """Whether ``gateway`` is ready, and what ``/readyz`` says of it: every upstream's state
-    (only whether it is ready with ``server.public_health: minimal``). While ``starting``
+    (only whether it is ready when ``public_health`` is minimal). While ``starting``
     (``starting.py``) it is not, whatever its upstreams' states."""
     statuses = gateway.pool.statuses()
     missing = [s.as_dict() for s in statuses if not s.serving]
@@ -184,9 +185,17 @@ def readiness(gateway: Gateway, *, starting: bool = False) -> tuple[bool, dict[s
         problems.append(problem)
     ready = not starting and not missing and not problems
     body: dict[str, Any] = {"ready": ready, "starting": True} if starting else {"ready": ready}
-    if gateway.config.server.public_health != "minimal":
+    if public_health(gateway.config) == "full":
         body |= {"missing": missing, "problems": problems, "upstreams": [s.as_dict() for s in statuses]}
     return ready, body
+
+
+def public_health(config: GatewayConfig) -> Literal["full", "minimal"]:
+    """``server.public_health``; unset, ``minimal`` when auth is on: upstream hosts, errors
+    and tool names are then not for anyone who can reach the port."""
+    if config.server.public_health is not None:
+        return config.server.public_health
+    return "full" if config.auth.mode == "none" else "minimal"
 
 
 def begin_draining(app: Starlette) -> None:

@@ -344,7 +344,7 @@ async def test_a_clients_refusals_write_one_line_per_ten_seconds_and_another_cli
         "policies": {"slow": {"rate_limit": {"per_minute": 60, "burst": 5}}},
     }
     statuses: dict[str, list[int]] = {"noisy": [], "quiet": []}
-    config = {"upstreams": {}, "auth": auth}
+    config = {"upstreams": {}, "auth": auth, "server": {"public_health": "full"}}  # /metrics scraped
     async with gateway_child(config, tmp_path, log) as (base, _), httpx.AsyncClient(timeout=30) as http:
         url = f"{base}/mcp"
         for name, count in (("noisy", 200), ("quiet", 10)):

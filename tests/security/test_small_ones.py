@@ -136,8 +136,12 @@ async def test_hidden_resources_and_prompts_are_answered_as_unknown_ones() -> No
         assert completions[0] == completions[1]
 
 
-async def test_status_is_for_admin_clients_and_public_health_can_be_minimal() -> None:
-    async with library(server={"public_health": "minimal"}) as gw, httpx.AsyncClient() as http:
+@pytest.mark.parametrize("server", [{}, {"public_health": "minimal"}], ids=["by-default", "minimal"])
+async def test_status_is_for_admin_clients_and_readyz_says_only_ready_with_auth_on(
+    server: dict[str, str],
+) -> None:
+    # Open to whoever reaches the port, a full /readyz told upstream hosts and their errors.
+    async with library(server=server) as gw, httpx.AsyncClient() as http:
 
         def bearer(token: str) -> dict[str, str]:
             return {"Authorization": f"Bearer {token}"}
@@ -147,6 +151,8 @@ async def test_status_is_for_admin_clients_and_public_health_can_be_minimal() ->
         assert (await http.get(f"{gw.base}/status", headers=bearer(BYSTANDER_TOKEN))).status_code == 200
         ready = await http.get(f"{gw.base}/readyz")
         assert ready.json() == {"ready": True}
+    async with library(server={"public_health": "full"}) as gw, httpx.AsyncClient() as http:
+        assert (await http.get(f"{gw.base}/readyz")).json()["upstreams"][0]["name"] == "library"
 
 
 async def test_one_upstream_giving_two_tools_one_public_name_serves_the_first(

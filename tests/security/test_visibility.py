@@ -116,7 +116,7 @@ async def test_metrics_say_nothing_of_a_hidden_tool_a_client_calls(tmp_path: Pat
     # scrapers): the hidden one's series carried its name and upstream.
     port = free_port()
     config = {
-        "server": {"port": port},
+        "server": {"port": port, "public_health": "full"},  # /metrics open to scrapers
         "upstreams": {"counter": python_upstream("counter.py")},
     } | bearer({"tools": ["counter__increment"]})
     (tmp_path / "gateway.yaml").write_text(yaml.safe_dump(config))
