@@ -252,12 +252,22 @@ class TraceIds(logging.Filter):
         return True
 
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-"""Characters that could start a line of their own or move the terminal (a tab is kept)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""Characters that could start a line of their own or move the terminal (a tab is kept): C0
+and C1 controls, the line and paragraph separators (a line break to ``str.splitlines`` and
+to log tools built on it), and the bidirectional overrides and isolates (which make what a
+line shows differ from what it holds)."""
 
 
 def _escaped(character: re.Match[str]) -> str:
-    return {"\n": "\\n", "\r": "\\r"}.get(character.group(), f"\\x{ord(character.group()):02x}")
+    code = ord(character.group())
+    return {"\n": "\\n", "\r": "\\r"}.get(
+        character.group(), f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+    )
+
+
+def _json_escaped(character: re.Match[str]) -> str:
+    return f"\\u{ord(character.group()):04x}"
 
 
 class LineFormatter(logging.Formatter):
@@ -306,4 +316,6 @@ class JsonFormatter(LineFormatter):
             line.update({k: clipped(v) for k, v in fields.items()})  # pyright: ignore[reportUnknownVariableType]
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False)
+        # json.dumps escapes C0 controls only; these it leaves raw are line breaks to
+        # ``str.splitlines``, or reorder what a viewer shows. Only ever inside a string.
+        return _CONTROL.sub(_json_escaped, json.dumps(line, ensure_ascii=False))

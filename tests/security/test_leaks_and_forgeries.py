@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import jwt
@@ -71,10 +71,10 @@ async def gateway(extra: dict[str, Any]) -> AsyncIterator[RunningGateway]:
 
 
 @contextmanager
-def text_log(level: int = logging.INFO) -> Iterator[io.StringIO]:
-    """The gateway's own text log handler (``serve``'s: its filters and format), on a buffer."""
+def text_log(level: int = logging.INFO, form: Literal["text", "json"] = "text") -> Iterator[io.StringIO]:
+    """The gateway's own log handler (``serve``'s: its filters and format), on a buffer."""
     out = io.StringIO()
-    handler = _log_handler("text")
+    handler = _log_handler(form)
     assert isinstance(handler, logging.StreamHandler)
     handler.setStream(out)  # pyright: ignore[reportUnknownMemberType]
     root = logging.getLogger()
@@ -174,6 +174,21 @@ async def test_an_upstreams_error_message_cannot_forge_a_log_line(protocol: str)
                 pass
     assert "upstream api is down: invalid credentials" in log.getvalue()
     assert forged_lines(log.getvalue()) == [], log.getvalue()
+
+
+@pytest.mark.parametrize("form", ["text", "json"])
+async def test_an_upstreams_error_message_cannot_break_a_log_line_with_unicode_line_breaks(form: str) -> None:
+    # Python's str.splitlines (and log tools built on it) also ends a line at U+2028, U+2029
+    # and U+0085; a bidirectional override makes the line read otherwise than it is.
+    said = f"\u2028{FORGED}\x85{FORGED}\u2029{FORGED} \u202e"
+    async with serving(refusing_upstream(said)) as base:
+        config = {"upstreams": {"api": {"url": f"{base}/mcp"}}}
+        with text_log(form="json" if form == "json" else "text") as log:
+            async with running_gateway(config, settle_timeout=5):
+                pass
+    assert "upstream api is down: invalid credentials" in log.getvalue()
+    assert forged_lines(log.getvalue()) == [], log.getvalue()
+    assert "\u202e" not in log.getvalue()
 
 
 # -- claim 1: no configured secret in what a client, the log or the audit trail is given -------
