@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from mcp import Client
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -43,6 +43,12 @@ def kit_server() -> FastMCP:
     def weather(city: str) -> str:
         """The weather in ``city``."""
         return f"sunny in {city}"
+
+    @server.tool
+    async def pings_back(ctx: Context) -> str:
+        """Ping the client, and say so once answered."""
+        await ctx.session.send_ping()
+        return "answered"
 
     return server
 
@@ -231,6 +237,28 @@ async def test_a_post_never_answered_fails_its_call_within_its_timeout_and_the_u
     assert took < timeout + 2.5, took  # its own timeout, and the time to fail it
     assert text_of(after) == "pong"
     assert any("had no answer within its call's time" in line for line in lines.lines), lines.lines
+
+
+async def answers_stalled(message: dict[str, Any], send: Send, receive: Receive) -> Send | None:
+    """Never answers the POST of the client's answer to a request of the upstream's."""
+    if "method" in message:
+        return send
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    return None
+
+
+async def test_a_post_with_no_call_deadline_never_answered_is_bounded_and_the_upstream_reconnects() -> None:
+    # The gateway's answer to the upstream's ping is sent from the SDK's reader, under no
+    # call's deadline: its POST, never answered, held the writer for the SDK's read timeout
+    # (300 s), every later call waiting behind it and failing, the upstream reported up.
+    async with sse_gateway(answers_stalled, call_timeout=2.0) as gw, Client(gw.url) as client:
+        upstream = gw.gateway.pool.get("kit")
+        failed = await client.call_tool("kit__pings_back", {})
+        await wait_until(lambda: upstream.connections == 2 and str(upstream.state) == "up")
+        after = await client.call_tool("kit__ping", {})
+    assert failed.is_error
+    assert text_of(after) == "pong"
 
 
 # -- what the stream says ----------------------------------------------------------------------

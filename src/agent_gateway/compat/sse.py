@@ -242,13 +242,19 @@ def _untold(reason: str) -> None:
 
 class _Deadlined(StreamWrapper[WriteStream[SessionMessage]]):
     """The SDK's write stream, each message sent with its sender's deadline (``_DEADLINE``),
-    which bounds its POST."""
+    which bounds its POST; one sent with none (an answer to the upstream's own request, which
+    the SDK sends from its reader) is given ``unbounded`` seconds: held for the SDK's read
+    timeout (300 s), it held every later message behind it."""
 
-    def __init__(self, inner: WriteStream[SessionMessage]) -> None:
+    def __init__(self, inner: WriteStream[SessionMessage], unbounded: float) -> None:
         self._inner = inner
+        self._unbounded = unbounded
 
     async def send(self, item: SessionMessage, /) -> None:
-        token = _DEADLINE.set(anyio.current_effective_deadline())
+        deadline = anyio.current_effective_deadline()
+        if deadline == math.inf:
+            deadline = anyio.current_time() + self._unbounded
+        token = _DEADLINE.set(deadline)
         try:
             await self._inner.send(item)  # which copies the context, the deadline in it
         finally:
@@ -280,11 +286,13 @@ async def sse_client(
     refuse: Refusal,
     writes_ended: WritesEnded,
     label: str,
+    unbounded: float,
 ) -> AsyncIterator[TransportStreams]:
     """``sse.sse_client`` whose events may be ``max_event_bytes`` long each and are parsed as
     ``parse_message`` parses (one it does not read: ``refuse``); ``writes_ended`` is told why
     when a POST fails (the SDK then sends nothing more on the connection); ``label``: the
-    upstream session, as its warnings name it.
+    upstream session, as its warnings name it; ``unbounded``: the seconds a POST sent with no
+    deadline may take.
 
     Raises:
         UpstreamUnavailable: the stream's ``endpoint`` event named another origin, or no URL.
@@ -307,7 +315,7 @@ async def sse_client(
             reads,
             writes,
         ):
-            yield reads, _Deadlined(writes)
+            yield reads, _Deadlined(writes, unbounded)
     except Exception as exc:  # with no endpoint, the SDK's "child exited without started"
         if connection.refused is None:
             raise

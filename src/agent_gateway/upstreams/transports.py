@@ -229,7 +229,7 @@ async def open_transport(
                 writes.watched = True
                 limit = config.max_message_bytes
                 transport = sse_client(
-                    config.url, dict(config.headers), _traced, limit, refuse, writes, label
+                    config.url, dict(config.headers), _traced, limit, refuse, writes, label, config.timeout
                 )
             elif kind == "websocket":
                 limit = config.max_message_bytes
