@@ -42,7 +42,7 @@ from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.run_record import fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
-from agent_gateway.agent.threads import owner_of, thread_of
+from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
 from agent_gateway.agent.upkeep import Upkeep
 from agent_gateway.catalog import Catalog
@@ -151,7 +151,7 @@ class AgentRunner:
         A caller whose ``request_state`` is one this runner issued resumes that paused run.
         """
         try:
-            resumed = Resumption.of(caller)
+            resumed = _of_client(Resumption.of(caller), client)
         except AgentError as exc:
             outcome = _failure(new_record("", "", self._models.label), str(exc))
             _log_end(outcome)
@@ -341,6 +341,21 @@ def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, toke
         ", ".join(r.method for r in asked.values()),
     )
     return RunOutcome(record, pending=types.InputRequiredResult(input_requests=asked, request_state=state))
+
+
+def _of_client(resumed: Resumption | None, client: access.Principal) -> Resumption | None:
+    """``resumed`` if its thread is ``client``'s own.
+
+    The SDK binds a sealed ``requestState`` to an authenticated client only: an anonymous
+    client at another address that got hold of one resumed that run, in a space not its own
+    (it answered the approval, and read the answer).
+
+    Raises:
+        AgentError: the paused run is another client's.
+    """
+    if resumed is not None and not holds(client, resumed.thread):
+        raise AgentError("the request state names another client's run; call again without it")
+    return resumed
 
 
 def _refuse_if_down(memory_problem: str | None) -> None:
