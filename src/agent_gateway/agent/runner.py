@@ -44,7 +44,7 @@ from agent_gateway.agent.run_record import fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
-from agent_gateway.agent.upkeep import Upkeep
+from agent_gateway.agent.upkeep import Upkeep, Vacant
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
@@ -95,9 +95,11 @@ class AgentRunner:
         search: ToolSearch | None = None,
         activity: Activity | None = None,
         exclusive: Exclusive | None = None,
+        vacant: Vacant | None = None,
     ) -> None:
         """``search``: the tool index, for toolboxes larger than ``agent.max_tools``;
-        ``exclusive``: a thread held by one run across replicas (their memory shared).
+        ``exclusive``: a thread held by one run across replicas (their memory shared);
+        ``vacant``: the same, taken only if free (for deleting a thread no run is on).
 
         Raises ``ConfigError`` when the configured model provider refuses its settings.
         """
@@ -111,7 +113,7 @@ class AgentRunner:
         self._graph: AgentGraph | None = None
         self._reach = Reach(config)
         self._lock = anyio.Lock()
-        self._upkeep = Upkeep(self._conversations)
+        self._upkeep = Upkeep(self._conversations, vacant)
         self._exclusive = exclusive or _anywhere
 
     @asynccontextmanager
