@@ -17,7 +17,7 @@ from mcp import Client
 
 from agent_gateway.agent.memory import Conversations
 from agent_gateway.config import MemoryConfig
-from tests.agent.scripted import ScriptedChatModel, answer
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, LOCAL, agent_gateway, ask, text
 
 SECONDS = 1 / 86_400  # retention_days is in days
@@ -137,3 +137,24 @@ async def a_clients_least_recently_used_threads_past_its_bound_go(config: Memory
         await conversations.used("a2", "b")  # a new thread, of another client
         assert await conversations.crowded("a") == []
         assert await conversations.crowded("b") == []
+
+
+async def test_a_run_whose_turn_grows_past_four_context_windows_ends_before_the_next_model_call(
+    tmp_path: Path,
+) -> None:
+    # The current turn is sent (and kept) whole: a model echoing 32 calls of 15,000 characters
+    # a turn ran all its 10 steps, kept 13 MB in the thread and wrote 320 MB to SQLite in one
+    # run, and its record (every call's arguments) was past the client's 1 MiB event limit.
+    echo = calls(*[call("words__upper", text="x" * 15_000) for _ in range(32)])
+    model = ScriptedChatModel(script=[echo] * 9 + [answer("Done.")])
+    async with agent_gateway(model, tmp_path) as (gw, _, words), Client(gw.url, mode="legacy") as client:
+        ended = await ask(client, "Shout it all.", conversation_id="loud")
+    assert ended.is_error
+    assert "more than 128,000 (4 times agent.max_context_tokens)" in text(ended)
+    assert len(model.seen) == 1  # never sent to the model
+    assert len(words.calls) == 32
+    with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
+        (kept,) = db.execute(
+            "SELECT sum(length(checkpoint)) + sum(length(metadata)) FROM checkpoints"
+        ).fetchone()
+    assert kept < 3_000_000

@@ -3,14 +3,17 @@ run (``InputRequiredResult``), and the client's retry with the answers resumes i
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
@@ -265,3 +268,42 @@ async def test_a_modern_clients_approval_after_the_approval_timeout_runs_nothing
     assert math.calls == []
     assert [c["is_error"] for c in record(done)["tool_calls"]] == [True]
     assert "no approval came within 0.001s" in model.seen[-1][-1].content  # what the model was told
+
+
+@asynccontextmanager
+async def modern_at(address: str, url: str) -> AsyncIterator[Client]:
+    """A modern client of the gateway at ``url``, connecting from ``address``, that answers
+    approvals itself (``call_round``)."""
+    transport = httpx2.AsyncHTTPTransport(local_address=address)
+    async with (
+        httpx2.AsyncClient(transport=transport, timeout=BOUND) as http,
+        Client(
+            streamable_http_client(url, http_client=http), mode="auto", elicitation_callback=unused
+        ) as client,
+    ):
+        yield client
+
+
+async def test_an_anonymous_client_at_another_address_cannot_answer_or_read_a_paused_run(
+    tmp_path: Path,
+) -> None:
+    # The SDK binds a requestState to an authenticated client only: another address's client
+    # holding a paused run's state approved its destructive call and read its answer.
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="prod")), answer("Dropped prod.")])
+    question = {"query": "Drop prod.", "conversation_id": "ops"}
+    approve: types.InputResponses = {
+        "approve-0": types.ElicitResult(action="accept", content={"approve": True})
+    }
+    async with agent_gateway(model, tmp_path) as (gw, math, _):
+        async with modern_at("127.0.0.2", gw.url) as owner:
+            first = paused(await call_round(owner, question))
+        async with modern_at("127.0.0.3", gw.url) as other:
+            taken = finished(await call_round(other, question, approve, first.request_state))
+        assert math.calls == []  # the upstream never saw the call
+        async with modern_at("127.0.0.2", gw.url) as owner:
+            done = finished(await call_round(owner, question, approve, first.request_state))
+    assert taken.is_error
+    assert "another client's run" in text(taken)
+    assert "Dropped prod." not in str(taken.structured_content)
+    assert text(done) == "Dropped prod."
+    assert math.calls == [("drop_table", {"table": "prod"})]

@@ -4,6 +4,7 @@ retention there as on SQLite, and replicas that set the database up at the same 
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 from pathlib import Path
 from typing import Any, LiteralString, cast
@@ -28,7 +29,7 @@ from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, un
 from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
 from tests.replicas.services import Redis, free_port, postgres_server
 from tests.replicas.test_sessions import BOUND, text_of
-from tests.support import gateway_env, serving
+from tests.support import gateway_env, running_gateway, serving
 
 
 async def rows(database: str, query: str) -> list[tuple[Any, ...]]:
@@ -237,3 +238,47 @@ async def test_two_runs_on_one_conversation_through_two_replicas_take_turns(
 
 HOLD = 3.0
 """Seconds the first run's model call is held while the second run must wait for it."""
+
+
+async def test_a_thread_a_run_holds_on_one_replica_is_not_deleted_by_the_other_to_make_room(
+    redis: Redis, prefix: str, database: str
+) -> None:
+    # Each replica skipped only the threads its own runs held: the other deleted a thread under
+    # a run (the client's least recently used, past max_threads), and the thread that run went
+    # on writing was in no table of uses: never expired, never counted, one more each time.
+    release, arrived = anyio.Event(), anyio.Event()
+    app, api = openai_api([Turn(text="Noted.")] * 6)
+    model_calls = itertools.count(1)
+
+    async def held(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and next(model_calls) == 2:  # the second run's model call
+            arrived.set()
+            with anyio.move_on_after(BOUND):
+                await release.wait()
+        await app(scope, receive, send)
+
+    async def ask(url: str, query: str, conversation: str) -> types.CallToolResult:
+        async with Client(url, mode="legacy") as client:
+            with anyio.fail_after(BOUND):
+                return await client.call_tool("ask_agent", {"query": query, "conversation_id": conversation})
+
+    async with serving(held) as base:
+        model = {"provider": "openai", "model": "gpt-test", "base_url": f"{base}/v1", "api_key": "test-key"}
+        config = agent_config(redis, prefix, database, model=model)
+        config["agent"]["memory"]["max_threads"] = 2
+        async with running_gateway(config) as one, running_gateway(config) as two:
+            await ask(one.url, "The code is 7.", "keep")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask, one.url, "Still there?", "keep")
+                with anyio.fail_after(BOUND):
+                    await arrived.wait()
+                for i in range(3):  # through the other replica: new threads past the bound
+                    await ask(two.url, f"Question {i}.", f"new-{i}")
+                release.set()
+            used = {t for (t,) in await rows(database, "SELECT thread_id FROM agent_gateway_threads")}
+            stored = {t for (t,) in await rows(database, "SELECT DISTINCT thread_id FROM checkpoints")}
+            last = await ask(one.url, "What is the code?", "keep")
+    assert stored == used, "a stored thread is in no table of uses"
+    assert any(t.endswith(":keep") for t in used)
+    assert text_of(last) == "Noted."
+    assert "The code is 7." in [m.get("content") for m in api.requests[-1]["messages"]]

@@ -24,7 +24,7 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
 from agent_gateway.agent.calls import ToolRunner, taken
-from agent_gateway.agent.memory import model_view, out_of_view
+from agent_gateway.agent.memory import model_view, out_of_view, within_reach
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import system_prompt
@@ -99,6 +99,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         bound = run.model.bind_tools(specs) if specs else run.model
         prompt = system_prompt(run.instructions, run.tools.toolbox, offered)
         view = model_view(prompt, history, run.max_context_tokens)
+        within_reach(view, run.max_context_tokens)
         with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
             reply = taken(await _reply(bound, view, run.scrub))
             usage = reply.usage_metadata or {}

@@ -42,9 +42,9 @@ from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.run_record import fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
-from agent_gateway.agent.threads import owner_of, thread_of
+from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
-from agent_gateway.agent.upkeep import Upkeep
+from agent_gateway.agent.upkeep import Upkeep, Vacant
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
@@ -95,9 +95,11 @@ class AgentRunner:
         search: ToolSearch | None = None,
         activity: Activity | None = None,
         exclusive: Exclusive | None = None,
+        vacant: Vacant | None = None,
     ) -> None:
         """``search``: the tool index, for toolboxes larger than ``agent.max_tools``;
-        ``exclusive``: a thread held by one run across replicas (their memory shared).
+        ``exclusive``: a thread held by one run across replicas (their memory shared);
+        ``vacant``: the same, taken only if free (for deleting a thread no run is on).
 
         Raises ``ConfigError`` when the configured model provider refuses its settings.
         """
@@ -111,7 +113,7 @@ class AgentRunner:
         self._graph: AgentGraph | None = None
         self._reach = Reach(config)
         self._lock = anyio.Lock()
-        self._upkeep = Upkeep(self._conversations)
+        self._upkeep = Upkeep(self._conversations, vacant)
         self._exclusive = exclusive or _anywhere
 
     @asynccontextmanager
@@ -151,7 +153,7 @@ class AgentRunner:
         A caller whose ``request_state`` is one this runner issued resumes that paused run.
         """
         try:
-            resumed = Resumption.of(caller)
+            resumed = _of_client(Resumption.of(caller), client)
         except AgentError as exc:
             outcome = _failure(new_record("", "", self._models.label), str(exc))
             _log_end(outcome)
@@ -341,6 +343,21 @@ def _paused(record: dict[str, Any], final: Mapping[str, Any], pause: Pause, toke
         ", ".join(r.method for r in asked.values()),
     )
     return RunOutcome(record, pending=types.InputRequiredResult(input_requests=asked, request_state=state))
+
+
+def _of_client(resumed: Resumption | None, client: access.Principal) -> Resumption | None:
+    """``resumed`` if its thread is ``client``'s own.
+
+    The SDK binds a sealed ``requestState`` to an authenticated client only: an anonymous
+    client at another address that got hold of one resumed that run, in a space not its own
+    (it answered the approval, and read the answer).
+
+    Raises:
+        AgentError: the paused run is another client's.
+    """
+    if resumed is not None and not holds(client, resumed.thread):
+        raise AgentError("the request state names another client's run; call again without it")
+    return resumed
 
 
 def _refuse_if_down(memory_problem: str | None) -> None:

@@ -25,6 +25,11 @@ def thread_of(
     return wanted if wanted.startswith(space) else space + wanted
 
 
+def holds(client: access.Principal, thread: str) -> bool:
+    """Whether ``thread`` is in ``client``'s space (the operator's: every thread)."""
+    return client is access.OPERATOR or thread.startswith(space_of(client))
+
+
 def space_of(client: access.Principal) -> str:
     """The prefix of every thread of ``client``."""
     if not client.authenticated:

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 
 import anyio
@@ -22,13 +23,23 @@ from agent_gateway.agent.memory import Conversations
 logger = logging.getLogger(__name__)
 
 _SWEEP_EVERY = 3600.0
+Vacant = Callable[[str], AbstractAsyncContextManager[bool]]
+"""Hold a thread (by name) on every replica if none holds it now; yields whether it is held."""
+
+
+@asynccontextmanager
+async def _here_only(_: str) -> AsyncIterator[bool]:
+    """One replica: its own lock per thread is all there is to hold."""
+    yield True
 
 
 class Upkeep:
     """The run locks of one gateway's threads, and the deletions they guard."""
 
-    def __init__(self, conversations: Conversations) -> None:
+    def __init__(self, conversations: Conversations, vacant: Vacant | None = None) -> None:
+        """``vacant``: a thread held across replicas (their memory shared), if no run holds it."""
         self._conversations = conversations
+        self._vacant = vacant or _here_only
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
     def lock(self, thread: str) -> anyio.Lock:
@@ -65,5 +76,8 @@ class Upkeep:
         lock = self.lock(thread)
         if lock.locked():
             return
-        async with lock:
-            await delete()
+        # A run on another replica holds only the shared lease: deleted under that run, the
+        # thread it went on writing was in no table of uses, so never expired nor counted.
+        async with lock, self._vacant(thread) as held:
+            if held:
+                await delete()

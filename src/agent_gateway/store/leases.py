@@ -47,7 +47,7 @@ class Leases:
     @asynccontextmanager
     async def held(self, name: str) -> AsyncIterator[None]:
         """Wait until ``name`` is free on every replica, hold it until exit (renewed meanwhile)."""
-        key = self.store.key("lease", hashlib.sha256(name.encode()).hexdigest()[:32])
+        key = self._key(name)
         token = uuid.uuid4().hex
         taken = await self._take(key, token)
         async with anyio.create_task_group() as tg:
@@ -60,6 +60,23 @@ class Leases:
                 if taken:
                     with anyio.CancelScope(shield=True):
                         await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
+
+    @asynccontextmanager
+    async def vacant(self, name: str) -> AsyncIterator[bool]:
+        """Hold ``name`` until exit if no replica holds it now, without waiting; yields whether
+        it is held (False: another replica holds it, or the store is unreachable and no one
+        can tell). For short work only: the lease is not renewed."""
+        key, token = self._key(name), uuid.uuid4().hex
+        set_now = await self.store.call(self.store.redis.set(key, token, nx=True, px=self._ttl_ms), "lease")
+        try:
+            yield bool(set_now)
+        finally:
+            if set_now:
+                with anyio.CancelScope(shield=True):
+                    await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
+
+    def _key(self, name: str) -> str:
+        return self.store.key("lease", hashlib.sha256(name.encode()).hexdigest()[:32])
 
     async def _take(self, key: str, token: str) -> bool:
         """Whether the lease was taken (False: the store is unreachable, so none is)."""
