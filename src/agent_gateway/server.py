@@ -291,9 +291,8 @@ class Gateway:
             yield None
             return
         # With the memory shared, a conversation's runs take turns across replicas too.
-        sharing = self.shared if self.config.agent.memory.store == "postgres" else None
-        exclusive = sharing.leases.held if sharing is not None else None
-        vacant = sharing.leases.vacant if sharing is not None else None
+        shared = self.shared if self.config.agent.memory.store == "postgres" else None
+        exclusive, vacant = (shared.leases.held, shared.leases.vacant) if shared is not None else (None, None)
         parts = (self.config.agent, self.catalog, self.proxy, self._chat_model, self.search, self.activity)
         try:
             runner = (await tool.runner_class(imported))(*parts, exclusive=exclusive, vacant=vacant)
