@@ -120,6 +120,17 @@ def test_a_short_state_key_is_rejected_without_showing_it(tmp_path: Path) -> Non
     assert "short-secret" not in str(caught.value)
 
 
+def test_a_model_base_url_of_another_scheme_is_rejected_without_its_credentials(tmp_path: Path) -> None:
+    # The message quoted the whole URL, user and password included.
+    text = "agent:\n  model: {provider: openai, model: m, api_key: k, base_url: '${BASE}'}\n"
+    path = write(tmp_path, "g.yaml", text)
+    with pytest.raises(
+        ConfigError, match=r"agent\.model\.base_url: must start with http:// or https://, not ftp://\.\.\."
+    ) as caught:
+        load_config(path, {"BASE": "ftp://admin:model-password@models.internal/v1"})
+    assert "model-password" not in str(caught.value)
+
+
 def test_relative_paths_mean_the_config_files_directory_whatever_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
