@@ -139,6 +139,28 @@ def _tampered(source: Path, target: Path, change: Any) -> Path:
     return target
 
 
+async def test_a_trail_torn_mid_record_by_a_crash_goes_on_from_its_last_whole_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A record cut mid-write (the process killed, the disk full) ended every later start of
+    # the gateway with a JSONDecodeError traceback; the next record would have been glued to it.
+    trail = tmp_path / "audit.jsonl"
+    async with audited(trail) as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        for n in range(2):
+            await c.call_tool("desk__echo", {"text": str(n)})
+    whole = trail.read_bytes()
+    trail.write_bytes(whole + whole.splitlines()[-1][:30])  # no line break after it
+    async with audited(trail) as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        await c.call_tool("desk__echo", {"text": "after"})
+    _, second, torn, after = trail.read_text().splitlines()
+    assert torn == whole.splitlines()[-1][:30].decode()
+    assert json.loads(after)["seq"] == 3
+    assert json.loads(after)["prev"] == json.loads(second)["hash"]
+    capsys.readouterr()
+    assert main(["audit", "verify", str(trail)]) == 1  # the torn line is named, as it must be
+    assert f"{trail}:3:" in capsys.readouterr().out
+
+
 async def test_verify_names_the_first_edited_inserted_or_deleted_record(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
