@@ -35,6 +35,7 @@ from opentelemetry import metrics
 
 from agent_gateway.activity import Call
 from agent_gateway.config import AuditConfig
+from agent_gateway.errors import CannotServe
 from agent_gateway.private_files import private
 from agent_gateway.runtime import CLEANUP_TIMEOUT
 
@@ -131,8 +132,15 @@ class AuditLog:
             pass  # shutting down: calls finishing now are not audited
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Write queued records until cancelled; then write what is queued (bounded, shielded)."""
-        await anyio.to_thread.run_sync(self._open)
+        """Write queued records until cancelled; then write what is queued (bounded, shielded).
+
+        Raises:
+            CannotServe: the trail cannot be opened (its directory cannot be made, say).
+        """
+        try:
+            await anyio.to_thread.run_sync(self._open)
+        except OSError as exc:  # ended the start-up with a traceback of ten exception groups
+            raise CannotServe(f"audit.path: cannot open {self.path}: {exc.strerror or exc}") from None
         self._send, receive = anyio.create_memory_object_stream[Call](self.config.queue)
         task_status.started()
         gathered: list[Call] = []  # taken from the queue, not yet written: written on the way out
