@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -129,6 +130,23 @@ def test_a_model_base_url_of_another_scheme_is_rejected_without_its_credentials(
     ) as caught:
         load_config(path, {"BASE": "ftp://admin:model-password@models.internal/v1"})
     assert "model-password" not in str(caught.value)
+
+
+def test_two_token_names_for_one_secret_are_refused_naming_both(tmp_path: Path) -> None:
+    # Its bearer got the first name's policy, silently: "admin" was never applied.
+    secret = "one-secret-pasted-twice-0123"
+    digest = hashlib.sha256(secret.encode()).hexdigest().upper()
+    text = (
+        "auth:\n  mode: bearer\n  tokens:\n"
+        "    - {name: ci, token: '${TOKEN}', policy: readonly}\n"
+        f"    - {{name: admin, sha256: {digest}, policy: operators}}\n"
+        "  policies: {readonly: {tools: []}, operators: {admin: true}}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"auth\.tokens: tokens 'ci' and 'admin' are the same secret"
+    ) as caught:
+        load_config(write(tmp_path, "g.yaml", text), {"TOKEN": secret})
+    assert secret not in str(caught.value)
 
 
 def test_relative_paths_mean_the_config_files_directory_whatever_the_working_directory(
