@@ -28,26 +28,6 @@ def redacted_url(text: str) -> str:
     return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
-_SECRET_FLAG = re.compile(
-    r"^--?[A-Za-z0-9_-]*(token|key|secret|password|passwd|pwd|auth|credential)", re.IGNORECASE
-)
-
-
-def shown_command(command: str, args: tuple[str, ...]) -> str:
-    """A stdio upstream's command line as it may be printed or logged: the value of a flag
-    named like a credential (``--api-key X``, ``--token=X``) masked, and URLs without their
-    credentials or query values (servers take ``postgresql://user:password@…`` as an argument)."""
-    shown: list[str] = []
-    for i, arg in enumerate(args):
-        flag, equals, _ = arg.partition("=")
-        if equals and _SECRET_FLAG.match(flag):
-            arg = f"{flag}=***"
-        elif i > 0 and _SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
-            arg = "***"
-        shown.append(redacted_url(arg))
-    return " ".join([command, *shown])
-
-
 def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
     """``text`` with every secret taken out: whole, in any case, any echo of 8 or more of
     its characters in a row, and a masked form (``sk-…abcd``: its start and its end)."""
@@ -327,3 +307,23 @@ class JsonFormatter(LineFormatter):
         if record.exc_info:
             line["exception"] = self.formatException(record.exc_info)
         return json.dumps(line, ensure_ascii=False)
+
+
+_SECRET_FLAG = re.compile(
+    r"^--?[A-Za-z0-9_-]*(token|key|secret|password|passwd|pwd|auth|credential)", re.IGNORECASE
+)
+
+
+def shown_command(command: str, args: tuple[str, ...]) -> str:
+    """A stdio upstream's command line as it may be printed or logged: the value of a flag
+    named like a credential (``--api-key X``, ``--token=X``) masked, and URLs without their
+    credentials or query values (servers take ``postgresql://user:password@…`` as an argument)."""
+    shown: list[str] = []
+    for i, arg in enumerate(args):
+        flag, equals, _ = arg.partition("=")
+        if equals and _SECRET_FLAG.match(flag):
+            arg = f"{flag}=***"
+        elif i > 0 and _SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
+            arg = "***"
+        shown.append(redacted_url(arg))
+    return " ".join([command, *shown])
