@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -118,6 +119,34 @@ def test_a_short_state_key_is_rejected_without_showing_it(tmp_path: Path) -> Non
     ) as caught:
         load_config(path, {"KEY": "short-secret"})
     assert "short-secret" not in str(caught.value)
+
+
+def test_a_model_base_url_of_another_scheme_is_rejected_without_its_credentials(tmp_path: Path) -> None:
+    # The message quoted the whole URL, user and password included.
+    text = "agent:\n  model: {provider: openai, model: m, api_key: k, base_url: '${BASE}'}\n"
+    path = write(tmp_path, "g.yaml", text)
+    with pytest.raises(
+        ConfigError, match=r"agent\.model\.base_url: must start with http:// or https://, not ftp://\.\.\."
+    ) as caught:
+        load_config(path, {"BASE": "ftp://admin:model-password@models.internal/v1"})
+    assert "model-password" not in str(caught.value)
+
+
+def test_two_token_names_for_one_secret_are_refused_naming_both(tmp_path: Path) -> None:
+    # Its bearer got the first name's policy, silently: "admin" was never applied.
+    secret = "one-secret-pasted-twice-0123"
+    digest = hashlib.sha256(secret.encode()).hexdigest().upper()
+    text = (
+        "auth:\n  mode: bearer\n  tokens:\n"
+        "    - {name: ci, token: '${TOKEN}', policy: readonly}\n"
+        f"    - {{name: admin, sha256: {digest}, policy: operators}}\n"
+        "  policies: {readonly: {tools: []}, operators: {admin: true}}\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"auth\.tokens: tokens 'ci' and 'admin' are the same secret"
+    ) as caught:
+        load_config(write(tmp_path, "g.yaml", text), {"TOKEN": secret})
+    assert secret not in str(caught.value)
 
 
 def test_relative_paths_mean_the_config_files_directory_whatever_the_working_directory(

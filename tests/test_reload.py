@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import mcp_types as types
 import pytest
@@ -125,6 +126,8 @@ async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_
         ("x: " + "[" * 3000 + "]" * 3000 + "\n", "nests too deeply to read"),
         ("x: " + "9" * 5000 + "\n", "holds a value that cannot be read: Exceeds the limit (4300 digits)"),
         (LAUGHS, "holds more than 100,000 values once its YAML aliases are expanded"),
+        # Read whole, a file this size (a log written over it, say) held the reload for minutes.
+        ("upstreams: {}\nx: '" + "a" * 1_100_000 + "'\n", "larger than 1 MiB; is it the configuration?"),
     ],
     ids=[
         "repeated-key",
@@ -134,6 +137,7 @@ async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_
         "3000-levels",
         "5000-digits",
         "aliases",
+        "over-1-MiB",
     ],
 )
 async def test_a_bad_new_config_is_refused_in_one_line_and_the_running_one_kept(
@@ -149,6 +153,26 @@ async def test_a_bad_new_config_is_refused_in_one_line_and_the_running_one_kept(
     assert refused.levelno == logging.ERROR
     assert reason in refused.getMessage()
     assert "\n" not in refused.getMessage()
+
+
+async def test_clients_are_answered_while_a_reload_reads_a_large_file(tmp_path: Path) -> None:
+    # The file was read and parsed on the event loop: a 2 MB list held every client's calls
+    # (and SIGTERM) for minutes. Now a call made while the reload reads is answered first.
+    path = write(tmp_path / "g.yaml", {"keep": counter()})
+    order: list[str] = []
+    async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
+        pid = text_of(await client.call_tool("keep__pid", {}))
+        path.write_text("upstreams: {}\nx: [" + ",".join(["1"] * 60_000) + "]\n")
+
+        async def reload() -> None:
+            order.append("reload refused" if await reloader.reload() is None else "reload applied")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reload)
+            await anyio.lowlevel.checkpoint()  # the reload task is reading
+            assert text_of(await client.call_tool("keep__pid", {})) == pid
+            order.append("call answered")
+    assert order == ["call answered", "reload refused"]  # x: unknown key, once it was read
 
 
 async def test_a_change_to_a_section_read_at_start_up_only_is_logged_by_name_and_not_applied(

@@ -35,6 +35,7 @@ from opentelemetry import metrics
 
 from agent_gateway.activity import Call
 from agent_gateway.config import AuditConfig
+from agent_gateway.errors import CannotServe
 from agent_gateway.private_files import private
 from agent_gateway.runtime import CLEANUP_TIMEOUT
 
@@ -131,8 +132,15 @@ class AuditLog:
             pass  # shutting down: calls finishing now are not audited
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Write queued records until cancelled; then write what is queued (bounded, shielded)."""
-        await anyio.to_thread.run_sync(self._open)
+        """Write queued records until cancelled; then write what is queued (bounded, shielded).
+
+        Raises:
+            CannotServe: the trail cannot be opened (its directory cannot be made, say).
+        """
+        try:
+            await anyio.to_thread.run_sync(self._open)
+        except OSError as exc:  # ended the start-up with a traceback of ten exception groups
+            raise CannotServe(f"audit.path: cannot open {self.path}: {exc.strerror or exc}") from None
         self._send, receive = anyio.create_memory_object_stream[Call](self.config.queue)
         task_status.started()
         gathered: list[Call] = []  # taken from the queue, not yet written: written on the way out
@@ -158,6 +166,7 @@ class AuditLog:
     def _open(self) -> None:
         self._claim()
         private(self.path)
+        _ended(self.path)
         last = _last_record(self.path) or _last_record(_rotated(self.path, 1))
         if last is not None:
             self._seq, self._prev = int(last["seq"]), str(last["hash"])
@@ -269,15 +278,52 @@ def _rotated(path: Path, n: int) -> Path:
 
 
 def _last_record(path: Path) -> dict[str, Any] | None:
+    """The last whole record in the trail at ``path``, or None. Lines after it that are not
+    records (the process or the disk stopped mid-write) are skipped with a warning: one such
+    line ended every start of the gateway with a traceback. ``audit verify`` still names it."""
     if not path.exists() or path.stat().st_size == 0:
         return None
     with open(path, "rb") as file:
         file.seek(max(0, path.stat().st_size - (1 << 20)))
-        tail = file.read().splitlines()
-    for line in reversed(tail):
-        if line.strip():
-            return json.loads(line)
+        tail = [line for line in file.read().splitlines() if line.strip()]
+    for skipped, line in enumerate(reversed(tail)):
+        if (record := _record(line)) is not None:
+            if skipped:
+                logger.warning(
+                    "audit: %s ends in %d line(s) that are not whole records; the chain goes on from record %d",
+                    path,
+                    skipped,
+                    record["seq"],
+                )
+            return record
+    if tail:
+        logger.warning("audit: %s holds no whole record in its last MiB; the chain starts again", path)
     return None
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    if (
+        isinstance(record, dict)
+        and isinstance(record.get("seq"), int)
+        and isinstance(record.get("hash"), str)
+    ):  # pyright: ignore[reportUnknownMemberType]
+        return record  # pyright: ignore[reportUnknownVariableType]
+    return None
+
+
+def _ended(path: Path) -> None:
+    """End ``path`` with a line break if a torn record left it without one, so the next
+    record starts a line of its own rather than being glued to it."""
+    if not path.is_file() or path.stat().st_size == 0:  # a FIFO standing for a hung mount, say
+        return
+    with open(path, "rb+") as file:
+        file.seek(-1, os.SEEK_END)
+        if file.read(1) != b"\n":
+            file.write(b"\n")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,15 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import load_config, with_server
 from agent_gateway.errors import CannotServe, ConfigError
 from agent_gateway.exporters import install
-from agent_gateway.logs import Clipped, JsonFormatter, LineFormatter, PeerRepeats, TraceIds, redacted_url
+from agent_gateway.logs import (
+    Clipped,
+    JsonFormatter,
+    LineFormatter,
+    PeerRepeats,
+    TraceIds,
+    redacted_url,
+    shown_command,
+)
 from agent_gateway.reload import Reloader, stamp
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
@@ -149,7 +157,9 @@ def _check(args: argparse.Namespace, config: GatewayConfig) -> int:
     print(f"  serves: {where}")
     for name, upstream in config.upstreams.items():
         target = (
-            redacted_url(upstream.url) if upstream.url else " ".join([upstream.command or "", *upstream.args])
+            redacted_url(upstream.url)
+            if upstream.url
+            else shown_command(upstream.command or "", upstream.args)
         )
         state = "" if upstream.enabled else " (disabled)"
         print(f"  upstream {name}: {upstream.kind} {target}{state}")

@@ -252,7 +252,8 @@ class ModelConfig(_Strict):
             )
         if self.base_url is not None and not re.match(r"^https?://", self.base_url):
             raise FieldProblem(
-                ("agent", "model", "base_url"), f"must start with http:// or https://, got {self.base_url!r}"
+                ("agent", "model", "base_url"),
+                f"must start with http:// or https://, not {scheme_of(self.base_url)}",
             )
         return self
 

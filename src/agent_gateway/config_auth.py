@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -63,6 +64,21 @@ class StaticToken(_Strict):
         if (self.sha256 is None) == (self.token is None):
             raise ValueError("set exactly one of 'sha256' (hex digest of the token) or 'token' (e.g. ${VAR})")
         return self
+
+
+def _one_client_per_secret(tokens: tuple[StaticToken, ...]) -> None:
+    """Two names for one secret (a ``${VAR}`` pasted twice) gave its bearer the first one's
+    policy, silently; the second name's never applied."""
+    seen: dict[str, str] = {}
+    for token in tokens:
+        digest = (
+            token.sha256.lower() if token.sha256 else hashlib.sha256((token.token or "").encode()).hexdigest()
+        )
+        if digest in seen:
+            raise FieldProblem(
+                ("auth", "tokens"), f"tokens {seen[digest]!r} and {token.name!r} are the same secret"
+            )
+        seen[digest] = token.name
 
 
 class JwtConfig(_Strict):
@@ -141,6 +157,7 @@ class AuthConfig(_Strict):
         names = [t.name for t in self.tokens]
         if len(set(names)) != len(names):
             raise FieldProblem(("auth", "tokens"), "two tokens have the same name")
+        _one_client_per_secret(self.tokens)
         for name in [t.policy for t in self.tokens] + list(self.subjects.values()):
             if name != "default" and name not in self.policies:
                 raise FieldProblem(("auth", "policies"), f"policy {name!r} is used but not defined")

@@ -70,9 +70,18 @@ def parse_config(
     return resolved(config, base)
 
 
+MAX_BYTES = 2**20
+"""The largest configuration file read (a large one is tens of KiB). PyYAML parses about
+30,000 values a second: a 2 MB file held a reload, and every client, for minutes."""
+
+
 def _read(path: Path) -> object:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            data = file.read(MAX_BYTES + 1)  # bounded: /dev/zero or a log written over it
+        if len(data) > MAX_BYTES:
+            raise ConfigError(f"{path}: larger than {MAX_BYTES // 2**20} MiB; is it the configuration?")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:

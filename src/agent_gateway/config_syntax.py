@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import MappingNode
+from yaml.nodes import MappingNode, Node
 
 from agent_gateway.errors import ConfigError
 from agent_gateway.logs import clipped
@@ -45,7 +45,19 @@ class _DuplicateKey(yaml.YAMLError):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key repeated in one mapping."""
+    """YAML's safe loader, refusing a key repeated in one mapping, and text of more than
+    ``MAX_VALUES`` values as soon as it is read that far (PyYAML reads about 30,000 a
+    second: text far past the bound was read whole before ``_check_size`` refused it)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._composed = 0
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        self._composed += 1
+        if self._composed > MAX_VALUES:
+            raise ConfigError(f"holds more than {MAX_VALUES:,} values")
+        return super().compose_node(parent, index)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Hashable, Any]:
         seen: dict[object, int] = {}
@@ -91,6 +103,8 @@ def _yaml(path: Path, text: str) -> object:
     try:
         data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader subclass
     except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: {_yaml_problem(exc)}") from None

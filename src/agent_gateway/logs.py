@@ -319,3 +319,23 @@ class JsonFormatter(LineFormatter):
         # json.dumps escapes C0 controls only; these it leaves raw are line breaks to
         # ``str.splitlines``, or reorder what a viewer shows. Only ever inside a string.
         return _CONTROL.sub(_json_escaped, json.dumps(line, ensure_ascii=False))
+
+
+_SECRET_FLAG = re.compile(
+    r"^--?[A-Za-z0-9_-]*(token|key|secret|password|passwd|pwd|auth|credential)", re.IGNORECASE
+)
+
+
+def shown_command(command: str, args: tuple[str, ...]) -> str:
+    """A stdio upstream's command line as it may be printed or logged: the value of a flag
+    named like a credential (``--api-key X``, ``--token=X``) masked, and URLs without their
+    credentials or query values (servers take ``postgresql://user:password@…`` as an argument)."""
+    shown: list[str] = []
+    for i, arg in enumerate(args):
+        flag, equals, _ = arg.partition("=")
+        if equals and _SECRET_FLAG.match(flag):
+            arg = f"{flag}=***"
+        elif i > 0 and _SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
+            arg = "***"
+        shown.append(redacted_url(arg))
+    return " ".join([command, *shown])

@@ -140,7 +140,10 @@ class Reloader:
         async with self._lock:
             logger.info("reloading %s", self._source)
             try:
-                found = await apply(self._gateway, self._load())
+                # Read in a thread: parsing a large file on the event loop stopped every
+                # client's calls (and SIGTERM) until it was done. Abandoned at a stop.
+                new = await anyio.to_thread.run_sync(self._load, abandon_on_cancel=True)
+                found = await apply(self._gateway, new)
             except ConfigError as exc:
                 logger.error("reload refused, the running configuration is kept: %s", exc)
                 return None

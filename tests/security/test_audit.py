@@ -8,6 +8,8 @@ import json
 import os
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +28,14 @@ from agent_gateway.cli import main
 from agent_gateway.config import AuditConfig
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
-from tests.support import RunningGateway, gateway_child, running_gateway, serving_upstream
+from tests.support import (
+    RunningGateway,
+    gateway_child,
+    gateway_env,
+    python_upstream,
+    running_gateway,
+    serving_upstream,
+)
 
 BOUND = 30.0
 
@@ -137,6 +146,54 @@ def _tampered(source: Path, target: Path, change: Any) -> Path:
     lines = source.read_text().splitlines(keepends=True)
     target.write_text("".join(change(lines)))
     return target
+
+
+async def test_a_trail_torn_mid_record_by_a_crash_goes_on_from_its_last_whole_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A record cut mid-write (the process killed, the disk full) ended every later start of
+    # the gateway with a JSONDecodeError traceback; the next record would have been glued to it.
+    trail = tmp_path / "audit.jsonl"
+    async with audited(trail) as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        for n in range(2):
+            await c.call_tool("desk__echo", {"text": str(n)})
+    whole = trail.read_bytes()
+    trail.write_bytes(whole + whole.splitlines()[-1][:30])  # no line break after it
+    async with audited(trail) as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        await c.call_tool("desk__echo", {"text": "after"})
+    _, second, torn, after = trail.read_text().splitlines()
+    assert torn == whole.splitlines()[-1][:30].decode()
+    assert json.loads(after)["seq"] == 3
+    assert json.loads(after)["prev"] == json.loads(second)["hash"]
+    capsys.readouterr()
+    assert main(["audit", "verify", str(trail)]) == 1  # the torn line is named, as it must be
+    assert f"{trail}:3:" in capsys.readouterr().out
+
+
+def test_a_trail_that_cannot_be_opened_refuses_the_start_in_one_line(tmp_path: Path) -> None:
+    # Its OSError ended the start-up with ten nested exception groups and no "error:" line.
+    (tmp_path / "state").write_text("a file where the trail's directory should be")
+    config = tmp_path / "gateway.yaml"
+    data = {
+        "server": {"port": 0},
+        "upstreams": {"desk": python_upstream("counter.py")},
+        "agent": {"enabled": False},
+        "audit": {"path": str(tmp_path / "state" / "audit.jsonl")},
+    }
+    config.write_text(json.dumps(data))
+    agent_gateway = str(Path(sys.executable).parent / "agent-gateway")
+    refused = subprocess.run(
+        [agent_gateway, "serve", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=gateway_env(),
+        timeout=120,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.splitlines()[-1] == (
+        f"error: audit.path: cannot open {tmp_path / 'state' / 'audit.jsonl'}: File exists"
+    )
+    assert "Traceback" not in refused.stderr
 
 
 async def test_verify_names_the_first_edited_inserted_or_deleted_record(

@@ -4,6 +4,8 @@ the API key in another case, in part or masked reaches no client."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -14,10 +16,12 @@ from fastmcp import FastMCP
 
 from agent_gateway.cli import main
 from agent_gateway.logs import scrubbed
-from tests.support import asgi_in_a_thread
+from tests.support import asgi_in_a_thread, gateway_env, python_upstream
 
+AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 PASSWORD = "hunter2-password"
 API_KEY = "query-secret-0123456789"
+TOKEN = "token-secret-9876543210"
 
 
 @contextmanager
@@ -46,6 +50,33 @@ def test_check_and_debug_logs_print_urls_without_credentials_or_query_values(
     assert "***@127.0.0.1" in out
     assert "api_key=***" in out
     for secret in (PASSWORD, API_KEY):
+        assert secret not in out
+        assert secret not in err
+
+
+def test_check_and_the_start_log_print_a_command_line_without_its_credentials(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Printed whole: servers take their database URL or key as an argument (server-postgres
+    # reads "postgresql://user:password@host/db"), often from ${VAR}.
+    upstream = python_upstream("counter.py")
+    upstream["args"] += [f"postgresql://admin:{PASSWORD}@db/x", "--api-key", API_KEY, f"--token={TOKEN}"]
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"upstreams": {"pg": upstream}, "agent": {"enabled": False}}))
+    assert main(["check", "--offline", "-c", str(config)]) == 0
+    out = capfd.readouterr().out
+    started = subprocess.run(  # a process of its own: its log lines as they are written
+        [AGENT_GATEWAY, "--log-level", "info", "check", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env=gateway_env(),
+        timeout=120,
+        check=True,
+    )
+    err = started.stderr
+    assert "postgresql://***@db/x --api-key *** --token=***" in out
+    assert "starting pg (" in err
+    for secret in (PASSWORD, API_KEY, TOKEN):
         assert secret not in out
         assert secret not in err
 

@@ -27,7 +27,7 @@ from agent_gateway.catalog_parts import MAX_LISTED, MAX_LISTED_BYTES, Listing, k
 from agent_gateway.compat.mcp import PageTooLong
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe
-from agent_gateway.logs import redacted_url, scrubbed
+from agent_gateway.logs import redacted_url, scrubbed, shown_command
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.backoff import Backoff
 from agent_gateway.upstreams.guard import Guard
@@ -307,7 +307,7 @@ def describe_target(config: UpstreamConfig, width: int = 80) -> str:
     """What an upstream is, for a log line: its command line (cut), or its URL without
     credentials or query (either may hold secrets)."""
     if config.url is None:
-        line = " ".join([config.command or "", *config.args])
+        line = shown_command(config.command or "", config.args)
         return line if len(line) <= width else f"{line[: width - 1]}…"
     return redacted_url(config.url)
 
