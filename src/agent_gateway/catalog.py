@@ -206,6 +206,10 @@ class Catalog:
         self._early: list[Callable[[Part], None]] = []
         self._live = False
         self._refused: NameCollision | None = None
+        self._hidden: dict[str, Part] = {}
+        """Parts taken out while their upstream is down (``withdraw``): their public names stay
+        theirs, so another upstream cannot take one over meanwhile and, when the first comes
+        back, have the whole of it refused as the newcomer of a collision."""
         self.snapshot = CatalogSnapshot()
         self.problems: dict[str, str] = {}
         """Upstreams whose latest listing was refused (a collision), with the reason."""
@@ -237,8 +241,9 @@ class Catalog:
 
     async def withdraw(self, upstream: str) -> None:
         """Take ``upstream``'s part out until it lists again (``failure_mode: hide``)."""
-        if self._parts.pop(upstream, None) is None or not self._live:
+        if (part := self._parts.pop(upstream, None)) is None or not self._live:
             return
+        self._hidden[upstream] = part
         logger.info("upstream %s is down: its part of the catalog is hidden until it is back", upstream)
         await self._publish(
             frozenset({upstream}), merge(self._ordered(), self.snapshot.version + 1, self.snapshot)
@@ -253,9 +258,13 @@ class Catalog:
         """
         gone = set(dropped)
         kept = {n: p.listing for n, p in self._parts.items() if n not in gone and n in config.upstreams}
+        hidden = {n: p.listing for n, p in self._hidden.items() if n not in gone and n in config.upstreams}
         try:
             parts = {
                 n: build_part(config, n, listing, self._reserved, self._review) for n, listing in kept.items()
+            }
+            self._hidden = {
+                n: build_part(config, n, listing, self._reserved) for n, listing in hidden.items()
             }
             snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
         except NameCollision as exc:
@@ -273,6 +282,7 @@ class Catalog:
         previous = self._parts.get(upstream)
         try:
             self._parts[upstream] = build_part(self._config, upstream, listing, self._reserved, self._review)
+            self._check_hidden(self._parts[upstream])
             snapshot = (
                 merge(self._ordered(), self.snapshot.version + 1, self.snapshot) if self._live else None
             )
@@ -286,12 +296,21 @@ class Catalog:
             else:
                 self._refused = exc  # start() refuses to start with it
             return
+        self._hidden.pop(upstream, None)
         self.problems.pop(upstream, None)
         if snapshot is not None:
             await self._publish(frozenset({upstream}), snapshot)
             return
         for listener in self._early:
             listener(self._parts[upstream])
+
+    def _check_hidden(self, part: Part) -> None:
+        """Raises ``NameCollision`` when ``part`` takes a public name of another upstream's
+        part hidden while it is down."""
+        for hidden in self._hidden.values():
+            if hidden.upstream != part.upstream:
+                _add_all("tool", dict(hidden.tools), part.tools)
+                _add_all("prompt", dict(hidden.prompts), part.prompts)
 
     def _ordered(self) -> list[Part]:
         return [self._parts[n] for n in self._config.upstreams if n in self._parts]

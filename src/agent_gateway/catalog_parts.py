@@ -67,15 +67,17 @@ def build_part(
     review: Review | None = None,
 ) -> Part:
     """``upstream``'s share of the catalog: its tools and prompts under their public names,
-    minus tools whose public name is one of the gateway's own (``reserved``), minus those
-    ``review`` withholds (pinning), minus a second tool or prompt taking a public name the
-    upstream already gave (``a.b`` and ``a_b``: the first is served, the other skipped)."""
+    minus tools whose public name is one of the gateway's own (``reserved``), minus tools of an
+    upstream without a prefix named in another's namespace, minus those ``review`` withholds
+    (pinning), minus a second tool or prompt taking a public name the upstream already gave
+    (``a.b`` and ``a_b``: the first is served, the other skipped)."""
     up = config.upstreams[upstream]
     sep = config.server.separator
+    others = _namespaces(config, upstream)
     entries = [
         e
         for e in _tool_entries(upstream, listing, up, sep)
-        if not _reserved(reserved, *e) and not _unlistable(*e)
+        if not _reserved(reserved, *e) and not _unlistable(*e) and not _intruding(others, *e)
     ]
     tools = _first_of_each("tool", entries)
     listed = {public: origin.item.model_copy(update={"name": public}) for public, origin in tools.items()}
@@ -119,6 +121,30 @@ def _first_of_each(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str,
             shown(table[public].name),
         )
     return table
+
+
+def _namespaces(config: GatewayConfig, upstream: str) -> tuple[str, ...]:
+    """The namespaces (``memory__``) of the other prefixed upstreams, when ``upstream`` has no
+    prefix of its own: the names in them that it may not take."""
+    if config.upstreams[upstream].prefix:
+        return ()
+    sep = config.server.separator
+    return tuple(f"{name}{sep}" for name, up in config.upstreams.items() if up.prefix and name != upstream)
+
+
+def _intruding(namespaces: tuple[str, ...], public: str, origin: Origin[types.Tool]) -> bool:
+    """Whether a tool of an upstream without a prefix is named in another upstream's namespace:
+    policies, pins and approvals written as ``memory__*`` would take it for ``memory``'s."""
+    if not public.startswith(namespaces):
+        return False
+    logger.warning(
+        "upstream %s: tool %s is hidden: its public name %r is in another upstream's namespace "
+        "(give it a 'rename', or turn 'prefix' on)",
+        origin.upstream,
+        shown(origin.name),
+        public,
+    )
+    return True
 
 
 def _reserved(reserved: frozenset[str], public: str, origin: Origin[types.Tool]) -> bool:

@@ -136,8 +136,9 @@ class ToolIndex:
         self.remove(upstream)
         rows: list[tuple[object, ...]] = []
         ids: list[int] = []
+        long: dict[str, str] = {}
         for document in documents:
-            analysed = [_analysed(text) for text in document.fields()]
+            analysed = [_analysed_once(text, long) for text in document.fields()]
             rowid, self._next = self._next, self._next + 1
             rows.append((rowid, *analysed, upstream))
             ids.append(rowid)
@@ -319,6 +320,22 @@ class ToolIndex:
         no tool holds counts at its full IDF: a request that is half unknown is a weak match."""
         total = len(self._rows)
         return sum(_idf(total, self._df[t]) * (_K1 + 1) for t in query_terms) or 1.0
+
+
+_CACHED_TEXT = 1_024
+"""Fields up to this long are analysed through a cache every listing shares; a longer one (a
+description, an upstream's instructions) only once within its listing. Cached, an upstream
+whose long description changed at each listing left each text and its stems behind: ~4.7 MB a
+listing of a 1 MB description, up to 16,384 of them."""
+
+
+def _analysed_once(text: str, long: dict[str, str]) -> str:
+    """``text``'s stems; ``long``: the long texts of this listing analysed so far."""
+    if len(text) <= _CACHED_TEXT:
+        return _analysed(text)
+    if (known := long.get(text)) is None:
+        known = long[text] = " ".join(terms(text))
+    return known
 
 
 @lru_cache(maxsize=16_384)
