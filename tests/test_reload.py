@@ -131,7 +131,7 @@ async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_
         ("x: " + "9" * 5000 + "\n", "holds a value that cannot be read: Exceeds the limit (4300 digits)"),
         (LAUGHS, "holds more than 100,000 values once its YAML aliases are expanded"),
         # Read whole, a file this size (a log written over it, say) held the reload for minutes.
-        ("upstreams: {}\nx: '" + "a" * 1_100_000 + "'\n", "larger than 1 MiB; is it the configuration?"),
+        ("upstreams: {}\nx: '" + "a" * (16 * 2**20) + "'\n", "larger than 16 MiB; is it the configuration?"),
     ],
     ids=[
         "repeated-key",
@@ -141,7 +141,7 @@ async def test_added_removed_and_changed_upstreams_apply_while_sessions_and_the_
         "3000-levels",
         "5000-digits",
         "aliases",
-        "over-1-MiB",
+        "over-16-MiB",
     ],
 )
 async def test_a_bad_new_config_is_refused_in_one_line_and_the_running_one_kept(

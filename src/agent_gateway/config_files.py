@@ -70,9 +70,11 @@ def parse_config(
     return resolved(config, base)
 
 
-MAX_BYTES = 2**20
-"""The largest configuration file read (a large one is tens of KiB). PyYAML parses about
-30,000 values a second: a 2 MB file held a reload, and every client, for minutes."""
+MAX_BYTES = 16 * 2**20
+"""The largest configuration file read: a large one is tens of KiB, but a server's
+``instructions`` may be long. Its values are bounded while it is parsed (PyYAML reads about
+30,000 a second, off the event loop), so this only keeps a wrong file (``/dev/zero``, a log)
+from being read whole."""
 
 
 def _read(path: Path) -> object:

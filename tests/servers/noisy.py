@@ -11,8 +11,8 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
   listing that follows, ``times`` in all, each listing then holding one tool more
   (``churned_N``) and, with ``slow``, answered that many seconds late;
 - ``pings {times}``: ``times`` ``ping`` requests to the gateway, written as fast as the pipe
-  takes them (by a thread) while their answers are read 2,000 a second (the rest wait in its
-  pipe, then in the gateway);
+  takes them (by a thread); no answer is read until all are written (so however fast the
+  gateway answers, the answers wait in its pipe, then in the gateway), then 2,000 a second;
 - ``answered``: how the gateway answered those pings (a JSON object: results, errors);
 - ``echo {text}``: ``text``;
 - ``listings``: when its tools were listed (``time.monotonic()`` each, a JSON list).
@@ -50,9 +50,16 @@ def write(data: bytes) -> None:
         sys.stdout.buffer.flush()
 
 
+SENT = threading.Event()
+"""Every ping of ``pings`` is written: their answers are read from then on."""
+SENT.set()
+
+
 def pings(times: int) -> None:
+    SENT.clear()
     for n in range(times):
         send({"jsonrpc": "2.0", "id": f"ping-{n}", "method": "ping"})
+    SENT.set()
 
 
 def tools() -> list[dict[str, Any]]:
@@ -127,6 +134,7 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
 for line in sys.stdin.buffer:
     message = json.loads(line)
     if str(message.get("id")).startswith("ping-") and "method" not in message:
+        SENT.wait(60)  # a machine loaded or not: the gateway's answers pile up meanwhile
         STATE["pinged"]["error" if "error" in message else "result"] += 1
         time.sleep(0.0005)  # a slow reader: the gateway's answers wait
     elif "id" in message and "method" in message:
