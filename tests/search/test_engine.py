@@ -153,3 +153,24 @@ async def test_a_search_runs_off_the_event_loop_while_others_are_served() -> Non
     await catalog.update("tracker", listing("create_ticket"))  # re-indexed in the thread too
     found, _ = await search.search(catalog.snapshot, "create ticket", 10)
     assert [f.tool.name for f in found] == ["tracker__create_ticket"]
+
+
+async def test_a_names_words_past_the_longest_name_mcp_allows_are_not_indexed() -> None:
+    # The name is the heaviest field: a tool named with 3,000 words (no MCP name is longer
+    # than 128 characters) was found first for any request holding one of them, above the
+    # tools that do what it asks (helper AA: one such tool in the top 5 for 111 of 336 queries).
+    config = parse_config(
+        {"upstreams": {n: {"url": "http://127.0.0.1:9/mcp"} for n in ("weather", "stuffed")}},
+        {},
+        source="test",
+    )
+    catalog, search = Catalog(config), ToolSearch()
+    catalog.subscribe_early(search.prepare)
+    stuffed = "_".join(["lookup"] * 30 + ["forecast", "tomorrow", "rain"])
+    weather = types.Tool(
+        name="get_forecast", description="The forecast for a city: rain, sun, wind.", input_schema={}
+    )
+    await catalog.update("weather", Listing(tools=(weather,)))
+    await catalog.update("stuffed", Listing(tools=(types.Tool(name=stuffed, input_schema={}),)))
+    found, _ = await search.search(catalog.start(), "will it rain tomorrow", 10)
+    assert [f.tool.name for f in found] == ["weather__get_forecast"]

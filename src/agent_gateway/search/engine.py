@@ -314,6 +314,9 @@ def embedding_text(document: Document) -> str:
 
 
 _EMBEDDED_CHARS = 600
+_NAME_CHARS = 128
+"""Of an upstream's own name for a tool, what is indexed: MCP's longest name. The name is the
+heaviest field: a tool named with 3,000 words was found first for any request holding one."""
 
 
 def documents(part: Part) -> Iterator[Document]:
@@ -322,11 +325,12 @@ def documents(part: Part) -> Iterator[Document]:
     for public, origin in part.tools.items():
         tool = origin.item
         title = tool.title or (tool.annotations.title if tool.annotations else None) or ""
+        own = origin.name[:_NAME_CHARS]
         yield Document(
             key=public,
             upstream=part.upstream,
             # The name clients call it by, and the upstream's own (its description's word for it)
-            name=f"{renamed} {origin.name}" if (renamed := part.renamed.get(public)) else origin.name,
+            name=f"{renamed} {own}" if (renamed := part.renamed.get(public)) else own,
             title=title,
             description=tool.description or "",
             params=" ".join(_parameters(tool.input_schema)),
