@@ -5,7 +5,6 @@ define, through a running gateway with the official client downstream."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
@@ -88,14 +87,15 @@ REFUSED = {
 async def test_a_refused_endpoint_event_fails_the_connect_at_once_saying_why(kind: str) -> None:
     # The SDK's reader sent its error to a stream nobody read yet: the connect waited out
     # connect_timeout (60 s), then said "no answer", after an ERROR traceback.
+    # Two connects refused within BOUND, each far inside connect_timeout: the proof that
+    # neither waited it out (no timing asserted: a loaded machine starts the gateway slowly).
     data, reason = REFUSED[kind]
-    began = time.monotonic()
     async with written() as lines, sse_gateway(endpoint(data)) as gw:
         upstream = gw.gateway.pool.get("kit")
-        took = time.monotonic() - began
-        await wait_until(lambda: sum("is down" in line for line in lines.lines) >= 2)  # retried
-    assert took < BOUND
-    assert str(upstream.state) == "down"
+        # Retried, and seen down between retries (it goes on retrying: "connecting" a moment later).
+        await wait_until(
+            lambda: sum("is down" in line for line in lines.lines) >= 2 and str(upstream.state) == "down"
+        )
     assert upstream.last_error is not None
     assert reason in upstream.last_error, upstream.last_error
     assert "secret" not in upstream.last_error

@@ -36,6 +36,7 @@ from opentelemetry import metrics
 from agent_gateway.activity import Call
 from agent_gateway.config import AuditConfig
 from agent_gateway.errors import CannotServe
+from agent_gateway.logs import one_line
 from agent_gateway.private_files import private
 from agent_gateway.runtime import CLEANUP_TIMEOUT
 
@@ -69,7 +70,9 @@ def chained(record: dict[str, Any], seq: int, prev: str) -> tuple[str, str]:
         canonical = canonical.encode(errors="replace").decode()
         data = canonical.encode()
     digest = hashlib.sha256(data).hexdigest()
-    return f'{canonical[:-1]},"hash":"{digest}"}}\n', digest
+    # Hashed as canonical (so every trail written before verifies as it did), written with
+    # U+2028, C1 and bidirectional controls escaped: one record a line to every reader.
+    return f'{one_line(canonical[:-1])},"hash":"{digest}"}}\n', digest
 
 
 def _canonical(body: dict[str, Any]) -> str:

@@ -270,6 +270,13 @@ def _json_escaped(character: re.Match[str]) -> str:
     return f"\\u{ord(character.group()):04x}"
 
 
+def one_line(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``'s) with what it leaves raw and that
+    breaks or reorders a line escaped: the same value to a JSON reader, one line to every tool.
+    Such characters are only ever inside a string there, so escaping them keeps the JSON."""
+    return _CONTROL.sub(_json_escaped, text)
+
+
 class LineFormatter(logging.Formatter):
     """One log line (the text format; ``JsonFormatter`` builds on it): logging's own formatter,
     but a record's time is formatted with ``strftime`` once a second, not once a line (it was
@@ -318,7 +325,7 @@ class JsonFormatter(LineFormatter):
             line["exception"] = self.formatException(record.exc_info)
         # json.dumps escapes C0 controls only; these it leaves raw are line breaks to
         # ``str.splitlines``, or reorder what a viewer shows. Only ever inside a string.
-        return _CONTROL.sub(_json_escaped, json.dumps(line, ensure_ascii=False))
+        return one_line(json.dumps(line, ensure_ascii=False))
 
 
 _SECRET_FLAG = re.compile(

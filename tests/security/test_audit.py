@@ -142,6 +142,20 @@ async def test_full_arguments_rotation_and_a_chain_that_survives_restarts(tmp_pa
     assert main(["audit", "verify", *map(str, files)]) == 0
 
 
+async def test_a_record_holding_unicode_line_breaks_stays_one_line_and_verifies(tmp_path: Path) -> None:
+    # str.splitlines (and log shippers built on it) end a line at U+2028, U+2029 and U+0085,
+    # which json.dumps leaves raw: one record read as three, none of them JSON.
+    said = "a\u2028b\x85c\u2029d \u202eevil"
+    trail = tmp_path / "audit.jsonl"
+    async with audited(trail, arguments="full") as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        await c.call_tool("desk__echo", {"text": said})
+        await c.call_tool("desk__echo", {"text": "after"})
+    kept = records(trail)  # one record a line, by str.splitlines
+    assert [r["arguments"]["text"] for r in kept] == [said, "after"]
+    assert not any(ch in trail.read_text() for ch in "\u2028\u2029\x85\u202e")
+    assert main(["audit", "verify", str(trail)]) == 0
+
+
 def _tampered(source: Path, target: Path, change: Any) -> Path:
     lines = source.read_text().splitlines(keepends=True)
     target.write_text("".join(change(lines)))
