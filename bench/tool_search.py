@@ -104,13 +104,17 @@ def upstream_name(server: str) -> str:
 
 @asynccontextmanager
 async def gateway_ranker(
-    servers: list[dict[str, Any]], embeddings: EmbeddingsConfig | None = None
+    servers: list[dict[str, Any]],
+    embeddings: EmbeddingsConfig | None = None,
+    upstreams: dict[str, dict[str, Any]] | None = None,
 ) -> AsyncIterator[Ranker]:
     """The gateway's engine; with ``embeddings`` (an OpenAI-compatible base URL), fused with
-    dense retrieval, once every tool is embedded."""
+    dense retrieval, once every tool is embedded. ``upstreams``: more settings of some
+    upstreams (``search_weight``), by upstream name."""
     names = {upstream_name(s["name"]): s for s in servers}
+    more = upstreams or {}
     config = parse_config(
-        {"upstreams": {n: {"command": "true"} for n in names}, "agent": {"enabled": False}},
+        {"upstreams": {n: {"command": "true"} | more.get(n, {}) for n in names}, "agent": {"enabled": False}},
         {},
         source="bench",
     )

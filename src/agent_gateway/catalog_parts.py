@@ -53,6 +53,8 @@ class Part:
     """About the bytes of each listed tool's definition (``size_of``): what a page costs."""
     renamed: Mapping[str, str] = field(default_factory=dict)
     """The name ``rename`` gave a tool, by public name (the search index reads both names)."""
+    search_weight: float = 1.0
+    """Its upstream's ``search_weight``: what tool search makes of its tools' matches."""
 
 
 Review = Callable[[str, str, Mapping[str, types.Tool]], dict[str, str]]
@@ -88,7 +90,7 @@ def build_part(
     prompts = _first_of_each("prompt", _prompt_entries(upstream, listing, up, sep))
     sizes = {name: size_of(tool) for name, tool in listed.items()}
     renamed = {public: up.rename[o.name] for public, o in tools.items() if o.name in up.rename}
-    return Part(upstream, listing, tools, listed, prompts, held, sizes, renamed)
+    return Part(upstream, listing, tools, listed, prompts, held, sizes, renamed, up.search_weight)
 
 
 def size_of(tool: types.Tool) -> int:

@@ -116,6 +116,8 @@ class UpstreamConfig(_Strict):
     tool_timeouts: dict[str, Seconds] = Field(default_factory=dict)
     """Per-tool timeouts: globs over the upstream's own tool names; the first match wins
     over ``timeout``."""
+    search_weight: float = Field(default=1.0, ge=0.0, le=1.0)
+    """What tool search makes of this upstream's matches (0: never found; still callable)."""
 
     @model_validator(mode="after")
     def _one_target(self) -> UpstreamConfig:

@@ -78,7 +78,10 @@ def garden_server() -> FastMCP:
 
 @asynccontextmanager
 async def dense_gateway(
-    endpoint: Endpoint, auth: dict[str, Any] | None = None, embeddings: dict[str, str] | None = None
+    endpoint: Endpoint,
+    auth: dict[str, Any] | None = None,
+    embeddings: dict[str, str] | None = None,
+    upstream: dict[str, Any] | None = None,
 ) -> AsyncIterator[RunningGateway]:
     async with serving(embeddings_app(endpoint)) as base, serving_upstream(garden_server()) as url:
         search = {
@@ -90,7 +93,8 @@ async def dense_gateway(
                 **(embeddings or {}),
             },
         }
-        config = {"upstreams": {"garden": {"url": url}}, "search": search, "auth": auth or {}}
+        garden = {"url": url} | (upstream or {})
+        config = {"upstreams": {"garden": garden}, "search": search, "auth": auth or {}}
         async with running_gateway(config) as gw:
             with anyio.fail_after(10):
                 while not gw.gateway.search.embedded(3):
@@ -110,6 +114,12 @@ async def test_a_request_sharing_no_word_with_the_tool_is_found_by_its_meaning()
     assert endpoint.requests[-1]["input"] == ["put some young oaks in the ground"]
     assert {r["model"] for r in endpoint.requests} == {"toy-embed"}
     assert set(endpoint.authorizations) == {f"Bearer {KEY}"}
+
+
+async def test_an_upstream_weighted_zero_is_not_found_by_meaning_either() -> None:
+    async with dense_gateway(Endpoint(), upstream={"search_weight": 0}) as gw, Client(gw.url) as client:
+        result = await client.call_tool(SEARCH_TOOLS, {"query": "put some young oaks in the ground"})
+    assert found(result) == []
 
 
 async def test_the_configured_prefixes_mark_requests_and_tool_texts_for_models_trained_with_them() -> None:

@@ -208,7 +208,7 @@ class ToolSearch:
             partial(self._index.search, query, limit=pool, upstream=upstream, accept=accept), party
         )
         ranked = [(hit.key, hit.upstream, hit.score) for hit in results.hits]
-        dense = await self._nearest(query, upstream, accept)
+        dense = _weighted(await self._nearest(query, upstream, accept), snapshot)
         if dense:
             ranked = _fused(ranked, dense, snapshot)
         found = [
@@ -247,6 +247,22 @@ async def _embed(dense: DenseIndex, embedder: Embedder, upstream: str, part: Par
         len(docs),
         (time.perf_counter() - started) * 1e3,
     )
+
+
+def _weighted(
+    dense: list[tuple[str, float, float]], snapshot: CatalogSnapshot
+) -> list[tuple[str, float, float]]:
+    """``dense``'s matches scaled by their upstream's ``search_weight`` (the lexical index
+    scales its own), best first; none of an upstream weighted 0."""
+    weights = {p.upstream: p.search_weight for p in snapshot.parts.values() if p.search_weight != 1.0}
+    if not weights or not dense:
+        return dense
+    kept: list[tuple[str, float, float]] = []
+    for key, cosine, confidence in dense:
+        weight = weights.get(tool.upstream, 1.0) if (tool := snapshot.tools.get(key)) else 1.0
+        if weight > 0.0:
+            kept.append((key, cosine * weight, confidence * weight))
+    return sorted(kept, key=lambda match: -match[1])
 
 
 def _fused(
@@ -336,6 +352,7 @@ def documents(part: Part) -> Iterator[Document]:
             params=" ".join(_parameters(tool.input_schema)),
             server=part.upstream,
             instructions=instructions,
+            weight=part.search_weight,
         )
 
 
