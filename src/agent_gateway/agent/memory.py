@@ -278,31 +278,6 @@ def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> l
     return trimmed
 
 
-RUN_WINDOWS = 4
-"""A run's own turn may hold this many context windows (``agent.max_context_tokens``) at most."""
-_RUN_FLOOR = 128_000
-"""...and at least this many tokens, so a whole query (100,000 characters) always fits."""
-
-
-def within_reach(view: Sequence[AnyMessage], max_tokens: int) -> None:
-    """Check that the model ``view`` is not far past the context window before it is sent.
-
-    The view keeps the current turn whole, so a model whose calls echo large results (its
-    client's own, through sampling) made each step's stored state larger: 288 calls of 15,000
-    characters kept 13 MB per thread and wrote 320 MB to SQLite in one run, none of which a
-    model window could take.
-
-    Raises:
-        AgentError: the view holds more than ``RUN_WINDOWS`` windows.
-    """
-    limit = max(RUN_WINDOWS * max_tokens, _RUN_FLOOR)
-    if (held := count_tokens_approximately(view)) > limit:
-        raise AgentError(
-            f"the run's conversation holds about {held:,} tokens, more than {limit:,} "
-            f"({RUN_WINDOWS} times agent.max_context_tokens); ask for less at once"
-        )
-
-
 def out_of_view(history: Sequence[AnyMessage], view: Sequence[AnyMessage]) -> list[AnyMessage]:
     """The stored messages older than the oldest one ``view`` still sends.
 

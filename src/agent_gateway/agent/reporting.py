@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import anyio
 import mcp_types as types
@@ -38,6 +38,8 @@ class ToolCallRecord(TypedDict):
     arguments: dict[str, Any]
     is_error: bool
     duration_ms: float
+    result_cut: NotRequired[str]
+    """Why the model was given its result cut (the run's turn at its bound), when it was."""
 
 
 def recorded(arguments: dict[str, Any]) -> dict[str, Any]:
