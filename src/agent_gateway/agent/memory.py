@@ -80,6 +80,11 @@ class Conversations:
         """Why the shared database does not answer now (None: it does, or none is used)."""
         return self._shared.problem if self._shared is not None else None
 
+    def lost(self, exc: BaseException) -> str | None:
+        """Why ``exc`` says the shared database is gone (taken as down until its next check),
+        or None: another error, or no shared database."""
+        return self._shared.lost(exc) if self._shared is not None else None
+
     async def watch(self) -> None:
         """Report the shared database's health until cancelled (nothing to watch otherwise)."""
         if self._shared is not None:
@@ -168,6 +173,8 @@ class Conversations:
         without this a long conversation would store its window once per step, for ever.
         """
         saver = self._saver
+        if self.problem is not None:  # the shared database is down: the thread's next run compacts it
+            return
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             try:
                 if isinstance(saver, AsyncSqliteSaver):
@@ -177,8 +184,11 @@ class Conversations:
                     keep_latest_in_memory(saver, thread)
                 elif self._shared is not None:
                     await self._shared.compact(thread)
-            except Exception:  # a store that cannot be compacted still serves; say so
-                logger.exception("conversation memory: thread %s could not be compacted", thread)
+            except Exception as exc:  # a store that cannot be compacted still serves; say so
+                if (why := self.lost(exc)) is None:
+                    logger.exception("conversation memory: thread %s could not be compacted", thread)
+                else:
+                    logger.warning("conversation memory: thread %s could not be compacted: %s", thread, why)
 
     async def expired(self) -> list[str]:
         """Threads no run has used for longer than the retention (none before the store opens)."""
