@@ -39,7 +39,7 @@ from langchain_core.messages import (
 from agent_gateway.access import Principal
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
-from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import Search, Toolbox, merged
 from agent_gateway.downstream.caller import Caller
@@ -150,7 +150,7 @@ class ToolRunner:
             text = _found_text(request.query, hits)
         record = ToolCallRecord(
             name=SEARCH_TOOLS,
-            arguments=call["args"],
+            arguments=recorded(call["args"]),
             is_error=failed,
             duration_ms=round((time.perf_counter() - started) * 1e3, 3),
         )
@@ -176,7 +176,7 @@ class ToolRunner:
                 traced.error_type = "tool_error"
         record = ToolCallRecord(
             name=name,
-            arguments=arguments,
+            arguments=recorded(arguments),
             is_error=is_error,
             duration_ms=round((time.perf_counter() - started) * 1e3, 3),
         )
@@ -294,7 +294,9 @@ def _slots(client: Principal | None) -> anyio.CapacityLimiter | AbstractAsyncCon
 def _unparsable(call: InvalidToolCall) -> Outcome:
     name = call.get("name") or "(unnamed)"
     text = f"The call to {name} was not run: {call.get('error') or 'its arguments are not a JSON object'}."
-    record = ToolCallRecord(name=name, arguments={"raw": call.get("args")}, is_error=True, duration_ms=0.0)
+    record = ToolCallRecord(
+        name=name, arguments=recorded({"raw": call.get("args")}), is_error=True, duration_ms=0.0
+    )
     message = ToolMessage(content=text, tool_call_id=call.get("id") or name, name=name, status="error")
     return message, record
 

@@ -24,10 +24,11 @@ from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
 
 from agent_gateway.agent.calls import ToolRunner, taken
-from agent_gateway.agent.memory import model_view, out_of_view, within_reach
+from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import system_prompt
+from agent_gateway.agent.turn_bound import fitted, turn_limit, within_reach
 from agent_gateway.errors import AgentError, ModelFailed
 from agent_gateway.logs import scrubbed
 
@@ -122,14 +123,21 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         }
 
     async def tools(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
-        last = state["messages"][-1]
+        run, history = runtime.context, state["messages"]
+        last = history[-1]
         assert isinstance(last, AIMessage)  # routed here only after a model turn with calls
-        runner = runtime.context.tools
+        runner = run.tools
+        # The model's reply may have taken the turn past its bound: then no call is run.
+        within_reach(_next_view(run, history, state.get("offered") or []), run.max_context_tokens)
         outcomes, found = await runner.run(last.tool_calls, last.invalid_tool_calls)
+        offered = runner.widened(state.get("offered") or [], found)
+        # The next model call's view, these results aside: they take at most what is left.
+        left = within_reach(_next_view(run, history, offered), run.max_context_tokens)
+        outcomes = fitted(outcomes, left, turn_limit(run.max_context_tokens))
         return {
             "messages": [message for message, _ in outcomes],
             "tool_calls": [*state["tool_calls"], *(record for _, record in outcomes)],
-            "offered": runner.widened(state.get("offered") or [], found),
+            "offered": offered,
         }
 
     def route(state: AgentState, runtime: Runtime[RunContext]) -> Literal["tools", "__end__"]:
@@ -157,6 +165,13 @@ async def _reply(model: Runnable[Any, Any], view: list[AnyMessage], scrub: tuple
     if not isinstance(reply, AIMessage):
         raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
     return reply
+
+
+def _next_view(run: RunContext, history: list[AnyMessage], offered: list[str]) -> list[AnyMessage]:
+    """What the next model call would be sent of ``history`` (its system prompt included)."""
+    return model_view(
+        system_prompt(run.instructions, run.tools.toolbox, offered), history, run.max_context_tokens
+    )
 
 
 def recursion_limit(max_steps: int) -> int:

@@ -80,6 +80,11 @@ class Conversations:
         """Why the shared database does not answer now (None: it does, or none is used)."""
         return self._shared.problem if self._shared is not None else None
 
+    def lost(self, exc: BaseException) -> str | None:
+        """Why ``exc`` says the shared database is gone (taken as down until its next check),
+        or None: another error, or no shared database."""
+        return self._shared.lost(exc) if self._shared is not None else None
+
     async def watch(self) -> None:
         """Report the shared database's health until cancelled (nothing to watch otherwise)."""
         if self._shared is not None:
@@ -168,6 +173,8 @@ class Conversations:
         without this a long conversation would store its window once per step, for ever.
         """
         saver = self._saver
+        if self.problem is not None:  # the shared database is down: the thread's next run compacts it
+            return
         with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT):
             try:
                 if isinstance(saver, AsyncSqliteSaver):
@@ -177,8 +184,11 @@ class Conversations:
                     keep_latest_in_memory(saver, thread)
                 elif self._shared is not None:
                     await self._shared.compact(thread)
-            except Exception:  # a store that cannot be compacted still serves; say so
-                logger.exception("conversation memory: thread %s could not be compacted", thread)
+            except Exception as exc:  # a store that cannot be compacted still serves; say so
+                if (why := self.lost(exc)) is None:
+                    logger.exception("conversation memory: thread %s could not be compacted", thread)
+                else:
+                    logger.warning("conversation memory: thread %s could not be compacted: %s", thread, why)
 
     async def expired(self) -> list[str]:
         """Threads no run has used for longer than the retention (none before the store opens)."""
@@ -276,31 +286,6 @@ def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> l
         # The current turn alone is over budget: keep it whole rather than send nothing.
         trimmed = [messages[0], *_from_last_human(messages[1:])]
     return trimmed
-
-
-RUN_WINDOWS = 4
-"""A run's own turn may hold this many context windows (``agent.max_context_tokens``) at most."""
-_RUN_FLOOR = 128_000
-"""...and at least this many tokens, so a whole query (100,000 characters) always fits."""
-
-
-def within_reach(view: Sequence[AnyMessage], max_tokens: int) -> None:
-    """Check that the model ``view`` is not far past the context window before it is sent.
-
-    The view keeps the current turn whole, so a model whose calls echo large results (its
-    client's own, through sampling) made each step's stored state larger: 288 calls of 15,000
-    characters kept 13 MB per thread and wrote 320 MB to SQLite in one run, none of which a
-    model window could take.
-
-    Raises:
-        AgentError: the view holds more than ``RUN_WINDOWS`` windows.
-    """
-    limit = max(RUN_WINDOWS * max_tokens, _RUN_FLOOR)
-    if (held := count_tokens_approximately(view)) > limit:
-        raise AgentError(
-            f"the run's conversation holds about {held:,} tokens, more than {limit:,} "
-            f"({RUN_WINDOWS} times agent.max_context_tokens); ask for less at once"
-        )
 
 
 def out_of_view(history: Sequence[AnyMessage], view: Sequence[AnyMessage]) -> list[AnyMessage]:

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 
 import anyio
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, InterfaceError, OperationalError
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -53,6 +53,9 @@ _USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = %s"
 _FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = %s"
 
 Pool = AsyncConnectionPool[AsyncConnection[DictRow]]
+_LOST = (OperationalError, InterfaceError)
+"""The driver's errors that say the database is gone (the pool's timeout is an
+``OperationalError``), not that a query was wrong."""
 
 
 async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
@@ -120,14 +123,27 @@ class PostgresThreads:
 
     async def watch(self) -> None:
         """Ask the database every few seconds; log and report when it stops and starts answering."""
+        reported: str | None = None  # its own finding: a run may have set ``problem`` since
         while True:
             problem = await self._check()
-            if problem is not None and self.problem is None:
+            if problem is not None and reported is None:
                 logger.error("conversation memory %s unavailable: %s", self._where, problem)
-            elif problem is None and self.problem is not None:
+            elif problem is None and reported is not None:
                 logger.warning("conversation memory %s answers again", self._where)
-            self.problem = problem
+            self.problem = reported = problem
             await anyio.sleep(_WATCH_EVERY)
+
+    def lost(self, exc: BaseException) -> str | None:
+        """Why ``exc`` says the database is gone, or None (another error: a bug, told as one).
+
+        The database is then taken as down (``problem``) until the watch's next check: other
+        runs fail at once with why, not each after waiting out the pool."""
+        if not isinstance(exc, _LOST):
+            return None
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        why = f"conversation memory (Postgres) is unavailable: {reason}"
+        self.problem = self.problem or why
+        return why
 
     async def _check(self) -> str | None:
         try:

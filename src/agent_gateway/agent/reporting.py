@@ -11,16 +11,24 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 import anyio
 import mcp_types as types
 
 from agent_gateway.activity import Run
 from agent_gateway.downstream.caller import Caller
+from agent_gateway.logs import clipped
 from agent_gateway.runtime import SEND_TIMEOUT
 
 logger = logging.getLogger(__name__)
+
+MAX_RECORDED_ARGUMENTS = 1_000
+"""Characters of one tool call's arguments (as JSON) a run's record and its events keep; longer
+ones are kept cut, as ``{"cut_by_gateway": "<their start>… (N characters)"}``. A model's
+reply may hold 500,000 characters of arguments a turn: the record kept each call's whole, and
+one run's record (non-ASCII arguments, six bytes each once JSON-escaped) passed the client's
+1 MiB bound on an answer, and was stored again at every step."""
 
 
 class ToolCallRecord(TypedDict):
@@ -30,6 +38,17 @@ class ToolCallRecord(TypedDict):
     arguments: dict[str, Any]
     is_error: bool
     duration_ms: float
+    result_cut: NotRequired[str]
+    """Why the model was given its result cut (the run's turn at its bound), when it was."""
+
+
+def recorded(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's ``arguments`` as a record or an event keeps them: whole, or cut saying how
+    long they were."""
+    text = json.dumps(arguments, ensure_ascii=False, default=str)
+    if len(text) <= MAX_RECORDED_ARGUMENTS:
+        return arguments
+    return {"cut_by_gateway": clipped(text, MAX_RECORDED_ARGUMENTS)}
 
 
 class RunObserver(Protocol):
@@ -84,7 +103,7 @@ class ClientObserver:
     async def tool_started(self, name: str, arguments: dict[str, Any]) -> None:
         await self._also.tool_started(name, arguments)
         await self._report(f"calling {name}")
-        await self._log("info", {"event": "tool_started", "tool": name, "arguments": arguments})
+        await self._log("info", {"event": "tool_started", "tool": name, "arguments": recorded(arguments)})
 
     async def tool_finished(self, record: ToolCallRecord) -> None:
         await self._also.tool_finished(record)
@@ -150,7 +169,7 @@ class TerminalObserver:
         self._write(f"[step {step}] asking the model")
 
     async def tool_started(self, name: str, arguments: dict[str, Any]) -> None:
-        self._write(f"  -> {name} {json.dumps(arguments, ensure_ascii=False, default=str)}")
+        self._write(f"  -> {name} {json.dumps(recorded(arguments), ensure_ascii=False, default=str)}")
 
     async def tool_finished(self, record: ToolCallRecord) -> None:
         outcome = "failed" if record["is_error"] else "ok"

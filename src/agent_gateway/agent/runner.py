@@ -236,6 +236,10 @@ class AgentRunner:
         except AgentError as exc:
             message = str(exc)
         except Exception as exc:  # the top of a run: log the traceback, answer with a clear error
+            if (lost := self._conversations.lost(exc)) is not None:
+                # Not a bug: one line, and no partial record (reading it would wait out the pool).
+                logger.warning("agent run %s failed: %s", record["run_id"], lost)
+                return _failure(record, lost)
             logger.exception("agent run %s failed unexpectedly", record["run_id"])
             message = f"the agent run failed: {type(exc).__name__}: {exc}"
         if record["ended_at"] is None:  # not yet filled from a final state

@@ -54,8 +54,8 @@ class Upkeep:
         try:
             for thread in await self._conversations.crowded(owner):
                 await self._delete_unless_held(thread, partial(self._conversations.evict, thread, owner))
-        except Exception:  # the run goes on; the next one tries again
-            logger.exception("conversation memory: a client's threads past its bound could not be deleted")
+        except Exception as exc:  # the run goes on; the next one tries again
+            self._failed("a client's threads past its bound could not be deleted", exc)
 
     async def sweep(self) -> None:
         """Delete, now and then, the threads unused for longer than the retention; until cancelled."""
@@ -67,8 +67,15 @@ class Upkeep:
             try:
                 for thread in await self._conversations.expired():
                     await self._delete_unless_held(thread, partial(self._conversations.forget, thread))
-            except Exception:  # the sweeper's top: a failing store must not end the gateway
-                logger.exception("conversation memory: expired threads could not be deleted")
+            except Exception as exc:  # the sweeper's top: a failing store must not end the gateway
+                self._failed("expired threads could not be deleted", exc)
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Say ``what`` failed: in one line when the shared database is gone, else with the traceback."""
+        if (why := self._conversations.lost(exc)) is not None:
+            logger.warning("conversation memory: %s: %s", what, why)
+        else:
+            logger.exception("conversation memory: %s", what)
 
     async def _delete_unless_held(self, thread: str, delete: Callable[[], Awaitable[bool]]) -> None:
         """``delete`` (which re-checks, under the lock, that the thread is still to go) unless
