@@ -49,7 +49,9 @@ def test_everything_the_dockerfile_copies_exists_and_it_installs_the_locked_vers
 def test_the_images_command_serves_its_config_and_the_config_is_accepted() -> None:
     entrypoint = json.loads(instructions("ENTRYPOINT")[0])
     command = json.loads(instructions("CMD")[-1])
-    assert entrypoint == ["agent-gateway"]
+    # tini as PID 1 reaps the orphans an upstream's processes leave; the gateway reaps only its own.
+    assert entrypoint == ["tini", "--", "agent-gateway"]
+    assert any("tini" in run.split() for run in instructions("RUN"))
     check_serve(command)
     assert compose_gateway()["command"] == command
 

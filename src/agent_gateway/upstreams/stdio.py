@@ -10,12 +10,19 @@ same result).
 Spawning (own process group), the shutdown order (close stdin, grace period, SIGTERM to the
 group, SIGKILL) and the environment rules are the SDK's, reused where they are public. On
 Windows the SDK's own transport is used as it is.
+
+Unlike the SDK's, the group is ended whenever its leader (the configured command) exits: on
+its own (a crash) or at the end of its input. A process it started that inherited its stdout
+(a helper, a browser) used to outlive it: the gateway read on from the pipe it held, so a
+crash was seen only by a health check or a call's timeout (30 s), and each stop or restart
+left one such process running, reparented to init.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -48,6 +55,8 @@ _READ_SIZE = 1 << 20
 _FLUSH_TIMEOUT = 0.5
 _REAP_TIMEOUT = 2.0
 _POLL = 0.02
+_WATCH = 0.25
+"""How often a leader's exit is looked for where pidfd_open (Linux 5.3) is missing."""
 
 
 @asynccontextmanager
@@ -69,11 +78,13 @@ async def stdio_transport(
     incoming_in, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outgoing, outgoing_out = anyio.create_memory_object_stream[SessionMessage](0)
     written = anyio.Event()
+    reading = anyio.CancelScope()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_read, process, incoming_in, max_message_bytes, label)
+        tg.start_soon(_read, process, incoming_in, max_message_bytes, label, reading)
         tg.start_soon(_write, process, outgoing_out, incoming_in, written)
         assert process.stderr is not None
         tg.start_soon(StderrLines(label, secrets).pass_on, process.stderr)
+        tg.start_soon(_watch, process, reading)
         try:
             yield incoming, outgoing
         finally:
@@ -106,12 +117,17 @@ async def _spawned(params: StdioServerParameters) -> Process:
 
 
 async def _read(
-    process: Process, incoming: MemoryObjectSendStream[SessionMessage | Exception], limit: int, label: str
+    process: Process,
+    incoming: MemoryObjectSendStream[SessionMessage | Exception],
+    limit: int,
+    label: str,
+    reading: anyio.CancelScope,
 ) -> None:
     assert process.stdout is not None
     lines = Lines(limit)
     async with incoming:
         with (
+            reading,
             lines,
             suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError),
         ):
@@ -326,18 +342,45 @@ async def _write(
         written.set()
 
 
+async def _watch(process: Process, reading: anyio.CancelScope) -> None:
+    """Once the leader has exited, end what is left of its group; and if its stdout is still
+    held open after that (by a daemon that left the group), stop reading it in a moment, so
+    the session ends (its calls failing at once) instead of waiting for a line that never
+    comes. What the leader wrote before it exited is read first."""
+    await _exit_of(process)
+    await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
+    reading.deadline = min(reading.deadline, anyio.current_time() + _FLUSH_TIMEOUT)
+
+
+async def _exit_of(process: Process) -> None:
+    """Returns once ``process`` has exited (not waiting for its pipes to close, nor for it to
+    be reaped): woken by a pidfd where there is one, else polled."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfd here, or the process is gone already
+        pidfd = None
+    try:
+        if pidfd is not None:
+            await anyio.wait_readable(pidfd)
+            return
+        while process.returncode is None:  # noqa: ASYNC110  (no event exists for it)
+            await anyio.sleep(_WATCH)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
 async def _stop(process: Process, label: str) -> None:
-    """Close stdin, give it a grace period, then SIGTERM and SIGKILL its group; reap it."""
+    """Close stdin, give it a grace period, then SIGTERM and SIGKILL its group, whether or not
+    the leader exited meanwhile (what it started goes with it); reap it."""
     assert process.stdin is not None
     assert process.stdout is not None
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
-    if not await _exited(process, PROCESS_TERMINATION_TIMEOUT):
-        await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
-        if not await _exited(process, _REAP_TIMEOUT):
-            logger.warning(
-                "upstream session %s: process %d survived SIGKILL; abandoning it", label, process.pid
-            )
+    await _exited(process, PROCESS_TERMINATION_TIMEOUT)
+    await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
+    if not await _exited(process, _REAP_TIMEOUT):
+        logger.warning("upstream session %s: process %d survived SIGKILL; abandoning it", label, process.pid)
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdout.aclose()
     with anyio.move_on_after(_REAP_TIMEOUT):
