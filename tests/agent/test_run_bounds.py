@@ -7,13 +7,17 @@ import json
 import sqlite3
 from pathlib import Path
 
+import mcp_types as types
+import pytest
 from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from mcp import Client
+from mcp.client.client import ConnectMode
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import agent_gateway, ask, record, text
+from tests.agent.test_models import sampling_script
 from tests.support import running_gateway, serving_upstream
 
 WIDE = "é" * 80_000
@@ -176,3 +180,51 @@ async def test_the_model_name_a_provider_answers_with_is_recorded_cut(tmp_path: 
         result = await ask(client, "Who are you?")
     assert not result.is_error, text(result)
     assert record(result)["model"] == "m" * 256 + "… (2000000 characters)"
+
+
+def smiles_server() -> FastMCP:
+    server = FastMCP("pages")
+
+    @server.tool
+    def page(number: int) -> str:
+        """One page of a long document."""
+        return "🙂" * PAGE
+
+    return server
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_sampling_request_past_what_a_client_reads_ends_the_run_saying_why(mode: ConnectMode) -> None:
+    # The client's own model reads four results of 100,000 characters outside the BMP: within
+    # the turn's bound in tokens, but a 1.6 MB sampling request. The official client could not
+    # read it (its event past 1 MiB): its ask_agent call failed with no answer at all.
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [
+        types.CreateMessageResultWithTools(
+            role="assistant",
+            content=[
+                types.ToolUseContent(id=f"t{n}", name="pages__page", input={"number": n}) for n in range(4)
+            ],
+            model="client-model",
+            stop_reason="toolUse",
+        )
+    ]
+    agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling"}}
+    async with (
+        serving_upstream(smiles_server()) as url,
+        running_gateway({"upstreams": {"pages": {"url": url}}, "agent": agent}) as gw,
+        Client(
+            gw.url,
+            mode=mode,
+            sampling_callback=sampling_script(replies, seen),
+            sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+        ) as client,
+    ):
+        result = await ask(client, "Read the whole document.")
+    assert result.is_error
+    assert text(result).startswith(
+        "ask_agent failed: the request to the client's model (sampling) would be 1,60"
+    ), text(result)
+    assert "bytes of JSON, more than the 786,432 a client is sent at once" in text(result)
+    assert len(seen) == 1  # the first request only
+    assert len(record(result)["tool_calls"]) == 4
