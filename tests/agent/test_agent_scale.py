@@ -13,6 +13,7 @@ from mcp import Client
 
 from agent_gateway.access import OPERATOR
 from tests.agent.model_apis import OPENAI_MAX_TOOLS, Script, ScriptedApi, Turn, openai_api
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.test_models import openai_model, said, sampling_script
 from tests.servers import many_tools
@@ -171,3 +172,26 @@ async def test_an_upstream_tool_named_search_tools_never_stands_beside_the_agent
     assert "page_0" in listed
     names = offered(api.requests[0])
     assert (len(names), names.count("search_tools")) == (5, 1)
+
+
+async def test_a_runs_record_lists_at_most_256_of_the_tools_it_was_offered_and_counts_them_all() -> None:
+    # Each turn's search finds another service's tools: the record listed every tool offered
+    # in the run (100 turns of 127 new ones would be 12,700 names, 850 KB).
+    searches = [
+        calls(call("search_tools", query=f"{service} {verb}", limit=50))
+        for service in many_tools.SERVICES[:5]
+        for verb in ("create", "export")
+    ]
+    model = ScriptedChatModel(script=[*searches, answer("Looked around.")])
+    agent = {"memory": {"store": "memory"}, "max_tools": 128, "max_steps": 12}
+    async with (
+        serving_upstream(many_tools.build([])) as url,
+        running_gateway({"upstreams": {"many": {"url": url}}, "agent": agent}, chat_model=model) as gw,
+        Client(gw.url) as client,
+    ):
+        result = await ask(client, "Look at every service")
+    assert not result.is_error, text(result)
+    offered = record(result)["offered_tools"]
+    assert offered["count"] > 256, offered["count"]
+    assert len(offered["names"]) == 256
+    assert len(set(offered["names"])) == 256

@@ -7,13 +7,17 @@ import json
 import sqlite3
 from pathlib import Path
 
+import mcp_types as types
+import pytest
 from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from mcp import Client
+from mcp.client.client import ConnectMode
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import agent_gateway, ask, record, text
+from tests.agent.test_models import sampling_script
 from tests.support import running_gateway, serving_upstream
 
 WIDE = "é" * 80_000
@@ -97,3 +101,130 @@ async def test_one_tool_steps_large_results_are_cut_to_the_turns_bound_and_the_m
     with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
         (kept,) = db.execute("SELECT sum(length(checkpoint)) FROM checkpoints").fetchone()
     assert kept < 1_000_000, kept
+
+
+QUOTES = '"' * 600
+"""Arguments whose JSON is past the record's 1,000 characters, kept cut: their cut JSON, escaped
+again in the record, is twice as long (2,000 characters a call)."""
+NAME = "🙂" * 200
+"""A name of no tool, cut to 128 characters, twelve each in escaped JSON."""
+
+
+async def test_a_runs_record_keeps_its_first_tool_calls_within_its_budget_and_counts_the_rest(
+    tmp_path: Path,
+) -> None:
+    # Three turns of 128 calls (32 run, 96 answered "Not run"), each with a long name and
+    # arguments cut to 1,000 characters: the record kept all 384, 1.4 MB of JSON, past a
+    # client's 1 MiB bound on an answer (about 470 KB more each turn, up to 100 turns).
+    turn = [calls(*[call(NAME, text=QUOTES) for _ in range(128)]) for _ in range(3)]
+    model = ScriptedChatModel(script=[*turn, answer("Done.")])
+    async with (
+        agent_gateway(model, tmp_path, max_context_tokens=400_000) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Call it often.")
+    assert not result.is_error, text(result)
+    kept = record(result)
+    assert len(json.dumps(kept["tool_calls"])) <= 256 * 1024
+    assert len(json.dumps(kept)) < 300_000, len(json.dumps(kept))
+    assert 0 < len(kept["tool_calls"]) < 384
+    assert len(kept["tool_calls"]) + kept["tool_calls_left_out"] == 384
+    assert all(c["name"] == NAME[:128] for c in kept["tool_calls"])  # the run's first calls
+
+
+async def test_a_runs_long_answer_is_cut_in_its_text_and_record_saying_how_much(tmp_path: Path) -> None:
+    # A reply of 480,000 characters outside the BMP (twelve each in escaped JSON, four in UTF-8)
+    # was the result's text and its record's answer: 3.8 MB of UTF-8, 11.5 MB escaped.
+    model = ScriptedChatModel(script=[answer("🙂" * 480_000)])
+    async with (
+        agent_gateway(model, tmp_path, max_context_tokens=400_000) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Smile a lot.")
+    assert not result.is_error, text(result)
+    said = text(result)
+    assert said == record(result)["answer"]
+    assert len(json.dumps(said)) <= 128 * 1024
+    assert said.startswith("🙂🙂")
+    assert "characters cut by the gateway: a run's answer is at most 131,072 characters of JSON]" in said
+    shown = said.count("🙂")
+    assert f"[… {480_000 - shown:,} more of the answer's 480,000 characters" in said
+
+
+async def test_a_failed_runs_error_quoting_the_provider_is_cut_saying_how_long_it_was(
+    tmp_path: Path,
+) -> None:
+    # A provider's error quoting what it was sent (2 MB here) was the result's text and its
+    # record's error, whole.
+    model = ScriptedChatModel(script=[RuntimeError("bad request: " + "x" * 2_000_000)])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Fail loudly.")
+    assert result.is_error
+    error = record(result)["error"]
+    assert error.startswith("the model call failed: RuntimeError: bad request: xxx")
+    assert error.endswith("… (2000050 characters)"), error[-60:]
+    assert len(error) < 2_100
+    assert text(result) == f"ask_agent failed: {error}"
+
+
+async def test_the_model_name_a_provider_answers_with_is_recorded_cut(tmp_path: Path) -> None:
+    # The record names the model as the provider's reply did: a 2 MB name was kept whole.
+    model = ScriptedChatModel(script=[answer("Hi.")], model_name="m" * 2_000_000)
+    async with (
+        agent_gateway(model, tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Who are you?")
+    assert not result.is_error, text(result)
+    assert record(result)["model"] == "m" * 256 + "… (2000000 characters)"
+
+
+def smiles_server() -> FastMCP:
+    server = FastMCP("pages")
+
+    @server.tool
+    def page(number: int) -> str:
+        """One page of a long document."""
+        return "🙂" * PAGE
+
+    return server
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_sampling_request_past_what_a_client_reads_ends_the_run_saying_why(mode: ConnectMode) -> None:
+    # The client's own model reads four results of 100,000 characters outside the BMP: within
+    # the turn's bound in tokens, but a 1.6 MB sampling request. The official client could not
+    # read it (its event past 1 MiB): its ask_agent call failed with no answer at all.
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [
+        types.CreateMessageResultWithTools(
+            role="assistant",
+            content=[
+                types.ToolUseContent(id=f"t{n}", name="pages__page", input={"number": n}) for n in range(4)
+            ],
+            model="client-model",
+            stop_reason="toolUse",
+        )
+    ]
+    agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling"}}
+    async with (
+        serving_upstream(smiles_server()) as url,
+        running_gateway({"upstreams": {"pages": {"url": url}}, "agent": agent}) as gw,
+        Client(
+            gw.url,
+            mode=mode,
+            sampling_callback=sampling_script(replies, seen),
+            sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+        ) as client,
+    ):
+        result = await ask(client, "Read the whole document.")
+    assert result.is_error
+    assert text(result).startswith(
+        "ask_agent failed: the request to the client's model (sampling) would be 1,60"
+    ), text(result)
+    assert "bytes of JSON, more than the 786,432 a client is sent at once" in text(result)
+    assert len(seen) == 1  # the first request only
+    assert len(record(result)["tool_calls"]) == 4

@@ -26,6 +26,7 @@ from langgraph.runtime import Runtime
 from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.run_record import kept_calls
 from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import system_prompt
 from agent_gateway.agent.turn_bound import fitted, turn_limit, within_reach
@@ -45,6 +46,9 @@ class AgentState(TypedDict):
     steps: int
     usage: Usage
     tool_calls: list[ToolCallRecord]
+    """The run's first tool calls, within the record's budget (``run_record.MAX_CALLS_JSON``)."""
+    tool_calls_left_out: int
+    """The run's tool calls past that budget."""
     offered: list[str]
     """The catalog tools the next model call binds (empty at a run's start: chosen then)."""
     offered_seen: list[str]
@@ -82,6 +86,7 @@ def run_input(query: str) -> dict[str, Any]:
         "steps": 0,
         "usage": Usage(input_tokens=0, output_tokens=0),
         "tool_calls": [],
+        "tool_calls_left_out": 0,
         "offered": [],
         "offered_seen": [],
     }
@@ -134,9 +139,12 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         # The next model call's view, these results aside: they take at most what is left.
         left = within_reach(_next_view(run, history, offered), run.max_context_tokens)
         outcomes = fitted(outcomes, left, turn_limit(run.max_context_tokens))
+        made = (record for _, record in outcomes)
+        recorded, left_out = kept_calls(state["tool_calls"], made, state.get("tool_calls_left_out", 0))
         return {
             "messages": [message for message, _ in outcomes],
-            "tool_calls": [*state["tool_calls"], *(record for _, record in outcomes)],
+            "tool_calls": recorded,
+            "tool_calls_left_out": left_out,
             "offered": offered,
         }
 

@@ -40,7 +40,7 @@ from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RecordedObserver, RunObserver
 from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
-from agent_gateway.agent.run_record import fill, new_record, now
+from agent_gateway.agent.run_record import answered, error_text, fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
@@ -323,7 +323,7 @@ class AgentRunner:
         answer = last.text if isinstance(last, AIMessage) else ""
         if not answer.strip():
             raise BadModelOutput("the model ended the run with an empty answer")
-        record["answer"] = answer
+        record["answer"] = answered(answer)
         return RunOutcome(record)
 
 
@@ -373,7 +373,7 @@ def _refuse_if_down(memory_problem: str | None) -> None:
 
 def _failure(record: dict[str, Any], message: str) -> RunOutcome:
     record["ended_at"] = now()
-    record["error"] = message
+    record["error"] = message = error_text(message)
     return RunOutcome(record, error=f"ask_agent failed: {message}")
 
 
@@ -388,7 +388,7 @@ def _log_end(outcome: RunOutcome) -> None:
         record["run_id"],
         _status(outcome),
         record["steps"],
-        len(record["tool_calls"]),
+        len(record["tool_calls"]) + record["tool_calls_left_out"],
         record["usage"]["input_tokens"],
         record["usage"]["output_tokens"],
         f": {record['error']}" if record["error"] else "",

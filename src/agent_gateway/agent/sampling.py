@@ -27,6 +27,11 @@ from agent_gateway.errors import BadModelOutput, ModelFailed
 logger = logging.getLogger(__name__)
 
 Blocks = list[types.SamplingMessageContentBlock]
+MAX_REQUEST_BYTES = 768 * 1024
+"""Bytes of JSON of one ``sampling/createMessage`` request's params: the run ends with why
+instead of sending more. The view is bounded in (approximate) tokens, not bytes: four tool
+results of 100,000 non-ASCII characters made a 1.6 MB request, which the official client
+could not read (its event past 1 MiB): the client's ``ask_agent`` call failed with no answer."""
 
 
 class SamplingChatModel(BaseChatModel):
@@ -118,6 +123,12 @@ class SamplingChatModel(BaseChatModel):
             tools=tools,
             tool_choice=types.ToolChoice(mode="auto") if tools else None,
         )
+        size = len(params.model_dump_json(by_alias=True, exclude_none=True).encode())
+        if size > MAX_REQUEST_BYTES:
+            raise ModelFailed(
+                f"the request to the client's model (sampling) would be {size:,} bytes of JSON, more "
+                f"than the {MAX_REQUEST_BYTES:,} a client is sent at once; ask for less at once"
+            )
         answers = await self.asker.ask({"model": types.CreateMessageRequest(params=params)}, self.timeout)
         answer = answers.get("model")
         if answer is None:

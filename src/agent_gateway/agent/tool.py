@@ -75,6 +75,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
                 "required": ["name", "arguments", "is_error", "duration_ms"],
             },
         },
+        "tool_calls_left_out": {"type": "integer", "minimum": 0},
         "usage": {
             "type": "object",
             "properties": {"input_tokens": {"type": "integer"}, "output_tokens": {"type": "integer"}},
@@ -99,6 +100,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
         "run_id",
         "steps",
         "tool_calls",
+        "tool_calls_left_out",
         "usage",
         "offered_tools",
         "model",
