@@ -3,23 +3,27 @@
 
 from __future__ import annotations
 
+import os
 import shlex
+import signal
 from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 from mcp import Client
 
 from tests.support import python_upstream, running_gateway
 from tests.test_upstreams import text_of
 
 
-def with_a_helper(upstream: dict[str, Any], pid_file: Path) -> dict[str, Any]:
+def with_a_helper(upstream: dict[str, Any], pid_file: Path, run: str = "") -> dict[str, Any]:
     """``upstream`` started by a shell that first starts a helper (``sleep``) holding the
     server's stdout and stderr, writes its pid to ``pid_file``, then becomes the server (exec:
-    the server is the group's leader, the helper its sibling in the group)."""
+    the server is the group's leader, the helper its sibling in the group; ``run``:
+    ``setsid `` makes the helper a daemon, out of the group)."""
     server = shlex.join([upstream["command"], *upstream["args"]])
-    script = f"sleep 120 & echo $! > {shlex.quote(str(pid_file))}; exec {server}"
+    script = f"{run}sleep 120 & echo $! > {shlex.quote(str(pid_file))}; exec {server}"
     return {**upstream, "command": "sh", "args": ["-c", script]}
 
 
@@ -70,3 +74,25 @@ async def test_a_server_that_exits_at_the_end_of_its_input_takes_its_child_with_
         assert running(helper_pid)
     assert not running(server_pid)
     assert await gone(helper_pid)
+
+
+async def test_a_crash_whose_stdout_a_daemon_keeps_is_told_as_the_connection_closed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A daemon (its own session, so not stopped with the group) kept the server's stderr too:
+    # closing it under the reader of its lines at the stop raised into the transport, and the
+    # upstream was down for "ClosedResourceError: ClosedResourceError" (in /readyz and the log).
+    helper = tmp_path / "daemon.pid"
+    counter = with_a_helper(python_upstream("counter.py", health={"interval": None}), helper, "setsid ")
+    try:
+        async with running_gateway({"upstreams": {"counter": counter}}) as gw, Client(gw.url) as client:
+            crashed = await client.call_tool("counter__crash", {})
+            assert "connection closed during the call" in text_of(crashed)
+            with anyio.fail_after(10):
+                while not (down := [r for r in caplog.records if " is down: " in r.getMessage()]):
+                    await anyio.sleep(0.05)
+    finally:
+        os.kill(int(helper.read_text()), signal.SIGKILL)
+    assert [r.getMessage() for r in down] == [
+        "upstream counter is down: upstream 'counter': connection closed"
+    ]

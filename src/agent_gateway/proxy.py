@@ -167,13 +167,16 @@ class Proxy:
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
         if caller is None:
-            return self._pool.get(upstream).session()
+            shared = self._pool.get(upstream)
+            await shared.ready()
+            return shared.session()
         return await self._session_of(upstream, caller.session, caller.client)
 
     async def _session_of(
         self, upstream: str, owner: DownstreamSession, client: Principal | None
     ) -> UpstreamSession:
         shared = self._pool.get(upstream)
+        await shared.ready()
         if shared.config.session == "per_client":
             # A dedicated session's share is its client's: one client's many sessions count once.
             label = client.label if client is not None else owner.label

@@ -3,7 +3,8 @@
 The new file is read and validated as at start-up; a bad one is refused with the usual
 one-line message and the running configuration is kept. A good one is applied to the
 upstreams: added ones are started, removed ones stopped (their processes reaped), changed
-ones restarted with their new configuration, except when only their naming changed
+ones restarted with their new configuration (with ``failure_mode: fail_open`` their tools
+stay listed meanwhile, and calls wait for them), except when only their naming changed
 (``prefix``, ``include``, ``exclude``, ``rename``): those keep their connection and are
 renamed. The catalog is rebuilt under the new names first (a collision among the upstreams
 whose tools are known refuses the reload before anything is touched; one with an added
@@ -97,13 +98,23 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
     found = changes(gateway.config, new)
     applied = gateway.config.model_copy(update={section: getattr(new, section) for section in _APPLIED})
     restarted = (*found.removed, *found.changed)
+    # A restarted upstream's tools stay listed (fail_open): calls wait for it rather than
+    # being told "Unknown tool", and clients are told nothing if it lists the same again.
+    listed = [n for n in found.changed if applied.active_upstreams[n].failure_mode == "fail_open"]
     # First the catalog (it may still refuse), so clients stop seeing what is about to go.
     await gateway.pins.refresh()  # with a shared database: pins accepted meanwhile are served
-    await gateway.catalog.reconfigure(applied, restarted)
+    try:
+        await gateway.catalog.reconfigure(applied, [n for n in restarted if n not in listed])
+    except ConfigError:
+        if not listed:
+            raise
+        # Their former tools collide under the new names: left out until they list again.
+        await gateway.catalog.reconfigure(applied, restarted)
     gateway.config = applied
     async with anyio.create_task_group() as tg:  # calls in flight given the time a drain gives them
         for name in restarted:
-            tg.start_soon(gateway.pool.remove, name, applied.server.drain_timeout)
+            again = applied.active_upstreams.get(name) if name in found.changed else None
+            tg.start_soon(gateway.pool.remove, name, applied.server.drain_timeout, again)
     await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, restarted)
     started = (*found.added, *found.changed)
     async with anyio.create_task_group() as tg:

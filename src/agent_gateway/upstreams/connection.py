@@ -110,6 +110,7 @@ class Upstream:
         """Connections made so far (a restarted stdio upstream counts again)."""
         self.settled = anyio.Event()
         """Set once the first connection attempt has either succeeded or failed."""
+        self.restarting = False  # by a configuration reload: calls wait for it (``ready``)
         self._on_listing = on_listing
         self._on_down = on_down
         self._on_changed = on_changed
@@ -290,6 +291,12 @@ class Upstream:
         session = self._session
         return session if session is not None and session.client is not None else None
 
+    async def ready(self) -> None:
+        """Until a restarted upstream's first connection is made or fails, at most ``timeout``."""
+        if self.restarting and not self.settled.is_set():
+            with anyio.move_on_after(self.config.timeout):
+                await self.settled.wait()
+
     def session(self) -> UpstreamSession:
         """The shared session calls go over.
 
@@ -298,6 +305,8 @@ class Upstream:
         """
         session = self._session
         if session is None or session.client is None or self.state != UpstreamState.UP:
+            if self.restarting and not self.settled.is_set():
+                raise UpstreamUnavailable(self.name, "restarting after a configuration reload")
             reason = f": {self.last_error}" if self.last_error else ""
             raise UpstreamUnavailable(self.name, f"not connected ({self.state}{reason})")
         return session

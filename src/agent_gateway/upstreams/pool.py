@@ -156,19 +156,27 @@ class UpstreamPool:
         self._tg.start_soon(life.run, upstream, name=f"upstream {upstream.name}")
 
     async def add(self, name: str, config: UpstreamConfig, wait: float) -> Upstream:
-        """Start a new upstream (configuration reload); return once it has connected or
-        failed once, or after ``wait`` seconds (it goes on connecting meanwhile)."""
-        upstream = self.upstreams[name] = self._make(name, config)
+        """Start a new upstream, or the one ``remove`` left in the place of one it restarts
+        (configuration reload); return once it has connected or failed once, or after
+        ``wait`` seconds (it goes on connecting meanwhile)."""
+        upstream = self.upstreams.get(name)
+        if upstream is None or upstream.config != config or name in self._lives:
+            upstream = self.upstreams[name] = self._make(name, config)
         self._start(upstream)
         with anyio.move_on_after(wait):
             await upstream.settled.wait()
         return upstream
 
-    async def remove(self, name: str, grace: float = 0.0) -> None:
+    async def remove(self, name: str, grace: float = 0.0, restart: UpstreamConfig | None = None) -> None:
         """Stop an upstream (configuration reload): its calls in flight are given ``grace``
         seconds to end (new ones no longer find it), then fail saying why; its process is
-        reaped. Cut at once, a reload's calls failed with a bare "Connection closed"."""
+        reaped. Cut at once, a reload's calls failed with a bare "Connection closed".
+        ``restart``: it is restarted with this configuration (``add`` starts it): new calls
+        find the new one at once, and wait for it (``Upstream.ready``)."""
         upstream = self.upstreams.pop(name, None)
+        if restart is not None:
+            self.upstreams[name] = self._make(name, restart)
+            self.upstreams[name].restarting = True
         if upstream is not None:
             await _calls_ended(upstream, grace)
             if (session := upstream.live_session()) is not None:

@@ -13,7 +13,9 @@ blocks on its stderr.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 
+import anyio
 from anyio.abc import ByteReceiveStream
 
 from agent_gateway.logs import CLIP, scrubbed
@@ -38,9 +40,13 @@ class StderrLines:
         self._left_out = 0
 
     async def pass_on(self, stream: ByteReceiveStream) -> None:
-        """Read ``stream`` to its end (the process's, or the cancellation of its transport)."""
-        async for chunk in stream:
-            self.feed(chunk)
+        """Read ``stream`` to its end (the process's, or the cancellation of its transport), or
+        until it is closed under the read: at the stop, when a process that left the group (a
+        daemon) still holds it. That ended the transport, and the upstream was down for
+        "ClosedResourceError: ClosedResourceError" instead of its session's reason."""
+        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+            async for chunk in stream:
+                self.feed(chunk)
         if self._partial:
             self._line(self._partial)
 
