@@ -168,7 +168,8 @@ class Proxy:
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
         if caller is None:
             shared = self._pool.get(upstream)
-            await shared.ready()
+            if shared.restarting:  # by a reload: the call waits for it (checked first: a call's path)
+                await shared.ready()
             return shared.session()
         return await self._session_of(upstream, caller.session, caller.client)
 
@@ -176,7 +177,8 @@ class Proxy:
         self, upstream: str, owner: DownstreamSession, client: Principal | None
     ) -> UpstreamSession:
         shared = self._pool.get(upstream)
-        await shared.ready()
+        if shared.restarting:
+            await shared.ready()
         if shared.config.session == "per_client":
             # A dedicated session's share is its client's: one client's many sessions count once.
             label = client.label if client is not None else owner.label
