@@ -273,7 +273,10 @@ def _json_escaped(character: re.Match[str]) -> str:
 def one_line(text: str) -> str:
     """JSON text (``json.dumps(..., ensure_ascii=False)``'s) with what it leaves raw and that
     breaks or reorders a line escaped: the same value to a JSON reader, one line to every tool.
-    Such characters are only ever inside a string there, so escaping them keeps the JSON."""
+    Such characters are only ever inside a string there, so escaping them keeps the JSON.
+    ASCII text (most lines) is told in constant time, and holds none but DEL."""
+    if text.isascii() and "\x7f" not in text:
+        return text
     return _CONTROL.sub(_json_escaped, text)
 
 
