@@ -174,6 +174,19 @@ async def test_a_base_url_the_provider_cannot_parse_fails_start_up_with_one_conf
 SampleReply = types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData
 
 
+def sampling_client(
+    url: str, mode: str, replies: list[Any], seen: list[types.CreateMessageRequestParams]
+) -> Client:
+    """The official client, answering the gateway's sampling requests (tools allowed) with
+    ``replies`` in turn, each request kept in ``seen``."""
+    return Client(
+        url,
+        mode=mode,
+        sampling_callback=sampling_script(replies, seen),
+        sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
+    )
+
+
 def sampling_script(replies: list[Any], seen: list[types.CreateMessageRequestParams]) -> SamplingFnT:
     async def sample(context: ClientRequestContext, params: types.CreateMessageRequestParams) -> SampleReply:
         seen.append(params)
@@ -211,12 +224,7 @@ async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
     ]
     async with (
         gateway_with_model(configured) as (gw, math),
-        Client(
-            gw.url,
-            mode=mode,
-            sampling_callback=sampling_script(replies, seen),
-            sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
-        ) as client,
+        sampling_client(gw.url, mode, replies, seen) as client,
     ):
         result = await ask(client, "20 + 22?")
     assert not result.is_error, text(result)

@@ -17,7 +17,7 @@ from mcp.client.client import ConnectMode
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import agent_gateway, ask, record, text
-from tests.agent.test_models import sampling_script
+from tests.agent.test_models import sampling_client
 from tests.support import running_gateway, serving_upstream
 
 WIDE = "é" * 80_000
@@ -213,12 +213,7 @@ async def test_a_sampling_request_past_what_a_client_reads_ends_the_run_saying_w
     async with (
         serving_upstream(smiles_server()) as url,
         running_gateway({"upstreams": {"pages": {"url": url}}, "agent": agent}) as gw,
-        Client(
-            gw.url,
-            mode=mode,
-            sampling_callback=sampling_script(replies, seen),
-            sampling_capabilities=types.SamplingCapability(tools=types.SamplingToolsCapability()),
-        ) as client,
+        sampling_client(gw.url, mode, replies, seen) as client,
     ):
         result = await ask(client, "Read the whole document.")
     assert result.is_error
