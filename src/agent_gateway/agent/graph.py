@@ -131,13 +131,14 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         run, history = runtime.context, state["messages"]
         last = history[-1]
         assert isinstance(last, AIMessage)  # routed here only after a model turn with calls
-        runner = run.tools
+        runner, before = run.tools, state.get("offered") or []
         # The model's reply may have taken the turn past its bound: then no call is run.
-        within_reach(_next_view(run, history, state.get("offered") or []), run.max_context_tokens)
+        left = within_reach(_next_view(run, history, before), run.max_context_tokens)
         outcomes, found = await runner.run(last.tool_calls, last.invalid_tool_calls)
-        offered = runner.widened(state.get("offered") or [], found)
+        offered = runner.widened(before, found)
+        if offered != before:  # the next view's system prompt describes other tools: counted again
+            left = within_reach(_next_view(run, history, offered), run.max_context_tokens)
         # The next model call's view, these results aside: they take at most what is left.
-        left = within_reach(_next_view(run, history, offered), run.max_context_tokens)
         outcomes = fitted(outcomes, left, turn_limit(run.max_context_tokens))
         made = (record for _, record in outcomes)
         recorded, left_out = kept_calls(state["tool_calls"], made, state.get("tool_calls_left_out", 0))
