@@ -92,6 +92,7 @@ def test_tools_json_prints_the_catalog_and_upstream_states(
         "last_up_at": None,
         "connections": 1,
         "in_flight": 0,
+        "listing_refused": None,
     }
     assert upstream["last_up_at"]
 

@@ -213,6 +213,9 @@ class Catalog:
         self.snapshot = CatalogSnapshot()
         self.problems: dict[str, str] = {}
         """Upstreams whose latest listing was refused (a collision), with the reason."""
+        self._withheld: dict[str, Listing] = {}
+        """Those refused listings, tried again at a reload: one the reload repaired is served
+        then (its upstream lists again only when its tools change, if ever)."""
 
     def subscribe(self, listener: ChangeListener) -> None:
         """Call ``listener`` after each change, in the order of subscription."""
@@ -266,13 +269,19 @@ class Catalog:
             self._hidden = {
                 n: build_part(config, n, listing, self._reserved) for n, listing in hidden.items()
             }
+            repaired, still = self._repaired(config, parts, gone)
+            parts |= repaired
             snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
         except NameCollision as exc:
             raise ConfigError(f"catalog: {exc}") from None
         touched = frozenset(self._parts) | frozenset(parts)
         self._config, self._parts = config, parts
-        for name in gone:
+        self._withheld = {n: self._withheld[n] for n in still}
+        for name in (*gone, *repaired):
             self.problems.pop(name, None)
+        self.problems |= still
+        if repaired:
+            logger.info("reload: %s listed again: the collision is gone", ", ".join(repaired))
         await self._publish(touched, snapshot)
 
     async def update(self, upstream: str, listing: Listing) -> None:
@@ -292,11 +301,13 @@ class Catalog:
             self._restore(upstream, previous)
             self.problems[upstream] = str(exc)
             if self._live:
+                self._withheld[upstream] = listing
                 logger.error("upstream %s: catalog update refused: %s", upstream, exc)
             else:
                 self._refused = exc  # start() refuses to start with it
             return
         self._hidden.pop(upstream, None)
+        self._withheld.pop(upstream, None)
         self.problems.pop(upstream, None)
         if snapshot is not None:
             await self._publish(frozenset({upstream}), snapshot)
@@ -307,10 +318,26 @@ class Catalog:
     def _check_hidden(self, part: Part) -> None:
         """Raises ``NameCollision`` when ``part`` takes a public name of another upstream's
         part hidden while it is down."""
-        for hidden in self._hidden.values():
-            if hidden.upstream != part.upstream:
-                _add_all("tool", dict(hidden.tools), part.tools)
-                _add_all("prompt", dict(hidden.prompts), part.prompts)
+        _check_against(part, self._hidden.values())
+
+    def _repaired(
+        self, config: GatewayConfig, parts: Mapping[str, Part], gone: set[str]
+    ) -> tuple[dict[str, Part], dict[str, str]]:
+        """The withheld listings that no longer collide under ``config``'s names with
+        ``parts`` or what is hidden, as parts; and the others, with their reason now."""
+        repaired: dict[str, Part] = {}
+        still: dict[str, str] = {}
+        for name, listing in self._withheld.items():
+            if name in gone or name not in config.upstreams:
+                continue
+            try:
+                part = build_part(config, name, listing, self._reserved, self._review)
+                _check_against(part, [*parts.values(), *repaired.values(), *self._hidden.values()])
+            except NameCollision as exc:
+                still[name] = str(exc)
+            else:
+                repaired[name] = part
+        return repaired, still
 
     def _ordered(self) -> list[Part]:
         return [self._parts[n] for n in self._config.upstreams if n in self._parts]
@@ -327,6 +354,15 @@ class Catalog:
             self._parts.pop(upstream, None)
         else:
             self._parts[upstream] = previous
+
+
+def _check_against(part: Part, others: Iterable[Part]) -> None:
+    """Raises ``NameCollision`` when ``part`` takes a public name of one of ``others`` (of
+    another upstream)."""
+    for other in others:
+        if other.upstream != part.upstream:
+            _add_all("tool", dict(other.tools), part.tools)
+            _add_all("prompt", dict(other.prompts), part.prompts)
 
 
 def _changed_lists(

@@ -264,7 +264,7 @@ def catalog_report(gateway: Gateway) -> dict[str, Any]:
             {"uri": u, "upstream": o.upstream, "name": o.item.name} for u, o in snap.resources.items()
         ],
         "templates": [{"uri_template": e.public, "upstream": e.origin.upstream} for e in snap.templates],
-        "upstreams": [s.as_dict() for s in gateway.pool.statuses()],
+        "upstreams": [s.as_dict() for s in gateway.pool.statuses(gateway.catalog.problems)],
     }
 
 

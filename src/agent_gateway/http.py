@@ -178,7 +178,7 @@ def readiness(gateway: Gateway, *, starting: bool = False) -> tuple[bool, dict[s
     """Whether ``gateway`` is ready, and what ``/readyz`` says of it: every upstream's state
     (only whether it is ready when ``public_health`` is minimal). While ``starting``
     (``starting.py``) it is not, whatever its upstreams' states."""
-    statuses = gateway.pool.statuses()
+    statuses = gateway.pool.statuses(gateway.catalog.problems)
     missing = [s.as_dict() for s in statuses if not s.serving]
     problems = gateway.unready()
     if (keys := keys_of(gateway.server.auth)) is not None and (problem := keys.keys_problem) is not None:

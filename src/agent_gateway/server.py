@@ -378,7 +378,7 @@ class Gateway:
             "tasks": len(asyncio.all_tasks()),
             "child_processes": len(runtime.child_pids()),
             "runtime": runtime.describe(),
-            "upstreams": [s.as_dict() for s in self.pool.statuses()],
+            "upstreams": [s.as_dict() for s in self.pool.statuses(self.catalog.problems)],
         }
 
 

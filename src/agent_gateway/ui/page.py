@@ -103,7 +103,10 @@ def _updated() -> str:
 
 def _upstreams(gateway: Gateway) -> str:
     tools = Counter(origin.upstream for origin in gateway.catalog.snapshot.tools.values())
-    rows = "".join(_upstream_row(status, tools[status.name]) for status in gateway.pool.statuses())
+    rows = "".join(
+        _upstream_row(status, tools[status.name])
+        for status in gateway.pool.statuses(gateway.catalog.problems)
+    )
     head = _head("Upstream", "State", "Circuit", "Transport", "Tools", "In flight", "Since", "Last error")
     return _section("upstreams", "Upstreams", head, rows)
 
@@ -122,8 +125,15 @@ def _upstream_row(status: UpstreamStatus, tools: int) -> str:
         f"<td><b>{escape(status.name)}</b></td><td><span class=badge>{state}</span></td>"
         f"<td>{escape(str(status.circuit))}</td><td>{escape(status.transport)}</td><td>{tools}</td>"
         f"<td>{status.in_flight}</td><td>{since}</td>"
-        f'<td class="error">{escape(status.last_error or "")}</td></tr>'
+        f'<td class="error">{escape(_error_of(status))}</td></tr>'
     )
+
+
+def _error_of(status: UpstreamStatus) -> str:
+    if status.listing_refused is None:
+        return status.last_error or ""
+    refused = f"latest listing refused: {status.listing_refused}"
+    return f"{status.last_error}; {refused}" if status.last_error else refused
 
 
 # -- catalog -----------------------------------------------------------------------------------

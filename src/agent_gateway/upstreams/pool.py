@@ -44,6 +44,8 @@ class UpstreamStatus:
     """When it last became up (epoch seconds); None if it never was."""
     connections: int
     in_flight: int
+    listing_refused: str | None = None
+    """Why its latest listing was refused (a name collision), its earlier one served."""
 
     @property
     def serving(self) -> bool:
@@ -61,6 +63,7 @@ class UpstreamStatus:
             "last_up_at": None if self.last_up_at is None else _iso(self.last_up_at),
             "connections": self.connections,
             "in_flight": self.in_flight,
+            "listing_refused": self.listing_refused,
         }
 
 
@@ -213,7 +216,8 @@ class UpstreamPool:
     def up_states(self) -> list[tuple[str, bool]]:
         return [(s.name, s.serving) for s in self.statuses()]
 
-    def statuses(self) -> list[UpstreamStatus]:
+    def statuses(self, refused: Mapping[str, str] | None = None) -> list[UpstreamStatus]:
+        """Each upstream's status; ``refused``: the catalog's refused listings, by upstream."""
         now = time.time()
         return [
             UpstreamStatus(
@@ -226,6 +230,7 @@ class UpstreamPool:
                 last_up_at=u.up_since,
                 connections=u.connections,
                 in_flight=u.guard.in_flight,
+                listing_refused=(refused or {}).get(u.name),
             )
             for u in self.upstreams.values()
         ]
