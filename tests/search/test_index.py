@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from dataclasses import replace
 
 import pytest
 
@@ -217,3 +218,41 @@ def test_a_phrase_stands_in_with_all_its_words() -> None:
     ]
     assert keys(index_of(("r", tools)), "that PR")[0] == "r__tool_one"
     assert Thesaurus().standing_in(terms("that PR"))[("merg", "request")] == frozenset({"pr"})
+
+
+def _instructed(documents: list[Document], instructions: str) -> list[Document]:
+    return [replace(d, instructions=instructions) for d in documents]
+
+
+def test_an_upstreams_instructions_leave_its_tools_scores_as_they_were_where_they_hold_no_word_asked() -> (
+    None
+):
+    # They were a field of each of its tools: 300 words of them made each tool's text long
+    # for BM25 (a long text scores less), and tools of an upstream that says much fell
+    # behind another's on the same words.
+    words = " ".join(f"word{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}" for i in range(300))
+    plain = index_of(("tracker", tracker()), ("chat", chat()))
+    said = index_of(("tracker", _instructed(tracker(), words)), ("chat", chat()))
+    for query in ("list the issues of a project", "post a message", "delete a branch", "merge request"):
+        assert said.search(query, limit=6).hits == plain.search(query, limit=6).hits
+
+
+def test_instructions_naming_an_upstreams_tools_do_not_make_each_of_them_cover_the_request() -> None:
+    # Each tool held its upstream's instructions as its own words, so instructions listing
+    # the tools ("create issues, list issues, delete branches ...") made every sibling cover
+    # the request as fully as the tool it asks for: 0.726 -> 0.598 recall@5 on the benchmark.
+    listed = "This server can create issues, list issues, get merge requests and delete git branches."
+    plain = index_of(("tracker", tracker()), ("chat", chat()))
+    said = index_of(("tracker", _instructed(tracker(), listed)), ("chat", chat()))
+    for query in ("delete a git branch", "create an issue", "list the issues"):
+        assert keys(said, query, limit=4) == keys(plain, query, limit=4)
+
+
+def test_instructions_still_tell_one_upstreams_tool_from_anothers() -> None:
+    records = [Document("crm__search", "crm", "search", description="Search the records")]
+    logs = [Document("logs__search", "logs", "search", description="Search the records")]
+    index = index_of(
+        ("logs", logs), ("crm", _instructed(records, "Customer relationships: contacts, deals and accounts."))
+    )
+    assert keys(index, "search the customer deals")[0] == "crm__search"
+    assert keys(index, "search the account contacts")[0] == "crm__search"

@@ -2,7 +2,11 @@
 
 SQLite's FTS5 (in Python's standard library) holds the index and scores it with its own BM25,
 with a weight per field: the tool's name counts most, then its title, its upstream's name, its
-description, its parameters and its upstream's instructions. Text is analysed here
+description and its parameters. An upstream's instructions are its own, not each tool's: a
+tool the query matches gains what of the query they hold (``INSTRUCTIONS_WEIGHT``), so they
+help tell one upstream's tools from another's, but neither lengthen each tool's text for BM25
+(a long text scores less) nor count as what each tool covers in the rerank (instructions
+naming the upstream's tools made every one of them cover the request). Text is analysed here
 (``text.terms``: identifiers split, stop words dropped, Snowball stems) and stored as stems, so
 queries and documents are analysed alike. One upstream's change replaces only its rows.
 
@@ -33,9 +37,12 @@ from agent_gateway.search.intent import Action, conflicts, performed, requested
 from agent_gateway.search.text import terms
 from agent_gateway.search.thesaurus import Thesaurus
 
-FIELDS = ("name", "title", "description", "params", "server", "instructions")
-WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0, 0.3)
+FIELDS = ("name", "title", "description", "params", "server")
+WEIGHTS = (6.0, 3.0, 2.0, 1.0, 3.0)
 """BM25 weights per field (FTS5 multiplies each field's term frequency by its weight)."""
+INSTRUCTIONS_WEIGHT = 0.1
+"""What each query term an upstream's instructions hold adds to its matching tools' scores,
+times the term's IDF (a term a tool's own field holds once scores about 2.5 times that)."""
 _K1 = 1.2  # FTS5's own BM25 parameters
 _CACHED = 1_000_000
 """Term postings kept between searches, in rows (16 bytes each: at most ~16 MB)."""
@@ -87,7 +94,7 @@ class Document:
     """Its upstream's ``search_weight``: its matches' scores are multiplied by it (0: none)."""
 
     def fields(self) -> tuple[str, ...]:
-        return (self.name, self.title, self.description, self.params, self.server, self.instructions)
+        return (self.name, self.title, self.description, self.params, self.server)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +135,8 @@ class ToolIndex:
         self._rows: dict[int, _Row] = {}
         """(public name, upstream) by rowid: the text itself lives only in SQLite."""
         self._of_upstream: dict[str, list[int]] = {}
+        self._instructions: dict[str, frozenset[str]] = {}
+        """The terms of each upstream's instructions (those that have any)."""
         self._df: Counter[str] = Counter()
         self._terms: dict[int, frozenset[str]] = {}
         self._names: dict[int, frozenset[str]] = {}
@@ -149,6 +158,8 @@ class ToolIndex:
         ids: list[int] = []
         long: dict[str, str] = {}
         for document in documents:
+            if document.instructions and upstream not in self._instructions:
+                self._instructions[upstream] = frozenset(_analysed_once(document.instructions, long).split())
             analysed = [_analysed_once(text, long) for text in document.fields()]
             rowid, self._next = self._next, self._next + 1
             rows.append((rowid, *analysed, upstream))
@@ -172,6 +183,7 @@ class ToolIndex:
     def remove(self, upstream: str) -> None:
         """Take ``upstream``'s rows out of the index."""
         ids = self._of_upstream.pop(upstream, [])
+        self._instructions.pop(upstream, None)
         if not ids:
             return
         self._db.executemany("DELETE FROM tools WHERE rowid = ?", [(i,) for i in ids])
@@ -256,6 +268,7 @@ class ToolIndex:
                         best[rowid] = value
             for rowid, value in best.items():
                 scores[rowid] = scores.get(rowid, 0.0) + value
+        self._instructed(own, scores)
         # Before the leaders are taken, so that none is held by a row scaled out of them (the
         # keys' intersection walks the smaller side).
         for rowid in self._scale.keys() & scores.keys():
@@ -271,6 +284,14 @@ class ToolIndex:
             for r, s in scores.items()
             if (upstream is None or rows[r].upstream == upstream) and (accept is None or accept(rows[r].key))
         }
+
+    def _instructed(self, own: Sequence[str], scores: dict[int, float]) -> None:
+        """Add to each matching tool what of ``own`` its upstream's instructions hold."""
+        for upstream, held in self._instructions.items():
+            if gained := INSTRUCTIONS_WEIGHT * sum(self._idf(t) for t in own if t in held):
+                for rowid in self._of_upstream[upstream]:
+                    if rowid in scores:
+                        scores[rowid] += gained
 
     def _idf(self, term: str) -> float:
         return _idf(len(self._rows), self._df[term])
@@ -363,7 +384,7 @@ def _analysed_once(text: str, long: dict[str, str]) -> str:
 @lru_cache(maxsize=16_384)
 def _analysed(text: str) -> str:
     """A field's stems, space-separated. Cached: catalogs repeat parameter descriptions
-    ("The project ID"), and every tool of an upstream carries its instructions."""
+    ("The project ID")."""
     return " ".join(terms(text))
 
 
