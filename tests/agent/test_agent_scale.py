@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
 from fastmcp import FastMCP
+from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from mcp import Client
 
 from agent_gateway.access import OPERATOR
@@ -174,7 +176,9 @@ async def test_an_upstream_tool_named_search_tools_never_stands_beside_the_agent
     assert (len(names), names.count("search_tools")) == (5, 1)
 
 
-async def test_a_runs_record_lists_at_most_256_of_the_tools_it_was_offered_and_counts_them_all() -> None:
+async def test_a_runs_record_lists_at_most_256_of_the_tools_it_was_offered_and_counts_them_all(
+    tmp_path: Path,
+) -> None:
     # Each turn's search finds another service's tools: the record listed every tool offered
     # in the run (100 turns of 127 new ones would be 12,700 names, 850 KB).
     searches = [
@@ -183,7 +187,8 @@ async def test_a_runs_record_lists_at_most_256_of_the_tools_it_was_offered_and_c
         for verb in ("create", "export")
     ]
     model = ScriptedChatModel(script=[*searches, answer("Looked around.")])
-    agent = {"memory": {"store": "memory"}, "max_tools": 128, "max_steps": 12}
+    stored = tmp_path / "conversations.sqlite"
+    agent = {"memory": {"store": "sqlite", "path": str(stored)}, "max_tools": 128, "max_steps": 12}
     async with (
         serving_upstream(many_tools.build([])) as url,
         running_gateway({"upstreams": {"many": {"url": url}}, "agent": agent}, chat_model=model) as gw,
@@ -195,3 +200,11 @@ async def test_a_runs_record_lists_at_most_256_of_the_tools_it_was_offered_and_c
     assert offered["count"] > 256, offered["count"]
     assert len(offered["names"]) == 256
     assert len(set(offered["names"])) == 256
+    # The stored state, read back from the database, holds what the record lists, no more
+    # (it is written at every step: it held every name offered, up to 12,700).
+    async with AsyncSqliteSaver.from_conn_string(str(stored)) as saver:
+        (latest,) = [c async for c in saver.alist(None, limit=1)]
+    state = latest.checkpoint["channel_values"]
+    assert state["offered_seen"] == offered["names"]
+    assert state["offered_count"] == offered["count"]
+    assert len(state["offered_last"]) <= 128

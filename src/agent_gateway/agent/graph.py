@@ -26,7 +26,7 @@ from langgraph.runtime import Runtime
 from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
-from agent_gateway.agent.run_record import kept_calls
+from agent_gateway.agent.run_record import MAX_OFFERED_NAMES, kept_calls
 from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import system_prompt
 from agent_gateway.agent.turn_bound import fitted, turn_limit, within_reach
@@ -52,7 +52,13 @@ class AgentState(TypedDict):
     offered: list[str]
     """The catalog tools the next model call binds (empty at a run's start: chosen then)."""
     offered_seen: list[str]
-    """Every tool offered during the run, for its record."""
+    """The first ``MAX_OFFERED_NAMES`` tools offered during the run, for its record (the state
+    is stored at every step: all of them were up to 12,700 names)."""
+    offered_count: int
+    """How many tools were offered during the run (past the names kept, one dropped and
+    offered again counts twice)."""
+    offered_last: list[str]
+    """What the last model call was offered, as it was (a name in it is not counted again)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ def run_input(query: str) -> dict[str, Any]:
         "tool_calls_left_out": 0,
         "offered": [],
         "offered_seen": [],
+        "offered_count": 0,
+        "offered_last": [],
     }
 
 
@@ -122,9 +130,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
             "usage": _added(state["usage"], reply),
             "offered": offered,
             # As the model was offered them: search_tools too, when it was bound.
-            "offered_seen": list(
-                dict.fromkeys([*(state.get("offered_seen") or []), *(s["function"]["name"] for s in specs)])
-            ),
+            **_seen(state, [s["function"]["name"] for s in specs]),
         }
 
     async def tools(state: AgentState, runtime: Runtime[RunContext]) -> dict[str, Any]:
@@ -174,6 +180,19 @@ async def _reply(model: Runnable[Any, Any], view: list[AnyMessage], scrub: tuple
     if not isinstance(reply, AIMessage):
         raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")
     return reply
+
+
+def _seen(state: AgentState, names: list[str]) -> dict[str, Any]:
+    """The run's offered tools counted and kept (``offered_seen``, bounded) with ``names``, the
+    tools of this model call."""
+    seen = state.get("offered_seen") or []
+    known = {*seen, *(state.get("offered_last") or [])}
+    new = [n for n in dict.fromkeys(names) if n not in known]
+    return {
+        "offered_seen": [*seen, *new[: max(0, MAX_OFFERED_NAMES - len(seen))]],
+        "offered_count": (state.get("offered_count") or len(seen)) + len(new),
+        "offered_last": names,
+    }
 
 
 def _next_view(run: RunContext, history: list[AnyMessage], offered: list[str]) -> list[AnyMessage]:

@@ -59,7 +59,8 @@ def new_record(thread: str, run_id: str, model: str, started: str | None = None)
 def fill(record: dict[str, Any], state: Mapping[str, Any]) -> None:
     """``record`` brought up to the graph's ``state`` at the run's end."""
     offered = list(state.get("offered_seen") or [])
-    record["offered_tools"] = {"count": len(offered), "names": offered[:MAX_OFFERED_NAMES]}
+    count = state.get("offered_count") or len(offered)  # a state stored before the count was kept
+    record["offered_tools"] = {"count": count, "names": offered[:MAX_OFFERED_NAMES]}
     record["steps"] = state.get("steps", 0)
     record["tool_calls"] = list(state.get("tool_calls", []))
     record["tool_calls_left_out"] = state.get("tool_calls_left_out", 0)
