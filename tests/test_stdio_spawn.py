@@ -100,6 +100,7 @@ async def test_a_server_that_closes_its_stdout_is_down_at_once_on_uvloop(tmp_pat
 @pytest.mark.parametrize(
     ("tool", "how"),
     [("exit", "the process exited with code 3"), ("sigkill", "the process was killed by SIGKILL")],
+    ids=["exit", "sigkill"],
 )
 async def test_a_server_that_ends_is_down_for_how_it_ended(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, tool: str, how: str
