@@ -82,6 +82,7 @@ async def test_a_crash_whose_stdout_a_daemon_keeps_is_told_as_the_connection_clo
     # A daemon (its own session, so not stopped with the group) kept the server's stderr too:
     # closing it under the reader of its lines at the stop raised into the transport, and the
     # upstream was down for "ClosedResourceError: ClosedResourceError" (in /readyz and the log).
+    # It is down for how its process ended.
     helper = tmp_path / "daemon.pid"
     counter = with_a_helper(python_upstream("counter.py", health={"interval": None}), helper, "setsid ")
     try:
@@ -94,5 +95,5 @@ async def test_a_crash_whose_stdout_a_daemon_keeps_is_told_as_the_connection_clo
     finally:
         os.kill(int(helper.read_text()), signal.SIGKILL)
     assert [r.getMessage() for r in down] == [
-        "upstream counter is down: upstream 'counter': connection closed"
+        "upstream counter is down: upstream 'counter': the process exited with code 3"
     ]

@@ -7,26 +7,19 @@ loop, stalling every other client of the gateway. This reader keeps the pieces o
 unfinished line in a list and joins them once, when its newline arrives (about 1 s for the
 same result).
 
-Spawning (own process group), the shutdown order (close stdin, grace period, SIGTERM to the
-group, SIGKILL) and the environment rules are the SDK's, reused where they are public. On
-Windows the SDK's own transport is used as it is.
-
-Unlike the SDK's, the group is ended whenever its leader (the configured command) exits: on
-its own (a crash) or at the end of its input. A process it started that inherited its stdout
-(a helper, a browser) used to outlive it: the gateway read on from the pipe it held, so a
-crash was seen only by a health check or a call's timeout (30 s), and each stop or restart
-left one such process running, reparented to init.
+The process (spawned, watched, stopped: ``stdio_process.py``) is told of when its stdout
+ends: the session is lost saying how (``the process exited with code 3``, ``… was killed by
+SIGKILL``, ``… closed its stdout``), and the calls failed with it say so too. On Windows the
+SDK's own transport is used as it is.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 
@@ -35,28 +28,17 @@ import anyio.lowlevel
 import mcp_types as types
 from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from mcp.client.stdio import (
-    FORCE_KILL_TIMEOUT,
-    PROCESS_TERMINATION_TIMEOUT,
-    StdioServerParameters,
-    get_default_environment,
-    stdio_client,
-)
-from mcp.os.posix.utilities import terminate_posix_process_tree
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
 from agent_gateway.upstreams.stderr import StderrLines
+from agent_gateway.upstreams.stdio_process import FLUSH_TIMEOUT, ended, spawned, stop, watch
 
 logger = logging.getLogger(__name__)
 
 _READ_SIZE = 1 << 20
-_FLUSH_TIMEOUT = 0.5
-_REAP_TIMEOUT = 2.0
-_POLL = 0.02
-_WATCH = 0.25
-"""How often a leader's exit is looked for where pidfd_open (Linux 5.3) is missing."""
 
 
 @asynccontextmanager
@@ -65,55 +47,41 @@ async def stdio_transport(
     max_message_bytes: int = 2**31,
     label: str = "stdio",
     secrets: tuple[str, ...] = (),
+    gone: Callable[[str], None] | None = None,
 ) -> AsyncIterator[TransportStreams]:
     """Spawn ``params``' server and talk to it over its stdin/stdout; leaving the context
     stops the whole process group (shielded, every wait bounded). ``label`` names the
     upstream session in the warnings about what it writes, and in its stderr's lines, which
-    are logged without ``secrets`` (``upstreams/stderr.py``)."""
+    are logged without ``secrets`` (``upstreams/stderr.py``); ``gone`` is told how the
+    process ended (its exit status) when its stdout ends before the gateway stops it."""
     if sys.platform == "win32":  # pragma: no cover
         async with stdio_client(params) as streams:
             yield streams
         return
-    process = await _spawned(params)
+    process = await spawned(params)
+    stopping = anyio.Event()
     incoming_in, incoming = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     outgoing, outgoing_out = anyio.create_memory_object_stream[SessionMessage](0)
     written = anyio.Event()
     reading = anyio.CancelScope()
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_read, process, incoming_in, max_message_bytes, label, reading)
+        told = _Told(stopping, gone)
+        tg.start_soon(_read, process, incoming_in, max_message_bytes, label, reading, told)
         tg.start_soon(_write, process, outgoing_out, incoming_in, written)
         assert process.stderr is not None
         tg.start_soon(StderrLines(label, secrets).pass_on, process.stderr)
-        tg.start_soon(_watch, process, reading)
+        tg.start_soon(watch, process, reading)
         try:
             yield incoming, outgoing
         finally:
             with anyio.CancelScope(shield=True):
+                stopping.set()
                 incoming.close()  # the reader drains from here on: a full pipe cannot block exit
                 outgoing.close()
-                with anyio.move_on_after(_FLUSH_TIMEOUT):
+                with anyio.move_on_after(FLUSH_TIMEOUT):
                     await written.wait()
-                await _stop(process, label)
+                await stop(process, label)
             tg.cancel_scope.cancel()
-
-
-async def _spawned(params: StdioServerParameters) -> Process:
-    """``params``' server started in a process group of its own, so that the whole tree is
-    stopped with it. Shielded: cancelled half-way, a spawn kills the process it started but
-    not that process's own children (a wrapper shell's server), which then outlived the
-    gateway; once spawned, a cancellation reaches the caller, which stops the whole group."""
-    spawning = anyio.open_process(
-        [params.command, *params.args],
-        env=get_default_environment() | (params.env or {}),
-        stderr=subprocess.PIPE,
-        cwd=params.cwd,
-        start_new_session=True,
-    )
-    process: Process | None = None
-    with anyio.CancelScope(shield=True):
-        process = await spawning
-    assert process is not None  # a shielded scope is never cancelled
-    return process
 
 
 async def _read(
@@ -122,6 +90,7 @@ async def _read(
     limit: int,
     label: str,
     reading: anyio.CancelScope,
+    told: _Told,
 ) -> None:
     assert process.stdout is not None
     lines = Lines(limit)
@@ -138,6 +107,24 @@ async def _read(
                     with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
                         await incoming.send(message)
                 lines.parsed()
+        await told(process)  # before the end of the stream: the session's reason is the process's
+
+
+@dataclass(frozen=True, slots=True)
+class _Told:
+    """Tells ``gone`` how the process ended once its stdout has, unless the gateway is
+    stopping it (``stopping``): the session was lost for "connection closed", saying nothing
+    of an exit status or a signal."""
+
+    stopping: anyio.Event
+    gone: Callable[[str], None] | None
+
+    async def __call__(self, process: Process) -> None:
+        if self.gone is None or self.stopping.is_set():
+            return
+        how = await ended(process)  # within FLUSH_TIMEOUT
+        if not self.stopping.is_set():
+            self.gone(how)
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,57 +327,3 @@ async def _write(
         await incoming.aclose()
     finally:
         written.set()
-
-
-async def _watch(process: Process, reading: anyio.CancelScope) -> None:
-    """Once the leader has exited, end what is left of its group; and if its stdout is still
-    held open after that (by a daemon that left the group), stop reading it in a moment, so
-    the session ends (its calls failing at once) instead of waiting for a line that never
-    comes. What the leader wrote before it exited is read first."""
-    await _exit_of(process)
-    await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
-    reading.deadline = min(reading.deadline, anyio.current_time() + _FLUSH_TIMEOUT)
-
-
-async def _exit_of(process: Process) -> None:
-    """Returns once ``process`` has exited (not waiting for its pipes to close, nor for it to
-    be reaped): woken by a pidfd where there is one, else polled."""
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except (AttributeError, OSError):  # no pidfd here, or the process is gone already
-        pidfd = None
-    try:
-        if pidfd is not None:
-            await anyio.wait_readable(pidfd)
-            return
-        while process.returncode is None:  # noqa: ASYNC110  (no event exists for it)
-            await anyio.sleep(_WATCH)
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-async def _stop(process: Process, label: str) -> None:
-    """Close stdin, give it a grace period, then SIGTERM and SIGKILL its group, whether or not
-    the leader exited meanwhile (what it started goes with it); reap it."""
-    assert process.stdin is not None
-    assert process.stdout is not None
-    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await process.stdin.aclose()
-    await _exited(process, PROCESS_TERMINATION_TIMEOUT)
-    await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
-    if not await _exited(process, _REAP_TIMEOUT):
-        logger.warning("upstream session %s: process %d survived SIGKILL; abandoning it", label, process.pid)
-    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-        await process.stdout.aclose()
-    with anyio.move_on_after(_REAP_TIMEOUT):
-        await process.aclose()
-
-
-async def _exited(process: Process, within: float) -> bool:
-    # Polled, not process.wait(): that also waits for EOF on pipes a grandchild may hold.
-    with anyio.move_on_after(within):
-        while process.returncode is None:  # noqa: ASYNC110  (no event exists for it)
-            await anyio.sleep(_POLL)
-        return True
-    return False

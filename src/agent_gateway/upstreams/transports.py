@@ -40,7 +40,7 @@ from agent_gateway.upstreams.websocket import websocket_client
 class WritesEnded:
     """Told by a transport whose writes stopped while its stream reads on (or, by a WebSocket
     transport, why its connection ended: the calls it fails say the close's code and reason,
-    where the SDK says "Connection closed"). The SDK's legacy SSE
+    where the SDK says "Connection closed"; by a stdio transport, how its process ended). The SDK's legacy SSE
     client stops POSTing at its first failed POST (a 500, a reset) and says nothing else: the
     call whose POST failed waited its whole timeout, every later one failed at once as
     "Connection closed", and the upstream was reported up (its health checks "answered") for
@@ -207,8 +207,8 @@ async def open_transport(
     """Open the transport ``config`` names; leaving the context closes it (and reaps a child).
     ``link``: the Streamable HTTP session to resume or keep (other transports ignore it);
     ``label``: the upstream session, as the transport's warnings name it; ``writes``: told
-    when a legacy SSE transport stops sending (a failed POST ends its writer alone), or why a
-    WebSocket's connection ended."""
+    when a legacy SSE transport stops sending (a failed POST ends its writer alone), why a
+    WebSocket's connection ended, or how a stdio upstream's process did."""
     lean_result_checks()  # every transport's client session checks results alike
     async with AsyncExitStack() as stack:
         kind = config.kind
@@ -220,7 +220,7 @@ async def open_transport(
                 command=config.command, args=list(config.args), env=environment, cwd=config.cwd
             )
             transport: Transport = stdio_transport(
-                params, config.max_message_bytes, label, secrets_of(config)
+                params, config.max_message_bytes, label, secrets_of(config), gone=writes
             )
         else:
             assert config.url is not None

@@ -1,0 +1,218 @@
+"""A stdio upstream's process: spawned, watched, stopped and reaped, and how it ended.
+
+Spawned by ``subprocess.Popen`` with ``close_fds``, over socket pairs the gateway keeps its
+own ends of (close-on-exec), not by the event loop. uvloop's ``subprocess_exec`` (what
+``anyio.open_process`` runs under ``serve``) marks the child's ends of its pipes inheritable
+and libuv does not close them once they are duplicated onto 0, 1 and 2: every server held a
+second copy of its stdin, stdout and stderr at higher numbers (and every inheritable
+descriptor of the gateway's own, as it implements no ``close_fds``). A server that closed its
+stdout to say it was done still held it open, so the gateway read on and saw nothing until a
+health check failed (about 40 s with the defaults; half a second on asyncio's own loop).
+
+The process group (``start_new_session``), the stop (close stdin, a grace period, SIGTERM to
+the group, SIGKILL) and the group's termination are the SDK's, reused. The group is ended
+whenever its leader exits (a crash, or the end of its input), so a process it started that
+holds its stdout (a helper, a browser) goes with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+from contextlib import suppress
+
+import anyio
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process, UNIXSocketStream
+from mcp.client.stdio import (
+    FORCE_KILL_TIMEOUT,
+    PROCESS_TERMINATION_TIMEOUT,
+    StdioServerParameters,
+    get_default_environment,
+)
+from mcp.os.posix.utilities import terminate_posix_process_tree
+
+logger = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT = 0.5
+"""How long the stdout of an exited leader is read on (held by a process out of its group),
+and how long an end of stdout waits to learn the leader's exit status."""
+_REAP_TIMEOUT = 2.0
+_POLL = 0.02
+_WATCH = 0.25
+"""How often a leader's exit is looked for where pidfd_open (Linux 5.3) is missing."""
+
+
+class StdioProcess(Process):
+    """A child process over three socket pairs (its stdin, stdout, stderr), reaped here."""
+
+    def __init__(
+        self,
+        popen: subprocess.Popen[bytes],
+        stdin: UNIXSocketStream,
+        stdout: UNIXSocketStream,
+        stderr: UNIXSocketStream,
+    ) -> None:
+        self._popen = popen
+        self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once it has exited (reaping it); negative: the signal that killed it."""
+        return self._popen.poll()
+
+    @property
+    def stdin(self) -> ByteSendStream:
+        return self._stdin
+
+    @property
+    def stdout(self) -> ByteReceiveStream:
+        return self._stdout
+
+    @property
+    def stderr(self) -> ByteReceiveStream:
+        return self._stderr
+
+    async def wait(self) -> int:
+        await exit_of(self)
+        while (code := self.returncode) is None:  # noqa: ASYNC110  (exited: its status about due)
+            await anyio.sleep(_POLL)
+        return code
+
+    def terminate(self) -> None:
+        self._popen.terminate()
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+    def send_signal(self, signal: int) -> None:
+        self._popen.send_signal(signal)
+
+    async def aclose(self) -> None:
+        """Close the gateway's ends and wait for it (its caller bounds the wait; cancelled,
+        it is killed)."""
+        for stream in (self._stdin, self._stdout, self._stderr):
+            await stream.aclose()
+        try:
+            await self.wait()
+        except BaseException:
+            self.kill()
+            raise
+
+
+async def spawned(params: StdioServerParameters) -> StdioProcess:
+    """``params``' server started in a process group of its own, holding nothing of the
+    gateway's but its stdin, stdout and stderr. Spawned at once (never cancelled half-way,
+    which would leave a started process unwatched)."""
+    ours, theirs = zip(*(socket.socketpair() for _ in range(3)), strict=True)
+    try:
+        popen = _started(params, *(end.fileno() for end in theirs))
+    except BaseException:
+        for end in ours:
+            end.close()
+        raise
+    finally:
+        for end in theirs:
+            end.close()
+    streams: list[UNIXSocketStream] = []
+    with anyio.CancelScope(shield=True):
+        streams = [await UNIXSocketStream.from_socket(end) for end in ours]
+    return StdioProcess(popen, *streams)
+
+
+def _started(params: StdioServerParameters, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+    """The process, on the event loop's thread as uvloop's own spawn was: it blocks only until
+    the child has run ``exec`` (a millisecond or two), and a worker thread could not be
+    cancelled half-way either."""
+    return subprocess.Popen(
+        [params.command, *params.args],
+        stdin=stdin,
+        stdout=stdout,
+        stderr=stderr,
+        env=get_default_environment() | (params.env or {}),
+        cwd=params.cwd,
+        close_fds=True,
+        start_new_session=True,
+    )
+
+
+def how_it_ended(returncode: int | None) -> str:
+    """The end of a process's stdout in a few words: its exit status, or that it closed it
+    while running on. Nothing of its command line or environment."""
+    if returncode is None:
+        return "the process closed its stdout"
+    if returncode >= 0:
+        return f"the process exited with code {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    return f"the process was killed by {name}"
+
+
+async def ended(process: Process) -> str:
+    """How ``process`` ended, asked once its stdout has: its exit status if it exits within
+    ``FLUSH_TIMEOUT`` (its stdout closes just before its status is readable)."""
+    with anyio.move_on_after(FLUSH_TIMEOUT):
+        await exit_of(process)
+    return how_it_ended(process.returncode)
+
+
+async def watch(process: Process, reading: anyio.CancelScope) -> None:
+    """Once the leader has exited, end what is left of its group; and if its stdout is still
+    held open after that (by a daemon that left the group), stop reading it in a moment, so
+    the session ends (its calls failing at once) instead of waiting for a line that never
+    comes. What the leader wrote before it exited is read first."""
+    await exit_of(process)
+    await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
+    reading.deadline = min(reading.deadline, anyio.current_time() + FLUSH_TIMEOUT)
+
+
+async def exit_of(process: Process) -> None:
+    """Returns once ``process`` has exited (not waiting for its pipes to close, nor for it to
+    be reaped): woken by a pidfd where there is one, else polled."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfd here, or the process is gone already
+        pidfd = None
+    try:
+        if pidfd is not None:
+            await anyio.wait_readable(pidfd)
+            return
+        while process.returncode is None:  # noqa: ASYNC110  (no event exists for it)
+            await anyio.sleep(_WATCH)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+async def stop(process: Process, label: str) -> None:
+    """Close stdin, give it a grace period, then SIGTERM and SIGKILL its group, whether or not
+    the leader exited meanwhile (what it started goes with it); reap it."""
+    assert process.stdin is not None
+    assert process.stdout is not None
+    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdin.aclose()
+    await _exited(process, PROCESS_TERMINATION_TIMEOUT)
+    await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
+    if not await _exited(process, _REAP_TIMEOUT):
+        logger.warning("upstream session %s: process %d survived SIGKILL; abandoning it", label, process.pid)
+    with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+        await process.stdout.aclose()
+    with anyio.move_on_after(_REAP_TIMEOUT):
+        await process.aclose()
+
+
+async def _exited(process: Process, within: float) -> bool:
+    # Polled, not process.wait(): that also waits for EOF on pipes a grandchild may hold.
+    with anyio.move_on_after(within):
+        while process.returncode is None:  # noqa: ASYNC110  (no event exists for it)
+            await anyio.sleep(_POLL)
+        return True
+    return False
