@@ -22,8 +22,8 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -34,6 +34,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from opentelemetry import metrics
 
 from agent_gateway.activity import Call
+from agent_gateway.audit_outage import Outage
+from agent_gateway.audit_verify import GENESIS, canonical_json
 from agent_gateway.config import AuditConfig
 from agent_gateway.errors import CannotServe
 from agent_gateway.logs import one_line
@@ -42,7 +44,6 @@ from agent_gateway.runtime import CLEANUP_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
-GENESIS = "0" * 64
 _CLAIMS = 100
 """Files a trail may be written to, itself and the ones beside it for other processes."""
 _BATCH = 512
@@ -63,7 +64,7 @@ audit_records = _meter.create_counter(
 def chained(record: dict[str, Any], seq: int, prev: str) -> tuple[str, str]:
     """``record``'s line in the chain (its canonical JSON with ``seq``, ``prev`` and its own
     ``hash`` added), and that hash: serialised once, the hash appended to the text hashed."""
-    canonical = _canonical(record | {"seq": seq, "prev": prev})
+    canonical = canonical_json(record | {"seq": seq, "prev": prev})
     try:
         data = canonical.encode()
     except UnicodeEncodeError:  # a lone surrogate admission missed: a '?' for it, not the writer's end
@@ -73,14 +74,6 @@ def chained(record: dict[str, Any], seq: int, prev: str) -> tuple[str, str]:
     # Hashed as canonical (so every trail written before verifies as it did), written with
     # U+2028, C1 and bidirectional controls escaped: one record a line to every reader.
     return f'{one_line(canonical[:-1])},"hash":"{digest}"}}\n', digest
-
-
-def _canonical(body: dict[str, Any]) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def _hash(body: dict[str, Any]) -> str:
-    return hashlib.sha256(_canonical(body).encode()).hexdigest()
 
 
 def record_of(call: Call) -> dict[str, Any]:
@@ -116,6 +109,9 @@ class AuditLog:
         self._writing = threading.Lock()
         """Held by the thread writing: one given up on (cancelled) may still be at it."""
         self._queued_bytes = 0
+        self._size = 0
+        """Bytes in the file up to its last whole record."""
+        self.outage = Outage(self.path)
 
     def record(self, call: Call) -> None:
         """Queue ``call``; never blocks (a full queue drops it, counted)."""
@@ -130,9 +126,18 @@ class AuditLog:
             self.dropped += 1
             audit_records.add(1, {"state": "dropped"})
             if self.dropped in (1, 10, 100) or self.dropped % 1000 == 0:
-                logger.warning("audit: %d records dropped so far: the writer is behind", self.dropped)
+                why = self.outage.problem or "the writer is behind"
+                logger.warning("audit: %d records dropped so far: %s", self.dropped, why)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
             pass  # shutting down: calls finishing now are not audited
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """``run`` in a task of its own while the block runs."""
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.run)
+            yield
+            tg.cancel_scope.cancel()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Write queued records until cancelled; then write what is queued (bounded, shielded).
@@ -146,21 +151,33 @@ class AuditLog:
             raise CannotServe(f"audit.path: cannot open {self.path}: {exc.strerror or exc}") from None
         self._send, receive = anyio.create_memory_object_stream[Call](self.config.queue)
         task_status.started()
-        gathered: list[Call] = []  # taken from the queue, not yet written: written on the way out
+        pending: list[Call] = []  # taken from the queue, not yet written: written on the way out
         try:
-            async for first in receive:
-                gathered.append(first)
-                await anyio.sleep(_GATHER)
-                gathered += _drain(receive, _BATCH - 1)
-                batch, gathered = gathered, []
-                self._queued_bytes -= sum(call.arguments_bytes for call in batch)
-                await _in_daemon_thread(self._write, batch)
+            while True:
+                if not pending:
+                    try:
+                        pending.append(await receive.receive())
+                    except anyio.EndOfStream:
+                        break
+                    await anyio.sleep(_GATHER)
+                if self.outage.problem is None:  # while failing, the rest wait in the queue, bounded
+                    pending += _drain(receive, _BATCH - len(pending))
+                before = sum(call.arguments_bytes for call in pending)
+                try:
+                    await _in_daemon_thread(self._write, pending)
+                except OSError as exc:  # a full disk ended the gateway, a torn line left in the trail
+                    await anyio.sleep(self.outage.failed(exc, self.dropped))
+                else:
+                    self.outage.resumed(self.dropped)
+                finally:
+                    self._queued_bytes -= before - sum(call.arguments_bytes for call in pending)
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(CLEANUP_TIMEOUT) as bound:
                 self._send.close()
-                rest = gathered + list(_drain(receive, self.config.queue))
+                # The same list: a write given up on (cancelled) takes what it wrote from it.
+                pending += _drain(receive, self.config.queue)
                 receive.close()
-                await _in_daemon_thread(self._close, rest)
+                await _in_daemon_thread(self._close, pending)
             if bound.cancelled_caught:
                 logger.error(
                     "audit: %s did not take the last records in %ss: given up", self.path, CLEANUP_TIMEOUT
@@ -168,6 +185,7 @@ class AuditLog:
 
     def _open(self) -> None:
         self._claim()
+        self.outage.path = self.path
         private(self.path)
         _ended(self.path)
         last = _last_record(self.path) or _last_record(_rotated(self.path, 1))
@@ -176,23 +194,55 @@ class AuditLog:
         logger.info("audit: appending to %s (record %d on)", self.path, self._seq + 1)
 
     def _write(self, calls: list[Call]) -> None:
+        """Append ``calls``' records (a gap record first if records were lost since the last
+        one said), taking each from ``calls`` once it is in the file. A write that fails is cut
+        back to the file's last whole record, the chain where it was: the rest is tried again."""
         with self._writing:
-            for call in calls:  # rotated at the record that reaches max_bytes, not after a batch
-                self._seq += 1
-                line, self._prev = chained(record_of(call), self._seq, self._prev)
-                if self._file is None:  # kept open between batches: one open per file
-                    self._file = open(self.path, "ab")  # noqa: SIM115  # closed by _close or _rotate
-                self._file.write(line.encode())
-                if self._file.tell() >= self.config.max_bytes:
-                    self._file.flush()
-                    self._rotate()
-            if self._file is not None:
-                self._file.flush()
-            audit_records.add(len(calls), {"state": "written"})
+            gap = self.outage.gap(self.dropped, self._seq)
+            records = ([gap] if gap else []) + [record_of(call) for call in calls]
+            chunk, seq, prev, done = bytearray(), self._seq, self._prev, 0
+            try:
+                for n, record in enumerate(records, 1):
+                    seq += 1
+                    line, prev = chained(record, seq, prev)
+                    chunk += line.encode()
+                    # rotated at the record that reaches max_bytes, not after a batch
+                    if n == len(records) or self._size + len(chunk) >= self.config.max_bytes:
+                        self._append(chunk)
+                        chunk.clear()
+                        self._seq, self._prev = seq, prev
+                        if gap is not None:
+                            self.outage.told(gap)
+                        done, gap = n - (len(records) - len(calls)), None
+                        if self._size >= self.config.max_bytes:
+                            self._rotate()
+            finally:
+                del calls[:done]
+                audit_records.add(done, {"state": "written"})
+
+    def _append(self, data: bytes | bytearray) -> None:
+        """``data`` at the end of the file, whole, or the file cut back to where it ended."""
+        if self._file is None:  # kept open between batches: one open per file
+            self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115  # closed by _close or _rotate
+            self._size = self._file.seek(0, os.SEEK_END)
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[self._file.write(view) or 0 :]
+        except OSError:
+            with contextlib.suppress(OSError):  # a line torn here broke the chain for verify
+                os.ftruncate(self._file.fileno(), self._size)
+            raise
+        self._size += len(data)
 
     def _close(self, rest: list[Call]) -> None:
-        if rest:
-            self._write(rest)
+        try:
+            if rest:
+                self._write(rest)
+        except OSError as exc:
+            self.dropped += len(rest)
+            audit_records.add(len(rest), {"state": "dropped"})
+            logger.error("audit: %d records not written on the way out: %s", len(rest), exc.strerror or exc)
         with self._writing:
             self._closed()
 
@@ -327,50 +377,3 @@ def _ended(path: Path) -> None:
         file.seek(-1, os.SEEK_END)
         if file.read(1) != b"\n":
             file.write(b"\n")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    records: int
-    problem: str | None = None
-    """The first bad record (file, line, why), or None: the chain holds."""
-
-
-def verify(paths: Iterable[Path]) -> Verdict:
-    """Check the chain through ``paths`` (oldest first): every record's hash, its ``prev``
-    against the record before it, and ``seq`` without gaps."""
-    count, prev, seq = 0, None, None
-    for path in paths:
-        try:
-            file = open(path, encoding="utf-8")  # noqa: SIM115 (closed below, read line by line)
-        except OSError as exc:
-            return Verdict(count, f"{path}: cannot be read ({exc.strerror or type(exc).__name__})")
-        with file:
-            for number, line in enumerate(file, 1):
-                where = f"{path}:{number}"
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    return Verdict(count, f"{where}: not a JSON record")
-                problem = _record_problem(record, prev, seq)
-                if problem is not None:
-                    return Verdict(count, f"{where}: {problem}")
-                count, prev, seq = count + 1, record["hash"], record["seq"]
-    return Verdict(count)
-
-
-def _record_problem(record: Any, prev: str | None, seq: int | None) -> str | None:
-    if not isinstance(record, dict) or not {"hash", "prev", "seq"} <= record.keys():
-        return "not an audit record (no hash, prev or seq)"
-    body = {k: v for k, v in record.items() if k != "hash"}  # pyright: ignore[reportUnknownVariableType]
-    if _hash(body) != record["hash"]:  # pyright: ignore[reportUnknownArgumentType]
-        return "edited: its hash does not match its content"
-    if prev is None:  # the first record read: the chain's start, or where the given files start
-        if record["seq"] == 1 and record["prev"] != GENESIS:
-            return "record 1 does not start the chain"
-        return None
-    if record["prev"] != prev:
-        return f"does not follow the record before it (record {seq} was deleted, edited or another inserted)"
-    if record["seq"] != (seq or 0) + 1:
-        return f"is record {record['seq']} after record {seq}: records were deleted or inserted"
-    return None

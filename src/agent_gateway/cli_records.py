@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from agent_gateway import pins_postgres
-from agent_gateway.audit import verify
+from agent_gateway.audit_verify import verify
 from agent_gateway.config import GatewayConfig
 from agent_gateway.pins import Pin, Pins, pins_path
 from agent_gateway.store.client import redacted

@@ -354,6 +354,7 @@ class AuditConfig(_Strict):
     """Rotated files kept."""
     queue: int = Field(default=10_000, ge=16, le=1_000_000)
     """Records waiting for the writer; past it records are dropped (counted), calls never wait."""
+    required: bool = False  # calls refused while the trail cannot be written (a full disk): none unaudited
 
 
 class GatewayConfig(_Strict):

@@ -239,6 +239,11 @@ class KeysUnavailable(GatewayBusy):
     503, retried later."""
 
 
+class AuditUnwritable(GatewayBusy):
+    """``audit.required``: the audit trail cannot be written now, so a call is refused rather
+    than served unaudited. Transient: once it can be written again, calls are served."""
+
+
 class UpstreamError(GatewayError):
     """A failure attributable to one upstream; the message always names it."""
 

@@ -225,33 +225,60 @@ class Pins:
         held: dict[str, str] = {}
         room, unpinned = MAX_PINS - len(known), 0
         full = f"new, and its upstream has pinned {MAX_PINS:,} tool names already"
-        with self._db:
-            for name, tool in tools.items():
-                definition, canonical = pinned_form(name, tool)
-                digest = digest_of(canonical)
-                pinned = known.get(name)
-                if pinned is None and room <= 0:
-                    unpinned += 1
-                    if self.mode == "hold":
-                        held[name] = full
-                elif pinned is None:
-                    room -= 1
-                    self._pin(source, name, upstream, digest, canonical)
-                elif pinned[0] == digest:
-                    if pinned[1] is not None:  # changed back to what was accepted
-                        self._db.execute(_CLEAR, (source, name))
-                        self._written("clear", (source, name))
-                else:
-                    what = _changed_fields(json.loads(pinned[2]), definition)
-                    if pinned[1] != digest:
-                        self._flag(source, name, upstream, digest, canonical, what)
-                    if self.mode == "hold":
-                        held[name] = what
+        try:
+            with self._db:
+                for name, tool in tools.items():
+                    definition, canonical = pinned_form(name, tool)
+                    digest = digest_of(canonical)
+                    pinned = known.get(name)
+                    if pinned is None and room <= 0:
+                        unpinned += 1
+                        if self.mode == "hold":
+                            held[name] = full
+                    elif pinned is None:
+                        room -= 1
+                        self._pin(source, name, upstream, digest, canonical)
+                    elif pinned[0] == digest:
+                        if pinned[1] is not None:  # changed back to what was accepted
+                            self._db.execute(_CLEAR, (source, name))
+                            self._written("clear", (source, name))
+                    else:
+                        what = _changed_fields(json.loads(pinned[2]), definition)
+                        if pinned[1] != digest:
+                            self._flag(source, name, upstream, digest, canonical, what)
+                        if self.mode == "hold":
+                            held[name] = what
+        except sqlite3.OperationalError as exc:  # a full disk took the upstream down, restarted it
+            held = self._unrecorded(upstream, tools, known, exc)
         self._pending = self._count_pending()
         if unpinned:
             action = "withheld" if self.mode == "hold" else "served unpinned"
             logger.warning("upstream %s: %d new tools %s: %s", upstream, unpinned, action, full)
         return held
+
+    def _unrecorded(
+        self, upstream: str, tools: Mapping[str, types.Tool], known: Mapping[str, Any], exc: Exception
+    ) -> dict[str, str]:
+        """Those of ``tools`` withheld when their review could not be written (a full disk, a
+        read-only file): in ``hold`` mode the new and the changed ones, as past ``MAX_PINS``;
+        the rest of the upstream is served, and its next listing is reviewed again."""
+        unrecorded: dict[str, str] = {}
+        for name, tool in tools.items():
+            definition, canonical = pinned_form(name, tool)
+            if (pinned := known.get(name)) is None:
+                unrecorded[name] = f"new, and its pin could not be recorded ({exc})"
+            elif pinned[0] != digest_of(canonical):
+                unrecorded[name] = _changed_fields(json.loads(pinned[2]), definition)
+        action = "withheld" if self.mode == "hold" else "served unpinned"
+        logger.warning(
+            "upstream %s: its tools' pins not recorded in %s (%s): %d new or changed tools %s",
+            upstream,
+            self._path,
+            exc,
+            len(unrecorded),
+            action,
+        )
+        return unrecorded if self.mode == "hold" else {}
 
     def pins(self) -> list[Pin]:
         rows = self._db.execute(

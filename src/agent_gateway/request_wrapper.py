@@ -8,6 +8,7 @@ audit trail. What each of those means lives in its own module (``access``, ``tel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 from agent_gateway import access
 from agent_gateway.access import ANONYMOUS, AccessControl, Kind, Principal
 from agent_gateway.call_records import CallRecorder
-from agent_gateway.errors import invalid_params, to_wire
+from agent_gateway.errors import AuditUnwritable, invalid_params, to_wire
 from agent_gateway.requested import Requested, UpstreamOf, requested
 from agent_gateway.telemetry import RequestTelemetry
 from agent_gateway.visibility import Visibility
@@ -34,10 +35,13 @@ class RequestWrapper:
         visibility: Visibility,
         upstream_of: UpstreamOf,
         via: str | None = None,
+        unaudited: Callable[[], str | None] | None = None,
     ) -> None:
         """``upstream_of``: where a request goes, for its span and record (the catalog's
         lookup, once per request); ``via``: a tool that calls the tool named in its arguments
-        (``call_tool``), spanned and recorded as that tool's call."""
+        (``call_tool``), spanned and recorded as that tool's call; ``unaudited``: why a call
+        would go unaudited now, or None (``audit.required``: such a call is refused)."""
+        self._unaudited = unaudited
         self._upstream_of = upstream_of
         self._via = via
         self._access = access_control
@@ -61,6 +65,8 @@ class RequestWrapper:
             self._recorder.recording(ctx, request, subject) as record,
         ):
             access.admit(ctx, client)
+            if self._unaudited is not None and ctx.method in _AUDITED and (why := self._unaudited()):
+                raise to_wire(AuditUnwritable(f"not served: the audit trail {why} (audit.required)"))
             with access.bound(client):
                 try:
                     result = await call_next(ctx)
@@ -90,6 +96,8 @@ def hidden_as_unknown(method: str, request: Requested, client: Principal | None)
 _KINDS: dict[str, Kind] = {"tools/call": "tool", "prompts/get": "prompt"}
 """The kind of name each method names (every other one ``upstream_of`` knows names a resource)."""
 
+
+_AUDITED = frozenset({"tools/call", "prompts/get", "resources/read"})
 
 _INTRODUCTIONS = frozenset({"initialize", "server/discover"})
 """The answers that carry the server's ``instructions``: a handshake-era client's handshake, and

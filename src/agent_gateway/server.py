@@ -147,8 +147,9 @@ class Gateway:
         own = set(own_tool_names(config))
         kept = config.audit.arguments if config.audit.enabled else "none"
         telemetry, recorder = RequestTelemetry(lambda: own), CallRecorder(self.activity, kept)
+        unaudited = self._unaudited if config.audit.required else None
         wrapper = RequestWrapper(
-            self.access, telemetry, recorder, self.visibility, self._upstream_of, CALL_TOOL
+            self.access, telemetry, recorder, self.visibility, self._upstream_of, CALL_TOOL, unaudited
         )
         lowlevel.middleware.insert(0, wrapper)
         searching = config.search.mode != "off"
@@ -262,7 +263,7 @@ class Gateway:
                 self.broadcast.running(),
                 self.subscriptions.running(),
                 self._agent_running(agent_imported) as agent_refused,
-                self._audit_running(),
+                self.audit.running() if self.audit is not None else nullcontext(),
             ):
                 try:
                     if agent_refused is not None:
@@ -311,23 +312,17 @@ class Gateway:
         if (upstream := self.pool.upstreams.get(name)) is not None:
             upstream.refresh()
 
+    def _unaudited(self) -> str | None:
+        return None if self.audit is None else self.audit.outage.problem
+
     def unready(self) -> list[str]:
         """Why this replica should take no new traffic (empty: it may)."""
         problems = [
             self.shared.problem if self.shared is not None else None,
             self.agent.memory_problem if self.agent is not None else None,
+            self._unaudited() if self.config.audit.required else None,
         ]
         return [p for p in problems if p is not None]
-
-    @asynccontextmanager
-    async def _audit_running(self) -> AsyncIterator[None]:
-        if self.audit is None:
-            yield
-            return
-        async with anyio.create_task_group() as tg:
-            await tg.start(self.audit.run)
-            yield
-            tg.cancel_scope.cancel()
 
     async def _session_ended(self, session: DownstreamSession) -> None:
         await self.subscriptions.session_ended(session)
@@ -368,6 +363,7 @@ class Gateway:
             },
             "calls": self.activity.count,
             "store": None if self.shared is None else (self.shared.problem or "available"),
+            "audit": None if self.audit is None else (self.audit.outage.problem or "writing"),
             "upstream_sessions": {
                 "shared": len(self.pool.live_sessions()),
                 "dedicated": len(self.dedicated.live),

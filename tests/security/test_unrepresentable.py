@@ -16,7 +16,8 @@ import httpx
 import pytest
 from fastmcp import FastMCP
 
-from agent_gateway.audit import chained, verify
+from agent_gateway.audit import chained
+from agent_gateway.audit_verify import verify
 from tests.support import gateway_child, running_gateway, serving_upstream
 from tests.test_exchange import ENVELOPE
 from tests.test_exchange import HEADERS as MODERN_HEADERS

@@ -57,6 +57,9 @@ _EXPIRED = "SELECT thread_id FROM agent_gateway_threads WHERE used_at < ?"
 _USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = ?"
 _FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = ?"
 
+_UNWRITABLE = frozenset({"SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN"})
+"""SQLite's errors of a file that cannot be written (and their extended codes: ``SQLITE_IOERR_WRITE``)."""
+
 
 class Conversations:
     """Owns the checkpointer. Use ``async with conversations:``; it closes the store on exit.
@@ -82,8 +85,13 @@ class Conversations:
 
     def lost(self, exc: BaseException) -> str | None:
         """Why ``exc`` says the shared database is gone (taken as down until its next check),
-        or None: another error, or no shared database."""
-        return self._shared.lost(exc) if self._shared is not None else None
+        or the SQLite file cannot be written (a full disk, a read-only file): or None, another
+        error. A full disk logged a traceback per run, as a bug would."""
+        if self._shared is not None:
+            return self._shared.lost(exc)
+        if "_".join(str(getattr(exc, "sqlite_errorname", "")).split("_")[:2]) in _UNWRITABLE:
+            return f"the conversation memory {self._config.path} cannot be written: {exc}"
+        return None
 
     async def watch(self) -> None:
         """Report the shared database's health until cancelled (nothing to watch otherwise)."""

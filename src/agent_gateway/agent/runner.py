@@ -236,12 +236,14 @@ class AgentRunner:
         except AgentError as exc:
             message = str(exc)
         except Exception as exc:  # the top of a run: log the traceback, answer with a clear error
-            if (lost := self._conversations.lost(exc)) is not None:
-                # Not a bug: one line, and no partial record (reading it would wait out the pool).
-                logger.warning("agent run %s failed: %s", record["run_id"], lost)
+            if (lost := self._conversations.lost(exc)) is None:
+                logger.exception("agent run %s failed unexpectedly", record["run_id"])
+            elif self._conversations.problem is not None:  # the shared database: no partial record
+                logger.warning(
+                    "agent run %s failed: %s", record["run_id"], lost
+                )  # (it would wait out the pool)
                 return _failure(record, lost)
-            logger.exception("agent run %s failed unexpectedly", record["run_id"])
-            message = f"the agent run failed: {type(exc).__name__}: {exc}"
+            message = lost or f"the agent run failed: {type(exc).__name__}: {exc}"
         if record["ended_at"] is None:  # not yet filled from a final state
             await _read_partial(record, graph, config)
         return _failure(record, scrubbed(message, context.scrub))

@@ -1,0 +1,229 @@
+"""What the gateway writes to disk (its audit trail, tool pins, conversation memory) when the
+disk fills: it serves on, keeps what it can, says what it could not write, and resumes.
+
+A real OS error, without mounting a filesystem: the gateway process's file size limit
+(``RLIMIT_FSIZE``, set from outside with ``prlimit``) lowered mid-run makes its writes past it
+fail with EFBIG (Python ignores SIGXFSZ), as a full disk fails them with ENOSPC; raised again,
+space has returned."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import resource
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import httpx
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from agent_gateway.cli import main
+from tests.agent.test_models import said, sampling_client
+from tests.security.test_audit import _server, records
+from tests.support import gateway_child, python_upstream, serving_upstream
+
+BOUND = 60.0
+UNLIMITED = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
+
+
+def _limit(child: subprocess.Popen[bytes], size: int | None) -> None:
+    """Files of ``child`` cannot grow past ``size`` bytes (None: as large as they like)."""
+    resource.prlimit(child.pid, resource.RLIMIT_FSIZE, UNLIMITED if size is None else (size, UNLIMITED[1]))
+
+
+@asynccontextmanager
+async def _piped_log() -> AsyncIterator[tuple[Path, list[bytes]]]:
+    """A path for ``gateway_child``'s log that is a pipe, read as it is written (a file would
+    be limited with the process's other files), and what was read from it."""
+    read, write = os.pipe()
+    said: list[bytes] = []
+
+    async def drain() -> None:  # to the end of the pipe: once the gateway has exited
+        while chunk := await anyio.to_thread.run_sync(os.read, read, 1 << 16):
+            said.append(chunk)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drain)
+            try:
+                yield Path(f"/dev/fd/{write}"), said
+            finally:
+                os.close(write)
+    finally:
+        os.close(read)
+
+
+async def _until(done: Callable[[], bool]) -> None:
+    with anyio.fail_after(BOUND):
+        while not done():
+            await anyio.sleep(0.05)
+
+
+def _text(result: types.CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
+async def test_a_full_disk_leaves_the_trail_whole_and_says_what_was_lost_once_it_is_written_again(
+    tmp_path: Path,
+) -> None:
+    # A failed write ended the gateway (its writer's OSError through the task group: every
+    # client cut off) and left half a record in the trail, which verify then called broken.
+    trail = tmp_path / "audit.jsonl"
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"enabled": False},
+            "audit": {"path": str(trail), "queue": 16},
+        }
+        async with (
+            _piped_log() as (log, output),
+            gateway_child(config, tmp_path, log) as (base, child),
+            Client(f"{base}/mcp") as c,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+
+            async def audit_status() -> str:
+                return (await http.get(f"{base}/status")).json()["audit"]
+
+            async def calls(n: int, text: str) -> None:
+                for _ in range(n):
+                    assert not (await c.call_tool("desk__echo", {"text": text})).is_error
+
+            await calls(3, "before")
+            await _until(lambda: len(_written(trail)) == 3)
+            _limit(child, trail.stat().st_size + 100)  # the disk is full, part of a record fits
+            await calls(40, "full")  # served throughout: 16 wait in the queue, the rest dropped
+            with anyio.fail_after(BOUND):
+                while (status := await audit_status()) == "writing":
+                    await anyio.sleep(0.05)
+            assert status == f"cannot be written ({trail}: File too large)"
+            _limit(child, None)  # space again
+            with anyio.fail_after(BOUND):
+                while await audit_status() != "writing":
+                    await anyio.sleep(0.05)
+            await calls(1, "after")
+            after = hashlib.sha256(b'{"text":"after"}').hexdigest()
+            await _until(lambda: _written(trail)[-1:] == [after])
+    kept = records(trail)
+    [gap] = [r for r in kept if r["method"] == "audit/gap"]
+    echoed = [r for r in kept if r["name"] == "desk__echo"]
+    assert len(echoed) + gap["lost"] == 44  # every call is a record, or counted in the gap
+    assert gap["seq"] == kept.index(gap) + 1
+    assert "No space" in gap["detail"] or "File too large" in gap["detail"]
+    assert main(["audit", "verify", str(trail)]) == 0
+    said_ = b"".join(output).decode()
+    assert said_.count("audit: cannot write") == 1
+    assert said_.count(f"audit: writing {trail} again") == 1
+    assert "Traceback" not in said_
+
+
+def _written(trail: Path) -> list[str | None]:
+    """The arguments' digests of the records in ``trail`` so far (a line being written is not one)."""
+    if not trail.exists():
+        return []
+    lines = trail.read_bytes().split(b"\n")[:-1]
+    return [json.loads(line)["arguments_sha256"] for line in lines]
+
+
+async def test_pins_that_cannot_be_written_withhold_the_new_tool_and_keep_its_upstream(
+    tmp_path: Path,
+) -> None:
+    # SQLite's "database or disk is full" from the review of a changed listing took the
+    # upstream down: restarted, every call on it failed meanwhile.
+    memory = tmp_path / "state" / "conversations.sqlite"
+    config = {
+        "upstreams": {"counter": python_upstream("counter.py")},
+        "agent": {"enabled": False, "memory": {"store": "sqlite", "path": str(memory)}},
+        "audit": {"path": str(tmp_path / "audit.jsonl")},
+    }
+    async with (
+        _piped_log() as (log, output),
+        gateway_child(config, tmp_path, log) as (base, child),
+        Client(f"{base}/mcp") as c,
+    ):
+        pid = _text(await c.call_tool("counter__pid", {}))
+        _limit(child, 512)  # no SQLite page can be written
+        assert not (await c.call_tool("counter__add_tool", {"name": "fresh"})).is_error
+        await _until(lambda: b"pins not recorded" in b"".join(output))
+        assert _text(await c.call_tool("counter__pid", {})) == pid  # the same process serves on
+        names = {t.name for t in (await c.list_tools()).tools}
+        assert "counter__increment" in names
+        assert "counter__fresh" not in names  # withheld: its pin could not be recorded
+        _limit(child, None)
+        assert not (await c.call_tool("counter__add_tool", {"name": "later"})).is_error
+        with anyio.fail_after(BOUND):
+            while not {"counter__fresh", "counter__later"} <= {t.name for t in (await c.list_tools()).tools}:
+                await anyio.sleep(0.05)
+    assert b"is down" not in b"".join(output)
+
+
+async def test_a_memory_that_cannot_be_written_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    # Each run logged a traceback, as a bug would, and answered with SQLite's bare error.
+    memory = tmp_path / "state" / "conversations.sqlite"
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "sqlite", "path": str(memory)}},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+        }
+        replies = [said("first"), said("again")]
+        async with (
+            _piped_log() as (log, output),
+            gateway_child(config, tmp_path, log) as (base, child),
+            sampling_client(f"{base}/mcp", "legacy", replies, []) as c,
+        ):
+            ask = {"query": "hello", "conversation_id": "kept"}
+            assert _text(await c.call_tool("ask_agent", ask)) == "first"
+            _limit(child, 512)
+            failed = await c.call_tool("ask_agent", ask)
+            _limit(child, None)
+            assert _text(await c.call_tool("ask_agent", ask)) == "again"
+    assert failed.is_error
+    assert f"the conversation memory {memory} cannot be written: " in _text(failed)
+    said_ = b"".join(output).decode()
+    assert "Traceback" not in said_
+    assert f"failed: the conversation memory {memory} cannot be written" in said_
+
+
+async def test_audit_required_refuses_calls_while_the_trail_cannot_be_written(tmp_path: Path) -> None:
+    # For a deployment where no call may go unaudited: without the knob, calls are served
+    # (and their records wait, or are counted lost) while the disk is full.
+    trail = tmp_path / "audit.jsonl"
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"enabled": False},
+            "audit": {"path": str(trail), "required": True},
+        }
+        async with (
+            gateway_child(config, tmp_path) as (base, child),
+            Client(f"{base}/mcp") as c,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+            assert not (await c.call_tool("desk__echo", {"text": "before"})).is_error
+            await _until(lambda: len(_written(trail)) == 1)
+            _limit(child, trail.stat().st_size)
+            assert not (await c.call_tool("desk__echo", {"text": "unwritten"})).is_error  # found out here
+            with anyio.fail_after(BOUND):
+                while (await http.get(f"{base}/readyz")).status_code == 200:
+                    await anyio.sleep(0.05)
+            with pytest.raises(MCPError) as refused:
+                await c.call_tool("desk__echo", {"text": "refused"})
+            _limit(child, None)
+            with anyio.fail_after(BOUND):
+                while (await http.get(f"{base}/readyz")).status_code != 200:
+                    await anyio.sleep(0.05)
+            assert not (await c.call_tool("desk__echo", {"text": "after"})).is_error
+    assert refused.value.error.message == (
+        f"not served: the audit trail cannot be written ({trail}: File too large) (audit.required)"
+    )
+    assert main(["audit", "verify", str(trail)]) == 0
