@@ -13,6 +13,7 @@ blocks on its stderr.
 from __future__ import annotations
 
 import logging
+import math
 from contextlib import suppress
 
 import anyio
@@ -29,6 +30,10 @@ _UNENDED = 1 << 16
 """Bytes of a line without its end held before what there is of it is passed on."""
 
 
+_QUIET = 1.0
+"""Seconds of a quiet stderr after which the count of lines left out is passed on alone."""
+
+
 class StderrLines:
     """One process's stderr, split into lines and passed on within ``RATE``."""
 
@@ -43,12 +48,28 @@ class StderrLines:
         """Read ``stream`` to its end (the process's, or the cancellation of its transport), or
         until it is closed under the read: at the stop, when a process that left the group (a
         daemon) still holds it. That ended the transport, and the upstream was down for
-        "ClosedResourceError: ClosedResourceError" instead of its session's reason."""
-        with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-            async for chunk in stream:
-                self.feed(chunk)
+        "ClosedResourceError: ClosedResourceError" instead of its session's reason. Lines
+        left out are counted on the next line passed on, or on a line of their own once the
+        stream has been quiet for ``_QUIET`` seconds (a burst read whole has no next line)."""
+        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            while True:
+                with anyio.move_on_after(_QUIET if self._left_out else math.inf) as quiet:
+                    self.feed(await stream.receive())
+                if quiet.cancelled_caught:
+                    self._count_left_out()
         if self._partial:
             self._line(self._partial)
+        self._count_left_out()
+
+    def _count_left_out(self) -> None:
+        if self._left_out:
+            logger.info(
+                "upstream %s stderr: (%d lines before it left out: over %d a second)",
+                self._label,
+                self._left_out,
+                RATE,
+            )
+            self._left_out = 0
 
     def feed(self, chunk: bytes) -> None:
         *lines, self._partial = (self._partial + chunk).split(b"\n")

@@ -1,13 +1,17 @@
 """A stdio upstream's process: spawned, watched, stopped and reaped, and how it ended.
 
-Spawned by ``subprocess.Popen`` with ``close_fds``, over socket pairs the gateway keeps its
-own ends of (close-on-exec), not by the event loop. uvloop's ``subprocess_exec`` (what
+Spawned by ``subprocess.Popen`` with ``close_fds``, over pipes the gateway keeps its own
+ends of (close-on-exec), read and written through the event loop's pipe transports, not by
+the event loop's own spawn. uvloop's ``subprocess_exec`` (what
 ``anyio.open_process`` runs under ``serve``) marks the child's ends of its pipes inheritable
 and libuv does not close them once they are duplicated onto 0, 1 and 2: every server held a
 second copy of its stdin, stdout and stderr at higher numbers (and every inheritable
 descriptor of the gateway's own, as it implements no ``close_fds``). A server that closed its
 stdout to say it was done still held it open, so the gateway read on and saw nothing until a
 health check failed (about 40 s with the defaults; half a second on asyncio's own loop).
+Pipes, not socket pairs: a socket charges each small write a buffer of its own (a
+45-byte answer costs about a kilobyte of the 208 KiB a socket may hold), so a server that
+writes without reading filled its stdin after some 250 answers, against a pipe's 1,400.
 
 The process group (``start_new_session``), the stop (close stdin, a grace period, SIGTERM to
 the group, SIGKILL) and the group's termination are the SDK's, reused. The group is ended
@@ -17,15 +21,16 @@ holds its stdout (a helper, a browser) goes with it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 from contextlib import suppress
+from typing import IO
 
 import anyio
-from anyio.abc import ByteReceiveStream, ByteSendStream, Process, UNIXSocketStream
+from anyio.abc import ByteReceiveStream, ByteSendStream, Process
 from mcp.client.stdio import (
     FORCE_KILL_TIMEOUT,
     PROCESS_TERMINATION_TIMEOUT,
@@ -46,14 +51,14 @@ _WATCH = 0.25
 
 
 class StdioProcess(Process):
-    """A child process over three socket pairs (its stdin, stdout, stderr), reaped here."""
+    """A child process over three pipes (its stdin, stdout, stderr), reaped here."""
 
     def __init__(
         self,
         popen: subprocess.Popen[bytes],
-        stdin: UNIXSocketStream,
-        stdout: UNIXSocketStream,
-        stderr: UNIXSocketStream,
+        stdin: ByteSendStream,
+        stdout: ByteReceiveStream,
+        stderr: ByteReceiveStream,
     ) -> None:
         self._popen = popen
         self._stdin, self._stdout, self._stderr = stdin, stdout, stderr
@@ -110,31 +115,86 @@ async def spawned(params: StdioServerParameters) -> StdioProcess:
     """``params``' server started in a process group of its own, holding nothing of the
     gateway's but its stdin, stdout and stderr. Spawned at once (never cancelled half-way,
     which would leave a started process unwatched)."""
-    ours, theirs = zip(*(socket.socketpair() for _ in range(3)), strict=True)
+    popen = _started(params)
+    assert popen.stdin is not None
+    assert popen.stdout is not None
+    assert popen.stderr is not None
+    streams: tuple[_PipeSend, _PipeReceive, _PipeReceive] | None = None
     try:
-        popen = _started(params, *(end.fileno() for end in theirs))
+        with anyio.CancelScope(shield=True):
+            streams = (
+                await _PipeSend.over(popen.stdin),
+                await _PipeReceive.over(popen.stdout),
+                await _PipeReceive.over(popen.stderr),
+            )
     except BaseException:
-        for end in ours:
-            end.close()
+        popen.kill()
+        for pipe in (popen.stdin, popen.stdout, popen.stderr):
+            pipe.close()
         raise
-    finally:
-        for end in theirs:
-            end.close()
-    streams: list[UNIXSocketStream] = []
-    with anyio.CancelScope(shield=True):
-        streams = [await UNIXSocketStream.from_socket(end) for end in ours]
+    assert streams is not None  # a shielded scope is never cancelled
     return StdioProcess(popen, *streams)
 
 
-def _started(params: StdioServerParameters, stdin: int, stdout: int, stderr: int) -> subprocess.Popen[bytes]:
+class _PipeReceive(ByteReceiveStream):
+    """What the process writes to a pipe, read through the event loop's pipe transport."""
+
+    def __init__(self, reader: asyncio.StreamReader, transport: asyncio.ReadTransport) -> None:
+        self._reader, self._transport = reader, transport
+
+    @classmethod
+    async def over(cls, pipe: IO[bytes]) -> _PipeReceive:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        return cls(reader, transport)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if data := await self._reader.read(max_bytes):
+            return data
+        raise anyio.EndOfStream
+
+    async def aclose(self) -> None:
+        self._transport.close()
+        self._reader.feed_eof()  # a read waiting now ends
+        await anyio.lowlevel.checkpoint()
+
+
+class _PipeSend(ByteSendStream):
+    """The process's stdin, written through the event loop's pipe transport (a write waits
+    while the pipe and the transport's buffer are full)."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    @classmethod
+    async def over(cls, pipe: IO[bytes]) -> _PipeSend:
+        loop = asyncio.get_running_loop()
+        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+        transport, _ = await loop.connect_write_pipe(lambda: protocol, pipe)
+        return cls(asyncio.StreamWriter(transport, protocol, None, loop))
+
+    async def send(self, item: bytes) -> None:
+        if self._writer.is_closing():
+            raise anyio.ClosedResourceError
+        self._writer.write(item)
+        await self._writer.drain()
+
+    async def aclose(self) -> None:
+        self._writer.close()
+        await anyio.lowlevel.checkpoint()
+
+
+def _started(params: StdioServerParameters) -> subprocess.Popen[bytes]:
     """The process, on the event loop's thread as uvloop's own spawn was: it blocks only until
     the child has run ``exec`` (a millisecond or two), and a worker thread could not be
     cancelled half-way either."""
     return subprocess.Popen(
         [params.command, *params.args],
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        bufsize=0,
         env=get_default_environment() | (params.env or {}),
         cwd=params.cwd,
         close_fds=True,
