@@ -22,7 +22,7 @@ def listing(*names: str) -> Listing:
 
 
 def config(**upstreams: dict[str, Any]):  # type: ignore[no-untyped-def]
-    return parse_config({"upstreams": {n: {"url": URL, "prefix": False, **u} for n, u in upstreams.items()}}, {}, source="t")
+    return parse_config({"upstreams": {n: {"url": f"{URL}/{n}", "prefix": False, **u} for n, u in upstreams.items()}}, {}, source="t")
 
 
 async def test_a_reload_does_not_serve_the_withheld_listing_of_an_upstream_hidden_while_down() -> None:
@@ -38,7 +38,7 @@ async def test_a_reload_does_not_serve_the_withheld_listing_of_an_upstream_hidde
     await catalog.withdraw("b")
     assert set(catalog.snapshot.tools) == {"x"}
     await catalog.reconfigure(config(a={"rename": {"x": "ax"}}, b={"failure_mode": "hide"}), [])
-    assert set(catalog.snapshot.tools) == {"ax"}  # fails: {'ax', 'x', 'y'}: b's, while b is down
+    assert set(catalog.snapshot.tools) == {"ax"}  # fails at 556ab77: {'ax', 'x', 'y'}: b's, while b is down
 
 
 async def test_a_reload_refused_for_a_collision_leaves_the_hidden_parts_names_as_they_were() -> None:
@@ -56,7 +56,7 @@ async def test_a_reload_refused_for_a_collision_leaves_the_hidden_parts_names_as
     with pytest.raises(ConfigError):
         await catalog.reconfigure(new, [])
     await catalog.update("b", listing("w", "p"))
-    assert "b" in catalog.problems  # fails: the hidden part is a's under the refused reload's names
+    assert "b" in catalog.problems  # fails at 556ab77: the hidden part is a's under the refused reload's names
 
 
 async def test_a_repaired_listing_is_told_to_clients() -> None:
@@ -91,3 +91,45 @@ async def test_a_withheld_listing_of_an_upstream_removed_or_restarted_is_dropped
     await catalog.update("b", listing("y", "ax"))
     await catalog.reconfigure(config(a={"rename": {"x": "ax"}}), ["b"])  # removed
     assert catalog.problems == {} and set(catalog.snapshot.tools) == {"ax"}
+
+
+def tool(name: str, description: str) -> types.Tool:
+    return types.Tool(name=name, description=description, input_schema={"type": "object"})
+
+
+async def _refused_change(pins_mode: str = "hold"):  # type: ignore[no-untyped-def]
+    from agent_gateway.pins import Pins
+
+    pins = Pins(None, pins_mode)  # type: ignore[arg-type]
+    catalog = Catalog(config(a={}, b={}), review=pins.review)
+    await catalog.update("a", listing("x"))
+    await catalog.update("b", Listing(tools=(tool("y", "v1"),)))
+    catalog.start()
+    # b's next listing changes y (flagged, pending) and takes a's x: refused, withheld.
+    await catalog.update("b", Listing(tools=(tool("y", "v2"), tool("x", "b's"))))
+    assert "b" in catalog.problems and pins.pending() == 1
+    return pins, catalog
+
+
+async def test_a_tool_held_after_a_reload_that_retried_a_refused_listing_can_be_accepted() -> None:
+    # The operator accepts y's change and reloads (README: "A running gateway serves them after
+    # a reload"); x still collides. The served part (b's earlier listing) is reviewed first and
+    # now holds y (v1 differs from the accepted v2); the retried listing's review then clears
+    # the pending flag (v2 is what is pinned): y is held with nothing pending to accept, until b
+    # lists again.
+    pins, catalog = await _refused_change()
+    assert pins.accept(["y"]) == ["y"]
+    await catalog.reconfigure(config(a={}, b={}), [])
+    assert "y" not in catalog.snapshot.held or pins.pending() == 1  # fails at 556ab77: held, 0 pending
+
+
+async def test_a_still_refused_listing_retried_at_each_reload_does_not_flag_its_change_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    pins, catalog = await _refused_change()
+    caplog.clear()
+    for _ in range(3):  # reloads changing nothing of a or b
+        await catalog.reconfigure(config(a={}, b={}), [])
+    flagged = [r for r in caplog.records if "changed tool y since it was pinned" in r.getMessage()]
+    assert len(flagged) <= 1  # fails at 556ab77: 3, one WARNING per reload (the served part's review clears
+    # the flag, the withheld listing's sets it again; with a shared database, 2 writes a reload)

@@ -332,13 +332,13 @@ class Catalog:
         for name, listing in self._withheld.items():
             if name in gone or name not in config.upstreams:
                 continue
-            try:
-                part = build_part(config, name, listing, self._reserved, self._review)
-                _check_against(part, [*parts.values(), *repaired.values(), *hidden.values()])
+            try:  # reviewed (pinning records what it reviews) only once it is to be served
+                unreviewed = build_part(config, name, listing, self._reserved)
+                _check_against(unreviewed, [*parts.values(), *repaired.values(), *hidden.values()])
             except NameCollision as exc:
                 still[name] = str(exc)
             else:
-                repaired[name] = part
+                repaired[name] = build_part(config, name, listing, self._reserved, self._review)
         return repaired, still
 
     def _ordered(self) -> list[Part]:
