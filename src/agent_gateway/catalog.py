@@ -247,6 +247,7 @@ class Catalog:
         if (part := self._parts.pop(upstream, None)) is None or not self._live:
             return
         self._hidden[upstream] = part
+        self._withheld.pop(upstream, None)  # it lists again when back: a reload must not serve it
         logger.info("upstream %s is down: its part of the catalog is hidden until it is back", upstream)
         await self._publish(
             frozenset({upstream}), merge(self._ordered(), self.snapshot.version + 1, self.snapshot)
@@ -266,16 +267,17 @@ class Catalog:
             parts = {
                 n: build_part(config, n, listing, self._reserved, self._review) for n, listing in kept.items()
             }
-            self._hidden = {
+            hidden_parts = {
                 n: build_part(config, n, listing, self._reserved) for n, listing in hidden.items()
             }
-            repaired, still = self._repaired(config, parts, gone)
+            repaired, still = self._repaired(config, parts, hidden_parts, gone)
             parts |= repaired
+            hidden_parts = {n: p for n, p in hidden_parts.items() if n not in repaired}  # back, listed
             snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
         except NameCollision as exc:
             raise ConfigError(f"catalog: {exc}") from None
         touched = frozenset(self._parts) | frozenset(parts)
-        self._config, self._parts = config, parts
+        self._config, self._parts, self._hidden = config, parts, hidden_parts
         self._withheld = {n: self._withheld[n] for n in still}
         for name in (*gone, *repaired):
             self.problems.pop(name, None)
@@ -321,7 +323,7 @@ class Catalog:
         _check_against(part, self._hidden.values())
 
     def _repaired(
-        self, config: GatewayConfig, parts: Mapping[str, Part], gone: set[str]
+        self, config: GatewayConfig, parts: Mapping[str, Part], hidden: Mapping[str, Part], gone: set[str]
     ) -> tuple[dict[str, Part], dict[str, str]]:
         """The withheld listings that no longer collide under ``config``'s names with
         ``parts`` or what is hidden, as parts; and the others, with their reason now."""
@@ -330,13 +332,13 @@ class Catalog:
         for name, listing in self._withheld.items():
             if name in gone or name not in config.upstreams:
                 continue
-            try:
-                part = build_part(config, name, listing, self._reserved, self._review)
-                _check_against(part, [*parts.values(), *repaired.values(), *self._hidden.values()])
+            try:  # reviewed (pinning records what it reviews) only once it is to be served
+                unreviewed = build_part(config, name, listing, self._reserved)
+                _check_against(unreviewed, [*parts.values(), *repaired.values(), *hidden.values()])
             except NameCollision as exc:
                 still[name] = str(exc)
             else:
-                repaired[name] = part
+                repaired[name] = build_part(config, name, listing, self._reserved, self._review)
         return repaired, still
 
     def _ordered(self) -> list[Part]:
