@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -338,10 +339,15 @@ _SECRET_FLAG = re.compile(
 
 def shown_command(command: str, args: tuple[str, ...]) -> str:
     """A stdio upstream's command line as it may be printed or logged: the value of a flag
-    named like a credential (``--api-key X``, ``--token=X``) masked, and URLs without their
-    credentials or query values (servers take ``postgresql://user:password@…`` as an argument)."""
+    named like a credential (``--api-key X``, ``--token=X``) masked, the value of an
+    environment variable named like one wherever it appears (``args: ["${GITHUB_TOKEN}"]``
+    is a bare word once expanded), and URLs without their credentials or query values
+    (servers take ``postgresql://user:password@…`` as an argument)."""
+    secrets = _environment_secrets()
     shown: list[str] = []
     for i, arg in enumerate(args):
+        for secret in secrets:
+            arg = arg.replace(secret, "***")
         flag, equals, _ = arg.partition("=")
         if equals and _SECRET_FLAG.match(flag):
             arg = f"{flag}=***"
@@ -349,3 +355,20 @@ def shown_command(command: str, args: tuple[str, ...]) -> str:
             arg = "***"
         shown.append(redacted_url(arg))
     return " ".join([command, *shown])
+
+
+_SECRET_VARIABLE = re.compile(r"token|key|secret|passw|credential|auth", re.IGNORECASE)
+_SECRET_LEAST = 8
+"""Characters an environment variable's value needs to be masked where it appears (shorter
+ones are words: ``1``, ``true``, a region)."""
+
+
+def _environment_secrets() -> list[str]:
+    """The values of this process's environment variables named like credentials, longest
+    first (a configuration's ``${VAR}`` is expanded from this environment)."""
+    values = {
+        value
+        for name, value in os.environ.items()
+        if _SECRET_VARIABLE.search(name) and len(value) >= _SECRET_LEAST and not value.startswith("/")
+    }
+    return sorted(values, key=len, reverse=True)

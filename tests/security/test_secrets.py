@@ -81,6 +81,34 @@ def test_check_and_the_start_log_print_a_command_line_without_its_credentials(
         assert secret not in err
 
 
+def test_a_credential_given_as_a_bare_argument_from_the_environment_is_not_printed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Servers take their key as a positional argument (``args: ["${GITHUB_TOKEN}"]``): once
+    # expanded it is a bare word no flag names, and check and the start log printed it.
+    token = "ghp_" + "Q7" * 18
+    monkeypatch.setenv("GITHUB_TOKEN", token)
+    monkeypatch.setenv("AGW_TEST_REGION", "eu-west-1-long")  # not named like a credential: shown
+    upstream = python_upstream("counter.py")
+    upstream["args"] += ["${GITHUB_TOKEN}", "${AGW_TEST_REGION}", "owner=${GITHUB_TOKEN}"]
+    config = tmp_path / "gateway.yaml"
+    config.write_text(yaml.safe_dump({"upstreams": {"gh": upstream}, "agent": {"enabled": False}}))
+    assert main(["check", "--offline", "-c", str(config)]) == 0
+    out = capfd.readouterr().out
+    started = subprocess.run(  # a process of its own: its log lines as they are written
+        [AGENT_GATEWAY, "--log-level", "info", "check", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        env={**gateway_env(), "GITHUB_TOKEN": token, "AGW_TEST_REGION": "eu-west-1-long"},
+        timeout=120,
+        check=True,
+    )
+    assert "counter.py *** eu-west-1-long owner=***" in out
+    assert "starting gh (" in started.stderr
+    assert token not in out
+    assert token not in started.stderr
+
+
 def test_a_model_error_echoing_the_key_changed_in_part_or_masked_is_scrubbed() -> None:
     key = "sk-live-ABCDEFGHIJKLMNOP1234"
     echoes = {
