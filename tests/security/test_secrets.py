@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -61,19 +62,7 @@ def test_check_and_the_start_log_print_a_command_line_without_its_credentials(
     # reads "postgresql://user:password@host/db"), often from ${VAR}.
     upstream = python_upstream("counter.py")
     upstream["args"] += [f"postgresql://admin:{PASSWORD}@db/x", "--api-key", API_KEY, f"--token={TOKEN}"]
-    config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({"upstreams": {"pg": upstream}, "agent": {"enabled": False}}))
-    assert main(["check", "--offline", "-c", str(config)]) == 0
-    out = capfd.readouterr().out
-    started = subprocess.run(  # a process of its own: its log lines as they are written
-        [AGENT_GATEWAY, "--log-level", "info", "check", "-c", str(config)],
-        capture_output=True,
-        text=True,
-        env=gateway_env(),
-        timeout=120,
-        check=True,
-    )
-    err = started.stderr
+    out, err = printed(tmp_path, capfd, "pg", upstream, {})
     assert "postgresql://***@db/x --api-key *** --token=***" in out
     assert "starting pg (" in err
     for secret in (PASSWORD, API_KEY, TOKEN):
@@ -91,22 +80,37 @@ def test_a_credential_given_as_a_bare_argument_from_the_environment_is_not_print
     monkeypatch.setenv("AGW_TEST_REGION", "eu-west-1-long")  # not named like a credential: shown
     upstream = python_upstream("counter.py")
     upstream["args"] += ["${GITHUB_TOKEN}", "${AGW_TEST_REGION}", "owner=${GITHUB_TOKEN}"]
+    out, err = printed(
+        tmp_path, capfd, "gh", upstream, {"GITHUB_TOKEN": token, "AGW_TEST_REGION": "eu-west-1-long"}
+    )
+    assert "counter.py *** eu-west-1-long owner=***" in out
+    assert "starting gh (" in err
+    assert token not in out
+    assert token not in err
+
+
+def printed(
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    name: str,
+    upstream: dict[str, Any],
+    env: dict[str, str],
+) -> tuple[str, str]:
+    """What ``check --offline`` prints of ``upstream`` (this process), and the log lines of a
+    ``check`` run in a process of its own (``env`` added to its environment)."""
     config = tmp_path / "gateway.yaml"
-    config.write_text(yaml.safe_dump({"upstreams": {"gh": upstream}, "agent": {"enabled": False}}))
+    config.write_text(yaml.safe_dump({"upstreams": {name: upstream}, "agent": {"enabled": False}}))
     assert main(["check", "--offline", "-c", str(config)]) == 0
     out = capfd.readouterr().out
     started = subprocess.run(  # a process of its own: its log lines as they are written
         [AGENT_GATEWAY, "--log-level", "info", "check", "-c", str(config)],
         capture_output=True,
         text=True,
-        env={**gateway_env(), "GITHUB_TOKEN": token, "AGW_TEST_REGION": "eu-west-1-long"},
+        env={**gateway_env(), **env},
         timeout=120,
         check=True,
     )
-    assert "counter.py *** eu-west-1-long owner=***" in out
-    assert "starting gh (" in started.stderr
-    assert token not in out
-    assert token not in started.stderr
+    return out, started.stderr
 
 
 def test_a_model_error_echoing_the_key_changed_in_part_or_masked_is_scrubbed() -> None:
