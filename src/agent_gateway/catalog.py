@@ -267,17 +267,15 @@ class Catalog:
             parts = {
                 n: build_part(config, n, listing, self._reserved, self._review) for n, listing in kept.items()
             }
-            hidden_parts = {
-                n: build_part(config, n, listing, self._reserved) for n, listing in hidden.items()
-            }
-            repaired, still = self._repaired(config, parts, hidden_parts, gone)
+            hid = {n: build_part(config, n, listing, self._reserved) for n, listing in hidden.items()}
+            repaired, still = self._repaired(config, parts, hid, gone)
             parts |= repaired
-            hidden_parts = {n: p for n, p in hidden_parts.items() if n not in repaired}  # back, listed
+            hid = {n: p for n, p in hid.items() if n not in repaired}  # back, listed
             snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
         except NameCollision as exc:
             raise ConfigError(f"catalog: {exc}") from None
         touched = frozenset(self._parts) | frozenset(parts)
-        self._config, self._parts, self._hidden = config, parts, hidden_parts
+        self._config, self._parts, self._hidden = config, parts, hid
         self._withheld = {n: self._withheld[n] for n in still}
         for name in (*gone, *repaired):
             self.problems.pop(name, None)
