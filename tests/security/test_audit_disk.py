@@ -19,7 +19,6 @@ from pathlib import Path
 
 import anyio
 import httpx
-import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
@@ -28,6 +27,7 @@ from agent_gateway.cli import main
 from tests.agent.test_models import said, sampling_client
 from tests.security.test_audit import _server, records
 from tests.support import gateway_child, python_upstream, serving_upstream
+from tests.test_upstreams import text_of, wait_until
 
 BOUND = 60.0
 UNLIMITED = (resource.RLIM_INFINITY, resource.RLIM_INFINITY)
@@ -61,15 +61,7 @@ async def _piped_log() -> AsyncIterator[tuple[Path, list[bytes]]]:
 
 
 async def _until(done: Callable[[], bool]) -> None:
-    with anyio.fail_after(BOUND):
-        while not done():
-            await anyio.sleep(0.05)
-
-
-def _text(result: types.CallToolResult) -> str:
-    block = result.content[0]
-    assert isinstance(block, types.TextContent)
-    return block.text
+    await wait_until(done, BOUND)
 
 
 async def test_a_full_disk_leaves_the_trail_whole_and_says_what_was_lost_once_it_is_written_again(
@@ -150,11 +142,11 @@ async def test_pins_that_cannot_be_written_withhold_the_new_tool_and_keep_its_up
         gateway_child(config, tmp_path, log) as (base, child),
         Client(f"{base}/mcp") as c,
     ):
-        pid = _text(await c.call_tool("counter__pid", {}))
+        pid = text_of(await c.call_tool("counter__pid", {}))
         _limit(child, 512)  # no SQLite page can be written
         assert not (await c.call_tool("counter__add_tool", {"name": "fresh"})).is_error
         await _until(lambda: b"pins not recorded" in b"".join(output))
-        assert _text(await c.call_tool("counter__pid", {})) == pid  # the same process serves on
+        assert text_of(await c.call_tool("counter__pid", {})) == pid  # the same process serves on
         names = {t.name for t in (await c.list_tools()).tools}
         assert "counter__increment" in names
         assert "counter__fresh" not in names  # withheld: its pin could not be recorded
@@ -182,13 +174,13 @@ async def test_a_memory_that_cannot_be_written_fails_the_run_in_one_line(tmp_pat
             sampling_client(f"{base}/mcp", "legacy", replies, []) as c,
         ):
             ask = {"query": "hello", "conversation_id": "kept"}
-            assert _text(await c.call_tool("ask_agent", ask)) == "first"
+            assert text_of(await c.call_tool("ask_agent", ask)) == "first"
             _limit(child, 512)
             failed = await c.call_tool("ask_agent", ask)
             _limit(child, None)
-            assert _text(await c.call_tool("ask_agent", ask)) == "again"
+            assert text_of(await c.call_tool("ask_agent", ask)) == "again"
     assert failed.is_error
-    assert f"the conversation memory {memory} cannot be written: " in _text(failed)
+    assert f"the conversation memory {memory} cannot be written: " in text_of(failed)
     said_ = b"".join(output).decode()
     assert "Traceback" not in said_
     assert f"failed: the conversation memory {memory} cannot be written" in said_

@@ -7,14 +7,46 @@ how the gateway treats the process itself:
 - ``RAW_EXIT_AFTER_LIST``: exits once it has answered its listing (up, and at once gone);
 - ``RAW_CALLS``: a file each call appends a line to;
 - ``RAW_HANG_ON_CALL``: at its first call, writes its pid to this file, then answers nothing
-  more and ignores SIGTERM (stopped only by SIGKILL).
+  more and ignores SIGTERM (stopped only by SIGKILL);
+- ``RAW_ENDINGS``: four more tools: ``held`` (the pipes and sockets it holds past 0, 1 and 2),
+  ``hang_up`` (closes its stdout and runs on), ``exit`` (exits with code 3), ``sigkill``.
 """
 
 import json
 import os
 import signal
+import stat
 import sys
 import time
+
+
+def held() -> list[int]:
+    """What the process holds besides its stdin, stdout and stderr: pipes and sockets."""
+    found = []
+    for fd in sorted(int(n) for n in os.listdir("/proc/self/fd")):
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:  # the directory listdir read, closed since
+            continue
+        if fd > 2 and (stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode)):
+            found.append(fd)
+    return found
+
+
+def ending(name: str) -> dict[str, object]:
+    """``RAW_ENDINGS``' tools: each but ``held`` ends the process, one way or another."""
+    if name == "hang_up":  # done, as far as the gateway goes: it runs on
+        sys.stdout.flush()
+        os.close(1)
+        time.sleep(120)
+    if name == "exit":
+        os._exit(3)
+    if name == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"content": [{"type": "text", "text": json.dumps(held())}]}
+
+
+ENDINGS = ("held", "hang_up", "exit", "sigkill") if os.environ.get("RAW_ENDINGS") else ()
 
 if starts := os.environ.get("RAW_STARTS"):
     with open(starts, "a") as record:
@@ -37,7 +69,9 @@ for line in sys.stdin:
             "serverInfo": {"name": "raw", "version": "1"},
         }
     elif method == "tools/list":
-        result = {"tools": [{"name": "hello", "inputSchema": {"type": "object"}}]}
+        result = {"tools": [{"name": n, "inputSchema": {"type": "object"}} for n in ("hello", *ENDINGS)]}
+    elif method == "tools/call" and request["params"]["name"] in ENDINGS:
+        result = ending(request["params"]["name"])
     elif method == "tools/call" and (hung := os.environ.get("RAW_HANG_ON_CALL")):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         with open(hung, "w") as record:
