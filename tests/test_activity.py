@@ -81,6 +81,7 @@ async def test_each_call_is_one_info_access_line_naming_client_tool_upstream_out
         "duration_ms": 0,
         "trace_id": TRACE_ID,
         "arguments_digest": hashlib.sha256(b'{"text":"hi"}').hexdigest(),
+        "run": None,  # the client's own call, not an agent run's
     }
     assert first["duration_ms"] > 0
     assert (first["session"] is None) == (mode == "auto")  # a modern request is no session

@@ -71,6 +71,8 @@ class Call:
     """The arguments themselves: kept only with ``audit.arguments: full``, never logged."""
     arguments_bytes: int = 0
     """The size of ``arguments`` as JSON (the audit writer's queue is bounded in bytes)."""
+    run: str | None = None
+    """The ``ask_agent`` run that made it for the client (its run id); None: the client did."""
 
     @property
     def failed(self) -> bool:
@@ -83,6 +85,7 @@ class Call:
 
     def line(self) -> str:
         session = f" session {self.session}" if self.session else ""
+        session += f" for agent run {self.run}" if self.run else ""
         where = f" -> {self.upstream}" if self.upstream else ""
         why = f" ({self.detail})" if self.detail else ""
         trace = f" trace {self.trace_id}" if self.trace_id else ""

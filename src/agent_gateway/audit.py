@@ -90,6 +90,8 @@ def record_of(call: Call) -> dict[str, Any]:
         "trace_id": call.trace_id,
         "arguments_sha256": call.arguments_digest,
     }
+    if call.run is not None:  # an ask_agent run's call for the client
+        record["run"] = call.run
     if call.arguments is not None:
         record["arguments"] = call.arguments
     return record

@@ -9,18 +9,23 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal
 
 import anyio
 import mcp_types as types
 from mcp.server.context import HandlerResult, ServerRequestContext
+from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from opentelemetry import trace
 
+from agent_gateway.access import ANONYMOUS, Principal
 from agent_gateway.activity import CALLED, Activity, Call, Outcome, cut, noting_refusals
 from agent_gateway.compat.mcp import connection_of
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
-from agent_gateway.errors import RATE_LIMITED
+from agent_gateway.errors import RATE_LIMITED, REFUSALS, AuditUnwritable, GatewayError
 from agent_gateway.logs import Repeats
 from agent_gateway.requested import Requested
 
@@ -36,15 +41,40 @@ class CallRecord:
         self.outcome, self.detail = _outcome_of(result)
 
 
+@dataclass(frozen=True)
+class RunCall:
+    """One tool call an ``ask_agent`` run makes: for ``client``, asked through ``caller``."""
+
+    run: str
+    client: Principal | None
+    caller: Caller | None
+    name: str
+    upstream: str | None
+    arguments: dict[str, Any]
+
+
 class CallRecorder:
     """Hands every finished call to ``activity`` (entered by ``request_wrapper.RequestWrapper``,
     inside the request's SERVER span so the record carries its trace id, and around the
     access checks so a call they refuse is recorded too)."""
 
-    def __init__(self, activity: Activity, arguments: Literal["none", "digest", "full"] = "digest") -> None:
-        """``arguments``: what a record keeps of the call's arguments."""
+    def __init__(
+        self,
+        activity: Activity,
+        arguments: Literal["none", "digest", "full"] = "digest",
+        unaudited: Callable[[], str | None] | None = None,
+    ) -> None:
+        """``arguments``: what a record keeps of the call's arguments; ``unaudited``: why a
+        call would go unaudited now, or None (``audit.required``: such a call is refused)."""
         self._activity = activity
         self._arguments = arguments
+        self._unaudited = unaudited
+
+    def check_audited(self, method: str) -> None:
+        """Refuse a call ``method`` while the audit trail cannot take its record, when
+        ``audit.required`` says it must (raises ``AuditUnwritable``)."""
+        if self._unaudited is not None and method in CALLED and (why := self._unaudited()):
+            raise AuditUnwritable(f"not served: the audit trail {why} (audit.required)")
 
     @contextmanager
     def recording(
@@ -52,10 +82,49 @@ class CallRecorder:
     ) -> Iterator[CallRecord]:
         """Around one request from ``client`` (its subject), for what ``request`` says it is
         for: a call is recorded when it ends, however it ends; any other request is not."""
-        record = CallRecord()
         if ctx.method not in CALLED:
-            yield record
+            yield CallRecord()
             return
+        called = partial(
+            Call,
+            client=client,
+            software=_software(ctx.session),
+            session=_session_id(ctx.session),
+            method=ctx.method,
+            name=cut(request.target or "", 200) or "",
+            upstream=request.upstream,
+            **self._arguments_kept(request.arguments),
+        )
+        with self._recorded(called) as record:
+            yield record
+
+    @contextmanager
+    def run_call(self, call: RunCall) -> Iterator[CallRecord]:
+        """Around one tool call an ``ask_agent`` run makes for its client: recorded as that
+        client's ``tools/call``, with the run's id (the trail says who called what, and the
+        agent's calls are the client's, on the client's policy). Refused, as the client's own
+        call would be, while the trail cannot take it (``audit.required``)."""
+        server_session = call.caller.server_session if call.caller is not None else None
+        called = partial(
+            Call,
+            client=call.client.subject if call.client is not None else ANONYMOUS,
+            software=_software(server_session) if server_session is not None else None,
+            session=_session_id(server_session) if server_session is not None else None,
+            method="tools/call",
+            name=call.name,
+            upstream=call.upstream,
+            run=call.run,
+            **self._arguments_kept(call.arguments),
+        )
+        with self._recorded(called) as record:
+            self.check_audited("tools/call")
+            yield record
+
+    @contextmanager
+    def _recorded(self, called: Callable[..., Call]) -> Iterator[CallRecord]:
+        """``called`` (a ``Call`` but for how it ends) handed to the activity log once the
+        block ends, however it ends."""
+        record = CallRecord()
         at, started = time.time(), time.perf_counter()
         try:
             with noting_refusals() as refusals:
@@ -66,6 +135,10 @@ class CallRecorder:
             record.outcome = "refused" if exc.error.code == RATE_LIMITED else "error"
             record.detail = exc.error.message
             raise
+        except GatewayError as exc:  # an agent run's call, not yet an answer to the wire
+            record.outcome = "refused" if isinstance(exc, REFUSALS) else "error"
+            record.detail = str(exc)
+            raise
         except anyio.get_cancelled_exc_class():
             record.outcome = "cancelled"
             raise
@@ -73,32 +146,15 @@ class CallRecorder:
             record.detail = type(exc).__name__
             raise
         finally:
-            self._activity.finished(self._call(ctx, request, client, record, at, started))
-
-    def _call(
-        self,
-        ctx: ServerRequestContext[Any, Any],
-        request: Requested,
-        client: str,
-        record: CallRecord,
-        at: float,
-        started: float,
-    ) -> Call:
-        name, arguments = cut(request.target or "", 200) or "", request.arguments
-        return Call(
-            at=at,
-            client=client,
-            software=_software(ctx),
-            session=_session_id(ctx),
-            method=ctx.method,
-            name=name,
-            upstream=request.upstream,
-            outcome=record.outcome,
-            detail=cut(record.detail),
-            duration_ms=round((time.perf_counter() - started) * 1e3, 1),
-            trace_id=_trace_id(),
-            **self._arguments_kept(arguments),
-        )
+            self._activity.finished(
+                called(
+                    at=at,
+                    outcome=record.outcome,
+                    detail=cut(record.detail),
+                    duration_ms=round((time.perf_counter() - started) * 1e3, 1),
+                    trace_id=_trace_id(),
+                )
+            )
 
     def _arguments_kept(self, arguments: Any) -> dict[str, Any]:
         """What a record keeps of ``arguments``: their digest, and with ``full`` themselves, or
@@ -140,13 +196,13 @@ def _raw_text(content: object) -> str | None:
     return None
 
 
-def _session_id(ctx: ServerRequestContext[Any, Any]) -> str | None:
-    session = connection_of(ctx.session).state.get(STATE_KEY)
+def _session_id(server_session: ServerSession) -> str | None:
+    session = connection_of(server_session).state.get(STATE_KEY)
     return session.id if isinstance(session, DownstreamSession) else None
 
 
-def _software(ctx: ServerRequestContext[Any, Any]) -> str | None:
-    params = ctx.session.client_params
+def _software(server_session: ServerSession) -> str | None:
+    params = server_session.client_params
     return cut(params.client_info.name, 64) if params is not None else None
 
 

@@ -318,6 +318,10 @@ class StepLimitReached(AgentError):
     """The model asked for more tool calls after the configured number of steps."""
 
 
+REFUSALS = (NotAllowed, ClientLimited, UpstreamBusy, ToolHeld, GatewayBusy)
+"""The failures that are refusals by a bound or a policy, not errors: recorded ``refused``."""
+
+
 def to_wire(exc: GatewayError) -> MCPError:
     """The JSON-RPC error a client receives for ``exc`` (raise it ``from exc``): the one
     place the tree meets the wire, so every method answers the same failure alike."""

@@ -35,14 +35,11 @@ from agent_gateway.config import SearchConfig
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import DownstreamSession, SessionRegistry
 from agent_gateway.errors import (
-    ClientLimited,
-    GatewayBusy,
+    REFUSALS,
     GatewayError,
     InvalidArguments,
     NotAllowed,
-    ToolHeld,
     UpstreamAnswered,
-    UpstreamBusy,
     shown,
     to_wire,
 )
@@ -215,6 +212,6 @@ def _error_result(exc: GatewayError) -> types.CallToolResult:
     protocol the client takes (its data holds the URLs to open, then the call is retried)."""
     if isinstance(exc, UpstreamAnswered) and exc.code == types.URL_ELICITATION_REQUIRED:
         raise to_wire(exc) from exc
-    if isinstance(exc, NotAllowed | ClientLimited | UpstreamBusy | ToolHeld | GatewayBusy):
+    if isinstance(exc, REFUSALS):
         refused(type(exc).__name__)
     return types.CallToolResult(content=[types.TextContent(type="text", text=str(exc))], is_error=True)

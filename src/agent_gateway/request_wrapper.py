@@ -8,7 +8,6 @@ audit trail. What each of those means lives in its own module (``access``, ``tel
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -35,13 +34,10 @@ class RequestWrapper:
         visibility: Visibility,
         upstream_of: UpstreamOf,
         via: str | None = None,
-        unaudited: Callable[[], str | None] | None = None,
     ) -> None:
         """``upstream_of``: where a request goes, for its span and record (the catalog's
         lookup, once per request); ``via``: a tool that calls the tool named in its arguments
-        (``call_tool``), spanned and recorded as that tool's call; ``unaudited``: why a call
-        would go unaudited now, or None (``audit.required``: such a call is refused)."""
-        self._unaudited = unaudited
+        (``call_tool``), spanned and recorded as that tool's call."""
         self._upstream_of = upstream_of
         self._via = via
         self._access = access_control
@@ -65,8 +61,10 @@ class RequestWrapper:
             self._recorder.recording(ctx, request, subject) as record,
         ):
             access.admit(ctx, client)
-            if self._unaudited is not None and ctx.method in _AUDITED and (why := self._unaudited()):
-                raise to_wire(AuditUnwritable(f"not served: the audit trail {why} (audit.required)"))
+            try:
+                self._recorder.check_audited(ctx.method)
+            except AuditUnwritable as exc:
+                raise to_wire(exc) from None
             with access.bound(client):
                 try:
                     result = await call_next(ctx)
@@ -96,8 +94,6 @@ def hidden_as_unknown(method: str, request: Requested, client: Principal | None)
 _KINDS: dict[str, Kind] = {"tools/call": "tool", "prompts/get": "prompt"}
 """The kind of name each method names (every other one ``upstream_of`` knows names a resource)."""
 
-
-_AUDITED = frozenset({"tools/call", "prompts/get", "resources/read"})
 
 _INTRODUCTIONS = frozenset({"initialize", "server/discover"})
 """The answers that carry the server's ``instructions``: a handshake-era client's handshake, and

@@ -146,10 +146,11 @@ class Gateway:
         # and record, once per request, around everything the gateway does for it.
         own = set(own_tool_names(config))
         kept = config.audit.arguments if config.audit.enabled else "none"
-        telemetry, recorder = RequestTelemetry(lambda: own), CallRecorder(self.activity, kept)
         unaudited = self._unaudited if config.audit.required else None
+        self._recorder = CallRecorder(self.activity, kept, unaudited)
+        telemetry = RequestTelemetry(lambda: own)
         wrapper = RequestWrapper(
-            self.access, telemetry, recorder, self.visibility, self._upstream_of, CALL_TOOL, unaudited
+            self.access, telemetry, self._recorder, self.visibility, self._upstream_of, CALL_TOOL
         )
         lowlevel.middleware.insert(0, wrapper)
         searching = config.search.mode != "off"
@@ -296,7 +297,9 @@ class Gateway:
         exclusive, vacant = (shared.leases.held, shared.leases.vacant) if shared is not None else (None, None)
         parts = (self.config.agent, self.catalog, self.proxy, self._chat_model, self.search, self.activity)
         try:
-            runner = (await tool.runner_class(imported))(*parts, exclusive=exclusive, vacant=vacant)
+            runner = (await tool.runner_class(imported))(
+                *parts, exclusive=exclusive, vacant=vacant, recorder=self._recorder
+            )
         except ConfigError as exc:
             yield exc
             return

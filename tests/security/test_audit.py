@@ -26,7 +26,7 @@ from agent_gateway.activity import Call
 from agent_gateway.audit import QUEUED_BYTES, AuditLog
 from agent_gateway.cli import main
 from agent_gateway.config import AuditConfig
-from tests.agent.scripted import ScriptedChatModel, answer
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
 from tests.support import (
     RunningGateway,
@@ -64,9 +64,9 @@ def _server() -> FastMCP:
 
 @asynccontextmanager
 async def audited(
-    path: Path, limits: dict[str, Any] | None = None, **audit: Any
+    path: Path, limits: dict[str, Any] | None = None, model: ScriptedChatModel | None = None, **audit: Any
 ) -> AsyncIterator[RunningGateway]:
-    model = ScriptedChatModel(respond=lambda messages: answer("done"))
+    model = model or ScriptedChatModel(respond=lambda messages: answer("done"))
     async with serving_upstream(_server()) as url:
         config = {
             "upstreams": {"desk": {"url": url}},
@@ -121,6 +121,32 @@ async def test_every_call_and_agent_run_is_one_record_with_who_what_and_how_it_e
     assert [r["seq"] for r in kept] == list(range(1, 7))
     assert stat.S_IMODE(trail.stat().st_mode) == 0o600
     assert stat.S_IMODE(trail.parent.stat().st_mode) == 0o700
+    assert main(["audit", "verify", str(trail)]) == 0
+
+
+async def test_an_agent_runs_tool_calls_are_its_clients_records_with_the_runs_id(tmp_path: Path) -> None:
+    # Only the ask_agent call was recorded: the tools a run called on upstreams for the
+    # client (a model a prompt injection steers among them) were in no trail.
+    trail = tmp_path / "audit.jsonl"
+    model = ScriptedChatModel(
+        script=[calls(call("desk__echo", text="ran")), calls(call("desk__fail")), answer("done")]
+    )
+    policy = {"tools": ["desk__echo", "desk__fail", "ask_agent"]}
+    async with audited(trail, policy, model, arguments="full") as gw, client(gw.url, ATTACKER_TOKEN) as c:
+        result = await c.call_tool("ask_agent", {"query": "echo it"})
+    assert not result.is_error
+    assert result.structured_content is not None
+    run = result.structured_content["run_id"]
+    kept = records(trail)
+    assert [(r["client"], r["name"], r["upstream"], r["outcome"], r.get("run")) for r in kept] == [
+        ("attacker", "desk__echo", "desk", "ok", run),
+        ("attacker", "desk__fail", "desk", "tool_error", run),
+        ("attacker", "ask_agent", None, "ok", None),
+    ]
+    assert kept[0]["arguments"] == {"text": "ran"}
+    assert kept[0]["arguments_sha256"] == hashlib.sha256(b'{"text":"ran"}').hexdigest()
+    assert "out of paper" in kept[1]["detail"]
+    assert kept[0]["session"] == kept[2]["session"]  # None in the modern era
     assert main(["audit", "verify", str(trail)]) == 0
 
 

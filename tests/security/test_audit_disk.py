@@ -19,8 +19,10 @@ from pathlib import Path
 
 import anyio
 import httpx
+import mcp_types as types
 import pytest
 from mcp import Client
+from mcp.client.session import ClientRequestContext
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.cli import main
@@ -118,6 +120,13 @@ async def test_a_full_disk_leaves_the_trail_whole_and_says_what_was_lost_once_it
     assert "Traceback" not in said_
 
 
+async def _until_unready(http: httpx.AsyncClient, base: str) -> None:
+    """Until the gateway at ``base`` says it is not ready (its trail found failing)."""
+    with anyio.fail_after(BOUND):
+        while (await http.get(f"{base}/readyz")).status_code == 200:
+            await anyio.sleep(0.05)
+
+
 def _written(trail: Path) -> list[str | None]:
     """The arguments' digests of the records in ``trail`` so far (a line being written is not one)."""
     if not trail.exists():
@@ -205,9 +214,7 @@ async def test_audit_required_refuses_calls_while_the_trail_cannot_be_written(tm
             await _until(lambda: len(_written(trail)) == 1)
             _limit(child, trail.stat().st_size)
             assert not (await c.call_tool("desk__echo", {"text": "unwritten"})).is_error  # found out here
-            with anyio.fail_after(BOUND):
-                while (await http.get(f"{base}/readyz")).status_code == 200:
-                    await anyio.sleep(0.05)
+            await _until_unready(http, base)
             with pytest.raises(MCPError) as refused:
                 await c.call_tool("desk__echo", {"text": "refused"})
             _limit(child, None)
@@ -219,3 +226,64 @@ async def test_audit_required_refuses_calls_while_the_trail_cannot_be_written(tm
         f"not served: the audit trail cannot be written ({trail}: File too large) (audit.required)"
     )
     assert main(["audit", "verify", str(trail)]) == 0
+
+
+async def test_audit_required_refuses_an_agent_runs_call_while_the_trail_cannot_be_written(
+    tmp_path: Path,
+) -> None:
+    # The run was admitted while the trail could be written; its tool call, made once the disk
+    # had filled, went to the upstream unaudited (the check was at the run's start only).
+    trail = tmp_path / "audit.jsonl"
+    seen: list[types.CreateMessageRequestParams] = []
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "memory"}},
+            "audit": {"path": str(trail), "required": True},
+        }
+        async with (
+            gateway_child(config, tmp_path) as (base, child),
+            Client(f"{base}/mcp") as other,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+
+            async def fill_the_disk_then_call(
+                context: ClientRequestContext, params: types.CreateMessageRequestParams
+            ) -> types.CreateMessageResultWithTools:
+                seen.append(params)
+                if len(seen) > 1:
+                    return types.CreateMessageResultWithTools(
+                        role="assistant", content=[types.TextContent(type="text", text="done")], model="m"
+                    )
+                _limit(child, trail.stat().st_size)
+                assert not (await other.call_tool("desk__echo", {"text": "unwritten"})).is_error
+                await _until_unready(http, base)
+                use = types.ToolUseContent(id="t1", name="desk__echo", input={"text": "by the agent"})
+                return types.CreateMessageResultWithTools(
+                    role="assistant", content=[use], model="m", stop_reason="toolUse"
+                )
+
+            sampling = types.SamplingCapability(tools=types.SamplingToolsCapability())
+            async with Client(  # a handshake-era client, sampled within the run's request
+                f"{base}/mcp",
+                mode="legacy",
+                sampling_callback=fill_the_disk_then_call,
+                sampling_capabilities=sampling,
+            ) as c:
+                assert not (await c.call_tool("desk__echo", {"text": "before"})).is_error
+                await _until(lambda: len(_written(trail)) == 1)
+                ran = await c.call_tool("ask_agent", {"query": "echo it"})
+            _limit(child, None)
+    assert not ran.is_error
+    told = seen[1].messages[-1].content_as_list[0]
+    assert isinstance(told, types.ToolResultContent)
+    assert told.is_error
+    assert told.content == [
+        types.TextContent(
+            type="text",
+            text=f"not served: the audit trail cannot be written ({trail}: File too large) (audit.required)",
+        )
+    ]
+    # Its record, written once the disk had room, says so.
+    by_the_run = [(r["name"], r["outcome"]) for r in records(trail) if r.get("run")]
+    assert by_the_run == [("desk__echo", "refused")]

@@ -42,6 +42,7 @@ from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import Search, Toolbox, merged
+from agent_gateway.call_records import CallRecorder, RunCall
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import GatewayError, ModelFailed, shown
 from agent_gateway.proxy import Proxy
@@ -79,6 +80,9 @@ class ToolRunner:
 
     toolbox: Toolbox
     proxy: Proxy
+    recorder: CallRecorder
+    """Where each call is recorded as the client's (the access log, the audit trail)."""
+    run_id: str
     caller: Caller | None
     """The client's request, minus its progress token: the agent reports its own progress."""
     observer: RunObserver
@@ -195,9 +199,15 @@ class ToolRunner:
                 return f"Unknown tool {name!r}. Call {SEARCH_TOOLS} to find the tools you need.", True
             known = ", ".join(sorted(self.names)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
+        tool = self.toolbox.get(name)
+        call = RunCall(
+            self.run_id, self.client, self.caller, name, tool.upstream if tool else None, arguments
+        )
         try:
-            async with _slots(self.client):
-                result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
+            with self.recorder.run_call(call) as record:
+                async with _slots(self.client):
+                    result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
+                record.answered(result)
         except GatewayError as exc:
             return str(exc), True
         if isinstance(result, types.InputRequiredResult):

@@ -45,6 +45,7 @@ from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Search, Toolbox
 from agent_gateway.agent.upkeep import Upkeep, Vacant
+from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
@@ -96,10 +97,12 @@ class AgentRunner:
         activity: Activity | None = None,
         exclusive: Exclusive | None = None,
         vacant: Vacant | None = None,
+        recorder: CallRecorder | None = None,
     ) -> None:
         """``search``: the tool index, for toolboxes larger than ``agent.max_tools``;
         ``exclusive``: a thread held by one run across replicas (their memory shared);
-        ``vacant``: the same, taken only if free (for deleting a thread no run is on).
+        ``vacant``: the same, taken only if free (for deleting a thread no run is on);
+        ``recorder``: where each tool call a run makes is recorded as its client's.
 
         Raises ``ConfigError`` when the configured model provider refuses its settings.
         """
@@ -115,6 +118,7 @@ class AgentRunner:
         self._lock = anyio.Lock()
         self._upkeep = Upkeep(self._conversations, vacant)
         self._exclusive = exclusive or _anywhere
+        self._recorder = recorder or CallRecorder(self._activity, "none")
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[AgentRunner]:
@@ -175,7 +179,7 @@ class AgentRunner:
                 try:
                     _refuse_if_down(self.memory_problem)
                     graph = await self._compiled()
-                    context = self._context(client, caller, report, token)
+                    context = self._context(client, caller, report, token, run_id)
                 except AgentError as exc:
                     outcome = _failure(record, str(exc))
                 else:
@@ -256,7 +260,7 @@ class AgentRunner:
             return self._graph
 
     def _context(
-        self, client: access.Principal, caller: Caller | None, report: RunObserver, token: str
+        self, client: access.Principal, caller: Caller | None, report: RunObserver, token: str, run_id: str
     ) -> RunContext:
         """The run's context: its model, and a toolbox of what the calling client may call
         (the model is shown nothing else)."""
@@ -276,6 +280,8 @@ class AgentRunner:
             tools=ToolRunner(
                 toolbox,
                 self._proxy,
+                self._recorder,
+                run_id,
                 tool_caller,
                 report,
                 asker,

@@ -216,6 +216,7 @@ def _call_row(call: Call) -> str:
     who = escape(call.client) + (
         f" <span class=muted>({escape(call.software)})</span>" if call.software else ""
     )
+    who += f" <span class=muted>by its agent run {escape(call.run)}</span>" if call.run else ""
     outcome = escape(call.outcome) + (f": {escape(call.detail)}" if call.detail else "")
     return (
         f'<tr class="call{" failed" if call.failed else ""}"><td>{_clock(call.at)}</td><td>{who}</td>'
