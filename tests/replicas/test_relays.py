@@ -15,7 +15,9 @@ from typing import Any
 import anyio
 import httpx
 
+from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
+from tests.replicas.test_sessions import BOUND, TOKEN_ENV, TOKENS, bearer, config
 from tests.replicas.test_store import (
     BUMP,
     SUBSCRIBE,
@@ -25,6 +27,10 @@ from tests.replicas.test_store import (
     opened,
     recorder_cluster,
 )
+from tests.servers import recorder
+from tests.support import serving_upstream
+
+LISTEN = {"Accept": "text/event-stream"}
 
 LONG = "note://" + "x" * 4000
 """A resource whose every update is 4 KB on the stream: 2,000 of them fill what loopback's
@@ -77,3 +83,34 @@ async def test_a_stream_its_client_does_not_read_holds_up_no_other_sessions_noti
         log = cluster.log(1)
     assert message == UPDATED
     assert "does not read its notification stream" in log
+
+
+async def test_another_clients_get_with_a_sessions_id_leaves_that_sessions_stream_relayed(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    """Bob's GET naming alice's session is answered 404, and alice's stream, held on that
+    replica, goes on getting what the other replica writes for it. Before, the replica took
+    bob's GET for the session's stream before checking whose it was: its relay queue
+    replaced alice's, and was dropped with the 404, so alice's stream heard nothing more from
+    the other replica (found by a helper's isolation attack)."""
+    seen: list[dict[str, Any]] = []
+    async with serving_upstream(recorder.build(seen.append)) as upstream:
+        data = config(redis, prefix, upstream) | {
+            "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}},
+            "auth": bearer(),
+        }
+        async with (
+            replicas(data, tmp_path, env=TOKEN_ENV) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+            own = {"Authorization": f"Bearer {TOKENS['alice']}"}
+            alice = RawSession(cluster, http, own | await opened(http, cluster.endpoint(0), own))
+            # Her subscription on replica 0, her stream on replica 1: each update is relayed.
+            async with alice.events(1) as reader:
+                await alice.post(0, SUBSCRIBE)
+                theirs = {**alice.headers, "Authorization": f"Bearer {TOKENS['bob']}"}
+                async with http.stream("GET", cluster.endpoint(1), headers={**theirs, **LISTEN}) as taken:
+                    assert taken.status_code == 404
+                await alice.post(0, BUMP)
+                _, message = await next_message(reader)
+    assert message == UPDATED

@@ -39,13 +39,15 @@ HELLO = {
 """A handshake-era ``initialize``, raw."""
 
 
-async def opened(http: httpx.AsyncClient, url: str) -> dict[str, str]:
-    """A handshake-era session opened with raw requests; its headers for what follows."""
-    answer = await http.post(url, json=HELLO, headers=ACCEPT)
+async def opened(http: httpx.AsyncClient, url: str, own: dict[str, str] | None = None) -> dict[str, str]:
+    """A handshake-era session opened with raw requests (``own``: its client's headers, a token);
+    its headers for what follows."""
+    answer = await http.post(url, json=HELLO, headers={**ACCEPT, **(own or {})})
     assert answer.status_code == 200, answer.text
     headers = {"Mcp-Session-Id": answer.headers["mcp-session-id"], "Mcp-Protocol-Version": VERSION}
     done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-    assert (await http.post(url, json=done, headers={**headers, **ACCEPT})).status_code == 202
+    sent = {**headers, **ACCEPT, **(own or {})}
+    assert (await http.post(url, json=done, headers=sent)).status_code == 202
     return headers
 
 

@@ -120,23 +120,26 @@ class AdoptingSessionManager(DeferredSessionManager):
             except StoreUnavailable as exc:
                 await _not_looked_up(session_id, str(exc), send)
                 return
-        held = session_id is not None and session_id in self._server_instances
-        if held and scope["method"] == "GET":
+        # Another credential's request is the SDK's to refuse (404), before anything here
+        # touches the session: a GET would take its stream's relays from its own client.
+        owned = session_id in self._server_instances and (
+            self._session_owners.get(session_id) == credential_of(scope)
+        )
+        if owned and scope["method"] == "GET":
             assert session_id is not None
             await self._listening(session_id, scope, receive, send)
             return
-        if held and scope["method"] == "DELETE":
+        if owned and scope["method"] == "DELETE":
             assert session_id is not None
-            if self._session_owners.get(session_id) == credential_of(scope):
-                # Ended in the store first: what closes with the session here (its dedicated
-                # upstream sessions) then finds it ended everywhere, not held by another replica.
-                self.deleting.add(session_id)
-                try:
-                    await self.on_deleted(session_id)
-                    await super()._handle_stateful_request(scope, receive, send)
-                finally:
-                    self.deleting.discard(session_id)
-                return
+            # Ended in the store first: what closes with the session here (its dedicated
+            # upstream sessions) then finds it ended everywhere, not held by another replica.
+            self.deleting.add(session_id)
+            try:
+                await self.on_deleted(session_id)
+                await super()._handle_stateful_request(scope, receive, send)
+            finally:
+                self.deleting.discard(session_id)
+            return
         await super()._handle_stateful_request(scope, receive, send)
 
     async def _listening(self, session_id: str, scope: Scope, receive: Receive, send: Send) -> None:
