@@ -114,3 +114,33 @@ async def test_another_clients_get_with_a_sessions_id_leaves_that_sessions_strea
                 await alice.post(0, BUMP)
                 _, message = await next_message(reader)
     assert message == UPDATED
+
+
+async def test_a_second_get_of_a_sessions_own_stream_leaves_the_open_one_relayed(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    """A client that opens its session's stream again while it is open (an IDE reconnecting
+    before it noticed the old stream end) gets 409 from the SDK, and its open stream goes on
+    getting what the other replica writes for it. Before, the second GET's relay queue replaced
+    the open stream's and was dropped with the 409: the open stream heard nothing more."""
+    seen: list[dict[str, Any]] = []
+    async with serving_upstream(recorder.build(seen.append)) as upstream:
+        data = config(redis, prefix, upstream) | {
+            "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}},
+            "auth": bearer(),
+        }
+        async with (
+            replicas(data, tmp_path, env=TOKEN_ENV) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+        ):
+            own = {"Authorization": f"Bearer {TOKENS['alice']}"}
+            alice = RawSession(cluster, http, own | await opened(http, cluster.endpoint(0), own))
+            async with alice.events(1) as reader:
+                await alice.post(0, SUBSCRIBE)
+                async with http.stream(
+                    "GET", cluster.endpoint(1), headers={**alice.headers, **LISTEN}
+                ) as again:
+                    assert again.status_code == 409
+                await alice.post(0, BUMP)
+                _, message = await next_message(reader)
+    assert message == UPDATED

@@ -158,6 +158,9 @@ class AdoptingSessionManager(DeferredSessionManager):
                 await anyio.sleep(_CLAIM_EVERY)
 
         digest = stream_digest(self._listening_stream(session_id))
+        if digest in self.listening:  # open here: the SDK answers 409, the open one keeps its relays
+            await super()._handle_stateful_request(scope, receive, send)
+            return
         relays = self.listening[digest] = Relays(session_id)
         try:
             async with anyio.create_task_group() as tg:
