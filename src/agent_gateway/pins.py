@@ -21,12 +21,13 @@ import logging
 import sqlite3
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 import mcp_types as types
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -40,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 PinningMode = Literal["hold", "warn", "off"]  # as GatewayConfig.pinning
 MAX_PINS = 10_000
+REVIEW_AGAIN_EVERY = 5.0
+"""Seconds between two listings of an upstream whose last review could not be written."""
 """Tool names one upstream (as configured) has pinned at most. A pin outlives its tool's
 listing (a tool removed and listed again changed is still caught), so an upstream listing
 ever-new names would grow the file, and each review's read of it, without end; past this a
@@ -156,18 +159,32 @@ class Pins:
         self._shared = shared
         self._connection: sqlite3.Connection | None = None
         self._pending = 0
+        self._unwritten: set[str] = set()
+        """Upstreams whose last review could not be written: listed again until one is."""
         _open_pins.add(self)
 
     @asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
+    async def running(self, relist: Callable[[str], None]) -> AsyncIterator[None]:
         """With a shared database: connected and loaded before any listing is reviewed, its
-        writer running until the block ends (raises ``StoreUnavailable``)."""
-        if self._shared is None:
-            yield
-            return
-        async with self._shared.running() as shared:
-            self._load(await shared.rows())
-            yield
+        writer running until the block ends (raises ``StoreUnavailable``). Meanwhile an
+        upstream whose review could not be written is listed again (``relist``) every
+        ``REVIEW_AGAIN_EVERY`` seconds until one is: its withheld tools are then served,
+        though the upstream itself may never list again."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._review_again, relist)
+            if self._shared is None:
+                yield
+            else:
+                async with self._shared.running() as shared:
+                    self._load(await shared.rows())
+                    yield
+            tg.cancel_scope.cancel()
+
+    async def _review_again(self, relist: Callable[[str], None]) -> None:
+        while True:
+            await anyio.sleep(REVIEW_AGAIN_EVERY)
+            for upstream in sorted(self._unwritten):
+                relist(upstream)
 
     async def refresh(self) -> None:
         """This process's copy as the shared database has it now (a reload: pins accepted
@@ -215,6 +232,7 @@ class Pins:
         """Record ``upstream``'s ``tools`` (public name to definition); the ones to withhold,
         each with what changed (empty unless mode is ``hold``)."""
         if self.mode == "off" or not tools:
+            self._unwritten.discard(upstream)
             return {}
         known = {
             row[0]: row[1:]
@@ -250,6 +268,9 @@ class Pins:
                             held[name] = what
         except sqlite3.OperationalError as exc:  # a full disk took the upstream down, restarted it
             held = self._unrecorded(upstream, tools, known, exc)
+            self._unwritten.add(upstream)
+        else:
+            self._unwritten.discard(upstream)
         self._pending = self._count_pending()
         if unpinned:
             action = "withheld" if self.mode == "hold" else "served unpinned"
@@ -261,7 +282,7 @@ class Pins:
     ) -> dict[str, str]:
         """Those of ``tools`` withheld when their review could not be written (a full disk, a
         read-only file): in ``hold`` mode the new and the changed ones, as past ``MAX_PINS``;
-        the rest of the upstream is served, and its next listing is reviewed again."""
+        the rest of the upstream is served, and it is listed and reviewed again (``running``)."""
         unrecorded: dict[str, str] = {}
         for name, tool in tools.items():
             definition, canonical = pinned_form(name, tool)

@@ -254,7 +254,7 @@ class Gateway:
             async with (
                 bounded(self.config.server.max_bytes_in_flight),
                 self.shared.running() if self.shared is not None else nullcontext(),
-                self.pins.running(),  # loaded before any upstream's listing is reviewed
+                self.pins.running(self._refresh_upstream),  # loaded before any listing is reviewed
                 # The agent's libraries are imported while the upstreams connect.
                 runtime.importing(RUNNER_MODULE if self._agent_tool is not None else None) as agent_imported,
                 self.search.running(),  # indexes each upstream's tools as it connects
@@ -311,7 +311,8 @@ class Gateway:
             self.agent = None
 
     def _refresh_upstream(self, name: str) -> None:
-        """Another replica heard ``name`` change its lists: list it here too."""
+        """List ``name`` again: another replica heard it change, or its last review could
+        not be written (``pins.running``)."""
         if (upstream := self.pool.upstreams.get(name)) is not None:
             upstream.refresh()
 
