@@ -1,7 +1,8 @@
 """What a client's trace context and an upstream's errors make of the gateway's telemetry:
-the warnings a malformed ``tracestate`` draws are written once per kind, not once a request,
-and an upstream's error message cannot make a span of megabytes (found by a helper's attack,
-stop 65: 500 lines for 500 requests; 300 errors of 1 MB held 480 MB in the export queue)."""
+the warnings a malformed ``tracestate`` or an attribute over its bound draws are written once
+per kind, not once a request, and an upstream's error message cannot make a span of megabytes
+(found by a helper's attack, stop 65: 500 lines for 500 requests, 400 for 400; 300 errors of
+1 MB held 480 MB in the export queue)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.security.test_leaks_and_forgeries import (
     gateway,
     text_log,
 )
-from tests.support import gateway_process, intercepted, serving
+from tests.support import gateway_child, gateway_process, intercepted, serving, serving_upstream
 
 CALLS = 40
 TOO_MANY = ",".join(f"k{i}=v" for i in range(33))
@@ -102,3 +103,27 @@ async def test_an_upstreams_huge_error_message_is_cut_in_the_exported_span(
         assert len(span.status_message) <= MAX_ATTRIBUTE_LENGTH + 40, (span.name, len(span.status_message))
     client = [s for s in erred if s.kind == "CLIENT"]
     assert client[0].status_message.endswith(" characters)"), client[0].status_message[-80:]
+
+
+LONG_URI = "file:///" + "u" * 2000
+"""Over the 1,024 characters a span attribute keeps: the SDK warns each time it cuts one."""
+
+
+async def test_a_clients_values_cut_in_its_spans_are_warned_of_once_not_once_a_request(tmp_path: Any) -> None:
+    log = tmp_path / "gateway.log"
+    async with (
+        otlp_receiver() as (endpoint, _),
+        serving_upstream(_echo_server()) as upstream,
+        gateway_child(
+            {"upstreams": {"echo": {"url": upstream}}, "telemetry": {"otlp_endpoint": endpoint}},
+            tmp_path,
+            log,
+        ) as (base, _),
+        Client(f"{base}/mcp") as client,
+    ):
+        for n in range(CALLS):
+            with pytest.raises(MCPError):
+                await client.read_resource(f"{LONG_URI}{n}")
+        assert (await client.call_tool("echo__echo", {"text": "after"})).content
+    warned = [line for line in log.read_text().splitlines() if "opentelemetry.attributes" in line]
+    assert len(warned) == 1, warned  # before, one a request (40)
