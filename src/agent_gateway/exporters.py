@@ -139,12 +139,13 @@ def installed() -> Installed | None:
 def _tracer_provider(settings: Settings, resource: Resource) -> TracerProvider:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
+    limits = SpanLimits(max_attribute_length=settings.attribute_length)  # the variables' too
     provider = TracerProvider(
         resource=resource,
         sampler=ParentBased(TraceIdRatioBased(settings.sampling_ratio)),
-        span_limits=SpanLimits(max_attribute_length=settings.attribute_length),
+        span_limits=limits,
     )
-    provider.add_span_processor(UpstreamSpans())
+    provider.add_span_processor(UpstreamSpans(limits.max_span_attribute_length))
     exporter = OTLPSpanExporter(
         endpoint=f"{settings.endpoint}/v1/traces", headers=settings.headers, timeout=_EXPORT_TIMEOUT
     )

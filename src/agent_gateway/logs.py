@@ -108,6 +108,8 @@ PEER_LOGGERS = (
     "agent_gateway.upstreams.forwarding",
     "agent_gateway.upstreams.http_transport",
     "agent_gateway.upstreams.pace",
+    "opentelemetry.trace.span",  # a client's malformed tracestate (the SDK's TraceState)
+    "opentelemetry.attributes",  # a span attribute cut: a client's URI, an upstream's error
     "agent_gateway.upstreams.replies",
     "agent_gateway.upstreams.session",
     "agent_gateway.upstreams.stdio",
@@ -120,9 +122,10 @@ PEER_LOGGERS = (
 )
 """Loggers (and the SDK's client session's, ``CLIENT_SESSION_LOGGER``) whose warnings are
 about what a peer sent (an upstream's malformed notification, question outside any call or
-listing's repeated names; a client's ``traceparent`` over 512 characters or ``baggage`` over
-8 KiB, one warning each request that carried one; a token FastMCP's verifier refused): the
-peer chooses how many."""
+listing's repeated names; a client's ``traceparent`` over 512 characters, ``tracestate`` of
+over 32 members or one malformed, or ``baggage`` over 8 KiB, one warning each request that
+carried one; a span attribute cut to its bound, a client's URI or session id, an upstream's
+error message: one warning each; a token FastMCP's verifier refused): the peer chooses how many."""
 POLICY_REFUSED = "client %s refused %s %r (policy %s)"
 UNSEEN_REFUSED = "client %s refused %s %r (answered as unknown)"
 NO_IDENTITY_REFUSED = "refused %s %r: the request carries no identity"

@@ -37,7 +37,7 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import Span as SdkSpan
-from opentelemetry.trace import Span, SpanKind, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from pydantic import ValidationError
 
 from agent_gateway.errors import GatewayError, error_type_of
@@ -342,7 +342,11 @@ def _address(url: str | None) -> tuple[str, int | None] | None:
 
 class UpstreamSpans(SpanProcessor):
     """Gives the ``mcp`` client's span of an upstream request its MCP name and the gateway's
-    attributes (it is the span whose context the upstream receives, so it must be the one)."""
+    attributes (it is the span whose context the upstream receives, so it must be the one),
+    and cuts every span's status description to ``limit`` characters, as its attributes are."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self._limit = limit
 
     def on_start(self, span: SdkSpan, parent_context: Context | None = None) -> None:
         call = _UPSTREAM_CALL.get()
@@ -363,7 +367,12 @@ class UpstreamSpans(SpanProcessor):
         span.set_attributes(attributes)
 
     def on_end(self, span: ReadableSpan) -> None:
-        return None
+        # The SDK keeps a description whole (it is no attribute): the SDK client's span held an
+        # upstream's whole error message, 2 MB a call, 2,048 such spans in the export queue.
+        status, limit = span.status, self._limit
+        if limit is not None and status.description is not None and len(status.description) > limit:
+            cut = f"{status.description[:limit]}… ({len(status.description)} characters)"
+            span._status = Status(status.status_code, cut)  # pyright: ignore[reportPrivateUsage]
 
 
 def mark_upstream_error(error_type: str) -> None:
