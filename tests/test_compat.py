@@ -51,6 +51,10 @@ from mcp.shared._httpx_utils import sse_within_origin, stream_within_origin
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp_types import JSONRPCResponse, jsonrpc_message_adapter
 from mcp_types import methods as mcp_methods
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from pydantic import ValidationError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
@@ -63,6 +67,7 @@ from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
 from agent_gateway.compat.deferred import DeferredStreamTransport
+from agent_gateway.compat.opentelemetry import restatus
 from agent_gateway.compat.replay import ReplayFromStore
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.compat.stdlib import holds_callbacks
@@ -986,3 +991,14 @@ def test_websockets_answers_pings_in_the_protocols_recv_frame_which_each_parsed_
     made = inspect.getsource(Connection.__init__)
     assert "self.loop = " in made
     assert "self.close_timeout = close_timeout" in made
+
+
+def test_an_ended_spans_status_is_what_restatus_writes() -> None:
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with provider.get_tracer("t").start_as_current_span("s") as span:
+        span.set_status(StatusCode.ERROR, "x" * 10)
+    assert isinstance(span, ReadableSpan)
+    restatus(span, "cut")
+    assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, "cut")

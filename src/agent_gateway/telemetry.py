@@ -37,9 +37,10 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.sdk.trace import Span as SdkSpan
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, StatusCode
 from pydantic import ValidationError
 
+from agent_gateway.compat.opentelemetry import restatus
 from agent_gateway.errors import GatewayError, error_type_of
 from agent_gateway.requested import Requested
 from agent_gateway.trace_context import incoming_context, tracing
@@ -371,8 +372,7 @@ class UpstreamSpans(SpanProcessor):
         # upstream's whole error message, 2 MB a call, 2,048 such spans in the export queue.
         status, limit = span.status, self._limit
         if limit is not None and status.description is not None and len(status.description) > limit:
-            cut = f"{status.description[:limit]}… ({len(status.description)} characters)"
-            span._status = Status(status.status_code, cut)  # pyright: ignore[reportPrivateUsage]
+            restatus(span, f"{status.description[:limit]}… ({len(status.description)} characters)")
 
 
 def mark_upstream_error(error_type: str) -> None:
