@@ -7,8 +7,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -31,14 +30,54 @@ from agent_gateway.requested import Requested
 
 
 class CallRecord:
-    """One call being served, and how it ended so far (a result arrived: ``answered``)."""
+    """One call being served, and how it ended so far (a result arrived: ``answered``). Entered
+    around the call, it is handed to ``activity`` once the block ends, however it ends, as
+    ``called`` (a ``Call`` but for how it ended); without them, nothing is recorded. A class,
+    not a generator: it is entered once a request (a generator's frames cost 1 % of a call)."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_activity", "_at", "_called", "_noting", "_refusals", "_started", "detail", "outcome")
+
+    def __init__(self, activity: Activity | None = None, called: Callable[..., Call] | None = None) -> None:
         self.outcome: Outcome = "error"
         self.detail: str | None = None
+        self._activity, self._called = activity, called
 
     def answered(self, result: HandlerResult) -> None:
         self.outcome, self.detail = _outcome_of(result)
+
+    def __enter__(self) -> CallRecord:
+        if self._called is not None:
+            self._at, self._started = time.time(), time.perf_counter()
+            self._noting = noting_refusals()
+            self._refusals = self._noting.__enter__()
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if self._activity is None or self._called is None:
+            return
+        self._noting.__exit__(kind, exc, tb)
+        if exc is None:
+            if self._refusals and self.outcome == "tool_error":
+                self.outcome = "refused"
+        elif isinstance(exc, MCPError):
+            self.outcome = "refused" if exc.error.code == RATE_LIMITED else "error"
+            self.detail = exc.error.message
+        elif isinstance(exc, GatewayError):  # an agent run's call, not yet an answer to the wire
+            self.outcome = "refused" if isinstance(exc, REFUSALS) else "error"
+            self.detail = str(exc)
+        elif isinstance(exc, anyio.get_cancelled_exc_class()):
+            self.outcome = "cancelled"
+        elif isinstance(exc, Exception):
+            self.detail = type(exc).__name__
+        self._activity.finished(
+            self._called(
+                at=self._at,
+                outcome=self.outcome,
+                detail=cut(self.detail),
+                duration_ms=round((time.perf_counter() - self._started) * 1e3, 1),
+                trace_id=_trace_id(),
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -76,15 +115,11 @@ class CallRecorder:
         if self._unaudited is not None and method in CALLED and (why := self._unaudited()):
             raise AuditUnwritable(f"not served: the audit trail {why} (audit.required)")
 
-    @contextmanager
-    def recording(
-        self, ctx: ServerRequestContext[Any, Any], request: Requested, client: str
-    ) -> Iterator[CallRecord]:
-        """Around one request from ``client`` (its subject), for what ``request`` says it is
-        for: a call is recorded when it ends, however it ends; any other request is not."""
+    def recording(self, ctx: ServerRequestContext[Any, Any], request: Requested, client: str) -> CallRecord:
+        """To enter around one request from ``client`` (its subject), for what ``request`` says
+        it is for: a call is recorded when it ends, however it ends; any other request is not."""
         if ctx.method not in CALLED:
-            yield CallRecord()
-            return
+            return CallRecord()
         called = partial(
             Call,
             client=client,
@@ -95,15 +130,13 @@ class CallRecorder:
             upstream=request.upstream,
             **self._arguments_kept(request.arguments),
         )
-        with self._recorded(called) as record:
-            yield record
+        return CallRecord(self._activity, called)
 
-    @contextmanager
-    def run_call(self, call: RunCall) -> Iterator[CallRecord]:
-        """Around one tool call an ``ask_agent`` run makes for its client: recorded as that
-        client's ``tools/call``, with the run's id (the trail says who called what, and the
-        agent's calls are the client's, on the client's policy). Refused, as the client's own
-        call would be, while the trail cannot take it (``audit.required``)."""
+    def run_call(self, call: RunCall) -> CallRecord:
+        """To enter around one tool call an ``ask_agent`` run makes for its client: recorded as
+        that client's ``tools/call``, with the run's id (the trail says who called what, and
+        the agent's calls are the client's, on the client's policy); ``check_audited`` within
+        it, as the client's own call is checked."""
         server_session = call.caller.server_session if call.caller is not None else None
         called = partial(
             Call,
@@ -116,45 +149,7 @@ class CallRecorder:
             run=call.run,
             **self._arguments_kept(call.arguments),
         )
-        with self._recorded(called) as record:
-            self.check_audited("tools/call")
-            yield record
-
-    @contextmanager
-    def _recorded(self, called: Callable[..., Call]) -> Iterator[CallRecord]:
-        """``called`` (a ``Call`` but for how it ends) handed to the activity log once the
-        block ends, however it ends."""
-        record = CallRecord()
-        at, started = time.time(), time.perf_counter()
-        try:
-            with noting_refusals() as refusals:
-                yield record
-            if refusals and record.outcome == "tool_error":
-                record.outcome = "refused"
-        except MCPError as exc:
-            record.outcome = "refused" if exc.error.code == RATE_LIMITED else "error"
-            record.detail = exc.error.message
-            raise
-        except GatewayError as exc:  # an agent run's call, not yet an answer to the wire
-            record.outcome = "refused" if isinstance(exc, REFUSALS) else "error"
-            record.detail = str(exc)
-            raise
-        except anyio.get_cancelled_exc_class():
-            record.outcome = "cancelled"
-            raise
-        except Exception as exc:
-            record.detail = type(exc).__name__
-            raise
-        finally:
-            self._activity.finished(
-                called(
-                    at=at,
-                    outcome=record.outcome,
-                    detail=cut(record.detail),
-                    duration_ms=round((time.perf_counter() - started) * 1e3, 1),
-                    trace_id=_trace_id(),
-                )
-            )
+        return CallRecord(self._activity, called)
 
     def _arguments_kept(self, arguments: Any) -> dict[str, Any]:
         """What a record keeps of ``arguments``: their digest, and with ``full`` themselves, or

@@ -205,6 +205,7 @@ class ToolRunner:
         )
         try:
             with self.recorder.run_call(call) as record:
+                self.recorder.check_audited("tools/call")  # recorded as refused, as the client's would be
                 async with _slots(self.client):
                     result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
                 record.answered(result)
