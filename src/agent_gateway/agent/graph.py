@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
 
+import anyio
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage
 from langchain_core.runnables import Runnable
@@ -25,6 +26,7 @@ from langgraph.runtime import Runtime
 
 from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
+from agent_gateway.agent.provider_http import refusal
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.run_record import MAX_OFFERED_NAMES, kept_calls
 from agent_gateway.agent.spans import chat_span
@@ -77,6 +79,8 @@ class RunContext:
     max_context_tokens: int
     scrub: tuple[str, ...] = field(default=(), repr=False)
     """Strings (secrets) that must not appear in an error message."""
+    deadline: float | None = None
+    """Seconds a model call may take in all (``ModelSource.deadline``; None: unbounded here)."""
     charge: Callable[[int], None] = field(default=lambda _: None, repr=False)
     """Counts a model turn's tokens against the client's budget as the turn ends: a run
     cancelled (or paused, then resumed) later is charged each turn once, and no turn twice."""
@@ -115,7 +119,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         view = model_view(prompt, history, run.max_context_tokens)
         within_reach(view, run.max_context_tokens)
         with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
-            reply = taken(await _reply(bound, view, run.scrub))
+            reply = taken(await _reply(bound, view, run.scrub, run.deadline))
             usage = reply.usage_metadata or {}
             call.answered(
                 reply.response_metadata.get("model_name"),
@@ -170,12 +174,22 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
     return graph.compile(checkpointer=checkpointer, name="agent-gateway")
 
 
-async def _reply(model: Runnable[Any, Any], view: list[AnyMessage], scrub: tuple[str, ...]) -> AIMessage:
+async def _reply(
+    model: Runnable[Any, Any], view: list[AnyMessage], scrub: tuple[str, ...], deadline: float | None
+) -> AIMessage:
     try:
-        reply = await model.ainvoke(view)
+        with anyio.fail_after(deadline):
+            reply = await model.ainvoke(view)
     except (AgentError, GraphBubbleUp):  # GraphBubbleUp: the run pauses to ask the client
         raise
+    except TimeoutError as exc:
+        raise ModelFailed(
+            f"the model did not answer within {deadline:g}s "
+            f"(agent.model.timeout for each of 1 + agent.model.max_retries attempts)"
+        ) from exc
     except Exception as exc:  # any provider failure ends the run as a clear isError result
+        if (refused := refusal(exc)) is not None:
+            raise ModelFailed(f"the model call failed: {refused}") from exc
         raise ModelFailed(scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", scrub)) from exc
     if not isinstance(reply, AIMessage):
         raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")

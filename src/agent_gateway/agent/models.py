@@ -15,6 +15,7 @@ from langchain_core.language_models import BaseChatModel
 from pydantic import SecretStr, ValidationError
 
 from agent_gateway.agent.asking import Asker
+from agent_gateway.agent.provider_http import event_hooks
 from agent_gateway.agent.sampling import SamplingChatModel
 from agent_gateway.compat.langchain import anthropic_client_params, model_type, openai_chat, use_async_client
 from agent_gateway.config import ModelConfig
@@ -40,6 +41,9 @@ class ModelSource:
         self._config = config
         self._http: list[_Closable] = []
         self._fixed = override if override is not None else _api_model(config, self._http)
+        self._deadline: float | None = None
+        if override is None and self._fixed is not None and config is not None:  # an API model
+            self._deadline = config.timeout * (config.max_retries + 1)
 
     async def aclose(self) -> None:
         """Close the provider's HTTP connections (the SDKs would leave them to the GC)."""
@@ -51,6 +55,16 @@ class ModelSource:
     def secret(self) -> str | None:
         """The configured API key, for scrubbing from error messages."""
         return self._config.api_key if self._config is not None else None
+
+    @property
+    def deadline(self) -> float | None:
+        """Seconds one call of the configured API model may take, its SDK's retries and their
+        waits included (None: the client's model, whose every request is bounded, or a test's).
+
+        The SDK's ``timeout`` bounds each read, not a reply: an endpoint sending a byte a second
+        held a run for ever, and its retries honour a ``Retry-After`` of up to two minutes each
+        (240 s with ``timeout: 10``)."""
+        return self._deadline
 
     @property
     def label(self) -> str:
@@ -126,7 +140,7 @@ def _api_model(config: ModelConfig | None, owned: list[_Closable]) -> BaseChatMo
 def _openai(config: ModelConfig, model: str, key: str, owned: list[_Closable]) -> BaseChatModel:
     import openai
 
-    http = openai.DefaultAsyncHttpxClient(timeout=config.timeout)
+    http = openai.DefaultAsyncHttpxClient(timeout=config.timeout, event_hooks=event_hooks())
     owned.append(http)
     return openai_chat(
         http_async_client=http,
@@ -157,7 +171,7 @@ def _anthropic(config: ModelConfig, model: str, key: str, owned: list[_Closable]
     )
     # ChatAnthropic takes no HTTP client, and its default is shared and never closed: give it
     # the SDK client it would build, over a connection pool the gateway owns and closes.
-    http = anthropic.DefaultAsyncHttpxClient(timeout=config.timeout)
+    http = anthropic.DefaultAsyncHttpxClient(timeout=config.timeout, event_hooks=event_hooks())
     owned.append(http)
     params = anthropic_client_params(chat)
     use_async_client(chat, anthropic.AsyncClient(**params, http_client=http))

@@ -295,6 +295,7 @@ class AgentRunner:
             max_steps=self.config.max_steps,
             max_context_tokens=self.config.max_context_tokens,
             scrub=(secret,) if secret else (),
+            deadline=self._models.deadline,
             charge=client.spent.used,
         )
 

@@ -1,0 +1,134 @@
+"""A model endpoint that misbehaves at the HTTP level: a reply without end, a wait it asks for
+past the run's deadline, a body past what a run reads, a compressed body. Each run ends with
+why, and the endpoint sees its connection closed early."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+from mcp import Client
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from agent_gateway.agent.provider_http import MAX_REPLY_BYTES
+from tests.agent.test_ask_agent import ask, text
+from tests.agent.test_models import SECRET, gateway_with_model, openai_model
+from tests.support import serving
+
+CHUNK = 1 << 20
+SENT_BOUND = 4 * MAX_REPLY_BYTES
+"""What the endpoint offers: a gateway reading it whole read four times a reply's bound."""
+
+
+@dataclass
+class Endpoint:
+    """What the hostile endpoint saw: its requests' headers, and what it sent of its bodies."""
+
+    headers: list[dict[str, str]] = field(default_factory=list)
+    sent: int = 0
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+def hostile(how: str) -> tuple[Starlette, Endpoint]:
+    """OpenAI's and Anthropic's routes, each answering ``how``."""
+    seen = Endpoint()
+
+    async def body(chunk: bytes, count: int | None) -> AsyncIterator[bytes]:
+        try:
+            sent = 0
+            while count is None or sent < count:
+                yield chunk
+                seen.sent = sent = sent + 1
+                await anyio.sleep(0.05 if count is None else 0)
+        finally:
+            seen.ended.set()
+
+    async def reply(request: Request) -> Response:
+        seen.headers.append(dict(request.headers))
+        if how == "drip":  # its headers, then a byte now and then, for ever
+            return StreamingResponse(body(b" ", None), media_type="application/json")
+        if how == "retry-after":  # a wait the SDK honours (up to two minutes)
+            error = {"message": "slow down", "type": "rate_limit", "param": None, "code": None}
+            return JSONResponse({"error": error}, 429, headers={"retry-after": "100"})
+        if how == "endless":
+            return StreamingResponse(body(b"x" * CHUNK, SENT_BOUND // CHUNK), media_type="application/json")
+        assert how == "gzip"  # small on the wire, four bounds once unpacked
+        packed = gzip.compress(b'{"content": "' + b"z" * SENT_BOUND + b'"}', compresslevel=1)
+        return Response(packed, media_type="application/json", headers={"content-encoding": "gzip"})
+
+    routes = [Route(p, reply, methods=["POST"]) for p in ("/v1/chat/completions", "/v1/messages")]
+    return Starlette(routes=routes), seen
+
+
+def model_of(provider: str, base: str, **extra: object) -> dict[str, object]:
+    if provider == "openai":
+        return openai_model(base, **extra)
+    return {"provider": provider, "model": "claude-test", "base_url": base, "api_key": SECRET, **extra}
+
+
+@pytest.mark.parametrize("how", ["drip", "retry-after"])
+async def test_a_model_call_that_does_not_end_ends_the_run_at_its_deadline(how: str) -> None:
+    # The SDK's timeout bounds each read: a byte every 50 ms held the run for ever; and a
+    # Retry-After of 100 s was waited out though agent.model.timeout was 0.5 s.
+    app, seen = hostile(how)
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base, timeout=0.5, max_retries=1)) as (gw, math),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "What is 2 + 3?")
+        assert result.is_error
+        assert text(result) == (
+            "ask_agent failed: the model did not answer within 1s "
+            "(agent.model.timeout for each of 1 + agent.model.max_retries attempts)"
+        )
+        if how == "drip":
+            with anyio.fail_after(5):  # the endpoint's reply was let go of
+                await seen.ended.wait()
+    assert len(seen.headers) == 1  # no retry past the deadline
+    assert math.calls == []
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_model_reply_past_its_byte_bound_is_let_go_of_as_it_arrives(provider: str) -> None:
+    # 300 MB of reply were read whole before the run's bound on a reply was checked (1.5 GB of
+    # the gateway's memory); an endpoint streaming without end took it to 4.5 GB in a minute.
+    app, seen = hostile("endless")
+    async with (
+        serving(app) as base,
+        gateway_with_model(model_of(provider, base, max_retries=0)) as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Hi")
+        with anyio.fail_after(5):
+            await seen.ended.wait()
+    assert result.is_error
+    assert text(result) == (
+        f"ask_agent failed: the model call failed: the model's endpoint answered more than "
+        f"{MAX_REPLY_BYTES:,} bytes; a run reads at most {MAX_REPLY_BYTES:,} of one reply"
+    )
+    assert seen.sent * CHUNK < SENT_BOUND // 2, seen.sent  # let go of early, not read to its end
+
+
+async def test_a_compressed_model_reply_is_refused_unpacked() -> None:
+    # Asked for nothing compressed; before, a gzip reply of 1 MB unpacked to 1 GB (4.2 GB of
+    # memory, other clients stalled for seconds).
+    app, seen = hostile("gzip")
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base, max_retries=0)) as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Hi")
+    assert [h["accept-encoding"] for h in seen.headers] == ["identity"]
+    assert result.is_error
+    assert text(result) == (
+        "ask_agent failed: the model call failed: the model's endpoint answered gzip-compressed "
+        "though asked not to; refused, as its size is unknown until unpacked"
+    )
