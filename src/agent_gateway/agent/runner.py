@@ -43,7 +43,7 @@ from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
 from agent_gateway.agent.run_record import answered, error_text, fill, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.threads import holds, owner_of, thread_of
-from agent_gateway.agent.toolbox import Reach, Search, Toolbox
+from agent_gateway.agent.toolbox import Reach, Toolbox, searcher
 from agent_gateway.agent.upkeep import Upkeep, Vacant
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
@@ -52,7 +52,7 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
 from agent_gateway.logs import scrubbed
 from agent_gateway.proxy import Proxy
-from agent_gateway.search.engine import Found, ToolSearch
+from agent_gateway.search.engine import ToolSearch
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +286,7 @@ class AgentRunner:
                 report,
                 asker,
                 self.config.approval_timeout,
-                self._searcher(toolbox, client.label),
+                searcher(self._search, toolbox, client.label),
                 names,
                 client,
             ),
@@ -298,21 +298,6 @@ class AgentRunner:
             deadline=self._models.deadline,
             charge=client.spent.used,
         )
-
-    def _searcher(self, toolbox: Toolbox, party: str) -> Search | None:
-        index = self._search
-        if index is None:
-            return None
-
-        async def search(
-            query: str, limit: int, upstream: str | None, accept: Callable[[str], bool]
-        ) -> list[Found]:
-            found, _ = await index.search(
-                toolbox.snapshot, query, limit, upstream=upstream, accept=accept, party=party
-            )
-            return found
-
-        return search
 
     def _asker(self, caller: Caller | None, token: str) -> Asker | None:
         if caller is None:

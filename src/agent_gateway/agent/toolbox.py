@@ -23,7 +23,7 @@ import mcp_types as types
 from agent_gateway.catalog import CatalogSnapshot, Part
 from agent_gateway.config import AgentConfig
 from agent_gateway.naming import is_selected, matches_any
-from agent_gateway.search.engine import Found
+from agent_gateway.search.engine import Found, ToolSearch
 from agent_gateway.search.tools import SEARCH_TOOLS, search_tool
 
 
@@ -181,3 +181,19 @@ def merged(offered: Sequence[str], found: Sequence[str], keep: int) -> list[str]
     """``found`` first (the model just asked for them), then what was offered, at most ``keep``."""
     names = list(dict.fromkeys([*found, *offered]))
     return names[:keep]
+
+
+def searcher(index: ToolSearch | None, toolbox: Toolbox, party: str) -> Search | None:
+    """How a run of ``party`` searches ``index`` over its ``toolbox``'s snapshot (None: no index)."""
+    if index is None:
+        return None
+
+    async def search(
+        query: str, limit: int, upstream: str | None, accept: Callable[[str], bool]
+    ) -> list[Found]:
+        found, _ = await index.search(
+            toolbox.snapshot, query, limit, upstream=upstream, accept=accept, party=party
+        )
+        return found
+
+    return search
