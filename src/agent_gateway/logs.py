@@ -344,13 +344,14 @@ def shown_command(command: str, args: tuple[str, ...]) -> str:
     """A stdio upstream's command line as it may be printed or logged: the value of a flag
     named like a credential (``--api-key X``, ``--token=X``) masked, the value of an
     environment variable named like one wherever it appears (``args: ["${GITHUB_TOKEN}"]``
-    is a bare word once expanded), and URLs without their credentials or query values
+    is a bare word once expanded), a credential in a well-known format typed as it is, and URLs without their credentials or query values
     (servers take ``postgresql://user:password@…`` as an argument)."""
     secrets = _environment_secrets()
     shown: list[str] = []
     for i, arg in enumerate(args):
         for secret in secrets:
             arg = arg.replace(secret, "***")
+        arg = _KNOWN_CREDENTIAL.sub("***", arg)
         flag, equals, _ = arg.partition("=")
         if equals and _SECRET_FLAG.match(flag):
             arg = f"{flag}=***"
@@ -360,6 +361,13 @@ def shown_command(command: str, args: tuple[str, ...]) -> str:
     return " ".join([command, *shown])
 
 
+_KNOWN_CREDENTIAL = re.compile(
+    r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abposr]-[\w-]{10,}"
+    r"|sk-(?:ant-|proj-)?[\w-]{20,}|AKIA[0-9A-Z]{16}|AIza[\w-]{35}|eyJ[\w-]{10,}\.[\w-]{10,}\.[\w-]+)"
+)
+"""Credentials in the published formats of the services MCP servers most often take one for
+(GitHub, GitLab, Slack, OpenAI, Anthropic, AWS, Google; a JWT), however given: typed into a
+configuration's ``args`` as they are, no flag or variable names them."""
 _SECRET_VARIABLE = re.compile(r"token|key|secret|passw|credential|auth", re.IGNORECASE)
 _SECRET_LEAST = 8
 """Characters an environment variable's value needs to be masked where it appears (shorter

@@ -75,7 +75,7 @@ def test_a_credential_given_as_a_bare_argument_from_the_environment_is_not_print
 ) -> None:
     # Servers take their key as a positional argument (``args: ["${GITHUB_TOKEN}"]``): once
     # expanded it is a bare word no flag names, and check and the start log printed it.
-    token = "ghp_" + "Q7" * 18
+    token = "tok-" + "Q7" * 18  # no well-known format: masked as the variable's value
     monkeypatch.setenv("GITHUB_TOKEN", token)
     monkeypatch.setenv("AGW_TEST_REGION", "eu-west-1-long")  # not named like a credential: shown
     upstream = python_upstream("counter.py")
@@ -87,6 +87,20 @@ def test_a_credential_given_as_a_bare_argument_from_the_environment_is_not_print
     assert "starting gh (" in err
     assert token not in out
     assert token not in err
+
+
+def test_a_credential_of_a_known_format_typed_into_args_is_not_printed(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Typed into the configuration as it is, no flag or environment variable names it.
+    github, openai, aws = "ghp_" + "Z3" * 18, "sk-proj-" + "a1B2" * 8, "AKIA" + "ABCDEFGHIJKLMNOP"
+    upstream = python_upstream("counter.py")
+    upstream["args"] += [github, f"key:{openai}", aws, "plain-word-ghp_short"]
+    out, err = printed(tmp_path, capfd, "gh", upstream, {})
+    assert "counter.py *** key:*** *** plain-word-ghp_short" in out
+    for secret in (github, openai, aws):
+        assert secret not in out
+        assert secret not in err
 
 
 def printed(
