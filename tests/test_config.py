@@ -61,6 +61,17 @@ def test_a_bad_upstream_name_is_rejected(tmp_path: Path) -> None:
         load_config(path, {})
 
 
+def test_an_upstream_name_ending_as_the_separator_begins_is_refused() -> None:
+    # A policy's "a__*" (upstream a's tools) matched "a___x", the tool x of an upstream "a_".
+    data = {"upstreams": {"a": {"command": "x"}, "a_": {"command": "x"}}}
+    with pytest.raises(ConfigError, match=r"upstreams\.a_: upstream name 'a_' must not end with '_'"):
+        parse_config(data, {}, source="s")
+    separator = {"upstreams": {"a-": {"command": "x"}}, "server": {"separator": "--"}}
+    with pytest.raises(ConfigError, match=r"upstream name 'a-' must not end with '-'"):
+        parse_config(separator, {}, source="s")
+    assert parse_config({"upstreams": {"a-_b": {"command": "x"}}}, {}, source="s").upstreams
+
+
 def test_an_upstream_needs_exactly_one_of_command_or_url() -> None:
     with pytest.raises(ConfigError, match=r"upstreams\.a: set exactly one of 'command'"):
         parse_config({"upstreams": {"a": {"command": "x", "url": "http://y"}}}, {}, source="s")

@@ -38,6 +38,12 @@ def upstream_name_problem(name: str, separator: str = DEFAULT_SEPARATOR) -> str 
         return "must be 1-32 characters of A-Z a-z 0-9 _ - and start with a letter or digit"
     if separator in name:
         return f"must not contain the separator {separator!r}"
+    if any(name.endswith(separator[:n]) for n in range(1, len(separator))):
+        # "a_" + "__" + "x" is "a___x", which a policy's "a__*" (upstream a's tools) matches.
+        return (
+            f"must not end with {separator[0]!r}: its tools' names would begin with "
+            f"{name[:-1]}{separator}, as another upstream's would, and its globs match them"
+        )
     return None
 
 
