@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import httpx
+import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
@@ -28,6 +29,7 @@ from agent_gateway.cli import main
 from agent_gateway.config import AuditConfig
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
+from tests.servers import recorder
 from tests.support import (
     RunningGateway,
     gateway_child,
@@ -148,6 +150,72 @@ async def test_an_agent_runs_tool_calls_are_its_clients_records_with_the_runs_id
     assert "out of paper" in kept[1]["detail"]
     assert kept[0]["session"] == kept[2]["session"]  # None in the modern era
     assert main(["audit", "verify", str(trail)]) == 0
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # "auto": the run pauses to ask, then resumes
+async def test_an_agent_runs_call_its_user_declined_is_a_refused_record_and_an_approved_one_is_one(
+    tmp_path: Path, mode: str
+) -> None:
+    # A call the run proposed and the user refused (or no one could be asked) was in no trail:
+    # a prompt injection's attempt at a tool that needs approval went unrecorded. And the
+    # approved call, run once the paused run resumed, is recorded once.
+    trail = tmp_path / "audit.jsonl"
+    model = ScriptedChatModel(
+        script=[
+            calls(call("desk__echo", text="wipe")),
+            calls(call("desk__echo", text="fine")),
+            answer("done"),
+        ]
+    )
+    asked: list[str] = []
+
+    async def user(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        if len(asked) == 1:
+            return types.ElicitResult(action="decline")
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "memory"}, "require_approval": ["desk__echo"]},
+            "audit": {"path": str(trail), "arguments": "full"},
+        }
+        async with (
+            running_gateway(config, chat_model=model) as gw,
+            Client(gw.url, mode=mode, elicitation_callback=user) as c,
+        ):
+            result = await c.call_tool("ask_agent", {"query": "echo it"})
+    assert not result.is_error
+    assert len(asked) == 2
+    by_the_run = [r for r in records(trail) if r.get("run")]
+    assert [(r["name"], r["arguments"], r["outcome"]) for r in by_the_run] == [
+        ("desk__echo", {"text": "wipe"}, "refused"),
+        ("desk__echo", {"text": "fine"}, "ok"),
+    ]
+    assert "declined to run desk__echo" in by_the_run[0]["detail"]
+    assert main(["audit", "verify", str(trail)]) == 0
+
+
+async def test_an_agent_runs_call_whose_upstream_asks_for_input_is_no_paused_record(tmp_path: Path) -> None:
+    # A modern client's run: the upstream's question comes back to the run as an
+    # InputRequiredResult no one answers. It was recorded "paused", a call never resumed.
+    trail = tmp_path / "audit.jsonl"
+    server = recorder.build(lambda event: None)  # its "ask" returns an InputRequiredResult
+
+    model = ScriptedChatModel(script=[calls(call("desk__ask", question="name?")), answer("done")])
+    async with serving_upstream(server) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "memory"}},
+            "audit": {"path": str(trail)},
+        }
+        async with running_gateway(config, chat_model=model) as gw, Client(gw.url, mode="auto") as c:
+            result = await c.call_tool("ask_agent", {"query": "ask"})
+    assert not result.is_error
+    by_the_run = [r for r in records(trail) if r.get("run")]
+    assert [(r["name"], r["outcome"]) for r in by_the_run] == [("desk__ask", "tool_error")]
+    assert "asked for input from the user" in by_the_run[0]["detail"]
 
 
 async def test_full_arguments_rotation_and_a_chain_that_survives_restarts(tmp_path: Path) -> None:

@@ -175,7 +175,9 @@ class ToolRunner:
         started = time.perf_counter()
         tool = self.toolbox.get(name)
         with tool_span(name, tool.upstream if tool else None) as traced:
-            text, is_error = (refused, True) if refused is not None else await self._outcome(name, arguments)
+            text, is_error = (
+                (refused, True) if refused is _TOO_MANY else await self._outcome(name, arguments, refused)
+            )
             if is_error:
                 traced.error_type = "tool_error"
         record = ToolCallRecord(
@@ -193,7 +195,8 @@ class ToolRunner:
         )
         return message, record
 
-    async def _outcome(self, name: str, arguments: dict[str, Any]) -> tuple[str, bool]:
+    async def _outcome(self, name: str, arguments: dict[str, Any], refused: str | None) -> tuple[str, bool]:
+        """The call's result for the model; ``refused``: why its approval was not given."""
         if not self.toolbox.accepts(name):
             if self.toolbox.searching:
                 return f"Unknown tool {name!r}. Call {SEARCH_TOOLS} to find the tools you need.", True
@@ -205,14 +208,19 @@ class ToolRunner:
         )
         try:
             with self.recorder.run_call(call) as record:
+                if refused is not None:  # the user declined it, or no one could be asked: recorded
+                    record.outcome, record.detail = "refused", refused
+                    return refused, True
                 self.recorder.check_audited("tools/call")  # recorded as refused, as the client's would be
                 async with _slots(self.client):
                     result = await self.proxy.call_tool(name, arguments, self.caller, self.client)
                 record.answered(result)
+                if isinstance(result, types.InputRequiredResult):  # never resumed: not "paused"
+                    unanswered = f"Tool {name} asked for input from the user, which the agent cannot supply."
+                    record.outcome, record.detail = "tool_error", unanswered
+                    return unanswered, True
         except GatewayError as exc:
             return str(exc), True
-        if isinstance(result, types.InputRequiredResult):
-            return f"Tool {name} asked for input from the user, which the agent cannot supply.", True
         return render(result), bool(result.is_error)
 
 
