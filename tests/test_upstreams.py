@@ -190,6 +190,39 @@ async def test_an_upstream_tool_list_change_is_relayed_to_clients(mode: str) -> 
         assert "counter__fresh" in {t.name for t in (await watcher.list_tools()).tools}
 
 
+async def test_an_upstream_listed_again_unchanged_changes_nothing_clients_are_told_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each listing built a new part: a new catalog version, every client in the upstream's
+    # reach told its list changed, the upstream's tools indexed (and embedded) again. An
+    # upstream saying list_changed with nothing changed, or one whose pins could not be
+    # written (listed again every 5 s), did all of it each time.
+    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams.connection")
+    changes: list[types.ToolListChangedNotification] = []
+
+    async def record(message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changes.append(message)
+
+    def relisted() -> int:
+        return sum("changed its catalog; refreshed" in r.getMessage() for r in caplog.records)
+
+    config = {"upstreams": {"counter": python_upstream("counter.py")}}
+    async with (
+        running_gateway(config) as gw,
+        Client(gw.url, mode="legacy", message_handler=record) as watcher,
+    ):
+        await watcher.call_tool("counter__add_tool", {"name": "fresh"})
+        await wait_until(lambda: relisted() == 1 and len(changes) == 1, 10)
+        version = gw.gateway.catalog.snapshot.version
+        await watcher.call_tool("counter__add_tool", {"name": "fresh"})  # the same tool again
+        await wait_until(lambda: relisted() == 2, 10)
+        assert gw.gateway.catalog.snapshot.version == version
+        await watcher.call_tool("counter__add_tool", {"name": "later"})  # a change after it
+        await wait_until(lambda: len(changes) == 2, 10)
+    assert gw.gateway.catalog.snapshot.version == version + 1
+
+
 async def test_a_modern_client_hears_of_catalog_changes_on_its_listen_stream() -> None:
     config = {"upstreams": {"counter": python_upstream("counter.py")}}
     async with running_gateway(config) as gw, Client(gw.url, mode="auto") as client:

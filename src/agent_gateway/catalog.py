@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 import mcp_types as types
 from mcp.shared.inbound import X_MCP_HEADER_KEY
 
-from agent_gateway.catalog_parts import Listing, Part, Review, build_part
+from agent_gateway.catalog_parts import Listing, Part, Review, build_part, unchanged
 from agent_gateway.catalog_resources import (
     TemplateEntry,
     most_specific_first,
@@ -290,8 +290,11 @@ class Catalog:
             return  # a late listing from an upstream a reload removed
         previous = self._parts.get(upstream)
         try:
-            self._parts[upstream] = build_part(self._config, upstream, listing, self._reserved, self._review)
-            self._check_hidden(self._parts[upstream])
+            part = build_part(self._config, upstream, listing, self._reserved, self._review)
+            if unchanged(previous, part) and upstream not in self.problems:
+                return  # listed again unchanged (a review retried, an idle list_changed): no rebuild
+            self._parts[upstream] = part
+            _check_against(part, self._hidden.values())  # a name of an upstream hidden while down
             snapshot = (
                 merge(self._ordered(), self.snapshot.version + 1, self.snapshot) if self._live else None
             )
@@ -314,11 +317,6 @@ class Catalog:
             return
         for listener in self._early:
             listener(self._parts[upstream])
-
-    def _check_hidden(self, part: Part) -> None:
-        """Raises ``NameCollision`` when ``part`` takes a public name of another upstream's
-        part hidden while it is down."""
-        _check_against(part, self._hidden.values())
 
     def _repaired(
         self, config: GatewayConfig, parts: Mapping[str, Part], hidden: Mapping[str, Part], gone: set[str]

@@ -57,6 +57,12 @@ class Part:
     """Its upstream's ``search_weight``: what tool search makes of its tools' matches."""
 
 
+def unchanged(before: Part | None, after: Part) -> bool:
+    """Whether ``after`` serves what ``before`` did: the same listing, the same tools withheld
+    (rebuilt from the same configuration)."""
+    return before is not None and before.listing == after.listing and before.held == after.held
+
+
 Review = Callable[[str, str, Mapping[str, types.Tool]], dict[str, str]]
 """Pinning's review of one upstream's tools: (upstream, its source, tools) to those withheld."""
 

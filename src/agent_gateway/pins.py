@@ -270,7 +270,9 @@ class Pins:
             held = self._unrecorded(upstream, tools, known, exc)
             self._unwritten.add(upstream)
         else:
-            self._unwritten.discard(upstream)
+            if upstream in self._unwritten:
+                self._unwritten.discard(upstream)
+                logger.warning("upstream %s: its tools' pins recorded again in %s", upstream, self._path)
         self._pending = self._count_pending()
         if unpinned:
             action = "withheld" if self.mode == "hold" else "served unpinned"
@@ -291,7 +293,8 @@ class Pins:
             elif pinned[0] != digest_of(canonical):
                 unrecorded[name] = _changed_fields(json.loads(pinned[2]), definition)
         action = "withheld" if self.mode == "hold" else "served unpinned"
-        logger.warning(
+        logger.log(
+            logging.DEBUG if upstream in self._unwritten else logging.WARNING,  # once, not each retry
             "upstream %s: its tools' pins not recorded in %s (%s): %d new or changed tools %s",
             upstream,
             self._path,
