@@ -15,6 +15,7 @@
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
     ├── RateLimited            the calling client is over its rate or its sessions: 429, retried later
     ├── GatewayBusy            past a bound of the process's: bytes in flight, sessions (retried later)
+    ├── DrainEnded             SIGTERM: the call still ran when ``server.drain_timeout`` was up
     │   └── KeysUnavailable    the identity provider's keys cannot be fetched: a token not checkable now
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
@@ -86,8 +87,7 @@ class UnknownName(GatewayError):
             self.data = {"uri": name}
         else:
             super().__init__(f"Unknown {kind}: {shown(name)}")
-        self.kind = kind
-        self.name = name
+        self.kind, self.name = kind, name
 
 
 class ToolHeld(UnknownName):
@@ -194,8 +194,7 @@ class NotAllowed(GatewayError):
 
     def __init__(self, kind: str, name: str, client: str) -> None:
         super().__init__(f"{kind} {name!r} is not allowed for client {client!r}")
-        self.kind = kind
-        self.name = name
+        self.kind, self.name = kind, name
 
 
 class UnknownRound(GatewayError):
@@ -212,8 +211,7 @@ class UnknownRound(GatewayError):
 
 
 class ReplicaError(GatewayError):
-    """The error another replica met serving a round of a held call it holds
-    (``store.rounds``), passed on with its code and message."""
+    """The error another replica met serving a held call's round (``store.rounds``), passed on."""
 
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
@@ -242,6 +240,10 @@ class KeysUnavailable(GatewayBusy):
 class AuditUnwritable(GatewayBusy):
     """``audit.required``: the audit trail cannot be written now, so a call is refused rather
     than served unaudited. Transient: once it can be written again, calls are served."""
+
+
+class DrainEnded(GatewayError):
+    """The gateway is stopping (SIGTERM) and the call was still running when its drain ended."""
 
 
 class UpstreamError(GatewayError):

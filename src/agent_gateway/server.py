@@ -142,8 +142,7 @@ class Gateway:
         self.access = AccessControl(config.auth)
         watch_upstreams(self.pool)
         lowlevel = lowlevel_server(self.server)
-        # First in the chain, and the gateway's only middleware: the request's client, span
-        # and record, once per request, around everything the gateway does for it.
+        # First in the chain, the only middleware: client, span and record, once per request.
         own = set(own_tool_names(config))
         kept = config.audit.arguments if config.audit.enabled else "none"
         unaudited = self._unaudited if config.audit.required else None
@@ -153,6 +152,7 @@ class Gateway:
             self.access, telemetry, self._recorder, self.visibility, self._upstream_of, CALL_TOOL
         )
         lowlevel.middleware.insert(0, wrapper)
+        self.drain = wrapper.drain  # cut by a stop's drain (serving.py) once its time is up
         searching = config.search.mode != "off"
         self.pipeline = Pipeline(
             self.access,

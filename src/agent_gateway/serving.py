@@ -165,6 +165,7 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
     serving = False
     starting = anyio.CancelScope()
     drained_by = math.inf
+    draining = anyio.Event()
 
     def stop() -> None:
         nonlocal drained_by
@@ -177,6 +178,7 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
         logger.info("draining: the calls in flight have %ds to finish", server.drain_timeout)
         drained_by = time.monotonic() + server.drain_timeout
         http.should_exit = True
+        draining.set()
         begin_draining(app)
 
     # SIGTERM or SIGINT while starting stops the start-up (and reaps what it started); a SIGHUP
@@ -196,14 +198,38 @@ async def _serve_http(gateway: Gateway, sock: socket.socket, reloading: Reloadin
                     async with anyio.create_task_group() as tg:
                         if reloading is not None:
                             tg.start_soon(reloading.run, hangups)
+                        tg.start_soon(_cut_when_drained, gateway, draining)
                         host, port = sock.getsockname()[:2]
                         logger.info("serving on http://%s:%d%s", _url_host(host), port, server.path)
                         runtime.settle_heap()
                         serving = True
                         await http.serve(sockets=[sock])
+                        await _unwound(http)
                         await _held_calls_answered(gateway, drained_by)
                         tg.cancel_scope.cancel()
             signals.cancel_scope.cancel()
+
+
+async def _cut_when_drained(gateway: Gateway, draining: anyio.Event) -> None:
+    """Once a drain has run ``drain_timeout``, end the requests still being served with an
+    error saying so (``request_wrapper.Drain``): answered and recorded, where uvicorn's own
+    cut, ``CUT_GRACE`` later, leaves their clients a bare 500 and the trail no record."""
+    await draining.wait()
+    seconds = gateway.config.server.drain_timeout
+    await anyio.sleep(seconds)
+    gateway.drain.cut(f"the gateway is shutting down: the call did not end within {seconds:g}s")
+
+
+CUT_GRACE = 2.0
+"""Seconds after the drain's end for the requests it cut to answer, before uvicorn cancels them."""
+
+
+async def _unwound(http: uvicorn.Server) -> None:
+    """Until the requests uvicorn cancelled (past ``CUT_GRACE``) have unwound, at most
+    ``CUT_GRACE`` seconds: each is recorded as it unwinds, and the audit trail closes after."""
+    with anyio.move_on_after(CUT_GRACE):
+        while http.server_state.tasks:  # noqa: ASYNC110  (polled: no event marks the set's end)
+            await anyio.sleep(0.01)
 
 
 async def _held_calls_answered(gateway: Gateway, by: float) -> None:
@@ -243,8 +269,9 @@ def listener_options(gateway: Gateway) -> dict[str, Any]:
         # Who a request is from: X-Forwarded-For only from the proxies named (none by default).
         "proxy_headers": bool(settings.trusted_proxies),
         "forwarded_allow_ips": list(settings.trusted_proxies),
-        # A bound on shutdown (SIGTERM): a call still running after it is cut off.
-        "timeout_graceful_shutdown": gateway.config.server.drain_timeout,
+        # A bound on shutdown (SIGTERM): a call still running after it is cut off (the
+        # gateway's own cut comes first: _cut_when_drained).
+        "timeout_graceful_shutdown": gateway.config.server.drain_timeout + CUT_GRACE,
     }
 
 
