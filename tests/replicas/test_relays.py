@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
@@ -85,14 +86,16 @@ async def test_a_stream_its_client_does_not_read_holds_up_no_other_sessions_noti
     assert "does not read its notification stream" in log
 
 
-async def test_another_clients_get_with_a_sessions_id_leaves_that_sessions_stream_relayed(
-    redis: Redis, prefix: str, tmp_path: Path
+@pytest.mark.parametrize(("who", "status"), [("bob", 404), ("alice", 409)])
+async def test_a_get_naming_a_sessions_open_stream_leaves_that_stream_relayed(
+    who: str, status: int, redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
-    """Bob's GET naming alice's session is answered 404, and alice's stream, held on that
-    replica, goes on getting what the other replica writes for it. Before, the replica took
-    bob's GET for the session's stream before checking whose it was: its relay queue
-    replaced alice's, and was dropped with the 404, so alice's stream heard nothing more from
-    the other replica (found by a helper's isolation attack)."""
+    """A GET naming alice's session while her stream is open on that replica: bob's is answered
+    404, her own second one 409 (an IDE reconnecting before it noticed the old stream end), and
+    her open stream goes on getting what the other replica writes for it. Before, the replica
+    took either GET for the session's stream first: its relay queue replaced hers and was
+    dropped with the refusal, so her stream heard nothing more from the other replica (bob's
+    found by a helper's isolation attack)."""
     seen: list[dict[str, Any]] = []
     async with serving_upstream(recorder.build(seen.append)) as upstream:
         data = config(redis, prefix, upstream) | {
@@ -108,39 +111,9 @@ async def test_another_clients_get_with_a_sessions_id_leaves_that_sessions_strea
             # Her subscription on replica 0, her stream on replica 1: each update is relayed.
             async with alice.events(1) as reader:
                 await alice.post(0, SUBSCRIBE)
-                theirs = {**alice.headers, "Authorization": f"Bearer {TOKENS['bob']}"}
-                async with http.stream("GET", cluster.endpoint(1), headers={**theirs, **LISTEN}) as taken:
-                    assert taken.status_code == 404
-                await alice.post(0, BUMP)
-                _, message = await next_message(reader)
-    assert message == UPDATED
-
-
-async def test_a_second_get_of_a_sessions_own_stream_leaves_the_open_one_relayed(
-    redis: Redis, prefix: str, tmp_path: Path
-) -> None:
-    """A client that opens its session's stream again while it is open (an IDE reconnecting
-    before it noticed the old stream end) gets 409 from the SDK, and its open stream goes on
-    getting what the other replica writes for it. Before, the second GET's relay queue replaced
-    the open stream's and was dropped with the 409: the open stream heard nothing more."""
-    seen: list[dict[str, Any]] = []
-    async with serving_upstream(recorder.build(seen.append)) as upstream:
-        data = config(redis, prefix, upstream) | {
-            "upstreams": {"rec": {"url": upstream, "protocol": "legacy"}},
-            "auth": bearer(),
-        }
-        async with (
-            replicas(data, tmp_path, env=TOKEN_ENV) as cluster,
-            httpx.AsyncClient(timeout=BOUND) as http,
-        ):
-            own = {"Authorization": f"Bearer {TOKENS['alice']}"}
-            alice = RawSession(cluster, http, own | await opened(http, cluster.endpoint(0), own))
-            async with alice.events(1) as reader:
-                await alice.post(0, SUBSCRIBE)
-                async with http.stream(
-                    "GET", cluster.endpoint(1), headers={**alice.headers, **LISTEN}
-                ) as again:
-                    assert again.status_code == 409
+                theirs = {**alice.headers, "Authorization": f"Bearer {TOKENS[who]}"}
+                async with http.stream("GET", cluster.endpoint(1), headers={**theirs, **LISTEN}) as refused:
+                    assert refused.status_code == status
                 await alice.post(0, BUMP)
                 _, message = await next_message(reader)
     assert message == UPDATED
