@@ -344,8 +344,9 @@ def shown_command(command: str, args: tuple[str, ...]) -> str:
     """A stdio upstream's command line as it may be printed or logged: the value of a flag
     named like a credential (``--api-key X``, ``--token=X``) masked, the value of an
     environment variable named like one wherever it appears (``args: ["${GITHUB_TOKEN}"]``
-    is a bare word once expanded), a credential in a well-known format typed as it is, and URLs without their credentials or query values
-    (servers take ``postgresql://user:password@…`` as an argument)."""
+    is a bare word once expanded), a credential in a well-known format typed as it is, and
+    URLs without their credentials or query values (servers take
+    ``postgresql://user:password@…`` as an argument)."""
     secrets = _environment_secrets()
     shown: list[str] = []
     for i, arg in enumerate(args):

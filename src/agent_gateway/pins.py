@@ -41,12 +41,12 @@ logger = logging.getLogger(__name__)
 
 PinningMode = Literal["hold", "warn", "off"]  # as GatewayConfig.pinning
 MAX_PINS = 10_000
-REVIEW_AGAIN_EVERY = 5.0
-"""Seconds between two listings of an upstream whose last review could not be written."""
 """Tool names one upstream (as configured) has pinned at most. A pin outlives its tool's
 listing (a tool removed and listed again changed is still caught), so an upstream listing
 ever-new names would grow the file, and each review's read of it, without end; past this a
 new name is not pinned and, in ``hold`` mode, withheld like a changed tool."""
+REVIEW_AGAIN_EVERY = 5.0
+"""Seconds between two listings of an upstream whose last review could not be written."""
 
 FIELDS = ("description", "title", "inputSchema", "outputSchema", "annotations")
 

@@ -41,7 +41,7 @@ from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
 from agent_gateway.agent.spans import tool_span
-from agent_gateway.agent.toolbox import Search, Toolbox, merged
+from agent_gateway.agent.toolbox import AgentTool, Search, Toolbox, merged
 from agent_gateway.call_records import CallRecorder, RunCall
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import GatewayError, ModelFailed, shown
@@ -176,7 +176,9 @@ class ToolRunner:
         tool = self.toolbox.get(name)
         with tool_span(name, tool.upstream if tool else None) as traced:
             text, is_error = (
-                (refused, True) if refused is _TOO_MANY else await self._outcome(name, arguments, refused)
+                (refused, True)
+                if refused is _TOO_MANY
+                else await self._outcome(name, tool, arguments, refused)
             )
             if is_error:
                 traced.error_type = "tool_error"
@@ -195,17 +197,17 @@ class ToolRunner:
         )
         return message, record
 
-    async def _outcome(self, name: str, arguments: dict[str, Any], refused: str | None) -> tuple[str, bool]:
-        """The call's result for the model; ``refused``: why its approval was not given."""
-        if not self.toolbox.accepts(name):
+    async def _outcome(
+        self, name: str, tool: AgentTool | None, arguments: dict[str, Any], refused: str | None
+    ) -> tuple[str, bool]:
+        """The call's result for the model: ``tool`` is ``name`` in the toolbox (None: not
+        there); ``refused``: why its approval was not given."""
+        if tool is None:
             if self.toolbox.searching:
                 return f"Unknown tool {name!r}. Call {SEARCH_TOOLS} to find the tools you need.", True
             known = ", ".join(sorted(self.names)) or "none"
             return f"Unknown tool {name!r}. The tools are: {known}.", True
-        tool = self.toolbox.get(name)
-        call = RunCall(
-            self.run_id, self.client, self.caller, name, tool.upstream if tool else None, arguments
-        )
+        call = RunCall(self.run_id, self.client, self.caller, name, tool.upstream, arguments)
         try:
             with self.recorder.run_call(call) as record:
                 if refused is not None:  # the user declined it, or no one could be asked: recorded
