@@ -10,9 +10,9 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
 - ``churn {times, slow?}``: after its answer, ``tools/list_changed``, and again after each
   listing that follows, ``times`` in all, each listing then holding one tool more
   (``churned_N``) and, with ``slow``, answered that many seconds late;
-- ``pings {times}``: ``times`` ``ping`` requests to the gateway, written as fast as the pipe
-  takes them (by a thread); no answer is read until all are written (so however fast the
-  gateway answers, the answers wait in its pipe, then in the gateway), then 2,000 a second;
+- ``pings {times}``: ``times`` ``ping`` requests to the gateway, each with an id of a
+  kilobyte, written as fast as the pipe takes them (by a thread), their answers read 200 a
+  second (so they fill its stdin pipe after some 130, then wait in the gateway);
 - ``answered``: how the gateway answered those pings (a JSON object: results, errors);
 - ``echo {text}``: ``text``;
 - ``listings``: when its tools were listed (``time.monotonic()`` each, a JSON list).
@@ -21,6 +21,7 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
 from __future__ import annotations
 
 import json
+import queue
 import sys
 import threading
 import time
@@ -50,16 +51,13 @@ def write(data: bytes) -> None:
         sys.stdout.buffer.flush()
 
 
-SENT = threading.Event()
-"""Every ping of ``pings`` is written: their answers are read from then on."""
-SENT.set()
+PADDING = "x" * 1000
+"""Of each ping's id: its answer holds it too, so a pipe holds few answers."""
 
 
 def pings(times: int) -> None:
-    SENT.clear()
     for n in range(times):
-        send({"jsonrpc": "2.0", "id": f"ping-{n}", "method": "ping"})
-    SENT.set()
+        send({"jsonrpc": "2.0", "id": f"ping-{n}-{PADDING}", "method": "ping"})
 
 
 def tools() -> list[dict[str, Any]]:
@@ -131,13 +129,26 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
     return {}  # ping, logging/setLevel, and whatever else: an empty result
 
 
-for line in sys.stdin.buffer:
-    message = json.loads(line)
-    if str(message.get("id")).startswith("ping-") and "method" not in message:
-        SENT.wait(60)  # a machine loaded or not: the gateway's answers pile up meanwhile
-        STATE["pinged"]["error" if "error" in message else "result"] += 1
-        time.sleep(0.0005)  # a slow reader: the gateway's answers wait
-    elif "id" in message and "method" in message:
+def read() -> None:
+    """Reads stdin on a thread of its own, and counts the answers to ``pings`` there, slower
+    than any gateway answers (so they wait, loaded machine or not): they are read on while
+    the main thread waits to write (the pinging thread holds the pipe), as the gateway waits
+    for them to be read before it reads another ping (its refusal is written first)."""
+    for line in sys.stdin.buffer:
+        message = json.loads(line)
+        if str(message.get("id")).startswith("ping-") and "method" not in message:
+            STATE["pinged"]["error" if "error" in message else "result"] += 1
+            time.sleep(0.005)
+        else:
+            INBOX.put(message)
+    INBOX.put(None)
+
+
+INBOX: queue.Queue[dict[str, Any] | None] = queue.Queue()
+"""What the reader passes on to be answered; None: stdin ended."""
+threading.Thread(target=read, daemon=True).start()
+while (message := INBOX.get()) is not None:
+    if "id" in message and "method" in message:
         params = message.get("params") or {}
         send({"jsonrpc": "2.0", "id": message["id"], "result": answer(message["method"], params)})
         if message["method"] == "tools/call":
