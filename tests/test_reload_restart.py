@@ -110,6 +110,9 @@ async def test_a_listing_refused_at_run_time_is_reported_by_upstream_and_served_
     path = write(tmp_path / "g.yaml", {"a": counter(prefix=False, **apart), "b": counter(prefix=False)})
     async with from_file(path) as (gw, reloader), Client(gw.url, mode="legacy") as client:
         await client.call_tool("a_add", {"name": "marker"})
+        with anyio.fail_after(BOUND):  # a's listing is taken first: its tool is the one kept
+            while "marker" not in gw.gateway.catalog.snapshot.tools:
+                await anyio.sleep(0.05)
         await client.call_tool("add_tool", {"name": "marker"})  # b's: a's public name
         with anyio.fail_after(BOUND):
             while "b" not in gw.gateway.catalog.problems:
