@@ -293,6 +293,10 @@ class AgentConfig(_Strict):
     """``ask``: tools annotated ``destructiveHint: true`` need approval too."""
     approval_timeout: Seconds = 300.0
     """How long the client has to answer an approval request before the tool is refused."""
+    run_timeout: Seconds = 900.0
+    """How long one ``ask_agent`` request may run in all (a modern client's paused run: each of
+    its rounds): ten turns of a slow model, each retried, with tools and approvals between,
+    could hold a run, its thread and its upstream calls for over an hour."""
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
 
 

@@ -399,3 +399,34 @@ async def test_a_cancelled_run_leaves_its_thread_with_only_its_latest_checkpoint
             0
         ]
     assert kept == 1
+
+
+async def test_a_run_past_its_run_timeout_ends_saying_so_and_its_tool_call_is_cancelled_upstream(
+    tmp_path: Path,
+) -> None:
+    # Nothing bounded a run as a whole: ten turns of a slow model, each retried, with tool
+    # calls and approvals between, held a run (its thread, its upstream calls) for over an hour.
+    model = ScriptedChatModel(script=[calls(call("rec__wait", seconds=30)), answer("Back.")])
+    seen = Recorded()
+    async with (
+        serving_upstream(recorder.build(seen.memory.append)) as url,
+        running_gateway(
+            {
+                "upstreams": {"rec": {"url": url, "protocol": "legacy"}},
+                "agent": {"memory": {"store": "sqlite", "path": str(tmp_path / "m")}, "run_timeout": 1},
+            },
+            chat_model=model,
+        ) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        ended = await ask(client, "wait")
+        events = await seen.wait_for(lambda ev: any(e["event"] == "handler_cancelled" for e in ev))
+        again = await ask(client, "Are you back?")  # the thread is free, and holds the run
+    assert ended.is_error
+    assert "did not end within 1s (agent.run_timeout)" in text(ended), text(ended)
+    assert len(cancels(events)) == 1  # the upstream was told, with its own id
+    assert not again.is_error, text(again)
+    run = gw.gateway.activity.runs[0]
+    assert (run.status, run.run_id) == ("failed", record(ended)["run_id"])
+    (made,) = [c for c in gw.gateway.activity.calls if c.run == run.run_id]  # the client's record of it
+    assert (made.name, made.outcome) == ("rec__wait", "cancelled")

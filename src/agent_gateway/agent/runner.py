@@ -49,7 +49,7 @@ from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
+from agent_gateway.errors import AgentError, BadModelOutput, RunTimedOut, StepLimitReached
 from agent_gateway.logs import scrubbed
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
@@ -229,11 +229,7 @@ class AgentRunner:
         token: str,
     ) -> RunOutcome:
         try:
-            # LangChain would send every message to LangSmith if its variables are set.
-            with tracing_context(enabled=False):
-                # "sync": each step is stored before the next begins, so a cancelled run's tool
-                # calls stay in the thread (with "async" or "exit" the last write is lost).
-                final = await graph.ainvoke(start, config, context=context, durability="sync")
+            final = await self._within_bound(graph, context, config, start)
             if (pause := pause_of(final)) is not None:
                 return _paused(record, final, pause, token)
             return self._finished(record, final)
@@ -251,6 +247,28 @@ class AgentRunner:
         if record["ended_at"] is None:  # not yet filled from a final state
             await _read_partial(record, graph, config)
         return _failure(record, scrubbed(message, context.scrub))
+
+    async def _within_bound(
+        self,
+        graph: AgentGraph,
+        context: RunContext,
+        config: RunnableConfig,
+        start: dict[str, Any] | Command[Any],
+    ) -> dict[str, Any]:
+        """The graph's final state, or ``RunTimedOut`` once ``agent.run_timeout`` has passed (the
+        model call or tool calls in flight are cancelled, the upstreams told)."""
+        timeout = self.config.run_timeout
+        with anyio.move_on_after(timeout) as bound:
+            # LangChain would send every message to LangSmith if its variables are set.
+            with tracing_context(enabled=False):
+                # "sync": each step is stored before the next begins, so a cancelled run's tool
+                # calls stay in the thread (with "async" or "exit" the last write is lost).
+                return await graph.ainvoke(start, config, context=context, durability="sync")
+        assert bound.cancelled_caught  # only a return or the bound leaves the scope
+        raise RunTimedOut(
+            f"the run did not end within {timeout:g}s (agent.run_timeout): "
+            f"its model call or tool calls in flight were cancelled"
+        )
 
     async def _compiled(self) -> AgentGraph:
         """The graph, compiled on the first run (its checkpointer opens then)."""
