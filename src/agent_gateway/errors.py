@@ -28,8 +28,7 @@
         ├── ModelUnavailable       no model configured and the client offers no sampling
         ├── ModelFailed            the model call raised (provider error, refused sampling)
         ├── BadModelOutput         the model's answer could not be understood after re-prompts
-        ├── StepLimitReached       the model still wanted tools after ``agent.max_steps`` turns
-        └── RunTimedOut            the run did not end within ``agent.run_timeout``
+        └── StepLimitReached       the model still wanted tools after ``agent.max_steps`` turns
 
 Foreign errors are translated into this tree at two boundaries: mcp's ``MCPError`` and
 transport errors in ``upstreams.session`` (``UpstreamSession.translated``); model providers'
@@ -319,10 +318,6 @@ class BadModelOutput(AgentError):
 
 class StepLimitReached(AgentError):
     """The model asked for more tool calls after the configured number of steps."""
-
-
-class RunTimedOut(AgentError):
-    """A run did not end within ``agent.run_timeout``."""
 
 
 REFUSALS = (NotAllowed, ClientLimited, UpstreamBusy, ToolHeld, GatewayBusy)

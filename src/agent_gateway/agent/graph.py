@@ -16,13 +16,15 @@ from typing import Annotated, Any, Literal, TypedDict
 import anyio
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AnyMessage, RemoveMessage
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.errors import GraphBubbleUp
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.runtime import Runtime
+from langgraph.types import Command
+from langsmith import tracing_context
 
 from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
@@ -213,6 +215,28 @@ def _next_view(run: RunContext, history: list[AnyMessage], offered: list[str]) -
     """What the next model call would be sent of ``history`` (its system prompt included)."""
     return model_view(
         system_prompt(run.instructions, run.tools.toolbox, offered), history, run.max_context_tokens
+    )
+
+
+async def invoked(
+    graph: AgentGraph,
+    start: dict[str, Any] | Command[Any],
+    config: RunnableConfig,
+    context: RunContext,
+    within: float,
+) -> dict[str, Any]:
+    """The run's final state, or ``AgentError`` once ``within`` seconds (``agent.run_timeout``)
+    have passed: the model call or tool calls in flight are cancelled, the upstreams told."""
+    with anyio.move_on_after(within) as bound:
+        # LangChain would send every message to LangSmith if its variables are set.
+        with tracing_context(enabled=False):
+            # "sync": each step is stored before the next begins, so a cancelled run's tool
+            # calls stay in the thread (with "async" or "exit" the last write is lost).
+            return await graph.ainvoke(start, config, context=context, durability="sync")
+    assert bound.cancelled_caught  # only a return or the bound leaves the scope
+    raise AgentError(
+        f"the run did not end within {within:g}s (agent.run_timeout): "
+        f"its model call or tool calls in flight were cancelled"
     )
 
 

@@ -22,7 +22,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
-from langsmith import tracing_context
 
 from agent_gateway import access
 from agent_gateway.activity import Activity, RunStatus
@@ -32,6 +31,7 @@ from agent_gateway.agent.graph import (
     AgentGraph,
     RunContext,
     build_graph,
+    invoked,
     recursion_limit,
     run_input,
 )
@@ -49,7 +49,7 @@ from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.errors import AgentError, BadModelOutput, RunTimedOut, StepLimitReached
+from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
 from agent_gateway.logs import scrubbed
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
@@ -229,7 +229,7 @@ class AgentRunner:
         token: str,
     ) -> RunOutcome:
         try:
-            final = await self._within_bound(graph, context, config, start)
+            final = await invoked(graph, start, config, context, self.config.run_timeout)
             if (pause := pause_of(final)) is not None:
                 return _paused(record, final, pause, token)
             return self._finished(record, final)
@@ -247,28 +247,6 @@ class AgentRunner:
         if record["ended_at"] is None:  # not yet filled from a final state
             await _read_partial(record, graph, config)
         return _failure(record, scrubbed(message, context.scrub))
-
-    async def _within_bound(
-        self,
-        graph: AgentGraph,
-        context: RunContext,
-        config: RunnableConfig,
-        start: dict[str, Any] | Command[Any],
-    ) -> dict[str, Any]:
-        """The graph's final state, or ``RunTimedOut`` once ``agent.run_timeout`` has passed (the
-        model call or tool calls in flight are cancelled, the upstreams told)."""
-        timeout = self.config.run_timeout
-        with anyio.move_on_after(timeout) as bound:
-            # LangChain would send every message to LangSmith if its variables are set.
-            with tracing_context(enabled=False):
-                # "sync": each step is stored before the next begins, so a cancelled run's tool
-                # calls stay in the thread (with "async" or "exit" the last write is lost).
-                return await graph.ainvoke(start, config, context=context, durability="sync")
-        assert bound.cancelled_caught  # only a return or the bound leaves the scope
-        raise RunTimedOut(
-            f"the run did not end within {timeout:g}s (agent.run_timeout): "
-            f"its model call or tool calls in flight were cancelled"
-        )
 
     async def _compiled(self) -> AgentGraph:
         """The graph, compiled on the first run (its checkpointer opens then)."""
