@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from functools import partial
 from pathlib import Path
 
+import anyio
 import mcp_types as types
 import pytest
 from fastmcp import FastMCP
@@ -16,7 +18,7 @@ from mcp import Client
 from mcp.client.client import ConnectMode
 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
-from tests.agent.test_ask_agent import agent_gateway, ask, record, text
+from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
 from tests.agent.test_models import sampling_client
 from tests.support import running_gateway, serving_upstream
 
@@ -223,3 +225,46 @@ async def test_a_sampling_request_past_what_a_client_reads_ends_the_run_saying_w
     assert "bytes of JSON, more than the 786,432 a client is sent at once" in text(result)
     assert len(seen) == 1  # the first request only
     assert len(record(result)["tool_calls"]) == 4
+
+
+async def test_a_run_waiting_for_its_busy_conversation_ends_at_its_run_timeout_without_starting(
+    tmp_path: Path,
+) -> None:
+    # The wait for a conversation another run holds counted in no bound: runs queued on one
+    # conversation each waited for every one before it (the 50th of 50 runs that each took
+    # their run_timeout of 1 s answered after 50 s; of 900 s, after 12 hours), then said they
+    # "did not end within 1s". Here the run before holds the thread past its own timeout: it
+    # is compacted as it ends, while another process holds the SQLite file's write lock.
+    asked: list[str] = []
+
+    async def hangs(messages: list[BaseMessage]) -> AIMessage:
+        asked.append(messages[-1].text)
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    model = ScriptedChatModel(script=[hangs, answer("Free again.")])
+    waits: list[types.CallToolResult] = []
+    async with (
+        agent_gateway(model, tmp_path, run_timeout=1) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(ask, client, "Hold on.", conversation_id="c"))
+            with anyio.fail_after(BOUND):
+                while not asked:
+                    await anyio.sleep(0.01)
+            other = sqlite3.connect(tmp_path / "conversations.sqlite", isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")  # the write lock, until the waiting run ends
+                waits.append(await ask(client, "Me too.", conversation_id="c"))
+            finally:
+                other.close()
+        again = await ask(client, "Now?", conversation_id="c")
+    (waited,) = waits
+    assert waited.is_error
+    assert "the conversation was busy: another run on it held it for all of this run's 1s" in text(waited)
+    assert asked == ["Hold on."]  # the waiting run never reached the model
+    assert record(waited)["steps"] == 0
+    assert text(again) == "Free again.", text(again)  # the thread is free, and served
+    statuses = {run.run_id: run.status for run in gw.gateway.activity.runs}
+    assert statuses[record(waited)["run_id"]] == "failed"

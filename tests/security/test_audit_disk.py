@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import resource
+import sqlite3
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -203,6 +204,39 @@ async def test_a_memory_that_cannot_be_written_fails_the_run_in_one_line(tmp_pat
     said_ = b"".join(output).decode()
     assert "Traceback" not in said_
     assert f"failed: the conversation memory {memory} cannot be written" in said_
+
+
+async def test_a_memory_another_process_holds_locked_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    # A backup or a sqlite3 shell holding the file's write lock: each run logged two ERROR
+    # tracebacks (the run's, its compaction's), as a bug would, and answered "the agent run
+    # failed: OperationalError: database is locked".
+    memory = tmp_path / "conversations.sqlite"
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "sqlite", "path": str(memory)}},
+            "audit": {"path": str(tmp_path / "audit.jsonl")},
+        }
+        replies = [said("first"), said("again")]
+        async with (
+            _piped_log() as (log, output),
+            gateway_child(config, tmp_path, log) as (base, _),
+            sampling_client(f"{base}/mcp", "legacy", replies, []) as c,
+        ):
+            ask = {"query": "hello", "conversation_id": "kept"}
+            assert text_of(await c.call_tool("ask_agent", ask)) == "first"
+            other = sqlite3.connect(memory, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                failed = await c.call_tool("ask_agent", {**ask, "conversation_id": "new"})
+            finally:
+                other.close()
+            assert text_of(await c.call_tool("ask_agent", ask)) == "again"
+    assert failed.is_error
+    assert f"the conversation memory {memory} cannot be written: database is locked" in text_of(failed)
+    said_ = b"".join(output).decode()
+    assert "Traceback" not in said_
+    assert f"failed: the conversation memory {memory} cannot be written: database is locked" in said_
 
 
 async def test_audit_required_refuses_calls_while_the_trail_cannot_be_written(tmp_path: Path) -> None:

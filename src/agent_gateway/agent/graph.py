@@ -224,10 +224,12 @@ async def invoked(
     config: RunnableConfig,
     context: RunContext,
     within: float,
+    deadline: float,
 ) -> dict[str, Any]:
-    """The run's final state, or ``AgentError`` once ``within`` seconds (``agent.run_timeout``)
-    have passed: the model call or tool calls in flight are cancelled, the upstreams told."""
-    with anyio.move_on_after(within) as bound:
+    """The run's final state, or ``AgentError`` at ``deadline``, the end of the request's
+    ``within`` seconds (``agent.run_timeout``, its wait for the thread included): the model
+    call or tool calls in flight are cancelled, the upstreams told."""
+    with anyio.CancelScope(deadline=deadline) as bound:
         # LangChain would send every message to LangSmith if its variables are set.
         with tracing_context(enabled=False):
             # "sync": each step is stored before the next begins, so a cancelled run's tool

@@ -57,8 +57,11 @@ _EXPIRED = "SELECT thread_id FROM agent_gateway_threads WHERE used_at < ?"
 _USED_AT = "SELECT used_at FROM agent_gateway_threads WHERE thread_id = ?"
 _FORGET = "DELETE FROM agent_gateway_threads WHERE thread_id = ?"
 
-_UNWRITABLE = frozenset({"SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN"})
-"""SQLite's errors of a file that cannot be written (and their extended codes: ``SQLITE_IOERR_WRITE``)."""
+_UNWRITABLE = frozenset(
+    {"SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN", "SQLITE_BUSY", "SQLITE_LOCKED"}
+)
+"""SQLite's errors of a file that cannot be written (and their extended codes: ``SQLITE_IOERR_WRITE``),
+another process's lock on it (``database is locked``) among them."""
 
 
 class Conversations:

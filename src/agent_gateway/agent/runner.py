@@ -11,8 +11,8 @@ import dataclasses
 import logging
 import secrets
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ from agent_gateway.agent.run_record import answered, error_text, fill, new_recor
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Toolbox, searcher
-from agent_gateway.agent.upkeep import Upkeep, Vacant
+from agent_gateway.agent.upkeep import Exclusive, Upkeep, Vacant
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
@@ -57,8 +57,6 @@ from agent_gateway.search.engine import ToolSearch
 logger = logging.getLogger(__name__)
 
 _READ_TIMEOUT = 5.0
-Exclusive = Callable[[str], AbstractAsyncContextManager[None]]
-"""Hold a thread (by name) for one run."""
 
 
 @dataclass(frozen=True)
@@ -76,12 +74,6 @@ class RunOutcome:
     @property
     def text(self) -> str:
         return self.error if self.error is not None else str(self.record["answer"])
-
-
-@asynccontextmanager
-async def _anywhere(_: str) -> AsyncIterator[None]:
-    """One replica: its own lock per thread is all there is to hold."""
-    yield
 
 
 class AgentRunner:
@@ -116,8 +108,7 @@ class AgentRunner:
         self._graph: AgentGraph | None = None
         self._reach = Reach(config)
         self._lock = anyio.Lock()
-        self._upkeep = Upkeep(self._conversations, vacant)
-        self._exclusive = exclusive or _anywhere
+        self._upkeep = Upkeep(self._conversations, vacant, exclusive)
         self._recorder = recorder or CallRecorder(self._activity, "none")
 
     @asynccontextmanager
@@ -171,6 +162,7 @@ class AgentRunner:
         kept = self._activity.run_started(run_id, thread, client.subject)
         report = RecordedObserver(kept, report)
         token = secrets.token_urlsafe(16)
+        deadline = anyio.current_time() + self.config.run_timeout  # the request's, its wait included
         try:
             with agent_span(self.config.name, run_id, thread) as span:
                 logger.info(
@@ -183,13 +175,9 @@ class AgentRunner:
                 except AgentError as exc:
                     outcome = _failure(record, str(exc))
                 else:
-                    async with self._upkeep.lock(thread), self._exclusive(thread):
-                        await self._conversations.used(thread, owner_of(client))
-                        await self._upkeep.make_room(owner_of(client))
-                        try:
-                            outcome = await self._on_thread(graph, context, record, request, resumed, token)
-                        finally:  # a cancelled run's steps too (shielded, time-bounded)
-                            await self._conversations.compact(thread)
+                    outcome = await self._held(
+                        graph, context, record, request, resumed, token, (owner_of(client), deadline)
+                    )
                 agent_finished(span, _status(outcome), outcome.error)
         except anyio.get_cancelled_exc_class():
             kept.finish("cancelled", "cancelled before it ended (by the client, or the gateway stopping)")
@@ -199,6 +187,30 @@ class AgentRunner:
         _log_end(outcome)
         return outcome
 
+    async def _held(
+        self,
+        graph: AgentGraph,
+        context: RunContext,
+        record: dict[str, Any],
+        request: AgentRequest,
+        resumed: Resumption | None,
+        token: str,
+        held: tuple[str, float],
+    ) -> RunOutcome:
+        """The run once its thread is held for its client (``owner_of``), waited for until its
+        deadline at most."""
+        thread, (owner, deadline) = record["thread_id"], held
+        try:
+            async with self._upkeep.held(thread, deadline, self.config.run_timeout):
+                await self._conversations.used(thread, owner)
+                await self._upkeep.make_room(owner)
+                try:
+                    return await self._on_thread(graph, context, record, request, resumed, token, deadline)
+                finally:  # a cancelled run's steps too (shielded, time-bounded)
+                    await self._conversations.compact(thread)
+        except AgentError as exc:  # the thread stayed busy
+            return _failure(record, str(exc))
+
     async def _on_thread(
         self,
         graph: AgentGraph,
@@ -207,6 +219,7 @@ class AgentRunner:
         request: AgentRequest,
         resumed: Resumption | None,
         token: str,
+        deadline: float,
     ) -> RunOutcome:
         """The run, under its thread's lock: started, or resumed if the thread still waits for it."""
         config = RunnableConfig(
@@ -217,7 +230,7 @@ class AgentRunner:
             start = await resume_input(graph, config, resumed) if resumed else run_input(request.text)
         except AgentError as exc:  # not this run's state to report: the thread has moved on
             return _failure(record, str(exc))
-        return await self._invoke(graph, context, config, record, start, token)
+        return await self._invoke(graph, context, config, record, start, token, deadline)
 
     async def _invoke(
         self,
@@ -227,9 +240,10 @@ class AgentRunner:
         record: dict[str, Any],
         start: dict[str, Any] | Command[Any],
         token: str,
+        deadline: float,
     ) -> RunOutcome:
         try:
-            final = await invoked(graph, start, config, context, self.config.run_timeout)
+            final = await invoked(graph, start, config, context, self.config.run_timeout, deadline)
             if (pause := pause_of(final)) is not None:
                 return _paused(record, final, pause, token)
             return self._finished(record, final)

@@ -13,18 +13,21 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from functools import partial
 
 import anyio
 
 from agent_gateway.agent.memory import Conversations
+from agent_gateway.errors import AgentError
 
 logger = logging.getLogger(__name__)
 
 _SWEEP_EVERY = 3600.0
 Vacant = Callable[[str], AbstractAsyncContextManager[bool]]
 """Hold a thread (by name) on every replica if none holds it now; yields whether it is held."""
+Exclusive = Callable[[str], AbstractAsyncContextManager[None]]
+"""Hold a thread (by name) for one run, on every replica."""
 
 
 @asynccontextmanager
@@ -33,13 +36,23 @@ async def _here_only(_: str) -> AsyncIterator[bool]:
     yield True
 
 
+@asynccontextmanager
+async def _anywhere(_: str) -> AsyncIterator[None]:
+    """One replica: its own lock per thread is all there is to hold."""
+    yield
+
+
 class Upkeep:
     """The run locks of one gateway's threads, and the deletions they guard."""
 
-    def __init__(self, conversations: Conversations, vacant: Vacant | None = None) -> None:
-        """``vacant``: a thread held across replicas (their memory shared), if no run holds it."""
+    def __init__(
+        self, conversations: Conversations, vacant: Vacant | None = None, exclusive: Exclusive | None = None
+    ) -> None:
+        """``vacant``: a thread held across replicas (their memory shared), if no run holds it;
+        ``exclusive``: the same for a run, waited for."""
         self._conversations = conversations
         self._vacant = vacant or _here_only
+        self._exclusive = exclusive or _anywhere
         self._locks: weakref.WeakValueDictionary[str, anyio.Lock] = weakref.WeakValueDictionary()
 
     def lock(self, thread: str) -> anyio.Lock:
@@ -48,6 +61,28 @@ class Upkeep:
         if lock is None:
             lock = self._locks[thread] = anyio.Lock()
         return lock
+
+    @asynccontextmanager
+    async def held(self, thread: str, deadline: float, within: float) -> AsyncIterator[None]:
+        """``thread`` held for one run (its lock here, and across replicas), waited for until
+        ``deadline`` at most: the end of the run's ``within`` seconds. Runs queued on one
+        conversation waited each for every one before it: the 50th of 50 runs that each took
+        their ``agent.run_timeout`` answered after 50 of them.
+
+        Raises:
+            AgentError: the thread was still held at ``deadline``; this run never started.
+        """
+        async with AsyncExitStack() as stack:
+            with anyio.CancelScope(deadline=deadline) as waiting:
+                await stack.enter_async_context(self.lock(thread))
+                await stack.enter_async_context(self._exclusive(thread))
+            if waiting.cancelled_caught:
+                raise AgentError(
+                    f"the conversation was busy: another run on it held it for all of this run's {within:g}s "
+                    f"(agent.run_timeout), so this run never started; call again once it ends, or use "
+                    f"another conversation_id"
+                )
+            yield
 
     async def make_room(self, owner: str) -> None:
         """Delete ``owner``'s least recently used threads past its bound (not those in use)."""
