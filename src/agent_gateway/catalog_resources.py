@@ -1,6 +1,7 @@
 """Resources and resource templates under their public URIs: a URI (or template) one upstream
-lists keeps its own; one several list is published once per upstream as ``{upstream}+{uri}``.
-Pure functions over the upstreams' listings, in configuration order."""
+lists keeps its own; one several list is published once per upstream as ``{upstream}+{uri}``,
+and so is one that begins as another's would (``docs+file:///readme``). Pure functions over
+the upstreams' listings, in configuration order."""
 
 from __future__ import annotations
 
@@ -34,8 +35,17 @@ class TemplateEntry:
         return uri[len(self.prefix) :]
 
 
+def namespace_of(uri: str, upstreams: frozenset[str]) -> str:
+    """The ``{upstream}+`` a URI begins with, when it names a configured upstream ("": none).
+    Upstream names hold no ``+``: what comes before the first is the only name it can be."""
+    head, plus, _ = uri.partition("+")
+    return head + plus if plus and head in upstreams else ""
+
+
 def resource_table(
-    ordered: list[tuple[str, Listing]], before: Mapping[str, Origin[types.Resource]]
+    ordered: list[tuple[str, Listing]],
+    before: Mapping[str, Origin[types.Resource]],
+    upstreams: frozenset[str] = frozenset(),
 ) -> dict[str, Origin[types.Resource]]:
     owners: dict[str, set[str]] = {}
     for upstream, listing in ordered:
@@ -45,9 +55,22 @@ def resource_table(
     for upstream, listing in ordered:
         for resource in listing.resources:
             uri = str(resource.uri)
-            public = uri if _keeps(upstream, uri, owners[uri], before) else f"{upstream}+{uri}"
+            kept = not namespace_of(uri, upstreams) and _keeps(upstream, uri, owners[uri], before)
+            public = uri if kept else f"{upstream}+{uri}"
             table[public] = Origin(upstream, uri, resource)
     return table
+
+
+def matching(entries: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[str]) -> TemplateEntry | None:
+    """The first of ``entries`` (most specific first) that ``uri`` matches. A URI in an
+    upstream's namespace (``docs+…``) is matched by that upstream's qualified templates only:
+    another's catch-all (``{+uri}``) or leading expression (``{s}+file:///{x}``) never takes
+    a read a client addressed to ``docs``."""
+    namespace = namespace_of(uri, upstreams)
+    for entry in entries:
+        if entry.prefix == namespace and entry.matcher.match(uri) is not None:
+            return entry
+    return None
 
 
 def _keeps(upstream: str, uri: str, owners: set[str], before: Mapping[str, Origin[types.Resource]]) -> bool:
@@ -61,7 +84,9 @@ def _keeps(upstream: str, uri: str, owners: set[str], before: Mapping[str, Origi
     return served is not None and served.upstream == upstream
 
 
-def template_entries(ordered: list[tuple[str, Listing]]) -> tuple[TemplateEntry, ...]:
+def template_entries(
+    ordered: list[tuple[str, Listing]], upstreams: frozenset[str] = frozenset()
+) -> tuple[TemplateEntry, ...]:
     counts: dict[str, int] = {}
     for _, listing in ordered:
         for template in listing.templates:
@@ -69,7 +94,8 @@ def template_entries(ordered: list[tuple[str, Listing]]) -> tuple[TemplateEntry,
     entries: list[TemplateEntry] = []
     for upstream, listing in ordered:
         for template in listing.templates:
-            prefix = "" if counts[template.uri_template] == 1 else f"{upstream}+"
+            alone = counts[template.uri_template] == 1 and not namespace_of(template.uri_template, upstreams)
+            prefix = "" if alone else f"{upstream}+"
             public = prefix + template.uri_template
             try:
                 matcher = UriTemplate.parse(public)
