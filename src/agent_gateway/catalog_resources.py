@@ -30,6 +30,19 @@ class TemplateEntry:
     origin: Origin[types.ResourceTemplate]
     matcher: UriTemplate
     prefix: str
+    head: str = ""
+    """The literal text ``public`` begins with: a URI it matches begins with it too."""
+    tail: str = ""
+    """The literal text it ends with, if it has no query part: a URI it matches ends so."""
+    literals: tuple[str, ...] = ()
+    """Its other literal text, longest first: a URI it matches holds each, verbatim."""
+
+    def may_match(self, uri: str) -> bool:
+        """Whether ``uri`` may match, judged from the literal text alone, at C speed (the
+        matcher's scan is Python: O(len(uri)) a template, 0.55 ms for 8 KiB)."""
+        if not (uri.startswith(self.head) and uri.endswith(self.tail)):
+            return False
+        return all(text in uri for text in self.literals)
 
     def upstream_uri(self, uri: str) -> str:
         return uri[len(self.prefix) :]
@@ -68,7 +81,7 @@ def matching(entries: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[
     a read a client addressed to ``docs``."""
     namespace = namespace_of(uri, upstreams)
     for entry in entries:
-        if entry.prefix == namespace and entry.matcher.match(uri) is not None:
+        if entry.prefix == namespace and entry.may_match(uri) and entry.matcher.match(uri) is not None:
             return entry
     return None
 
@@ -104,10 +117,17 @@ def template_entries(
                     "upstream %s: skipping invalid URI template %r", upstream, template.uri_template
                 )
                 continue
-            entries.append(
-                TemplateEntry(public, Origin(upstream, template.uri_template, template), matcher, prefix)
-            )
+            origin = Origin(upstream, template.uri_template, template)
+            entries.append(TemplateEntry(public, origin, matcher, prefix, *_literal_text(public)))
     return tuple(entries)
+
+
+def _literal_text(public: str) -> tuple[str, str, tuple[str, ...]]:
+    """A template's literal text: its head, its tail (none when a query part, matched apart
+    from the path, may follow it) and the rest, longest first."""
+    head, *rest = _EXPRESSION.split(public)
+    tail = rest.pop() if rest and "{?" not in public and "{&" not in public else ""
+    return head, tail, tuple(sorted({text for text in rest if text}, key=len, reverse=True))
 
 
 def most_specific_first(templates: tuple[TemplateEntry, ...]) -> tuple[TemplateEntry, ...]:
