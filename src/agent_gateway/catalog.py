@@ -140,7 +140,7 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         listed=listed,
         prompts=prompts,
         resources=resource_table(ordered, previous.resources if previous is not None else {}, names),
-        templates=template_entries(ordered, names),
+        templates=template_entries(ordered, names, previous.templates if previous is not None else ()),
         instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
         version=version,
         parts={p.upstream: p for p in parts},
