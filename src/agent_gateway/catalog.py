@@ -19,6 +19,7 @@ from mcp.shared.inbound import X_MCP_HEADER_KEY
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part, unchanged
 from agent_gateway.catalog_resources import (
     TemplateEntry,
+    matching,
     most_specific_first,
     resource_table,
     template_entries,
@@ -51,6 +52,8 @@ class CatalogSnapshot:
     """Each upstream's part, in configuration order."""
     held: Mapping[str, str] = field(default_factory=dict)
     """Tools withheld by pinning, with what changed: a call gets a clear refusal."""
+    upstreams: frozenset[str] = frozenset()
+    """Every configured upstream's name (a resource URI's namespace, ``catalog_resources``)."""
     _validators: dict[str, SchemaCheck] = field(default_factory=dict, repr=False, compare=False)
     _headed: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
@@ -69,16 +72,11 @@ class CatalogSnapshot:
         return origin
 
     def resource(self, uri: str) -> tuple[str, str]:
-        """(upstream, upstream URI) for a public URI, listed or matching a template.
-
-        Raises:
-            UnknownName: no listed resource or template matches ``uri``.
-        """
+        """(upstream, upstream URI) for a public URI, listed or matching a template (else UnknownName)."""
         if (origin := self.resources.get(uri)) is not None:
             return origin.upstream, origin.name
-        for entry in self._most_specific_first:
-            if uri.startswith(entry.prefix) and entry.matcher.match(uri) is not None:
-                return entry.origin.upstream, entry.upstream_uri(uri)
+        if (entry := matching(self._most_specific_first, uri, self.upstreams)) is not None:
+            return entry.origin.upstream, entry.upstream_uri(uri)
         raise UnknownName("resource", uri)
 
     @cached_property
@@ -136,16 +134,18 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         listed.update(part.listed)
         _add_all("prompt", prompts, part.prompts)
     ordered = [(p.upstream, p.listing) for p in parts]
+    names = frozenset[str]().union(*(p.upstreams for p in parts))
     return CatalogSnapshot(
         tools=tools,
         listed=listed,
         prompts=prompts,
-        resources=resource_table(ordered, previous.resources if previous is not None else {}),
-        templates=template_entries(ordered),
+        resources=resource_table(ordered, previous.resources if previous is not None else {}, names),
+        templates=template_entries(ordered, names, previous.templates if previous is not None else ()),
         instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
         version=version,
         parts={p.upstream: p for p in parts},
         held=held,
+        upstreams=names,
         _validators=_kept_validators(previous, parts),
     )
 

@@ -55,6 +55,8 @@ class Part:
     """The name ``rename`` gave a tool, by public name (the search index reads both names)."""
     search_weight: float = 1.0
     """Its upstream's ``search_weight``: what tool search makes of its tools' matches."""
+    upstreams: frozenset[str] = frozenset()
+    """Every configured upstream's name: ``{name}+`` begins its qualified resource URIs."""
 
 
 def unchanged(before: Part | None, after: Part) -> bool:
@@ -96,7 +98,8 @@ def build_part(
     prompts = _first_of_each("prompt", _prompt_entries(upstream, listing, up, sep))
     sizes = {name: size_of(tool) for name, tool in listed.items()}
     renamed = {public: up.rename[o.name] for public, o in tools.items() if o.name in up.rename}
-    return Part(upstream, listing, tools, listed, prompts, held, sizes, renamed, up.search_weight)
+    names = frozenset(config.upstreams)
+    return Part(upstream, listing, tools, listed, prompts, held, sizes, renamed, up.search_weight, names)
 
 
 def size_of(tool: types.Tool) -> int:

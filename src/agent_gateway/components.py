@@ -7,6 +7,7 @@ Listing only: ``prompts/get``, ``resources/read`` and completions are served by
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +21,9 @@ from pydantic import AnyUrl
 
 from agent_gateway import access
 from agent_gateway.catalog import Catalog, CatalogSnapshot
+from agent_gateway.errors import shown
+
+logger = logging.getLogger(__name__)
 
 
 def _prompt(public: str, prompt: types.Prompt) -> Prompt:
@@ -76,7 +80,18 @@ class _Components:
 
 
 def _build_components(snapshot: CatalogSnapshot) -> _Components:
-    resources = {uri: _resource(uri, origin.item) for uri, origin in snapshot.resources.items()}
+    resources: dict[str, Resource] = {}
+    unlisted: list[str] = []
+    for uri, origin in snapshot.resources.items():
+        try:
+            resources[uri] = _resource(uri, origin.item)
+        except ValueError:  # not a URL to FastMCP (``data://a b``, a control character)
+            unlisted.append(uri)
+    if unlisted:  # one line per catalog version: the upstreams choose how many
+        logger.warning(
+            "%d resources not listed: their URIs are not URLs (%s, of upstream %s)",
+            *(len(unlisted), shown(unlisted[0]), snapshot.resources[unlisted[0]].upstream),
+        )
     return _Components(
         version=snapshot.version,
         prompts={n: _prompt(n, o.item) for n, o in snapshot.prompts.items()},

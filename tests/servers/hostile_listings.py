@@ -5,6 +5,7 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``good``: the resource ``file:///shared/doc`` and the template ``file:///logs/{name}``;
 - ``evil``: the same URI, once its tool ``collide`` is called (a ``list_changed`` follows);
 - ``catchall``: the template ``{+uri}``, which matches every URI;
+- ``badurl``: the resources ``file:///fine`` and ``data://a host\n/x``, which is no URL;
 - ``manyN``: N tools (``t0``...), 2,000 a page;
 - ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes);
 - ``fatN``: N tools each with a schema of about 200 KB (within the bound on one), 20 a page
@@ -90,6 +91,13 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
         return {"tools": [{}] * int(MODE[4:])}
     if method == "tools/list":
         return {"tools": tools()}
+    if method == "resources/list" and MODE == "badurl":
+        return {
+            "resources": [
+                {"uri": "file:///fine", "name": "fine"},
+                {"uri": "data://a host\n/x", "name": "bad"},
+            ]
+        }
     if method == "resources/list":
         listed = MODE == "good" or STATE["collide"]
         return {"resources": [{"uri": "file:///shared/doc", "name": "doc"}] if listed else []}

@@ -307,6 +307,13 @@ _LISTED = {
 }
 
 
+_ANSWERED = {"prompts/get": ("messages", 1_000), "resources/read": ("contents", 10_000)}
+"""A rendered prompt's messages, a read's contents: how many the gateway takes from one answer
+(a model is Python, ~30-80 µs an item: 100,000 messages held the event loop 8 s a render)."""
+MAX_COMPLETION_VALUES = 100
+"""A completion's values, as MCP bounds them ("must not exceed 100 items")."""
+
+
 def _validate_server_result(
     method: str,
     version: str,
@@ -317,6 +324,14 @@ def _validate_server_result(
     items: object = data.get(_LISTED.get(method, ""))
     if isinstance(items, list) and len(items) > MAX_LISTED:  # pyright: ignore[reportUnknownArgumentType]
         raise PageTooLong(f"a page of {len(items):,} items")  # pyright: ignore[reportUnknownArgumentType]
+    key, most = _ANSWERED.get(method, ("", 0))
+    if isinstance(items := data.get(key), list) and len(items) > most:  # pyright: ignore[reportUnknownArgumentType]
+        raise PageTooLong(f"its answer holds {len(items):,} {key}; the gateway takes {most:,}")  # pyright: ignore[reportUnknownArgumentType]
+    completion = data.get("completion") if method == "completion/complete" else None
+    values = completion.get("values") if isinstance(completion, dict) else None
+    if isinstance(values, list) and len(values) > MAX_COMPLETION_VALUES:  # pyright: ignore[reportUnknownArgumentType]
+        del values[MAX_COMPLETION_VALUES:]  # the first 100, as the model is made of ``data`` next
+        completion["hasMore"] = True  # pyright: ignore[reportIndexIssue, reportOptionalSubscript]
     _methods._check_known_version(version)  # pyright: ignore[reportPrivateUsage]
     _methods._adapter(surface[(method, version)]).validate_python(data, by_name=False)  # pyright: ignore[reportPrivateUsage]
 
