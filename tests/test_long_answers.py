@@ -1,9 +1,10 @@
-"""Answers of prompts, resources and completions holding more items than a client can use:
-each item is made a model in Python (30-80 µs), so a render of 100,000 messages held the
+"""Answers of prompts, resources, tools and completions holding more items than a client can
+use: each item is made a model in Python (30-80 µs), so a render of 100,000 messages held the
 gateway's event loop 8 s and every other client's calls with it. A prompt of more than 1,000
-messages and a read of more than 10,000 contents are refused before their items are made
-models; a completion's values are cut to MCP's 100, ``hasMore`` set (before, an upstream's
-900,000 reached the client; FastMCP cuts its own, so that upstream is raw JSON-RPC)."""
+messages, a read of more than 10,000 contents and a tool result of more than 10,000 blocks are
+refused before their items are made models; a completion's values are cut to MCP's 100,
+``hasMore`` set (before, an upstream's 900,000 reached the client; FastMCP cuts its own, so
+that upstream is raw JSON-RPC)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from fastmcp import FastMCP
 from fastmcp.prompts import Message
 from fastmcp.resources import ResourceContent, ResourceResult
+from fastmcp.tools import ToolResult
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -29,6 +31,10 @@ def long_answers(renders: list[int]) -> FastMCP:
     def chat(count: str) -> list[Message]:
         renders.append(int(count))
         return [Message(f"m{n}") for n in range(int(count))]
+
+    @server.tool
+    def blocks(count: int) -> ToolResult:
+        return ToolResult(content=[types.TextContent(type="text", text=f"b{n}") for n in range(count)])
 
     @server.resource("data://many/{count}", name="many")
     def many(count: str) -> ResourceResult:
@@ -55,6 +61,23 @@ async def test_answers_past_their_bounds_are_refused_or_cut_and_others_served(mo
             await client.read_resource(f"data://many/{CONTENTS + 1}")
         assert len((await client.read_resource(f"data://many/{CONTENTS}")).contents) == CONTENTS
     assert renders == [MESSAGES + 1, MESSAGES]  # the refused render was the upstream's
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_tool_result_of_more_blocks_than_the_gateway_takes_is_refused_and_others_served(
+    mode: str,
+) -> None:
+    # A handshake-era upstream's result is read through the SDK's client, each block made a
+    # model: 100,000 held the event loop 3.9 s. (A modern HTTP upstream's is passed on unmade.)
+    async with (
+        serving_upstream(long_answers([])) as url,
+        running_gateway({"upstreams": {"long": {"url": url, "protocol": "legacy"}}}) as gw,
+        Client(gw.url, mode=mode) as client,
+    ):
+        refused = await client.call_tool("long__blocks", {"count": CONTENTS + 1})
+        assert refused.is_error  # as any tool's failure upstream: a result the model can read
+        assert "its answer holds 10,001 content blocks; the gateway takes 10,000" in str(refused.content[0])
+        assert len((await client.call_tool("long__blocks", {"count": CONTENTS})).content) == CONTENTS
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
