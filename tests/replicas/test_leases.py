@@ -3,10 +3,12 @@ freed after its time, and no lease (never a wait without end) while Redis is unr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 
 from agent_gateway.config_store import StoreConfig
 from agent_gateway.store.client import SharedStore
@@ -73,3 +75,60 @@ async def test_no_lease_is_waited_for_while_redis_is_unreachable(prefix: str) ->
                     async with leases.held("trip"):  # its holder's key unreadable: not waited for
                         pass
             assert not store.available
+
+
+@asynccontextmanager
+async def replies_held(redis: Redis) -> AsyncIterator[tuple[str, anyio.Event]]:
+    """A relay to ``redis`` whose connections, once one sends a SET, pass on its commands but
+    none of its replies: a SET Redis ran, its answer still on its way. Yields the relay's URL
+    and an event set once such a SET has gone on to Redis."""
+    sent = anyio.Event()
+
+    async def relay(client: anyio.abc.SocketStream) -> None:
+        muted = False
+
+        async def down(server: anyio.abc.SocketStream) -> None:
+            async for chunk in server:
+                if not muted:
+                    await client.send(chunk)
+
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            server = await anyio.connect_tcp("127.0.0.1", redis.port)
+            async with client, server, anyio.create_task_group() as tg:
+                tg.start_soon(down, server)
+                async for chunk in client:
+                    await server.send(chunk)
+                    if b"$3\r\nSET\r\n" in chunk:
+                        muted = True
+                        sent.set()
+                tg.cancel_scope.cancel()
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, relay)
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        yield f"redis://127.0.0.1:{port}/0", sent
+        tg.cancel_scope.cancel()
+
+
+async def test_a_lease_whose_taking_is_cancelled_is_not_left_held(redis: Redis, prefix: str) -> None:
+    async with replies_held(redis) as (url, sent), store_on(redis, prefix) as direct:
+        relayed = SharedStore(StoreConfig(url=url, prefix=prefix, timeout=BOUND))
+        await relayed.start()
+        try:
+            leases = Leases(relayed, ttl=60)
+            with anyio.fail_after(BOUND), anyio.CancelScope() as deadline:  # a run's, in its wait
+                async with anyio.create_task_group() as tg:
+
+                    async def take() -> None:
+                        async with leases.held("trip"):
+                            pass
+
+                    tg.start_soon(take)
+                    await sent.wait()  # Redis set the key; its answer is not back yet
+                    deadline.cancel()
+            assert relayed.available
+        finally:
+            await relayed.close()
+        left = await direct.redis.get(leases._key("trip"))  # pyright: ignore[reportPrivateUsage]
+    assert left is None  # else the conversation stayed held on every replica for 60 s, by no one

@@ -306,7 +306,6 @@ _LISTED = {
     "resources/templates/list": "resourceTemplates",
 }
 
-
 _ANSWERED = {
     "prompts/get": ("messages", 1_000),
     "resources/read": ("contents", 10_000),
@@ -319,6 +318,14 @@ MAX_COMPLETION_VALUES = 100
 """A completion's values, as MCP bounds them ("must not exceed 100 items")."""
 
 
+def bounded(method: str, data: Mapping[str, Any]) -> None:
+    """``PageTooLong`` for an answer of more items than ``_ANSWERED`` takes, before they are models."""
+    key, most = _ANSWERED.get(method, ("", 0))
+    if isinstance(items := data.get(key), list) and len(items) > most:  # pyright: ignore[reportUnknownArgumentType]
+        noun = "content blocks" if key == "content" else key
+        raise PageTooLong(f"its answer holds {len(items):,} {noun}; the gateway takes {most:,}")  # pyright: ignore[reportUnknownArgumentType]
+
+
 def _validate_server_result(
     method: str,
     version: str,
@@ -329,10 +336,7 @@ def _validate_server_result(
     items: object = data.get(_LISTED.get(method, ""))
     if isinstance(items, list) and len(items) > MAX_LISTED:  # pyright: ignore[reportUnknownArgumentType]
         raise PageTooLong(f"a page of {len(items):,} items")  # pyright: ignore[reportUnknownArgumentType]
-    key, most = _ANSWERED.get(method, ("", 0))
-    if isinstance(items := data.get(key), list) and len(items) > most:  # pyright: ignore[reportUnknownArgumentType]
-        noun = "content blocks" if key == "content" else key
-        raise PageTooLong(f"its answer holds {len(items):,} {noun}; the gateway takes {most:,}")  # pyright: ignore[reportUnknownArgumentType]
+    bounded(method, data)
     completion = data.get("completion") if method == "completion/complete" else None
     values = completion.get("values") if isinstance(completion, dict) else None
     if isinstance(values, list) and len(values) > MAX_COMPLETION_VALUES:  # pyright: ignore[reportUnknownArgumentType]

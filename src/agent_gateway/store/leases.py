@@ -67,7 +67,7 @@ class Leases:
         it is held (False: another replica holds it, or the store is unreachable and no one
         can tell). For short work only: the lease is not renewed."""
         key, token = self._key(name), uuid.uuid4().hex
-        set_now = await self.store.call(self.store.redis.set(key, token, nx=True, px=self._ttl_ms), "lease")
+        set_now = await self._set(key, token)
         try:
             yield bool(set_now)
         finally:
@@ -82,9 +82,7 @@ class Leases:
         """Whether the lease was taken (False: the store is unreachable, so none is)."""
         waiting = False
         while True:
-            set_now = await self.store.call(
-                self.store.redis.set(key, token, nx=True, px=self._ttl_ms), "lease"
-            )
+            set_now = await self._set(key, token)
             if set_now:
                 return True
             if not self.store.available:
@@ -94,6 +92,18 @@ class Leases:
                 waiting = True
                 logger.info("lease %s is held on another replica: waiting for it", key)
             await anyio.sleep(self._poll)
+
+    async def _set(self, key: str, token: str) -> object:
+        """``SET NX PX``'s answer (None: the store failed). Cancelled on its way (a run's
+        deadline in its wait, a client gone), a SET Redis may have run is undone: before, its
+        key stayed set, renewed by no one and released by no one, and the conversation was
+        held on every replica for the lease's ``ttl``."""
+        try:
+            return await self.store.call(self.store.redis.set(key, token, nx=True, px=self._ttl_ms), "lease")
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True):  # bounded by the store's timeout
+                await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
+            raise
 
     async def _keep(self, key: str, token: str) -> None:
         while True:

@@ -48,6 +48,7 @@ from pydantic import TypeAdapter, ValidationError
 from agent_gateway.compat.http_streams import cut_short, names_its_method_first
 from agent_gateway.compat.mcp import (
     Unreadable,
+    bounded,
     call_in_rounds,
     count_values,
     decode,
@@ -213,6 +214,7 @@ class Forwarder:
             raise MCPError(code=types.INTERNAL_ERROR, message="the answer holds no result")
         if result.get("resultType") == "input_required":
             return types.InputRequiredResult.model_validate(result, by_name=False)
+        bounded("tools/call", result)  # as the SDK's client's check does (``compat/mcp``)
         answer = types.CallToolResult.model_validate(result, by_name=False)
         if not answer.is_error and not self._outputs.hold(client.session, name, answer):
             await client.session.validate_tool_result(name, answer)
