@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import pytest
 
 from agent_gateway.config_store import StoreConfig
 from agent_gateway.store.client import SharedStore
@@ -53,6 +54,26 @@ async def test_a_lease_has_one_holder_at_a_time(redis: Redis, prefix: str) -> No
                 tg.start_soon(hold_first)
                 tg.start_soon(hold_second)
     assert order == ["first in", "first out", "second in", "another"]
+
+
+async def test_a_wait_for_a_lease_past_its_deadline_raises_and_leaves_the_holders_lease(
+    redis: Redis, prefix: str
+) -> None:
+    # A run's wait for its conversation ends at its run_timeout: a scope around the holder
+    # ended before the task renewing the lease did ("Attempted to exit a cancel scope that
+    # isn't the current task's"), and every run through a replica failed; the wait is now
+    # bounded inside ``held``.
+    async with store_on(redis, prefix) as one, store_on(redis, prefix) as other:
+        first, second = Leases(one, ttl=5), Leases(other, ttl=5, poll=0.02)
+        with anyio.fail_after(BOUND):
+            async with first.held("trip"):
+                with pytest.raises(TimeoutError, match="still held on another replica"):
+                    async with second.held("trip", anyio.current_time() + 0.3):
+                        raise AssertionError("taken while another holds it")
+                async with second.vacant("trip") as free:
+                    assert not free  # still the first's
+            async with second.held("trip", anyio.current_time() + BOUND):
+                pass  # free once the first is out, within the deadline
 
 
 async def test_a_lease_whose_holder_died_is_free_after_its_time(redis: Redis, prefix: str) -> None:

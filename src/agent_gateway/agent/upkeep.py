@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 _SWEEP_EVERY = 3600.0
 Vacant = Callable[[str], AbstractAsyncContextManager[bool]]
 """Hold a thread (by name) on every replica if none holds it now; yields whether it is held."""
-Exclusive = Callable[[str], AbstractAsyncContextManager[None]]
-"""Hold a thread (by name) for one run, on every replica."""
+Exclusive = Callable[[str, float], AbstractAsyncContextManager[None]]
+"""Hold a thread (by name) for one run, on every replica, waiting until a deadline at most
+(``anyio.current_time``; ``TimeoutError`` past it)."""
 
 
 @asynccontextmanager
@@ -37,7 +38,7 @@ async def _here_only(_: str) -> AsyncIterator[bool]:
 
 
 @asynccontextmanager
-async def _anywhere(_: str) -> AsyncIterator[None]:
+async def _anywhere(_: str, __: float) -> AsyncIterator[None]:
     """One replica: its own lock per thread is all there is to hold."""
     yield
 
@@ -72,17 +73,20 @@ class Upkeep:
         Raises:
             AgentError: the thread was still held at ``deadline``; this run never started.
         """
-        async with AsyncExitStack() as stack:
-            with anyio.CancelScope(deadline=deadline) as waiting:
-                await stack.enter_async_context(self.lock(thread))
-                await stack.enter_async_context(self._exclusive(thread))
-            if waiting.cancelled_caught:
-                raise AgentError(
-                    f"the conversation was busy: another run on it held it for all of this run's {within:g}s "
-                    f"(agent.run_timeout), so this run never started; call again once it ends, or use "
-                    f"another conversation_id"
-                )
-            yield
+        lock = self.lock(thread)
+        with anyio.CancelScope(deadline=deadline) as waiting:
+            await lock.acquire()
+        if waiting.cancelled_caught:
+            raise _busy(within)
+        try:
+            async with AsyncExitStack() as stack:
+                try:  # the lease's own wait is bounded: a scope here would end before its renewal's task
+                    await stack.enter_async_context(self._exclusive(thread, deadline))
+                except TimeoutError:
+                    raise _busy(within) from None
+                yield
+        finally:
+            lock.release()
 
     async def make_room(self, owner: str) -> None:
         """Delete ``owner``'s least recently used threads past its bound (not those in use)."""
@@ -123,3 +127,11 @@ class Upkeep:
         async with lock, self._vacant(thread) as held:
             if held:
                 await delete()
+
+
+def _busy(within: float) -> AgentError:
+    return AgentError(
+        f"the conversation was busy: another run on it held it for all of this run's {within:g}s "
+        f"(agent.run_timeout), so this run never started; call again once it ends, or use "
+        f"another conversation_id"
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -45,11 +46,21 @@ class Leases:
         self._release = store.redis.register_script(_RELEASE)
 
     @asynccontextmanager
-    async def held(self, name: str) -> AsyncIterator[None]:
-        """Wait until ``name`` is free on every replica, hold it until exit (renewed meanwhile)."""
+    async def held(self, name: str, deadline: float = math.inf) -> AsyncIterator[None]:
+        """Wait until ``name`` is free on every replica, hold it until exit (renewed meanwhile).
+
+        Raises:
+            TimeoutError: another replica still held it at ``deadline`` (``anyio.current_time``);
+                the wait is bounded here, not by a scope around the holder, which would have
+                to end before the task renewing the lease does.
+        """
         key = self._key(name)
         token = uuid.uuid4().hex
-        taken = await self._take(key, token)
+        taken = False
+        with anyio.CancelScope(deadline=deadline) as waiting:
+            taken = await self._take(key, token)
+        if waiting.cancelled_caught:
+            raise TimeoutError(f"lease {key} still held on another replica")
         async with anyio.create_task_group() as tg:
             if taken:
                 tg.start_soon(self._keep, key, token)
