@@ -178,9 +178,16 @@ async def test_pins_that_cannot_be_written_withhold_the_new_tool_and_keep_its_up
     assert said_.count(b"pins recorded again") == 1
 
 
-async def test_a_memory_that_cannot_be_written_fails_the_run_in_one_line(tmp_path: Path) -> None:
-    # Each run logged a traceback, as a bug would, and answered with SQLite's bare error.
-    memory = tmp_path / "state" / "conversations.sqlite"
+_ASK = {"query": "hello", "conversation_id": "kept"}
+
+
+@asynccontextmanager
+async def _answered_once(
+    tmp_path: Path, memory: Path
+) -> AsyncIterator[tuple[Client, subprocess.Popen[bytes], list[bytes]]]:
+    """A gateway process whose agent keeps its conversations in SQLite at ``memory``, a
+    client lending its model (it answers "first", then "again") whose ``_ASK`` was answered
+    once, the process, and what the process logged."""
     async with serving_upstream(_server()) as url:
         config = {
             "upstreams": {"desk": {"url": url}},
@@ -193,12 +200,18 @@ async def test_a_memory_that_cannot_be_written_fails_the_run_in_one_line(tmp_pat
             gateway_child(config, tmp_path, log) as (base, child),
             sampling_client(f"{base}/mcp", "legacy", replies, []) as c,
         ):
-            ask = {"query": "hello", "conversation_id": "kept"}
-            assert text_of(await c.call_tool("ask_agent", ask)) == "first"
-            _limit(child, 512)
-            failed = await c.call_tool("ask_agent", ask)
-            _limit(child, None)
-            assert text_of(await c.call_tool("ask_agent", ask)) == "again"
+            assert text_of(await c.call_tool("ask_agent", _ASK)) == "first"
+            yield c, child, output
+
+
+async def test_a_memory_that_cannot_be_written_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    # Each run logged a traceback, as a bug would, and answered with SQLite's bare error.
+    memory = tmp_path / "state" / "conversations.sqlite"
+    async with _answered_once(tmp_path, memory) as (c, child, output):
+        _limit(child, 512)
+        failed = await c.call_tool("ask_agent", _ASK)
+        _limit(child, None)
+        assert text_of(await c.call_tool("ask_agent", _ASK)) == "again"
     assert failed.is_error
     assert f"the conversation memory {memory} cannot be written: " in text_of(failed)
     said_ = b"".join(output).decode()
@@ -211,27 +224,14 @@ async def test_a_memory_another_process_holds_locked_fails_the_run_in_one_line(t
     # tracebacks (the run's, its compaction's), as a bug would, and answered "the agent run
     # failed: OperationalError: database is locked".
     memory = tmp_path / "conversations.sqlite"
-    async with serving_upstream(_server()) as url:
-        config = {
-            "upstreams": {"desk": {"url": url}},
-            "agent": {"memory": {"store": "sqlite", "path": str(memory)}},
-            "audit": {"path": str(tmp_path / "audit.jsonl")},
-        }
-        replies = [said("first"), said("again")]
-        async with (
-            _piped_log() as (log, output),
-            gateway_child(config, tmp_path, log) as (base, _),
-            sampling_client(f"{base}/mcp", "legacy", replies, []) as c,
-        ):
-            ask = {"query": "hello", "conversation_id": "kept"}
-            assert text_of(await c.call_tool("ask_agent", ask)) == "first"
-            other = sqlite3.connect(memory, isolation_level=None)
-            try:
-                other.execute("BEGIN IMMEDIATE")
-                failed = await c.call_tool("ask_agent", {**ask, "conversation_id": "new"})
-            finally:
-                other.close()
-            assert text_of(await c.call_tool("ask_agent", ask)) == "again"
+    async with _answered_once(tmp_path, memory) as (c, _, output):
+        other = sqlite3.connect(memory, isolation_level=None)
+        try:
+            other.execute("BEGIN IMMEDIATE")
+            failed = await c.call_tool("ask_agent", {**_ASK, "conversation_id": "new"})
+        finally:
+            other.close()
+        assert text_of(await c.call_tool("ask_agent", _ASK)) == "again"
     assert failed.is_error
     assert f"the conversation memory {memory} cannot be written: database is locked" in text_of(failed)
     said_ = b"".join(output).decode()
