@@ -76,6 +76,20 @@ class RunOutcome:
         return self.error if self.error is not None else str(self.record["answer"])
 
 
+@dataclass(frozen=True)
+class _Run:
+    """One run once its graph and context are ready: what its steps on the thread share."""
+
+    graph: AgentGraph
+    context: RunContext
+    record: dict[str, Any]
+    request: AgentRequest
+    resumed: Resumption | None
+    token: str
+    owner: str  # whose thread it is (``owner_of``)
+    deadline: float  # ``anyio.current_time()`` at which the request ends, its wait included
+
+
 class AgentRunner:
     """Runs the agent for any number of concurrent callers. Use ``async with runner.running():``."""
 
@@ -175,9 +189,8 @@ class AgentRunner:
                 except AgentError as exc:
                     outcome = _failure(record, str(exc))
                 else:
-                    outcome = await self._held(
-                        graph, context, record, request, resumed, token, (owner_of(client), deadline)
-                    )
+                    run = _Run(graph, context, record, request, resumed, token, owner_of(client), deadline)
+                    outcome = await self._held(run)
                 agent_finished(span, _status(outcome), outcome.error)
         except anyio.get_cancelled_exc_class():
             kept.finish("cancelled", "cancelled before it ended (by the client, or the gateway stopping)")
@@ -187,65 +200,44 @@ class AgentRunner:
         _log_end(outcome)
         return outcome
 
-    async def _held(
-        self,
-        graph: AgentGraph,
-        context: RunContext,
-        record: dict[str, Any],
-        request: AgentRequest,
-        resumed: Resumption | None,
-        token: str,
-        held: tuple[str, float],
-    ) -> RunOutcome:
-        """The run once its thread is held for its client (``owner_of``), waited for until its
-        deadline at most."""
-        thread, (owner, deadline) = record["thread_id"], held
+    async def _held(self, run: _Run) -> RunOutcome:
+        """The run once its thread is held for its client, waited for until its deadline at most."""
+        thread = run.record["thread_id"]
         try:
-            async with self._upkeep.held(thread, deadline, self.config.run_timeout):
-                await self._conversations.used(thread, owner)
-                await self._upkeep.make_room(owner)
+            async with self._upkeep.held(thread, run.deadline, self.config.run_timeout):
+                await self._conversations.used(thread, run.owner)
+                await self._upkeep.make_room(run.owner)
                 try:
-                    return await self._on_thread(graph, context, record, request, resumed, token, deadline)
+                    return await self._on_thread(run)
                 finally:  # a cancelled run's steps too (shielded, time-bounded)
                     await self._conversations.compact(thread)
         except AgentError as exc:  # the thread stayed busy
-            return _failure(record, str(exc))
+            return _failure(run.record, str(exc))
 
-    async def _on_thread(
-        self,
-        graph: AgentGraph,
-        context: RunContext,
-        record: dict[str, Any],
-        request: AgentRequest,
-        resumed: Resumption | None,
-        token: str,
-        deadline: float,
-    ) -> RunOutcome:
+    async def _on_thread(self, run: _Run) -> RunOutcome:
         """The run, under its thread's lock: started, or resumed if the thread still waits for it."""
         config = RunnableConfig(
-            configurable={"thread_id": record["thread_id"]},
+            configurable={"thread_id": run.record["thread_id"]},
             recursion_limit=recursion_limit(self.config.max_steps),
         )
         try:
-            start = await resume_input(graph, config, resumed) if resumed else run_input(request.text)
+            start = (
+                await resume_input(run.graph, config, run.resumed)
+                if run.resumed
+                else run_input(run.request.text)
+            )
         except AgentError as exc:  # not this run's state to report: the thread has moved on
-            return _failure(record, str(exc))
-        return await self._invoke(graph, context, config, record, start, token, deadline)
+            return _failure(run.record, str(exc))
+        return await self._invoke(run, config, start)
 
     async def _invoke(
-        self,
-        graph: AgentGraph,
-        context: RunContext,
-        config: RunnableConfig,
-        record: dict[str, Any],
-        start: dict[str, Any] | Command[Any],
-        token: str,
-        deadline: float,
+        self, run: _Run, config: RunnableConfig, start: dict[str, Any] | Command[Any]
     ) -> RunOutcome:
+        graph, context, record = run.graph, run.context, run.record
         try:
-            final = await invoked(graph, start, config, context, self.config.run_timeout, deadline)
+            final = await invoked(graph, start, config, context, self.config.run_timeout, run.deadline)
             if (pause := pause_of(final)) is not None:
-                return _paused(record, final, pause, token)
+                return _paused(record, final, pause, run.token)
             return self._finished(record, final)
         except AgentError as exc:
             message = str(exc)

@@ -69,8 +69,7 @@ class Leases:
             finally:
                 tg.cancel_scope.cancel()
                 if taken:
-                    with anyio.CancelScope(shield=True):
-                        await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
+                    await self._let_go(key, token)
 
     @asynccontextmanager
     async def vacant(self, name: str) -> AsyncIterator[bool]:
@@ -83,8 +82,7 @@ class Leases:
             yield bool(set_now)
         finally:
             if set_now:
-                with anyio.CancelScope(shield=True):
-                    await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
+                await self._let_go(key, token)
 
     def _key(self, name: str) -> str:
         return self.store.key("lease", hashlib.sha256(name.encode()).hexdigest()[:32])
@@ -112,9 +110,14 @@ class Leases:
         try:
             return await self.store.call(self.store.redis.set(key, token, nx=True, px=self._ttl_ms), "lease")
         except anyio.get_cancelled_exc_class():
-            with anyio.CancelScope(shield=True):  # bounded by the store's timeout
-                await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
+            await self._let_go(key, token)
             raise
+
+    async def _let_go(self, key: str, token: str) -> None:
+        """Delete ``key`` if ``token`` still holds it; shielded (a cancelled holder's too), and
+        bounded by the store's timeout."""
+        with anyio.CancelScope(shield=True):
+            await self.store.call(self._release(keys=[key], args=[token]), "lease_release")
 
     async def _keep(self, key: str, token: str) -> None:
         while True:
