@@ -246,6 +246,19 @@ async def test_a_memory_another_process_holds_locked_fails_the_run_in_one_line(t
     ), ended
 
 
+async def test_a_memory_deleted_under_the_gateway_is_announced(tmp_path: Path) -> None:
+    # Runs went on in the unlinked file, lost at the next start, and nothing said so.
+    memory = tmp_path / "conversations.sqlite"
+    async with _answered_once(tmp_path, memory) as (c, _, output):
+        memory.unlink()
+        assert text_of(await c.call_tool("ask_agent", _ASK)) == "again"
+        await _until(lambda: b"was deleted while the gateway runs" in b"".join(output))
+    said_ = b"".join(output).decode()
+    warned = [line for line in said_.splitlines() if "was deleted while the gateway runs" in line]
+    assert len(warned) == 1
+    assert f"WARNING agent_gateway.agent.memory: conversation memory {memory}" in warned[0]
+
+
 async def test_audit_required_refuses_calls_while_the_trail_cannot_be_written(tmp_path: Path) -> None:
     # For a deployment where no call may go unaudited: without the knob, calls are served
     # (and their records wait, or are counted lost) while the disk is full.

@@ -8,6 +8,7 @@ start-up, so a replica that cannot reach it says so at once (``agent/postgres_me
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
@@ -80,6 +81,7 @@ class Conversations:
         self._used: dict[str, float] = {}  # the in-memory store's use times
         self._owners: dict[str, str] = {}  # and whose each thread is
         self._shared: PostgresThreads | None = None
+        self._file: tuple[int, int] | None = None  # the SQLite file opened: its device and inode
 
     @property
     def problem(self) -> str | None:
@@ -153,16 +155,43 @@ class Conversations:
                 await saver.conn.execute(_BY_OWNER)
                 await saver.conn.execute(_ADOPT, (time.time(),))
                 await saver.conn.commit()
+            opened = await anyio.Path(path).stat()
         except Exception as exc:  # sqlite3 and OS errors alike: the run reports it, the gateway goes on
             raise AgentError(f"conversation memory {path}: cannot open the SQLite file: {exc}") from exc
+        self._file = (opened.st_dev, opened.st_ino)
         logger.info("conversation memory: %s", path)
         return saver
+
+    def _check_file(self) -> None:
+        """Say (once) that the SQLite file was deleted or replaced under the store (an operator
+        wiping conversations, a cleaner of temporary files, a restored backup). SQLite goes on
+        in the file it opened, unlinked, and everything since is lost at the next start: it
+        went unannounced. A new file is not opened in its place: the runs in flight write to
+        this one, and a second connection beside it would share its WAL and lock files by name."""
+        if self._file is None:
+            return
+        try:
+            now_there = os.stat(self._config.path)
+        except FileNotFoundError:
+            now_there = None
+        except OSError:  # cannot tell (a directory made unreadable): the writes will say
+            return
+        if now_there is not None and (now_there.st_dev, now_there.st_ino) == self._file:
+            return
+        self._file = None
+        logger.warning(
+            "conversation memory %s was %s while the gateway runs: runs go on in the file it opened, "
+            "which is lost when the gateway stops; restart the gateway to use the file at that path",
+            self._config.path,
+            "deleted" if now_there is None else "replaced",
+        )
 
     async def used(self, thread: str, owner: str) -> None:
         """Mark ``thread`` as used now by a run of ``owner`` (a digest of the client), so it is
         not expired under it; a thread keeps the owner it was first used by."""
         saver = await self.checkpointer()
         self._used[thread] = time.time()
+        self._check_file()
         if self._shared is None and not isinstance(saver, AsyncSqliteSaver):
             self._owners.setdefault(thread, owner)
             return
