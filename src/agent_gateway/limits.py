@@ -39,7 +39,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent_gateway import body_shape
+from agent_gateway import body_shape, request_body
 from agent_gateway.access import (
     IDENTIFIED,
     AccessControl,
@@ -49,9 +49,10 @@ from agent_gateway.access import (
     header_of_scope,
     token_of_scope,
 )
+from agent_gateway.compat import questions
 from agent_gateway.downstream.room import Room
 from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest
-from agent_gateway.in_flight import UNCOUNTED, BodyHeld
+from agent_gateway.in_flight import BodyHeld
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.opening import Opened, Opening
 from agent_gateway.over_limits import (
@@ -281,26 +282,44 @@ class Admission:
     async def _body(self, scope: Scope, receive: Receive, send: Send, held: BodyHeld) -> bytes | None:
         """The body, whole and in time; None when it was refused (answered) or the client left."""
         limit = self.bounds.body_bytes
-        declared = _content_length(scope)
-        if declared is not None and declared > limit:
-            await self._refuse_body(send, held.client, 413, self._too_large(f"{declared} bytes"))
-            return None
+        declared = request_body.content_length(scope)
+        body: bytes | GatewayBusy | request_body.Oversized | None = None  # None: not in time
         # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
-            body = await self._read(receive, held)
-            if isinstance(body, GatewayBusy):
-                await refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])
-                return None
-            if body is _GONE:
-                return None  # the client left before its body was whole: nothing to answer
-            if body is None:
-                await self._refuse_body(send, held.client, 413, self._too_large(f"over {limit} bytes"))
-                return None
+            if declared is not None and declared > limit:  # refused unread, but an answer's id
+                answer = header_of_scope(scope, _SESSION_HEADER) is not None
+                body = request_body.Oversized(await request_body.head(receive) if answer else b"", declared)
+            else:
+                body = await request_body.read(receive, held, limit)
+        if isinstance(body, GatewayBusy):
+            await refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])
+        elif isinstance(body, request_body.Oversized):
+            await self._oversized(scope, send, held.client, body)
+        elif body is request_body.GONE:
+            pass  # the client left before its body was whole: nothing to answer
+        elif isinstance(body, bytes):
             return body
-        await self._refuse_body(
-            send, held.client, 408, f"the request body did not arrive within {self.bounds.body_timeout:g}s"
-        )
+        else:
+            await self._refuse_body(
+                send,
+                held.client,
+                408,
+                f"the request body did not arrive within {self.bounds.body_timeout:g}s",
+            )
         return None
+
+    async def _oversized(
+        self, scope: Scope, send: Send, client: Principal, body: request_body.Oversized
+    ) -> None:
+        """Refuse a body past the limit; if it is an answer to a question the gateway asked the
+        client, that question fails at once, saying so (``request_body.py``)."""
+        why = self._too_large(
+            f"{body.size} bytes" if body.size is not None else f"over {self.bounds.body_bytes} bytes"
+        )
+        manager = self.room.manager if self.room is not None else None
+        if manager is not None and (answered := request_body.answered_id(body.head)) is not None:
+            await questions.fail(manager, scope, answered, f"the client's answer was not read: its {why}")
+        await self._refuse_body(send, client, 413, why)
 
     def _shape_problem(self, body: bytes, scope: Scope) -> tuple[str, int] | None:
         """What is wrong with ``body``'s shape, and its JSON-RPC code; None: nothing."""
@@ -334,31 +353,8 @@ class Admission:
         refused("body", "refused an HTTP request of %s: %s", client.label, message, peer=client.label)
         await refuse(send, status, InvalidRequest(message, code))
 
-    async def _read(self, receive: Receive, held: BodyHeld) -> bytes | GatewayBusy | None:
-        """The whole body; None as soon as it passes the limit; the error as soon as it does not
-        fit the bytes in flight (``held``); ``_GONE`` if the client left."""
-        size, chunks = 0, list[bytes]()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return _GONE
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.bounds.body_bytes:
-                return None
-            if size > UNCOUNTED and (busy := held.take(size - held.size)) is not None:
-                return busy
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        return b"".join(chunks)
-
     def _too_large(self, size: str) -> str:
         return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
-
-
-_GONE = b"\x00gone"
-"""A sentinel for a body cut short by a disconnect (compared by identity)."""
 
 
 def replay(body: bytes, receive: Receive) -> Receive:
@@ -388,13 +384,3 @@ same: a layer between may have changed it)."""
 def _initializes(scope: Scope) -> bool:
     """Whether the request admitted is an ``initialize`` (as admission parsed it)."""
     return (parsed := scope.get(PARSED)) is not None and parsed[1].get("method") == "initialize"
-
-
-def _content_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None

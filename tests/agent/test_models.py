@@ -381,3 +381,18 @@ async def test_a_malformed_sampling_answer_ends_the_run_with_an_error_and_no_tra
     assert "malformed answer" in results[0]["content"][0]["text"], results
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
     assert any("answer to sampling/createMessage is malformed" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_client_answer_past_the_body_limit_fails_its_question_at_once_saying_why() -> None:
+    # Refused 413 unread, the sampling request waited out the model's timeout, then said the
+    # client had not answered.
+    agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling", "timeout": 30}}
+    async with (
+        two_upstreams() as (upstreams, _, _),
+        running_gateway({"upstreams": upstreams, "agent": agent, "server": {"max_body_bytes": 65536}}) as gw,
+        sampling_client(gw.url, "legacy", [said("x" * 100_000)], []) as client,
+    ):
+        result = await ask(client, "Hi")
+    assert result.is_error
+    assert "the client's answer was not read: its request body is " in text(result), text(result)
+    assert "the limit (server.max_body_bytes) is 65536" in text(result)

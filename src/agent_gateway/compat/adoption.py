@@ -40,9 +40,7 @@ import anyio
 from anyio.abc import TaskStatus
 from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
 from mcp.server.auth.middleware.bearer_auth import (
-    AuthenticatedUser,
     AuthorizationContext,
-    authorization_context,
 )
 from mcp.server.connection import Connection
 from mcp.server.runner import aclose_shielded, serve_connection
@@ -58,6 +56,7 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.access import header_of_scope
 from agent_gateway.compat.deferred import DeferredSessionManager, deferring
 from agent_gateway.compat.lane import json_answer
+from agent_gateway.compat.questions import credential_of
 from agent_gateway.compat.relays import Relays
 from agent_gateway.errors import StoreUnavailable
 from agent_gateway.refusals import refused
@@ -80,12 +79,6 @@ its bound), nor holds up the session's messages or its end."""
 _CLAIM_EVERY = 5.0
 """Seconds between two looks, for a notification stream held here, at its session's
 subscriptions that no live replica holds."""
-
-
-def credential_of(scope: Scope) -> AuthorizationContext | None:
-    """The SDK's identity of the credential on a request (None: no auth)."""
-    user = scope.get("user")
-    return authorization_context(user) if isinstance(user, AuthenticatedUser) else None
 
 
 class AdoptingSessionManager(DeferredSessionManager):

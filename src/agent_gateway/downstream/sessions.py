@@ -30,8 +30,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import access
 from agent_gateway.access import Principal
-from agent_gateway.compat.adoption import credential_of
 from agent_gateway.compat.mcp import connection_of
+from agent_gateway.compat.questions import credential_of
 from agent_gateway.downstream.input_requests import asked, elicits_by_url, refusal, result_type
 from agent_gateway.opening import session_opened
 from agent_gateway.runtime import CLEANUP_TIMEOUT, SEND_TIMEOUT

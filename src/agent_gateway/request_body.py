@@ -1,0 +1,101 @@
+"""A POST's body, read within its bounds before anything parses it (``limits.py`` decides what
+is refused, and answers).
+
+- ``read``: the whole body, or why not: past ``server.max_body_bytes`` (as soon as it passes),
+  past the bytes in flight the process may hold, or cut short by the client leaving.
+- ``answered_id``: a body past the limit may be a handshake-era client's answer to a question
+  the gateway asked it (an ``ask_agent`` run's sampling, an approval, an upstream's elicitation
+  relayed to it). Refused unread, the question waited out its own timeout (minutes), then said
+  the client did not answer. The answer's id is read from the body's first kilobyte (the SDKs
+  write ``jsonrpc`` and ``id`` before the result), so the question can fail at once, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from mcp_types import RequestId
+from starlette.types import Receive, Scope
+
+from agent_gateway.errors import GatewayBusy
+from agent_gateway.in_flight import UNCOUNTED, BodyHeld
+
+HEAD_BYTES = 1024
+"""How much of a body past the limit is kept, to find the id of the answer it may be."""
+
+GONE = b"\x00gone"
+"""A body cut short by a disconnect (compared by identity)."""
+
+_TOKEN = re.compile(rb'"(?:[^"\\]|\\.)*"|[{}\[\]]')
+_KEY = re.compile(rb"\s*:")
+_ID = re.compile(rb'\s*:\s*(-?\d{1,18}|"(?:[^"\\]|\\.){0,256}")\s*[,}]')
+_ANSWERS = frozenset({b'"result"', b'"error"'})
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """A body past the limit: its first bytes (at most ``HEAD_BYTES``; none read when its
+    declared length was refused unread) and its declared size, if any."""
+
+    head: bytes
+    size: int | None = None
+
+
+async def read(receive: Receive, held: BodyHeld, limit: int) -> bytes | GatewayBusy | Oversized:
+    """The whole body; ``Oversized`` as soon as it passes ``limit``; the error as soon as it
+    does not fit the bytes in flight (``held``); ``GONE`` if the client left."""
+    size, chunks = 0, list[bytes]()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return GONE
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return Oversized((chunks[0] if chunks else chunk)[:HEAD_BYTES])
+        if size > UNCOUNTED and (busy := held.take(size - held.size)) is not None:
+            return busy
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def head(receive: Receive) -> bytes:
+    """The first bytes of a body not otherwise read (one chunk of it)."""
+    message = await receive()
+    return message.get("body", b"")[:HEAD_BYTES] if message["type"] == "http.request" else b""
+
+
+def content_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def answered_id(head: bytes) -> RequestId | None:
+    """The id of the JSON-RPC answer (a result or an error) ``head`` begins; None when it is no
+    answer (a request has a ``method``) or its id is not within it. Only the object's own keys
+    count, not those of what it holds."""
+    if not head.lstrip().startswith(b"{"):
+        return None
+    depth, keys, found = 0, set[bytes](), None
+    for token in _TOKEN.finditer(head):
+        text = token.group()
+        if text in (b"{", b"["):
+            depth += 1
+        elif text in (b"}", b"]"):
+            depth -= 1
+        elif depth == 1 and _KEY.match(head, token.end()):
+            keys.add(text)
+            if text == b'"id"' and (value := _ID.match(head, token.end())) is not None:
+                found = json.loads(value.group(1))
+    if found is None or b'"method"' in keys or not keys & _ANSWERS:
+        return None
+    return found
