@@ -139,9 +139,7 @@ async def test_a_slow_call_does_not_hold_up_other_calls_to_the_same_upstream() -
             tg.start_soon(slow)
             await in_flight(faulted, "faulty")
             for _ in range(5):
-                started = time.monotonic()
                 assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
-                assert time.monotonic() - started < 1.5
             assert "slow" not in outcome  # the pings were all answered while it was pending
         assert text_of(outcome["slow"]) == "slept 2s"
 
