@@ -11,6 +11,10 @@ from pathlib import Path
 from typing import Any
 
 GENESIS = "0" * 64
+MAX_LINE = 2**20
+"""The longest line read as one record: a record keeps at most 64 KiB of a call's arguments,
+and the trail is resumed from a record in its last MiB (``audit.py``). A file of one endless
+line (``/dev/zero``, a log written over the trail) was read into memory whole, never answered."""
 
 
 def canonical_json(body: dict[str, Any]) -> str:
@@ -35,15 +39,21 @@ def verify(paths: Iterable[Path]) -> Verdict:
     count, prev, seq = 0, None, None
     for path in paths:
         try:
-            file = open(path, encoding="utf-8")  # noqa: SIM115 (closed below, read line by line)
+            file = open(path, "rb")  # noqa: SIM115 (closed below, read line by line)
         except OSError as exc:
             return Verdict(count, f"{path}: cannot be read ({exc.strerror or type(exc).__name__})")
         with file:
-            for number, line in enumerate(file, 1):
+            number = 0
+            while line := file.readline(MAX_LINE + 1):
+                number += 1
                 where = f"{path}:{number}"
+                if len(line) > MAX_LINE:
+                    return Verdict(
+                        count, f"{where}: a line of more than {MAX_LINE // 2**20} MiB, not a record"
+                    )
                 try:
                     record = json.loads(line)
-                except ValueError:
+                except (ValueError, RecursionError):  # not JSON, not UTF-8, nested past reading
                     return Verdict(count, f"{where}: not a JSON record")
                 problem = _record_problem(record, prev, seq)
                 if problem is not None:
@@ -55,6 +65,8 @@ def verify(paths: Iterable[Path]) -> Verdict:
 def _record_problem(record: Any, prev: str | None, seq: int | None) -> str | None:
     if not isinstance(record, dict) or not {"hash", "prev", "seq"} <= record.keys():
         return "not an audit record (no hash, prev or seq)"
+    if type(record["seq"]) is not int:  # pyright: ignore[reportUnknownArgumentType]
+        return "not an audit record (its seq is not a record number)"
     body = {k: v for k, v in record.items() if k != "hash"}  # pyright: ignore[reportUnknownVariableType]
     if _hash(body) != record["hash"]:  # pyright: ignore[reportUnknownArgumentType]
         return "edited: its hash does not match its content"

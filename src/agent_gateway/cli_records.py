@@ -5,13 +5,17 @@ the gateway stopped or running). ``audit verify`` reads no configuration: it che
 from __future__ import annotations
 
 import argparse
+import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from agent_gateway import pins_postgres
 from agent_gateway.audit_verify import verify
 from agent_gateway.config import GatewayConfig
+from agent_gateway.errors import StoreUnavailable
 from agent_gateway.pins import Pin, Pins, pins_path
 from agent_gateway.store.client import redacted
 
@@ -54,19 +58,27 @@ def _shared_url(config: GatewayConfig) -> str | None:
 def _listed(config: GatewayConfig) -> list[Pin]:
     if (url := _shared_url(config)) is not None:
         return [Pin(*row) for row in pins_postgres.listed(url)]
-    pins = Pins(pins_path(config), config.pinning)
-    try:
+    with _local_pins(config) as pins:
         return pins.pins()
-    finally:
-        pins.close()
 
 
 def _accepted(config: GatewayConfig, names: list[str] | None) -> list[str]:
     if (url := _shared_url(config)) is not None:
         return pins_postgres.accepted(url, names)
-    pins = Pins(pins_path(config), config.pinning)
-    try:
+    with _local_pins(config) as pins:
         return pins.accept(names)
+
+
+@contextmanager
+def _local_pins(config: GatewayConfig) -> Iterator[Pins]:
+    """The pins file, closed after; one that is no database (or a directory, or unreadable) is
+    said in one line, as an unreachable shared database is (it ended in a traceback)."""
+    path = pins_path(config)
+    pins = Pins(path, config.pinning)
+    try:
+        yield pins
+    except (sqlite3.DatabaseError, OSError) as exc:
+        raise StoreUnavailable(f"tool pins {path}: cannot be read: {exc}") from None
     finally:
         pins.close()
 

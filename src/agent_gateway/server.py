@@ -35,6 +35,7 @@ from agent_gateway.downstream.subscriptions import ResourceSubscriptions
 from agent_gateway.errors import ConfigError, UnknownName
 from agent_gateway.in_flight import bounded
 from agent_gateway.listing import ToolListing
+from agent_gateway.listing_components import ComponentLists
 from agent_gateway.naming import own_tool_names
 from agent_gateway.pins import pins_for
 from agent_gateway.pipeline import Pipeline
@@ -175,7 +176,8 @@ class Gateway:
             "completion/complete", types.CompleteRequestParams, self.pipeline.complete
         )
         lowlevel.add_request_handler("tools/list", types.PaginatedRequestParams, self.listing)
-        past_fastmcp(lowlevel, SERVED_HERE)
+        ComponentLists(self.server, self.catalog, self.sessions, config.server.page_size).register(lowlevel)
+        past_fastmcp(lowlevel, SERVED_HERE | ComponentLists.METHODS)
         # FastMCP serves neither; modern clients learn of catalog changes on subscriptions/listen.
         lowlevel.add_request_handler(
             "subscriptions/listen", types.SubscriptionsListenRequestParams, self.subscriptions.listen
@@ -189,9 +191,7 @@ class Gateway:
         lowlevel.add_notification_handler(
             "notifications/roots/list_changed", types.NotificationParams, self._roots_changed
         )
-        # Modern-era tools/call checks its Mcp-Param-* headers against the tool's schema; without
-        # a lookup the SDK runs tools/list through the whole server on every call (a third of a
-        # modern call's CPU, billed to nobody). The lookup is scoped to the client admitted.
+        # Modern tools/call checks Mcp-Param-* headers by this (else each ran tools/list: a third of its CPU).
         lowlevel.get_tool_input_schema = self._input_schema
 
     def _input_schema(self, name: str) -> Mapping[str, Any] | None:

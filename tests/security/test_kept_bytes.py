@@ -135,5 +135,6 @@ async def test_a_cursor_longer_than_the_gateways_own_is_refused_without_being_se
         refused = await http.post(gw.url, json=ask, headers=headers)
         first = await http.post(gw.url, json={**ask, "params": {}}, headers=headers)
     assert refused.json()["error"]["code"] == INVALID_PARAMS, refused.text
+    assert "a cursor of 100000 characters" in refused.json()["error"]["message"]  # refused at admission
     assert len(refused.content) < 1_000
     assert "result" in first.json(), first.text

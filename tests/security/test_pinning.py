@@ -153,3 +153,23 @@ def test_an_upstream_listing_ever_new_names_pins_at_most_its_bound_and_holds_the
     assert caplog.messages[-1] == (
         "upstream churn: 100 new tools withheld: new, and its upstream has pinned 250 tool names already"
     )
+
+
+@pytest.mark.parametrize("found", ["not a database", "a directory"])
+def test_pins_commands_on_a_pins_file_that_is_no_database_say_so_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], found: str
+) -> None:
+    # As an unreachable shared database is said: it ended both commands in a traceback.
+    config_in(tmp_path, "http://127.0.0.1:9/mcp")
+    state = tmp_path / "state"
+    state.mkdir()
+    if found == "a directory":
+        (state / "pins.sqlite").mkdir()
+    else:
+        (state / "pins.sqlite").write_bytes(b"a log written over the pins " * 200)
+    config = str(tmp_path / "gateway.yaml")
+    for command in (["pins", "list", "-c", config], ["pins", "accept", "--all", "-c", config]):
+        assert main(command) == 2, command
+        error = capsys.readouterr().err
+        assert error.startswith(f"error: tool pins {state / 'pins.sqlite'}: cannot be read: "), error
+        assert error.count("\n") == 1

@@ -1,0 +1,109 @@
+"""``prompts/list``, ``resources/list`` and ``resources/templates/list``, page by page: each
+client's list is made once per catalog version and policy, and a page is a slice of it.
+
+FastMCP's own handlers listed everything the client may see, and made each item a wire model,
+for every page, to send ``server.page_size`` of them: at 3,000 prompts a page of ten took 50 ms
+of the event loop (O(catalog) a page, so a client walking the list cost O(catalog²), every
+other client waiting). The lists, their order and their cursors are those FastMCP's handlers
+made; only the current catalog version's are kept (one per list and policy).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import mcp_types as types
+from fastmcp import FastMCP
+from fastmcp.utilities.pagination import paginate_sequence
+from fastmcp.utilities.versions import dedupe_with_versions
+from mcp.server.lowlevel import Server
+
+from agent_gateway import access
+from agent_gateway.catalog import Catalog
+from agent_gateway.downstream.sessions import SessionRegistry
+from agent_gateway.errors import InvalidRequest, to_wire
+
+Build = Callable[[], Awaitable[Sequence[Any]]]
+
+
+class ComponentLists:
+    """The three lists FastMCP answered, answered from a list made once per catalog version
+    and policy (``access.visible``, in the catalog provider, is still what filters it)."""
+
+    METHODS = frozenset({"prompts/list", "resources/list", "resources/templates/list"})
+    """Served here: FastMCP's root middleware is skipped for them (``compat.fastmcp``)."""
+
+    def __init__(
+        self, server: FastMCP[Any], catalog: Catalog, sessions: SessionRegistry, page_size: int
+    ) -> None:
+        self._server = server
+        self._catalog = catalog
+        self._sessions = sessions
+        self._page_size = page_size
+        self._lists: dict[tuple[str, int, str | None], Sequence[Any]] = {}
+
+    def register(self, lowlevel: Server[Any]) -> None:
+        """Serve the three lists in place of FastMCP's handlers."""
+        lowlevel.add_request_handler("prompts/list", types.PaginatedRequestParams, self.prompts)
+        lowlevel.add_request_handler("resources/list", types.PaginatedRequestParams, self.resources)
+        lowlevel.add_request_handler("resources/templates/list", types.PaginatedRequestParams, self.templates)
+
+    async def prompts(self, ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        page, following = await self._page(ctx, params, "prompts/list", self._prompts)
+        return types.ListPromptsResult(prompts=list(page), next_cursor=following)
+
+    async def resources(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        page, following = await self._page(ctx, params, "resources/list", self._resources)
+        return types.ListResourcesResult(resources=list(page), next_cursor=following)
+
+    async def templates(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        page, following = await self._page(ctx, params, "resources/templates/list", self._templates)
+        return types.ListResourceTemplatesResult(resource_templates=list(page), next_cursor=following)
+
+    async def _page(
+        self, ctx: Any, params: types.PaginatedRequestParams | None, method: str, build: Build
+    ) -> tuple[Sequence[Any], str | None]:
+        """The page the request's cursor points at (FastMCP's cursors, read as its handlers
+        read them; one not of their form is ``-32602``, the cursor not sent back)."""
+        async with self._sessions.serving(ctx):  # once, as the pipeline's methods are
+            client = access.current()
+            key = (method, self._catalog.snapshot.version, client.policy_name if client is not None else None)
+            if (items := self._lists.get(key)) is None:
+                items = await build()
+                # Only the current version's lists: one per list and policy.
+                self._lists = {k: v for k, v in self._lists.items() if k[1] == key[1]}
+                self._lists[key] = items
+        try:
+            return paginate_sequence(items, params.cursor if params is not None else None, self._page_size)
+        except ValueError as exc:  # not one of FastMCP's, nor of this gateway's
+            raise to_wire(InvalidRequest(f"invalid cursor for {method}")) from exc
+
+    async def _prompts(self) -> Sequence[types.Prompt]:
+        listed = dedupe_with_versions(list(await self._server.list_prompts(run_middleware=False)), _name)
+        return [p.to_mcp_prompt(name=p.name) for p in listed]
+
+    async def _resources(self) -> Sequence[types.Resource]:
+        listed = await self._server.list_resources(run_middleware=False)
+        return [r.to_mcp_resource(uri=str(r.uri)) for r in dedupe_with_versions(list(listed), _uri)]
+
+    async def _templates(self) -> Sequence[types.ResourceTemplate]:
+        listed = await self._server.list_resource_templates(run_middleware=False)
+        deduped = dedupe_with_versions(list(listed), _template)
+        return [t.to_mcp_template(uri_template=t.uri_template) for t in deduped]
+
+
+def _name(component: Any) -> str:
+    return component.name
+
+
+def _uri(component: Any) -> str:
+    return str(component.uri)
+
+
+def _template(component: Any) -> str:
+    return component.uri_template

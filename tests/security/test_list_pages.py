@@ -1,0 +1,151 @@
+"""A page of ``prompts/list``, ``resources/list`` or ``resources/templates/list`` costs a page,
+not the catalog: FastMCP's handlers made every item the client may see a wire model for each
+page (at 3,000 prompts, 50 ms of the event loop for a page of ten; a client walking the list,
+O(catalog²)). The list is now made once per catalog version and policy. A cursor is still a
+position in the asking client's own list: one taken under another policy shows it nothing
+its own policy hides. Found by a helper's attack (round AU)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx2
+import pytest
+from fastmcp import FastMCP
+from fastmcp.prompts.base import Prompt
+from fastmcp.resources.base import Resource
+from fastmcp.resources.template import ResourceTemplate
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests.support import running_gateway, serving_upstream
+
+COUNT = 40
+PAGE = 4
+WIDE, NARROW = "wide-token-0123456789abcdef", "narrow-token-0123456789abcdef"
+
+
+def _text(value: str) -> Callable[[], str]:
+    def read() -> str:
+        return value
+
+    return read
+
+
+def catalog_server() -> FastMCP:
+    server = FastMCP("up")
+    for i in range(COUNT):
+        server.prompt(name=f"p{i:03d}")(_text(str(i)))
+        server.resource(f"res://r/{i:03d}", name=f"r{i:03d}")(_text(str(i)))
+
+        def by_template(x: str) -> str:
+            return x
+
+        server.resource(f"tpl://t{i:03d}/{{x}}", name=f"t{i:03d}")(by_template)
+    return server
+
+
+@asynccontextmanager
+async def client_with(url: str, token: str) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
+
+
+@asynccontextmanager
+async def gateway() -> AsyncIterator[str]:
+    narrow = {"prompts": ["up__p00*"], "resources": ["res://r/00*", "tpl://t00*"]}
+    config = {
+        "server": {"page_size": PAGE},
+        "auth": {
+            "mode": "bearer",
+            "tokens": [
+                {"name": "wide", "token": WIDE, "policy": "wide"},
+                {"name": "narrow", "token": NARROW, "policy": "narrow"},
+            ],
+            "policies": {"wide": {}, "narrow": narrow},
+        },
+    }
+    async with (
+        serving_upstream(catalog_server()) as url,
+        running_gateway({**config, "upstreams": {"up": {"url": url}}}) as gw,
+    ):
+        yield gw.url
+
+
+Page = Callable[[Client, str | None], Awaitable[tuple[list[str], str | None]]]
+
+
+async def prompts(client: Client, cursor: str | None) -> tuple[list[str], str | None]:
+    page = await client.list_prompts(cursor=cursor, cache_mode="bypass")
+    return [p.name for p in page.prompts], page.next_cursor
+
+
+async def resources(client: Client, cursor: str | None) -> tuple[list[str], str | None]:
+    page = await client.list_resources(cursor=cursor, cache_mode="bypass")
+    return [str(r.uri) for r in page.resources], page.next_cursor
+
+
+async def templates(client: Client, cursor: str | None) -> tuple[list[str], str | None]:
+    page = await client.list_resource_templates(cursor=cursor, cache_mode="bypass")
+    return [t.uri_template for t in page.resource_templates], page.next_cursor
+
+
+LISTS = {"prompts": (prompts, Prompt, "to_mcp_prompt"), "resources": (resources, Resource, "to_mcp_resource")}
+LISTS["templates"] = (templates, ResourceTemplate, "to_mcp_template")
+
+
+async def walked(client: Client, page: Page) -> tuple[list[str], list[str | None]]:
+    """Every item of the list, page by page, and the cursor each page was asked with."""
+    items, cursors, cursor = list[str](), list[str | None](), None
+    while True:
+        cursors.append(cursor)
+        found, cursor = await page(client, cursor)
+        items += found
+        if cursor is None:
+            return items, cursors
+
+
+@pytest.mark.parametrize("kind", LISTS)
+async def test_walking_a_list_makes_each_item_once_not_once_a_page(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    page, component, conversion = LISTS[kind]
+    made = [0]
+    original = getattr(component, conversion)
+
+    def counted(self: Any, **kwargs: Any) -> Any:
+        made[0] += 1
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(component, conversion, counted)
+    async with gateway() as url, client_with(url, WIDE) as client:
+        made[0] = 0  # the upstream's own listing (an in-process FastMCP) is not the gateway's
+        items, cursors = await walked(client, page)
+        again, _ = await walked(client, page)
+    assert len(cursors) == COUNT // PAGE
+    assert len(items) == len(set(items)) == COUNT
+    assert again == items
+    assert made[0] == COUNT  # was COUNT a page: 400 for 10 pages, 800 for the second walk
+
+
+@pytest.mark.parametrize("kind", LISTS)
+async def test_a_cursor_of_another_policys_walk_shows_only_the_askers_own_list(kind: str) -> None:
+    page = LISTS[kind][0]
+    async with gateway() as url, client_with(url, WIDE) as wide, client_with(url, NARROW) as narrow:
+        own, _ = await walked(narrow, page)  # the narrow list made first, then the wide one
+        everything, cursors = await walked(wide, page)
+        replayed = [item for cursor in cursors for item in (await page(narrow, cursor))[0]]
+        again, _ = await walked(narrow, page)
+        with pytest.raises(MCPError, match="invalid cursor for") as refused:
+            await page(narrow, "not-a-cursor")
+    assert len(own) == 10
+    assert set(own) < set(everything)
+    assert replayed == own  # its pages past its own end are empty
+    assert again == own
+    assert refused.value.error.code == -32602
