@@ -16,16 +16,18 @@ from fastmcp import FastMCP
 from mcp import Client
 from starlette.types import ASGIApp, Scope, Send
 
+from tests.faults.harness import text_of
 from tests.support import RunningGateway, intercepted, running_gateway, serving
 
 INFLATED = 64 * 2**20
 """What the coded answer inflates to: past the upstream's max_message_bytes (1 MiB) here."""
 
 
-def coded_upstream(accepted: list[str], *, always: bool) -> ASGIApp:
+def coded_upstream(accepted: list[str], *, always: bool, refusing: bool = False) -> ASGIApp:
     """A FastMCP upstream whose ``packed`` call is answered gzip-coded when the request
-    accepts gzip (``always``: whatever it accepts), a body that inflates to 64 MiB; else as
-    FastMCP answers it. ``accepted``: each call's Accept-Encoding."""
+    accepts gzip (``always``: whatever it accepts), a body that inflates to 64 MiB (an HTTP
+    500 whose JSON-RPC error does, when ``refusing``); else as FastMCP answers it.
+    ``accepted``: each call's Accept-Encoding."""
     server = FastMCP("coded")
     server.tool(lambda: "plain", name="packed")
 
@@ -35,7 +37,7 @@ def coded_upstream(accepted: list[str], *, always: bool) -> ASGIApp:
         accept = dict(scope["headers"]).get(b"accept-encoding", b"").decode()
         accepted.append(accept)
         if always or "gzip" in accept:
-            await _bomb(send, request["id"])
+            await (_refusal_bomb(send, request["id"]) if refusing else _bomb(send, request["id"]))
             return True
         return False
 
@@ -48,6 +50,15 @@ async def _bomb(send: Send, request_id: object) -> None:
     coded = gzip.compress(json.dumps(answer).encode(), compresslevel=9)
     headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": coded})
+
+
+async def _refusal_bomb(send: Send, request_id: object) -> None:
+    """An HTTP 500 whose JSON-RPC error says ``inflated``, padded with whitespace to 64 MiB."""
+    error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32000, "message": "inflated"}}
+    coded = gzip.compress(json.dumps(error).encode() + b" " * INFLATED, compresslevel=9)
+    headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
     await send({"type": "http.response.body", "body": coded})
 
 
@@ -77,5 +88,21 @@ async def test_an_answer_coded_unasked_fails_its_call_uninflated(
     async with gateway_over(coded_upstream([], always=True)) as gw, Client(gw.url, mode=mode) as client:
         result = await client.call_tool("coded__packed", {})
         assert result.is_error  # before: 64 MiB inflated and parsed past the 1 MiB bound
+        assert (await client.call_tool("coded__packed", {})).is_error  # the upstream is still up
+    assert any("coded 'gzip', unasked: not decoded" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_coded_refusal_of_a_forwarded_call_is_not_inflated(caplog: pytest.LogCaptureFixture) -> None:
+    # A modern-era upstream's calls are posted on the gateway's own connections (``wire.py``),
+    # and an HTTP error's body is read whole for its JSON-RPC error: httpx2 inflated it there,
+    # past max_message_bytes (1 MiB here) and the bound of bytes in flight, which count the
+    # bytes received (a 2 MB gzip body took the gateway process to 4.3 GB, its bystander's
+    # p50 to 11.8 s). Now read as the bytes it is: no JSON-RPC error in it.
+    upstream = coded_upstream([], always=True, refusing=True)
+    async with gateway_over(upstream, "auto") as gw, Client(gw.url) as client:
+        result = await client.call_tool("coded__packed", {})
+        assert result.is_error
+        assert "inflated" not in text_of(result)  # before: the inflated body's error, read
+        assert "Server returned an error response" in text_of(result)
         assert (await client.call_tool("coded__packed", {})).is_error  # the upstream is still up
     assert any("coded 'gzip', unasked: not decoded" in r.getMessage() for r in caplog.records)

@@ -4,6 +4,7 @@ headers, then its body, bounded when it is read whole, and the bound on bytes in
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -11,6 +12,9 @@ import anyio
 import httpx2
 
 from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.logs import redacted_url
+
+logger = logging.getLogger(__name__)
 
 HEADER_BYTES = 64 * 1024
 """The most an answer's status line and headers may hold, together."""
@@ -234,10 +238,12 @@ class Answer:
         return b"".join([chunk async for chunk in self.chunks()])
 
     def as_httpx2(self) -> httpx2.Response:
-        """The answer as httpx2's response, its body streaming from the connection."""
+        """The answer as httpx2's response, its body streaming from the connection, never
+        decoded (``uncoded``)."""
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers]
         return httpx2.Response(
             self.status,
-            headers=[(k.decode("latin-1"), v.decode("latin-1")) for k, v in self.headers],
+            headers=uncoded(headers, self.request),
             stream=_Body(self),
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": self.reason},
             request=self.request,
@@ -268,6 +274,20 @@ class Answer:
 
     def _timed_out(self) -> None:
         self.fail(httpx2.ReadTimeout("timed out", request=self.request))
+
+
+def uncoded(headers: list[tuple[str, str]], request: httpx2.Request) -> list[tuple[str, str]]:
+    """An answer's ``headers`` without its ``Content-Encoding``, which was not asked for (every
+    request asks for ``identity``): httpx2 would inflate the body as it is read, and its bounds
+    (``max_message_bytes``, the bytes in flight) count the bytes received. A 2 MB gzip body of
+    a 500 answer to a forwarded call, read whole for its JSON-RPC error, took the gateway to
+    4.3 GB. The body then reaches its reader as the bytes it is (which fail to parse)."""
+    coding = next((v for k, v in headers if k.lower() == "content-encoding"), "identity").strip().lower()
+    if coding == "identity":
+        return headers
+    where = redacted_url(str(request.url))  # its query may hold a key
+    logger.warning("upstream answered %s coded %r, unasked: not decoded", where, coding[:64])
+    return [(k, v) for k, v in headers if k.lower() != "content-encoding"]
 
 
 class _Body(httpx2.AsyncByteStream):

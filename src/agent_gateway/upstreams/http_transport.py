@@ -18,7 +18,6 @@ its parse: that call's error, named as such).
 
 from __future__ import annotations
 
-import logging
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -32,11 +31,8 @@ import httpx2
 import yarl
 
 from agent_gateway.compat.httpx2 import URLPattern, get_environment_proxies
-from agent_gateway.logs import redacted_url
-from agent_gateway.upstreams.answer import Answer, BodyBound, CutShort, OversizedBody
+from agent_gateway.upstreams.answer import Answer, BodyBound, CutShort, OversizedBody, uncoded
 from agent_gateway.upstreams.wire import Origin
-
-logger = logging.getLogger(__name__)
 
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ClientProxyConnectionError)
 _HEADER_LIMIT = 64 * 1024
@@ -204,14 +200,9 @@ class Posted:
     def as_httpx2(self) -> httpx2.Response:
         response = self.response
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
-        coding = response.headers.get("content-encoding", "identity").strip().lower()
-        if coding != "identity":  # not asked for: httpx2 would inflate it without bound
-            where = redacted_url(str(self._request.url))  # its query may hold a key
-            logger.warning("upstream answered %s coded %r, unasked: not decoded", where, coding[:64])
-            headers = [(k, v) for k, v in headers if k.lower() != "content-encoding"]
         return httpx2.Response(
             response.status,
-            headers=headers,
+            headers=uncoded(headers, self._request),  # httpx2 would inflate it without bound
             stream=self.body,
             extensions={"http_version": b"HTTP/1.1", "reason_phrase": (response.reason or "").encode()},
             request=self._request,
