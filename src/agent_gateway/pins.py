@@ -33,7 +33,7 @@ from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
 from agent_gateway.config import GatewayConfig
-from agent_gateway.errors import StoreUnavailable
+from agent_gateway.errors import CannotServe, StoreUnavailable
 from agent_gateway.pins_postgres import Change, SharedPins
 from agent_gateway.private_files import private
 
@@ -170,6 +170,8 @@ class Pins:
         upstream whose review could not be written is listed again (``relist``) every
         ``REVIEW_AGAIN_EVERY`` seconds until one is: its withheld tools are then served,
         though the upstream itself may never list again."""
+        if self._shared is None and self.mode != "off":
+            self._opened()
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._review_again, relist)
             if self._shared is None:
@@ -204,6 +206,18 @@ class Pins:
             self._db.executemany(f"INSERT INTO pins VALUES ({', '.join('?' * 9)})", rows)
         self._pending = self._count_pending()
         logger.info("tool pins: %d loaded from the shared database", len(rows))
+
+    def _opened(self) -> None:
+        """Open the file now, at start-up: one that is no database (a log written over it, a
+        directory) took every upstream down at its first listing, retried for ever.
+
+        Raises:
+            CannotServe: the file cannot be read as tool pins.
+        """
+        try:
+            self._db  # noqa: B018 (opened by the property)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise CannotServe(f"tool pins {self._path}: cannot be read: {exc}") from None
 
     @property
     def _db(self) -> sqlite3.Connection:
