@@ -497,11 +497,12 @@ async def test_concurrent_clients_never_see_each_others_state(tmp_path: Path) ->
     assert totals == {n: [n * k for k in range(1, rounds + 1)] for n in range(1, 9)}
 
 
-# Each session costs ~80 ms of CPU here (two MCP handshakes); CI runs 250, AGW_SESSIONS=1000 the full count.
-CHURN = int(os.environ.get("AGW_SESSIONS", "100"))
+# Each session costs ~80 ms of CPU here (two MCP handshakes); one left behind shows in the
+# counts, so CI runs 40 (16 at once), AGW_SESSIONS=1000 the full count.
+CHURN = int(os.environ.get("AGW_SESSIONS", "40"))
 
 
-async def test_sessions_opened_and_closed_by_the_hundred_leave_nothing_behind(tmp_path: Path) -> None:
+async def test_sessions_opened_and_closed_by_the_dozen_leave_nothing_behind(tmp_path: Path) -> None:
     # 16 sessions at once of one client: its share of the upstream's max_sessions must hold them.
     async with recorded_gateway("http", tmp_path, session="per_client", max_sessions=64) as (gw, _):
         async with Client(gw.url, mode="legacy") as warm:  # first-use allocations, not leaks

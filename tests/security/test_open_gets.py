@@ -25,8 +25,8 @@ from tests.support import child_process, free_socket, gateway_env, ready, runnin
 
 BOUND = 20.0
 POLLERS = 20
-POLLS = 10
-"""Each poller's GETs of each page, one after another: 200 of each page in all."""
+POLLS = 5
+"""Each poller's GETs of each page, one after another: 100 of each page in all."""
 
 
 def _upstream() -> FastMCP:
