@@ -287,8 +287,9 @@ class Admission:
         # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
         with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
             if declared is not None and declared > limit:  # refused unread, but an answer's id
-                answer = header_of_scope(scope, _SESSION_HEADER) is not None
-                body = request_body.Oversized(await request_body.head(receive) if answer else b"", declared)
+                body = request_body.Oversized(b"", declared)  # 413 even if its head never comes
+                if header_of_scope(scope, _SESSION_HEADER) is not None:
+                    body = request_body.Oversized(await request_body.head(receive), declared)
             else:
                 body = await request_body.read(receive, held, limit)
         if isinstance(body, GatewayBusy):

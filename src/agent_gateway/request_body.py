@@ -95,7 +95,10 @@ def answered_id(head: bytes) -> RequestId | None:
         elif depth == 1 and _KEY.match(head, token.end()):
             keys.add(text)
             if text == b'"id"' and (value := _ID.match(head, token.end())) is not None:
-                found = json.loads(value.group(1))
+                try:  # a bad escape, a leading zero: matched, yet no JSON (it was a 500 and a traceback)
+                    found = json.loads(value.group(1))
+                except ValueError:
+                    found = None
     if found is None or b'"method"' in keys or not keys & _ANSWERS:
         return None
     return found

@@ -68,8 +68,13 @@ def test_an_endless_line_is_read_no_further_than_a_record_can_be_long() -> None:
         (chain(1) + b'{"seq": "\xff"}\n', "1 good records: {}:2: not a JSON record"),
         (chain(1) + b"[" * 100_000 + b"\n", "1 good records: {}:2: not a JSON record"),
         (chain("one", 2), "0 good records: {}:1: not an audit record (its seq is not a record number)"),
+        # A lone surrogate, escaped: UTF-8 and JSON, but no UTF-8 to hash (a traceback)
+        (
+            chain(1) + rb'{"seq": 2, "prev": "", "hash": "", "a": "\ud800"}' + b"\n",
+            "1 good records: {}:2: edited: its hash does not match its content",
+        ),
     ],
-    ids=["not-utf-8", "nested", "seq-not-a-number"],
+    ids=["not-utf-8", "nested", "seq-not-a-number", "lone-surrogate"],
 )
 def test_a_line_that_is_no_record_is_named_in_one_line(tmp_path: Path, written: bytes, found: str) -> None:
     trail = tmp_path / "audit.jsonl"

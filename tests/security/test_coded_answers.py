@@ -23,11 +23,13 @@ INFLATED = 64 * 2**20
 """What the coded answer inflates to: past the upstream's max_message_bytes (1 MiB) here."""
 
 
-def coded_upstream(accepted: list[str], *, always: bool, refusing: bool = False) -> ASGIApp:
+def coded_upstream(
+    accepted: list[str], *, always: bool, refusing: bool = False, codings: tuple[bytes, ...] = (b"gzip",)
+) -> ASGIApp:
     """A FastMCP upstream whose ``packed`` call is answered gzip-coded when the request
     accepts gzip (``always``: whatever it accepts), a body that inflates to 64 MiB (an HTTP
     500 whose JSON-RPC error does, when ``refusing``); else as FastMCP answers it.
-    ``accepted``: each call's Accept-Encoding."""
+    ``accepted``: each call's Accept-Encoding; ``codings``: its Content-Encoding headers."""
     server = FastMCP("coded")
     server.tool(lambda: "plain", name="packed")
 
@@ -37,27 +39,27 @@ def coded_upstream(accepted: list[str], *, always: bool, refusing: bool = False)
         accept = dict(scope["headers"]).get(b"accept-encoding", b"").decode()
         accepted.append(accept)
         if always or "gzip" in accept:
-            await (_refusal_bomb(send, request["id"]) if refusing else _bomb(send, request["id"]))
+            await (_refusal_bomb if refusing else _bomb)(send, request["id"], codings)
             return True
         return False
 
     return intercepted(server, intercept)
 
 
-async def _bomb(send: Send, request_id: object) -> None:
+async def _bomb(send: Send, request_id: object, codings: tuple[bytes, ...]) -> None:
     text = "A" * INFLATED
     answer = {"jsonrpc": "2.0", "id": request_id, "result": {"content": [{"type": "text", "text": text}]}}
     coded = gzip.compress(json.dumps(answer).encode(), compresslevel=9)
-    headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+    headers = [(b"content-type", b"application/json"), *((b"content-encoding", c) for c in codings)]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": coded})
 
 
-async def _refusal_bomb(send: Send, request_id: object) -> None:
+async def _refusal_bomb(send: Send, request_id: object, codings: tuple[bytes, ...]) -> None:
     """An HTTP 500 whose JSON-RPC error says ``inflated``, padded with whitespace to 64 MiB."""
     error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32000, "message": "inflated"}}
     coded = gzip.compress(json.dumps(error).encode() + b" " * INFLATED, compresslevel=9)
-    headers = [(b"content-type", b"application/json"), (b"content-encoding", b"gzip")]
+    headers = [(b"content-type", b"application/json"), *((b"content-encoding", c) for c in codings)]
     await send({"type": "http.response.start", "status": 500, "headers": headers})
     await send({"type": "http.response.body", "body": coded})
 
@@ -106,3 +108,19 @@ async def test_a_coded_refusal_of_a_forwarded_call_is_not_inflated(caplog: pytes
         assert "Server returned an error response" in text_of(result)
         assert (await client.call_tool("coded__packed", {})).is_error  # the upstream is still up
     assert any("coded 'gzip', unasked: not decoded" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("refusing", [False, True])  # a result on the SDK's path; a refusal forwarded
+async def test_an_answer_coded_in_a_second_header_is_not_inflated(
+    refusing: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Content-Encoding: identity, then Content-Encoding: gzip. Only the first header was read
+    # ("identity": kept as it was), and httpx2 reads both: the body was inflated, 64 MiB past
+    # max_message_bytes (1 MiB).
+    upstream = coded_upstream([], always=True, refusing=refusing, codings=(b"identity", b"gzip"))
+    async with gateway_over(upstream, "auto" if refusing else "legacy") as gw, Client(gw.url) as client:
+        result = await client.call_tool("coded__packed", {})
+        assert result.is_error
+        assert "inflated" not in text_of(result)
+        assert (await client.call_tool("coded__packed", {})).is_error  # the upstream is still up
+    assert any("unasked: not decoded" in r.getMessage() for r in caplog.records)

@@ -282,8 +282,9 @@ def uncoded(headers: list[tuple[str, str]], request: httpx2.Request) -> list[tup
     (``max_message_bytes``, the bytes in flight) count the bytes received. A 2 MB gzip body of
     a 500 answer to a forwarded call, read whole for its JSON-RPC error, took the gateway to
     4.3 GB. The body then reaches its reader as the bytes it is (which fail to parse)."""
-    coding = next((v for k, v in headers if k.lower() == "content-encoding"), "identity").strip().lower()
-    if coding == "identity":
+    # Every header read, as httpx2 reads them (the first alone let "identity" then "gzip" by).
+    coding = ", ".join(v.strip().lower() for k, v in headers if k.lower() == "content-encoding")
+    if coding in ("", "identity"):
         return headers
     where = redacted_url(str(request.url))  # its query may hold a key
     logger.warning("upstream answered %s coded %r, unasked: not decoded", where, coding[:64])
