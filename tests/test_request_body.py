@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import anyio
+import httpx
 import mcp_types as types
 from mcp import Client
 
@@ -38,15 +39,38 @@ async def test_an_oversized_answer_whose_id_is_no_json_is_refused_413_not_a_500(
 
 
 async def test_a_declared_length_past_the_limit_whose_head_never_comes_is_refused_413() -> None:
-    # With a session id the gateway reads the body's first chunk for an answer's id; when none
-    # came within the body timeout the client was told 408, its body "did not arrive", though
-    # it was refused for its declared size.
+    # With its session's id the gateway reads the body's first chunk for an answer's id; when
+    # none came within the body timeout the client was told 408, its body "did not arrive",
+    # though it was refused for its declared size.
     server = {"max_body_bytes": 65536, "connections": {"body_timeout": 1}}
     async with running_gateway({"server": server, "upstreams": {}}) as gw:
+        session = await _session_of(gw.url)
         with anyio.fail_after(10):
             answer = await answer_before_the_body_ends(
-                gw.url, {**HEADERS, "Mcp-Session-Id": "0" * 32, "Content-Length": "100000000"}
+                gw.url, {**HEADERS, "Mcp-Session-Id": session, "Content-Length": "100000000"}
             )
     assert answer.status == 413, answer
     message = json.loads(answer.body)["error"]["message"]
     assert message == "request body is 100000000 bytes; the limit (server.max_body_bytes) is 65536"
+
+
+async def test_a_declared_length_past_the_limit_naming_no_session_here_is_refused_unread() -> None:
+    # Its head was waited for (up to the body timeout) whatever session the id named: only a
+    # session this replica holds for the request's credential can be asked a question.
+    server = {"max_body_bytes": 65536, "connections": {"body_timeout": 120}}
+    async with running_gateway({"server": server, "upstreams": {}}) as gw:
+        with anyio.fail_after(60):  # a hang's bound: the body timeout is 120 s
+            answer = await answer_before_the_body_ends(
+                gw.url, {**HEADERS, "Mcp-Session-Id": "0" * 32, "Content-Length": "100000000"}
+            )
+    assert answer.status == 413, answer
+
+
+async def _session_of(url: str) -> str:
+    """The id of a handshake-era session opened at ``url`` (left open)."""
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "0"}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        opened = await http.post(
+            url, headers=HEADERS, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+        )
+    return opened.headers["mcp-session-id"]

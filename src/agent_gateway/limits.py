@@ -288,7 +288,8 @@ class Admission:
         with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
             if declared is not None and declared > limit:  # refused unread, but an answer's id
                 body = request_body.Oversized(b"", declared)  # 413 even if its head never comes
-                if header_of_scope(scope, _SESSION_HEADER) is not None:
+                manager = self._manager  # only its own session's client is asked questions
+                if manager is not None and questions.session_of(manager, scope) is not None:
                     body = request_body.Oversized(await request_body.head(receive), declared)
             else:
                 body = await request_body.read(receive, held, limit)
@@ -317,10 +318,15 @@ class Admission:
         why = self._too_large(
             f"{body.size} bytes" if body.size is not None else f"over {self.bounds.body_bytes} bytes"
         )
-        manager = self.room.manager if self.room is not None else None
+        manager = self._manager
         if manager is not None and (answered := request_body.answered_id(body.head)) is not None:
             await questions.fail(manager, scope, answered, f"the client's answer was not read: its {why}")
         await self._refuse_body(send, client, 413, why)
+
+    @property
+    def _manager(self) -> object | None:
+        """The SDK's session manager (None until the app has started)."""
+        return self.room.manager if self.room is not None else None
 
     def _shape_problem(self, body: bytes, scope: Scope) -> tuple[str, int] | None:
         """What is wrong with ``body``'s shape, and its JSON-RPC code; None: nothing."""

@@ -9,6 +9,8 @@ transport's ``_read_stream_writer``; ``tests/test_compat.py`` checks each.
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 from mcp.server.auth.middleware.bearer_auth import (
     AuthenticatedUser,
@@ -31,16 +33,21 @@ def credential_of(scope: Scope) -> AuthorizationContext | None:
     return authorization_context(user) if isinstance(user, AuthenticatedUser) else None
 
 
+def session_of(manager: object, scope: Scope) -> Any | None:
+    """The transport of the session the request in ``scope`` names, if this replica holds it
+    for the request's credential (None: the SDK would answer "Session not found")."""
+    session_id = header_of_scope(scope, _SESSION_HEADER)
+    transport = getattr(manager, "_server_instances", {}).get(session_id)
+    owner = getattr(manager, "_session_owners", {}).get(session_id)
+    return transport if transport is not None and owner == credential_of(scope) else None
+
+
 async def fail(manager: object, scope: Scope, request_id: RequestId, message: str) -> bool:
     """Answer ``request_id`` of the session the request in ``scope`` names with an error saying
     ``message``; whether it was delivered (not when the session is not this replica's, or
     another credential's: the SDK would answer that request "Session not found")."""
-    session_id = header_of_scope(scope, _SESSION_HEADER)
-    transport = getattr(manager, "_server_instances", {}).get(session_id)
-    owner = getattr(manager, "_session_owners", {}).get(session_id)
-    if transport is None or owner != credential_of(scope):
-        return False
-    writer = transport._read_stream_writer  # pyright: ignore[reportPrivateUsage]
+    transport = session_of(manager, scope)
+    writer = transport._read_stream_writer if transport is not None else None  # pyright: ignore[reportPrivateUsage]
     if writer is None:
         return False
     error = JSONRPCError(jsonrpc="2.0", id=request_id, error=ErrorData(code=INVALID_REQUEST, message=message))
