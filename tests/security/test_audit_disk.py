@@ -29,7 +29,7 @@ from mcp.shared.exceptions import MCPError
 from agent_gateway.cli import main
 from tests.agent.test_models import said, sampling_client
 from tests.security.test_audit import _server, records
-from tests.support import gateway_child, python_upstream, serving_upstream
+from tests.support import gateway_child, python_upstream, running_gateway, serving_upstream
 from tests.test_upstreams import text_of, wait_until
 
 BOUND = 60.0
@@ -351,3 +351,39 @@ async def test_audit_required_refuses_an_agent_runs_call_while_the_trail_cannot_
     # Its record, written once the disk had room, says so.
     by_the_run = [(r["name"], r["outcome"]) for r in records(trail) if r.get("run")]
     assert by_the_run == [("desk__echo", "refused")]
+
+
+def _opened(path: Path) -> int:
+    """How many of this process's file descriptors are open on ``path``."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if _target(fd) == str(path))
+
+
+def _target(fd: Path) -> str | None:
+    try:
+        return os.readlink(fd)
+    except OSError:  # closed meanwhile
+        return None
+
+
+async def test_a_memory_file_that_is_no_database_fails_each_run_and_keeps_no_connection(
+    tmp_path: Path,
+) -> None:
+    # Its connection was kept on the store's stack though the store never opened: each run
+    # opened another, and left it (its file open, its thread) behind until the gateway stopped.
+    memory = tmp_path / "conversations.sqlite"
+    memory.write_bytes(b"a log written over the memory " * 200)
+    async with serving_upstream(_server()) as url:
+        config = {
+            "upstreams": {"desk": {"url": url}},
+            "agent": {"memory": {"store": "sqlite", "path": str(memory)}},
+        }
+        async with running_gateway(config) as gw, Client(gw.url, mode="legacy") as client:
+            failed = await client.call_tool("ask_agent", _ASK)
+            for _ in range(5):
+                assert (await client.call_tool("ask_agent", _ASK)).is_error
+            assert _opened(memory) == 0
+    assert failed.is_error
+    assert f"conversation memory {memory}: cannot open the SQLite file: file is not a database" in text_of(
+        failed
+    )

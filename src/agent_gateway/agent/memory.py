@@ -144,18 +144,14 @@ class Conversations:
             return saver
         path = Path(self._config.path)
         try:
-            private(path)
-            saver = await self._stack.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
-            await saver.setup()
-            async with saver.lock:
-                await saver.conn.execute(_THREADS)
-                async with saver.conn.execute("PRAGMA table_info(agent_gateway_threads)") as rows:
-                    if "owner" not in {row[1] for row in await rows.fetchall()}:
-                        await saver.conn.execute(_OWNERS)
-                await saver.conn.execute(_BY_OWNER)
-                await saver.conn.execute(_ADOPT, (time.time(),))
-                await saver.conn.commit()
-            opened = await anyio.Path(path).stat()
+            # Closed here if it is not made ready: kept open on the store's stack, a file that
+            # is no database left one connection (and its thread) behind for every run.
+            async with AsyncExitStack() as opening:
+                private(path)
+                saver = await opening.enter_async_context(AsyncSqliteSaver.from_conn_string(str(path)))
+                await _ready(saver)
+                opened = await anyio.Path(path).stat()
+                self._stack.push_async_exit(opening.pop_all())
         except Exception as exc:  # sqlite3 and OS errors alike: the run reports it, the gateway goes on
             raise AgentError(f"conversation memory {path}: cannot open the SQLite file: {exc}") from exc
         self._file = (opened.st_dev, opened.st_ino)
@@ -303,6 +299,19 @@ class Conversations:
     def _cutoff(self) -> float | None:
         retention = self.retention
         return None if retention is None else time.time() - retention
+
+
+async def _ready(saver: AsyncSqliteSaver) -> None:
+    """LangGraph's tables, and the gateway's table of when each thread was used and by whom."""
+    await saver.setup()
+    async with saver.lock:
+        await saver.conn.execute(_THREADS)
+        async with saver.conn.execute("PRAGMA table_info(agent_gateway_threads)") as rows:
+            if "owner" not in {row[1] for row in await rows.fetchall()}:
+                await saver.conn.execute(_OWNERS)
+        await saver.conn.execute(_BY_OWNER)
+        await saver.conn.execute(_ADOPT, (time.time(),))
+        await saver.conn.commit()
 
 
 def model_view(system: str, history: Sequence[AnyMessage], max_tokens: int) -> list[AnyMessage]:
