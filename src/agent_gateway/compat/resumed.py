@@ -69,12 +69,12 @@ class HttpSession:
 
 @asynccontextmanager
 async def http_session(
-    url: str, http_client: httpx2.AsyncClient, max_sse_event_size: int | None, link: HttpSession
+    url: str, http_client: httpx2.AsyncClient, max_sse_event_size: int | None, link: HttpSession, label: str
 ) -> AsyncIterator[TransportStreams]:
     """The SDK's Streamable HTTP client transport (its streams bounded: ``http_streams.py``),
-    holding ``link``'s session (see above)."""
+    holding ``link``'s session (see above); ``label``: the upstream session, as warnings name it."""
     transport = BoundedTransport(url, max_sse_event_size=max_sse_event_size)
-    transport.floored(http_client)
+    transport.floored(http_client, label)
     transport.session_id = link.resume_id
     link.transport, link.client = transport, http_client
     read_writer, read_stream = create_context_streams[SessionMessage | Exception](0)

@@ -28,6 +28,7 @@ from agent_gateway.compat.sse import sse_client
 from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.trace_context import trace_headers
+from agent_gateway.upstreams.answer import CountedEvents
 from agent_gateway.upstreams.correlation import RecordingWriteStream, SentRequests
 from agent_gateway.upstreams.environment import check_command, child_environment
 from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient, bounded_jar, ssl_context
@@ -189,7 +190,7 @@ def _traced(
     client = create_mcp_http_client((headers or {}) | _UNCODED, timeout, auth)
     client.cookies = bounded_jar()  # as a Streamable HTTP upstream's (``UpstreamClient``)
     client.event_hooks["request"].append(trace_headers)
-    client.event_hooks["response"].append(_uncoded)
+    client.event_hooks["response"].extend([_uncoded, _counted])
     return client
 
 
@@ -198,6 +199,14 @@ async def _uncoded(response: httpx2.Response) -> None:
     decoder from this header when the body is first read, after the hooks."""
     if response.headers.get("content-encoding", "identity").strip().lower() != "identity":
         del response.headers["content-encoding"]
+
+
+async def _counted(response: httpx2.Response) -> None:
+    """An SSE stream's unfinished event is counted in flight (``CountedEvents``), its body
+    not yet read when the hooks run."""
+    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind == "text/event-stream" and isinstance(response.stream, httpx2.AsyncByteStream):
+        response.stream = CountedEvents(response.stream)
 
 
 @asynccontextmanager
@@ -239,5 +248,5 @@ async def open_transport(
                 http = await stack.enter_async_context(_http_client(config))
                 # One SSE event holds one message: the SDK's own bound (1 MiB) would refuse
                 # a larger result and count it as the connection lost.
-                transport = http_session(config.url, http, config.max_message_bytes, link)
+                transport = http_session(config.url, http, config.max_message_bytes, link, label)
         yield await stack.enter_async_context(transport)

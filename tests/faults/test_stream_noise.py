@@ -1,0 +1,149 @@
+"""An upstream's stream that sends what makes no message (``compat/http_streams.py``,
+``QUIET_BYTES``): comments without end took most of a core from the gateway with no call in
+flight. Each upstream here is FastMCP whose session's own stream (its GET) the test writes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agent_gateway.compat import http_streams
+from tests.faults.harness import text_of
+from tests.support import running_gateway, serving
+
+WAIT = 20.0
+SSE = [(b"content-type", b"text/event-stream")]
+CHANGED = b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n\n'
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(WAIT):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+@dataclass
+class Listened:
+    """What the upstream saw of its session's own streams."""
+
+    opened: int = 0
+    sent: list[int] = field(default_factory=list[int])
+    """Bytes sent on each stream the gateway ended (closed from its side)."""
+    listings: int = 0
+    """``tools/list`` requests: the gateway lists again when told the tools changed."""
+
+
+Body = Callable[[bytes], Awaitable[None]]
+Writer = Callable[[Body, Listened], Awaitable[None]]
+"""Writes the body of one GET stream (until the gateway closes it)."""
+
+
+def noisy(server: FastMCP, listened: Listened, write: Writer) -> ASGIApp:
+    """``server`` over Streamable HTTP, each GET of its session's own stream written by ``write``."""
+    app = server.http_app(path="/mcp")
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "GET":
+            if scope["type"] == "http" and scope["method"] == "POST":
+                receive = await counting(receive, listened)
+            return await app(scope, receive, send)
+        listened.opened += 1
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        counted = [0]
+
+        async def body(data: bytes) -> None:
+            counted[0] += len(data)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        async with anyio.create_task_group() as tg:
+
+            async def writing() -> None:
+                await write(body, listened)
+                await anyio.sleep_forever()
+
+            tg.start_soon(writing)
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            listened.sent.append(counted[0])
+            tg.cancel_scope.cancel()
+
+    return upstream
+
+
+async def counting(receive: Receive, listened: Listened) -> Receive:
+    """``receive`` with the POST's body read first, its ``tools/list`` counted."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    if json.loads(body).get("method") == "tools/list":
+        listened.listings += 1
+    unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return unread.pop() if unread else await receive()
+
+    return replayed
+
+
+def kit() -> FastMCP:
+    server = FastMCP("kit")
+    server.tool(lambda: "pong", name="ping")
+    return server
+
+
+FLOOD = 64 * 2**20
+"""Bytes of comments an upstream offers on one stream: read whole, no bound ended it."""
+
+
+async def comments(body: Body, listened: Listened) -> None:
+    chunk = b":\n" * 32768
+    for _ in range(FLOOD // len(chunk)):
+        await body(chunk)
+
+
+async def test_a_stream_of_nothing_but_comments_is_ended_and_reopened(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Read on (no bound counts what makes no message), the comments took 88 % of a core.
+    listened = Listened()
+    async with serving(noisy(kit(), listened, comments)) as base:
+        upstream = {"url": f"{base}/mcp", "protocol": "legacy"}
+        async with running_gateway({"upstreams": {"up": upstream}}) as gw, Client(gw.url) as client:
+            await until(lambda: len(listened.sent) >= 2 and listened.opened >= 3)
+            pong = await client.call_tool("up__ping", {})
+    assert text_of(pong) == "pong"
+    assert max(listened.sent) < 4 * 2**20, listened.sent  # ended near QUIET_BYTES, not at FLOOD
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "made no message" in r.message]
+    assert len(warned) == 1, warned  # once, however often it is ended
+    assert "up" in warned[0].message
+
+
+async def keep_alives(body: Body, listened: Listened) -> None:
+    """Comments under the bound, a message, more, a message: what a keep-alive looks like."""
+    pad = b":\n" * (http_streams.QUIET_BYTES * 3 // 8)  # three quarters of the bound
+    await until(lambda: listened.listings > 0)  # the gateway's own first listing
+    for _ in range(2):
+        await body(pad)
+        at = listened.listings
+        await body(CHANGED)
+        await until(lambda at=at: listened.listings > at)  # the gateway read it: it listed again
+
+
+async def test_comments_under_the_bound_between_messages_leave_the_stream_open() -> None:
+    listened = Listened()
+    async with serving(noisy(kit(), listened, keep_alives)) as base:
+        upstream = {"url": f"{base}/mcp", "protocol": "legacy"}
+        async with running_gateway({"upstreams": {"up": upstream}}) as gw, Client(gw.url) as client:
+            await until(lambda: listened.listings >= 3)  # the first listing, then one per message
+            pong = await client.call_tool("up__ping", {})
+            assert (listened.opened, listened.sent) == (1, [])
+    assert text_of(pong) == "pong"
