@@ -32,6 +32,8 @@ from fastmcp.server.dependencies import get_context
 from fastmcp.server.event_store import EventStore as InMemoryEventStore
 from fastmcp.server.http import FastMCPStreamableHTTPSessionManager
 from fastmcp.server.session_scoped_event_store import SessionScopedEventStore
+from httpx2._exceptions import request_context
+from httpx2._sse import _SSEParser  # pyright: ignore[reportPrivateUsage]
 from langchain_anthropic import ChatAnthropic
 from langchain_core.messages import AIMessage
 from langgraph.checkpoint.memory import InMemorySaver
@@ -674,6 +676,22 @@ def test_httpx2_reads_the_proxy_environment_as_the_aiohttp_transport_does(
     proxies = httpx2_compat.get_environment_proxies()
     assert proxies.get("https://") == "http://proxy.internal:3128"
     assert httpx2_compat.URLPattern("https://").matches(httpx2.URL("https://example.com"))
+
+
+def test_httpx2s_event_source_reads_through_the_parser_the_noise_bound_reads_as_it_does() -> None:
+    # compat/http_streams._FlooredEvents reads a stream as EventSource.__aiter__ does, with its
+    # parser, and takes the size of the event not yet ended from the parser's two decoders.
+    source = inspect.getsource(httpx2.EventSource.__aiter__)
+    for used in ("request_context(request=", "_SSEParser(self._max_event_size)", "aiter_text()", "flush()"):
+        assert used in source, used
+    parser = _SSEParser(None)
+    assert [event.data for event in parser.decode("data: a\n\n")] == ["a"]
+    assert list(parser.decode("data: part")) == []
+    assert parser._line_decoder.pending_size == len("data: part")  # pyright: ignore[reportPrivateUsage]
+    assert list(parser.decode("\ndata: more\n")) == []
+    assert parser._line_decoder.pending_size == 0  # pyright: ignore[reportPrivateUsage]
+    assert parser._event_decoder._event_size >= len("partmore")  # pyright: ignore[reportPrivateUsage]
+    assert "request" in inspect.signature(request_context).parameters
 
 
 def test_chat_anthropic_still_builds_its_client_from_client_params() -> None:

@@ -1,5 +1,6 @@
 """The SDK's Streamable HTTP client transport, with what an upstream's streams may cost
-bounded (verified against mcp 2.3.0; ``tests/test_compat.py`` checks each member used).
+bounded (verified against mcp 2.3.0 and httpx2's ``EventSource``, whose parser and its two
+decoders' counts the noise bound reads; ``tests/test_compat.py`` checks each member used).
 
 - **A request given up is let go.** In the handshake era the SDK sends a cancelled request's
   ``notifications/cancelled`` and goes on reading its answer's stream until the upstream ends
