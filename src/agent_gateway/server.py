@@ -48,7 +48,7 @@ from agent_gateway.store.rounds import Rounds
 from agent_gateway.telemetry import RequestTelemetry, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
-from agent_gateway.upstreams.lifecycle import UpdateSink
+from agent_gateway.upstreams.lifecycle import Hooks, UpdateSink
 from agent_gateway.upstreams.session import UpstreamSession
 from agent_gateway.visibility import Visibility
 
@@ -84,14 +84,11 @@ class Gateway:
         )
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
         self.broadcast = LogBroadcast(self.sessions.handshake_sessions, self.visibility.may_see)
-        self.pool = UpstreamPool(
-            config.active_upstreams,
-            self._upstream_listed,
-            self.broadcast.send,
-            self._updates,
-            on_down=self.catalog.withdraw,
-            on_changed=self.shared.catalog_changed if self.shared is not None else None,
+        changed = self.shared.catalog_changed if self.shared is not None else None
+        hooks = Hooks(
+            self._upstream_listed, self.broadcast.send, self._updates, self.catalog.withdraw, changed
         )
+        self.pool = UpstreamPool(config.active_upstreams, hooks)
         if self.shared is not None:
             self.shared.on_catalog_changed(self._refresh_upstream)
         self.dedicated = DedicatedSessions(

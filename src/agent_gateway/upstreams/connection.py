@@ -31,8 +31,7 @@ from agent_gateway.logs import redacted_url, scrubbed, shown_command
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.backoff import Backoff
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import UpdateSink, connected, unanswered
-from agent_gateway.upstreams.replies import Broadcast
+from agent_gateway.upstreams.lifecycle import Hooks, connected, unanswered
 from agent_gateway.upstreams.session import UpstreamSession
 from agent_gateway.upstreams.translation import secrets_of
 
@@ -80,25 +79,10 @@ class UpstreamState(StrEnum):
     DOWN = "down"
 
 
-ListingCallback = Callable[[str, Listing], Awaitable[None]]
-DownCallback = Callable[[str], Awaitable[None]]
-ChangeCallback = Callable[[str], Awaitable[None]]
-"""Told the name of an upstream that said its lists changed."""
-
-
 class Upstream:
     """The life of one upstream's shared connection: connect, list, watch, reconnect."""
 
-    def __init__(
-        self,
-        name: str,
-        config: UpstreamConfig,
-        on_listing: ListingCallback,
-        broadcast: Broadcast | None = None,
-        updates: UpdateSink | None = None,
-        on_down: DownCallback | None = None,
-        on_changed: ChangeCallback | None = None,
-    ) -> None:
+    def __init__(self, name: str, config: UpstreamConfig, hooks: Hooks) -> None:
         self.name = name
         self.config = config
         self.guard = Guard(name, config)
@@ -111,13 +95,8 @@ class Upstream:
         self.settled = anyio.Event()
         """Set once the first connection attempt has either succeeded or failed."""
         self.restarting = False  # by a configuration reload: calls wait for it (``ready``)
-        self._on_listing = on_listing
-        self._on_down = on_down
-        self._on_changed = on_changed
-        """Told when this upstream itself said its lists changed (other replicas re-list it too)."""
+        self._hooks = hooks
         self._heard = False
-        self._broadcast = broadcast
-        self._updates = updates
         self._session: UpstreamSession | None = None
         self._refresh = anyio.Event()
         self._backoff = Backoff(config.retry.initial_delay, config.retry.max_delay)
@@ -137,24 +116,24 @@ class Upstream:
                 self.settled.set()
             if was_up:
                 self._backoff.held(time.monotonic() - began)
-            if was_up and self._on_down is not None and self.config.failure_mode == "hide":
-                await self._on_down(self.name)
+            if was_up and self._hooks.on_down is not None and self.config.failure_mode == "hide":
+                await self._hooks.on_down(self.name)
             await anyio.sleep(self._backoff.next_delay())
 
     async def _connect_and_serve(self) -> None:
         self.state = UpstreamState.CONNECTING
         started = time.perf_counter()
         logger.info("starting %s (%s)", self.name, describe_target(self.config))
-        session = UpstreamSession(self.name, self.config, broadcast=self._broadcast, guard=self.guard)
+        session = UpstreamSession(self.name, self.config, broadcast=self._hooks.broadcast, guard=self.guard)
         fetch = partial(fetch_listing, upstream=self.name)
-        async with connected(session, self._on_message, self._updates, fetch) as (
+        async with connected(session, self._on_message, self._hooks.updates, fetch) as (
             client,
             tg,
             listing,
         ):
             self._session = session
             self._mark_up(client, listing, time.perf_counter() - started)
-            await self._on_listing(self.name, listing)
+            await self._hooks.on_listing(self.name, listing)
             self.settled.set()
             await self._serve(client, session, tg)
         raise UpstreamUnavailable(self.name, session.lost_reason or "connection closed")
@@ -251,9 +230,9 @@ class Upstream:
                 raise UpstreamUnavailable(
                     self.name, f"no listing within connect_timeout ({timeout:g}s) after a change"
                 )
-            await self._on_listing(self.name, listing)
-            if heard and self._on_changed is not None:
-                await self._on_changed(self.name)
+            await self._hooks.on_listing(self.name, listing)
+            if heard and self._hooks.on_changed is not None:
+                await self._hooks.on_changed(self.name)
             spacing = refresh_spacing(took := time.monotonic() - started)
             logger.info(
                 "upstream %s changed its catalog; refreshed in %.2f s, the next in %.1f s at the soonest",

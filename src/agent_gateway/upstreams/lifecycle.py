@@ -19,8 +19,10 @@ from mcp.client.session import MessageHandlerFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from agent_gateway.catalog_parts import Listing
 from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable, lone
+from agent_gateway.upstreams.replies import Broadcast
 from agent_gateway.upstreams.session import UpstreamSession
 from agent_gateway.upstreams.transports import WritesEnded, open_transport, watched
 
@@ -36,6 +38,24 @@ class UpdateSink:
     """Each ``notifications/resources/updated``: the session it came on, the upstream URI."""
     ended: Callable[[UpstreamSession], Awaitable[None]]
     """The session is over: its subscriptions are gone with it."""
+
+
+ListingCallback = Callable[[str, Listing], Awaitable[None]]
+DownCallback = Callable[[str], Awaitable[None]]
+ChangeCallback = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """What an upstream's shared connection tells the gateway: each listing, its log lines,
+    its resource updates, that it went down (``failure_mode: hide``), that it said its lists
+    changed (other replicas re-list it too)."""
+
+    on_listing: ListingCallback
+    broadcast: Broadcast | None = None
+    updates: UpdateSink | None = None
+    on_down: DownCallback | None = None
+    on_changed: ChangeCallback | None = None
 
 
 async def nothing(client: Client) -> None:

@@ -14,16 +14,9 @@ from anyio.abc import TaskGroup
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable
-from agent_gateway.upstreams.connection import (
-    ChangeCallback,
-    DownCallback,
-    ListingCallback,
-    Upstream,
-    UpstreamState,
-)
+from agent_gateway.upstreams.connection import Upstream, UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
-from agent_gateway.upstreams.lifecycle import UpdateSink
-from agent_gateway.upstreams.replies import Broadcast
+from agent_gateway.upstreams.lifecycle import Hooks
 from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
@@ -114,18 +107,8 @@ def _iso(epoch: float) -> str:
 class UpstreamPool:
     """Holds one ``Upstream`` per configured server."""
 
-    def __init__(
-        self,
-        configs: Mapping[str, UpstreamConfig],
-        on_listing: ListingCallback,
-        broadcast: Broadcast | None = None,
-        updates: UpdateSink | None = None,
-        on_down: DownCallback | None = None,
-        on_changed: ChangeCallback | None = None,
-    ) -> None:
-        self._make = lambda name, config: Upstream(
-            name, config, on_listing, broadcast, updates, on_down, on_changed
-        )
+    def __init__(self, configs: Mapping[str, UpstreamConfig], hooks: Hooks) -> None:
+        self._make = lambda name, config: Upstream(name, config, hooks)
         self.upstreams = {name: self._make(name, config) for name, config in configs.items()}
         self._tg: TaskGroup | None = None
         self._lives: dict[str, _Life] = {}
