@@ -22,7 +22,8 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   parses every request a read holds and queues it, and reads on after each answer, so one
   connection pipelining small requests queued hundreds of thousands (170 MB to 1 GB in 20 s).
   Past it the connection is dropped, unanswered (its client may retry them, as RFC 9112 9.3.2
-  has a client do for pipelined requests a closed connection left unanswered);
+  has a client do for pipelined requests a closed connection left unanswered); and so is one
+  whose waiting request has sent more than ``PIPELINED_BODY_BYTES`` of its body;
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
   once a connection's write buffer is full, the client must read some of it within that time
   (and again within each such time while it stays full), at least ``min_read_rate`` bytes a
@@ -69,6 +70,10 @@ _DEFAULT_CAP = 10_000
 MAX_PIPELINED = 16
 """Requests one connection may have waiting behind the one being served (clients that
 pipeline at all send a few; the MCP SDKs send none)."""
+PIPELINED_BODY_BYTES = 64 * 1024
+"""Bytes of body a request waiting behind another may have sent (uvicorn holds them, and
+reads on at each answer, until its turn: uncounted in flight, which counts a body's bytes past
+its first 64 KiB)."""
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\n"
@@ -233,6 +238,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         def on_body(self, body: bytes) -> None:
             self._body_fed += len(body)
             super().on_body(body)
+            if self.pipeline and len(self.cycle.body) > PIPELINED_BODY_BYTES:  # this one is waiting
+                self._drop_pipelined(f"a body past {PIPELINED_BODY_BYTES} bytes waiting its turn")
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -253,18 +260,16 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
             self._head_lines = len(self.headers)
             if len(self.pipeline) >= MAX_PIPELINED:
-                refused(
-                    "pipelined",
-                    "dropped a connection from %s: over %d requests pipelined",
-                    self._address,
-                    MAX_PIPELINED,
-                )
-                self.transport.abort()  # nothing more is written to it (HeadWithBody)
-                raise ValueError("pipelined")  # the parser stops: nothing more of the read is parsed
+                self._drop_pipelined(f"over {MAX_PIPELINED} requests pipelined")
             if self._head_lines > connections.max_headers:
                 self._oversize = too_many_lines
                 raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
             super().on_headers_complete()  # which send_400_response turns into our 431
+
+        def _drop_pipelined(self, why: str) -> None:
+            refused("pipelined", "dropped a connection from %s: %s", self._address, why)
+            self.transport.abort()  # nothing more is written to it (HeadWithBody)
+            raise ValueError(why)  # the parser stops: nothing more of the read is parsed
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
