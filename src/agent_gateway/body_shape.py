@@ -3,7 +3,8 @@
 - Its id: the SDK reads a message whose ``id`` is not a string or an integer (an array, an
   object, a float, a boolean) as a notification and answers 202 with nothing, so the client
   waits for an answer that never comes; such a request is refused instead. A string id is at
-  most ``MAX_ID_LENGTH`` characters: every span, record and answer of the request carries it.
+  most ``MAX_ID_LENGTH`` characters, an integer one as many digits: every span, record and
+  answer of the request carries it.
 - Its method name: at most ``MAX_METHOD_LENGTH`` characters (a span is named by it, and an
   unknown method's error carries it back).
 - A list's cursor: at most ``MAX_CURSOR_LENGTH`` characters (an unreadable one was answered
@@ -24,6 +25,8 @@ import mcp_types as types
 from agent_gateway.json_text import json_values
 
 MAX_ID_LENGTH = 256
+_LONGEST_INTEGER = 10**MAX_ID_LENGTH
+"""The least integer of more than ``MAX_ID_LENGTH`` digits."""
 MAX_METHOD_LENGTH = 128
 MAX_CURSOR_LENGTH = 256
 """A list's cursor: the gateway's own are a few dozen characters."""
@@ -63,7 +66,16 @@ def _id_problem(message: dict[str, Any]) -> str | None:
         return f"a request id must be a string or an integer, not {type(request_id).__name__}"
     if isinstance(request_id, str) and len(request_id) > MAX_ID_LENGTH:
         return f"a request id of {len(request_id)} characters; the limit is {MAX_ID_LENGTH}"
+    if isinstance(request_id, int) and too_long(request_id):  # compared as a number, never written out
+        return f"a request id of over {MAX_ID_LENGTH} digits; the limit is {MAX_ID_LENGTH} characters"
     return None
+
+
+def too_long(request_id: str | int) -> bool:
+    """Whether ``request_id`` is longer than ``MAX_ID_LENGTH`` characters (an integer: digits)."""
+    if isinstance(request_id, int):
+        return abs(request_id) >= _LONGEST_INTEGER
+    return len(request_id) > MAX_ID_LENGTH
 
 
 def _method_problem(message: dict[str, Any]) -> str | None:

@@ -22,6 +22,8 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
   chunked body is counted as it arrives and refused as soon as it passes the limit.
 - The body's shape (``body_shape.py``: its id, its method, what is kept of its client); a
   request it refuses gets ``Invalid Request`` (a null id, as for an unreadable id).
+- Any other request (a GET, a DELETE) carries no body: one that says it does is refused
+  unread (the SDK read any request's body whole, uncounted and with no deadline).
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
 Refusals are JSON-RPC errors with a null id, which the SDK's client matches to its request.
@@ -37,7 +39,7 @@ from typing import Any
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agent_gateway import body_shape, request_body
 from agent_gateway.access import (
@@ -113,8 +115,11 @@ class Admission:
         replica's own counts."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            await self._bodiless(scope, receive, send)
             return
         if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
             await self.app(scope, receive, send)  # answered 401 by the auth middleware, unread
@@ -128,6 +133,19 @@ class Admission:
                 await self._admit(scope, receive, send, client, body)
         finally:
             held.release()
+
+    async def _bodiless(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A request other than a POST, passed on unless it says a body follows: none has one
+        (MCP's GET and DELETE have none), and the SDK read any request's whole before its
+        method, with no deadline and uncounted in flight. Refused unread, its connection closed."""
+        if not request_body.follows(scope):
+            await self.app(scope, receive, send)
+            return
+        method, address = scope["method"], address_of_scope(scope)
+        refused("body", "refused a %s request carrying a body, from %s", method, address)
+        await refuse(
+            send, 400, InvalidRequest(f"a {method} request carries no body"), [(b"connection", b"close")]
+        )
 
     async def _admit(
         self, scope: Scope, receive: Receive, send: Send, client: Principal, body: bytes
@@ -196,10 +214,10 @@ class Admission:
         with admitting(client):
             try:
                 if session is not None:
-                    await self.app(scope, replay(body, receive), send)
+                    await self.app(scope, request_body.replay(body, receive), send)
                 else:
                     await self._opening(
-                        scope, replay(body, receive), send, client, verdict, opens and not modern
+                        scope, request_body.replay(body, receive), send, client, verdict, opens and not modern
                     )
             finally:
                 if (why := scope.get(CHECKS_REFUSED)) is not None:
@@ -362,19 +380,6 @@ class Admission:
 
     def _too_large(self, size: str) -> str:
         return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
-
-
-def replay(body: bytes, receive: Receive) -> Receive:
-    delivered = False
-
-    async def replayed() -> Message:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()  # afterwards only a disconnect can come
-
-    return replayed
 
 
 CHECKS_REFUSED = "agent_gateway.checks_refused"

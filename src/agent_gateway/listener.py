@@ -18,6 +18,12 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
   the process by gigabytes within the head deadline. Past either bound the client gets 431
   and the connection is closed. The lines are counted after each read and before a request
   is served (not line by line: a call per header line cost every request about 3 µs);
+- a bound on the requests pipelined behind the one being served (``MAX_PIPELINED``): uvicorn
+  parses every request a read holds and queues it, and reads on after each answer, so one
+  connection pipelining small requests queued hundreds of thousands (170 MB to 1 GB in 20 s).
+  Past it the connection is dropped, unanswered (its client may retry them, as RFC 9112 9.3.2
+  has a client do for pipelined requests a closed connection left unanswered); and so is one
+  whose waiting request has sent more than ``PIPELINED_BODY_BYTES`` of its body;
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
   once a connection's write buffer is full, the client must read some of it within that time
   (and again within each such time while it stays full), at least ``min_read_rate`` bytes a
@@ -35,7 +41,7 @@ exist.
 
 The same protocol sends a response's head with its body: uvicorn writes the head when the
 response starts and the body when it comes, two system calls and two TCP segments for
-every answer, which the client then reads twice (``HeadWithBody``).
+every answer, which the client then reads twice (``head_with_body.HeadWithBody``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from agent_gateway.addresses import client_key
 from agent_gateway.config import ConnectionsConfig
+from agent_gateway.head_with_body import HeadWithBody
 from agent_gateway.refusals import refused
 
 logger = logging.getLogger(__name__)
@@ -60,6 +67,13 @@ _RESERVED_FDS = 256
 pipes, the conversation database, log files, the event loop's own."""
 _PER_UPSTREAM_FDS = 16
 _DEFAULT_CAP = 10_000
+MAX_PIPELINED = 16
+"""Requests one connection may have waiting behind the one being served (clients that
+pipeline at all send a few; the MCP SDKs send none)."""
+PIPELINED_BODY_BYTES = 64 * 1024
+"""Bytes of body a request waiting behind another may have sent (uvicorn holds them, and
+reads on at each answer, until its turn: uncounted in flight, which counts a body's bytes past
+its first 64 KiB)."""
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n"
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\nconnection: close\r\n"
@@ -224,6 +238,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         def on_body(self, body: bytes) -> None:
             self._body_fed += len(body)
             super().on_body(body)
+            if self.pipeline and len(self.cycle.body) > PIPELINED_BODY_BYTES:  # this one is waiting
+                self._drop_pipelined(f"a body past {PIPELINED_BODY_BYTES} bytes waiting its turn")
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
@@ -243,10 +259,17 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._disarm()
             self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
             self._head_lines = len(self.headers)
+            if len(self.pipeline) >= MAX_PIPELINED:
+                self._drop_pipelined(f"over {MAX_PIPELINED} requests pipelined")
             if self._head_lines > connections.max_headers:
                 self._oversize = too_many_lines
                 raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
             super().on_headers_complete()  # which send_400_response turns into our 431
+
+        def _drop_pipelined(self, why: str) -> None:
+            refused("pipelined", "dropped a connection from %s: %s", self._address, why)
+            self.transport.abort()  # nothing more is written to it (HeadWithBody)
+            raise ValueError(why)  # the parser stops: nothing more of the read is parsed
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -326,75 +349,3 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
                 self.transport.close()
 
     return BoundedProtocol
-
-
-class HeadWithBody(asyncio.Transport):
-    """A connection's transport that holds a response's head until the response's first body
-    bytes, and writes both at once. A head whose body is not written in the same turn of the
-    event loop (a stream that starts empty) goes out alone at the end of that turn. Nothing is
-    written once it is closing (pipelined answers wrote on after a hang-up: uvloop raised)."""
-
-    def __init__(self, transport: asyncio.Transport) -> None:
-        super().__init__()
-        self._transport = transport
-        self._head: bytes | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._transport.is_closing():
-            self._head = None
-            return
-        if self._head is not None:
-            data, self._head = self._head + bytes(data), None
-        elif data[:9] == b"HTTP/1.1 ":  # uvicorn writes a head whole, in one call
-            self._head = bytes(data)
-            asyncio.get_running_loop().call_soon(self._flush)
-            return
-        self._transport.write(data)
-
-    def _flush(self) -> None:
-        if self._head is not None:
-            head, self._head = self._head, None
-            if not self._transport.is_closing():
-                self._transport.write(head)
-
-    def close(self) -> None:
-        self._flush()
-        self._transport.close()
-
-    def is_closing(self) -> bool:
-        return self._transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self._transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self._transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self._transport.resume_reading()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self._transport.set_protocol(protocol)
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self._transport.get_protocol()
-
-    def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + len(self._head or b"")
-
-    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
-        self._transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_limits(self) -> tuple[int, int]:
-        return self._transport.get_write_buffer_limits()
-
-    def write_eof(self) -> None:
-        self._flush()
-        self._transport.write_eof()
-
-    def can_write_eof(self) -> bool:
-        return self._transport.can_write_eof()
-
-    def abort(self) -> None:
-        self._head = None
-        self._transport.abort()

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 
 from mcp_types import RequestId
-from starlette.types import Receive, Scope
+from starlette.types import Message, Receive, Scope
 
 from agent_gateway.errors import GatewayBusy
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
@@ -102,3 +102,24 @@ def answered_id(head: bytes) -> RequestId | None:
     if found is None or b'"method"' in keys or not keys & _ANSWERS:
         return None
     return found
+
+
+def follows(scope: Scope) -> bool:
+    """Whether a request says a body follows its head: a ``Transfer-Encoding``, or a
+    ``Content-Length`` past 0."""
+    framed = any(name == b"transfer-encoding" for name, _ in scope["headers"])
+    return framed or (content_length(scope) or 0) > 0
+
+
+def replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` for an app after ``body`` was read whole: the body, then what comes after."""
+    delivered = False
+
+    async def replayed() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # afterwards only a disconnect can come
+
+    return replayed

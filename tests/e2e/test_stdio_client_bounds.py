@@ -1,7 +1,8 @@
 """A stdio client that writes requests and reads none of the answers: held back by its own
 pipe once ``MAX_IN_FLIGHT`` requests are unanswered, and its end of input ends the gateway
 (its upstreams reaped) though the answers left are never taken. Its requests are bounded as
-an HTTP client's are: an id past 256 characters, a second request under an id in flight."""
+an HTTP client's are: an id past 256 characters (an integer's: digits), a second request
+under an id in flight."""
 
 from __future__ import annotations
 
@@ -131,15 +132,16 @@ async def test_a_stdio_requests_long_id_or_an_id_in_flight_is_refused_as_over_ht
         assert process.stdin is not None
         with anyio.fail_after(BOUND):
             slow = call(7, "slow__slow", seconds=3)  # in flight while the next two are read
-            await process.stdin.send(call("x" * 300_000) + slow + call(7) + call(8))
-            answers = [json.loads(await replies.receive_until(b"\n", 1_000_000)) for _ in range(4)]
+            await process.stdin.send(call("x" * 300_000) + call(10**4000) + slow + call(7) + call(8))
+            answers = [json.loads(await replies.receive_until(b"\n", 1_000_000)) for _ in range(5)]
             await process.stdin.aclose()
             await process.wait()
     by_id: dict[Any, list[dict[str, Any]]] = {}
     for answer in answers:
         by_id.setdefault(answer["id"], []).append(answer)
-    [long_id] = by_id[None]  # not echoed: its id is the bulk of it
+    long_id, long_number = by_id[None]  # not echoed: its id is the bulk of it
     assert "a request id of 300000 characters; the limit is 256" in long_id["error"]["message"]
+    assert "a request id of over 256 digits" in long_number["error"]["message"]  # before: served
     refused, served = by_id[7]  # the second 7 refused at once, the slow one answered later
     assert "a request with id 7 is in flight already" in refused["error"]["message"]
     assert served["result"]["content"][0]["text"] == "slept 3s"

@@ -75,7 +75,8 @@ from agent_gateway.compat.headers import IndexedRequest
 from agent_gateway.compat.lane import Hosted, json_answer, json_body
 from agent_gateway.compat.stdlib import holds_callbacks
 from agent_gateway.downstream.keepalive import Keepalive
-from agent_gateway.limits import CHECKS_REFUSED, PARSED, replay
+from agent_gateway.limits import CHECKS_REFUSED, PARSED
+from agent_gateway.request_body import replay
 from agent_gateway.tally import http_answers
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ import mcp_types as types
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from agent_gateway.body_shape import MAX_ID_LENGTH, is_request, problem
+from agent_gateway.body_shape import is_request, problem, too_long
 from agent_gateway.downstream.malformed import Malformed, malformed, not_utf8, refusal, too_many_values
 from agent_gateway.downstream.stdout import InFlight
 from agent_gateway.logs import clipped
@@ -133,7 +133,7 @@ class StdinLines:
             return None
         request_id = message["id"]
         if (found := problem(line, message)) is not None:
-            answerable = not isinstance(request_id, str) or len(request_id) <= MAX_ID_LENGTH
+            answerable = not isinstance(request_id, str | int) or not too_long(request_id)
             return refusal(found[0], request_id if answerable else None, found[1])
         if request_id in self.in_flight:
             return refusal(f"a request with id {clipped(request_id)} is in flight already", request_id)

@@ -1,0 +1,100 @@
+"""Requests other than POSTs carry no body (MCP's GET and DELETE have none). The SDK read any
+request's body whole before looking at its method or its session, past admission (which reads
+POSTs only): with no deadline, and uncounted in the bytes in flight. One client's 100 GETs,
+each sending 4 MiB of a body, took the gateway from 170 to 654 MB for as long as it kept
+their connections open (512 an address); a body sent a byte a second was read for ever.
+Found by a helper's attack on the HTTP front door."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+import pytest
+from fastmcp import FastMCP
+
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
+from tests.support import RunningGateway, running_gateway, serving_upstream
+
+WAIT = 20.0
+DECLARED = 4 * 2**20
+SENT = 1024
+"""What is sent of it: read with the head (more, and the gateway's close, body unread, resets
+the connection, which may reach the client before the answer)."""
+
+
+def _library() -> FastMCP:
+    server = FastMCP("library")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+@asynccontextmanager
+async def _gateway() -> AsyncIterator[RunningGateway]:
+    async with serving_upstream(_library()) as url:
+        config = {
+            "upstreams": {"library": {"url": url}},
+            "auth": {
+                "mode": "bearer",
+                "tokens": [
+                    {"name": "bystander", "token": "${B}", "policy": "all"},
+                    {"name": "attacker", "token": "${A}", "policy": "all"},
+                ],
+                "policies": {"all": {"tools": ["library__*"]}},
+            },
+        }
+        async with running_gateway(config, environ={"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}) as gw:
+            yield gw
+
+
+async def _unfinished_body(url: str, method: str, framing: str) -> tuple[Any, Any]:
+    """A ``method`` request from the attacker with a body it never finishes: ``SENT`` bytes of
+    ``DECLARED`` (``Content-Length``), or one chunk of ``SENT`` bytes (chunked)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    framed = f"Content-Length: {DECLARED}" if framing == "length" else "Transfer-Encoding: chunked"
+    head = (
+        f"{method} {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {ATTACKER_TOKEN}\r\n"
+        f"Accept: text/event-stream\r\nMcp-Session-Id: {'a' * 32}\r\n{framed}\r\n\r\n"
+    )
+    body = b" " * SENT if framing == "length" else f"{SENT:x}\r\n".encode() + b" " * SENT + b"\r\n"
+    writer.write(head.encode() + body)
+    await writer.drain()
+    return reader, writer
+
+
+async def _answer_of(reader: Any) -> bytes:
+    """What the gateway answered before it closed the connection."""
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := await reader.read(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+async def test_a_request_other_than_a_post_carrying_a_body_is_refused_unread(
+    method: str, framing: str
+) -> None:
+    async with _gateway() as gw, client(gw.url, BYSTANDER_TOKEN) as bystander:
+        held = [await _unfinished_body(gw.url, method, framing) for _ in range(3)]
+        try:
+            with anyio.fail_after(WAIT):  # before: never answered, the SDK reading the body on
+                answers = [await _answer_of(reader) for reader, _ in held]  # and the connection closed
+            served = await bystander.call_tool("library__echo", {"text": "y"})
+        finally:
+            for _, writer in held:
+                writer.close()
+    assert all(answer.startswith(b"HTTP/1.1 400") for answer in answers), [a[:200] for a in answers]
+    assert f"a {method} request carries no body".encode() in answers[0]
+    assert not served.is_error
