@@ -808,6 +808,10 @@ def test_uvicorns_protocol_keeps_its_cycle_and_pipeline_as_the_listener_reads_th
         "uvicorn: RequestResponseCycle.response_complete is gone"
     )
     assert "self.cycle = " in inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    # The listener bounds the requests waiting behind the one served, and a waiting one's body,
+    # in the queue and the buffer uvicorn keeps them in.
+    assert "self.pipeline.appendleft(" in inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    assert "self.cycle.body += body" in inspect.getsource(HttpToolsProtocol.on_body)
     # The listener counts a head's lines in the list uvicorn keeps them in.
     assert "self.headers.append(" in inspect.getsource(HttpToolsProtocol.on_header)
     # An upgrade it does not take is reported in the one method the listener replaces.
