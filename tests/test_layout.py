@@ -14,6 +14,7 @@ from mcp import Client
 
 import agent_gateway
 from agent_gateway.agent.tool import RUNNER_MODULE
+from tests.faults.harness import wait_until
 from tests.support import running_gateway, serving_upstream
 from tests.test_responses import upstream
 
@@ -145,8 +146,13 @@ async def entered_by_one_call(mode: str) -> list[str]:
         running_gateway({"upstreams": {"up": {"url": url, "health": {"interval": None}}}}) as gw,
         Client(gw.url, mode=mode) as client,  # type: ignore[arg-type]
     ):
+        audit = gw.gateway.audit
+        assert audit is not None
         await client.call_tool("up__echo", {"text": "warm"})
-        for _ in range(3):
+        for n in range(3):
+            # The call before written to the trail first: on a loaded machine its batch was
+            # written during each traced call (audit_outage.py taken for the call's path).
+            await wait_until(lambda n=n: audit.path.read_bytes().count(b"\n") >= n + 1)
             traces.append({})
             sys.setprofile(seen)
             try:
