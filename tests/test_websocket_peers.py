@@ -230,3 +230,46 @@ async def test_a_close_during_a_call_fails_it_with_the_close_code_and_reason() -
             result = await client.call_tool("raw__echo", {})
     assert result.is_error
     assert "the upstream closed its websocket: 1011 (internal error) overloaded!" in text_of(result)
+
+
+UNFINISHED_CLOSES = {
+    # A close frame with a code no endpoint may send (1005 means "none was sent").
+    "code 1005 on the wire": (b"\x88\x02\x03\xed", "the gateway closed its websocket: 1002"),
+    "a clean close": (b"\x88\x05\x03\xe8bye", "the upstream closed its websocket: 1000 (OK) bye"),
+    "a frame of 2**62 bytes": (b"\x82\x7f" + (2**62).to_bytes(8, "big"), "1009 (message too big)"),
+}
+
+
+@pytest.mark.parametrize("sent", UNFINISHED_CLOSES, ids=list(UNFINISHED_CLOSES))
+async def test_a_close_the_upstream_never_finishes_fails_the_call_once_the_close_timeout_passes(
+    sent: str,
+) -> None:
+    # The upstream sends a close, or something the gateway closes for, then keeps its socket
+    # open and reads nothing more (the gateway's close unread). The library only noted the
+    # close's deadline: the call waited for its keepalive ping, 19 s later.
+    wire, said = UNFINISHED_CLOSES[sent]
+    done = anyio.Event()
+
+    async def closing_unfinished(ws: ServerConnection) -> None:
+        if done.is_set():
+            await ws.wait_closed()  # a reconnection: served quietly
+            return
+        await served_until(ws, "tools/call")
+        ws.transport.pause_reading()  # the gateway's close frame is never read
+        ws.transport.write(wire)
+        await done.wait()
+        ws.transport.resume_reading()
+        await ws.wait_closed()
+
+    upstreams = {"raw": {**legacy(""), "timeout": 60}}
+    async with raw_upstream(closing_unfinished) as url, serving_upstream(bystander()) as kit:
+        upstreams["raw"]["url"], upstreams["kit"] = url, {"url": kit}
+        async with running_gateway({"upstreams": upstreams}) as gw, Client(gw.url) as client:
+            try:
+                with anyio.fail_after(10):  # the keepalive ping came after 20 s
+                    result = await client.call_tool("raw__echo", {})
+            finally:
+                done.set()
+            assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert result.is_error
+    assert said in text_of(result)
