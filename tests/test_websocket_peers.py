@@ -170,6 +170,50 @@ async def test_pongs_an_upstream_does_not_read_end_its_connection_past_the_bound
 # -- frames the gateway does not read -------------------------------------------------------
 
 
+def fragmented(message: bytes) -> bytes:
+    """``message`` as a text frame of its first byte and a continuation frame per byte after."""
+    *rest, last = message[1:]
+    return b"\x01\x01" + message[:1] + b"".join(bytes([0, 1, byte]) for byte in rest) + bytes([0x80, 1, last])
+
+
+FLOODS = {
+    "100,000 fragments of a byte": fragmented(
+        b'{"jsonrpc": "2.0", "method": "x", "params": {"p": "%s"}}' % (b"p" * 100_000)
+    ),
+    "300,000 empty messages": b"\x81\x00" * 300_000,
+}
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=list(FLOODS))
+async def test_a_read_of_frames_no_message_is_as_small_as_closes_the_connection_unparsed(flood: str) -> None:
+    # Each frame of a read was parsed in one callback, the library's bound on fragments (4,096)
+    # checked only once they were queued: 87,000 to 131,000 frames a 256 KiB read, 0.4 to 1.5 s
+    # of the event loop for every client each; empty messages went on for as long as sent.
+    flooded = anyio.Event()
+
+    async def flooding(ws: ServerConnection) -> None:
+        if flooded.is_set():
+            await ws.wait_closed()  # a reconnection: served quietly
+            return
+        call = await served_until(ws, "tools/call")
+        flooded.set()
+        ws.transport.write(FLOODS[flood])
+        await ws.send(json.dumps(answer(call)))
+        await ws.wait_closed()
+
+    upstreams: dict[str, Any] = {}
+    async with raw_upstream(flooding) as url, serving_upstream(bystander()) as kit:
+        upstreams["raw"], upstreams["kit"] = {**legacy(url), "timeout": 60}, {"url": kit}
+        async with running_gateway({"upstreams": upstreams}) as gw, Client(gw.url) as client:
+            with anyio.fail_after(BOUND):  # empty messages: the call waited its whole timeout
+                result = await client.call_tool("raw__echo", {})
+                assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert result.is_error
+    assert "the gateway closed its websocket: 1008 (policy violation) over 8192 frames in one read" in (
+        text_of(result)
+    )
+
+
 async def test_a_text_frame_that_is_not_utf8_fails_the_call_it_answers_at_once() -> None:
     async def garbling(ws: ServerConnection) -> None:
         call = await served_until(ws, "tools/call")
