@@ -86,8 +86,8 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     unanswered; a request too long to read, or malformed, is answered with an error on the
     SDK's stream to stdout. Once the input has ended, the answers left are given
     ``WRITE_GRACE`` to be taken; once stdout is closed, nobody takes them, and serving stops at
-    once (the calls in flight cancelled, their upstreams told). The rest is theirs: FastMCP's transport marker and
-    lifespan, the SDK's stdio transport, the low-level server's loop."""
+    once (the calls in flight cancelled, their upstreams told). The rest is theirs: FastMCP's
+    transport marker and lifespan, the SDK's stdio transport, the low-level server's loop."""
     token = set_transport("stdio")
     try:
         lowlevel = lowlevel_server(server)
