@@ -1009,6 +1009,12 @@ def test_websockets_answers_pings_in_the_protocols_recv_frame_which_each_parsed_
     assert "create_connection(\n                protocol," in inspect.getsource(connect.__init__)
     for member in ("connection_lost", "data_received"):
         assert callable(getattr(ClientConnection, member, None)), f"websockets: Connection.{member} is gone"
+    # A read's frames are all parsed inside data_received (what FRAMES_PER_READ counts), which
+    # only notes a close's deadline (what the gateway's own drop acts on).
+    received = inspect.getsource(Connection.data_received)
+    assert "self.protocol.receive_data(data)" in received
+    assert "self.close_deadline = " in received
+    assert callable(getattr(Protocol, "close_expected", None))
     assert "self.transport = transport" in inspect.getsource(Connection.connection_made)
     made = inspect.getsource(Connection.__init__)
     assert "self.loop = " in made

@@ -89,3 +89,26 @@ async def test_a_line_of_more_values_than_the_bound_is_refused_unparsed_and_an_a
     assert len(refused) == 1
     assert refused[0][0] == 9
     assert "the limit (server.max_body_elements) is 100" in refused[0][1]
+
+
+async def test_a_byte_order_mark_that_starts_a_line_is_dropped_and_the_request_read() -> None:
+    # A writer set up with .NET's Encoding.UTF8 starts its first line with one: the client's
+    # initialize was answered -32700 to a null id, and the client waited for its answer.
+    initialize = b'{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}\n'
+    read, write = os.pipe()
+    refused: list[types.JSONRPCError] = []
+
+    async def refuse(error: types.JSONRPCError) -> None:
+        refused.append(error)
+
+    try:
+        os.write(write, b"\xef\xbb\xbf" + initialize + b"\xef\xbb\xbf" + A + b"\n")
+        os.close(write)
+        with anyio.fail_after(10):
+            async with StdinLines(100_000, 100_000, fd=read) as lines:
+                lines.refuse = refuse
+                got = [line async for line in lines]
+    finally:
+        os.close(read)
+    assert got == [initialize.decode(), A.decode() + "\n"]
+    assert refused == []

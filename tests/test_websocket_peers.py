@@ -170,6 +170,50 @@ async def test_pongs_an_upstream_does_not_read_end_its_connection_past_the_bound
 # -- frames the gateway does not read -------------------------------------------------------
 
 
+def fragmented(message: bytes) -> bytes:
+    """``message`` as a text frame of its first byte and a continuation frame per byte after."""
+    *rest, last = message[1:]
+    return b"\x01\x01" + message[:1] + b"".join(bytes([0, 1, byte]) for byte in rest) + bytes([0x80, 1, last])
+
+
+FLOODS = {
+    "100,000 fragments of a byte": fragmented(
+        b'{"jsonrpc": "2.0", "method": "x", "params": {"p": "%s"}}' % (b"p" * 100_000)
+    ),
+    "300,000 empty messages": b"\x81\x00" * 300_000,
+}
+
+
+@pytest.mark.parametrize("flood", FLOODS, ids=list(FLOODS))
+async def test_a_read_of_frames_no_message_is_as_small_as_closes_the_connection_unparsed(flood: str) -> None:
+    # Each frame of a read was parsed in one callback, the library's bound on fragments (4,096)
+    # checked only once they were queued: 87,000 to 131,000 frames a 256 KiB read, 0.4 to 1.5 s
+    # of the event loop for every client each; empty messages went on for as long as sent.
+    flooded = anyio.Event()
+
+    async def flooding(ws: ServerConnection) -> None:
+        if flooded.is_set():
+            await ws.wait_closed()  # a reconnection: served quietly
+            return
+        call = await served_until(ws, "tools/call")
+        flooded.set()
+        ws.transport.write(FLOODS[flood])
+        await ws.send(json.dumps(answer(call)))
+        await ws.wait_closed()
+
+    upstreams: dict[str, Any] = {}
+    async with raw_upstream(flooding) as url, serving_upstream(bystander()) as kit:
+        upstreams["raw"], upstreams["kit"] = {**legacy(url), "timeout": 60}, {"url": kit}
+        async with running_gateway({"upstreams": upstreams}) as gw, Client(gw.url) as client:
+            with anyio.fail_after(BOUND):  # empty messages: the call waited its whole timeout
+                result = await client.call_tool("raw__echo", {})
+                assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert result.is_error
+    assert "the gateway closed its websocket: 1008 (policy violation) over 8192 frames in one read" in (
+        text_of(result)
+    )
+
+
 async def test_a_text_frame_that_is_not_utf8_fails_the_call_it_answers_at_once() -> None:
     async def garbling(ws: ServerConnection) -> None:
         call = await served_until(ws, "tools/call")
@@ -230,3 +274,46 @@ async def test_a_close_during_a_call_fails_it_with_the_close_code_and_reason() -
             result = await client.call_tool("raw__echo", {})
     assert result.is_error
     assert "the upstream closed its websocket: 1011 (internal error) overloaded!" in text_of(result)
+
+
+UNFINISHED_CLOSES = {
+    # A close frame with a code no endpoint may send (1005 means "none was sent").
+    "code 1005 on the wire": (b"\x88\x02\x03\xed", "the gateway closed its websocket: 1002"),
+    "a clean close": (b"\x88\x05\x03\xe8bye", "the upstream closed its websocket: 1000 (OK) bye"),
+    "a frame of 2**62 bytes": (b"\x82\x7f" + (2**62).to_bytes(8, "big"), "1009 (message too big)"),
+}
+
+
+@pytest.mark.parametrize("sent", UNFINISHED_CLOSES, ids=list(UNFINISHED_CLOSES))
+async def test_a_close_the_upstream_never_finishes_fails_the_call_once_the_close_timeout_passes(
+    sent: str,
+) -> None:
+    # The upstream sends a close, or something the gateway closes for, then keeps its socket
+    # open and reads nothing more (the gateway's close unread). The library only noted the
+    # close's deadline: the call waited for its keepalive ping, 19 s later.
+    wire, said = UNFINISHED_CLOSES[sent]
+    done = anyio.Event()
+
+    async def closing_unfinished(ws: ServerConnection) -> None:
+        if done.is_set():
+            await ws.wait_closed()  # a reconnection: served quietly
+            return
+        await served_until(ws, "tools/call")
+        ws.transport.pause_reading()  # the gateway's close frame is never read
+        ws.transport.write(wire)
+        await done.wait()
+        ws.transport.resume_reading()
+        await ws.wait_closed()
+
+    upstreams = {"raw": {**legacy(""), "timeout": 60}}
+    async with raw_upstream(closing_unfinished) as url, serving_upstream(bystander()) as kit:
+        upstreams["raw"]["url"], upstreams["kit"] = url, {"url": kit}
+        async with running_gateway({"upstreams": upstreams}) as gw, Client(gw.url) as client:
+            try:
+                with anyio.fail_after(10):  # the keepalive ping came after 20 s
+                    result = await client.call_tool("raw__echo", {})
+            finally:
+                done.set()
+            assert text_of(await client.call_tool("kit__ping", {})) == "pong"
+    assert result.is_error
+    assert said in text_of(result)

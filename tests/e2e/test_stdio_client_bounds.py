@@ -147,3 +147,44 @@ async def test_a_stdio_requests_long_id_or_an_id_in_flight_is_refused_as_over_ht
     assert served["result"]["content"][0]["text"] == "slept 3s"
     assert "result" in by_id[8][0]
     assert recorded(calls) == 1  # id 8 alone reached the upstream
+
+
+async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_and_upstreams_reaped(
+    tmp_path: Path,
+) -> None:
+    # The writer's EPIPE was logged (with a traceback from its flush) and the gateway went on
+    # reading requests and calling upstreams for answers nobody read, for as long as the
+    # client kept stdin open, which it does here.
+    calls = tmp_path / "calls"
+    stderr = tmp_path / "gateway.stderr"
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))]
+    with stderr.open("wb") as log:
+        gateway = subprocess.Popen(
+            args, env=gateway_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
+        )
+    assert gateway.stdin is not None
+    assert gateway.stdout is not None
+    try:
+        gateway.stdin.write(json.dumps(_initialize()).encode() + b"\n")
+        gateway.stdin.flush()
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(gateway.stdout.readline, abandon_on_cancel=True)
+        children = descendants(gateway.pid)
+        gateway.stdin.write(call(1, "slow__hang"))
+        gateway.stdin.flush()
+        gateway.stdout.close()  # the client reads no more; its stdin stays open
+        gateway.stdin.write(call(2))  # whose answer finds stdout closed
+        gateway.stdin.flush()
+        with anyio.fail_after(BOUND):
+            while gateway.poll() is None:
+                await anyio.sleep(0.05)
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+        gateway.stdin.close()
+    await all_exited(children)
+    assert gateway.returncode == 0
+    logged = stderr.read_text()
+    assert "the client closed stdout and reads no answers: stopping" in logged
+    assert "Traceback" not in logged

@@ -85,8 +85,9 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     reading held for ever; a request is read while fewer than ``MAX_IN_FLIGHT`` are
     unanswered; a request too long to read, or malformed, is answered with an error on the
     SDK's stream to stdout. Once the input has ended, the answers left are given
-    ``WRITE_GRACE`` to be taken. The rest is theirs: FastMCP's transport marker and
-    lifespan, the SDK's stdio transport, the low-level server's loop."""
+    ``WRITE_GRACE`` to be taken; once stdout is closed, nobody takes them, and serving stops at
+    once (the calls in flight cancelled, their upstreams told). The rest is theirs: FastMCP's
+    transport marker and lifespan, the SDK's stdio transport, the low-level server's loop."""
     token = set_transport("stdio")
     try:
         lowlevel = lowlevel_server(server)
@@ -96,6 +97,7 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
             anyio.create_task_group() as tg,
         ):
             tg.start_soon(_stopped_after_grace, requests.ended, tg.cancel_scope)
+            tg.start_soon(_stopped_when_unread, answers.closed, tg.cancel_scope)
             # The SDK reads and writes any object with the methods its loops call; its hint
             # names its own.
             stdin, stdout = cast(anyio.AsyncFile[str], requests), cast(anyio.AsyncFile[str], answers)
@@ -113,6 +115,13 @@ async def _stopped_after_grace(ended: anyio.Event, serving: anyio.CancelScope) -
     await ended.wait()
     await anyio.sleep(WRITE_GRACE)
     logger.warning("stdio: input ended %g s ago and the answers left are not taken: stopping", WRITE_GRACE)
+    serving.cancel()
+
+
+async def _stopped_when_unread(closed: anyio.Event, serving: anyio.CancelScope) -> None:
+    """A client that closed stdout takes no answer: its requests are not served."""
+    await closed.wait()
+    logger.warning("stdio: the client closed stdout and reads no answers: stopping")
     serving.cancel()
 
 

@@ -11,7 +11,11 @@ hand-over; the thread, if blocked in its read, ends with the process. A read err
 input, as end of file does. A line longer than ``limit`` is read through, not held, and its
 request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
 drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
-Each refusal is one WARNING line. Blank lines are skipped.
+Each refusal is one WARNING line. Blank lines are skipped, and a UTF-8 byte order mark that
+starts a line is dropped: JSON's RFC 8259 lets a parser ignore one, and a client whose writer
+is set up with .NET's ``Encoding.UTF8`` (which has a preamble) writes one before its first
+line. Read as part of the line, it made the client's ``initialize`` a line that is not JSON,
+answered ``-32700`` to a null id: the client waited for its answer until its own timeout.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ logger = logging.getLogger(__name__)
 
 _EDGE = 512
 """The last bytes of a line over the limit that are kept: where its id may be."""
+_BOM = b"\xef\xbb\xbf"
+"""U+FEFF, the byte order mark, in UTF-8."""
 
 HANG_UP_CHECK = 1.0
 """Seconds between looks at whether the client closed its input, while its requests wait for
@@ -103,6 +109,7 @@ class StdinLines:
             if isinstance(line, _TooLong):
                 await self._too_long(line)
                 continue
+            line = line.removeprefix(_BOM)
             if (problem := too_many_values(line, self._values)) is not None:
                 await self._malformed(problem, len(line))
                 continue

@@ -11,6 +11,12 @@ handed to it (a hand-over a cancellation ends at once), and a request is read on
 fewer than ``MAX_IN_FLIGHT`` are unanswered, so such a client is held back by its own pipe,
 as over HTTP by the connection's. fd 1 is diverted to stderr while the gateway serves, as
 the SDK's transport does (a handler's stray print must not land on the wire), and restored.
+
+A client that closes stdout (EPIPE: Python ignores SIGPIPE) reads no more answers, so it is
+gone, as over HTTP a client whose connection closed: ``closed`` is set, and the gateway stops
+serving it. Before, the gateway went on reading its requests and calling its upstreams for
+answers nobody read (64 calls, then held by the bound in flight) for as long as the client kept
+stdin open, a traceback on stderr from the writer's own flush.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import select
 import threading
 from types import TracebackType
 
@@ -95,6 +102,8 @@ class StdoutLines:
         self._receive: MemoryObjectReceiveStream[bytes] = receive
         self._written = anyio.Event()
         self._wire = -1
+        self.closed = anyio.Event()
+        """Set when stdout cannot be written (the client closed it): nobody reads the answers."""
 
     async def __aenter__(self) -> StdoutLines:
         self._wire = fcntl.fcntl(self._fd, fcntl.F_DUPFD_CLOEXEC, 3)
@@ -123,21 +132,33 @@ class StdoutLines:
 
     def _write_lines(self, token: anyio.lowlevel.EventLoopToken) -> None:
         """The thread: write each line handed over until the hand-over ends or stdout fails."""
-        with os.fdopen(self._wire, "wb", closefd=False) as wire:
-            try:
-                while True:
-                    line = anyio.from_thread.run(self._receive.receive, token=token)
-                    wire.write(line)
-                    wire.flush()
-            except OSError as exc:  # EPIPE: the client closed its end
-                logger.warning("stdio: writing stdout failed (%s): answers are dropped from now", exc)
-            except Exception:  # the hand-over ended (closed, finished, cancelled): done
-                logger.debug("stdio: stdout's writer done")
+        failed = False
         try:
-            anyio.from_thread.run_sync(self._ended, token=token)
+            while True:
+                _write_all(self._wire, anyio.from_thread.run(self._receive.receive, token=token))
+        except OSError as exc:  # EPIPE: the client closed its end
+            logger.warning("stdio: writing stdout failed (%s): the client reads no more answers", exc)
+            failed = True
+        except Exception:  # the hand-over ended (closed, finished, cancelled): done
+            logger.debug("stdio: stdout's writer done")
+        try:
+            anyio.from_thread.run_sync(self._ended, failed, token=token)
         except Exception:  # the loop has finished already: nobody to tell
             return
 
-    def _ended(self) -> None:
+    def _ended(self, failed: bool) -> None:
         self._written.set()
         self._receive.close()  # a write handed over from now is dropped, not waited on
+        if failed:
+            self.closed.set()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``data`` written whole to ``fd`` (unbuffered: nothing is left to flush, or to fail in a
+    flush, once a write has failed); a non-blocking pipe that is full is waited for."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            select.select([], [fd], [])
