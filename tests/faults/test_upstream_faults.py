@@ -193,6 +193,8 @@ async def test_a_50_mb_result_arrives_whole_and_the_gateway_keeps_serving() -> N
 
 FLAP_RESTARTS = int(os.environ.get("AGENT_GATEWAY_FLAP_RESTARTS", "3"))
 """How often the upstream is killed and started again under load (raise it for a soak)."""
+FLAP_ANSWERS = 8
+"""Answers of each kind the callers get in each phase of a flap."""
 
 
 async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> None:
@@ -219,17 +221,23 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
                         answered["upstream error"] += 1
                     await anyio.sleep(0.01)
 
+        async def more(kind: str) -> None:
+            """Until the callers have had a few more answers of ``kind`` (the load each phase
+            is under: waited for, not slept through)."""
+            before = answered[kind]
+            await wait_until(lambda: answered[kind] >= before + FLAP_ANSWERS)
+
         async def flap() -> None:
             nonlocal restarts
             while restarts < FLAP_RESTARTS:
-                await anyio.sleep(2)
+                await more("ok")  # up again: reconnected, and serving the callers
                 await process.kill()
-                await anyio.sleep(1)
+                await more("upstream error")  # down: the callers are told so, none hangs
                 await process.start()
                 restarts += 1
 
         upstream = faulted.gw.gateway.pool.get("faulty")
-        with anyio.fail_after(FLAP_RESTARTS * 15):
+        with anyio.fail_after(FLAP_RESTARTS * 30):  # a start took 16 s on a loaded machine
             async with anyio.create_task_group() as tg:
                 for _ in range(4):
                     tg.start_soon(caller)
