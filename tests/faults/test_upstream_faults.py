@@ -3,6 +3,7 @@ other clients keep being served, and nothing leaks (see ``harness``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -357,6 +358,9 @@ def odd_http_upstream() -> ASGIApp:
     return intercepted(server, intercept)
 
 
+TRANSPORTS = ("stdio", "modern", "handshake")
+
+
 @asynccontextmanager
 async def odd_upstream(transport: str) -> AsyncIterator[dict[str, Any]]:
     """The config of an upstream answering ``reading`` and ``refuse`` oddly, over ``transport``."""
@@ -368,60 +372,55 @@ async def odd_upstream(transport: str) -> AsyncIterator[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def odd_gateway(transport: str) -> AsyncIterator[tuple[Faulted, Client]]:
-    """A gateway under fault over ``odd_upstream(transport)`` (as ``odd``), and a client of it."""
-    async with (
-        odd_upstream(transport) as config,
-        gateway_under_fault({"odd": config}) as faulted,
-        Client(faulted.gw.url) as client,
-    ):
-        yield faulted, client
+async def odd_gateway(*transports: str) -> AsyncIterator[tuple[Faulted, Client]]:
+    """A gateway under fault over ``odd_upstream(t)`` for each of ``transports``, each upstream
+    named after its transport, and a client of it. One gateway for every transport a test
+    tries (a gateway each was most of these tests' time)."""
+    async with contextlib.AsyncExitStack() as stack:
+        upstreams = {t: await stack.enter_async_context(odd_upstream(t)) for t in transports}
+        faulted = await stack.enter_async_context(gateway_under_fault(upstreams))
+        yield faulted, await stack.enter_async_context(Client(faulted.gw.url))
 
 
-@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
-async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null(
-    transport: str,
-) -> None:
+async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null() -> None:
     # msgspec refuses NaN; the SDK's parser (pydantic's) took it, and wrote it to the client as
     # null: a value the upstream never sent. Over the modern era's forwarding, a parse error.
-    async with odd_gateway(transport) as (_, client):
-        refused = await client.call_tool("odd__reading", {})
-        served = await client.call_tool("odd__collide", {})
-    assert refused.is_error
-    assert refused.structured_content is None
-    assert "holds NaN, Infinity or a number past a double's range, which JSON does not have" in text_of(
-        refused
-    )
-    assert text_of(served) == "collide"
+    async with odd_gateway(*TRANSPORTS) as (_, client):
+        for name in TRANSPORTS:
+            refused = await client.call_tool(f"{name}__reading", {})
+            served = await client.call_tool(f"{name}__collide", {})
+            assert refused.is_error, name
+            assert refused.structured_content is None, name
+            assert (
+                "holds NaN, Infinity or a number past a double's range, which JSON does not have"
+                in text_of(refused)
+            ), name
+            assert text_of(served) == "collide", name
 
 
-@pytest.mark.parametrize("transport", ["modern", "handshake"])
-async def test_an_unreadable_log_line_on_a_calls_stream_is_dropped_and_the_call_answered(
-    transport: str,
-) -> None:
+async def test_an_unreadable_log_line_on_a_calls_stream_is_dropped_and_the_call_answered() -> None:
     # As over stdio, where such a line is dropped: before, over the modern era's forwarding,
     # the line failed the call it came with.
-    async with odd_gateway(transport) as (_, client):
-        answered = await client.call_tool("odd__chatty", {})
-    assert not answered.is_error, text_of(answered)
-    assert text_of(answered) == "said"
+    async with odd_gateway("modern", "handshake") as (_, client):
+        for name in ("modern", "handshake"):
+            answered = await client.call_tool(f"{name}__chatty", {})
+            assert not answered.is_error, (name, text_of(answered))
+            assert text_of(answered) == "said", name
 
 
-@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
-async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_session_goes_on(
-    transport: str,
-) -> None:
+async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_session_goes_on() -> None:
     # -32000 is also the code the SDK gives a closed connection: read as one, a tool's "bad
     # input" (which any client can ask for) ended a stdio session, failing every client's
     # calls on it and restarting the process; over HTTP it became "its answer ended early".
-    async with odd_gateway(transport) as (faulted, client):
-        refused = await client.call_tool("odd__refuse", {})
-        served = await client.call_tool("odd__collide", {})
-        upstream = faulted.gw.gateway.pool.get("odd")
-        assert (upstream.connections, upstream.state) == (1, "up")
-    assert refused.is_error
-    assert text_of(refused) == "upstream 'odd': tool 'refuse': bad input"
-    assert text_of(served) == "collide"
+    async with odd_gateway(*TRANSPORTS) as (faulted, client):
+        for name in TRANSPORTS:
+            refused = await client.call_tool(f"{name}__refuse", {})
+            served = await client.call_tool(f"{name}__collide", {})
+            upstream = faulted.gw.gateway.pool.get(name)
+            assert (upstream.connections, upstream.state) == (1, "up"), name
+            assert refused.is_error, name
+            assert text_of(refused) == f"upstream '{name}': tool 'refuse': bad input"
+            assert text_of(served) == "collide", name
 
 
 async def test_an_upstreams_megabytes_of_error_reach_its_caller_cut_and_scrubbed() -> None:
