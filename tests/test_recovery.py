@@ -20,7 +20,16 @@ from agent_gateway.config import BreakerConfig
 from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.connection import UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
-from tests.faults.harness import Faulted, HttpProcess, faulty_stdio, gateway_under_fault, text_of, wait_until
+from tests.faults.harness import (
+    Faulted,
+    HttpProcess,
+    faulty_stdio,
+    gateway_under_fault,
+    running_together,
+    start_together,
+    text_of,
+    wait_until,
+)
 from tests.support import config_of, python_upstream
 
 
@@ -209,8 +218,7 @@ async def test_a_down_upstream_is_hidden_or_kept_listed_by_its_failure_mode() ->
         "listed": {"url": listed.url, "failure_mode": "fail_open", **fast_retry},
     }
     async with (
-        hidden.running(),
-        listed.running(),
+        running_together(hidden, listed),
         gateway_under_fault(upstreams) as faulted,
         Client(faulted.gw.url, mode="legacy", message_handler=record) as client,
     ):
@@ -233,8 +241,7 @@ async def test_a_down_upstream_is_hidden_or_kept_listed_by_its_failure_mode() ->
             assert report[name]["down_for_seconds"] is not None
             assert report[name]["last_up_at"] is not None
 
-        await hidden.start()
-        await listed.start()
+        await start_together(hidden, listed)
         await wait_until(lambda: len(changes) == 2)
         assert {"hidden__ping", "listed__ping"} <= await tool_names(client)
         await wait_until(lambda: faulted.gw.gateway.pool.ready)

@@ -207,6 +207,26 @@ class HttpProcess:
                 await self.kill()
 
 
+async def start_together(*processes: HttpProcess) -> None:
+    """Each of ``processes`` started at once: a start is mostly the interpreter importing
+    FastMCP, seconds each, which several processes spend side by side."""
+    async with anyio.create_task_group() as tg:
+        for process in processes:
+            tg.start_soon(process.start)
+
+
+@asynccontextmanager
+async def running_together(*processes: HttpProcess) -> AsyncIterator[None]:
+    """``HttpProcess.running`` for several, started together."""
+    try:
+        await start_together(*processes)
+        yield
+    finally:
+        with anyio.CancelScope(shield=True):
+            for process in processes:
+                await process.kill()
+
+
 def _die_with_parent() -> None:
     """In the child: be killed if the test process dies first (Linux), so that a test that
     fails or is interrupted at any point leaves no server running."""

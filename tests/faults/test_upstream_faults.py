@@ -193,6 +193,8 @@ async def test_a_50_mb_result_arrives_whole_and_the_gateway_keeps_serving() -> N
 
 FLAP_RESTARTS = int(os.environ.get("AGENT_GATEWAY_FLAP_RESTARTS", "3"))
 """How often the upstream is killed and started again under load (raise it for a soak)."""
+FLAP_ANSWERS = 8
+"""Answers of each kind the callers get in each phase of a flap."""
 
 
 async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> None:
@@ -219,17 +221,23 @@ async def test_an_upstream_flapping_under_load_gets_every_call_answered() -> Non
                         answered["upstream error"] += 1
                     await anyio.sleep(0.01)
 
+        async def more(kind: str) -> None:
+            """Until the callers have had a few more answers of ``kind`` (the load each phase
+            is under: waited for, not slept through)."""
+            before = answered[kind]
+            await wait_until(lambda: answered[kind] >= before + FLAP_ANSWERS)
+
         async def flap() -> None:
             nonlocal restarts
             while restarts < FLAP_RESTARTS:
-                await anyio.sleep(2)
+                await more("ok")  # up again: reconnected, and serving the callers
                 await process.kill()
-                await anyio.sleep(1)
+                await more("upstream error")  # down: the callers are told so, none hangs
                 await process.start()
                 restarts += 1
 
         upstream = faulted.gw.gateway.pool.get("faulty")
-        with anyio.fail_after(FLAP_RESTARTS * 15):
+        with anyio.fail_after(FLAP_RESTARTS * 30):  # a start took 16 s on a loaded machine
             async with anyio.create_task_group() as tg:
                 for _ in range(4):
                     tg.start_soon(caller)
@@ -275,28 +283,32 @@ async def test_a_result_nested_deeper_than_the_gateway_reads_fails_its_call_alon
     assert text_of(served) == "collide"
 
 
-@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
-async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_call_alone(
-    transport: str,
-) -> None:
+async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_call_alone() -> None:
     # Parsed, 128 MiB of JSON values (the default max_message_bytes) is tens of millions of
     # objects: seconds of the event loop and gigabytes for every client, not this call's.
+    # Over each transport in turn, on one gateway (each was a case of its own, a gateway each);
+    # one upstream process serves both HTTP eras.
     process = HttpProcess()
-    async with contextlib.AsyncExitStack() as stack:
-        if transport == "stdio":
-            config = faulty_stdio()
-        else:
-            await stack.enter_async_context(process.running())
-            config = {"url": process.url} | ({"protocol": "legacy"} if transport == "handshake" else {})
-        faulted = await stack.enter_async_context(gateway_under_fault({"faulty": config}))
-        client = await stack.enter_async_context(Client(faulted.gw.url))
-        refused = await client.call_tool("faulty__numbers", {"count": MAX_MESSAGE_VALUES + 1})
-        served = await client.call_tool("faulty__numbers", {"count": 3})
-        upstream = faulted.gw.gateway.pool.get("faulty")
-        assert (upstream.connections, upstream.state) == (1, "up")
-    assert refused.is_error
-    assert f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message" in text_of(refused)
-    assert served.structured_content == {"result": [0, 0, 0]}
+    upstreams = {
+        "stdio": faulty_stdio(),
+        "modern": {"url": process.url},
+        "handshake": {"url": process.url, "protocol": "legacy"},
+    }
+    async with (
+        process.running(),
+        gateway_under_fault(upstreams) as faulted,
+        Client(faulted.gw.url) as client,
+    ):
+        for name in upstreams:
+            refused = await client.call_tool(f"{name}__numbers", {"count": MAX_MESSAGE_VALUES + 1})
+            served = await client.call_tool(f"{name}__numbers", {"count": 3})
+            upstream = faulted.gw.gateway.pool.get(name)
+            assert (upstream.connections, upstream.state) == (1, "up"), name
+            assert refused.is_error, name
+            assert f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message" in text_of(refused), (
+                name
+            )
+            assert served.structured_content == {"result": [0, 0, 0]}, name
 
 
 NAN_RESULT = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
@@ -346,6 +358,9 @@ def odd_http_upstream() -> ASGIApp:
     return intercepted(server, intercept)
 
 
+TRANSPORTS = ("stdio", "modern", "handshake")
+
+
 @asynccontextmanager
 async def odd_upstream(transport: str) -> AsyncIterator[dict[str, Any]]:
     """The config of an upstream answering ``reading`` and ``refuse`` oddly, over ``transport``."""
@@ -357,60 +372,55 @@ async def odd_upstream(transport: str) -> AsyncIterator[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def odd_gateway(transport: str) -> AsyncIterator[tuple[Faulted, Client]]:
-    """A gateway under fault over ``odd_upstream(transport)`` (as ``odd``), and a client of it."""
-    async with (
-        odd_upstream(transport) as config,
-        gateway_under_fault({"odd": config}) as faulted,
-        Client(faulted.gw.url) as client,
-    ):
-        yield faulted, client
+async def odd_gateway(*transports: str) -> AsyncIterator[tuple[Faulted, Client]]:
+    """A gateway under fault over ``odd_upstream(t)`` for each of ``transports``, each upstream
+    named after its transport, and a client of it. One gateway for every transport a test
+    tries (a gateway each was most of these tests' time)."""
+    async with contextlib.AsyncExitStack() as stack:
+        upstreams = {t: await stack.enter_async_context(odd_upstream(t)) for t in transports}
+        faulted = await stack.enter_async_context(gateway_under_fault(upstreams))
+        yield faulted, await stack.enter_async_context(Client(faulted.gw.url))
 
 
-@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
-async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null(
-    transport: str,
-) -> None:
+async def test_an_answer_holding_nan_fails_its_call_and_never_reaches_the_client_as_null() -> None:
     # msgspec refuses NaN; the SDK's parser (pydantic's) took it, and wrote it to the client as
     # null: a value the upstream never sent. Over the modern era's forwarding, a parse error.
-    async with odd_gateway(transport) as (_, client):
-        refused = await client.call_tool("odd__reading", {})
-        served = await client.call_tool("odd__collide", {})
-    assert refused.is_error
-    assert refused.structured_content is None
-    assert "holds NaN, Infinity or a number past a double's range, which JSON does not have" in text_of(
-        refused
-    )
-    assert text_of(served) == "collide"
+    async with odd_gateway(*TRANSPORTS) as (_, client):
+        for name in TRANSPORTS:
+            refused = await client.call_tool(f"{name}__reading", {})
+            served = await client.call_tool(f"{name}__collide", {})
+            assert refused.is_error, name
+            assert refused.structured_content is None, name
+            assert (
+                "holds NaN, Infinity or a number past a double's range, which JSON does not have"
+                in text_of(refused)
+            ), name
+            assert text_of(served) == "collide", name
 
 
-@pytest.mark.parametrize("transport", ["modern", "handshake"])
-async def test_an_unreadable_log_line_on_a_calls_stream_is_dropped_and_the_call_answered(
-    transport: str,
-) -> None:
+async def test_an_unreadable_log_line_on_a_calls_stream_is_dropped_and_the_call_answered() -> None:
     # As over stdio, where such a line is dropped: before, over the modern era's forwarding,
     # the line failed the call it came with.
-    async with odd_gateway(transport) as (_, client):
-        answered = await client.call_tool("odd__chatty", {})
-    assert not answered.is_error, text_of(answered)
-    assert text_of(answered) == "said"
+    async with odd_gateway("modern", "handshake") as (_, client):
+        for name in ("modern", "handshake"):
+            answered = await client.call_tool(f"{name}__chatty", {})
+            assert not answered.is_error, (name, text_of(answered))
+            assert text_of(answered) == "said", name
 
 
-@pytest.mark.parametrize("transport", ["stdio", "modern", "handshake"])
-async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_session_goes_on(
-    transport: str,
-) -> None:
+async def test_an_upstreams_own_minus_32000_error_reaches_its_caller_and_its_session_goes_on() -> None:
     # -32000 is also the code the SDK gives a closed connection: read as one, a tool's "bad
     # input" (which any client can ask for) ended a stdio session, failing every client's
     # calls on it and restarting the process; over HTTP it became "its answer ended early".
-    async with odd_gateway(transport) as (faulted, client):
-        refused = await client.call_tool("odd__refuse", {})
-        served = await client.call_tool("odd__collide", {})
-        upstream = faulted.gw.gateway.pool.get("odd")
-        assert (upstream.connections, upstream.state) == (1, "up")
-    assert refused.is_error
-    assert text_of(refused) == "upstream 'odd': tool 'refuse': bad input"
-    assert text_of(served) == "collide"
+    async with odd_gateway(*TRANSPORTS) as (faulted, client):
+        for name in TRANSPORTS:
+            refused = await client.call_tool(f"{name}__refuse", {})
+            served = await client.call_tool(f"{name}__collide", {})
+            upstream = faulted.gw.gateway.pool.get(name)
+            assert (upstream.connections, upstream.state) == (1, "up"), name
+            assert refused.is_error, name
+            assert text_of(refused) == f"upstream '{name}': tool 'refuse': bad input"
+            assert text_of(served) == "collide", name
 
 
 async def test_an_upstreams_megabytes_of_error_reach_its_caller_cut_and_scrubbed() -> None:

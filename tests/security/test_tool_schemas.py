@@ -181,19 +181,22 @@ def _speller() -> FastMCP:
 EVIL = "a" * 40 + "!"
 
 
-@pytest.mark.parametrize(
-    ("tool", "arguments", "error"),
-    [
-        ("words__spell", {"word": EVIL}, "does not match '^(a+)+$'"),
-        ("words__tally", {EVIL: 1}, "does not match any of the regexes: '^(a+)+$'"),
-        ("words__nest", {"child": {"w": EVIL}}, "does not match '^(a+)+$'"),
-        ("words__stammer", {"word": EVIL}, "String should match pattern '^(a|aa)+$'"),  # the upstream's words
-    ],
-    ids=["value", "property-name", "subschema-of-its-own-draft", "undecided"],
-)
-async def test_a_value_against_a_backtracking_pattern_stalls_no_one(
-    tool: str, arguments: dict[str, Any], error: str, tmp_path: Path
-) -> None:
+ATTACKS = [
+    ("words__spell", {"word": EVIL}, "does not match '^(a+)+$'"),  # a value
+    ("words__tally", {EVIL: 1}, "does not match any of the regexes: '^(a+)+$'"),  # a property name
+    ("words__nest", {"child": {"w": EVIL}}, "does not match '^(a+)+$'"),  # in a subschema of its own draft
+    (
+        "words__stammer",
+        {"word": EVIL},
+        "String should match pattern '^(a|aa)+$'",
+    ),  # undecided: the upstream's words
+]
+"""Each place a pattern is matched: the tool called, its arguments, and what the refusal says."""
+
+
+async def test_a_value_against_a_backtracking_pattern_stalls_no_one(tmp_path: Path) -> None:
+    # One gateway process for every attack (each was a case of its own, a process start each):
+    # each attack is still made and checked alone, a bystander served beside it.
     async with (
         serving_upstream(_speller()) as upstream,
         # Its own process, as deployed: a stalled gateway must not stall the test's bounds.
@@ -201,23 +204,30 @@ async def test_a_value_against_a_backtracking_pattern_stalls_no_one(
         Client(f"{base}/mcp") as attacker,
         Client(f"{base}/mcp") as bystander,
     ):
-        served: list[str] = []
+        for tool, arguments, error in ATTACKS:
+            await _attack_beside(bystander, attacker, tool, arguments, error)
 
-        async def attack() -> None:
-            result = await attacker.call_tool(tool, arguments)
-            assert result.is_error
-            assert error in str(result.content[0])
 
-        async def go_about_ones_business() -> None:
-            for n in range(5):
-                served.append(text_of(await bystander.call_tool("words__echo", {"text": f"call {n}"})))
+async def _attack_beside(
+    bystander: Client, attacker: Client, tool: str, arguments: dict[str, Any], error: str
+) -> None:
+    served: list[str] = []
 
-        with anyio.fail_after(60):  # before: the attacker's check alone ran for hours
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(attack)
-                tg.start_soon(go_about_ones_business)
-        assert served == [f"call {n}" for n in range(5)]
-        assert text_of(await attacker.call_tool("words__spell", {"word": "aaa"})) == "aaa"
+    async def attack() -> None:
+        result = await attacker.call_tool(tool, arguments)
+        assert result.is_error, tool
+        assert error in str(result.content[0]), tool
+
+    async def go_about_ones_business() -> None:
+        for n in range(5):
+            served.append(text_of(await bystander.call_tool("words__echo", {"text": f"call {n}"})))
+
+    with anyio.fail_after(60):  # before: the attacker's check alone ran for hours
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(attack)
+            tg.start_soon(go_about_ones_business)
+    assert served == [f"call {n}" for n in range(5)], tool
+    assert text_of(await attacker.call_tool("words__spell", {"word": "aaa"})) == "aaa", tool
 
 
 def text_of(result: types.CallToolResult) -> str:
