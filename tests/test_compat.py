@@ -1030,3 +1030,13 @@ def test_an_ended_spans_status_is_what_restatus_writes() -> None:
     assert isinstance(span, ReadableSpan)
     restatus(span, "cut")
     assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, "cut")
+
+
+def test_starlettes_cors_middleware_asks_is_allowed_origin_for_preflights_and_answers() -> None:
+    # cors.ListedOrigins matches origins as the Origin check does by replacing this one method.
+    from starlette.middleware.cors import CORSMiddleware
+
+    for method in (CORSMiddleware.preflight_response, CORSMiddleware.send):
+        assert "self.is_allowed_origin(origin=" in inspect.getsource(method), (
+            f"starlette: CORSMiddleware.{method.__name__} no longer asks is_allowed_origin"
+        )

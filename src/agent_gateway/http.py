@@ -28,6 +28,7 @@ from agent_gateway.call_records import admission_refusals
 from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import DeferredSessionManager, defer_responses
 from agent_gateway.config import GatewayConfig
+from agent_gateway.cors import cross_origin
 from agent_gateway.downstream.room import Room
 from agent_gateway.errors import KeysUnavailable
 from agent_gateway.exporters import installed
@@ -67,6 +68,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 allowed_hosts=list(server.allowed_hosts),
                 listen_host=server.host,
             ),
+            *cross_origin(server.allowed_origins),  # behind the Origin check: listed pages only
             Middleware(
                 Admission,
                 access=gateway.access,
