@@ -284,14 +284,15 @@ class Admission:
         limit = self.bounds.body_bytes
         declared = request_body.content_length(scope)
         body: bytes | GatewayBusy | request_body.Oversized | None = None  # None: not in time
-        # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
-        with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
-            if declared is not None and declared > limit:  # refused unread, but an answer's id
-                body = request_body.Oversized(b"", declared)  # 413 even if its head never comes
-                manager = self._manager  # only its own session's client is asked questions
-                if manager is not None and questions.session_of(manager, scope) is not None:
-                    body = request_body.Oversized(await request_body.head(receive), declared)
-            else:
+        deadline = anyio.current_time() + self.bounds.body_timeout
+        if declared is not None and declared > limit:  # refused unread, but an answer's id
+            body = request_body.Oversized(b"", declared)  # 413 even if its head never comes
+            manager = self._manager  # only its own session's client is asked questions
+            if manager is not None and questions.session_of(manager, scope) is not None:
+                body = request_body.Oversized(await request_body.head(receive, deadline), declared)
+        else:
+            # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
+            with anyio.CancelScope(deadline=deadline):
                 body = await request_body.read(receive, held, limit)
         if isinstance(body, GatewayBusy):
             await refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])

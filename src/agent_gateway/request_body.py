@@ -8,14 +8,18 @@ is refused, and answers).
   relayed to it). Refused unread, the question waited out its own timeout (minutes), then said
   the client did not answer. The answer's id is read from the body's first kilobyte (the SDKs
   write ``jsonrpc`` and ``id`` before the result), so the question can fail at once, saying why.
+  That kilobyte is read across however many chunks it comes in (a client whose first chunk held
+  ten bytes had its question wait out its timeout), within the body's own deadline.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import anyio
 from mcp_types import RequestId
 from starlette.types import Receive, Scope
 
@@ -54,7 +58,7 @@ async def read(receive: Receive, held: BodyHeld, limit: int) -> bytes | GatewayB
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            return Oversized((chunks[0] if chunks else chunk)[:HEAD_BYTES])
+            return Oversized(_first_bytes([*chunks, chunk]))
         if size > UNCOUNTED and (busy := held.take(size - held.size)) is not None:
             return busy
         chunks.append(chunk)
@@ -63,10 +67,29 @@ async def read(receive: Receive, held: BodyHeld, limit: int) -> bytes | GatewayB
     return b"".join(chunks)
 
 
-async def head(receive: Receive) -> bytes:
-    """The first bytes of a body not otherwise read (one chunk of it)."""
-    message = await receive()
-    return message.get("body", b"")[:HEAD_BYTES] if message["type"] == "http.request" else b""
+async def head(receive: Receive, deadline: float) -> bytes:
+    """The first ``HEAD_BYTES`` of a body not otherwise read, over as many chunks as they come
+    in; what came by ``deadline`` (or before the body ended, or the client left)."""
+    kept = bytearray()
+    with anyio.CancelScope(deadline=deadline):
+        while len(kept) < HEAD_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            kept += message.get("body", b"")[: HEAD_BYTES - len(kept)]
+            if not message.get("more_body", False):
+                break
+    return bytes(kept)
+
+
+def _first_bytes(chunks: Iterable[bytes]) -> bytes:
+    """The first ``HEAD_BYTES`` of ``chunks`` joined (without joining the rest)."""
+    kept = bytearray()
+    for chunk in chunks:
+        kept += chunk[: HEAD_BYTES - len(kept)]
+        if len(kept) >= HEAD_BYTES:
+            break
+    return bytes(kept)
 
 
 def content_length(scope: Scope) -> int | None:
