@@ -106,8 +106,26 @@ def answered_id(head: bytes) -> RequestId | None:
     """The id of the JSON-RPC answer (a result or an error) ``head`` begins; None when it is no
     answer (a request has a ``method``) or its id is not within it. Only the object's own keys
     count, not those of what it holds."""
-    if not head.lstrip().startswith(b"{"):
+    keys, found = _keys_and_id(head)
+    if found is None or b'"method"' in keys or not keys & _ANSWERS:
         return None
+    return found
+
+
+def requested_id(head: bytes) -> RequestId | None:
+    """The id of the JSON-RPC request ``head`` begins (as ``answered_id`` reads one), for a
+    refusal's answer to carry (JSON-RPC 2.0: null only when it cannot be told); None when it
+    is no request or its id is not within it."""
+    keys, found = _keys_and_id(head[:HEAD_BYTES])
+    if found is None or b'"method"' not in keys or keys & _ANSWERS:
+        return None
+    return found
+
+
+def _keys_and_id(head: bytes) -> tuple[set[bytes], RequestId | None]:
+    """The keys of the object ``head`` begins (as far as it goes) and its id, if read."""
+    if not head.lstrip().startswith(b"{"):
+        return set(), None
     depth, keys, found = 0, set[bytes](), None
     for token in _TOKEN.finditer(head):
         text = token.group()
@@ -122,6 +140,4 @@ def answered_id(head: bytes) -> RequestId | None:
                     found = json.loads(value.group(1))
                 except ValueError:
                     found = None
-    if found is None or b'"method"' in keys or not keys & _ANSWERS:
-        return None
-    return found
+    return keys, found
