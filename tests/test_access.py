@@ -602,3 +602,42 @@ async def test_a_clients_refused_calls_write_one_warning_a_window_and_anothers_i
         logging.getLogger("agent_gateway").removeHandler(handler)
     refused = [line for line in written if "refused tool 'counter__reset'" in line]
     assert [line.split()[1] for line in refused] == ["ci", "pids"], refused
+
+
+async def test_a_refused_requests_error_carries_its_id_when_its_body_tells_it() -> None:
+    # Each refusal answered "id": null, though the id was at hand: a client with several
+    # requests in flight could not tell which was refused (JSON-RPC 2.0: null only when the
+    # id cannot be told). A notification, an id past the first kilobyte: still null.
+    headers = {
+        "Authorization": "Bearer burst-token-0123456789abcdef",
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+    }
+    ping = {"jsonrpc": "2.0", "method": "ping"}
+    async with bearer_gateway() as gw, httpx.AsyncClient(timeout=30) as http:
+        ids: list[object] = []
+        for n in range(8):  # past the burst of 3
+            body = {**ping, "id": f"req-{n}"} if n != 6 else ping
+            answer = await http.post(gw.url, headers=headers, json=body)
+            if answer.status_code == 429:
+                ids.append(answer.json()["id"])
+        late = json.dumps({**ping, "params": {"_meta": {"pad": "x" * 2000}}, "id": 9})
+        answer = await http.post(gw.url, headers=headers, content=late)
+    assert answer.status_code == 429, answer.text
+    assert answer.json()["id"] is None
+    assert ids[-3:] == ["req-5", None, "req-7"], ids
+
+
+async def test_a_body_past_the_limit_is_refused_with_its_requests_id() -> None:
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    config = {"server": {"max_body_bytes": 65536}, "upstreams": {}}
+    call = {"jsonrpc": "2.0", "id": 42, "method": "tools/call"}
+    call["params"] = {"name": "x", "arguments": {"a": "x" * 70000}}
+
+    async def chunked() -> AsyncIterator[bytes]:
+        yield json.dumps(call).encode()
+
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+        answer = await http.post(gw.url, headers=headers, content=chunked())
+    assert answer.status_code == 413, answer.text
+    assert answer.json()["id"] == 42

@@ -4,13 +4,19 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx
 import mcp_types as types
+import pytest
+from anyio.abc import SocketAttribute
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
 
-from tests.support import answer_before_the_body_ends, python_upstream, running_gateway
+from tests.support import RawAnswer, answer_before_the_body_ends, python_upstream, running_gateway
 
 HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
 
@@ -66,11 +72,88 @@ async def test_a_declared_length_past_the_limit_naming_no_session_here_is_refuse
     assert answer.status == 413, answer
 
 
-async def _session_of(url: str) -> str:
-    """The id of a handshake-era session opened at ``url`` (left open)."""
-    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "0"}}
+async def _session_of(url: str, capabilities: dict[str, Any] | None = None) -> str:
+    """The id of a handshake-era session opened at ``url`` (left open), initialized."""
+    hello = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": capabilities or {},
+        "clientInfo": {"name": "x", "version": "0"},
+    }
     async with httpx.AsyncClient(timeout=30) as http:
         opened = await http.post(
             url, headers=HEADERS, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
         )
-    return opened.headers["mcp-session-id"]
+        session = opened.headers["mcp-session-id"]
+        headers = {**HEADERS, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+        await http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return session
+
+
+@pytest.mark.parametrize("framing", ["declared", "chunked"])
+async def test_an_oversized_answer_whose_id_comes_after_a_small_first_chunk_fails_its_question_at_once(
+    framing: str,
+) -> None:
+    # The id was looked for in the body's first chunk only: a client whose first chunk held ten
+    # bytes had its sampling question wait out the model's timeout (60 s), then say it had no answer.
+    agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling", "timeout": 60}}
+    config = {"server": {"max_body_bytes": 65536}, "upstreams": {}, "agent": agent}
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+        session = await _session_of(gw.url, {"sampling": {}})
+        headers = {**HEADERS, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        call["params"] = {"name": "ask_agent", "arguments": {"query": "Hi"}}
+        with anyio.fail_after(20):  # the question's own timeout is 60 s
+            async with http.stream("POST", gw.url, headers=headers, json=call) as stream:
+                events = aiter(stream.aiter_lines())
+                asked = await _next_message(events)
+                assert asked["method"] == "sampling/createMessage", asked
+                answer = b'{"jsonrpc":"2.0","id":' + json.dumps(asked["id"]).encode()
+                answer += b',"result":{"role":"assistant","model":"m","content":{"type":"text","text":"'
+                refused = await _posted_in_two_chunks(gw.url, headers, framing, answer + b"x" * 70000)
+                result = await _next_message(events)
+    assert refused.status == 413, refused
+    told = result["result"]["content"][0]["text"]
+    assert "the client's answer was not read: its request body is " in told, result
+
+
+async def _posted_in_two_chunks(url: str, headers: Mapping[str, str], framing: str, body: bytes) -> RawAnswer:
+    """``body`` POSTed to ``url`` on a raw socket: its first ten bytes, then (once the server has
+    taken them from its socket) the rest of its first kilobyte (and, chunked, of the body)."""
+    parsed = urlsplit(url)
+    if framing == "declared":
+        fields, pieces = {"Content-Length": str(len(body))}, (body[:10], body[10:1024])
+    else:
+        fields, pieces = {"Transfer-Encoding": "chunked"}, (_chunk(body[:10]), _chunk(body[10:]))
+    head = [f"POST {parsed.path} HTTP/1.1", f"Host: {parsed.netloc}"]
+    head += [f"{k}: {v}" for k, v in {**headers, **fields}.items()]
+    async with await anyio.connect_tcp("127.0.0.1", parsed.port or 80) as stream:
+        await stream.send("\r\n".join([*head, "", ""]).encode() + pieces[0])
+        await _taken(stream.extra(SocketAttribute.local_port))
+        await stream.send(pieces[1])
+        received = BufferedByteReceiveStream(stream)
+        status_line, *lines = (await received.receive_until(b"\r\n\r\n", 65536)).decode().split("\r\n")
+        length = next(int(f.split(":", 1)[1]) for f in lines if f.lower().startswith("content-length:"))
+        return RawAnswer(int(status_line.split()[1]), await received.receive_exactly(length))
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def _taken(client_port: int) -> None:
+    """Wait until the server's end of the connection from ``client_port`` holds no unread bytes
+    (the caller bounds the wait)."""
+    while True:
+        for row in (await anyio.Path("/proc/net/tcp").read_text()).splitlines()[1:]:
+            fields = row.split()
+            if int(fields[2].split(":")[1], 16) == client_port and int(fields[4].split(":")[1], 16) == 0:
+                return
+        await anyio.sleep(0.01)
+
+
+async def _next_message(lines: AsyncIterator[str]) -> dict[str, Any]:
+    """The next JSON-RPC message of an SSE stream."""
+    async for line in lines:
+        if line.startswith("data:") and line[5:].strip():
+            return json.loads(line[5:])
+    raise AssertionError("the stream ended")

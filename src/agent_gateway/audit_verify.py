@@ -44,10 +44,12 @@ def verify(paths: Iterable[Path]) -> Verdict:
             return Verdict(count, f"{path}: cannot be read ({exc.strerror or type(exc).__name__})")
         with file:
             number = 0
-            while line := file.readline(MAX_LINE + 1):
+            # A record of MAX_LINE bytes and its newline (the newline counted, one was refused
+            # as a file's first line and read as its last).
+            while line := file.readline(MAX_LINE + 2):
                 number += 1
                 where = f"{path}:{number}"
-                if len(line) > MAX_LINE:
+                if len(line.removesuffix(b"\n")) > MAX_LINE:
                     return Verdict(
                         count, f"{where}: a line of more than {MAX_LINE // 2**20} MiB, not a record"
                     )

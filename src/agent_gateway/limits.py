@@ -26,7 +26,8 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
   unread (the SDK read any request's body whole, uncounted and with no deadline).
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
-Refusals are JSON-RPC errors with a null id, which the SDK's client matches to its request.
+Refusals are JSON-RPC errors with the request's id as its first kilobyte tells it, unparsed
+(``request_body.requested_id``), else null (JSON-RPC 2.0: only an id that cannot be told).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp_types import RequestId
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -169,7 +171,7 @@ class Admission:
             limited, headers = refusal
             if self.on_refused is not None:
                 self.on_refused(client.subject, session, body, str(limited))
-            await refuse(send, 429, limited, headers)
+            await refuse(send, 429, limited, headers, request_body.requested_id(body))
             return
         turns = client.turns = client.turns or Turns()
         async with parsing_turn(turns, client.label, len(body)):
@@ -207,7 +209,7 @@ class Admission:
             status, error, headers = no_room
             if self.on_refused is not None:
                 self.on_refused(client.subject, session, body, str(error))
-            await refuse(send, status, error, headers)
+            await refuse(send, status, error, headers, request_body.requested_id(body))
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return
@@ -302,14 +304,15 @@ class Admission:
         limit = self.bounds.body_bytes
         declared = request_body.content_length(scope)
         body: bytes | GatewayBusy | request_body.Oversized | None = None  # None: not in time
-        # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
-        with anyio.CancelScope(deadline=anyio.current_time() + self.bounds.body_timeout):
-            if declared is not None and declared > limit:  # refused unread, but an answer's id
-                body = request_body.Oversized(b"", declared)  # 413 even if its head never comes
-                manager = self._manager  # only its own session's client is asked questions
-                if manager is not None and questions.session_of(manager, scope) is not None:
-                    body = request_body.Oversized(await request_body.head(receive), declared)
-            else:
+        deadline = anyio.current_time() + self.bounds.body_timeout
+        if declared is not None and declared > limit:  # refused unread, but an answer's id
+            body = request_body.Oversized(b"", declared)  # 413 even if its head never comes
+            manager = self._manager  # only its own session's client is asked questions
+            if manager is not None and questions.session_of(manager, scope) is not None:
+                body = request_body.Oversized(await request_body.head(receive, deadline), declared)
+        else:
+            # A bare scope with a deadline: what move_on_after wraps, without its generator (per call).
+            with anyio.CancelScope(deadline=deadline):
                 body = await request_body.read(receive, held, limit)
         if isinstance(body, GatewayBusy):
             await refuse(send, 503, body, [(b"retry-after", b"1"), (b"connection", b"close")])
@@ -320,12 +323,8 @@ class Admission:
         elif isinstance(body, bytes):
             return body
         else:
-            await self._refuse_body(
-                send,
-                held.client,
-                408,
-                f"the request body did not arrive within {self.bounds.body_timeout:g}s",
-            )
+            waited = f"the request body did not arrive within {self.bounds.body_timeout:g}s"
+            await self._refuse_body(send, held.client, 408, waited)
         return None
 
     async def _oversized(
@@ -333,13 +332,12 @@ class Admission:
     ) -> None:
         """Refuse a body past the limit; if it is an answer to a question the gateway asked the
         client, that question fails at once, saying so (``request_body.py``)."""
-        why = self._too_large(
-            f"{body.size} bytes" if body.size is not None else f"over {self.bounds.body_bytes} bytes"
-        )
+        size = f"{body.size} bytes" if body.size is not None else f"over {self.bounds.body_bytes} bytes"
+        why = f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
         manager = self._manager
         if manager is not None and (answered := request_body.answered_id(body.head)) is not None:
             await questions.fail(manager, scope, answered, f"the client's answer was not read: its {why}")
-        await self._refuse_body(send, client, 413, why)
+        await self._refuse_body(send, client, 413, why, request_id=request_body.requested_id(body.head))
 
     @property
     def _manager(self) -> object | None:
@@ -373,13 +371,16 @@ class Admission:
         return None
 
     async def _refuse_body(
-        self, send: Send, client: Principal, status: int, message: str, code: int = INVALID_REQUEST
+        self,
+        send: Send,
+        client: Principal,
+        status: int,
+        message: str,
+        code: int = INVALID_REQUEST,
+        request_id: RequestId | None = None,
     ) -> None:
         refused("body", "refused an HTTP request of %s: %s", client.label, message, peer=client.label)
-        await refuse(send, status, InvalidRequest(message, code))
-
-    def _too_large(self, size: str) -> str:
-        return f"request body is {size}; the limit (server.max_body_bytes) is {self.bounds.body_bytes}"
+        await refuse(send, status, InvalidRequest(message, code), request_id=request_id)
 
 
 CHECKS_REFUSED = "agent_gateway.checks_refused"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import binascii
 import bisect
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -183,6 +184,9 @@ def _policy(client: Principal | None) -> str | None:
     return client.policy_name if client is not None else None
 
 
+_OFFSET = re.compile(r"0|[1-9][0-9]*")
+
+
 def _cursor(offset: int) -> str:
     return base64.urlsafe_b64encode(f"tools:{offset}".encode()).decode()
 
@@ -197,7 +201,8 @@ def _offset(cursor: str | None) -> int:
         return 0
     try:
         kind, _, offset = base64.urlsafe_b64decode(cursor.encode()).decode().partition(":")
-        if kind == "tools" and offset.isdigit():
+        # As written by ``_cursor``: int() reads Arabic-Indic or full-width digits, "03" too.
+        if kind == "tools" and _OFFSET.fullmatch(offset) is not None:
             return int(offset)
     except (binascii.Error, UnicodeError, ValueError):
         pass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from mcp_types import RequestId
 from starlette.types import Send
 
 from agent_gateway.access import Principal
@@ -56,12 +57,17 @@ def bound_refusal(max_sessions: int) -> tuple[GatewayBusy, list[tuple[bytes, byt
 
 
 async def refuse(
-    send: Send, status: int, refusal: GatewayError, headers: list[tuple[bytes, bytes]] | None = None
+    send: Send,
+    status: int,
+    refusal: GatewayError,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    request_id: RequestId | None = None,
 ) -> None:
-    """``refusal`` as the JSON-RPC error ``errors.to_wire`` makes of it, with no id (the body
-    was never parsed), in an HTTP answer of ``status``."""
+    """``refusal`` as the JSON-RPC error ``errors.to_wire`` makes of it, in an HTTP answer of
+    ``status``; its id the request's as read from the body's first bytes
+    (``request_body.requested_id``), null when it could not be (the body is never parsed)."""
     error = to_wire(refusal).error.model_dump(mode="json", exclude_none=True)
-    encoded = json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    encoded = json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
     await send(
         {
             "type": "http.response.start",

@@ -8,14 +8,18 @@ is refused, and answers).
   relayed to it). Refused unread, the question waited out its own timeout (minutes), then said
   the client did not answer. The answer's id is read from the body's first kilobyte (the SDKs
   write ``jsonrpc`` and ``id`` before the result), so the question can fail at once, saying why.
+  That kilobyte is read across however many chunks it comes in (a client whose first chunk held
+  ten bytes had its question wait out its timeout), within the body's own deadline.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import anyio
 from mcp_types import RequestId
 from starlette.types import Message, Receive, Scope
 
@@ -54,7 +58,7 @@ async def read(receive: Receive, held: BodyHeld, limit: int) -> bytes | GatewayB
         chunk = message.get("body", b"")
         size += len(chunk)
         if size > limit:
-            return Oversized((chunks[0] if chunks else chunk)[:HEAD_BYTES])
+            return Oversized(_first_bytes([*chunks, chunk]))
         if size > UNCOUNTED and (busy := held.take(size - held.size)) is not None:
             return busy
         chunks.append(chunk)
@@ -63,10 +67,29 @@ async def read(receive: Receive, held: BodyHeld, limit: int) -> bytes | GatewayB
     return b"".join(chunks)
 
 
-async def head(receive: Receive) -> bytes:
-    """The first bytes of a body not otherwise read (one chunk of it)."""
-    message = await receive()
-    return message.get("body", b"")[:HEAD_BYTES] if message["type"] == "http.request" else b""
+async def head(receive: Receive, deadline: float) -> bytes:
+    """The first ``HEAD_BYTES`` of a body not otherwise read, over as many chunks as they come
+    in; what came by ``deadline`` (or before the body ended, or the client left)."""
+    kept = bytearray()
+    with anyio.CancelScope(deadline=deadline):
+        while len(kept) < HEAD_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            kept += message.get("body", b"")[: HEAD_BYTES - len(kept)]
+            if not message.get("more_body", False):
+                break
+    return bytes(kept)
+
+
+def _first_bytes(chunks: Iterable[bytes]) -> bytes:
+    """The first ``HEAD_BYTES`` of ``chunks`` joined (without joining the rest)."""
+    kept = bytearray()
+    for chunk in chunks:
+        kept += chunk[: HEAD_BYTES - len(kept)]
+        if len(kept) >= HEAD_BYTES:
+            break
+    return bytes(kept)
 
 
 def content_length(scope: Scope) -> int | None:
@@ -83,8 +106,26 @@ def answered_id(head: bytes) -> RequestId | None:
     """The id of the JSON-RPC answer (a result or an error) ``head`` begins; None when it is no
     answer (a request has a ``method``) or its id is not within it. Only the object's own keys
     count, not those of what it holds."""
-    if not head.lstrip().startswith(b"{"):
+    keys, found = _keys_and_id(head)
+    if found is None or b'"method"' in keys or not keys & _ANSWERS:
         return None
+    return found
+
+
+def requested_id(head: bytes) -> RequestId | None:
+    """The id of the JSON-RPC request ``head`` begins (as ``answered_id`` reads one), for a
+    refusal's answer to carry (JSON-RPC 2.0: null only when it cannot be told); None when it
+    is no request or its id is not within it."""
+    keys, found = _keys_and_id(head[:HEAD_BYTES])
+    if found is None or b'"method"' not in keys or keys & _ANSWERS:
+        return None
+    return found
+
+
+def _keys_and_id(head: bytes) -> tuple[set[bytes], RequestId | None]:
+    """The keys of the object ``head`` begins (as far as it goes) and its id, if read."""
+    if not head.lstrip().startswith(b"{"):
+        return set(), None
     depth, keys, found = 0, set[bytes](), None
     for token in _TOKEN.finditer(head):
         text = token.group()
@@ -99,9 +140,7 @@ def answered_id(head: bytes) -> RequestId | None:
                     found = json.loads(value.group(1))
                 except ValueError:
                     found = None
-    if found is None or b'"method"' in keys or not keys & _ANSWERS:
-        return None
-    return found
+    return keys, found
 
 
 def follows(scope: Scope) -> bool:

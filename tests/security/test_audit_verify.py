@@ -83,3 +83,33 @@ def test_a_line_that_is_no_record_is_named_in_one_line(tmp_path: Path, written: 
     assert answer.returncode == 1, answer.stderr[-500:]
     assert "Traceback" not in answer.stderr
     assert answer.stdout == f"BROKEN after {found.format(trail)}\n"
+
+
+def padded(length: int) -> bytes:
+    """Record 1, of exactly ``length`` bytes (its ``pad`` filling it out), hashed right."""
+    pad = ""
+    while True:
+        body = {"event": "call", "pad": pad, "prev": GENESIS, "seq": 1}
+        digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+        line = json.dumps({**body, "hash": digest}).encode()
+        if len(line) >= length:
+            assert len(line) == length
+            return line
+        pad += "x" * (length - len(line))
+
+
+@pytest.mark.parametrize("newline", [True, False], ids=["newline", "last-line"])
+@pytest.mark.parametrize("past", [0, 1], ids=["1MiB", "1MiB+1"])
+def test_a_record_of_one_mib_is_read_and_one_byte_more_is_not_with_or_without_its_newline(
+    tmp_path: Path, past: int, newline: bool
+) -> None:
+    # The newline counted towards the bound: a 1 MiB record was refused as the first of two
+    # lines, read as the last (with no newline after it).
+    trail = tmp_path / "audit.jsonl"
+    trail.write_bytes(padded(2**20 + past) + (b"\n" if newline else b""))
+    answer = verified(str(trail))
+    if past:
+        assert answer.returncode == 1, answer.stdout
+        assert "a line of more than 1 MiB, not a record" in answer.stdout + answer.stderr
+    else:
+        assert answer.returncode == 0, answer.stdout + answer.stderr

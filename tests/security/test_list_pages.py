@@ -7,6 +7,7 @@ its own policy hides. Found by a helper's attack (round AU)."""
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -149,3 +150,28 @@ async def test_a_cursor_of_another_policys_walk_shows_only_the_askers_own_list(k
     assert replayed == own  # its pages past its own end are empty
     assert again == own
     assert refused.value.error.code == -32602
+
+
+async def tools(client: Client, cursor: str | None) -> tuple[list[str], str | None]:
+    page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+    return [t.name for t in page.tools], page.next_cursor
+
+
+def encoded(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+# Python's int() reads Arabic-Indic and full-width digits, which str.isdigit() lets through.
+OTHER_DIGITS = ["\u0663", "\uff13", "\u0661\u0660", "03"]
+
+
+@pytest.mark.parametrize("kind", ["tools", *LISTS])
+async def test_a_cursor_spelling_its_offset_in_other_digits_is_an_invalid_cursor(kind: str) -> None:
+    page = tools if kind == "tools" else LISTS[kind][0]
+    forged = [encoded(f"tools:{digits}") for digits in OTHER_DIGITS]
+    forged += [encoded(f'{{"o": {digits}}}') for digits in OTHER_DIGITS]
+    async with gateway() as url, client_with(url, WIDE) as client:
+        for cursor in forged:
+            with pytest.raises(MCPError, match="invalid cursor for") as refused:
+                await page(client, cursor)
+            assert refused.value.error.code == -32602, cursor

@@ -20,7 +20,7 @@ decoders' counts the noise bound reads; ``tests/test_compat.py`` checks each mem
   upstream's ``-32000 bad input`` failed the call as cut short, and over stdio ended the
   session for every client.
 - **A stream that sends only what makes no message is ended** (``QUIET_BYTES``): comments,
-  blank lines, events without data. Nothing else bounds them (the notification pace counts
+  blank lines, events without data or whose data makes no message. Nothing else bounds them (the notification pace counts
   messages): an upstream sending ``:`` lines without end on its GET stream took 88 % of a
   core with no call in flight, a bystander's p50 6 ms -> 298 ms. The stream ends as if the
   upstream ended it, and is reopened at the pace above; a keep-alive every few seconds is far
@@ -40,7 +40,8 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from contextvars import ContextVar
+from typing import Any, cast
 
 import anyio
 import httpx2
@@ -61,6 +62,8 @@ from mcp_types import (
     RequestId,
 )
 
+from agent_gateway.compat.streams import StreamWrapper
+
 logger = logging.getLogger(__name__)
 
 RETRY_FLOOR_MS = 1000
@@ -69,7 +72,7 @@ MAX_RESUMPTIONS = 256
 """Times one request's answer stream is reopened before the request fails."""
 QUIET_BYTES = 64 * 1024
 """Bytes a stream may send within ``QUIET_WINDOW`` that make no message (comments, blank
-lines, events without data) before it is ended."""
+lines, events without data or whose data makes no message) before it is ended."""
 QUIET_WINDOW = 10.0
 
 _CUT_SHORT = "agent_gateway.cut_short"
@@ -106,6 +109,24 @@ class _Session:
 _FLOORED: weakref.WeakKeyDictionary[httpx2.AsyncClient, _Session] = weakref.WeakKeyDictionary()
 """The upstream sessions' HTTP clients: their streams' ``retry`` is floored and their noise
 bounded (other users of the SDK in the process, tests' clients among them, are left as they are)."""
+
+
+_MESSAGE_MADE: ContextVar[bool] = ContextVar("sse_message_made", default=False)
+"""Whether the event a stream's reader last yielded made a message (set as the SDK's transport
+handles it, in the reader's task): an upstream alternating events whose data is no message with
+comments reset the noise count at each."""
+
+
+class _Watched(StreamWrapper[StreamWriter]):
+    """The SDK's read stream writer, noting whether a message (not an error) went on it."""
+
+    def __init__(self, inner: StreamWriter) -> None:
+        self._inner = inner
+        self.made = False
+
+    async def send(self, item: SessionMessage | Exception, /) -> None:
+        self.made = self.made or isinstance(item, SessionMessage)
+        await self._inner.send(item)
 
 
 class BoundedTransport(StreamableHTTPTransport):
@@ -151,9 +172,16 @@ class BoundedTransport(StreamableHTTPTransport):
         reads on (the request's id is used only to fail the request, or for its answer)."""
         if original_request_id is not None and sse.event == "message" and names_its_method_first(sse.data):
             original_request_id = None
-        return await super()._handle_sse_event(
-            sse, read_stream_writer, original_request_id, resumption_callback
+        watched = _Watched(read_stream_writer)
+        done = await super()._handle_sse_event(
+            sse,
+            cast(StreamWriter, watched),  # only its send is used
+            original_request_id,
+            resumption_callback,
         )
+        if watched.made:
+            _MESSAGE_MADE.set(True)  # read by the stream's reader, in this task (``_FlooredEvents``)
+        return done
 
     async def _resolve_abandoned_request(
         self,
@@ -237,9 +265,10 @@ class _FlooredEvents(httpx2.EventSource):
             async for text in response.aiter_text():
                 noise += len(text)
                 for event in parser.decode(text):
-                    if event.data:
-                        noise = 0
+                    _MESSAGE_MADE.set(False)
                     yield _at_least_floor(event)
+                    if _MESSAGE_MADE.get():  # data that makes no message is noise too
+                        noise = 0
                 if noise > QUIET_BYTES and noise - _unfinished(parser) > QUIET_BYTES:
                     if time.monotonic() - since <= QUIET_WINDOW:
                         self._ended()
