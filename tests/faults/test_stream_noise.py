@@ -161,3 +161,65 @@ async def test_comments_under_the_bound_between_messages_leave_the_stream_open()
             pong = await client.call_tool("up__ping", {})
             assert (listened.opened, listened.sent) == (1, [])
     assert text_of(pong) == "pong"
+
+
+def dripping(server: FastMCP, sent: list[int]) -> ASGIApp:
+    """``server`` over Streamable HTTP, but a call of its tool ``drip`` answered by a stream of
+    comments without end (the bytes written before the gateway let go of it kept in ``sent``)."""
+    app = server.http_app(path="/mcp")
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
+        if json.loads(body).get("params", {}).get("name") != "drip":
+            unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+            async def replayed() -> Message:
+                return unread.pop() if unread else await receive()
+
+            return await app(scope, replayed, send)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE})
+        chunk, written = b":\n" * 32768, [0]
+
+        async def writing() -> None:
+            while written[0] < FLOOD:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                written[0] += len(chunk)
+            await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(writing)
+            with anyio.move_on_after(WAIT):  # the test's own bound
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            sent.append(written[0])  # when the gateway let go of the stream
+            tg.cancel_scope.cancel()
+
+    return upstream
+
+
+async def test_a_calls_answer_stream_of_nothing_but_comments_fails_the_call_and_a_bystander_is_served() -> (
+    None
+):
+    # The forwarder read a modern call's answer stream through httpx2's EventSource: comments
+    # without end were parsed until the call's timeout (60 s here), all the while using the
+    # gateway's CPU, and every call of the tool did the same.
+    server, sent = kit(), list[int]()
+    server.tool(lambda: "never", name="drip")
+    async with serving(dripping(server, sent)) as base:
+        upstream = {"url": f"{base}/mcp", "protocol": "2026-07-28", "timeout": 60}
+        async with running_gateway({"upstreams": {"up": upstream}}) as gw, Client(gw.url) as client:
+            with anyio.fail_after(WAIT):
+                dripped = await client.call_tool("up__drip", {})
+                pong = await client.call_tool("up__ping", {})
+    assert dripped.is_error
+    assert "made no message" in text_of(dripped), text_of(dripped)
+    assert text_of(pong) == "pong"
+    with anyio.fail_after(WAIT):
+        while not sent:  # the upstream's writes end once the gateway has let go of the stream
+            await anyio.sleep(0.02)
+    assert sent[0] < FLOOD // 4, sent  # let go (the socket buffers hold a few MiB more), not read on

@@ -24,7 +24,8 @@ decoders' counts the noise bound reads; ``tests/test_compat.py`` checks each mem
   messages): an upstream sending ``:`` lines without end on its GET stream took 88 % of a
   core with no call in flight, a bystander's p50 6 ms -> 298 ms. The stream ends as if the
   upstream ended it, and is reopened at the pace above; a keep-alive every few seconds is far
-  below the bound.
+  below the bound. A modern call's own answer stream, read by the forwarder through the same
+  count (``quiet_events``), fails its call instead: it was parsed until the call's timeout.
 - **A notification it cannot read on a request's stream is dropped**, as over stdio, not
   made the request's failure: the SDK fails the request on any message of its stream it
   cannot parse, since that one may have been the answer. A message whose first member (after
@@ -180,7 +181,7 @@ class BoundedTransport(StreamableHTTPTransport):
             resumption_callback,
         )
         if watched.made:
-            _MESSAGE_MADE.set(True)  # read by the stream's reader, in this task (``_FlooredEvents``)
+            message_made()  # read by the stream's reader, in this task (``quiet_events``)
         return done
 
     async def _resolve_abandoned_request(
@@ -255,27 +256,11 @@ class _FlooredEvents(httpx2.EventSource):
         return self._events.response
 
     async def __aiter__(self) -> AsyncIterator[httpx2.ServerSentEvent]:
-        response = self.response
-        kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
-        if kind != "text/event-stream":
-            raise httpx2.SSEError(f"Expected response with content type 'text/event-stream', got {kind!r}.")
-        parser = _SSEParser(self._max_event_size)
-        noise, since = 0, time.monotonic()
-        with request_context(request=response.request):
-            async for text in response.aiter_text():
-                noise += len(text)
-                for event in parser.decode(text):
-                    _MESSAGE_MADE.set(False)
-                    yield _at_least_floor(event)
-                    if _MESSAGE_MADE.get():  # data that makes no message is noise too
-                        noise = 0
-                if noise > QUIET_BYTES and noise - _unfinished(parser) > QUIET_BYTES:
-                    if time.monotonic() - since <= QUIET_WINDOW:
-                        self._ended()
-                        return  # as if the upstream ended it: reopened at the floor's pace
-                    noise, since = 0, time.monotonic()
-            for event in parser.flush():
+        try:
+            async for event in quiet_events(self.response, self._max_event_size):
                 yield _at_least_floor(event)
+        except StreamNoise:
+            self._ended()  # as if the upstream ended it: reopened at the floor's pace
 
     def _ended(self) -> None:
         session = self._session
@@ -289,6 +274,43 @@ class _FlooredEvents(httpx2.EventSource):
             QUIET_WINDOW,
             extra={"peer": session.label},
         )
+
+
+class StreamNoise(Exception):
+    """A stream sent over ``QUIET_BYTES`` within ``QUIET_WINDOW`` that made no message."""
+
+
+def message_made() -> None:
+    """Tell ``quiet_events`` that the event it last yielded made a message (in its reader's task)."""
+    _MESSAGE_MADE.set(True)
+
+
+async def quiet_events(
+    response: httpx2.Response, max_event_size: int | None
+) -> AsyncIterator[httpx2.ServerSentEvent]:
+    """``response``'s events as ``EventSource`` reads them (its parser's), raising
+    ``StreamNoise`` once ``QUIET_BYTES`` arrive within ``QUIET_WINDOW`` with no message: the
+    bytes since the last event whose reader called ``message_made``, but those of the event
+    not yet ended (a large message is not noise)."""
+    kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if kind != "text/event-stream":
+        raise httpx2.SSEError(f"Expected response with content type 'text/event-stream', got {kind!r}.")
+    parser = _SSEParser(max_event_size)
+    noise, since = 0, time.monotonic()
+    with request_context(request=response.request):
+        async for text in response.aiter_text():
+            noise += len(text)
+            for event in parser.decode(text):
+                _MESSAGE_MADE.set(False)
+                yield event
+                if _MESSAGE_MADE.get():  # data that makes no message is noise too
+                    noise = 0
+            if noise > QUIET_BYTES and noise - _unfinished(parser) > QUIET_BYTES:
+                if time.monotonic() - since <= QUIET_WINDOW:
+                    raise StreamNoise
+                noise, since = 0, time.monotonic()
+        for event in parser.flush():
+            yield event
 
 
 def _unfinished(parser: _SSEParser) -> int:

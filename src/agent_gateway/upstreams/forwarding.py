@@ -45,7 +45,15 @@ from mcp_types import methods as mcp_methods
 from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
-from agent_gateway.compat.http_streams import cut_short, names_its_method_first
+from agent_gateway.compat.http_streams import (
+    QUIET_BYTES,
+    QUIET_WINDOW,
+    StreamNoise,
+    cut_short,
+    message_made,
+    names_its_method_first,
+    quiet_events,
+)
 from agent_gateway.compat.mcp import (
     Unreadable,
     bounded,
@@ -72,6 +80,7 @@ Sinks = tuple[OnLog, Callable[[Any], Awaitable[None]]]
 """Where the session sends an upstream's notifications: its logging callback, its message handler."""
 
 _DROPPED = "upstream session %s: a notification on a forwarded call's stream dropped: %s"
+_NOISE = f"the answer's stream sent over {QUIET_BYTES} bytes within {QUIET_WINDOW:g} s that made no message"
 _ids = itertools.count(1)
 _encode = msgspec.json.Encoder().encode
 _ACCEPT = "application/json, text/event-stream"
@@ -274,7 +283,7 @@ class Forwarder:
     ) -> dict[str, Any]:
         """The response an SSE stream ends with; what comes before it relayed."""
         try:
-            async for event in httpx2.EventSource(response, max_event_size=self._max_event):
+            async for event in quiet_events(response, self._max_event):
                 if event.event != "message" or not event.data:
                     continue  # a priming event (an id only): nothing to resume in this era
                 try:
@@ -286,12 +295,15 @@ class Forwarder:
                     label = self._pace.label
                     logger.warning(_DROPPED, label, exc.error.message, extra={"peer": label})
                     continue
+                message_made()
                 if message.get("id") == request_id and ("result" in message or "error" in message):
                     return message
                 await self._pace.take_report()
                 await _relay(message, version, progress, self._sinks)
         except httpx2.SSEError as exc:
             raise MCPError.from_error_data(cut_short(f"SSE stream failed: {exc}")) from exc
+        except StreamNoise:  # comments without end: the call would wait its timeout, parsing them
+            raise MCPError.from_error_data(cut_short(_NOISE)) from None
         except httpx2.StreamError as exc:  # as the SDK's transport: the stream is over
             logger.debug("SSE stream of a forwarded call ended: %s", exc)
         raise MCPError.from_error_data(cut_short("SSE stream ended without a response"))
