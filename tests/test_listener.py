@@ -59,6 +59,11 @@ async def answer(scope: Scope, receive: Receive, send: Send, release: anyio.Even
         await send({"type": "http.response.body", "body": b""})
         release.set()  # the app has let go of its answer
         return
+    if scope["path"] == "/watched":  # told once its client has gone, as a stream or a call is
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        release.set()
+        return
     if scope["path"] == "/held":  # answered once the test releases it
         await release.wait()
     if scope["path"] in ("/json", "/held"):
@@ -390,3 +395,18 @@ async def test_a_pipelined_requests_body_waiting_past_its_bound_drops_the_connec
         release.set()
         got = await _answers(url, _post(b"/json", b"{}") + _post(b"/json", b"x" * 2**16), 2)
     assert got.count(b"HTTP/1.1 200 OK") == 2, got[:300]  # a small body pipelined is served
+
+
+async def test_the_request_served_is_told_its_client_left_with_requests_pipelined_behind_it() -> None:
+    # uvicorn tells only the request read last that its connection was lost: the one being
+    # served, with a request waiting behind it, never learnt it (a GET's stream held its
+    # session's stream for ever, a call went on for an answer nobody read), whether the client
+    # closed or the listener dropped it for pipelining past its bounds.
+    for behind in (1, MAX_PIPELINED + 1):
+        gone = anyio.Event()
+        async with listening([], gone) as url:
+            host, port = url.removeprefix("http://").split(":")
+            async with await anyio.connect_tcp(host, int(port)) as stream:
+                await stream.send(_post(b"/watched", b"{}") + _post(b"/json", b"{}") * behind)
+            with anyio.fail_after(10):  # before: never told
+                await gone.wait()

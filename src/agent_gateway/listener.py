@@ -34,8 +34,9 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``on_response_complete``, ``on_message_complete``, ``on_body``, ``data_received``,
-``send_400_response``, ``_unsupported_upgrade_warning``, ``shutdown``, ``pause_writing``,
-``resume_writing``, ``cycle``, ``headers`` (which
+``send_400_response``, ``_unsupported_upgrade_warning``, ``_start_asgi_task``, ``shutdown``,
+``pause_writing``, ``resume_writing``, ``cycle`` (its ``response_complete``, ``disconnected``,
+``message_event``), ``headers`` (which
 ``on_header`` appends a head's and trailers' lines to), ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
@@ -53,7 +54,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from agent_gateway.addresses import client_key
 from agent_gateway.config import ConnectionsConfig
@@ -162,6 +163,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         """The write deadline, while the write buffer is full."""
         _upgraded = False
         """A request asked for another protocol: the parser reads nothing after it."""
+        _served: RequestResponseCycle | None = None
+        """The request being served: uvicorn's ``cycle`` is the one read last."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -177,6 +180,12 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            # uvicorn tells only the request read last (``cycle``) that its client has gone: the
+            # one being served, with a request pipelined behind it, was never told: a session's
+            # GET stream was held for ever (another GET refused 409), a call ran on unread.
+            if (served := self._served) is not None and not served.response_complete:
+                served.disconnected = True
+                served.message_event.set()
             self._disarm()
             self.resume_writing()
             if self._admitted:
@@ -265,6 +274,10 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
                 self._oversize = too_many_lines
                 raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
             super().on_headers_complete()  # which send_400_response turns into our 431
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:  # app: uvicorn's type
+            self._served = cycle  # a request starts: the first, or the next pipelined one
+            super()._start_asgi_task(cycle, app)
 
         def _drop_pipelined(self, why: str) -> None:
             refused("pipelined", "dropped a connection from %s: %s", self._address, why)
