@@ -376,7 +376,9 @@ async def test_requests_pipelined_past_the_bound_drop_their_connection_and_a_few
         few = await _answers(url, _post(b"/json", b"{}") * 3, 3)
         many = await _answers(url, _post(b"/json", b"{}") * 1000, 1000)  # ends once dropped
     assert few.count(b"HTTP/1.1 200 OK") == 3, few[:300]
-    assert many.count(b"HTTP/1.1 200 OK") <= MAX_PIPELINED + 1  # before: all 1,000
+    # The one served and those queued behind it are answered, then the connection closed
+    # (before: all 1,000 queued; then, dropped at once, none answered, however often retried).
+    assert many.count(b"HTTP/1.1 200 OK") == MAX_PIPELINED + 1, many.count(b"HTTP/1.1 200 OK")
 
 
 async def test_a_pipelined_requests_body_waiting_past_its_bound_drops_the_connection() -> None:
