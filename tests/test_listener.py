@@ -402,8 +402,8 @@ async def test_a_pipelined_requests_body_waiting_past_its_bound_drops_the_connec
 async def test_the_request_served_is_told_its_client_left_with_requests_pipelined_behind_it() -> None:
     # uvicorn tells only the request read last that its connection was lost: the one being
     # served, with a request waiting behind it, never learnt it (a GET's stream held its
-    # session's stream for ever, a call went on for an answer nobody read), whether the client
-    # closed or the listener dropped it for pipelining past its bounds.
+    # session's stream for ever, a call went on for an answer nobody read): one request behind
+    # it, or more than the bound (the listener then reads no more, and the client closes).
     for behind in (1, MAX_PIPELINED + 1):
         gone = anyio.Event()
         async with listening([], gone) as url:
