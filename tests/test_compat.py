@@ -785,6 +785,7 @@ def test_the_postgres_saver_keeps_the_tables_and_columns_compaction_deletes_from
         "on_response_complete",
         "send_400_response",
         "_unsupported_upgrade_warning",
+        "_start_asgi_task",
         "shutdown",
     ],
 )
@@ -817,6 +818,19 @@ def test_uvicorns_protocol_keeps_its_cycle_and_pipeline_as_the_listener_reads_th
     # An upgrade it does not take is reported in the one method the listener replaces.
     assert "self._unsupported_upgrade_warning()" in inspect.getsource(HttpToolsProtocol.data_received)
     assert "self.cycle.keep_alive = False" in inspect.getsource(HttpToolsProtocol.shutdown)
+    # The listener tells the request being served that its client left: it knows that request
+    # as the one each start is given, and tells it as uvicorn tells the one read last.
+    assert "self._start_asgi_task(self.cycle, app)" in inspect.getsource(
+        HttpToolsProtocol.on_headers_complete
+    )
+    assert "self._start_asgi_task(cycle, app)" in inspect.getsource(HttpToolsProtocol.on_response_complete)
+    assert "self.disconnected = False" in cycle, "uvicorn: RequestResponseCycle.disconnected is gone"
+    assert "self.message_event = message_event" in cycle, (
+        "uvicorn: RequestResponseCycle.message_event is gone"
+    )
+    lost = inspect.getsource(HttpToolsProtocol.connection_lost)
+    assert "self.cycle.disconnected = True" in lost
+    assert "self.cycle.message_event.set()" in lost
 
 
 def test_uvicorns_server_takes_its_signals_in_the_method_the_gateway_and_tests_override() -> None:

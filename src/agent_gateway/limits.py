@@ -22,8 +22,8 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
   chunked body is counted as it arrives and refused as soon as it passes the limit.
 - The body's shape (``body_shape.py``: its id, its method, what is kept of its client); a
   request it refuses gets ``Invalid Request`` (a null id, as for an unreadable id).
-- Any other request (a GET, a DELETE) carries no body: one that says it does is refused
-  unread (the SDK read any request's body whole, uncounted and with no deadline).
+- Any other request (a GET, a DELETE) carries no body: one with a body is refused unread, a
+  chunked one at its first chunk (the SDK read any body whole, uncounted, with no deadline).
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
 Refusals are JSON-RPC errors with the request's id as its first kilobyte tells it, unparsed
@@ -137,11 +137,12 @@ class Admission:
             held.release()
 
     async def _bodiless(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """A request other than a POST, passed on unless it says a body follows: none has one
-        (MCP's GET and DELETE have none), and the SDK read any request's whole before its
-        method, with no deadline and uncounted in flight. Refused unread, its connection closed."""
-        if not request_body.follows(scope):
-            await self.app(scope, receive, send)
+        """A request other than a POST, passed on unless a body follows: none has one (MCP's
+        GET and DELETE have none), and the SDK read any request's whole before its method, with
+        no deadline and uncounted in flight. Refused unread (``request_body.bodiless``), closed."""
+        deadline = anyio.current_time() + self.bounds.body_timeout  # a chunked one's end, as a POST's
+        if (passed := await request_body.bodiless(scope, receive, deadline)) is not None:
+            await self.app(scope, passed, send)
             return
         method, address = scope["method"], address_of_scope(scope)
         refused("body", "refused a %s request carrying a body, from %s", method, address)

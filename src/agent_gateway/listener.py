@@ -21,9 +21,10 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 - a bound on the requests pipelined behind the one being served (``MAX_PIPELINED``): uvicorn
   parses every request a read holds and queues it, and reads on after each answer, so one
   connection pipelining small requests queued hundreds of thousands (170 MB to 1 GB in 20 s).
-  Past it the connection is dropped, unanswered (its client may retry them, as RFC 9112 9.3.2
-  has a client do for pipelined requests a closed connection left unanswered); and so is one
-  whose waiting request has sent more than ``PIPELINED_BODY_BYTES`` of its body;
+  Past it nothing more of the connection is read: the requests queued are answered, then it
+  is closed (its client retries the rest, as RFC 9112 9.3.2 has a client do for pipelined
+  requests a closed connection left unanswered). One whose waiting request has sent more
+  than ``PIPELINED_BODY_BYTES`` of its body is dropped;
 - a deadline for a client to read what it was sent (``server.connections.write_timeout``):
   once a connection's write buffer is full, the client must read some of it within that time
   (and again within each such time while it stays full), at least ``min_read_rate`` bytes a
@@ -34,8 +35,9 @@ nothing works: not ``/healthz``, not the gateway's own connections to its upstre
 The bounds ride on uvicorn's httptools protocol (the parser uvicorn picks): the members used
 are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``on_response_complete``, ``on_message_complete``, ``on_body``, ``data_received``,
-``send_400_response``, ``_unsupported_upgrade_warning``, ``shutdown``, ``pause_writing``,
-``resume_writing``, ``cycle``, ``headers`` (which
+``send_400_response``, ``_unsupported_upgrade_warning``, ``_start_asgi_task``, ``shutdown``,
+``pause_writing``, ``resume_writing``, ``cycle`` (its ``response_complete``, ``disconnected``,
+``message_event``), ``headers`` (which
 ``on_header`` appends a head's and trailers' lines to), ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
 exist.
 
@@ -53,7 +55,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from agent_gateway.addresses import client_key
 from agent_gateway.config import ConnectionsConfig
@@ -162,6 +164,10 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         """The write deadline, while the write buffer is full."""
         _upgraded = False
         """A request asked for another protocol: the parser reads nothing after it."""
+        _closing = False
+        """Requests pipelined past the bound: those queued are answered, then it is closed."""
+        _served: RequestResponseCycle | None = None
+        """The request being served: uvicorn's ``cycle`` is the one read last."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -177,6 +183,12 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            # uvicorn tells only the request read last (``cycle``) that its client has gone: the
+            # one being served, with a request pipelined behind it, was never told: a session's
+            # GET stream was held for ever (another GET refused 409), a call ran on unread.
+            if (served := self._served) is not None and not served.response_complete:
+                served.disconnected = True
+                served.message_event.set()
             self._disarm()
             self.resume_writing()
             if self._admitted:
@@ -185,8 +197,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._upgraded:
-                return  # the connection closes once the upgrade request is answered
+            if self._upgraded or self._closing:
+                return  # the connection closes once the requests it has are answered
             if self._in_head:
                 self._head_received(data)
             else:
@@ -250,6 +262,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._in_head, self._began, self.headers = True, True, []
 
         def send_400_response(self, msg: str) -> None:
+            if self._closing:
+                return  # the parser was stopped: no request of its was malformed
             if self._oversize is None:
                 super().send_400_response(msg)
             else:
@@ -260,11 +274,30 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
             self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
             self._head_lines = len(self.headers)
             if len(self.pipeline) >= MAX_PIPELINED:
-                self._drop_pipelined(f"over {MAX_PIPELINED} requests pipelined")
+                self._close_pipelined()
             if self._head_lines > connections.max_headers:
                 self._oversize = too_many_lines
                 raise ValueError(self._oversize)  # the parser stops and uvicorn answers 400,
             super().on_headers_complete()  # which send_400_response turns into our 431
+
+        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:  # app: uvicorn's type
+            self._served = cycle  # a request starts: the first, or the next pipelined one
+            super()._start_asgi_task(cycle, app)
+
+        def _close_pipelined(self) -> None:
+            """Past the bound the parser stops, and the requests queued (the one served and
+            ``MAX_PIPELINED`` behind it) are answered before the connection closes: a client
+            that pipelines more, retrying the rest, still gets all answered (dropped at once,
+            the answers due were lost too, and a client retrying the same got none)."""
+            refused(
+                "pipelined",
+                "closing a connection from %s: over %d requests pipelined",
+                self._address,
+                MAX_PIPELINED,
+            )
+            self._closing = True
+            self.shutdown()  # uvicorn's own: the last queued request's answer closes the connection
+            raise ValueError("pipelined")  # the parser stops: nothing more of the read is parsed
 
         def _drop_pipelined(self, why: str) -> None:
             refused("pipelined", "dropped a connection from %s: %s", self._address, why)

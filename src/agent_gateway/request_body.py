@@ -143,11 +143,20 @@ def _keys_and_id(head: bytes) -> tuple[set[bytes], RequestId | None]:
     return keys, found
 
 
-def follows(scope: Scope) -> bool:
-    """Whether a request says a body follows its head: a ``Transfer-Encoding``, or a
-    ``Content-Length`` past 0."""
-    framed = any(name == b"transfer-encoding" for name, _ in scope["headers"])
-    return framed or (content_length(scope) or 0) > 0
+async def bodiless(scope: Scope, receive: Receive, deadline: float) -> Receive | None:
+    """``receive`` for a request other than a POST, which carries no body; None when one
+    follows: a ``Content-Length`` past 0, or a chunked body with any bytes in it (or not ended
+    by ``deadline``). An empty chunked body is no body: a client library given an empty
+    stream for a DELETE sends its last chunk alone (httpx, given an empty iterator)."""
+    if (content_length(scope) or 0) > 0:
+        return None
+    if not any(name == b"transfer-encoding" for name, _ in scope["headers"]):
+        return receive
+    with anyio.CancelScope(deadline=deadline):
+        message = await receive()
+        if message["type"] == "http.request" and not message.get("body") and not message.get("more_body"):
+            return replay(b"", receive)
+    return None
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

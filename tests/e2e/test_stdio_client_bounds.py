@@ -2,7 +2,7 @@
 pipe once ``MAX_IN_FLIGHT`` requests are unanswered, and its end of input ends the gateway
 (its upstreams reaped) though the answers left are never taken. Its requests are bounded as
 an HTTP client's are: an id past 256 characters (an integer's: digits), a second request
-under an id in flight."""
+under an id in flight. A stdout pipe left non-blocking is waited on when full, not given up."""
 
 from __future__ import annotations
 
@@ -188,3 +188,45 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
     logged = stderr.read_text()
     assert "the client closed stdout and reads no answers: stopping" in logged
     assert "Traceback" not in logged
+
+
+async def test_a_stdout_pipe_left_non_blocking_is_waited_on_when_full_and_every_answer_written(
+    tmp_path: Path,
+) -> None:
+    # O_NONBLOCK is the pipe's, shared with whoever opened it: a client (or the process whose
+    # stdout the gateway inherits: Node sets its own pipes so) may hand one over. A full pipe
+    # then fails a write with EAGAIN, which before was taken for a closed stdout: the answers
+    # after it dropped, the client waiting for them.
+    calls = tmp_path / "calls"
+    reading, writing = os.pipe()
+    os.set_blocking(writing, False)
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))]
+    gateway = subprocess.Popen(args, env=gateway_env(), stdin=subprocess.PIPE, stdout=writing)
+    os.close(writing)
+    assert gateway.stdin is not None
+    answers, lines = os.fdopen(reading, "rb"), list[bytes]()
+    try:
+        gateway.stdin.write(json.dumps(_initialize()).encode() + b"\n")
+        gateway.stdin.flush()
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(answers.readline, abandon_on_cancel=True)
+        os.set_blocking(gateway.stdin.fileno(), False)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_written, gateway.stdin.fileno(), b"".join(call(n) for n in range(FLOOD)))
+            await settled(calls)  # held by the full pipe (~100-byte answers; the pipe holds 64 KiB)
+            with anyio.fail_after(120):  # before: the answers past the full pipe never came
+                lines = [
+                    await anyio.to_thread.run_sync(answers.readline, abandon_on_cancel=True)
+                    for _ in range(FLOOD)
+                ]
+        gateway.stdin.close()
+        with anyio.fail_after(BOUND):
+            while gateway.poll() is None:
+                await anyio.sleep(0.05)
+    finally:
+        if gateway.poll() is None:
+            gateway.kill()
+            gateway.wait()
+        answers.close()
+    assert sorted(json.loads(line)["id"] for line in lines) == list(range(FLOOD))
+    assert recorded(calls) == FLOOD

@@ -15,10 +15,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import anyio
+import httpx
 import pytest
 from fastmcp import FastMCP
 
-from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, HEADERS, INITIALIZE, client
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
 WAIT = 20.0
@@ -97,4 +98,52 @@ async def test_a_request_other_than_a_post_carrying_a_body_is_refused_unread(
                 writer.close()
     assert all(answer.startswith(b"HTTP/1.1 400") for answer in answers), [a[:200] for a in answers]
     assert f"a {method} request carries no body".encode() in answers[0]
+    assert not served.is_error
+
+
+async def _session(url: str) -> str:
+    """A session opened by the attacker's raw initialize: its id."""
+    headers = {"Authorization": f"Bearer {ATTACKER_TOKEN}", **HEADERS}
+    async with httpx.AsyncClient(timeout=WAIT) as http:
+        opened = await http.post(url, json=INITIALIZE, headers=headers)
+    assert opened.status_code == 200, opened.text
+    return opened.headers["mcp-session-id"]
+
+
+async def _delete(url: str, session: str, framing: str) -> bytes:
+    """The answer's head to a DELETE of ``session`` with an empty body, framed as ``framing``
+    says (some client libraries send one for a request they were given an empty stream for)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    framed, body = (
+        ("Content-Length: 0", b"") if framing == "length" else ("Transfer-Encoding: chunked", b"0\r\n\r\n")
+    )
+    head = (
+        f"DELETE {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {ATTACKER_TOKEN}\r\n"
+        f"Mcp-Session-Id: {session}\r\n{framed}\r\n\r\n"
+    )
+    try:
+        writer.write(head.encode())
+        await writer.drain()
+        writer.write(body)  # the end of the body after the head, as a streaming client sends it
+        with anyio.fail_after(WAIT):
+            return await reader.readuntil(b"\r\n\r\n")
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+async def test_a_delete_with_an_empty_body_ends_its_session(framing: str) -> None:
+    async with _gateway() as gw, client(gw.url, BYSTANDER_TOKEN) as bystander:
+        session = await _session(gw.url)
+        answer = await _delete(gw.url, session, framing)  # before (chunked): 400, carries no body
+        served = await bystander.call_tool("library__echo", {"text": "y"})
+        async with httpx.AsyncClient(timeout=WAIT) as http:
+            after = await http.post(
+                gw.url,
+                json={"jsonrpc": "2.0", "id": 2, "method": "ping"},
+                headers={"Authorization": f"Bearer {ATTACKER_TOKEN}", "Mcp-Session-Id": session, **HEADERS},
+            )
+    assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert after.status_code == 404, after.text  # the session is gone
     assert not served.is_error
