@@ -27,9 +27,11 @@ pytestmark = pytest.mark.e2e
 FLOOD = 3000
 
 
-def stdio_config(tmp_path: Path, calls: Path) -> Path:
+def stdio_config(tmp_path: Path, calls: Path, recorded: Path | None = None) -> Path:
     raw = python_upstream("raw_stdio.py", env={"RAW_CALLS": str(calls)})
     upstreams = {"raw": raw, "slow": python_upstream("faulty.py")}
+    if recorded is not None:  # an upstream that writes what reaches it there (tests/servers/recorder.py)
+        upstreams["rec"] = python_upstream("recorder.py", env={"RECORDER_LOG": str(recorded)})
     path = tmp_path / "gateway.yaml"
     path.write_text(yaml.safe_dump({"server": {"transport": "stdio"}, "upstreams": upstreams}))
     return path
@@ -155,9 +157,9 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
     # The writer's EPIPE was logged (with a traceback from its flush) and the gateway went on
     # reading requests and calling upstreams for answers nobody read, for as long as the
     # client kept stdin open, which it does here.
-    calls = tmp_path / "calls"
+    calls, recorded = tmp_path / "calls", tmp_path / "recorded"
     stderr = tmp_path / "gateway.stderr"
-    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))]
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls, recorded))]
     with stderr.open("wb") as log:
         gateway = subprocess.Popen(
             args, env=gateway_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
@@ -170,8 +172,11 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
         with anyio.fail_after(BOUND):
             await anyio.to_thread.run_sync(gateway.stdout.readline, abandon_on_cancel=True)
         children = descendants(gateway.pid)
-        gateway.stdin.write(call(1, "slow__hang"))
+        gateway.stdin.write(call(1, "rec__wait", seconds=120))
         gateway.stdin.flush()
+        with anyio.fail_after(BOUND):  # in flight at the upstream
+            while '"started"' not in (recorded.read_text() if recorded.exists() else ""):
+                await anyio.sleep(0.05)
         gateway.stdout.close()  # the client reads no more; its stdin stays open
         gateway.stdin.write(call(2))  # whose answer finds stdout closed
         gateway.stdin.flush()
@@ -188,6 +193,8 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
     logged = stderr.read_text()
     assert "the client closed stdout and reads no answers: stopping" in logged
     assert "Traceback" not in logged
+    events = [json.loads(line)["event"] for line in recorded.read_text().splitlines()]
+    assert "handler_cancelled" in events, events  # the call in flight was cancelled upstream
 
 
 async def test_a_stdout_pipe_left_non_blocking_is_waited_on_when_full_and_every_answer_written(
