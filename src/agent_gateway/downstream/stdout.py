@@ -161,4 +161,12 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view) :]
         except BlockingIOError:
-            select.select([], [fd], [])
+            _until_writable(fd)
+
+
+def _until_writable(fd: int) -> None:
+    """Until ``fd`` drains, or fails (POLLERR: the next write raises EPIPE). ``poll``, not
+    ``select``, which fails on a descriptor past 1023."""
+    waiting = select.poll()
+    waiting.register(fd, select.POLLOUT)
+    waiting.poll()
