@@ -37,6 +37,19 @@ def stdio_config(tmp_path: Path, calls: Path, recorded: Path | None = None) -> P
     return path
 
 
+async def exited(gateway: subprocess.Popen[bytes]) -> None:
+    """Until ``gateway`` has exited, within ``BOUND``."""
+    with anyio.fail_after(BOUND):
+        await anyio.to_thread.run_sync(gateway.wait, abandon_on_cancel=True)
+
+
+def stopped(gateway: subprocess.Popen[bytes]) -> None:
+    """``gateway`` killed and reaped if the test left it running (a wait that failed)."""
+    if gateway.poll() is None:
+        gateway.kill()
+        gateway.wait()
+
+
 def call(request_id: Any, name: str = "raw__hello", **arguments: Any) -> bytes:
     params = {"name": name, "arguments": arguments}
     return (
@@ -101,13 +114,9 @@ async def test_a_client_reading_no_answers_is_held_back_and_its_end_of_input_end
         # The in-flight bound, plus what the stdout pipe holds of ~100-byte answers.
         assert served < FLOOD // 2, served
         gateway.stdin.close()  # the end of input; stdout is still never read
-        with anyio.fail_after(BOUND):
-            while gateway.poll() is None:
-                await anyio.sleep(0.05)
+        await exited(gateway)
     finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
+        stopped(gateway)
         for pipe in (gateway.stdin, gateway.stdout):
             if pipe is not None:
                 pipe.close()
@@ -180,13 +189,9 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
         gateway.stdout.close()  # the client reads no more; its stdin stays open
         gateway.stdin.write(call(2))  # whose answer finds stdout closed
         gateway.stdin.flush()
-        with anyio.fail_after(BOUND):
-            while gateway.poll() is None:
-                await anyio.sleep(0.05)
+        await exited(gateway)
     finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
+        stopped(gateway)
         gateway.stdin.close()
     await all_exited(children)
     assert gateway.returncode == 0
@@ -227,13 +232,9 @@ async def test_a_stdout_pipe_left_non_blocking_is_waited_on_when_full_and_every_
                     for _ in range(FLOOD)
                 ]
         gateway.stdin.close()
-        with anyio.fail_after(BOUND):
-            while gateway.poll() is None:
-                await anyio.sleep(0.05)
+        await exited(gateway)
     finally:
-        if gateway.poll() is None:
-            gateway.kill()
-            gateway.wait()
+        stopped(gateway)
         answers.close()
     assert sorted(json.loads(line)["id"] for line in lines) == list(range(FLOOD))
     assert recorded(calls) == FLOOD
