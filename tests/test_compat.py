@@ -383,6 +383,7 @@ def test_the_sdk_http_transport_members_bounded_transport_overrides_are_what_the
         "_handle_reconnection": ["ctx", "last_event_id", "retry_interval_ms", "attempt"],
         "_resolve_abandoned_request": ["read_stream_writer", "request_id", "message", "code"],
         "_handle_sse_event": ["sse", "read_stream_writer", "original_request_id", "resumption_callback"],
+        "_handle_sse_response": ["response", "ctx"],
     }
     for name, expected in private.items():
         assert parameters(getattr(transport, name)) == expected, (
@@ -406,6 +407,11 @@ def test_the_sdk_http_transport_members_bounded_transport_overrides_are_what_the
         assert "sse_within_origin" in method.__code__.co_names, (
             f"mcp: {method.__name__} no longer opens its stream through the module's sse_within_origin"
         )
+    # A POST's answer is read through the module's EventSource (replaced to bound its noise),
+    # in the task that called _handle_sse_response, and its SSEError fails the request.
+    answered = inspect.getsource(transport._handle_sse_response)  # pyright: ignore[reportPrivateUsage]
+    assert "EventSource(response, max_event_size=self.max_sse_event_size)" in answered
+    assert "except httpx2.SSEError as exc:" in answered
     source = inspect.getsource(transport.post_writer)
     assert "self._consume_modern_cancellation(session_message)" in source
     assert "await handle_request_async()" in source, "mcp: a notification is no longer POSTed before the next"

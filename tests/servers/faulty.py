@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import sys
 
@@ -144,6 +145,26 @@ def big(megabytes: int) -> str:
 def numbers(count: int) -> list[int]:
     """``count`` zeros, as structured content (a JSON value each)."""
     return [0] * count
+
+
+@server.tool
+async def noise(lines: int, line: str = "") -> str:
+    """Write ``lines`` lines of ``line`` (blank by default: no message) to the wire, then never
+    answer."""
+    await anyio.to_thread.run_sync(_write_lines, lines, line.encode() + b"\n")
+    await anyio.sleep_forever()
+    return "never"
+
+
+def _write_lines(lines: int, line: bytes) -> None:
+    batch = 65536 // len(line) + 1
+    for start in range(0, lines, batch):
+        data = memoryview(line * min(batch, lines - start))
+        while data:
+            try:
+                data = data[os.write(_WIRE, data) :]
+            except BlockingIOError:  # the wire may be non-blocking (the SDK's duplicate shares it)
+                select.select([], [_WIRE], [])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ decoders' counts the noise bound reads; ``tests/test_compat.py`` checks each mem
   upstream ended it, and is reopened at the pace above; a keep-alive every few seconds is far
   below the bound. A modern call's own answer stream, read by the forwarder through the same
   count (``quiet_events``), fails its call instead: it was parsed until the call's timeout.
+  So does a handshake-era call's answer stream (the POST's, read by the SDK's transport
+  through ``EventSource``, replaced in its module by ``_AnswerEvents``): comments without end
+  were parsed until the call's timeout, 31 % of a core all along.
 - **A notification it cannot read on a request's stream is dropped**, as over stdio, not
   made the request's failure: the SDK fails the request on any message of its stream it
   cannot parse, since that one may have been the answer. A message whose first member (after
@@ -75,6 +78,8 @@ QUIET_BYTES = 64 * 1024
 """Bytes a stream may send within ``QUIET_WINDOW`` that make no message (comments, blank
 lines, events without data or whose data makes no message) before it is ended."""
 QUIET_WINDOW = 10.0
+NOISE = f"the answer's stream sent over {QUIET_BYTES} bytes within {QUIET_WINDOW:g} s that made no message"
+"""Why a call whose answer's stream sent noise past the bound failed."""
 
 _CUT_SHORT = "agent_gateway.cut_short"
 
@@ -118,6 +123,32 @@ handles it, in the reader's task): an upstream alternating events whose data is 
 comments reset the noise count at each."""
 
 
+_ANSWERING: ContextVar[bool] = ContextVar("sse_answering", default=False)
+"""Whether the SDK's transport is reading a POST's answer for an upstream session (other users
+of the SDK in the process are left as they are)."""
+
+
+class _AnswerEvents(httpx2.EventSource):
+    """``EventSource``, for a POST's answer to an upstream session read through ``quiet_events``:
+    past its bound the SDK fails the call, an ``SSEError`` saying why (``NOISE``)."""
+
+    def __init__(self, response: httpx2.Response, max_event_size: int | None = None) -> None:
+        super().__init__(response, max_event_size=max_event_size)
+        self._event_bytes = max_event_size
+        self._bounded = _ANSWERING.get()
+
+    async def __aiter__(self) -> AsyncIterator[httpx2.ServerSentEvent]:
+        if not self._bounded:
+            async for event in super().__aiter__():
+                yield event
+            return
+        try:
+            async for event in quiet_events(self.response, self._event_bytes):
+                yield event
+        except StreamNoise:
+            raise httpx2.SSEError(NOISE) from None
+
+
 class _Watched(StreamWrapper[StreamWriter]):
     """The SDK's read stream writer, noting whether a message (not an error) went on it."""
 
@@ -144,6 +175,15 @@ class BoundedTransport(StreamableHTTPTransport):
         least ``RETRY_FLOOR_MS``, and end past ``QUIET_BYTES`` of noise."""
         _FLOORED[client] = _Session(label)
         streamable_http.sse_within_origin = _floored  # pyright: ignore[reportPrivateImportUsage]
+        streamable_http.EventSource = _AnswerEvents  # pyright: ignore[reportPrivateImportUsage]
+
+    async def _handle_sse_response(self, response: httpx2.Response, ctx: RequestContext) -> None:
+        """As the SDK's, its noise bounded: past ``QUIET_BYTES`` the call fails (``NOISE``)."""
+        token = _ANSWERING.set(True)  # read as the SDK makes its ``EventSource``, in this task
+        try:
+            await super()._handle_sse_response(response, ctx)
+        finally:
+            _ANSWERING.reset(token)
 
     async def _handle_post_request(self, ctx: RequestContext) -> None:
         try:
