@@ -6,15 +6,17 @@ era's answer stream (``test_stream_noise.py``); these are the other transports."
 
 from __future__ import annotations
 
+import json
+
 import anyio
 from fastmcp import FastMCP
 from mcp import Client
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tests.faults.harness import gateway_under_fault, text_of, wait_until
 from tests.faults.test_stream_noise import FLOOD, WAIT, dripping, kit
 from tests.support import serving
 
-SSE = [(b"content-type", b"text/event-stream")]
 CHUNK = b":\n" * 32768
 
 
@@ -47,3 +49,85 @@ async def test_a_handshake_era_calls_answer_stream_of_comments_fails_the_call_an
             assert text_of(await client.call_tool("up__ping", {})) == "pong"
             await wait_until(lambda: bool(sent), WAIT)  # the upstream's writes end once let go
     assert sent[0] < FLOOD // 4, sent  # let go (the socket buffers hold a few MiB more), not read on
+
+
+def flooding_on_drip(server: FastMCP, sent: list[int]) -> ASGIApp:
+    """``server`` over the legacy SSE transport, its session's stream flooded with comments from
+    the moment a call of ``drip`` is posted (the bytes written before the gateway let go of
+    the stream kept in ``sent``)."""
+    app = server.http_app(transport="sse", path="/sse")
+    dripped = anyio.Event()
+
+    async def upstream(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            return await app(scope, await posted(receive, dripped), send)
+        if scope["type"] != "http" or scope["method"] != "GET":
+            return await app(scope, receive, send)
+        written, begun = [0], anyio.Event()
+
+        async def begins(message: Message) -> None:
+            await send(message)
+            if message["type"] == "http.response.body":  # its endpoint event: the stream is open
+                begun.set()
+
+        async def flood() -> None:
+            await begun.wait()
+            await dripped.wait()
+            while written[0] < FLOOD and not gone:
+                await send({"type": "http.response.body", "body": CHUNK, "more_body": True})
+                written[0] += len(CHUNK)
+
+        gone: list[int] = []
+
+        async def watched() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect" and not gone:
+                gone.append(written[0])  # when the gateway let go of the stream
+            return message
+
+        async with anyio.create_task_group() as tg:
+            if not sent:  # the first stream only: the one reconnected to is left alone
+                tg.start_soon(flood)
+            try:
+                await app(scope, watched, begins)
+            finally:
+                tg.cancel_scope.cancel()
+                if dripped.is_set() and not sent:
+                    sent.append(gone[0] if gone else written[0])
+
+    return upstream
+
+
+async def posted(receive: Receive, dripped: anyio.Event) -> Receive:
+    """``receive`` with the POST's body read first: a call of ``drip`` sets ``dripped``."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    if json.loads(body).get("params", {}).get("name") == "drip":
+        dripped.set()
+    unread: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return unread.pop() if unread else await receive()
+
+    return replayed
+
+
+async def test_a_legacy_sse_stream_of_comments_fails_its_calls_and_a_bystander_is_served() -> None:
+    # The SDK's legacy SSE reader parsed the stream's comments, unbounded, until the call's
+    # timeout (60 s here): the gateway's CPU spent all along, the upstream reported up.
+    sent = list[int]()
+    async with serving(flooding_on_drip(drip_kit(), sent)) as base:
+        upstream = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy", "timeout": 60}
+        upstream |= {"retry": {"initial_delay": 0.05, "max_delay": 0.1}}
+        async with gateway_under_fault({"up": upstream}) as faulted, Client(faulted.gw.url) as client:
+            with anyio.fail_after(WAIT):
+                dripped = await client.call_tool("up__drip", {})
+            assert dripped.is_error
+            assert "made no message" in text_of(dripped), text_of(dripped)
+            await wait_until(lambda: bool(sent), WAIT)  # the upstream's writes end once let go
+            session = faulted.gw.gateway.pool.get("up")
+            await wait_until(lambda: session.connections == 2 and session.state == "up", WAIT)
+            assert text_of(await client.call_tool("up__ping", {})) == "pong"  # reconnected
+    assert sent[0] < FLOOD // 4, sent

@@ -17,6 +17,11 @@ are replaced there, once, by ones that read the connection's own:
   SDK's writer, which sends one at a time, for its client's read timeout (300 s), every later
   message waiting behind it (each call failed after its timeout and 5 s more, the SDK's
   wait to send its cancel), the upstream reported up.
+
+The stream itself is read through ``http_streams.quiet_events``: past ``QUIET_BYTES`` of what
+makes no message (comments, blank lines, events without data) within ``QUIET_WINDOW`` the
+connection is lost, saying why, and reconnected as after any other loss. Read on, comments
+without end took a fifth of a core until each call's timeout (60 s), the upstream reported up.
 """
 
 from __future__ import annotations
@@ -42,6 +47,13 @@ from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCMessage
 
+from agent_gateway.compat.http_streams import (
+    QUIET_BYTES,
+    QUIET_WINDOW,
+    StreamNoise,
+    message_made,
+    quiet_events,
+)
 from agent_gateway.compat.mcp import Unreadable, parse_message
 from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.errors import UpstreamUnavailable, describe
@@ -55,6 +67,8 @@ answer to the request it answers, or (answering none) the error the session is t
 WritesEnded = Callable[[str], None]
 """Told why the SDK's writer stopped: nothing more is sent on the connection."""
 
+_NOISE = f"its stream sent over {QUIET_BYTES} bytes within {QUIET_WINDOW:g} s that made no message"
+
 MAX_POST_ANSWER_BYTES = 65_536
 """Bytes of a POST's answer read; the rest is dropped with its HTTP connection. In this
 transport the answer to a message comes on the stream: a POST's own carries nothing."""
@@ -67,6 +81,8 @@ class _Connection:
     """The upstream session, as its warnings name it."""
     event_bytes: int
     refuse: Refusal
+    ended: WritesEnded
+    """Told why the connection is given up (its stream's noise): the session is lost."""
     refused: str | None = None
     """Why its ``endpoint`` event was refused: the connect fails saying so."""
 
@@ -117,7 +133,14 @@ class _Events:
         return self._source.response
 
     async def __aiter__(self) -> AsyncIterator[ServerSentEvent]:
-        async for event in self._source:
+        try:
+            async for event in self._read():
+                yield event
+        except StreamNoise:  # ends the reader: the calls pending fail, saying why
+            self._connection.ended(_NOISE)
+
+    async def _read(self) -> AsyncIterator[ServerSentEvent]:
+        async for event in quiet_events(self.response, self._connection.event_bytes):
             if event.event == "message":
                 yield event
             elif event.event != "endpoint":
@@ -177,7 +200,7 @@ class _Adapter:
         (``Refusal``) is returned instead when it answers a request (else raised)."""
         assert not by_name, "the SDK reads messages by alias"
         try:
-            return parse_message(data)
+            message = parse_message(data)
         except Unreadable as exc:
             opening = _OPENING.get()
             if opening is None:
@@ -185,7 +208,9 @@ class _Adapter:
             refusal = opening.refuse(_edges(data), str(exc))
             if isinstance(refusal, Exception):
                 raise refusal from exc
-            return refusal.message
+            message = refusal.message
+        message_made()  # read by the stream's reader, in this task (``quiet_events``)
+        return message
 
 
 _EDGE = 1024
@@ -308,7 +333,7 @@ async def sse_client(
         _WRITERS[client] = writes_ended
         return client
 
-    connection = _Connection(url, label, max_event_bytes, refuse)
+    connection = _Connection(url, label, max_event_bytes, refuse, writes_ended)
     token = _OPENING.set(connection)  # read on entering, and by the reader
     try:
         async with sse.sse_client(url, headers=headers, httpx_client_factory=watched_client) as (
