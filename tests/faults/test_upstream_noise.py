@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 
 import anyio
+import pytest
 from fastmcp import FastMCP
 from mcp import Client
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from tests.faults.harness import gateway_under_fault, text_of, wait_until
+from tests.faults.harness import faulty_stdio, gateway_under_fault, text_of, wait_until
 from tests.faults.test_stream_noise import FLOOD, WAIT, dripping, kit
 from tests.support import serving
 
@@ -131,3 +132,23 @@ async def test_a_legacy_sse_stream_of_comments_fails_its_calls_and_a_bystander_i
             await wait_until(lambda: session.connections == 2 and session.state == "up", WAIT)
             assert text_of(await client.call_tool("up__ping", {})) == "pong"  # reconnected
     assert sent[0] < FLOOD // 4, sent
+
+
+@pytest.mark.parametrize("line", ["", "not json"], ids=["blank", "not-json-rpc"])
+async def test_a_stdio_upstreams_lines_of_noise_without_end_fail_its_calls_and_it_is_restarted(
+    line: str,
+) -> None:
+    # Each blank line was split off and dropped, each unparseable one parsed, reported and
+    # handed to the session (100,000 of them took 4.6 s of the gateway's CPU), without bound:
+    # the call waited its whole timeout (60 s here).
+    async with (
+        gateway_under_fault({"faulty": faulty_stdio(timeout=60)}) as faulted,
+        Client(faulted.gw.url) as client,
+    ):
+        with anyio.fail_after(WAIT):
+            noisy = await client.call_tool("faulty__noise", {"lines": 10_000_000, "line": line})
+        assert noisy.is_error
+        assert "made no message" in text_of(noisy), text_of(noisy)
+        session = faulted.gw.gateway.pool.get("faulty")
+        await wait_until(lambda: session.connections == 2 and session.state == "up", WAIT)
+        assert text_of(await client.call_tool("faulty__ping", {})) == "pong"  # restarted

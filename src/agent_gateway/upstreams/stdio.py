@@ -33,6 +33,7 @@ from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.upstreams.noise import QuietCount, UpstreamNoise
 from agent_gateway.upstreams.stderr import StderrLines
 from agent_gateway.upstreams.stdio_process import FLUSH_TIMEOUT, ended, spawned, stop, watch
 
@@ -93,21 +94,45 @@ async def _read(
     told: _Told,
 ) -> None:
     assert process.stdout is not None
-    lines = Lines(limit)
+    lines, quiet = Lines(limit), QuietCount()
     async with incoming:
         with (
             reading,
             lines,
             suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, OSError),
         ):
-            while True:
-                for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
-                    message = _parse(line, label) if isinstance(line, bytes) else refusal(line, limit, label)
-                    # Closed when shutting down: keep draining, so the server can flush and exit.
-                    with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                        await incoming.send(message)
-                lines.parsed()
+            try:
+                while True:
+                    for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
+                        await _pass_on(line, incoming, limit, label, quiet)
+                    quiet.heard(lines.blank, lines.blank_bytes)
+                    lines.parsed()
+            except UpstreamNoise as exc:  # the read ends here: its calls fail, saying why
+                told.noisy(str(exc))
+                return
         await told(process)  # before the end of the stream: the session's reason is the process's
+
+
+async def _pass_on(
+    line: bytes | Oversized,
+    incoming: MemoryObjectSendStream[SessionMessage | Exception],
+    limit: int,
+    label: str,
+    quiet: QuietCount,
+) -> None:
+    """Parse ``line`` and pass it on, counted as noise unless it made a message.
+
+    Raises:
+        UpstreamNoise: past the bound (``QuietCount``).
+    """
+    message = _parse(line, label) if isinstance(line, bytes) else refusal(line, limit, label)
+    if isinstance(message, SessionMessage):
+        quiet.message()
+    else:
+        quiet.heard(1, len(line) if isinstance(line, bytes) else line.size)
+    # Closed when shutting down: keep draining, so the server can flush and exit.
+    with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+        await incoming.send(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +150,11 @@ class _Told:
         how = await ended(process)  # within FLUSH_TIMEOUT
         if not self.stopping.is_set():
             self.gone(how)
+
+    def noisy(self, why: str) -> None:
+        """The gateway stopped reading the process, for ``why``: its session is lost so."""
+        if self.gone is not None and not self.stopping.is_set():
+            self.gone(why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +192,9 @@ class Lines:
         self._busy = False
         self._held = 0
         """Bytes taken from ``IN_FLIGHT`` for the lines not yet parsed."""
+        self.blank = 0
+        """Blank lines the last ``feed`` dropped (noise: ``upstreams/noise.py``)."""
+        self.blank_bytes = 0
 
     def __enter__(self) -> Lines:
         return self
@@ -177,10 +210,19 @@ class Lines:
         self._held = self._size if self._head is None else 0
 
     def feed(self, chunk: bytes) -> list[bytes | Oversized]:
+        """The lines ``chunk`` ended, but blank ones (counted in ``blank`` and ``blank_bytes``)."""
         *complete, rest = chunk.split(b"\n")
         finished = [self._finish(part) for part in complete]
         self._add(rest)
-        return [line for line in finished if not isinstance(line, bytes) or line.strip()]
+        kept: list[bytes | Oversized] = []
+        self.blank = self.blank_bytes = 0
+        for line in finished:
+            if isinstance(line, bytes) and not line.strip():
+                self.blank += 1
+                self.blank_bytes += len(line) + 1
+            else:
+                kept.append(line)
+        return kept
 
     def _add(self, part: bytes) -> None:
         self._size += len(part)
