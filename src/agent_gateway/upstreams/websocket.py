@@ -26,6 +26,7 @@ from websockets.typing import Subprotocol
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.compat.websockets import checking_pings
 from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.upstreams.noise import QuietCount, UpstreamNoise
 from agent_gateway.upstreams.pings import PINGS, PingBounds, Pings
 from agent_gateway.upstreams.stdio import Oversized, is_utf8, refusal, unread
 
@@ -117,11 +118,20 @@ async def _read_frames(
 ) -> None:
     """Pass each frame on as a message until the connection closes, then say why (``ended``)
     and end the stream."""
+    quiet = QuietCount("messages (not JSON-RPC)")
     async with sink:
         try:
             while True:
                 # Bytes, not decoded to text first: msgspec reads UTF-8 (a copy of the message less).
-                await sink.send(_parse(await connection.recv(decode=False), label, limit))
+                frame = await connection.recv(decode=False)
+                message = _parse(frame, label, limit)
+                if isinstance(message, SessionMessage):
+                    quiet.message()
+                else:
+                    quiet.heard(1, len(frame))
+                await sink.send(message)
+        except UpstreamNoise as exc:  # the read ends here: its calls fail, saying why (and it is closed)
+            ended(str(exc))
         except ConnectionClosed as closed:  # a clean close and a lost connection alike
             _ended(closed, label)
             ended(why_closed(closed))
