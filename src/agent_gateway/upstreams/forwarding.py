@@ -46,8 +46,7 @@ from opentelemetry.trace import INVALID_SPAN
 from pydantic import TypeAdapter, ValidationError
 
 from agent_gateway.compat.http_streams import (
-    QUIET_BYTES,
-    QUIET_WINDOW,
+    NOISE,
     StreamNoise,
     cut_short,
     message_made,
@@ -80,7 +79,6 @@ Sinks = tuple[OnLog, Callable[[Any], Awaitable[None]]]
 """Where the session sends an upstream's notifications: its logging callback, its message handler."""
 
 _DROPPED = "upstream session %s: a notification on a forwarded call's stream dropped: %s"
-_NOISE = f"the answer's stream sent over {QUIET_BYTES} bytes within {QUIET_WINDOW:g} s that made no message"
 _ids = itertools.count(1)
 _encode = msgspec.json.Encoder().encode
 _ACCEPT = "application/json, text/event-stream"
@@ -303,7 +301,7 @@ class Forwarder:
         except httpx2.SSEError as exc:
             raise MCPError.from_error_data(cut_short(f"SSE stream failed: {exc}")) from exc
         except StreamNoise:  # comments without end: the call would wait its timeout, parsing them
-            raise MCPError.from_error_data(cut_short(_NOISE)) from None
+            raise MCPError.from_error_data(cut_short(NOISE)) from None
         except httpx2.StreamError as exc:  # as the SDK's transport: the stream is over
             logger.debug("SSE stream of a forwarded call ended: %s", exc)
         raise MCPError.from_error_data(cut_short("SSE stream ended without a response"))
