@@ -5,7 +5,9 @@ replica serves its other clients on."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, cast
 
+import anyio
 import httpx
 import pytest
 import redis.asyncio as aioredis
@@ -14,12 +16,20 @@ from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
 from tests.replicas.test_dedicated import visits_server
 from tests.replicas.test_sessions import BOUND
-from tests.replicas.test_store import ACCEPT, opened
+from tests.replicas.test_store import ACCEPT, HELLO, VERSION, opened
 from tests.security.test_bytes_in_flight import memory_mb, reset_peak
 from tests.support import serving_upstream
 
 HUGE = 32 << 20
 """Bytes written into one field of a session's record (a replica writes at most 64 KiB)."""
+CONFIG: dict[str, Any] = {"agent": {"enabled": False}}
+
+
+def visits(url: str) -> dict[str, Any]:
+    """A handshake-era upstream whose sessions are each client's own (their records shared)."""
+    return {"upstreams": {"visits": {"url": url, "protocol": "legacy", "session": "per_client"}}}
+
+
 VISIT = {
     "jsonrpc": "2.0",
     "id": 2,
@@ -32,13 +42,8 @@ VISIT = {
 async def test_a_huge_value_in_a_session_record_is_not_read_and_the_replica_serves_on(
     redis: Redis, prefix: str, tmp_path: Path, field: str, status: int
 ) -> None:
-    data = {
-        "store": {"url": redis.url, "prefix": prefix},
-        "upstreams": {"visits": {"url": "", "protocol": "legacy", "session": "per_client"}},
-        "agent": {"enabled": False},
-    }
     async with serving_upstream(visits_server()) as upstream:
-        data["upstreams"]["visits"]["url"] = upstream
+        data = {**CONFIG, "store": {"url": redis.url, "prefix": prefix}} | visits(upstream)
         async with replicas(data, tmp_path) as cluster, httpx.AsyncClient(timeout=BOUND) as http:
             first, second = cluster.endpoint(0), cluster.endpoint(1)
             victim, bystander = await opened(http, first), await opened(http, first)
@@ -61,3 +66,45 @@ async def test_a_huge_value_in_a_session_record_is_not_read_and_the_replica_serv
     # Read whole, the value was held about five times over (+150 MB for 32 MiB).
     assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
     assert "over 1048576: not read" in log
+
+
+async def test_a_huge_event_in_a_resumed_stream_is_not_read_and_the_replica_serves_on(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(visits_server()) as upstream,
+        replicas(
+            {**CONFIG, "store": {"url": redis.url, "prefix": prefix}} | visits(upstream), tmp_path
+        ) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        first, second = cluster.endpoint(0), cluster.endpoint(1)
+        hello = await http.post(first, json=HELLO, headers=ACCEPT)
+        resumed = {
+            "Mcp-Session-Id": hello.headers["mcp-session-id"],
+            "Mcp-Protocol-Version": VERSION,
+            "Last-Event-ID": next(
+                line[3:].strip() for line in hello.text.splitlines() if line.startswith("id:")
+            ),
+        }
+        bystander = await opened(http, first)
+        key = f"{prefix}:events:{resumed['Last-Event-ID'].split('/')[1]}"
+        async with aioredis.Redis.from_url(redis.url) as peer:
+            with anyio.fail_after(BOUND):  # the initialize's answer stored (written behind)
+                while not await peer.xlen(key):
+                    await anyio.sleep(0.02)
+            stored = cast("list[Any]", await peer.xrange(key, count=1))  # redis-py: a union
+            for n in range(2):  # what a compromised peer could add to the stream
+                entry = {b"s": stored[0][1][b"s"], b"i": f"peer-{n}/x".encode(), b"m": b"x" * HUGE}
+                await peer.xadd(key, entry)  # pyright: ignore[reportArgumentType]
+        pid = cluster.processes[1].pid
+        reset_peak(pid)
+        before = memory_mb(pid, "VmRSS")
+        async with http.stream("GET", second, headers={**resumed, "Accept": "text/event-stream"}):
+            with anyio.fail_after(BOUND):
+                while "replay refused" not in cluster.log(1):
+                    await anyio.sleep(0.02)
+        peak = memory_mb(pid, "VmHWM") - before
+        served = await http.post(second, json=VISIT, headers={**bystander, **ACCEPT})
+    assert served.status_code == 200, served.text
+    assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
