@@ -74,16 +74,22 @@ _PAGE = 4
 # KEYS: the stream. ARGV: the first id, how many, the most bytes of a field or value. The
 # entries (XRANGE's answer), or -1 when one holds more: this replica writes no event over
 # ``max_event_bytes``, so something else wrote it, and read it held the replica's memory (four
-# 100 MB entries in one page took a replica from 130 to 531 MB on one resume).
+# 100 MB entries in one page took a replica from 130 to 531 MB on one resume). One entry at a
+# time: Redis copies at most one such entry into the script, not the page.
 _PAGE_READ = """
-local page = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
-local most = tonumber(ARGV[3])
-for _, entry in ipairs(page) do
+local page, start, most = {}, ARGV[1], tonumber(ARGV[3])
+for _ = 1, tonumber(ARGV[2]) do
+  local entry = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 1)[1]
+  if not entry then
+    break
+  end
   for _, part in ipairs(entry[2]) do
     if #part > most then
       return -1
     end
   end
+  page[#page + 1] = entry
+  start = '(' .. entry[1]
 end
 return page
 """
