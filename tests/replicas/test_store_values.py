@@ -108,3 +108,30 @@ async def test_a_huge_event_in_a_resumed_stream_is_not_read_and_the_replica_serv
         served = await http.post(second, json=VISIT, headers={**bystander, **ACCEPT})
     assert served.status_code == 200, served.text
     assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
+
+
+async def test_a_huge_epoch_is_not_read_and_the_records_it_says_were_lost_are_written_again(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(visits_server()) as upstream,
+        replicas(
+            {**CONFIG, "store": {"url": redis.url, "prefix": prefix}} | visits(upstream), tmp_path
+        ) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        first = cluster.endpoint(0)
+        held = await opened(http, first)
+        pid = cluster.processes[0].pid
+        reset_peak(pid)
+        before = memory_mb(pid, "VmRSS")
+        async with aioredis.Redis.from_url(redis.url) as peer:  # the store's data lost, its epoch huge
+            await peer.delete(f"{prefix}:session:{held['Mcp-Session-Id']}")
+            await peer.set(f"{prefix}:epoch", b"x" * HUGE)
+            with anyio.fail_after(BOUND):  # each replica looks at the epoch every 2 s
+                while not await peer.exists(f"{prefix}:session:{held['Mcp-Session-Id']}"):
+                    await anyio.sleep(0.05)
+        peak = memory_mb(pid, "VmHWM") - before
+        served = await http.post(first, json=VISIT, headers={**held, **ACCEPT})
+    assert served.status_code == 200, served.text
+    assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
