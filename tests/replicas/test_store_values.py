@@ -135,3 +135,38 @@ async def test_a_huge_epoch_is_not_read_and_the_records_it_says_were_lost_are_wr
         served = await http.post(first, json=VISIT, headers={**held, **ACCEPT})
     assert served.status_code == 200, served.text
     assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
+
+
+async def test_subscriptions_longer_than_any_uri_are_not_claimed_and_the_rest_are(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with (
+        serving_upstream(visits_server()) as upstream,
+        replicas(
+            {**CONFIG, "store": {"url": redis.url, "prefix": prefix}} | visits(upstream), tmp_path
+        ) as cluster,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        first = cluster.endpoint(0)
+        held = await opened(http, first)
+        record = f"{prefix}:session:{held['Mcp-Session-Id']}"
+        async with aioredis.Redis.from_url(redis.url) as peer:
+            # What a compromised peer could write: subscriptions no replica holds, two of them
+            # of URIs no client can subscribe to, and one a client could (unknown upstream).
+            huge = {f"sub:{n}".encode() + b"x" * HUGE: b"" for n in range(2)}
+            await peer.hset(record, mapping={**huge, b"sub:nowhere://1": b""})  # pyright: ignore[reportArgumentType]
+            pid = cluster.processes[0].pid
+            reset_peak(pid)
+            before = memory_mb(pid, "VmRSS")
+            # Its notification stream opened: the replica claims what no replica holds, tries
+            # each, and drops what it cannot take (the unknown one).
+            async with http.stream("GET", first, headers={**held, "Accept": "text/event-stream"}):
+                with anyio.fail_after(BOUND):
+                    while await peer.hexists(record, "sub:nowhere://1"):  # pyright: ignore[reportGeneralTypeIssues]
+                        await anyio.sleep(0.05)
+            peak = memory_mb(pid, "VmHWM") - before
+            left = await peer.hmget(record, list(huge))  # pyright: ignore[reportGeneralTypeIssues]
+        served = await http.post(first, json=VISIT, headers={**held, **ACCEPT})
+    assert served.status_code == 200, served.text
+    assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
+    assert left == [b"", b""]  # the long ones left as they were: no holder named
