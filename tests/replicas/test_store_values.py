@@ -4,6 +4,7 @@ replica serves its other clients on."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ import redis.asyncio as aioredis
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
 from tests.replicas.test_dedicated import visits_server
+from tests.replicas.test_room import COUNT, capped, status
 from tests.replicas.test_sessions import BOUND
 from tests.replicas.test_store import ACCEPT, HELLO, VERSION, opened
 from tests.security.test_bytes_in_flight import memory_mb, reset_peak
@@ -170,3 +172,24 @@ async def test_subscriptions_longer_than_any_uri_are_not_claimed_and_the_rest_ar
     assert served.status_code == 200, served.text
     assert peak < HUGE / 2 / (1 << 20), f"+{peak:.0f} MB at the peak"
     assert left == [b"", b""]  # the long ones left as they were: no holder named
+
+
+async def test_a_clients_count_holding_huge_members_is_read_without_them_at_its_cap(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with capped(redis, prefix, tmp_path) as (cluster, http, sessions):
+        async with aioredis.Redis.from_url(redis.url) as peer:
+            count = f"{prefix}:{COUNT}"
+            assert await peer.zcard(count) == 3  # pyright: ignore[reportGeneralTypeIssues]
+            expiry = time.time() + 3600  # counted, not yet expired, the client's oldest but for them
+            await peer.zadd(count, {f"{n}".encode() + b"x" * HUGE: expiry for n in range(2)})  # pyright: ignore[reportArgumentType]
+        pids = [process.pid for process in cluster.processes]
+        for pid in pids:
+            reset_peak(pid)
+        before = [memory_mb(pid, "VmRSS") for pid in pids]
+        newcomer = await http.post(cluster.endpoint(0), json=HELLO, headers=ACCEPT)  # at its cap: room made
+        peaks = [memory_mb(pid, "VmHWM") - b for pid, b in zip(pids, before, strict=True)]
+        served = [await status(http, cluster.endpoint(0), h) for h in sessions]
+    assert newcomer.status_code in (200, 429), newcomer.text
+    assert 200 in served  # the client's sessions not ended for it are served on
+    assert max(peaks) < HUGE / 2 / (1 << 20), f"+{max(peaks):.0f} MB at the peak"
