@@ -49,14 +49,20 @@ end
 return 1
 """
 
-# KEYS: the record. ARGV: this replica, the heartbeat keys' prefix. Each subscription whose
-# holder's heartbeat is gone (or that was let go: no holder) becomes this replica's.
+# KEYS: the record. ARGV: this replica, the heartbeat keys' prefix, the most claimed, the
+# longest field. Each subscription whose holder's heartbeat is gone (or that was let go: no
+# holder) becomes this replica's, up to the most (the rest at the next claim). A field longer
+# than any URI a client can subscribe to was written by something else: left, never read (a
+# hundred of 10 MB each came back whole in one answer).
 _CLAIM = """
 local fields = redis.call('HGETALL', KEYS[1])
-local claimed = {}
+local claimed, most, longest = {}, tonumber(ARGV[3]), tonumber(ARGV[4])
 for i = 1, #fields, 2 do
   local field, holder = fields[i], fields[i + 1]
-  if string.sub(field, 1, 4) == 'sub:' and holder ~= ARGV[1]
+  if #claimed >= most then
+    break
+  end
+  if string.sub(field, 1, 4) == 'sub:' and #field <= longest and holder ~= ARGV[1]
       and (holder == '' or redis.call('EXISTS', ARGV[2] .. holder) == 0) then
     redis.call('HSET', KEYS[1], field, ARGV[1])
     table.insert(claimed, string.sub(field, 5))
@@ -64,6 +70,10 @@ for i = 1, #fields, 2 do
 end
 return claimed
 """
+_CLAIM_MOST = 1000
+"""Subscriptions claimed at once (a client's ``max_subscriptions`` by default)."""
+_FIELD_LONGEST = len(SUBSCRIPTION) + 4 * 8192
+"""``sub:`` and a URI of ``access.MAX_URI_LENGTH`` characters, each up to four bytes."""
 
 
 class SubscriptionHolders:
@@ -121,7 +131,7 @@ class SubscriptionHolders:
     async def orphaned(self, session_id: str) -> list[str]:
         """Claim ``session_id``'s subscriptions nobody holds now; their URIs."""
         keys = [self._store.key("session", session_id)]
-        args = [self._replica, self._store.key("replica", "")]
+        args = [self._replica, self._store.key("replica", ""), _CLAIM_MOST, _FIELD_LONGEST]
         claimed: list[bytes] | None = await self._store.call(
             self._claim(keys=keys, args=args), "subscription_claim"
         )

@@ -20,6 +20,26 @@ UPSTREAM = "upstream:"
 SUBSCRIPTION = "sub:"
 """Record fields naming the replica holding a resource subscription: ``sub:<uri>``
 (``store/holders.py``)."""
+READ_MOST = 1 << 20
+"""Bytes of a record's fields a replica reads at once. What it writes is far less (the
+``initialize`` params it keeps are at most 64 KiB); a larger value was written by something
+else, and read whole it held the replica's memory and its store timeout: one 100 MB record
+named by four requests took a replica from 135 to 430 MB and marked the store unavailable
+(``session_find`` timed out) for every client of that replica."""
+FIELDS = ("client", "owner", "params", "version", "level")
+"""What ``SessionRecord.parse`` reads of a record (not its upstream sessions or subscriptions)."""
+# KEYS: the record. ARGV: the most bytes, then the fields. Their values (nil: none), or their
+# size when it is over the most (Redis knows each value's length without sending it).
+READ = """
+local size = 0
+for i = 2, #ARGV do
+  size = size + redis.call('HSTRLEN', KEYS[1], ARGV[i])
+end
+if size > tonumber(ARGV[1]) then
+  return size
+end
+return redis.call('HMGET', KEYS[1], unpack(ARGV, 2))
+"""
 
 
 @dataclass(frozen=True)

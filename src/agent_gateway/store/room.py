@@ -38,6 +38,21 @@ _WAIT = 1.0
 """Seconds for every replica's answer (a round trip each; at most half the store's timeout)."""
 _ANSWER_KEPT = 10
 """Seconds an answer is kept for a question given up on (a replica answering late)."""
+_MEMBER_LONGEST = 64
+"""Bytes of a member of a client's count read: a session id is 32 (``opening:`` and 32 while
+it opens); a longer one was written by something else, and is never read."""
+# KEYS: the client's count. ARGV: how many, the longest member. Its members touched the longest
+# ago, those no longer than that (two of 32 MiB, read whole and named on the channel, held every
+# replica's memory at the client's next ``initialize``).
+_OLDEST = """
+local found, longest = {}, tonumber(ARGV[2])
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)) do
+  if #member <= longest then
+    found[#found + 1] = member
+  end
+end
+return found
+"""
 
 Serving = Callable[[Sequence[str]], list[str]]
 
@@ -56,6 +71,7 @@ class SharedRoom:
         self.serving: Serving = _none
         """Which of the sessions named this replica serves now (``downstream/room.py``, once
         the HTTP app is built; a replica serving none answers none)."""
+        self._oldest = store.redis.register_script(_OLDEST)
         self._making: set[str] = set()
         """Clients (labels) whose room is being made here: one question at a time each."""
         bus.on(MAKE_WAY, self.answer)
@@ -94,9 +110,8 @@ class SharedRoom:
         """The client's counted sessions, touched the longest ago first (not the places held
         for sessions being opened)."""
         key = self._store.key("sessions", client.label)
-        members = await self._store.call(
-            self._store.redis.zrange(key, 0, 2 * _CANDIDATES - 1),  # pyright: ignore[reportUnknownMemberType]
-            "make_way",
+        members: list[bytes] | None = await self._store.call(
+            self._oldest(keys=[key], args=[2 * _CANDIDATES, _MEMBER_LONGEST]), "make_way"
         )
         found = [m.decode() for m in members or () if not m.startswith(b"opening:")]
         return found[:_CANDIDATES]

@@ -29,7 +29,7 @@ from agent_gateway.errors import StoreUnavailable
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.events import STREAMS
 from agent_gateway.store.limits import kept_for
-from agent_gateway.store.record import UPSTREAM, SessionRecord, UpstreamRecord
+from agent_gateway.store.record import FIELDS, READ, READ_MOST, UPSTREAM, SessionRecord, UpstreamRecord
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +85,16 @@ end
 return written
 """
 
-# KEYS: the epoch. ARGV: a new value, taken when there is none. Returns the value.
+# KEYS: the epoch. ARGV: a new value, taken when there is none. Returns the value's digest:
+# each replica reads it every 2 s, and a value something else wrote there (100 MB) was read whole
+# each time.
 _EPOCH = """
 local epoch = redis.call('GET', KEYS[1])
 if not epoch then
   epoch = ARGV[1]
   redis.call('SET', KEYS[1], epoch)
 end
-return epoch
+return redis.sha1hex(epoch)
 """
 
 # KEYS: the record. ARGV: the session id, the client counts' key prefix, seconds. Returns 0
@@ -160,6 +162,7 @@ class SessionRecords:
         self._restore = store.redis.register_script(_RESTORE)
         self._level = store.redis.register_script(_LEVEL)
         self._epoch = store.redis.register_script(_EPOCH)
+        self._read = store.redis.register_script(READ)
 
     @property
     def idle_seconds(self) -> int:
@@ -183,19 +186,31 @@ class SessionRecords:
         await self.store.call(pipe.execute(), "session_open")
 
     async def find(self, session_id: str) -> SessionRecord | None:
-        """The record of ``session_id``, or None (unknown, expired, ended or unreadable).
+        """The record of ``session_id``, or None (unknown, expired, ended, unreadable or
+        over ``READ_MOST`` bytes).
 
         Raises:
             StoreUnavailable: the store did not answer (the session may well be live)."""
-        fields: dict[bytes, bytes] | None = await self.store.call(
-            self.store.redis.hgetall(self.store.key("session", session_id)),  # pyright: ignore[reportUnknownMemberType]
-            "session_find",
-        )
+        fields = await self._fields(session_id, FIELDS, "session_find")
         if fields is None:
             raise StoreUnavailable(f"the shared store does not answer ({self.store.problem})")
-        if not fields:
+        return SessionRecord.parse(session_id, fields) if fields else None
+
+    async def _fields(self, session_id: str, names: tuple[str, ...], what: str) -> dict[bytes, bytes] | None:
+        """Those of ``names`` the record holds ({}: none, or more than ``READ_MOST`` bytes of
+        them, logged: never read), in one round trip; None: the store did not answer."""
+        keys = [self.store.key("session", session_id)]
+        answer = await self.store.call(self._read(keys=keys, args=[READ_MOST, *names]), what)
+        if isinstance(answer, int):
+            logger.warning(
+                "session %s: %d bytes of its record in the shared store, over %d: not read",
+                session_id[:64], answer, READ_MOST,
+            )  # fmt: skip
+            return {}
+        if answer is None:
             return None
-        return SessionRecord.parse(session_id, fields)  # pyright: ignore[reportUnknownArgumentType]
+        values: list[bytes | None] = answer
+        return {n.encode(): v for n, v in zip(names, values, strict=True) if v is not None}
 
     async def level_set(self, session_id: str, level: types.LoggingLevel) -> None:
         """Record the session's log level (into its record only while it lives: set into a
@@ -289,8 +304,8 @@ class SessionRecords:
         return None if answers is None else [int(a) for a in answers]
 
     async def epoch(self) -> bytes | None:
-        """A value the store keeps until it loses its data (a restart without persistence, a
-        flush): a new one says records may be gone. None: the store did not answer."""
+        """The digest of a value the store keeps until it loses its data (a restart without
+        persistence, a flush): a new one says records may be gone. None: the store did not answer."""
         keys = [self.store.key("epoch")]
         return await self.store.call(self._epoch(keys=keys, args=[secrets.token_hex(8)]), "epoch")
 
@@ -308,12 +323,9 @@ class SessionRecords:
 
     async def upstream_session(self, session_id: str, upstream: str) -> UpstreamRecord | None:
         """The dedicated ``upstream`` session another replica opened for ``session_id``, if any."""
-        key = self.store.key("session", session_id)
-        text: bytes | None = await self.store.call(
-            self.store.redis.hget(key, UPSTREAM + upstream),  # pyright: ignore[reportUnknownMemberType, reportArgumentType]
-            "upstream_session_find",
-        )
-        return UpstreamRecord.parse(text.decode()) if text else None
+        name = UPSTREAM + upstream
+        text = (await self._fields(session_id, (name,), "upstream_session_find") or {}).get(name.encode())
+        return UpstreamRecord.parse(text.decode(errors="replace")) if text else None
 
     async def upstream_lost(self, session_id: str, upstream: str) -> None:
         """Forget a recorded upstream session the upstream no longer knows."""
