@@ -160,6 +160,36 @@ async def test_a_stdio_requests_long_id_or_an_id_in_flight_is_refused_as_over_ht
     assert recorded(calls) == 1  # id 8 alone reached the upstream
 
 
+def _in_flight(recorded: Path) -> bool:
+    """Whether the recorder upstream has started a call."""
+    return '"started"' in (recorded.read_text() if recorded.exists() else "")
+
+
+async def test_a_call_in_flight_when_the_client_closes_stdin_completes_upstream_and_is_answered(
+    tmp_path: Path,
+) -> None:
+    # Before, the SDK cancelled it at the end of input (the upstream told, the client answered
+    # "Connection closed"), though the answers in flight were promised WRITE_GRACE to be written.
+    calls, recorded = tmp_path / "calls", tmp_path / "recorded"
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls, recorded))]
+    process = await anyio.open_process(args, env=gateway_env())
+    async with process:
+        replies = await initialized(process)
+        assert process.stdin is not None
+        await process.stdin.send(call(2, "rec__wait", seconds=2))
+        with anyio.fail_after(BOUND):
+            while not _in_flight(recorded):
+                await anyio.sleep(0.05)
+        await process.stdin.aclose()  # half-closed: its stdout is still read
+        with anyio.fail_after(BOUND):
+            answer = json.loads(await replies.receive_until(b"\n", 1_000_000))
+            await process.wait()
+    assert answer["id"] == 2
+    assert answer.get("result", {}).get("content", [{}])[0].get("text") == "done", answer
+    events = [json.loads(line)["event"] for line in recorded.read_text().splitlines()]
+    assert "handler_cancelled" not in events, events
+
+
 async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_and_upstreams_reaped(
     tmp_path: Path,
 ) -> None:
@@ -184,7 +214,7 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
         gateway.stdin.write(call(1, "rec__wait", seconds=120))
         gateway.stdin.flush()
         with anyio.fail_after(BOUND):  # in flight at the upstream
-            while '"started"' not in (recorded.read_text() if recorded.exists() else ""):
+            while not _in_flight(recorded):
                 await anyio.sleep(0.05)
         gateway.stdout.close()  # the client reads no more; its stdin stays open
         gateway.stdin.write(call(2))  # whose answer finds stdout closed

@@ -11,7 +11,10 @@ hand-over; the thread, if blocked in its read, ends with the process. A read err
 input, as end of file does. A line longer than ``limit`` is read through, not held, and its
 request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
 drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
-Each refusal is one WARNING line. Blank lines are skipped, and a UTF-8 byte order mark that
+Each refusal is one WARNING line. The end of input is told to the SDK only once every request
+read is answered: the SDK cancels the requests in flight at its end of input, and a client
+that half-closed stdin after its last request (``printf … | agent-gateway serve``) lost their
+answers, their upstream calls cancelled. Blank lines are skipped, and a UTF-8 byte order mark that
 starts a line is dropped: JSON's RFC 8259 lets a parser ignore one, and a client whose writer
 is set up with .NET's ``Encoding.UTF8`` (which has a preamble) writes one before its first
 line. Read as part of the line, it made the client's ``initialize`` a line that is not JSON,
@@ -105,6 +108,7 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 self.ended.set()
+                await self.in_flight.all_answered()  # bounded: serving stops WRITE_GRACE after ``ended``
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
                 await self._too_long(line)

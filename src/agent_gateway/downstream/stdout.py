@@ -44,7 +44,9 @@ MAX_IN_FLIGHT = 64
 """Requests of a stdio client served at once, their answers not yet handed to stdout (as a
 client's ``max_concurrency`` over HTTP): past it the next line is not read."""
 WRITE_GRACE = 5.0
-"""Seconds the answers left are given to reach stdout once the client's input has ended."""
+"""Seconds the requests in flight are given, once the client's input has ended, to be
+answered and their answers to reach stdout (``stdin.StdinLines``: its end is told to the SDK
+only once they are)."""
 
 
 class InFlight:
@@ -65,6 +67,11 @@ class InFlight:
     async def answer(self) -> None:
         """Wait for the next answer handed to stdout."""
         await self._answered.wait()
+
+    async def all_answered(self) -> None:
+        """Wait until every request read has its answer handed to stdout."""
+        while self._ids:
+            await self.answer()
 
     def add(self, request_id: types.RequestId) -> None:
         self._ids.add(request_id)
