@@ -85,8 +85,8 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     reading held for ever; a request is read while fewer than ``MAX_IN_FLIGHT`` are
     unanswered; a request too long to read, or malformed, is answered with an error on the
     SDK's stream to stdout. Once the input has ended, the requests in flight are given
-    ``WRITE_GRACE`` to be answered and their answers to be taken (the SDK is told of the end
-    only once they are answered: at its end it cancels them); once stdout is closed, nobody takes them, and serving stops at
+    ``CALL_GRACE`` to be answered (the SDK is told of the end only then: at its end it cancels
+    them) and their answers ``WRITE_GRACE`` in all to be taken; once stdout is closed, nobody takes them, and serving stops at
     once (the calls in flight cancelled, their upstreams told). The rest is theirs: FastMCP's
     transport marker and lifespan, the SDK's stdio transport, the low-level server's loop."""
     token = set_transport("stdio")

@@ -12,9 +12,9 @@ input, as end of file does. A line longer than ``limit`` is read through, not he
 request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
 drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
 Each refusal is one WARNING line. The end of input is told to the SDK only once every request
-read is answered: the SDK cancels the requests in flight at its end of input, and a client
-that half-closed stdin after its last request (``printf … | agent-gateway serve``) lost their
-answers, their upstream calls cancelled. Blank lines are skipped, and a UTF-8 byte order mark that
+read is answered (or ``CALL_GRACE`` has passed): the SDK cancels the requests in flight at its
+end of input, and a client that half-closed stdin after its last request (``printf … |
+agent-gateway serve``) lost their answers, their upstream calls cancelled. Blank lines are skipped, and a UTF-8 byte order mark that
 starts a line is dropped: JSON's RFC 8259 lets a parser ignore one, and a client whose writer
 is set up with .NET's ``Encoding.UTF8`` (which has a preamble) writes one before its first
 line. Read as part of the line, it made the client's ``initialize`` a line that is not JSON,
@@ -41,7 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from agent_gateway.body_shape import is_request, problem, too_long
 from agent_gateway.downstream.malformed import Malformed, malformed, not_utf8, refusal, too_many_values
-from agent_gateway.downstream.stdout import InFlight
+from agent_gateway.downstream.stdout import CALL_GRACE, InFlight
 from agent_gateway.logs import clipped
 from agent_gateway.refusals import refused
 from agent_gateway.upstreams.stdio import request_id_of
@@ -108,7 +108,8 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 self.ended.set()
-                await self.in_flight.all_answered()  # bounded: serving stops WRITE_GRACE after ``ended``
+                with anyio.move_on_after(CALL_GRACE):  # the SDK cancels those in flight at the end
+                    await self.in_flight.all_answered()
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
                 await self._too_long(line)

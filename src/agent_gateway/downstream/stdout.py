@@ -44,9 +44,12 @@ MAX_IN_FLIGHT = 64
 """Requests of a stdio client served at once, their answers not yet handed to stdout (as a
 client's ``max_concurrency`` over HTTP): past it the next line is not read."""
 WRITE_GRACE = 5.0
-"""Seconds the requests in flight are given, once the client's input has ended, to be
-answered and their answers to reach stdout (``stdin.StdinLines``: its end is told to the SDK
-only once they are)."""
+"""Seconds from the end of the client's input until serving stops: for the requests in
+flight to be answered and their answers to reach stdout."""
+CALL_GRACE = 4.0
+"""Of ``WRITE_GRACE``, the seconds the requests in flight get to be answered
+(``stdin.StdinLines`` tells the SDK of the end only then); the SDK answers those left
+``-32000 Connection closed`` in the time left (it gives each such write 1 s)."""
 
 
 class InFlight:
