@@ -12,7 +12,7 @@ input, as end of file does. A line longer than ``limit`` is read through, not he
 request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
 drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
 Each refusal is one WARNING line. The end of input is told to the SDK only once every request
-read is answered (or ``CALL_GRACE`` has passed): the SDK cancels the requests in flight at its
+read is answered (or ``CALL_SHARE`` of the grace has passed): the SDK cancels the requests in flight at its
 end of input, and a client that half-closed stdin after its last request (``printf … |
 agent-gateway serve``) lost their answers, their upstream calls cancelled. Blank lines are skipped, and a UTF-8 byte order mark that
 starts a line is dropped: JSON's RFC 8259 lets a parser ignore one, and a client whose writer
@@ -41,7 +41,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from agent_gateway.body_shape import is_request, problem, too_long
 from agent_gateway.downstream.malformed import Malformed, malformed, not_utf8, refusal, too_many_values
-from agent_gateway.downstream.stdout import CALL_GRACE, InFlight
+from agent_gateway.downstream.stdout import CALL_SHARE, WRITE_GRACE, InFlight
 from agent_gateway.logs import clipped
 from agent_gateway.refusals import refused
 from agent_gateway.upstreams.stdio import request_id_of
@@ -71,10 +71,12 @@ class _TooLong:
 class StdinLines:
     """The lines of ``fd`` (stdin by default), as text, for the SDK's stdio transport."""
 
-    def __init__(self, limit: int, values: int, fd: int = 0) -> None:
+    def __init__(self, limit: int, values: int, fd: int = 0, grace: float = WRITE_GRACE) -> None:
         self._limit = limit
         self._values = values
         self._fd = fd
+        self.grace = grace
+        """Seconds from the end of input until serving stops (``server.stdio_drain``)."""
         send, receive = anyio.create_memory_object_stream[bytes | _TooLong](0)
         self._send: MemoryObjectSendStream[bytes | _TooLong] = send
         self._receive: MemoryObjectReceiveStream[bytes | _TooLong] = receive
@@ -108,7 +110,9 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 self.ended.set()
-                with anyio.move_on_after(CALL_GRACE):  # the SDK cancels those in flight at the end
+                with anyio.move_on_after(
+                    self.grace * CALL_SHARE
+                ):  # the SDK cancels those in flight at the end
                     await self.in_flight.all_answered()
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
