@@ -12,13 +12,14 @@ input, as end of file does. A line longer than ``limit`` is read through, not he
 request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
 drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
 Each refusal is one WARNING line. The end of input is told to the SDK only once every request
-read is answered (or ``CALL_SHARE`` of the grace has passed): the SDK cancels the requests in flight at its
-end of input, and a client that half-closed stdin after its last request (``printf … |
-agent-gateway serve``) lost their answers, their upstream calls cancelled. Blank lines are skipped, and a UTF-8 byte order mark that
-starts a line is dropped: JSON's RFC 8259 lets a parser ignore one, and a client whose writer
-is set up with .NET's ``Encoding.UTF8`` (which has a preamble) writes one before its first
-line. Read as part of the line, it made the client's ``initialize`` a line that is not JSON,
-answered ``-32700`` to a null id: the client waited for its answer until its own timeout.
+read is answered (or ``CALL_SHARE`` of the grace has passed): the SDK cancels the requests in
+flight at its end of input, and a client that half-closed stdin after its last request
+(``printf … | agent-gateway serve``) lost their answers, their upstream calls cancelled. Blank
+lines are skipped, and a UTF-8 byte order mark that starts a line is dropped: JSON's RFC 8259
+lets a parser ignore one, and a client whose writer is set up with .NET's ``Encoding.UTF8``
+(which has a preamble) writes one before its first line. Read as part of the line, it made the
+client's ``initialize`` a line that is not JSON, answered ``-32700`` to a null id: the client
+waited for its answer until its own timeout.
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 self.ended.set()
-                with anyio.move_on_after(
-                    self.grace * CALL_SHARE
-                ):  # the SDK cancels those in flight at the end
+                # The SDK cancels the requests in flight at the end it is told: not before they
+                # are answered, or their share of the grace has passed.
+                with anyio.move_on_after(self.grace * CALL_SHARE):
                     await self.in_flight.all_answered()
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
