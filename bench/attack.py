@@ -41,6 +41,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   often the gateway reconnected it;
 - ``slow-bodies``: 300 connections, each sending 4 MiB - 1 byte of a body and never the
   last, held for 10 s: how many bodies the gateway holds, how many it refused;
+- ``unauthenticated-bodies``: 300 GETs and DELETEs without a token, each a chunked body begun
+  and never sent on, held for 10 s: how many were refused (401) at once;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
   ~900 KB of small JSON values in its capabilities, all kept open;
 - ``many-addresses``: the README's example (no auth), the attacker on 100 loopback addresses
@@ -727,6 +729,40 @@ async def slow_bodies(url: str, proc: Process, seconds: float) -> str:
     return f"{held} bodies held unfinished, {len(streams) - held} refused (503, closed)"
 
 
+async def unauthenticated_bodies(url: str, proc: Process, seconds: float) -> str:
+    """300 GETs and DELETEs without a token, each with a chunked body begun (its first chunk's
+    size line, one byte) and never sent on: how many were answered within a second, and how
+    many were still unanswered after ``seconds``."""
+    port = httpx.URL(url).port or 80
+    streams: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def one(method: str) -> None:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        streams.append((reader, writer))
+        writer.write(
+            f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n1".encode()
+        )
+        await writer.drain()
+
+    await asyncio.gather(*(one(("GET", "DELETE")[n % 2]) for n in range(300)), return_exceptions=True)
+
+    async def answered(reader: asyncio.StreamReader, within: float) -> bool:
+        try:
+            return bool(await asyncio.wait_for(reader.read(12), within))
+        except (TimeoutError, OSError):
+            return False
+
+    first = await asyncio.gather(*(answered(r, 1.0) for r, _ in streams))
+    await asyncio.sleep(seconds)
+    waiting = [r for (r, _), done in zip(streams, first, strict=True) if not done]
+    later = sum(await asyncio.gather(*(answered(r, 0.05) for r in waiting)))
+    for _, writer in streams:
+        writer.close()
+    unanswered = len(waiting) - later
+    return f"{sum(first)} of {len(streams)} answered within 1 s, {unanswered} unanswered {seconds:g} s later"
+
+
 async def big_initialize(url: str, proc: Process, seconds: float) -> str:
     """100 sessions opened by initialize requests of ~900 KB of small values each, kept open."""
     body = _initialize(75_000)
@@ -1248,6 +1284,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "loud-errors": (loud_errors, 15.0, None),
     "own-errors": (own_errors, 10.0, None),
     "slow-bodies": (slow_bodies, 10.0, None),
+    "unauthenticated-bodies": (unauthenticated_bodies, 10.0, None),
     "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),
     "patterns": (patterns, 10.0, None),

@@ -819,8 +819,11 @@ def test_uvicorns_protocol_keeps_its_cycle_and_pipeline_as_the_listener_reads_th
     # in the queue and the buffer uvicorn keeps them in.
     assert "self.pipeline.appendleft(" in inspect.getsource(HttpToolsProtocol.on_headers_complete)
     assert "self.cycle.body += body" in inspect.getsource(HttpToolsProtocol.on_body)
-    # The listener counts a head's lines in the list uvicorn keeps them in.
+    # The listener counts a head's lines in the list uvicorn keeps them in, and puts an
+    # absolute-form target's host there (the target as uvicorn keeps it, whole).
     assert "self.headers.append(" in inspect.getsource(HttpToolsProtocol.on_header)
+    assert "self.url += url" in inspect.getsource(HttpToolsProtocol.on_url)
+    assert '"headers": self.headers' in inspect.getsource(HttpToolsProtocol.on_message_begin)
     # An upgrade it does not take is reported in the one method the listener replaces.
     assert "self._unsupported_upgrade_warning()" in inspect.getsource(HttpToolsProtocol.data_received)
     assert "self.cycle.keep_alive = False" in inspect.getsource(HttpToolsProtocol.shutdown)

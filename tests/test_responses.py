@@ -61,9 +61,10 @@ class Session:
     http: httpx.AsyncClient
     gw: RunningGateway
     session_id: str = ""
+    content_type: str = "application/json"
 
     def headers(self) -> dict[str, str]:
-        headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+        headers = {"accept": "application/json, text/event-stream", "content-type": self.content_type}
         if self.session_id:
             headers |= {"mcp-session-id": self.session_id, "mcp-protocol-version": VERSION}
         return headers
@@ -97,19 +98,20 @@ def events(text: str) -> list[dict[str, Any]]:
 
 
 @asynccontextmanager
-async def session() -> AsyncIterator[Session]:
+async def session(content_type: str = "application/json") -> AsyncIterator[Session]:
     async with (
         serving_upstream(upstream()) as url,
         running_gateway({"upstreams": {"up": {"url": url}}}) as gw,
         httpx.AsyncClient(timeout=BOUND) as http,
     ):
-        client = Session(http, gw)
+        client = Session(http, gw, content_type=content_type)
         init = {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
         response = await http.post(
             gw.url,
             json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init},
             headers=client.headers(),
         )
+        assert response.status_code == 200, response.text
         client.session_id = response.headers["mcp-session-id"]
         await client.post({"method": "notifications/initialized"})
         yield client
@@ -122,6 +124,15 @@ async def test_a_call_that_sends_nothing_before_its_result_is_answered_with_one_
     [result] = answer.messages
     assert result["id"] == "up__echo"
     assert result["result"]["content"][0]["text"] == "hi"
+
+
+@pytest.mark.parametrize("content_type", ["APPLICATION/JSON", "Application/Json; Charset=UTF-8"])
+async def test_a_json_body_is_read_whatever_the_case_of_its_media_type(content_type: str) -> None:
+    # Media types are case-insensitive (RFC 9110 8.3.1): the SDK's handshake-era transport
+    # answered these 415, the session never opened (the modern era's were served).
+    async with session(content_type) as client:
+        answer = await client.call("up__echo", {"text": "hi"})
+    assert answer.messages[0]["result"]["content"][0]["text"] == "hi"
 
 
 async def test_a_tool_error_is_a_json_body_too() -> None:

@@ -188,6 +188,10 @@ class ServerConfig(_Strict):
     """On SIGTERM: seconds the calls in flight have to finish before they are cut off (new
     connections are refused at once, and notification streams closed so clients reconnect
     to another replica)."""
+    stdio_drain: Seconds = 5.0
+    """stdio: seconds from the end of the client's input (it closed stdin) until the gateway
+    stops, for the requests in flight to be answered (four fifths of it; those left are then
+    answered ``-32000 Connection closed``) and the answers to reach stdout."""
     allowed_hosts: tuple[str, ...] = ()
     """Host header values accepted besides loopback names and the bound address (DNS-rebinding
     protection); globs, ``*`` turns the check off."""

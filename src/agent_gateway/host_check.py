@@ -18,6 +18,12 @@ not (3 % of a call's CPU). So this check replaces it, on every route:
   depend on which layer reads it).
 
 Anything else gets 421 (Host), 403 (Origin) or 400 (a repeated header), before any route runs.
+
+A request whose target is in absolute form (``POST http://evil.example/mcp HTTP/1.1``) names
+its host there, and a server must take that in place of its Host header (RFC 9112 3.2.2):
+the listener does (``target_authority``), so the check is of the name the request is for.
+Before, the Host header alone was checked: a request for ``evil.example`` with a loopback
+Host was served.
 """
 
 from __future__ import annotations
@@ -35,6 +41,19 @@ from agent_gateway.refusals import refused
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)(?::(\d{1,5}))?$")
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _GLOB = re.compile(r"[*?\[]")
+
+
+def target_authority(target: bytes) -> bytes | None:
+    """The authority an absolute-form request target names (``http://a.example:80/mcp``:
+    ``a.example:80``), the Host the request is for; None for a target that is a path (or
+    ``*``). A target of any other form is its own authority: no Host is made of it."""
+    if target.startswith(b"/") or target == b"*":
+        return None
+    _, found, rest = target.partition(b"://")
+    authority = rest if found else target
+    for end in (b"/", b"?", b"#"):
+        authority = authority.split(end, 1)[0]
+    return authority
 
 
 def host_problem(host: str, bound_port: int | None, allowed: HostNames | None = None) -> str | None:

@@ -2,8 +2,8 @@
 
 Every POST to the endpoint (a request, a notification, an answer) passes here first:
 
-- The client is found (from its verified token; unauthenticated requests pass on untouched,
-  to be answered 401) and its rate limit taken, before a byte of the body is parsed: a
+- The client is found (from its verified token; unauthenticated requests, any method, pass on
+  unread: 401 at once, and closed if a body follows) and its rate limit taken, before a byte of the body is parsed: a
   client over its limit costs the gateway a lookup, never a parse.
 - A request that opens a session (a handshake-era ``initialize``, or a modern-era request,
   which is a session while it runs), once its body has passed the checks below: refused
@@ -120,11 +120,11 @@ class Admission:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
+            await self.app(scope, receive, request_body.closing_unread(scope, send))  # 401, unread
+            return
         if scope["method"] != "POST":
             await self._bodiless(scope, receive, send)
-            return
-        if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
-            await self.app(scope, receive, send)  # answered 401 by the auth middleware, unread
             return
         client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
         scope[IDENTIFIED] = client

@@ -38,8 +38,9 @@ are ``connection_made``, ``connection_lost``, ``on_headers_complete``,
 ``send_400_response``, ``_unsupported_upgrade_warning``, ``_start_asgi_task``, ``shutdown``,
 ``pause_writing``, ``resume_writing``, ``cycle`` (its ``response_complete``, ``disconnected``,
 ``message_event``), ``headers`` (which
-``on_header`` appends a head's and trailers' lines to), ``pipeline`` and ``transport``; ``tests/test_compat.py`` checks they still
-exist.
+``on_header`` appends a head's and trailers' lines to; an absolute-form target's authority
+replaces its Host there), ``url`` (the request target), ``pipeline`` and ``transport``;
+``tests/test_compat.py`` checks they still exist.
 
 The same protocol sends a response's head with its body: uvicorn writes the head when the
 response starts and the body when it comes, two system calls and two TCP segments for
@@ -60,6 +61,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from agent_gateway.addresses import client_key
 from agent_gateway.config import ConnectionsConfig
 from agent_gateway.head_with_body import HeadWithBody
+from agent_gateway.host_check import target_authority
 from agent_gateway.refusals import refused
 
 logger = logging.getLogger(__name__)
@@ -272,6 +274,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         def on_headers_complete(self) -> None:
             self._disarm()
             self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
+            if (authority := target_authority(self.url)) is not None:  # the Host it is for (host_check)
+                self.headers[:] = [(n, v) for n, v in self.headers if n != b"host"] + [(b"host", authority)]
             self._head_lines = len(self.headers)
             if len(self.pipeline) >= MAX_PIPELINED:
                 self._close_pipelined()

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import anyio
 from mcp_types import RequestId
-from starlette.types import Message, Receive, Scope
+from starlette.types import Message, Receive, Scope, Send
 
 from agent_gateway.errors import GatewayBusy
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
@@ -157,6 +157,21 @@ async def bodiless(scope: Scope, receive: Receive, deadline: float) -> Receive |
         if message["type"] == "http.request" and not message.get("body") and not message.get("more_body"):
             return replay(b"", receive)
     return None
+
+
+def closing_unread(scope: Scope, send: Send) -> Send:
+    """``send`` for a request answered with its body unread (a 401): with a body on the way,
+    the answer closes the connection, which was otherwise kept for the rest of the body, read
+    and dropped, until the next head's deadline (a trickle held it, and its descriptor)."""
+    if not (content_length(scope) or any(name == b"transfer-encoding" for name, _ in scope["headers"])):
+        return send
+
+    async def sending(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
+        await send(message)
+
+    return sending
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

@@ -119,7 +119,7 @@ async def _serve_stdio(gateway: Gateway, reloading: Reloading | None) -> None:
             values = gateway.config.server.max_body_elements
             async with (
                 gateway.running(),
-                StdinLines(limit, values) as requests,
+                StdinLines(limit, values, grace=gateway.config.server.stdio_drain) as requests,
                 anyio.create_task_group() as serving,
             ):
                 if reloading is not None:

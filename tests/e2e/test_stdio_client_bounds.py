@@ -27,13 +27,16 @@ pytestmark = pytest.mark.e2e
 FLOOD = 3000
 
 
-def stdio_config(tmp_path: Path, calls: Path, recorded: Path | None = None) -> Path:
+def stdio_config(
+    tmp_path: Path, calls: Path, recorded: Path | None = None, drain: float | None = None
+) -> Path:
     raw = python_upstream("raw_stdio.py", env={"RAW_CALLS": str(calls)})
     upstreams = {"raw": raw, "slow": python_upstream("faulty.py")}
     if recorded is not None:  # an upstream that writes what reaches it there (tests/servers/recorder.py)
         upstreams["rec"] = python_upstream("recorder.py", env={"RECORDER_LOG": str(recorded)})
     path = tmp_path / "gateway.yaml"
-    path.write_text(yaml.safe_dump({"server": {"transport": "stdio"}, "upstreams": upstreams}))
+    server: dict[str, Any] = {"transport": "stdio"} | ({"stdio_drain": drain} if drain is not None else {})
+    path.write_text(yaml.safe_dump({"server": server, "upstreams": upstreams}))
     return path
 
 
@@ -91,7 +94,7 @@ async def test_a_client_reading_no_answers_is_held_back_and_its_end_of_input_end
     # the gateway (1.1 GB, its upstreams running) for as long as the client lived.
     calls = tmp_path / "calls"
     stderr = tmp_path / "gateway.stderr"
-    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))]
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls, drain=1))]
     with stderr.open("wb") as log:
         # Pipes no reader drains: the kernel's 64 KiB of answers, no event loop's read-ahead.
         gateway = subprocess.Popen(
@@ -121,7 +124,7 @@ async def test_a_client_reading_no_answers_is_held_back_and_its_end_of_input_end
             if pipe is not None:
                 pipe.close()
     await all_exited(children)
-    assert "input ended 5 s ago and the answers left are not taken: stopping" in stderr.read_text()
+    assert "input ended 1 s ago and the answers left are not taken: stopping" in stderr.read_text()
 
 
 async def _written(fd: int, data: bytes) -> None:
@@ -160,6 +163,39 @@ async def test_a_stdio_requests_long_id_or_an_id_in_flight_is_refused_as_over_ht
     assert recorded(calls) == 1  # id 8 alone reached the upstream
 
 
+def _in_flight(recorded: Path) -> int:
+    """The calls the recorder upstream has started."""
+    return (recorded.read_text() if recorded.exists() else "").count('"started"')
+
+
+async def test_a_call_in_flight_when_the_client_closes_stdin_completes_upstream_and_is_answered(
+    tmp_path: Path,
+) -> None:
+    # Before, the SDK cancelled it at the end of input (the upstream told, the client answered
+    # "Connection closed"), though the answers in flight were promised WRITE_GRACE to be written.
+    # A call longer than the grace (server.stdio_drain, here 2 s) is still answered so, and
+    # its upstream told.
+    calls, recorded = tmp_path / "calls", tmp_path / "recorded"
+    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls, recorded, drain=2))]
+    process = await anyio.open_process(args, env=gateway_env())
+    async with process:
+        replies = await initialized(process)
+        assert process.stdin is not None
+        await process.stdin.send(call(2, "rec__wait", seconds=0.5) + call(3, "rec__wait", seconds=120))
+        with anyio.fail_after(BOUND):
+            while _in_flight(recorded) < 2:
+                await anyio.sleep(0.05)
+        await process.stdin.aclose()  # half-closed: its stdout is still read
+        with anyio.fail_after(BOUND):
+            answers = [json.loads(await replies.receive_until(b"\n", 1_000_000)) for _ in range(2)]
+            await process.wait()
+    done, given_up = sorted(answers, key=lambda answer: answer["id"])
+    assert done.get("result", {}).get("content", [{}])[0].get("text") == "done", done
+    assert given_up["error"]["message"] == "Connection closed", given_up
+    events = [json.loads(line)["event"] for line in recorded.read_text().splitlines()]
+    assert events.count("handler_cancelled") == 1, events
+
+
 async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_and_upstreams_reaped(
     tmp_path: Path,
 ) -> None:
@@ -184,7 +220,7 @@ async def test_a_client_that_closes_stdout_ends_the_gateway_its_calls_cancelled_
         gateway.stdin.write(call(1, "rec__wait", seconds=120))
         gateway.stdin.flush()
         with anyio.fail_after(BOUND):  # in flight at the upstream
-            while '"started"' not in (recorded.read_text() if recorded.exists() else ""):
+            while not _in_flight(recorded):
                 await anyio.sleep(0.05)
         gateway.stdout.close()  # the client reads no more; its stdin stays open
         gateway.stdin.write(call(2))  # whose answer finds stdout closed

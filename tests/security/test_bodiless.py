@@ -40,9 +40,10 @@ def _library() -> FastMCP:
 
 
 @asynccontextmanager
-async def _gateway() -> AsyncIterator[RunningGateway]:
+async def _gateway(**connections: float) -> AsyncIterator[RunningGateway]:
     async with serving_upstream(_library()) as url:
         config = {
+            "server": {"connections": connections},
             "upstreams": {"library": {"url": url}},
             "auth": {
                 "mode": "bearer",
@@ -57,17 +58,21 @@ async def _gateway() -> AsyncIterator[RunningGateway]:
             yield gw
 
 
-async def _unfinished_body(url: str, method: str, framing: str) -> tuple[Any, Any]:
+async def _unfinished_body(
+    url: str, method: str, framing: str, token: str | None = ATTACKER_TOKEN, body: bytes | None = None
+) -> tuple[Any, Any]:
     """A ``method`` request from the attacker with a body it never finishes: ``SENT`` bytes of
-    ``DECLARED`` (``Content-Length``), or one chunk of ``SENT`` bytes (chunked)."""
+    ``DECLARED`` (``Content-Length``), or one chunk of ``SENT`` bytes (chunked), or ``body``."""
     parts = urlsplit(url)
     reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
     framed = f"Content-Length: {DECLARED}" if framing == "length" else "Transfer-Encoding: chunked"
+    credential = f"Authorization: Bearer {token}\r\n" if token is not None else ""
     head = (
-        f"{method} {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nAuthorization: Bearer {ATTACKER_TOKEN}\r\n"
+        f"{method} {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{credential}"
         f"Accept: text/event-stream\r\nMcp-Session-Id: {'a' * 32}\r\n{framed}\r\n\r\n"
     )
-    body = b" " * SENT if framing == "length" else f"{SENT:x}\r\n".encode() + b" " * SENT + b"\r\n"
+    if body is None:
+        body = b" " * SENT if framing == "length" else f"{SENT:x}\r\n".encode() + b" " * SENT + b"\r\n"
     writer.write(head.encode() + body)
     await writer.drain()
     return reader, writer
@@ -98,6 +103,31 @@ async def test_a_request_other_than_a_post_carrying_a_body_is_refused_unread(
                 writer.close()
     assert all(answer.startswith(b"HTTP/1.1 400") for answer in answers), [a[:200] for a in answers]
     assert f"a {method} request carries no body".encode() in answers[0]
+    assert not served.is_error
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "POST"])
+async def test_an_unauthenticated_chunked_request_is_refused_at_once_and_closed_not_after_its_bodys_deadline(
+    method: str,
+) -> None:
+    # Before, a GET's or DELETE's first chunk was waited for (body_timeout, here far past the
+    # wait), then refused 400; any method's 401 kept the connection for the rest of the body
+    # until the next head's deadline or the keep-alive's end (here far past it too).
+    slow = {"body_timeout": 600, "header_timeout": 600, "keep_alive_timeout": 3600}
+    async with (
+        _gateway(**slow) as gw,
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+    ):
+        # The head, then a chunk's size line begun and never ended (a trickle's first byte).
+        held = [await _unfinished_body(gw.url, method, "chunked", None, b"1") for _ in range(20)]
+        try:
+            with anyio.fail_after(WAIT):
+                answers = [await _answer_of(reader) for reader, _ in held]  # to the connection's end
+            served = await bystander.call_tool("library__echo", {"text": "y"})
+        finally:
+            for _, writer in held:
+                writer.close()
+    assert all(answer.startswith(b"HTTP/1.1 401") for answer in answers), [a[:200] for a in answers]
     assert not served.is_error
 
 

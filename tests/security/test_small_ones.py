@@ -4,6 +4,7 @@ private conversation files, and a bounded exit when the collector is unreachable
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import stat
@@ -28,7 +29,7 @@ from agent_gateway.catalog_parts import Listing
 from agent_gateway.config_files import parse_config
 from agent_gateway.host_check import HostNames
 from tests.agent.scripted import ScriptedChatModel, answer
-from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, client
+from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, INITIALIZE, client
 from tests.support import RunningGateway, free_socket, gateway_env, ready, running_gateway, serving_upstream
 
 
@@ -87,6 +88,42 @@ async def test_host_and_origin_are_compared_exactly() -> None:
         assert (await http.get(health, headers=other)).status_code == 403
         own = {"Origin": f"http://127.0.0.1:{port}"}
         assert (await http.get(health, headers=own)).status_code == 200
+
+
+async def _head_of(port: int, request: str) -> bytes:
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(request.encode())
+        answer = b""
+        with anyio.fail_after(10):
+            while b"\r\n\r\n" not in answer:
+                answer += await stream.receive()
+    return answer
+
+
+async def test_an_absolute_form_target_is_checked_as_the_host_it_names_not_the_host_header() -> None:
+    # Before, the Host header alone was checked: a request for http://evil.example/mcp with a
+    # loopback Host opened a session (RFC 9112 3.2.2: the target's host is the one that counts).
+    async with library() as gw, client(gw.url, BYSTANDER_TOKEN) as bystander:
+        port = httpx.URL(gw.base).port
+        assert port is not None
+        body = json.dumps(INITIALIZE)
+
+        def post(target: str, host: str) -> str:
+            return (
+                f"POST {target} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {ATTACKER_TOKEN}\r\n"
+                "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n{body}"
+            )
+
+        loopback = f"127.0.0.1:{port}"
+        for target in ("http://evil.example/mcp", f"http://evil.example:{port}/mcp", "https://x@127.0.0.1/mcp"):
+            answer = await _head_of(port, post(target, loopback))
+            assert answer.startswith(b"HTTP/1.1 421 "), (target, answer[:100])
+        # The target's loopback name passes, whatever the Host header says.
+        answer = await _head_of(port, post(f"http://{loopback}/mcp", "evil.example"))
+        assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
+        served = await bystander.call_tool("library__echo", {"text": "y"})
+    assert not served.is_error
 
 
 async def test_only_loopback_names_the_bound_address_and_allowed_hosts_pass_as_host() -> None:

@@ -1,23 +1,20 @@
 """How a handshake-era ``POST`` is answered: one JSON body, unless the call has something to stream.
 
 The SDK's handshake-era transport answers every request with an SSE stream, even the
-(overwhelmingly common) call that sends nothing before its result. That stream costs both
-ends: a response task group of four tasks on the gateway, an SSE parser on the client; in
+(overwhelmingly common) call that sends nothing before its result. That stream costs both ends:
+a response task group of four tasks on the gateway, an SSE parser on the client; in
 ``bench/overhead.py`` it was a third of the gateway's CPU per call and about 0.7 ms of the
-client's. The spec lets the server pick ``application/json`` or ``text/event-stream`` per
-request, and the SDK's own modern-era path already defers the choice. This does the same
-for the handshake era: the response waits until the call's first message. The result alone
-goes back as JSON. Anything sent before it (progress, a log line, a sampling or elicitation
-request) commits the stream, and so does ``PING_INTERVAL`` of silence, as the SDK's
-keepalive would. Everything else stays the SDK's: sessions, validation, error answers,
-resumability. With an event store (several replicas) every message is still stored, and a
-call that streams carries its events' ids, so a dropped stream resumes; what is not sent is
-the SDK's priming event, which lets a client resume a stream that dropped before its first
-event: here no stream exists before its first event, and a POST that drops before any answer
-is retried by the client.
+client's. The spec lets the server pick JSON or a stream per request (the SDK's modern-era path
+defers the choice); so does this, in the handshake era: the response waits for the call's first
+message. A result alone goes back as JSON; anything before it (progress, a log line, a sampling
+or elicitation request) commits the stream, as does ``PING_INTERVAL`` of silence (the SDK's
+keepalive). Everything else stays the SDK's: sessions, validation, error answers, resumability.
+With an event store (several replicas) every message is still stored, and a call that streams
+carries its events' ids, so a dropped stream resumes; what is not sent is the SDK's priming
+event (none exists before its first event here, and a POST dropped unanswered is retried).
 
-It lives in ``compat/``: it is built of the SDK transport's private state (``tests/test_compat.py``
-lists each) and swaps the class of FastMCP's session manager and of each transport it makes.
+In ``compat/``: built of the SDK transport's private state (``tests/test_compat.py`` lists each),
+it swaps the class of FastMCP's session manager and of each transport it makes.
 """
 
 from __future__ import annotations
@@ -62,6 +59,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent_gateway.compat import exchange
 from agent_gateway.compat.exchange import ModernLane
+from agent_gateway.compat.headers import names_json
 from agent_gateway.compat.lane import (
     Answering,
     Committing,
@@ -102,6 +100,9 @@ class DeferredStreamTransport(ReplayFromStore):
     _served: set[anyio.CancelScope]
     """The calls served in their POSTs' tasks, cancelled when the session ends."""
     answering: Answering
+
+    def _check_content_type(self, request: Request) -> bool:
+        return names_json(request.headers.get("content-type", ""))  # the SDK's, but in any case
 
     async def _handle_post_request(
         self, scope: Scope, request: Request, receive: Receive, send: Send

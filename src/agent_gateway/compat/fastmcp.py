@@ -27,7 +27,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError
 
 from agent_gateway.downstream.stdin import StdinLines
-from agent_gateway.downstream.stdout import WRITE_GRACE, AnsweringStream, StdoutLines
+from agent_gateway.downstream.stdout import AnsweringStream, StdoutLines
 from agent_gateway.errors import KeysUnavailable
 
 logger = logging.getLogger(__name__)
@@ -84,8 +84,9 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
     written by ``downstream/stdout.py`` instead of the SDK's writer, which a client not
     reading held for ever; a request is read while fewer than ``MAX_IN_FLIGHT`` are
     unanswered; a request too long to read, or malformed, is answered with an error on the
-    SDK's stream to stdout. Once the input has ended, the answers left are given
-    ``WRITE_GRACE`` to be taken; once stdout is closed, nobody takes them, and serving stops at
+    SDK's stream to stdout. Once the input has ended, the requests in flight are given most of
+    ``requests.grace`` to be answered (the SDK is told of the end only then: at its end it
+    cancels them) and their answers all of it to be taken; once stdout is closed, nobody takes them, and serving stops at
     once (the calls in flight cancelled, their upstreams told). The rest is theirs: FastMCP's
     transport marker and lifespan, the SDK's stdio transport, the low-level server's loop."""
     token = set_transport("stdio")
@@ -93,10 +94,10 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
         lowlevel = lowlevel_server(server)
         async with (
             server._lifespan_manager(),  # pyright: ignore[reportPrivateUsage]
-            StdoutLines() as answers,
+            StdoutLines(grace=requests.grace) as answers,
             anyio.create_task_group() as tg,
         ):
-            tg.start_soon(_stopped_after_grace, requests.ended, tg.cancel_scope)
+            tg.start_soon(_stopped_after_grace, requests.ended, tg.cancel_scope, requests.grace)
             tg.start_soon(_stopped_when_unread, answers.closed, tg.cancel_scope)
             # The SDK reads and writes any object with the methods its loops call; its hint
             # names its own.
@@ -110,11 +111,11 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
         reset_transport(token)
 
 
-async def _stopped_after_grace(ended: anyio.Event, serving: anyio.CancelScope) -> None:
+async def _stopped_after_grace(ended: anyio.Event, serving: anyio.CancelScope, grace: float) -> None:
     """A client whose input has ended and that takes no more answers is not waited for."""
     await ended.wait()
-    await anyio.sleep(WRITE_GRACE)
-    logger.warning("stdio: input ended %g s ago and the answers left are not taken: stopping", WRITE_GRACE)
+    await anyio.sleep(grace)
+    logger.warning("stdio: input ended %g s ago and the answers left are not taken: stopping", grace)
     serving.cancel()
 
 

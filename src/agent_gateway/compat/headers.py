@@ -1,5 +1,5 @@
 """A request's headers looked up in a dict: the modern lane's checks and the call's handlers
-look them up a dozen times a call (``compat/exchange.py``)."""
+look them up a dozen times a call (``compat/exchange.py``); a ``Content-Type`` read as JSON."""
 
 from __future__ import annotations
 
@@ -51,3 +51,10 @@ class IndexedRequest(Request):
     @property
     def headers(self) -> IndexedHeaders:
         return self._indexed
+
+
+def names_json(content_type: str) -> bool:
+    """Whether a ``Content-Type`` value is ``application/json`` (parameters aside), in any case:
+    media types are case-insensitive (RFC 9110 8.3.1). The SDK's handshake-era transport
+    compared it case by case, and answered ``APPLICATION/JSON`` 415."""
+    return any(part.strip().lower() == "application/json" for part in content_type.split(";")[0].split(","))

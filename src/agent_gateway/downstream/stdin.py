@@ -11,11 +11,15 @@ hand-over; the thread, if blocked in its read, ends with the process. A read err
 input, as end of file does. A line longer than ``limit`` is read through, not held, and its
 request refused (``refuse``), as an HTTP body over the same bound is; a line the SDK would
 drop without a word (not JSON, a batch, an id it cannot answer: ``malformed``) is refused too.
-Each refusal is one WARNING line. Blank lines are skipped, and a UTF-8 byte order mark that
-starts a line is dropped: JSON's RFC 8259 lets a parser ignore one, and a client whose writer
-is set up with .NET's ``Encoding.UTF8`` (which has a preamble) writes one before its first
-line. Read as part of the line, it made the client's ``initialize`` a line that is not JSON,
-answered ``-32700`` to a null id: the client waited for its answer until its own timeout.
+Each refusal is one WARNING line. The end of input is told to the SDK only once every request
+read is answered (or ``CALL_SHARE`` of the grace has passed): the SDK cancels the requests in
+flight at its end of input, and a client that half-closed stdin after its last request
+(``printf … | agent-gateway serve``) lost their answers, their upstream calls cancelled. Blank
+lines are skipped, and a UTF-8 byte order mark that starts a line is dropped: JSON's RFC 8259
+lets a parser ignore one, and a client whose writer is set up with .NET's ``Encoding.UTF8``
+(which has a preamble) writes one before its first line. Read as part of the line, it made the
+client's ``initialize`` a line that is not JSON, answered ``-32700`` to a null id: the client
+waited for its answer until its own timeout.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from agent_gateway.body_shape import is_request, problem, too_long
 from agent_gateway.downstream.malformed import Malformed, malformed, not_utf8, refusal, too_many_values
-from agent_gateway.downstream.stdout import InFlight
+from agent_gateway.downstream.stdout import CALL_SHARE, WRITE_GRACE, InFlight
 from agent_gateway.logs import clipped
 from agent_gateway.refusals import refused
 from agent_gateway.upstreams.stdio import request_id_of
@@ -68,10 +72,12 @@ class _TooLong:
 class StdinLines:
     """The lines of ``fd`` (stdin by default), as text, for the SDK's stdio transport."""
 
-    def __init__(self, limit: int, values: int, fd: int = 0) -> None:
+    def __init__(self, limit: int, values: int, fd: int = 0, grace: float = WRITE_GRACE) -> None:
         self._limit = limit
         self._values = values
         self._fd = fd
+        self.grace = grace
+        """Seconds from the end of input until serving stops (``server.stdio_drain``)."""
         send, receive = anyio.create_memory_object_stream[bytes | _TooLong](0)
         self._send: MemoryObjectSendStream[bytes | _TooLong] = send
         self._receive: MemoryObjectReceiveStream[bytes | _TooLong] = receive
@@ -105,6 +111,10 @@ class StdinLines:
                 line = await self._receive.receive()
             except (anyio.EndOfStream, anyio.ClosedResourceError):
                 self.ended.set()
+                # The SDK cancels the requests in flight at the end it is told: not before they
+                # are answered, or their share of the grace has passed.
+                with anyio.move_on_after(self.grace * CALL_SHARE):
+                    await self.in_flight.all_answered()
                 raise StopAsyncIteration from None
             if isinstance(line, _TooLong):
                 await self._too_long(line)

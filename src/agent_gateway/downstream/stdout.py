@@ -44,7 +44,13 @@ MAX_IN_FLIGHT = 64
 """Requests of a stdio client served at once, their answers not yet handed to stdout (as a
 client's ``max_concurrency`` over HTTP): past it the next line is not read."""
 WRITE_GRACE = 5.0
-"""Seconds the answers left are given to reach stdout once the client's input has ended."""
+"""Seconds from the end of the client's input until serving stops, by default
+(``server.stdio_drain``): for the requests in flight to be answered and their answers to
+reach stdout."""
+CALL_SHARE = 0.8
+"""Of that grace, the share the requests in flight get to be answered (``stdin.StdinLines``
+tells the SDK of the end only then); the SDK answers those left ``-32000 Connection closed``
+in the time left (it gives each such write 1 s)."""
 
 
 class InFlight:
@@ -65,6 +71,11 @@ class InFlight:
     async def answer(self) -> None:
         """Wait for the next answer handed to stdout."""
         await self._answered.wait()
+
+    async def all_answered(self) -> None:
+        """Wait until every request read has its answer handed to stdout."""
+        while self._ids:
+            await self.answer()
 
     def add(self, request_id: types.RequestId) -> None:
         self._ids.add(request_id)
@@ -95,8 +106,9 @@ class StdoutLines:
     """What the SDK's stdio transport writes to stdout (``write``, ``flush``), written by a
     daemon thread to a duplicate of fd 1, fd 1 itself pointed at stderr meanwhile."""
 
-    def __init__(self, fd: int = 1) -> None:
+    def __init__(self, fd: int = 1, grace: float = WRITE_GRACE) -> None:
         self._fd = fd
+        self._grace = grace
         send, receive = anyio.create_memory_object_stream[bytes](0)
         self._send: MemoryObjectSendStream[bytes] = send
         self._receive: MemoryObjectReceiveStream[bytes] = receive
@@ -116,7 +128,7 @@ class StdoutLines:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._send.close()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(WRITE_GRACE):
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self._grace):
             await self._written.wait()  # what was handed over is written, or the client reads no more
         self._receive.close()  # the thread, if blocked in its write, ends with the process
         os.dup2(self._wire, self._fd)
