@@ -152,3 +152,17 @@ async def test_a_stdio_upstreams_lines_of_noise_without_end_fail_its_calls_and_i
         session = faulted.gw.gateway.pool.get("faulty")
         await wait_until(lambda: session.connections == 2 and session.state == "up", WAIT)
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"  # restarted
+
+
+async def test_a_stdio_upstreams_start_up_banner_of_2000_lines_is_not_taken_for_noise() -> None:
+    # A server that prints its start-up (a banner, its progress loading) to stdout before
+    # serving: 2,000 lines, 92 KB, none a message, ahead of its answer to ``initialize``. Once
+    # bounded as noise past 1,024 lines (or 64 KiB), its session was lost before it answered,
+    # at every restart: the upstream never came up. Before the bound, the lines were dropped.
+    banner = faulty_stdio(env={"FAULTY_BANNER": "2000"})
+    async with gateway_under_fault({"banner": banner}) as faulted, Client(faulted.gw.url) as client:
+        session = faulted.gw.gateway.pool.get("banner")
+        await wait_until(lambda: session.state == "up", WAIT)
+        with anyio.fail_after(WAIT):
+            assert text_of(await client.call_tool("banner__ping", {})) == "pong"
+        assert session.connections == 1  # never lost (and restarted) for its banner

@@ -157,6 +157,7 @@ async def noise(lines: int, line: str = "") -> str:
 
 
 def _write_lines(lines: int, line: bytes) -> None:
+    """Write ``lines`` copies of ``line`` to the wire."""
     batch = 65536 // len(line) + 1
     for start in range(0, lines, batch):
         data = memoryview(line * min(batch, lines - start))
@@ -168,6 +169,9 @@ def _write_lines(lines: int, line: bytes) -> None:
 
 
 if __name__ == "__main__":
+    # FAULTY_BANNER=N: N lines of a start-up banner on the wire before serving, as a server
+    # that prints its progress to stdout does (its output is no message).
+    _write_lines(int(os.environ.get("FAULTY_BANNER", "0")), b"starting: loading the models, please wait...\n")
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run(
             transport="http", host="127.0.0.1", port=int(sys.argv[2]), show_banner=False, log_level="WARNING"

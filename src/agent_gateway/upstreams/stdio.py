@@ -94,7 +94,7 @@ async def _read(
     told: _Told,
 ) -> None:
     assert process.stdout is not None
-    lines, quiet = Lines(limit), QuietCount()
+    lines, quiet = Lines(limit), QuietCount(started=False)  # its banner's allowance first
     async with incoming:
         with (
             reading,
