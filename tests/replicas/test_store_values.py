@@ -5,6 +5,7 @@ replica serves its other clients on."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -70,8 +71,19 @@ async def test_a_huge_value_in_a_session_record_is_not_read_and_the_replica_serv
     assert "over 1048576: not read" in log
 
 
+def one_huge_value(stream: bytes, n: int) -> dict[bytes, bytes]:
+    return {b"s": stream, b"i": f"peer-{n}/x".encode(), b"m": b"x" * HUGE}
+
+
+def many_fields(stream: bytes, n: int) -> dict[bytes, bytes]:
+    """As large, in fields of 1 KiB each (a replica writes three: s, i and m)."""
+    fields = {f"f{k}".encode(): b"x" * 1024 for k in range(HUGE >> 10)}
+    return {b"s": stream, b"i": f"peer-{n}/x".encode(), b"m": b"{}", **fields}
+
+
+@pytest.mark.parametrize("event", [one_huge_value, many_fields], ids=["one-huge-value", "many-fields"])
 async def test_a_huge_event_in_a_resumed_stream_is_not_read_and_the_replica_serves_on(
-    redis: Redis, prefix: str, tmp_path: Path
+    redis: Redis, prefix: str, tmp_path: Path, event: Callable[[bytes, int], dict[bytes, bytes]]
 ) -> None:
     async with (
         serving_upstream(visits_server()) as upstream,
@@ -97,8 +109,7 @@ async def test_a_huge_event_in_a_resumed_stream_is_not_read_and_the_replica_serv
                     await anyio.sleep(0.02)
             stored = cast("list[Any]", await peer.xrange(key, count=1))  # redis-py: a union
             for n in range(2):  # what a compromised peer could add to the stream
-                entry = {b"s": stored[0][1][b"s"], b"i": f"peer-{n}/x".encode(), b"m": b"x" * HUGE}
-                await peer.xadd(key, entry)  # pyright: ignore[reportArgumentType]
+                await peer.xadd(key, event(stored[0][1][b"s"], n))  # pyright: ignore[reportArgumentType]
         pid = cluster.processes[1].pid
         reset_peak(pid)
         before = memory_mb(pid, "VmRSS")
