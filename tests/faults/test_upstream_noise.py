@@ -166,3 +166,15 @@ async def test_a_stdio_upstreams_start_up_banner_of_2000_lines_is_not_taken_for_
         with anyio.fail_after(WAIT):
             assert text_of(await client.call_tool("banner__ping", {})) == "pong"
         assert session.connections == 1  # never lost (and restarted) for its banner
+
+
+async def test_a_stdio_upstreams_oversized_notification_is_dropped_not_taken_for_noise() -> None:
+    # A notification over max_message_bytes has no id to answer: it is dropped, saying why, as
+    # before the noise bound. Counted as noise by its size, one of them (64 KiB past the bound)
+    # lost the session and failed every call in flight on it, the process restarted.
+    upstream = faulty_stdio(max_message_bytes=1 << 20)
+    async with gateway_under_fault({"faulty": upstream}) as faulted, Client(faulted.gw.url) as client:
+        with anyio.fail_after(WAIT):
+            noted = await client.call_tool("faulty__oversized_note", {"size": 2 << 20})
+        assert text_of(noted) == "answered", text_of(noted)
+        assert faulted.gw.gateway.pool.get("faulty").connections == 1  # never lost

@@ -110,6 +110,16 @@ async def mangled(ctx: Context) -> str:
 
 
 @server.tool
+def oversized_note(size: int) -> str:
+    """Write a log notification of about ``size`` bytes on the wire (no id: nothing answers
+    it), then answer."""
+    params = {"level": "info", "data": "x" * size}
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+    _write_lines(1, note.encode() + b"\n")
+    return "answered"
+
+
+@server.tool
 def garbage() -> str:
     """Write a line that is not JSON-RPC on stdout, then answer normally."""
     _write_raw("this is not json {")
