@@ -121,7 +121,7 @@ class Admission:
             await self.app(scope, receive, send)
             return
         if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
-            await self.app(scope, receive, request_body.closing_unread(scope, send))  # 401, unread
+            await request_body.answered_unread(self.app, scope, receive, send)  # 401
             return
         if scope["method"] != "POST":
             await self._bodiless(scope, receive, send)
