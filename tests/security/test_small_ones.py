@@ -116,7 +116,11 @@ async def test_an_absolute_form_target_is_checked_as_the_host_it_names_not_the_h
             )
 
         loopback = f"127.0.0.1:{port}"
-        for target in ("http://evil.example/mcp", f"http://evil.example:{port}/mcp", "https://x@127.0.0.1/mcp"):
+        for target in (
+            "http://evil.example/mcp",
+            f"http://evil.example:{port}/mcp",
+            "https://x@127.0.0.1/mcp",
+        ):
             answer = await _head_of(port, post(target, loopback))
             assert answer.startswith(b"HTTP/1.1 421 "), (target, answer[:100])
         # The target's loopback name passes, whatever the Host header says.
