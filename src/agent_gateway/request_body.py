@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import anyio
 from mcp_types import RequestId
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.errors import GatewayBusy
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
@@ -159,19 +159,41 @@ async def bodiless(scope: Scope, receive: Receive, deadline: float) -> Receive |
     return None
 
 
-def closing_unread(scope: Scope, send: Send) -> Send:
-    """``send`` for a request answered with its body unread (a 401): with a body on the way,
-    the answer closes the connection, which was otherwise kept for the rest of the body, read
-    and dropped, until the next head's deadline (a trickle held it, and its descriptor)."""
-    if not (content_length(scope) or any(name == b"transfer-encoding" for name, _ in scope["headers"])):
-        return send
+DRAIN_BYTES = 4 * 2**20
+"""The largest body read and dropped before a 401 (``server.max_body_bytes``' ceiling)."""
+DRAIN_WITHIN = 2.0
+"""Seconds such a body is given to arrive."""
 
-    async def sending(message: Message) -> None:
+
+async def answered_unread(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """``app``'s answer (a 401) to a request whose body is not for it. A body of a declared
+    ``Content-Length`` up to ``DRAIN_BYTES`` is read and dropped first, ``DRAIN_WITHIN`` at most:
+    answered and closed while its client still sent it, the connection was reset under the
+    client's unread bytes, and a client whose token had expired never read the 401 that says
+    so (an 8 MiB POST on loopback; over a network, far less). Any other body (chunked, larger,
+    or later): answered at once and the connection closed, which was otherwise kept for the
+    rest of the body until the next head's deadline (a trickle held it, and its descriptor)."""
+    declared = content_length(scope) or 0
+    chunked = any(name == b"transfer-encoding" for name, _ in scope["headers"])
+    if not chunked and (not declared or (declared <= DRAIN_BYTES and await _drained(receive))):
+        await app(scope, receive, send)
+        return
+
+    async def closing(message: Message) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
         await send(message)
 
-    return sending
+    await app(scope, receive, closing)
+
+
+async def _drained(receive: Receive) -> bool:
+    """Whether the body was read to its end within ``DRAIN_WITHIN`` (dropped as it came)."""
+    with anyio.move_on_after(DRAIN_WITHIN):
+        while (message := await receive())["type"] == "http.request":
+            if not message.get("more_body", False):
+                return True
+    return False
 
 
 def replay(body: bytes, receive: Receive) -> Receive:

@@ -152,3 +152,29 @@ async def test_a_stdio_upstreams_lines_of_noise_without_end_fail_its_calls_and_i
         session = faulted.gw.gateway.pool.get("faulty")
         await wait_until(lambda: session.connections == 2 and session.state == "up", WAIT)
         assert text_of(await client.call_tool("faulty__ping", {})) == "pong"  # restarted
+
+
+async def test_a_stdio_upstreams_start_up_banner_of_2000_lines_is_not_taken_for_noise() -> None:
+    # A server that prints its start-up (a banner, its progress loading) to stdout before
+    # serving: 2,000 lines, 92 KB, none a message, ahead of its answer to ``initialize``. Once
+    # bounded as noise past 1,024 lines (or 64 KiB), its session was lost before it answered,
+    # at every restart: the upstream never came up. Before the bound, the lines were dropped.
+    banner = faulty_stdio(env={"FAULTY_BANNER": "2000"})
+    async with gateway_under_fault({"banner": banner}) as faulted, Client(faulted.gw.url) as client:
+        session = faulted.gw.gateway.pool.get("banner")
+        await wait_until(lambda: session.state == "up", WAIT)
+        with anyio.fail_after(WAIT):
+            assert text_of(await client.call_tool("banner__ping", {})) == "pong"
+        assert session.connections == 1  # never lost (and restarted) for its banner
+
+
+async def test_a_stdio_upstreams_oversized_notification_is_dropped_not_taken_for_noise() -> None:
+    # A notification over max_message_bytes has no id to answer: it is dropped, saying why, as
+    # before the noise bound. Counted as noise by its size, one of them (64 KiB past the bound)
+    # lost the session and failed every call in flight on it, the process restarted.
+    upstream = faulty_stdio(max_message_bytes=1 << 20)
+    async with gateway_under_fault({"faulty": upstream}) as faulted, Client(faulted.gw.url) as client:
+        with anyio.fail_after(WAIT):
+            noted = await client.call_tool("faulty__oversized_note", {"size": 2 << 20})
+        assert text_of(noted) == "answered", text_of(noted)
+        assert faulted.gw.gateway.pool.get("faulty").connections == 1  # never lost

@@ -177,3 +177,32 @@ async def test_a_delete_with_an_empty_body_ends_its_session(framing: str) -> Non
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert after.status_code == 404, after.text  # the session is gone
     assert not served.is_error
+
+
+@pytest.mark.parametrize("size", [64 << 10, 4 << 20], ids=["64KiB", "4MiB"])
+async def test_a_post_whose_token_is_refused_gets_its_401_whatever_its_bodys_size(size: int) -> None:
+    # A client whose token expired learns it from the 401 (and refreshes it): the answer must
+    # reach it while it is still sending its body, not a reset connection in its place.
+    async with _gateway() as gw, httpx.AsyncClient(timeout=WAIT) as http:
+        headers = {**HEADERS, "Authorization": "Bearer expired-or-wrong"}
+        answer = await http.post(gw.url, content=b" " * size, headers=headers)
+    assert answer.status_code == 401, answer.text
+
+
+async def test_an_unauthenticated_trickle_of_a_declared_body_is_answered_and_closed_within_its_drain() -> (
+    None
+):
+    # A declared body a 401 waits for (its client may be mid-send) is given DRAIN_WITHIN, not
+    # the connection's deadlines: a trickle is answered and closed then, a bystander served.
+    slow = {"body_timeout": 600, "header_timeout": 600, "keep_alive_timeout": 3600}
+    async with _gateway(**slow) as gw, client(gw.url, BYSTANDER_TOKEN) as bystander:
+        held = [await _unfinished_body(gw.url, "POST", "length", None, b" ") for _ in range(20)]
+        try:
+            with anyio.fail_after(WAIT):
+                answers = [await _answer_of(reader) for reader, _ in held]  # to the connection's end
+            served = await bystander.call_tool("library__echo", {"text": "y"})
+        finally:
+            for _, writer in held:
+                writer.close()
+    assert all(answer.startswith(b"HTTP/1.1 401") for answer in answers), [a[:200] for a in answers]
+    assert not served.is_error

@@ -110,6 +110,16 @@ async def mangled(ctx: Context) -> str:
 
 
 @server.tool
+def oversized_note(size: int) -> str:
+    """Write a log notification of about ``size`` bytes on the wire (no id: nothing answers
+    it), then answer."""
+    params = {"level": "info", "data": "x" * size}
+    note = json.dumps({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+    _write_lines(1, note.encode() + b"\n")
+    return "answered"
+
+
+@server.tool
 def garbage() -> str:
     """Write a line that is not JSON-RPC on stdout, then answer normally."""
     _write_raw("this is not json {")
@@ -157,6 +167,7 @@ async def noise(lines: int, line: str = "") -> str:
 
 
 def _write_lines(lines: int, line: bytes) -> None:
+    """Write ``lines`` copies of ``line`` to the wire."""
     batch = 65536 // len(line) + 1
     for start in range(0, lines, batch):
         data = memoryview(line * min(batch, lines - start))
@@ -168,6 +179,9 @@ def _write_lines(lines: int, line: bytes) -> None:
 
 
 if __name__ == "__main__":
+    # FAULTY_BANNER=N: N lines of a start-up banner on the wire before serving, as a server
+    # that prints its progress to stdout does (its output is no message).
+    _write_lines(int(os.environ.get("FAULTY_BANNER", "0")), b"starting: loading the models, please wait...\n")
     if len(sys.argv) > 2 and sys.argv[1] == "http":
         server.run(
             transport="http", host="127.0.0.1", port=int(sys.argv[2]), show_banner=False, log_level="WARNING"

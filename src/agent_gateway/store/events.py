@@ -71,17 +71,21 @@ _QUEUE = 10_000
 _BATCH = 500
 _PAGE = 4
 """Events read at a time while a resume finds its place (up to 4 MiB)."""
-# KEYS: the stream. ARGV: the first id, how many, the most bytes of a field or value. The
-# entries (XRANGE's answer), or -1 when one holds more: this replica writes no event over
-# ``max_event_bytes``, so something else wrote it, and read it held the replica's memory (four
-# 100 MB entries in one page took a replica from 130 to 531 MB on one resume). One entry at a
-# time: Redis copies at most one such entry into the script, not the page.
+# KEYS: the stream. ARGV: the first id, how many, the most bytes of a field or value, the most
+# fields and values. The entries (XRANGE's answer), or -1 when one holds more: this replica
+# writes no event over ``max_event_bytes``, nor of more than its three fields, so something
+# else wrote it, and read it held the replica's memory (four 100 MB entries in one page took a
+# replica from 130 to 531 MB on one resume; 32 MiB in 32,768 fields of 1 KiB passed a bound on
+# each alone). One entry at a time: Redis copies at most one such entry into the script.
 _PAGE_READ = """
 local page, start, most = {}, ARGV[1], tonumber(ARGV[3])
 for _ = 1, tonumber(ARGV[2]) do
   local entry = redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', 1)[1]
   if not entry then
     break
+  end
+  if #entry[2] > tonumber(ARGV[4]) then
+    return -1
   end
   for _, part in ipairs(entry[2]) do
     if #part > most then
@@ -93,6 +97,8 @@ for _ = 1, tonumber(ARGV[2]) do
 end
 return page
 """
+_PARTS = 6
+"""Fields and values of an event this replica writes (``s``, ``i`` and ``m``: ``_send``)."""
 _REPLAYS = 4
 """Resumes read at once on one replica: each holds up to ``max_replay_bytes`` and a page; 40
 at once, each reading a stream past the bound, took a replica to 1.3 GB."""
@@ -237,10 +243,13 @@ class SharedEventStore(EventStore):
     async def _page(self, digest: str, start: str) -> list[Entry] | None:
         """Up to ``_PAGE`` events from ``start`` on; None: the store did not answer, or one of
         them is over ``max_event_bytes`` (logged, not read)."""
-        args = [start, _PAGE, self._max_event]
+        args = [start, _PAGE, self._max_event, _PARTS]
         answer = await self.store.call(self._page_read(keys=[self._key(digest)], args=args), "event_replay")
         if isinstance(answer, int):
-            logger.warning("replay refused: stream %s holds an event over %d bytes", digest, self._max_event)
+            logger.warning(
+                "replay refused: stream %s holds an event over %d bytes or %d fields and values",
+                digest, self._max_event, _PARTS,
+            )  # fmt: skip
             return None
         if answer is None:
             return None

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import anyio
 from anyio.abc import TaskStatus
 
+from agent_gateway.access import MAX_URI_LENGTH
 from agent_gateway.store.bus import Bus
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.record import SUBSCRIPTION
@@ -72,7 +73,7 @@ return claimed
 """
 _CLAIM_MOST = 1000
 """Subscriptions claimed at once (a client's ``max_subscriptions`` by default)."""
-_FIELD_LONGEST = len(SUBSCRIPTION) + 4 * 8192
+_FIELD_LONGEST = len(SUBSCRIPTION) + 4 * MAX_URI_LENGTH
 """``sub:`` and a URI of ``access.MAX_URI_LENGTH`` characters, each up to four bytes."""
 
 

@@ -20,6 +20,12 @@ from agent_gateway.compat.http_streams import QUIET_BYTES, QUIET_WINDOW
 QUIET_LINES = 1024
 """Lines (WebSocket messages) that make no message an upstream may send within ``QUIET_WINDOW`` (or ``QUIET_BYTES``
 of them) before its session is lost. A debugging server's stray line now and then is far below."""
+START_LINES = 16 * QUIET_LINES
+START_BYTES = 16 * QUIET_BYTES
+"""What a stdio upstream may write that makes no message before its first message: a banner,
+its progress as it starts (~0.75 s of the event loop at most). Under the bound above, a server
+printing 2,000 lines of start-up to stdout before its answer to ``initialize`` was lost at
+every start, never up; before any bound its lines were dropped and it served."""
 
 
 class UpstreamNoise(Exception):
@@ -32,6 +38,8 @@ class QuietCount:
     the stdio transport's lines, the WebSocket transport's messages."""
 
     what: str = "lines (blank, or not JSON-RPC)"
+    started: bool = True
+    """Whether a message came yet: before, ``START_LINES`` and ``START_BYTES`` are the bound."""
     lines: int = 0
     size: int = 0
     since: float = field(default_factory=time.monotonic)
@@ -44,11 +52,12 @@ class QuietCount:
         """
         self.lines += lines
         self.size += size
-        if self.lines <= QUIET_LINES and self.size <= QUIET_BYTES:
+        most_lines, most_bytes = (QUIET_LINES, QUIET_BYTES) if self.started else (START_LINES, START_BYTES)
+        if self.lines <= most_lines and self.size <= most_bytes:
             return
         if time.monotonic() - self.since <= QUIET_WINDOW:
             raise UpstreamNoise(
-                f"it sent over {QUIET_LINES} {self.what} or {QUIET_BYTES} bytes within "
+                f"it sent over {most_lines} {self.what} or {most_bytes} bytes within "
                 f"{QUIET_WINDOW:g} s that made no message"
             )
         self.lines, self.size, self.since = 0, 0, time.monotonic()
@@ -56,3 +65,4 @@ class QuietCount:
     def message(self) -> None:
         """A message came: the noise before it is forgiven."""
         self.lines = self.size = 0
+        self.started = True

@@ -94,7 +94,7 @@ async def _read(
     told: _Told,
 ) -> None:
     assert process.stdout is not None
-    lines, quiet = Lines(limit), QuietCount()
+    lines, quiet = Lines(limit), QuietCount(started=False)  # its banner's allowance first
     async with incoming:
         with (
             reading,
@@ -120,7 +120,9 @@ async def _pass_on(
     label: str,
     quiet: QuietCount,
 ) -> None:
-    """Parse ``line`` and pass it on, counted as noise unless it made a message.
+    """Parse ``line`` and pass it on, counted as noise unless it made a message. An oversized
+    line's bytes are not counted, only its edges: one notification over ``max_message_bytes``
+    (or held back while the gateway held its bound of bytes) lost the session by its size.
 
     Raises:
         UpstreamNoise: past the bound (``QuietCount``).
@@ -128,8 +130,10 @@ async def _pass_on(
     message = _parse(line, label) if isinstance(line, bytes) else refusal(line, limit, label)
     if isinstance(message, SessionMessage):
         quiet.message()
-    else:
-        quiet.heard(1, len(line) if isinstance(line, bytes) else line.size)
+    elif isinstance(line, bytes):
+        quiet.heard(1, len(line))
+    else:  # a message too large to take (or held back): its edges parsed, not noise by its size
+        quiet.heard(1, len(line.head) + len(line.tail))
     # Closed when shutting down: keep draining, so the server can flush and exit.
     with suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
         await incoming.send(message)
