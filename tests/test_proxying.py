@@ -407,13 +407,20 @@ async def test_one_clients_quiet_level_holds_back_no_other_clients_lines_and_lea
             while "end" not in lines[who]:
                 await anyio.sleep(0.01)
 
+    async def told(count: int) -> None:
+        # The upstream is told a level once the clients change, not before the change is
+        # answered: a line said before it is told would be held back at the old level.
+        await seen.wait_for(lambda events: len([e for e in events if e["event"] == "set_level"]) == count)
+
     async with recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, seen):
         async with Client(gw.url, mode="legacy") as quiet:
             with pytest.warns(MCPDeprecationWarning):
                 await quiet.set_logging_level("error")  # alone: the upstream is told error
             async with Client(gw.url, mode="legacy", logging_callback=collect("beside")) as beside:
+                await told(2)
                 await said("beside", beside)  # asked for no level: every line, as before
         async with Client(gw.url, mode="legacy", logging_callback=collect("after")) as after:
+            await told(4)
             await said("after", after)
     assert lines["beside"] == ["info-line", "end"]
     assert lines["after"] == ["info-line", "end"]
