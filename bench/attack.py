@@ -31,6 +31,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   processes answered them (a modern request is a session of its own);
 - ``search-flood``: one client keeping 300 ``search_tools`` calls in flight, each matching
   every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``);
+- ``wide-searches``: one client keeping 64 ``search_tools`` calls in flight, each asking for
+  50 of 60 tools whose schemas are ~260 KB (the largest real one: 268 KB), for 10 s;
 - ``escaped-arguments``: 16 callers of ``tools/call`` whose 3.5 MB arguments are 1.75 million
   escaped quotes after 200 ``[`` (what admission reads before the parse steps over);
 - ``closing-brackets``: 16 callers of bodies of 129 ``[`` and 3.5 million ``]`` (no request:
