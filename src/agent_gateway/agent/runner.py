@@ -147,7 +147,8 @@ class AgentRunner:
         snapshot = self._catalog.snapshot
         allowed = client.tool_filter()
         size, names = self._reach.of(snapshot, client.policy_name, allowed)
-        return Toolbox(snapshot, self.config, allowed, size), names
+        # A toolbox of few tools not offered whole is one whose definitions are too large.
+        return Toolbox(snapshot, self.config, allowed, size, wide=len(names) < size), names
 
     async def run(
         self,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mcp_types as types
 from jsonschema import Draft202012Validator
@@ -19,6 +19,7 @@ from agent_gateway.naming import CALL_TOOL, MAX_NAME_LENGTH, SEARCH_TOOLS
 from agent_gateway.schema_check import reason
 from agent_gateway.search.engine import Found
 
+T = TypeVar("T")
 MAX_LIMIT = 50
 ANSWER_BYTES = PAGE_BYTES
 """About the most definition bytes one search's answer holds (one tool at least, however large),
@@ -155,9 +156,10 @@ def argument_problem(validator: Draft202012Validator, arguments: dict[str, Any])
     return reason(error)
 
 
-def within_answer(found: Sequence[Found], size: Callable[[Found], int]) -> list[Found]:
-    """The best of ``found`` whose definitions (``size``: about their bytes) fit ``ANSWER_BYTES``."""
-    kept: list[Found] = []
+def within_answer(found: Sequence[T], size: Callable[[T], int]) -> list[T]:
+    """The first of ``found`` (best first) whose definitions (``size``: about their bytes) fit
+    ``ANSWER_BYTES``, one at least: what a search answers, and what an agent's model is offered."""
+    kept: list[T] = []
     held = 0
     for one in found:
         held += size(one)
