@@ -31,6 +31,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   processes answered them (a modern request is a session of its own);
 - ``search-flood``: one client keeping 300 ``search_tools`` calls in flight, each matching
   every one of 5,000 tools, for 10 s; the bystander searches too (its own ``search_tools``);
+- ``wide-searches``: one client keeping 64 ``search_tools`` calls in flight, each asking for
+  50 of 60 tools whose schemas are ~260 KB (the largest real one: 268 KB), for 10 s;
 - ``escaped-arguments``: 16 callers of ``tools/call`` whose 3.5 MB arguments are 1.75 million
   escaped quotes after 200 ``[`` (what admission reads before the parse steps over);
 - ``closing-brackets``: 16 callers of bodies of 129 ``[`` and 3.5 million ``]`` (no request:
@@ -241,6 +243,11 @@ import json, os, sys
 more = [{"name": f"tool_{n}", "description": f"Tool number {n} of many, for a large catalog.",
          "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}}}
         for n in range(int(os.environ.get("TINY_TOOLS", "0")))]
+# Tools whose schemas are as large as a real one's can be (268 KB, the largest of 2,815).
+more += [{"name": f"wide_{n}", "description": f"Wide tool number {n} of many, for a large catalog.",
+          "inputSchema": {"type": "object", "properties": {f"field_{k}": {"type": "string",
+              "description": f"Field {k} of the record. " + "x" * 2_000} for k in range(128)}}}
+         for n in range(int(os.environ.get("TINY_WIDE", "0")))]
 for line in sys.stdin:
     request = json.loads(line)
     if "id" not in request:
@@ -389,7 +396,10 @@ async def gateway(
                 "command": sys.executable,
                 "args": [str(home / "tiny.py")],
                 "session": "per_client",
-                "env": {"TINY_TOOLS": str(TINY_TOOLS.get(attack, 0))},
+                "env": {
+                    "TINY_TOOLS": str(TINY_TOOLS.get(attack, 0)),
+                    "TINY_WIDE": str(TINY_WIDE.get(attack, 0)),
+                },
             },
             **(
                 {"noisy": {"command": sys.executable, "args": [str(NOISY)]}}
@@ -695,6 +705,32 @@ async def search_flood(url: str, proc: Process, seconds: float) -> str:
 
         await asyncio.gather(*(one() for _ in range(300)))
     return f"{answered} searches answered, {refused} refused at once"
+
+
+async def wide_searches(url: str, proc: Process, seconds: float) -> str:
+    """64 searches at a time (the client's ``max_concurrency``), each asking for 50 tools of
+    ~260 KB schemas: what one answer holds, and how many were answered."""
+    answered = refused = largest = 0
+    deadline = time.monotonic() + seconds
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {ATTACKER}"}, timeout=120) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy") as client,
+    ):
+
+        async def one() -> None:
+            nonlocal answered, refused, largest
+            while time.monotonic() < deadline:
+                result = await client.call_tool("search_tools", {"query": "wide tool of many", "limit": 50})
+                if result.is_error:
+                    refused += 1
+                    await asyncio.sleep(0.01)
+                else:
+                    answered += 1
+                    largest = max(largest, len(json.dumps(result.structured_content)))
+                    await asyncio.sleep(0)
+
+        await asyncio.gather(*(one() for _ in range(64)))
+    return f"{answered} searches answered ({largest / 2**20:.1f} MB the largest), {refused} refused"
 
 
 async def slow_bodies(url: str, proc: Process, seconds: float) -> str:
@@ -1293,6 +1329,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "modern-dedicated": (modern_dedicated, 10.0, None),
     "status-page": (status_page, 10.0, {"admin": True}),
     "search-flood": (search_flood, 10.0, None),
+    "wide-searches": (wide_searches, 10.0, None),
     "many-addresses": (many_addresses, 10.0, None),
     "thread-flood": (thread_flood, 20.0, {"agent": {"runs_per_minute": 100_000}}),
     "log-flood": (log_flood, 10.0, None),
@@ -1323,7 +1360,9 @@ UPSTREAM_SETTINGS: dict[str, dict[str, Any]] = {
     "endless-events": {"tool_timeouts": {"endless": 10}},
 }
 """The upstream's settings an attack needs beyond the others'."""
-TINY_TOOLS = {"status-page": 3000, "search-flood": 5000}
+TINY_TOOLS = {"status-page": 3000, "search-flood": 5000, "wide-searches": 100}
+TINY_WIDE = {"wide-searches": 60}
+"""The tools of ~260 KB schemas the stdio upstream lists, where an attack needs them."""
 """The tools the stdio upstream lists beyond ``echo``, where an attack needs a large catalog."""
 BYSTANDER_TOOL = {
     "dedicated-sessions": "tiny__echo",

@@ -46,7 +46,14 @@ from agent_gateway.errors import (
 from agent_gateway.in_flight import hold
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
-from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_request, search_request, search_result
+from agent_gateway.search.tools import (
+    CALL_TOOL,
+    SEARCH_TOOLS,
+    call_request,
+    search_request,
+    search_result,
+    within_answer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -163,17 +170,19 @@ class Pipeline:
         if client is None:
             raise NotAllowed("tool", SEARCH_TOOLS, "(no identity)")
         request = search_request(arguments)
+        snapshot = self._catalog.snapshot
         with client.calling():  # a search is a call in flight, under max_concurrency as any
             found, total = await self._search.search(
-                self._catalog.snapshot,
+                snapshot,
                 request.query,
                 request.limit or self._search_config.limit,
                 upstream=request.upstream,
                 accept=client.tool_filter(),
                 party=client.label,  # anonymous clients: each address its own
             )
-        logger.debug("search_tools %s: %d of %d", shown(request.query), len(found), total)
-        return search_result(found, total, request.query)
+        kept = within_answer(found, lambda f: snapshot.parts[f.upstream].sizes.get(f.tool.name, 0))
+        logger.debug("search_tools %s: %d of %d", shown(request.query), len(kept), total)
+        return search_result(kept, total, request.query, len(found) - len(kept))
 
 
 def _caller(

@@ -3,6 +3,7 @@ by relevance, and the model finds the others with ``search_tools``."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +19,7 @@ from tests.agent.model_apis import OPENAI_MAX_TOOLS, Script, ScriptedApi, Turn, 
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.test_models import openai_model, said, sampling_script
+from tests.security.test_search_attacks import wide_server
 from tests.servers import many_tools
 from tests.support import RunningGateway, running_gateway, serving, serving_upstream
 
@@ -208,3 +210,30 @@ async def test_a_runs_record_lists_at_most_256_of_the_tools_it_was_offered_and_c
     assert state["offered_seen"] == offered["names"]
     assert state["offered_count"] == offered["count"]
     assert len(state["offered_last"]) <= 128
+
+
+async def test_a_model_call_is_offered_the_best_tools_whose_definitions_fit_and_finds_the_rest() -> None:
+    # Twenty tools of ~40 KB schemas (real ones reach 268 KB): all 20 offered made a model call
+    # of 0.9 MB (of 260 KB ones, 10 MB: past any model's context window).
+    def first(body: dict[str, Any]) -> Turn:
+        assert 1 <= len(offered(body)) - 1 <= 3, offered(body)  # and search_tools
+        assert "search_tools" in offered(body)
+        assert len(json.dumps(body["tools"])) <= 128 * 1024 + 8_192  # search.tools.ANSWER_BYTES
+        return Turn(calls=[("search_tools", {"query": "wide record tool 17"})])
+
+    def second(body: dict[str, Any]) -> Turn:
+        assert offered(body)[0] == "wide__wide_17", offered(body)  # found, offered first
+        assert len(json.dumps(body["tools"])) <= 128 * 1024 + 8_192
+        return Turn(calls=[("wide__wide_17", {})])
+
+    app, api = openai_api([first, second, Turn(text="Done.")])
+    async with (
+        serving(app) as base,
+        serving_upstream(wide_server()) as url,
+        running_gateway({"upstreams": {"wide": {"url": url}}, "agent": {"model": openai_model(base)}}) as gw,
+        Client(gw.url) as client,
+    ):
+        result = await ask(client, "Use the wide record tools")
+    assert not result.is_error, text(result)
+    assert [c["name"] for c in record(result)["tool_calls"]] == ["search_tools", "wide__wide_17"]
+    assert len(api.requests) == 3

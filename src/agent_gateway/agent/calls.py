@@ -41,7 +41,7 @@ from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
 from agent_gateway.agent.spans import tool_span
-from agent_gateway.agent.toolbox import AgentTool, Search, Toolbox, merged
+from agent_gateway.agent.toolbox import AgentTool, Search, Toolbox, merged, within_bytes
 from agent_gateway.call_records import CallRecorder, RunCall
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import GatewayError, ModelFailed, shown
@@ -104,13 +104,13 @@ class ToolRunner:
         asked = [m.text for m in history if isinstance(m, HumanMessage)][-_CONVERSATION_TURNS:]
         keep = self.toolbox.config.max_tools - 1
         found = await self.search(" ".join(reversed(asked)), keep, None, self.toolbox.accepts)
-        return [f.tool.name for f in found]
+        return within_bytes(self.toolbox, [f.tool.name for f in found])
 
     def widened(self, offered: Sequence[str], found: Sequence[str]) -> list[str]:
         """What the next model call is offered after a turn whose searches found ``found``."""
         if not found:
             return list(offered)
-        return merged(offered, found, self.toolbox.config.max_tools - 1)
+        return within_bytes(self.toolbox, merged(offered, found, self.toolbox.config.max_tools - 1))
 
     async def run(
         self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()

@@ -24,7 +24,7 @@ from agent_gateway.catalog import CatalogSnapshot, Part
 from agent_gateway.config import AgentConfig
 from agent_gateway.naming import is_selected, matches_any
 from agent_gateway.search.engine import Found, ToolSearch
-from agent_gateway.search.tools import SEARCH_TOOLS, search_tool
+from agent_gateway.search.tools import ANSWER_BYTES, SEARCH_TOOLS, search_tool, within_answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +72,9 @@ class Toolbox:
     """The calling client's policy (None: no client, everything)."""
     size: int = 0
     """How many tools this toolbox holds (worked out once per catalog version and policy)."""
+    wide: bool = False
+    """Whether its tools' definitions are more than one model call is offered (``within_bytes``),
+    however few they are."""
 
     @property
     def version(self) -> int:
@@ -91,10 +94,16 @@ class Toolbox:
         origin = self.snapshot.tools[name]
         return AgentTool(name, origin.item, origin.upstream, _needs_approval(name, origin.item, self.config))
 
+    def definition_bytes(self, name: str) -> int:
+        """About the bytes of tool ``name``'s definition (0: no such tool)."""
+        origin = self.snapshot.tools.get(name)
+        part = self.snapshot.parts.get(origin.upstream) if origin is not None else None
+        return part.sizes.get(name, 0) if part is not None else 0
+
     @property
     def searching(self) -> bool:
         """Whether a model call is offered a selection and ``search_tools``, not every tool."""
-        return self.size > self.config.max_tools
+        return self.size > self.config.max_tools or self.wide
 
     def specs(self, offered: Sequence[str]) -> list[dict[str, Any]]:
         """What one model call binds: the ``offered`` tools, and ``search_tools`` when searching."""
@@ -141,11 +150,12 @@ class Reach:
     def of(
         self, snapshot: CatalogSnapshot, policy: str | None, allowed: Callable[[str], bool] | None
     ) -> tuple[int, tuple[str, ...]]:
-        """The toolbox's size, and its names when it is small enough to offer whole."""
+        """The toolbox's size, and its names when it is small enough to offer whole (in count,
+        and in its definitions' bytes)."""
         key = (snapshot.version, policy)
         if (known := self._sizes.get(key)) is None:
             names = [n for part in snapshot.parts.values() for n in self._part(part, policy, allowed)]
-            small = len(names) <= self._config.max_tools
+            small = len(names) <= self._config.max_tools and _narrow(snapshot, names)
             if len(self._sizes) >= _KEPT:
                 self._sizes.clear()
                 self._parts = {k: v for k, v in self._parts.items() if v[0] in snapshot.parts.values()}
@@ -161,6 +171,15 @@ class Reach:
 
 
 _KEPT = 64
+
+
+def _narrow(snapshot: CatalogSnapshot, names: Sequence[str]) -> bool:
+    """Whether the definitions of ``names`` fit what one model call is offered."""
+    held = 0
+    for name in names:
+        part = snapshot.parts.get(snapshot.tools[name].upstream)
+        held += part.sizes.get(name, 0) if part is not None else 0
+    return held <= ANSWER_BYTES
 
 
 def _needs_approval(public: str, tool: types.Tool, config: AgentConfig) -> bool:
@@ -181,6 +200,13 @@ def merged(offered: Sequence[str], found: Sequence[str], keep: int) -> list[str]
     """``found`` first (the model just asked for them), then what was offered, at most ``keep``."""
     names = list(dict.fromkeys([*found, *offered]))
     return names[:keep]
+
+
+def within_bytes(toolbox: Toolbox, names: Sequence[str]) -> list[str]:
+    """The first of ``names`` whose definitions fit what a search answers (one at least): 39
+    tools of ~260 KB made each model call 10 MB, past any model's context window, and the
+    model finds the rest with ``search_tools``."""
+    return within_answer(names, toolbox.definition_bytes)
 
 
 def searcher(index: ToolSearch | None, toolbox: Toolbox, party: str) -> Search | None:

@@ -6,19 +6,25 @@ so a client or model that knows one knows these.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import mcp_types as types
 from jsonschema import Draft202012Validator
 
 from agent_gateway.errors import InvalidArguments, shown
+from agent_gateway.listing import PAGE_BYTES
 from agent_gateway.naming import CALL_TOOL, MAX_NAME_LENGTH, SEARCH_TOOLS
 from agent_gateway.schema_check import reason
 from agent_gateway.search.engine import Found
 
+T = TypeVar("T")
 MAX_LIMIT = 50
+ANSWER_BYTES = PAGE_BYTES
+"""About the most definition bytes one search's answer holds (one tool at least, however large),
+as a ``tools/list`` page: 50 tools of the largest real schemas made a 12.7 MB answer, serialised
+on the event loop while every other client waited."""
 WEAK = 0.25
 """Below this score a result matches little of the request; its listing line says so."""
 
@@ -150,13 +156,32 @@ def argument_problem(validator: Draft202012Validator, arguments: dict[str, Any])
     return reason(error)
 
 
-def search_result(found: Sequence[Found], total: int, query: str) -> types.CallToolResult:
-    """The ``search_tools`` answer: a short listing, and the tools in ``structuredContent``."""
+def within_answer(found: Sequence[T], size: Callable[[T], int]) -> list[T]:
+    """The first of ``found`` (best first) whose definitions (``size``: about their bytes) fit
+    ``ANSWER_BYTES``, one at least: what a search answers, and what an agent's model is offered."""
+    kept: list[T] = []
+    held = 0
+    for one in found:
+        held += size(one)
+        if kept and held > ANSWER_BYTES:
+            break
+        kept.append(one)
+    return kept
+
+
+def search_result(found: Sequence[Found], total: int, query: str, left_out: int = 0) -> types.CallToolResult:
+    """The ``search_tools`` answer: a short listing, and the tools in ``structuredContent``;
+    ``left_out``: the next best, not sent as their definitions would pass ``ANSWER_BYTES``."""
     if not found:
         text = f"No tool matches {shown(query)}. Try other words, or fewer."
     else:
         lines = [f"{len(found)} of {total} matching tools, best first:"]
         lines += [_line(f) for f in found]
+        if left_out:
+            lines.append(
+                f"({left_out} more within your limit left out: their definitions would take this answer "
+                f"past {ANSWER_BYTES:,} bytes. Narrow the request, or give an upstream.)"
+            )
         text = "\n".join(lines)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=text)],
