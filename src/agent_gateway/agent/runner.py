@@ -159,10 +159,8 @@ class AgentRunner:
         observer: RunObserver | None = None,
     ) -> RunOutcome:
         """Run the agent on ``request`` for ``client``, asked through ``caller`` (None: no MCP
-        client, e.g. the CLI, whose client is ``access.OPERATOR``).
-
-        A caller whose ``request_state`` is one this runner issued resumes that paused run.
-        """
+        client, e.g. the CLI, whose client is ``access.OPERATOR``). A caller whose
+        ``request_state`` is one this runner issued resumes that paused run."""
         try:
             resumed = _of_client(Resumption.of(caller), client)
         except AgentError as exc:
@@ -396,9 +394,7 @@ def _log_end(outcome: RunOutcome) -> None:
 
 
 def _let_go(exc: BaseException) -> None:
-    """Clear the locals of the frames ``exc`` went through. Its traceback sits in reference
-    cycles (the graph's tasks, anyio's) that only the collector's full pass frees, every ~5
-    million allocations (``runtime.py``); meanwhile its frames held the failed run's whole
-    conversation: 64 runs at a time ended by the context bound grew the gateway by ~42 MB every
-    64 runs, 312 to 688 MB after 640 (``bench/README.md``)."""
+    """Clear the locals of ``exc``'s frames: its traceback sits in cycles only the collector's
+    full pass frees, holding the failed run's whole conversation till then (grew the gateway
+    by ~42 MB every 64 runs ended by the context bound, ``bench/README.md``)."""
     traceback.clear_frames(exc.__traceback__)
