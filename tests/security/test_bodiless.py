@@ -113,22 +113,8 @@ async def test_an_unauthenticated_chunked_request_is_refused_at_once_and_closed_
     # Before, a GET's or DELETE's first chunk was waited for (body_timeout, here far past the
     # wait), then refused 400; any method's 401 kept the connection for the rest of the body
     # until the next head's deadline or the keep-alive's end (here far past it too).
-    slow = {"body_timeout": 600, "header_timeout": 600, "keep_alive_timeout": 3600}
-    async with (
-        _gateway(**slow) as gw,
-        client(gw.url, BYSTANDER_TOKEN) as bystander,
-    ):
-        # The head, then a chunk's size line begun and never ended (a trickle's first byte).
-        held = [await _unfinished_body(gw.url, method, "chunked", None, b"1") for _ in range(20)]
-        try:
-            with anyio.fail_after(WAIT):
-                answers = [await _answer_of(reader) for reader, _ in held]  # to the connection's end
-            served = await bystander.call_tool("library__echo", {"text": "y"})
-        finally:
-            for _, writer in held:
-                writer.close()
-    assert all(answer.startswith(b"HTTP/1.1 401") for answer in answers), [a[:200] for a in answers]
-    assert not served.is_error
+    # The head, then a chunk's size line begun and never ended (a trickle's first byte).
+    await _twenty_unauthenticated_are_answered_401(method, "chunked", b"1")
 
 
 async def _session(url: str) -> str:
@@ -194,9 +180,16 @@ async def test_an_unauthenticated_trickle_of_a_declared_body_is_answered_and_clo
 ):
     # A declared body a 401 waits for (its client may be mid-send) is given DRAIN_WITHIN, not
     # the connection's deadlines: a trickle is answered and closed then, a bystander served.
+    await _twenty_unauthenticated_are_answered_401("POST", "length", b" ")
+
+
+async def _twenty_unauthenticated_are_answered_401(method: str, framing: str, first: bytes) -> None:
+    """Twenty unauthenticated requests whose bodies stop after ``first`` are each answered 401
+    to their connection's end (within the test's wait, far short of the connection's own
+    deadlines), and a bystander is served meanwhile."""
     slow = {"body_timeout": 600, "header_timeout": 600, "keep_alive_timeout": 3600}
     async with _gateway(**slow) as gw, client(gw.url, BYSTANDER_TOKEN) as bystander:
-        held = [await _unfinished_body(gw.url, "POST", "length", None, b" ") for _ in range(20)]
+        held = [await _unfinished_body(gw.url, method, framing, None, first) for _ in range(20)]
         try:
             with anyio.fail_after(WAIT):
                 answers = [await _answer_of(reader) for reader, _ in held]  # to the connection's end
