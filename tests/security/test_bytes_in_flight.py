@@ -239,8 +239,10 @@ async def test_a_result_whose_client_hung_up_is_not_held() -> None:
 
 OUT_OF_CONTENT = 3 * 2**20
 """Over one client's share of a 4 MiB bound, in a part of a result that is not its content."""
-WIDE = "d" * (OUT_OF_CONTENT // 4)
-"""A parameter's description: five tools of it are a search result past the share."""
+WIDE = "d" * (3 * 2**18)
+"""A parameter's description (768 KiB, under a schema's 1 MiB bound): its tool's definition
+is a search's answer past the share of a 1 MiB bound (an answer holds the definitions within
+about 128 KiB, and one at least)."""
 
 
 def out_of_content_server() -> FastMCP:
@@ -254,12 +256,9 @@ def out_of_content_server() -> FastMCP:
             content=[types.TextContent(type="text", text="small")], meta={"blob": "m" * OUT_OF_CONTENT}
         )
 
-    for n in range(5):
-
-        def wide(query: Annotated[str, Field(description=WIDE)]) -> str:
-            return query
-
-        server.tool(wide, name=f"wide_{n}", description="lookup of things")
+    @server.tool(description="lookup of things")
+    def wide(query: Annotated[str, Field(description=WIDE)]) -> str:
+        return query
 
     @server.prompt
     def poem(theme: str) -> str:
@@ -280,7 +279,7 @@ async def test_an_answer_past_the_clients_share_is_refused_whatever_part_of_it_h
     # many and reading none of them grew the gateway by gigabytes.
     async with serving_upstream(out_of_content_server()) as url:
         config = {
-            "server": {"max_bytes_in_flight": 4 * 2**20},
+            "server": {"max_bytes_in_flight": 2**20 if asked == "search" else 4 * 2**20},
             "search": {"mode": "on"},
             "upstreams": {"odd": {"url": url}},
         }
