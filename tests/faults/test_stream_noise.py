@@ -117,14 +117,9 @@ async def unreadable_between(body: Body, listened: Listened) -> None:
         await body(chunk)
 
 
-# The SDK logs each event it cannot parse with its traceback: more is buffered meanwhile.
-@pytest.mark.parametrize(
-    ("write", "sent"),
-    [(comments, 4 * 2**20), (unreadable_between, 8 * 2**20)],
-    ids=["comments", "unreadable-between"],
-)
+@pytest.mark.parametrize("write", [comments, unreadable_between], ids=["comments", "unreadable-between"])
 async def test_a_stream_of_nothing_but_comments_is_ended_and_reopened(
-    caplog: pytest.LogCaptureFixture, write: Writer, sent: int
+    caplog: pytest.LogCaptureFixture, write: Writer
 ) -> None:
     # Read on (no bound counts what makes no message), the comments took 88 % of a core; an
     # event whose data was no message, every 32 KiB of them, reset the count.
@@ -135,7 +130,9 @@ async def test_a_stream_of_nothing_but_comments_is_ended_and_reopened(
             await until(lambda: len(listened.sent) >= 2 and listened.opened >= 3)
             pong = await client.call_tool("up__ping", {})
     assert text_of(pong) == "pong"
-    assert max(listened.sent) < sent, listened.sent  # ended near QUIET_BYTES, not at FLOOD
+    # Ended near QUIET_BYTES, not at FLOOD: the socket buffers hold a few MiB more (4.1 MiB
+    # of comments were once sent), and the SDK's traceback for each unreadable event more.
+    assert max(listened.sent) < FLOOD // 4, listened.sent
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "made no message" in r.message]
     assert len(warned) == 1, warned  # once, however often it is ended
     assert "up" in warned[0].message
