@@ -4,10 +4,15 @@ upstream's credentials, within a rate; never written past the gateway's log."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
+import anyio
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 from mcp import Client
 
+from agent_gateway.upstreams.stderr import StderrLines
 from tests.faults.harness import text_of
 from tests.support import gateway_child, python_upstream
 
@@ -33,3 +38,26 @@ async def test_a_stdio_upstreams_stderr_is_logged_by_the_gateway_cut_scrubbed_an
     assert any("lines before it left out: over 100 a second" in line for line in passed)
     assert all(len(line) < 5000 for line in passed)
     assert passed[1].endswith("… (100,000 characters, cut)")
+
+
+async def test_the_count_of_lines_left_out_is_logged_when_the_reading_is_cancelled(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The transport's stop cancels the reading: a burst read within a second of it lost its
+    # count (the line saying so waits for a quiet second), and once the gateway's log.
+    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams.stderr")
+    pipe_in, pipe_out = anyio.create_memory_object_stream[bytes](0)  # each send: taken
+    burst = b"".join(f"line {n}\n".encode() for n in range(5000))
+    async with pipe_in, pipe_out, anyio.create_task_group() as tg:
+        tg.start_soon(StderrLines("chatty/1", ()).pass_on, BufferedByteReceiveStream(pipe_out))
+        for start in range(0, len(burst), 4096):
+            await pipe_in.send(burst[start : start + 4096])
+        await pipe_in.send(b"")  # taken once the burst before it is read whole
+        tg.cancel_scope.cancel()
+    messages = [record.getMessage() for record in caplog.records]
+    passed = [m for m in messages if m.startswith("upstream chatty/1 stderr: line ")]
+    counts = [m for m in messages if m.startswith("upstream chatty/1 stderr: (")]
+    assert 100 <= len(passed) < 5000
+    assert counts == [
+        f"upstream chatty/1 stderr: ({5000 - len(passed)} lines before it left out: over 100 a second)"
+    ]

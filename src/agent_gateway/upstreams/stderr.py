@@ -50,16 +50,20 @@ class StderrLines:
         daemon) still holds it. That ended the transport, and the upstream was down for
         "ClosedResourceError: ClosedResourceError" instead of its session's reason. Lines
         left out are counted on the next line passed on, or on a line of their own once the
-        stream has been quiet for ``_QUIET`` seconds (a burst read whole has no next line)."""
-        with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            while True:
-                with anyio.move_on_after(_QUIET if self._left_out else math.inf) as quiet:
-                    self.feed(await stream.receive())
-                if quiet.cancelled_caught:
-                    self._count_left_out()
-        if self._partial:
-            self._line(self._partial)
-        self._count_left_out()
+        stream has been quiet for ``_QUIET`` seconds (a burst read whole has no next line), or
+        when the reading ends, cancelled included: the transport's stop cancels it, and a
+        burst read within ``_QUIET`` of the stop lost its count."""
+        try:
+            with suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                while True:
+                    with anyio.move_on_after(_QUIET if self._left_out else math.inf) as quiet:
+                        self.feed(await stream.receive())
+                    if quiet.cancelled_caught:
+                        self._count_left_out()
+        finally:  # no awaiting here: logging only
+            if self._partial:
+                self._line(self._partial)
+            self._count_left_out()
 
     def _count_left_out(self) -> None:
         if self._left_out:
