@@ -15,7 +15,7 @@ from fastmcp import FastMCP
 from mcp import Client
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agent_gateway.compat import http_streams
+from agent_gateway.noise import QUIET_BYTES
 from tests.faults.harness import text_of
 from tests.support import running_gateway, serving
 
@@ -140,7 +140,7 @@ async def test_a_stream_of_nothing_but_comments_is_ended_and_reopened(
 
 async def keep_alives(body: Body, listened: Listened) -> None:
     """Comments under the bound, a message, more, a message: what a keep-alive looks like."""
-    pad = b":\n" * (http_streams.QUIET_BYTES * 3 // 8)  # three quarters of the bound
+    pad = b":\n" * (QUIET_BYTES * 3 // 8)  # three quarters of the bound
     await until(lambda: listened.listings > 0)  # the gateway's own first listing
     for _ in range(2):
         await body(pad)

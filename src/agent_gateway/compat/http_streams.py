@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -67,6 +66,7 @@ from mcp_types import (
 )
 
 from agent_gateway.compat.streams import StreamWrapper
+from agent_gateway.noise import QUIET_BYTES, QUIET_WINDOW, QuietCount, UpstreamNoise
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +74,6 @@ RETRY_FLOOR_MS = 1000
 """The least wait before a stream is reopened: the SDK's own when the upstream names none."""
 MAX_RESUMPTIONS = 256
 """Times one request's answer stream is reopened before the request fails."""
-QUIET_BYTES = 64 * 1024
-"""Bytes a stream may send within ``QUIET_WINDOW`` that make no message (comments, blank
-lines, events without data or whose data makes no message) before it is ended."""
-QUIET_WINDOW = 10.0
 NOISE = f"the answer's stream sent over {QUIET_BYTES} bytes within {QUIET_WINDOW:g} s that made no message"
 """Why a call whose answer's stream sent noise past the bound failed."""
 
@@ -335,20 +331,20 @@ async def quiet_events(
     kind = response.headers.get("content-type", "").partition(";")[0].strip().lower()
     if kind != "text/event-stream":
         raise httpx2.SSEError(f"Expected response with content type 'text/event-stream', got {kind!r}.")
-    parser = _SSEParser(max_event_size)
-    noise, since = 0, time.monotonic()
+    parser, quiet = _SSEParser(max_event_size), QuietCount("bytes")
     with request_context(request=response.request):
         async for text in response.aiter_text():
-            noise += len(text)
+            quiet.size += len(text)  # checked once its events are read: a message forgives it
             for event in parser.decode(text):
                 _MESSAGE_MADE.set(False)
                 yield event
                 if _MESSAGE_MADE.get():  # data that makes no message is noise too
-                    noise = 0
-            if noise > QUIET_BYTES and noise - _unfinished(parser) > QUIET_BYTES:
-                if time.monotonic() - since <= QUIET_WINDOW:
-                    raise StreamNoise
-                noise, since = 0, time.monotonic()
+                    quiet.message()
+            if quiet.size > QUIET_BYTES:  # its parser's state read only then
+                try:
+                    quiet.heard(0, 0, _unfinished(parser))
+                except UpstreamNoise:
+                    raise StreamNoise from None
         for event in parser.flush():
             yield event
 

@@ -47,17 +47,12 @@ from mcp.shared._stream_protocols import WriteStream
 from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCMessage
 
-from agent_gateway.compat.http_streams import (
-    QUIET_BYTES,
-    QUIET_WINDOW,
-    StreamNoise,
-    message_made,
-    quiet_events,
-)
+from agent_gateway.compat.http_streams import StreamNoise, message_made, quiet_events
 from agent_gateway.compat.mcp import Unreadable, parse_message
 from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.errors import UpstreamUnavailable, describe
 from agent_gateway.logs import clipped, redacted_url
+from agent_gateway.noise import QUIET_BYTES, QUIET_WINDOW
 
 logger = logging.getLogger(__name__)
 

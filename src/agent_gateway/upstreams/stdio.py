@@ -33,7 +33,7 @@ from mcp.shared.message import SessionMessage
 
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.in_flight import IN_FLIGHT
-from agent_gateway.upstreams.noise import QuietCount, UpstreamNoise
+from agent_gateway.noise import START_ALLOWANCE, QuietCount, UpstreamNoise
 from agent_gateway.upstreams.stderr import StderrLines
 from agent_gateway.upstreams.stdio_process import FLUSH_TIMEOUT, ended, spawned, stop, watch
 
@@ -94,7 +94,7 @@ async def _read(
     told: _Told,
 ) -> None:
     assert process.stdout is not None
-    lines, quiet = Lines(limit), QuietCount(started=False)  # its banner's allowance first
+    lines, quiet = Lines(limit), QuietCount(allowance=START_ALLOWANCE)  # its banner first
     async with incoming:
         with (
             reading,
@@ -197,7 +197,7 @@ class Lines:
         self._held = 0
         """Bytes taken from ``IN_FLIGHT`` for the lines not yet parsed."""
         self.blank = 0
-        """Blank lines the last ``feed`` dropped (noise: ``upstreams/noise.py``)."""
+        """Blank lines the last ``feed`` dropped (noise: ``noise.py``)."""
         self.blank_bytes = 0
 
     def __enter__(self) -> Lines:

@@ -26,7 +26,7 @@ from websockets.typing import Subprotocol
 from agent_gateway.compat.mcp import TransportStreams, Unreadable, parse_message
 from agent_gateway.compat.websockets import checking_pings
 from agent_gateway.in_flight import IN_FLIGHT
-from agent_gateway.upstreams.noise import QuietCount, UpstreamNoise
+from agent_gateway.noise import QuietCount, UpstreamNoise
 from agent_gateway.upstreams.pings import PINGS, PingBounds, Pings
 from agent_gateway.upstreams.stdio import Oversized, is_utf8, refusal, unread
 
