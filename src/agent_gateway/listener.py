@@ -274,7 +274,8 @@ def bounded_protocol(connections: Connections) -> type[asyncio.Protocol]:
         def on_headers_complete(self) -> None:
             self._disarm()
             self._in_head, self._head_bytes, self._outside, self._trailer_lines = False, 0, 0, 0
-            if (authority := target_authority(self.url)) is not None:  # the Host it is for (host_check)
+            authority = target_authority(self.url)  # the Host it is for (host_check)
+            if authority is not None and sum(n == b"host" for n, _ in self.headers) <= 1:  # 2: a 400
                 self.headers[:] = [(n, v) for n, v in self.headers if n != b"host"] + [(b"host", authority)]
             self._head_lines = len(self.headers)
             if len(self.pipeline) >= MAX_PIPELINED:

@@ -126,6 +126,10 @@ async def test_an_absolute_form_target_is_checked_as_the_host_it_names_not_the_h
         # The target's loopback name passes, whatever the Host header says.
         answer = await _head_of(port, post(f"http://{loopback}/mcp", "evil.example"))
         assert answer.startswith(b"HTTP/1.1 200 "), answer[:100]
+        # Two Host lines are refused whatever the target (RFC 9112 3.2): the target's
+        # authority replaced them both, so they passed as one.
+        answer = await _head_of(port, post(f"http://{loopback}/mcp", f"{loopback}\r\nHost: {loopback}"))
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:100]
         served = await bystander.call_tool("library__echo", {"text": "y"})
     assert not served.is_error
 
