@@ -108,7 +108,7 @@ async def _read(
                     quiet.heard(lines.blank, lines.blank_bytes)
                     lines.parsed()
             except UpstreamNoise as exc:  # the read ends here: its calls fail, saying why
-                told.noisy(str(exc))
+                told.lost(str(exc))
                 return
         await told(process)  # before the end of the stream: the session's reason is the process's
 
@@ -149,14 +149,11 @@ class _Told:
     gone: Callable[[str], None] | None
 
     async def __call__(self, process: Process) -> None:
-        if self.gone is None or self.stopping.is_set():
-            return
-        how = await ended(process)  # within FLUSH_TIMEOUT
-        if not self.stopping.is_set():
-            self.gone(how)
+        if self.gone is not None and not self.stopping.is_set():
+            self.lost(await ended(process))  # within FLUSH_TIMEOUT
 
-    def noisy(self, why: str) -> None:
-        """The gateway stopped reading the process, for ``why``: its session is lost so."""
+    def lost(self, why: str) -> None:
+        """The session is lost for ``why``: the process's end, or the gateway stopped reading it."""
         if self.gone is not None and not self.stopping.is_set():
             self.gone(why)
 
