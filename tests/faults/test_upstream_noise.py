@@ -178,3 +178,14 @@ async def test_a_stdio_upstreams_oversized_notification_is_dropped_not_taken_for
             noted = await client.call_tool("faulty__oversized_note", {"size": 2 << 20})
         assert text_of(noted) == "answered", text_of(noted)
         assert faulted.gw.gateway.pool.get("faulty").connections == 1  # never lost
+
+
+async def test_a_stdio_upstream_ending_each_message_with_a_blank_line_is_not_taken_for_noise() -> None:
+    # A read's blank lines were counted after all of its messages, as if none came between
+    # them: 2,500 short notifications each followed by a blank line (two thousand in a read
+    # of the pipe's 64 KiB) lost the session, and the call with it.
+    async with gateway_under_fault({"faulty": faulty_stdio()}) as faulted, Client(faulted.gw.url) as client:
+        with anyio.fail_after(WAIT):
+            assert text_of(await client.call_tool("faulty__spaced", {"count": 2500})) == "spaced"
+            assert text_of(await client.call_tool("faulty__ping", {})) == "pong"
+        assert faulted.gw.gateway.pool.get("faulty").connections == 1  # never lost

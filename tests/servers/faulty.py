@@ -166,6 +166,15 @@ async def noise(lines: int, line: str = "") -> str:
     return "never"
 
 
+@server.tool
+async def spaced(count: int) -> str:
+    """Write ``count`` short notifications to the wire, each followed by a blank line (as some
+    servers end each message), in one go, then answer."""
+    note = b'{"jsonrpc":"2.0","method":"a"}\n\n'
+    await anyio.to_thread.run_sync(_write_lines, count, note)
+    return "spaced"
+
+
 def _write_lines(lines: int, line: bytes) -> None:
     """Write ``lines`` copies of ``line`` to the wire."""
     batch = 65536 // len(line) + 1

@@ -105,7 +105,6 @@ async def _read(
                 while True:
                     for line in lines.feed(await process.stdout.receive(_READ_SIZE)):
                         await _pass_on(line, incoming, limit, label, quiet)
-                    quiet.heard(lines.blank, lines.blank_bytes)
                     lines.parsed()
             except UpstreamNoise as exc:  # the read ends here: its calls fail, saying why
                 told.lost(str(exc))
@@ -114,19 +113,23 @@ async def _read(
 
 
 async def _pass_on(
-    line: bytes | Oversized,
+    line: bytes | Oversized | Blank,
     incoming: MemoryObjectSendStream[SessionMessage | Exception],
     limit: int,
     label: str,
     quiet: QuietCount,
 ) -> None:
-    """Parse ``line`` and pass it on, counted as noise unless it made a message. An oversized
-    line's bytes are not counted, only its edges: one notification over ``max_message_bytes``
-    (or held back while the gateway held its bound of bytes) lost the session by its size.
+    """Parse ``line`` and pass it on, counted as noise unless it made a message; blank lines
+    only counted, where they came. An oversized line's bytes are not counted, only its edges:
+    one notification over ``max_message_bytes`` (or held back while the gateway held its bound
+    of bytes) lost the session by its size.
 
     Raises:
         UpstreamNoise: past the bound (``QuietCount``).
     """
+    if isinstance(line, Blank):
+        quiet.heard(line.lines, line.size)
+        return
     message = _parse(line, label) if isinstance(line, bytes) else refusal(line, limit, label)
     if isinstance(message, SessionMessage):
         quiet.message()
@@ -156,6 +159,16 @@ class _Told:
         """The session is lost for ``why``: the process's end, or the gateway stopped reading it."""
         if self.gone is not None and not self.stopping.is_set():
             self.gone(why)
+
+
+@dataclass(frozen=True, slots=True)
+class Blank:
+    """Blank lines one after another, dropped: noise, counted in their place among the
+    messages (counted after a read's messages, a server ending each of 2,000 short messages a
+    read with a blank line had them all taken for noise, with no message between)."""
+
+    lines: int
+    size: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,9 +206,6 @@ class Lines:
         self._busy = False
         self._held = 0
         """Bytes taken from ``IN_FLIGHT`` for the lines not yet parsed."""
-        self.blank = 0
-        """Blank lines the last ``feed`` dropped (noise: ``noise.py``)."""
-        self.blank_bytes = 0
 
     def __enter__(self) -> Lines:
         return self
@@ -210,19 +220,23 @@ class Lines:
         IN_FLIGHT.give(self._held - self._size if self._head is None else self._held)
         self._held = self._size if self._head is None else 0
 
-    def feed(self, chunk: bytes) -> list[bytes | Oversized]:
-        """The lines ``chunk`` ended, but blank ones (counted in ``blank`` and ``blank_bytes``)."""
+    def feed(self, chunk: bytes) -> list[bytes | Oversized | Blank]:
+        """The lines ``chunk`` ended, each run of blank ones as one ``Blank`` (noise: ``noise.py``)."""
         *complete, rest = chunk.split(b"\n")
         finished = [self._finish(part) for part in complete]
         self._add(rest)
-        kept: list[bytes | Oversized] = []
-        self.blank = self.blank_bytes = 0
+        kept: list[bytes | Oversized | Blank] = []
+        blank = size = 0
         for line in finished:
             if isinstance(line, bytes) and not line.strip():
-                self.blank += 1
-                self.blank_bytes += len(line) + 1
-            else:
-                kept.append(line)
+                blank, size = blank + 1, size + len(line) + 1
+                continue
+            if blank:
+                kept.append(Blank(blank, size))
+                blank = size = 0
+            kept.append(line)
+        if blank:
+            kept.append(Blank(blank, size))
         return kept
 
     def _add(self, part: bytes) -> None:
