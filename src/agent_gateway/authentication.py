@@ -25,6 +25,10 @@ class HashedTokenVerifier(TokenVerifier):
 
     def __init__(self, config: AuthConfig, base_url: str | None = None) -> None:
         super().__init__(base_url=base_url)
+        self.reconfigure(config)
+
+    def reconfigure(self, config: AuthConfig) -> None:
+        """The tokens of ``config`` (a reload's): one left out is refused from its next request on."""
         self._digests = [(t.name, _digest_of(t.sha256, t.token)) for t in config.tokens]
 
     async def verify_token(self, token: str) -> AccessToken | None:
@@ -132,7 +136,17 @@ def build_auth(config: AuthConfig) -> AuthProvider | None:
     )
 
 
+def _verifier_of(auth: AuthProvider | None) -> AuthProvider | TokenVerifier | None:
+    return auth.token_verifier if isinstance(auth, RemoteAuthProvider) else auth
+
+
+def static_tokens_of(auth: AuthProvider | None) -> HashedTokenVerifier | None:
+    """The verifier of ``auth`` that holds the static tokens, if any."""
+    verifier = _verifier_of(auth)
+    return verifier if isinstance(verifier, HashedTokenVerifier) else None
+
+
 def keys_of(auth: AuthProvider | None) -> BoundedJwks | None:
     """The verifier of ``auth`` that fetches its keys from an identity provider, if any."""
-    verifier = auth.token_verifier if isinstance(auth, RemoteAuthProvider) else auth
+    verifier = _verifier_of(auth)
     return verifier if isinstance(verifier, BoundedJwks) and verifier.jwks_uri else None
