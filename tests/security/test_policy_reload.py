@@ -20,6 +20,7 @@ from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
+from agent_gateway.catalog import CatalogChange
 from tests.faults.harness import text_of
 from tests.security.test_hostile_load import HEADERS, INITIALIZE
 from tests.support import python_upstream
@@ -78,6 +79,27 @@ async def test_a_reload_tightening_a_policy_applies_to_an_open_sessions_next_cal
         # The refused call never reached the upstream: the bystander's is its second.
         assert text_of(await bystander.call_tool("keep__increment", {})) == "2"
         assert (found.access, found.needs_restart) == (True, ())
+
+
+async def test_a_list_made_while_a_reload_rebuilds_the_catalog_is_not_kept_for_the_new_policy(
+    tmp_path: Path,
+) -> None:
+    # A reload rebuilds the catalog, and its clients may list it, before the new policies
+    # apply: a list kept under the policy's name alone was served after them too.
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=_auth(["*"]))
+    async with from_file(path) as (gw, reloader), client(gw.url, CI_TOKEN) as ci:
+        meanwhile: list[set[str]] = []
+
+        async def list_meanwhile(change: CatalogChange) -> None:
+            if not meanwhile:
+                meanwhile.append({t.name for t in (await ci.list_tools()).tools})
+
+        gw.gateway.catalog.subscribe(list_meanwhile)
+        write(path, {"keep": counter()}, auth=_auth(["keep__pid"]))
+        assert await reloader.reload() is not None
+
+        assert "keep__increment" in meanwhile[0]  # listed under the old policy, then
+        assert {t.name for t in (await ci.list_tools()).tools} == {"keep__pid"}
 
 
 async def test_a_token_a_reload_removes_is_refused_at_its_next_request_while_others_go_on(
