@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import time
 from typing import Any
 
@@ -66,6 +67,9 @@ class ClaimedJWTVerifier(BoundedJwks):
         except RecursionError:  # FastMCP reads the header before any check: a 2.7 KB token did it
             refused("token", "bearer token refused: %s", "its header nests too deeply to read")
             return None
+        except OverflowError:  # FastMCP's int(exp) of an Infinity Python's parser read: a 500 each
+            refused("token", "bearer token refused: %s", "its exp claim is not a number JSON has")
+            return None
         if verified is None:
             return None
         claims: dict[str, Any] = dict(verified.claims or {})
@@ -80,6 +84,9 @@ class ClaimedJWTVerifier(BoundedJwks):
         exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             return "no exp claim (a token that never expires is not accepted)"
+        if any(isinstance(claim, float) and not math.isfinite(claim) for claim in (exp, nbf, iat)):
+            # Python's parser reads them; a NaN nbf passed as valid, as every comparison is False.
+            return "a time claim (exp, nbf or iat) is NaN or Infinity, which JSON does not have"
         if nbf is not None and (not _is_time(nbf) or nbf - self._leeway > now):
             return "not valid yet (nbf)"
         if iat is not None and (not _is_time(iat) or iat - self._leeway > now):
