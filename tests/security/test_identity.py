@@ -86,6 +86,19 @@ async def test_time_claims_json_does_not_have_are_refused_401_and_a_bystander_se
         assert await status(token(sub="bystander")) == 200
 
 
+async def test_a_request_with_two_authorization_headers_is_refused_whichever_comes_first() -> None:
+    # The SDK read the first: a proxy in front that authorized the request by its last one
+    # (another token's) let it in as the first token's client.
+    async with jwt_gateway() as gw, httpx.AsyncClient() as http:
+        mine, another = token(sub="bot"), token(sub="admin-ops")
+        accept = ("Accept", "application/json, text/event-stream")
+        for first, second in ((mine, another), (another, mine), (mine, mine)):
+            headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}"), accept]
+            assert (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code == 400
+        headers = [("Authorization", f"Bearer {mine}"), accept]
+        assert (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code == 200
+
+
 async def test_a_subject_holding_a_lone_surrogate_is_refused_and_a_bystander_served(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
