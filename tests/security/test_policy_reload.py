@@ -5,6 +5,7 @@ restart that ended every client's session (the reload said only "restart to appl
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import anyio
 import httpx
 import httpx2
+import jwt
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -161,3 +163,24 @@ async def test_a_subscription_a_reload_takes_out_of_the_policy_relays_no_more_up
         with anyio.fail_after(BOUND):
             await note.wait()
     assert updated == ["note://x"]
+
+
+async def test_a_reload_moving_a_jwt_subject_to_another_policy_applies_to_its_open_session(
+    tmp_path: Path,
+) -> None:
+    secret = "a-shared-secret-of-at-least-32-chars!"
+    now = int(time.time())
+    bearer = jwt.encode({"sub": "svc-build", "aud": "gw", "exp": now + 300}, secret, algorithm="HS256")
+
+    def auth(subjects: dict[str, str]) -> dict[str, Any]:
+        settings = {"secret": secret, "algorithm": "HS256", "audience": "gw"}
+        policies = {"narrow": {"tools": ["keep__pid"]}}
+        return {"mode": "jwt", "jwt": settings, "subjects": subjects, "policies": policies}
+
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=auth({}))
+    async with from_file(path) as (gw, reloader), client(gw.url, bearer) as service:
+        assert text_of(await service.call_tool("keep__increment", {})) == "1"
+        write(path, {"keep": counter()}, auth=auth({"svc-*": "narrow"}))
+        assert await reloader.reload() is not None
+        refused = await service.call_tool("keep__increment", {})
+        assert text_of(refused) == "tool 'keep__increment' is not allowed for client 'svc-build'"
