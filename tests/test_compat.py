@@ -621,6 +621,12 @@ def test_fastmcps_jwt_verifier_fetches_its_jwks_through_the_one_method_bounded_j
     made = JWTVerifier(jwks_uri="https://idp.test/jwks", issuer="https://idp.test", algorithm="RS256")
     assert made._jwks_cache == {}, "fastmcp: the JWKS cache is no longer a dict of kid to key"  # pyright: ignore[reportPrivateUsage]
     assert isinstance(made._jwks_cache_time, int | float), "fastmcp: the JWKS fetch time moved"  # pyright: ignore[reportPrivateUsage]
+    # A lookup that fetched nothing (the interval not passed) is told by the attempt's time
+    # left as it was: _not_fetched_again reads the interval.
+    assert made._jwks_refresh_interval == 30.0, "fastmcp: the JWKS refresh interval moved"  # pyright: ignore[reportPrivateUsage]
+    assert "self._jwks_last_refresh_attempt = current_time" in lookup, (
+        "fastmcp: the attempt is marked elsewhere"
+    )
 
 
 def test_fastmcps_stdio_run_is_still_what_run_stdio_repeats() -> None:

@@ -131,3 +131,24 @@ async def test_during_an_outage_known_keys_still_check_tokens_and_unknown_ones_g
         )
         assert (await pinged(gw.url, forged)).status_code == 401  # a bad token is still refused as one
         assert (await until_ready(gw.base))["problems"] == []  # its keys are held: still ready
+
+
+async def test_a_flood_of_made_up_keys_fetches_once_and_a_rotated_keys_token_is_told_to_retry() -> None:
+    # The JWKS is fetched for an unknown key at most once per 30 s (FastMCP's interval): a
+    # client naming made-up keys had every later unknown key refused 401 meanwhile, a key the
+    # provider had just published (a rotation) too, and 401 has its client throw its token away.
+    async with provider("k1") as idp, running_gateway(jwt_config(idp)) as gw:
+        await until_ready(gw.base)
+        fetched = idp.fetches
+        assert (await pinged(gw.url, idp.token("made-up-0", sub="mallory"))).status_code == 401
+        for n in range(1, 20):
+            assert (await pinged(gw.url, idp.token(f"made-up-{n}", sub="mallory"))).status_code == 503
+        assert idp.fetches == fetched + 1  # the flood's first only
+
+        idp.published.append("k2")
+        rotated = await pinged(gw.url, idp.token("k2"))
+        assert rotated.status_code == 503, rotated.text
+        assert rotated.headers["retry-after"] == "5"
+        assert "fetched again within" in rotated.json()["error"]["message"]
+        async with client_with(gw.url, idp.token("k1", sub="bystander")) as bystander:
+            assert "counter__increment" in {t.name for t in (await bystander.list_tools()).tools}

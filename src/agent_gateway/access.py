@@ -23,7 +23,6 @@ import functools
 import logging
 import time
 import urllib.parse
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
 
 from agent_gateway.addresses import client_key
+from agent_gateway.agent_spend import AgentSpend, spend_of
 from agent_gateway.authentication import StaticAccessToken
 from agent_gateway.config import AuthConfig, ClientPolicy
 from agent_gateway.errors import ClientLimited, InvalidRequest, NotAllowed, RateLimited, to_wire
@@ -73,9 +73,19 @@ class Principal:
     """Its large bodies' turns to be parsed and served (``turns.py``), made at its first."""
     label: str = ""
     """How log lines name it: its subject, and an anonymous client's address with it."""
+    static: bool = False
+    """Named by a static token (``auth.tokens``): a reload reads its policy from there."""
+    revision: int = 0
+    """The revision of ``auth`` its policy was read from (``AccessControl.reconfigure``)."""
 
     def __post_init__(self) -> None:
         self.label = self.label or self.subject
+
+    @property
+    def policy_key(self) -> str:
+        """What a cache of a policy's view is keyed by: its name alone would serve a policy
+        changed by a reload from what was worked out for the old one."""
+        return f"{self.revision}:{self.policy_name}"
 
     def allows(self, kind: Kind, name: str) -> bool:
         """Whether the policy lets this client reach the public ``name`` of ``kind``."""
@@ -140,39 +150,6 @@ class Principal:
 
 
 _IN_RUN: contextvars.ContextVar[bool] = contextvars.ContextVar("agent_gateway_in_run", default=False)
-
-
-class AgentSpend:
-    """One client's ``ask_agent`` runs per minute and model tokens over the last hour."""
-
-    def __init__(
-        self, runs: TokenBucket | None, tokens_per_hour: int | None, clock: Clock = time.monotonic
-    ) -> None:
-        self._runs = runs
-        self._per_hour = tokens_per_hour
-        self._clock = clock
-        self._used: deque[tuple[float, int]] = deque()
-
-    def start(self, subject: str) -> None:
-        """Raises ``ClientLimited`` when a new run would pass the client's agent budget."""
-        if self._per_hour is not None and (used := self._last_hour()) >= self._per_hour:
-            refused("agent_budget", "client %s over its agent tokens_per_hour", subject, peer=subject)
-            raise ClientLimited(
-                f"{used} model tokens in the last hour, the limit (agent.tokens_per_hour) is {self._per_hour}"
-            )
-        if self._runs is not None and (wait := self._runs.take()) is not None:
-            refused("agent_budget", "client %s over its agent runs_per_minute", subject, peer=subject)
-            raise ClientLimited(f"agent runs over the limit (agent.runs_per_minute): retry in {wait:.1f}s")
-
-    def used(self, tokens: int) -> None:
-        if self._per_hour is not None and tokens > 0:
-            self._used.append((self._clock(), tokens))
-
-    def _last_hour(self) -> int:
-        since = self._clock() - 3600
-        while self._used and self._used[0][0] < since:
-            self._used.popleft()
-        return sum(n for _, n in self._used)
 
 
 _CACHED = 65_536
@@ -257,6 +234,7 @@ class AccessControl:
         self._principals: dict[str, Principal] = {}
         self._policy_of_token = {t.name: t.policy for t in config.tokens}
         self._required = config.mode != "none"
+        self._revision = 0
 
     def identify(self, request: Any) -> Principal | None:
         """The client an MCP request comes from, by its own verified token (over HTTP) or,
@@ -284,19 +262,41 @@ class AccessControl:
         if principal is None:
             if len(self._principals) >= _CLIENTS:
                 self._forget_idle()
-            name = self._policy_name(subject, token)
-            policy = self._config.policy(name)
-            bucket = TokenBucket.of(policy.rate_limit, self._clock) if policy.rate_limit else None
-            principal = Principal(subject, name, policy, bucket, token is not None, label=key)
+            static = isinstance(token, StaticAccessToken)  # made by our verifier only: no JWT can be one
+            principal = Principal(
+                subject, "", ClientPolicy(), None, token is not None, label=key, static=static
+            )
+            self._apply(principal, fresh=True)
             self._principals[key] = principal
-            principal.spent = self._spend(policy)
         return principal
 
-    def _spend(self, policy: ClientPolicy) -> AgentSpend:
-        budget = policy.agent
-        runs = budget.runs_per_minute
-        bucket = TokenBucket(runs / 60.0, max(1, int(runs)), self._clock) if runs else None
-        return AgentSpend(bucket, budget.tokens_per_hour, self._clock)
+    def reconfigure(self, config: AuthConfig) -> set[Principal]:
+        """A reload's tokens, subjects and policies (the mode and the JWT settings are read at
+        start-up only): each client known is given the policy it would be given now, from its
+        next request on (what it has in flight goes on); its rate bucket is new if its rate
+        limit changed, and its model tokens of the last hour still count. Returns the clients
+        whose policy changed."""
+        self._config = config
+        self._policy_of_token = {t.name: t.policy for t in config.tokens}
+        self._revision += 1
+        changed: set[Principal] = set()
+        for principal in self._principals.values():
+            before = (principal.policy_name, principal.policy)
+            self._apply(principal)
+            if (principal.policy_name, principal.policy) != before:
+                changed.add(principal)
+        return changed
+
+    def _apply(self, principal: Principal, fresh: bool = False) -> None:
+        """Gives ``principal`` the policy the configuration names for it now (``fresh``: a
+        client just made, whose bucket and budget start full)."""
+        name = self._policy_name(principal)
+        policy = self._config.policy(name)
+        if fresh or policy.rate_limit != principal.policy.rate_limit:
+            principal.bucket = TokenBucket.of(policy.rate_limit, self._clock) if policy.rate_limit else None
+        if fresh or policy.agent != principal.policy.agent:
+            principal.spent = spend_of(policy.agent, self._clock, None if fresh else principal.spent)
+        principal.policy_name, principal.policy, principal.revision = name, policy, self._revision
 
     def _forget_idle(self) -> None:
         """Drops the clients with nothing open (addresses are many: the table stays bounded);
@@ -309,13 +309,13 @@ class AccessControl:
         """The client called ``subject``, if it has made a request."""
         return self._principals.get(subject)
 
-    def _policy_name(self, subject: str, token: AccessToken | None) -> str:
-        if token is None:
+    def _policy_name(self, principal: Principal) -> str:
+        if not principal.authenticated:
             return "default"
-        if isinstance(token, StaticAccessToken):  # made by our verifier only: no JWT can be one
-            return self._policy_of_token.get(token.client_id, "default")
+        if principal.static:  # a JWT can never take a static token's policy
+            return self._policy_of_token.get(principal.subject, "default")
         for pattern, name in self._config.subjects.items():
-            if fnmatch.fnmatchcase(subject, pattern):
+            if fnmatch.fnmatchcase(principal.subject, pattern):
                 return name
         return "default"
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import time
 from typing import Any
 
@@ -25,6 +26,10 @@ class HashedTokenVerifier(TokenVerifier):
 
     def __init__(self, config: AuthConfig, base_url: str | None = None) -> None:
         super().__init__(base_url=base_url)
+        self.reconfigure(config)
+
+    def reconfigure(self, config: AuthConfig) -> None:
+        """The tokens of ``config`` (a reload's): one left out is refused from its next request on."""
         self._digests = [(t.name, _digest_of(t.sha256, t.token)) for t in config.tokens]
 
     async def verify_token(self, token: str) -> AccessToken | None:
@@ -62,6 +67,9 @@ class ClaimedJWTVerifier(BoundedJwks):
         except RecursionError:  # FastMCP reads the header before any check: a 2.7 KB token did it
             refused("token", "bearer token refused: %s", "its header nests too deeply to read")
             return None
+        except OverflowError:  # FastMCP's int(exp) of an Infinity Python's parser read: a 500 each
+            refused("token", "bearer token refused: %s", "its exp claim is not a number JSON has")
+            return None
         if verified is None:
             return None
         claims: dict[str, Any] = dict(verified.claims or {})
@@ -76,6 +84,9 @@ class ClaimedJWTVerifier(BoundedJwks):
         exp, nbf, iat = claims.get("exp"), claims.get("nbf"), claims.get("iat")
         if not isinstance(exp, int | float) or isinstance(exp, bool):
             return "no exp claim (a token that never expires is not accepted)"
+        if any(isinstance(claim, float) and not math.isfinite(claim) for claim in (exp, nbf, iat)):
+            # Python's parser reads them; a NaN nbf passed as valid, as every comparison is False.
+            return "a time claim (exp, nbf or iat) is NaN or Infinity, which JSON does not have"
         if nbf is not None and (not _is_time(nbf) or nbf - self._leeway > now):
             return "not valid yet (nbf)"
         if iat is not None and (not _is_time(iat) or iat - self._leeway > now):
@@ -132,7 +143,17 @@ def build_auth(config: AuthConfig) -> AuthProvider | None:
     )
 
 
+def _verifier_of(auth: AuthProvider | None) -> AuthProvider | TokenVerifier | None:
+    return auth.token_verifier if isinstance(auth, RemoteAuthProvider) else auth
+
+
+def static_tokens_of(auth: AuthProvider | None) -> HashedTokenVerifier | None:
+    """The verifier of ``auth`` that holds the static tokens, if any."""
+    verifier = _verifier_of(auth)
+    return verifier if isinstance(verifier, HashedTokenVerifier) else None
+
+
 def keys_of(auth: AuthProvider | None) -> BoundedJwks | None:
     """The verifier of ``auth`` that fetches its keys from an identity provider, if any."""
-    verifier = auth.token_verifier if isinstance(auth, RemoteAuthProvider) else auth
+    verifier = _verifier_of(auth)
     return verifier if isinstance(verifier, BoundedJwks) and verifier.jwks_uri else None

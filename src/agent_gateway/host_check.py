@@ -15,7 +15,9 @@ not (3 % of a call's CPU). So this check replaces it, on every route:
   out, as FastMCP's guard compared them) or the request's own origin exactly (scheme, host
   and port);
 - there is one Host header and at most one Origin header (with two, which one counts would
-  depend on which layer reads it).
+  depend on which layer reads it), and, for the same reason, at most one Authorization header
+  (the SDK reads the first: a proxy in front that authorized the request by its last one let
+  it in as the client of another token).
 
 Anything else gets 421 (Host), 403 (Origin) or 400 (a repeated header), before any route runs.
 
@@ -163,14 +165,22 @@ class HostCheck:
             await self.app(scope, receive, send)
             return
         host = origin = ""
-        hosts = origins = 0
+        hosts = origins = credentials = 0
         for name, value in scope["headers"]:
             if name == b"host":
                 host, hosts = value.decode("latin-1"), hosts + 1
             elif name == b"origin":
                 origin, origins = value.decode("latin-1"), origins + 1
-        if hosts > 1 or origins > 1:  # which one counts would depend on who reads (RFC 9112 3.2)
-            refused("host", "refused a request with %d Host and %d Origin headers", hosts, origins)
+            elif name == b"authorization":
+                credentials += 1
+        if hosts > 1 or origins > 1 or credentials > 1:  # which one counts would depend on who reads
+            refused(
+                "host",
+                "refused a request with %d Host, %d Origin and %d Authorization headers",
+                hosts,
+                origins,
+                credentials,
+            )
             await _answer(send, 400, b"Bad Request")
             return
         server = scope.get("server")

@@ -181,7 +181,7 @@ def _listed(part: Part | None, names: Sequence[str]) -> dict[str, types.Tool]:
 
 
 def _policy(client: Principal | None) -> str | None:
-    return client.policy_name if client is not None else None
+    return client.policy_key if client is not None else None
 
 
 _OFFSET = re.compile(r"0|[1-9][0-9]*")

@@ -72,7 +72,7 @@ class ComponentLists:
         read them; one not of their form is ``-32602``, the cursor not sent back)."""
         async with self._sessions.serving(ctx):  # once, as the pipeline's methods are
             client = access.current()
-            key = (method, self._catalog.snapshot.version, client.policy_name if client is not None else None)
+            key = (method, self._catalog.snapshot.version, client.policy_key if client is not None else None)
             if (items := self._lists.get(key)) is None:
                 items = await build()
                 # Only the current version's lists: one per list and policy.

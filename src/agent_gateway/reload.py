@@ -10,9 +10,12 @@ renamed. The catalog is rebuilt under the new names first (a collision among the
 whose tools are known refuses the reload before anything is touched; one with an added
 upstream is handled as any later collision: its listing is refused and reported) and clients
 are told it changed.
-Unchanged upstreams and every client session go on untouched. Every other section (server,
-auth, agent, search, telemetry, audit, store, pinning) is read at start-up only: a change
-there is logged as needing a restart.
+Unchanged upstreams and every client session go on untouched. Of ``auth``, the tokens,
+subjects and policies are applied: each client known gets the policy it would get now, from
+its next request (a token left out is refused from its next request), and its sessions are
+told their lists changed. Every other section (server, agent, search, telemetry, audit, store,
+pinning), and the rest of ``auth`` (its mode, JWT settings), is read at start-up only: a change
+there is logged as needing a restart (a change to the rest of ``auth`` applies none of it).
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from pathlib import Path
 
 import anyio
 
-from agent_gateway.config import GatewayConfig, UpstreamConfig
+from agent_gateway.authentication import static_tokens_of
+from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.server import Gateway
 
@@ -34,6 +38,9 @@ logger = logging.getLogger(__name__)
 _APPLIED = ("upstreams", "env_passthrough")
 """The sections a reload applies; a change to any other is read at start-up only, and is
 logged as needing a restart (every section but these, so a new one cannot go unmentioned)."""
+_ACCESS = ("tokens", "subjects", "policies")
+"""``auth`` fields a reload applies: who may call, and what each client may do (a leaked
+token revoked, a policy tightened, needed no restart that would end every session)."""
 _NAMING = ("prefix", "include", "exclude", "rename")
 """Upstream fields the catalog alone reads: changing them needs no new connection."""
 _STEADY = 0.2
@@ -52,6 +59,8 @@ class Changes:
     """Only their naming changed: the same connection, new public names."""
     unchanged: tuple[str, ...] = ()
     needs_restart: tuple[str, ...] = ()
+    access: bool = False
+    """``auth``'s tokens, subjects or policies changed, and nothing else of it: applied."""
 
     def describe(self) -> str:
         parts = [
@@ -64,6 +73,8 @@ class Changes:
             )
             if names
         ]
+        if self.access:
+            parts.append("auth tokens, subjects and policies applied")
         return "; ".join(parts) or "no upstream changed"
 
 
@@ -73,6 +84,7 @@ def changes(old: GatewayConfig, new: GatewayConfig) -> Changes:
     kept = [n for n in after if n in before]
     differ = [n for n in kept if after[n] != before[n]]
     renamed = [n for n in differ if _renamed_only(before[n], after[n])]
+    access = old.auth != new.auth and _access_only(old.auth, new.auth)
     return Changes(
         added=tuple(n for n in after if n not in before),
         removed=tuple(n for n in before if n not in after),
@@ -80,9 +92,16 @@ def changes(old: GatewayConfig, new: GatewayConfig) -> Changes:
         renamed=tuple(renamed),
         unchanged=tuple(n for n in kept if n not in differ),
         needs_restart=tuple(
-            s for s in type(new).model_fields if s not in _APPLIED and getattr(old, s) != getattr(new, s)
+            s
+            for s in type(new).model_fields
+            if s not in _APPLIED and getattr(old, s) != getattr(new, s) and not (s == "auth" and access)
         ),
+        access=access,
     )
+
+
+def _access_only(old: AuthConfig, new: AuthConfig) -> bool:
+    return old.model_copy(update={field: getattr(new, field) for field in _ACCESS}) == new
 
 
 def _renamed_only(old: UpstreamConfig, new: UpstreamConfig) -> bool:
@@ -96,7 +115,8 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
         ConfigError: the new names collide in the catalog; nothing was changed.
     """
     found = changes(gateway.config, new)
-    applied = gateway.config.model_copy(update={section: getattr(new, section) for section in _APPLIED})
+    sections = (*_APPLIED, "auth") if found.access else _APPLIED
+    applied = gateway.config.model_copy(update={section: getattr(new, section) for section in sections})
     restarted = (*found.removed, *found.changed)
     # A restarted upstream's tools stay listed (fail_open): calls wait for it rather than
     # being told "Unknown tool", and clients are told nothing if it lists the same again.
@@ -111,6 +131,8 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
         # Their former tools collide under the new names: left out until they list again.
         await gateway.catalog.reconfigure(applied, restarted)
     gateway.config = applied
+    if found.access:  # now, not after the drains below: a revoked token waits for no upstream
+        await _reauthorize(gateway, applied.auth)
     async with anyio.create_task_group() as tg:  # calls in flight given the time a drain gives them
         for name in restarted:
             again = applied.active_upstreams.get(name) if name in found.changed else None
@@ -128,6 +150,15 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
             SETTLE_WAIT,
         )
     return found
+
+
+async def _reauthorize(gateway: Gateway, auth: AuthConfig) -> None:
+    """``auth``'s tokens, subjects and policies, for every client from its next request."""
+    if (tokens := static_tokens_of(gateway.server.auth)) is not None:
+        tokens.reconfigure(auth)
+    changed = gateway.access.reconfigure(auth)
+    logger.info("reload: %d known clients' policies changed", len(changed))
+    await gateway.notifier.policies_changed(changed)
 
 
 SETTLE_WAIT = 5.0

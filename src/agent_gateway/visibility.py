@@ -34,7 +34,7 @@ class Visibility:
         if client is None or _unrestricted(client):
             return None
         snapshot = snapshot or self._catalog.snapshot
-        key = (snapshot.version, client.policy_name)
+        key = (snapshot.version, client.policy_key)
         if (known := self._known.get(key)) is None:
             if len(self._known) >= _KEPT:
                 self._known.clear()

@@ -3,6 +3,7 @@ conversations that no subject can reach into another's, whatever its name."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -63,6 +64,39 @@ async def test_tokens_without_exp_from_the_future_or_without_sub_are_refused() -
         # No subject: client_id/azp are not taken in its place (and matched to admin-*).
         assert await status(token(client_id="admin-evil")) == 401
         assert await status(token(azp="admin-evil")) == 401
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [{"exp": math.inf}, {"nbf": math.nan}, {"iat": -math.inf}, {"nbf": -math.inf}],
+    ids=["exp-Infinity", "nbf-NaN", "iat-minus-Infinity", "nbf-minus-Infinity"],
+)
+async def test_time_claims_json_does_not_have_are_refused_401_and_a_bystander_served(
+    claims: dict[str, float],
+) -> None:
+    # Python's parser reads NaN and Infinity: an exp of Infinity was a 500 and an ERROR
+    # traceback for each request (FastMCP's int(exp)), a NaN nbf let its token in.
+    async with jwt_gateway() as gw, httpx.AsyncClient() as http:
+
+        async def status(bearer: str) -> int:
+            headers = {"Authorization": f"Bearer {bearer}", "Accept": "application/json, text/event-stream"}
+            return (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code
+
+        assert await status(token(sub="odd", **claims)) == 401
+        assert await status(token(sub="bystander")) == 200
+
+
+async def test_a_request_with_two_authorization_headers_is_refused_whichever_comes_first() -> None:
+    # The SDK read the first: a proxy in front that authorized the request by its last one
+    # (another token's) let it in as the first token's client.
+    async with jwt_gateway() as gw, httpx.AsyncClient() as http:
+        mine, another = token(sub="bot"), token(sub="admin-ops")
+        accept = ("Accept", "application/json, text/event-stream")
+        for first, second in ((mine, another), (another, mine), (mine, mine)):
+            headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}"), accept]
+            assert (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code == 400
+        headers = [("Authorization", f"Bearer {mine}"), accept]
+        assert (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code == 200
 
 
 async def test_a_subject_holding_a_lone_surrogate_is_refused_and_a_bystander_served(

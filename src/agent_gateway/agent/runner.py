@@ -147,7 +147,7 @@ class AgentRunner:
         when it is small enough to offer whole."""
         snapshot = self._catalog.snapshot
         allowed = client.tool_filter()
-        size, names = self._reach.of(snapshot, client.policy_name, allowed)
+        size, names = self._reach.of(snapshot, client.policy_key, allowed)
         # A toolbox of few tools not offered whole is one whose definitions are too large.
         return Toolbox(snapshot, self.config, allowed, size, wide=len(names) < size), names
 

@@ -168,15 +168,29 @@ class BoundedJwks(JWTVerifier):
         return cast(dict[str, Any], keys)
 
     async def _get_jwks_key(self, kid: str | None) -> str:
+        tried = self._jwks_last_refresh_attempt
         try:
             return await super()._get_jwks_key(kid)
         except ValueError:
+            if self._outage is None and tried is not None and self._jwks_last_refresh_attempt == tried:
+                raise self._not_fetched_again(tried) from None
             if self._outage is None:
                 raise  # the provider answered: the token names no key of its
         if (key := self._kept_key(kid)) is not None:
             return key
         raise KeysUnavailable(
             f"the identity provider's keys cannot be fetched now ({self._outage}); retry later"
+        )
+
+    def _not_fetched_again(self, tried: float) -> KeysUnavailable:
+        """A key unknown, the JWKS not fetched for it: another token's unknown key had it
+        fetched under FastMCP's interval. A key the provider published since (a rotation)
+        cannot be told from a made-up one, and a client's flood of made-up ones kept the
+        rotated key's tokens refused 401 (thrown away by their clients) for up to 30 s."""
+        wait = max(0.0, self._jwks_refresh_interval - (time.monotonic() - tried))
+        return KeysUnavailable(
+            f"the token's key is not among the identity provider's keys fetched {time.monotonic() - tried:.0f} s"
+            f" ago, fetched again within {wait:.0f} s; retry then"
         )
 
     def _keys_kept(self) -> bool:

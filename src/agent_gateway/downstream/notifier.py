@@ -65,7 +65,7 @@ class ListChangedNotifier:
         told: dict[str | None, bool] = {}
 
         def tools_changed(session: DownstreamSession) -> bool:
-            key = session.client.policy_name if session.client is not None else None
+            key = session.client.policy_key if session.client is not None else None
             if key not in told:
                 told[key] = "tools" in change.lists and self._changed_for(change, session.client)
             return told[key]
@@ -80,6 +80,19 @@ class ListChangedNotifier:
                 with anyio.move_on_after(_BROADCAST_BOUND):
                     for kind in sorted(lists):
                         await _SENDERS[kind](session.connection)
+
+    async def policies_changed(self, clients: set[Principal]) -> None:
+        """Tell ``clients`` (a reload changed their policies) that each of their lists may have
+        changed: what their policy lets them see is not compared, a reload being rare."""
+        for session, stream in list(self._streams().items()):
+            if session.client in clients:
+                for event in _EVENTS.values():
+                    await stream.publish(event)
+        for session in list(self._sessions()):
+            if session.client in clients and session.connection is not None:
+                with anyio.move_on_after(_BROADCAST_BOUND):
+                    for send in _SENDERS.values():
+                        await send(session.connection)
 
 
 _SENDERS: dict[ListName, Callable[[Connection], Awaitable[None]]] = {

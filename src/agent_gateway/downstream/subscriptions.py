@@ -354,6 +354,8 @@ class ResourceSubscriptions:
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
         for session, public in list(self._subscribers.get((upstream.id, uri), {}).items()):
+            if session.client is not None and not session.client.allows("resource", public):
+                continue  # a reload took it out of the client's policy: its subscription stays mute
             with anyio.move_on_after(SEND_TIMEOUT):
                 if session.connection is not None:
                     await session.connection.send_resource_updated(public)

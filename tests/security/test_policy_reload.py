@@ -1,0 +1,186 @@
+"""A reload's ``auth`` tokens, subjects and policies, applied to sessions already open: before,
+``auth`` was read at start-up only, so tightening a policy or revoking a leaked token took a
+restart that ended every client's session (the reload said only "restart to apply")."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import jwt
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.session import IncomingMessage
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+from agent_gateway.catalog import CatalogChange
+from tests.faults.harness import text_of
+from tests.security.test_hostile_load import HEADERS, INITIALIZE
+from tests.support import python_upstream
+from tests.test_reload import counter, from_file, write
+
+CI_TOKEN = "ci-token-0123456789abcdef"
+BYSTANDER_TOKEN = "bystander-token-0123456789"
+BOUND = 30.0
+
+
+def _auth(ci_tools: list[str], *, ci: bool = True) -> dict[str, Any]:
+    tokens = [{"name": "bystander", "sha256": hashlib.sha256(BYSTANDER_TOKEN.encode()).hexdigest()}]
+    if ci:
+        tokens.append({"name": "ci", "sha256": hashlib.sha256(CI_TOKEN.encode()).hexdigest(), "policy": "ci"})
+    return {"mode": "bearer", "tokens": tokens, "policies": {"ci": {"tools": ci_tools}}}
+
+
+@asynccontextmanager
+async def client(url: str, token: str, on_message: Any = None) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http), mode="legacy", message_handler=on_message) as c,  # type: ignore[arg-type]
+    ):
+        yield c
+
+
+async def test_a_reload_tightening_a_policy_applies_to_an_open_sessions_next_call_and_tells_it(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=_auth(["*"]))
+    told = anyio.Event()
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            told.set()
+
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, CI_TOKEN, on_message) as ci,
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+    ):
+        assert text_of(await ci.call_tool("keep__increment", {})) == "1"
+        assert "keep__increment" in {t.name for t in (await ci.list_tools()).tools}
+
+        write(path, {"keep": counter()}, auth=_auth(["keep__pid"]))
+        found = await reloader.reload()
+
+        assert found is not None
+        with anyio.fail_after(BOUND):
+            await told.wait()  # the open session, told its list changed
+        refused = await ci.call_tool("keep__increment", {})
+        assert refused.is_error
+        assert text_of(refused) == "tool 'keep__increment' is not allowed for client 'ci'"
+        assert {t.name for t in (await ci.list_tools()).tools} == {"keep__pid"}
+        assert not text_of(await ci.call_tool("keep__pid", {})).startswith("tool")
+        # The refused call never reached the upstream: the bystander's is its second.
+        assert text_of(await bystander.call_tool("keep__increment", {})) == "2"
+        assert (found.access, found.needs_restart) == (True, ())
+
+
+async def test_a_list_made_while_a_reload_rebuilds_the_catalog_is_not_kept_for_the_new_policy(
+    tmp_path: Path,
+) -> None:
+    # A reload rebuilds the catalog, and its clients may list it, before the new policies
+    # apply: a list kept under the policy's name alone was served after them too.
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=_auth(["*"]))
+    async with from_file(path) as (gw, reloader), client(gw.url, CI_TOKEN) as ci:
+        meanwhile: list[set[str]] = []
+
+        async def list_meanwhile(change: CatalogChange) -> None:
+            if not meanwhile:
+                meanwhile.append({t.name for t in (await ci.list_tools()).tools})
+
+        gw.gateway.catalog.subscribe(list_meanwhile)
+        write(path, {"keep": counter()}, auth=_auth(["keep__pid"]))
+        assert await reloader.reload() is not None
+
+        assert "keep__increment" in meanwhile[0]  # listed under the old policy, then
+        assert {t.name for t in (await ci.list_tools()).tools} == {"keep__pid"}
+
+
+async def test_a_token_a_reload_removes_is_refused_at_its_next_request_while_others_go_on(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=_auth(["*"]))
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        httpx.AsyncClient(headers={**HEADERS, "Authorization": f"Bearer {CI_TOKEN}"}) as http,
+    ):
+        assert (await http.post(gw.url, json=INITIALIZE)).status_code == 200
+
+        write(path, {"keep": counter()}, auth=_auth(["*"], ci=False))
+        assert await reloader.reload() is not None
+
+        assert (await http.post(gw.url, json=INITIALIZE)).status_code == 401
+        assert text_of(await bystander.call_tool("keep__increment", {})) == "1"
+
+
+async def test_a_reload_changing_auths_mode_applies_none_of_auth_and_says_restart(tmp_path: Path) -> None:
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=_auth(["*"]))
+    async with from_file(path) as (gw, reloader), client(gw.url, CI_TOKEN) as ci:
+        secret = "s" * 32
+        jwt = {"mode": "jwt", "jwt": {"secret": secret, "algorithm": "HS256", "audience": "gw"}}
+        write(path, {"keep": counter()}, auth=jwt | {"policies": {"ci": {"tools": ["keep__pid"]}}})
+        found = await reloader.reload()
+
+        assert found is not None
+        assert found.needs_restart == ("auth",)
+        assert not found.access
+        assert text_of(await ci.call_tool("keep__increment", {})) == "1"  # its token and policy kept
+
+
+async def test_a_subscription_a_reload_takes_out_of_the_policy_relays_no_more_updates(tmp_path: Path) -> None:
+    # Its updates (which name the resource) kept reaching the client after the reload.
+    upstreams = {"rec": python_upstream("recorder.py", protocol="legacy")}
+    path = write(tmp_path / "g.yaml", upstreams, auth=_auth(["*"]))
+    updated: list[str] = []
+    note = anyio.Event()
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updated.append(message.params.uri)
+            if message.params.uri == "note://x":
+                note.set()
+
+    async with from_file(path) as (gw, reloader), client(gw.url, CI_TOKEN, on_message) as ci:
+        for uri in ("counter://value", "note://x"):
+            with pytest.warns(MCPDeprecationWarning):
+                await ci.subscribe_resource(uri)
+        policy = _auth(["*"])
+        policy["policies"]["ci"]["resources"] = ["note://*"]
+        write(path, upstreams, auth=policy)
+        assert await reloader.reload() is not None
+
+        await ci.call_tool("rec__updates", {"uri": "counter://value", "times": 3})
+        await ci.call_tool("rec__updates", {"uri": "note://x", "times": 1})
+        with anyio.fail_after(BOUND):
+            await note.wait()
+    assert updated == ["note://x"]
+
+
+async def test_a_reload_moving_a_jwt_subject_to_another_policy_applies_to_its_open_session(
+    tmp_path: Path,
+) -> None:
+    secret = "a-shared-secret-of-at-least-32-chars!"
+    now = int(time.time())
+    bearer = jwt.encode({"sub": "svc-build", "aud": "gw", "exp": now + 300}, secret, algorithm="HS256")
+
+    def auth(subjects: dict[str, str]) -> dict[str, Any]:
+        settings = {"secret": secret, "algorithm": "HS256", "audience": "gw"}
+        policies = {"narrow": {"tools": ["keep__pid"]}}
+        return {"mode": "jwt", "jwt": settings, "subjects": subjects, "policies": policies}
+
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=auth({}))
+    async with from_file(path) as (gw, reloader), client(gw.url, bearer) as service:
+        assert text_of(await service.call_tool("keep__increment", {})) == "1"
+        write(path, {"keep": counter()}, auth=auth({"svc-*": "narrow"}))
+        assert await reloader.reload() is not None
+        refused = await service.call_tool("keep__increment", {})
+        assert text_of(refused) == "tool 'keep__increment' is not allowed for client 'svc-build'"
