@@ -8,10 +8,12 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TypeVar
 
 import mcp_types as types
 import msgspec
+from pydantic import AnyUrl
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
 from agent_gateway.errors import shown
@@ -57,6 +59,22 @@ class Part:
     """Its upstream's ``search_weight``: what tool search makes of its tools' matches."""
     upstreams: frozenset[str] = frozenset()
     """Every configured upstream's name: ``{name}+`` begins its qualified resource URIs."""
+
+    @cached_property
+    def spellings(self) -> Mapping[str, str]:
+        """Each resource URI it lists, by its ``spelling``: worked out once per listing (about
+        2 us a URI), not at every other upstream's change."""
+        return {str(r.uri): spelling(str(r.uri)) for r in self.listing.resources}
+
+
+def spelling(uri: str) -> str:
+    """``uri`` as a client is listed it and reads it: FastMCP lists resources as URLs, which
+    lower-case the scheme and host, drop a default port and resolve dot segments
+    (``file:///x/../doc`` is ``file:///doc``). A URI that is no URL is not listed."""
+    try:
+        return str(AnyUrl(uri))
+    except ValueError:
+        return uri
 
 
 def unchanged(before: Part | None, after: Part) -> bool:

@@ -6,6 +6,8 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``evil``: the same URI, once its tool ``collide`` is called (a ``list_changed`` follows);
 - ``catchall``: the template ``{+uri}``, which matches every URI;
 - ``badurl``: the resources ``file:///fine`` and ``data://a host\n/x``, which is no URL;
+- ``spelled``: the resources ``file:///shared/x/../doc`` and ``GOOD+file:///shared/doc``, which
+  a client reads (as a URL) as ``file:///shared/doc`` and ``good+file:///shared/doc``;
 - ``manyN``: N tools (``t0``...), 2,000 a page;
 - ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes);
 - ``fatN``: N tools each with a schema of about 200 KB (within the bound on one), 20 a page
@@ -98,6 +100,9 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
                 {"uri": "data://a host\n/x", "name": "bad"},
             ]
         }
+    if method == "resources/list" and MODE == "spelled":
+        spellings = ["file:///shared/x/../doc", "GOOD+file:///shared/doc"]
+        return {"resources": [{"uri": uri, "name": "doc"} for uri in spellings]}
     if method == "resources/list":
         listed = MODE == "good" or STATE["collide"]
         return {"resources": [{"uri": "file:///shared/doc", "name": "doc"}] if listed else []}
