@@ -213,9 +213,15 @@ MAX_LISTED = 10_000
 """Items of one kind (tools, prompts, resources, templates) one upstream may list; the largest
 real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
 MAX_LISTED_BYTES = 64 * 2**20
-"""What one upstream's list of one kind may hold: the characters of its names, titles and
-descriptions and the bytes of its tools' schemas (each schema is bounded too, 1 MiB:
-``MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
+"""What one upstream's list of one kind may hold: its items' JSON (names, titles, descriptions,
+``_meta``, a prompt's arguments: ``MAX_ITEM_BYTES`` each) and its tools' schemas (each schema is
+bounded too, 1 MiB: ``MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
+MAX_ITEM_BYTES = 2**20
+"""What one listed tool, prompt, resource or template may hold besides a tool's schemas, as
+JSON: its name, title, description, ``_meta``, icons, annotations, a prompt's arguments (the
+longest description of the benchmark's 2,815 real tools is 6.5 KB). Larger, it is not listed:
+before, only ``MAX_LISTED_BYTES`` and the message size bounded it, and every client's listing
+page holding it carried it (a tool of a 60 MB description: 60 MB a client's ``tools/list``)."""
 MAX_SCHEMA_BYTES = 2**20
 """How large one of a tool's schemas may be, serialised (most real ones are a few KB; the
 largest of the benchmark's 2,815 real tools, Microsoft 365's ``create-sharepoint-list-item``,
