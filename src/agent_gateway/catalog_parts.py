@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import mcp_types as types
 import msgspec
@@ -121,12 +121,29 @@ def build_part(
 
 
 def size_of(tool: types.Tool) -> int:
-    """About the bytes of ``tool``'s definition in a listing (its schemas, as compact JSON,
-    and its words)."""
+    """About the bytes of ``tool``'s definition in a listing: its schemas as compact JSON, and
+    the rest (words, ``_meta``, icons, annotations: up to ``MAX_ITEM_BYTES``) as served."""
     schemas = len(msgspec.json.encode(tool.input_schema))
     if tool.output_schema is not None:
         schemas += len(msgspec.json.encode(tool.output_schema))
-    return schemas + len(tool.name) + len(tool.title or "") + len(tool.description or "") + 64
+    return schemas + rest_size(tool)
+
+
+class Listed(Protocol):
+    """What every listed item has (a tool, prompt, resource or template)."""
+
+    name: str
+
+    def model_dump_json(self, *, by_alias: bool, exclude_none: bool, exclude: set[str]) -> str: ...
+
+
+def rest_size(item: Listed) -> int:
+    """The bytes of a listed item's JSON but a tool's schemas (bounded apart, ``MAX_SCHEMA_BYTES``):
+    its name, title, description, ``_meta``, icons, annotations, a prompt's arguments."""
+    return len(item.model_dump_json(by_alias=True, exclude_none=True, exclude=_SCHEMAS))
+
+
+_SCHEMAS = {"input_schema", "output_schema"}
 
 
 def _first_of_each(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str, Origin[T]]:

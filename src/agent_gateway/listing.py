@@ -108,7 +108,7 @@ class ToolListing:
             names = self._listed_in(part, client, searching)
             tools += [part.listed[n] for n in names]
             sizes += [part.sizes[n] for n in names]
-        return View(snapshot.version, searching, tools, visible, _page_ends(sizes, self._page_size))
+        return View(snapshot.version, searching, tools, visible, page_ends(sizes, self._page_size))
 
     def _listed_in(self, part: Part, client: Principal | None, searching: bool) -> Sequence[str]:
         allowed = self._allowed_in(part, client)
@@ -161,7 +161,7 @@ class ToolListing:
         )
 
 
-def _page_ends(sizes: Sequence[int], page_size: int) -> tuple[int, ...]:
+def page_ends(sizes: Sequence[int], page_size: int) -> tuple[int, ...]:
     """Where each page ends: after ``page_size`` tools, or before ``PAGE_BYTES`` would be
     passed (a page holds one tool at least)."""
     ends: list[int] = []

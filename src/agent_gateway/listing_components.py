@@ -10,21 +10,45 @@ made; only the current catalog version's are kept (one per list and policy).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 from fastmcp import FastMCP
-from fastmcp.utilities.pagination import paginate_sequence
+from fastmcp.utilities.pagination import CursorState
 from fastmcp.utilities.versions import dedupe_with_versions
 from mcp.server.lowlevel import Server
+from pydantic import BaseModel
 
 from agent_gateway import access
 from agent_gateway.catalog import Catalog
 from agent_gateway.downstream.sessions import SessionRegistry
 from agent_gateway.errors import InvalidRequest, to_wire
+from agent_gateway.listing import page_ends
 
-Build = Callable[[], Awaitable[Sequence[Any]]]
+Build = Callable[[], Awaitable[Sequence[BaseModel]]]
+
+
+@dataclass(frozen=True)
+class _Paged:
+    """One client's list and where its pages end: after ``server.page_size`` items, or before
+    their JSON would pass ``listing.PAGE_BYTES`` (one item at least), as ``tools/list``'s."""
+
+    items: Sequence[BaseModel]
+    ends: tuple[int, ...]
+
+    @classmethod
+    def of(cls, items: Sequence[BaseModel], page_size: int) -> _Paged:
+        sizes = [len(item.model_dump_json(by_alias=True, exclude_none=True)) for item in items]
+        return cls(items, page_ends(sizes, page_size))
+
+    def page(self, start: int) -> tuple[Sequence[BaseModel], str | None]:
+        """The page starting at ``start``, and the cursor of the next (None: the last)."""
+        end = self.ends[bisect.bisect_right(self.ends, start)] if start < len(self.items) else start
+        following = CursorState(end).encode() if end < len(self.items) else None
+        return self.items[start:end], following
 
 
 class ComponentLists:
@@ -41,7 +65,7 @@ class ComponentLists:
         self._catalog = catalog
         self._sessions = sessions
         self._page_size = page_size
-        self._lists: dict[tuple[str, int, str | None], Sequence[Any]] = {}
+        self._lists: dict[tuple[str, int, str | None], _Paged] = {}
 
     def register(self, lowlevel: Server[Any]) -> None:
         """Serve the three lists in place of FastMCP's handlers."""
@@ -73,13 +97,14 @@ class ComponentLists:
         async with self._sessions.serving(ctx):  # once, as the pipeline's methods are
             client = access.current()
             key = (method, self._catalog.snapshot.version, client.policy_name if client is not None else None)
-            if (items := self._lists.get(key)) is None:
-                items = await build()
+            if (paged := self._lists.get(key)) is None:
+                paged = _Paged.of(await build(), self._page_size)
                 # Only the current version's lists: one per list and policy.
                 self._lists = {k: v for k, v in self._lists.items() if k[1] == key[1]}
-                self._lists[key] = items
+                self._lists[key] = paged
+        cursor = params.cursor if params is not None else None
         try:
-            return paginate_sequence(items, params.cursor if params is not None else None, self._page_size)
+            return paged.page(CursorState.decode(cursor).offset if cursor else 0)
         except ValueError as exc:  # not one of FastMCP's, nor of this gateway's
             raise to_wire(InvalidRequest(f"invalid cursor for {method}")) from exc
 

@@ -175,3 +175,36 @@ async def test_a_cursor_spelling_its_offset_in_other_digits_is_an_invalid_cursor
             with pytest.raises(MCPError, match="invalid cursor for") as refused:
                 await page(client, cursor)
             assert refused.value.error.code == -32602, cursor
+
+
+def large_items_server() -> FastMCP:
+    """Three small tools, prompts, resources and templates, then three of ~200 KB each (within
+    what one item may hold, 1 MiB): a tool's in its ``_meta``, the others' in a description."""
+    server = FastMCP("up")
+    for i in range(6):
+        words = "w" * (200_000 if i >= 3 else 10)
+        server.tool(name=f"t{i}", meta={"words": words})(_text(str(i)))
+        server.prompt(name=f"p{i}", description=words)(_text(str(i)))
+        server.resource(f"res://r/{i}", name=f"r{i}", description=words)(_text(str(i)))
+
+        def by_template(x: str) -> str:
+            return x
+
+        server.resource(f"tpl://t{i}/{{x}}", name=f"t{i}", description=words)(by_template)
+    return server
+
+
+@pytest.mark.parametrize("kind", ["tools", *LISTS])
+async def test_a_page_of_a_list_ends_before_its_items_pass_the_bytes_of_a_tools_page(kind: str) -> None:
+    # Before, a page held page_size items (100 by default) whatever their size: 64 items of
+    # 1 MB (one upstream's 64 MiB) made every client's page 64 MB; a tool's _meta was not
+    # counted in its page's bytes.
+    page = tools if kind == "tools" else LISTS[kind][0]
+    async with (
+        serving_upstream(large_items_server()) as url,
+        running_gateway({"upstreams": {"up": {"url": url}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        items, cursors = await walked(client, page)
+    assert len(items) == len(set(items)) == 6 + (kind == "tools")  # and ask_agent
+    assert len(cursors) == 4  # the small ones together, each large one alone

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -27,8 +27,10 @@ from agent_gateway.catalog_parts import (
     MAX_ITEM_BYTES,
     MAX_LISTED,
     MAX_LISTED_BYTES,
+    Listed,
     Listing,
     kept_instructions,
+    rest_size,
 )
 from agent_gateway.compat.mcp import PageTooLong
 from agent_gateway.config import UpstreamConfig
@@ -44,7 +46,6 @@ from agent_gateway.upstreams.translation import secrets_of
 logger = logging.getLogger(__name__)
 
 _PAGE_CAP = 1000
-_SCHEMAS = {"input_schema", "output_schema"}
 REFRESH_SPACING = 1.0
 """Seconds at least between two listings of one upstream after it says its lists changed. An
 upstream sending ``list_changed`` flat out was listed again as fast as each listing ended (84
@@ -69,15 +70,7 @@ _LIST_CHANGED = (
 )
 
 
-class _Listed(Protocol):
-    """What every listed item has (a tool, prompt, resource or template)."""
-
-    name: str
-
-    def model_dump_json(self, *, by_alias: bool, exclude_none: bool, exclude: set[str]) -> str: ...
-
-
-T = TypeVar("T", bound=_Listed)
+T = TypeVar("T", bound=Listed)
 
 
 class UpstreamState(StrEnum):
@@ -361,7 +354,7 @@ class _Pages:
             except PageTooLong:  # refused before its items were made models
                 raise self._refused(kind) from None
             for item in items(page):
-                rest = _rest_size(item)
+                rest = rest_size(item)
                 held += rest + schemas(item)
                 (collected if rest <= MAX_ITEM_BYTES else oversized).append(item)
             if len(collected) + len(oversized) > MAX_LISTED or held > MAX_LISTED_BYTES:
@@ -383,12 +376,6 @@ class _Pages:
             f"items, {MAX_LISTED_BYTES // 2**20} MiB of names, descriptions and schemas): refused",
             types.INTERNAL_ERROR,
         )
-
-
-def _rest_size(item: _Listed) -> int:
-    """The bytes of ``item``'s JSON but a tool's schemas (bounded apart, ``MAX_SCHEMA_BYTES``):
-    its name, title, description, ``_meta``, icons, annotations, a prompt's arguments."""
-    return len(item.model_dump_json(by_alias=True, exclude_none=True, exclude=_SCHEMAS))
 
 
 def _schemas_size(tool: types.Tool) -> int:
