@@ -13,8 +13,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
+import mcp_types as types
 import pytest
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from fastmcp.prompts.base import Prompt
 from fastmcp.resources.base import Resource
 from fastmcp.resources.template import ResourceTemplate
@@ -22,6 +23,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tests.faults.harness import text_of, wait_until
 from tests.support import running_gateway, serving_upstream
 
 COUNT = 40
@@ -208,3 +210,70 @@ async def test_a_page_of_a_list_ends_before_its_items_pass_the_bytes_of_a_tools_
         items, cursors = await walked(client, page)
     assert len(items) == len(set(items)) == 6 + (kind == "tools")  # and ask_agent
     assert len(cursors) == 4  # the small ones together, each large one alone
+
+
+def shifting_server(name: str, count: int) -> FastMCP:
+    """``count`` tools, prompts, resources and templates (``{name}0`` ...), and a tool ``shift``
+    that removes the second to the fourth of each and adds three, then says its lists changed."""
+    server = FastMCP(name)
+    server.tool(name="shift")(shift_of(server, name))
+    for i in range(count):
+        add(server, f"{name}{i}")
+    return server
+
+
+def add(server: FastMCP, item: str) -> None:
+    server.tool(name=item)(_text(item))
+    server.prompt(name=item)(_text(item))
+    server.resource(f"res://{item}", name=item)(_text(item))
+
+    def by_template(x: str) -> str:
+        return x
+
+    server.resource(f"tpl://{item}/{{x}}", name=item)(by_template)
+
+
+def shift_of(server: FastMCP, name: str) -> Callable[[Context], Awaitable[str]]:
+    async def shift(ctx: Context) -> str:
+        for i in range(1, 4):
+            server.local_provider.remove_tool(f"{name}{i}")
+            server.local_provider.remove_prompt(f"{name}{i}")
+            server.local_provider.remove_resource(f"res://{name}{i}")
+            server.local_provider.remove_template(f"tpl://{name}{i}/{{x}}")
+            add(server, f"new{i}")
+        for notification in (
+            types.ToolListChangedNotification(),
+            types.PromptListChangedNotification(),
+            types.ResourceListChangedNotification(),
+        ):
+            await ctx.send_notification(notification)
+        return "shifted"
+
+    return shift
+
+
+@pytest.mark.parametrize("kind", ["tools", *LISTS])
+async def test_a_walk_across_a_catalog_change_sees_each_item_that_stayed_once(kind: str) -> None:
+    # Upstream a, listed first, drops three items (the page's last among them) and adds three
+    # after the walk's first page. Before, the walk went on from the same position in the
+    # changed list, missing items that never changed.
+    page = tools if kind == "tools" else LISTS[kind][0]
+    async with (
+        serving_upstream(shifting_server("a", 6)) as a,
+        serving_upstream(shifting_server("b", 6)) as b,
+        running_gateway({"server": {"page_size": 4}, "upstreams": {"a": {"url": a}, "b": {"url": b}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        first, cursor = await page(client, None)
+        before, _ = await walked(client, page)
+        assert text_of(await client.call_tool("a__shift", {})) == "shifted"
+        snapshot = lambda: gw.gateway.catalog.snapshot  # noqa: E731
+        await wait_until(lambda: "a__a1" not in snapshot().prompts and "res://a1" not in snapshot().resources)
+        rest, following = await page(client, cursor)
+        while following is not None:
+            found, following = await page(client, following)
+            rest += found
+        after, _ = await walked(client, page)
+    seen = first + rest
+    assert len(seen) == len(set(seen))
+    assert set(before) & set(after) <= set(seen)  # before: 1 or 2 that stayed were missed
