@@ -121,10 +121,10 @@ def template_entries(
     (the last snapshot's) where the public URI is the same: one upstream's change parses only
     what changed (before, every catalog change parsed every template again: 5 s of the event
     loop for 5,000 templates of 100 variables)."""
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = {}  # upstreams listing each template (once each, however often)
     for _, listing in ordered:
-        for template in listing.templates:
-            counts[template.uri_template] = counts.get(template.uri_template, 0) + 1
+        for text in {template.uri_template for template in listing.templates}:
+            counts[text] = counts.get(text, 0) + 1
     parsed = {entry.public: entry.matcher for entry in before}
     entries: list[TemplateEntry] = []
     for upstream, listing in ordered:

@@ -217,3 +217,18 @@ async def test_an_item_holding_more_than_the_gateway_lists_is_left_out_alone() -
     assert isinstance(small.contents[0], types.TextResourceContents)
     assert small.contents[0].text == "ok"
     assert counted == "1"
+
+
+async def test_an_upstream_whose_list_loops_is_read_to_the_repeated_cursor_once() -> None:
+    # Before, its pages were read 1,000 times at each listing (the bound on pages), every tool
+    # 999 times skipped as a name already given, and its template, counted 1,000 times, was
+    # qualified as if several upstreams listed it.
+    config = {"upstreams": {"loop": hostile("loop"), "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        pages = text_of(await client.call_tool("loop__pages", {}))
+        templates = (await client.list_resource_templates()).resource_templates
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+    assert pages == "2"  # the first page, and the page its cursor names, read again
+    assert [t.uri_template for t in templates] == ["file:///logs/{name}"]
+    assert counted == "1"
+    assert "loop__collide" in gw.gateway.catalog.snapshot.tools

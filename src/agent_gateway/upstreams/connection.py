@@ -348,6 +348,7 @@ class _Pages:
         oversized: list[T] = []
         held = 0
         cursor: str | None = None
+        asked: set[str] = set()
         for _ in range(_PAGE_CAP):
             try:
                 page = await fetch(cursor=cursor)
@@ -359,9 +360,16 @@ class _Pages:
                 (collected if rest <= MAX_ITEM_BYTES else oversized).append(item)
             if len(collected) + len(oversized) > MAX_LISTED or held > MAX_LISTED_BYTES:
                 raise self._refused(kind)
-            cursor = page.next_cursor
-            if not cursor:
+            asked.add(cursor or "")
+            if not (cursor := page.next_cursor) or cursor in asked:
                 break
+        if cursor:  # one line per listing
+            why = (
+                "names a page already read: its list loops"
+                if cursor in asked
+                else f"is past {_PAGE_CAP} pages"
+            )
+            logger.warning("upstream %s: its %s read up to a nextCursor that %s", self.upstream, kind, why)
         if oversized:  # one line per listing: the upstream chooses how many
             logger.warning(
                 "upstream %s: %d %s not listed: each holds over %d bytes besides a tool's schemas (%s)",
