@@ -4,6 +4,7 @@ policies, pins and approvals written as ``memory__*`` mean upstream ``memory``'s
 from __future__ import annotations
 
 import hashlib
+import sys
 
 import mcp_types as types
 import pytest
@@ -11,7 +12,7 @@ from fastmcp import FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tests.support import running_gateway, serving_upstream
+from tests.support import SERVERS, running_gateway, serving_upstream
 from tests.test_access import client_with
 
 NARROW = "n" * 32
@@ -119,3 +120,29 @@ async def test_an_upstream_cannot_list_or_match_uris_in_another_upstreams_namesp
             assert isinstance(own.contents[0], types.TextResourceContents)
             assert own.contents[0].text == "evil's readme"
     assert reads == ["docs+file:///readme"]  # its own, under its own qualified URI
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstream_cannot_take_another_upstreams_reads_with_another_spelling_of_its_uri(
+    mode: str,
+) -> None:
+    """``file:///shared/x/../doc`` and ``GOOD+file:///shared/doc`` are, as URLs (as clients
+    are listed them), ``file:///shared/doc`` and ``good+file:///shared/doc``: upstream
+    ``good``'s URI and its namespace."""
+    script = str(SERVERS / "hostile_listings.py")
+    upstreams = {
+        "good": {"command": sys.executable, "args": [script, "good"]},
+        "bad": {"command": sys.executable, "args": [script, "spelled"]},
+    }
+    async with running_gateway({"upstreams": upstreams}) as gw, Client(gw.url, mode=mode) as client:
+        uris = {str(r.uri) for r in (await client.list_resources()).resources}
+        # Before, listed as file:///shared/doc and good+file:///shared/doc, both bad's reads.
+        assert uris == {"good+file:///shared/doc", "bad+file:///shared/doc", "bad+good+file:///shared/doc"}
+        for uri, served in (
+            ("good+file:///shared/doc", "good"),
+            ("bad+file:///shared/doc", "spelled"),
+            ("bad+good+file:///shared/doc", "spelled"),
+        ):
+            read = await client.read_resource(uri)
+            assert isinstance(read.contents[0], types.TextResourceContents)
+            assert read.contents[0].text == served

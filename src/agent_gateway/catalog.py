@@ -135,11 +135,12 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         _add_all("prompt", prompts, part.prompts)
     ordered = [(p.upstream, p.listing) for p in parts]
     names = frozenset[str]().union(*(p.upstreams for p in parts))
+    spelled = {uri: seen for p in parts for uri, seen in p.spellings.items()}
     return CatalogSnapshot(
         tools=tools,
         listed=listed,
         prompts=prompts,
-        resources=resource_table(ordered, previous.resources if previous is not None else {}, names),
+        resources=resource_table(ordered, previous.resources if previous is not None else {}, names, spelled),
         templates=template_entries(ordered, names, previous.templates if previous is not None else ()),
         instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
         version=version,

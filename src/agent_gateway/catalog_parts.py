@@ -8,10 +8,12 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from functools import cached_property
+from typing import Protocol, TypeVar
 
 import mcp_types as types
 import msgspec
+from pydantic import AnyUrl
 
 from agent_gateway.config import GatewayConfig, UpstreamConfig
 from agent_gateway.errors import shown
@@ -58,6 +60,22 @@ class Part:
     upstreams: frozenset[str] = frozenset()
     """Every configured upstream's name: ``{name}+`` begins its qualified resource URIs."""
 
+    @cached_property
+    def spellings(self) -> Mapping[str, str]:
+        """Each resource URI it lists, by its ``spelling``: worked out once per listing (about
+        2 us a URI), not at every other upstream's change."""
+        return {str(r.uri): spelling(str(r.uri)) for r in self.listing.resources}
+
+
+def spelling(uri: str) -> str:
+    """``uri`` as a client is listed it and reads it: FastMCP lists resources as URLs, which
+    lower-case the scheme and host, drop a default port and resolve dot segments
+    (``file:///x/../doc`` is ``file:///doc``). A URI that is no URL is not listed."""
+    try:
+        return str(AnyUrl(uri))
+    except ValueError:
+        return uri
+
 
 def unchanged(before: Part | None, after: Part) -> bool:
     """Whether ``after`` serves what ``before`` did: the same listing, the same tools withheld
@@ -103,12 +121,29 @@ def build_part(
 
 
 def size_of(tool: types.Tool) -> int:
-    """About the bytes of ``tool``'s definition in a listing (its schemas, as compact JSON,
-    and its words)."""
+    """About the bytes of ``tool``'s definition in a listing: its schemas as compact JSON, and
+    the rest (words, ``_meta``, icons, annotations: up to ``MAX_ITEM_BYTES``) as served."""
     schemas = len(msgspec.json.encode(tool.input_schema))
     if tool.output_schema is not None:
         schemas += len(msgspec.json.encode(tool.output_schema))
-    return schemas + len(tool.name) + len(tool.title or "") + len(tool.description or "") + 64
+    return schemas + rest_size(tool)
+
+
+class Listed(Protocol):
+    """What every listed item has (a tool, prompt, resource or template)."""
+
+    name: str
+
+    def model_dump_json(self, *, by_alias: bool, exclude_none: bool, exclude: set[str]) -> str: ...
+
+
+def rest_size(item: Listed) -> int:
+    """The bytes of a listed item's JSON but a tool's schemas (bounded apart, ``MAX_SCHEMA_BYTES``):
+    its name, title, description, ``_meta``, icons, annotations, a prompt's arguments."""
+    return len(item.model_dump_json(by_alias=True, exclude_none=True, exclude=_SCHEMAS))
+
+
+_SCHEMAS = {"input_schema", "output_schema"}
 
 
 def _first_of_each(kind: str, entries: list[tuple[str, Origin[T]]]) -> dict[str, Origin[T]]:
@@ -195,9 +230,15 @@ MAX_LISTED = 10_000
 """Items of one kind (tools, prompts, resources, templates) one upstream may list; the largest
 real servers list a few hundred. A listing of 60,000 tools (120 MB) was read and kept whole."""
 MAX_LISTED_BYTES = 64 * 2**20
-"""What one upstream's list of one kind may hold: the characters of its names, titles and
-descriptions and the bytes of its tools' schemas (each schema is bounded too, 1 MiB:
-``MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
+"""What one upstream's list of one kind may hold: its items' JSON (names, titles, descriptions,
+``_meta``, a prompt's arguments: ``MAX_ITEM_BYTES`` each) and its tools' schemas (each schema is
+bounded too, 1 MiB: ``MAX_SCHEMA_BYTES``; 10,000 tools at that bound would be 10 GiB)."""
+MAX_ITEM_BYTES = 2**20
+"""What one listed tool, prompt, resource or template may hold besides a tool's schemas, as
+JSON: its name, title, description, ``_meta``, icons, annotations, a prompt's arguments (the
+longest description of the benchmark's 2,815 real tools is 6.5 KB). Larger, it is not listed:
+before, only ``MAX_LISTED_BYTES`` and the message size bounded it, and every client's listing
+page holding it carried it (a tool of a 60 MB description: 60 MB a client's ``tools/list``)."""
 MAX_SCHEMA_BYTES = 2**20
 """How large one of a tool's schemas may be, serialised (most real ones are a few KB; the
 largest of the benchmark's 2,815 real tools, Microsoft 365's ``create-sharepoint-list-item``,

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
-from agent_gateway.catalog_parts import Listing
+from agent_gateway.catalog_parts import Listing, spelling
 from agent_gateway.errors import shown
 from agent_gateway.naming import Origin
 
@@ -64,16 +64,26 @@ def resource_table(
     ordered: list[tuple[str, Listing]],
     before: Mapping[str, Origin[types.Resource]],
     upstreams: frozenset[str] = frozenset(),
+    spelled: Mapping[str, str] | None = None,
 ) -> dict[str, Origin[types.Resource]]:
+    """Each upstream's resources by public URI. URIs are compared as clients see them (their
+    ``spelling``, from ``spelled`` when given): before, an upstream listing
+    ``file:///x/../doc`` was listed as, and took the reads of, another's ``file:///doc``, and
+    ``DOCS+file:///a`` was ``docs+file:///a``."""
+    if spelled is None:
+        spelled = {str(r.uri): spelling(str(r.uri)) for _, listing in ordered for r in listing.resources}
+    lowered = frozenset(u.lower() for u in upstreams)  # a spelling's scheme is lower-case
     owners: dict[str, set[str]] = {}
     for upstream, listing in ordered:
         for resource in listing.resources:
-            owners.setdefault(str(resource.uri), set()).add(upstream)
+            owners.setdefault(spelled[str(resource.uri)], set()).add(upstream)
     table: dict[str, Origin[types.Resource]] = {}
     for upstream, listing in ordered:
         for resource in listing.resources:
             uri = str(resource.uri)
-            kept = not namespace_of(uri, upstreams) and _keeps(upstream, uri, owners[uri], before)
+            seen = spelled[uri]
+            foreign = namespace_of(uri, upstreams) or (seen != uri and namespace_of(seen, lowered))
+            kept = not foreign and _keeps(upstream, uri, owners[seen], before)
             public = uri if kept else f"{upstream}+{uri}"
             table[public] = Origin(upstream, uri, resource)
     return table
@@ -111,10 +121,10 @@ def template_entries(
     (the last snapshot's) where the public URI is the same: one upstream's change parses only
     what changed (before, every catalog change parsed every template again: 5 s of the event
     loop for 5,000 templates of 100 variables)."""
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = {}  # upstreams listing each template (once each, however often)
     for _, listing in ordered:
-        for template in listing.templates:
-            counts[template.uri_template] = counts.get(template.uri_template, 0) + 1
+        for text in {template.uri_template for template in listing.templates}:
+            counts[text] = counts.get(text, 0) + 1
     parsed = {entry.public: entry.matcher for entry in before}
     entries: list[TemplateEntry] = []
     for upstream, listing in ordered:

@@ -96,7 +96,8 @@ def _build_components(snapshot: CatalogSnapshot) -> _Components:
         version=snapshot.version,
         prompts={n: _prompt(n, o.item) for n, o in snapshot.prompts.items()},
         resources=resources,
-        spelled={str(r.uri): uri for uri, r in resources.items() if str(r.uri) != uri},
+        # A URI listed as it is spelled is read as that one (never mapped to another's).
+        spelled={str(r.uri): uri for uri, r in resources.items() if str(r.uri) not in resources},
         templates=[_template(e.public, e.origin.item) for e in snapshot.templates],
     )
 

@@ -20,8 +20,9 @@ import base64
 import binascii
 import bisect
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import mcp_types as types
@@ -32,6 +33,7 @@ from agent_gateway.catalog import Catalog, CatalogChange, CatalogSnapshot, Part
 from agent_gateway.catalog_parts import size_of
 from agent_gateway.config import SearchConfig
 from agent_gateway.errors import InvalidRequest, to_wire
+from agent_gateway.list_walks import Place, resumed
 from agent_gateway.naming import matches_any
 
 OwnTools = Callable[[CatalogSnapshot, Principal | None, bool], list[types.Tool]]
@@ -53,10 +55,27 @@ class View:
     ends: tuple[int, ...]
     """Where each page ends (an offset into ``tools``), in order."""
 
-    def page(self, start: int) -> tuple[Sequence[types.Tool], int | None]:
-        """The page starting at ``start``, and where the next one starts (None: the last)."""
+    def page(self, start: int) -> tuple[Sequence[types.Tool], str | None]:
+        """The page starting at ``start``, and the cursor of the next one (None: the last)."""
         end = self.ends[bisect.bisect_right(self.ends, start)] if start < len(self.tools) else start
-        return self.tools[start:end], end if end < len(self.tools) else None
+        following = (
+            _cursor(Place(end, self.version, self.tools[end - 1].name)) if end < len(self.tools) else None
+        )
+        return self.tools[start:end], following
+
+    def __len__(self) -> int:
+        return len(self.tools)
+
+    def key(self, index: int) -> str:
+        return self.tools[index].name
+
+    def position(self, key: str) -> int | None:
+        return self._positions.get(key)
+
+    @cached_property
+    def _positions(self) -> Mapping[str, int]:
+        """Made only for a cursor of a version since changed (``list_walks``)."""
+        return {tool.name: index for index, tool in enumerate(self.tools)}
 
 
 class ToolListing:
@@ -77,9 +96,10 @@ class ToolListing:
         if (client := access.current()) is None:
             return types.ListToolsResult(tools=[])
         view = self.view(self._catalog.snapshot, client)
-        tools, following = view.page(_offset(params.cursor if params is not None else None))
-        cursor = _cursor(following) if following is not None else None
-        return types.ListToolsResult(tools=list(tools), next_cursor=cursor)
+        place = _place(params.cursor if params is not None else None)
+        then = self._views.get((place.version, _policy(client))) if place.version is not None else None
+        tools, following = view.page(resumed(place, view, then))
+        return types.ListToolsResult(tools=list(tools), next_cursor=following)
 
     def searching(self, client: Principal | None) -> bool:
         """Whether ``client`` is in search mode now."""
@@ -108,7 +128,7 @@ class ToolListing:
             names = self._listed_in(part, client, searching)
             tools += [part.listed[n] for n in names]
             sizes += [part.sizes[n] for n in names]
-        return View(snapshot.version, searching, tools, visible, _page_ends(sizes, self._page_size))
+        return View(snapshot.version, searching, tools, visible, page_ends(sizes, self._page_size))
 
     def _listed_in(self, part: Part, client: Principal | None, searching: bool) -> Sequence[str]:
         allowed = self._allowed_in(part, client)
@@ -161,7 +181,7 @@ class ToolListing:
         )
 
 
-def _page_ends(sizes: Sequence[int], page_size: int) -> tuple[int, ...]:
+def page_ends(sizes: Sequence[int], page_size: int) -> tuple[int, ...]:
     """Where each page ends: after ``page_size`` tools, or before ``PAGE_BYTES`` would be
     passed (a page holds one tool at least)."""
     ends: list[int] = []
@@ -184,26 +204,28 @@ def _policy(client: Principal | None) -> str | None:
     return client.policy_key if client is not None else None
 
 
-_OFFSET = re.compile(r"0|[1-9][0-9]*")
+_PLACE = re.compile(r"tools:(0|[1-9][0-9]*)(?::(0|[1-9][0-9]*):(.+))?", re.DOTALL)
+"""As ``_cursor`` writes it (``tools:N`` before walks were resumed by name): digits as
+written, as int() reads Arabic-Indic or full-width digits, "03" too."""
 
 
-def _cursor(offset: int) -> str:
-    return base64.urlsafe_b64encode(f"tools:{offset}".encode()).decode()
+def _cursor(place: Place) -> str:
+    return base64.urlsafe_b64encode(f"tools:{place.offset}:{place.version}:{place.key}".encode()).decode()
 
 
-def _offset(cursor: str | None) -> int:
-    """The position a cursor this gateway issued points at (0 for no cursor).
+def _place(cursor: str | None) -> Place:
+    """What a cursor this gateway issued says (the start for no cursor).
 
     Raises:
         MCPError: the cursor is not one of ours (INVALID_PARAMS, as the spec asks).
     """
     if cursor is None:
-        return 0
+        return Place(0)
     try:
-        kind, _, offset = base64.urlsafe_b64decode(cursor.encode()).decode().partition(":")
-        # As written by ``_cursor``: int() reads Arabic-Indic or full-width digits, "03" too.
-        if kind == "tools" and _OFFSET.fullmatch(offset) is not None:
-            return int(offset)
+        read = _PLACE.fullmatch(base64.urlsafe_b64decode(cursor.encode()).decode())
     except (binascii.Error, UnicodeError, ValueError):
-        pass
-    raise to_wire(InvalidRequest("invalid cursor for tools/list"))
+        read = None
+    if read is None:
+        raise to_wire(InvalidRequest("invalid cursor for tools/list"))
+    offset, version, name = read.groups()
+    return Place(int(offset), int(version) if version is not None else None, name)

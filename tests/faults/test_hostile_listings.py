@@ -5,11 +5,12 @@ findings; each upstream is ``tests/servers/hostile_listings.py``, raw JSON-RPC o
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import mcp_types as types
 from fastmcp import FastMCP
 from mcp import Client
+from pydantic import Field
 
 from agent_gateway.catalog import Catalog
 from agent_gateway.catalog_parts import MAX_INSTRUCTIONS, MAX_LISTED, Listing
@@ -170,3 +171,64 @@ async def test_an_upstreams_megabytes_of_instructions_are_cut_and_every_client_s
     assert "[wordy] Read this first. xxx" in instructions
     assert f"... (cut: {len('Read this first. ') + 2 * 2**20} characters)\n\n[healthy]" in instructions
     assert len(instructions) < MAX_INSTRUCTIONS + 100
+
+
+OVER_ITEM_BYTES = 2 * 2**20
+"""Past what the gateway lists of one item besides a tool's schemas (1 MiB)."""
+
+
+def oversized(size: int = OVER_ITEM_BYTES) -> FastMCP:
+    """An upstream of one small item of each kind, and one of each holding ``size`` bytes
+    besides any schema: a description, a prompt's argument's, a resource's ``_meta``."""
+    server = FastMCP("oversized")
+    server.tool(lambda: "ok", name="small")
+    server.tool(lambda: "big", name="big", description="d" * size)
+    server.prompt(lambda: "ok", name="small")
+
+    @server.prompt(name="big")
+    def big_prompt(text: Annotated[str, Field(description="a" * OVER_ITEM_BYTES)]) -> str:
+        return text
+
+    server.resource("file:///small", name="small")(lambda: "ok")
+    server.resource("file:///big", name="big", meta={"m": "m" * size})(lambda: "big")
+    server.resource("file:///t/{x}", name="t", description="t" * size)(lambda x: x)
+    return server
+
+
+async def test_an_item_holding_more_than_the_gateway_lists_is_left_out_alone() -> None:
+    # Before, bounded only by the upstream's list (64 MiB) and message (128 MiB): every client's
+    # listing page holding it carried it (a tool of a 60 MB description: 60 MB a tools/list).
+    async with (
+        serving_upstream(oversized()) as url,
+        running_gateway({"upstreams": {"up": {"url": url}, "healthy": python_upstream("counter.py")}}) as gw,
+        Client(gw.url) as client,
+    ):
+        tools = [t.name for t in (await client.list_tools()).tools]
+        prompts = [p.name for p in (await client.list_prompts()).prompts]
+        resources = [str(r.uri) for r in (await client.list_resources()).resources]
+        templates = (await client.list_resource_templates()).resource_templates
+        small = await client.read_resource("file:///small")
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+    assert "up__small" in tools
+    assert "up__big" not in tools
+    assert prompts == ["up__small"]
+    assert resources == ["file:///small"]
+    assert templates == []
+    assert isinstance(small.contents[0], types.TextResourceContents)
+    assert small.contents[0].text == "ok"
+    assert counted == "1"
+
+
+async def test_an_upstream_whose_list_loops_is_read_to_the_repeated_cursor_once() -> None:
+    # Before, its pages were read 1,000 times at each listing (the bound on pages), every tool
+    # 999 times skipped as a name already given, and its template, counted 1,000 times, was
+    # qualified as if several upstreams listed it.
+    config = {"upstreams": {"loop": hostile("loop"), "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client:
+        pages = text_of(await client.call_tool("loop__pages", {}))
+        templates = (await client.list_resource_templates()).resource_templates
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+    assert pages == "2"  # the first page, and the page its cursor names, read again
+    assert [t.uri_template for t in templates] == ["file:///logs/{name}"]
+    assert counted == "1"
+    assert "loop__collide" in gw.gateway.catalog.snapshot.tools

@@ -13,8 +13,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx2
+import mcp_types as types
 import pytest
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from fastmcp.prompts.base import Prompt
 from fastmcp.resources.base import Resource
 from fastmcp.resources.template import ResourceTemplate
@@ -22,6 +23,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from tests.faults.harness import text_of, wait_until
 from tests.support import running_gateway, serving_upstream
 
 COUNT = 40
@@ -175,3 +177,103 @@ async def test_a_cursor_spelling_its_offset_in_other_digits_is_an_invalid_cursor
             with pytest.raises(MCPError, match="invalid cursor for") as refused:
                 await page(client, cursor)
             assert refused.value.error.code == -32602, cursor
+
+
+def large_items_server() -> FastMCP:
+    """Three small tools, prompts, resources and templates, then three of ~200 KB each (within
+    what one item may hold, 1 MiB): a tool's in its ``_meta``, the others' in a description."""
+    server = FastMCP("up")
+    for i in range(6):
+        words = "w" * (200_000 if i >= 3 else 10)
+        server.tool(name=f"t{i}", meta={"words": words})(_text(str(i)))
+        server.prompt(name=f"p{i}", description=words)(_text(str(i)))
+        server.resource(f"res://r/{i}", name=f"r{i}", description=words)(_text(str(i)))
+
+        def by_template(x: str) -> str:
+            return x
+
+        server.resource(f"tpl://t{i}/{{x}}", name=f"t{i}", description=words)(by_template)
+    return server
+
+
+@pytest.mark.parametrize("kind", ["tools", *LISTS])
+async def test_a_page_of_a_list_ends_before_its_items_pass_the_bytes_of_a_tools_page(kind: str) -> None:
+    # Before, a page held page_size items (100 by default) whatever their size: 64 items of
+    # 1 MB (one upstream's 64 MiB) made every client's page 64 MB; a tool's _meta was not
+    # counted in its page's bytes.
+    page = tools if kind == "tools" else LISTS[kind][0]
+    async with (
+        serving_upstream(large_items_server()) as url,
+        running_gateway({"upstreams": {"up": {"url": url}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        items, cursors = await walked(client, page)
+    assert len(items) == len(set(items)) == 6 + (kind == "tools")  # and ask_agent
+    assert len(cursors) == 4  # the small ones together, each large one alone
+
+
+def shifting_server(name: str, count: int) -> FastMCP:
+    """``count`` tools, prompts, resources and templates (``{name}0`` ...), and a tool ``shift``
+    that removes the second to the fourth of each and adds three, then says its lists changed."""
+    server = FastMCP(name)
+    server.tool(name="shift")(shift_of(server, name))
+    for i in range(count):
+        add(server, f"{name}{i}")
+    return server
+
+
+def add(server: FastMCP, item: str) -> None:
+    server.tool(name=item)(_text(item))
+    server.prompt(name=item)(_text(item))
+    server.resource(f"res://{item}", name=item)(_text(item))
+
+    def by_template(x: str) -> str:
+        return x
+
+    server.resource(f"tpl://{item}/{{x}}", name=item)(by_template)
+
+
+def shift_of(server: FastMCP, name: str) -> Callable[[Context], Awaitable[str]]:
+    async def shift(ctx: Context) -> str:
+        for i in range(1, 4):
+            server.local_provider.remove_tool(f"{name}{i}")
+            server.local_provider.remove_prompt(f"{name}{i}")
+            server.local_provider.remove_resource(f"res://{name}{i}")
+            server.local_provider.remove_template(f"tpl://{name}{i}/{{x}}")
+            add(server, f"new{i}")
+        for notification in (
+            types.ToolListChangedNotification(),
+            types.PromptListChangedNotification(),
+            types.ResourceListChangedNotification(),
+        ):
+            await ctx.send_notification(notification)
+        return "shifted"
+
+    return shift
+
+
+@pytest.mark.parametrize("kind", ["tools", *LISTS])
+async def test_a_walk_across_a_catalog_change_sees_each_item_that_stayed_once(kind: str) -> None:
+    # Upstream a, listed first, drops three items (the page's last among them) and adds three
+    # after the walk's first page. Before, the walk went on from the same position in the
+    # changed list, missing items that never changed.
+    page = tools if kind == "tools" else LISTS[kind][0]
+    async with (
+        serving_upstream(shifting_server("a", 6)) as a,
+        serving_upstream(shifting_server("b", 6)) as b,
+        running_gateway({"server": {"page_size": 4}, "upstreams": {"a": {"url": a}, "b": {"url": b}}}) as gw,
+        Client(gw.url) as client,
+    ):
+        first, cursor = await page(client, None)
+        before, _ = await walked(client, page)
+        assert text_of(await client.call_tool("a__shift", {})) == "shifted"
+        snapshot = lambda: gw.gateway.catalog.snapshot  # noqa: E731
+        await wait_until(lambda: "a__a1" not in snapshot().prompts and "res://a1" not in snapshot().resources)
+        rest, following = await page(client, cursor)
+        while following is not None:
+            found, following = await page(client, following)
+            rest += found
+        after, _ = await walked(client, page)
+    seen = first + rest
+    assert len(seen) == len(set(seen))
+    assert set(before) & set(after) <= set(seen)  # before: 1 or 2 that stayed were missed

@@ -6,12 +6,17 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``evil``: the same URI, once its tool ``collide`` is called (a ``list_changed`` follows);
 - ``catchall``: the template ``{+uri}``, which matches every URI;
 - ``badurl``: the resources ``file:///fine`` and ``data://a host\n/x``, which is no URL;
+- ``spelled``: the resources ``file:///shared/x/../doc`` and ``GOOD+file:///shared/doc``, which
+  a client reads (as a URL) as ``file:///shared/doc`` and ``good+file:///shared/doc``;
 - ``manyN``: N tools (``t0``...), 2,000 a page;
 - ``wideN``: a tool ``wide`` whose schema is an enum of N strings (about 8 N bytes);
 - ``fatN``: N tools each with a schema of about 200 KB (within the bound on one), 20 a page
   (500,000 JSON values: within the bound on one message);
 - ``junkN``: one page of N items that are not tools (``{}``);
 - ``oneN``: N tools in one page (a million: 56 MB, three million JSON values).
+- ``loop``: its tools and templates (``file:///logs/{name}``) in a page whose ``nextCursor``
+  is ``again``, the cursor of that same page, for ever; its tool ``pages`` answers how many
+  pages of tools it was asked for.
 
 A read answers with the mode's name, so a test sees which upstream served it. In every mode a
 call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep, and
@@ -31,7 +36,7 @@ from typing import Any
 
 MODE = sys.argv[1]
 REFUSAL = {"code": -32000, "message": "bad input"}
-STATE = {"collide": False}
+STATE = {"collide": False, "pages": 0}
 
 
 def send(message: dict[str, Any]) -> None:
@@ -87,6 +92,17 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
         return page(int(MODE[3:]), int(params.get("cursor") or 0), 20, wide(25_000))
     if method == "tools/list" and MODE.startswith("one"):
         return page(int(MODE[3:]), 0, int(MODE[3:]))
+    if method == "tools/list" and MODE == "loop":
+        STATE["pages"] += 1
+        return {
+            "tools": [*tools(), {"name": "pages", "inputSchema": {"type": "object"}}],
+            "nextCursor": "again",
+        }
+    if method == "resources/templates/list" and MODE == "loop":
+        return {
+            "resourceTemplates": [{"uriTemplate": "file:///logs/{name}", "name": "logs"}],
+            "nextCursor": "again",
+        }
     if method == "tools/list" and MODE.startswith("junk"):
         return {"tools": [{}] * int(MODE[4:])}
     if method == "tools/list":
@@ -98,6 +114,9 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
                 {"uri": "data://a host\n/x", "name": "bad"},
             ]
         }
+    if method == "resources/list" and MODE == "spelled":
+        spellings = ["file:///shared/x/../doc", "GOOD+file:///shared/doc"]
+        return {"resources": [{"uri": uri, "name": "doc"} for uri in spellings]}
     if method == "resources/list":
         listed = MODE == "good" or STATE["collide"]
         return {"resources": [{"uri": "file:///shared/doc", "name": "doc"}] if listed else []}
@@ -108,6 +127,8 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
     if method == "resources/read":
         return {"contents": [{"uri": params["uri"], "text": MODE}]}
     if method == "tools/call":
+        if params["name"] == "pages":
+            return {"content": [{"type": "text", "text": str(STATE["pages"])}]}
         if params["name"] == "collide":
             STATE["collide"] = True
             send({"jsonrpc": "2.0", "method": "notifications/resources/list_changed"})

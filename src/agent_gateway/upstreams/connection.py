@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types as types
@@ -23,10 +23,18 @@ from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from agent_gateway.catalog_parts import MAX_LISTED, MAX_LISTED_BYTES, Listing, kept_instructions
+from agent_gateway.catalog_parts import (
+    MAX_ITEM_BYTES,
+    MAX_LISTED,
+    MAX_LISTED_BYTES,
+    Listed,
+    Listing,
+    kept_instructions,
+    rest_size,
+)
 from agent_gateway.compat.mcp import PageTooLong
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe
+from agent_gateway.errors import UpstreamRejected, UpstreamUnavailable, describe, shown
 from agent_gateway.logs import redacted_url, scrubbed, shown_command
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.backoff import Backoff
@@ -62,15 +70,7 @@ _LIST_CHANGED = (
 )
 
 
-class _Listed(Protocol):
-    """What every listed item has (a tool, prompt, resource or template)."""
-
-    name: str
-    title: str | None
-    description: str | None
-
-
-T = TypeVar("T", bound=_Listed)
+T = TypeVar("T", bound=Listed)
 
 
 class UpstreamState(StrEnum):
@@ -305,12 +305,12 @@ async def fetch_listing(client: Client, upstream: str) -> Listing:
 
     Raises:
         UpstreamRejected: one of its lists holds more than ``MAX_LISTED`` items, or more than
-            ``MAX_LISTED_BYTES`` of names, titles, descriptions and schemas.
+            ``MAX_LISTED_BYTES`` of JSON (names, descriptions, schemas, ...).
     """
     caps = client.server_capabilities
     pages = _Pages(upstream)
     return Listing(
-        tools=await pages.all(client.list_tools, lambda r: r.tools, "tools", _tool_size)
+        tools=await pages.all(client.list_tools, lambda r: r.tools, "tools", _schemas_size)
         if caps.tools
         else (),
         prompts=await pages.all(client.list_prompts, lambda r: r.prompts, "prompts") if caps.prompts else (),
@@ -340,25 +340,41 @@ class _Pages:
         fetch: Callable[..., Awaitable[Any]],
         items: Callable[[Any], list[T]],
         kind: str,
-        size: Callable[[T], int] = lambda item: _text_size(item),
+        schemas: Callable[[T], int] = lambda item: 0,
     ) -> tuple[T, ...]:
-        """Every page of one list, within the bounds (see ``fetch_listing``)."""
+        """Every page of one list, within the bounds (see ``fetch_listing``), but the items
+        that hold more than ``MAX_ITEM_BYTES`` besides a tool's schemas (left out, said once)."""
         collected: list[T] = []
+        oversized: list[T] = []
         held = 0
         cursor: str | None = None
+        asked: set[str] = set()
         for _ in range(_PAGE_CAP):
             try:
                 page = await fetch(cursor=cursor)
             except PageTooLong:  # refused before its items were made models
                 raise self._refused(kind) from None
-            found = items(page)
-            collected.extend(found)
-            held += sum(size(i) for i in found)
-            if len(collected) > MAX_LISTED or held > MAX_LISTED_BYTES:
+            for item in items(page):
+                rest = rest_size(item)
+                held += rest + schemas(item)
+                (collected if rest <= MAX_ITEM_BYTES else oversized).append(item)
+            if len(collected) + len(oversized) > MAX_LISTED or held > MAX_LISTED_BYTES:
                 raise self._refused(kind)
-            cursor = page.next_cursor
-            if not cursor:
+            asked.add(cursor or "")
+            if not (cursor := page.next_cursor) or cursor in asked:
                 break
+        if cursor:  # one line per listing
+            why = (
+                "names a page already read: its list loops"
+                if cursor in asked
+                else f"is past {_PAGE_CAP} pages"
+            )
+            logger.warning("upstream %s: its %s read up to a nextCursor that %s", self.upstream, kind, why)
+        if oversized:  # one line per listing: the upstream chooses how many
+            logger.warning(
+                "upstream %s: %d %s not listed: each holds over %d bytes besides a tool's schemas (%s)",
+                *(self.upstream, len(oversized), kind, MAX_ITEM_BYTES, shown(oversized[0].name)),
+            )
         return tuple(collected)
 
     def _refused(self, kind: str) -> UpstreamRejected:
@@ -370,10 +386,6 @@ class _Pages:
         )
 
 
-def _text_size(item: _Listed) -> int:
-    return len(item.name) + len(item.title or "") + len(item.description or "")
-
-
-def _tool_size(tool: types.Tool) -> int:
+def _schemas_size(tool: types.Tool) -> int:
     schemas = (tool.input_schema, tool.output_schema)
-    return _text_size(tool) + sum(len(msgspec.json.encode(s)) for s in schemas if s is not None)
+    return sum(len(msgspec.json.encode(s)) for s in schemas if s is not None)
