@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import httpx
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
+from pydantic import Field
 
+from agent_gateway import rendered
 from agent_gateway.ui.static import REFRESH_MS
 from agent_gateway.upstreams.connection import UpstreamState
 from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
@@ -134,3 +137,58 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             assert problems == []
         finally:
             await browser.close()
+
+
+Fat = Annotated[str, Field(description="property " + "\u00e9" * 300_000)]
+
+
+def hoarder_server() -> FastMCP:
+    """A tool whose description (1 MB) and input schema (about 600 KB) fill pages."""
+    server = FastMCP("hoarder")
+
+    @server.tool(description="Hunts treasure. " + "word " * 200_000)
+    def hunt(where: Fat) -> str:
+        return where
+
+    @server.tool
+    def steady() -> str:
+        return "steady"
+
+    return server
+
+
+async def test_a_tool_of_a_megabyte_costs_the_page_a_bounded_share_and_is_still_found() -> None:
+    # Before, its description went into the page whole (the search's text) and its schema too:
+    # 2 MB of every load of the page, for one tool.
+    async with (
+        serving_upstream(hoarder_server()) as url,
+        running_gateway({"upstreams": {"hoarder": {"url": url}}}) as gw,
+        httpx.AsyncClient() as http,
+        Client(gw.url, mode="legacy") as bystander,
+    ):
+        page = (await http.get(f"{gw.base}/")).text
+        assert len(page) < 100_000, len(page)  # its search text 1,000 characters, its schema 16 KiB
+        assert 'data-search="hoarder__hunt hoarder hunts treasure. word' in page
+        assert "more characters)</pre>" in page
+        part = (await http.get(f"{gw.base}/?part=live&catalog=none")).text
+        assert len(part) < len(page)
+        assert (await bystander.call_tool("hoarder__steady", {})).content[0].text == "steady"  # type: ignore[union-attr]
+
+
+async def test_the_page_is_encoded_once_a_rendering_however_many_ask_each_with_its_nonce(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, each request joined and encoded the whole page anew (at 10,000 tools, 13 MB): four
+    # clients polling it held a bystander's calls 0.2-0.4 s (bench/README.md).
+    monkeypatch.setattr(rendered, "PAGE_INTERVAL", 3600.0)  # one rendering for the whole test
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    async with example() as gw, httpx.AsyncClient() as http:
+        answers = [await http.get(f"{gw.base}/") for _ in range(10)]
+    nonces = {a.headers["content-security-policy"].split("'nonce-")[1].split("'")[0] for a in answers}
+    assert len(nonces) == 10
+    for answer in answers:
+        nonce = answer.headers["content-security-policy"].split("'nonce-")[1].split("'")[0]
+        assert answer.text.count(f'nonce="{nonce}"') == 2  # its style and its script
+    assert len({a.text.replace(n, "") for a, n in zip(answers, nonces, strict=False)}) <= 10
+    encoded = [r for r in caplog.records if r.getMessage().startswith("status page encoded")]
+    assert len(encoded) == 1, [r.getMessage() for r in encoded]

@@ -30,6 +30,11 @@ logger = logging.getLogger(__name__)
 
 SHOWN_CALLS = 50
 SHOWN_RUNS = 20
+SEARCHED = 1000
+"""Characters of a tool's description its search box matches (all of it went into the page
+twice over: an upstream's 1 MB description was 1 MB of every page load)."""
+SCHEMA_SHOWN = 16 << 10
+"""Characters of a tool's input schema (as indented JSON) the page shows; the rest counted."""
 
 
 @dataclass
@@ -48,24 +53,30 @@ class StatusPage:
         self._gateway = gateway
         self._sections = Rendered("status page sections", self._render_sections)
         self._catalog: tuple[int, str] | None = None
+        self._page: tuple[_Live, int, bytes] | None = None
+        """The page but its nonces, encoded, for the live part and catalog it holds."""
         self._answers: dict[bool, tuple[_Live, int, bytes]] = {}
         """The live part's answer, with the catalog (False) and without (True)."""
 
-    def full(self, nonce: str) -> str:
-        """The whole page; ``nonce`` lets its own style and script run under the CSP."""
+    def full(self, nonce: str) -> bytes:
+        """The whole page; ``nonce`` lets its own style and script run under the CSP. All but
+        the nonce is joined and encoded once per rendering: per request, the page (megabytes
+        at 10,000 tools) was joined and encoded anew, which held a bystander's call 0.4 s."""
         live = self._sections.value()
-        return (
-            '<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<title>agent-gateway</title><link rel="icon" href="data:,"><style nonce="{nonce}">{STYLE}</style>'
-            f"</head><body><header><h1>agent-gateway</h1><span class=version>{escape(__version__)}</span>"
-            f'{live.updated}<span id="stale" hidden>not refreshing</span></header><main>'
-            f"{live.upstreams}"
-            '<h2>Catalog</h2><p><input type="search" id="search" placeholder="Search tools: name, upstream, '
-            'description" autocomplete="off"> <span id="shown" class="muted"></span></p>'
-            f"{self._catalog_section()}{live.rest}"
-            f'</main><script nonce="{nonce}">{SCRIPT}</script></body></html>'
-        )
+        version = self._gateway.catalog.snapshot.version
+        if self._page is None or self._page[0] is not live or self._page[1] != version:
+            middle = (
+                f'">{STYLE}</style></head><body><header><h1>agent-gateway</h1><span class=version>'
+                f'{escape(__version__)}</span>{live.updated}<span id="stale" hidden>not refreshing</span>'
+                f"</header><main>{live.upstreams}"
+                '<h2>Catalog</h2><p><input type="search" id="search" placeholder="Search tools: name, upstream, '
+                'description" autocomplete="off"> <span id="shown" class="muted"></span></p>'
+                f'{self._catalog_section()}{live.rest}</main><script nonce="'
+            )
+            started = time.monotonic()
+            self._page = (live, version, middle.encode())
+            logger.debug("status page encoded in %.1f ms", (time.monotonic() - started) * 1000)
+        return b"".join((_PAGE_START, nonce.encode(), self._page[2], nonce.encode(), _PAGE_END))
 
     def live(self, catalog_version: str | None) -> bytes:
         """The sections the page refreshes, encoded; the catalog only if its version is not
@@ -92,6 +103,14 @@ class StatusPage:
             self._catalog = (version, _catalog(self._gateway))
             logger.debug("status page catalog rendered in %.1f ms", (time.monotonic() - started) * 1000)
         return self._catalog[1]
+
+
+_PAGE_START = (
+    b'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+    b'<meta name="viewport" content="width=device-width, initial-scale=1">'
+    b'<title>agent-gateway</title><link rel="icon" href="data:,"><style nonce="'
+)
+_PAGE_END = f'">{SCRIPT}</script></body></html>'.encode()
 
 
 def _updated() -> str:
@@ -159,13 +178,17 @@ def _catalog(gateway: Gateway) -> str:
 
 def _tool_row(name: str, upstream: str, description: str | None, schema: object) -> str:
     text = description or ""
-    searched = escape(f"{name} {upstream} {text}".lower())
-    schema_text = escape(json.dumps(schema, indent=2, ensure_ascii=False))
+    searched = escape(f"{name} {upstream} {text[:SEARCHED]}".lower())
+    schema_text = escape(_cut(json.dumps(schema, indent=2, ensure_ascii=False), SCHEMA_SHOWN))
     return (
         f'<tr data-search="{searched}"><td><code>{escape(name)}</code></td><td>{escape(upstream)}</td>'
         f"<td>{escape(_first_line(text))}<details><summary>input schema</summary><pre>{schema_text}</pre>"
         "</details></td></tr>"
     )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
 
 
 def _first_line(text: str, limit: int = 200) -> str:
