@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import anyio
 import httpx
+import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
@@ -24,6 +25,8 @@ from tests.support import RunningGateway, python_upstream, running_gateway, serv
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
+BIDI = "\u202egpj.exe\u2066"
+"""Shown as it is, what follows in its cell would read reversed (``exe.jpg``)."""
 REFRESH = REFRESH_MS / 1000
 needs_chromium = pytest.mark.skipif(
     # In CI scripts/setup has installed it: a missing Chromium there fails the test, not skips it.
@@ -43,6 +46,10 @@ def alpha_server() -> FastMCP:
     def weather(city: str) -> str:
         """Today's weather in a city."""
         return f"sunny in {city}"
+
+    @server.tool(description=f"Lists files.{BIDI}")
+    def files() -> str:
+        return "none"
 
     return server
 
@@ -93,7 +100,12 @@ async def test_the_page_is_off_with_ui_false_and_behind_auth_like_status() -> No
 async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> None:
     from playwright.async_api import async_playwright
 
-    async with example() as gw, Client(gw.url, mode="legacy") as client, async_playwright() as pw:
+    who = types.Implementation(name=f"ide{BIDI}", version="1")
+    async with (
+        example() as gw,
+        Client(gw.url, mode="legacy", client_info=who) as client,
+        async_playwright() as pw,
+    ):
         pid = int((await client.call_tool("counter__pid", {})).content[0].text)  # type: ignore[union-attr]
         await client.call_tool("alpha__echo", {"text": 42})  # an error, highlighted
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -111,6 +123,10 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             assert await page.get_attribute('tr[data-name="ghost"]', "class") == "upstream state-down"
             assert await page.title() == "agent-gateway"  # the hostile description stayed text
             assert HOSTILE in await page.inner_text("#catalog")
+            shown = await page.inner_text("body")  # hidden characters as their escapes
+            assert "Lists files.\\u202egpj.exe\\u2066" in shown
+            assert "ide\\u202egpj.exe\\u2066" in shown
+            assert "\u202e" not in shown
             failed = await page.inner_text("#calls tr.failed")
             assert "alpha__echo" in failed
             assert "tool_error" in failed

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from html import escape
+from html import escape as html_escape
 
 from agent_gateway import __version__
 from agent_gateway.activity import Call, Run
@@ -103,6 +104,22 @@ class StatusPage:
             self._catalog = (version, _catalog(self._gateway))
             logger.debug("status page catalog rendered in %.1f ms", (time.monotonic() - started) * 1000)
         return self._catalog[1]
+
+
+_HIDDEN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+"""Characters a value may hold that the page would not show as they are: controls, and the
+bidirectional overrides and isolates, which make what a cell shows differ from what it holds
+(a tool description's U+202E showed the rest of its cell reversed, a client's name the rest
+of its row's cell): shown as their escapes (``\u202e``), as the log and the trail write them."""
+
+
+def escape(text: str) -> str:
+    """``text`` as the page shows it: HTML-escaped, its hidden characters shown as escapes."""
+    return _HIDDEN.sub(_shown, html_escape(text))
+
+
+def _shown(character: re.Match[str]) -> str:
+    return f"\\u{ord(character.group()):04x}"
 
 
 _PAGE_START = (
