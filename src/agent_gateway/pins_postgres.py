@@ -64,6 +64,9 @@ _ROWS = (
 )
 
 _CONNECT_BOUND = 5
+_ANSWER_BOUND = 10.0
+"""Seconds a statement may wait for its answer: a database that holds the connection open and
+answers nothing (a partition, a frozen host) held a reload's read of the pins for ever."""
 _RETRY = 1.0
 _FLUSH_BOUND = 5.0
 
@@ -113,14 +116,12 @@ class SharedPins:
             if tg.cancel_scope.cancelled_caught:
                 logger.warning("%s: tool pin changes left unwritten at shutdown", self._where)
         finally:
-            with anyio.CancelScope(shield=True):
-                await self._conn.close()
+            await self._drop()
 
     async def rows(self) -> list[tuple[Any, ...]]:
         """Every pin, as ``Pins``' table holds it (raises ``StoreUnavailable``)."""
         try:
-            conn = await self._connected()
-            cursor = await conn.execute(_ROWS)
+            cursor = await self._run(_ROWS)
             return [tuple(row) for row in await cursor.fetchall()]
         except psycopg.Error as exc:
             raise StoreUnavailable(f"{self._where}: cannot read the tool pins: {exc}") from exc
@@ -144,6 +145,23 @@ class SharedPins:
         except Exception as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StoreUnavailable(f"{self._where}: cannot reach Postgres: {reason}") from exc
+
+    async def _run(self, query: LiteralString, params: tuple[Any, ...] = ()) -> psycopg.AsyncCursor[Any]:
+        """``query`` answered within ``_ANSWER_BOUND`` (raises ``StoreUnavailable``, the
+        connection let go: its next use connects anew, or ``psycopg.Error``)."""
+        conn = await self._connected()
+        try:
+            with anyio.fail_after(_ANSWER_BOUND):
+                return await conn.execute(query, params)
+        except TimeoutError:
+            await self._drop()
+            raise StoreUnavailable(f"{self._where}: did not answer within {_ANSWER_BOUND:g} s") from None
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.move_on_after(1, shield=True):  # closing on a frozen peer may never end
+                await conn.close()
 
     async def _connected(self) -> AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
@@ -169,8 +187,7 @@ class SharedPins:
         failing = False
         while True:
             try:
-                conn = await self._connected()
-                await conn.execute(_WRITES[change], params)
+                await self._run(_WRITES[change], params)
                 if failing:
                     logger.warning("%s: tool pins written again", self._where)
                 return

@@ -5,6 +5,8 @@ starting together against an empty database make the table once."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -17,7 +19,7 @@ from mcp import Client
 from agent_gateway.cli import main
 from agent_gateway.pins_postgres import SharedPins
 from agent_gateway.reload import apply
-from tests.replicas.services import postgres_server
+from tests.replicas.services import Postgres, postgres_server
 from tests.security.test_pinning import RUG, listed
 from tests.support import running_gateway, serving_upstream
 from tests.test_search_mode import tracker_server
@@ -141,3 +143,45 @@ async def _pinned(url: str) -> bool:
             await conn.execute("SELECT count(*) FROM agent_gateway_pins WHERE name = 't0'")
         ).fetchone()
     return row is not None and row[0] == 1
+
+
+def _postgres_processes(server: Postgres) -> list[int]:
+    """The cluster's postmaster and its backends (this test's own cluster)."""
+    postmaster = int((server.directory / "data" / "postmaster.pid").read_text().split()[0])
+    children = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent_of(entry) == postmaster
+    ]
+    return [postmaster, *children]
+
+
+def _parent_of(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def test_a_reload_while_the_database_does_not_answer_keeps_this_replicas_copy_within_a_bound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The database frozen (a partition, a hung host: connections open, nothing answered).
+    # Before, a reload's read of the pins waited for ever, and with it the reload.
+    with postgres_server() as server:
+        async with serving_upstream(tracker_server([])) as url:
+            config = shared_config(tmp_path, url, server.url)
+            async with running_gateway(config) as gw, Client(gw.url) as client:
+                frozen = _postgres_processes(server)
+                for pid in frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                try:
+                    with anyio.fail_after(30):
+                        await apply(gw.gateway, gw.gateway.config)  # what SIGHUP does
+                    assert "tracker__close_issue" in await listed(client)  # served from its copy
+                finally:
+                    for pid in frozen:
+                        os.kill(pid, signal.SIGCONT)
+    kept = [r.getMessage() for r in caplog.records if "copy kept" in r.getMessage()]
+    assert kept, "the reload said it kept this replica's copy"
+    assert "did not answer within" in kept[0]
