@@ -240,3 +240,35 @@ async def test_a_catalog_changing_faster_than_the_page_renders_is_rendered_at_it
         with anyio.fail_after(10):
             while "tracker__added_3" not in (await http.get(f"{gw.base}/?part=live&catalog=stale")).text:
                 await anyio.sleep(0.05)
+
+
+async def test_a_change_of_one_upstream_makes_only_its_own_rows_of_the_catalog_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before, each rendering made every tool's row: one upstream changing its list each second
+    # among 10,000 tools of others held a bystander's calls up to 0.4-0.6 s, now 0.2 s.
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    async with (
+        serving_upstream(tracker_server([])) as url,
+        serving_upstream(alpha_server()) as other,
+        running_gateway({"upstreams": {"tracker": {"url": url}, "alpha": {"url": other}}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+        httpx.AsyncClient() as http,
+    ):
+        await http.get(f"{gw.base}/?part=live&catalog=stale")
+        before = gw.gateway.catalog.snapshot.version
+        await client.call_tool("tracker__add_tool", {"name": "added", "description": "new"})
+        with anyio.fail_after(10):
+            while gw.gateway.catalog.snapshot.version == before:
+                await anyio.sleep(0.01)
+        with anyio.fail_after(10):  # rendered again once PAGE_INTERVAL has passed
+            while "tracker__added" not in (await http.get(f"{gw.base}/?part=live&catalog=stale")).text:
+                await anyio.sleep(0.05)
+        tracker = sum(origin.upstream == "tracker" for origin in gw.gateway.catalog.snapshot.tools.values())
+        alpha = sum(origin.upstream == "alpha" for origin in gw.gateway.catalog.snapshot.tools.values())
+    made = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("status page catalog rendered")
+    ]
+    assert made[0].endswith(f"({tracker - 1 + alpha} of its rows made)")  # the first: every row
+    assert made[-1].endswith(f"({tracker} of its rows made)"), made  # then tracker's only
+    assert alpha == 3

@@ -57,6 +57,8 @@ class StatusPage:
         self._gateway = gateway
         self._sections = Rendered("status page sections", self._render_sections)
         self._catalog: tuple[int, str] | None = None
+        self._rows: dict[str, tuple[object, str, str]] = {}
+        """Each tool's row as last rendered, with the definition it shows."""
         self._catalog_cost = (0.0, 0.0)
         """When the catalog's last rendering began (``time.monotonic``), and how long it took."""
         self._page: tuple[_Live, int, bytes] | None = None
@@ -112,9 +114,11 @@ class StatusPage:
         began, took = self._catalog_cost
         due = began + max(rendered.PAGE_INTERVAL, took / CATALOG_SHARE)
         if self._catalog is None or (self._catalog[0] != version and started >= due):
-            self._catalog = (version, _catalog(self._gateway))
+            section, fresh = _catalog(self._gateway, self._rows)
+            self._catalog = (version, section)
             self._catalog_cost = (started, time.monotonic() - started)
-            logger.debug("status page catalog rendered in %.1f ms", self._catalog_cost[1] * 1000)
+            took = self._catalog_cost[1] * 1000
+            logger.debug("status page catalog rendered in %.1f ms (%d of its rows made)", took, fresh)
         return self._catalog
 
 
@@ -187,12 +191,22 @@ def _error_of(status: UpstreamStatus) -> str:
 # -- catalog -----------------------------------------------------------------------------------
 
 
-def _catalog(gateway: Gateway) -> str:
+def _catalog(gateway: Gateway, made: dict[str, tuple[object, str, str]]) -> tuple[str, int]:
+    """The catalog section. ``made``: each tool's row by its public name, with the definition
+    and upstream it shows, kept from the last rendering (a change of one upstream makes only
+    its own rows again: one changing its list every second had 9,000 others' made at each),
+    and left holding this rendering's rows; with how many rows it made."""
     snapshot = gateway.catalog.snapshot
-    rows = [
-        _tool_row(name, origin.upstream, origin.item.description, origin.item.input_schema)
-        for name, origin in snapshot.tools.items()
-    ]
+    kept, fresh = dict(made), 0
+    made.clear()
+    for name, origin in snapshot.tools.items():
+        item, upstream = origin.item, origin.upstream
+        last = kept.get(name)
+        if last is None or last[0] is not item or last[1] != upstream:
+            last = (item, upstream, _tool_row(name, upstream, item.description, item.input_schema))
+            fresh += 1
+        made[name] = last
+    rows = [row for _, _, row in made.values()]
     if gateway.agent is not None:
         name = gateway.config.agent.name
         rows.insert(
@@ -202,7 +216,7 @@ def _catalog(gateway: Gateway) -> str:
     return (
         f'<section id="catalog" data-live data-version="{snapshot.version}"><table>{head}'
         f"<tbody>{''.join(rows)}</tbody></table></section>"
-    )
+    ), fresh
 
 
 def _tool_row(name: str, upstream: str, description: str | None, schema: object) -> str:
