@@ -40,8 +40,11 @@ def cut(text: str | None, limit: int = _TEXT) -> str | None:
     """``text`` on one line, at most ``limit`` characters (a client may send anything)."""
     if text is None:
         return None
-    flat = " ".join(text.split())
-    return flat if len(flat) <= limit else f"{flat[: limit - 1]}…"
+    # Flattened from its start only: an upstream's error result of 51 MB of short words,
+    # split whole, took the gateway from 0.3 to 1.45 GB.
+    head = text[: limit * 4]
+    flat = " ".join(head.split())
+    return flat if len(flat) <= limit and len(head) == len(text) else f"{flat[: limit - 1]}…"
 
 
 @dataclass(frozen=True, slots=True)

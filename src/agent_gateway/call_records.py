@@ -25,7 +25,7 @@ from agent_gateway.compat.mcp import connection_of
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession
 from agent_gateway.errors import RATE_LIMITED, REFUSALS, AuditUnwritable, GatewayError
-from agent_gateway.logs import Repeats
+from agent_gateway.logs import Repeats, scrubbed
 from agent_gateway.requested import Requested
 
 
@@ -35,12 +35,28 @@ class CallRecord:
     ``called`` (a ``Call`` but for how it ended); without them, nothing is recorded. A class,
     not a generator: it is entered once a request (a generator's frames cost 1 % of a call)."""
 
-    __slots__ = ("_activity", "_at", "_called", "_noting", "_refusals", "_started", "detail", "outcome")
+    __slots__ = (
+        "_activity",
+        "_at",
+        "_called",
+        "_noting",
+        "_refusals",
+        "_secrets",
+        "_started",
+        "detail",
+        "outcome",
+    )
 
-    def __init__(self, activity: Activity | None = None, called: Callable[..., Call] | None = None) -> None:
+    def __init__(
+        self,
+        activity: Activity | None = None,
+        called: Callable[..., Call] | None = None,
+        secrets: Callable[[], tuple[str, ...]] | None = None,
+    ) -> None:
+        """``secrets``: what the call's upstream is sent that its record must not repeat."""
         self.outcome: Outcome = "error"
         self.detail: str | None = None
-        self._activity, self._called = activity, called
+        self._activity, self._called, self._secrets = activity, called, secrets
 
     def answered(self, result: HandlerResult) -> None:
         self.outcome, self.detail = _outcome_of(result)
@@ -69,11 +85,17 @@ class CallRecord:
             self.outcome = "cancelled"
         elif isinstance(exc, Exception):
             self.detail = type(exc).__name__
+        detail = cut(self.detail)
+        if detail is not None and self._secrets is not None:
+            # A tool's error result is the upstream's text, read by no translation of errors:
+            # one quoting the credential the upstream is sent put it in the trail, the log
+            # and the status page.
+            detail = scrubbed(detail, self._secrets())
         self._activity.finished(
             self._called(
                 at=self._at,
                 outcome=self.outcome,
-                detail=cut(self.detail),
+                detail=detail,
                 duration_ms=round((time.perf_counter() - self._started) * 1e3, 1),
                 trace_id=_trace_id(),
             )
@@ -102,12 +124,18 @@ class CallRecorder:
         activity: Activity,
         arguments: Literal["none", "digest", "full"] = "digest",
         unaudited: Callable[[], str | None] | None = None,
+        secrets: Callable[[str], tuple[str, ...]] | None = None,
     ) -> None:
         """``arguments``: what a record keeps of the call's arguments; ``unaudited``: why a
-        call would go unaudited now, or None (``audit.required``: such a call is refused)."""
+        call would go unaudited now, or None (``audit.required``: such a call is refused);
+        ``secrets``: what an upstream (by name) is sent that a record must not repeat."""
         self._activity = activity
         self._arguments = arguments
         self._unaudited = unaudited
+        self._secrets = secrets
+
+    def _secrets_of(self, upstream: str | None) -> Callable[[], tuple[str, ...]] | None:
+        return partial(self._secrets, upstream) if self._secrets is not None and upstream else None
 
     def check_audited(self, method: str) -> None:
         """Refuse a call ``method`` while the audit trail cannot take its record, when
@@ -130,7 +158,7 @@ class CallRecorder:
             upstream=request.upstream,
             **self._arguments_kept(request.arguments),
         )
-        return CallRecord(self._activity, called)
+        return CallRecord(self._activity, called, self._secrets_of(request.upstream))
 
     def run_call(self, call: RunCall) -> CallRecord:
         """To enter around one tool call an ``ask_agent`` run makes for its client: recorded as
@@ -149,7 +177,7 @@ class CallRecorder:
             run=call.run,
             **self._arguments_kept(call.arguments),
         )
-        return CallRecord(self._activity, called)
+        return CallRecord(self._activity, called, self._secrets_of(call.upstream))
 
     def _arguments_kept(self, arguments: Any) -> dict[str, Any]:
         """What a record keeps of ``arguments``: their digest, and with ``full`` themselves, or

@@ -45,6 +45,8 @@ MAX_PINS = 10_000
 listing (a tool removed and listed again changed is still caught), so an upstream listing
 ever-new names would grow the file, and each review's read of it, without end; past this a
 new name is not pinned and, in ``hold`` mode, withheld like a changed tool."""
+NAMED_CHANGES = 5
+"""Changed tools one listing's WARNING names besides the first; the rest are counted."""
 REVIEW_AGAIN_EVERY = 5.0
 """Seconds between two listings of an upstream whose last review could not be written."""
 
@@ -255,6 +257,7 @@ class Pins:
             )
         }
         held: dict[str, str] = {}
+        flagged: dict[str, str] = {}
         room, unpinned = MAX_PINS - len(known), 0
         full = f"new, and its upstream has pinned {MAX_PINS:,} tool names already"
         try:
@@ -278,6 +281,7 @@ class Pins:
                         what = _changed_fields(json.loads(pinned[2]), definition)
                         if pinned[1] != digest:
                             self._flag(source, name, upstream, digest, canonical, what)
+                            flagged[name] = what
                         if self.mode == "hold":
                             held[name] = what
         except sqlite3.OperationalError as exc:  # a full disk took the upstream down, restarted it
@@ -288,6 +292,8 @@ class Pins:
                 self._unwritten.discard(upstream)
                 logger.warning("upstream %s: its tools' pins recorded again in %s", upstream, self._path)
         self._pending = self._count_pending()
+        if flagged:
+            self._warn_changed(upstream, flagged)
         if unpinned:
             action = "withheld" if self.mode == "hold" else "served unpinned"
             logger.warning("upstream %s: %d new tools %s: %s", upstream, unpinned, action, full)
@@ -349,9 +355,20 @@ class Pins:
             change,
         )
         self._written("flag", change)
+
+    def _warn_changed(self, upstream: str, flagged: Mapping[str, str]) -> None:
+        """One line a listing (a line a tool: an upstream changing 10,000 at each wrote 10,000)."""
+        (name, what), *rest = flagged.items()
+        named = ", ".join(f"{n} ({w})" for n, w in rest[:NAMED_CHANGES])
+        more = f"; {len(rest):,} more (pins list): {named}{', …' if len(rest) > NAMED_CHANGES else ''}"
         action = "withheld until accepted (agent-gateway pins accept)" if self.mode == "hold" else "served"
         logger.warning(
-            "upstream %s changed tool %s since it was pinned (%s): %s", upstream, name, what, action
+            "upstream %s changed tool %s since it was pinned (%s)%s: %s",
+            upstream,
+            name,
+            what,
+            more if rest else "",
+            action,
         )
 
     def _written(self, change: Change, params: tuple[Any, ...]) -> None:

@@ -64,7 +64,9 @@ _ROWS = (
 )
 
 _CONNECT_BOUND = 5
-_QUEUE = 10_000
+_ANSWER_BOUND = 10.0
+"""Seconds a statement may wait for its answer: a database that holds the connection open and
+answers nothing (a partition, a frozen host) held a reload's read of the pins for ever."""
 _RETRY = 1.0
 _FLUSH_BOUND = 5.0
 
@@ -77,9 +79,14 @@ class SharedPins:
         # Named as the agent's memory is: the same setting (agent.memory.url), the same fix.
         self._where = f"conversation memory {redacted(url)}"
         self._conn: AsyncConnection[Any] | None = None
-        self._send, self._receive = anyio.create_memory_object_stream[tuple[Change, tuple[Any, ...]]](_QUEUE)
-        self.dropped = 0
-        """Changes not written because the queue was full (the database was away too long)."""
+        self._unwritten: dict[tuple[str, str], list[tuple[Change, tuple[Any, ...]]]] = {}
+        """Each pin's changes not written yet, in order, pins first come first: a pin's later
+        change takes the place of its earlier one (only the last is the pin's state). Queued
+        as they came, 10,000 at most, an upstream rewriting its tools at every listing while
+        the database was away filled the queue with definitions it then dropped, one ERROR
+        line each, the last changes lost; now one entry a pin at most, and nothing dropped."""
+        self._more = anyio.Event()
+        self._closed = False
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[SharedPins]:
@@ -89,15 +96,10 @@ class SharedPins:
         Raises:
             StoreUnavailable: the database cannot be reached, or the table cannot be made.
         """
-        try:
-            self._conn = await self._connect()
-        except BaseException:
-            self._close_queue()  # never used: closed here, not left to the collector's warning
-            raise
+        self._conn = await self._connect()
         try:
             await set_up(self._conn, self._make)
         except Exception as exc:
-            self._close_queue()
             await self._conn.close()
             raise StoreUnavailable(f"{self._where}: cannot create the tool pins' table: {exc}") from exc
         try:
@@ -106,37 +108,32 @@ class SharedPins:
                 try:
                     yield self
                 finally:
-                    self._send.close()  # the writer ends once the queue is empty
+                    self._closed = True  # the writer ends once nothing is left to write
+                    self._more.set()
                     # It gets that long, shielded from a shutdown's cancel, and no longer.
                     tg.cancel_scope.shield = True
                     tg.cancel_scope.deadline = anyio.current_time() + _FLUSH_BOUND
             if tg.cancel_scope.cancelled_caught:
                 logger.warning("%s: tool pin changes left unwritten at shutdown", self._where)
         finally:
-            self._close_queue()
-            with anyio.CancelScope(shield=True):
-                await self._conn.close()
-
-    def _close_queue(self) -> None:
-        self._send.close()
-        self._receive.close()
+            await self._drop()
 
     async def rows(self) -> list[tuple[Any, ...]]:
         """Every pin, as ``Pins``' table holds it (raises ``StoreUnavailable``)."""
         try:
-            conn = await self._connected()
-            cursor = await conn.execute(_ROWS)
+            cursor = await self._run(_ROWS)
             return [tuple(row) for row in await cursor.fetchall()]
         except psycopg.Error as exc:
             raise StoreUnavailable(f"{self._where}: cannot read the tool pins: {exc}") from exc
 
     def write(self, change: Change, params: tuple[Any, ...]) -> None:
         """Queue one change of this replica's copy, to be written in order."""
-        try:
-            self._send.send_nowait((change, params))
-        except anyio.WouldBlock:
-            self.dropped += 1
-            logger.error("%s: a tool pin change was not written (queue full)", self._where)
+        key = (params[3], params[4]) if change == "flag" else (params[0], params[1])
+        queued = self._unwritten.setdefault(key, [])
+        if queued and queued[-1][0] != "pin" and change != "pin":
+            queued.pop()  # a flag or clear not written yet: this one says what the pin is now
+        queued.append((change, params))
+        self._more.set()
 
     async def _make(self) -> None:
         assert self._conn is not None
@@ -149,23 +146,48 @@ class SharedPins:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise StoreUnavailable(f"{self._where}: cannot reach Postgres: {reason}") from exc
 
+    async def _run(self, query: LiteralString, params: tuple[Any, ...] = ()) -> psycopg.AsyncCursor[Any]:
+        """``query`` answered within ``_ANSWER_BOUND`` (raises ``StoreUnavailable``, the
+        connection let go: its next use connects anew, or ``psycopg.Error``)."""
+        conn = await self._connected()
+        try:
+            with anyio.fail_after(_ANSWER_BOUND):
+                return await conn.execute(query, params)
+        except TimeoutError:
+            await self._drop()
+            raise StoreUnavailable(f"{self._where}: did not answer within {_ANSWER_BOUND:g} s") from None
+
+    async def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with anyio.move_on_after(1, shield=True):  # closing on a frozen peer may never end
+                await conn.close()
+
     async def _connected(self) -> AsyncConnection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = await self._connect()
         return self._conn
 
     async def _write_all(self) -> None:
-        async with self._receive:
-            async for change, params in self._receive:
+        while True:
+            await self._more.wait()
+            self._more = anyio.Event()
+            while self._unwritten:
+                key = next(iter(self._unwritten))
+                queued = self._unwritten[key]
+                change, params = queued.pop(0)
+                if not queued:
+                    del self._unwritten[key]
                 await self._written(change, params)
+            if self._closed:
+                return
 
     async def _written(self, change: Change, params: tuple[Any, ...]) -> None:
         """Write one change, retrying while the database is away (each failure logged once)."""
         failing = False
         while True:
             try:
-                conn = await self._connected()
-                await conn.execute(_WRITES[change], params)
+                await self._run(_WRITES[change], params)
                 if failing:
                     logger.warning("%s: tool pins written again", self._where)
                 return

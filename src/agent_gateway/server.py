@@ -144,7 +144,7 @@ class Gateway:
         own = set(own_tool_names(config))
         kept = config.audit.arguments if config.audit.enabled else "none"
         unaudited = self._unaudited if config.audit.required else None
-        self._recorder = CallRecorder(self.activity, kept, unaudited)
+        self._recorder = CallRecorder(self.activity, kept, unaudited, self.pool.secrets)
         telemetry = RequestTelemetry(lambda: own)
         wrapper = RequestWrapper(
             self.access, telemetry, self._recorder, self.visibility, self._upstream_of, CALL_TOOL

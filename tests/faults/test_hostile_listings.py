@@ -5,8 +5,10 @@ findings; each upstream is ``tests/servers/hostile_listings.py``, raw JSON-RPC o
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
+import httpx
 import mcp_types as types
 from fastmcp import FastMCP
 from mcp import Client
@@ -232,3 +234,31 @@ async def test_an_upstream_whose_list_loops_is_read_to_the_repeated_cursor_once(
     assert [t.uri_template for t in templates] == ["file:///logs/{name}"]
     assert counted == "1"
     assert "loop__collide" in gw.gateway.catalog.snapshot.tools
+
+
+async def test_an_upstream_refusing_its_handshake_at_length_is_said_down_in_bounded_words(
+    tmp_path: Path,
+) -> None:
+    # Once up, it dies, and every restart's initialize is refused with 3 MB of message. Before,
+    # that message was its last error whole: each call to its tools (still listed, as
+    # failure_mode: fail_open keeps them) answered 3 MB, /status 3 MB, /readyz twice that.
+    died = tmp_path / "died"
+    relapsing = hostile("relapse") | {
+        "env": {"RELAPSE_FILE": str(died), "RELAPSE_CHARS": "3000000"},
+        "retry": {"initial_delay": 0.1, "max_delay": 60},  # back at once, then refused at length
+    }
+    config = {"upstreams": {"sick": relapsing, "healthy": python_upstream("counter.py")}}
+    async with running_gateway(config) as gw, Client(gw.url) as client, httpx.AsyncClient() as http:
+        assert (await client.call_tool("sick__die", {})).is_error
+        sick = gw.gateway.pool.get("sick")
+        await wait_until(lambda: (sick.last_error or "").startswith("no no"))
+        answer = text_of(await client.call_tool("sick__collide", {}))
+        status = (await http.get(f"{gw.base}/status")).text
+        ready = (await http.get(f"{gw.base}/readyz")).text
+        counted = text_of(await client.call_tool("healthy__increment", {}))
+    assert answer.startswith("upstream 'sick': not connected (down: no no no")
+    assert answer.endswith("… (3000000 characters))")
+    assert len(answer) < 5_000
+    assert len(status) < 10_000
+    assert len(ready) < 10_000
+    assert counted == "1"

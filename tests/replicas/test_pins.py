@@ -4,6 +4,9 @@ starting together against an empty database make the table once."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 from pathlib import Path
 from typing import Any, LiteralString
 
@@ -16,6 +19,7 @@ from mcp import Client
 from agent_gateway.cli import main
 from agent_gateway.pins_postgres import SharedPins
 from agent_gateway.reload import apply
+from tests.replicas.services import Postgres, postgres_server
 from tests.security.test_pinning import RUG, listed
 from tests.support import running_gateway, serving_upstream
 from tests.test_search_mode import tracker_server
@@ -95,3 +99,89 @@ async def test_replicas_starting_together_make_the_pins_table_once_and_write_thr
     async with await psycopg.AsyncConnection.connect(database) as conn:
         names = await (await conn.execute("SELECT name FROM agent_gateway_pins ORDER BY name")).fetchall()
     assert [n for (n,) in names] == ["tool_0", "tool_1", "tool_2", "tool_3"]
+
+
+async def pending_of(url: str, name: str) -> str | None:
+    """The pending digest the database holds for ``name`` (None: none, or no row)."""
+    try:
+        async with await psycopg.AsyncConnection.connect(url, connect_timeout=2) as conn:
+            cursor = await conn.execute(
+                "SELECT pending_digest FROM agent_gateway_pins WHERE name = %s", (name,)
+            )
+            row = await cursor.fetchone()
+    except psycopg.OperationalError:  # the server not (yet) up
+        return None
+    return row[0] if row is not None else None
+
+
+async def test_a_tools_changes_while_the_database_is_down_are_written_as_the_last_once_it_is_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An upstream rewriting its tools at every listing while Postgres is away: before, each
+    # change was queued whole (10,000 at most), the rest dropped with an ERROR line each, and
+    # the tool's last change was never written (the database held a stale one for good).
+    with postgres_server() as server:
+        async with SharedPins(server.url).running() as shared:
+            shared.write("pin", ("source", "t0", "up", "d0", "{}", 0.0))
+            with anyio.fail_after(20):
+                while not await _pinned(server.url):
+                    await anyio.sleep(0.05)
+            server.stop()
+            for version in range(1, 12_001):
+                shared.write("flag", (f"d{version}", f'{{"v": {version}}}', "description", "source", "t0"))
+            server.start()
+            with anyio.fail_after(20):
+                while await pending_of(server.url, "t0") != "d12000":
+                    await anyio.sleep(0.1)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) <= 1, errors[:3]  # "cannot write a tool pin (…); retrying", once
+
+
+async def _pinned(url: str) -> bool:
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        row = await (
+            await conn.execute("SELECT count(*) FROM agent_gateway_pins WHERE name = 't0'")
+        ).fetchone()
+    return row is not None and row[0] == 1
+
+
+def _postgres_processes(server: Postgres) -> list[int]:
+    """The cluster's postmaster and its backends (this test's own cluster)."""
+    postmaster = int((server.directory / "data" / "postmaster.pid").read_text().split()[0])
+    children = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _parent_of(entry) == postmaster
+    ]
+    return [postmaster, *children]
+
+
+def _parent_of(entry: Path) -> int | None:
+    try:
+        return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+async def test_a_reload_while_the_database_does_not_answer_keeps_this_replicas_copy_within_a_bound(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The database frozen (a partition, a hung host: connections open, nothing answered).
+    # Before, a reload's read of the pins waited for ever, and with it the reload.
+    with postgres_server() as server:
+        async with serving_upstream(tracker_server([])) as url:
+            config = shared_config(tmp_path, url, server.url)
+            async with running_gateway(config) as gw, Client(gw.url) as client:
+                frozen = _postgres_processes(server)
+                for pid in frozen:
+                    os.kill(pid, signal.SIGSTOP)
+                try:
+                    with anyio.fail_after(30):
+                        await apply(gw.gateway, gw.gateway.config)  # what SIGHUP does
+                    assert "tracker__close_issue" in await listed(client)  # served from its copy
+                finally:
+                    for pid in frozen:
+                        os.kill(pid, signal.SIGCONT)
+    kept = [r.getMessage() for r in caplog.records if "copy kept" in r.getMessage()]
+    assert kept, "the reload said it kept this replica's copy"
+    assert "did not answer within" in kept[0]

@@ -17,7 +17,7 @@ import anyio
 import mcp_types as types
 import pytest
 import yaml
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from mcp import Client
 
 from agent_gateway import pins
@@ -200,3 +200,56 @@ def test_serve_on_a_pins_file_that_is_no_database_refuses_the_start_in_one_line(
     assert ended.stderr.endswith(
         f"error: tool pins {state / 'pins.sqlite'}: cannot be read: file is not a database\n"
     ), ended.stderr
+
+
+def rewriting_server(tools: int) -> FastMCP:
+    """``tools`` tools and ``rewrite``, which gives each a new description (one
+    ``list_changed``), as an upstream that rewrites its definitions at every listing."""
+    server = FastMCP("flux")
+
+    def define(version: int) -> None:
+        for n in range(tools):
+            server.tool(lambda: "ok", name=f"t{n}", description=f"Tool {n}, version {version}.")
+
+    @server.tool
+    def steady() -> str:
+        return "steady"
+
+    @server.tool
+    async def rewrite(version: int, ctx: Context) -> str:
+        for n in range(tools):
+            server.local_provider.remove_tool(f"t{n}")
+        define(version)
+        await ctx.send_notification(types.ToolListChangedNotification())
+        return "rewritten"
+
+    define(0)
+    return server
+
+
+async def test_an_upstream_rewriting_all_its_tools_at_each_listing_writes_one_warning_a_listing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, one WARNING a tool at each listing: 40 a listing here, 10,000 for an upstream of
+    # 10,000 tools changing them all each time it is listed (about once a second, flooding).
+    config = config_in(tmp_path, "")
+    async with serving_upstream(rewriting_server(40)) as url:
+        config["upstreams"] = {"flux": {"url": url}}
+        async with running_gateway(config) as gw, Client(gw.url) as client, Client(gw.url) as bystander:
+            for version in (1, 2):
+                before = gw.gateway.catalog.snapshot.version
+                await client.call_tool("flux__rewrite", {"version": version})
+                with anyio.fail_after(10):
+                    while gw.gateway.catalog.snapshot.version == before:
+                        await anyio.sleep(0.01)
+                assert await listed(bystander) == {
+                    "flux__steady",
+                    "flux__rewrite",
+                    "ask_agent",
+                }  # the 40 held
+                assert (await bystander.call_tool("flux__steady", {})).content[0].text == "steady"  # type: ignore[union-attr]
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.pins"]
+    assert len(lines) == 2, lines  # one a listing
+    assert all("changed tool flux__t0 since it was pinned (description); 39 more" in line for line in lines)
+    assert "flux__t1 (description)" in lines[0]
+    assert lines[0].endswith(", …: withheld until accepted (agent-gateway pins accept)")

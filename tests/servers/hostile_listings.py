@@ -13,10 +13,12 @@ send what an SDK server would not. ``python hostile_listings.py MODE``:
 - ``fatN``: N tools each with a schema of about 200 KB (within the bound on one), 20 a page
   (500,000 JSON values: within the bound on one message);
 - ``junkN``: one page of N items that are not tools (``{}``);
-- ``oneN``: N tools in one page (a million: 56 MB, three million JSON values).
+- ``oneN``: N tools in one page (a million: 56 MB, three million JSON values);
 - ``loop``: its tools and templates (``file:///logs/{name}``) in a page whose ``nextCursor``
   is ``again``, the cursor of that same page, for ever; its tool ``pages`` answers how many
   pages of tools it was asked for.
+- ``relapse``: a tool ``die``, which exits; every later start's ``initialize`` is refused
+  with an error of ``RELAPSE_CHARS`` characters (the file ``RELAPSE_FILE`` says it died).
 
 A read answers with the mode's name, so a test sees which upstream served it. In every mode a
 call of ``nested`` with ``{"levels": N}`` answers with structured content N objects deep, and
@@ -59,6 +61,8 @@ def tools() -> list[dict[str, Any]]:
         listed.append({"name": "deep", "inputSchema": schema})
     if MODE.startswith("wide"):
         listed.append({"name": "wide", "inputSchema": wide(int(MODE[4:]))})
+    if MODE == "relapse":
+        listed.append({"name": "die", "inputSchema": {"type": "object"}})
     return listed
 
 
@@ -146,6 +150,16 @@ for line in sys.stdin.buffer:
             b'{"jsonrpc":"2.0","id":%d,"result":%s}\n' % (message["id"], content.encode())
         )
         sys.stdout.buffer.flush()
+    elif message.get("method") == "tools/call" and message["params"]["name"] == "die":
+        open(os.environ["RELAPSE_FILE"], "w").close()
+        os._exit(1)
+    elif (
+        message.get("method") == "initialize"
+        and MODE == "relapse"
+        and os.path.exists(os.environ["RELAPSE_FILE"])
+    ):
+        refusal = {"code": -32000, "message": "no " * (int(os.environ["RELAPSE_CHARS"]) // 3)}
+        send({"jsonrpc": "2.0", "id": message["id"], "error": refusal})
     elif message.get("method") == "tools/call" and message["params"]["name"] == "reading":
         result = {"content": [{"type": "text", "text": "read"}], "structuredContent": {"v": float("nan")}}
         send({"jsonrpc": "2.0", "id": message["id"], "result": result})

@@ -2,25 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import httpx
+import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
+from pydantic import Field
 
+from agent_gateway import rendered
 from agent_gateway.ui.static import REFRESH_MS
 from agent_gateway.upstreams.connection import UpstreamState
 from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
+from tests.test_search_mode import tracker_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
+BIDI = "\u202egpj.exe\u2066"
+"""Shown as it is, what follows in its cell would read reversed (``exe.jpg``)."""
 REFRESH = REFRESH_MS / 1000
 needs_chromium = pytest.mark.skipif(
     # In CI scripts/setup has installed it: a missing Chromium there fails the test, not skips it.
@@ -40,6 +47,10 @@ def alpha_server() -> FastMCP:
     def weather(city: str) -> str:
         """Today's weather in a city."""
         return f"sunny in {city}"
+
+    @server.tool(description=f"Lists files.{BIDI}")
+    def files() -> str:
+        return "none"
 
     return server
 
@@ -90,7 +101,12 @@ async def test_the_page_is_off_with_ui_false_and_behind_auth_like_status() -> No
 async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> None:
     from playwright.async_api import async_playwright
 
-    async with example() as gw, Client(gw.url, mode="legacy") as client, async_playwright() as pw:
+    who = types.Implementation(name=f"ide{BIDI}", version="1")
+    async with (
+        example() as gw,
+        Client(gw.url, mode="legacy", client_info=who) as client,
+        async_playwright() as pw,
+    ):
         pid = int((await client.call_tool("counter__pid", {})).content[0].text)  # type: ignore[union-attr]
         await client.call_tool("alpha__echo", {"text": 42})  # an error, highlighted
         browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
@@ -108,6 +124,10 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             assert await page.get_attribute('tr[data-name="ghost"]', "class") == "upstream state-down"
             assert await page.title() == "agent-gateway"  # the hostile description stayed text
             assert HOSTILE in await page.inner_text("#catalog")
+            shown = await page.inner_text("body")  # hidden characters as their escapes
+            assert "Lists files.\\u202egpj.exe\\u2066" in shown
+            assert "ide\\u202egpj.exe\\u2066" in shown
+            assert "\u202e" not in shown
             failed = await page.inner_text("#calls tr.failed")
             assert "alpha__echo" in failed
             assert "tool_error" in failed
@@ -134,3 +154,121 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             assert problems == []
         finally:
             await browser.close()
+
+
+Fat = Annotated[str, Field(description="property " + "\u00e9" * 300_000)]
+
+
+def hoarder_server() -> FastMCP:
+    """A tool whose description (1 MB) and input schema (about 600 KB) fill pages."""
+    server = FastMCP("hoarder")
+
+    @server.tool(description="Hunts treasure. " + "word " * 200_000)
+    def hunt(where: Fat) -> str:
+        return where
+
+    @server.tool
+    def steady() -> str:
+        return "steady"
+
+    return server
+
+
+async def test_a_tool_of_a_megabyte_costs_the_page_a_bounded_share_and_is_still_found() -> None:
+    # Before, its description went into the page whole (the search's text) and its schema too:
+    # 2 MB of every load of the page, for one tool.
+    async with (
+        serving_upstream(hoarder_server()) as url,
+        running_gateway({"upstreams": {"hoarder": {"url": url}}}) as gw,
+        httpx.AsyncClient() as http,
+        Client(gw.url, mode="legacy") as bystander,
+    ):
+        page = (await http.get(f"{gw.base}/")).text
+        assert len(page) < 100_000, len(page)  # its search text 1,000 characters, its schema 16 KiB
+        assert 'data-search="hoarder__hunt hoarder hunts treasure. word' in page
+        assert "more characters)</pre>" in page
+        part = (await http.get(f"{gw.base}/?part=live&catalog=none")).text
+        assert len(part) < len(page)
+        assert (await bystander.call_tool("hoarder__steady", {})).content[0].text == "steady"  # type: ignore[union-attr]
+
+
+async def test_the_page_is_encoded_once_a_rendering_however_many_ask_each_with_its_nonce(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before, each request joined and encoded the whole page anew (at 10,000 tools, 13 MB): four
+    # clients polling it held a bystander's calls 0.2-0.4 s (bench/README.md).
+    monkeypatch.setattr(rendered, "PAGE_INTERVAL", 3600.0)  # one rendering for the whole test
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    async with example() as gw, httpx.AsyncClient() as http:
+        answers = [await http.get(f"{gw.base}/") for _ in range(10)]
+    nonces = {a.headers["content-security-policy"].split("'nonce-")[1].split("'")[0] for a in answers}
+    assert len(nonces) == 10
+    for answer in answers:
+        nonce = answer.headers["content-security-policy"].split("'nonce-")[1].split("'")[0]
+        assert answer.text.count(f'nonce="{nonce}"') == 2  # its style and its script
+    assert len({a.text.replace(n, "") for a, n in zip(answers, nonces, strict=False)}) <= 10
+    encoded = [r for r in caplog.records if r.getMessage().startswith("status page encoded")]
+    assert len(encoded) == 1, [r.getMessage() for r in encoded]
+
+
+async def test_a_catalog_changing_faster_than_the_page_renders_is_rendered_at_its_pace(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Once per catalog version, upstreams changing their lists each second made a client
+    # polling the page render the whole catalog at each change (10,000 tools: a bystander's
+    # p99 85 to 361 ms). Now at most once per PAGE_INTERVAL (and a tenth of the loop's time).
+    monkeypatch.setattr(rendered, "PAGE_INTERVAL", 3600.0)  # no second rendering in the test
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    async with (
+        serving_upstream(tracker_server([])) as url,
+        running_gateway({"upstreams": {"tracker": {"url": url}}, "search": {"mode": "off"}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+        httpx.AsyncClient() as http,
+    ):
+        pages = []
+        for n in range(4):
+            before = gw.gateway.catalog.snapshot.version
+            await client.call_tool("tracker__add_tool", {"name": f"added_{n}", "description": "new"})
+            with anyio.fail_after(10):
+                while gw.gateway.catalog.snapshot.version == before:
+                    await anyio.sleep(0.01)
+            pages.append((await http.get(f"{gw.base}/?part=live&catalog=stale")).text)
+        renders = [r for r in caplog.records if r.getMessage().startswith("status page catalog rendered")]
+        assert len(renders) == 1, len(renders)
+        assert all("tracker__close_issue" in page for page in pages)  # the catalog as last rendered
+        monkeypatch.setattr(rendered, "PAGE_INTERVAL", 0.0)  # its pace: the newest is shown soon
+        with anyio.fail_after(10):
+            while "tracker__added_3" not in (await http.get(f"{gw.base}/?part=live&catalog=stale")).text:
+                await anyio.sleep(0.05)
+
+
+async def test_a_change_of_one_upstream_makes_only_its_own_rows_of_the_catalog_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before, each rendering made every tool's row: one upstream changing its list each second
+    # among 10,000 tools of others held a bystander's calls up to 0.4-0.6 s, now 0.2 s.
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.page")
+    async with (
+        serving_upstream(tracker_server([])) as url,
+        serving_upstream(alpha_server()) as other,
+        running_gateway({"upstreams": {"tracker": {"url": url}, "alpha": {"url": other}}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+        httpx.AsyncClient() as http,
+    ):
+        await http.get(f"{gw.base}/?part=live&catalog=stale")
+        before = gw.gateway.catalog.snapshot.version
+        await client.call_tool("tracker__add_tool", {"name": "added", "description": "new"})
+        with anyio.fail_after(10):
+            while gw.gateway.catalog.snapshot.version == before:
+                await anyio.sleep(0.01)
+        with anyio.fail_after(10):  # rendered again once PAGE_INTERVAL has passed
+            while "tracker__added" not in (await http.get(f"{gw.base}/?part=live&catalog=stale")).text:
+                await anyio.sleep(0.05)
+        tracker = sum(origin.upstream == "tracker" for origin in gw.gateway.catalog.snapshot.tools.values())
+        alpha = sum(origin.upstream == "alpha" for origin in gw.gateway.catalog.snapshot.tools.values())
+    made = [
+        r.getMessage() for r in caplog.records if r.getMessage().startswith("status page catalog rendered")
+    ]
+    assert made[0].endswith(f"({tracker - 1 + alpha} of its rows made)")  # the first: every row
+    assert made[-1].endswith(f"({tracker} of its rows made)"), made  # then tracker's only
+    assert alpha == 3

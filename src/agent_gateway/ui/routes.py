@@ -42,7 +42,7 @@ def status_page(
     return page
 
 
-def _html(body: str | bytes, nonce: str | None) -> HTMLResponse:
+def _html(body: bytes, nonce: str | None) -> HTMLResponse:
     source = f"'nonce-{nonce}'" if nonce else "'none'"
     return HTMLResponse(
         body,

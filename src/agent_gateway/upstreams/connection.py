@@ -41,7 +41,7 @@ from agent_gateway.upstreams.backoff import Backoff
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import Hooks, connected, unanswered
 from agent_gateway.upstreams.session import UpstreamSession
-from agent_gateway.upstreams.translation import secrets_of
+from agent_gateway.upstreams.translation import cut_message, secrets_of
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,9 @@ class Upstream:
         """Record the failure; True when the upstream had been up until now."""
         was_up = self.up_since is not None and self.down_since is None
         self.state = UpstreamState.DOWN
-        self.last_error = scrubbed(describe(exc), secrets_of(self.config))
+        # Cut first: an upstream refusing its handshake with 21 MB of message made every call
+        # to its tools a 21 MB error, /status and the page 21 MB, /readyz 42 MB, while down.
+        self.last_error = scrubbed(cut_message(describe(exc)), secrets_of(self.config))
         if was_up or self.down_since is None:
             self.down_since = time.time()
         logger.warning("upstream %s is down: %s", self.name, self.last_error)

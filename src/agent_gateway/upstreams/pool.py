@@ -18,6 +18,7 @@ from agent_gateway.upstreams.connection import Upstream, UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
 from agent_gateway.upstreams.lifecycle import Hooks
 from agent_gateway.upstreams.session import UpstreamSession
+from agent_gateway.upstreams.translation import secrets_of
 
 logger = logging.getLogger(__name__)
 
@@ -195,6 +196,11 @@ class UpstreamPool:
         if upstream is None:
             raise UpstreamUnavailable(name, "not configured")
         return upstream
+
+    def secrets(self, name: str) -> tuple[str, ...]:
+        """What upstream ``name`` is sent that nothing the gateway writes may repeat."""
+        upstream = self.upstreams.get(name)
+        return secrets_of(upstream.config) if upstream is not None else ()
 
     def up_states(self) -> list[tuple[str, bool]]:
         return [(s.name, s.serving) for s in self.statuses()]

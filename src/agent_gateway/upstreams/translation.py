@@ -111,13 +111,19 @@ MAX_ERROR_DATA = 65_536
 """About the most characters of an upstream error's ``data`` passed on: a larger one is left out."""
 
 
+def cut_message(message: str) -> str:
+    """An upstream's error message as the gateway repeats it: ``MAX_ERROR_MESSAGE`` characters
+    at most, saying how long it was."""
+    if len(message) <= MAX_ERROR_MESSAGE:
+        return message
+    return f"{message[:MAX_ERROR_MESSAGE]}… ({len(message)} characters)"
+
+
 def _bounded(error: types.ErrorData) -> tuple[str, Any]:
     """An upstream's error message and ``data`` as they are passed on: passed whole, 30 MB
     of message took the event loop 3 s to scrub of its upstream's credentials (a step per
     character, for each), and reached the client and the log whole."""
-    message, data = error.message, error.data
-    if len(message) > MAX_ERROR_MESSAGE:
-        message = f"{message[:MAX_ERROR_MESSAGE]}… ({len(message)} characters)"
+    message, data = cut_message(error.message), error.data
     if data is not None and not fits(data, MAX_ERROR_DATA):
         message, data = f"{message} (its data, over {MAX_ERROR_DATA} characters, left out)", None
     return message, data
