@@ -201,6 +201,7 @@ async def test_a_revoked_tokens_open_stream_is_relayed_nothing_not_the_default_p
     path = write(tmp_path / "g.yaml", upstreams, auth=auth(True))
     updated: list[str] = []
     last = anyio.Event()
+    relayed = anyio.Semaphore(0)  # the bystander's, relayed after the client's (in order)
 
     async def on_message(message: IncomingMessage) -> None:
         if isinstance(message, types.ResourceUpdatedNotification):
@@ -208,17 +209,24 @@ async def test_a_revoked_tokens_open_stream_is_relayed_nothing_not_the_default_p
             if message.params.uri == "note://last":
                 last.set()
 
+    async def bystanders(message: IncomingMessage) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            relayed.release()
+
     async with (
         from_file(path) as (gw, reloader),
         client(gw.url, CI_TOKEN, on_message) as ci,
-        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        client(gw.url, BYSTANDER_TOKEN, bystanders) as bystander,
     ):
-        for uri in ("note://x", "note://last"):
+        for subscriber, uri in ((ci, "note://x"), (ci, "note://last"), (bystander, "note://x")):
             with pytest.warns(MCPDeprecationWarning):
-                await ci.subscribe_resource(uri)
+                await subscriber.subscribe_resource(uri)
         write(path, upstreams, auth=auth(False))
         assert await reloader.reload() is not None
         assert text_of(await bystander.call_tool("rec__updates", {"uri": "note://x", "times": 2})) == "2"
+        with anyio.fail_after(BOUND):
+            for _ in range(2):
+                await relayed.acquire()  # the bystander still served, and the client's turn past
 
         write(path, upstreams, auth=auth(True))  # the token back: its stream is relayed again
         assert await reloader.reload() is not None
