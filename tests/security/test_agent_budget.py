@@ -13,7 +13,9 @@ from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from mcp import Client
 
+from agent_gateway import reload
 from agent_gateway.agent.calls import _SLOTS  # pyright: ignore[reportPrivateUsage]
+from agent_gateway.config import AuthConfig
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, ask, record
 from tests.agent.test_rounds import call_round, finished, paused, unused
@@ -215,3 +217,28 @@ async def test_a_paused_modern_run_is_charged_each_model_turn_once() -> None:
         then = finished(await call_round(c, {"query": "And now?"}))
     assert math.names() == ["drop_table"]
     assert not then.is_error, _text(then)
+
+
+async def test_a_runs_model_tokens_after_a_reload_sets_a_budget_count_against_it() -> None:
+    # A run in flight charged the spend it started under: one a reload gave a budget it had
+    # not had charged its later turns to none, however many tokens they took.
+    release, started = anyio.Event(), list[int]()
+    model = ScriptedChatModel(script=[calls(call("slow__wait")), answer("done"), answer("again")])
+    async with serving_upstream(_waiting_server(release, started)) as url:
+        config = {"upstreams": {"slow": {"url": url}}, "agent": {"memory": {"store": "memory"}}}
+        async with running_gateway(config, chat_model=model) as gw, Client(gw.url, mode="legacy") as c:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(c.call_tool, "ask_agent", {"query": "wait"})
+                with anyio.fail_after(BOUND):
+                    while not started:  # its first turn taken, unbudgeted: its tool call in flight
+                        await anyio.sleep(0.01)
+                budget = {"policies": {"default": {"agent": {"tokens_per_hour": 10}}}}
+                new = gw.gateway.config.model_copy(update={"auth": AuthConfig.model_validate(budget)})
+                assert (await reload.apply(gw.gateway, new)).access
+                release.set()  # its second turn, 15 tokens, taken under the budget
+            again = await ask(c, "again")
+    assert again.is_error
+    assert (
+        _text(again)
+        == "client limit: 15 model tokens in the last hour, the limit (agent.tokens_per_hour) is 10"
+    )

@@ -184,3 +184,53 @@ async def test_a_reload_moving_a_jwt_subject_to_another_policy_applies_to_its_op
         assert await reloader.reload() is not None
         refused = await service.call_tool("keep__increment", {})
         assert text_of(refused) == "tool 'keep__increment' is not allowed for client 'svc-build'"
+
+
+async def test_a_revoked_tokens_open_stream_is_relayed_nothing_not_the_default_policys_all(
+    tmp_path: Path,
+) -> None:
+    # A token a reload removed fell to the ``default`` policy (everything): its session's open
+    # stream, which no request re-checks, went on receiving, and more than its policy let it.
+    upstreams = {"rec": python_upstream("recorder.py", protocol="legacy")}
+
+    def auth(ci: bool) -> dict[str, Any]:
+        narrow = _auth(["*"], ci=ci)
+        narrow["policies"]["ci"]["resources"] = ["note://*"]
+        return narrow
+
+    path = write(tmp_path / "g.yaml", upstreams, auth=auth(True))
+    updated: list[str] = []
+    last = anyio.Event()
+    relayed = anyio.Semaphore(0)  # the bystander's, relayed after the client's (in order)
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updated.append(message.params.uri)
+            if message.params.uri == "note://last":
+                last.set()
+
+    async def bystanders(message: IncomingMessage) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            relayed.release()
+
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, CI_TOKEN, on_message) as ci,
+        client(gw.url, BYSTANDER_TOKEN, bystanders) as bystander,
+    ):
+        for subscriber, uri in ((ci, "note://x"), (ci, "note://last"), (bystander, "note://x")):
+            with pytest.warns(MCPDeprecationWarning):
+                await subscriber.subscribe_resource(uri)
+        write(path, upstreams, auth=auth(False))
+        assert await reloader.reload() is not None
+        assert text_of(await bystander.call_tool("rec__updates", {"uri": "note://x", "times": 2})) == "2"
+        with anyio.fail_after(BOUND):
+            for _ in range(2):
+                await relayed.acquire()  # the bystander still served, and the client's turn past
+
+        write(path, upstreams, auth=auth(True))  # the token back: its stream is relayed again
+        assert await reloader.reload() is not None
+        await bystander.call_tool("rec__updates", {"uri": "note://last", "times": 1})
+        with anyio.fail_after(BOUND):
+            await last.wait()  # one stream, in order: all sent before it has arrived
+    assert updated == ["note://last"]

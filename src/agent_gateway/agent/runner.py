@@ -300,7 +300,7 @@ class AgentRunner:
             max_context_tokens=self.config.max_context_tokens,
             scrub=(secret,) if secret else (),
             deadline=self._models.deadline,
-            charge=client.spent.used,
+            charge=lambda tokens: client.spent.used(tokens),  # its spend now: a reload may set another
         )
 
     def _asker(self, caller: Caller | None, token: str) -> Asker | None:
