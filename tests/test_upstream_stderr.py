@@ -61,3 +61,26 @@ async def test_the_count_of_lines_left_out_is_logged_when_the_reading_is_cancell
     assert counts == [
         f"upstream chatty/1 stderr: ({5000 - len(passed)} lines before it left out: over 100 a second)"
     ]
+
+
+async def test_the_count_of_lines_left_out_is_logged_once_the_stream_is_quiet(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A burst read whole has no next line to carry its count: it is written on a line of its
+    # own once stderr has been quiet for a second, the process still running.
+    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams.stderr")
+    pipe_in, pipe_out = anyio.create_memory_object_stream[bytes](0)
+    async with pipe_in, pipe_out, anyio.create_task_group() as tg:
+        tg.start_soon(StderrLines("chatty/1", ()).pass_on, BufferedByteReceiveStream(pipe_out))
+        await pipe_in.send(b"".join(f"line {n}\n".encode() for n in range(500)))
+        with anyio.fail_after(10):
+            while not any("lines before it left out" in r.getMessage() for r in caplog.records):
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    messages = [record.getMessage() for record in caplog.records]
+    passed = [m for m in messages if m.startswith("upstream chatty/1 stderr: line ")]
+    counts = [m for m in messages if m.startswith("upstream chatty/1 stderr: (")]
+    assert 100 <= len(passed) < 500
+    assert counts == [
+        f"upstream chatty/1 stderr: ({500 - len(passed)} lines before it left out: over 100 a second)"
+    ]
