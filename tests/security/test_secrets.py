@@ -1,6 +1,7 @@
 """Secrets in URLs and in model errors (issue 16, finding 12): ``check`` and every log line
 (debug included) print URLs without credentials or query values; a model error that echoes
-the API key in another case, in part or masked reaches no client."""
+the API key in another case, in part or masked reaches no client; nor does an upstream's error
+result quoting the credential the gateway sends it."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 import yaml
 from fastmcp import FastMCP
+from mcp import Client
 
 from agent_gateway.cli import main
 from agent_gateway.logs import scrubbed
-from tests.support import asgi_in_a_thread, gateway_env, python_upstream
+from tests.support import asgi_in_a_thread, gateway_env, python_upstream, running_gateway, serving_upstream
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 PASSWORD = "hunter2-password"
@@ -143,3 +146,49 @@ def test_a_model_error_echoing_the_key_changed_in_part_or_masked_is_scrubbed() -
         assert "GHIJKLMN" not in cleaned.upper(), name
         assert "1234" not in cleaned, name
     assert scrubbed("nothing secret here", (key,)) == "nothing secret here"
+
+
+UPSTREAM_KEY = "sk-upstream-0123456789abcdef"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstreams_error_result_quoting_its_credential_reaches_its_client_without_it(
+    mode: str,
+) -> None:
+    # The gateway sends the upstream a credential its clients never see; an upstream's error
+    # *result* (isError: ``invalid credentials: 'Bearer …'``) reached the client whole, in its
+    # text, its embedded resources and its structuredContent. A successful result is passed
+    # as it is (a configured value may be any word of 8 characters, a path its results name).
+    server = FastMCP("vault")
+
+    @server.tool
+    def login() -> types.CallToolResult:
+        quoted = f"invalid credentials: 'Bearer {UPSTREAM_KEY}'"
+        resource = types.TextResourceContents(uri="log://last", text=f"sent {UPSTREAM_KEY}")
+        return types.CallToolResult(
+            content=[types.TextContent(text=quoted), types.EmbeddedResource(resource=resource)],
+            structured_content={"sent": {"headers": [f"Bearer {UPSTREAM_KEY}"]}, "code": 401},
+            is_error=True,
+        )
+
+    @server.tool
+    def whoami() -> str:
+        return f"/srv/{UPSTREAM_KEY}/home"
+
+    async with serving_upstream(server) as url:
+        config = {
+            "upstreams": {"vault": {"url": url, "headers": {"Authorization": f"Bearer {UPSTREAM_KEY}"}}}
+        }
+        async with running_gateway(config) as gw, Client(gw.url, mode=mode) as client:  # type: ignore[arg-type]
+            refused = await client.call_tool("vault__login", {})
+            served = await client.call_tool("vault__whoami", {})
+    assert refused.is_error
+    text, embedded = refused.content
+    assert isinstance(text, types.TextContent) and isinstance(embedded, types.EmbeddedResource)
+    assert text.text == "invalid credentials: 'Bearer [redacted]'"
+    assert isinstance(embedded.resource, types.TextResourceContents)
+    assert embedded.resource.text == "sent [redacted]"
+    assert refused.structured_content == {"sent": {"headers": ["Bearer [redacted]"]}, "code": 401}
+    assert UPSTREAM_KEY not in refused.model_dump_json()
+    assert not served.is_error
+    assert served.content == [types.TextContent(text=f"/srv/{UPSTREAM_KEY}/home")]

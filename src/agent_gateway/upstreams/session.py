@@ -37,7 +37,7 @@ from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.pace import Pace
 from agent_gateway.upstreams.replies import Broadcast, Replies
-from agent_gateway.upstreams.translation import translated
+from agent_gateway.upstreams.translation import secrets_of, translated, unquoted
 
 if TYPE_CHECKING:
     from agent_gateway.upstreams.lifecycle import UpdateSink
@@ -254,11 +254,9 @@ class UpstreamSession:
     async def call_tool(
         self, name: str, arguments: dict[str, Any], caller: ClientSide | None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """Call ``name`` upstream on behalf of ``caller``.
-
-        When both the caller and this upstream speak the modern era, the upstream's input
-        requests (``InputRequiredResult``) are returned as they are, for the client to answer
-        and retry; otherwise the ``mcp`` client answers them through our callbacks.
+        """Call ``name`` upstream on behalf of ``caller``. When both speak the modern era, the
+        upstream's input requests (``InputRequiredResult``) are returned as they are, for the
+        client to answer and retry; otherwise the ``mcp`` client answers them through our callbacks.
 
         Raises:
             UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
@@ -287,6 +285,7 @@ class UpstreamSession:
                 result = await client.call_tool(name, arguments, progress_callback=progress, meta=meta)  # pyright: ignore[reportArgumentType]
             if isinstance(result, types.CallToolResult) and result.is_error:
                 mark_upstream_error("tool_error")
+                return unquoted(result, secrets_of(self.config))  # its credential, quoted
             if isinstance(result, types.CallToolResult | types.InputRequiredResult):
                 return result
             raise UpstreamRejected(

@@ -12,6 +12,7 @@ session's end.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -136,3 +137,44 @@ def secrets_of(config: UpstreamConfig) -> tuple[str, ...]:
     gateway passes on of it (a client's error, the log, the status page, ``check``)."""
     values = [*config.headers.values(), *config.env.values()]
     return tuple(dict.fromkeys(word for value in values for word in value.split() if len(word) >= 8))
+
+
+def unquoted(result: types.CallToolResult, secrets: tuple[str, ...]) -> types.CallToolResult:
+    """An upstream's error result as its client gets it: every credential the gateway sends
+    the upstream (``secrets_of``) replaced where the result quotes it whole, in its text and
+    its ``structuredContent``. Its JSON-RPC errors are scrubbed above; an error *result*
+    (``isError``, ``invalid credentials: 'Bearer …'``) reached the client whole. Only exact
+    occurrences, at C speed: a result has no bound of its own (the gateway's records, cut
+    first, also take out echoes in part, in another case or masked), and only error results:
+    a configured value is any word of 8 characters (``/srv/docs``), which a successful
+    result's paths and text may hold."""
+    if not secrets:
+        return result
+    content = [_unquoted_block(block, secrets) for block in result.content]
+    structured = result.structured_content
+    if structured is not None:
+        dumped = json.dumps(structured)
+        if (replaced := _replaced(dumped, tuple(json.dumps(s)[1:-1] for s in secrets))) is not dumped:
+            structured = json.loads(replaced)
+    if structured is result.structured_content and all(map(operator.is_, content, result.content)):
+        return result
+    return result.model_copy(update={"content": content, "structured_content": structured})
+
+
+def _unquoted_block(block: types.ContentBlock, secrets: tuple[str, ...]) -> types.ContentBlock:
+    if isinstance(block, types.TextContent):
+        text = _replaced(block.text, secrets)
+        return block if text is block.text else block.model_copy(update={"text": text})
+    if isinstance(block, types.EmbeddedResource) and isinstance(block.resource, types.TextResourceContents):
+        text = _replaced(block.resource.text, secrets)
+        if text is not block.resource.text:
+            return block.model_copy(update={"resource": block.resource.model_copy(update={"text": text})})
+    return block
+
+
+def _replaced(text: str, secrets: tuple[str, ...]) -> str:
+    """``text`` with each of ``secrets`` replaced (``text`` itself when it holds none)."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, "[redacted]")
+    return text
