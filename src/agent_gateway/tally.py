@@ -61,5 +61,6 @@ notifications_dropped = Tally(
     "Log lines and progress reports from upstreams not passed on, by kind (log, progress) and "
     "why: behind (16 lines no call owns were waiting for the client already), backlog (an "
     "upstream session already had its bound of them being passed on: its clients read slower "
-    "than it sends) or rate (over 100 lines a second no call owns from one upstream).",
+    "than it sends) or rate (over 100 lines a second no call owns from one upstream); and "
+    "notifications of a method MCP does not define (kind unknown, why method), which nothing reads.",
 )

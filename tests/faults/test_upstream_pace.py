@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import anyio
+import httpx
 import mcp_types as types
+import pytest
 from mcp import Client
 
 from agent_gateway.downstream import broadcast
-from agent_gateway.upstreams.pace import MAX_ASKED
+from agent_gateway.upstreams.pace import MAX_ASKED, WARN_EVERY
 from tests.faults.harness import text_of
-from tests.support import SERVERS, running_gateway, serving_upstream
+from tests.support import SERVERS, gateway_process, running_gateway, serving_upstream
 from tests.test_responses import upstream as steps_upstream
 
 RATE = 200
@@ -68,6 +72,35 @@ async def test_an_upstream_over_its_notification_rate_waits_in_its_pipe_and_lose
     stamps = [float(line.split()[1]) for line in heard]
     assert stamps[-1] - stamps[0] >= (LINES - RATE - BUFFERED) / RATE
     assert served_meanwhile > 0  # another upstream's client was served throughout
+
+
+async def test_notifications_of_a_method_mcp_does_not_define_are_dropped_where_they_are_read(
+    tmp_path: Path,
+) -> None:
+    """Nothing reads them (the SDK's session dropped each, after a task, a parse and a debug
+    line: an upstream sending them without end cost the gateway 115 ms of CPU a thousand at its
+    pace, 28 now); they still count against the upstream's rate, and are counted as dropped."""
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")], "notification_rate": RATE}
+    heard: list[str] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        heard.append(str(params.data))
+
+    async with (
+        gateway_process({"upstreams": {"noisy": noisy}}, tmp_path) as base,  # its /metrics served
+        Client(f"{base}/mcp", mode="legacy", logging_callback=on_log) as client,
+        httpx.AsyncClient() as http,
+    ):
+        with anyio.fail_after(BOUND):
+            vendor = {"lines": LINES, "size": 40, "during": True, "method": "notifications/x-vendor/tick"}
+            assert text_of(await client.call_tool("noisy__flood", vendor)) == "flood"
+            logged = {"lines": 5, "size": 40, "during": True}
+            assert text_of(await client.call_tool("noisy__flood", logged)) == "flood"
+            metrics = (await http.get(f"{base}/metrics")).text
+    family = "agent_gateway_notifications_dropped_total{"
+    counted = [line for line in metrics.splitlines() if line.startswith(family) and 'kind="unknown"' in line]
+    assert [line.rsplit(" ", 1)[1] for line in counted if 'why="method"' in line] == [f"{LINES}.0"], counted
+    assert [int(line.split()[0]) for line in heard] == list(range(5))  # the defined ones passed on
 
 
 async def test_a_forwarded_calls_progress_reports_are_read_at_the_upstreams_rate() -> None:
@@ -152,3 +185,24 @@ async def test_an_upstreams_requests_past_256_being_answered_are_refused_at_once
     assert answered["error"] > 0, answered  # refused at once, unread
     assert answered["result"] >= MAX_ASKED, answered
     assert most[0] - before < MAX_ASKED + 100, (most[0], before)
+
+
+async def test_a_session_over_its_rate_is_said_so_once_in_ten_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Once a line held, each line made (then left out by the log's filter of repeats) cost a
+    sixth of the gateway's CPU while it read an upstream at its pace."""
+    caplog.set_level(logging.WARNING, logger="agent_gateway.upstreams.pace")
+    noisy = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")], "notification_rate": RATE}
+    async with (
+        running_gateway({"upstreams": {"noisy": noisy}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        started = time.monotonic()
+        with anyio.fail_after(BOUND):
+            vendor = {"lines": LINES, "size": 40, "during": True, "method": "notifications/x-vendor/tick"}
+            assert text_of(await client.call_tool("noisy__flood", vendor)) == "flood"
+        lasted = time.monotonic() - started
+    warned = [r for r in caplog.records if "read more slowly" in r.getMessage()]
+    assert lasted >= (LINES - RATE - BUFFERED) / RATE  # it was held: read at its pace
+    assert 1 <= len(warned) <= 1 + lasted // WARN_EVERY, (len(warned), lasted)

@@ -3,10 +3,11 @@ written as raw JSON-RPC. Its tools (each answers with its own name, unless said)
 
 - ``garble {times}``: before its answer, ``times`` lines that are not JSON-RPC and ``times``
   answers to ids never sent;
-- ``flood {lines, size, during?}``: ``lines`` log lines of ``size`` characters each, each
-  its number and when it was written (``time.monotonic()``), as fast as the pipe takes them:
-  before its answer with ``during``, else before the answer to the next ``logging/setLevel``
-  (no call is in flight then: the lines are nobody's);
+- ``flood {lines, size, during?, method?}``: ``lines`` log lines of ``size`` characters each,
+  each its number and when it was written (``time.monotonic()``), as fast as the pipe takes
+  them: before its answer with ``during``, else before the answer to the next
+  ``logging/setLevel`` (no call is in flight then: the lines are nobody's); with ``method``,
+  notifications of that method instead (the same params);
 - ``churn {times, slow?}``: after its answer, ``tools/list_changed``, and again after each
   listing that follows, ``times`` in all, each listing then holding one tool more
   (``churned_N``) and, with ``slow``, answered that many seconds late;
@@ -75,11 +76,11 @@ def tools() -> list[dict[str, Any]]:
     return [{"name": n, "inputSchema": {"type": "object"}} for n in names]
 
 
-def flood(lines: int, size: int) -> None:
+def flood(lines: int, size: int, method: str = "notifications/message") -> None:
     for n in range(lines):
         line = f"{n} {time.monotonic():.4f} ".ljust(size, "x")  # numbered, stamped when written
         params = {"level": "info", "data": line}
-        send({"jsonrpc": "2.0", "method": "notifications/message", "params": params})
+        send({"jsonrpc": "2.0", "method": method, "params": params})
 
 
 def after(name: str, arguments: dict[str, Any]) -> None:
@@ -116,10 +117,15 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
             for n in range(arguments["times"]):
                 write(f"not json {n}\n".encode())
                 send({"jsonrpc": "2.0", "id": 10_000 + n, "result": {}})
+        flooded = (
+            arguments.get("lines"),
+            arguments.get("size"),
+            arguments.get("method", "notifications/message"),
+        )
         if name == "flood" and arguments.get("during"):
-            flood(arguments["lines"], arguments["size"])
+            flood(*flooded)
         elif name == "flood":
-            STATE["armed"] = (arguments["lines"], arguments["size"])
+            STATE["armed"] = flooded
         text = arguments["text"] if name == "echo" else name
         if name == "listings":
             text = json.dumps(STATE["listings"])

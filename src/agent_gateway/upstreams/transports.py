@@ -105,9 +105,10 @@ class WatchedReadStream(StreamWrapper[ReadStream[SessionMessage | Exception]]):
                     assert isinstance(item, SessionMessage)  # counts() says so
                     # The reader waits for its turn: the upstream's writes wait in turn.
                     refusal = await self._pace.take(item)
-                    if refusal is None:
+                    if refusal is not None:
+                        await self._answer.send(SessionMessage(refusal))
+                    elif self._pace.heeded(item):
                         return item
-                    await self._answer.send(SessionMessage(refusal))
                     continue
                 if isinstance(item, Exception) or self._sent.admits(item):
                     return item
