@@ -184,7 +184,8 @@ async def test_an_upstreams_error_result_quoting_its_credential_reaches_its_clie
             served = await client.call_tool("vault__whoami", {})
     assert refused.is_error
     text, embedded = refused.content
-    assert isinstance(text, types.TextContent) and isinstance(embedded, types.EmbeddedResource)
+    assert isinstance(text, types.TextContent)
+    assert isinstance(embedded, types.EmbeddedResource)
     assert text.text == "invalid credentials: 'Bearer [redacted]'"
     assert isinstance(embedded.resource, types.TextResourceContents)
     assert embedded.resource.text == "sent [redacted]"
