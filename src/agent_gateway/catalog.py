@@ -18,6 +18,7 @@ from mcp.shared.inbound import X_MCP_HEADER_KEY
 
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part, unchanged
 from agent_gateway.catalog_resources import (
+    ResourceTable,
     TemplateEntry,
     matching,
     most_specific_first,
@@ -55,6 +56,7 @@ class CatalogSnapshot:
     upstreams: frozenset[str] = frozenset()
     """Every configured upstream's name (a resource URI's namespace, ``catalog_resources``)."""
     _validators: dict[str, SchemaCheck] = field(default_factory=dict, repr=False, compare=False)
+    _resources: ResourceTable = field(default_factory=ResourceTable, repr=False, compare=False)
     _headed: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
 
     def tool(self, name: str) -> Origin[types.Tool]:
@@ -116,10 +118,9 @@ class CatalogSnapshot:
 
 
 def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None = None) -> CatalogSnapshot:
-    """One snapshot of ``parts`` (in configuration order).
-
-    Validators compiled for the previous snapshot's tools are kept for the tools whose part
-    is the same object, so one upstream's change recompiles only its own.
+    """One snapshot of ``parts`` (in configuration order). Validators compiled for the previous
+    snapshot's tools, and resource shares, are kept for the parts that are the same object, so
+    one upstream's change redoes only its own.
 
     Raises:
         NameCollision: two upstreams produce the same public tool or prompt name.
@@ -135,12 +136,12 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         _add_all("prompt", prompts, part.prompts)
     ordered = [(p.upstream, p.listing) for p in parts]
     names = frozenset[str]().union(*(p.upstreams for p in parts))
-    spelled = {uri: seen for p in parts for uri, seen in p.spellings.items()}
+    resources = resource_table(parts, names, previous._resources if previous is not None else ResourceTable())
     return CatalogSnapshot(
         tools=tools,
         listed=listed,
         prompts=prompts,
-        resources=resource_table(ordered, previous.resources if previous is not None else {}, names, spelled),
+        resources=resources.table,
         templates=template_entries(ordered, names, previous.templates if previous is not None else ()),
         instructions={p.upstream: p.listing.instructions for p in parts if p.listing.instructions},
         version=version,
@@ -148,6 +149,7 @@ def merge(parts: Sequence[Part], version: int, previous: CatalogSnapshot | None 
         held=held,
         upstreams=names,
         _validators=_kept_validators(previous, parts),
+        _resources=resources,
     )
 
 
@@ -171,11 +173,8 @@ def build_snapshot(
     version: int,
     reserved: frozenset[str] = frozenset(),
 ) -> CatalogSnapshot:
-    """Merge ``listings`` (taken in config order) into one snapshot.
-
-    Raises:
-        NameCollision: two upstreams produce the same public tool or prompt name.
-    """
+    """Merge ``listings`` (taken in config order) into one snapshot (raises ``NameCollision``:
+    two upstreams produce the same public tool or prompt name)."""
     names = [n for n in config.upstreams if n in listings]
     return merge([build_part(config, n, listings[n], reserved) for n in names], version)
 

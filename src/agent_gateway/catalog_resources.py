@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
-from agent_gateway.catalog_parts import Listing, spelling
+from agent_gateway.catalog_parts import Listing, Part
 from agent_gateway.errors import shown
 from agent_gateway.naming import Origin
 
@@ -60,33 +60,96 @@ def namespace_of(uri: str, upstreams: frozenset[str]) -> str:
     return head + plus if plus and head in upstreams else ""
 
 
-def resource_table(
-    ordered: list[tuple[str, Listing]],
-    before: Mapping[str, Origin[types.Resource]],
-    upstreams: frozenset[str] = frozenset(),
-    spelled: Mapping[str, str] | None = None,
-) -> dict[str, Origin[types.Resource]]:
-    """Each upstream's resources by public URI. URIs are compared as clients see them (their
-    ``spelling``, from ``spelled`` when given): before, an upstream listing
-    ``file:///x/../doc`` was listed as, and took the reads of, another's ``file:///doc``, and
-    ``DOCS+file:///a`` was ``docs+file:///a``."""
-    if spelled is None:
-        spelled = {str(r.uri): spelling(str(r.uri)) for _, listing in ordered for r in listing.resources}
+@dataclass(frozen=True, slots=True)
+class ResourceTable:
+    """Each upstream's resources by public URI, and what lets one upstream's change redo
+    only its own share: before, every catalog change (any upstream's, its tools' too) made
+    the whole table again, ~0.5 s of the event loop at 100,000 resources."""
+
+    table: Mapping[str, Origin[types.Resource]] = field(default_factory=dict)
+    """Every share, in configuration order."""
+    shares: Mapping[str, Mapping[str, Origin[types.Resource]]] = field(default_factory=dict)
+    parts: Mapping[str, Part] = field(default_factory=dict)
+    """The part each share was made from."""
+    owners: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """The upstreams listing each URI, by its ``spelling``."""
+    upstreams: frozenset[str] = frozenset()
+
+
+def resource_table(parts: Sequence[Part], upstreams: frozenset[str], before: ResourceTable) -> ResourceTable:
+    """The resource table of ``parts`` (in configuration order): the shares of the upstreams
+    whose part changed, and of those listing a URI whose owners changed, made again; the rest
+    kept. URIs are compared as clients see them (their ``spelling``): before, an upstream
+    listing ``file:///x/../doc`` was listed as, and took the reads of, another's
+    ``file:///doc``, and ``DOCS+file:///a`` was ``docs+file:///a``."""
+    if before.upstreams != upstreams:  # a name more or less may make any URI foreign
+        before = ResourceTable(table=before.table, upstreams=upstreams)  # what was served stays
+    now = {part.upstream: part for part in parts}
+    if now.keys() == before.parts.keys() and all(now[name] is part for name, part in before.parts.items()):
+        return before if list(now) == list(before.parts) else _joined(before.shares, now, before)
+    changed = [name for name in {**before.parts, **now} if before.parts.get(name) is not now.get(name)]
+    owners, touched = _owners(before, now, changed)
+    redo = set(changed).union(*(owners.get(seen, ()) for seen in touched))
     lowered = frozenset(u.lower() for u in upstreams)  # a spelling's scheme is lower-case
-    owners: dict[str, set[str]] = {}
-    for upstream, listing in ordered:
-        for resource in listing.resources:
-            owners.setdefault(spelled[str(resource.uri)], set()).add(upstream)
-    table: dict[str, Origin[types.Resource]] = {}
-    for upstream, listing in ordered:
-        for resource in listing.resources:
-            uri = str(resource.uri)
-            seen = spelled[uri]
-            foreign = namespace_of(uri, upstreams) or (seen != uri and namespace_of(seen, lowered))
-            kept = not foreign and _keeps(upstream, uri, owners[seen], before)
-            public = uri if kept else f"{upstream}+{uri}"
-            table[public] = Origin(upstream, uri, resource)
-    return table
+    shares = {
+        name: _share(part, owners, before.table, upstreams, lowered) if name in redo else before.shares[name]
+        for name, part in now.items()
+    }
+    return _joined(shares, now, ResourceTable(owners=owners, upstreams=upstreams))
+
+
+def _owners(
+    before: ResourceTable, now: Mapping[str, Part], changed: list[str]
+) -> tuple[Mapping[str, frozenset[str]], set[str]]:
+    """The upstreams listing each spelling, after ``changed`` upstreams' parts; and the
+    spellings whose owners changed (only those an upstream began or stopped listing: a
+    change of its tools alone touches none)."""
+    owners: dict[str, frozenset[str]] | None = None
+    touched: set[str] = set()
+    for name in changed:
+        old, new = before.parts.get(name), now.get(name)
+        was = set(old.spellings.values()) if old is not None else set[str]()
+        will = set(new.spellings.values()) if new is not None else set[str]()
+        if was == will:
+            continue
+        owners = dict(before.owners) if owners is None else owners
+        for seen in was - will:
+            if left := owners.pop(seen) - {name}:
+                owners[seen] = left
+        for seen in will - was:
+            owners[seen] = owners.get(seen, frozenset()) | {name}
+        touched |= was ^ will
+    return (before.owners if owners is None else owners), touched
+
+
+def _joined(
+    shares: Mapping[str, Mapping[str, Origin[types.Resource]]], now: dict[str, Part], table: ResourceTable
+) -> ResourceTable:
+    """``table`` with ``shares`` joined in the order of ``now`` (configuration order)."""
+    joined: dict[str, Origin[types.Resource]] = {}
+    ordered = {name: shares[name] for name in now}
+    for share in ordered.values():
+        joined.update(share)
+    return ResourceTable(joined, ordered, now, table.owners, table.upstreams)
+
+
+def _share(
+    part: Part,
+    owners: Mapping[str, frozenset[str]],
+    before: Mapping[str, Origin[types.Resource]],
+    upstreams: frozenset[str],
+    lowered: frozenset[str],
+) -> dict[str, Origin[types.Resource]]:
+    """``part``'s resources by public URI."""
+    share: dict[str, Origin[types.Resource]] = {}
+    spelled = part.spellings
+    for resource in part.listing.resources:
+        uri = str(resource.uri)
+        seen = spelled[uri]
+        foreign = namespace_of(uri, upstreams) or (seen != uri and namespace_of(seen, lowered))
+        kept = not foreign and _keeps(part.upstream, uri, owners[seen], before)
+        share[uri if kept else f"{part.upstream}+{uri}"] = Origin(part.upstream, uri, resource)
+    return share
 
 
 def matching(entries: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[str]) -> TemplateEntry | None:
@@ -101,7 +164,9 @@ def matching(entries: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[
     return None
 
 
-def _keeps(upstream: str, uri: str, owners: set[str], before: Mapping[str, Origin[types.Resource]]) -> bool:
+def _keeps(
+    upstream: str, uri: str, owners: frozenset[str], before: Mapping[str, Origin[types.Resource]]
+) -> bool:
     """Whether ``upstream``'s resource is published under its own URI. A URI several upstreams
     list is qualified with each one's name (``{upstream}+{uri}``), never dropped; but one that
     was already served unqualified stays its upstream's while it lists it: an upstream that
