@@ -28,7 +28,8 @@ from pathlib import Path
 
 import anyio
 
-from agent_gateway.authentication import static_tokens_of
+from agent_gateway.authentication import HashedTokenVerifier, static_tokens_of
+from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
 from agent_gateway.errors import ConfigError
 from agent_gateway.server import Gateway
@@ -156,9 +157,33 @@ async def _reauthorize(gateway: Gateway, auth: AuthConfig) -> None:
     """``auth``'s tokens, subjects and policies, for every client from its next request."""
     if (tokens := static_tokens_of(gateway.server.auth)) is not None:
         tokens.reconfigure(auth)
+        _end_rotated(gateway, tokens)
     changed = gateway.access.reconfigure(auth)
     logger.info("reload: %d known clients' policies changed", len(changed))
     await gateway.notifier.policies_changed(changed)
+
+
+def _end_rotated(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
+    """End the sessions a token's old secret opened, its name kept with a new one: clients are
+    keyed by name, so they went on as the new secret's client, their open streams (which no
+    request checks again) relayed all it was. The old secret is refused from its next request."""
+    stale = [
+        session
+        for session in list(gateway.sessions.live.values())
+        if session.secret is not None and tokens.rotated(session.subject, session.secret)
+    ]
+    for session in stale:
+        if session.modern:  # a listen stream; any other request of the era ends with itself
+            gateway.subscriptions.end_stream(session)
+        elif (manager := gateway.sessions.manager) is not None:
+            idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
+    if stale:
+        names = sorted({session.label for session in stale})
+        logger.warning(
+            "reload: %d sessions of rotated tokens ended (%s): opened with a secret now refused",
+            len(stale),
+            ", ".join(names),
+        )
 
 
 SETTLE_WAIT = 5.0
