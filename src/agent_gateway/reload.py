@@ -12,7 +12,8 @@ upstream is handled as any later collision: its listing is refused and reported)
 are told it changed.
 Unchanged upstreams and every client session go on untouched. Of ``auth``, the tokens,
 subjects and policies are applied: each client known gets the policy it would get now, from
-its next request (a token left out is refused from its next request), and its sessions are
+its next request (a token left out is refused from its next request; one rotated, its name
+kept with another secret, has the sessions its old secret opened ended), and its sessions are
 told their lists changed. Every other section (server, agent, search, telemetry, audit, store,
 pinning), and the rest of ``auth`` (its mode, JWT settings), is read at start-up only: a change
 there is logged as needing a restart (a change to the rest of ``auth`` applies none of it).
