@@ -13,11 +13,14 @@ from typing import Any
 
 import anyio
 import httpx
+import httpx2
 import mcp_types as types
 import pytest
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
+from mcp import Client
 from mcp.client.session import IncomingMessage
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from tests.faults.harness import text_of
@@ -120,3 +123,49 @@ async def test_a_token_a_reload_rotates_ends_the_old_secrets_session_while_the_n
             with anyio.fail_after(BOUND):
                 await relayed.wait()  # the new secret's client is relayed the update
                 assert await seen.receive() == "end"  # the old one's stream, none: it was ended
+
+
+@asynccontextmanager
+async def _modern(url: str, token: str) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c,  # type: ignore[arg-type]
+    ):
+        yield c
+
+
+async def _listen(c: Client, heard: MemoryObjectSendStream[str], *, task_status: TaskStatus[None]) -> None:
+    """``c``'s listen stream: "changed" for each tools list change heard, then "end"."""
+    async with heard, c.listen(tools_list_changed=True) as subscription:
+        task_status.started()
+        async for _ in subscription:
+            await heard.send("changed")
+        await heard.send("end")
+
+
+async def test_a_token_a_reload_rotates_ends_the_old_secrets_listen_stream_while_the_new_ones_hears(
+    tmp_path: Path,
+) -> None:
+    # A modern-era client's listen stream is a session while it is open: the old secret's went
+    # on hearing every list change after the reload that rotated its token.
+    path = write(tmp_path / "g.yaml", UPSTREAMS, auth=_auth(CI_TOKEN))
+    old_sent, old_heard = anyio.create_memory_object_stream[str](8)
+    new_sent, new_heard = anyio.create_memory_object_stream[str](8)
+    async with (
+        from_file(path) as (gw, reloader),
+        _modern(gw.url, CI_TOKEN) as old,
+        anyio.create_task_group() as tg,
+        old_heard,
+        new_heard,
+    ):
+        await tg.start(_listen, old, old_sent)
+        write(path, UPSTREAMS, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+        async with _modern(gw.url, ROTATED) as rotated:
+            await tg.start(_listen, rotated, new_sent)
+            write(path, {**UPSTREAMS, "more": python_upstream("counter.py")}, auth=_auth(ROTATED))
+            assert await reloader.reload() is not None  # its tools listed: a list change told
+            with anyio.fail_after(BOUND):
+                assert await new_heard.receive() == "changed"  # the new secret's stream hears it
+                assert await old_heard.receive() == "end"  # the old one's, nothing: it was ended
+            tg.cancel_scope.cancel()
