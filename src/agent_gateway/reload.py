@@ -33,6 +33,7 @@ from agent_gateway.authentication import HashedTokenVerifier, static_tokens_of
 from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
 from agent_gateway.errors import ConfigError
+from agent_gateway.refusals import refusals
 from agent_gateway.server import Gateway
 
 logger = logging.getLogger(__name__)
@@ -179,6 +180,7 @@ def _end_rotated(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
         elif (manager := gateway.sessions.manager) is not None:
             idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
     if stale:
+        refusals.add(len(stale), {"reason": "token_rotated"})
         names = sorted({session.label for session in stale})
         logger.warning(
             "reload: %d sessions of rotated tokens ended (%s): opened with a secret now refused",
