@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from tests.faults.harness import text_of
 from tests.security.test_policy_reload import BYSTANDER_TOKEN, CI_TOKEN, client
 from tests.support import python_upstream
+from tests.test_proxying import Recorded
 from tests.test_reload import from_file, write
 
 ROTATED = "ci-token-rotated-fedcba9876543210"
@@ -169,3 +170,32 @@ async def test_a_token_a_reload_rotates_ends_the_old_secrets_listen_stream_while
                 assert await new_heard.receive() == "changed"  # the new secret's stream hears it
                 assert await old_heard.receive() == "end"  # the old one's, nothing: it was ended
             tg.cancel_scope.cancel()
+
+
+async def test_a_token_a_reload_rotates_has_the_old_secrets_call_in_flight_cancelled_at_the_upstream(
+    tmp_path: Path,
+) -> None:
+    seen = Recorded(path=tmp_path / "recorder.jsonl")
+    upstreams = {
+        "rec": python_upstream("recorder.py", protocol="legacy", env={"RECORDER_LOG": str(seen.path)})
+    }
+    path = write(tmp_path / "g.yaml", upstreams, auth=_auth(CI_TOKEN))
+    waiting = _rpc(2, "tools/call", {"name": "rec__wait", "arguments": {"seconds": 60}})
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        _old_session(gw.url) as (old, headers),
+        anyio.create_task_group() as tg,
+    ):
+
+        async def call() -> None:
+            with suppress(httpx.HTTPError):  # its stream cut
+                await old.post(gw.url, json=waiting, headers=headers)
+
+        tg.start_soon(call)
+        await seen.wait_for(lambda events: any(e["event"] == "started" for e in events))
+        write(path, upstreams, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+        await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
+        assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the bystander served
+        tg.cancel_scope.cancel()
