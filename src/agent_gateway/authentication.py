@@ -20,6 +20,10 @@ from agent_gateway.refusals import refused
 class StaticAccessToken(AccessToken):
     """A configured static token, verified: a type, not a claim, so no JWT can pose as one."""
 
+    secret_id: str = ""
+    """Which secret of its name it was (``secret_id_of``, naming no secret): clients are keyed
+    by name, so a reload rotating the name's secret tells the old secret's sessions by this."""
+
 
 class HashedTokenVerifier(TokenVerifier):
     """Static bearer tokens, compared by SHA-256 digest in constant time."""
@@ -31,6 +35,14 @@ class HashedTokenVerifier(TokenVerifier):
     def reconfigure(self, config: AuthConfig) -> None:
         """The tokens of ``config`` (a reload's): one left out is refused from its next request on."""
         self._digests = [(t.name, _digest_of(t.sha256, t.token)) for t in config.tokens]
+        self._secret_ids = {name: secret_id_of(digest) for name, digest in self._digests}
+
+    def rotated(self, name: str, secret_id: str) -> bool:
+        """Whether the token ``name`` is still configured, with a secret other than the one
+        ``secret_id`` names (a name left out is not: its sessions are relayed nothing,
+        ``access.REVOKED``, and served again if it comes back with the same secret)."""
+        current = self._secret_ids.get(name)
+        return current is not None and current != secret_id
 
     async def verify_token(self, token: str) -> AccessToken | None:
         presented = hashlib.sha256(token.encode()).digest()
@@ -39,7 +51,19 @@ class HashedTokenVerifier(TokenVerifier):
         if not matched:
             return None
         # The token itself is not kept: nothing downstream needs it, so nothing can leak it.
-        return StaticAccessToken(token="", client_id=matched[0], scopes=[], subject=matched[0])
+        name = matched[0]
+        secret_id = self._secret_ids[name]
+        return StaticAccessToken(token="", client_id=name, scopes=[], subject=name, secret_id=secret_id)
+
+
+def secret_id_of(digest: bytes) -> str:
+    """What names one static secret among its name's (a digest of its digest: no secret)."""
+    return hashlib.sha256(digest).hexdigest()[:16]
+
+
+def secret_of(token: AccessToken | None) -> str | None:
+    """Which static secret ``token`` is (None: no token, or a JWT)."""
+    return token.secret_id if isinstance(token, StaticAccessToken) else None
 
 
 def _digest_of(sha256: str | None, token: str | None) -> bytes:

@@ -23,7 +23,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Lifespan, Receive, Scope, Send
 
 from agent_gateway.access import token_of_scope
-from agent_gateway.authentication import keys_of
+from agent_gateway.authentication import keys_of, secret_of
 from agent_gateway.call_records import admission_refusals
 from agent_gateway.compat.adoption import adopt_sessions
 from agent_gateway.compat.deferred import DeferredSessionManager, defer_responses
@@ -223,7 +223,7 @@ def _adopted(
     """A session adopted from the shared store, served as the gateway's own from now on, its
     client the one the adopting request is (that request's credential opened the session)."""
     client = gateway.access.identify(Request(scope))
-    return gateway.sessions.adopt(connection, record, client)
+    return gateway.sessions.adopt(connection, record, client, secret_of(token_of_scope(scope)))
 
 
 def _bounds(gateway: Gateway) -> Bounds:
@@ -259,6 +259,7 @@ def _deferring(
             manager = endpoint.session_manager
             keepalives = defer_responses(manager, gateway.sessions.connection)
             room.manager = manager
+            gateway.sessions.manager = manager
             app.state.drain = partial(_drain, manager, gateway)
             for keepalive in keepalives:
                 tg.start_soon(keepalive.run)

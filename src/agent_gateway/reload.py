@@ -12,7 +12,8 @@ upstream is handled as any later collision: its listing is refused and reported)
 are told it changed.
 Unchanged upstreams and every client session go on untouched. Of ``auth``, the tokens,
 subjects and policies are applied: each client known gets the policy it would get now, from
-its next request (a token left out is refused from its next request), and its sessions are
+its next request (a token left out is refused from its next request; one rotated, its name
+kept with another secret, has the sessions its old secret opened ended), and its sessions are
 told their lists changed. Every other section (server, agent, search, telemetry, audit, store,
 pinning), and the rest of ``auth`` (its mode, JWT settings), is read at start-up only: a change
 there is logged as needing a restart (a change to the rest of ``auth`` applies none of it).
@@ -28,9 +29,11 @@ from pathlib import Path
 
 import anyio
 
-from agent_gateway.authentication import static_tokens_of
+from agent_gateway.authentication import HashedTokenVerifier, static_tokens_of
+from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
 from agent_gateway.errors import ConfigError
+from agent_gateway.refusals import refusals
 from agent_gateway.server import Gateway
 
 logger = logging.getLogger(__name__)
@@ -156,9 +159,34 @@ async def _reauthorize(gateway: Gateway, auth: AuthConfig) -> None:
     """``auth``'s tokens, subjects and policies, for every client from its next request."""
     if (tokens := static_tokens_of(gateway.server.auth)) is not None:
         tokens.reconfigure(auth)
+        _end_rotated(gateway, tokens)
     changed = gateway.access.reconfigure(auth)
     logger.info("reload: %d known clients' policies changed", len(changed))
     await gateway.notifier.policies_changed(changed)
+
+
+def _end_rotated(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
+    """End the sessions a token's old secret opened, its name kept with a new one: clients are
+    keyed by name, so they went on as the new secret's client, their open streams (which no
+    request checks again) relayed all it was. The old secret is refused from its next request."""
+    stale = [
+        session
+        for session in list(gateway.sessions.live.values())
+        if session.secret is not None and tokens.rotated(session.subject, session.secret)
+    ]
+    for session in stale:
+        if session.modern:  # a listen stream; any other request of the era ends with itself
+            gateway.subscriptions.end_stream(session)
+        elif (manager := gateway.sessions.manager) is not None:
+            idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
+    if stale:
+        refusals.add(len(stale), {"reason": "token_rotated"})
+        names = sorted({session.label for session in stale})
+        logger.warning(
+            "reload: %d sessions of rotated tokens ended (%s): opened with a secret now refused",
+            len(stale),
+            ", ".join(names),
+        )
 
 
 SETTLE_WAIT = 5.0

@@ -15,7 +15,7 @@ from mcp import Client
 
 from agent_gateway import reload
 from agent_gateway.agent.calls import _SLOTS  # pyright: ignore[reportPrivateUsage]
-from agent_gateway.config import AuthConfig
+from agent_gateway.config import AuthConfig, ClientPolicy
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, ask, record
 from tests.agent.test_rounds import call_round, finished, paused, unused
@@ -157,6 +157,64 @@ async def test_one_runs_many_calls_take_at_most_the_clients_max_concurrency_at_o
     results = [m for m in replies[0] if isinstance(m, ToolMessage)]
     assert [str(m.content) for m in results].count("released") == 32
     assert sum("at most 32 tool calls of one turn" in str(m.content) for m in results) == 8
+
+
+def _gated_server(gates: list[anyio.Event], running: list[int], most: list[int]) -> FastMCP:
+    """``_counting_server``, each call waiting for the last of ``gates`` when it arrives."""
+    server = FastMCP("slow")
+
+    @server.tool
+    async def wait() -> str:
+        running.append(1)
+        most[0] = max(most[0], len(running))
+        try:
+            await gates[-1].wait()
+        finally:
+            running.pop()
+        return "released"
+
+    return server
+
+
+async def test_a_reload_lowering_max_concurrency_bounds_the_calls_a_clients_runs_then_have_at_once() -> None:
+    # The slots a client's runs' calls share were made at its first run and kept their size:
+    # after a reload lowering its max_concurrency from 3 to 1, a run still had 3 calls at the
+    # upstream at once, until the gateway restarted.
+    gates, running, most = [anyio.Event()], list[int](), [0]
+    gates[0].set()  # the first run's calls pass at once
+
+    def respond(messages: list[BaseMessage]) -> AIMessage:
+        finished = isinstance(messages[-1], ToolMessage)
+        return answer("done") if finished else calls(*[call("slow__wait") for _ in range(4)])
+
+    model = ScriptedChatModel(respond=respond)
+    async with serving_upstream(_gated_server(gates, running, most)) as url:
+        config = {"upstreams": {"slow": {"url": url}}, "agent": {"memory": {"store": "memory"}}} | bearer(
+            {"max_concurrency": 3}
+        )
+        environ = {"B": BYSTANDER_TOKEN, "A": ATTACKER_TOKEN}
+        async with (
+            running_gateway(config, environ=environ, chat_model=model) as gw,
+            client(gw.url, ATTACKER_TOKEN) as c,
+        ):
+            assert not (await ask(c, "first")).is_error  # its runs' slots made: 3 of them
+            auth = gw.gateway.config.auth
+            policies = {**auth.policies, "attacker": ClientPolicy(max_concurrency=1)}
+            new = gw.gateway.config.model_copy(
+                update={"auth": auth.model_copy(update={"policies": policies})}
+            )
+            assert (await reload.apply(gw.gateway, new)).access
+            gates.append(anyio.Event())
+            most[0] = 0
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(ask, c, "second")
+                with anyio.fail_after(20):  # each of its 4 calls at the upstream or waiting for a slot
+                    while len(running) + _waiting() < 4:
+                        await anyio.sleep(0.02)
+                gates[-1].set()
+            assert most[0] == 1
+            async with client(gw.url, BYSTANDER_TOKEN) as bystander:  # served as before
+                assert not (await ask(bystander, "third")).is_error
 
 
 @asynccontextmanager

@@ -6,16 +6,20 @@ import logging
 import os
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import anyio
 import httpx
+import httpx2
+import jwt
 import mcp_types as types
 import pytest
 from fastmcp import FastMCP
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from pydantic import Field
 
 from agent_gateway import rendered
@@ -272,3 +276,34 @@ async def test_a_change_of_one_upstream_makes_only_its_own_rows_of_the_catalog_a
     assert made[0].endswith(f"({tracker - 1 + alpha} of its rows made)")  # the first: every row
     assert made[-1].endswith(f"({tracker} of its rows made)"), made  # then tracker's only
     assert alpha == 3
+
+
+async def test_a_jwt_subject_of_forty_thousand_characters_is_shown_cut_on_the_page() -> None:
+    # A subject is the issuer's to choose, and some let a client choose its own (a service
+    # account's name): shown whole in each of its sessions', calls' and runs' rows, and in the
+    # summary, 40,000 characters were 200 KB of every load of the page for one session.
+    secret = "a-shared-secret-of-at-least-32-chars!"
+    long = "svc-" + "x" * 40_000
+
+    def bearer(subject: str) -> dict[str, str]:
+        claims = {"sub": subject, "aud": "gw", "exp": int(time.time()) + 300}
+        return {"Authorization": f"Bearer {jwt.encode(claims, secret, algorithm='HS256')}"}
+
+    auth = {
+        "mode": "jwt",
+        "jwt": {"secret": secret, "algorithm": "HS256", "audience": "gw"},
+        "subjects": {"ops": "ops"},
+        "policies": {"ops": {"admin": True}},
+    }
+    async with (
+        serving_upstream(alpha_server()) as url,
+        running_gateway({"upstreams": {"alpha": {"url": url}}, "auth": auth}) as gw,
+        httpx2.AsyncClient(headers=bearer(long)) as http,
+        Client(streamable_http_client(gw.url, http_client=http), mode="legacy") as hoarder,  # type: ignore[arg-type]
+        httpx.AsyncClient(headers=bearer("ops")) as admin,
+    ):
+        await hoarder.call_tool("alpha__weather", {"city": "Oslo"})
+        page = (await admin.get(f"{gw.base}/")).text
+        assert len(page) < 40_000, len(page)
+        assert f"svc-{'x' * 60}… (40,004 characters)" in page
+        assert '"sessions"' in (await admin.get(f"{gw.base}/status")).text  # no subject there

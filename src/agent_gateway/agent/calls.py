@@ -305,10 +305,12 @@ _SLOTS: WeakKeyDictionary[Principal, anyio.CapacityLimiter] = WeakKeyDictionary(
 
 def _slots(client: Principal | None) -> anyio.CapacityLimiter | AbstractAsyncContextManager[None]:
     """Where a run's call waits for one of its client's slots for runs' calls."""
-    if client is None or client.policy.max_concurrency is None:
+    if client is None or (limit := client.policy.max_concurrency) is None:
         return nullcontext()
     if (slots := _SLOTS.get(client)) is None:
-        slots = _SLOTS[client] = anyio.CapacityLimiter(client.policy.max_concurrency)
+        slots = _SLOTS[client] = anyio.CapacityLimiter(limit)
+    elif slots.total_tokens != limit:  # a reload changed it: calls holding a slot keep it
+        slots.total_tokens = limit  # a raise lets waiting calls in at once
     return slots
 
 

@@ -30,6 +30,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import access
 from agent_gateway.access import Principal
+from agent_gateway.authentication import secret_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.compat.questions import credential_of
 from agent_gateway.downstream.input_requests import asked, elicits_by_url, refusal, result_type
@@ -89,6 +90,8 @@ class DownstreamSession:
     """Ids of the upstream sessions this session has used (for the mapping in logs)."""
     client: Principal | None = None
     """Who opened the session (None: no auth, or no request seen yet)."""
+    secret: str | None = None
+    """Which static token secret opened it (``authentication.secret_of``): a reload rotating it ends it."""
     software: str | None = None
     """What the client says it is (``clientInfo.name``), when it says."""
     record: SessionRecord | None = None
@@ -216,6 +219,8 @@ class SessionRegistry(Middleware):
         self.ended = 0
         self.adopted = 0
         """Sessions opened on another replica and served here too (shared store)."""
+        self.manager: object | None = None
+        """The SDK's HTTP session manager, which can end a session (set once the app runs)."""
         self._on_end = on_end
         self._holds = holds
         self._on_levels = on_levels
@@ -294,7 +299,9 @@ class SessionRegistry(Middleware):
         connection = connection_of(request.session)
         if request.protocol_version in MODERN_PROTOCOL_VERSIONS:
             caps = request.session.client_capabilities
-            return self._open(secrets.token_hex(16), "modern", None, caps, access.current()), True
+            session = self._open(secrets.token_hex(16), "modern", None, caps, access.current())
+            session.secret = secret_of(access.token_of(request.request))
+            return session, True
         known = connection.state.get(STATE_KEY)
         if isinstance(known, DownstreamSession):
             if known.capabilities is None:  # stored only once initialize has completed
@@ -303,10 +310,12 @@ class SessionRegistry(Middleware):
                 known.software = _software(connection)
             return known, False
         sid, caps = connection.session_id or uuid.uuid4().hex, request.session.client_capabilities
-        return self._hold(self._open(sid, "handshake", connection, caps, access.current())), True
+        session = self._hold(self._open(sid, "handshake", connection, caps, access.current()))
+        session.secret = secret_of(access.token_of(request.request))
+        return session, True
 
     def adopt(
-        self, connection: Connection, record: SessionRecord, client: Principal | None
+        self, connection: Connection, record: SessionRecord, client: Principal | None, secret: str | None
     ) -> Callable[[], Awaitable[None]]:
         """Serve here the session ``record`` describes, adopted from the shared store on
         ``connection`` by ``client``'s request: live from now on, before that request is
@@ -316,7 +325,7 @@ class SessionRegistry(Middleware):
         level applied upstream, to run once the session is registered."""
         caps = connection.client_capabilities
         session = self._hold(self._open(record.id, "handshake", connection, caps, client))
-        session.log_level, session.record = record.level, record
+        session.log_level, session.record, session.secret = record.level, record, secret
         self.adopted += 1
         return partial(self._on_levels, None)
 

@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 SHOWN_CALLS = 50
 SHOWN_RUNS = 20
+CLIENT_SHOWN = 64
+"""Characters of a client's name (token name, JWT subject) the page shows."""
 CATALOG_SHARE = 0.1
 """The most of the event loop's time the catalog's renderings may take."""
 SEARCHED = 1000
@@ -234,6 +236,15 @@ def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
 
 
+def _client(name: str) -> str:
+    """A client's name as shown: a JWT subject is its issuer's to choose (some let a client
+    choose its own), and one of 40,000 characters, whole in each of its rows, made every load
+    of the page 128 KB for one session and one call."""
+    if len(name) <= CLIENT_SHOWN:
+        return escape(name)
+    return f"{escape(name[:CLIENT_SHOWN])}… ({len(name):,} characters)"
+
+
 def _first_line(text: str, limit: int = 200) -> str:
     line = (text.strip().splitlines() or [""])[0]
     return line if len(line) <= limit else f"{line[: limit - 1]}…"
@@ -245,7 +256,7 @@ def _first_line(text: str, limit: int = 200) -> str:
 def _sessions(gateway: Gateway) -> str:
     live = sorted(gateway.sessions.live.values(), key=lambda s: (s.subject, s.started))
     counts = Counter(s.subject for s in live)
-    summary = ", ".join(f"{escape(client)}: {n}" for client, n in sorted(counts.items())) or "none"
+    summary = ", ".join(f"{_client(client)}: {n}" for client, n in sorted(counts.items())) or "none"
     head = _head(
         "Client",
         "Software",
@@ -265,7 +276,7 @@ def _session_row(session: DownstreamSession) -> str:
     caps = session.capabilities
     sampling = "yes" if caps is not None and caps.sampling is not None else "no"
     return (
-        f"<tr><td>{escape(session.subject)}</td><td>{escape(session.software or '')}</td>"
+        f"<tr><td>{_client(session.subject)}</td><td>{escape(session.software or '')}</td>"
         f'<td class="mono">{escape(session.id[:12])}</td><td>{session.era}</td><td>{session.transport}</td>'
         f"<td>{_duration(time.monotonic() - session.started)}</td><td>{sampling}</td>"
         f"<td>{len(session.upstream_sessions)}</td></tr>"
@@ -279,7 +290,7 @@ def _calls(gateway: Gateway) -> str:
 
 
 def _call_row(call: Call) -> str:
-    who = escape(call.client) + (
+    who = _client(call.client) + (
         f" <span class=muted>({escape(call.software)})</span>" if call.software else ""
     )
     who += f" <span class=muted>by its agent run {escape(call.run)}</span>" if call.run else ""
@@ -307,7 +318,7 @@ def _run_row(run: Run) -> str:
     steps += [f"<li>{escape(name)} <span class=muted>running…</span></li>" for name in run.calling]
     return (
         f'<tr class="run{" failed" if run.status == "failed" else ""}"><td>{_clock(run.started)}</td>'
-        f'<td>{escape(run.client)}</td><td class="mono">{escape(run.run_id[:12])} '
+        f'<td>{_client(run.client)}</td><td class="mono">{escape(run.run_id[:12])} '
         f"<span class=muted>thread {escape(run.thread[:24])}</span></td><td>{run.status}</td>"
         f'<td>{run.model_turns}</td><td><ol class="steps">{"".join(steps)}</ol></td>'
         f'<td class="error">{escape(run.error or "")}</td></tr>'

@@ -1,0 +1,201 @@
+"""A static token rotated by a reload (its name kept, its secret changed): clients are keyed by
+token name, so the old secret's session went on as the new one's client. Its open GET stream,
+which no request checks again, was relayed every resource update and log line the new
+secret's client was, after the reload that was meant to cut the leaked secret off."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import mcp_types as types
+import pytest
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp import Client
+from mcp.client.session import IncomingMessage
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPDeprecationWarning
+
+from tests.faults.harness import text_of
+from tests.security.test_policy_reload import BYSTANDER_TOKEN, CI_TOKEN, client
+from tests.support import python_upstream
+from tests.test_proxying import Recorded
+from tests.test_reload import from_file, write
+
+ROTATED = "ci-token-rotated-fedcba9876543210"
+LEGACY = "2025-11-25"
+BOUND = 30.0
+UPSTREAMS = {"rec": python_upstream("recorder.py", protocol="legacy")}
+
+
+def _auth(ci_secret: str) -> dict[str, Any]:
+    tokens = [
+        {"name": "bystander", "sha256": hashlib.sha256(BYSTANDER_TOKEN.encode()).hexdigest()},
+        {"name": "ci", "sha256": hashlib.sha256(ci_secret.encode()).hexdigest(), "policy": "ci"},
+    ]
+    return {"mode": "bearer", "tokens": tokens, "policies": {"ci": {"resources": ["note://*"]}}}
+
+
+def _rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": id_, "method": method, "params": params}
+
+
+@asynccontextmanager
+async def _old_session(url: str) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
+    """A session opened over bare HTTP with the secret about to be rotated, subscribed to
+    ``note://x``; its client and the headers naming its session."""
+    headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": LEGACY}
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {CI_TOKEN}"}, timeout=None) as http:
+        hello = {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}
+        answer = await http.post(url, json=_rpc(0, "initialize", hello), headers=headers)
+        assert answer.status_code == 200
+        headers["mcp-session-id"] = answer.headers["mcp-session-id"]
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers)
+        subscribed = await http.post(
+            url, json=_rpc(1, "resources/subscribe", {"uri": "note://x"}), headers=headers
+        )
+        assert subscribed.status_code == 200
+        yield http, headers
+
+
+async def _read_stream(
+    http: httpx.AsyncClient,
+    url: str,
+    headers: dict[str, str],
+    seen: MemoryObjectSendStream[str],
+    *,
+    task_status: TaskStatus[None],
+) -> None:
+    """The old session's GET stream: "update" for each resource update relayed on it, then
+    "end" when the gateway ends it (closed or cut)."""
+    async with seen:
+        try:
+            async with http.stream("GET", url, headers={**headers, "accept": "text/event-stream"}) as stream:
+                assert stream.status_code == 200
+                task_status.started()
+                async for line in stream.aiter_lines():
+                    if "notifications/resources/updated" in line:
+                        await seen.send("update")
+        except httpx.HTTPError:  # cut rather than ended: ended all the same
+            pass
+        await seen.send("end")
+
+
+async def test_a_token_a_reload_rotates_ends_the_old_secrets_session_while_the_new_secret_is_served(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path / "g.yaml", UPSTREAMS, auth=_auth(CI_TOKEN))
+    relayed = anyio.Event()
+
+    async def on_message(message: IncomingMessage) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            relayed.set()
+
+    send, seen = anyio.create_memory_object_stream[str](8)
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        _old_session(gw.url) as (old, headers),
+        anyio.create_task_group() as tg,
+        seen,
+    ):
+        await tg.start(_read_stream, old, gw.url, headers, send)
+        await bystander.call_tool("rec__updates", {"uri": "note://x", "times": 1})
+        with anyio.fail_after(BOUND):
+            assert await seen.receive() == "update"  # the old stream is relayed, before
+
+        write(path, UPSTREAMS, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        assert (await old.post(gw.url, json=ping, headers=headers)).status_code == 401
+        async with client(gw.url, ROTATED, on_message) as rotated:
+            with pytest.warns(MCPDeprecationWarning):
+                await rotated.subscribe_resource("note://x")
+            result = await bystander.call_tool("rec__updates", {"uri": "note://x", "times": 1})
+            assert text_of(result) == "1"  # the bystander served throughout
+            with anyio.fail_after(BOUND):
+                await relayed.wait()  # the new secret's client is relayed the update
+                assert await seen.receive() == "end"  # the old one's stream, none: it was ended
+
+
+@asynccontextmanager
+async def _modern(url: str, token: str) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c,  # type: ignore[arg-type]
+    ):
+        yield c
+
+
+async def _listen(c: Client, heard: MemoryObjectSendStream[str], *, task_status: TaskStatus[None]) -> None:
+    """``c``'s listen stream: "changed" for each tools list change heard, then "end"."""
+    async with heard, c.listen(tools_list_changed=True) as subscription:
+        task_status.started()
+        async for _ in subscription:
+            await heard.send("changed")
+        await heard.send("end")
+
+
+async def test_a_token_a_reload_rotates_ends_the_old_secrets_listen_stream_while_the_new_ones_hears(
+    tmp_path: Path,
+) -> None:
+    # A modern-era client's listen stream is a session while it is open: the old secret's went
+    # on hearing every list change after the reload that rotated its token.
+    path = write(tmp_path / "g.yaml", UPSTREAMS, auth=_auth(CI_TOKEN))
+    old_sent, old_heard = anyio.create_memory_object_stream[str](8)
+    new_sent, new_heard = anyio.create_memory_object_stream[str](8)
+    async with (
+        from_file(path) as (gw, reloader),
+        _modern(gw.url, CI_TOKEN) as old,
+        anyio.create_task_group() as tg,
+        old_heard,
+        new_heard,
+    ):
+        await tg.start(_listen, old, old_sent)
+        write(path, UPSTREAMS, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+        async with _modern(gw.url, ROTATED) as rotated:
+            await tg.start(_listen, rotated, new_sent)
+            write(path, {**UPSTREAMS, "more": python_upstream("counter.py")}, auth=_auth(ROTATED))
+            assert await reloader.reload() is not None  # its tools listed: a list change told
+            with anyio.fail_after(BOUND):
+                assert await new_heard.receive() == "changed"  # the new secret's stream hears it
+                assert await old_heard.receive() == "end"  # the old one's, nothing: it was ended
+            tg.cancel_scope.cancel()
+
+
+async def test_a_token_a_reload_rotates_has_the_old_secrets_call_in_flight_cancelled_at_the_upstream(
+    tmp_path: Path,
+) -> None:
+    seen = Recorded(path=tmp_path / "recorder.jsonl")
+    upstreams = {
+        "rec": python_upstream("recorder.py", protocol="legacy", env={"RECORDER_LOG": str(seen.path)})
+    }
+    path = write(tmp_path / "g.yaml", upstreams, auth=_auth(CI_TOKEN))
+    waiting = _rpc(2, "tools/call", {"name": "rec__wait", "arguments": {"seconds": 60}})
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        _old_session(gw.url) as (old, headers),
+        anyio.create_task_group() as tg,
+    ):
+
+        async def call() -> None:
+            with suppress(httpx.HTTPError):  # its stream cut
+                await old.post(gw.url, json=waiting, headers=headers)
+
+        tg.start_soon(call)
+        await seen.wait_for(lambda events: any(e["event"] == "started" for e in events))
+        write(path, upstreams, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+        await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
+        assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the bystander served
+        tg.cancel_scope.cancel()
