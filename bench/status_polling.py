@@ -6,7 +6,8 @@ For each code (this checkout, and ``--before REV`` as a worktree of that revisio
 /tmp) one gateway process is started (no auth: the README's example, where the page is open
 to anyone), then for each endpoint: the bystander alone for ``--seconds`` (the baseline of
 that row, in the same run), then with the pollers. The pollers come from 127.0.0.2 (one
-anonymous client; ``--addresses K`` spreads them over K addresses, K clients), the bystander
+anonymous client; ``--addresses K`` spreads them over K addresses, K clients; each endpoint's
+from addresses of their own), the bystander
 from 127.0.0.1. Printed: answers the pollers got (200 and 429), the MB they were sent, and the
 bystander's p50/p99 ms alone and under the attack, with their ratio.
 
@@ -131,7 +132,7 @@ class Polled:
     megabytes: float = 0.0
 
 
-async def poll(base: str, path: str, pollers: int, addresses: int, seconds: float) -> Polled:
+async def poll(base: str, path: str, pollers: int, addresses: range, seconds: float) -> Polled:
     polled = Polled()
     end = time.monotonic() + seconds
 
@@ -152,7 +153,8 @@ async def poll(base: str, path: str, pollers: int, addresses: int, seconds: floa
 
     clients = [
         httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(local_address=f"127.0.0.{2 + n % addresses}"), timeout=60
+            transport=httpx.AsyncHTTPTransport(local_address=f"127.0.0.{addresses[n % len(addresses)]}"),
+            timeout=60,
         )
         for n in range(pollers)
     ]
@@ -215,13 +217,13 @@ async def measure(code: str, src: Path, args: argparse.Namespace) -> list[str]:
     async with gateway(src, args.tools) as base, session(base) as client:
         async with httpx.AsyncClient(timeout=60) as http:  # sizes, and the page rendered once
             sizes = {name: len((await http.get(base + path)).content) for name, path in ENDPOINTS.items()}
-        for name in args.only:
+        for row, name in enumerate(args.only):
+            # Each row's pollers clients of their own: a budget spent by one row's is not the next's.
+            addresses = range(2 + row * args.addresses, 2 + (row + 1) * args.addresses)
             bystander = Bystander()
             await bystander.run(client, args.seconds)
             alone = (bystander.percentile(0.5), bystander.percentile(0.99), len(bystander.latencies))
-            attack = asyncio.ensure_future(
-                poll(base, ENDPOINTS[name], args.pollers, args.addresses, args.seconds)
-            )
+            attack = asyncio.ensure_future(poll(base, ENDPOINTS[name], args.pollers, addresses, args.seconds))
             await bystander.run(client, args.seconds)
             polled = await attack
             p50, p99 = bystander.percentile(0.5), bystander.percentile(0.99)
