@@ -228,7 +228,7 @@ async def measure(code: str, src: Path, args: argparse.Namespace) -> list[str]:
             polled = await attack
             p50, p99 = bystander.percentile(0.5), bystander.percentile(0.99)
             rows.append(
-                f"| {name} ({sizes[name] / 2**20:.2f} MB) | {code} | {polled.ok} / {polled.limited} "
+                f"| {name} ({sizes[name] / 2**20:.2f} MB) | {code} | {polled.ok} / {polled.limited} / {polled.other} "
                 f"| {polled.megabytes:.0f} | {alone[0]:.1f} / {alone[1]:.1f} ({alone[2]}) "
                 f"| {p50:.1f} / {p99:.1f} ({len(bystander.latencies)}, {bystander.failures} failed) "
                 f"| {p50 / alone[0]:.1f}x / {p99 / alone[1]:.1f}x |"
@@ -255,7 +255,7 @@ async def main() -> None:
     args = parser.parse_args()
     print(f"$ {' '.join(sys.argv)}")
     print(
-        "| endpoint (answer) | code | pollers' answers 200 / 429 | MB sent to pollers "
+        "| endpoint (answer) | code | pollers' answers 200 / 429 / other | MB sent to pollers "
         "| bystander alone p50 / p99 ms (calls) | under attack p50 / p99 ms (calls) | ratio p50 / p99 |"
     )
     print("|---|---|---|---:|---|---|---|")

@@ -32,6 +32,10 @@ from agent_gateway.refusals import refused
 from agent_gateway.store.limits import retry_after
 from agent_gateway.token_bucket import ByteBudget, Clock
 
+SMALLEST = 64 << 10
+"""Bytes an answer is charged at least: a request costs the loop its routing and its answer's
+making whatever its size (four clients asking for ``/status``'s 1 KB flat out made a bystander's
+calls three times slower), so a client polling a small page is bounded too (16 a second)."""
 HOLD = 1.0
 """Seconds a refusal is held at most before it is answered."""
 HELD = 4
@@ -93,7 +97,7 @@ class PageBudgets:
     def charge(self, scope: Mapping[str, Any], size: int) -> None:
         """Charge the client of the request ``scope`` for an answer of ``size`` bytes."""
         if (budget := self._budgets.get(self._client(scope))) is not None:  # None: forgotten since
-            budget.spend(size)
+            budget.spend(max(size, SMALLEST))
 
     def _client(self, scope: Mapping[str, Any]) -> Principal:
         return self._access.principal(token_of_scope(scope), address_of_scope(scope))

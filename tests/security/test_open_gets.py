@@ -278,11 +278,14 @@ async def test_one_budget_is_spent_on_the_page_status_and_metrics_and_a_refusal_
     budgets = page_budget.PageBudgets(AccessControl(AuthConfig()), 1_000, lambda: now[0])
     poller, other = {"client": ("127.0.0.2", 1)}, {"client": ("127.0.0.3", 1)}
     assert await budgets.refusal(poller, "the status page") is None
-    budgets.charge(poller, 40_000)  # its burst (32 s) and 8 s more
+    budgets.charge(poller, 100_000)  # its burst (32 s) and 68 s more
     refused = await budgets.refusal(poller, "/status")
     assert refused is not None
-    assert refused[1] == 8  # 8 s and a byte, less the hold, in whole seconds
+    assert refused[1] == 68  # 68 s and a byte, less the hold, in whole seconds
     assert "1000 bytes a second (server.page_bytes_per_second)" in refused[0]
     assert await budgets.refusal(other, "/metrics") is None  # another client's is its own
-    now[0] = 8.01
+    now[0] = 68.01
     assert await budgets.refusal(poller, "/metrics") is None
+    budgets.charge(poller, 10)  # a small answer costs what a request does
+    now[0] = 68.01 + page_budget.SMALLEST / 1_000 - 0.5  # half a second short of it
+    assert await budgets.refusal(poller, "/status") is not None
