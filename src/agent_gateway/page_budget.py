@@ -3,8 +3,8 @@
 
 They are rendered at most once a second whoever asks (``rendered.py``), but each answer is
 bytes the event loop writes, and nothing else bounds how often one client asks: four clients
-polling a 10,000-tool page (18 MB) flat out made a bystander's calls 3-4 times slower at p50
-and 20 times at p99 (``bench/status_polling.py``). So each client (the same identity as MCP
+polling a 10,000-tool page (18 MB) flat out made a bystander's calls 2-3.5 times slower at
+p50 and 13-20 times at p99 (``bench/status_polling.py``). So each client (the same identity as MCP
 admission: its verified token, else its address) may be sent ``server.page_bytes_per_second``
 of them on average, ``PAGE_BURST`` seconds of it at once. An answer is served whole while the
 client's budget is above nothing, and charged after (a page larger than the burst is still
@@ -34,7 +34,7 @@ from agent_gateway.token_bucket import ByteBudget, Clock
 
 SMALLEST = 64 << 10
 """Bytes an answer is charged at least: a request costs the loop its routing and its answer's
-making whatever its size (four clients asking for ``/status``'s 1 KB flat out made a bystander's
+making whatever its size (four clients asking for ``/status``'s 0.6 KB flat out made a bystander's
 calls three times slower), so a client polling a small page is bounded too (16 a second)."""
 HOLD = 1.0
 """Seconds a refusal is held at most before it is answered."""
