@@ -226,6 +226,11 @@ class ServerConfig(_Strict):
     when auth is on, ``full`` when it is not (``http.public_health``)."""
     ui: bool = True
     """Serve the status page at ``GET /`` (HTTP; behind the same auth as ``/status``)."""
+    page_bytes_per_second: int = Field(default=2**20, ge=2**10, le=2**40)
+    """Bytes of the status page, ``/status`` and ``/metrics`` one client is sent a second, on
+    average, and ``PAGE_BURST`` seconds of it at once (``page_budget.py``): each answer is bytes
+    the event loop writes, and a client polling a 10,000-tool page (18 MB) flat out held every
+    other client's calls."""
     state_keys: tuple[Annotated[str, Field(min_length=32)], ...] = Field(default=(), repr=False)
     """Secrets (32+ characters) sealing the ``requestState`` of a paused multi-round call: the
     first seals, every one unseals (rotation). None: a random key per process, so a paused

@@ -36,6 +36,7 @@ from agent_gateway.host_check import HostCheck
 from agent_gateway.in_flight import Outflow
 from agent_gateway.limits import Admission, Bounds
 from agent_gateway.over_limits import refuse
+from agent_gateway.page_budget import PageBudgets
 from agent_gateway.refusals import refused
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
@@ -105,15 +106,25 @@ def build_app(gateway: Gateway) -> Starlette:
     counts = Rendered("/status", lambda: msgspec.json.encode(gateway.status()))
     metrics = Rendered("/metrics", partial(generate_latest, REGISTRY))
 
+    budgets = PageBudgets(gateway.access, server.page_bytes_per_second)
+
     async def status(request: Request) -> Response:
         if not authorized(request):
             return not_admin(request)
-        return Response(counts.value(), media_type="application/json")
+        if (over := await budgets.refusal(request.scope, "/status")) is not None:
+            return over_budget(*over)
+        body = counts.value()
+        budgets.charge(request.scope, len(body))
+        return Response(body, media_type="application/json")
 
     async def prometheus(request: Request) -> Response:
         if minimal and not authorized(request):
             return not_admin(request)
-        return Response(metrics.value(), media_type=CONTENT_TYPE_LATEST)
+        if (over := await budgets.refusal(request.scope, "/metrics")) is not None:
+            return over_budget(*over)
+        body = metrics.value()
+        budgets.charge(request.scope, len(body))
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
     # Added to FastMCP's own app rather than mounting it in a second Starlette app: every MCP
     # request would otherwise pass two middleware stacks and routers (~5 % of a call's CPU).
@@ -123,7 +134,7 @@ def build_app(gateway: Gateway) -> Starlette:
         Route("/status", status),
     ]
     if server.ui:
-        mcp_app.router.routes.insert(0, Route("/", status_page(gateway, authorized, admin_refusal)))
+        mcp_app.router.routes.insert(0, Route("/", status_page(gateway, authorized, admin_refusal, budgets)))
     if (telemetry := installed()) is not None and telemetry.prometheus:
         mcp_app.router.routes.insert(0, Route("/metrics", prometheus))
     if keys_of(gateway.server.auth) is not None:
@@ -132,6 +143,11 @@ def build_app(gateway: Gateway) -> Starlette:
         mcp_app.router.lifespan_context, _endpoint(mcp_app, server.path), gateway, room
     )
     return mcp_app
+
+
+def over_budget(why: str, seconds: int) -> JSONResponse:
+    """A client past its budget of pages (``page_budget.py``), told when to come back."""
+    return JSONResponse({"error": why}, status_code=429, headers={"Retry-After": str(seconds)})
 
 
 def admin_refusal(request: Request) -> tuple[int, str]:

@@ -1,6 +1,7 @@
-"""GETs any client may send as often as it likes (they are not rate limited): ``/status`` and
-``/metrics`` polled flat out cost the loop one rendering a second, and a GET on the MCP path
-carrying ``Last-Event-ID`` with no event store is answered as the GET it is, with no ERROR."""
+"""GETs any client may send: ``/status`` and ``/metrics`` polled flat out cost the loop one
+rendering a second, each client is sent at most its budget of bytes of them and of the status
+page (``page_budget.py``), and a GET on the MCP path carrying ``Last-Event-ID`` with no event
+store is answered as the GET it is, with no ERROR."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Annotated
 
 import anyio
 import httpx
@@ -19,7 +21,13 @@ import pytest
 import yaml
 from fastmcp import FastMCP
 from mcp import Client
+from pydantic import Field
 
+from agent_gateway import page_budget
+from agent_gateway.access import AccessControl
+from agent_gateway.config import AuthConfig
+from agent_gateway.page_budget import PAGE_BURST
+from agent_gateway.token_bucket import ByteBudget
 from tests.replicas.test_store import opened
 from tests.support import child_process, free_socket, gateway_env, ready, running_gateway, serving_upstream
 
@@ -169,3 +177,115 @@ async def test_a_status_page_query_string_of_thousands_of_parameters_is_refused_
     assert refused.status_code == 414
     assert "a query string over 1024 bytes" in refused.text
     assert served.status_code == 200
+
+
+Wide = Annotated[str, Field(description="a field of the record " + "x" * 20_000)]
+WIDE_TOOLS = 64
+"""Tools whose schemas the page shows 16 KiB of each: a page of about a megabyte."""
+
+
+def _wide_upstream() -> FastMCP:
+    server = FastMCP("wide")
+
+    def wide(record: Wide) -> str:
+        return record
+
+    for n in range(WIDE_TOOLS):
+        server.tool(wide, name=f"wide_{n}")
+
+    @server.tool
+    def echo(text: str) -> str:
+        return text
+
+    return server
+
+
+async def _call_meanwhile(client: Client, done: anyio.Event, texts: list[str]) -> None:
+    while not done.is_set():
+        texts.append((await client.call_tool("wide__echo", {"text": "hi"})).content[0].text)  # type: ignore[union-attr]
+
+
+async def test_a_client_polling_the_status_page_flat_out_is_refused_past_its_budget_and_others_are_served() -> (
+    None
+):
+    # Each answer is bytes the loop writes, and nothing bounded how often one client asked: four
+    # pollers of a 10,000-tool page (18 MB) made a bystander's calls 3-4x slower at p50, 20x at
+    # p99 (bench/status_polling.py). Now 1 MiB a second a client (32 s of it at once), by default.
+    rate = 2**20
+    local = httpx.AsyncHTTPTransport(local_address="127.0.0.2")  # another client: no auth, by address
+    async with (
+        serving_upstream(_wide_upstream()) as url,
+        running_gateway({"upstreams": {"wide": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy") as bystander,
+        httpx.AsyncClient(base_url=gw.base, timeout=BOUND, transport=local) as poller,
+        httpx.AsyncClient(base_url=gw.base, timeout=BOUND) as person,
+    ):
+        size = len((await person.get("/?part=live&catalog=stale")).content)
+        assert size > 2**20 // 2, size
+        polls = 3 * PAGE_BURST * rate // size  # three times what the burst holds: time for a refusal
+        answers: list[httpx.Response] = []
+        texts: list[str] = []
+        others: dict[str, int] = {}
+        done = anyio.Event()
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_call_meanwhile, bystander, done, texts)
+            for _ in range(polls):
+                answers.append(await poller.get("/?part=live&catalog=stale"))
+                if [a.status_code for a in answers].count(429) == 3:
+                    break
+            # The load balancers' GETs are not in its budget.
+            others.update({path: (await poller.get(path)).status_code for path in ("/healthz", "/readyz")})
+            done.set()
+        span = time.monotonic() - started
+        refreshed = await person.get("/?part=live&catalog=stale")
+        during = len(texts)
+        texts.append((await bystander.call_tool("wide__echo", {"text": "hi"})).content[0].text)  # type: ignore[union-attr]
+    statuses = [a.status_code for a in answers]
+    assert statuses.count(429) == 3, statuses
+    refused = answers[statuses.index(429)]
+    assert 1 <= int(refused.headers["retry-after"]) <= 2, refused.headers
+    assert "server.page_bytes_per_second" in refused.text
+    sent = sum(len(a.content) for a in answers if a.status_code == 200)
+    assert sent <= (PAGE_BURST + span) * rate + size, (sent, span)  # the burst, what came since, one page
+    assert others == {"/healthz": 200, "/readyz": 200}
+    assert refreshed.status_code == 200  # another client's budget is its own
+    assert "wide__wide_0" in refreshed.text
+    assert during >= 1  # the bystander's calls served throughout, and after
+    assert set(texts) == {"hi"}
+
+
+def test_a_page_larger_than_the_burst_is_served_and_then_paid_for() -> None:
+    now = [0.0]
+    budget = ByteBudget(100, 1_000, lambda: now[0])
+    assert budget.wait() is None
+    budget.spend(5_000)  # more than the burst: served whole, 4,000 owed
+    assert budget.wait() == 40.01
+    now[0] = 40.0
+    assert budget.wait() == 0.01
+    now[0] = 40.02
+    assert budget.wait() is None
+    now[0] = 1_000.0
+    budget.spend(1_000)  # never more than the burst saved up
+    assert budget.wait() == 0.01
+
+
+async def test_one_budget_is_spent_on_the_page_status_and_metrics_and_a_refusal_is_held_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(page_budget, "HOLD", 0.01)
+    now = [0.0]
+    budgets = page_budget.PageBudgets(AccessControl(AuthConfig()), 1_000, lambda: now[0])
+    poller, other = {"client": ("127.0.0.2", 1)}, {"client": ("127.0.0.3", 1)}
+    assert await budgets.refusal(poller, "the status page") is None
+    budgets.charge(poller, 100_000)  # its burst (32 s) and 68 s more
+    refused = await budgets.refusal(poller, "/status")
+    assert refused is not None
+    assert refused[1] == 68  # 68 s and a byte, less the hold, in whole seconds
+    assert "1000 bytes a second (server.page_bytes_per_second)" in refused[0]
+    assert await budgets.refusal(other, "/metrics") is None  # another client's is its own
+    now[0] = 68.01
+    assert await budgets.refusal(poller, "/metrics") is None
+    budgets.charge(poller, 10)  # a small answer costs what a request does
+    now[0] = 68.01 + page_budget.SMALLEST / 1_000 - 0.5  # half a second short of it
+    assert await budgets.refusal(poller, "/status") is not None

@@ -307,3 +307,69 @@ async def test_a_jwt_subject_of_forty_thousand_characters_is_shown_cut_on_the_pa
         assert len(page) < 40_000, len(page)
         assert f"svc-{'x' * 60}… (40,004 characters)" in page
         assert '"sessions"' in (await admin.get(f"{gw.base}/status")).text  # no subject there
+
+
+WEATHER_CALLS = "n => [...document.querySelectorAll('#calls tr.call code')].filter(c => c.textContent === 'alpha__weather').length === n"
+BUDGET = 8192
+"""Bytes of pages a second each client may be sent in the next test (its burst: 32 times that)."""
+
+
+async def _until_refused(http: httpx.AsyncClient, path: str) -> int:
+    """GETs of ``path`` one after another until one is refused (429); how many were served."""
+    with anyio.fail_after(20):  # 32 s of its budget are 4 answers of 64 KiB at least
+        served = 0
+        while (await http.get(path)).status_code != 429:
+            served += 1
+    return served
+
+
+async def _spending(http: httpx.AsyncClient, path: str) -> None:
+    """GETs of ``path`` one after another, until cancelled."""
+    while True:
+        await http.get(path)
+
+
+async def test_in_a_browser_the_page_refreshes_while_a_poller_is_refused_and_again_after_its_own_refusal() -> (
+    None
+):
+    # A client polling the page flat out is refused past its budget of bytes (page_budget.py);
+    # a person's page keeps refreshing meanwhile, and, refused itself, refreshes again once the
+    # budget has come back (the script waits for Retry-After).
+    from playwright.async_api import async_playwright
+
+    local = httpx.AsyncHTTPTransport(local_address="127.0.0.2")  # no auth: a client by address
+    async with serving_upstream(alpha_server()) as url:
+        data = {**config(url), "server": {"page_bytes_per_second": BUDGET}}
+        async with (
+            running_gateway(data) as gw,
+            Client(gw.url, mode="legacy") as client,
+            httpx.AsyncClient(base_url=gw.base, transport=local) as poller,
+            httpx.AsyncClient(base_url=gw.base) as person,  # the browser's address: its budget
+            async_playwright() as pw,
+        ):
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            try:
+                page = await browser.new_page()
+                problems: list[str] = []
+                page.on(
+                    "console", lambda m: problems.append(m.text) if m.type in ("error", "warning") else None
+                )
+                page.on("pageerror", lambda exc: problems.append(str(exc)))
+                await page.goto(f"{gw.base}/")
+                assert await _until_refused(poller, "/?part=live&catalog=stale") >= 1
+                await client.call_tool("alpha__weather", {"city": "Oslo"})
+                await page.wait_for_function(WEATHER_CALLS, arg=1, timeout=(REFRESH + 10) * 1000)
+                assert await page.is_hidden("#stale")
+
+                # The browser's own budget kept spent (each answer served takes 64 KiB, 8 s of it)
+                # until its page has been refused.
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(_spending, person, "/?part=live&catalog=stale")
+                    await page.wait_for_selector("#stale", state="visible", timeout=(REFRESH + 10) * 1000)
+                    tg.cancel_scope.cancel()
+                await client.call_tool("alpha__weather", {"city": "Bergen"})
+                await page.wait_for_selector("#stale", state="hidden", timeout=60_000)
+                await page.wait_for_function(WEATHER_CALLS, arg=2, timeout=(REFRESH + 10) * 1000)
+            finally:
+                await browser.close()
+    assert [p for p in problems if "status of 429" not in p] == []

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from agent_gateway.page_budget import PageBudgets
 from agent_gateway.server import Gateway
 from agent_gateway.ui.page import StatusPage
 
@@ -23,9 +24,11 @@ def status_page(
     gateway: Gateway,
     authorized: Callable[[Request], bool],
     refusal: Callable[[Request], tuple[int, str]],
+    budgets: PageBudgets,
 ) -> Endpoint:
     """The page's endpoint; ``authorized(request)`` is the same check as ``/status``, and
-    ``refusal(request)`` the same answer when it fails (its status and reason)."""
+    ``refusal(request)`` the same answer when it fails (its status and reason); each answer
+    charged to its client's budget, shared with ``/status`` and ``/metrics``."""
     rendered = StatusPage(gateway)
 
     async def page(request: Request) -> Response:
@@ -34,10 +37,15 @@ def status_page(
             return HTMLResponse(f"<h1>{status}: {html.escape(reason)}</h1>", status_code=status)
         if len(request.scope["query_string"]) > MAX_QUERY:
             return HTMLResponse(f"<h1>414: a query string over {MAX_QUERY} bytes</h1>", status_code=414)
-        if request.query_params.get("part") == "live":
-            return _html(rendered.live(request.query_params.get("catalog")), nonce=None)
-        nonce = secrets.token_urlsafe(16)
-        return _html(rendered.full(nonce), nonce)
+        if (over := await budgets.refusal(request.scope, "the status page")) is not None:
+            why, seconds = over
+            headers = {"Retry-After": str(seconds)}
+            return HTMLResponse(f"<h1>429: {html.escape(why)}</h1>", status_code=429, headers=headers)
+        live = request.query_params.get("part") == "live"
+        nonce = None if live else secrets.token_urlsafe(16)
+        body = rendered.live(request.query_params.get("catalog")) if nonce is None else rendered.full(nonce)
+        budgets.charge(request.scope, len(body))
+        return _html(body, nonce)
 
     return page
 

@@ -60,10 +60,14 @@ function filterCatalog() {
 }
 
 async function refresh() {
+  let wait = REFRESH_MS;
   try {
     const catalog = document.getElementById("catalog").dataset.version;
     const url = location.pathname + "?part=live&catalog=" + encodeURIComponent(catalog);
     const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+    if (answer.status === 429) {  // past this client's budget of pages: back when it says
+      wait = Math.max(REFRESH_MS, 1000 * (Number(answer.headers.get("Retry-After")) || 0));
+    }
     if (!answer.ok) throw new Error("status " + answer.status);
     const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
     for (const section of fresh.querySelectorAll("[data-live]")) {
@@ -75,7 +79,7 @@ async function refresh() {
   } catch (problem) {
     document.getElementById("stale").hidden = false;
   } finally {
-    setTimeout(refresh, REFRESH_MS);
+    setTimeout(refresh, wait);
   }
 }
 
