@@ -23,7 +23,7 @@ refusals = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.refusals",
     description="Requests and connections refused by a bound, by reason (connections, "
     "header_timeout, rate_limit, sessions, sessions_all, session_made_way, subscriptions, body, "
-    "name, in_flight, concurrency, dedicated_sessions, checks, token, pipelined).",
+    "name, in_flight, concurrency, upstream_share, dedicated_sessions, checks, token, pipelined).",
 )
 
 
