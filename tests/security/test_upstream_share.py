@@ -16,9 +16,11 @@ from typing import Any
 import anyio
 import mcp_types as types
 from fastmcp import FastMCP
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from mcp import Client
 
 from agent_gateway.upstreams.guard import Guard
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.security.test_hostile_load import client
 from tests.support import RunningGateway, running_gateway, serving_upstream
 
@@ -55,7 +57,9 @@ class Upstream:
 
 
 @asynccontextmanager
-async def _gateway(upstream: Upstream, **limits: Any) -> AsyncIterator[tuple[RunningGateway, list[Client]]]:
+async def _gateway(
+    upstream: Upstream, model: ScriptedChatModel | None = None, **limits: Any
+) -> AsyncIterator[tuple[RunningGateway, list[Client]]]:
     """The upstream behind a gateway with bearer auth; clients bystander, hog one, hog two."""
     async with serving_upstream(upstream.server) as url:
         config = {
@@ -64,8 +68,12 @@ async def _gateway(upstream: Upstream, **limits: Any) -> AsyncIterator[tuple[Run
                 "mode": "bearer",
                 "tokens": [{"name": n, "token": "${" + var + "}"} for n, var in _NAMES.items()],
             },
+            "agent": {"memory": {"store": "memory"}},
         }
-        async with running_gateway(config, environ=TOKENS) as gw, AsyncExitStack() as stack:
+        async with (
+            running_gateway(config, environ=TOKENS, chat_model=model) as gw,
+            AsyncExitStack() as stack,
+        ):
             clients = [
                 await stack.enter_async_context(client(gw.url, TOKENS[var])) for var in _NAMES.values()
             ]
@@ -161,3 +169,29 @@ async def test_a_fixed_share_bounds_each_client_and_says_so() -> None:
             )
             upstream.release.set()
     assert guard.held == {}
+
+
+async def test_an_agent_runs_calls_take_its_clients_share() -> None:
+    # One turn asks for 20 slow calls: they are the run's client's, so they take its share
+    # (5 of 10), not every slot, and the model reads the refusals of the other 15.
+    upstream = Upstream()
+    told: list[str] = []
+
+    def respond(messages: list[BaseMessage]) -> AIMessage:
+        if isinstance(messages[-1], ToolMessage):
+            told.extend(str(m.content) for m in messages if isinstance(m, ToolMessage))
+            return answer("done")
+        return calls(*[call("slow__wait") for _ in range(20)])
+
+    model = ScriptedChatModel(respond=respond)
+    async with _gateway(upstream, model, max_concurrency=10) as (gw, (bystander, hog1, _)):
+        guard = gw.gateway.pool.get("slow").guard
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hog1.call_tool, "ask_agent", {"query": "wait twenty times"})
+            await _arrived(upstream, 5)
+            assert _text(await bystander.call_tool("slow__echo", {"text": "served"})) == "served"
+            assert upstream.echoed == [("served", 5)]
+            assert guard.held == {"hog1": 5}
+            upstream.release.set()
+    assert told.count("released") == 5
+    assert sum("client 'hog1' has 5 calls in flight here" in t for t in told) == 15
