@@ -9,16 +9,20 @@ free (or ``max_concurrency_per_client``), and its extra calls are refused naming
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
 import mcp_types as types
+import pytest
 from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from mcp import Client
 
+from agent_gateway.config import UpstreamConfig
+from agent_gateway.errors import UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.guard import Guard
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.security.test_hostile_load import client
@@ -145,7 +149,7 @@ async def test_a_bystanders_call_is_served_while_two_clients_hold_an_upstreams_s
     assert guard.in_flight == 0
 
 
-async def test_a_fixed_share_bounds_each_client_and_says_so() -> None:
+async def test_a_fixed_share_bounds_each_client_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     upstream = Upstream()
     async with _gateway(upstream, max_concurrency=10, max_concurrency_per_client=3) as (gw, clients):
         bystander, hog1, _ = clients
@@ -169,6 +173,23 @@ async def test_a_fixed_share_bounds_each_client_and_says_so() -> None:
             )
             upstream.release.set()
     assert guard.held == {}
+    logged = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
+    assert "client hog1 holds its share of upstream slow's calls: 3 in flight there, its share " in logged[0]
+
+
+async def test_a_guard_keeps_no_entry_for_a_client_without_a_call_in_flight() -> None:
+    # Thousands of clients, one call each, ended every way a call ends: the per-client counts
+    # stay as many as the calls in flight, so many clients cost nothing once they are gone.
+    guard = Guard("u", UpstreamConfig(url="http://u/mcp", max_concurrency=4))
+    cancelled = anyio.get_cancelled_exc_class()
+    outcomes = [None, UpstreamTimeout("u", "late"), UpstreamRejected("u", "no", -32600), cancelled()]
+    for n in range(4000):
+        with contextlib.suppress(UpstreamTimeout, UpstreamRejected, cancelled), guard.admitted(f"client-{n}"):
+            assert guard.held == {f"client-{n}": 1}
+            if (outcome := outcomes[n % 4]) is not None:
+                raise outcome
+    assert guard.held == {}
+    assert guard.in_flight == 0
 
 
 async def test_an_agent_runs_calls_take_its_clients_share() -> None:
