@@ -46,6 +46,7 @@ from agent_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from agent_gateway.logs import clipped
 from agent_gateway.refusals import refused
 from agent_gateway.telemetry import breaker_transitions
 
@@ -255,7 +256,7 @@ class Guard:
         )  # fmt: skip
         raise UpstreamBusy(
             self.upstream,
-            f"client {client!r} has {held} calls in flight here, {bound}. Its share is full, "
+            f"client {clipped(client)!r} has {held} calls in flight here, {bound}. Its share is full, "
             "not the upstream (other clients' calls are served); retry once some of its calls end",
         )
 
