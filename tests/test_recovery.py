@@ -259,7 +259,8 @@ async def test_a_down_upstream_is_hidden_or_kept_listed_by_its_failure_mode() ->
 
 
 async def test_a_call_over_the_upstreams_concurrency_limit_is_refused_at_once() -> None:
-    config = faulty_stdio(max_concurrency=2, tool_timeouts={"hang": 2})
+    # One client: its share set to every slot (by default it would take half, guard.py).
+    config = faulty_stdio(max_concurrency=2, max_concurrency_per_client=2, tool_timeouts={"hang": 2})
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         guard = faulted.gw.gateway.pool.get("faulty").guard
         async with anyio.create_task_group() as tg:

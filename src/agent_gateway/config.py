@@ -109,6 +109,11 @@ class UpstreamConfig(_Strict):
     """Calls in flight to this upstream at once (all clients together); one more is refused
     ("over the limit"), never queued. Below the HTTP connection pool, which keeps
     connections beyond it for health checks and list refreshes; None: no bound."""
+    max_concurrency_per_client: int | None = Field(default=None, ge=1, le=100_000)
+    """One client's share of ``max_concurrency`` (an ``ask_agent`` run's calls are its
+    client's); one more is refused at once. None: as many as it leaves free, so one client
+    alone takes at most half the slots, a second half the rest, and a client with fewer calls
+    in flight finds one. A gateway with one client sets it to ``max_concurrency``."""
     max_message_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**31)
     """The largest message accepted from this upstream (stdio and WebSocket). Over it, on
     stdio the call it answers fails at once saying so; on WebSocket the connection closes."""

@@ -1,6 +1,7 @@
 """Routing one request to the upstream session that owns its public name: resolved once in
 the catalog snapshot, authorized once from the identity on its ``Caller``, sent with the
-caller's relays (``downstream.caller``) for what the upstream sends back during it.
+caller's relays (``downstream.caller``) for what the upstream sends back during it, as a call
+of its client (its label), which holds at most its share of the upstream's slots.
 """
 
 from __future__ import annotations
@@ -111,9 +112,9 @@ class Proxy:
         try:
             with who.calling():
                 if held and caller is not None and _may_be_held(caller, session):
-                    start = partial(session.call_tool, origin.name, arguments)
+                    start = partial(session.call_tool, origin.name, arguments, who=who.label)
                     return _relayed(await self.held.call(caller, name, start))
-                return _relayed(await session.call_tool(origin.name, arguments, caller))
+                return _relayed(await session.call_tool(origin.name, arguments, caller, who.label))
         finally:
             logger.debug(
                 "tools/call %s -> %s (%.1f ms)", name, session.id, (time.perf_counter() - started) * 1e3
@@ -127,7 +128,7 @@ class Proxy:
         who = _unseen(caller, "prompt", name)
         session = await self._session(origin.upstream, caller)
         with who.calling():  # a slow render holds an upstream's slot as a tool call does
-            return _relayed(await session.get_prompt(origin.name, arguments, caller))
+            return _relayed(await session.get_prompt(origin.name, arguments, caller, who.label))
 
     async def read_resource(self, uri: str, caller: Caller) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError)."""
@@ -135,7 +136,7 @@ class Proxy:
         who = _unseen(caller, "resource", uri)
         session = await self._session(upstream, caller)
         with who.calling():
-            return _relayed(await session.read_resource(upstream_uri, caller))
+            return _relayed(await session.read_resource(upstream_uri, caller, who.label))
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
         """Forward ``completion/complete`` for a public prompt or template to its upstream,
@@ -154,7 +155,7 @@ class Proxy:
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
         with who.calling():
-            return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller))
+            return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller, who.label))
 
     async def resource_session(
         self, uri: str, owner: DownstreamSession, client: Principal | None

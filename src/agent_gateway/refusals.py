@@ -23,8 +23,8 @@ refusals = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.refusals",
     description="Requests and connections refused by a bound, by reason (connections, "
     "header_timeout, rate_limit, sessions, sessions_all, session_made_way, subscriptions, body, "
-    "name, in_flight, concurrency, dedicated_sessions, checks, token, pipelined, pages; token_rotated: "
-    "a session a reload ended, opened by a static token's secret the reload replaced).",
+    "name, in_flight, concurrency, upstream_share, dedicated_sessions, checks, token, pipelined, pages; "
+    "token_rotated: a session a reload ended, opened by a static token's secret the reload replaced).",
 )
 
 

@@ -79,7 +79,14 @@ async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
     # The handshake era: its calls and its health checks share the SDK's connections, so only
     # the probe lane keeps a check from waiting behind the 10 calls. (A modern-era call goes
     # out on the forwarder's own connections, and the checks would pass with no lane at all.)
-    upstream = {"max_concurrency": 10, "protocol": "legacy", "health": {"interval": 0.2, "timeout": 1}}
+    # Each client's share is every slot here: the bounds are under test (the share, by default
+    # as many as a client leaves free, in test_upstream_share.py).
+    upstream = {
+        "max_concurrency": 10,
+        "max_concurrency_per_client": 10,
+        "protocol": "legacy",
+        "health": {"interval": 0.2, "timeout": 1},
+    }
     async with _attacked(release, upstream, 8) as (gw, attacker, bystander):
         guard = gw.gateway.pool.get("slow").guard
         theirs: list[types.CallToolResult] = []

@@ -17,6 +17,13 @@ a server that dies on every call is cut off instead of restarted for ever. After
 failures in a row the circuit opens and
 calls fail at once without being sent; after ``breaker.reset`` seconds one call at a time is
 let through as a probe (half-open): its success closes the circuit, its failure re-opens it.
+
+The cap (``max_concurrency``) is shared fairly between clients: a call of one client (an
+``ask_agent`` run's calls are its client's) is refused when that client already holds its
+share of the upstream's calls in flight (``max_concurrency_per_client``; by default as many as
+it leaves free). Slow calls hold their slots for minutes, and first come, first served let one
+client (or two) hold every slot while every other client's call was refused. Calls of the
+gateway's own (no client) count against the cap alone.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ from agent_gateway.errors import (
     UpstreamTimeout,
     UpstreamUnavailable,
 )
+from agent_gateway.logs import clipped
+from agent_gateway.refusals import refused
 from agent_gateway.telemetry import breaker_transitions
 
 logger = logging.getLogger(__name__)
@@ -148,7 +157,11 @@ class Guard:
         self.breaker = CircuitBreaker(upstream, config.breaker, clock) if config.breaker else None
         self._clock = clock
         self._limit = config.max_concurrency
+        self._share = config.max_concurrency_per_client
         self.in_flight = 0
+        self.held: dict[str, int] = {}
+        """Calls in flight per client label: only clients with one at least (at most
+        ``max_concurrency`` entries, whatever the number of clients)."""
         self.heard_at = -math.inf
         """When the upstream last answered a call."""
         self.checked = False
@@ -167,9 +180,10 @@ class Guard:
         return self.breaker.state if self.breaker is not None else Circuit.CLOSED
 
     @contextmanager
-    def admitted(self) -> Iterator[None]:
-        """One call: refused at once when the circuit is open or the cap is reached; its
-        outcome is recorded on the breaker.
+    def admitted(self, client: str | None = None) -> Iterator[None]:
+        """One call (of ``client``, a client's label; None: the gateway's own): refused at
+        once when the circuit is open, the cap is reached or ``client`` holds its share of it;
+        its outcome is recorded on the breaker.
 
         Raises:
             CircuitOpen, UpstreamBusy: the call was not sent.
@@ -179,9 +193,13 @@ class Guard:
                 self.upstream,
                 f"{self.in_flight} calls in flight, the limit (max_concurrency) is {self._limit}",
             )
+        if client is not None:
+            self._refuse_over_share(client)
         probe = self.breaker.admit() if self.breaker is not None else False
         sent = self._clock()
         self.in_flight += 1
+        if client is not None:
+            self.held[client] = self.held.get(client, 0) + 1
         try:
             yield
         except UpstreamTimeout as exc:
@@ -211,6 +229,43 @@ class Guard:
                 self.breaker.succeeded(probe)
         finally:
             self.in_flight -= 1
+            if client is not None:
+                self._release(client)
+
+    def _refuse_over_share(self, client: str) -> None:
+        """Raises ``UpstreamBusy`` when ``client`` holds its share of the cap: a fixed
+        ``max_concurrency_per_client``, or else as many calls as the upstream has slots free
+        (one client alone takes half the slots, a second half the rest, …: the slots are
+        never all taken by the few, and a client with fewer calls in flight finds one)."""
+        held = self.held.get(client, 0)
+        if self._share is not None:
+            if held < self._share:
+                return
+            bound = f"its share (max_concurrency_per_client) is {self._share}"
+        elif self._limit is None or held < (free := self._limit - self.in_flight):
+            return
+        else:
+            bound = (
+                f"and {free} of the upstream's {self._limit} (max_concurrency) are free: "
+                "a client's share is as many as it leaves free"
+            )
+        refused(
+            "upstream_share",
+            "client %s holds its share of upstream %s's calls: %d in flight there, %s",
+            client, self.upstream, held, bound, peer=client,
+        )  # fmt: skip
+        raise UpstreamBusy(
+            self.upstream,
+            f"client {clipped(client)!r} has {held} calls in flight here, {bound}. Its share is full, "
+            "not the upstream (other clients' calls are served); retry once some of its calls end",
+        )
+
+    def _release(self, client: str) -> None:
+        left = self.held[client] - 1
+        if left:
+            self.held[client] = left
+        else:  # gone at 0: the dict holds only clients with calls in flight
+            del self.held[client]
 
     def heard(self) -> None:
         """The upstream answered something: it is alive."""

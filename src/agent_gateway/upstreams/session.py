@@ -25,11 +25,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from agent_gateway import __version__
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
-from agent_gateway.errors import (
-    UpstreamRejected,
-    UpstreamTimeout,
-    UpstreamUnavailable,
-)
+from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
 from agent_gateway.upstreams.client_side import EVERYTHING, ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
@@ -252,17 +248,18 @@ class UpstreamSession:
     # -- calls ------------------------------------------------------------------------------
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], caller: ClientSide | None
+        self, name: str, arguments: dict[str, Any], caller: ClientSide | None, who: str | None = None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """Call ``name`` upstream on behalf of ``caller``. When both speak the modern era, the
-        upstream's input requests (``InputRequiredResult``) are returned as they are, for the
-        client to answer and retry; otherwise the ``mcp`` client answers them through our callbacks.
+        """Call ``name`` upstream for ``caller``, in client ``who``'s share (see ``_calling``). When
+        both speak the modern era, the upstream's input requests (``InputRequiredResult``) are
+        returned as they are, for the client to answer and retry; otherwise the ``mcp`` client
+        answers them through our callbacks.
 
         Raises:
             UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
         """
         timeout = self.config.timeout_of(name)
-        with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout) as client:
+        with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout, who) as client:
             progress = self.replies.progress_relay(caller.progress_relay()) if caller is not None else None
             meta = self._meta(caller)
             # A modern caller answers a modern upstream's input requests itself.
@@ -293,14 +290,14 @@ class UpstreamSession:
             )
 
     async def get_prompt(
-        self, name: str, arguments: dict[str, str] | None, caller: ClientSide | None
+        self, name: str, arguments: dict[str, str] | None, caller: ClientSide | None, who: str | None = None
     ) -> types.GetPromptResult:
         """Render prompt ``name`` upstream (raises like ``call_tool``)."""
-        with self._calling(caller, f"prompt {name!r}", ("prompts/get", name)) as client:
+        with self._calling(caller, f"prompt {name!r}", ("prompts/get", name), None, who) as client:
             return await client.get_prompt(name, arguments, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def complete(
-        self, params: types.CompleteRequestParams, caller: ClientSide | None
+        self, params: types.CompleteRequestParams, caller: ClientSide | None, who: str | None = None
     ) -> types.CompleteResult:
         """Ask for completions of a prompt or template argument; an upstream that offers none
         answers with no values (the gateway offers completions for all its upstreams)."""
@@ -308,13 +305,16 @@ class UpstreamSession:
         if client is not None and client.server_capabilities.completions is None:
             return types.CompleteResult(completion=types.Completion(values=[]))
         target = params.ref.name if isinstance(params.ref, types.PromptReference) else params.ref.uri
-        with self._calling(caller, f"completion for {target!r}", ("completion/complete", target)) as client:
+        operation = ("completion/complete", target)
+        with self._calling(caller, f"completion for {target!r}", operation, None, who) as client:
             context = params.context.arguments if params.context is not None else None
             return await client.complete(params.ref, params.argument.model_dump(), context)
 
-    async def read_resource(self, uri: str, caller: ClientSide | None) -> types.ReadResourceResult:
+    async def read_resource(
+        self, uri: str, caller: ClientSide | None, who: str | None = None
+    ) -> types.ReadResourceResult:
         """Read ``uri`` upstream (raises like ``call_tool``)."""
-        with self._calling(caller, f"resource {uri!r}", ("resources/read", uri)) as client:
+        with self._calling(caller, f"resource {uri!r}", ("resources/read", uri), None, who) as client:
             return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
@@ -364,11 +364,12 @@ class UpstreamSession:
         what: str,
         operation: tuple[str, str] | None = None,
         timeout: float | None = None,
+        who: str | None = None,
     ) -> Iterator[Client]:
-        """The client, for one request: admitted by the guard, bounded by the timeout, its
-        errors translated, and, for an ``operation`` (method, target), its span enriched and
-        its duration recorded. One generator, and the bound a bare cancel scope (what
-        ``anyio.fail_after`` wraps): this runs on every call."""
+        """The client, for one request of ``who`` (a client's label; None: the gateway's own):
+        admitted by the guard, bounded by the timeout, its errors translated, and, for an
+        ``operation`` (method, target), its span enriched and its duration recorded. One
+        generator, the bound a bare cancel scope (``fail_after``'s): this runs on every call."""
         client = self._client
         if client is None:
             raise UpstreamUnavailable(self.name, "not connected")
@@ -378,7 +379,7 @@ class UpstreamSession:
         measured = (
             upstream_call(self.name, *operation, self.config.url) if operation is not None else nullcontext()
         )
-        with self.guard.admitted():
+        with self.guard.admitted(who):
             try:
                 with self.replies.calling(caller), measured:
                     with (
