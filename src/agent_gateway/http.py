@@ -31,6 +31,7 @@ from agent_gateway.config import GatewayConfig
 from agent_gateway.cors import cross_origin
 from agent_gateway.downstream.room import Room
 from agent_gateway.errors import KeysUnavailable
+from agent_gateway.expiring_streams import ExpiringStreams
 from agent_gateway.exporters import installed
 from agent_gateway.host_check import HostCheck
 from agent_gateway.in_flight import Outflow
@@ -78,6 +79,7 @@ def build_app(gateway: Gateway) -> Starlette:
                 shared=shared.limits if shared is not None else None,
                 room=room,
             ),
+            Middleware(ExpiringStreams),
             Middleware(Outflow),
             Middleware(DirectRoute, path=server.path),
         ],

@@ -1,0 +1,89 @@
+"""A notification stream opened with a JWT ends when the token expires (``expiring_streams``):
+each request is checked against its token, but a GET stream, opened once, was never asked
+again: opened with a token that expired at 3 s, it was relayed resource updates at 8.7 s."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import jwt
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.faults.harness import text_of
+from tests.security.test_token_rotation import LEGACY, _read_stream, _rpc
+from tests.support import python_upstream, running_gateway
+
+SECRET = "a-shared-secret-of-at-least-32-chars!"
+AUTH = {"mode": "jwt", "jwt": {"secret": SECRET, "algorithm": "HS256", "audience": "gw"}}
+UPSTREAMS = {"rec": python_upstream("recorder.py", protocol="legacy")}
+LIFETIME = 4
+"""Seconds the short-lived client's token is valid."""
+BOUND = 30.0
+
+
+def bearer(subject: str, seconds: float) -> dict[str, str]:
+    claims = {"sub": subject, "aud": "gw", "exp": int(time.time() + seconds)}
+    return {"Authorization": f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"}
+
+
+@asynccontextmanager
+async def _subscribed(
+    url: str, headers: dict[str, str]
+) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
+    """A session opened over bare HTTP with ``headers``' token, subscribed to ``note://x``."""
+    asked = {"accept": "application/json, text/event-stream", "mcp-protocol-version": LEGACY}
+    async with httpx.AsyncClient(headers=headers, timeout=None) as http:
+        hello = {
+            "protocolVersion": LEGACY,
+            "capabilities": {},
+            "clientInfo": {"name": "short", "version": "1"},
+        }
+        answer = await http.post(url, json=_rpc(0, "initialize", hello), headers=asked)
+        asked["mcp-session-id"] = answer.headers["mcp-session-id"]
+        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=asked)
+        subscribed = await http.post(
+            url, json=_rpc(1, "resources/subscribe", {"uri": "note://x"}), headers=asked
+        )
+        assert subscribed.status_code == 200
+        yield http, asked
+
+
+async def test_a_notification_stream_ends_when_its_token_expires_and_the_session_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="agent_gateway.refusals")
+    send, seen = anyio.create_memory_object_stream[str](8)
+    async with (
+        running_gateway({"upstreams": UPSTREAMS, "auth": AUTH}) as gw,
+        httpx2.AsyncClient(headers=bearer("long", 600)) as long_http,
+        Client(streamable_http_client(gw.url, http_client=long_http), mode="legacy") as bystander,  # type: ignore[arg-type]
+        _subscribed(gw.url, bearer("short", LIFETIME)) as (short, headers),
+        anyio.create_task_group() as tg,
+        seen,
+    ):
+        await tg.start(_read_stream, short, gw.url, headers, send)
+        await bystander.call_tool("rec__updates", {"uri": "note://x", "times": 1})
+        with anyio.fail_after(BOUND):
+            assert await seen.receive() == "update"  # relayed while the token is valid
+            assert await seen.receive() == "end"  # cut at its expiry
+        result = await bystander.call_tool("rec__updates", {"uri": "note://x", "times": 1})
+        assert text_of(result) == "1"  # the bystander served throughout
+        # The session goes on: its client, with a fresh token, calls on in it.
+        fresh: dict[str, Any] = {**headers, **bearer("short", 600)}
+        call = {"name": "rec__updates", "arguments": {"uri": "note://y", "times": 0}}
+        served = await short.post(gw.url, json=_rpc(2, "tools/call", call), headers=fresh)
+        assert served.status_code == 200, served.text
+        assert '"isError":false' in served.text.replace(" ", ""), served.text
+        expired = await short.post(gw.url, json=_rpc(3, "ping", {}), headers=headers)
+        assert expired.status_code == 401  # its own token, past its exp
+    said = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
+    assert said == ["client short's notification stream ended: its token expired"], said
