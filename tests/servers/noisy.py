@@ -117,15 +117,16 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
             for n in range(arguments["times"]):
                 write(f"not json {n}\n".encode())
                 send({"jsonrpc": "2.0", "id": 10_000 + n, "result": {}})
-        flooded = (
-            arguments.get("lines"),
-            arguments.get("size"),
-            arguments.get("method", "notifications/message"),
-        )
-        if name == "flood" and arguments.get("during"):
-            flood(*flooded)
-        elif name == "flood":
-            STATE["armed"] = flooded
+        if name == "flood":
+            flooded = (
+                arguments["lines"],
+                arguments["size"],
+                arguments.get("method", "notifications/message"),
+            )
+            if arguments.get("during"):
+                flood(*flooded)
+            else:
+                STATE["armed"] = flooded
         text = arguments["text"] if name == "echo" else name
         if name == "listings":
             text = json.dumps(STATE["listings"])
