@@ -1,4 +1,5 @@
-"""A notification stream (an MCP ``GET``) ends when the token it was opened with expires.
+"""A notification stream (an MCP ``GET``, or a modern-era ``subscriptions/listen``) ends when
+the token it was opened with expires.
 
 Each request is checked against its token, but a stream opened once is never asked again:
 opened with a JWT that expired at 3 s, a ``GET`` stream went on relaying resource updates and
@@ -18,18 +19,19 @@ import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.access import token_of_scope
+from agent_gateway.limits import PARSED
 from agent_gateway.refusals import refused
 
 
 class ExpiringStreams:
-    """ASGI middleware (after admission): a ``GET`` carrying a token with an ``exp`` is served
-    until then."""
+    """ASGI middleware (after admission): a notification stream opened with a token that has
+    an ``exp`` is served until then."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        token = token_of_scope(scope) if scope["type"] == "http" and scope["method"] == "GET" else None
+        token = token_of_scope(scope) if scope["type"] == "http" and _streams(scope) else None
         if token is None or token.expires_at is None:
             await self.app(scope, receive, send)
             return
@@ -53,6 +55,15 @@ class ExpiringStreams:
         if streaming:  # ended as a stream ends, not cut (uvicorn's ERROR for a response left open)
             with anyio.move_on_after(_END_TIMEOUT, shield=True):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _streams(scope: Scope) -> bool:
+    """Whether the request opens a notification stream: a ``GET``, or a modern-era
+    ``subscriptions/listen`` (its body as admission parsed it)."""
+    if scope["method"] == "GET":
+        return True
+    parsed = scope.get(PARSED)
+    return parsed is not None and parsed[1].get("method") == "subscriptions/listen"
 
 
 _END_TIMEOUT = 2.0

@@ -15,6 +15,8 @@ import httpx
 import httpx2
 import jwt
 import pytest
+from anyio.abc import TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -87,3 +89,50 @@ async def test_a_notification_stream_ends_when_its_token_expires_and_the_session
         assert expired.status_code == 401  # its own token, past its exp
     said = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
     assert said == ["client short's notification stream ended: its token expired"], said
+
+
+@asynccontextmanager
+async def _modern(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=None) as http,  # its stream ended by the gateway alone
+        Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c,  # type: ignore[arg-type]
+    ):
+        yield c
+
+
+async def _listen(c: Client, heard: MemoryObjectSendStream[str], *, task_status: TaskStatus[None]) -> None:
+    """``c``'s listen stream: "changed" for each tools list change heard, then "end" (ended
+    or failed)."""
+    async with heard:
+        try:
+            async with c.listen(tools_list_changed=True) as subscription:
+                task_status.started()
+                async for _ in subscription:
+                    await heard.send("changed")
+        except Exception as exc:  # cut: its client tells how
+            await heard.send(f"end ({type(exc).__name__})")
+            return
+        await heard.send("end")
+
+
+async def test_a_modern_listen_stream_ends_when_its_token_expires_and_another_hears_on() -> None:
+    short_sent, short_heard = anyio.create_memory_object_stream[str](8)
+    long_sent, long_heard = anyio.create_memory_object_stream[str](8)
+    noisy = {"noisy": python_upstream("noisy.py")}
+    async with (
+        running_gateway({"upstreams": noisy, "auth": AUTH}) as gw,
+        _modern(gw.url, bearer("short", LIFETIME)) as short,
+        _modern(gw.url, bearer("long", 600)) as long,
+        anyio.create_task_group() as tg,
+        short_heard,
+        long_heard,
+    ):
+        await tg.start(_listen, short, short_sent)
+        await tg.start(_listen, long, long_sent)
+        with anyio.fail_after(BOUND):
+            ended = await short_heard.receive()  # at the short token's exp
+        assert ended.startswith("end"), ended
+        assert text_of(await long.call_tool("noisy__churn", {"times": 1})) == "churn"  # a list change
+        with anyio.fail_after(BOUND):
+            assert await long_heard.receive() == "changed"  # the other client's stream hears it
+        tg.cancel_scope.cancel()

@@ -129,7 +129,8 @@ async def test_a_token_a_reload_rotates_ends_the_old_secrets_session_while_the_n
 @asynccontextmanager
 async def _modern(url: str, token: str) -> AsyncIterator[Client]:
     async with (
-        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        # No read timeout (httpx2's is 5 s): a listen stream quiet that long ended by itself.
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=None) as http,
         Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c,  # type: ignore[arg-type]
     ):
         yield c
