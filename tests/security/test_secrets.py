@@ -193,3 +193,39 @@ async def test_an_upstreams_error_result_quoting_its_credential_reaches_its_clie
     assert UPSTREAM_KEY not in refused.model_dump_json()
     assert not served.is_error
     assert served.content == [types.TextContent(text=f"/srv/{UPSTREAM_KEY}/home")]
+
+
+ACCOUNT = 123456789012
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_error_result_whose_structured_content_holds_the_credential_as_a_number_reaches_its_client(
+    mode: str,
+) -> None:
+    # A configured value of digits (an account's id sent as a header) quoted as a number in an
+    # error result's structuredContent: replaced in the result's JSON text, it left ``[redacted]``
+    # bare where a number stood, which no JSON parser reads, and the client got an internal
+    # error instead of the upstream's answer. The bystander's tool keeps being served.
+    server = FastMCP("billing")
+
+    @server.tool
+    def charge() -> types.CallToolResult:
+        return types.CallToolResult(
+            content=[types.TextContent(text=f"account {ACCOUNT} is closed")],
+            structured_content={"account": ACCOUNT, "accounts": [ACCOUNT * 10 + 7], "code": 402},
+            is_error=True,
+        )
+
+    @server.tool
+    def balance() -> str:
+        return "0"
+
+    async with serving_upstream(server) as url:
+        config = {"upstreams": {"billing": {"url": url, "headers": {"X-Account": str(ACCOUNT)}}}}
+        async with running_gateway(config) as gw, Client(gw.url, mode=mode) as client:  # type: ignore[arg-type]
+            refused = await client.call_tool("billing__charge", {})
+            served = await client.call_tool("billing__balance", {})
+    assert refused.is_error
+    assert refused.content == [types.TextContent(text="account [redacted] is closed")]
+    assert refused.structured_content == {"account": "[redacted]", "accounts": ["[redacted]"], "code": 402}
+    assert not served.is_error

@@ -152,10 +152,10 @@ def unquoted(result: types.CallToolResult, secrets: tuple[str, ...]) -> types.Ca
         return result
     content = [_unquoted_block(block, secrets) for block in result.content]
     structured = result.structured_content
-    if structured is not None:
-        dumped = json.dumps(structured)
-        if (replaced := _replaced(dumped, tuple(json.dumps(s)[1:-1] for s in secrets))) is not dumped:
-            structured = json.loads(replaced)
+    if structured is not None and _quotes(json.dumps(structured), secrets):
+        # Walked, not replaced in its JSON text: a value of digits quoted as a number left a
+        # bare ``[redacted]`` there, which no parser reads (the client got an internal error).
+        structured = _unquoted_value(structured, secrets)
     if structured is result.structured_content and all(map(operator.is_, content, result.content)):
         return result
     return result.model_copy(update={"content": content, "structured_content": structured})
@@ -170,6 +170,26 @@ def _unquoted_block(block: types.ContentBlock, secrets: tuple[str, ...]) -> type
         if text is not block.resource.text:
             return block.model_copy(update={"resource": block.resource.model_copy(update={"text": text})})
     return block
+
+
+def _quotes(dumped: str, secrets: tuple[str, ...]) -> bool:
+    """Whether JSON text ``dumped`` holds any of ``secrets``, as JSON spells them in a string."""
+    return any(json.dumps(secret)[1:-1] in dumped for secret in secrets)
+
+
+def _unquoted_value(value: Any, secrets: tuple[str, ...]) -> Any:
+    """A JSON value with each of ``secrets`` replaced in its strings and keys; a number quoting
+    one becomes the string ``[redacted]``."""
+    if isinstance(value, str):
+        return _replaced(value, secrets)
+    if isinstance(value, dict):
+        return {_replaced(str(k), secrets): _unquoted_value(v, secrets) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, list | tuple):
+        return [_unquoted_value(item, secrets) for item in value]  # pyright: ignore[reportUnknownVariableType]
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        text = json.dumps(value)
+        return value if _replaced(text, secrets) is text else "[redacted]"
+    return value
 
 
 def _replaced(text: str, secrets: tuple[str, ...]) -> str:
