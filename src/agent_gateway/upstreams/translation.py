@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -102,7 +103,7 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
     message, data = _bounded(exc.error)
     if secrets := secrets_of(session.config):  # on what is passed on: a bounded cost
         message = scrubbed(message, secrets)
-        data = json.loads(scrubbed(json.dumps(data), secrets)) if data is not None else None
+        data = scrubbed_value(data, partial(scrubbed, secrets=secrets)) if data is not None else None
     return UpstreamAnswered(session.name, f"{what}: {message}", code, data)
 
 
@@ -153,9 +154,7 @@ def unquoted(result: types.CallToolResult, secrets: tuple[str, ...]) -> types.Ca
     content = [_unquoted_block(block, secrets) for block in result.content]
     structured = result.structured_content
     if structured is not None and _quotes(json.dumps(structured), secrets):
-        # Walked, not replaced in its JSON text: a value of digits quoted as a number left a
-        # bare ``[redacted]`` there, which no parser reads (the client got an internal error).
-        structured = _unquoted_value(structured, secrets)
+        structured = scrubbed_value(structured, partial(_replaced, secrets=secrets))
     if structured is result.structured_content and all(map(operator.is_, content, result.content)):
         return result
     return result.model_copy(update={"content": content, "structured_content": structured})
@@ -177,18 +176,20 @@ def _quotes(dumped: str, secrets: tuple[str, ...]) -> bool:
     return any(json.dumps(secret)[1:-1] in dumped for secret in secrets)
 
 
-def _unquoted_value(value: Any, secrets: tuple[str, ...]) -> Any:
-    """A JSON value with each of ``secrets`` replaced in its strings and keys; a number quoting
-    one becomes the string ``[redacted]``."""
+def scrubbed_value(value: Any, scrub: Callable[[str], str]) -> Any:
+    """A JSON value with ``scrub`` applied to its strings and keys, and a number it would change
+    made the string ``[redacted]``: walked, not scrubbed in its JSON text, where a credential of
+    digits quoted as a number left a bare ``[redacted]`` that no parser reads (the client got an
+    internal error in place of the upstream's answer)."""
     if isinstance(value, str):
-        return _replaced(value, secrets)
+        return scrub(value)
     if isinstance(value, dict):
-        return {_replaced(str(k), secrets): _unquoted_value(v, secrets) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
+        return {scrub(str(k)): scrubbed_value(v, scrub) for k, v in value.items()}  # pyright: ignore[reportUnknownVariableType]
     if isinstance(value, list | tuple):
-        return [_unquoted_value(item, secrets) for item in value]  # pyright: ignore[reportUnknownVariableType]
+        return [scrubbed_value(item, scrub) for item in value]  # pyright: ignore[reportUnknownVariableType]
     if isinstance(value, int | float) and not isinstance(value, bool):
         text = json.dumps(value)
-        return value if _replaced(text, secrets) is text else "[redacted]"
+        return value if scrub(text) == text else "[redacted]"
     return value
 
 
