@@ -104,8 +104,8 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
     message, data = _bounded(exc.error)
     if secrets := secrets_of(session.config):  # on what is passed on: a bounded cost
         message = scrubbed(message, secrets)
-        if data is not None and scrubbed(dumped := json.dumps(data), secrets) != dumped:
-            data = scrubbed_value(data, _scrubber(secrets))
+        if data is not None:
+            data = scrubbed_json(data, partial(scrubbed, secrets=secrets), _scrubber(secrets))
     return UpstreamAnswered(session.name, f"{what}: {message}", code, data)
 
 
@@ -155,8 +155,11 @@ def unquoted(result: types.CallToolResult, secrets: tuple[str, ...]) -> types.Ca
         return result
     content = [_unquoted_block(block, secrets) for block in result.content]
     structured = result.structured_content
-    if structured is not None and _quotes(json.dumps(structured), secrets):
-        structured = scrubbed_value(structured, partial(_replaced, secrets=secrets))
+    if structured is not None:
+        escaped = tuple(json.dumps(secret)[1:-1] for secret in secrets)  # as JSON spells them
+        structured = scrubbed_json(
+            structured, partial(_replaced, secrets=escaped), partial(_replaced, secrets=secrets)
+        )
     if structured is result.structured_content and all(map(operator.is_, content, result.content)):
         return result
     return result.model_copy(update={"content": content, "structured_content": structured})
@@ -203,16 +206,23 @@ def _probe(secrets: tuple[str, ...]) -> re.Pattern[str]:
     return re.compile("|".join(found) or r"(?!)", re.IGNORECASE)
 
 
-def _quotes(dumped: str, secrets: tuple[str, ...]) -> bool:
-    """Whether JSON text ``dumped`` holds any of ``secrets``, as JSON spells them in a string."""
-    return any(json.dumps(secret)[1:-1] in dumped for secret in secrets)
+def scrubbed_json(value: Any, in_text: Callable[[str], str], in_value: Callable[[str], str]) -> Any:
+    """JSON ``value`` scrubbed: ``in_text`` on its JSON text, at C speed, as long as what it
+    leaves parses (``value`` itself when it changes nothing); else walked with ``in_value``
+    (``scrubbed_value``): a credential of digits quoted as a number leaves a bare ``[redacted]``
+    in the text, which no parser reads (the client got an internal error)."""
+    dumped = json.dumps(value)
+    if (replaced := in_text(dumped)) == dumped:
+        return value
+    try:
+        return json.loads(replaced)
+    except json.JSONDecodeError:
+        return scrubbed_value(value, in_value)
 
 
 def scrubbed_value(value: Any, scrub: Callable[[str], str]) -> Any:
     """A JSON value with ``scrub`` applied to its strings and keys, and a number it would change
-    made the string ``[redacted]``: walked, not scrubbed in its JSON text, where a credential of
-    digits quoted as a number left a bare ``[redacted]`` that no parser reads (the client got an
-    internal error in place of the upstream's answer)."""
+    made the string ``[redacted]`` (a step in Python per string: ``scrubbed_json`` first)."""
     if isinstance(value, str):
         return scrub(value)
     if isinstance(value, dict):
