@@ -4,13 +4,16 @@ previous table (which URI an upstream keeps unqualified depends on what was serv
 
 from __future__ import annotations
 
+from typing import Any
+
 import mcp_types as types
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_gateway.catalog import merge
+from agent_gateway.catalog import Catalog, merge
 from agent_gateway.catalog_parts import Listing, Part, build_part
 from agent_gateway.catalog_resources import ResourceTable, resource_table
+from agent_gateway.config import GatewayConfig
 from agent_gateway.config_files import parse_config
 
 UPSTREAMS = ("a", "b", "c")
@@ -49,3 +52,35 @@ def test_a_table_kept_across_changes_is_the_table_made_whole(
         whole = resource_table(parts, frozenset(UPSTREAMS), ResourceTable(table=snapshot.resources))
         assert list(after.resources.items()) == list(whole.table.items())
         snapshot = after
+
+
+def resources(*uris: str) -> Listing:
+    return Listing(resources=tuple(types.Resource(uri=uri, name=uri) for uri in uris))
+
+
+def config(**upstreams: dict[str, Any]) -> GatewayConfig:
+    return parse_config(
+        {"upstreams": {n: {"url": f"http://127.0.0.1:9/{n}", **u} for n, u in upstreams.items()}},
+        {},
+        source="t",
+    )
+
+
+async def test_a_reload_leaves_a_served_uri_with_the_upstream_that_served_it() -> None:
+    # docs serves note://readme; later evil lists it too and gets only evil+note://readme.
+    # A reload that changes neither (a policy, a timeout of a third upstream) made the table
+    # with nothing served before: both were qualified, and docs's clients' note://readme
+    # became unknown (their reads of it refused) until the next change of any upstream.
+    catalog = Catalog(config(docs={}, evil={}, other={}))
+    await catalog.update("docs", resources("note://readme"))
+    await catalog.update("evil", resources("note://other"))
+    catalog.start()
+    await catalog.update("evil", resources("note://other", "note://readme"))
+    before = {uri: origin.upstream for uri, origin in catalog.snapshot.resources.items()}
+    assert before == {"note://readme": "docs", "note://other": "evil", "evil+note://readme": "evil"}
+    await catalog.reconfigure(config(docs={}, evil={}, other={"timeout": 5}), ["other"])
+    after = {uri: origin.upstream for uri, origin in catalog.snapshot.resources.items()}
+    assert after == before
+    await catalog.reconfigure(config(docs={}, evil={}), ["other"])  # one upstream fewer
+    after = {uri: origin.upstream for uri, origin in catalog.snapshot.resources.items()}
+    assert after == before

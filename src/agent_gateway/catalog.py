@@ -271,7 +271,8 @@ class Catalog:
             repaired, still = self._repaired(config, parts, hid, gone)
             parts |= repaired
             hid = {n: p for n, p in hid.items() if n not in repaired}  # back, listed
-            snapshot = merge([parts[n] for n in config.upstreams if n in parts], self.snapshot.version + 1)
+            ordered = [parts[n] for n in config.upstreams if n in parts]  # and what was served:
+            snapshot = merge(ordered, self.snapshot.version + 1, self.snapshot)  # a URI stays its upstream's
         except NameCollision as exc:
             raise ConfigError(f"catalog: {exc}") from None
         touched = frozenset(self._parts) | frozenset(parts)

@@ -35,26 +35,31 @@ def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
     for secret in secrets:
         if len(secret) >= 8:
             text = _without_echoes(text, secret)
-            masked = re.escape(secret[:3]) + r"[.*…xX•\-_ ]{2,}" + re.escape(secret[-4:])
-            text = re.sub(masked, "[redacted]", text, flags=re.IGNORECASE)
+            text = re.sub(masked_form(secret), "[redacted]", text, flags=re.IGNORECASE)
         elif secret:
             text = re.sub(re.escape(secret), "[redacted]", text, flags=re.IGNORECASE)
     return text
 
 
-_ECHO = 8
+ECHO = 8
+"""Characters of a secret in a row that are its echo (``scrubbed``)."""
+
+
+def masked_form(secret: str) -> str:
+    """The pattern of ``secret`` masked: its start and its end (``sk-…abcd``), any case."""
+    return re.escape(secret[:3]) + r"[.*…xX•\-_ ]{2,}" + re.escape(secret[-4:])
 
 
 def _without_echoes(text: str, secret: str) -> str:
-    """``text`` with every run of ``_ECHO`` or more characters of ``secret`` (any case) cut."""
-    grams = {secret.lower()[i : i + _ECHO] for i in range(len(secret) - _ECHO + 1)}
+    """``text`` with every run of ``ECHO`` or more characters of ``secret`` (any case) cut."""
+    grams = {secret.lower()[i : i + ECHO] for i in range(len(secret) - ECHO + 1)}
     lowered = text.lower()
     if not any(gram in lowered for gram in grams):  # at C speed: most text holds none
         return text
     marked = [False] * len(text)
-    for i in range(len(text) - _ECHO + 1):
-        if lowered[i : i + _ECHO] in grams:
-            marked[i : i + _ECHO] = [True] * _ECHO
+    for i in range(len(text) - ECHO + 1):
+        if lowered[i : i + ECHO] in grams:
+            marked[i : i + ECHO] = [True] * ECHO
     out: list[str] = []
     for i, char in enumerate(text):
         if not marked[i]:

@@ -17,10 +17,20 @@ import pytest
 import yaml
 from fastmcp import FastMCP
 from mcp import Client
+from mcp.shared.exceptions import MCPError
+from starlette.responses import JSONResponse
 
 from agent_gateway.cli import main
 from agent_gateway.logs import scrubbed
-from tests.support import asgi_in_a_thread, gateway_env, python_upstream, running_gateway, serving_upstream
+from tests.support import (
+    asgi_in_a_thread,
+    gateway_env,
+    intercepted,
+    python_upstream,
+    running_gateway,
+    serving,
+    serving_upstream,
+)
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 PASSWORD = "hunter2-password"
@@ -193,3 +203,78 @@ async def test_an_upstreams_error_result_quoting_its_credential_reaches_its_clie
     assert UPSTREAM_KEY not in refused.model_dump_json()
     assert not served.is_error
     assert served.content == [types.TextContent(text=f"/srv/{UPSTREAM_KEY}/home")]
+
+
+ACCOUNT = 123456789012
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_error_result_whose_structured_content_holds_the_credential_as_a_number_reaches_its_client(
+    mode: str,
+) -> None:
+    # A configured value of digits (an account's id sent as a header) quoted as a number in an
+    # error result's structuredContent: replaced in the result's JSON text, it left ``[redacted]``
+    # bare where a number stood, which no JSON parser reads, and the client got an internal
+    # error instead of the upstream's answer. The bystander's tool keeps being served.
+    server = FastMCP("billing")
+
+    @server.tool
+    def charge() -> types.CallToolResult:
+        return types.CallToolResult(
+            content=[types.TextContent(text=f"account {ACCOUNT} is closed")],
+            structured_content={"account": ACCOUNT, "accounts": [ACCOUNT * 10 + 7], "code": 402},
+            is_error=True,
+        )
+
+    @server.tool
+    def balance() -> str:
+        return "0"
+
+    async with serving_upstream(server) as url:
+        config = {"upstreams": {"billing": {"url": url, "headers": {"X-Account": str(ACCOUNT)}}}}
+        async with running_gateway(config) as gw, Client(gw.url, mode=mode) as client:  # type: ignore[arg-type]
+            refused = await client.call_tool("billing__charge", {})
+            served = await client.call_tool("billing__balance", {})
+    assert refused.is_error
+    assert refused.content == [types.TextContent(text="account [redacted] is closed")]
+    assert refused.structured_content == {"account": "[redacted]", "accounts": ["[redacted]"], "code": 402}
+    assert not served.is_error
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_json_rpc_error_whose_data_holds_the_credential_as_a_number_reaches_its_client(
+    mode: str,
+) -> None:
+    # The same value in a JSON-RPC error's ``data``: scrubbed in its JSON text, the number left
+    # a bare ``[redacted]`` that ``json.loads`` refused, and the client got an internal error
+    # in place of the upstream's code, message and data.
+    server = FastMCP("billing")
+
+    @server.resource("note://balance")
+    def balance() -> str:
+        return "0"
+
+    @server.prompt
+    def brief(topic: str) -> str:
+        return topic
+
+    async def intercept(scope: Any, message: dict[str, Any], send: Any) -> bool:
+        if message.get("method") != "prompts/get":
+            return False
+        error = {"code": -32001, "message": "closed", "data": {"account": ACCOUNT, "code": 402}}
+
+        async def nothing() -> Any:
+            return {"type": "http.request", "body": b""}
+
+        await JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error})(scope, nothing, send)
+        return True
+
+    async with serving(intercepted(server, intercept)) as base:
+        config = {"upstreams": {"billing": {"url": f"{base}/mcp", "headers": {"X-Account": str(ACCOUNT)}}}}
+        async with running_gateway(config) as gw, Client(gw.url, mode=mode) as client:  # type: ignore[arg-type]
+            with pytest.raises(MCPError) as refused:
+                await client.get_prompt("billing__brief", {"topic": "z"})
+            served = await client.read_resource("note://balance")
+    assert refused.value.error.code == -32001
+    assert refused.value.error.data == {"account": "[redacted]", "code": 402}
+    assert served.contents

@@ -58,8 +58,9 @@ class Pace:
         self._rate = rate
         self._bucket = TokenBucket(rate, rate) if rate is not None else None
         self._asked: set[types.RequestId] = set()
-        self._warned = -math.inf
         """The ids of the upstream's requests whose answers are not yet sent."""
+        self._warned = -math.inf
+        """When the session was last warned of as over its rate (``WARN_EVERY``)."""
 
     @property
     def label(self) -> str:
