@@ -27,11 +27,11 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
-from fastmcp import FastMCP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: make `tests` importable
+from tests.security.test_upstream_load import _slow_server  # a tool that waits, and echo
 from tests.support import running_gateway, serving_upstream
 
 SCENARIOS = {
@@ -41,21 +41,6 @@ SCENARIOS = {
     "4 hogs, policy 64 (default)": (4, 64),
 }
 """Hogs and each one's ``max_concurrency``."""
-
-
-def _server(release: anyio.Event) -> FastMCP:
-    server = FastMCP("slow")
-
-    @server.tool
-    async def wait() -> str:
-        await release.wait()
-        return "released"
-
-    @server.tool
-    def echo(text: str) -> str:
-        return text
-
-    return server
 
 
 def _config(url: str, hogs: int, policy: int, share: int | None) -> dict[str, Any]:
@@ -131,7 +116,7 @@ async def scenario(hogs: int, policy: int, share: int | None, calls: int) -> tup
     waits: list[float] = []
     held = 0
     async with (
-        serving_upstream(_server(release)) as url,
+        serving_upstream(_slow_server(release)) as url,
         running_gateway(_config(url, hogs, policy, share), environ=_environ(hogs)) as gw,
         AsyncExitStack() as stack,
     ):

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
-import httpx
 import httpx2
 import jwt
 import pytest
@@ -21,7 +18,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.faults.harness import text_of
-from tests.security.test_token_rotation import LEGACY, _read_stream, _rpc
+from tests.security.test_token_rotation import _modern, _old_session, _read_stream, _rpc
 from tests.support import python_upstream, running_gateway
 
 SECRET = "a-shared-secret-of-at-least-32-chars!"
@@ -32,31 +29,13 @@ LIFETIME = 4
 BOUND = 30.0
 
 
-def bearer(subject: str, seconds: float) -> dict[str, str]:
+def token(subject: str, seconds: float) -> str:
     claims = {"sub": subject, "aud": "gw", "exp": int(time.time() + seconds)}
-    return {"Authorization": f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"}
+    return jwt.encode(claims, SECRET, algorithm="HS256")
 
 
-@asynccontextmanager
-async def _subscribed(
-    url: str, headers: dict[str, str]
-) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
-    """A session opened over bare HTTP with ``headers``' token, subscribed to ``note://x``."""
-    asked = {"accept": "application/json, text/event-stream", "mcp-protocol-version": LEGACY}
-    async with httpx.AsyncClient(headers=headers, timeout=None) as http:
-        hello = {
-            "protocolVersion": LEGACY,
-            "capabilities": {},
-            "clientInfo": {"name": "short", "version": "1"},
-        }
-        answer = await http.post(url, json=_rpc(0, "initialize", hello), headers=asked)
-        asked["mcp-session-id"] = answer.headers["mcp-session-id"]
-        await http.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=asked)
-        subscribed = await http.post(
-            url, json=_rpc(1, "resources/subscribe", {"uri": "note://x"}), headers=asked
-        )
-        assert subscribed.status_code == 200
-        yield http, asked
+def bearer(subject: str, seconds: float) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token(subject, seconds)}"}
 
 
 async def test_a_notification_stream_ends_when_its_token_expires_and_the_session_goes_on(
@@ -68,7 +47,7 @@ async def test_a_notification_stream_ends_when_its_token_expires_and_the_session
         running_gateway({"upstreams": UPSTREAMS, "auth": AUTH}) as gw,
         httpx2.AsyncClient(headers=bearer("long", 600)) as long_http,
         Client(streamable_http_client(gw.url, http_client=long_http), mode="legacy") as bystander,  # type: ignore[arg-type]
-        _subscribed(gw.url, bearer("short", LIFETIME)) as (short, headers),
+        _old_session(gw.url, bearer("short", LIFETIME)["Authorization"]) as (short, headers),
         anyio.create_task_group() as tg,
         seen,
     ):
@@ -89,15 +68,6 @@ async def test_a_notification_stream_ends_when_its_token_expires_and_the_session
         assert expired.status_code == 401  # its own token, past its exp
     said = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
     assert said == ["client short's notification stream ended: its token expired"], said
-
-
-@asynccontextmanager
-async def _modern(url: str, headers: dict[str, str]) -> AsyncIterator[Client]:
-    async with (
-        httpx2.AsyncClient(headers=headers, timeout=None) as http,  # its stream ended by the gateway alone
-        Client(streamable_http_client(url, http_client=http), mode="2026-07-28") as c,  # type: ignore[arg-type]
-    ):
-        yield c
 
 
 async def _listen(c: Client, heard: MemoryObjectSendStream[str], *, task_status: TaskStatus[None]) -> None:
@@ -121,8 +91,8 @@ async def test_a_modern_listen_stream_ends_when_its_token_expires_and_another_he
     noisy = {"noisy": python_upstream("noisy.py")}
     async with (
         running_gateway({"upstreams": noisy, "auth": AUTH}) as gw,
-        _modern(gw.url, bearer("short", LIFETIME)) as short,
-        _modern(gw.url, bearer("long", 600)) as long,
+        _modern(gw.url, token("short", LIFETIME)) as short,
+        _modern(gw.url, token("long", 600)) as long,
         anyio.create_task_group() as tg,
         short_heard,
         long_heard,

@@ -48,11 +48,13 @@ def _rpc(id_: int, method: str, params: dict[str, Any]) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def _old_session(url: str) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
-    """A session opened over bare HTTP with the secret about to be rotated, subscribed to
-    ``note://x``; its client and the headers naming its session."""
+async def _old_session(
+    url: str, authorization: str = f"Bearer {CI_TOKEN}"
+) -> AsyncIterator[tuple[httpx.AsyncClient, dict[str, str]]]:
+    """A session opened over bare HTTP with ``authorization`` (the secret about to be rotated),
+    subscribed to ``note://x``; its client and the headers naming its session."""
     headers = {"accept": "application/json, text/event-stream", "mcp-protocol-version": LEGACY}
-    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {CI_TOKEN}"}, timeout=None) as http:
+    async with httpx.AsyncClient(headers={"Authorization": authorization}, timeout=None) as http:
         hello = {"protocolVersion": LEGACY, "capabilities": {}, "clientInfo": {"name": "old", "version": "1"}}
         answer = await http.post(url, json=_rpc(0, "initialize", hello), headers=headers)
         assert answer.status_code == 200
