@@ -16,6 +16,7 @@ import mcp_types as types
 import pytest
 import yaml
 from fastmcp import FastMCP
+from fastmcp.exceptions import ToolError
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 from starlette.responses import JSONResponse
@@ -278,3 +279,26 @@ async def test_a_json_rpc_error_whose_data_holds_the_credential_as_a_number_reac
     assert refused.value.error.code == -32001
     assert refused.value.error.data == {"account": "[redacted]", "code": 402}
     assert served.contents
+
+
+URL_KEY = "url-key-0123456789abcdef"
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstreams_error_quoting_the_credential_in_its_url_reaches_its_client_without_it(
+    mode: str,
+) -> None:
+    # Its URL's query value (and user or password) is as much the gateway's credential as a
+    # header: an error quoting the URL it was asked at handed it to the client.
+    server = FastMCP("keyed")
+
+    @server.tool
+    def lookup() -> str:
+        raise ToolError(f"404 for /mcp?api_key={URL_KEY}")
+
+    async with serving_upstream(server) as url:
+        config = {"upstreams": {"keyed": {"url": f"{url}?api_key={URL_KEY}"}}}
+        async with running_gateway(config) as gw, Client(gw.url, mode=mode) as client:  # type: ignore[arg-type]
+            refused = await client.call_tool("keyed__lookup", {})
+    assert refused.is_error
+    assert refused.content == [types.TextContent(text="404 for /mcp?api_key=[redacted]")]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import operator
 import re
+import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
@@ -135,11 +136,24 @@ def _bounded(error: types.ErrorData) -> tuple[str, Any]:
 
 def secrets_of(config: UpstreamConfig) -> tuple[str, ...]:
     """What the gateway sends an upstream that it must not repeat: the words of its configured
-    header and environment values long enough to be credentials. An upstream's error may quote
-    the credential it was sent (``invalid credentials: 'Bearer …'``): taken out of everything the
-    gateway passes on of it (a client's error, the log, the status page, ``check``)."""
-    values = [*config.headers.values(), *config.env.values()]
+    header and environment values, and of its URL's credentials, long enough to be credentials.
+    An upstream's error may quote the credential it was sent (``invalid credentials: 'Bearer
+    …'``): taken out of everything the gateway passes on of it (a client's error, the log, the
+    status page, ``check``)."""
+    values = [*config.headers.values(), *config.env.values(), *_url_credentials(config.url)]
     return tuple(dict.fromkeys(word for value in values for word in value.split() if len(word) >= 8))
+
+
+def _url_credentials(url: str | None) -> list[str]:
+    """The credentials an upstream's URL carries: its user and password, its query's values
+    (``?api_key=…``), as written and decoded. An upstream's error quoting the URL it was asked
+    at (``404 for https://…?api_key=…``) handed them to its client, as the log never does."""
+    if url is None:
+        return []
+    parts = urllib.parse.urlsplit(url)
+    written = [parts.username or "", parts.password or ""]
+    written += [pair.partition("=")[2] for pair in parts.query.split("&")]
+    return [form for value in written for form in {value, urllib.parse.unquote_plus(value)} if form]
 
 
 def unquoted(result: types.CallToolResult, secrets: tuple[str, ...]) -> types.CallToolResult:
