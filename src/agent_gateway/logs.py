@@ -340,7 +340,7 @@ class JsonFormatter(LineFormatter):
         return one_line(json.dumps(line, ensure_ascii=False))
 
 
-_SECRET_FLAG = re.compile(
+SECRET_FLAG = re.compile(
     r"^--?[A-Za-z0-9_-]*(token|key|secret|password|passwd|pwd|auth|credential)", re.IGNORECASE
 )
 
@@ -357,17 +357,17 @@ def shown_command(command: str, args: tuple[str, ...]) -> str:
     for i, arg in enumerate(args):
         for secret in secrets:
             arg = arg.replace(secret, "***")
-        arg = _KNOWN_CREDENTIAL.sub("***", arg)
+        arg = KNOWN_CREDENTIAL.sub("***", arg)
         flag, equals, _ = arg.partition("=")
-        if equals and _SECRET_FLAG.match(flag):
+        if equals and SECRET_FLAG.match(flag):
             arg = f"{flag}=***"
-        elif i > 0 and _SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
+        elif i > 0 and SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
             arg = "***"
         shown.append(redacted_url(arg))
     return " ".join([command, *shown])
 
 
-_KNOWN_CREDENTIAL = re.compile(
+KNOWN_CREDENTIAL = re.compile(
     r"\b(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abposr]-[\w-]{10,}"
     r"|sk-(?:ant-|proj-)?[\w-]{20,}|AKIA[0-9A-Z]{16}|AIza[\w-]{35}|eyJ[\w-]{10,}\.[\w-]{10,}\.[\w-]+)"
 )

@@ -302,3 +302,29 @@ async def test_an_upstreams_error_quoting_the_credential_in_its_url_reaches_its_
             refused = await client.call_tool("keyed__lookup", {})
     assert refused.is_error
     assert refused.content == [types.TextContent(text="404 for /mcp?api_key=[redacted]")]
+
+
+async def test_an_upstreams_error_quoting_the_credentials_in_its_arguments_reaches_its_client_without_them() -> (
+    None
+):
+    # A stdio server's usage error quoting its command line: the log shows it masked
+    # (``shown_command``), the client got it whole.
+    github = "ghp_" + "A1b2C3d4" * 5
+    args = [
+        "--api-key",
+        "flag-key-0123456789",
+        "--token=inline-0123456789",
+        github,
+        "postgresql://app:db-pass-0123@db/x",
+    ]
+    upstream = python_upstream("faulty.py")
+    upstream["args"] = [*upstream["args"], *args]
+    async with running_gateway({"upstreams": {"faulty": upstream}}) as gw, Client(gw.url) as client:
+        refused = await client.call_tool("faulty__usage", {})
+        served = await client.call_tool("faulty__ping", {})
+    said = refused.content[0]
+    assert isinstance(said, types.TextContent)
+    assert said.text == (
+        "unexpected arguments: --api-key [redacted] --token=[redacted] [redacted] postgresql://app:[redacted]@db/x"
+    )
+    assert served.content == [types.TextContent(text="pong")]

@@ -15,6 +15,7 @@ import sys
 
 import anyio
 from fastmcp import Context, FastMCP
+from fastmcp.exceptions import ToolError
 
 server = FastMCP("faulty")
 
@@ -30,6 +31,12 @@ _hanging: list[str] = []
 def ping() -> str:
     """Answer at once."""
     return "pong"
+
+
+@server.tool
+def usage() -> str:
+    """Fail quoting the arguments it was started with, as a server's usage error may."""
+    raise ToolError(f"unexpected arguments: {' '.join(sys.argv[1:])}")
 
 
 @server.tool

@@ -37,7 +37,7 @@ from agent_gateway.errors import (
     describe,
 )
 from agent_gateway.json_text import fits
-from agent_gateway.logs import ECHO, clipped, masked_form, scrubbed
+from agent_gateway.logs import ECHO, KNOWN_CREDENTIAL, SECRET_FLAG, clipped, masked_form, scrubbed
 
 if TYPE_CHECKING:
     from agent_gateway.upstreams.session import UpstreamSession
@@ -141,7 +141,26 @@ def secrets_of(config: UpstreamConfig) -> tuple[str, ...]:
     …'``): taken out of everything the gateway passes on of it (a client's error, the log, the
     status page, ``check``)."""
     values = [*config.headers.values(), *config.env.values(), *_url_credentials(config.url)]
+    values += _argument_credentials(config.args)
     return tuple(dict.fromkeys(word for value in values for word in value.split() if len(word) >= 8))
+
+
+def _argument_credentials(args: tuple[str, ...]) -> list[str]:
+    """The credentials a stdio upstream's arguments carry, as ``logs.shown_command`` masks
+    them in the log: a flag's named like one (``--api-key X``, ``--token=X``), one in a
+    well-known format (``ghp_…``), a URL's (``postgresql://user:password@…``). A server's usage
+    error quoting its command line handed them to the client."""
+    found: list[str] = []
+    for i, arg in enumerate(args):
+        found += KNOWN_CREDENTIAL.findall(arg)
+        flag, equals, value = arg.partition("=")
+        if equals and SECRET_FLAG.match(flag):
+            found.append(value)
+        elif i > 0 and SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
+            found.append(arg)
+        if "://" in arg:
+            found += _url_credentials(arg)
+    return found
 
 
 def _url_credentials(url: str | None) -> list[str]:
