@@ -176,10 +176,12 @@ async def test_an_upstreams_error_result_quoting_its_credential_reaches_its_clie
     def login() -> types.CallToolResult:
         quoted = f"invalid credentials: 'Bearer {UPSTREAM_KEY}'"
         resource = types.TextResourceContents(uri="log://last", text=f"sent {UPSTREAM_KEY}")
+        link = types.ResourceLink(name="retry", uri=f"https://vault.example/login?key={UPSTREAM_KEY}")
         return types.CallToolResult(
-            content=[types.TextContent(text=quoted), types.EmbeddedResource(resource=resource)],
+            content=[types.TextContent(text=quoted), types.EmbeddedResource(resource=resource), link],
             structured_content={"sent": {"headers": [f"Bearer {UPSTREAM_KEY}"]}, "code": 401},
             is_error=True,
+            _meta={"vault/request": {"authorization": f"Bearer {UPSTREAM_KEY}"}},
         )
 
     @server.tool
@@ -194,13 +196,17 @@ async def test_an_upstreams_error_result_quoting_its_credential_reaches_its_clie
             refused = await client.call_tool("vault__login", {})
             served = await client.call_tool("vault__whoami", {})
     assert refused.is_error
-    text, embedded = refused.content
+    text, embedded, link = refused.content
     assert isinstance(text, types.TextContent)
     assert isinstance(embedded, types.EmbeddedResource)
     assert text.text == "invalid credentials: 'Bearer [redacted]'"
     assert isinstance(embedded.resource, types.TextResourceContents)
     assert embedded.resource.text == "sent [redacted]"
+    assert isinstance(link, types.ResourceLink)  # the rest of a result quotes it too
+    assert link.uri == "https://vault.example/login?key=[redacted]"
     assert refused.structured_content == {"sent": {"headers": ["Bearer [redacted]"]}, "code": 401}
+    assert refused.meta is not None
+    assert refused.meta["vault/request"] == {"authorization": "Bearer [redacted]"}
     assert UPSTREAM_KEY not in refused.model_dump_json()
     assert not served.is_error
     assert served.content == [types.TextContent(text=f"/srv/{UPSTREAM_KEY}/home")]

@@ -12,7 +12,6 @@ session's end.
 from __future__ import annotations
 
 import json
-import operator
 import re
 import urllib.parse
 from collections.abc import Callable, Iterator
@@ -177,36 +176,22 @@ def _url_credentials(url: str | None) -> list[str]:
 
 def unquoted(result: types.CallToolResult, secrets: tuple[str, ...]) -> types.CallToolResult:
     """An upstream's error result as its client gets it: every credential the gateway sends
-    the upstream (``secrets_of``) replaced where the result quotes it whole, in its text and
-    its ``structuredContent``. Its JSON-RPC errors are scrubbed above; an error *result*
-    (``isError``, ``invalid credentials: 'Bearer …'``) reached the client whole. Only exact
-    occurrences, at C speed: a result has no bound of its own (the gateway's records, cut
-    first, also take out echoes in part, in another case or masked), and only error results:
-    a configured value is any word of 8 characters (``/srv/docs``), which a successful
-    result's paths and text may hold."""
+    the upstream (``secrets_of``) replaced where the result quotes it whole, anywhere in it (its
+    text, embedded resources, links, ``structuredContent``, ``_meta``). Its JSON-RPC errors are
+    scrubbed above; an error *result* (``isError``, ``invalid credentials: 'Bearer …'``)
+    reached the client whole. Only exact occurrences, at C speed: a result has no bound of its
+    own (the gateway's records, cut first, also take out echoes in part, in another case or
+    masked), and only error results: a configured value is any word of 8 characters
+    (``/srv/docs``), which a successful result's paths and text may hold."""
     if not secrets:
         return result
-    content = [_unquoted_block(block, secrets) for block in result.content]
-    structured = result.structured_content
-    if structured is not None:
-        escaped = tuple(json.dumps(secret)[1:-1] for secret in secrets)  # as JSON spells them
-        structured = scrubbed_json(
-            structured, partial(_replaced, secrets=escaped), partial(_replaced, secrets=secrets)
-        )
-    if structured is result.structured_content and all(map(operator.is_, content, result.content)):
+    escaped = tuple(json.dumps(secret)[1:-1] for secret in secrets)  # as JSON spells them
+    text = result.model_dump_json(by_alias=True, exclude_unset=True)
+    if not any(secret in text for secret in escaped):  # the usual case: one dump, one scan
         return result
-    return result.model_copy(update={"content": content, "structured_content": structured})
-
-
-def _unquoted_block(block: types.ContentBlock, secrets: tuple[str, ...]) -> types.ContentBlock:
-    if isinstance(block, types.TextContent):
-        text = _replaced(block.text, secrets)
-        return block if text is block.text else block.model_copy(update={"text": text})
-    if isinstance(block, types.EmbeddedResource) and isinstance(block.resource, types.TextResourceContents):
-        text = _replaced(block.resource.text, secrets)
-        if text is not block.resource.text:
-            return block.model_copy(update={"resource": block.resource.model_copy(update={"text": text})})
-    return block
+    whole = json.loads(text)
+    scrubbed = scrubbed_json(whole, partial(_replaced, secrets=escaped), partial(_replaced, secrets=secrets))
+    return types.CallToolResult.model_validate(scrubbed)
 
 
 def _scrubber(secrets: tuple[str, ...]) -> Callable[[str], str]:
