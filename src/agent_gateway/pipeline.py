@@ -54,6 +54,7 @@ from agent_gateway.search.tools import (
     search_result,
     within_answer,
 )
+from agent_gateway.turns import away
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,10 @@ class Pipeline:
         try:
             async with self._sessions.serving(ctx) as session:
                 caller = _caller(ctx, session, client, params)
-                result = await self._proxy.call_tool(params.name, params.arguments or {}, caller, held=True)
+                async with away():  # the upstream's time: its client's next request is worked on
+                    result = await self._proxy.call_tool(
+                        params.name, params.arguments or {}, caller, held=True
+                    )
             hold(_scope(ctx), result, client)
         except GatewayError as exc:
             return _error_result(exc)
@@ -128,7 +132,7 @@ class Pipeline:
             who = _authorized(client, params.name)
         except NotAllowed as exc:
             return _error_result(exc)
-        async with self._sessions.serving(ctx) as session:
+        async with self._sessions.serving(ctx) as session, away():  # a run's wait on models and tools
             return await self._agent.call(params.arguments or {}, who, _caller(ctx, session, who, params))
 
     async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
@@ -157,7 +161,8 @@ class Pipeline:
             client = self._access.identify(ctx.request)
             caller = _caller(ctx, session, client, params)
             try:
-                result = await forward(caller)
+                async with away():
+                    result = await forward(caller)
                 hold(_scope(ctx), result, client)
             except GatewayError as exc:
                 raise to_wire(exc) from exc

@@ -23,6 +23,7 @@ from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standin
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.runtime import SEND_TIMEOUT
+from agent_gateway.turns import away
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpstreamSession
@@ -227,7 +228,9 @@ class Proxy:
             )
         if not targets:  # nearly always, as clients come and go
             return
-        async with anyio.create_task_group() as tg:  # side by side: a stuck upstream costs one bound
+        # Side by side: a stuck upstream costs one bound; away: a client's ``logging/setLevel``
+        # leaves its turn to its next request meanwhile.
+        async with away(), anyio.create_task_group() as tg:
             for target, level in targets:
                 tg.start_soon(_set_level, target, level)
 

@@ -1,23 +1,26 @@
-"""A client's large requests served one at a time.
+"""A client's requests taking turns: a few worked on at once, its large ones one at a time.
 
-The event loop serves everyone, one step at a time, and a request's body costs its steps
-time in proportion to its size: a 3.5 MB ``tools/call`` is ~20 ms of parsing, checking and
-digesting with no await in between. Sixteen of them at once from one client put sixteen such
-steps ahead of every other client's each turn of the loop: a bystander's call took 330 ms
-at its median and 480-620 ms at p99 against 6 ms before (``bench/README.md``). So a client
-whose bodies pass ``LARGE_BODY_BYTES`` takes turns, first come first served, twice:
+The event loop serves everyone, one step at a time, first come first served. A client with
+64 requests in the gateway puts 64 steps ahead of every other client's each turn of the loop:
+one client's pings on 64 connections, with no rate limit set, made a bystander's calls 10x
+slower (``bench/README.md``). So a client takes turns:
 
-- parsing: one of its large bodies parsed at a time (a step that waits on nothing else);
-- serving: one of its large requests served at a time, from its session checks to its
-  answer. Only a request waits for this turn, and not a listen stream (which lasts for
-  hours): an answer to the gateway's question (sampling, elicitation, roots) or a
-  notification may be what the request being served waits for. A request waits
-  ``TURN_WAIT`` at most, then is served anyway; one its client cancels meanwhile (a
-  handshake-era ``notifications/cancelled`` naming it) is never served.
+- working: ``WORKING`` of its requests worked on at once, from its session checks to its
+  answer, less the time each waits on an upstream or a model (``away``: its client's next
+  request is worked on meanwhile, and the one waiting takes a turn again for its answer);
+- parsing, for a body past ``LARGE_BODY_BYTES`` (a 3.5 MB ``tools/call`` is ~20 ms of
+  parsing, checking and digesting with no await in between): one at a time;
+- serving, for such a request: one at a time, throughout.
+
+Only a request waits for a turn, and not a listen stream (which lasts for hours): an answer
+to the gateway's question (sampling, elicitation, roots) or a notification may be what the
+request being served waits for. A request waits ``TURN_WAIT`` at most, then is served anyway;
+one its client cancels meanwhile (a handshake-era ``notifications/cancelled`` naming it) is
+never served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
-flight (``in_flight.BodyHeld``), which bounds how many can wait. Smaller bodies, and every
-other client, never wait here."""
+flight (``in_flight.BodyHeld``), which bounds how many can wait. Every other client's
+requests never wait for this client's turns."""
 
 from __future__ import annotations
 
@@ -25,10 +28,12 @@ import json
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
+from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 import anyio
+import anyio.lowlevel
 
 from agent_gateway.tally import Tally
 
@@ -40,14 +45,18 @@ TURN_WAIT = 5.0
 """Seconds a large request waits for its serving turn, then is served anyway: one of minutes
 (a slow upstream's call, an agent run) holds its turn throughout, and holds up its client's
 next large request this long at most (16 calls of 3.5 MB take ~1 s of turns)."""
+WORKING = 4
+"""A client's requests the gateway works on at once, first come first served: each of its
+others waits (``TURN_WAIT`` at most) for one of them to be answered or to wait elsewhere."""
 _LASTING = ("subscriptions/listen",)
-"""Requests whose serving lasts as long as their client wants: they take no serving turn."""
+"""Requests whose serving lasts as long as their client wants: they take no turn."""
 
-large_waits = Tally(
+turn_waits = Tally(
     "agent_gateway.requests.waited",
-    "Bodies past 256 KiB that waited for their client's previous one, by turn: parsing (one "
-    "at a time), serving (one request at a time, from its session checks to its answer), "
-    "given_up (a request its client cancelled while it waited to be served: never served).",
+    "Requests that waited for their client's others, by turn: working (four of a client's "
+    "worked on at once), parsing (bodies past 256 KiB, one at a time), serving (requests with "
+    "such bodies, one at a time, from their session checks to their answer), given_up (a "
+    "request its client cancelled while it waited to be served: never served).",
 )
 _CANCELLED = b"notifications/cancelled"
 
@@ -62,6 +71,7 @@ class Turns:
 
     parsing: anyio.Lock = field(default_factory=anyio.Lock)
     serving: anyio.Lock = field(default_factory=anyio.Lock)
+    working: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(WORKING))
     waiting: dict[Waiting, anyio.CancelScope] = field(default_factory=dict[Waiting, anyio.CancelScope])
     """Its handshake-era requests waiting for their serving turn, which a cancel gives up."""
 
@@ -91,17 +101,27 @@ def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AbstractAsyncCont
 def serving_turn(
     turns: Turns, label: str, body: bytes, request: Mapping[str, Any] | None, session: str | None
 ) -> AbstractAsyncContextManager[bool]:
-    """The client's turn to serve ``request`` (None: not a request, which waits for none, and
-    may cancel one waiting): entered with whether to serve it (False: its client cancelled it
-    while it waited). A request waits ``TURN_WAIT`` at most, then is served anyway."""
+    """The client's turns to serve ``request`` (None: not a request, which waits for none, and
+    may cancel one waiting): its working turn, and its serving turn too for a large body.
+    Entered with whether to serve it (False: its client cancelled it while it waited). A
+    request waits ``TURN_WAIT`` at most, then is served anyway."""
     if request is None and session is not None:
         turns.cancelled(session, body)  # and passed on: the SDK's session reads it too
     # _LASTING is a tuple: a method is compared, not hashed (it may be a list).
-    if request is None or request.get("method") in _LASTING or len(body) <= LARGE_BODY_BYTES:
+    if request is None or request.get("method") in _LASTING:
         return _SERVE
     request_id = request.get("id")
     key = (session, request_id) if session is not None and _an_id(request_id) else None
-    return _serving(turns, label, key)
+    return Working(turns, label, key, large=len(body) > LARGE_BODY_BYTES)
+
+
+def away() -> AbstractAsyncContextManager[None]:
+    """Inside, the request this task serves lets its client's working turn go: it waits on an
+    upstream or a model, no work of the gateway's, and its client's other requests are worked
+    on meanwhile. Taken again after (``TURN_WAIT`` at most). The turn is the task's, as a
+    cancel scope is: where no request holds one (stdio, the gateway's own calls), nothing."""
+    working = _WORKING.get()
+    return _AT_ONCE if working is None or not working.held else _Away(working)
 
 
 def _an_id(value: object) -> TypeGuard[str | int]:
@@ -115,33 +135,109 @@ _SERVE: AbstractAsyncContextManager[bool] = nullcontext(True)
 @asynccontextmanager
 async def _parsing(lock: anyio.Lock, label: str) -> AsyncIterator[None]:
     if lock.locked():
-        large_waits.add(1, {"turn": "parsing"})
+        turn_waits.add(1, {"turn": "parsing"})
         logger.debug("a large body of %s waits for its parsing turn", label)
     async with lock:
         yield
 
 
-@asynccontextmanager
-async def _serving(turns: Turns, label: str, key: Waiting | None) -> AsyncIterator[bool]:
-    lock = turns.serving
-    if lock.locked():
-        large_waits.add(1, {"turn": "serving"})
+class Working:
+    """One request's turns: its client's working turn, and its serving turn if large. A class,
+    not a generator: every request enters one, and at once when its client has turns free."""
+
+    __slots__ = ("_key", "_label", "_large", "_reset", "_turns", "held", "large_held")
+
+    def __init__(self, turns: Turns, label: str, key: Waiting | None, large: bool) -> None:
+        self._turns, self._label, self._key, self._large = turns, label, key, large
+        self.held = self.large_held = False
+        self._reset: Token[Working | None] | None = None
+
+    async def __aenter__(self) -> bool:
+        working = self._turns.working
+        if not self._large and working.value > 0:  # free: no wait, no scope
+            working.acquire_nowait()
+            self.held = True
+            # Then a step of its own, holding the turn: a request that needs no await (a ping,
+            # a listing) is otherwise worked on whole in the step that read it, one for each
+            # connection at each turn of the loop, and no two of a client's are ever in the
+            # gateway at once for the next to wait for a turn.
+            await anyio.lowlevel.cancel_shielded_checkpoint()
+        elif not await self._waited():
+            return False
+        self._reset = _WORKING.set(self)
+        return True
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._reset is not None:
+            _WORKING.reset(self._reset)
+        if self.held:
+            self._turns.working.release()
+        if self.large_held:
+            self._turns.serving.release()
+
+    async def _waited(self) -> bool:
+        """Waits for the turns, ``TURN_WAIT`` at most; False: its client cancelled it."""
+        turns, key = self._turns, self._key
+        _counted_wait(turns, self._large, self._label)
+        with anyio.move_on_after(TURN_WAIT), anyio.CancelScope() as waiting:
+            if key is not None:
+                turns.waiting[key] = waiting
+            try:
+                if self._large:
+                    await turns.serving.acquire()
+                    self.large_held = True
+                await turns.working.acquire()
+                self.held = True
+            finally:
+                if key is not None and turns.waiting.get(key) is waiting:
+                    del turns.waiting[key]
+        if given_up := not self.held and waiting.cancel_called:
+            turn_waits.add(1, {"turn": "given_up"})
+            logger.info("a request of %s was cancelled by its client while it waited its turn", self._label)
+            if self.large_held:
+                turns.serving.release()
+                self.large_held = False
+        return not given_up
+
+    def let_go(self) -> None:
+        """The working turn let go while the request waits elsewhere (``away``)."""
+        self.held = False
+        self._turns.working.release()
+
+    async def take_again(self) -> None:
+        """The working turn taken again after ``away``, ``TURN_WAIT`` at most."""
+        working = self._turns.working
+        if working.value > 0:
+            working.acquire_nowait()
+            self.held = True
+            return
+        turn_waits.add(1, {"turn": "working"})
+        with anyio.move_on_after(TURN_WAIT):
+            await working.acquire()
+            self.held = True
+
+
+def _counted_wait(turns: Turns, large: bool, label: str) -> None:
+    if large and turns.serving.locked():
+        turn_waits.add(1, {"turn": "serving"})
         logger.debug("a large request of %s waits for its serving turn", label)
-    taken = False
-    with anyio.move_on_after(TURN_WAIT), anyio.CancelScope() as waiting:
-        if key is not None:
-            turns.waiting[key] = waiting
-        try:
-            await lock.acquire()
-            taken = True
-        finally:
-            if key is not None and turns.waiting.get(key) is waiting:
-                del turns.waiting[key]
-    if given_up := not taken and waiting.cancel_called:
-        large_waits.add(1, {"turn": "given_up"})
-        logger.info("a large request of %s was cancelled by its client while it waited its turn", label)
-    try:
-        yield not given_up
-    finally:
-        if taken:
-            lock.release()
+    elif turns.working.value == 0:
+        turn_waits.add(1, {"turn": "working"})
+        logger.debug("a request of %s waits for its working turn", label)
+
+
+class _Away:
+    __slots__ = ("_working",)
+
+    def __init__(self, working: Working) -> None:
+        self._working = working
+
+    async def __aenter__(self) -> None:
+        self._working.let_go()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self._working.take_again()
+
+
+_WORKING: ContextVar[Working | None] = ContextVar("agent_gateway_working", default=None)
+"""The request this task serves, holding its client's working turn (``away``)."""

@@ -16,7 +16,7 @@ from fastmcp import FastMCP
 from mcp import Client
 
 from agent_gateway import turns
-from agent_gateway.turns import LARGE_BODY_BYTES, large_waits
+from agent_gateway.turns import LARGE_BODY_BYTES, turn_waits
 from tests.replicas.test_store import ACCEPT, HELLO, VERSION
 from tests.security.test_bytes_in_flight import until
 from tests.servers import recorder
@@ -27,7 +27,7 @@ LARGE = "x" * (LARGE_BODY_BYTES + 1)
 
 
 def waited(turn: str) -> int:
-    return large_waits._totals.get((("turn", turn),), 0)  # pyright: ignore[reportPrivateUsage]
+    return turn_waits._totals.get((("turn", turn),), 0)  # pyright: ignore[reportPrivateUsage]
 
 
 def answer_of(response: httpx.Response) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from agent_gateway.downstream.subscription_bounds import RELEASE_TIMEOUT, Leavin
 from agent_gateway.errors import GatewayError, InvalidRequest, to_wire
 from agent_gateway.proxy import Proxy
 from agent_gateway.runtime import SEND_TIMEOUT
+from agent_gateway.turns import away
 from agent_gateway.upstreams.session import UpstreamSession
 
 logger = logging.getLogger(__name__)
@@ -90,17 +91,19 @@ class ResourceSubscriptions:
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
-        await self._join(_session(ctx), params.uri)
+        async with away():  # the upstream's time: its client's next request is worked on
+            await self._join(_session(ctx), params.uri)
         return types.EmptyResult()
 
     async def unsubscribe(self, ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/unsubscribe`` handler."""
         session = _session(ctx)
-        for key in list(self._keys.get(session, ())):
-            if self._subscribers.get(key, {}).get(session) == params.uri:
-                await self._leave(key, session)
-        if self._holders is not None and session.connection is not None:
-            await self._holders.dropped(session.id, params.uri)
+        async with away():
+            for key in list(self._keys.get(session, ())):
+                if self._subscribers.get(key, {}).get(session) == params.uri:
+                    await self._leave(key, session)
+            if self._holders is not None and session.connection is not None:
+                await self._holders.dropped(session.id, params.uri)
         return types.EmptyResult()
 
     async def listen(

@@ -1,0 +1,201 @@
+"""One client's requests on many connections are worked on a few at a time (``turns.py``):
+a request that needs no await is otherwise worked on whole in the step that read it, one for
+each of the client's connections at each turn of the event loop, ahead of every other
+client's each time. Its other requests wait for a turn; every other client's do not."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from fastmcp import FastMCP
+from langchain_core.messages import AIMessage
+from mcp import Client
+
+from agent_gateway import turns
+from tests.agent.scripted import ScriptedChatModel
+from tests.agent.test_ask_agent import agent_gateway, ask
+from tests.security.test_bytes_in_flight import until
+from tests.support import running_gateway, serving_upstream
+
+FLOOD = r"""
+import asyncio, json, sys, urllib.parse
+url, address, connections = sys.argv[1], sys.argv[2], int(sys.argv[3])
+where = urllib.parse.urlsplit(url)
+head = ("POST %s HTTP/1.1\r\nHost: %s\r\nAccept: application/json, text/event-stream\r\n"
+        "Content-Type: application/json\r\nMcp-Protocol-Version: 2025-06-18\r\n" % (where.path, where.netloc))
+def request(payload, session=""):
+    data = payload.encode()
+    extra = "Mcp-Session-Id: %s\r\n" % session if session else ""
+    return (head + extra + "Content-Length: %d\r\n\r\n" % len(data)).encode() + data
+async def answer(reader):
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower().split("\r\n")
+    fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    if "content-length" in fields:
+        await reader.readexactly(int(fields["content-length"]))
+    else:
+        while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)):
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+    return fields
+async def connected():
+    return await asyncio.open_connection(where.hostname, where.port, local_addr=(address, 0))
+async def main():
+    reader, writer = await connected()
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+            "capabilities": {}, "clientInfo": {"name": "flood", "version": "1"}}}
+    writer.write(request(json.dumps(init)))
+    session = (await answer(reader))["mcp-session-id"]
+    writer.write(request('{"jsonrpc":"2.0","method":"notifications/initialized"}', session))
+    await answer(reader)
+    call = '{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"rec__note","arguments":{"tag":"flood"}}}'
+    async def caller(k):
+        reader, writer = await connected()
+        n = k * 10**7
+        while True:
+            n += 1
+            writer.write(request(call % n, session))
+            await answer(reader)
+    tasks = [asyncio.ensure_future(caller(k)) for k in range(connections)]
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test is done
+asyncio.run(main())
+"""
+
+
+@contextmanager
+def flooding(url: str, address: str, connections: int) -> Iterator[None]:
+    """One client's calls back to back on ``connections`` connections from ``address``, from a
+    process of its own (on the test's event loop its own work would be the bystander's wait)."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", FLOOD, url, address, str(connections)], stdin=subprocess.PIPE
+    )
+    try:
+        yield
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.kill()
+        child.wait(timeout=10)
+
+
+async def test_one_clients_calls_on_many_connections_go_ahead_of_another_clients_a_few_at_a_time() -> None:
+    arrived: list[str] = []
+    server = FastMCP("rec")
+
+    @server.tool
+    def note(tag: str) -> str:
+        """Records that the call reached the upstream."""
+        arrived.append(tag)
+        return tag
+
+    ahead: list[int] = []
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"rec": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy") as bystander,
+    ):
+        with flooding(gw.url, "127.0.0.2", 64):
+            with anyio.fail_after(60):
+                while arrived.count("flood") < 500:
+                    await anyio.sleep(0.05)
+                for n in range(20):
+                    before = len(arrived)
+                    result = await bystander.call_tool("rec__note", {"tag": f"b{n}"})
+                    assert not result.is_error
+                    ahead.append(arrived.index(f"b{n}") - before)
+    # Every connection's call went ahead of each of the bystander's (the client's 64 calls in
+    # flight, its max_concurrency): 64 of them at the median, 35-36 with turns (about 4 at each
+    # of the ~9 turns of the loop the bystander's call takes to reach the upstream).
+    assert statistics.median(ahead) < 48, sorted(ahead)
+
+
+def held_upstream(entered: list[str], release: anyio.Event) -> FastMCP:
+    server = FastMCP("held")
+
+    @server.tool
+    async def hold(tag: str) -> str:
+        """Records that the call reached the upstream, then waits to be released."""
+        entered.append(tag)
+        await release.wait()
+        return tag
+
+    @server.resource("held://{tag}")
+    async def held(tag: str) -> str:
+        """The same for a read."""
+        entered.append(tag)
+        await release.wait()
+        return tag
+
+    return server
+
+
+@pytest.mark.parametrize("kind", ["tool", "resource"])
+async def test_a_clients_requests_waiting_on_an_upstream_leave_its_turns_to_its_next(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A request lets its client's working turn go while it waits on an upstream: else a
+    # client with more calls or reads than turns held by a slow upstream had its next request
+    # (a listing, a ping) wait until one was answered, or the turn's bound on waiting (here
+    # longer than the test's).
+    monkeypatch.setattr(turns, "TURN_WAIT", 60.0)
+    entered: list[str] = []
+    release = anyio.Event()
+    held = turns.WORKING + 2
+
+    async def one(client: Client, n: int) -> None:
+        if kind == "tool":
+            assert not (await client.call_tool("held__hold", {"tag": f"t{n}"})).is_error
+        else:
+            await client.read_resource(f"held://r{n}")
+
+    async with (
+        serving_upstream(held_upstream(entered, release)) as url,
+        running_gateway({"upstreams": {"held": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+        anyio.create_task_group() as group,
+    ):
+        for n in range(held):
+            group.start_soon(one, client, n)
+        with anyio.fail_after(20):
+            await until(lambda: len(entered) == held)
+            listed = await client.list_tools()  # its next request, served while they wait
+        assert "held__hold" in [tool.name for tool in listed.tools]
+        release.set()
+    assert len(entered) == held
+
+
+async def test_a_clients_agent_runs_waiting_on_their_model_leave_its_turns_to_its_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same for ``ask_agent``: a run waits on its model (and its tools) for minutes.
+    monkeypatch.setattr(turns, "TURN_WAIT", 60.0)
+    release, asked = anyio.Event(), list[int]()
+    held = turns.WORKING + 2
+
+    async def thinking(messages: Any) -> AIMessage:
+        asked.append(1)
+        await release.wait()
+        return AIMessage(content="thought")
+
+    model = ScriptedChatModel(script=[thinking] * held)
+    async with (
+        agent_gateway(model, tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+        anyio.create_task_group() as group,
+    ):
+        for n in range(held):
+            group.start_soon(partial(ask, client, f"think {n}", conversation_id=f"c{n}"))
+        with anyio.fail_after(20):
+            await until(lambda: len(asked) == held)
+            listed = await client.list_tools()
+        assert "ask_agent" in [tool.name for tool in listed.tools]
+        release.set()
+    assert len(model.seen) == held
