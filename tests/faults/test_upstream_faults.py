@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Scope, Send
 
 from agent_gateway.compat import mcp as compat_mcp
 from agent_gateway.compat.mcp import MAX_MESSAGE_DEPTH, MAX_MESSAGE_VALUES
+from agent_gateway.upstreams import stdio_process
 from agent_gateway.upstreams.translation import MAX_ERROR_DATA, MAX_ERROR_MESSAGE
 from tests.faults.harness import (
     Faulted,
@@ -109,7 +110,13 @@ async def test_a_call_the_upstream_never_answers_times_out_and_the_upstream_stay
         assert faulted.gw.gateway.pool.get("faulty").connections == 1
 
 
-async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_ping_and_is_restarted() -> None:
+async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_ping_and_is_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stopped, it neither exits when its stdin closes nor on SIGTERM: the SDK's 2 s of grace
+    # for each, not what is tested here, are shortened so its restart comes sooner.
+    monkeypatch.setattr(stdio_process, "PROCESS_TERMINATION_TIMEOUT", 0.2)
+    monkeypatch.setattr(stdio_process, "FORCE_KILL_TIMEOUT", 0.2)
     config = faulty_stdio(timeout=60, health={"interval": 0.3, "timeout": 0.5})
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         upstream = faulted.gw.gateway.pool.get("faulty")
