@@ -280,7 +280,8 @@ async def test_while_upstreams_start_probes_are_answered_and_mcp_is_told_to_retr
 
 async def test_sighup_during_start_up_is_a_reload_once_started(tmp_path: Path) -> None:
     port = free_port()
-    path = write_config(tmp_path, {"slow": slow_to_start(4), "counter": counter()}, port=port)
+    # Still starting for 2 s once its ``sleep`` is seen: the SIGHUP sent then lands in it.
+    path = write_config(tmp_path, {"slow": slow_to_start(2), "counter": counter()}, port=port)
     log = tmp_path / "gateway.log"
     with log.open("wb") as out, serve_process(path, stderr=out) as gateway:
         await started_children(gateway.pid)

@@ -21,7 +21,9 @@ from mcp import Client
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Scope, Send
 
+from agent_gateway.compat import mcp as compat_mcp
 from agent_gateway.compat.mcp import MAX_MESSAGE_DEPTH, MAX_MESSAGE_VALUES
+from agent_gateway.upstreams import stdio_process
 from agent_gateway.upstreams.translation import MAX_ERROR_DATA, MAX_ERROR_MESSAGE
 from tests.faults.harness import (
     Faulted,
@@ -108,7 +110,13 @@ async def test_a_call_the_upstream_never_answers_times_out_and_the_upstream_stay
         assert faulted.gw.gateway.pool.get("faulty").connections == 1
 
 
-async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_ping_and_is_restarted() -> None:
+async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_ping_and_is_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Stopped, it neither exits when its stdin closes nor on SIGTERM: the SDK's 2 s of grace
+    # for each, not what is tested here, are shortened so its restart comes sooner.
+    monkeypatch.setattr(stdio_process, "PROCESS_TERMINATION_TIMEOUT", 0.2)
+    monkeypatch.setattr(stdio_process, "FORCE_KILL_TIMEOUT", 0.2)
     config = faulty_stdio(timeout=60, health={"interval": 0.3, "timeout": 0.5})
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         upstream = faulted.gw.gateway.pool.get("faulty")
@@ -283,11 +291,16 @@ async def test_a_result_nested_deeper_than_the_gateway_reads_fails_its_call_alon
     assert text_of(served) == "collide"
 
 
-async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_call_alone() -> None:
+async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_call_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Parsed, 128 MiB of JSON values (the default max_message_bytes) is tens of millions of
     # objects: seconds of the event loop and gigabytes for every client, not this call's.
     # Over each transport in turn, on one gateway (each was a case of its own, a gateway each);
-    # one upstream process serves both HTTP eras.
+    # one upstream process serves both HTTP eras. The bound is what is tested, not its size: a
+    # tenth of it here (a million values made and counted three times took 8 s of the test).
+    monkeypatch.setattr(compat_mcp, "MAX_MESSAGE_VALUES", MAX_MESSAGE_VALUES // 10)
+    most = compat_mcp.MAX_MESSAGE_VALUES
     process = HttpProcess()
     upstreams = {
         "stdio": faulty_stdio(),
@@ -300,14 +313,12 @@ async def test_a_result_of_more_json_values_than_the_gateway_reads_fails_its_cal
         Client(faulted.gw.url) as client,
     ):
         for name in upstreams:
-            refused = await client.call_tool(f"{name}__numbers", {"count": MAX_MESSAGE_VALUES + 1})
+            refused = await client.call_tool(f"{name}__numbers", {"count": most + 1})
             served = await client.call_tool(f"{name}__numbers", {"count": 3})
             upstream = faulted.gw.gateway.pool.get(name)
             assert (upstream.connections, upstream.state) == (1, "up"), name
             assert refused.is_error, name
-            assert f"the gateway reads at most {MAX_MESSAGE_VALUES:,} from one message" in text_of(refused), (
-                name
-            )
+            assert f"the gateway reads at most {most:,} from one message" in text_of(refused), name
             assert served.structured_content == {"result": [0, 0, 0]}, name
 
 

@@ -14,6 +14,7 @@ from fastmcp import FastMCP
 from mcp import Client
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agent_gateway.upstreams import stdio_process
 from tests.faults.harness import faulty_stdio, gateway_under_fault, text_of, wait_until
 from tests.faults.test_stream_noise import FLOOD, WAIT, dripping, kit
 from tests.support import serving
@@ -136,11 +137,13 @@ async def test_a_legacy_sse_stream_of_comments_fails_its_calls_and_a_bystander_i
 
 @pytest.mark.parametrize("line", ["", "not json"], ids=["blank", "not-json-rpc"])
 async def test_a_stdio_upstreams_lines_of_noise_without_end_fail_its_calls_and_it_is_restarted(
-    line: str,
+    line: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Each blank line was split off and dropped, each unparseable one parsed, reported and
     # handed to the session (100,000 of them took 4.6 s of the gateway's CPU), without bound:
-    # the call waited its whole timeout (60 s here).
+    # the call waited its whole timeout (60 s here). The upstream, still writing, is given a
+    # moment, not the 2 s of grace, to exit on its own before it is ended and restarted.
+    monkeypatch.setattr(stdio_process, "PROCESS_TERMINATION_TIMEOUT", 0.2)
     async with (
         gateway_under_fault({"faulty": faulty_stdio(timeout=60)}) as faulted,
         Client(faulted.gw.url) as client,

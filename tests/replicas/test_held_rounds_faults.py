@@ -30,6 +30,7 @@ from agent_gateway.downstream.held_calls import Elsewhere, HeldCalls
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import ReplicaError, StoreUnavailable, UnknownRound
 from agent_gateway.store import SharedState
+from agent_gateway.store import rounds as rounds_module
 from agent_gateway.store.rounds import Rounds
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis, redis_server
@@ -224,8 +225,9 @@ async def malformed_then_failed(raw: aioredis.Redis, back: str, asked: dict[str,
 
 
 async def test_a_round_whose_holder_falls_silent_ends_and_is_cancelled_there(
-    redis: Redis, prefix: str
+    redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(rounds_module, "_SILENCE", 1.0)  # the ending is tested, not its 6 s
     async with scripted_holder(redis.url, prefix, silent) as rounds:
         with anyio.fail_after(BOUND), pytest.raises(UnknownRound):
             await rounds.round(ELSEWHERE, caller())

@@ -16,6 +16,7 @@ import pytest
 import yaml
 from mcp import Client
 
+from agent_gateway import pins_postgres
 from agent_gateway.cli import main
 from agent_gateway.pins_postgres import SharedPins
 from agent_gateway.reload import apply
@@ -156,6 +157,14 @@ def _postgres_processes(server: Postgres) -> list[int]:
     return [postmaster, *children]
 
 
+def _continue_wrapper(server: Postgres) -> None:
+    """``runuser`` (the cluster's parent as root) stops itself when the postmaster stops and
+    waits for a SIGCONT of its own: left stopped, it ignored the SIGTERM of the cluster's stop
+    until its 10 s bound ran out and it was killed."""
+    if server.process is not None:
+        server.process.send_signal(signal.SIGCONT)
+
+
 def _parent_of(entry: Path) -> int | None:
     try:
         return int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -164,10 +173,11 @@ def _parent_of(entry: Path) -> int | None:
 
 
 async def test_a_reload_while_the_database_does_not_answer_keeps_this_replicas_copy_within_a_bound(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The database frozen (a partition, a hung host: connections open, nothing answered).
     # Before, a reload's read of the pins waited for ever, and with it the reload.
+    monkeypatch.setattr(pins_postgres, "_ANSWER_BOUND", 2.0)  # the bound, not its 10 s, is tested
     with postgres_server() as server:
         async with serving_upstream(tracker_server([])) as url:
             config = shared_config(tmp_path, url, server.url)
@@ -182,6 +192,7 @@ async def test_a_reload_while_the_database_does_not_answer_keeps_this_replicas_c
                 finally:
                     for pid in frozen:
                         os.kill(pid, signal.SIGCONT)
+                    _continue_wrapper(server)
     kept = [r.getMessage() for r in caplog.records if "copy kept" in r.getMessage()]
     assert kept, "the reload said it kept this replica's copy"
     assert "did not answer within" in kept[0]

@@ -119,6 +119,31 @@ async def session_to(
         yield client, session
 
 
+async def raw_session(http: httpx.AsyncClient, url: str, who: str) -> str:
+    """A handshake-era session of ``who`` opened and used (a ``tools/list``) with raw requests,
+    no notification stream; its id."""
+    own = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKENS[who]}"}
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": who, "version": "1"},
+        },
+    }
+    answer = await http.post(url, json=hello, headers=own)
+    assert answer.status_code == 200, answer.text
+    own |= {"Mcp-Session-Id": answer.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
+    done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await http.post(url, json=done, headers=own)).status_code == 202
+    listed = await http.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=own)
+    assert listed.status_code == 200
+    assert "counter__echo" in listed.text, listed.text
+    return own["Mcp-Session-Id"]
+
+
 def text_of(result: types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, types.TextContent)
@@ -183,28 +208,31 @@ async def test_requests_naming_another_clients_session_do_not_keep_it_alive(
 ) -> None:
     # Bob names Alice's session (its id leaked) again and again: each is answered 404, and
     # none pushes its expiry back; it ends after its idle timeout without Alice's requests.
+    # Alice's session is opened raw: an ``mcp`` client's GET stream is a request of Alice's,
+    # and kept her session alive 11 s more (two 5 s reads timed out, a reconnect between).
     idle = 3
     async with (
         cluster_of(
             redis, prefix, tmp_path, [], auth=bearer(), server={"session_idle_timeout": idle}
         ) as cluster,
-        session_to(cluster.endpoint(0), "alice") as (client, opened),
+        httpx.AsyncClient(timeout=BOUND) as http,
+        aioredis.Redis.from_url(redis.url) as store,
     ):
-        await client.list_tools()
+        session = await raw_session(http, cluster.endpoint(0), "alice")
         ping = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
         headers = {
-            "Mcp-Session-Id": opened.id or "",
+            "Mcp-Session-Id": session,
             "Mcp-Protocol-Version": "2025-11-25",
             "Accept": "application/json, text/event-stream",
             "Authorization": f"Bearer {TOKENS['bob']}",
         }
-        async with httpx.AsyncClient(timeout=BOUND) as http, aioredis.Redis.from_url(redis.url) as store:
-            with anyio.fail_after(idle + BOUND):
-                while await store.exists(f"{prefix}:session:{opened.id}"):
-                    for replica in (0, 1):
-                        answer = await http.post(cluster.endpoint(replica), json=ping, headers=headers)
-                        assert answer.status_code == 404
-                    await anyio.sleep(0.1)
+        assert await store.exists(f"{prefix}:session:{session}")  # what Bob's requests must not keep
+        with anyio.fail_after(idle + BOUND):
+            while await store.exists(f"{prefix}:session:{session}"):
+                for replica in (0, 1):
+                    answer = await http.post(cluster.endpoint(replica), json=ping, headers=headers)
+                    assert answer.status_code == 404
+                await anyio.sleep(0.1)
 
 
 async def test_a_session_deleted_through_one_replica_is_gone_on_the_other(
