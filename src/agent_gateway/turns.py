@@ -24,6 +24,7 @@ requests never wait for this client's turns."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
@@ -121,7 +122,9 @@ def away() -> AbstractAsyncContextManager[None]:
     on meanwhile. Taken again after (``TURN_WAIT`` at most). The turn is the task's, as a
     cancel scope is: where no request holds one (stdio, the gateway's own calls), nothing."""
     working = _WORKING.get()
-    return _AT_ONCE if working is None or not working.held else _Away(working)
+    if working is None or not working.held or working.task is not asyncio.current_task():
+        return _AT_ONCE  # a task the request started shares its context, not its turn
+    return _Away(working)
 
 
 def _an_id(value: object) -> TypeGuard[str | int]:
@@ -145,27 +148,39 @@ class Working:
     """One request's turns: its client's working turn, and its serving turn if large. A class,
     not a generator: every request enters one, and at once when its client has turns free."""
 
-    __slots__ = ("_key", "_label", "_large", "_reset", "_turns", "held", "large_held")
+    __slots__ = ("_key", "_label", "_large", "_reset", "_turns", "held", "large_held", "task")
 
     def __init__(self, turns: Turns, label: str, key: Waiting | None, large: bool) -> None:
         self._turns, self._label, self._key, self._large = turns, label, key, large
         self.held = self.large_held = False
         self._reset: Token[Working | None] | None = None
+        self.task: asyncio.Task[Any] | None = None
+        """The task serving the request: the only one ``away`` lets the turn go for."""
 
     async def __aenter__(self) -> bool:
         working = self._turns.working
         if not self._large and working.value > 0:  # free: no wait, no scope
             working.acquire_nowait()
             self.held = True
-            # Then a step of its own, holding the turn: a request that needs no await (a ping,
-            # a listing) is otherwise worked on whole in the step that read it, one for each
-            # connection at each turn of the loop, and no two of a client's are ever in the
-            # gateway at once for the next to wait for a turn.
-            await anyio.lowlevel.cancel_shielded_checkpoint()
+            await self._step_holding()
         elif not await self._waited():
             return False
+        self.task = asyncio.current_task()
         self._reset = _WORKING.set(self)
         return True
+
+    async def _step_holding(self) -> None:
+        """A step of its own, holding the turn: a request that needs no await (a ping, a
+        listing) is otherwise worked on whole in the step that read it, one for each of its
+        client's connections at each turn of the loop, and no two of them would ever be in the
+        gateway at once for the next to wait for a turn. (Taken only when its client's last
+        request came in the same turn of the loop, or while another is in the gateway, it
+        engaged in some runs of the test and not in others.)"""
+        try:
+            await anyio.lowlevel.checkpoint()
+        except BaseException:  # cancelled: not entered, so never left
+            self.let_go()
+            raise
 
     async def __aexit__(self, *exc_info: object) -> None:
         if self._reset is not None:
@@ -174,6 +189,7 @@ class Working:
             self._turns.working.release()
         if self.large_held:
             self._turns.serving.release()
+        self.held = self.large_held = False
 
     async def _waited(self) -> bool:
         """Waits for the turns, ``TURN_WAIT`` at most; False: its client cancelled it."""
@@ -188,6 +204,11 @@ class Working:
                     self.large_held = True
                 await turns.working.acquire()
                 self.held = True
+            except BaseException:  # cancelled: not entered, so never left
+                if self.large_held:
+                    turns.serving.release()
+                    self.large_held = False
+                raise
             finally:
                 if key is not None and turns.waiting.get(key) is waiting:
                     del turns.waiting[key]

@@ -168,7 +168,10 @@ async def test_a_request_waits_its_turn_for_a_while_only(monkeypatch: pytest.Mon
         group.start_soon(first.call_tool, "held__hold", {"tag": "long", "text": LARGE})
         await until(lambda: entered == ["long"])
         group.start_soon(second.call_tool, "held__hold", {"tag": "next", "text": LARGE})
-        await until(lambda: entered == ["long", "next"])  # while "long" still holds its turn
+        # While "long" still holds its turn; bounded well within the clients' 30 s read
+        # timeout, which ends "long" and its turn by itself (a race the test could pass by).
+        with anyio.fail_after(10):
+            await until(lambda: entered == ["long", "next"])
         release.set()
 
 
