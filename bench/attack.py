@@ -996,6 +996,76 @@ asyncio.run(main())
 """
 
 
+_RAW_CALLERS = r"""
+import asyncio, json, sys, time, urllib.parse
+url, token, seconds, callers, body = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+where = urllib.parse.urlsplit(url)
+head = ("POST %s HTTP/1.1\r\nHost: %s\r\nAccept: application/json, text/event-stream\r\n"
+        "Content-Type: application/json\r\nAuthorization: Bearer %s\r\nMcp-Protocol-Version: 2025-06-18\r\n"
+        % (where.path, where.netloc, token))
+def request(payload, session=""):
+    data = payload.encode()
+    extra = "Mcp-Session-Id: %s\r\n" % session if session else ""
+    return (head + extra + "Content-Length: %d\r\n\r\n" % len(data)).encode() + data
+async def answer(reader):
+    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower().split("\r\n")
+    status = int(lines[0].split()[1])
+    fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    if "content-length" in fields:
+        await reader.readexactly(int(fields["content-length"]))
+    elif fields.get("transfer-encoding") == "chunked":
+        while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)):
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+    return status, fields
+async def main():
+    reader, writer = await asyncio.open_connection(where.hostname, where.port)
+    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+            "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}}
+    writer.write(request(json.dumps(init)))
+    _, fields = await answer(reader)
+    session = fields["mcp-session-id"]
+    writer.write(request('{"jsonrpc":"2.0","method":"notifications/initialized"}', session))
+    await answer(reader)
+    writer.close()
+    template = body.replace('"id": 0', '"id": %d', 1)  # each its own id: one in flight is refused
+    counted = {}
+    end = time.monotonic() + seconds
+    async def caller(k):
+        reader, writer = await asyncio.open_connection(where.hostname, where.port)
+        n = k * 10**7
+        while time.monotonic() < end:
+            n += 1
+            writer.write(request(template % n, session))
+            status, _ = await answer(reader)
+            counted[status] = counted.get(status, 0) + 1
+        writer.close()
+    await asyncio.gather(*(caller(k) for k in range(callers)))
+    print(", ".join("%d %d" % (n, status) for status, n in sorted(counted.items())))
+asyncio.run(main())
+"""
+
+
+async def _raw_callers(url: str, seconds: float, callers: int, body: dict[str, Any]) -> str:
+    """``callers`` connections of one client writing ``body`` (its ``id`` 0, made each
+    request's own) again and again for ``seconds``, from a process of its own: the bytes
+    written by hand, the answers read by their length alone, so the gateway, not the
+    attacker, is the slower side. Returns the count of answers by status."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _RAW_CALLERS,
+        url,
+        ATTACKER,
+        str(seconds),
+        str(callers),
+        json.dumps(body),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    out, _ = await child.communicate()
+    return out.decode().strip() or "?"
+
+
 async def _callers(url: str, seconds: float, callers: int, kind: str, call: str = "") -> str:
     """``callers`` clients' worth of requests one after another for ``seconds``, from a process
     of their own: on this one's event loop the attacker's own JSON work would be the
@@ -1017,6 +1087,28 @@ async def _callers(url: str, seconds: float, callers: int, kind: str, call: str 
     )
     out, _ = await child.communicate()
     return out.decode().strip() or "?"
+
+
+async def idle(url: str, proc: Process, seconds: float) -> str:
+    """No attack: the bystander's figures alone, the baseline of the rows around it."""
+    await asyncio.sleep(seconds)
+    return "nothing"
+
+
+async def call_flood(url: str, proc: Process, seconds: float) -> str:
+    """One client's calls of a fast tool back to back on 64 connections, from a process of its
+    own: with no rate limit set, what its share of the gateway leaves the others."""
+    call = {"name": "slow__echo", "arguments": {"text": "hi"}}
+    answers = await _raw_callers(
+        url, seconds, 64, {"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": call}
+    )
+    return f"calls in {seconds:g}s on 64 connections: {answers}"
+
+
+async def ping_flood(url: str, proc: Process, seconds: float) -> str:
+    """The same with ``ping``, the cheapest request a session may send."""
+    answers = await _raw_callers(url, seconds, 64, {"jsonrpc": "2.0", "id": 0, "method": "ping"})
+    return f"pings in {seconds:g}s on 64 connections: {answers}"
 
 
 async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
@@ -1307,6 +1399,9 @@ def client_text(result: types.CallToolResult) -> str:
 
 
 ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
+    "idle": (idle, 10.0, None),
+    "call-flood": (call_flood, 10.0, None),
+    "ping-flood": (ping_flood, 10.0, None),
     "slow-heads": (slow_heads, 15.0, None),
     "endless-heads": (endless_heads, 8.0, None),
     "slow-calls": (slow_calls, 10.0, None),
