@@ -996,70 +996,14 @@ asyncio.run(main())
 """
 
 
-_RAW_CALLERS = r"""
-import asyncio, json, sys, time, urllib.parse
-url, token, seconds, callers, body = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-where = urllib.parse.urlsplit(url)
-head = ("POST %s HTTP/1.1\r\nHost: %s\r\nAccept: application/json, text/event-stream\r\n"
-        "Content-Type: application/json\r\nAuthorization: Bearer %s\r\nMcp-Protocol-Version: 2025-06-18\r\n"
-        % (where.path, where.netloc, token))
-def request(payload, session=""):
-    data = payload.encode()
-    extra = "Mcp-Session-Id: %s\r\n" % session if session else ""
-    return (head + extra + "Content-Length: %d\r\n\r\n" % len(data)).encode() + data
-async def answer(reader):
-    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower().split("\r\n")
-    status = int(lines[0].split()[1])
-    fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
-    if "content-length" in fields:
-        await reader.readexactly(int(fields["content-length"]))
-    elif fields.get("transfer-encoding") == "chunked":
-        while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)):
-            await reader.readexactly(size + 2)
-        await reader.readuntil(b"\r\n")
-    return status, fields
-async def main():
-    reader, writer = await asyncio.open_connection(where.hostname, where.port)
-    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
-            "capabilities": {}, "clientInfo": {"name": "a", "version": "1"}}}
-    writer.write(request(json.dumps(init)))
-    _, fields = await answer(reader)
-    session = fields["mcp-session-id"]
-    writer.write(request('{"jsonrpc":"2.0","method":"notifications/initialized"}', session))
-    await answer(reader)
-    writer.close()
-    template = body.replace('"id": 0', '"id": %d', 1)  # each its own id: one in flight is refused
-    counted = {}
-    end = time.monotonic() + seconds
-    async def caller(k):
-        reader, writer = await asyncio.open_connection(where.hostname, where.port)
-        n = k * 10**7
-        while time.monotonic() < end:
-            n += 1
-            writer.write(request(template % n, session))
-            status, _ = await answer(reader)
-            counted[status] = counted.get(status, 0) + 1
-        writer.close()
-    await asyncio.gather(*(caller(k) for k in range(callers)))
-    print(", ".join("%d %d" % (n, status) for status, n in sorted(counted.items())))
-asyncio.run(main())
-"""
-
-
 async def _raw_callers(url: str, seconds: float, callers: int, body: dict[str, Any]) -> str:
     """``callers`` connections of one client writing ``body`` (its ``id`` 0, made each
-    request's own) again and again for ``seconds``, from a process of its own: the bytes
-    written by hand, the answers read by their length alone, so the gateway, not the
-    attacker, is the slower side. Returns the count of answers by status."""
+    request's own) again and again for ``seconds`` (``tests/servers/flood.py``). Returns the
+    count of answers by status."""
     child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        _RAW_CALLERS,
-        url,
-        ATTACKER,
-        str(seconds),
-        str(callers),
-        json.dumps(body),
+        *[sys.executable, "-m", "tests.servers.flood", url, str(callers), json.dumps(body)],
+        *["--seconds", str(seconds), "--token", ATTACKER],
+        cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
     out, _ = await child.communicate()

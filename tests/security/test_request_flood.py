@@ -26,52 +26,9 @@ from agent_gateway.tally import http_answers
 from tests.agent.scripted import ScriptedChatModel
 from tests.agent.test_ask_agent import agent_gateway, ask
 from tests.security.test_bytes_in_flight import until
-from tests.support import running_gateway, serving_upstream
+from tests.support import ROOT, running_gateway, serving_upstream
 
-FLOOD = r"""
-import asyncio, json, sys, urllib.parse
-url, address, connections, call = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-where = urllib.parse.urlsplit(url)
-head = ("POST %s HTTP/1.1\r\nHost: %s\r\nAccept: application/json, text/event-stream\r\n"
-        "Content-Type: application/json\r\nMcp-Protocol-Version: 2025-06-18\r\n" % (where.path, where.netloc))
-def request(payload, session=""):
-    data = payload.encode()
-    extra = "Mcp-Session-Id: %s\r\n" % session if session else ""
-    return (head + extra + "Content-Length: %d\r\n\r\n" % len(data)).encode() + data
-async def answer(reader):
-    lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower().split("\r\n")
-    fields = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
-    if "content-length" in fields:
-        await reader.readexactly(int(fields["content-length"]))
-    else:
-        while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)):
-            await reader.readexactly(size + 2)
-        await reader.readuntil(b"\r\n")
-    return fields
-async def connected():
-    return await asyncio.open_connection(where.hostname, where.port, local_addr=(address, 0))
-async def main():
-    reader, writer = await connected()
-    init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
-            "capabilities": {}, "clientInfo": {"name": "flood", "version": "1"}}}
-    writer.write(request(json.dumps(init)))
-    session = (await answer(reader))["mcp-session-id"]
-    writer.write(request('{"jsonrpc":"2.0","method":"notifications/initialized"}', session))
-    await answer(reader)
-    async def caller(k):
-        reader, writer = await connected()
-        n = k * 10**7
-        while True:
-            n += 1
-            writer.write(request(call % n, session))
-            await answer(reader)
-    tasks = [asyncio.ensure_future(caller(k)) for k in range(connections)]
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the test is done
-asyncio.run(main())
-"""
-
-
-PING = '{"jsonrpc":"2.0","id":%d,"method":"ping"}'
+PING = '{"jsonrpc": "2.0", "id": 0, "method": "ping"}'
 
 
 def answered() -> int:
@@ -99,12 +56,19 @@ async def test_one_clients_pings_on_many_connections_are_answered_a_few_at_a_tim
 
 @contextmanager
 def flooding(url: str, address: str, connections: int, request: str) -> Iterator[None]:
-    """One client's ``request`` (JSON-RPC, its id ``%d``) back to back on ``connections``
-    connections from ``address``, from a process of its own (on the test's event loop its own
-    work would be the bystander's wait)."""
-    child = subprocess.Popen(
-        [sys.executable, "-c", FLOOD, url, address, str(connections), request], stdin=subprocess.PIPE
-    )
+    """One client's ``request`` back to back on ``connections`` connections from ``address``,
+    from a process of its own (``tests/servers/flood.py``), until the test is done."""
+    command = [
+        sys.executable,
+        "-m",
+        "tests.servers.flood",
+        url,
+        str(connections),
+        request,
+        "--address",
+        address,
+    ]
+    child = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
         yield
     finally:
