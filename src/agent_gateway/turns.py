@@ -173,9 +173,9 @@ class Working:
         """A step of its own, holding the turn: a request that needs no await (a ping, a
         listing) is otherwise worked on whole in the step that read it, one for each of its
         client's connections at each turn of the loop, and no two of them would ever be in the
-        gateway at once for the next to wait for a turn. (Taken only when its client's last
-        request came in the same turn of the loop, or while another is in the gateway, it
-        engaged in some runs of the test and not in others.)"""
+        gateway at once for the next to wait for a turn. Taken by every request: taken only
+        when another of its client's came in the same turn of the loop, or was in the gateway,
+        it engaged in some runs of the flood test and not in others."""
         try:
             await anyio.lowlevel.checkpoint()
         except BaseException:  # cancelled: not entered, so never left
@@ -215,9 +215,6 @@ class Working:
         if given_up := not self.held and waiting.cancel_called:
             turn_waits.add(1, {"turn": "given_up"})
             logger.info("a request of %s was cancelled by its client while it waited its turn", self._label)
-            if self.large_held:
-                turns.serving.release()
-                self.large_held = False
         return not given_up
 
     def let_go(self) -> None:
