@@ -23,7 +23,6 @@ from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standin
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.runtime import SEND_TIMEOUT
-from agent_gateway.turns import away
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
 from agent_gateway.upstreams.session import UpstreamSession
@@ -228,9 +227,7 @@ class Proxy:
             )
         if not targets:  # nearly always, as clients come and go
             return
-        # Side by side: a stuck upstream costs one bound; away: a client's ``logging/setLevel``
-        # leaves its turn to its next request meanwhile.
-        async with away(), anyio.create_task_group() as tg:
+        async with anyio.create_task_group() as tg:  # side by side: a stuck upstream costs one bound
             for target, level in targets:
                 tg.start_soon(_set_level, target, level)
 

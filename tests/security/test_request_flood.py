@@ -26,6 +26,7 @@ from agent_gateway.tally import http_answers
 from tests.agent.scripted import ScriptedChatModel
 from tests.agent.test_ask_agent import agent_gateway, ask
 from tests.security.test_bytes_in_flight import until
+from tests.servers import watched
 from tests.support import ROOT, running_gateway, serving_upstream
 
 PING = '{"jsonrpc": "2.0", "id": 0, "method": "ping"}'
@@ -160,3 +161,28 @@ async def test_a_clients_agent_runs_waiting_on_their_model_leave_its_turns_to_it
         assert "ask_agent" in [tool.name for tool in listed.tools]
         release.set()
     assert len(model.seen) == held
+
+
+@pytest.mark.filterwarnings("ignore:resources/subscribe:mcp.MCPDeprecationWarning")  # legacy on purpose
+async def test_a_clients_subscribes_waiting_on_an_upstream_leave_its_turns_to_its_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The same for ``resources/subscribe``, passed on to an upstream slow to answer it.
+    monkeypatch.setattr(turns, "TURN_WAIT", 60.0)
+    seen: list[tuple[str, str]] = []
+    most = [0]
+    held = turns.WORKING + 2
+    server = watched.build(seen, subscribe_delay=60.0, most=most)
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"w": {"url": url, "protocol": "legacy"}}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+        anyio.create_task_group() as group,
+    ):
+        for n in range(held):
+            group.start_soon(client.subscribe_resource, f"item://{n}")
+        with anyio.fail_after(20):
+            await until(lambda: most[0] == held)
+            listed = await client.list_resource_templates()
+        assert listed.resource_templates
+        group.cancel_scope.cancel()  # not waited out (60 s upstream)
