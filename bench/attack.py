@@ -1055,6 +1055,12 @@ async def ping_flood(url: str, proc: Process, seconds: float) -> str:
     return f"pings in {seconds:g}s on 64 connections: {answers}"
 
 
+async def notice_flood(url: str, proc: Process, seconds: float) -> str:
+    """The same with a notification (``notifications/roots/list_changed``), answered 202."""
+    notice = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}
+    return f"notifications in {seconds:g}s on 64 connections: {await _raw_callers(url, seconds, 64, notice)}"
+
+
 async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
     """16 callers of ``tools/call`` with 3.5 MB of arguments each (the echo answers them back)."""
     return await _callers(url, seconds, 16, kind)
@@ -1346,6 +1352,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "idle": (idle, 10.0, None),
     "call-flood": (call_flood, 10.0, None),
     "ping-flood": (ping_flood, 10.0, None),
+    "notice-flood": (notice_flood, 10.0, None),
     "slow-heads": (slow_heads, 15.0, None),
     "endless-heads": (endless_heads, 8.0, None),
     "slow-calls": (slow_calls, 10.0, None),

@@ -12,11 +12,11 @@ slower (``bench/README.md``). So a client takes turns:
   parsing, checking and digesting with no await in between): one at a time;
 - serving, for such a request: one at a time, throughout.
 
-Only a request waits for a turn, and not a listen stream (which lasts for hours): an answer
-to the gateway's question (sampling, elicitation, roots) or a notification may be what the
-request being served waits for. A request waits ``TURN_WAIT`` at most, then is served anyway;
-one its client cancels meanwhile (a handshake-era ``notifications/cancelled`` naming it) is
-never served.
+A listen stream (which lasts for hours) takes no turn. An answer to the gateway's question
+(sampling, elicitation, roots) or a notification takes a working turn, never a serving one: it
+may be what the large request being served waits for (the one asking is away meanwhile). A
+request waits ``TURN_WAIT`` at most, then is served anyway; one its client cancels meanwhile (a
+handshake-era ``notifications/cancelled`` naming it) is never served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
 flight (``in_flight.BodyHeld``), which bounds how many can wait. Every other client's
@@ -102,14 +102,19 @@ def parsing_turn(turns: Turns, label: str, body_bytes: int) -> AbstractAsyncCont
 def serving_turn(
     turns: Turns, label: str, body: bytes, request: Mapping[str, Any] | None, session: str | None
 ) -> AbstractAsyncContextManager[bool]:
-    """The client's turns to serve ``request`` (None: not a request, which waits for none, and
-    may cancel one waiting): its working turn, and its serving turn too for a large body.
-    Entered with whether to serve it (False: its client cancelled it while it waited). A
-    request waits ``TURN_WAIT`` at most, then is served anyway."""
-    if request is None and session is not None:
-        turns.cancelled(session, body)  # and passed on: the SDK's session reads it too
+    """The client's turns to serve ``request``: its working turn, and its serving turn too for
+    a large body. Entered with whether to serve it (False: its client cancelled it while it
+    waited). A request waits ``TURN_WAIT`` at most, then is served anyway. ``request`` None:
+    a notification or an answer, which takes a working turn too (the SDK answers its POST 202
+    at once and only then hands it to the session, in the same task: a client's notifications
+    on 64 connections piled up unbounded behind its session, +600 MB in 10 s), and may cancel
+    a request waiting for its turns."""
+    if request is None:
+        if session is not None:
+            turns.cancelled(session, body)  # and passed on: the SDK's session reads it too
+        return Working(turns, label, None, large=False)
     # _LASTING is a tuple: a method is compared, not hashed (it may be a list).
-    if request is None or request.get("method") in _LASTING:
+    if request.get("method") in _LASTING:
         return _SERVE
     request_id = request.get("id")
     key = (session, request_id) if session is not None and _an_id(request_id) else None

@@ -6,6 +6,7 @@ request waiting on an upstream or a model leaves its turn to its client's next."
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import subprocess
 import sys
@@ -56,9 +57,12 @@ async def test_one_clients_pings_on_many_connections_are_answered_a_few_at_a_tim
 
 
 @contextmanager
-def flooding(url: str, address: str, connections: int, request: str) -> Iterator[None]:
+def flooding(
+    url: str, address: str, connections: int, request: str, seconds: float | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
     """One client's ``request`` back to back on ``connections`` connections from ``address``,
-    from a process of its own (``tests/servers/flood.py``), until the test is done."""
+    from a process of its own (``tests/servers/flood.py``), for ``seconds`` or until the test
+    is done; its output (the answers' count by status) is piped."""
     command = [
         sys.executable,
         "-m",
@@ -69,14 +73,17 @@ def flooding(url: str, address: str, connections: int, request: str) -> Iterator
         "--address",
         address,
     ]
-    child = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    command += ["--seconds", str(seconds)] if seconds is not None else []
+    child = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        yield
+        yield child
     finally:
         assert child.stdin is not None
+        assert child.stdout is not None
         child.stdin.close()
         child.kill()
         child.wait(timeout=10)
+        child.stdout.close()
 
 
 def held_upstream(entered: list[str], release: anyio.Event) -> FastMCP:
@@ -186,3 +193,25 @@ async def test_a_clients_subscribes_waiting_on_an_upstream_leave_its_turns_to_it
             listed = await client.list_resource_templates()
         assert listed.resource_templates
         group.cancel_scope.cancel()  # not waited out (60 s upstream)
+
+
+async def test_one_clients_notifications_on_many_connections_wait_their_turns_instead_of_piling_up() -> None:
+    # The SDK answers a notification's POST 202 at once and only then hands it to the session,
+    # in the same task: a client's notifications on 64 connections piled up as tasks behind its
+    # session, without bound (+600 MB in 10 s). Now each takes a working turn, the rest wait.
+    cancel = '{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 7}}'
+    most = 0
+    async with running_gateway({}) as gw, Client(gw.url, mode="legacy") as bystander:
+        before = len(asyncio.all_tasks())
+        with flooding(gw.url, "127.0.0.2", 64, cancel, seconds=3) as flood:
+            with anyio.fail_after(60):
+                while flood.poll() is None:
+                    most = max(most, len(asyncio.all_tasks()))
+                    await anyio.sleep(0.05)
+            assert flood.stdout is not None
+            accepted = int(flood.stdout.read().split()[0])
+        assert (await bystander.list_tools()).tools is not None
+    # About one task for each of the client's 64 connections, and its 4 turns; before,
+    # hundreds more (600 in 4 s with 32 connections), one for each notification accepted.
+    assert accepted > 200
+    assert most - before < 100, (most - before, accepted)

@@ -7,7 +7,7 @@ by its length alone, so the gateway, not this client, is the slower side::
     python -m tests.servers.flood URL CONNECTIONS REQUEST [--seconds S] [--address A] [--token T]
 
 ``REQUEST`` is a JSON-RPC request whose ``"id": 0`` is made each request's own (one id in
-flight twice is refused). It opens one handshake-era session, then floods it for ``--seconds``
+flight twice is refused), or a notification. It opens one handshake-era session, then floods it for ``--seconds``
 (or until its stdin closes) and prints the answers it got by HTTP status (``23627 200``).
 """
 
@@ -65,7 +65,7 @@ class Flood:
         n = k * 10**7
         while time.monotonic() < end:
             n += 1
-            writer.write(self.request(template % n, session))
+            writer.write(self.request(template % n if "%d" in template else template, session))
             status = (await answer(reader))[0]
             self.counted[status] = self.counted.get(status, 0) + 1
         writer.close()
