@@ -358,13 +358,21 @@ def shown_command(command: str, args: tuple[str, ...]) -> str:
         for secret in secrets:
             arg = arg.replace(secret, "***")
         arg = KNOWN_CREDENTIAL.sub("***", arg)
-        flag, equals, _ = arg.partition("=")
-        if equals and SECRET_FLAG.match(flag):
-            arg = f"{flag}=***"
-        elif i > 0 and SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
-            arg = "***"
+        if (value := flagged_secret(args, i)) is not None:
+            arg = "***" if value == args[i] else f"{arg.partition('=')[0]}=***"
         shown.append(redacted_url(arg))
     return " ".join([command, *shown])
+
+
+def flagged_secret(args: tuple[str, ...], i: int) -> str | None:
+    """The value ``args[i]`` gives a flag named like a credential: ``X`` of ``--token=X``, or
+    the whole of it after ``--api-key``; None if it gives none."""
+    flag, equals, value = args[i].partition("=")
+    if equals and SECRET_FLAG.match(flag):
+        return value
+    if i > 0 and SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
+        return args[i]
+    return None
 
 
 KNOWN_CREDENTIAL = re.compile(

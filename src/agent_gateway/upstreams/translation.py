@@ -36,7 +36,7 @@ from agent_gateway.errors import (
     describe,
 )
 from agent_gateway.json_text import fits
-from agent_gateway.logs import ECHO, KNOWN_CREDENTIAL, SECRET_FLAG, clipped, masked_form, scrubbed
+from agent_gateway.logs import ECHO, KNOWN_CREDENTIAL, clipped, flagged_secret, masked_form, scrubbed
 
 if TYPE_CHECKING:
     from agent_gateway.upstreams.session import UpstreamSession
@@ -152,11 +152,8 @@ def _argument_credentials(args: tuple[str, ...]) -> list[str]:
     found: list[str] = []
     for i, arg in enumerate(args):
         found += KNOWN_CREDENTIAL.findall(arg)
-        flag, equals, value = arg.partition("=")
-        if equals and SECRET_FLAG.match(flag):
+        if (value := flagged_secret(args, i)) is not None:
             found.append(value)
-        elif i > 0 and SECRET_FLAG.match(args[i - 1]) and "=" not in args[i - 1]:
-            found.append(arg)
         if "://" in arg:
             found += _url_credentials(arg)
     return found
