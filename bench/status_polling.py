@@ -37,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = {
     "live": "/?part=live&catalog=stale",  # the page's refresh, asking for the whole catalog
     "page": "/",
+    "search": "/?part=catalog&q=no+such+tool",  # the search box, matching nothing (all looked through)
     "status": "/status",
     "metrics": "/metrics",
     "readyz": "/readyz",

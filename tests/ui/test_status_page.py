@@ -23,12 +23,14 @@ from mcp.client.streamable_http import streamable_http_client
 from pydantic import Field
 
 from agent_gateway import rendered
+from agent_gateway.ui import catalog
 from agent_gateway.ui.static import REFRESH_MS
 from agent_gateway.upstreams.connection import UpstreamState
 from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
 from tests.test_search_mode import tracker_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+SHOWN_NAMES = "cells => cells.map(c => c.textContent)"
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 BIDI = "\u202egpj.exe\u2066"
 """Shown as it is, what follows in its cell would read reversed (``exe.jpg``)."""
@@ -136,11 +138,14 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             assert "alpha__echo" in failed
             assert "tool_error" in failed
 
-            await page.fill("#search", "weather")
-            visible = await page.eval_on_selector_all(
-                "#catalog tr[data-search]:not([hidden]) code", "cells => cells.map(c => c.textContent)"
-            )
+            await page.fill("#search", "Weather")  # the gateway finds it: the page holds 100 rows at most
+            await page.wait_for_selector('#catalog[data-query="weather"]', timeout=10_000)
+            visible = await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES)
             assert visible == ["alpha__weather"]
+            listed = len(gw.gateway.catalog.snapshot.tools) + 1  # ask_agent's row first
+            assert (
+                await page.inner_text("#shown") == f"1 of 1 tools matching weather; {listed} in the catalog"
+            )
 
             os.kill(pid, signal.SIGKILL)
             with anyio.fail_after(20):
@@ -148,12 +153,12 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
                     await anyio.sleep(0.05)
             # Down at the gateway: red on the page by its next refresh.
             await page.wait_for_selector('tr[data-name="counter"].state-down', timeout=(REFRESH + 3) * 1000)
-            still = await page.eval_on_selector_all(
-                "#catalog tr[data-search]:not([hidden]) code", "cells => cells.map(c => c.textContent)"
-            )
+            await page.wait_for_selector('#catalog[data-query="weather"]', timeout=(REFRESH + 3) * 1000)
+            still = await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES)
             assert still == ["alpha__weather"]  # the refresh kept the search
             if target := os.environ.get("AGW_SCREENSHOT"):
                 await page.fill("#search", "")
+                await page.wait_for_selector('#catalog[data-query=""]', timeout=10_000)
                 await page.screenshot(path=target, full_page=True)
             assert problems == []
         finally:
@@ -188,9 +193,11 @@ async def test_a_tool_of_a_megabyte_costs_the_page_a_bounded_share_and_is_still_
         Client(gw.url, mode="legacy") as bystander,
     ):
         page = (await http.get(f"{gw.base}/")).text
-        assert len(page) < 100_000, len(page)  # its search text 1,000 characters, its schema 16 KiB
-        assert 'data-search="hoarder__hunt hoarder hunts treasure. word' in page
+        assert len(page) < 100_000, len(page)  # its first line 200 characters, its schema 16 KiB
         assert "more characters)</pre>" in page
+        found = (await http.get(f"{gw.base}/?part=catalog&q=treasure+WORD")).text  # its first 1,000 searched
+        assert "<code>hoarder__hunt</code>" in found
+        assert "<code>hoarder__steady</code>" not in found
         part = (await http.get(f"{gw.base}/?part=live&catalog=none")).text
         assert len(part) < len(page)
         assert (await bystander.call_tool("hoarder__steady", {})).content[0].text == "steady"  # type: ignore[union-attr]
@@ -373,3 +380,48 @@ async def test_in_a_browser_the_page_refreshes_while_a_poller_is_refused_and_aga
             finally:
                 await browser.close()
     assert [p for p in problems if "status of 429" not in p] == []
+
+
+def bulk_server(tools: int) -> FastMCP:
+    """``tools`` tools, each a row of the page: ``tool_0`` … ``tool_{tools - 1}``."""
+    server = FastMCP("bulk")
+    for n in range(tools):
+        server.tool(lambda: "ok", name=f"tool_{n}", description=f"Bulk tool number {n}.")
+    return server
+
+
+async def test_a_large_catalog_is_a_page_of_its_first_rows_and_the_search_finds_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every tool's row went into every load of the page, for the search box to filter them in
+    # the browser: 10,000 tools were an 18 MB page. Now the page holds the first SHOWN, the
+    # gateway answers the search, and a search is charged for the tools it looked through.
+    async with (
+        serving_upstream(bulk_server(250)) as url,
+        running_gateway(
+            {"upstreams": {"bulk": {"url": url}}, "server": {"page_bytes_per_second": BUDGET}}
+        ) as gw,
+        httpx.AsyncClient(base_url=gw.base) as http,
+        httpx.AsyncClient(
+            base_url=gw.base, transport=httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        ) as lister,
+        httpx.AsyncClient(
+            base_url=gw.base, transport=httpx.AsyncHTTPTransport(local_address="127.0.0.3")
+        ) as finder,
+    ):
+        listed = len(gw.gateway.catalog.snapshot.tools) + 1  # ask_agent's row first
+        page = (await http.get("/")).text
+        assert page.count('<tr class="tool">') == catalog.SHOWN
+        assert f"100 of {listed} tools (search to find the others); {listed} in the catalog" in page
+        assert "<code>bulk__tool_230</code>" not in page
+        found = (await http.get("/?part=catalog&q=NUMBER+230.")).text
+        assert found.count('<tr class="tool">') == 1
+        assert "<code>bulk__tool_230</code>" in found
+        assert "1 of 1 tools matching <b>number 230.</b>" in found
+        live = (await http.get("/?part=live&catalog=stale&q=number+230.")).text  # a refresh keeps it
+        assert live.count('<tr class="tool">') == 1
+        # Its first view is charged as any page is; a search by the tools it looked through.
+        monkeypatch.setattr(catalog, "LOOKED_AT", 1024)  # 251 rows: a search costs 257,024 bytes
+        assert await _until_refused(finder, "/?part=catalog&q=none-of-them") < await _until_refused(
+            lister, "/?part=catalog&q="
+        )

@@ -8,15 +8,12 @@ that came from a client or an upstream is escaped.
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from html import escape as html_escape
 
 from agent_gateway import __version__, rendered
 from agent_gateway.activity import Call, Run
@@ -24,7 +21,9 @@ from agent_gateway.agent.tool import INPUT_SCHEMA
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
+from agent_gateway.ui.catalog import QUERY, Row, Rows, row, view, words_of
 from agent_gateway.ui.static import SCRIPT, STYLE
+from agent_gateway.ui.text import escape
 from agent_gateway.upstreams.pool import UpstreamStatus
 
 logger = logging.getLogger(__name__)
@@ -35,11 +34,6 @@ CLIENT_SHOWN = 64
 """Characters of a client's name (token name, JWT subject) the page shows."""
 CATALOG_SHARE = 0.1
 """The most of the event loop's time the catalog's renderings may take."""
-SEARCHED = 1000
-"""Characters of a tool's description its search box matches (all of it went into the page
-twice over: an upstream's 1 MB description was 1 MB of every page load)."""
-SCHEMA_SHOWN = 16 << 10
-"""Characters of a tool's input schema (as indented JSON) the page shows; the rest counted."""
 
 
 @dataclass
@@ -58,9 +52,9 @@ class StatusPage:
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
         self._sections = Rendered("status page sections", self._render_sections)
-        self._catalog: tuple[int, str] | None = None
-        self._rows: dict[str, tuple[object, str, str]] = {}
-        """Each tool's row as last rendered, with the definition it shows."""
+        self._catalog: tuple[int, list[Row], str] | None = None
+        """The catalog's version as last rendered, its rows, and its first view (no search)."""
+        self._rows = Rows()
         self._catalog_cost = (0.0, 0.0)
         """When the catalog's last rendering began (``time.monotonic``), and how long it took."""
         self._page: tuple[_Live, int, bytes] | None = None
@@ -73,14 +67,14 @@ class StatusPage:
         the nonce is joined and encoded once per rendering: per request, the page (megabytes
         at 10,000 tools) was joined and encoded anew, which held a bystander's call 0.4 s."""
         live = self._sections.value()
-        version, catalog = self._catalog_section()
+        version, _, catalog = self._catalog_section()
         if self._page is None or self._page[0] is not live or self._page[1] != version:
             middle = (
                 f'">{STYLE}</style></head><body><header><h1>agent-gateway</h1><span class=version>'
                 f'{escape(__version__)}</span>{live.updated}<span id="stale" hidden>not refreshing</span>'
                 f"</header><main>{live.upstreams}"
                 '<h2>Catalog</h2><p><input type="search" id="search" placeholder="Search tools: name, upstream, '
-                'description" autocomplete="off"> <span id="shown" class="muted"></span></p>'
+                f'description" autocomplete="off" maxlength="{QUERY}"></p>'
                 f'{catalog}{live.rest}</main><script nonce="'
             )
             started = time.monotonic()
@@ -88,17 +82,29 @@ class StatusPage:
             logger.debug("status page encoded in %.1f ms", (time.monotonic() - started) * 1000)
         return b"".join((_PAGE_START, nonce.encode(), self._page[2], nonce.encode(), _PAGE_END))
 
-    def live(self, catalog_version: str | None) -> bytes:
+    def live(self, catalog_version: str | None, query: str | None) -> tuple[bytes, int]:
         """The sections the page refreshes, encoded; the catalog only if its version is not
-        ``catalog_version`` (each of the two answers joined and encoded once per rendering)."""
+        ``catalog_version``, as ``query`` finds it (each of the two answers without a search
+        joined and encoded once per rendering); with how many tools the search looked through."""
         live = self._sections.value()
-        version, catalog = self._catalog_section()
+        version, rows, catalog = self._catalog_section()
         fresh = catalog_version == str(version)
+        if not fresh and words_of(query):
+            found, looked = view(version, rows, query)
+            return f"{live.updated}{live.upstreams}{found}{live.rest}".encode(), looked
         answer = self._answers.get(fresh)
         if answer is None or answer[0] is not live or answer[1] != version:
             text = f"{live.updated}{live.upstreams}{'' if fresh else catalog}{live.rest}"
             answer = self._answers[fresh] = (live, version, text.encode())
-        return answer[2]
+        return answer[2], 0
+
+    def search(self, query: str | None) -> tuple[bytes, int]:
+        """The catalog section as ``query`` finds it, encoded; with how many tools it looked through."""
+        version, rows, first = self._catalog_section()
+        if not words_of(query):
+            return first.encode(), 0
+        found, looked = view(version, rows, query)
+        return found.encode(), looked
 
     def _render_sections(self) -> _Live:
         gateway = self._gateway
@@ -106,8 +112,8 @@ class StatusPage:
             _updated(), _upstreams(gateway), f"{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
         )
 
-    def _catalog_section(self) -> tuple[int, str]:
-        """The catalog's version and section as last rendered: again once its version changed,
+    def _catalog_section(self) -> tuple[int, list[Row], str]:
+        """The catalog's version, rows and first view as last rendered: again once its version changed,
         but not before ``CATALOG_SHARE`` of the time since the last began has passed, nor
         within ``PAGE_INTERVAL``. Once per version, upstreams changing their lists every
         second made a polled page render 10,000 tools at each (a bystander's p99 85 to 361 ms)."""
@@ -116,28 +122,22 @@ class StatusPage:
         began, took = self._catalog_cost
         due = began + max(rendered.PAGE_INTERVAL, took / CATALOG_SHARE)
         if self._catalog is None or (self._catalog[0] != version and started >= due):
-            section, fresh = _catalog(self._gateway, self._rows)
-            self._catalog = (version, section)
+            rows, fresh = self._catalog_rows()
+            self._catalog = (version, rows, view(version, rows, None)[0])
             self._catalog_cost = (started, time.monotonic() - started)
             took = self._catalog_cost[1] * 1000
             logger.debug("status page catalog rendered in %.1f ms (%d of its rows made)", took, fresh)
         return self._catalog
 
-
-_HIDDEN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-"""Characters a value may hold that the page would not show as they are: controls, and the
-bidirectional overrides and isolates, which make what a cell shows differ from what it holds
-(a tool description's U+202E showed the rest of its cell reversed, a client's name the rest
-of its row's cell): shown as their escapes (``\u202e``), as the log and the trail write them."""
-
-
-def escape(text: str) -> str:
-    """``text`` as the page shows it: HTML-escaped, its hidden characters shown as escapes."""
-    return _HIDDEN.sub(_shown, html_escape(text))
-
-
-def _shown(character: re.Match[str]) -> str:
-    return f"\\u{ord(character.group()):04x}"
+    def _catalog_rows(self) -> tuple[list[Row], int]:
+        """Every tool's row (the agent's first), and how many were made anew."""
+        gateway = self._gateway
+        rows, fresh = self._rows.update(gateway.catalog.snapshot.tools)
+        if gateway.agent is not None:
+            about = "The gateway's own agent over these tools."
+            name = gateway.config.agent.name
+            rows.insert(0, row(name, "(gateway)", about, INPUT_SCHEMA, None))
+        return rows, fresh
 
 
 _PAGE_START = (
@@ -190,50 +190,7 @@ def _error_of(status: UpstreamStatus) -> str:
     return f"{status.last_error}; {refused}" if status.last_error else refused
 
 
-# -- catalog -----------------------------------------------------------------------------------
-
-
-def _catalog(gateway: Gateway, made: dict[str, tuple[object, str, str]]) -> tuple[str, int]:
-    """The catalog section. ``made``: each tool's row by its public name, with the definition
-    and upstream it shows, kept from the last rendering (a change of one upstream makes only
-    its own rows again: one changing its list every second had 9,000 others' made at each),
-    and left holding this rendering's rows; with how many rows it made."""
-    snapshot = gateway.catalog.snapshot
-    kept, fresh = dict(made), 0
-    made.clear()
-    for name, origin in snapshot.tools.items():
-        item, upstream = origin.item, origin.upstream
-        last = kept.get(name)
-        if last is None or last[0] is not item or last[1] != upstream:
-            last = (item, upstream, _tool_row(name, upstream, item.description, item.input_schema))
-            fresh += 1
-        made[name] = last
-    rows = [row for _, _, row in made.values()]
-    if gateway.agent is not None:
-        name = gateway.config.agent.name
-        rows.insert(
-            0, _tool_row(name, "(gateway)", "The gateway's own agent over these tools.", INPUT_SCHEMA)
-        )
-    head = _head("Tool", "Upstream", "Description")
-    return (
-        f'<section id="catalog" data-live data-version="{snapshot.version}"><table>{head}'
-        f"<tbody>{''.join(rows)}</tbody></table></section>"
-    ), fresh
-
-
-def _tool_row(name: str, upstream: str, description: str | None, schema: object) -> str:
-    text = description or ""
-    searched = escape(f"{name} {upstream} {text[:SEARCHED]}".lower())
-    schema_text = escape(_cut(json.dumps(schema, indent=2, ensure_ascii=False), SCHEMA_SHOWN))
-    return (
-        f'<tr data-search="{searched}"><td><code>{escape(name)}</code></td><td>{escape(upstream)}</td>'
-        f"<td>{escape(_first_line(text))}<details><summary>input schema</summary><pre>{schema_text}</pre>"
-        "</details></td></tr>"
-    )
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}\n… ({len(text) - limit:,} more characters)"
+# -- sessions, calls, runs ---------------------------------------------------------------------
 
 
 def _client(name: str) -> str:
@@ -243,14 +200,6 @@ def _client(name: str) -> str:
     if len(name) <= CLIENT_SHOWN:
         return escape(name)
     return f"{escape(name[:CLIENT_SHOWN])}… ({len(name):,} characters)"
-
-
-def _first_line(text: str, limit: int = 200) -> str:
-    line = (text.strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else f"{line[: limit - 1]}…"
-
-
-# -- sessions, calls, runs ---------------------------------------------------------------------
 
 
 def _sessions(gateway: Gateway) -> str:

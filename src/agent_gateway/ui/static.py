@@ -2,13 +2,16 @@
 
 The script refreshes the live sections every ``REFRESH_MS`` by fetching the page's
 ``?part=live`` fragment and swapping each ``[data-live]`` section by id (the catalog only when
-its version changed, so open schemas and the search stay as they are), and filters the
-catalog as the search box is typed in.
+its version changed, so open schemas and the search stay as they are), and asks the gateway
+for the catalog as the search box finds it (``?part=catalog&q=``) once typing pauses: the page
+holds only the first of the tools a search matches, not the whole catalog to filter.
 """
 
 from __future__ import annotations
 
 REFRESH_MS = 2000
+SEARCH_DELAY_MS = 250
+"""Milliseconds the search box waits after a keystroke before it asks the gateway."""
 
 STYLE = """
 :root { color-scheme: light dark; --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700;
@@ -45,36 +48,54 @@ SCRIPT = (
 const REFRESH_MS = """
     + str(REFRESH_MS)
     + """;
+const SEARCH_DELAY_MS = """
+    + str(SEARCH_DELAY_MS)
+    + """;
 const search = document.getElementById("search");
+let asked = 0;  // the newest search sent: an older one's answer, come later, is not shown
+let typing = null;
 
-function filterCatalog() {
-  const words = search.value.toLowerCase().split(/\\s+/).filter(Boolean);
-  let shown = 0;
-  const rows = document.querySelectorAll("#catalog tr[data-search]");
-  for (const row of rows) {
-    const hit = words.every((word) => row.dataset.search.includes(word));
-    row.hidden = !hit;
-    if (hit) shown += 1;
+function swap(html, query) {
+  // A refresh's catalog is shown only for what the box says now (a search sent since owns it).
+  const fresh = new DOMParser().parseFromString(html, "text/html");
+  for (const section of fresh.querySelectorAll("[data-live]")) {
+    const old = document.getElementById(section.id);
+    if (old && (section.id !== "catalog" || section.dataset.query === query)) {
+      old.replaceWith(document.adoptNode(section));
+    }
   }
-  document.getElementById("shown").textContent = shown + " of " + rows.length;
+}
+
+function wanted() {
+  return search.value.trim().toLowerCase().split(/\\s+/).filter(Boolean).join(" ");
+}
+
+async function find() {
+  const query = wanted();
+  const mine = ++asked;
+  try {
+    const url = location.pathname + "?part=catalog&q=" + encodeURIComponent(query);
+    const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
+    if (!answer.ok) throw new Error("status " + answer.status);
+    const html = await answer.text();
+    if (mine === asked) swap(html, wanted());
+  } catch (problem) {
+    document.getElementById("stale").hidden = false;
+  }
 }
 
 async function refresh() {
   let wait = REFRESH_MS;
   try {
-    const catalog = document.getElementById("catalog").dataset.version;
-    const url = location.pathname + "?part=live&catalog=" + encodeURIComponent(catalog);
+    const catalog = document.getElementById("catalog").dataset;
+    const url = location.pathname + "?part=live&catalog=" + encodeURIComponent(catalog.version) +
+      "&q=" + encodeURIComponent(catalog.query);
     const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
     if (answer.status === 429) {  // past this client's budget of pages: back when it says
       wait = Math.max(REFRESH_MS, 1000 * (Number(answer.headers.get("Retry-After")) || 0));
     }
     if (!answer.ok) throw new Error("status " + answer.status);
-    const fresh = new DOMParser().parseFromString(await answer.text(), "text/html");
-    for (const section of fresh.querySelectorAll("[data-live]")) {
-      const old = document.getElementById(section.id);
-      if (old) old.replaceWith(document.adoptNode(section));
-    }
-    filterCatalog();
+    swap(await answer.text(), wanted());
     document.getElementById("stale").hidden = true;
   } catch (problem) {
     document.getElementById("stale").hidden = false;
@@ -83,8 +104,10 @@ async function refresh() {
   }
 }
 
-search.addEventListener("input", filterCatalog);
-filterCatalog();
+search.addEventListener("input", () => {
+  clearTimeout(typing);
+  typing = setTimeout(find, SEARCH_DELAY_MS);
+});
 setTimeout(refresh, REFRESH_MS);
 """
 )

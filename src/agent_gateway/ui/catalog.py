@@ -1,0 +1,101 @@
+"""The status page's catalog: each tool's row, made once per definition, and the views of
+them the page shows, each at most ``SHOWN`` rows: the first of the catalog, or the first a
+search matches. Every tool's row went into every load of the page, so that the search box
+could filter them in the browser: 10,000 tools were an 18 MB page, written whole to each
+client that loaded it (a bystander's call waited behind it). Now the gateway answers the
+search box, and the page's size is that of its ``SHOWN`` rows, whatever the catalog's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import mcp_types as types
+
+from agent_gateway.naming import Origin
+from agent_gateway.ui.text import cut, escape, first_line
+
+SHOWN = 100
+"""Tools a view of the catalog lists; the others are found with the search box."""
+SEARCHED = 1000
+"""Characters of a tool's description a search matches (a megabyte description was matched,
+and held in the page, whole)."""
+SCHEMA_SHOWN = 16 << 10
+"""Characters of a tool's input schema (as indented JSON) the page shows; the rest counted."""
+LOOKED_AT = 64
+"""Bytes of its client's page budget a search costs for each tool it looks through: its cost
+to the event loop is the matching, not its answer's bytes (one matching nothing among 10,000
+tools is a few milliseconds and a few hundred bytes)."""
+QUERY = 256
+"""Characters of a search the gateway reads (the box's words; the rest are not matched)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One tool's row, with the definition and upstream it shows and what a search matches."""
+
+    item: object
+    upstream: str
+    searched: str
+    """Its name, upstream and the start of its description, in lower case."""
+    html: str
+
+
+def row(name: str, upstream: str, description: str | None, schema: object, item: object) -> Row:
+    text = description or ""
+    schema_text = escape(cut(json.dumps(schema, indent=2, ensure_ascii=False), SCHEMA_SHOWN))
+    html = (
+        f'<tr class="tool"><td><code>{escape(name)}</code></td><td>{escape(upstream)}</td>'
+        f"<td>{escape(first_line(text))}<details><summary>input schema</summary><pre>{schema_text}</pre>"
+        "</details></td></tr>"
+    )
+    return Row(item, upstream, f"{name} {upstream} {text[:SEARCHED]}".lower(), html)
+
+
+class Rows:
+    """Every tool's row as last made: a change of one upstream makes only its own rows again
+    (one changing its list every second had 9,000 others' made at each rendering)."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Row] = {}
+
+    def update(self, tools: Mapping[str, Origin[types.Tool]]) -> tuple[list[Row], int]:
+        """The rows of ``tools``, in their order; with how many were made anew."""
+        kept, fresh = self._made, 0
+        self._made = {}
+        for name, origin in tools.items():
+            item, upstream = origin.item, origin.upstream
+            last = kept.get(name)
+            if last is None or last.item is not item or last.upstream != upstream:
+                last = row(name, upstream, item.description, item.input_schema, item)
+                fresh += 1
+            self._made[name] = last
+        return list(self._made.values()), fresh
+
+
+def words_of(query: str | None) -> list[str]:
+    """The words of a search, as the rows are matched: lower case, its first ``QUERY`` characters."""
+    return (query or "")[:QUERY].lower().split()
+
+
+def view(version: int, rows: Sequence[Row], query: str | None) -> tuple[str, int]:
+    """The catalog section at ``version`` for ``query`` (words a row must all hold; none: every
+    row): its first ``SHOWN`` rows, how many match, and how many rows it looked through."""
+    words = words_of(query)
+    if words:
+        found = [r for r in rows if all(word in r.searched for word in words)]
+        looked = len(rows)
+    else:
+        found, looked = list(rows), 0
+    shown = found[:SHOWN]
+    said = " ".join(words)
+    matching = f" matching <b>{escape(said)}</b>" if words else ""
+    more = " (search to find the others)" if len(found) > len(shown) else ""
+    head = "<thead><tr><th>Tool</th><th>Upstream</th><th>Description</th></tr></thead>"
+    return (
+        f'<section id="catalog" data-live data-version="{version}" data-query="{escape(said)}">'
+        f'<p class="muted" id="shown">{len(shown)} of {len(found)} tools{matching}{more}; '
+        f"{len(rows)} in the catalog</p><table>{head}<tbody>{''.join(r.html for r in shown)}</tbody>"
+        "</table></section>"
+    ), looked
