@@ -418,6 +418,10 @@ async def test_a_large_catalog_is_a_page_of_its_first_rows_and_the_search_finds_
         assert found.count('<tr class="tool">') == 1
         assert "<code>bulk__tool_230</code>" in found
         assert "1 of 1 tools matching <b>number 230.</b>" in found
+        # tool_24 and tool_240 … tool_249, the last row:
+        last = (await http.get("/?part=catalog&q=tool_24")).text
+        assert "11 of 11 tools matching <b>tool_24</b>" in last
+        assert "<code>bulk__tool_249</code>" in last
         live = (await http.get("/?part=live&catalog=stale&q=number+230.")).text  # a refresh keeps it
         assert live.count('<tr class="tool">') == 1
         # Its first view is charged as any page is; a search by the tools it looked through.

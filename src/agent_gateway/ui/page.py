@@ -21,7 +21,7 @@ from agent_gateway.agent.tool import INPUT_SCHEMA
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
-from agent_gateway.ui.catalog import QUERY, Row, Rows, row, view, words_of
+from agent_gateway.ui.catalog import QUERY, Row, Rows, Shelf, row, view, words_of
 from agent_gateway.ui.static import SCRIPT, STYLE
 from agent_gateway.ui.text import escape
 from agent_gateway.upstreams.pool import UpstreamStatus
@@ -52,7 +52,7 @@ class StatusPage:
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
         self._sections = Rendered("status page sections", self._render_sections)
-        self._catalog: tuple[int, list[Row], str] | None = None
+        self._catalog: tuple[int, Shelf, str] | None = None
         """The catalog's version as last rendered, its rows, and its first view (no search)."""
         self._rows = Rows()
         self._catalog_cost = (0.0, 0.0)
@@ -87,10 +87,10 @@ class StatusPage:
         ``catalog_version``, as ``query`` finds it (each of the two answers without a search
         joined and encoded once per rendering); with how many tools the search looked through."""
         live = self._sections.value()
-        version, rows, catalog = self._catalog_section()
+        version, shelf, catalog = self._catalog_section()
         fresh = catalog_version == str(version)
         if not fresh and words_of(query):
-            found, looked = view(version, rows, query)
+            found, looked = view(version, shelf, query)
             return f"{live.updated}{live.upstreams}{found}{live.rest}".encode(), looked
         answer = self._answers.get(fresh)
         if answer is None or answer[0] is not live or answer[1] != version:
@@ -100,10 +100,10 @@ class StatusPage:
 
     def search(self, query: str | None) -> tuple[bytes, int]:
         """The catalog section as ``query`` finds it, encoded; with how many tools it looked through."""
-        version, rows, first = self._catalog_section()
+        version, shelf, first = self._catalog_section()
         if not words_of(query):
             return first.encode(), 0
-        found, looked = view(version, rows, query)
+        found, looked = view(version, shelf, query)
         return found.encode(), looked
 
     def _render_sections(self) -> _Live:
@@ -112,7 +112,7 @@ class StatusPage:
             _updated(), _upstreams(gateway), f"{_sessions(gateway)}{_calls(gateway)}{_runs(gateway)}"
         )
 
-    def _catalog_section(self) -> tuple[int, list[Row], str]:
+    def _catalog_section(self) -> tuple[int, Shelf, str]:
         """The catalog's version, rows and first view as last rendered: again once its version changed,
         but not before ``CATALOG_SHARE`` of the time since the last began has passed, nor
         within ``PAGE_INTERVAL``. Once per version, upstreams changing their lists every
@@ -123,7 +123,8 @@ class StatusPage:
         due = began + max(rendered.PAGE_INTERVAL, took / CATALOG_SHARE)
         if self._catalog is None or (self._catalog[0] != version and started >= due):
             rows, fresh = self._catalog_rows()
-            self._catalog = (version, rows, view(version, rows, None)[0])
+            shelf = Shelf(rows)
+            self._catalog = (version, shelf, view(version, shelf, None)[0])
             self._catalog_cost = (started, time.monotonic() - started)
             took = self._catalog_cost[1] * 1000
             logger.debug("status page catalog rendered in %.1f ms (%d of its rows made)", took, fresh)
