@@ -22,7 +22,7 @@ from typing import Any, TypeGuard
 
 import mcp_types as types
 
-from agent_gateway.json_text import json_values
+from agent_gateway.json_text import Unrepresentable, json_values, parsed
 
 MAX_ID_LENGTH = 256
 _LONGEST_INTEGER = 10**MAX_ID_LENGTH
@@ -41,6 +41,32 @@ MAX_KEPT_VALUES = 4096
 _LONG_LIVED = {"initialize": MAX_INITIALIZE_VALUES, "subscriptions/listen": MAX_KEPT_VALUES}
 """Requests kept whole for long (a session's life, a stream's): their params are measured,
 each against its bound of values."""
+
+
+def read(body: bytes, bound: int) -> tuple[tuple[str, int] | None, dict[str, Any] | None]:
+    """What is wrong with ``body``'s size in JSON values (``bound`` at most), its JSON and its
+    shape, and its JSON-RPC code (None: nothing); and the request it holds, if it holds one
+    with nothing wrong (a notification or an answer is the SDK's to read)."""
+    if (count := json_values(body, bound)) > bound:
+        why = (
+            f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
+        )
+        return (why, types.INVALID_REQUEST), None
+    try:
+        message: Any = parsed(body)
+    except Unrepresentable as exc:
+        return (f"the request holds {exc}", types.PARSE_ERROR), None
+    except ValueError:
+        return None, None  # not JSON: the SDK answers that with its parse error
+    except RecursionError:
+        return ("the request is nested too deeply to read", types.INVALID_REQUEST), None
+    # A batch (MCP has none), a number: the SDK answered with pydantic's dump of it.
+    if not isinstance(message, dict):
+        return ("Body must be a single JSON-RPC request or notification object", types.INVALID_REQUEST), None
+    if not is_request(message):
+        return None, None
+    found = problem(body, message)
+    return found, message if found is None else None
 
 
 def problem(body: bytes, message: dict[str, Any]) -> tuple[str, int] | None:

@@ -251,6 +251,7 @@ def _bounds(gateway: Gateway) -> Bounds:
         body_timeout=server.connections.body_timeout,
         body_elements=server.max_body_elements,
         authenticated=gateway.config.auth.mode != "none",
+        path=server.path,
     )
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import anyio
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
@@ -57,7 +56,6 @@ from agent_gateway.compat import questions
 from agent_gateway.downstream.room import Room
 from agent_gateway.errors import GatewayBusy, GatewayError, InvalidRequest
 from agent_gateway.in_flight import BodyHeld
-from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.opening import Opened, Opening
 from agent_gateway.over_limits import (
     Refusal,
@@ -70,10 +68,9 @@ from agent_gateway.over_limits import (
 )
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict
-from agent_gateway.turns import Turns, parsing_turn, serving_turn
+from agent_gateway.turns import Turns, bodiless_turn, parsing_turn, serving_turn
 
 INVALID_REQUEST = -32600
-PARSE_ERROR = -32700
 _SESSION_HEADER = b"mcp-session-id"
 _VERSION_HEADER = b"mcp-protocol-version"
 
@@ -87,6 +84,8 @@ class Bounds:
     body_elements: int
     authenticated: bool
     """Auth is on: a request without a verified token is passed on, to be answered 401."""
+    path: str = "/mcp"
+    """The MCP endpoint's path: a GET there is a notification stream."""
 
 
 Refused = Callable[[str, str | None, bytes, str], None]
@@ -141,10 +140,16 @@ class Admission:
         GET and DELETE have none), and the SDK read any request's whole before its method, with
         no deadline and uncounted in flight. Refused unread (``request_body.bodiless``), closed."""
         deadline = anyio.current_time() + self.bounds.body_timeout  # a chunked one's end, as a POST's
+        method = scope["method"]
         if (passed := await request_body.bodiless(scope, receive, deadline)) is not None:
-            await self.app(scope, passed, send)
+            client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
+            turns = client.turns = client.turns or Turns()
+            path = self.bounds.path  # a GET there is a stream (under a root_path, its path holds it)
+            lasting = method == "GET" and scope["path"] in (path, scope.get("root_path", "") + path)
+            async with bodiless_turn(turns, client.label, lasting):
+                await self.app(scope, passed, send)
             return
-        method, address = scope["method"], address_of_scope(scope)
+        address = address_of_scope(scope)
         refused("body", "refused a %s request carrying a body, from %s", method, address)
         await refuse(
             send, 400, InvalidRequest(f"a {method} request carries no body"), [(b"connection", b"close")]
@@ -346,30 +351,14 @@ class Admission:
         return self.room.manager if self.room is not None else None
 
     def _shape_problem(self, body: bytes, scope: Scope) -> tuple[str, int] | None:
-        """What is wrong with ``body``'s shape, and its JSON-RPC code; None: nothing."""
+        """What is wrong with ``body``'s shape, and its JSON-RPC code; None: nothing (a
+        request's body and message then kept on the scope, ``PARSED``)."""
         if PARSED in scope:  # checked already
             return None
-        bound = self.bounds.body_elements
-        if (count := json_values(body, bound)) > bound:
-            problem = f"the request holds {count} JSON values or more; the limit (server.max_body_elements) is {bound}"
-            return problem, INVALID_REQUEST
-        try:
-            message: Any = parsed(body)
-        except Unrepresentable as exc:
-            return f"the request holds {exc}", PARSE_ERROR
-        except ValueError:
-            return None  # not JSON: the SDK answers that with its parse error
-        except RecursionError:
-            return "the request is nested too deeply to read", INVALID_REQUEST
-        # A batch (MCP has none), a number: the SDK answered with pydantic's dump of it.
-        if not isinstance(message, dict):
-            return "Body must be a single JSON-RPC request or notification object", INVALID_REQUEST
-        if not body_shape.is_request(message):
-            return None
-        if (problem := body_shape.problem(body, message)) is not None:
-            return problem
-        scope[PARSED] = (body, message)
-        return None
+        problem, request = body_shape.read(body, self.bounds.body_elements)
+        if request is not None:
+            scope[PARSED] = (body, request)
+        return problem
 
     async def _refuse_body(
         self,

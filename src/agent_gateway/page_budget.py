@@ -31,6 +31,7 @@ from agent_gateway.access import AccessControl, Principal, address_of_scope, tok
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import retry_after
 from agent_gateway.token_bucket import ByteBudget, Clock
+from agent_gateway.turns import away
 
 SMALLEST = 64 << 10
 """Bytes an answer is charged at least: a request costs the loop its routing and its answer's
@@ -87,7 +88,8 @@ class PageBudgets:
             return 0.0
         self._holding[label] += 1
         try:
-            await anyio.sleep(seconds)
+            async with away():  # not its client's work: its other requests are worked on meanwhile
+                await anyio.sleep(seconds)
         finally:
             self._holding[label] -= 1
             if not self._holding[label]:

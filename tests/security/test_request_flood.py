@@ -7,6 +7,8 @@ request waiting on an upstream or a model leaves its turn to its client's next."
 from __future__ import annotations
 
 import asyncio
+import logging
+import signal
 import statistics
 import subprocess
 import sys
@@ -17,12 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
+import httpx2
 import pytest
 from fastmcp import FastMCP
 from langchain_core.messages import AIMessage
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
-from agent_gateway import turns
+from agent_gateway import page_budget, turns
 from agent_gateway.tally import http_answers
 from tests.agent.scripted import ScriptedChatModel
 from tests.agent.test_ask_agent import agent_gateway, ask
@@ -56,13 +61,45 @@ async def test_one_clients_pings_on_many_connections_are_answered_a_few_at_a_tim
     assert statistics.median(during) < 128, sorted(during)
 
 
+async def test_one_clients_gets_on_many_connections_are_answered_a_few_at_a_time_around_another_clients() -> (
+    None
+):
+    # A request without a body (a 404 here; /healthz, the status page, a DELETE) took no turn:
+    # one for each of the attacker's connections at each turn of the loop, ahead of others'.
+    during: list[int] = []
+    async with running_gateway({}) as gw, Client(gw.url, mode="legacy") as bystander:
+        with flooding(gw.url, "127.0.0.2", 64, "GET /no-such-page", counting=True) as flood:
+            with anyio.fail_after(60):
+                while await answered_so_far(flood) < 1000:
+                    await anyio.sleep(0.05)
+                for _ in range(20):
+                    before = await answered_so_far(flood)
+                    await bystander.list_tools()
+                    during.append(await answered_so_far(flood) - before)
+    # Four of the attacker's at each turn of the loop; without turns, one for each connection.
+    assert statistics.median(during) < 128, sorted(during)
+
+
+async def answered_so_far(flood: subprocess.Popen[bytes]) -> int:
+    """The answers the flood process has got so far (it prints them on SIGUSR1)."""
+    assert flood.stdout is not None
+    flood.send_signal(signal.SIGUSR1)
+    return int(await anyio.to_thread.run_sync(flood.stdout.readline))
+
+
 @contextmanager
 def flooding(
-    url: str, address: str, connections: int, request: str, seconds: float | None = None
+    url: str,
+    address: str,
+    connections: int,
+    request: str,
+    seconds: float | None = None,
+    counting: bool = False,
 ) -> Iterator[subprocess.Popen[bytes]]:
     """One client's ``request`` back to back on ``connections`` connections from ``address``,
     from a process of its own (``tests/servers/flood.py``), for ``seconds`` or until the test
-    is done; its output (the answers' count by status) is piped."""
+    is done; its output (the answers' count by status) is piped. ``counting``: it says how many
+    it has got so far when asked (``answered_so_far``)."""
     command = [
         sys.executable,
         "-m",
@@ -74,8 +111,12 @@ def flooding(
         address,
     ]
     command += ["--seconds", str(seconds)] if seconds is not None else []
+    command += ["--counting"] if counting else []
     child = subprocess.Popen(command, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        if counting:  # its handler is set: it may be asked
+            assert child.stdout is not None
+            assert child.stdout.readline() == b"counting\n"
         yield child
     finally:
         assert child.stdin is not None
@@ -215,3 +256,33 @@ async def test_one_clients_notifications_on_many_connections_wait_their_turns_in
     # hundreds more (600 in 4 s with 32 connections), one for each notification accepted.
     assert accepted > 200
     assert most - before < 100, (most - before, accepted)
+
+
+async def test_a_clients_page_refusals_held_leave_its_turns_to_its_next(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A refusal of a page past its client's budget is held a while (page_budget.HOLD), four of
+    # a client's at once: holding their working turns, they held up its MCP requests with them.
+    monkeypatch.setattr(page_budget, "HOLD", 6.0)  # held past the call's bound below
+    monkeypatch.setattr(turns, "TURN_WAIT", 60.0)  # a request left waiting never ends by itself
+    caplog.set_level(logging.WARNING, logger="agent_gateway.refusals")
+    config = {"server": {"page_bytes_per_second": 1024}}  # one /status spends it all
+    local = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with (
+        running_gateway(config) as gw,
+        httpx.AsyncClient(base_url=gw.base, transport=local, timeout=120) as poller,
+        httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(local_address="127.0.0.2")) as http,
+        Client(streamable_http_client(gw.url, http_client=http), mode="legacy") as client,
+        anyio.create_task_group() as tg,
+    ):
+        assert (await poller.get("/status")).status_code == 200
+        for _ in range(page_budget.HELD):
+            tg.start_soon(poller.get, "/status")
+        with anyio.fail_after(10):
+            while (
+                sum("over its budget of pages" in r.getMessage() for r in caplog.records) < page_budget.HELD
+            ):
+                await anyio.sleep(0.05)
+        with anyio.fail_after(3):
+            await client.list_tools()  # its turns are free while the refusals are held
+        tg.cancel_scope.cancel()

@@ -7,8 +7,10 @@ by its length alone, so the gateway, not this client, is the slower side::
     python -m tests.servers.flood URL CONNECTIONS REQUEST [--seconds S] [--address A] [--token T]
 
 ``REQUEST`` is a JSON-RPC request whose ``"id": 0`` is made each request's own (one id in
-flight twice is refused), or a notification. It opens one handshake-era session, then floods it for ``--seconds``
-(or until its stdin closes) and prints the answers it got by HTTP status (``23627 200``).
+flight twice is refused), or a notification: it opens one handshake-era session, then floods
+it; or ``GET /path``, sent bare (no session). For ``--seconds`` (or until its stdin closes),
+then it prints the answers it got by HTTP status (``23627 200``). With ``--counting``, a line
+``counting`` first, then on each SIGUSR1 a line of how many answers it has got so far.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 import urllib.parse
@@ -43,9 +46,14 @@ class Flood:
         self.counted: dict[int, int] = {}
 
     def request(self, payload: str, session: str = "") -> bytes:
+        if payload.startswith("GET "):
+            return f"{payload} HTTP/1.1\r\nHost: {self.where.netloc}\r\n\r\n".encode()
         data = payload.encode()
         extra = f"Mcp-Session-Id: {session}\r\n" if session else ""
         return f"{self.head}{extra}Content-Length: {len(data)}\r\n\r\n".encode() + data
+
+    def print_so_far(self) -> None:
+        print(sum(self.counted.values()), flush=True)
 
     async def connected(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         local = (self.address, 0) if self.address else None
@@ -92,9 +100,13 @@ async def main() -> None:
     parser.add_argument("--seconds", type=float, default=float("inf"))
     parser.add_argument("--address")
     parser.add_argument("--token")
+    parser.add_argument("--counting", action="store_true")
     args = parser.parse_args()
     flood = Flood(args.url, args.address, args.token)
-    session = await flood.session()
+    if args.counting:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, flood.print_so_far)
+        print("counting", flush=True)
+    session = "" if args.request.startswith("GET ") else await flood.session()
     template = args.request.replace('"id": 0', '"id": %d', 1)
     end = time.monotonic() + args.seconds
     callers = asyncio.gather(*(flood.caller(k, template, session, end) for k in range(args.connections)))
