@@ -996,12 +996,13 @@ asyncio.run(main())
 """
 
 
-async def _raw_callers(url: str, seconds: float, callers: int, body: dict[str, Any]) -> str:
+async def _raw_callers(url: str, seconds: float, callers: int, body: dict[str, Any] | str) -> str:
     """``callers`` connections of one client writing ``body`` (its ``id`` 0, made each
-    request's own) again and again for ``seconds`` (``tests/servers/flood.py``). Returns the
-    count of answers by status."""
+    request's own; or ``GET /path``) again and again for ``seconds`` (``tests/servers/flood.py``).
+    Returns the count of answers by status."""
+    request = body if isinstance(body, str) else json.dumps(body)
     child = await asyncio.create_subprocess_exec(
-        *[sys.executable, "-m", "tests.servers.flood", url, str(callers), json.dumps(body)],
+        *[sys.executable, "-m", "tests.servers.flood", url, str(callers), request],
         *["--seconds", str(seconds), "--token", ATTACKER],
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
@@ -1059,6 +1060,13 @@ async def notice_flood(url: str, proc: Process, seconds: float) -> str:
     """The same with a notification (``notifications/roots/list_changed``), answered 202."""
     notice = {"jsonrpc": "2.0", "method": "notifications/roots/list_changed"}
     return f"notifications in {seconds:g}s on 64 connections: {await _raw_callers(url, seconds, 64, notice)}"
+
+
+async def get_flood(url: str, proc: Process, seconds: float) -> str:
+    """The same with a GET of a path the gateway does not serve: a 404, what any request
+    without a body costs (``/healthz``, the status page's refusals)."""
+    answers = await _raw_callers(url, seconds, 64, "GET /no-such-page")
+    return f"GETs in {seconds:g}s on 64 connections: {answers}"
 
 
 async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
@@ -1353,6 +1361,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "call-flood": (call_flood, 10.0, None),
     "ping-flood": (ping_flood, 10.0, None),
     "notice-flood": (notice_flood, 10.0, None),
+    "get-flood": (get_flood, 10.0, None),
     "slow-heads": (slow_heads, 15.0, None),
     "endless-heads": (endless_heads, 8.0, None),
     "slow-calls": (slow_calls, 10.0, None),

@@ -142,11 +142,13 @@ class Admission:
         deadline = anyio.current_time() + self.bounds.body_timeout  # a chunked one's end, as a POST's
         method = scope["method"]
         if (passed := await request_body.bodiless(scope, receive, deadline)) is not None:
+            path = self.bounds.path  # a GET there is a stream (under a root_path, its path holds it)
+            if method == "GET" and scope["path"] in (path, scope.get("root_path", "") + path):
+                await self.app(scope, passed, send)
+                return
             client = self.access.principal(token_of_scope(scope), address_of_scope(scope))
             turns = client.turns = client.turns or Turns()
-            path = self.bounds.path  # a GET there is a stream (under a root_path, its path holds it)
-            lasting = method == "GET" and scope["path"] in (path, scope.get("root_path", "") + path)
-            async with bodiless_turn(turns, client.label, lasting):
+            async with bodiless_turn(turns, client.label):
                 await self.app(scope, passed, send)
             return
         address = address_of_scope(scope)

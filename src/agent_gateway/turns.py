@@ -123,11 +123,11 @@ def serving_turn(
     return Working(turns, label, key, large=len(body) > LARGE_BODY_BYTES)
 
 
-def bodiless_turn(turns: Turns, label: str, lasting: bool) -> AbstractAsyncContextManager[bool]:
-    """The client's working turn for a request without a body (``lasting``: a stream, none).
+def bodiless_turn(turns: Turns, label: str) -> AbstractAsyncContextManager[bool]:
+    """The client's working turn for a request without a body (not a stream's: it takes none).
     One client's 404s or ``/healthz`` on 64 connections were each worked on in the step that
     read it, 64 ahead of every other client's each turn of the loop: a bystander 2-3x slower."""
-    return _SERVE if lasting else Working(turns, label, None, large=False)
+    return Working(turns, label, None, large=False)
 
 
 def away() -> AbstractAsyncContextManager[None]:

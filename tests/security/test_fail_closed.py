@@ -115,6 +115,7 @@ async def test_an_http_request_is_identified_once_by_admission_and_read_after(mo
             await client.list_tools()  # the handshake, before the one call counted
             access.principal = counted  # type: ignore[method-assign]
             result = await client.call_tool("counter__increment", {})
+            access.principal = made  # type: ignore[method-assign]  # its DELETE at the end is a request of its own
     assert not result.is_error
     assert identified == ["ci"]
 

@@ -42,12 +42,13 @@ class Flood:
         head = f"POST {self.where.path} HTTP/1.1\r\nHost: {self.where.netloc}\r\n"
         head += "Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n"
         head += "Mcp-Protocol-Version: 2025-06-18\r\n"
-        self.head = head + (f"Authorization: Bearer {token}\r\n" if token else "")
+        self.credential = f"Authorization: Bearer {token}\r\n" if token else ""
+        self.head = head + self.credential
         self.counted: dict[int, int] = {}
 
     def request(self, payload: str, session: str = "") -> bytes:
         if payload.startswith("GET "):
-            return f"{payload} HTTP/1.1\r\nHost: {self.where.netloc}\r\n\r\n".encode()
+            return f"{payload} HTTP/1.1\r\nHost: {self.where.netloc}\r\n{self.credential}\r\n".encode()
         data = payload.encode()
         extra = f"Mcp-Session-Id: {session}\r\n" if session else ""
         return f"{self.head}{extra}Content-Length: {len(data)}\r\n\r\n".encode() + data
