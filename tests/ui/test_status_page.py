@@ -143,9 +143,7 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             visible = await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES)
             assert visible == ["alpha__weather"]
             listed = len(gw.gateway.catalog.snapshot.tools) + 1  # ask_agent's row first
-            assert (
-                await page.inner_text("#shown") == f"1 of 1 tools matching weather; {listed} in the catalog"
-            )
+            assert await page.inner_text("#shown") == f"1 matching weather; {listed} tools in the catalog"
 
             os.kill(pid, signal.SIGKILL)
             with anyio.fail_after(20):
@@ -412,15 +410,18 @@ async def test_a_large_catalog_is_a_page_of_its_first_rows_and_the_search_finds_
         listed = len(gw.gateway.catalog.snapshot.tools) + 1  # ask_agent's row first
         page = (await http.get("/")).text
         assert page.count('<tr class="tool">') == catalog.SHOWN
-        assert f"100 of {listed} tools (search to find the others); {listed} in the catalog" in page
+        assert f"100 of {listed} tools; search to find the others" in page
         assert "<code>bulk__tool_230</code>" not in page
         found = (await http.get("/?part=catalog&q=NUMBER+230.")).text
         assert found.count('<tr class="tool">') == 1
         assert "<code>bulk__tool_230</code>" in found
-        assert "1 of 1 tools matching <b>number 230.</b>" in found
+        assert f"1 matching <b>number 230.</b>; {listed} tools in the catalog" in found
+        many = (await http.get("/?part=catalog&q=number")).text  # all 250: the first 100 shown
+        assert many.count('<tr class="tool">') == catalog.SHOWN
+        assert "100 matching <b>number</b>, and more: refine the search;" in many
         # tool_24 and tool_240 … tool_249, the last row:
         last = (await http.get("/?part=catalog&q=tool_24")).text
-        assert "11 of 11 tools matching <b>tool_24</b>" in last
+        assert "11 matching <b>tool_24</b>;" in last
         assert "<code>bulk__tool_249</code>" in last
         live = (await http.get("/?part=live&catalog=stale&q=number+230.")).text  # a refresh keeps it
         assert live.count('<tr class="tool">') == 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_right
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import mcp_types as types
@@ -30,6 +30,10 @@ to the event loop is the matching, not its answer's bytes (one matching nothing 
 tools is a scan of a megabyte and a few hundred bytes)."""
 QUERY = 256
 """Characters of a search the gateway reads (the box's words; the rest are not matched)."""
+WORDS = 8
+"""Words of a search matched."""
+SAMPLE = 1 << 18
+"""Characters of the catalog's text a search's words are counted in, to scan for the rarest."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,9 +82,10 @@ class Rows:
 @dataclass(frozen=True)
 class Shelf:
     """The catalog's rows at one version, and what a search matches of them joined in one
-    text, so that a search finds its first word's rows in one scan (a match never spans two
-    rows: a word holds no whitespace). A row at a time, a search of 10,000 tools was ~10 ms
-    of the event loop; one scan of the text, a fraction of one (``bench/README.md``)."""
+    text, so that a search finds the rows holding its rarest word (as far as a sample tells) by
+    scanning that text (a match never spans two rows: a word holds no whitespace), and checks
+    its other words in those rows only, until it has found a view's worth. A row at a time, every word in every
+    row, a search of 10,000 tools held the event loop ~10 ms (``bench/README.md``)."""
 
     rows: list[Row]
     text: str = field(init=False)
@@ -95,37 +100,50 @@ class Shelf:
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "text", "\n".join(row.searched for row in self.rows))
 
-    def holding(self, words: list[str]) -> Iterator[Row]:
-        """The rows holding every one of ``words``, in order."""
-        first, rest = words[0], words[1:]
-        at = self.text.find(first)
+    def holding(self, words: list[str], wanted: int) -> tuple[list[Row], bool]:
+        """The first ``wanted`` rows holding every one of ``words``, in order; and whether more do."""
+        if not all(word in self.text for word in words):  # a word no row holds: one scan, none found
+            return [], False
+        # The rarest in the text's first SAMPLE characters: counting in all of it is a scan a word.
+        rarest = min(range(len(words)), key=lambda k: self.text.count(words[k], 0, SAMPLE))
+        rarest_word, rest = words[rarest], words[:rarest] + words[rarest + 1 :]
+        found: list[Row] = []
+        at = self.text.find(rarest_word)
         while at != -1:
             index = bisect_right(self.starts, at) - 1
             row = self.rows[index]
             if all(word in row.searched for word in rest):
-                yield row
+                if len(found) == wanted:
+                    return found, True
+                found.append(row)
             after = index + 1
-            at = self.text.find(first, self.starts[after]) if after < len(self.starts) else -1
+            at = self.text.find(rarest_word, self.starts[after]) if after < len(self.starts) else -1
+        return found, False
 
 
 def words_of(query: str | None) -> list[str]:
-    """The words of a search, as the rows are matched: lower case, its first ``QUERY`` characters."""
-    return (query or "")[:QUERY].lower().split()
+    """The words of a search, as the rows are matched: lower case, the first ``WORDS`` of its
+    first ``QUERY`` characters."""
+    return (query or "")[:QUERY].lower().split()[:WORDS]
 
 
 def view(version: int, shelf: Shelf, query: str | None) -> tuple[str, int]:
     """The catalog section at ``version`` for ``query`` (words a row must all hold; none: every
-    row): its first ``SHOWN`` rows, how many match, and how many rows it looked through."""
+    row): its first ``SHOWN`` rows, and how many rows it looked through."""
     rows, words = shelf.rows, words_of(query)
-    found, looked = (list(shelf.holding(words)), len(rows)) if words else (rows, 0)
-    shown = found[:SHOWN]
-    said = " ".join(words)
-    matching = f" matching <b>{escape(said)}</b>" if words else ""
-    more = " (search to find the others)" if len(found) > len(shown) else ""
+    said = escape(" ".join(words))
+    if words:
+        shown, more = shelf.holding(words, SHOWN)
+        told = f"{len(shown)} matching <b>{said}</b>{', and more: refine the search' if more else ''}; "
+        told += f"{len(rows)} tools in the catalog"
+    else:
+        shown = rows[:SHOWN]
+        told = (
+            f"{len(shown)} of {len(rows)} tools{'; search to find the others' if len(rows) > SHOWN else ''}"
+        )
     head = "<thead><tr><th>Tool</th><th>Upstream</th><th>Description</th></tr></thead>"
     return (
-        f'<section id="catalog" data-live data-version="{version}" data-query="{escape(said)}">'
-        f'<p class="muted" id="shown">{len(shown)} of {len(found)} tools{matching}{more}; '
-        f"{len(rows)} in the catalog</p><table>{head}<tbody>{''.join(r.html for r in shown)}</tbody>"
+        f'<section id="catalog" data-live data-version="{version}" data-query="{said}">'
+        f'<p class="muted" id="shown">{told}</p><table>{head}<tbody>{"".join(r.html for r in shown)}</tbody>'
         "</table></section>"
-    ), looked
+    ), len(rows) if words else 0
