@@ -58,6 +58,7 @@ async def main(output: Path) -> None:
             page = await browser.new_page(viewport={"width": 1280, "height": 900})
             await page.goto(f"{base}/")
             await page.fill("#search", "memory")
+            await page.wait_for_selector('#catalog[data-query="memory"]')  # the gateway's answer shown
             await page.screenshot(path=str(output), full_page=True)
             await browser.close()
     shutil.rmtree(home)
