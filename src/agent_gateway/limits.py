@@ -23,7 +23,8 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
 - The body's shape (``body_shape.py``: its id, its method, what is kept of its client); a
   request it refuses gets ``Invalid Request`` (a null id, as for an unreadable id).
 - Any other request (a GET, a DELETE) carries no body: one with a body is refused unread, a
-  chunked one at its first chunk (the SDK read any body whole, uncounted, with no deadline).
+  chunked one at its first chunk (the SDK read any body whole, uncounted, with no deadline);
+  one without takes its client's working turn (``turns.py``), but a GET of the MCP endpoint.
 
 The body is read here in full (the SDK reads it in full too) and handed on unchanged.
 Refusals are JSON-RPC errors with the request's id as its first kilobyte tells it, unparsed
@@ -84,7 +85,7 @@ class Bounds:
     body_elements: int
     authenticated: bool
     """Auth is on: a request without a verified token is passed on, to be answered 401."""
-    path: str = "/mcp"
+    path: str
     """The MCP endpoint's path: a GET there is a notification stream."""
 
 
