@@ -289,6 +289,13 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
+def initialize(name: str, version: str = "2025-11-25") -> dict[str, Any]:
+    """A handshake-era ``initialize`` request (id 0) of a client named ``name``, as a raw client
+    writes it."""
+    info = {"protocolVersion": version, "capabilities": {}, "clientInfo": {"name": name, "version": "1"}}
+    return {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": info}
+
+
 def python_upstream(script: str, **extra: Any) -> dict[str, Any]:
     """Config for a stdio upstream running ``tests/servers/<script>`` with this interpreter."""
     return {"command": sys.executable, "args": [str(SERVERS / script)], **extra}

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support import RunningGateway, python_upstream, running_gateway
+from tests.support import RunningGateway, initialize, python_upstream, running_gateway
 
 MODERN = "2026-07-28"
 HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
@@ -86,17 +86,7 @@ def gateway() -> Iterator[tuple[RunningGateway, str]]:
         portal.wrap_async_context_manager(running_gateway(config)) as gw,
         httpx.Client(timeout=30) as http,
     ):
-        hello = {
-            "jsonrpc": "2.0",
-            "id": 0,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "h", "version": "1"},
-            },
-        }
-        session = http.post(gw.url, json=hello, headers=HEADERS).headers["mcp-session-id"]
+        session = http.post(gw.url, json=initialize("h"), headers=HEADERS).headers["mcp-session-id"]
         http.post(
             gw.url,
             json={"jsonrpc": "2.0", "method": "notifications/initialized"},

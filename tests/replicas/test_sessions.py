@@ -25,7 +25,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.replicas.cluster import Cluster, replicas
 from tests.replicas.services import Redis
-from tests.support import serving_upstream
+from tests.support import initialize, serving_upstream
 
 BOUND = 20.0
 TOKENS = {"alice": "alice-token-0123456789abcdef0123", "bob": "bob-token-0123456789abcdef012345"}
@@ -123,17 +123,7 @@ async def raw_session(http: httpx.AsyncClient, url: str, who: str) -> str:
     """A handshake-era session of ``who`` opened and used (a ``tools/list``) with raw requests,
     no notification stream; its id."""
     own = {"Accept": "application/json, text/event-stream", "Authorization": f"Bearer {TOKENS[who]}"}
-    hello = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": who, "version": "1"},
-        },
-    }
-    answer = await http.post(url, json=hello, headers=own)
+    answer = await http.post(url, json=initialize(who), headers=own)
     assert answer.status_code == 200, answer.text
     own |= {"Mcp-Session-Id": answer.headers["mcp-session-id"], "Mcp-Protocol-Version": "2025-11-25"}
     done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
