@@ -52,33 +52,25 @@ const SEARCH_DELAY_MS = """
     + str(SEARCH_DELAY_MS)
     + """;
 const search = document.getElementById("search");
-let asked = 0;  // the newest search sent: an older one's answer, come later, is not shown
+let asked = 0;  // searches sent: an answer is shown only if no search was sent after its request
 let typing = null;
 
-function swap(html, query) {
-  // A refresh's catalog is shown only for what the box says now (a search sent since owns it).
+function swap(html, withCatalog) {
   const fresh = new DOMParser().parseFromString(html, "text/html");
   for (const section of fresh.querySelectorAll("[data-live]")) {
     const old = document.getElementById(section.id);
-    if (old && (section.id !== "catalog" || section.dataset.query === query)) {
-      old.replaceWith(document.adoptNode(section));
-    }
+    if (old && (withCatalog || section.id !== "catalog")) old.replaceWith(document.adoptNode(section));
   }
 }
 
-function wanted() {
-  return search.value.trim().toLowerCase().split(/\\s+/).filter(Boolean).join(" ");
-}
-
 async function find() {
-  const query = wanted();
   const mine = ++asked;
   try {
-    const url = location.pathname + "?part=catalog&q=" + encodeURIComponent(query);
+    const url = location.pathname + "?part=catalog&q=" + encodeURIComponent(search.value);
     const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
     if (!answer.ok) throw new Error("status " + answer.status);
     const html = await answer.text();
-    if (mine === asked) swap(html, wanted());
+    if (mine === asked) swap(html, true);
   } catch (problem) {
     document.getElementById("stale").hidden = false;
   }
@@ -88,6 +80,7 @@ async function refresh() {
   let wait = REFRESH_MS;
   try {
     const catalog = document.getElementById("catalog").dataset;
+    const searches = asked;
     const url = location.pathname + "?part=live&catalog=" + encodeURIComponent(catalog.version) +
       "&q=" + encodeURIComponent(catalog.query);
     const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
@@ -95,7 +88,7 @@ async function refresh() {
       wait = Math.max(REFRESH_MS, 1000 * (Number(answer.headers.get("Retry-After")) || 0));
     }
     if (!answer.ok) throw new Error("status " + answer.status);
-    swap(await answer.text(), wanted());
+    swap(await answer.text(), searches === asked);  // a search sent since owns the catalog
     document.getElementById("stale").hidden = true;
   } catch (problem) {
     document.getElementById("stale").hidden = false;
