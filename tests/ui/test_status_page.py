@@ -154,6 +154,13 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             await page.wait_for_selector('#catalog[data-query="weather"]', timeout=(REFRESH + 3) * 1000)
             still = await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES)
             assert still == ["alpha__weather"]  # the refresh kept the search
+            # Past its 8th word a search's words are not matched: its answer is shown all the same
+            # (its section's data-query, what the gateway read, was compared with the box's 9).
+            await page.fill("#search", "city today's weather in a alpha__weather alpha city. unmatched")
+            await page.wait_for_selector(
+                '#catalog[data-query="city today\'s weather in a alpha__weather alpha city."]', timeout=10_000
+            )
+            assert await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES) == ["alpha__weather"]
             if target := os.environ.get("AGW_SCREENSHOT"):
                 await page.fill("#search", "")
                 await page.wait_for_selector('#catalog[data-query=""]', timeout=10_000)
@@ -424,6 +431,13 @@ async def test_a_large_catalog_is_a_page_of_its_first_rows_and_the_search_finds_
         assert "11 matching <b>tool_24</b>;" in last
         assert "<code>bulk__tool_249</code>" in last
         live = (await http.get("/?part=live&catalog=stale&q=number+230.")).text  # a refresh keeps it
+        # The words as read are what the refresh sends again: shown with their escapes, they
+        # were sent as "\u202e", a search for those 6 characters (none found).
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.4")  # a budget of its own
+        async with httpx.AsyncClient(base_url=gw.base, transport=other) as reader:
+            hidden = (await reader.get("/?part=catalog&q=NUMBER+%E2%80%AE")).text
+        assert 'data-query="number \u202e"' in hidden
+        assert "<b>number \\u202e</b>" in hidden
         assert live.count('<tr class="tool">') == 1
         # Its first view is charged as any page is; a search by the tools it looked through.
         monkeypatch.setattr(catalog, "LOOKED_AT", 1024)  # 251 rows: a search costs 257,024 bytes

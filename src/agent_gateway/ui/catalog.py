@@ -11,6 +11,7 @@ import json
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from html import escape as escape_html
 
 import mcp_types as types
 
@@ -132,6 +133,9 @@ def view(version: int, shelf: Shelf, query: str | None) -> tuple[str, int]:
     row): its first ``SHOWN`` rows, and how many rows it looked through."""
     rows, words = shelf.rows, words_of(query)
     said = escape(" ".join(words))
+    # The words as read, to be sent again by the refresh: its escapes (U+202E as "\\u202e")
+    # would be searched for as they are.
+    asked = escape_html(" ".join(words))
     if words:
         shown, more = shelf.holding(words, SHOWN)
         told = f"{len(shown)} matching <b>{said}</b>{', and more: refine the search' if more else ''}; "
@@ -143,7 +147,7 @@ def view(version: int, shelf: Shelf, query: str | None) -> tuple[str, int]:
         )
     head = "<thead><tr><th>Tool</th><th>Upstream</th><th>Description</th></tr></thead>"
     return (
-        f'<section id="catalog" data-live data-version="{version}" data-query="{said}">'
+        f'<section id="catalog" data-live data-version="{version}" data-query="{asked}">'
         f'<p class="muted" id="shown">{told}</p><table>{head}<tbody>{"".join(r.html for r in shown)}</tbody>'
         "</table></section>"
     ), len(rows) if words else 0

@@ -55,12 +55,13 @@ const search = document.getElementById("search");
 let asked = 0;  // the newest search sent: an older one's answer, come later, is not shown
 let typing = null;
 
-function swap(html, query) {
-  // A refresh's catalog is shown only for what the box says now (a search sent since owns it).
+function swap(html, searched) {
+  // A refresh's catalog is shown only for the search the page shows (one answered since owns
+  // it): compared as the gateway read it, not with the box (its 9th word is not matched).
   const fresh = new DOMParser().parseFromString(html, "text/html");
   for (const section of fresh.querySelectorAll("[data-live]")) {
     const old = document.getElementById(section.id);
-    if (old && (section.id !== "catalog" || section.dataset.query === query)) {
+    if (old && (section.id !== "catalog" || searched || section.dataset.query === old.dataset.query)) {
       old.replaceWith(document.adoptNode(section));
     }
   }
@@ -78,7 +79,7 @@ async function find() {
     const answer = await fetch(url, { cache: "no-store", credentials: "same-origin" });
     if (!answer.ok) throw new Error("status " + answer.status);
     const html = await answer.text();
-    if (mine === asked) swap(html, wanted());
+    if (mine === asked && query === wanted()) swap(html, true);
   } catch (problem) {
     document.getElementById("stale").hidden = false;
   }
@@ -95,7 +96,7 @@ async function refresh() {
       wait = Math.max(REFRESH_MS, 1000 * (Number(answer.headers.get("Retry-After")) || 0));
     }
     if (!answer.ok) throw new Error("status " + answer.status);
-    swap(await answer.text(), wanted());
+    swap(await answer.text(), false);
     document.getElementById("stale").hidden = true;
   } catch (problem) {
     document.getElementById("stale").hidden = false;
