@@ -154,6 +154,13 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             await page.wait_for_selector('#catalog[data-query="weather"]', timeout=(REFRESH + 3) * 1000)
             still = await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES)
             assert still == ["alpha__weather"]  # the refresh kept the search
+            # Past its 8th word a search's words are not matched: its answer is shown all the same
+            # (its section's data-query, what the gateway read, was compared with the box's 9).
+            await page.fill("#search", "city today's weather in a alpha__weather alpha city. unmatched")
+            await page.wait_for_selector(
+                '#catalog[data-query="city today\'s weather in a alpha__weather alpha city."]', timeout=10_000
+            )
+            assert await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES) == ["alpha__weather"]
             if target := os.environ.get("AGW_SCREENSHOT"):
                 await page.fill("#search", "")
                 await page.wait_for_selector('#catalog[data-query=""]', timeout=10_000)
@@ -424,9 +431,52 @@ async def test_a_large_catalog_is_a_page_of_its_first_rows_and_the_search_finds_
         assert "11 matching <b>tool_24</b>;" in last
         assert "<code>bulk__tool_249</code>" in last
         live = (await http.get("/?part=live&catalog=stale&q=number+230.")).text  # a refresh keeps it
+        # The words as read are what the refresh sends again: shown with their escapes, they
+        # were sent as "\u202e", a search for those 6 characters (none found).
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.4")  # a budget of its own
+        async with httpx.AsyncClient(base_url=gw.base, transport=other) as reader:
+            hidden = (await reader.get("/?part=catalog&q=NUMBER+%E2%80%AE")).text
+        assert 'data-query="number \u202e"' in hidden
+        assert "<b>number \\u202e</b>" in hidden
         assert live.count('<tr class="tool">') == 1
         # Its first view is charged as any page is; a search by the tools it looked through.
         monkeypatch.setattr(catalog, "LOOKED_AT", 1024)  # 251 rows: a search costs 257,024 bytes
         assert await _until_refused(finder, "/?part=catalog&q=none-of-them") < await _until_refused(
             lister, "/?part=catalog&q="
         )
+
+
+EIGHT = [f"part{k}x" for k in range(8)]
+
+
+def crafted_server(tools: int) -> FastMCP:
+    """``tools`` tools each holding 7 of ``EIGHT``'s words, the last all 8: every word in most
+    rows, all of them in one (an upstream's descriptions are its own to choose)."""
+    server = FastMCP("crafted")
+    for n in range(tools):
+        held = EIGHT if n == tools - 1 else [w for k, w in enumerate(EIGHT) if k != n % 8]
+        server.tool(lambda: "ok", name=f"tool_{n}", description=" ".join(held))
+    return server
+
+
+async def test_a_search_every_row_nearly_matches_is_worked_on_in_steps(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Checked in one step, every row holding its rarest word, 10,000 such tools held the event
+    # loop 35-50 ms a search (bench/README.md); now in steps of about a megabyte's scan each.
+    caplog.set_level(logging.DEBUG, logger="agent_gateway.ui.catalog")
+    async with (
+        serving_upstream(crafted_server(1200)) as url,
+        running_gateway({"upstreams": {"crafted": {"url": url}}}) as gw,
+        httpx.AsyncClient(base_url=gw.base) as http,
+        Client(gw.url, mode="legacy") as bystander,
+    ):
+        found = (await http.get("/?part=catalog&q=" + "+".join(EIGHT))).text
+        assert found.count('<tr class="tool">') == 1
+        assert "<code>crafted__tool_1199</code>" in found
+        steps = [r.getMessage() for r in caplog.records if r.getMessage().startswith("status page search")]
+        assert steps == ["status page search of 8 words took 5 steps"], steps
+        twice = (await http.get("/?part=catalog&q=tool_1199+TOOL_1199")).text  # a word twice: matched once
+        assert 'data-query="tool_1199"' in twice
+        assert "<code>crafted__tool_1199</code>" in twice
+        assert (await bystander.call_tool("crafted__tool_0", {})).content[0].text == "ok"  # type: ignore[union-attr]

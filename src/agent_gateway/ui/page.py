@@ -21,7 +21,7 @@ from agent_gateway.agent.tool import INPUT_SCHEMA
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
-from agent_gateway.ui.catalog import QUERY, Row, Rows, Shelf, row, view, words_of
+from agent_gateway.ui.catalog import QUERY, Row, Rows, Shelf, found, row, view, words_of
 from agent_gateway.ui.static import SCRIPT, STYLE
 from agent_gateway.ui.text import escape
 from agent_gateway.upstreams.pool import UpstreamStatus
@@ -82,7 +82,7 @@ class StatusPage:
             logger.debug("status page encoded in %.1f ms", (time.monotonic() - started) * 1000)
         return b"".join((_PAGE_START, nonce.encode(), self._page[2], nonce.encode(), _PAGE_END))
 
-    def live(self, catalog_version: str | None, query: str | None) -> tuple[bytes, int]:
+    async def live(self, catalog_version: str | None, query: str | None) -> tuple[bytes, int]:
         """The sections the page refreshes, encoded; the catalog only if its version is not
         ``catalog_version``, as ``query`` finds it (each of the two answers without a search
         joined and encoded once per rendering); with how many tools the search looked through."""
@@ -90,21 +90,21 @@ class StatusPage:
         version, shelf, catalog = self._catalog_section()
         fresh = catalog_version == str(version)
         if not fresh and words_of(query):
-            found, looked = view(version, shelf, query)
-            return f"{live.updated}{live.upstreams}{found}{live.rest}".encode(), looked
+            section, looked = await found(version, shelf, query)
+            return f"{live.updated}{live.upstreams}{section}{live.rest}".encode(), looked
         answer = self._answers.get(fresh)
         if answer is None or answer[0] is not live or answer[1] != version:
             text = f"{live.updated}{live.upstreams}{'' if fresh else catalog}{live.rest}"
             answer = self._answers[fresh] = (live, version, text.encode())
         return answer[2], 0
 
-    def search(self, query: str | None) -> tuple[bytes, int]:
+    async def search(self, query: str | None) -> tuple[bytes, int]:
         """The catalog section as ``query`` finds it, encoded; with how many tools it looked through."""
         version, shelf, first = self._catalog_section()
         if not words_of(query):
             return first.encode(), 0
-        found, looked = view(version, shelf, query)
-        return found.encode(), looked
+        section, looked = await found(version, shelf, query)
+        return section.encode(), looked
 
     def _render_sections(self) -> _Live:
         gateway = self._gateway
@@ -124,7 +124,7 @@ class StatusPage:
         if self._catalog is None or (self._catalog[0] != version and started >= due):
             rows, fresh = self._catalog_rows()
             shelf = Shelf(rows)
-            self._catalog = (version, shelf, view(version, shelf, None)[0])
+            self._catalog = (version, shelf, view(version, rows))
             self._catalog_cost = (started, time.monotonic() - started)
             took = self._catalog_cost[1] * 1000
             logger.debug("status page catalog rendered in %.1f ms (%d of its rows made)", took, fresh)

@@ -46,9 +46,9 @@ def status_page(
         part, query = request.query_params.get("part"), request.query_params.get("q")
         nonce, looked = None, 0
         if part == "live":
-            body, looked = rendered.live(request.query_params.get("catalog"), query)
+            body, looked = await rendered.live(request.query_params.get("catalog"), query)
         elif part == "catalog":
-            body, looked = rendered.search(query)
+            body, looked = await rendered.search(query)
         else:
             nonce = secrets.token_urlsafe(16)
             body = rendered.full(nonce)
