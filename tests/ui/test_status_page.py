@@ -154,6 +154,11 @@ async def test_in_a_browser_the_page_shows_filters_and_follows_the_gateway() -> 
             await page.wait_for_selector('#catalog[data-query="weather"]', timeout=(REFRESH + 3) * 1000)
             still = await page.eval_on_selector_all("#catalog tr.tool code", SHOWN_NAMES)
             assert still == ["alpha__weather"]  # the refresh kept the search
+            await page.click('details[data-tool="alpha__weather"] summary')  # its schema, fetched
+            await page.wait_for_function(
+                "() => document.querySelector('details[data-tool=\"alpha__weather\"] pre').textContent.includes('city')",
+                timeout=10_000,
+            )
             # Past its 8th word a search's words are not matched: its answer is shown all the same
             # (its section's data-query, what the gateway read, was compared with the box's 9).
             await page.fill("#search", "city today's weather in a alpha__weather alpha city. unmatched")
@@ -198,8 +203,12 @@ async def test_a_tool_of_a_megabyte_costs_the_page_a_bounded_share_and_is_still_
         Client(gw.url, mode="legacy") as bystander,
     ):
         page = (await http.get(f"{gw.base}/")).text
-        assert len(page) < 100_000, len(page)  # its first line 200 characters, its schema 16 KiB
-        assert "more characters)</pre>" in page
+        assert len(page) < 16_000, len(page)  # its first line 200 characters, no schema
+        schema = await http.get(f"{gw.base}/?part=schema&tool=hoarder__hunt")  # when its row is opened
+        assert schema.headers["content-type"] == "text/plain; charset=utf-8"  # an upstream's, never markup
+        assert len(schema.text) < 17_000, len(schema.text)  # 16 KiB of it, and how much more there was
+        assert schema.text.endswith("more characters)")
+        assert (await http.get(f"{gw.base}/?part=schema&tool=hoarder__none")).status_code == 404
         found = (await http.get(f"{gw.base}/?part=catalog&q=treasure+WORD")).text  # its first 1,000 searched
         assert "<code>hoarder__hunt</code>" in found
         assert "<code>hoarder__steady</code>" not in found

@@ -21,7 +21,7 @@ from agent_gateway.agent.tool import INPUT_SCHEMA
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.rendered import Rendered
 from agent_gateway.server import Gateway
-from agent_gateway.ui.catalog import QUERY, Row, Rows, Shelf, found, row, view, words_of
+from agent_gateway.ui.catalog import QUERY, Row, Rows, Shelf, found, row, schema_text, view, words_of
 from agent_gateway.ui.static import SCRIPT, STYLE
 from agent_gateway.ui.text import escape
 from agent_gateway.upstreams.pool import UpstreamStatus
@@ -106,6 +106,14 @@ class StatusPage:
         section, looked = await found(version, shelf, query)
         return section.encode(), looked
 
+    def schema(self, name: str | None) -> bytes | None:
+        """The input schema of the tool ``name`` as the page shows it; None: no such tool."""
+        gateway = self._gateway
+        if gateway.agent is not None and name == gateway.config.agent.name:
+            return schema_text(INPUT_SCHEMA).encode()
+        origin = gateway.catalog.snapshot.tools.get(name or "")
+        return schema_text(origin.item.input_schema).encode() if origin is not None else None
+
     def _render_sections(self) -> _Live:
         gateway = self._gateway
         return _Live(
@@ -137,7 +145,7 @@ class StatusPage:
         if gateway.agent is not None:
             about = "The gateway's own agent over these tools."
             name = gateway.config.agent.name
-            rows.insert(0, row(name, "(gateway)", about, INPUT_SCHEMA, None))
+            rows.insert(0, row(name, "(gateway)", about, None))
         return rows, fresh
 
 

@@ -1,5 +1,6 @@
-"""``GET /`` (the page), ``GET /?part=live`` (what it refreshes) and ``GET /?part=catalog&q=…``
-(its catalog as its search box finds it), with headers that keep anything but the page's own
+"""``GET /`` (the page), ``GET /?part=live`` (what it refreshes), ``GET /?part=catalog&q=…``
+(its catalog as its search box finds it) and ``GET /?part=schema&tool=…`` (a tool's input schema,
+when its row's is opened), with headers that keep anything but the page's own
 style and script from running in it."""
 
 from __future__ import annotations
@@ -49,19 +50,27 @@ def status_page(
             body, looked = await rendered.live(request.query_params.get("catalog"), query)
         elif part == "catalog":
             body, looked = await rendered.search(query)
+        elif part == "schema":
+            if (schema := rendered.schema(request.query_params.get("tool"))) is None:
+                return _answer(b"no such tool", None, status=404, media="text/plain")
+            budgets.charge(request.scope, len(schema))
+            return _answer(schema, None, media="text/plain")
         else:
             nonce = secrets.token_urlsafe(16)
             body = rendered.full(nonce)
         budgets.charge(request.scope, max(len(body), looked * catalog.LOOKED_AT))
-        return _html(body, nonce)
+        return _answer(body, nonce)
 
     return page
 
 
-def _html(body: bytes, nonce: str | None) -> HTMLResponse:
+def _answer(body: bytes, nonce: str | None, status: int = 200, media: str = "text/html") -> Response:
+    """``body``, as ``media`` (a schema as plain text: an upstream's, shown as text, never markup)."""
     source = f"'nonce-{nonce}'" if nonce else "'none'"
-    return HTMLResponse(
+    return Response(
         body,
+        status_code=status,
+        media_type=media,
         headers={
             "Content-Security-Policy": (
                 f"default-src 'none'; style-src {source}; script-src {source}; connect-src 'self'; "
