@@ -61,14 +61,12 @@ async def _ticking(gaps: list[float], done: asyncio.Event) -> None:
 async def main() -> None:
     random.seed(1)
     plain = catalog.Shelf(
-        [catalog.row(f"tool_{n}", "bulk", f"Bulk tool number {n}.", {}, None) for n in range(TOOLS)]
+        [catalog.row(f"tool_{n}", "bulk", f"Bulk tool number {n}.", None) for n in range(TOOLS)]
     )
     base = await longest_step(plain, "bulk number")
     print(f"baseline (a plain catalog, 'bulk number'): {base:.1f} ms")
     for padding in (20, 960):
-        shelf = catalog.Shelf(
-            [catalog.row(f"t{n}", "up", crafted(n, padding), {}, None) for n in range(TOOLS)]
-        )
+        shelf = catalog.Shelf([catalog.row(f"t{n}", "up", crafted(n, padding), None) for n in range(TOOLS)])
         await longest_step(shelf, "warm up")
         for name, query in (
             ("8 words, 7 in each row", " ".join(WORDS)),
