@@ -23,6 +23,10 @@ SETTLE = 8.0
 """Seconds for a replica to see the store answer again and sweep (watch 1 s, look 2 s)."""
 UNSAID = 60_000
 """Deletions told once the store answers: more than one pipeline holds under the timeout (0.5 s)."""
+ATTEMPTS = 3
+"""Times the store is found answering again. A batch takes ~12 ms here, but a stall of the shared
+CI machine once held one past the timeout; what a batch told stays told, so the next attempt goes
+on from there. One pipeline of them all outlasts the timeout each time."""
 
 
 async def unavailable_to(http: httpx.AsyncClient, cluster: Cluster, replica: int) -> None:
@@ -47,8 +51,11 @@ async def test_thousands_of_deletions_unsaid_are_told_when_the_store_answers(
             for i in range(UNSAID):  # DELETEs served meanwhile (the first finds it down)
                 await records.ended(f"s{i:032x}")
             redis.start()
-            await store.start()  # it answers again
-            told = await records.say_unsaid()
+            told = False
+            for _ in range(ATTEMPTS):  # as the keeper does, each time the store answers again
+                await store.start()
+                if told := await records.say_unsaid():
+                    break
             async with aioredis.Redis.from_url(redis.url) as client:
                 tombstones = await client.exists(*(f"{prefix}:ended:s{i:032x}" for i in (0, UNSAID - 1)))
             problem = store.problem
