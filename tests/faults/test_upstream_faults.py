@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,7 +24,6 @@ from starlette.types import ASGIApp, Message, Scope, Send
 
 from agent_gateway.compat import mcp as compat_mcp
 from agent_gateway.compat.mcp import MAX_MESSAGE_DEPTH, MAX_MESSAGE_VALUES
-from agent_gateway.upstreams import stdio_process
 from agent_gateway.upstreams.translation import MAX_ERROR_DATA, MAX_ERROR_MESSAGE
 from tests.faults.harness import (
     Faulted,
@@ -111,13 +111,14 @@ async def test_a_call_the_upstream_never_answers_times_out_and_the_upstream_stay
 
 
 async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_ping_and_is_restarted(
-    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
-    # Stopped, it neither exits when its stdin closes nor on SIGTERM: the SDK's 2 s of grace
-    # for each, not what is tested here, are shortened so its restart comes sooner.
-    monkeypatch.setattr(stdio_process, "PROCESS_TERMINATION_TIMEOUT", 0.2)
-    monkeypatch.setattr(stdio_process, "FORCE_KILL_TIMEOUT", 0.2)
-    config = faulty_stdio(timeout=60, health={"interval": 0.3, "timeout": 0.5})
+    # Stopped, it neither sees its stdin close nor acts on SIGTERM: it was SIGKILLed once both
+    # of the SDK's 2 s of grace had passed. Continued as it is stopped, it ends as it may.
+    thawed = tmp_path / "thawed"
+    config = faulty_stdio(
+        timeout=60, health={"interval": 0.3, "timeout": 0.5}, env={"FAULTY_THAWED": str(thawed)}
+    )
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         upstream = faulted.gw.gateway.pool.get("faulty")
         first = int(text_of(await client.call_tool("faulty__pid", {})))
@@ -134,6 +135,7 @@ async def test_a_frozen_upstream_fails_its_pending_calls_on_the_first_missed_pin
         await wait_until(lambda: upstream.connections == 2 and upstream.state == "up")
         assert int(text_of(await client.call_tool("faulty__pid", {}))) != first
         await wait_until(lambda: not pid_alive(first))
+        assert thawed.read_text() == "thawed"
 
 
 async def test_a_slow_call_does_not_hold_up_other_calls_to_the_same_upstream() -> None:

@@ -12,6 +12,7 @@ import os
 import select
 import signal
 import sys
+import threading
 
 import anyio
 from fastmcp import Context, FastMCP
@@ -86,8 +87,14 @@ def crash() -> str:
 
 @server.tool
 def freeze() -> str:
-    """Stop the whole process (SIGSTOP): no answer, no pings, until it is killed."""
-    os.kill(os.getpid(), signal.SIGSTOP)
+    """Stop the whole process (SIGSTOP): no answer, no pings, until it is continued or killed.
+    Continued, it writes ``thawed`` to the file ``FAULTY_THAWED`` names, if any."""
+    # To this thread: a signal to the process may be taken by another of its threads, and
+    # this one run on a moment before the stop holds it (long enough to write the file).
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    if thawed := os.environ.get("FAULTY_THAWED"):
+        with open(thawed, "w") as file:
+            file.write("thawed")
     return "thawed"
 
 

@@ -13,10 +13,10 @@ Pipes, not socket pairs: a socket charges each small write a buffer of its own (
 45-byte answer costs about a kilobyte of the 208 KiB a socket may hold), so a server that
 writes without reading filled its stdin after some 250 answers, against a pipe's 1,400.
 
-The process group (``start_new_session``), the stop (close stdin, a grace period, SIGTERM to
-the group, SIGKILL) and the group's termination are the SDK's, reused. The group is ended
-whenever its leader exits (a crash, or the end of its input), so a process it started that
-holds its stdout (a helper, a browser) goes with it.
+The process group (``start_new_session``), the stop (close stdin and resume the group, a grace
+period, SIGTERM to the group, SIGKILL) and the group's termination are the SDK's, reused. The
+group is ended whenever its leader exits (a crash, or the end of its input), so a process it
+started that holds its stdout (a helper, a browser) goes with it.
 """
 
 from __future__ import annotations
@@ -259,6 +259,7 @@ async def stop(process: Process, label: str) -> None:
     assert process.stdout is not None
     with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
         await process.stdin.aclose()
+    _resume(process)
     await _exited(process, PROCESS_TERMINATION_TIMEOUT)
     await terminate_posix_process_tree(process, FORCE_KILL_TIMEOUT)
     if not await _exited(process, _REAP_TIMEOUT):
@@ -267,6 +268,14 @@ async def stop(process: Process, label: str) -> None:
         await process.stdout.aclose()
     with anyio.move_on_after(_REAP_TIMEOUT):
         await process.aclose()
+
+
+def _resume(process: Process) -> None:
+    """SIGCONT to its group. A stopped process (SIGSTOP, a debugger's, a terminal's) sees no
+    end of its input and acts on no SIGTERM: it was killed only once both grace periods had
+    passed (4 s). Shells and systemd send SIGCONT with SIGTERM for the same reason."""
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGCONT)
 
 
 async def _exited(process: Process, within: float) -> bool:
