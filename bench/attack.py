@@ -43,6 +43,8 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   often the gateway reconnected it;
 - ``slow-bodies``: 300 connections, each sending 4 MiB - 1 byte of a body and never the
   last, held for 10 s: how many bodies the gateway holds, how many it refused;
+- ``bad-token-flood``: ``initialize`` with a token the gateway does not know, back to back on
+  64 connections from one address, for 10 s (each refused 401);
 - ``unauthenticated-bodies``: 300 GETs and DELETEs without a token, each a chunked body begun
   and never sent on, held for 10 s: how many were refused (401) at once;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
@@ -996,14 +998,16 @@ asyncio.run(main())
 """
 
 
-async def _raw_callers(url: str, seconds: float, callers: int, body: dict[str, Any] | str) -> str:
+async def _raw_callers(
+    url: str, seconds: float, callers: int, body: dict[str, Any] | str, token: str = ATTACKER
+) -> str:
     """``callers`` connections of one client writing ``body`` (its ``id`` 0, made each
-    request's own; or ``GET /path``) again and again for ``seconds`` (``tests/servers/flood.py``).
-    Returns the count of answers by status."""
+    request's own; or ``GET /path``) again and again for ``seconds`` (``tests/servers/flood.py``),
+    with ``token``. Returns the count of answers by status."""
     request = body if isinstance(body, str) else json.dumps(body)
     child = await asyncio.create_subprocess_exec(
         *[sys.executable, "-m", "tests.servers.flood", url, str(callers), request],
-        *["--seconds", str(seconds), "--token", ATTACKER],
+        *["--seconds", str(seconds), "--token", token],
         cwd=ROOT,
         stdout=asyncio.subprocess.PIPE,
     )
@@ -1067,6 +1071,15 @@ async def get_flood(url: str, proc: Process, seconds: float) -> str:
     without a body costs (``/healthz``, the status page's refusals)."""
     answers = await _raw_callers(url, seconds, 64, "GET /no-such-page")
     return f"GETs in {seconds:g}s on 64 connections: {answers}"
+
+
+async def bad_token_flood(url: str, proc: Process, seconds: float) -> str:
+    """``initialize`` with a token the gateway does not know, on 64 connections from one
+    address: each refused (401) before it names any client."""
+    hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "x", "version": "1"}}
+    body = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+    answers = await _raw_callers(url, seconds, 64, body, token="not-a-token-0123456789")
+    return f"requests in {seconds:g}s on 64 connections: {answers}"
 
 
 async def _arguments_flood(url: str, seconds: float, kind: str) -> str:
@@ -1362,6 +1375,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "ping-flood": (ping_flood, 10.0, None),
     "notice-flood": (notice_flood, 10.0, None),
     "get-flood": (get_flood, 10.0, None),
+    "bad-token-flood": (bad_token_flood, 10.0, None),
     "slow-heads": (slow_heads, 15.0, None),
     "endless-heads": (endless_heads, 8.0, None),
     "slow-calls": (slow_calls, 10.0, None),

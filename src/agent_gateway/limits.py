@@ -69,7 +69,7 @@ from agent_gateway.over_limits import (
 )
 from agent_gateway.refusals import refused
 from agent_gateway.store.limits import SharedLimits, Verdict
-from agent_gateway.turns import Turns, bodiless_turn, parsing_turn, serving_turn
+from agent_gateway.turns import Strangers, Turns, bodiless_turn, parsing_turn, serving_turn
 
 INVALID_REQUEST = -32600
 _SESSION_HEADER = b"mcp-session-id"
@@ -115,13 +115,15 @@ class Admission:
         self.shared = shared
         """Limits counted across replicas (``store:``); None, or the store unreachable: this
         replica's own counts."""
+        self.strangers = Strangers()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
-            await request_body.answered_unread(self.app, scope, receive, send)  # 401
+            async with self.strangers.turn(address_of_scope(scope)):
+                await request_body.answered_unread(self.app, scope, receive, send)  # 401
             return
         if scope["method"] != "POST":
             await self._bodiless(scope, receive, send)

@@ -14,10 +14,11 @@ slower (``bench/README.md``). So a client takes turns:
 
 A request without a body (a GET or a DELETE, on any path: a 404 too) takes a working turn: it
 is worked on whole in one step, as a ping is. A listen stream, or a GET of the MCP path (a
-notification stream), which last for hours, take none. An answer to the gateway's question
-(sampling, elicitation, roots) or a notification takes a working turn, never a serving one: it
-may be what the large request being served waits for (the one asking is away meanwhile). A
-request waits ``TURN_WAIT`` at most, then is served anyway; one its client cancels meanwhile (a
+notification stream), which last for hours, take none. A request without the credential a
+gateway with auth requires takes a working turn of its address's (``Strangers``). An answer to
+the gateway's question (sampling, elicitation, roots) or a notification takes a working turn,
+never a serving one: it may be what the large request being served waits for (the one asking
+is away meanwhile). A request waits ``TURN_WAIT`` at most, then is served anyway; one its client cancels meanwhile (a
 handshake-era ``notifications/cancelled`` naming it) is never served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
@@ -38,6 +39,7 @@ from typing import Any, TypeGuard
 import anyio
 import anyio.lowlevel
 
+from agent_gateway.addresses import client_key
 from agent_gateway.tally import Tally
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,9 @@ next large request this long at most (16 calls of 3.5 MB take ~1 s of turns)."""
 WORKING = 4
 """A client's requests the gateway works on at once, first come first served: each of its
 others waits (``TURN_WAIT`` at most) for one of them to be answered or to wait elsewhere."""
+STRANGERS = 10_000
+"""Addresses whose unauthenticated requests' turns are kept; past it, those with none in the
+gateway are forgotten."""
 _LASTING = ("subscriptions/listen",)
 """Requests whose serving lasts as long as their client wants: they take no turn."""
 
@@ -77,6 +82,11 @@ class Turns:
     working: anyio.Semaphore = field(default_factory=lambda: anyio.Semaphore(WORKING))
     waiting: dict[Waiting, anyio.CancelScope] = field(default_factory=dict[Waiting, anyio.CancelScope])
     """Its handshake-era requests waiting for their serving turn, which a cancel gives up."""
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request holds or waits for one of these turns."""
+        return self.working.value < WORKING or self.serving.locked() or self.parsing.locked()
 
     def cancelled(self, session: str, body: bytes) -> None:
         """Give up the waiting request that ``body`` cancels, if it is a cancel naming one.
@@ -128,6 +138,32 @@ def bodiless_turn(turns: Turns, label: str) -> AbstractAsyncContextManager[bool]
     One client's 404s or ``/healthz`` on 64 connections were each worked on in the step that
     read it, 64 ahead of every other client's each turn of the loop: a bystander 2-3x slower."""
     return Working(turns, label, None, large=False)
+
+
+class Strangers:
+    """The working turns of requests without the credential a gateway with auth requires (each
+    answered 401), by address. They took none: one address's 401s on 64 connections were each
+    worked on in the step that read it, and a bystander with a token waited 4x as long, as for
+    404s before they took turns. Kept apart from clients' turns: they name no client (and a
+    token's subject may be any string, an address's label too)."""
+
+    def __init__(self) -> None:
+        self._turns: dict[str, Turns] = {}
+
+    def turn(self, address: str | None) -> AbstractAsyncContextManager[bool]:
+        """The working turn of a request from ``address`` (an IPv6 one's /64)."""
+        key = client_key(address) if address is not None else "an unknown address"
+        if (turns := self._turns.get(key)) is None:
+            if len(self._turns) >= STRANGERS:
+                self._turns = {known: kept for known, kept in self._turns.items() if kept.busy}
+            turns = self._turns[key] = Turns()
+        return Working(turns, f"an unauthenticated client at {key}", None, large=False)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._turns
 
 
 def away() -> AbstractAsyncContextManager[None]:

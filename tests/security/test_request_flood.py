@@ -7,6 +7,7 @@ request waiting on an upstream or a model leaves its turn to its client's next."
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import signal
 import statistics
@@ -32,10 +33,13 @@ from agent_gateway.tally import http_answers
 from tests.agent.scripted import ScriptedChatModel
 from tests.agent.test_ask_agent import agent_gateway, ask
 from tests.security.test_bytes_in_flight import until
+from tests.security.test_hostile_load import INITIALIZE
+from tests.security.test_list_pages import client_with
 from tests.servers import watched
 from tests.support import ROOT, running_gateway, serving_upstream
 
 PING = '{"jsonrpc": "2.0", "id": 0, "method": "ping"}'
+BYSTANDER = "request-flood-bystander-0123456789"
 
 
 def answered() -> int:
@@ -78,6 +82,40 @@ async def test_one_clients_gets_on_many_connections_are_answered_a_few_at_a_time
                     during.append(await answered_so_far(flood) - before)
     # Four of the attacker's at each turn of the loop; without turns, one for each connection.
     assert statistics.median(during) < 128, sorted(during)
+
+
+async def test_requests_without_a_credential_on_many_connections_are_answered_a_few_at_a_time() -> None:
+    # Refused (401) before they name any client, they took no turn: one for each of the
+    # attacker's connections at each turn of the loop, ahead of the bystander's with a token.
+    config = {"auth": {"mode": "bearer", "tokens": [{"name": "bystander", "token": BYSTANDER}]}}
+    during: list[int] = []
+    async with running_gateway(config) as gw, client_with(gw.url, BYSTANDER) as bystander:
+        with flooding(gw.url, "127.0.0.2", 64, json.dumps({**INITIALIZE, "id": 0}), counting=True) as flood:
+            with anyio.fail_after(60):
+                while await answered_so_far(flood) < 1000:
+                    await anyio.sleep(0.05)
+                for _ in range(20):
+                    before = await answered_so_far(flood)
+                    await bystander.list_tools()
+                    during.append(await answered_so_far(flood) - before)
+            assert flood.stdin is not None
+            assert flood.stdout is not None
+            flood.stdin.close()  # it stops and says what it got: every answer a 401
+            assert (await anyio.to_thread.run_sync(flood.stdout.read)).split()[1:] == [b"401"]
+    # Four of the attacker's at each turn of the loop; without turns, one for each connection.
+    assert statistics.median(during) < 128, sorted(during)
+
+
+async def test_past_the_bound_the_turns_of_addresses_without_a_credential_are_forgotten_unless_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(turns, "STRANGERS", 2)
+    strangers = turns.Strangers()
+    async with strangers.turn("127.0.0.2"):  # its request still in the gateway
+        for address in ("127.0.0.3", "127.0.0.4", "::1"):
+            async with strangers.turn(address):
+                pass
+        assert (len(strangers), "127.0.0.2" in strangers, "::/64" in strangers) == (2, True, True)
 
 
 async def answered_so_far(flood: subprocess.Popen[bytes]) -> int:

@@ -8,7 +8,7 @@ by its length alone, so the gateway, not this client, is the slower side::
 
 ``REQUEST`` is a JSON-RPC request whose ``"id": 0`` is made each request's own (one id in
 flight twice is refused), or a notification: it opens one handshake-era session, then floods
-it; or ``GET /path``, sent bare (no session). For ``--seconds`` (or until its stdin closes),
+it; or an ``initialize``, or ``GET /path``, each sent bare (no session). For ``--seconds`` (or until its stdin closes),
 then it prints the answers it got by HTTP status (``23627 200``). With ``--counting``, a line
 ``counting`` first, then on each SIGUSR1 a line of how many answers it has got so far.
 """
@@ -107,7 +107,8 @@ async def main() -> None:
     if args.counting:
         asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, flood.print_so_far)
         print("counting", flush=True)
-    session = "" if args.request.startswith("GET ") else await flood.session()
+    bare = args.request.startswith("GET ") or json.loads(args.request).get("method") == "initialize"
+    session = "" if bare else await flood.session()
     template = args.request.replace('"id": 0', '"id": %d', 1)
     end = time.monotonic() + args.seconds
     callers = asyncio.gather(*(flood.caller(k, template, session, end) for k in range(args.connections)))
