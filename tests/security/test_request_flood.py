@@ -70,16 +70,9 @@ async def test_one_clients_gets_on_many_connections_are_answered_a_few_at_a_time
 ):
     # A request without a body (a 404 here; /healthz, the status page, a DELETE) took no turn:
     # one for each of the attacker's connections at each turn of the loop, ahead of others'.
-    during: list[int] = []
     async with running_gateway({}) as gw, Client(gw.url, mode="legacy") as bystander:
         with flooding(gw.url, "127.0.0.2", 64, "GET /no-such-page", counting=True) as flood:
-            with anyio.fail_after(60):
-                while await answered_so_far(flood) < 1000:
-                    await anyio.sleep(0.05)
-                for _ in range(20):
-                    before = await answered_so_far(flood)
-                    await bystander.list_tools()
-                    during.append(await answered_so_far(flood) - before)
+            during = await answered_during_listings(flood, bystander)
     # Four of the attacker's at each turn of the loop; without turns, one for each connection.
     assert statistics.median(during) < 128, sorted(during)
 
@@ -88,16 +81,9 @@ async def test_requests_without_a_credential_on_many_connections_are_answered_a_
     # Refused (401) before they name any client, they took no turn: one for each of the
     # attacker's connections at each turn of the loop, ahead of the bystander's with a token.
     config = {"auth": {"mode": "bearer", "tokens": [{"name": "bystander", "token": BYSTANDER}]}}
-    during: list[int] = []
     async with running_gateway(config) as gw, client_with(gw.url, BYSTANDER) as bystander:
         with flooding(gw.url, "127.0.0.2", 64, json.dumps({**INITIALIZE, "id": 0}), counting=True) as flood:
-            with anyio.fail_after(60):
-                while await answered_so_far(flood) < 1000:
-                    await anyio.sleep(0.05)
-                for _ in range(20):
-                    before = await answered_so_far(flood)
-                    await bystander.list_tools()
-                    during.append(await answered_so_far(flood) - before)
+            during = await answered_during_listings(flood, bystander)
             assert flood.stdin is not None
             assert flood.stdout is not None
             flood.stdin.close()  # it stops and says what it got: every answer a 401
@@ -116,6 +102,20 @@ async def test_past_the_bound_the_turns_of_addresses_without_a_credential_are_fo
             async with strangers.turn(address):
                 pass
         assert (len(strangers), "127.0.0.2" in strangers, "::/64" in strangers) == (2, True, True)
+
+
+async def answered_during_listings(flood: subprocess.Popen[bytes], bystander: Client) -> list[int]:
+    """Once the flood has had 1,000 answers: how many it had during each of 20 listings of the
+    bystander's."""
+    during: list[int] = []
+    with anyio.fail_after(60):
+        while await answered_so_far(flood) < 1000:
+            await anyio.sleep(0.05)
+        for _ in range(20):
+            before = await answered_so_far(flood)
+            await bystander.list_tools()
+            during.append(await answered_so_far(flood) - before)
+    return during
 
 
 async def answered_so_far(flood: subprocess.Popen[bytes]) -> int:
