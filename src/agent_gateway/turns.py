@@ -18,8 +18,9 @@ notification stream), which last for hours, take none. A request without the cre
 gateway with auth requires takes a working turn of its address's (``Strangers``). An answer to
 the gateway's question (sampling, elicitation, roots) or a notification takes a working turn,
 never a serving one: it may be what the large request being served waits for (the one asking
-is away meanwhile). A request waits ``TURN_WAIT`` at most, then is served anyway; one its client cancels meanwhile (a
-handshake-era ``notifications/cancelled`` naming it) is never served.
+is away meanwhile). A request waits ``TURN_WAIT`` at most, then is served anyway; one its
+client cancels meanwhile (a handshake-era ``notifications/cancelled`` naming it) is never
+served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
 flight (``in_flight.BodyHeld``), which bounds how many can wait. Every other client's

@@ -8,9 +8,10 @@ by its length alone, so the gateway, not this client, is the slower side::
 
 ``REQUEST`` is a JSON-RPC request whose ``"id": 0`` is made each request's own (one id in
 flight twice is refused), or a notification: it opens one handshake-era session, then floods
-it; or an ``initialize``, or ``GET /path``, each sent bare (no session). For ``--seconds`` (or until its stdin closes),
-then it prints the answers it got by HTTP status (``23627 200``). With ``--counting``, a line
-``counting`` first, then on each SIGUSR1 a line of how many answers it has got so far.
+it; or an ``initialize``, or ``GET /path``, each sent bare (no session). For ``--seconds`` (or
+until its stdin closes), then it prints the answers it got by HTTP status (``23627 200``).
+With ``--counting``, a line ``counting`` first, then on each SIGUSR1 a line of how many
+answers it has got so far.
 """
 
 from __future__ import annotations
