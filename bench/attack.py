@@ -836,7 +836,9 @@ async def unauthenticated_trickles(url: str, proc: Process, seconds: float) -> s
             await asyncio.sleep(0.1)
         return took
 
-    *_, took = await asyncio.gather(*(trickle() for _ in range(64)), probes())
+    trickles = asyncio.gather(*(trickle() for _ in range(64)))
+    took = await probes()
+    await trickles
     took.sort()
     p50, p99 = took[len(took) // 2], took[min(len(took) - 1, int(0.99 * len(took)))]
     late = sum(t > 1000 for t in took)
