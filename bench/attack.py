@@ -47,6 +47,9 @@ the attack, and the gateway's RSS (MB) and open descriptors before / during / af
   64 connections from one address, for 10 s (each refused 401);
 - ``unauthenticated-bodies``: 300 GETs and DELETEs without a token, each a chunked body begun
   and never sent on, held for 10 s: how many were refused (401) at once;
+- ``unauthenticated-trickles``: 64 POSTs without a token from one address, each a declared
+  4 MiB body begun and never sent on (opened again once answered), for 10 s: how long that
+  address's ``/healthz`` took meanwhile;
 - ``big-initialize``: 100 sessions (the client's cap), each opened by an ``initialize`` of
   ~900 KB of small JSON values in its capabilities, all kept open;
 - ``many-addresses``: the README's example (no auth), the attacker on 100 loopback addresses
@@ -801,6 +804,47 @@ async def unauthenticated_bodies(url: str, proc: Process, seconds: float) -> str
     return f"{sum(first)} of {len(streams)} answered within 1 s, {unanswered} unanswered {seconds:g} s later"
 
 
+async def unauthenticated_trickles(url: str, proc: Process, seconds: float) -> str:
+    """64 POSTs from 127.0.0.2 without a token, each declaring a 4 MiB body and sending one
+    byte of it (a 401's drain waits 2 s for the rest), each opened again once answered; and
+    a probe's ``/healthz`` from the same address every 0.1 s: its p50 / p99, and how many
+    took past a probe's 1 s."""
+    target = httpx.URL(url)
+    port, host = target.port or 80, target.netloc.decode()
+    head = f"POST {target.path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {4 * 2**20}\r\n\r\n "
+    end = time.monotonic() + seconds
+
+    async def asked(request: str) -> bytes:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.2", 0))
+        try:
+            writer.write(request.encode())
+            return await reader.read()
+        finally:
+            writer.close()
+
+    async def trickle() -> None:
+        while time.monotonic() < end:
+            with contextlib.suppress(OSError):
+                await asked(head)
+
+    async def probes() -> list[float]:
+        took = list[float]()
+        while time.monotonic() < end:
+            began = time.monotonic()
+            await asked(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")
+            took.append((time.monotonic() - began) * 1000)
+            await asyncio.sleep(0.1)
+        return took
+
+    trickles = asyncio.gather(*(trickle() for _ in range(64)))
+    took = await probes()
+    await trickles
+    took.sort()
+    p50, p99 = took[len(took) // 2], took[min(len(took) - 1, int(0.99 * len(took)))]
+    late = sum(t > 1000 for t in took)
+    return f"its /healthz {p50:.0f} / {p99:.0f} ms p50 / p99, {late} of {len(took)} past 1 s"
+
+
 async def big_initialize(url: str, proc: Process, seconds: float) -> str:
     """100 sessions opened by initialize requests of ~900 KB of small values each, kept open."""
     body = _initialize(75_000)
@@ -1390,6 +1434,7 @@ ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float,
     "own-errors": (own_errors, 10.0, None),
     "slow-bodies": (slow_bodies, 10.0, None),
     "unauthenticated-bodies": (unauthenticated_bodies, 10.0, None),
+    "unauthenticated-trickles": (unauthenticated_trickles, 10.0, None),
     "big-initialize": (big_initialize, 3.0, None),
     "big-results": (big_results, 0.0, None),
     "patterns": (patterns, 10.0, None),

@@ -3,7 +3,7 @@
 Every POST to the endpoint (a request, a notification, an answer) passes here first:
 
 - The client is found (from its verified token; unauthenticated requests, any method, pass on
-  unread to their 401: ``request_body.answered_unread``) and its rate limit taken, before a byte of the body is parsed: a
+  unread to their 401: ``request_body.unread``) and its rate limit taken, before a byte of the body is parsed: a
   client over its limit costs the gateway a lookup, never a parse.
 - A request that opens a session (a handshake-era ``initialize``, or a modern-era request,
   which is a session while it runs), once its body has passed the checks below: refused
@@ -122,8 +122,9 @@ class Admission:
             await self.app(scope, receive, send)
             return
         if self.bounds.authenticated and not isinstance(scope.get("user"), AuthenticatedUser):
+            answering = await request_body.unread(scope, receive, send)  # before its turn: no work
             async with self.strangers.turn(address_of_scope(scope)):
-                await request_body.answered_unread(self.app, scope, receive, send)  # 401
+                await self.app(scope, receive, answering)  # 401 (/healthz, OAuth metadata: served)
             return
         if scope["method"] != "POST":
             await self._bodiless(scope, receive, send)

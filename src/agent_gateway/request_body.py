@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import anyio
 from mcp_types import RequestId
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from agent_gateway.errors import GatewayBusy
 from agent_gateway.in_flight import UNCOUNTED, BodyHeld
@@ -165,26 +165,28 @@ DRAIN_WITHIN = 2.0
 """Seconds such a body is given to arrive."""
 
 
-async def answered_unread(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-    """``app``'s answer (a 401) to a request whose body is not for it. A body of a declared
-    ``Content-Length`` up to ``DRAIN_BYTES`` is read and dropped first, ``DRAIN_WITHIN`` at most:
-    answered and closed while its client still sent it, the connection was reset under the
-    client's unread bytes, and a client whose token had expired never read the 401 that says
-    so (an 8 MiB POST on loopback; over a network, far less). Any other body (chunked, larger,
-    or later): answered at once and the connection closed, which was otherwise kept for the
-    rest of the body until the next head's deadline (a trickle held it, and its descriptor)."""
+async def unread(scope: Scope, receive: Receive, send: Send) -> Send:
+    """``send`` for the answer (a 401) to a request whose body is not for the app, once that
+    body is dealt with. A body of a declared ``Content-Length`` up to ``DRAIN_BYTES`` is read
+    and dropped first, ``DRAIN_WITHIN`` at most: answered and closed while its client still
+    sent it, the connection was reset under the client's unread bytes, and a client whose token
+    had expired never read the 401 that says so (an 8 MiB POST on loopback; over a network, far
+    less). Any other body (chunked, larger, or later): answered at once and the connection
+    closed (the ``send`` returned adds the header), which was otherwise kept for the rest of
+    the body until the next head's deadline (a trickle held it, and its descriptor). The
+    caller answers in its turn, after: the drain is its client's time, no work of the
+    gateway's (within the turn, an address's trickles held its /healthz up 5 s)."""
     declared = content_length(scope) or 0
     chunked = any(name == b"transfer-encoding" for name, _ in scope["headers"])
     if not chunked and (not declared or (declared <= DRAIN_BYTES and await _drained(receive))):
-        await app(scope, receive, send)
-        return
+        return send
 
     async def closing(message: Message) -> None:
         if message["type"] == "http.response.start":
             message = {**message, "headers": [*message.get("headers", ()), (b"connection", b"close")]}
         await send(message)
 
-    await app(scope, receive, closing)
+    return closing
 
 
 async def _drained(receive: Receive) -> bool:

@@ -15,12 +15,12 @@ slower (``bench/README.md``). So a client takes turns:
 A request without a body (a GET or a DELETE, on any path: a 404 too) takes a working turn: it
 is worked on whole in one step, as a ping is. A listen stream, or a GET of the MCP path (a
 notification stream), which last for hours, take none. A request without the credential a
-gateway with auth requires takes a working turn of its address's (``Strangers``). An answer to
-the gateway's question (sampling, elicitation, roots) or a notification takes a working turn,
-never a serving one: it may be what the large request being served waits for (the one asking
-is away meanwhile). A request waits ``TURN_WAIT`` at most, then is served anyway; one its
-client cancels meanwhile (a handshake-era ``notifications/cancelled`` naming it) is never
-served.
+gateway with auth requires takes a working turn of its address's (``Strangers``) once its body
+is drained. An answer to the gateway's question (sampling, elicitation, roots) or a
+notification takes a working turn, never a serving one: it may be what the large request being
+served waits for (the one asking is away meanwhile). A request waits ``TURN_WAIT`` at most,
+then is served anyway; one its client cancels meanwhile (a handshake-era
+``notifications/cancelled`` naming it) is never served.
 
 Waiting, their bodies are read, and counted against the client's share of the bytes in
 flight (``in_flight.BodyHeld``), which bounds how many can wait. Every other client's

@@ -206,3 +206,47 @@ async def _twenty_unauthenticated_are_answered_401(method: str, framing: str, fi
                 writer.close()
     assert all(answer.startswith(b"HTTP/1.1 401") for answer in answers), [a[:200] for a in answers]
     assert not served.is_error
+
+
+async def test_an_addresss_unauthenticated_bodies_being_drained_hold_up_none_of_its_other_requests() -> None:
+    # A declared body before a 401 was drained (DRAIN_WITHIN, 2 s) within its address's
+    # working turn: eight such trickles held all four of its turns, and the address's
+    # /healthz (a probe's; its OAuth metadata, a 401 telling a client its token expired)
+    # waited for them, 5 s (TURN_WAIT), where a probe gives up after 1 s. The drain is the
+    # client's time on the network, not work of the gateway's: the turn is taken after it.
+    slow = {"body_timeout": 600, "header_timeout": 600, "keep_alive_timeout": 3600}
+    order: list[str] = []
+    async with _gateway(**slow) as gw, client(gw.url, BYSTANDER_TOKEN) as bystander:
+        held = [await _unfinished_body(gw.url, "POST", "length", None, b" ") for _ in range(8)]
+        try:
+            # Sent after the trickles' heads, and answered after the gateway read them (in
+            # the turns of the loop it takes), by another client: served at once all along.
+            served = await bystander.call_tool("library__echo", {"text": "y"})
+            held.append(probe := await _health_probe(gw.base))
+            with anyio.fail_after(WAIT):
+                async with anyio.create_task_group() as tg:
+                    for reader, _ in held[:-1]:
+                        tg.start_soon(_noted, reader, "HTTP/1.1 401", "trickle", order)
+                    tg.start_soon(_noted, probe[0], "HTTP/1.1 200", "probe", order)
+        finally:
+            for _, writer in held:
+                writer.close()
+    assert not served.is_error
+    assert order[0] == "probe", order  # before: four trickles' 401s at 2 s, the probe's at 5 s
+    assert order.count("trickle") == 8, order
+
+
+async def _noted(reader: Any, expected: str, name: str, order: list[str]) -> None:
+    """``name`` noted in ``order`` once the gateway has answered on ``reader`` and closed it
+    (what it answered, if it is not ``expected``)."""
+    answer = await _answer_of(reader)
+    order.append(name if answer.startswith(expected.encode()) else f"{name}: {answer[:100]!r}")
+
+
+async def _health_probe(base: str) -> tuple[Any, Any]:
+    """A ``/healthz`` from the trickles' address, without a token, as a probe asks it."""
+    parts = urlsplit(base)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    writer.write(f"GET /healthz HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: close\r\n\r\n".encode())
+    await writer.drain()
+    return reader, writer
