@@ -3,8 +3,9 @@
 Every POST to the endpoint (a request, a notification, an answer) passes here first:
 
 - The client is found (from its verified token; unauthenticated requests, any method, pass on
-  unread to their 401: ``request_body.unread``) and its rate limit taken, before a byte of the body is parsed: a
-  client over its limit costs the gateway a lookup, never a parse.
+  unread to their 401, ``request_body.unread``, in a turn of their address's) and its rate
+  limit taken, before a byte of the body is parsed: a client over its limit costs the gateway
+  a lookup, never a parse.
 - A request that opens a session (a handshake-era ``initialize``, or a modern-era request,
   which is a session while it runs), once its body has passed the checks below: refused
   once the client has ``max_sessions`` open and none idle, so one client cannot fill the table

@@ -158,7 +158,7 @@ class Strangers:
             if len(self._turns) >= STRANGERS:
                 self._turns = {known: kept for known, kept in self._turns.items() if kept.busy}
             turns = self._turns[key] = Turns()
-        return Working(turns, f"an unauthenticated client at {key}", None, large=False)
+        return bodiless_turn(turns, f"an unauthenticated client at {key}")  # a 401's, as a 404's
 
     def __len__(self) -> int:
         return len(self._turns)
