@@ -107,8 +107,10 @@ class UpstreamConfig(_Strict):
     with a clear error); ``hide`` takes them out of the catalog until it is back."""
     max_concurrency: int | None = Field(default=200, ge=1, le=100_000)
     """Calls in flight to this upstream at once (all clients together); one more is refused
-    ("over the limit"), never queued. Below the HTTP connection pool, which keeps
-    connections beyond it for health checks and list refreshes; None: no bound."""
+    ("over the limit"). While a shared session's pings say it has calls queued, fewer are sent
+    at once and the others wait their turn (``upstreams/queueing.py``). Below the HTTP
+    connection pool, which keeps connections beyond it for health checks and list refreshes;
+    None: no bound."""
     max_concurrency_per_client: int | None = Field(default=None, ge=1, le=100_000)
     """One client's share of ``max_concurrency`` (an ``ask_agent`` run's calls are its
     client's); one more is refused at once. None: as many as it leaves free, so one client

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -51,6 +52,22 @@ def _unseen(
         logger.warning(UNSEEN_REFUSED, subject, kind, name, extra={"peer": subject})
         raise UnknownName(shown_as or kind, name)
     return who
+
+
+def _turn(
+    session: UpstreamSession, who: Principal, tool: str | None = None
+) -> AbstractAsyncContextManager[None]:
+    """A client's request sent in its turn on a shared session (``upstreams/queueing.py``); on
+    a dedicated session at once: its upstream serves this client alone."""
+    if session.queue is None:
+        return _AT_ONCE
+    config = session.config
+    return session.queue.turn(
+        who.label, lambda: config.timeout_of(tool) if tool is not None else config.timeout
+    )
+
+
+_AT_ONCE = nullcontext()
 
 
 _UPSTREAM_META = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
@@ -111,10 +128,11 @@ class Proxy:
         session = await self._session(origin.upstream, caller)
         try:
             with who.calling():
-                if held and caller is not None and _may_be_held(caller, session):
-                    start = partial(session.call_tool, origin.name, arguments, who=who.label)
-                    return _relayed(await self.held.call(caller, name, start))
-                return _relayed(await session.call_tool(origin.name, arguments, caller, who.label))
+                async with _turn(session, who, origin.name):
+                    if held and caller is not None and _may_be_held(caller, session):
+                        start = partial(session.call_tool, origin.name, arguments, who=who.label)
+                        return _relayed(await self.held.call(caller, name, start))
+                    return _relayed(await session.call_tool(origin.name, arguments, caller, who.label))
         finally:
             logger.debug(
                 "tools/call %s -> %s (%.1f ms)", name, session.id, (time.perf_counter() - started) * 1e3
@@ -128,7 +146,8 @@ class Proxy:
         who = _unseen(caller, "prompt", name)
         session = await self._session(origin.upstream, caller)
         with who.calling():  # a slow render holds an upstream's slot as a tool call does
-            return _relayed(await session.get_prompt(origin.name, arguments, caller, who.label))
+            async with _turn(session, who):
+                return _relayed(await session.get_prompt(origin.name, arguments, caller, who.label))
 
     async def read_resource(self, uri: str, caller: Caller) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError)."""
@@ -136,7 +155,8 @@ class Proxy:
         who = _unseen(caller, "resource", uri)
         session = await self._session(upstream, caller)
         with who.calling():
-            return _relayed(await session.read_resource(upstream_uri, caller, who.label))
+            async with _turn(session, who):
+                return _relayed(await session.read_resource(upstream_uri, caller, who.label))
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
         """Forward ``completion/complete`` for a public prompt or template to its upstream,
@@ -155,7 +175,10 @@ class Proxy:
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
         with who.calling():
-            return _relayed(await session.complete(params.model_copy(update={"ref": ref}), caller, who.label))
+            async with _turn(session, who):
+                return _relayed(
+                    await session.complete(params.model_copy(update={"ref": ref}), caller, who.label)
+                )
 
     async def resource_session(
         self, uri: str, owner: DownstreamSession, client: Principal | None

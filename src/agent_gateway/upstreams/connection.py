@@ -146,6 +146,8 @@ class Upstream:
         # with nothing else heard: one client's slow calls opened the circuit for every client.
         interval = self.config.health.interval
         tg.start_soon(self._ping, client, session, math.inf if interval is None else interval)
+        if session.queue is not None:  # clients' turns: pinged while busy (queueing.py)
+            tg.start_soon(session.queue.watch, partial(unanswered, client, session))
         await session.lost.wait()
         # Down at once: /readyz and new calls need not wait for the transport's close (a
         # WebSocket's closing handshake, a child's exit).

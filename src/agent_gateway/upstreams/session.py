@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -32,6 +32,7 @@ from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.pace import Pace
+from agent_gateway.upstreams.queueing import CallQueue
 from agent_gateway.upstreams.replies import Broadcast, Replies
 from agent_gateway.upstreams.translation import secrets_of, translated, unquoted
 
@@ -44,9 +45,6 @@ SESSION_META_KEY = "io.agent-gateway/session-id"
 """The ``_meta`` key carrying the downstream session id to upstreams."""
 
 CLIENT_INFO = types.Implementation(name="agent-gateway", version=__version__)
-
-T = TypeVar("T")
-
 
 _UPDATES_BUFFER = 256
 _ENDED_TIMEOUT = 5.0
@@ -72,6 +70,7 @@ class UpstreamSession:
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
+        self.queue = CallQueue(name, config.max_concurrency) if owner is None else None
         self.level_sent: types.LoggingLevel | None = None
         """The log level this session was last told (None: never; the upstream's default)."""
         self._setting_level = anyio.Lock()

@@ -1,0 +1,233 @@
+"""Clients' calls to one shared upstream session taking turns: at most ``window`` sent at once,
+the others waiting in the gateway, served client by client.
+
+An upstream works on the calls sent to it in the order they came, out of the gateway's sight:
+one client's calls of a fast tool on 64 connections put 64 calls ahead of every other client's
+there, and a bystander's call took 109 ms instead of 7 (``bench/README.md``). A ping waits in
+that queue as a call does. The gateway pings each shared session once as it connects (idle:
+the fastest answer), then every ``PROBE_INTERVAL`` while ``FLOOR`` calls or more are in flight
+there (``server/discover`` in the modern era). Each ping's time is taken less ``LAGS`` times
+how late the gateway's own loop woke a timer just before it: a gateway busy with its own work
+is not an upstream with calls queued.
+
+- Two pings in a row answered ``TARGET`` later than the fastest one (and in twice its time) say
+  the upstream has calls queued. The window shrinks to the calls in flight times fastest plus
+  target over the ping's time (Little's law: the calls the upstream works through in that
+  time), by half at most at each ping, ``FLOOR`` at least.
+- A ping answered in time while the window held calls back widens it past the calls in flight,
+  up to the upstream's ``max_concurrency``: by one after a late ping (an upstream working
+  through its calls as fast as they come stays near its edge), else twice as wide (a burst
+  that made pings late is over in a few).
+
+Calls that wait on I/O, a database or a model, and an upstream that works on many at once,
+leave its pings fast: the window stays open for them whatever their tools' latency. It is not
+judged from the calls themselves, whose tools differ a thousandfold.
+
+Calls past the window wait in one queue per client, and the next one sent is the next client's
+(round robin): a client with one call waiting is served next to one with sixty. While the window
+is the whole ``max_concurrency`` nothing waits (a call past it is refused, as ever). A call waits
+at most its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
+timeout starts. An upstream that answers pings apart from its calls keeps its window open: the
+gateway then sends as it did without one. A dedicated (``per_client``) session takes no turns:
+its upstream serves one client.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+import anyio
+from opentelemetry import trace
+
+from agent_gateway.errors import UpstreamBusy
+from agent_gateway.tally import Tally
+
+logger = logging.getLogger(__name__)
+
+FLOOR = 4
+"""The smallest window, and the calls in flight from which the upstream is pinged."""
+TARGET = 0.005
+"""Seconds a ping may wait at the upstream (past the fastest ping) before calls are held back."""
+PROBE_INTERVAL = 0.1
+"""Seconds between pings while busy: ten light requests a second, and only then."""
+LAGS = 3
+"""The gateway's loop passes a ping's time takes beyond the upstream's: it is written, its
+answer read, its waiter woken (each pass as slow as the gateway is busy)."""
+NO_CEILING = 100_000
+"""The window of an upstream without ``max_concurrency`` (its largest allowed value)."""
+_TOLD_EVERY = 60.0
+"""Seconds between the info lines saying an upstream's calls are held back (debug between)."""
+
+calls_waited = Tally(
+    "agent_gateway.upstream.calls.waited",
+    "Clients' calls that waited for their turn to be sent to an upstream, by upstream: its "
+    "pings said it had calls queued, so at most its window of calls were sent at once.",
+)
+
+
+class Turn:
+    """One call's turn (``CallQueue.turn``): a class, not a generator, as it is on every call."""
+
+    __slots__ = ("_client", "_queue", "_wait")
+
+    def __init__(self, queue: CallQueue, client: str, wait: Callable[[], float]) -> None:
+        self._queue, self._client, self._wait = queue, client, wait
+
+    async def __aenter__(self) -> None:
+        await self._queue._taken(self._client, self._wait)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._queue._given_back()
+
+
+class CallQueue:
+    """The turns of the clients calling one shared upstream session (its ``queue``)."""
+
+    def __init__(self, upstream: str, limit: int | None) -> None:
+        self.upstream = upstream
+        self._ceiling = limit or NO_CEILING
+        self.window = self._ceiling
+        self.sent = 0
+        """Calls sent and not yet answered."""
+        self._waiting: dict[str, deque[anyio.Event]] = {}
+        """Each client's calls waiting, in the order of its turns (a client's key moves last
+        as one of its calls is sent)."""
+        self.fastest = math.inf
+        """The fastest ping of this session (seconds): what a ping takes with nothing queued."""
+        self._busy = anyio.Event()
+        self._late = False
+        """The last ping was late."""
+        self._told = -math.inf
+
+    @property
+    def waiting(self) -> int:
+        """Calls waiting for their turn."""
+        return sum(len(calls) for calls in self._waiting.values())
+
+    def turn(self, client: str, wait: Callable[[], float]) -> Turn:
+        """``client``'s call sent in its turn (waiting ``wait()`` seconds at most) and counted
+        in flight until it ends: ``async with queue.turn(...)``.
+
+        Raises:
+            UpstreamBusy: no turn within its wait; the call was not sent.
+        """
+        return Turn(self, client, wait)
+
+    async def _taken(self, client: str, wait: Callable[[], float]) -> None:
+        if (self.sent < self.window or self.window >= self._ceiling) and not self._waiting:
+            self.sent += 1
+            if self.sent >= FLOOR:
+                self._busy.set()
+        else:
+            await self._wait(client, wait())
+
+    def _given_back(self) -> None:
+        self.sent -= 1
+        self._send_next()
+
+    async def _wait(self, client: str, wait: float) -> None:
+        sent = anyio.Event()
+        self._waiting.setdefault(client, deque()).append(sent)
+        calls_waited.add(1, {"agent_gateway.upstream": self.upstream})
+        started = time.perf_counter()
+        try:
+            with anyio.move_on_after(wait):
+                await sent.wait()
+        except BaseException:
+            self._left(client, sent)
+            raise
+        if not sent.is_set():
+            self._left(client, sent)
+            raise UpstreamBusy(
+                self.upstream,
+                f"not sent within {wait:g}s: the upstream is answering slowly, so at most "
+                f"{self.window} calls are sent to it at once and clients take turns; retry later",
+            )
+        waited = (time.perf_counter() - started) * 1e3
+        trace.get_current_span().set_attribute("agent_gateway.upstream.waited_ms", round(waited, 1))
+
+    def _left(self, client: str, sent: anyio.Event) -> None:
+        """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
+        if sent.is_set():
+            self.sent -= 1
+            self._send_next()
+            return
+        calls = self._waiting[client]
+        calls.remove(sent)
+        if not calls:
+            del self._waiting[client]
+
+    def _send_next(self) -> None:
+        while self._waiting and self.sent < self.window:
+            client = next(iter(self._waiting))
+            calls = self._waiting.pop(client)
+            calls.popleft().set()
+            self.sent += 1
+            if calls:  # its next call goes behind every other client's
+                self._waiting[client] = calls
+
+    async def watch(self, ping: Callable[[], Awaitable[object]]) -> None:
+        """Ping the upstream once at once (idle: its fastest answer), then while it is busy,
+        and set the window from how long each ping took (run for the session's life; a ping
+        the upstream fails counts as its time)."""
+        self.observed(await _timed(ping), 0.0)
+        while True:
+            await self._busy.wait()
+            slept = anyio.current_time()
+            await anyio.sleep(PROBE_INTERVAL)
+            behind = anyio.current_time() - slept - PROBE_INTERVAL  # the gateway's own loop's lag
+            self.observed(await _timed(ping), behind)
+            if self.sent < FLOOR and not self._waiting:
+                self._busy = anyio.Event()
+
+    def observed(self, took: float, behind: float) -> None:
+        """One ping's time (seconds), less ``LAGS`` times ``behind`` (how late the gateway's
+        own loop woke a timer just before): the window narrowed when the ping waited at the
+        upstream, widened when it did not while the window held calls back."""
+        self.fastest = min(self.fastest, took)  # as measured: a lag misjudged never lowers it
+        took = max(took - LAGS * behind, 0.0)
+        expected = self.fastest + TARGET
+        late, self._late = self._late, took > expected and took > 2 * self.fastest
+        if self._late:
+            if late:  # twice in a row: not one moment's lag of the gateway's own loop
+                shrunk = max(FLOOR, self.sent // 2, math.floor(self.sent * expected / took))
+                self._resize(min(self.window, shrunk), took)
+        elif self._waiting or self.sent >= self.window:  # after a late one, a step at a time
+            edge = max(self.window, self.sent)  # calls sent before it narrowed are not taken back
+            widened = edge + 1 if late else edge * 2
+            self._resize(min(self._ceiling, widened), took)
+        self._send_next()
+
+    def _resize(self, window: int, took: float) -> None:
+        if window == self.window:
+            return
+        held_back = window < self._ceiling
+        if held_back == (self.window < self._ceiling):  # not from or to the whole ceiling
+            logger.debug("upstream %s: window %d (ping %.1f ms)", self.upstream, window, took * 1e3)
+        elif held_back:
+            self._tell(
+                "upstream %s: a ping took %.1f ms (the fastest %.1f): it has calls queued; at most "
+                "%d of clients' calls are sent to it at once now, clients taking turns",
+                self.upstream, took * 1e3, self.fastest * 1e3, window,
+            )  # fmt: skip
+        else:
+            self._tell("upstream %s: its pings are answered in time; calls sent as they come", self.upstream)
+        self.window = window
+
+    def _tell(self, message: str, *values: object) -> None:
+        """At info once a minute at most (an upstream on the edge goes to and fro), else debug."""
+        now = time.monotonic()
+        level = logging.INFO if now - self._told >= _TOLD_EVERY else logging.DEBUG
+        if level == logging.INFO:
+            self._told = now
+        logger.log(level, message, *values)
+
+
+async def _timed(ping: Callable[[], Awaitable[object]]) -> float:
+    started = anyio.current_time()
+    await ping()
+    return anyio.current_time() - started

@@ -1,0 +1,230 @@
+"""Clients take turns at a shared upstream whose pings say it has calls queued
+(``upstreams/queueing.py``).
+
+Before, every call was sent at once, whoever sent it, and an upstream that works on one request
+at a time worked through them in the order they came: one client keeping 32 calls of a fast
+tool in flight put ~31 of its calls ahead of each of a bystander's at the upstream itself. Now
+the gateway pings such an upstream while it is busy, sends at most a window of calls when the
+pings come back late, and serves the calls waiting client by client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import statistics
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from agent_gateway.errors import UpstreamBusy
+from agent_gateway.upstreams.queueing import FLOOR, CallQueue
+from tests.security.test_hostile_load import client
+from tests.support import RunningGateway, python_upstream, running_gateway
+
+TOKENS = {"B": "bystander-token-0123456789", "H": "hog-token-0123456789"}
+HOG_CALLS = 16
+"""The flooding client's calls in flight, each sent again as soon as it is answered."""
+
+
+@asynccontextmanager
+async def _clients() -> AsyncIterator[tuple[RunningGateway, Client, Client]]:
+    """A gateway with bearer auth in front of ``tests/servers/serial.py``: bystander, hog."""
+    tokens = [{"name": "bystander", "token": "${B}"}, {"name": "hog", "token": "${H}"}]
+    config = {
+        "upstreams": {"serial": python_upstream("serial.py")},
+        "auth": {"mode": "bearer", "tokens": tokens},
+    }
+    async with (
+        running_gateway(config, environ=TOKENS) as gw,
+        client(gw.url, TOKENS["B"]) as bystander,
+        client(gw.url, TOKENS["H"]) as hog,
+    ):
+        yield gw, bystander, hog
+
+
+async def _work(c: Client, who: str) -> None:
+    result = await c.call_tool("serial__work", {"who": who})
+    assert not result.is_error, result
+    assert isinstance(block := result.content[0], types.TextContent)
+    assert block.text == who
+
+
+def _ahead(starts: list[str]) -> list[int]:
+    """For each of the bystander's calls after its first, the hog's calls the upstream started
+    since the bystander's call before it (the bystander sends the next once answered)."""
+    marks = [i for i, who in enumerate(starts) if who == "bystander"]
+    return [later - earlier - 1 for earlier, later in itertools.pairwise(marks)]
+
+
+async def test_a_bystanders_calls_wait_at_the_upstream_behind_a_few_of_a_flooding_clients_not_all() -> None:
+    async with _clients() as (gw, bystander, hog):
+        queue = gw.gateway.pool.get("serial").session().queue
+        assert queue is not None
+        await _until(lambda: queue.fastest < math.inf)  # pinged once as it connected, idle
+        answered = 0
+
+        async def flood() -> None:
+            nonlocal answered
+            while True:
+                await _work(hog, "hog")
+                answered += 1
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(HOG_CALLS):
+                tg.start_soon(flood)
+            with anyio.fail_after(60):
+                for _ in range(20):
+                    await _work(bystander, "bystander")
+            tg.cancel_scope.cancel()
+        result = await bystander.call_tool("serial__starts", {})
+        starts = result.structured_content["result"] if result.structured_content else []
+        ahead = _ahead(starts)[-10:]  # once the window has settled
+        # Sent all at once, ~31 of the hog's calls were ahead of each; in turns, 5-11 (the window,
+        # the hog's turn before the bystander's, and those the hog sent while the bystander
+        # read its answer and sent its next call).
+        assert statistics.median(ahead) <= HOG_CALLS // 2, ahead
+        assert answered >= 20, "the flooding client's calls are served too, in their turns"
+
+
+def _late(queue: CallQueue) -> None:
+    """Three pings, the last two queued 100 ms at the upstream."""
+    queue.observed(0.001, 0.0)
+    queue.observed(0.1, 0.0)
+    assert queue.window == 100, "one late ping may be the gateway's own lag"
+    queue.observed(0.1, 0.0)
+
+
+async def test_calls_past_the_window_are_sent_client_by_client_in_turn() -> None:
+    queue = CallQueue("up", 100)
+    sent: list[str] = []
+    release = anyio.Event()
+
+    async def call(who: str) -> None:
+        async with queue.turn(who, lambda: 10):
+            sent.append(who)
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(FLOOR):
+            tg.start_soon(call, "a")
+        await _until(lambda: queue.sent == FLOOR)
+        _late(queue)
+        assert queue.window == FLOOR
+        for n, who in enumerate(("a", "a", "a", "b", "c", "b"), start=1):
+            tg.start_soon(call, who)
+            await _until(lambda n=n: queue.waiting == n)  # in this order
+        assert queue.waiting == 6
+        release.set()
+    assert sent[FLOOR:] == ["a", "b", "c", "a", "b", "a"]
+
+
+async def test_a_call_not_sent_within_its_wait_is_refused_and_leaves_no_place_behind() -> None:
+    queue = CallQueue("up", 100)
+    async with _holding(queue, FLOOR):
+        _late(queue)
+        with pytest.raises(UpstreamBusy, match=r"not sent within 0\.05s"):
+            async with queue.turn("b", lambda: 0.05):
+                pytest.fail("sent past the window")
+        assert queue.waiting == 0
+        with anyio.CancelScope() as scope:  # one cancelled while it waits: its place goes too
+            scope.cancel()
+            async with queue.turn("b", lambda: 10):
+                pytest.fail("sent past the window")
+        assert queue.waiting == 0
+
+        async def given_then_cancelled() -> None:
+            async with queue.turn("b", lambda: 10):
+                pytest.fail("sent though cancelled")
+
+        # Given its turn and cancelled in the same step, before it runs again: asyncio's own
+        # cancel, which lands at once (anyio delivers a scope's on the loop's next pass).
+        waiter = asyncio.ensure_future(given_then_cancelled())
+        await _until(lambda: queue.waiting == 1)
+        queue.observed(0.001, 0.0)  # in time: one more may be sent, and it is given the turn
+        assert queue.sent == FLOOR + 1
+        waiter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        await _until(lambda: queue.sent == FLOOR)  # its turn given back
+    assert queue.sent == 0
+
+
+async def test_the_window_widens_back_to_max_concurrency_while_pings_are_answered_in_time() -> None:
+    queue = CallQueue("up", 100)
+    async with _holding(queue, FLOOR + 3) as hold:
+        _late(queue)
+        assert queue.window == FLOOR
+        assert queue.sent == FLOOR + 3  # sent before: not taken back
+        hold(120)
+        await _until(lambda: queue.waiting == 120)
+        widths = []
+        for _ in range(6):
+            queue.observed(0.001, 0.0)  # in time, while calls wait to be sent
+            widths.append(queue.window)
+        # Past the 7 in flight: a step after a late ping, then twice as wide.
+        assert widths == [8, 16, 32, 64, 100, 100]
+        assert queue.sent == 100  # sent as it widened
+        assert queue.waiting == 27
+    assert queue.sent == 0
+
+
+async def test_the_window_narrows_to_half_of_the_calls_in_flight_at_most_at_each_late_ping() -> None:
+    queue = CallQueue("up", 100)
+    async with _holding(queue, 64):
+        _late(queue)  # by Little's law 64 x 6 ms / 100 ms: 3
+        assert queue.window == 32
+        queue.observed(0.1, 0.0)
+        assert queue.window == 32, "its calls in flight are not answered yet"
+
+
+async def test_a_ping_late_by_the_gateways_own_lag_leaves_the_window_and_the_fastest_ping_alone() -> None:
+    queue = CallQueue("up", 100)
+    async with _holding(queue, FLOOR * 2):
+        queue.observed(0.010, 0.0)
+        for _ in range(3):  # 100 ms, of which 3 passes of a loop 30 ms behind: 10 ms at the upstream
+            queue.observed(0.100, 0.030)
+        assert queue.window == 100
+        queue.observed(0.005, 0.002)  # not 0 ms: what a misjudged lag says is never the fastest
+        assert queue.fastest == 0.005
+
+
+async def test_no_call_waits_while_the_window_is_the_whole_max_concurrency() -> None:
+    queue = CallQueue("up", 2)
+    async with queue.turn("a", lambda: 10), queue.turn("a", lambda: 10), queue.turn("b", lambda: 10):
+        assert queue.sent == 3
+        assert queue.waiting == 0
+
+
+@asynccontextmanager
+async def _holding(queue: CallQueue, calls: int) -> AsyncIterator[Callable[[int], None]]:
+    """``calls`` of client a's sent and held until the block ends; it gets a function that
+    sends (or queues) that many more, held alike."""
+    release = anyio.Event()
+
+    async def held() -> None:
+        async with queue.turn("a", lambda: 10):
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+
+        def hold(more: int) -> None:
+            for _ in range(more):
+                tg.start_soon(held)
+
+        hold(calls)
+        await _until(lambda: queue.sent == calls)
+        yield hold
+        release.set()
+
+
+async def _until(done: object) -> None:
+    assert callable(done)
+    with anyio.fail_after(5):
+        while not done():
+            await anyio.sleep(0.01)
