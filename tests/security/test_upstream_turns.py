@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -192,6 +193,23 @@ async def test_a_ping_late_by_the_gateways_own_lag_leaves_the_window_and_the_fas
         assert queue.window == 100
         queue.observed(0.005, 0.002)  # not 0 ms: what a misjudged lag says is never the fastest
         assert queue.fastest == 0.005
+
+
+async def test_a_ping_left_unanswered_is_not_counted() -> None:
+    queue = CallQueue("up", 100)
+    pings: list[str | None] = ["health check: no answer within 10s"]
+
+    async def ping() -> str | None:
+        return pings.pop(0) if pings else None
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queue.watch, ping)
+        await _until(lambda: not pings)
+        await anyio.lowlevel.checkpoint()
+        assert queue.fastest == math.inf, "a ping with no answer is no measure of the upstream"
+        async with _holding(queue, FLOOR):  # busy: pinged again, and answered
+            await _until(lambda: queue.fastest < math.inf)
+        tg.cancel_scope.cancel()
 
 
 async def test_no_call_waits_while_the_window_is_the_whole_max_concurrency() -> None:

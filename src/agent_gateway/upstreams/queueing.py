@@ -170,17 +170,20 @@ class CallQueue:
             if calls:  # its next call goes behind every other client's
                 self._waiting[client] = calls
 
-    async def watch(self, ping: Callable[[], Awaitable[object]]) -> None:
+    async def watch(self, ping: Callable[[], Awaitable[str | None]]) -> None:
         """Ping the upstream once at once (idle: its fastest answer), then while it is busy,
-        and set the window from how long each ping took (run for the session's life; a ping
-        the upstream fails counts as its time)."""
-        self.observed(await _timed(ping), 0.0)
+        and set the window from how long each ping took (run for the session's life). ``ping``
+        says why it went unanswered, if it did: such a ping tells nothing of the upstream's
+        queue (its health checks judge it) and is not counted."""
+        if (took := await _timed(ping)) is not None:
+            self.observed(took, 0.0)
         while True:
             await self._busy.wait()
             slept = anyio.current_time()
             await anyio.sleep(PROBE_INTERVAL)
             behind = anyio.current_time() - slept - PROBE_INTERVAL  # the gateway's own loop's lag
-            self.observed(await _timed(ping), behind)
+            if (took := await _timed(ping)) is not None:
+                self.observed(took, behind)
             if self.sent < FLOOR and not self._waiting:
                 self._busy = anyio.Event()
 
@@ -227,7 +230,8 @@ class CallQueue:
         logger.log(level, message, *values)
 
 
-async def _timed(ping: Callable[[], Awaitable[object]]) -> float:
+async def _timed(ping: Callable[[], Awaitable[str | None]]) -> float | None:
+    """Seconds ``ping`` took to be answered; None if it was not."""
     started = anyio.current_time()
-    await ping()
-    return anyio.current_time() - started
+    unanswered = await ping()
+    return anyio.current_time() - started if unanswered is None else None
