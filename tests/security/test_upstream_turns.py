@@ -95,9 +95,10 @@ async def test_a_bystanders_calls_wait_at_the_upstream_behind_a_few_of_a_floodin
 
 def _late(queue: CallQueue) -> None:
     """Three pings, the last two queued 100 ms at the upstream."""
+    whole = queue.window
     queue.observed(0.001, 0.0)
     queue.observed(0.1, 0.0)
-    assert queue.window == 100, "one late ping may be the gateway's own lag"
+    assert queue.window == whole, "one late ping may be the gateway's own lag"
     queue.observed(0.1, 0.0)
 
 
@@ -162,8 +163,8 @@ async def test_the_window_widens_back_to_max_concurrency_while_pings_are_answere
         _late(queue)
         assert queue.window == FLOOR
         assert queue.sent == FLOOR + 3  # sent before: not taken back
-        hold(120)
-        await _until(lambda: queue.waiting == 120)
+        hold(100)  # as many as may wait (its max_concurrency)
+        await _until(lambda: queue.waiting == 100)
         widths = []
         for _ in range(6):
             queue.observed(0.001, 0.0)  # in time, while calls wait to be sent
@@ -171,7 +172,7 @@ async def test_the_window_widens_back_to_max_concurrency_while_pings_are_answere
         # Past the 7 in flight: a step after a late ping, then twice as wide.
         assert widths == [8, 16, 32, 64, 100, 100]
         assert queue.sent == 100  # sent as it widened
-        assert queue.waiting == 27
+        assert queue.waiting == 7
     assert queue.sent == 0
 
 
@@ -209,6 +210,49 @@ async def test_a_ping_left_unanswered_is_not_counted() -> None:
         assert queue.fastest == math.inf, "a ping with no answer is no measure of the upstream"
         async with _holding(queue, FLOOR):  # busy: pinged again, and answered
             await _until(lambda: queue.fastest < math.inf)
+        tg.cancel_scope.cancel()
+
+
+async def test_waiting_calls_are_bounded_by_max_concurrency_and_sent_on_when_the_session_is_lost() -> None:
+    queue = CallQueue("up", 8)
+    outcomes: list[str] = []
+
+    async def waiting() -> None:
+        async with queue.turn("b", lambda: 10):
+            outcomes.append("sent")
+
+    async with _holding(queue, FLOOR), anyio.create_task_group() as tg:
+        _late(queue)
+        for n in range(1, 9):
+            tg.start_soon(waiting)
+            await _until(lambda n=n: queue.waiting == n)
+        with pytest.raises(UpstreamBusy, match="8 calls are waiting for their turn already"):
+            async with queue.turn("c", lambda: 10):
+                pytest.fail("queued past the bound")
+        queue.close()  # as its connection is lost: each goes on to fail there, saying so
+        await _until(lambda: len(outcomes) == 8)
+        assert queue.waiting == 0
+        async with queue.turn("c", lambda: 10):  # one that took the session just before
+            assert queue.sent == FLOOR + 1
+
+
+async def test_once_idle_the_window_is_whole_again_and_the_fastest_ping_measured_anew() -> None:
+    queue = CallQueue("up", 100)
+    seconds = [0.001]  # what the upstream takes to answer a ping, idle
+
+    async def ping() -> None:
+        await anyio.sleep(seconds[0])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(queue.watch, ping)
+        await _until(lambda: queue.fastest < math.inf)
+        async with _holding(queue, FLOOR * 2):
+            queue.observed(0.1, 0.0)
+            queue.observed(0.1, 0.0)
+            assert queue.window == FLOOR
+            seconds[0] = 0.05  # its route got slower for good
+        await _until(lambda: queue.fastest >= 0.05)  # measured again once idle, not kept at 1 ms
+        assert queue.window == 100
         tg.cancel_scope.cancel()
 
 

@@ -152,6 +152,8 @@ class Upstream:
         # Down at once: /readyz and new calls need not wait for the transport's close (a
         # WebSocket's closing handshake, a child's exit).
         self.state = UpstreamState.DOWN
+        if session.queue is not None:  # its calls waiting for a turn go on, to fail saying why
+            session.queue.close()
         tg.cancel_scope.cancel()
 
     async def _ping(self, client: Client, session: UpstreamSession, interval: float) -> None:

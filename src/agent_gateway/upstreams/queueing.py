@@ -23,8 +23,11 @@ Calls that wait on I/O, a database or a model, and an upstream that works on man
 leave its pings fast: the window stays open for them whatever their tools' latency. It is not
 judged from the calls themselves, whose tools differ a thousandfold.
 
-Calls past the window wait in one queue per client, and the next one sent is the next client's
-(round robin): a client with one call waiting is served next to one with sixty. While the window
+Once idle again (fewer than ``FLOOR`` in flight, none waiting) the window is whole and the
+fastest ping measured anew. Calls past the window wait in one queue per client, and the next
+one sent is the next client's (round robin): a client with one call waiting is served next to
+one with sixty. At most ``max_concurrency`` calls wait (one more is refused at once); when the
+session is lost, every call waiting goes on at once, to fail saying so. While the window
 is the whole ``max_concurrency`` nothing waits (a call past it is refused, as ever). A call waits
 at most its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
 timeout starts. An upstream that answers pings apart from its calls keeps its window open: the
@@ -101,7 +104,8 @@ class CallQueue:
         self._busy = anyio.Event()
         self._late = False
         """The last ping was late."""
-        self._told = -math.inf
+        self._told = {True: -math.inf, False: -math.inf}
+        """When each of the two info lines (held back, sent as they come) was last logged."""
 
     @property
     def waiting(self) -> int:
@@ -130,9 +134,15 @@ class CallQueue:
         self._send_next()
 
     async def _wait(self, client: str, wait: float) -> None:
+        if self.waiting >= self._ceiling:
+            raise UpstreamBusy(
+                self.upstream,
+                f"{self._ceiling} calls are waiting for their turn already (its max_concurrency): "
+                "the upstream is answering slowly; retry later",
+            )
+        calls_waited.add(1, {"agent_gateway.upstream": self.upstream})
         sent = anyio.Event()
         self._waiting.setdefault(client, deque()).append(sent)
-        calls_waited.add(1, {"agent_gateway.upstream": self.upstream})
         started = time.perf_counter()
         try:
             with anyio.move_on_after(wait):
@@ -161,6 +171,17 @@ class CallQueue:
         if not calls:
             del self._waiting[client]
 
+    def close(self) -> None:
+        """The session is lost: every call waiting is sent on at once (to fail there, saying
+        so), none waits out its timeout for a turn on a session that is gone; nor does a call
+        that took the session just before."""
+        self.window = self._ceiling
+        for calls in self._waiting.values():
+            for sent in calls:
+                sent.set()
+                self.sent += 1
+        self._waiting.clear()
+
     def _send_next(self) -> None:
         while self._waiting and self.sent < self.window:
             client = next(iter(self._waiting))
@@ -185,7 +206,17 @@ class CallQueue:
             if (took := await _timed(ping)) is not None:
                 self.observed(took, behind)
             if self.sent < FLOOR and not self._waiting:
-                self._busy = anyio.Event()
+                await self._idle(ping)
+
+    async def _idle(self, ping: Callable[[], Awaitable[str | None]]) -> None:
+        """Not busy any more: the whole window again, and the fastest ping measured again while
+        little is in flight (in place of the old one: a route that got slower for good would
+        otherwise make every later ping look late)."""
+        self._busy = anyio.Event()
+        self._late = False
+        self._resize(self._ceiling, 0.0)
+        if (took := await _timed(ping)) is not None:
+            self.fastest = took
 
     def observed(self, took: float, behind: float) -> None:
         """One ping's time (seconds), less ``LAGS`` times ``behind`` (how late the gateway's
@@ -213,20 +244,22 @@ class CallQueue:
             logger.debug("upstream %s: window %d (ping %.1f ms)", self.upstream, window, took * 1e3)
         elif held_back:
             self._tell(
+                held_back,
                 "upstream %s: a ping took %.1f ms (the fastest %.1f): it has calls queued; at most "
                 "%d of clients' calls are sent to it at once now, clients taking turns",
                 self.upstream, took * 1e3, self.fastest * 1e3, window,
             )  # fmt: skip
         else:
-            self._tell("upstream %s: its pings are answered in time; calls sent as they come", self.upstream)
+            self._tell(held_back, "upstream %s: calls are sent to it as they come again", self.upstream)
         self.window = window
 
-    def _tell(self, message: str, *values: object) -> None:
-        """At info once a minute at most (an upstream on the edge goes to and fro), else debug."""
+    def _tell(self, held_back: bool, message: str, *values: object) -> None:
+        """At info once a minute at most each way (an upstream on the edge goes to and fro),
+        else debug."""
         now = time.monotonic()
-        level = logging.INFO if now - self._told >= _TOLD_EVERY else logging.DEBUG
+        level = logging.INFO if now - self._told[held_back] >= _TOLD_EVERY else logging.DEBUG
         if level == logging.INFO:
-            self._told = now
+            self._told[held_back] = now
         logger.log(level, message, *values)
 
 
