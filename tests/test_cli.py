@@ -93,6 +93,8 @@ def test_tools_json_prints_the_catalog_and_upstream_states(
         "connections": 1,
         "in_flight": 0,
         "listing_refused": None,
+        "window": None,
+        "waiting": 0,
     }
     assert upstream["last_up_at"]
 

@@ -16,9 +16,11 @@ import math
 import statistics
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import anyio.lowlevel
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -36,10 +38,10 @@ HOG_CALLS = 16
 @asynccontextmanager
 async def _clients() -> AsyncIterator[tuple[RunningGateway, Client, Client]]:
     """A gateway with bearer auth in front of ``tests/servers/serial.py``: bystander, hog."""
-    tokens = [{"name": "bystander", "token": "${B}"}, {"name": "hog", "token": "${H}"}]
+    tokens = [{"name": "bystander", "token": "${B}", "policy": "operators"}, {"name": "hog", "token": "${H}"}]
     config = {
         "upstreams": {"serial": python_upstream("serial.py")},
-        "auth": {"mode": "bearer", "tokens": tokens},
+        "auth": {"mode": "bearer", "tokens": tokens, "policies": {"operators": {"admin": True}}},
     }
     async with (
         running_gateway(config, environ=TOKENS) as gw,
@@ -54,6 +56,26 @@ async def _work(c: Client, who: str) -> None:
     assert not result.is_error, result
     assert isinstance(block := result.content[0], types.TextContent)
     assert block.text == who
+
+
+async def _shown(gw: RunningGateway, seen: Callable[[dict[str, Any]], bool]) -> None:
+    """Wait until ``/status`` shows the upstream as ``seen`` says, then until its row on the
+    status page shows whether its calls are held back likewise (each is rendered once a second
+    at most, so either may be a moment behind the other)."""
+    headers = {"Authorization": f"Bearer {TOKENS['B']}"}
+    async with httpx.AsyncClient(base_url=gw.base, headers=headers) as http:
+        with anyio.fail_after(10):
+            while not seen(serial := (await http.get("/status")).json()["upstreams"][0]):
+                await anyio.sleep(0.05)
+            held_back = serial["window"] is not None
+            while ("waiting)</td>" in _row((await http.get("/")).text, "serial")) != held_back:
+                await anyio.sleep(0.05)
+
+
+def _row(page: str, upstream: str) -> str:
+    """The upstream's row of the status page's table of upstreams."""
+    row = page[page.index(f'data-name="{upstream}"') :]
+    return row[: row.index("</tr>")]
 
 
 def _ahead(starts: list[str]) -> list[int]:
@@ -82,7 +104,9 @@ async def test_a_bystanders_calls_wait_at_the_upstream_behind_a_few_of_a_floodin
             with anyio.fail_after(60):
                 for _ in range(20):
                     await _work(bystander, "bystander")
+            await _shown(gw, lambda serial: serial["window"] is not None and serial["waiting"] > 0)
             tg.cancel_scope.cancel()
+        await _shown(gw, lambda serial: serial["window"] is None and serial["waiting"] == 0)
         result = await bystander.call_tool("serial__starts", {})
         starts = result.structured_content["result"] if result.structured_content else []
         ahead = _ahead(starts)[-10:]  # once the window has settled

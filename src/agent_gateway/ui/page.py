@@ -1,7 +1,7 @@
 """The status page's HTML, rendered on the server from the gateway's live state.
 
-Sections: each upstream with its state, circuit, transport, tool count, last error and time
-since it was last up; the catalog with a search box and each tool's schema; live sessions by
+Sections: each upstream with its state, circuit, transport, tool count, calls in flight (and
+waiting their turn), last error and time since it was last up; the catalog with a search box and each tool's schema; live sessions by
 client; the last calls (errors highlighted); the agent's runs with their steps. Every value
 that came from a client or an upstream is escaped.
 """
@@ -187,9 +187,17 @@ def _upstream_row(status: UpstreamStatus, tools: int) -> str:
         f'<tr class="upstream state-{state}" data-name="{escape(status.name)}">'
         f"<td><b>{escape(status.name)}</b></td><td><span class=badge>{state}</span></td>"
         f"<td>{escape(str(status.circuit))}</td><td>{escape(status.transport)}</td><td>{tools}</td>"
-        f"<td>{status.in_flight}</td><td>{since}</td>"
+        f"<td>{_in_flight(status)}</td><td>{since}</td>"
         f'<td class="error">{escape(_error_of(status))}</td></tr>'
     )
+
+
+def _in_flight(status: UpstreamStatus) -> str:
+    """Its calls in flight, and while its pings say it has calls queued, how many are sent at
+    once and how many wait for their turn in the gateway."""
+    if status.window is None:
+        return str(status.in_flight)
+    return f"{status.in_flight} (window {status.window}, {status.waiting} waiting)"
 
 
 def _error_of(status: UpstreamStatus) -> str:

@@ -40,6 +40,11 @@ class UpstreamStatus:
     in_flight: int
     listing_refused: str | None = None
     """Why its latest listing was refused (a name collision), its earlier one served."""
+    window: int | None = None
+    """Clients' calls sent to its shared session at once while its pings say it has calls
+    queued (``queueing.py``); None while they are sent as they come."""
+    waiting: int = 0
+    """Clients' calls waiting in the gateway for their turn to be sent to it."""
 
     @property
     def serving(self) -> bool:
@@ -58,6 +63,8 @@ class UpstreamStatus:
             "connections": self.connections,
             "in_flight": self.in_flight,
             "listing_refused": self.listing_refused,
+            "window": self.window,
+            "waiting": self.waiting,
         }
 
 
@@ -208,21 +215,7 @@ class UpstreamPool:
     def statuses(self, refused: Mapping[str, str] | None = None) -> list[UpstreamStatus]:
         """Each upstream's status; ``refused``: the catalog's refused listings, by upstream."""
         now = time.time()
-        return [
-            UpstreamStatus(
-                name=u.name,
-                transport=u.config.kind,
-                state=u.state,
-                circuit=u.guard.circuit,
-                last_error=u.last_error or _breaker_error(u.guard),
-                down_for_seconds=None if u.down_since is None else now - u.down_since,
-                last_up_at=u.up_since,
-                connections=u.connections,
-                in_flight=u.guard.in_flight,
-                listing_refused=(refused or {}).get(u.name),
-            )
-            for u in self.upstreams.values()
-        ]
+        return [_status(u, now, (refused or {}).get(u.name)) for u in self.upstreams.values()]
 
     def live_sessions(self) -> list[UpstreamSession]:
         """The shared sessions of the upstreams connected now."""
@@ -231,6 +224,25 @@ class UpstreamPool:
     @property
     def ready(self) -> bool:
         return all(s.serving for s in self.statuses())
+
+
+def _status(u: Upstream, now: float, refused: str | None) -> UpstreamStatus:
+    session = u.live_session()
+    queue = None if session is None else session.queue
+    return UpstreamStatus(
+        name=u.name,
+        transport=u.config.kind,
+        state=u.state,
+        circuit=u.guard.circuit,
+        last_error=u.last_error or _breaker_error(u.guard),
+        down_for_seconds=None if u.down_since is None else now - u.down_since,
+        last_up_at=u.up_since,
+        connections=u.connections,
+        in_flight=u.guard.in_flight,
+        listing_refused=refused,
+        window=None if queue is None else queue.held_back,
+        waiting=0 if queue is None else queue.waiting,
+    )
 
 
 def _breaker_error(guard: Guard) -> str | None:

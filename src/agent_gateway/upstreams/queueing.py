@@ -112,6 +112,11 @@ class CallQueue:
         """Calls waiting for their turn."""
         return sum(len(calls) for calls in self._waiting.values())
 
+    @property
+    def held_back(self) -> int | None:
+        """The window while it holds calls back (narrower than ``max_concurrency``), else None."""
+        return self.window if self.window < self._ceiling else None
+
     def turn(self, client: str, wait: Callable[[], float]) -> Turn:
         """``client``'s call sent in its turn (waiting ``wait()`` seconds at most) and counted
         in flight until it ends: ``async with queue.turn(...)``.
