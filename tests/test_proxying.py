@@ -7,6 +7,7 @@ and over Streamable HTTP, with the official client downstream in both eras.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,8 +19,9 @@ import anyio
 import httpx
 import mcp_types as types
 import pytest
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import Client
-from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import FileUrl
 
 from tests.servers import recorder
@@ -427,6 +429,97 @@ async def test_one_clients_quiet_level_holds_back_no_other_clients_lines_and_lea
     # error while the quiet client is alone, the default's nearest while another is there,
     # and again once it has left the quiet one alone, then gone with it.
     assert [e["level"] for e in seen.of("set_level")] == ["error", "debug", "error", "debug"]
+
+
+class _HeldLevel(Middleware):
+    """Answers ``logging/setLevel`` to ``level`` once ``release`` is set, from its second on."""
+
+    def __init__(self, level: str, release: anyio.Event) -> None:
+        self._level, self._release, self._seen = level, release, 0
+
+    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        params = context.message  # the raw wire params (a dict)
+        if context.method == "logging/setLevel" and params.get("level") == self._level:
+            self._seen += 1
+            if self._seen > 1:
+                await self._release.wait()
+        return await call_next(context)
+
+
+async def test_a_client_leaving_while_anothers_leaving_is_still_being_told_upstream_sets_the_level_of_those_left(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Before, each change was decided from the level the upstream had last answered for: the
+    # quiet client, leaving while the `error` its neighbour's leaving asked for was still on its
+    # way, saw `debug` in place and sent nothing. The upstream then stayed at `error` with no
+    # client asking for it, every later client's info lines lost (a full run's flaky failure).
+    caplog.set_level(logging.INFO, "agent_gateway.downstream.sessions")
+    seen = Recorded()
+    release, leave = anyio.Event(), anyio.Event()
+    server = recorder.build(seen.memory.append)
+    server.add_middleware(_HeldLevel("error", release))
+
+    def levels() -> list[str]:
+        return [e["level"] for e in seen.of("set_level")]
+
+    def ended() -> int:
+        return sum(" ended after " in r.getMessage() for r in caplog.records)
+
+    async def quiet_client() -> None:
+        async with Client(gw.url, mode="legacy") as quiet:
+            with pytest.warns(MCPDeprecationWarning):
+                await quiet.set_logging_level("error")
+            await leave.wait()
+
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"rec": {"url": url, "protocol": "legacy"}}}) as gw,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(quiet_client)
+        await seen.wait_for(lambda _: levels() == ["error"])
+        async with Client(gw.url, mode="legacy"):
+            await seen.wait_for(lambda _: levels() == ["error", "debug"])
+        await seen.wait_for(lambda _: levels() == ["error", "debug", "error"])  # held upstream
+        leave.set()
+        with anyio.fail_after(BOUND):  # the quiet client's leaving decided (logged just before)
+            while ended() < 2:
+                await anyio.sleep(0.01)
+        release.set()
+        await seen.wait_for(lambda _: levels() == ["error", "debug", "error", "debug"])
+
+
+class _RefusedOnce(Middleware):
+    """Refuses the first ``logging/setLevel`` it is sent (a moment's fault upstream)."""
+
+    def __init__(self) -> None:
+        self._refused = False
+
+    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        if context.method == "logging/setLevel" and not self._refused:
+            self._refused = True
+            raise MCPError(types.INTERNAL_ERROR, "not now")
+        return await call_next(context)
+
+
+async def test_a_level_the_upstream_refused_is_sent_again_at_the_next_change() -> None:
+    # A level the upstream did not take is not the one it runs at: the next change decides
+    # from the level it holds, so the client asking again is heard (before, as the level asked,
+    # it would have been taken as applied and never sent again).
+    seen = Recorded()
+    server = recorder.build(seen.memory.append)
+    server.add_middleware(_RefusedOnce())
+    async with (
+        serving_upstream(server) as url,
+        running_gateway({"upstreams": {"rec": {"url": url, "protocol": "legacy"}}}) as gw,
+        Client(gw.url, mode="legacy") as client,
+    ):
+        for _ in range(2):  # refused upstream the first time: a warning, not the client's error
+            with pytest.warns(MCPDeprecationWarning):
+                await client.set_logging_level("error")
+        await seen.wait_for(
+            lambda events: [e["level"] for e in events if e["event"] == "set_level"] == ["error"] * 2
+        )
 
 
 async def test_a_reconnected_upstream_is_told_the_level_its_clients_asked_for(tmp_path: Path) -> None:

@@ -240,9 +240,9 @@ class Proxy:
         for live in self._pool.live_sessions():
             if upstream is not None and live.name != upstream:
                 continue
-            if shared is not None and live.level_sent != shared:
+            if shared is not None and live.level.asked != shared:
                 targets.append((live, shared))
-            elif shared is None and live.level_sent not in (None, _EVERY_LINE):
+            elif shared is None and live.level.asked not in (None, _EVERY_LINE):
                 targets.append((live, _EVERY_LINE))
         if session is not None and (own := session.log_level) is not None:
             targets.extend(
@@ -250,6 +250,8 @@ class Proxy:
             )
         if not targets:  # nearly always, as clients come and go
             return
+        for target, level in targets:  # before any is sent: the next change decides from these
+            target.level.ask(level)
         async with anyio.create_task_group() as tg:  # side by side: a stuck upstream costs one bound
             for target, level in targets:
                 tg.start_soon(_set_level, target, level)

@@ -33,17 +33,24 @@ class _SlowLevels(Middleware):
     def __init__(self, seen: list[str], release: anyio.Event) -> None:
         self._seen = seen
         self._release = release
+        self.in_flight = self.most = 0
+        """setLevel requests being answered now, and the most at once."""
 
     async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
         if context.method == "logging/setLevel":
             self._seen.append("setLevel")
-            with anyio.move_on_after(4.0):  # within the gateway's own 5 s bound on it
-                await self._release.wait()
+            self.in_flight += 1
+            self.most = max(self.most, self.in_flight)
+            try:
+                with anyio.move_on_after(4.0):  # within the gateway's own 5 s bound on it
+                    await self._release.wait()
+            finally:
+                self.in_flight -= 1
         return await call_next(context)
 
 
-def _server(seen: list[str], release: anyio.Event) -> FastMCP:
-    server = FastMCP("echo", middleware=[_SlowLevels(seen, release)])
+def _server(seen: list[str], release: anyio.Event, levels: _SlowLevels | None = None) -> FastMCP:
+    server = FastMCP("echo", middleware=[levels or _SlowLevels(seen, release)])
 
     @server.tool
     def echo(text: str) -> str:
@@ -125,3 +132,32 @@ async def test_one_clients_set_level_requests_do_not_take_a_bystanders_upstream_
     assert len(seen) - already <= 2, (
         f"one client's {ATTACK} setLevel requests sent {len(seen) - already} upstream"
     )
+
+
+async def test_one_clients_set_level_requests_of_changing_levels_are_sent_upstream_one_at_a_time() -> None:
+    # Each of these changes the level the shared session should run at, so each is sent on:
+    # one at a time (the session's own lock), in the order asked, never a slot each.
+    seen: list[str] = []
+    release = anyio.Event()
+    levels = _SlowLevels(seen, release)
+    async with (
+        serving_upstream(_server(seen, release, levels)) as url,
+        attacked(url, "u__echo") as (gw, bystander, http, headers),
+    ):
+
+        async def set_level(n: int) -> None:
+            level = "info" if n % 2 else "error"
+            body = {"jsonrpc": "2.0", "id": n + 1, "method": "logging/setLevel", "params": {"level": level}}
+            await http.post(gw.url, headers=headers, json=body)
+
+        result: types.CallToolResult | None = None
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                for n in range(32):
+                    tg.start_soon(set_level, n)
+                while len(seen) < 1:
+                    await anyio.sleep(0.02)
+                result = await bystander.call_tool("u__echo", {"text": "during"})
+                release.set()
+    assert result is not None and not result.is_error, result
+    assert levels.most == 1, f"{levels.most} setLevel requests were sent upstream at once"

@@ -251,6 +251,7 @@ class DedicatedSessions(TaskHost):
             how = "resumed" if resumed is not None else "opened"
             logger.info("dedicated upstream session %s %s for %s", session.id, how, key[0])
             if session.owner is not None and session.owner.log_level is not None:
+                session.level.ask(session.owner.log_level)
                 with session.translated("logging/setLevel"):
                     await session.set_logging_level(session.owner.log_level)
             tg.start_soon(_set_on, session.lost, entry.close)

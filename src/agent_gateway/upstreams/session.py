@@ -30,6 +30,7 @@ from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream
 from agent_gateway.upstreams.client_side import EVERYTHING, ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
+from agent_gateway.upstreams.levels import Level
 from agent_gateway.upstreams.listening import ListenStreams
 from agent_gateway.upstreams.pace import Pace
 from agent_gateway.upstreams.queueing import CallQueue
@@ -71,9 +72,8 @@ class UpstreamSession:
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
         self.queue = CallQueue(name, config.max_concurrency) if owner is None else None
-        self.level_sent: types.LoggingLevel | None = None
-        """The log level this session was last told (None: never; the upstream's default)."""
-        self._setting_level = anyio.Lock()
+        self.level = Level(self.id, self._send_level)
+        """The log level this session runs at (handshake era: a modern one's is per request)."""
         self.lost = anyio.Event()
         """Set when a call finds the connection broken (the life loop then reconnects)."""
         self.lost_reason: str | None = None
@@ -317,7 +317,7 @@ class UpstreamSession:
             return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
-        """Apply a log level upstream (handshake era; modern upstreams take it per request).
+        """Apply ``level`` upstream, as last asked (``level.ask`` first, see ``levels.py``).
 
         Not sent to an upstream that did not declare logging, nor again to one that answered
         Method not found: it is optional, and a warning per client would be noise.
@@ -325,28 +325,22 @@ class UpstreamSession:
         client = self._client
         if self.modern or client is None or client.server_capabilities.logging is None:
             return
-        if "logging/setLevel" in self.guard.unimplemented:
-            return
-        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
-        # One at a time: each held a slot of the upstream's until its answer set level_sent,
-        # so a client's flood of one level took them all and sent it again and again.
-        async with self._setting_level:
-            if self.level_sent == level:
-                return
-            await self._send_level(request, level)
+        if "logging/setLevel" not in self.guard.unimplemented:
+            await self.level.apply(level)
 
-    async def _send_level(self, request: types.SetLevelRequest, level: types.LoggingLevel) -> None:
+    async def _send_level(self, level: types.LoggingLevel) -> bool:
+        request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
         try:
             with self._calling(None, "logging/setLevel") as client:
                 # The request itself, not the deprecated helper: the era makes it current here.
                 await client.session.send_request(request, types.EmptyResult)
-            self.level_sent = level
-            logger.info("log level %s applied on %s", level, self.id)  # only when it changes
+            return True
         except UpstreamRejected as exc:
             if exc.code != types.METHOD_NOT_FOUND:
                 raise
             self.guard.unimplemented.add("logging/setLevel")
             logger.info("upstream %s does not implement logging/setLevel: not sent again", self.name)
+            return False
 
     def _meta(self, caller: ClientSide | None) -> dict[str, Any] | None:
         if caller is None:
