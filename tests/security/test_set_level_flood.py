@@ -159,5 +159,6 @@ async def test_one_clients_set_level_requests_of_changing_levels_are_sent_upstre
                     await anyio.sleep(0.02)
                 result = await bystander.call_tool("u__echo", {"text": "during"})
                 release.set()
-    assert result is not None and not result.is_error, result
+    assert result is not None
+    assert not result.is_error, result
     assert levels.most == 1, f"{levels.most} setLevel requests were sent upstream at once"
