@@ -183,20 +183,30 @@ async def test_a_call_not_sent_within_its_wait_is_refused_and_leaves_no_place_be
 
 async def test_the_window_widens_back_to_max_concurrency_while_pings_are_answered_in_time() -> None:
     queue = CallQueue("up", 100)
-    async with _holding(queue, FLOOR + 3) as hold:
+    release = anyio.Event()
+
+    async def held() -> None:
+        async with queue.turn("b", lambda: 10):
+            await release.wait()
+
+    async with _holding(queue, FLOOR + 3) as hold, anyio.create_task_group() as tg:
         _late(queue)
         assert queue.window == FLOOR
         assert queue.sent == FLOOR + 3  # sent before: not taken back
-        hold(100)  # as many as may wait (its max_concurrency)
-        await _until(lambda: queue.waiting == 100)
+        hold(50)  # its share of the places to wait (max_concurrency, 100)
+        await _until(lambda: queue.waiting == 50)
+        for _ in range(25):  # another client's share of the 50 left
+            tg.start_soon(held)
+        await _until(lambda: queue.waiting == 75)
         widths = []
         for _ in range(6):
             queue.observed(0.001, 0.0)  # in time, while calls wait to be sent
             widths.append(queue.window)
         # Past the 7 in flight: a step after a late ping, then twice as wide.
         assert widths == [8, 16, 32, 64, 100, 100]
-        assert queue.sent == 100  # sent as it widened
-        assert queue.waiting == 7
+        assert queue.sent == 82  # sent as it widened
+        assert queue.waiting == 0
+        release.set()
     assert queue.sent == 0
 
 
@@ -241,14 +251,14 @@ async def test_waiting_calls_are_bounded_by_max_concurrency_and_sent_on_when_the
     queue = CallQueue("up", 8)
     outcomes: list[str] = []
 
-    async def waiting() -> None:
-        async with queue.turn("b", lambda: 10):
+    async def waiting(client: str) -> None:
+        async with queue.turn(client, lambda: 10):
             outcomes.append("sent")
 
     async with _holding(queue, FLOOR), anyio.create_task_group() as tg:
         _late(queue)
-        for n in range(1, 9):
-            tg.start_soon(waiting)
+        for n in range(1, 9):  # a client each: none over its share of the places
+            tg.start_soon(waiting, f"b{n}")
             await _until(lambda n=n: queue.waiting == n)
         with pytest.raises(UpstreamBusy, match="8 calls are waiting for their turn already"):
             async with queue.turn("c", lambda: 10):
@@ -285,6 +295,30 @@ async def test_no_call_waits_while_the_window_is_the_whole_max_concurrency() -> 
     async with queue.turn("a", lambda: 10), queue.turn("a", lambda: 10), queue.turn("b", lambda: 10):
         assert queue.sent == 3
         assert queue.waiting == 0
+
+
+async def test_a_client_waits_in_as_many_places_as_it_leaves_free_and_another_still_finds_one() -> None:
+    # Before, one client's calls could take every place to wait (max_concurrency of them) while
+    # the window held calls back, and each other client's call was refused at once.
+    queue = CallQueue("up", 8)
+
+    async def waiting(client: str) -> None:
+        async with queue.turn(client, lambda: 10):
+            pass
+
+    async with _holding(queue, FLOOR), anyio.create_task_group() as tg:
+        _late(queue)
+        for n in range(1, 5):  # half the places, as its share of the upstream's slots
+            tg.start_soon(waiting, "hog")
+            await _until(lambda n=n: queue.waiting == n)
+        with pytest.raises(
+            UpstreamBusy, match="client 'hog' has 4 calls waiting for their turn here, and 4 of"
+        ):
+            async with queue.turn("hog", lambda: 10):
+                pytest.fail("queued past its share")
+        tg.start_soon(waiting, "bystander")
+        await _until(lambda: queue.waiting == 5)
+        queue.close()
 
 
 @asynccontextmanager

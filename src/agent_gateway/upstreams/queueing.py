@@ -26,7 +26,8 @@ judged from the calls themselves, whose tools differ a thousandfold.
 Once idle again (fewer than ``FLOOR`` in flight, none waiting) the window is whole and the
 fastest ping measured anew. Calls past the window wait in one queue per client, and the next
 one sent is the next client's (round robin): a client with one call waiting is served next to
-one with sixty. At most ``max_concurrency`` calls wait (one more is refused at once); when the
+one with sixty. At most ``max_concurrency`` calls wait (one more is refused at once), and a
+client at most as many as it leaves free (as its share of the upstream's slots); when the
 session is lost, every call waiting goes on at once, to fail saying so. While the window
 is the whole ``max_concurrency`` nothing waits (a call past it is refused, as ever). A call waits
 at most its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
@@ -47,6 +48,8 @@ import anyio
 from opentelemetry import trace
 
 from agent_gateway.errors import UpstreamBusy
+from agent_gateway.logs import clipped
+from agent_gateway.refusals import refused
 from agent_gateway.tally import Tally
 
 logger = logging.getLogger(__name__)
@@ -139,12 +142,7 @@ class CallQueue:
         self._send_next()
 
     async def _wait(self, client: str, wait: float) -> None:
-        if self.waiting >= self._ceiling:
-            raise UpstreamBusy(
-                self.upstream,
-                f"{self._ceiling} calls are waiting for their turn already (its max_concurrency): "
-                "the upstream is answering slowly; retry later",
-            )
+        self._refuse_over_share(client)
         calls_waited.add(1, {"agent_gateway.upstream": self.upstream})
         sent = anyio.Event()
         self._waiting.setdefault(client, deque()).append(sent)
@@ -164,6 +162,33 @@ class CallQueue:
             )
         waited = (time.perf_counter() - started) * 1e3
         trace.get_current_span().set_attribute("agent_gateway.upstream.waited_ms", round(waited, 1))
+
+    def _refuse_over_share(self, client: str) -> None:
+        """Raises ``UpstreamBusy`` when ``max_concurrency`` calls wait, or ``client`` holds its
+        share of the places: as many as it leaves free, as a client's share of the upstream's
+        slots (``guard.py``). Before, one client's calls could take every place, and each
+        other client's call was refused at once."""
+        free = self._ceiling - self.waiting
+        if free <= 0:
+            raise UpstreamBusy(
+                self.upstream,
+                f"{self._ceiling} calls are waiting for their turn already (its max_concurrency): "
+                "the upstream is answering slowly; retry later",
+            )
+        if (held := len(self._waiting.get(client, ()))) < free:
+            return
+        refused(
+            "upstream_share",
+            "client %s holds its share of upstream %s's places to wait: %d waiting, %d free",
+            client, self.upstream, held, free, peer=client,
+        )  # fmt: skip
+        raise UpstreamBusy(
+            self.upstream,
+            f"client {clipped(client)!r} has {held} calls waiting for their turn here, and {free} of "
+            f"the {self._ceiling} places to wait (max_concurrency) are free: a client's share is as "
+            "many as it leaves free. Its share is full, not the upstream (other clients' calls are "
+            "served); retry once some of its calls end",
+        )
 
     def _left(self, client: str, sent: anyio.Event) -> None:
         """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
