@@ -429,6 +429,7 @@ async def gateway(
             "mode": "bearer",
             "tokens": [
                 {"name": "attacker", "token": ATTACKER, "policy": "attacker"},
+                *({"name": f"attacker{n}", "token": _attacker(n), "policy": "attacker"} for n in range(2, 5)),
                 {"name": "bystander", "token": BYSTANDER},
             ],
             "policies": {"attacker": policy or {}},
@@ -1098,6 +1099,25 @@ async def call_flood(url: str, proc: Process, seconds: float) -> str:
     return f"calls in {seconds:g}s on 64 connections: {answers}"
 
 
+def _attacker(n: int) -> str:
+    """The token of the ``n``-th attacking client (the first's is ``ATTACKER``)."""
+    return ATTACKER if n == 1 else f"attacker{n}-token-0123456789"
+
+
+async def token_floods(url: str, proc: Process, seconds: float) -> str:
+    """Four clients (tokens of their own) each calling a fast tool back to back on 64
+    connections: 256 calls at once, past the upstream's 200 places to wait for a turn
+    while its pings come back late."""
+    call = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "tools/call",
+        "params": {"name": "slow__echo", "arguments": {"text": "hi"}},
+    }
+    answers = await asyncio.gather(*(_raw_callers(url, seconds, 64, call, _attacker(n)) for n in range(1, 5)))
+    return f"calls in {seconds:g}s on 4 x 64 connections: " + "; ".join(answers)
+
+
 async def ping_flood(url: str, proc: Process, seconds: float) -> str:
     """The same with ``ping``, the cheapest request a session may send."""
     answers = await _raw_callers(url, seconds, 64, {"jsonrpc": "2.0", "id": 0, "method": "ping"})
@@ -1416,6 +1436,7 @@ def client_text(result: types.CallToolResult) -> str:
 ATTACKS: dict[str, tuple[Callable[[str, Process, float], Awaitable[str]], float, dict[str, Any] | None]] = {
     "idle": (idle, 10.0, None),
     "call-flood": (call_flood, 10.0, None),
+    "token-floods": (token_floods, 10.0, None),
     "ping-flood": (ping_flood, 10.0, None),
     "notice-flood": (notice_flood, 10.0, None),
     "get-flood": (get_flood, 10.0, None),

@@ -30,9 +30,10 @@ VERSION = "2025-11-25"
 class _SlowLevels(Middleware):
     """An upstream slow to apply a log level (a remote one, say)."""
 
-    def __init__(self, seen: list[str], release: anyio.Event) -> None:
+    def __init__(self, seen: list[str], release: anyio.Event, hold: float = 4.0) -> None:
         self._seen = seen
         self._release = release
+        self._hold = hold
         self.in_flight = self.most = 0
         """setLevel requests being answered now, and the most at once."""
 
@@ -42,7 +43,7 @@ class _SlowLevels(Middleware):
             self.in_flight += 1
             self.most = max(self.most, self.in_flight)
             try:
-                with anyio.move_on_after(4.0):  # within the gateway's own 5 s bound on it
+                with anyio.move_on_after(self._hold):  # within the gateway's own 5 s bound on it
                     await self._release.wait()
             finally:
                 self.in_flight -= 1
@@ -139,7 +140,9 @@ async def test_one_clients_set_level_requests_of_changing_levels_are_sent_upstre
     # one at a time (the session's own lock), in the order asked, never a slot each.
     seen: list[str] = []
     release = anyio.Event()
-    levels = _SlowLevels(seen, release)
+    # Each held 1 s at most: a send the gateway gives up on (5 s, its wait for the lock
+    # counted) while the upstream still holds it would let the next one in beside it.
+    levels = _SlowLevels(seen, release, hold=1.0)
     async with (
         serving_upstream(_server(seen, release, levels)) as url,
         attacked(url, "u__echo") as (gw, bystander, http, headers),

@@ -93,9 +93,11 @@ class Turn:
 class CallQueue:
     """The turns of the clients calling one shared upstream session (its ``queue``)."""
 
-    def __init__(self, upstream: str, limit: int | None) -> None:
+    def __init__(self, upstream: str, limit: int | None, share: int | None = None) -> None:
+        """``limit``: its ``max_concurrency``; ``share``: its ``max_concurrency_per_client``."""
         self.upstream = upstream
         self._ceiling = limit or NO_CEILING
+        self._share = share
         self.window = self._ceiling
         self.sent = 0
         """Calls sent and not yet answered."""
@@ -165,9 +167,10 @@ class CallQueue:
 
     def _refuse_over_share(self, client: str) -> None:
         """Raises ``UpstreamBusy`` when ``max_concurrency`` calls wait, or ``client`` holds its
-        share of the places: as many as it leaves free, as a client's share of the upstream's
-        slots (``guard.py``). Before, one client's calls could take every place, and each
-        other client's call was refused at once."""
+        share of the places: as many as it leaves free, and ``max_concurrency_per_client`` at
+        most, as its share of the upstream's slots (``guard.py``: a call past it would wait
+        only to be refused there). Before, one client's calls could take every place, and
+        each other client's call was refused at once."""
         free = self._ceiling - self.waiting
         if free <= 0:
             raise UpstreamBusy(
@@ -175,7 +178,8 @@ class CallQueue:
                 f"{self._ceiling} calls are waiting for their turn already (its max_concurrency): "
                 "the upstream is answering slowly; retry later",
             )
-        if (held := len(self._waiting.get(client, ()))) < free:
+        bound = free if self._share is None else min(free, self._share)
+        if (held := len(self._waiting.get(client, ()))) < bound:
             return
         refused(
             "upstream_share",
@@ -186,8 +190,10 @@ class CallQueue:
             self.upstream,
             f"client {clipped(client)!r} has {held} calls waiting for their turn here, and {free} of "
             f"the {self._ceiling} places to wait (max_concurrency) are free: a client's share is as "
-            "many as it leaves free. Its share is full, not the upstream (other clients' calls are "
-            "served); retry once some of its calls end",
+            "many as it leaves free"
+            + (f", {self._share} at most (max_concurrency_per_client)" if self._share is not None else "")
+            + ". Its share is full, not the upstream (other clients' calls are served); retry once "
+            "some of its calls end",
         )
 
     def _left(self, client: str, sent: anyio.Event) -> None:

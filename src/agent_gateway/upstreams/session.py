@@ -71,7 +71,11 @@ class UpstreamSession:
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
-        self.queue = CallQueue(name, config.max_concurrency) if owner is None else None
+        self.queue = (
+            CallQueue(name, config.max_concurrency, config.max_concurrency_per_client)
+            if owner is None
+            else None
+        )
         self.level = Level(self.id, self._send_level)
         """The log level this session runs at (handshake era: a modern one's is per request)."""
         self.lost = anyio.Event()
