@@ -13,6 +13,7 @@ import contextlib
 import anyio
 import anyio.lowlevel
 import mcp_types as types
+from anyio.abc import TaskGroup
 
 from agent_gateway.errors import GatewayError, UpstreamUnavailable
 from agent_gateway.upstreams.levels import Level
@@ -49,18 +50,24 @@ async def _applied(level: Level, value: types.LoggingLevel) -> None:
     await level.apply(value)
 
 
+async def _info_on_its_way(tg: TaskGroup, upstream: _Upstream, level: Level, fails: int = 0) -> None:
+    """``level`` at debug, then info asked and on its way upstream, held there until its ``go``
+    is set (and failing then if ``fails``)."""
+    await _applied(level, "debug")
+    upstream.go["info"], upstream.fails = anyio.Event(), {"info": fails}
+    level.ask("info")
+    tg.start_soon(_tried, level, "info")
+    await _until(lambda: upstream.sent == ["debug", "info"])
+
+
 async def test_a_send_that_fails_behind_later_ones_leaves_no_change_unsent() -> None:
     # info fails while debug, then info again, wait their turns: the upstream ends at info.
     # Before, the failed one set the level asked back to the one answered before (debug), and
     # a later client wanting debug was taken as served: nothing sent, the upstream at info.
     upstream = _Upstream()
     level = Level("up/1", upstream.send)
-    await _applied(level, "debug")
-    upstream.go["info"], upstream.fails = anyio.Event(), {"info": 1}
     async with anyio.create_task_group() as tg:
-        level.ask("info")
-        tg.start_soon(_tried, level, "info")
-        await _until(lambda: upstream.sent == ["debug", "info"])
+        await _info_on_its_way(tg, upstream, level, fails=1)
         for then in ("debug", "info"):
             level.ask(then)
             tg.start_soon(level.apply, then)
@@ -73,12 +80,8 @@ async def test_a_send_that_fails_behind_later_ones_leaves_no_change_unsent() -> 
 async def test_a_send_cancelled_while_waiting_its_turn_leaves_no_change_unsent() -> None:
     upstream = _Upstream()
     level = Level("up/1", upstream.send)
-    await _applied(level, "debug")
-    upstream.go["info"] = anyio.Event()
     async with anyio.create_task_group() as tg:
-        level.ask("info")
-        tg.start_soon(level.apply, "info")
-        await _until(lambda: upstream.sent == ["debug", "info"])
+        await _info_on_its_way(tg, upstream, level)
         with anyio.move_on_after(0.05):  # given up on while info is on its way
             await _applied(level, "debug")
         upstream.go["info"].set()

@@ -249,16 +249,7 @@ class Guard:
                 f"and {free} of the upstream's {self._limit} (max_concurrency) are free: "
                 "a client's share is as many as it leaves free"
             )
-        refused(
-            "upstream_share",
-            "client %s holds its share of upstream %s's calls: %d in flight there, %s",
-            client, self.upstream, held, bound, peer=client,
-        )  # fmt: skip
-        raise UpstreamBusy(
-            self.upstream,
-            f"client {clipped(client)!r} has {held} calls in flight here, {bound}. Its share is full, "
-            "not the upstream (other clients' calls are served); retry once some of its calls end",
-        )
+        raise over_share(self.upstream, client, ("calls", held, "in flight"), bound)
 
     def _release(self, client: str) -> None:
         left = self.held[client] - 1
@@ -302,3 +293,20 @@ class Guard:
         that only the upstream's answer to it can tell apart from the upstream gone."""
         if self._asked is not None:
             self._asked.set()
+
+
+def over_share(upstream: str, client: str, held: tuple[str, int, str], bound: str) -> UpstreamBusy:
+    """A call of ``client`` refused for its share of ``upstream``'s slots or places to wait
+    (``held``: what of them, how many it holds, doing what; ``bound``: its share), counted and
+    logged: the error to raise."""
+    what, count, doing = held
+    refused(
+        "upstream_share",
+        "client %s holds its share of upstream %s's %s: %d %s there, %s",
+        client, upstream, what, count, doing, bound, peer=client,
+    )  # fmt: skip
+    return UpstreamBusy(
+        upstream,
+        f"client {clipped(client)!r} has {count} calls {doing} here, {bound}. Its share is full, "
+        "not the upstream (other clients' calls are served); retry once some of its calls end",
+    )

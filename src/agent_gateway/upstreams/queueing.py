@@ -48,9 +48,8 @@ import anyio
 from opentelemetry import trace
 
 from agent_gateway.errors import UpstreamBusy
-from agent_gateway.logs import clipped
-from agent_gateway.refusals import refused
 from agent_gateway.tally import Tally
+from agent_gateway.upstreams.guard import over_share
 
 logger = logging.getLogger(__name__)
 
@@ -181,20 +180,12 @@ class CallQueue:
         bound = free if self._share is None else min(free, self._share)
         if (held := len(self._waiting.get(client, ()))) < bound:
             return
-        refused(
-            "upstream_share",
-            "client %s holds its share of upstream %s's places to wait: %d waiting, %d free",
-            client, self.upstream, held, free, peer=client,
-        )  # fmt: skip
-        raise UpstreamBusy(
-            self.upstream,
-            f"client {clipped(client)!r} has {held} calls waiting for their turn here, and {free} of "
-            f"the {self._ceiling} places to wait (max_concurrency) are free: a client's share is as "
-            "many as it leaves free"
-            + (f", {self._share} at most (max_concurrency_per_client)" if self._share is not None else "")
-            + ". Its share is full, not the upstream (other clients' calls are served); retry once "
-            "some of its calls end",
+        fixed = f", {self._share} at most (max_concurrency_per_client)" if self._share is not None else ""
+        share = (
+            f"and {free} of the {self._ceiling} places to wait (max_concurrency) are free: "
+            f"a client's share is as many as it leaves free{fixed}"
         )
+        raise over_share(self.upstream, client, ("places to wait", held, "waiting for their turn"), share)
 
     def _left(self, client: str, sent: anyio.Event) -> None:
         """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
