@@ -1,9 +1,9 @@
 """The status page's HTML, rendered on the server from the gateway's live state.
 
 Sections: each upstream with its state, circuit, transport, tool count, calls in flight (and
-waiting their turn), last error and time since it was last up; the catalog with a search box and each tool's schema; live sessions by
-client; the last calls (errors highlighted); the agent's runs with their steps. Every value
-that came from a client or an upstream is escaped.
+waiting their turn), last error and time since it was last up; the catalog with a search box
+and each tool's schema; live sessions by client; the last calls (errors highlighted); the
+agent's runs with their steps. Every value that came from a client or an upstream is escaped.
 """
 
 from __future__ import annotations

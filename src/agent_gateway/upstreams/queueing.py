@@ -27,7 +27,8 @@ Once idle again (fewer than ``FLOOR`` in flight, none waiting) the window is who
 fastest ping measured anew. Calls past the window wait in one queue per client, and the next
 one sent is the next client's (round robin): a client with one call waiting is served next to
 one with sixty. At most ``max_concurrency`` calls wait (one more is refused at once), and a
-client at most as many as it leaves free (as its share of the upstream's slots); when the
+client's at most as many as it leaves free and its ``max_concurrency_per_client`` (as its share
+of the upstream's slots, ``guard.over_share``); when the
 session is lost, every call waiting goes on at once, to fail saying so. While the window
 is the whole ``max_concurrency`` nothing waits (a call past it is refused, as ever). A call waits
 at most its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
