@@ -18,6 +18,7 @@ import mcp_types as types
 from fastmcp import FastMCP
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -50,7 +51,7 @@ class _SlowLevels(Middleware):
         return await call_next(context)
 
 
-def _server(seen: list[str], release: anyio.Event, levels: _SlowLevels | None = None) -> FastMCP:
+def _server(seen: list[str], release: anyio.Event, levels: Middleware | None = None) -> FastMCP:
     server = FastMCP("echo", middleware=[levels or _SlowLevels(seen, release)])
 
     @server.tool
@@ -165,3 +166,46 @@ async def test_one_clients_set_level_requests_of_changing_levels_are_sent_upstre
     assert result is not None
     assert not result.is_error, result
     assert levels.most == 1, f"{levels.most} setLevel requests were sent upstream at once"
+
+
+class _Unimplemented(Middleware):
+    """Answers ``logging/setLevel`` Method not found, the first once ``release`` is set (1 s
+    at most), though the server declares logging (an upstream that never wrote the handler)."""
+
+    def __init__(self, seen: list[str], release: anyio.Event) -> None:
+        self._seen, self._release = seen, release
+
+    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        if context.method != "logging/setLevel":
+            return await call_next(context)
+        self._seen.append("setLevel")
+        with anyio.move_on_after(1.0):  # within the gateway's own 5 s bound on it
+            await self._release.wait()
+        raise MCPError(types.METHOD_NOT_FOUND, "Method not found")
+
+
+async def test_set_level_requests_queued_behind_one_answered_method_not_found_are_not_sent() -> None:
+    # Before, each waited its turn having checked, before the wait, that the upstream had not
+    # yet answered Method not found: all queued behind the first answer went out once each.
+    seen: list[str] = []
+    release = anyio.Event()
+    async with (
+        serving_upstream(_server(seen, release, _Unimplemented(seen, release))) as url,
+        attacked(url, "u__echo") as (gw, bystander, http, headers),
+    ):
+
+        async def set_level(n: int) -> None:
+            level = "info" if n % 2 else "error"
+            body = {"jsonrpc": "2.0", "id": n + 1, "method": "logging/setLevel", "params": {"level": level}}
+            await http.post(gw.url, headers=headers, json=body)
+
+        with anyio.fail_after(BOUND):
+            async with anyio.create_task_group() as tg:
+                for n in range(8):
+                    tg.start_soon(set_level, n)
+                while len(seen) < 1:
+                    await anyio.sleep(0.02)
+                assert not (await bystander.call_tool("u__echo", {"text": "during"})).is_error
+                release.set()
+            await set_level(8)  # and none after
+    assert seen == ["setLevel"], f"{len(seen)} setLevel requests sent to an upstream without it"

@@ -333,6 +333,8 @@ class UpstreamSession:
             await self.level.apply(level)
 
     async def _send_level(self, level: types.LoggingLevel) -> bool:
+        if "logging/setLevel" in self.guard.unimplemented:  # answered so while this one waited its turn
+            return False
         request = types.SetLevelRequest(params=types.SetLevelRequestParams(level=level))
         try:
             with self._calling(None, "logging/setLevel") as client:
