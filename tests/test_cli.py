@@ -94,6 +94,7 @@ def test_tools_json_prints_the_catalog_and_upstream_states(
         "in_flight": 0,
         "listing_refused": None,
         "window": None,
+        "sent": 0,
         "waiting": 0,
     }
     assert upstream["last_up_at"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import re
 import statistics
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -70,8 +71,13 @@ async def _shown(gw: RunningGateway, seen: Callable[[dict[str, Any]], bool]) -> 
             while not seen(serial := (await http.get("/status")).json()["upstreams"][0]):
                 await anyio.sleep(0.05)
             held_back = serial["window"] is not None
-            while ("waiting)</td>" in _row((await http.get("/")).text, "serial")) != held_back:
+            while _held_back_shown(_row((await http.get("/")).text, "serial")) != held_back:
                 await anyio.sleep(0.05)
+
+
+def _held_back_shown(row: str) -> bool:
+    """Whether the row's calls in flight show the window, the calls sent and those waiting."""
+    return re.search(r"\(window \d+: \d+ sent, \d+ waiting\)</td>", row) is not None
 
 
 def _row(page: str, upstream: str) -> str:
@@ -106,9 +112,11 @@ async def test_a_bystanders_calls_wait_at_the_upstream_behind_a_few_of_a_floodin
             with anyio.fail_after(60):
                 for _ in range(20):
                     await _work(bystander, "bystander")
-            await _shown(gw, lambda serial: serial["window"] is not None and serial["waiting"] > 0)
+            await _shown(
+                gw, lambda serial: serial["window"] is not None and serial["sent"] * serial["waiting"] > 0
+            )
             tg.cancel_scope.cancel()
-        await _shown(gw, lambda serial: serial["window"] is None and serial["waiting"] == 0)
+        await _shown(gw, lambda serial: serial["window"] is None and serial["sent"] == serial["waiting"] == 0)
         result = await bystander.call_tool("serial__starts", {})
         starts = result.structured_content["result"] if result.structured_content else []
         ahead = _ahead(starts)[-10:]  # once the window has settled

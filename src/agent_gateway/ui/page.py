@@ -197,7 +197,7 @@ def _in_flight(status: UpstreamStatus) -> str:
     once and how many wait for their turn in the gateway."""
     if status.window is None:
         return str(status.in_flight)
-    return f"{status.in_flight} (window {status.window}, {status.waiting} waiting)"
+    return f"{status.in_flight} (window {status.window}: {status.sent} sent, {status.waiting} waiting)"
 
 
 def _error_of(status: UpstreamStatus) -> str:

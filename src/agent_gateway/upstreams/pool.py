@@ -43,6 +43,9 @@ class UpstreamStatus:
     window: int | None = None
     """Clients' calls sent to its shared session at once while its pings say it has calls
     queued (``queueing.py``); None while they are sent as they come."""
+    sent: int = 0
+    """Clients' calls on its shared session, sent and not yet answered: the ones the window
+    counts (``in_flight`` also counts its other sessions and the gateway's own requests)."""
     waiting: int = 0
     """Clients' calls waiting in the gateway for their turn to be sent to it."""
 
@@ -64,6 +67,7 @@ class UpstreamStatus:
             "in_flight": self.in_flight,
             "listing_refused": self.listing_refused,
             "window": self.window,
+            "sent": self.sent,
             "waiting": self.waiting,
         }
 
@@ -241,6 +245,7 @@ def _status(u: Upstream, now: float, refused: str | None) -> UpstreamStatus:
         in_flight=u.guard.in_flight,
         listing_refused=refused,
         window=None if queue is None else queue.held_back,
+        sent=0 if queue is None else queue.sent,
         waiting=0 if queue is None else queue.waiting,
     )
 
