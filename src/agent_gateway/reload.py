@@ -26,13 +26,16 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import anyio
+from mcp.server.context import ServerRequestContext
 
-from agent_gateway.authentication import HashedTokenVerifier, static_tokens_of
+from agent_gateway import access
+from agent_gateway.authentication import HashedTokenVerifier, secret_of, static_tokens_of
 from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
-from agent_gateway.errors import ConfigError
+from agent_gateway.errors import ConfigError, SecretRotated
 from agent_gateway.refusals import refusals
 from agent_gateway.server import Gateway
 
@@ -166,26 +169,44 @@ async def _reauthorize(gateway: Gateway, auth: AuthConfig) -> None:
 
 
 def _end_rotated(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
-    """End the sessions a token's old secret opened, its name kept with a new one: clients are
-    keyed by name, so they went on as the new secret's client, their open streams (which no
-    request checks again) relayed all it was. The old secret is refused from its next request."""
+    """End the sessions a token's old secret opened, its name kept with a new one, and the
+    requests it sent that are being served: clients are keyed by name, so they went on as the
+    new secret's client, their open streams (which no request checks again) relayed all it
+    was, and a modern-era call (a request of its own, no session to end) ran to its end. The
+    old secret is refused from its next request."""
     stale = [
         session
         for session in list(gateway.sessions.live.values())
         if session.secret is not None and tokens.rotated(session.subject, session.secret)
     ]
     for session in stale:
-        if session.modern:  # a listen stream; any other request of the era ends with itself
+        if session.modern:  # a listen stream ended gracefully; its other requests below
             gateway.subscriptions.end_stream(session)
         elif (manager := gateway.sessions.manager) is not None:
             idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
-    if stale:
-        refusals.add(len(stale), {"reason": "token_rotated"})
-        names = sorted({session.label for session in stale})
+    sessions = sum(not session.modern for session in stale)
+    names = {session.label for session in stale}
+
+    def rotated(request: ServerRequestContext[Any, Any]) -> SecretRotated | None:
+        if request.method == "subscriptions/listen":  # ended gracefully above
+            return None
+        token = access.token_of(request.request)
+        if (secret := secret_of(token)) is None or token is None:
+            return None
+        if not tokens.rotated(name := token.subject or token.client_id, secret):
+            return None
+        names.add(name)
+        return SecretRotated(
+            "this request's token was given a new secret by a reload while it ran: use the new one"
+        )
+
+    if ended := sessions + (requests := gateway.drain.end(rotated)):
+        refusals.add(ended, {"reason": "token_rotated"})
         logger.warning(
-            "reload: %d sessions of rotated tokens ended (%s): opened with a secret now refused",
-            len(stale),
-            ", ".join(names),
+            "reload: %d sessions and %d requests of rotated tokens ended (%s): sent with a secret now refused",
+            sessions,
+            requests,
+            ", ".join(sorted(names)),
         )
 
 

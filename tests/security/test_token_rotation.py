@@ -21,7 +21,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from mcp import Client
 from mcp.client.session import IncomingMessage
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPDeprecationWarning
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from tests.faults.harness import text_of
 from tests.security.test_policy_reload import BYSTANDER_TOKEN, CI_TOKEN, client
@@ -202,3 +202,58 @@ async def test_a_token_a_reload_rotates_has_the_old_secrets_call_in_flight_cance
         await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
         assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the bystander served
         tg.cancel_scope.cancel()
+
+
+async def test_a_token_a_reload_rotates_ends_the_old_secrets_modern_call_in_flight_with_an_error_saying_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A modern-era call is a request of its own, no session to end: before, the old secret's
+    # call in flight ran to its end (its timeout) and was answered, after the reload that was
+    # meant to cut the leaked secret off.
+    seen = Recorded(path=tmp_path / "recorder.jsonl")
+    upstreams = {
+        "rec": python_upstream("recorder.py", protocol="legacy", env={"RECORDER_LOG": str(seen.path)})
+    }
+    path = write(tmp_path / "g.yaml", upstreams, auth=_auth(CI_TOKEN))
+    ended: list[BaseException] = []
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, BYSTANDER_TOKEN) as bystander,
+        _modern(gw.url, CI_TOKEN) as old,
+        _modern(gw.url, BYSTANDER_TOKEN) as modern_bystander,
+        anyio.create_task_group() as tg,
+    ):
+
+        async def call() -> None:
+            try:
+                await old.call_tool("rec__wait", {"seconds": 60})
+            except MCPError as exc:
+                ended.append(exc)
+
+        tg.start_soon(call)
+        await seen.wait_for(lambda events: any(e["event"] == "started" for e in events))
+        waiting = {"bystander": anyio.Event()}
+
+        async def bystanders_call() -> None:  # in flight through the reload, answered
+            result = await modern_bystander.call_tool("rec__wait", {"seconds": 0.5})
+            assert not result.is_error, result
+            waiting["bystander"].set()
+
+        tg.start_soon(bystanders_call)
+        write(path, upstreams, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+        await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
+        assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the bystander served
+        with anyio.fail_after(BOUND):
+            await waiting["bystander"].wait()
+            while not ended:
+                await anyio.sleep(0.01)
+    assert isinstance(error := ended[0], MCPError)
+    assert (error.code, error.message) == (
+        types.INVALID_REQUEST,
+        "this request's token was given a new secret by a reload while it ran: use the new one",
+    )
+    warned = [r.getMessage() for r in caplog.records if "rotated tokens ended" in r.getMessage()]
+    assert warned == [
+        "reload: 0 sessions and 1 requests of rotated tokens ended (ci): sent with a secret now refused"
+    ]
