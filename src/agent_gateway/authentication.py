@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import math
 import time
-from typing import Any
+from typing import Any, Literal
 
 from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 
@@ -43,6 +43,14 @@ class HashedTokenVerifier(TokenVerifier):
         ``access.REVOKED``, and served again if it comes back with the same secret)."""
         current = self._secret_ids.get(name)
         return current is not None and current != secret_id
+
+    def withdrawn(self, name: str, secret_id: str) -> Literal["rotated", "removed"] | None:
+        """How the secret ``secret_id`` of the token ``name`` is no longer configured, if it
+        is not: its name kept with another secret, or left out."""
+        current = self._secret_ids.get(name)
+        if current == secret_id:
+            return None
+        return "removed" if current is None else "rotated"
 
     async def verify_token(self, token: str) -> AccessToken | None:
         presented = hashlib.sha256(token.encode()).digest()

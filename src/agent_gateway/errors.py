@@ -16,7 +16,7 @@
     ├── RateLimited            the calling client is over its rate or its sessions: 429, retried later
     ├── GatewayBusy            past a bound of the process's: bytes in flight, sessions (retried later)
     ├── DrainEnded             SIGTERM: the call still ran when ``server.drain_timeout`` was up
-    ├── SecretRotated          a reload replaced the secret of the token the request came with
+    ├── TokenWithdrawn         a reload rotated or took out the token the request came with
     │   └── KeysUnavailable    the identity provider's keys cannot be fetched: a token not checkable now
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
@@ -247,9 +247,9 @@ class DrainEnded(GatewayError):
     """The gateway is stopping (SIGTERM) and the call was still running when its drain ended."""
 
 
-class SecretRotated(GatewayError):
-    """A reload replaced the secret of the static token a request came with (its name kept)
-    while the request ran: ended, as the sessions that secret opened are."""
+class TokenWithdrawn(GatewayError):
+    """A reload rotated (its name kept with another secret) or took out the static token a
+    request came with while the request ran: the request is ended."""
 
     code = types.INVALID_REQUEST
 

@@ -35,7 +35,8 @@ from agent_gateway import access
 from agent_gateway.authentication import HashedTokenVerifier, secret_of, static_tokens_of
 from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
-from agent_gateway.errors import ConfigError, SecretRotated
+from agent_gateway.downstream.sessions import DownstreamSession
+from agent_gateway.errors import ConfigError, TokenWithdrawn
 from agent_gateway.refusals import refusals
 from agent_gateway.server import Gateway
 
@@ -163,50 +164,75 @@ async def _reauthorize(gateway: Gateway, auth: AuthConfig) -> None:
     if (tokens := static_tokens_of(gateway.server.auth)) is not None:
         tokens.reconfigure(auth)
         _end_rotated(gateway, tokens)
+        _end_withdrawn(gateway, tokens)
     changed = gateway.access.reconfigure(auth)
     logger.info("reload: %d known clients' policies changed", len(changed))
     await gateway.notifier.policies_changed(changed)
 
 
 def _end_rotated(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
-    """End the sessions a token's old secret opened, its name kept with a new one, and the
-    requests it sent that are being served: clients are keyed by name, so they went on as the
-    new secret's client, their open streams (which no request checks again) relayed all it
-    was, and a modern-era call (a request of its own, no session to end) ran to its end. The
-    old secret is refused from its next request."""
+    """End the sessions a token's old secret opened, its name kept with a new one: clients are
+    keyed by name, so they went on as the new secret's client, their open streams (which no
+    request checks again) relayed all it was. The old secret is refused from its next request."""
     stale = [
         session
         for session in list(gateway.sessions.live.values())
-        if session.secret is not None and tokens.rotated(session.subject, session.secret)
+        if session.secret is not None
+        and tokens.rotated(session.subject, session.secret)
+        and _ended(gateway, session)
     ]
-    for session in stale:
-        if session.modern:  # a listen stream ended gracefully; its other requests below
-            gateway.subscriptions.end_stream(session)
-        elif (manager := gateway.sessions.manager) is not None:
-            idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
-    sessions = sum(not session.modern for session in stale)
-    names = {session.label for session in stale}
-
-    def rotated(request: ServerRequestContext[Any, Any]) -> SecretRotated | None:
-        if request.method == "subscriptions/listen":  # ended gracefully above
-            return None
-        token = access.token_of(request.request)
-        if (secret := secret_of(token)) is None or token is None:
-            return None
-        if not tokens.rotated(name := token.subject or token.client_id, secret):
-            return None
-        names.add(name)
-        return SecretRotated(
-            "this request's token was given a new secret by a reload while it ran: use the new one"
+    if stale:
+        refusals.add(len(stale), {"reason": "token_rotated"})
+        names = sorted({session.label for session in stale})
+        logger.warning(
+            "reload: %d sessions of rotated tokens ended (%s): opened with a secret now refused",
+            len(stale),
+            ", ".join(names),
         )
 
-    if ended := sessions + (requests := gateway.drain.end(rotated)):
-        refusals.add(ended, {"reason": "token_rotated"})
+
+def _ended(gateway: Gateway, session: DownstreamSession) -> bool:
+    """End ``session`` (a modern one's listen stream: its other requests are ``_end_withdrawn``'s);
+    whether there was one to end."""
+    if session.modern:
+        return gateway.subscriptions.end_stream(session)
+    if (manager := gateway.sessions.manager) is None:
+        return False
+    idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
+    return True
+
+
+_WITHDRAWN = {
+    "rotated": "this request's token was given a new secret by a reload while it ran: use the new one",
+    "removed": "this request's token was taken out by a reload while it ran",
+}
+
+
+def _end_withdrawn(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
+    """End the requests being served that came with a static token's secret a reload rotated
+    or took out, each with an error saying so: a modern-era call (a request of its own, no
+    session to end) ran to its end and was answered, after the reload meant to cut its token
+    off. Listen streams are left to ``_end_rotated`` (a removed token's is relayed nothing)."""
+    ended: dict[str, list[str]] = {why: [] for why in _WITHDRAWN}
+    """The names of the tokens of the requests ended, one per request, by why."""
+
+    def withdrawn(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
+        token = access.token_of(request.request)
+        if request.method == "subscriptions/listen" or token is None or (secret := secret_of(token)) is None:
+            return None
+        if (why := tokens.withdrawn(name := token.subject or token.client_id, secret)) is None:
+            return None
+        ended[why].append(name)
+        return TokenWithdrawn(_WITHDRAWN[why])
+
+    if count := gateway.drain.end(withdrawn):
+        for why, names in ended.items():
+            if names:
+                refusals.add(len(names), {"reason": f"token_{why}"})
         logger.warning(
-            "reload: %d sessions and %d requests of rotated tokens ended (%s): sent with a secret now refused",
-            sessions,
-            requests,
-            ", ".join(sorted(names)),
+            "reload: %d requests of rotated or removed tokens ended (%s): sent with a secret now refused",
+            count,
+            ", ".join(sorted(set().union(*ended.values()))),
         )
 
 

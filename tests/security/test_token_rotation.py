@@ -35,11 +35,13 @@ BOUND = 30.0
 UPSTREAMS = {"rec": python_upstream("recorder.py", protocol="legacy")}
 
 
-def _auth(ci_secret: str) -> dict[str, Any]:
-    tokens = [
-        {"name": "bystander", "sha256": hashlib.sha256(BYSTANDER_TOKEN.encode()).hexdigest()},
-        {"name": "ci", "sha256": hashlib.sha256(ci_secret.encode()).hexdigest(), "policy": "ci"},
-    ]
+def _auth(ci_secret: str | None) -> dict[str, Any]:
+    """The bystander's token, and ``ci``'s with ``ci_secret`` (None: taken out)."""
+    tokens = [{"name": "bystander", "sha256": hashlib.sha256(BYSTANDER_TOKEN.encode()).hexdigest()}]
+    if ci_secret is not None:
+        tokens.append(
+            {"name": "ci", "sha256": hashlib.sha256(ci_secret.encode()).hexdigest(), "policy": "ci"}
+        )
     return {"mode": "bearer", "tokens": tokens, "policies": {"ci": {"resources": ["note://*"]}}}
 
 
@@ -204,8 +206,16 @@ async def test_a_token_a_reload_rotates_has_the_old_secrets_call_in_flight_cance
         tg.cancel_scope.cancel()
 
 
-async def test_a_token_a_reload_rotates_ends_the_old_secrets_modern_call_in_flight_with_an_error_saying_so(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    ("secret", "said"),
+    [
+        (ROTATED, "this request's token was given a new secret by a reload while it ran: use the new one"),
+        (None, "this request's token was taken out by a reload while it ran"),
+    ],
+    ids=["rotated", "removed"],
+)
+async def test_a_token_a_reload_rotates_or_takes_out_ends_its_modern_call_in_flight_with_an_error_saying_so(
+    secret: str | None, said: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # A modern-era call is a request of its own, no session to end: before, the old secret's
     # call in flight ran to its end (its timeout) and was answered, after the reload that was
@@ -240,7 +250,7 @@ async def test_a_token_a_reload_rotates_ends_the_old_secrets_modern_call_in_flig
             waiting["bystander"].set()
 
         tg.start_soon(bystanders_call)
-        write(path, upstreams, auth=_auth(ROTATED))
+        write(path, upstreams, auth=_auth(secret))
         assert await reloader.reload() is not None
         await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
         assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the bystander served
@@ -249,11 +259,8 @@ async def test_a_token_a_reload_rotates_ends_the_old_secrets_modern_call_in_flig
             while not ended:
                 await anyio.sleep(0.01)
     assert isinstance(error := ended[0], MCPError)
-    assert (error.code, error.message) == (
-        types.INVALID_REQUEST,
-        "this request's token was given a new secret by a reload while it ran: use the new one",
-    )
-    warned = [r.getMessage() for r in caplog.records if "rotated tokens ended" in r.getMessage()]
+    assert (error.code, error.message) == (types.INVALID_REQUEST, said)
+    warned = [r.getMessage() for r in caplog.records if "tokens ended" in r.getMessage()]
     assert warned == [
-        "reload: 0 sessions and 1 requests of rotated tokens ended (ci): sent with a secret now refused"
+        "reload: 1 requests of rotated or removed tokens ended (ci): sent with a secret now refused"
     ]

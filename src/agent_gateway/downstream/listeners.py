@@ -116,10 +116,13 @@ class Listeners:
         stream = self._streams.get(session)
         return stream[0] if stream is not None else None
 
-    def end(self, session: DownstreamSession) -> None:
-        """End ``session``'s stream gracefully, if it is open (its client listens again)."""
-        if (stream := self._streams.get(session)) is not None:
-            stream[1].close()
+    def end(self, session: DownstreamSession) -> bool:
+        """End ``session``'s stream gracefully, if it is open (its client listens again);
+        whether it was."""
+        if (stream := self._streams.get(session)) is None:
+            return False
+        stream[1].close()
+        return True
 
     def streams(self) -> dict[DownstreamSession, InMemorySubscriptionBus]:
         """Each open stream's own events (what only its client is told)."""

@@ -150,9 +150,10 @@ class ResourceSubscriptions:
         """Each open listen stream's own events (what only its client is told)."""
         return self._listeners.streams()
 
-    def end_stream(self, session: DownstreamSession) -> None:
-        """End ``session``'s listen stream gracefully, if it has one open (its client listens again)."""
-        self._listeners.end(session)
+    def end_stream(self, session: DownstreamSession) -> bool:
+        """End ``session``'s listen stream gracefully, if it has one open (its client listens
+        again); whether it had."""
+        return self._listeners.end(session)
 
     def close_streams(self) -> None:
         """End every open listen stream gracefully, and open no more (draining, shutdown)."""
