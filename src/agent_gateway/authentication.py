@@ -30,12 +30,16 @@ class HashedTokenVerifier(TokenVerifier):
 
     def __init__(self, config: AuthConfig, base_url: str | None = None) -> None:
         super().__init__(base_url=base_url)
+        self._secret_ids: dict[str, str] = {}
         self.reconfigure(config)
 
-    def reconfigure(self, config: AuthConfig) -> None:
-        """The tokens of ``config`` (a reload's): one left out is refused from its next request on."""
+    def reconfigure(self, config: AuthConfig) -> set[str]:
+        """The tokens of ``config`` (a reload's): one left out is refused from its next request
+        on. The names whose secret it withdrew (rotated or left out)."""
+        before = self._secret_ids
         self._digests = [(t.name, _digest_of(t.sha256, t.token)) for t in config.tokens]
         self._secret_ids = {name: secret_id_of(digest) for name, digest in self._digests}
+        return {name for name, secret in before.items() if self._secret_ids.get(name) != secret}
 
     def rotated(self, name: str, secret_id: str) -> bool:
         """Whether the token ``name`` is still configured, with a secret other than the one
@@ -44,7 +48,7 @@ class HashedTokenVerifier(TokenVerifier):
         current = self._secret_ids.get(name)
         return current is not None and current != secret_id
 
-    def withdrawn(self, name: str, secret_id: str) -> Literal["rotated", "removed"] | None:
+    def withdrawn(self, name: str, secret_id: str) -> Withdrawn | None:
         """How the secret ``secret_id`` of the token ``name`` is no longer configured, if it
         is not: its name kept with another secret, or left out."""
         current = self._secret_ids.get(name)
@@ -67,6 +71,10 @@ class HashedTokenVerifier(TokenVerifier):
 def secret_id_of(digest: bytes) -> str:
     """What names one static secret among its name's (a digest of its digest: no secret)."""
     return hashlib.sha256(digest).hexdigest()[:16]
+
+
+Withdrawn = Literal["rotated", "removed"]
+"""How a reload withdrew a static token's secret: its name kept with another, or left out."""
 
 
 def secret_of(token: AccessToken | None) -> str | None:

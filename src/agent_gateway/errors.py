@@ -15,9 +15,10 @@
     ├── ClientLimited          the calling client is over its own limit (never forwarded)
     ├── RateLimited            the calling client is over its rate or its sessions: 429, retried later
     ├── GatewayBusy            past a bound of the process's: bytes in flight, sessions (retried later)
+    │   ├── KeysUnavailable    the identity provider's keys cannot be fetched: a token not checkable now
+    │   └── AuditUnwritable    ``audit.required`` and the trail cannot be written now
     ├── DrainEnded             SIGTERM: the call still ran when ``server.drain_timeout`` was up
     ├── TokenWithdrawn         a reload rotated or took out the token the request came with
-    │   └── KeysUnavailable    the identity provider's keys cannot be fetched: a token not checkable now
     └── UpstreamError          anything that went wrong talking to one upstream
         ├── UpstreamUnavailable    not connected, or the connection died mid-call
         │   └── CircuitOpen        not sent: the upstream's calls keep failing (breaker open)

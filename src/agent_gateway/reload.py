@@ -25,6 +25,7 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ import anyio
 from mcp.server.context import ServerRequestContext
 
 from agent_gateway import access
-from agent_gateway.authentication import HashedTokenVerifier, secret_of, static_tokens_of
+from agent_gateway.authentication import HashedTokenVerifier, Withdrawn, secret_of, static_tokens_of
 from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
 from agent_gateway.downstream.sessions import DownstreamSession
@@ -162,9 +163,10 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
 async def _reauthorize(gateway: Gateway, auth: AuthConfig) -> None:
     """``auth``'s tokens, subjects and policies, for every client from its next request."""
     if (tokens := static_tokens_of(gateway.server.auth)) is not None:
-        tokens.reconfigure(auth)
+        withdrawn = tokens.reconfigure(auth)
         _end_rotated(gateway, tokens)
         _end_withdrawn(gateway, tokens)
+        gateway.proxy.held.give_up_of(withdrawn)
     changed = gateway.access.reconfigure(auth)
     logger.info("reload: %d known clients' policies changed", len(changed))
     await gateway.notifier.policies_changed(changed)
@@ -196,13 +198,11 @@ def _ended(gateway: Gateway, session: DownstreamSession) -> bool:
     whether there was one to end."""
     if session.modern:
         return gateway.subscriptions.end_stream(session)
-    if (manager := gateway.sessions.manager) is None:
-        return False
-    idle.end(manager, session.id)  # as its idle timeout would: streams and calls ended
-    return True
+    manager = gateway.sessions.manager
+    return manager is not None and idle.end(manager, session.id)  # as its idle timeout would
 
 
-_WITHDRAWN = {
+_WITHDRAWN: dict[Withdrawn, str] = {
     "rotated": "this request's token was given a new secret by a reload while it ran: use the new one",
     "removed": "this request's token was taken out by a reload while it ran",
 }
@@ -210,30 +210,43 @@ _WITHDRAWN = {
 
 def _end_withdrawn(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
     """End the requests being served that came with a static token's secret a reload rotated
-    or took out, each with an error saying so: a modern-era call (a request of its own, no
-    session to end) ran to its end and was answered, after the reload meant to cut its token
-    off. Listen streams are left to ``_end_rotated`` (a removed token's is relayed nothing)."""
-    ended: dict[str, list[str]] = {why: [] for why in _WITHDRAWN}
-    """The names of the tokens of the requests ended, one per request, by why."""
+    or took out, each with an error saying so, and refuse those admitted before the reload
+    that begin after it (their bodies still arriving): a modern-era call (a request of its
+    own, no session to end) ran to its end and was answered, after the reload meant to cut its
+    token off. Listen streams being served are left to ``_end_rotated`` (ended gracefully; a
+    removed token's is relayed nothing)."""
 
     def withdrawn(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
-        token = access.token_of(request.request)
-        if request.method == "subscriptions/listen" or token is None or (secret := secret_of(token)) is None:
+        if (found := _withdrawn(tokens, request)) is None:
             return None
-        if (why := tokens.withdrawn(name := token.subject or token.client_id, secret)) is None:
-            return None
-        ended[why].append(name)
-        return TokenWithdrawn(_WITHDRAWN[why])
+        return TokenWithdrawn(_WITHDRAWN[found[1]])
 
-    if count := gateway.drain.end(withdrawn):
-        for why, names in ended.items():
-            if names:
-                refusals.add(len(names), {"reason": f"token_{why}"})
-        logger.warning(
-            "reload: %d requests of rotated or removed tokens ended (%s): sent with a secret now refused",
-            count,
-            ", ".join(sorted(set().union(*ended.values()))),
-        )
+    gateway.drain.refused = withdrawn
+    ending = gateway.drain.end(lambda r: withdrawn(r) if r.method != "subscriptions/listen" else None)
+    if not ending:
+        return
+    found = [f for f in map(partial(_withdrawn, tokens), ending) if f is not None]
+    for why in _WITHDRAWN:
+        if count := sum(f[1] == why for f in found):
+            refusals.add(count, {"reason": f"token_{why}"})
+    logger.warning(
+        "reload: %d requests of rotated or removed tokens being ended (%s): sent with a secret now refused",
+        len(ending),
+        ", ".join(sorted({name for name, _ in found})),
+    )
+
+
+def _withdrawn(
+    tokens: HashedTokenVerifier, request: ServerRequestContext[Any, Any]
+) -> tuple[str, Withdrawn] | None:
+    """The name of the static token ``request`` came with, and how a reload withdrew its
+    secret, if it did."""
+    token = access.token_of(request.request)
+    if token is None or (secret := secret_of(token)) is None:
+        return None
+    if (why := tokens.withdrawn(name := token.subject or token.client_id, secret)) is None:
+        return None
+    return name, why
 
 
 SETTLE_WAIT = 5.0

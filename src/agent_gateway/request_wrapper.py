@@ -24,6 +24,9 @@ from agent_gateway.requested import Requested, UpstreamOf, requested
 from agent_gateway.telemetry import RequestTelemetry
 from agent_gateway.visibility import Visibility
 
+Ending = Callable[[ServerRequestContext[Any, Any]], GatewayError | None]
+"""Which requests to end, by the error each ends with (None: not this one)."""
+
 
 class Drain:
     """The requests being served, for a drain (SIGTERM) to cut when its time is up, or a reload
@@ -38,6 +41,9 @@ class Drain:
         self.why: str | None = None
         self.ended: dict[anyio.CancelScope, GatewayError] = {}
         """The requests ``end`` ended, and the error each ends with."""
+        self.refused: Ending | None = None
+        """Which requests to refuse as they begin: one whose credential a reload withdrew
+        while its body was still arriving (admitted before it) is refused as it begins."""
 
     def cuttable(self, request: ServerRequestContext[Any, Any]) -> Cuttable:
         """Around ``request``: ``cut`` ends it with ``DrainEnded``, ``end`` with the error it
@@ -50,16 +56,18 @@ class Drain:
         for scope in self.scopes:
             scope.cancel()
 
-    def end(self, ended: Callable[[ServerRequestContext[Any, Any]], GatewayError | None]) -> int:
+    def end(self, ended: Ending) -> list[ServerRequestContext[Any, Any]]:
         """End each request being served that ``ended`` gives an error for, with that error;
-        how many."""
-        count = 0
+        the requests being ended (not one already: a second reload does not count it again).
+        One whose answer had already come may still be answered: its task is not woken to be
+        cancelled."""
+        ending: list[ServerRequestContext[Any, Any]] = []
         for scope, request in list(self.scopes.items()):
-            if (error := ended(request)) is not None:
+            if scope not in self.ended and (error := ended(request)) is not None:
                 self.ended[scope] = error
                 scope.cancel()
-                count += 1
-        return count
+                ending.append(request)
+        return ending
 
 
 class Cuttable:
@@ -71,6 +79,8 @@ class Cuttable:
         self._drain, self._request, self._scope = drain, request, anyio.CancelScope()
 
     def __enter__(self) -> None:
+        if (refused := self._drain.refused) is not None and (error := refused(self._request)) is not None:
+            raise to_wire(error)
         self._scope.__enter__()
         self._drain.scopes[self._scope] = self._request
         if self._drain.why is not None:

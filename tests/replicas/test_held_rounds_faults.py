@@ -26,7 +26,8 @@ from fastmcp import Context, FastMCP
 from agent_gateway.config import GatewayConfig
 from agent_gateway.config_store import StoreConfig
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.downstream.held_calls import Elsewhere, HeldCalls
+from agent_gateway.downstream.held_calls import HeldCalls
+from agent_gateway.downstream.held_rounds import Elsewhere
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import ReplicaError, StoreUnavailable, UnknownRound
 from agent_gateway.store import SharedState

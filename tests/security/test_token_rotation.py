@@ -6,6 +6,8 @@ secret's client was, after the reload that was meant to cut the leaked secret of
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
@@ -26,6 +28,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from tests.faults.harness import text_of
 from tests.security.test_policy_reload import BYSTANDER_TOKEN, CI_TOKEN, client
 from tests.support import python_upstream
+from tests.test_gateway import modern_request
 from tests.test_proxying import Recorded
 from tests.test_reload import from_file, write
 
@@ -245,11 +248,13 @@ async def test_a_token_a_reload_rotates_or_takes_out_ends_its_modern_call_in_fli
         waiting = {"bystander": anyio.Event()}
 
         async def bystanders_call() -> None:  # in flight through the reload, answered
-            result = await modern_bystander.call_tool("rec__wait", {"seconds": 0.5})
+            result = await modern_bystander.call_tool("rec__wait", {"seconds": 2})
             assert not result.is_error, result
             waiting["bystander"].set()
 
         tg.start_soon(bystanders_call)
+        # In flight at the upstream as the reload runs, as the old secret's call is.
+        await seen.wait_for(lambda events: sum(e["event"] == "started" for e in events) == 2)
         write(path, upstreams, auth=_auth(secret))
         assert await reloader.reload() is not None
         await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
@@ -260,7 +265,80 @@ async def test_a_token_a_reload_rotates_or_takes_out_ends_its_modern_call_in_fli
                 await anyio.sleep(0.01)
     assert isinstance(error := ended[0], MCPError)
     assert (error.code, error.message) == (types.INVALID_REQUEST, said)
-    warned = [r.getMessage() for r in caplog.records if "tokens ended" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "of rotated" in r.getMessage()]
     assert warned == [
-        "reload: 1 requests of rotated or removed tokens ended (ci): sent with a secret now refused"
+        "reload: 1 requests of rotated or removed tokens being ended (ci): sent with a secret now refused"
     ]
+
+
+async def test_a_rotated_tokens_request_whose_body_was_still_arriving_at_the_reload_is_refused(
+    tmp_path: Path,
+) -> None:
+    # Its credential was checked with its headers, before the reload; it began after it, so
+    # no reload found it being served: before, it was served as the token's client.
+    path = write(tmp_path / "g.yaml", UPSTREAMS, auth=_auth(CI_TOKEN))
+    body, headers = modern_request("rec__bump", {}, authorization=f"Bearer {CI_TOKEN}")
+    raw = json.dumps(body).encode()
+    rest = anyio.Event()
+
+    async def slowly() -> AsyncIterator[bytes]:
+        yield raw[: len(raw) // 2]
+        await rest.wait()
+        yield raw[len(raw) // 2 :]
+
+    answer: list[httpx.Response] = []
+    async with from_file(path) as (gw, reloader), httpx.AsyncClient(timeout=BOUND) as http:
+        async with anyio.create_task_group() as tg:
+
+            async def post() -> None:
+                answer.append(await http.post(gw.url, content=slowly(), headers=headers))
+
+            tg.start_soon(post)
+            with anyio.fail_after(BOUND):  # admitted: its headers' token checked
+                while gw.gateway.access.client("ci") is None:
+                    await anyio.sleep(0.01)
+            write(path, UPSTREAMS, auth=_auth(ROTATED))
+            assert await reloader.reload() is not None
+            rest.set()
+        async with client(gw.url, BYSTANDER_TOKEN) as bystander:
+            assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the old one's never ran
+    error = answer[0].json()["error"]
+    assert (error["code"], error["message"]) == (
+        types.INVALID_REQUEST,
+        "this request's token was given a new secret by a reload while it ran: use the new one",
+    )
+
+
+async def _unasked(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    raise AssertionError("a modern client is asked by its call's result, not a request")
+
+
+async def test_a_token_a_reload_rotates_has_the_calls_held_for_its_answers_given_up_upstream(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A modern client's call held between rounds for a handshake-era upstream's question runs
+    # in a task of the gateway's own, no request: before, it lived on for the question's 300 s,
+    # its upstream call and a place of its client's bound held, though only the old secret's
+    # holder had its requestState, and that secret was now refused.
+    caplog.set_level(logging.INFO, "agent_gateway.downstream.held_calls")
+    seen = Recorded(path=tmp_path / "recorder.jsonl")
+    upstreams = {
+        "rec": python_upstream("recorder.py", protocol="legacy", env={"RECORDER_LOG": str(seen.path)})
+    }
+    path = write(tmp_path / "g.yaml", upstreams, auth=_auth(CI_TOKEN))
+    async with (
+        from_file(path) as (gw, reloader),
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {CI_TOKEN}"}, timeout=BOUND) as http,
+        Client(
+            streamable_http_client(gw.url, http_client=http),  # type: ignore[arg-type]
+            mode="auto",
+            elicitation_callback=_unasked,
+        ) as old,
+    ):
+        first = await old.session.call_tool("rec__ask", {"question": "name?"}, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult)  # held, its question sent back
+        await seen.wait_for(lambda events: any(e["event"] == "asking" for e in events))
+        write(path, upstreams, auth=_auth(ROTATED))
+        assert await reloader.reload() is not None
+        await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
+    assert any("given up: its token was withdrawn" in r.getMessage() for r in caplog.records)

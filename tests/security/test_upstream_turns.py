@@ -113,7 +113,12 @@ async def test_a_bystanders_calls_wait_at_the_upstream_behind_a_few_of_a_floodin
                 for _ in range(20):
                     await _work(bystander, "bystander")
             await _shown(
-                gw, lambda serial: serial["window"] is not None and serial["sent"] * serial["waiting"] > 0
+                gw,
+                lambda serial: (
+                    serial["window"] is not None
+                    and 0 < serial["sent"] <= serial["in_flight"]
+                    and serial["waiting"] > 0
+                ),
             )
             tg.cancel_scope.cancel()
         await _shown(gw, lambda serial: serial["window"] is None and serial["sent"] == serial["waiting"] == 0)

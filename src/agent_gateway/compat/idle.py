@@ -75,11 +75,14 @@ def _live(manager: object, session_ids: Iterable[str]) -> Iterator[tuple[str, An
             yield session_id, transport
 
 
-def end(manager: object, session_id: str) -> None:
-    """End the session ``session_id`` now, as its idle timeout would have."""
+def end(manager: object, session_id: str) -> bool:
+    """End the session ``session_id`` now, as its idle timeout would have; whether this ended
+    it (not: no such session, or one ending already)."""
     scope = getattr(_transports(manager).get(session_id), "idle_scope", None)
-    if scope is not None:
-        scope.cancel()
+    if scope is None or scope.cancel_called:
+        return False
+    scope.cancel()
+    return True
 
 
 def _ending(transport: object) -> bool:

@@ -36,9 +36,8 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import anyio
 import mcp_types as types
@@ -48,11 +47,11 @@ from pydantic import ValidationError
 from agent_gateway.access import Principal
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.held_bounds import over_bound, upstream_room
+from agent_gateway.downstream.held_rounds import Elsewhere, RoundRequest, Rounds, Start, ToolResult
 from agent_gateway.downstream.input_requests import result_type, unsupported
 from agent_gateway.errors import ClientLimited, InvalidArguments, UnknownRound
 from agent_gateway.runtime import TaskHost
 from agent_gateway.tally import held_rounds
-from agent_gateway.upstreams.client_side import ClientSide
 
 logger = logging.getLogger(__name__)
 
@@ -60,39 +59,6 @@ ANSWER_TIMEOUT = 300.0
 """Seconds a held call's question waits for the client's retry carrying its answer."""
 STATE_PREFIX = "agent-gateway/held/"
 """How a ``requestState`` of ours begins (any other is the upstream's own, passed through)."""
-
-ToolResult = types.CallToolResult | types.InputRequiredResult
-Start = Callable[[ClientSide], Awaitable[ToolResult]]
-"""Begins the upstream call on behalf of the client side it is given."""
-
-
-class RoundRequest(ClientSide, Protocol):
-    """The request serving one round: a ``Caller`` here, or another replica's (``store/rounds``)."""
-
-    @property
-    def client(self) -> Principal | None:
-        """Who asked (the held call's own client)."""
-
-    @property
-    def progress_token(self) -> types.ProgressToken | None:
-        """The request's progress token (None: it asked for no progress)."""
-
-
-class Rounds(Protocol):
-    """Where a round of a call another replica holds is served (``store/rounds.Rounds``)."""
-
-    async def round(self, elsewhere: Elsewhere, caller: Caller) -> ToolResult:
-        """The round's outcome, served by ``elsewhere.replica``."""
-        ...  # a Protocol member: the signature is the contract
-
-
-@dataclass(frozen=True)
-class Elsewhere:
-    """A retry's held call, held by another replica."""
-
-    replica: str
-    token: str
-    tool: str
 
 
 @dataclass(eq=False)
@@ -307,7 +273,7 @@ class HeldCalls(TaskHost):
                 await held.changed.wait()
         except anyio.get_cancelled_exc_class():
             self._give_up(held, "given_up")  # the client gave the call up: so does the upstream
-            logger.info("held call %s of %s given up by its client: cancelled upstream", held.name, held.tool)
+            logger.info("held call %s of %s given up: its round was cancelled", held.name, held.tool)
             raise
         finally:
             held.serving = False
@@ -340,6 +306,17 @@ class HeldCalls(TaskHost):
             )
             return None
         return room
+
+    def give_up_of(self, clients: Collection[str]) -> int:
+        """Give up the calls held for ``clients`` between rounds (a reload withdrew their
+        tokens' secrets: no retry of theirs can come, and each would hold its upstream call and
+        a place of its client's bound for ``ANSWER_TIMEOUT``); how many. A round being served
+        is ended with its request."""
+        given = [held for held in self._held.values() if held.client in clients and not held.serving]
+        for held in given:
+            self._give_up(held, "withdrawn")
+            logger.info("held call %s of %s given up: its token was withdrawn", held.name, held.tool)
+        return len(given)
 
     def _give_up(self, held: _Held, outcome: str) -> None:
         """End ``held``: cancelled upstream, its questions ended now, forgotten (its retry: unknown)."""

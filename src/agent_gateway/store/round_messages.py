@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import mcp_types as types
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from agent_gateway.downstream.held_calls import ToolResult
+from agent_gateway.downstream.held_rounds import ToolResult
 
 logger = logging.getLogger(__name__)
 

@@ -35,7 +35,8 @@ from opentelemetry.trace import SpanKind
 
 from agent_gateway.access import Principal
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.downstream.held_calls import Elsewhere, HeldCalls, ToolResult
+from agent_gateway.downstream.held_calls import HeldCalls
+from agent_gateway.downstream.held_rounds import Elsewhere, ToolResult
 from agent_gateway.errors import GatewayError, ReplicaError, StoreUnavailable, UnknownRound
 from agent_gateway.store import SharedState
 from agent_gateway.store import rounds_channel as channel
@@ -266,7 +267,7 @@ async def _keep_alive(reply: _Reply, alive: anyio.CancelScope) -> None:
 
 
 class _Remote:
-    """The request of a round another replica was sent (``held_calls.RoundRequest``): what it
+    """The request of a round another replica was sent (``held_rounds.RoundRequest``): what it
     told of its client's request, and progress and log lines sent back to it."""
 
     def __init__(self, reply: _Reply, asked: Asked, client: Principal | None) -> None:
