@@ -61,10 +61,12 @@ def _server(seen: list[str], release: anyio.Event, levels: Middleware | None = N
     return server
 
 
+Attack = tuple[RunningGateway, Client, httpx.AsyncClient, dict[str, str]]
+"""A gateway, a bystander, the attacker's HTTP client and its session's headers."""
+
+
 @asynccontextmanager
-async def attacked(
-    upstream: str, tool: str
-) -> AsyncIterator[tuple[RunningGateway, Client, httpx.AsyncClient, dict[str, str]]]:
+async def attacked(upstream: str, tool: str) -> AsyncIterator[Attack]:
     """A gateway (bearer auth) before ``upstream``, a bystander that called its ``tool`` once,
     and the attacker's HTTP client with its handshake-era session's headers."""
     config = {"upstreams": {"u": {"url": upstream, "protocol": "legacy"}}} | bearer({})
@@ -146,26 +148,37 @@ async def test_one_clients_set_level_requests_of_changing_levels_are_sent_upstre
     levels = _SlowLevels(seen, release, hold=1.0)
     async with (
         serving_upstream(_server(seen, release, levels)) as url,
-        attacked(url, "u__echo") as (gw, bystander, http, headers),
+        attacked(url, "u__echo") as attack,
     ):
-
-        async def set_level(n: int) -> None:
-            level = "info" if n % 2 else "error"
-            body = {"jsonrpc": "2.0", "id": n + 1, "method": "logging/setLevel", "params": {"level": level}}
-            await http.post(gw.url, headers=headers, json=body)
-
-        result: types.CallToolResult | None = None
-        with anyio.fail_after(BOUND):
-            async with anyio.create_task_group() as tg:
-                for n in range(32):
-                    tg.start_soon(set_level, n)
-                while len(seen) < 1:
-                    await anyio.sleep(0.02)
-                result = await bystander.call_tool("u__echo", {"text": "during"})
-                release.set()
-    assert result is not None
+        result = await _changing_levels(32, attack, seen, release)
     assert not result.is_error, result
     assert levels.most == 1, f"{levels.most} setLevel requests were sent upstream at once"
+
+
+async def _set_level(attack: Attack, n: int) -> None:
+    """The attacker's ``n``-th setLevel: info or error, changing at each."""
+    gw, _, http, headers = attack
+    level = "info" if n % 2 else "error"
+    body = {"jsonrpc": "2.0", "id": n + 1, "method": "logging/setLevel", "params": {"level": level}}
+    await http.post(gw.url, headers=headers, json=body)
+
+
+async def _changing_levels(
+    count: int, attack: Attack, seen: list[str], release: anyio.Event
+) -> types.CallToolResult:
+    """``count`` setLevel requests of changing levels at once; once the upstream holds the
+    first, the bystander's call (its result), then the upstream let go."""
+    result: types.CallToolResult | None = None
+    with anyio.fail_after(BOUND):
+        async with anyio.create_task_group() as tg:
+            for n in range(count):
+                tg.start_soon(_set_level, attack, n)
+            while len(seen) < 1:
+                await anyio.sleep(0.02)
+            result = await attack[1].call_tool("u__echo", {"text": "during"})
+            release.set()
+    assert result is not None
+    return result
 
 
 class _Unimplemented(Middleware):
@@ -191,21 +204,8 @@ async def test_set_level_requests_queued_behind_one_answered_method_not_found_ar
     release = anyio.Event()
     async with (
         serving_upstream(_server(seen, release, _Unimplemented(seen, release))) as url,
-        attacked(url, "u__echo") as (gw, bystander, http, headers),
+        attacked(url, "u__echo") as attack,
     ):
-
-        async def set_level(n: int) -> None:
-            level = "info" if n % 2 else "error"
-            body = {"jsonrpc": "2.0", "id": n + 1, "method": "logging/setLevel", "params": {"level": level}}
-            await http.post(gw.url, headers=headers, json=body)
-
-        with anyio.fail_after(BOUND):
-            async with anyio.create_task_group() as tg:
-                for n in range(8):
-                    tg.start_soon(set_level, n)
-                while len(seen) < 1:
-                    await anyio.sleep(0.02)
-                assert not (await bystander.call_tool("u__echo", {"text": "during"})).is_error
-                release.set()
-            await set_level(8)  # and none after
+        assert not (await _changing_levels(8, attack, seen, release)).is_error
+        await _set_level(attack, 8)  # and none after
     assert seen == ["setLevel"], f"{len(seen)} setLevel requests sent to an upstream without it"
