@@ -180,9 +180,11 @@ async def test_a_token_a_reload_rotates_ends_the_old_secrets_listen_stream_while
             tg.cancel_scope.cancel()
 
 
-async def test_a_token_a_reload_rotates_has_the_old_secrets_call_in_flight_cancelled_at_the_upstream(
-    tmp_path: Path,
+@pytest.mark.parametrize("secret", [ROTATED, None], ids=["rotated", "removed"])
+async def test_a_token_a_reload_rotates_or_takes_out_has_its_call_in_flight_cancelled_at_the_upstream(
+    secret: str | None, tmp_path: Path
 ) -> None:
+    # Rotated, its session is ended; taken out, the call is (before, it ran to its end).
     seen = Recorded(path=tmp_path / "recorder.jsonl")
     upstreams = {
         "rec": python_upstream("recorder.py", protocol="legacy", env={"RECORDER_LOG": str(seen.path)})
@@ -202,7 +204,7 @@ async def test_a_token_a_reload_rotates_has_the_old_secrets_call_in_flight_cance
 
         tg.start_soon(call)
         await seen.wait_for(lambda events: any(e["event"] == "started" for e in events))
-        write(path, upstreams, auth=_auth(ROTATED))
+        write(path, upstreams, auth=_auth(secret))
         assert await reloader.reload() is not None
         await seen.wait_for(lambda events: any(e["event"] == "handler_cancelled" for e in events))
         assert text_of(await bystander.call_tool("rec__bump", {})) == "1"  # the bystander served
