@@ -270,3 +270,13 @@ def test_a_rename_target_must_be_a_tool_name(tmp_path: Path, target: str) -> Non
     text = f"upstreams:\n  a: {{command: echo, rename: {{sleep: {target}}}}}\n"
     with pytest.raises(ConfigError, match=r"upstreams\.a\.rename\.sleep: .*\^\[A-Za-z0-9_-\]\{1,64\}\$"):
         load_config(write(tmp_path, "g.yaml", text), {})
+
+
+@pytest.mark.parametrize("name", ["anonymous", "anonymous@10.0.0.1"])
+def test_a_token_named_as_clients_without_one_are_keyed_is_refused(tmp_path: Path, name: str) -> None:
+    # Its bearer shared the limits and policy of every client without a token (stdio's).
+    text = f"auth:\n  mode: bearer\n  tokens:\n    - {{name: '{name}', token: '${{TOKEN}}'}}\n"
+    with pytest.raises(
+        ConfigError, match=rf"auth\.tokens\.0\.name: .*'{name}' names clients without a token"
+    ):
+        load_config(write(tmp_path, "g.yaml", text), {"TOKEN": "a-token-0123456789abcdef"})

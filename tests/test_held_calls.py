@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx2
 import mcp_types as types
 import pytest
@@ -22,6 +23,8 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.access import Principal
+from agent_gateway.config_auth import ClientPolicy
 from agent_gateway.downstream import held_bounds, held_calls
 from tests.servers import recorder
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -355,3 +358,68 @@ async def test_calls_waiting_for_answers_take_half_of_an_upstreams_slots_shared_
     assert "is not held here" in gone
     assert not served.is_error
     assert "3" in str(served.content[0])
+
+
+class _Round:
+    """A modern client's request serving a round (``held_rounds.RoundRequest``), as a client
+    that can answer elicitation sends it."""
+
+    client = Principal("ci", "default", ClientPolicy(), None, True)
+    progress_token = None
+    input_responses = None
+    request_state = None
+    session_id = "s"
+    log_level = None
+    modern = True
+    capabilities = types.ClientCapabilities(elicitation=types.ElicitationCapability())
+
+    def progress_relay(self) -> None:
+        return None
+
+    async def log(self, upstream: str, params: types.LoggingMessageNotificationParams) -> None:
+        return None
+
+    async def elicitation_complete(
+        self, upstream: str, params: types.ElicitCompleteNotificationParams
+    ) -> None:
+        return None
+
+
+async def test_a_round_whose_request_is_ended_as_its_question_wakes_it_gives_the_call_up() -> None:
+    # A reload ending the round's request (its token withdrawn) in the loop step in which the
+    # upstream's question woke the round: the cancel was not delivered by the finished wait,
+    # the round answered with its question, and the call stayed held 300 s for nobody.
+    calls = held_calls.HeldCalls()
+    asking = anyio.Event()
+    upstream: list[str] = []
+    ending: list[bool] = []
+
+    async def start(side: Any) -> types.CallToolResult:  # the handshake-era upstream's call
+        question = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message="name?", requested_schema={"type": "object"})
+        )
+        asking.set()  # the reload runs next, then the round its question wakes
+        try:
+            await side.ask("rec", question)
+        except anyio.get_cancelled_exc_class():
+            upstream.append("cancelled")
+            raise
+        return types.CallToolResult(content=[])
+
+    async def reload(scope: anyio.CancelScope) -> None:
+        await asking.wait()
+        scope.cancel()  # ``Drain.end``; the round is being served: give_up_of leaves it
+        assert calls.give_up_of({"ci"}) == 0
+
+    async with calls.running(), anyio.create_task_group() as tg:
+        with anyio.CancelScope() as scope:  # the round's request's own (``Cuttable``)
+            tg.start_soon(reload, scope)
+            await anyio.wait_all_tasks_blocked()
+            await calls.call(_Round(), "rec__ask", start)  # type: ignore[arg-type]
+            await anyio.lowlevel.checkpoint()
+        ending.append(scope.cancelled_caught)
+        with anyio.fail_after(BOUND):
+            while not upstream or len(calls):
+                await anyio.sleep(0.01)
+    assert ending == [True]
+    assert upstream == ["cancelled"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from agent_gateway.config_base import FieldProblem
 from agent_gateway.config_base import Strict as _Strict
@@ -58,6 +58,15 @@ class StaticToken(_Strict):
     sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
     token: str | None = Field(default=None, min_length=16, repr=False)
     policy: str = "default"
+
+    @field_validator("name")
+    @classmethod
+    def _not_anonymous(cls, name: str) -> str:
+        # Clients without a token are keyed so (``access.ANONYMOUS``, by address
+        # ``anonymous@…``): a token of that name shared their limits and policy (a stdio client's).
+        if name == "anonymous" or name.startswith("anonymous@"):
+            raise ValueError(f"{name!r} names clients without a token (stdio, or by address): choose another")
+        return name
 
     @model_validator(mode="after")
     def _one_secret(self) -> StaticToken:

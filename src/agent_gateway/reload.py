@@ -38,7 +38,7 @@ from agent_gateway.compat import idle
 from agent_gateway.config import AuthConfig, GatewayConfig, UpstreamConfig
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import ConfigError, TokenWithdrawn
-from agent_gateway.refusals import refusals
+from agent_gateway.refusals import refusals, refused
 from agent_gateway.server import Gateway
 
 logger = logging.getLogger(__name__)
@@ -202,10 +202,13 @@ def _ended(gateway: Gateway, session: DownstreamSession) -> bool:
     return manager is not None and idle.end(manager, session.id)  # as its idle timeout would
 
 
-_WITHDRAWN: dict[Withdrawn, str] = {
-    "rotated": "this request's token was given a new secret by a reload while it ran: use the new one",
-    "removed": "this request's token was taken out by a reload while it ran",
-}
+_WITHDRAWN: dict[Withdrawn, str] = {"rotated": "given a new secret", "removed": "taken out"}
+
+
+def _error(why: Withdrawn, when: str) -> TokenWithdrawn:
+    """The error a request of a token withdrawn ``why`` ends with, ``when`` it met it."""
+    then = ": use the new one" if why == "rotated" else ""
+    return TokenWithdrawn(f"this request's token was {_WITHDRAWN[why]} by a reload {when}{then}")
 
 
 def _end_withdrawn(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
@@ -216,13 +219,25 @@ def _end_withdrawn(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
     token off. Listen streams being served are left to ``_end_rotated`` (ended gracefully; a
     removed token's is relayed nothing)."""
 
-    def withdrawn(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
+    def running(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
+        found = _withdrawn(tokens, request) if request.method != "subscriptions/listen" else None
+        return _error(found[1], "while it ran") if found is not None else None
+
+    def beginning(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
         if (found := _withdrawn(tokens, request)) is None:
             return None
-        return TokenWithdrawn(_WITHDRAWN[found[1]])
+        name, why = found
+        refused(
+            f"token_{why}",
+            "request of %s token %s refused as it began: admitted before a reload",
+            why,
+            name,
+            peer=name,
+        )
+        return _error(why, "before it began")
 
-    gateway.drain.refused = withdrawn
-    ending = gateway.drain.end(lambda r: withdrawn(r) if r.method != "subscriptions/listen" else None)
+    gateway.drain.refused = beginning
+    ending = gateway.drain.end(running)
     if not ending:
         return
     found = [f for f in map(partial(_withdrawn, tokens), ending) if f is not None]

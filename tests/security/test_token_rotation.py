@@ -274,7 +274,7 @@ async def test_a_token_a_reload_rotates_or_takes_out_ends_its_modern_call_in_fli
 
 
 async def test_a_rotated_tokens_request_whose_body_was_still_arriving_at_the_reload_is_refused(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Its credential was checked with its headers, before the reload; it began after it, so
     # no reload found it being served: before, it was served as the token's client.
@@ -307,8 +307,10 @@ async def test_a_rotated_tokens_request_whose_body_was_still_arriving_at_the_rel
     error = answer[0].json()["error"]
     assert (error["code"], error["message"]) == (
         types.INVALID_REQUEST,
-        "this request's token was given a new secret by a reload while it ran: use the new one",
+        "this request's token was given a new secret by a reload before it began: use the new one",
     )
+    said = "request of rotated token ci refused as it began: admitted before a reload"
+    assert [r.getMessage() for r in caplog.records if "refused as it began" in r.getMessage()] == [said]
 
 
 async def _unasked(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:

@@ -40,6 +40,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import anyio
+import anyio.lowlevel
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
 from pydantic import ValidationError
@@ -271,6 +272,9 @@ class HeldCalls(TaskHost):
             while not held.done and not held.questions:
                 held.changed = anyio.Event()
                 await held.changed.wait()
+            # A cancel that came as the wait ended (a reload ending the round's request in the
+            # step its question woke it) is not delivered by it: the call would stay held.
+            await anyio.lowlevel.checkpoint_if_cancelled()
         except anyio.get_cancelled_exc_class():
             self._give_up(held, "given_up")  # the client gave the call up: so does the upstream
             logger.info("held call %s of %s given up: its round was cancelled", held.name, held.tool)
