@@ -32,6 +32,18 @@ async def until(condition: Callable[[], bool]) -> None:
             await anyio.sleep(0.02)
 
 
+async def first(*events: anyio.Event) -> None:
+    """Until one of ``events`` is set."""
+    async with anyio.create_task_group() as tg:
+
+        async def wait(event: anyio.Event) -> None:
+            await event.wait()
+            tg.cancel_scope.cancel()
+
+        for event in events:
+            tg.start_soon(wait, event)
+
+
 def endless_event(ended: anyio.Event, cut: list[int]) -> ASGIApp:
     """FastMCP's legacy SSE app whose stream, once its ``flood`` tool is called, sends
     ``EVENT`` bytes of one event that never ends (what the app would send after it waits until
@@ -68,7 +80,12 @@ def endless_event(ended: anyio.Event, cut: list[int]) -> ASGIApp:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(inner, scope, receive, held)  # answers the session's POSTs
-            await start.wait()
+            # A stream never started (the gateway's reconnect after the cut) ends with the
+            # test: waiting on, it held its server's shutdown, and the test, without end.
+            await first(start, ended)
+            if not start.is_set():
+                tg.cancel_scope.cancel()
+                return
             sent = 0
             await send({"type": "http.response.body", "body": b"event: message\ndata: ", "more_body": True})
             for _ in range(EVENT // 2**20):
@@ -107,6 +124,7 @@ async def test_the_unfinished_event_of_a_legacy_sse_stream_counts_in_flight() ->
                 upstreams[f"sse{n}"] = {"url": f"{base}/sse", "transport": "sse", "protocol": "legacy"}
             config = {"server": {"max_bytes_in_flight": BOUND}, "upstreams": upstreams}
             gw = await stack.enter_async_context(running_gateway(config))
+            stack.callback(ended.set)  # before the gateway and the upstreams stop
             client = await stack.enter_async_context(Client(gw.url))
             async with anyio.create_task_group() as tg:
                 for n in range(3):
