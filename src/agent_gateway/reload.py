@@ -25,7 +25,6 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -219,9 +218,14 @@ def _end_withdrawn(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
     token off. Listen streams being served are left to ``_end_rotated`` (ended gracefully; a
     removed token's is relayed nothing)."""
 
+    ending: list[tuple[str, Withdrawn]] = []
+    """The token's name and how it was withdrawn, for each request being ended."""
+
     def running(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
-        found = _withdrawn(tokens, request) if request.method != "subscriptions/listen" else None
-        return _error(found[1], "while it ran") if found is not None else None
+        if request.method == "subscriptions/listen" or (found := _withdrawn(tokens, request)) is None:
+            return None
+        ending.append(found)
+        return _error(found[1], "while it ran")
 
     def beginning(request: ServerRequestContext[Any, Any]) -> TokenWithdrawn | None:
         if (found := _withdrawn(tokens, request)) is None:
@@ -237,17 +241,16 @@ def _end_withdrawn(gateway: Gateway, tokens: HashedTokenVerifier) -> None:
         return _error(why, "before it began")
 
     gateway.drain.refused = beginning
-    ending = gateway.drain.end(running)
+    gateway.drain.end(running)
     if not ending:
         return
-    found = [f for f in map(partial(_withdrawn, tokens), ending) if f is not None]
     for why in _WITHDRAWN:
-        if count := sum(f[1] == why for f in found):
+        if count := sum(found[1] == why for found in ending):
             refusals.add(count, {"reason": f"token_{why}"})
     logger.warning(
         "reload: %d requests of rotated or removed tokens being ended (%s): sent with a secret now refused",
         len(ending),
-        ", ".join(sorted({name for name, _ in found})),
+        ", ".join(sorted({name for name, _ in ending})),
     )
 
 

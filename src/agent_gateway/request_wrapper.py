@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from agent_gateway import access
 from agent_gateway.access import ANONYMOUS, AccessControl, Kind, Principal
 from agent_gateway.call_records import CallRecorder
-from agent_gateway.errors import AuditUnwritable, DrainEnded, GatewayError, invalid_params, to_wire
+from agent_gateway.errors import AuditUnwritable, DrainEnded, GatewayError, to_wire
+from agent_gateway.invalid_params import invalid_params
 from agent_gateway.requested import Requested, UpstreamOf, requested
 from agent_gateway.telemetry import RequestTelemetry
 from agent_gateway.visibility import Visibility
@@ -56,18 +57,15 @@ class Drain:
         for scope in self.scopes:
             scope.cancel()
 
-    def end(self, ended: Ending) -> list[ServerRequestContext[Any, Any]]:
-        """End each request being served that ``ended`` gives an error for, with that error;
-        the requests being ended (not one already: a second reload does not count it again).
-        One whose answer had already come may still be answered: its task is not woken to be
-        cancelled."""
-        ending: list[ServerRequestContext[Any, Any]] = []
+    def end(self, ended: Ending) -> None:
+        """End each request being served that ``ended`` gives an error for, with that error
+        (``ended`` is not asked of one being ended already: a second reload does not count it
+        again). One whose answer had already come may still be answered: its task is not
+        woken to be cancelled."""
         for scope, request in list(self.scopes.items()):
             if scope not in self.ended and (error := ended(request)) is not None:
                 self.ended[scope] = error
                 scope.cancel()
-                ending.append(request)
-        return ending
 
 
 class Cuttable:
