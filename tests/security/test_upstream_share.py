@@ -187,6 +187,43 @@ async def test_a_fixed_share_bounds_each_client_and_says_so(caplog: pytest.LogCa
     assert "client hog1 holds its share of upstream slow's calls: 3 in flight there, its share " in logged[0]
 
 
+async def test_a_client_arriving_at_a_full_upstream_waits_for_the_next_slot_and_is_served() -> None:
+    # Before, a call past max_concurrency was refused at once, whoever sent it: clients each
+    # holding their share, and sending again as their calls ended, kept the upstream full,
+    # and a client arriving was refused however short their calls were.
+    upstream = Upstream()
+    async with _gateway(upstream, max_concurrency=2) as (gw, (bystander, hog1, hog2)):
+        shared = gw.gateway.pool.get("slow")
+        queue = shared.session().queue
+        assert queue is not None
+        refused: list[str] = []
+        served: list[str] = []
+
+        async def bystanders_call() -> None:
+            served.append(_text(await bystander.call_tool("slow__echo", {"text": "served"})))
+
+        async with anyio.create_task_group() as tg:
+            await _hog(hog1, 2, refused, tg)  # one held, one refused: as many as it leaves free
+            await _settled(shared.guard, 2, refused)
+            await _hog(hog2, 1, refused, tg)
+            await _arrived(upstream, 2)  # full
+            tg.start_soon(bystanders_call)
+            with anyio.fail_after(20):
+                while queue.waiting < 1:
+                    await anyio.sleep(0.02)
+            again = await hog2.call_tool("slow__wait", {})  # a greedy client meanwhile: refused
+            assert _text(again) == (
+                "upstream 'slow': 2 calls in flight, the limit (max_concurrency) is 2; a client with "
+                "calls in flight or waiting here is refused, one with none waits for the next slot"
+            )
+            assert served == []
+            assert upstream.echoed == []
+            upstream.release.set()  # the held calls end: the next slot is the bystander's
+        assert served == ["served"]
+        assert [text for text, _ in upstream.echoed] == ["served"]  # it reached the upstream
+        assert refused.count("released") == 2
+
+
 async def test_a_guard_keeps_no_entry_for_a_client_without_a_call_in_flight() -> None:
     # Thousands of clients, one call each, ended every way a call ends: the per-client counts
     # stay as many as the calls in flight, so many clients cost nothing once they are gone.

@@ -305,11 +305,94 @@ async def test_once_idle_the_window_is_whole_again_and_the_fastest_ping_measured
         tg.cancel_scope.cancel()
 
 
-async def test_no_call_waits_while_the_window_is_the_whole_max_concurrency() -> None:
-    queue = CallQueue("up", 2)
-    async with queue.turn("a", lambda: 10), queue.turn("a", lambda: 10), queue.turn("b", lambda: 10):
-        assert queue.sent == 3
+async def test_at_the_whole_max_concurrency_a_client_with_no_call_there_waits_for_the_next_slot() -> None:
+    # Before, every call past max_concurrency was refused at once: greedy clients, each sending
+    # again the moment one of its calls ended, kept the upstream full, and a client arriving
+    # never found a slot. Now one with none there waits for the next, sent for it first.
+    queue = CallQueue("up", 2, held={"a": 2})  # the guard's count: client a holds both slots
+    ends = [anyio.Event(), anyio.Event()]
+    served: list[str] = []
+
+    async def held(end: anyio.Event) -> None:
+        async with queue.turn("a", lambda: 10):
+            await end.wait()
+
+    async def call(who: str) -> None:
+        async with queue.turn(who, lambda: 10):
+            served.append(who)
+
+    async with anyio.create_task_group() as tg:
+        for end in ends:
+            tg.start_soon(held, end)
+        await _until(lambda: queue.sent == 2)
+        tg.start_soon(call, "b")
+        await _until(lambda: queue.waiting == 1)
+        tg.start_soon(call, "c")
+        await _until(lambda: queue.waiting == 2)
+        for who in ("a", "b"):  # holding calls there; with a call waiting already
+            with pytest.raises(
+                UpstreamBusy,
+                match=r"^upstream 'up': 2 calls in flight, the limit \(max_concurrency\) is 2; a client "
+                "with calls in flight or waiting here is refused, one with none waits for the next slot$",
+            ):
+                async with queue.turn(who, lambda: 10):
+                    pytest.fail("sent past the cap")
+        assert served == []
+        ends[0].set()  # one of a's calls ends: its slot goes to b, then (b's ended) to c
+        await _until(lambda: served == ["b", "c"])
+        assert queue.sent == 1
+        ends[1].set()
+    assert queue.sent == 0
+
+
+async def test_a_call_waiting_at_the_whole_max_concurrency_is_refused_after_its_wait() -> None:
+    queue = CallQueue("up", 1, held={"a": 1})
+    async with queue.turn("a", lambda: 10):
+        with pytest.raises(
+            UpstreamBusy,
+            match=r"^upstream 'up': not sent within 0.05s: every one of the upstream's 1 slots \(its "
+            r"max_concurrency\) stayed taken; retry later$",
+        ):
+            async with queue.turn("b", lambda: 0.05):
+                pytest.fail("sent past the cap")
         assert queue.waiting == 0
+
+
+async def test_at_the_whole_max_concurrency_a_client_given_its_turn_waits_in_no_second_place() -> None:
+    # Given its turn, a call is counted by the guard only once it runs: before, that client's
+    # next call meanwhile found it holding nothing and took a second place to wait.
+    queue = CallQueue("up", 1, held={"a": 1})
+    served: list[str] = []
+
+    async def call(who: str) -> None:
+        async with queue.turn(who, lambda: 10):
+            served.append(who)
+
+    async with anyio.create_task_group() as tg:
+        async with queue.turn("a", lambda: 10):
+            tg.start_soon(call, "b")
+            await _until(lambda: queue.waiting == 1)
+            with pytest.raises(  # every place taken: the reason is the slots, not a slow upstream
+                UpstreamBusy,
+                match=r"^upstream 'up': 1 calls are waiting for their turn already \(its max_concurrency\): "
+                "every one of the upstream's 1 slots",
+            ):
+                async with queue.turn("c", lambda: 10):
+                    pytest.fail("waited past the places")
+        # a's turn given back: b's is given, b not yet running
+        with pytest.raises(UpstreamBusy, match="a client with calls in flight or waiting here is refused"):
+            async with queue.turn("b", lambda: 10):
+                pytest.fail("a second place to wait")
+    assert served == ["b"]
+
+
+async def test_once_the_session_is_lost_a_call_at_the_whole_max_concurrency_goes_on_to_fail_there() -> None:
+    # Neither refused for the cap nor waiting for calls that are failing: the session is gone.
+    queue = CallQueue("up", 1, held={"a": 1})
+    async with queue.turn("a", lambda: 10):
+        queue.close()
+        async with queue.turn("a", lambda: 10), queue.turn("b", lambda: 10):
+            assert queue.sent == 3
 
 
 async def test_a_client_waits_in_as_many_places_as_it_leaves_free_and_another_still_finds_one() -> None:

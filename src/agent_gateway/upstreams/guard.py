@@ -23,7 +23,9 @@ The cap (``max_concurrency``) is shared fairly between clients: a call of one cl
 share of the upstream's calls in flight (``max_concurrency_per_client``; by default as many as
 it leaves free). Slow calls hold their slots for minutes, and first come, first served let one
 client (or two) hold every slot while every other client's call was refused. Calls of the
-gateway's own (no client) count against the cap alone.
+gateway's own (no client) count against the cap alone. At the cap, a shared session's call of a
+client with none in flight here waits for the next slot (``queueing.py``); ``held`` is what
+tells it so.
 """
 
 from __future__ import annotations

@@ -29,12 +29,18 @@ one sent is the next client's (round robin): a client with one call waiting is s
 one with sixty. At most ``max_concurrency`` calls wait (one more is refused at once), and a
 client's at most as many as it leaves free and its ``max_concurrency_per_client`` (as its share
 of the upstream's slots, ``guard.over_share``); when the
-session is lost, every call waiting goes on at once, to fail saying so. While the window
-is the whole ``max_concurrency`` nothing waits (a call past it is refused, as ever). A call waits
-at most its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
+session is lost, every call waiting goes on at once, to fail saying so. A call waits at most
+its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
 timeout starts. An upstream that answers pings apart from its calls keeps its window open: the
 gateway then sends as it did without one. A dedicated (``per_client``) session takes no turns:
 its upstream serves one client.
+
+At the cap itself (the window whole, ``max_concurrency`` calls sent) a call of a client with
+none in flight at the upstream waits for the next one to end, which is sent for it before any
+other client's; a call of a client holding some there, or with one waiting, is refused at once.
+Before, every call past the cap was refused: about log2(``max_concurrency``) greedy clients,
+each holding its share (``guard.py``) and sending again the moment a call ended, kept the
+upstream full, and a client arriving found it full however short their calls.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import anyio
 from opentelemetry import trace
@@ -70,8 +76,9 @@ _TOLD_EVERY = 60.0
 
 calls_waited = Tally(
     "agent_gateway.upstream.calls.waited",
-    "Clients' calls that waited for their turn to be sent to an upstream, by upstream: its "
-    "pings said it had calls queued, so at most its window of calls were sent at once.",
+    "Clients' calls that waited for their turn to be sent to an upstream, by upstream and why: "
+    "window (its pings said it had calls queued, so at most its window of calls were sent at "
+    "once) or full (max_concurrency calls were in flight there, none of the waiting client's).",
 )
 
 
@@ -93,14 +100,26 @@ class Turn:
 class CallQueue:
     """The turns of the clients calling one shared upstream session (its ``queue``)."""
 
-    def __init__(self, upstream: str, limit: int | None, share: int | None = None) -> None:
-        """``limit``: its ``max_concurrency``; ``share``: its ``max_concurrency_per_client``."""
+    def __init__(
+        self,
+        upstream: str,
+        limit: int | None,
+        share: int | None = None,
+        held: Mapping[str, int] | None = None,
+    ) -> None:
+        """``limit``: its ``max_concurrency``; ``share``: its ``max_concurrency_per_client``;
+        ``held``: each client's calls in flight at the upstream (its guard's, read only)."""
         self.upstream = upstream
         self._ceiling = limit or NO_CEILING
         self._share = share
+        self._held: Mapping[str, int] = held if held is not None else {}
         self.window = self._ceiling
         self.sent = 0
         """Calls sent and not yet answered."""
+        self._handed: dict[str, int] = {}
+        """Each client's calls given their turn while they waited, not yet running (then the
+        guard's ``held`` counts them)."""
+        self._closed = False
         self._waiting: dict[str, deque[anyio.Event]] = {}
         """Each client's calls waiting, in the order of its turns (a client's key moves last
         as one of its calls is sent)."""
@@ -132,10 +151,21 @@ class CallQueue:
         return Turn(self, client, wait)
 
     async def _taken(self, client: str, wait: Callable[[], float]) -> None:
-        if (self.sent < self.window or self.window >= self._ceiling) and not self._waiting:
+        if self.sent < self.window and not self._waiting:
             self.sent += 1
             if self.sent >= FLOOR:
                 self._busy.set()
+        elif self._closed:  # on to fail as the session is lost, saying so
+            self.sent += 1
+        elif self.window >= self._ceiling and self._holds(client):
+            # Refused here, not at the guard: a slot given to a waiting call is free there
+            # until that call runs, and a fixed share would let this one take it.
+            raise UpstreamBusy(
+                self.upstream,
+                f"{self.sent} calls in flight, the limit (max_concurrency) is {self._ceiling}; "
+                "a client with calls in flight or waiting here is refused, one with none waits "
+                "for the next slot",
+            )
         else:
             await self._wait(client, wait())
 
@@ -143,9 +173,18 @@ class CallQueue:
         self.sent -= 1
         self._send_next()
 
+    def _holds(self, client: str) -> bool:
+        """``client`` has calls in flight at the upstream, waiting here, or given their turn."""
+        return client in self._held or client in self._waiting or client in self._handed
+
     async def _wait(self, client: str, wait: float) -> None:
         self._refuse_over_share(client)
-        calls_waited.add(1, {"agent_gateway.upstream": self.upstream})
+        full = self.window >= self._ceiling
+        calls_waited.add(1, {"agent_gateway.upstream": self.upstream, "why": "full" if full else "window"})
+        if full:
+            logger.debug(
+                "upstream %s is full: a call of client %s waits for the next slot", self.upstream, client
+            )
         sent = anyio.Event()
         self._waiting.setdefault(client, deque()).append(sent)
         started = time.perf_counter()
@@ -157,13 +196,19 @@ class CallQueue:
             raise
         if not sent.is_set():
             self._left(client, sent)
-            raise UpstreamBusy(
-                self.upstream,
-                f"not sent within {wait:g}s: the upstream is answering slowly, so at most "
-                f"{self.window} calls are sent to it at once and clients take turns; retry later",
-            )
+            raise UpstreamBusy(self.upstream, f"not sent within {wait:g}s: " + self._why_held())
+        self._unhand(client)
         waited = (time.perf_counter() - started) * 1e3
         trace.get_current_span().set_attribute("agent_gateway.upstream.waited_ms", round(waited, 1))
+
+    def _why_held(self) -> str:
+        """Why calls wait now: every slot taken, or the window narrowed."""
+        if self.window >= self._ceiling:
+            return f"every one of the upstream's {self._ceiling} slots (its max_concurrency) stayed taken; retry later"
+        return (
+            f"the upstream is answering slowly, so at most {self.window} calls are sent to it "
+            "at once and clients take turns; retry later"
+        )
 
     def _refuse_over_share(self, client: str) -> None:
         """Raises ``UpstreamBusy`` when ``max_concurrency`` calls wait, or ``client`` holds its
@@ -176,7 +221,7 @@ class CallQueue:
             raise UpstreamBusy(
                 self.upstream,
                 f"{self._ceiling} calls are waiting for their turn already (its max_concurrency): "
-                "the upstream is answering slowly; retry later",
+                + self._why_held(),
             )
         bound = free if self._share is None else min(free, self._share)
         if (held := len(self._waiting.get(client, ()))) < bound:
@@ -192,6 +237,7 @@ class CallQueue:
         """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
         if sent.is_set():
             self.sent -= 1
+            self._unhand(client)
             self._send_next()
             return
         calls = self._waiting[client]
@@ -204,6 +250,7 @@ class CallQueue:
         so), none waits out its timeout for a turn on a session that is gone; nor does a call
         that took the session just before."""
         self.window = self._ceiling
+        self._closed = True
         for calls in self._waiting.values():
             for sent in calls:
                 sent.set()
@@ -216,8 +263,17 @@ class CallQueue:
             calls = self._waiting.pop(client)
             calls.popleft().set()
             self.sent += 1
+            self._handed[client] = self._handed.get(client, 0) + 1
             if calls:  # its next call goes behind every other client's
                 self._waiting[client] = calls
+
+    def _unhand(self, client: str) -> None:
+        """A call given its turn runs now, or is gone (a call the session's loss sent on was
+        not counted)."""
+        if (handed := self._handed.get(client, 0)) > 1:
+            self._handed[client] = handed - 1
+        else:
+            self._handed.pop(client, None)
 
     async def watch(self, ping: Callable[[], Awaitable[str | None]]) -> None:
         """Ping the upstream once at once (idle: its fastest answer), then while it is busy,
