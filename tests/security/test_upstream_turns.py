@@ -26,7 +26,9 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
+from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamBusy
+from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.queueing import FLOOR, CallQueue
 from tests.security.test_hostile_load import client
 from tests.support import RunningGateway, python_upstream, running_gateway
@@ -309,16 +311,16 @@ async def test_at_the_whole_max_concurrency_a_client_with_no_call_there_waits_fo
     # Before, every call past max_concurrency was refused at once: greedy clients, each sending
     # again the moment one of its calls ended, kept the upstream full, and a client arriving
     # never found a slot. Now one with none there waits for the next, sent for it first.
-    queue = CallQueue("up", 2, held={"a": 2})  # the guard's count: client a holds both slots
+    guard, queue = _capped(2, share=2)  # client a may take both slots
     ends = [anyio.Event(), anyio.Event()]
     served: list[str] = []
 
     async def held(end: anyio.Event) -> None:
-        async with queue.turn("a", lambda: 10):
+        async with _call(queue, guard, "a"):
             await end.wait()
 
     async def call(who: str) -> None:
-        async with queue.turn(who, lambda: 10):
+        async with _call(queue, guard, who):
             served.append(who)
 
     async with anyio.create_task_group() as tg:
@@ -342,12 +344,12 @@ async def test_at_the_whole_max_concurrency_a_client_with_no_call_there_waits_fo
         await _until(lambda: served == ["b", "c"])
         assert queue.sent == 1
         ends[1].set()
-    assert queue.sent == 0
+    assert queue.sent == guard.in_flight == guard.reserved == 0
 
 
 async def test_a_call_waiting_at_the_whole_max_concurrency_is_refused_after_its_wait() -> None:
-    queue = CallQueue("up", 1, held={"a": 1})
-    async with queue.turn("a", lambda: 10):
+    guard, queue = _capped(1)
+    async with _call(queue, guard, "a"):
         with pytest.raises(
             UpstreamBusy,
             match=r"^upstream 'up': not sent within 0.05s: every one of the upstream's 1 slots \(its "
@@ -361,15 +363,15 @@ async def test_a_call_waiting_at_the_whole_max_concurrency_is_refused_after_its_
 async def test_at_the_whole_max_concurrency_a_client_given_its_turn_waits_in_no_second_place() -> None:
     # Given its turn, a call is counted by the guard only once it runs: before, that client's
     # next call meanwhile found it holding nothing and took a second place to wait.
-    queue = CallQueue("up", 1, held={"a": 1})
+    guard, queue = _capped(1)
     served: list[str] = []
 
     async def call(who: str) -> None:
-        async with queue.turn(who, lambda: 10):
+        async with _call(queue, guard, who):
             served.append(who)
 
     async with anyio.create_task_group() as tg:
-        async with queue.turn("a", lambda: 10):
+        async with _call(queue, guard, "a"):
             tg.start_soon(call, "b")
             await _until(lambda: queue.waiting == 1)
             with pytest.raises(  # every place taken: the reason is the slots, not a slow upstream
@@ -387,12 +389,60 @@ async def test_at_the_whole_max_concurrency_a_client_given_its_turn_waits_in_no_
 
 
 async def test_once_the_session_is_lost_a_call_at_the_whole_max_concurrency_goes_on_to_fail_there() -> None:
-    # Neither refused for the cap nor waiting for calls that are failing: the session is gone.
-    queue = CallQueue("up", 1, held={"a": 1})
-    async with queue.turn("a", lambda: 10):
+    # Neither refused for the cap nor waiting for calls that are failing: the session is gone
+    # (its calls fail as they take it, before the guard: session.py's _calling).
+    guard, queue = _capped(1)
+    async with _call(queue, guard, "a"):
         queue.close()
         async with queue.turn("a", lambda: 10), queue.turn("b", lambda: 10):
             assert queue.sent == 3
+
+
+async def test_a_slot_given_to_a_call_cancelled_before_it_runs_goes_to_the_next_one() -> None:
+    # The slot is kept at the guard for the call given it until that call runs: one cancelled
+    # first must give it back, or the upstream has a slot fewer for good.
+    guard, queue = _capped(2, share=2)
+    served: list[str] = []
+
+    async def call(who: str) -> None:
+        async with _call(queue, guard, who):
+            served.append(who)
+
+    async with _call(queue, guard, "a"), anyio.create_task_group() as tg:
+        async with _call(queue, guard, "a"):
+            given = asyncio.ensure_future(call("b"))  # asyncio's cancel lands at once
+            await _until(lambda: queue.waiting == 1)
+            tg.start_soon(call, "c")
+            await _until(lambda: queue.waiting == 2)
+        given.cancel()  # given a's slot as its call ended, and cancelled before it runs
+        with pytest.raises(asyncio.CancelledError):
+            await given
+        await _until(lambda: served == ["c"])
+
+
+async def test_a_slot_held_by_a_call_that_takes_no_turn_is_waited_for_and_kept_for_the_call_given_it() -> (
+    None
+):
+    # The gateway's own calls (and a dedicated session's, a held call's after its first round)
+    # take no turn here but hold the upstream's slots. Before, the turns went by their own count:
+    # a call past the cap took its turn and was refused at the guard at once, and a slot given to
+    # a waiting call could be taken by one of those calls before it ran.
+    guard, queue = _capped(2)
+    served: list[str] = []
+
+    async def call(who: str) -> None:
+        async with _call(queue, guard, who):
+            served.append(who)
+
+    async with _call(queue, guard, "a"), anyio.create_task_group() as tg:
+        with guard.admitted(None):  # the gateway's own call takes the other slot
+            tg.start_soon(call, "b")
+            await _until(lambda: queue.waiting == 1)
+        # Its end gave the slot to b, which does not run yet: no other call may take it.
+        with pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"), guard.admitted(None):
+            pytest.fail("took the slot given to b")
+        await _until(lambda: served == ["b"])
+    assert guard.in_flight == guard.reserved == 0
 
 
 async def test_a_client_waits_in_as_many_places_as_it_leaves_free_and_another_still_finds_one() -> None:
@@ -459,6 +509,23 @@ async def _holding(queue: CallQueue, calls: int) -> AsyncIterator[Callable[[int]
         await _until(lambda: queue.sent == calls)
         yield hold
         release.set()
+
+
+def _capped(limit: int, share: int | None = None) -> tuple[Guard, CallQueue]:
+    """An upstream's guard of ``limit`` slots (``share`` a client's), and its shared session's turns."""
+    guard = Guard(
+        "up", UpstreamConfig(url="http://up/mcp", max_concurrency=limit, max_concurrency_per_client=share)
+    )
+    return guard, CallQueue("up", limit, share, guard)
+
+
+@asynccontextmanager
+async def _call(queue: CallQueue, guard: Guard, who: str) -> AsyncIterator[None]:
+    """One call of ``who`` as the gateway makes it: its turn, then the guard's admission
+    (``proxy.py``, then ``session.py``'s ``_calling``)."""
+    async with queue.turn(who, lambda: 10):
+        with guard.admitted(who):
+            yield
 
 
 async def _until(done: object) -> None:

@@ -24,8 +24,9 @@ share of the upstream's calls in flight (``max_concurrency_per_client``; by defa
 it leaves free). Slow calls hold their slots for minutes, and first come, first served let one
 client (or two) hold every slot while every other client's call was refused. Calls of the
 gateway's own (no client) count against the cap alone. At the cap, a shared session's call of a
-client with none in flight here waits for the next slot (``queueing.py``); ``held`` is what
-tells it so.
+client with none in flight here waits for the next slot (``queueing.py``), which is ``reserved``
+for it until it runs, and each call's end is told to those turns (``freed``): a slot freed by a
+call that took no turn there (a dedicated session's, the gateway's own) is given on too.
 """
 
 from __future__ import annotations
@@ -164,6 +165,11 @@ class Guard:
         self.held: dict[str, int] = {}
         """Calls in flight per client label: only clients with one at least (at most
         ``max_concurrency`` entries, whatever the number of clients)."""
+        self.reserved = 0
+        """Slots given to calls that waited for them in the shared session's turns
+        (``queueing.py``) and do not run yet: not free for any other call meanwhile."""
+        self.freed: Callable[[], None] | None = None
+        """Told as each call ends (the shared session's turns: the next waiting call's)."""
         self.heard_at = -math.inf
         """When the upstream last answered a call."""
         self.checked = False
@@ -190,10 +196,10 @@ class Guard:
         Raises:
             CircuitOpen, UpstreamBusy: the call was not sent.
         """
-        if self._limit is not None and self.in_flight >= self._limit:
+        if self._limit is not None and self.in_flight + self.reserved >= self._limit:
             raise UpstreamBusy(
                 self.upstream,
-                f"{self.in_flight} calls in flight, the limit (max_concurrency) is {self._limit}",
+                f"{self.in_flight + self.reserved} calls in flight, the limit (max_concurrency) is {self._limit}",
             )
         if client is not None:
             self._refuse_over_share(client)
@@ -233,6 +239,8 @@ class Guard:
             self.in_flight -= 1
             if client is not None:
                 self._release(client)
+            if self.freed is not None:
+                self.freed()
 
     def _refuse_over_share(self, client: str) -> None:
         """Raises ``UpstreamBusy`` when ``client`` holds its share of the cap: a fixed
@@ -244,7 +252,7 @@ class Guard:
             if held < self._share:
                 return
             bound = f"its share (max_concurrency_per_client) is {self._share}"
-        elif self._limit is None or held < (free := self._limit - self.in_flight):
+        elif self._limit is None or held < (free := self._limit - self.in_flight - self.reserved):
             return
         else:
             bound = (

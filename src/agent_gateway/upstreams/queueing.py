@@ -40,7 +40,11 @@ none in flight at the upstream waits for the next one to end, which is sent for 
 other client's; a call of a client holding some there, or with one waiting, is refused at once.
 Before, every call past the cap was refused: about log2(``max_concurrency``) greedy clients,
 each holding its share (``guard.py``) and sending again the moment a call ended, kept the
-upstream full, and a client arriving found it full however short their calls.
+upstream full, and a client arriving found it full however short their calls. The slots are
+the guard's, which calls that take no turn here hold too (a dedicated session's, the gateway's
+own, a held call's after its first round): a call is sent only while one is free there, a slot
+given to a waiting call is reserved there until that call runs, and a slot any call frees is
+given on (``Guard.freed``).
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ from opentelemetry import trace
 
 from agent_gateway.errors import UpstreamBusy
 from agent_gateway.tally import Tally
-from agent_gateway.upstreams.guard import over_share
+from agent_gateway.upstreams.guard import Guard, over_share
 
 logger = logging.getLogger(__name__)
 
@@ -105,14 +109,18 @@ class CallQueue:
         upstream: str,
         limit: int | None,
         share: int | None = None,
-        held: Mapping[str, int] | None = None,
+        guard: Guard | None = None,
     ) -> None:
         """``limit``: its ``max_concurrency``; ``share``: its ``max_concurrency_per_client``;
-        ``held``: each client's calls in flight at the upstream (its guard's, read only)."""
+        ``guard``: the upstream's (shared with the calls that take no turn here), whose count
+        of calls in flight, all of them and each client's, the turns go by."""
         self.upstream = upstream
         self._ceiling = limit or NO_CEILING
         self._share = share
-        self._held: Mapping[str, int] = held if held is not None else {}
+        self._guard = guard
+        self._held: Mapping[str, int] = guard.held if guard is not None else {}
+        if guard is not None:  # a slot freed by a call that took no turn here is given on too
+            guard.freed = self._send_next
         self.window = self._ceiling
         self.sent = 0
         """Calls sent and not yet answered."""
@@ -151,7 +159,7 @@ class CallQueue:
         return Turn(self, client, wait)
 
     async def _taken(self, client: str, wait: Callable[[], float]) -> None:
-        if self.sent < self.window and not self._waiting:
+        if self.sent < self.window and not self._waiting and self._free():
             self.sent += 1
             if self.sent >= FLOOR:
                 self._busy.set()
@@ -162,7 +170,7 @@ class CallQueue:
             # until that call runs, and a fixed share would let this one take it.
             raise UpstreamBusy(
                 self.upstream,
-                f"{self.sent} calls in flight, the limit (max_concurrency) is {self._ceiling}; "
+                f"{self._in_flight()} calls in flight, the limit (max_concurrency) is {self._ceiling}; "
                 "a client with calls in flight or waiting here is refused, one with none waits "
                 "for the next slot",
             )
@@ -172,6 +180,17 @@ class CallQueue:
     def _given_back(self) -> None:
         self.sent -= 1
         self._send_next()
+
+    def _in_flight(self) -> int:
+        """Calls holding the upstream's slots: the guard's, with those given theirs here."""
+        guard = self._guard
+        return self.sent if guard is None else guard.in_flight + guard.reserved
+
+    def _free(self) -> bool:
+        """A slot is free at the guard: calls that take no turn here (a dedicated session's,
+        the gateway's own, a held call's after its first round) hold some of them."""
+        guard = self._guard
+        return guard is None or guard.limit is None or guard.in_flight + guard.reserved < guard.limit
 
     def _holds(self, client: str) -> bool:
         """``client`` has calls in flight at the upstream, waiting here, or given their turn."""
@@ -258,12 +277,14 @@ class CallQueue:
         self._waiting.clear()
 
     def _send_next(self) -> None:
-        while self._waiting and self.sent < self.window:
+        while self._waiting and self.sent < self.window and self._free():
             client = next(iter(self._waiting))
             calls = self._waiting.pop(client)
             calls.popleft().set()
             self.sent += 1
             self._handed[client] = self._handed.get(client, 0) + 1
+            if self._guard is not None:  # its slot, until it runs
+                self._guard.reserved += 1
             if calls:  # its next call goes behind every other client's
                 self._waiting[client] = calls
 
@@ -272,8 +293,10 @@ class CallQueue:
         not counted)."""
         if (handed := self._handed.get(client, 0)) > 1:
             self._handed[client] = handed - 1
-        else:
-            self._handed.pop(client, None)
+        elif self._handed.pop(client, None) is None:
+            return
+        if self._guard is not None:
+            self._guard.reserved -= 1
 
     async def watch(self, ping: Callable[[], Awaitable[str | None]]) -> None:
         """Ping the upstream once at once (idle: its fastest answer), then while it is busy,

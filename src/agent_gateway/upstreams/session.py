@@ -72,7 +72,7 @@ class UpstreamSession:
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
         self.queue = (
-            CallQueue(name, config.max_concurrency, config.max_concurrency_per_client, self.guard.held)
+            CallQueue(name, config.max_concurrency, config.max_concurrency_per_client, self.guard)
             if owner is None
             else None
         )
