@@ -511,6 +511,60 @@ async def _holding(queue: CallQueue, calls: int) -> AsyncIterator[Callable[[int]
         release.set()
 
 
+async def test_a_slot_given_to_a_call_is_kept_until_its_upstream_call_is_admitted_in_a_task_of_its_own() -> (
+    None
+):
+    # A held call (a modern client that answers questions, calling a handshake-era upstream)
+    # starts its upstream call in a task of HeldCalls' own, a loop pass after its turn. Before,
+    # the slot was free again as its turn began, and another call could take it in that pass.
+    guard, queue = _capped(2)
+    admitted: list[str] = []
+
+    async def upstream_call() -> None:
+        with guard.admitted("b"):
+            admitted.append("b")
+
+    async def held_call() -> None:
+        async with queue.turn("b", lambda: 10), anyio.create_task_group() as tg:
+            tg.start_soon(upstream_call)  # runs a loop pass later
+            with (
+                pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"),
+                guard.admitted(None),
+            ):
+                pytest.fail("the gateway's own call took the slot given to b")
+
+    async with _call(queue, guard, "a"), anyio.create_task_group() as tg:
+        with guard.admitted(None):  # the gateway's own call takes the other slot
+            tg.start_soon(held_call)
+            await _until(lambda: queue.waiting == 1)
+    assert admitted == ["b"]
+    assert guard.in_flight == guard.reserved == 0
+
+
+async def test_a_slot_kept_for_a_call_that_never_reaches_the_guard_is_given_on_as_its_turn_ends() -> None:
+    # A call given its turn may fail before the guard admits it (its session's connection lost
+    # as it takes it): the slot kept for it must not stay kept.
+    guard, queue = _capped(2)
+    served: list[str] = []
+
+    async def failing() -> None:
+        async with queue.turn("b", lambda: 10):
+            pass  # no admission: it failed first
+
+    async def call(who: str) -> None:
+        async with _call(queue, guard, who):
+            served.append(who)
+
+    async with _call(queue, guard, "a"), anyio.create_task_group() as tg:
+        with guard.admitted(None):  # the gateway's own call takes the other slot
+            tg.start_soon(failing)
+            await _until(lambda: queue.waiting == 1)
+            tg.start_soon(call, "c")
+            await _until(lambda: queue.waiting == 2)
+        await _until(lambda: served == ["c"])
+    assert guard.reserved == 0
+
+
 def _capped(limit: int, share: int | None = None) -> tuple[Guard, CallQueue]:
     """An upstream's guard of ``limit`` slots (``share`` a client's), and its shared session's turns."""
     guard = Guard(

@@ -25,7 +25,7 @@ it leaves free). Slow calls hold their slots for minutes, and first come, first 
 client (or two) hold every slot while every other client's call was refused. Calls of the
 gateway's own (no client) count against the cap alone. At the cap, a shared session's call of a
 client with none in flight here waits for the next slot (``queueing.py``), which is ``reserved``
-for it until it runs, and each call's end is told to those turns (``freed``): a slot freed by a
+for it until a call of that client is admitted, and each call's end is told to those turns (``freed``): a slot freed by a
 call that took no turn there (a dedicated session's, the gateway's own) is given on too.
 """
 
@@ -167,7 +167,11 @@ class Guard:
         ``max_concurrency`` entries, whatever the number of clients)."""
         self.reserved = 0
         """Slots given to calls that waited for them in the shared session's turns
-        (``queueing.py``) and do not run yet: not free for any other call meanwhile."""
+        (``queueing.py``) and not yet admitted: not free for any other call meanwhile."""
+        self.reserved_for: dict[str, int] = {}
+        """Those slots per client label, taken by the client's next call admitted (a held
+        call's starts in a task of its own, a loop pass after its turn), else given back as
+        the turn they were given to ends."""
         self.freed: Callable[[], None] | None = None
         """Told as each call ends (the shared session's turns: the next waiting call's)."""
         self.heard_at = -math.inf
@@ -196,6 +200,8 @@ class Guard:
         Raises:
             CircuitOpen, UpstreamBusy: the call was not sent.
         """
+        if client is not None and self.reserved_for:  # a slot kept for this client's call: its own
+            self.unreserve(client)
         if self._limit is not None and self.in_flight + self.reserved >= self._limit:
             raise UpstreamBusy(
                 self.upstream,
@@ -241,6 +247,22 @@ class Guard:
                 self._release(client)
             if self.freed is not None:
                 self.freed()
+
+    def reserve(self, client: str) -> None:
+        """Keep a slot for ``client``'s call given its turn, until a call of it is admitted."""
+        self.reserved += 1
+        self.reserved_for[client] = self.reserved_for.get(client, 0) + 1
+
+    def unreserve(self, client: str) -> None:
+        """Give up a slot kept for ``client``, if one is."""
+        kept = self.reserved_for.get(client, 0)
+        if not kept:
+            return
+        if kept > 1:
+            self.reserved_for[client] = kept - 1
+        else:
+            del self.reserved_for[client]
+        self.reserved -= 1
 
     def _refuse_over_share(self, client: str) -> None:
         """Raises ``UpstreamBusy`` when ``client`` holds its share of the cap: a fixed

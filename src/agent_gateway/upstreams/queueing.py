@@ -43,8 +43,9 @@ each holding its share (``guard.py``) and sending again the moment a call ended,
 upstream full, and a client arriving found it full however short their calls. The slots are
 the guard's, which calls that take no turn here hold too (a dedicated session's, the gateway's
 own, a held call's after its first round): a call is sent only while one is free there, a slot
-given to a waiting call is reserved there until that call runs, and a slot any call frees is
-given on (``Guard.freed``).
+given to a waiting call is reserved there until a call of its client is admitted (a held
+call's starts in a task of its own, a loop pass after its turn) or its turn ends, and a slot
+any call frees is given on (``Guard.freed``).
 """
 
 from __future__ import annotations
@@ -89,16 +90,17 @@ calls_waited = Tally(
 class Turn:
     """One call's turn (``CallQueue.turn``): a class, not a generator, as it is on every call."""
 
-    __slots__ = ("_client", "_queue", "_wait")
+    __slots__ = ("_client", "_given", "_queue", "_wait")
 
     def __init__(self, queue: CallQueue, client: str, wait: Callable[[], float]) -> None:
         self._queue, self._client, self._wait = queue, client, wait
+        self._given = False
 
     async def __aenter__(self) -> None:
-        await self._queue._taken(self._client, self._wait)
+        self._given = await self._queue._taken(self._client, self._wait)
 
     async def __aexit__(self, *exc: object) -> None:
-        self._queue._given_back()
+        self._queue._given_back(self._client if self._given else None)
 
 
 class CallQueue:
@@ -119,14 +121,12 @@ class CallQueue:
         self._share = share
         self._guard = guard
         self._held: Mapping[str, int] = guard.held if guard is not None else {}
+        self._kept: Mapping[str, int] = guard.reserved_for if guard is not None else {}
         if guard is not None:  # a slot freed by a call that took no turn here is given on too
             guard.freed = self._send_next
         self.window = self._ceiling
         self.sent = 0
         """Calls sent and not yet answered."""
-        self._handed: dict[str, int] = {}
-        """Each client's calls given their turn while they waited, not yet running (then the
-        guard's ``held`` counts them)."""
         self._closed = False
         self._waiting: dict[str, deque[anyio.Event]] = {}
         """Each client's calls waiting, in the order of its turns (a client's key moves last
@@ -158,7 +158,8 @@ class CallQueue:
         """
         return Turn(self, client, wait)
 
-    async def _taken(self, client: str, wait: Callable[[], float]) -> None:
+    async def _taken(self, client: str, wait: Callable[[], float]) -> bool:
+        """True when the call waited and was given a slot kept for it at the guard."""
         if self.sent < self.window and not self._waiting and self._free():
             self.sent += 1
             if self.sent >= FLOOR:
@@ -175,10 +176,15 @@ class CallQueue:
                 "for the next slot",
             )
         else:
-            await self._wait(client, wait())
+            return await self._wait(client, wait())
+        return False
 
-    def _given_back(self) -> None:
+    def _given_back(self, given: str | None) -> None:
+        """A call's turn ends; ``given``: its client, when a slot was kept for it (given back
+        now if no call of that client took it)."""
         self.sent -= 1
+        if given is not None and self._guard is not None:
+            self._guard.unreserve(given)
         self._send_next()
 
     def _in_flight(self) -> int:
@@ -194,9 +200,9 @@ class CallQueue:
 
     def _holds(self, client: str) -> bool:
         """``client`` has calls in flight at the upstream, waiting here, or given their turn."""
-        return client in self._held or client in self._waiting or client in self._handed
+        return client in self._held or client in self._waiting or client in self._kept
 
-    async def _wait(self, client: str, wait: float) -> None:
+    async def _wait(self, client: str, wait: float) -> bool:
         self._refuse_over_share(client)
         full = self.window >= self._ceiling
         calls_waited.add(1, {"agent_gateway.upstream": self.upstream, "why": "full" if full else "window"})
@@ -216,9 +222,9 @@ class CallQueue:
         if not sent.is_set():
             self._left(client, sent)
             raise UpstreamBusy(self.upstream, f"not sent within {wait:g}s: " + self._why_held())
-        self._unhand(client)
         waited = (time.perf_counter() - started) * 1e3
         trace.get_current_span().set_attribute("agent_gateway.upstream.waited_ms", round(waited, 1))
+        return self._guard is not None
 
     def _why_held(self) -> str:
         """Why calls wait now: every slot taken, or the window narrowed."""
@@ -256,7 +262,8 @@ class CallQueue:
         """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
         if sent.is_set():
             self.sent -= 1
-            self._unhand(client)
+            if self._guard is not None:
+                self._guard.unreserve(client)
             self._send_next()
             return
         calls = self._waiting[client]
@@ -282,21 +289,10 @@ class CallQueue:
             calls = self._waiting.pop(client)
             calls.popleft().set()
             self.sent += 1
-            self._handed[client] = self._handed.get(client, 0) + 1
-            if self._guard is not None:  # its slot, until it runs
-                self._guard.reserved += 1
+            if self._guard is not None:  # its slot, until a call of its client is admitted
+                self._guard.reserve(client)
             if calls:  # its next call goes behind every other client's
                 self._waiting[client] = calls
-
-    def _unhand(self, client: str) -> None:
-        """A call given its turn runs now, or is gone (a call the session's loss sent on was
-        not counted)."""
-        if (handed := self._handed.get(client, 0)) > 1:
-            self._handed[client] = handed - 1
-        elif self._handed.pop(client, None) is None:
-            return
-        if self._guard is not None:
-            self._guard.reserved -= 1
 
     async def watch(self, ping: Callable[[], Awaitable[str | None]]) -> None:
         """Ping the upstream once at once (idle: its fastest answer), then while it is busy,
