@@ -565,6 +565,28 @@ async def test_a_slot_kept_for_a_call_that_never_reaches_the_guard_is_given_on_a
     assert guard.reserved == 0
 
 
+async def test_a_slot_kept_for_a_waiting_call_is_not_taken_by_another_call_of_its_client() -> None:
+    # Kept per client, another call of that client (on its dedicated session, which shares the
+    # guard) took the slot kept for its waiting call, past the cap, and the waiting call was
+    # refused after its wait. The slot is the waiting call's own.
+    guard, queue = _capped(2, share=2)
+    served: list[str] = []
+
+    async def call(who: str) -> None:
+        async with _call(queue, guard, who):
+            served.append(who)
+
+    async with _call(queue, guard, "a"), anyio.create_task_group() as tg:
+        with guard.admitted(None):  # the gateway's own call takes the other slot
+            tg.start_soon(call, "b")
+            await _until(lambda: queue.waiting == 1)
+        # Its end gave the slot to b's waiting call, which does not run yet.
+        with pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"), guard.admitted("b"):
+            pytest.fail("b's other call took the slot kept for its waiting one")
+        await _until(lambda: served == ["b"])
+    assert guard.in_flight == guard.reserved == 0
+
+
 def _capped(limit: int, share: int | None = None) -> tuple[Guard, CallQueue]:
     """An upstream's guard of ``limit`` slots (``share`` a client's), and its shared session's turns."""
     guard = Guard(

@@ -25,7 +25,7 @@ it leaves free). Slow calls hold their slots for minutes, and first come, first 
 client (or two) hold every slot while every other client's call was refused. Calls of the
 gateway's own (no client) count against the cap alone. At the cap, a shared session's call of a
 client with none in flight here waits for the next slot (``queueing.py``), which is ``reserved``
-for it until a call of that client is admitted, and each call's end is told to those turns (``freed``): a slot freed by a
+for that call until it is admitted (``Kept``), and each call's end is told to those turns (``freed``): a slot freed by a
 call that took no turn there (a dedicated session's, the gateway's own) is given on too.
 """
 
@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from enum import StrEnum
 
 import anyio
@@ -152,6 +153,21 @@ class CircuitBreaker:
             logger.info("upstream %s: circuit closed", self._upstream)
 
 
+class Kept:
+    """A slot kept at ``guard`` for one call given its turn (``queueing.py``): taken as that
+    call is admitted (the turn's context carries it: ``KEPT``, copied into a task the call starts
+    within it, as a held call's upstream call), else given back as its turn ends."""
+
+    __slots__ = ("client", "done", "guard")
+
+    def __init__(self, guard: Guard, client: str) -> None:
+        self.guard, self.client, self.done = guard, client, False
+
+
+KEPT: ContextVar[Kept | None] = ContextVar("agent_gateway.kept_slot", default=None)
+"""The slot kept for the call whose turn this context is in, if it waited for one."""
+
+
 class Guard:
     """The breaker and the concurrency cap of one upstream, applied around each call."""
 
@@ -169,9 +185,7 @@ class Guard:
         """Slots given to calls that waited for them in the shared session's turns
         (``queueing.py``) and not yet admitted: not free for any other call meanwhile."""
         self.reserved_for: dict[str, int] = {}
-        """Those slots per client label, taken by the client's next call admitted (a held
-        call's starts in a task of its own, a loop pass after its turn), else given back as
-        the turn they were given to ends."""
+        """Those slots per client label (``Kept``)."""
         self.freed: Callable[[], None] | None = None
         """Told as each call ends (the shared session's turns: the next waiting call's)."""
         self.heard_at = -math.inf
@@ -200,8 +214,13 @@ class Guard:
         Raises:
             CircuitOpen, UpstreamBusy: the call was not sent.
         """
-        if client is not None and self.reserved_for:  # a slot kept for this client's call: its own
-            self.unreserve(client)
+        if (
+            self.reserved
+            and (kept := KEPT.get()) is not None
+            and kept.guard is self
+            and kept.client == client
+        ):
+            self.give_back(kept)  # the slot kept for this call: its own now
         if self._limit is not None and self.in_flight + self.reserved >= self._limit:
             raise UpstreamBusy(
                 self.upstream,
@@ -248,21 +267,22 @@ class Guard:
             if self.freed is not None:
                 self.freed()
 
-    def reserve(self, client: str) -> None:
-        """Keep a slot for ``client``'s call given its turn, until a call of it is admitted."""
+    def keep(self, client: str) -> Kept:
+        """Keep a slot for one of ``client``'s calls, given its turn."""
         self.reserved += 1
         self.reserved_for[client] = self.reserved_for.get(client, 0) + 1
+        return Kept(self, client)
 
-    def unreserve(self, client: str) -> None:
-        """Give up a slot kept for ``client``, if one is."""
-        kept = self.reserved_for.get(client, 0)
-        if not kept:
+    def give_back(self, kept: Kept) -> None:
+        """The kept slot is taken by its call, or free again (once: later calls do nothing)."""
+        if kept.done:
             return
-        if kept > 1:
-            self.reserved_for[client] = kept - 1
-        else:
-            del self.reserved_for[client]
+        kept.done = True
         self.reserved -= 1
+        if (left := self.reserved_for[kept.client] - 1) > 0:
+            self.reserved_for[kept.client] = left
+        else:
+            del self.reserved_for[kept.client]
 
     def _refuse_over_share(self, client: str) -> None:
         """Raises ``UpstreamBusy`` when ``client`` holds its share of the cap: a fixed

@@ -43,9 +43,9 @@ each holding its share (``guard.py``) and sending again the moment a call ended,
 upstream full, and a client arriving found it full however short their calls. The slots are
 the guard's, which calls that take no turn here hold too (a dedicated session's, the gateway's
 own, a held call's after its first round): a call is sent only while one is free there, a slot
-given to a waiting call is reserved there until a call of its client is admitted (a held
-call's starts in a task of its own, a loop pass after its turn) or its turn ends, and a slot
-any call frees is given on (``Guard.freed``).
+given to a waiting call is kept there for that call (``Kept``, carried by its turn's context
+into a task it starts: a held call's, a loop pass after its turn) until it is admitted or its
+turn ends, and a slot any call frees is given on (``Guard.freed``).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from opentelemetry import trace
 
 from agent_gateway.errors import UpstreamBusy
 from agent_gateway.tally import Tally
-from agent_gateway.upstreams.guard import Guard, over_share
+from agent_gateway.upstreams.guard import KEPT, Guard, Kept, over_share
 
 logger = logging.getLogger(__name__)
 
@@ -90,17 +90,22 @@ calls_waited = Tally(
 class Turn:
     """One call's turn (``CallQueue.turn``): a class, not a generator, as it is on every call."""
 
-    __slots__ = ("_client", "_given", "_queue", "_wait")
+    __slots__ = ("_client", "_kept", "_queue", "_set", "_wait")
 
     def __init__(self, queue: CallQueue, client: str, wait: Callable[[], float]) -> None:
         self._queue, self._client, self._wait = queue, client, wait
-        self._given = False
+        self._kept: Kept | None = None
 
     async def __aenter__(self) -> None:
-        self._given = await self._queue._taken(self._client, self._wait)
+        self._kept = await self._queue._taken(self._client, self._wait)
+        if self._kept is not None:  # for the guard, as this call (or a task it starts) is admitted
+            self._set = KEPT.set(self._kept)
 
     async def __aexit__(self, *exc: object) -> None:
-        self._queue._given_back(self._client if self._given else None)
+        if (kept := self._kept) is not None:
+            KEPT.reset(self._set)
+            kept.guard.give_back(kept)  # not taken: it never reached the guard
+        self._queue._given_back()
 
 
 class CallQueue:
@@ -121,13 +126,15 @@ class CallQueue:
         self._share = share
         self._guard = guard
         self._held: Mapping[str, int] = guard.held if guard is not None else {}
-        self._kept: Mapping[str, int] = guard.reserved_for if guard is not None else {}
+        self._kept_for: Mapping[str, int] = guard.reserved_for if guard is not None else {}
         if guard is not None:  # a slot freed by a call that took no turn here is given on too
             guard.freed = self._send_next
         self.window = self._ceiling
         self.sent = 0
         """Calls sent and not yet answered."""
         self._closed = False
+        self._given: dict[anyio.Event, Kept] = {}
+        """The slot kept at the guard for each call given its turn that has not run yet."""
         self._waiting: dict[str, deque[anyio.Event]] = {}
         """Each client's calls waiting, in the order of its turns (a client's key moves last
         as one of its calls is sent)."""
@@ -158,8 +165,8 @@ class CallQueue:
         """
         return Turn(self, client, wait)
 
-    async def _taken(self, client: str, wait: Callable[[], float]) -> bool:
-        """True when the call waited and was given a slot kept for it at the guard."""
+    async def _taken(self, client: str, wait: Callable[[], float]) -> Kept | None:
+        """The slot kept for the call at the guard, when it waited for its turn."""
         if self.sent < self.window and not self._waiting and self._free():
             self.sent += 1
             if self.sent >= FLOOR:
@@ -177,14 +184,10 @@ class CallQueue:
             )
         else:
             return await self._wait(client, wait())
-        return False
+        return None
 
-    def _given_back(self, given: str | None) -> None:
-        """A call's turn ends; ``given``: its client, when a slot was kept for it (given back
-        now if no call of that client took it)."""
+    def _given_back(self) -> None:
         self.sent -= 1
-        if given is not None and self._guard is not None:
-            self._guard.unreserve(given)
         self._send_next()
 
     def _in_flight(self) -> int:
@@ -200,9 +203,9 @@ class CallQueue:
 
     def _holds(self, client: str) -> bool:
         """``client`` has calls in flight at the upstream, waiting here, or given their turn."""
-        return client in self._held or client in self._waiting or client in self._kept
+        return client in self._held or client in self._waiting or client in self._kept_for
 
-    async def _wait(self, client: str, wait: float) -> bool:
+    async def _wait(self, client: str, wait: float) -> Kept | None:
         self._refuse_over_share(client)
         full = self.window >= self._ceiling
         calls_waited.add(1, {"agent_gateway.upstream": self.upstream, "why": "full" if full else "window"})
@@ -224,7 +227,7 @@ class CallQueue:
             raise UpstreamBusy(self.upstream, f"not sent within {wait:g}s: " + self._why_held())
         waited = (time.perf_counter() - started) * 1e3
         trace.get_current_span().set_attribute("agent_gateway.upstream.waited_ms", round(waited, 1))
-        return self._guard is not None
+        return self._given.pop(sent, None)  # none for a call the session's loss sent on
 
     def _why_held(self) -> str:
         """Why calls wait now: every slot taken, or the window narrowed."""
@@ -262,8 +265,8 @@ class CallQueue:
         """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
         if sent.is_set():
             self.sent -= 1
-            if self._guard is not None:
-                self._guard.unreserve(client)
+            if (kept := self._given.pop(sent, None)) is not None:
+                kept.guard.give_back(kept)
             self._send_next()
             return
         calls = self._waiting[client]
@@ -287,10 +290,11 @@ class CallQueue:
         while self._waiting and self.sent < self.window and self._free():
             client = next(iter(self._waiting))
             calls = self._waiting.pop(client)
-            calls.popleft().set()
+            sent = calls.popleft()
+            sent.set()
             self.sent += 1
-            if self._guard is not None:  # its slot, until a call of its client is admitted
-                self._guard.reserve(client)
+            if self._guard is not None:  # its slot, until the call is admitted or its turn ends
+                self._given[sent] = self._guard.keep(client)
             if calls:  # its next call goes behind every other client's
                 self._waiting[client] = calls
 
