@@ -420,13 +420,16 @@ async def test_a_slot_given_to_a_call_cancelled_before_it_runs_goes_to_the_next_
         await _until(lambda: served == ["c"])
 
 
-async def test_a_slot_held_by_a_call_that_takes_no_turn_is_waited_for_and_kept_for_the_call_given_it() -> (
-    None
-):
+@pytest.mark.parametrize("other", [None, "b"], ids=["the gateway's own call", "another call of its client"])
+async def test_a_slot_held_by_a_call_that_takes_no_turn_is_waited_for_and_kept_for_the_call_given_it(
+    other: str | None,
+) -> None:
     # The gateway's own calls (and a dedicated session's, a held call's after its first round)
     # take no turn here but hold the upstream's slots. Before, the turns went by their own count:
     # a call past the cap took its turn and was refused at the guard at once, and a slot given to
-    # a waiting call could be taken by one of those calls before it ran.
+    # a waiting call could be taken by one of those calls before it ran. Kept per client (a
+    # version of this stop), another call of that client (its dedicated session's, sharing the
+    # guard) took it past the cap, and the waiting call was refused after its wait.
     guard, queue = _capped(2)
     served: list[str] = []
 
@@ -438,9 +441,9 @@ async def test_a_slot_held_by_a_call_that_takes_no_turn_is_waited_for_and_kept_f
         with guard.admitted(None):  # the gateway's own call takes the other slot
             tg.start_soon(call, "b")
             await _until(lambda: queue.waiting == 1)
-        # Its end gave the slot to b, which does not run yet: no other call may take it.
-        with pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"), guard.admitted(None):
-            pytest.fail("took the slot given to b")
+        # Its end gave the slot to b's waiting call, which does not run yet: it is that call's.
+        with pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"), guard.admitted(other):
+            pytest.fail("took the slot given to b's waiting call")
         await _until(lambda: served == ["b"])
     assert guard.in_flight == guard.reserved == 0
 
@@ -563,28 +566,6 @@ async def test_a_slot_kept_for_a_call_that_never_reaches_the_guard_is_given_on_a
             await _until(lambda: queue.waiting == 2)
         await _until(lambda: served == ["c"])
     assert guard.reserved == 0
-
-
-async def test_a_slot_kept_for_a_waiting_call_is_not_taken_by_another_call_of_its_client() -> None:
-    # Kept per client, another call of that client (on its dedicated session, which shares the
-    # guard) took the slot kept for its waiting call, past the cap, and the waiting call was
-    # refused after its wait. The slot is the waiting call's own.
-    guard, queue = _capped(2, share=2)
-    served: list[str] = []
-
-    async def call(who: str) -> None:
-        async with _call(queue, guard, who):
-            served.append(who)
-
-    async with _call(queue, guard, "a"), anyio.create_task_group() as tg:
-        with guard.admitted(None):  # the gateway's own call takes the other slot
-            tg.start_soon(call, "b")
-            await _until(lambda: queue.waiting == 1)
-        # Its end gave the slot to b's waiting call, which does not run yet.
-        with pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"), guard.admitted("b"):
-            pytest.fail("b's other call took the slot kept for its waiting one")
-        await _until(lambda: served == ["b"])
-    assert guard.in_flight == guard.reserved == 0
 
 
 def _capped(limit: int, share: int | None = None) -> tuple[Guard, CallQueue]:
