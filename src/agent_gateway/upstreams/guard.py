@@ -267,6 +267,14 @@ class Guard:
             if self.freed is not None:
                 self.freed()
 
+    def room(self) -> bool:
+        """A slot is free: none held by a call in flight or kept for one given its turn."""
+        return self._limit is None or self.in_flight + self.reserved < self._limit
+
+    def holds(self, client: str) -> bool:
+        """``client`` has calls in flight here, or a slot kept for one."""
+        return client in self.held or client in self.reserved_for
+
     def keep(self, client: str) -> Kept:
         """Keep a slot for one of ``client``'s calls, given its turn."""
         self.reserved += 1

@@ -54,7 +54,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 
 import anyio
 from opentelemetry import trace
@@ -125,8 +125,6 @@ class CallQueue:
         self._ceiling = limit or NO_CEILING
         self._share = share
         self._guard = guard
-        self._held: Mapping[str, int] = guard.held if guard is not None else {}
-        self._kept_for: Mapping[str, int] = guard.reserved_for if guard is not None else {}
         if guard is not None:  # a slot freed by a call that took no turn here is given on too
             guard.freed = self._send_next
         self.window = self._ceiling
@@ -174,8 +172,8 @@ class CallQueue:
         elif self._closed:  # on to fail as the session is lost, saying so
             self.sent += 1
         elif self.window >= self._ceiling and self._holds(client):
-            # Refused here, not at the guard: a slot given to a waiting call is free there
-            # until that call runs, and a fixed share would let this one take it.
+            # Refused here, saying why: the guard would refuse it too (every slot is held or
+            # kept for a call given its turn), as a full upstream only.
             raise UpstreamBusy(
                 self.upstream,
                 f"{self._in_flight()} calls in flight, the limit (max_concurrency) is {self._ceiling}; "
@@ -198,12 +196,11 @@ class CallQueue:
     def _free(self) -> bool:
         """A slot is free at the guard: calls that take no turn here (a dedicated session's,
         the gateway's own, a held call's after its first round) hold some of them."""
-        guard = self._guard
-        return guard is None or guard.limit is None or guard.in_flight + guard.reserved < guard.limit
+        return self._guard is None or self._guard.room()
 
     def _holds(self, client: str) -> bool:
         """``client`` has calls in flight at the upstream, waiting here, or given their turn."""
-        return client in self._held or client in self._waiting or client in self._kept_for
+        return client in self._waiting or (self._guard is not None and self._guard.holds(client))
 
     async def _wait(self, client: str, wait: float) -> Kept | None:
         self._refuse_over_share(client)
