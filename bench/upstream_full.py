@@ -6,6 +6,8 @@ default share), sending a call again as soon as it ends and a refused one 50 ms 
 client retrying does. Meanwhile a client arriving makes ``--calls`` sequential calls of
 ``echo`` on the same upstream. Printed: its calls served, p50 and p99 of those served, the
 upstream's calls in flight on average while it called, and the hogs' calls served and refused.
+``--session per_client`` gives each client a dedicated upstream session of its own (the same
+server, each its own MCP session) in place of the shared one.
 
 One process holds the upstream, the gateway and the clients. The code measured is the one
 first on ``PYTHONPATH``; ``--against SRC`` runs the same scenario on the code in ``SRC`` as
@@ -61,11 +63,12 @@ def _server() -> FastMCP:
     return server
 
 
-def _config(url: str, hogs: int, cap: int) -> dict[str, Any]:
+def _config(url: str, hogs: int, cap: int, session: str) -> dict[str, Any]:
     tokens = [{"name": "arriving", "token": "${A}"}]
     tokens += [{"name": f"hog{n}", "token": "${H" + str(n) + "}"} for n in range(hogs)]
     auth = {"mode": "bearer", "tokens": tokens}
-    return {"upstreams": {"busy": {"url": url, "max_concurrency": cap}}, "auth": auth}
+    upstream = {"url": url, "max_concurrency": cap, "session": session, "max_sessions": hogs + 1}
+    return {"upstreams": {"busy": upstream}, "auth": auth}
 
 
 def _environ(hogs: int) -> dict[str, str]:
@@ -98,7 +101,7 @@ async def _arriving(c: Client, calls: int, in_flight: Any) -> tuple[list[float],
     return waits, seen
 
 
-async def scenario(hogs: int, each: int, cap: int, calls: int) -> dict[str, Any]:
+async def scenario(hogs: int, each: int, cap: int, calls: int, session: str) -> dict[str, Any]:
     environ = _environ(hogs)
     tally = {"served": 0, "refused": 0}
     stop = anyio.Event()
@@ -106,7 +109,7 @@ async def scenario(hogs: int, each: int, cap: int, calls: int) -> dict[str, Any]
     seen, during = [0], dict(tally)
     async with (
         serving_upstream(_server()) as url,
-        running_gateway(_config(url, hogs, cap), environ=environ) as gw,
+        running_gateway(_config(url, hogs, cap, session), environ=environ) as gw,
         AsyncExitStack() as stack,
     ):
         guard = gw.gateway.pool.get("busy").guard
@@ -154,7 +157,7 @@ async def _measure(args: argparse.Namespace) -> None:
     # in tests/security/test_upstream_share.py: the cap is what is measured.
     queueing.TARGET = 1.0
     for hogs in (0, args.hogs):
-        result = await scenario(hogs, args.each, args.cap, args.calls)
+        result = await scenario(hogs, args.each, args.cap, args.calls, args.session)
         print(json.dumps({"clients": hogs} | result), flush=True)
 
 
@@ -164,6 +167,7 @@ def main() -> None:
     parser.add_argument("--each", type=int, default=1, help="each one's calls kept in flight")
     parser.add_argument("--cap", type=int, default=16, help="the upstream's max_concurrency")
     parser.add_argument("--calls", type=int, default=100, help="the arriving client's sequential calls")
+    parser.add_argument("--session", default="shared", help="the upstream's session: shared or per_client")
     parser.add_argument("--against", help="another version's src, measured the same way")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -177,6 +181,7 @@ def main() -> None:
     )
     print("|---|---|---|---:|---|")
     argv = [f"--hogs={args.hogs}", f"--each={args.each}", f"--cap={args.cap}", f"--calls={args.calls}"]
+    argv.append(f"--session={args.session}")
     versions = [("this", str(ROOT / "src"))] + ([("against", args.against)] if args.against else [])
     for label, src in versions:
         for result in _child(src, argv):

@@ -106,9 +106,10 @@ class UpstreamConfig(_Strict):
     """While the upstream is down: ``fail_open`` keeps its tools listed (calls fail at once
     with a clear error); ``hide`` takes them out of the catalog until it is back."""
     max_concurrency: int | None = Field(default=200, ge=1, le=100_000)
-    """Calls in flight to this upstream at once (all clients together); one more is refused
-    ("over the limit"). While a shared session's pings say it has calls queued, fewer are sent
-    at once and the others wait their turn (``upstreams/queueing.py``). Below the HTTP
+    """Calls in flight to this upstream at once (all clients together). One more is refused
+    at once when its client holds calls there, else it waits for the next slot. While its shared
+    session's pings say it has calls queued, fewer are sent at once and the others wait their
+    turn (``upstreams/queueing.py``). Below the HTTP
     connection pool, which keeps connections beyond it for health checks and list refreshes;
     None: no bound."""
     max_concurrency_per_client: int | None = Field(default=None, ge=1, le=100_000)

@@ -57,13 +57,13 @@ def _unseen(
 def _turn(
     session: UpstreamSession, who: Principal, tool: str | None = None
 ) -> AbstractAsyncContextManager[None]:
-    """A client's request sent in its turn on a shared session (``upstreams/queueing.py``); on
-    a dedicated session at once: its upstream serves this client alone."""
+    """A client's request sent in its turn at its upstream (``upstreams/queueing.py``), on a
+    shared session or a dedicated one alike."""
     if session.queue is None:
         return _AT_ONCE
     config = session.config
     return session.queue.turn(
-        who.label, lambda: config.timeout_of(tool) if tool is not None else config.timeout
+        who.label, lambda: config.timeout_of(tool) if tool is not None else config.timeout, session
     )
 
 

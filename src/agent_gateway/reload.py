@@ -144,12 +144,11 @@ async def apply(gateway: Gateway, new: GatewayConfig) -> Changes:
         for name in restarted:
             again = applied.active_upstreams.get(name) if name in found.changed else None
             tg.start_soon(gateway.pool.remove, name, applied.server.drain_timeout, again)
-    await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, restarted)
+    await gateway.dedicated.reconfigure(applied.active_upstreams, restarted)
     started = (*found.added, *found.changed)
     async with anyio.create_task_group() as tg:
         for name in started:
             tg.start_soon(gateway.pool.add, name, applied.active_upstreams[name], SETTLE_WAIT)
-    await gateway.dedicated.reconfigure(applied.active_upstreams, gateway.pool.guards, ())
     if connecting := [name for name in started if not gateway.pool.upstreams[name].settled.is_set()]:
         logger.warning(
             "reload: %s not connected within %g s; applied, connecting on in the background",

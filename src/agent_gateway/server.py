@@ -94,7 +94,7 @@ class Gateway:
         self.dedicated = DedicatedSessions(
             config.active_upstreams,
             self._updates,
-            self.pool.guards,
+            self.pool.upstreams,
             records=self.shared.sessions if self.shared is not None else None,
             idle_timeout=config.server.session_idle_timeout,
         )

@@ -23,8 +23,9 @@ from mcp import Client
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout
-from agent_gateway.upstreams import queueing
+from agent_gateway.upstreams import dedicated, queueing
 from agent_gateway.upstreams.guard import Guard
+from agent_gateway.upstreams.queueing import CallQueue
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.security.test_hostile_load import client
 from tests.support import RunningGateway, running_gateway, serving_upstream
@@ -33,6 +34,7 @@ TOKENS = {
     "B": "bystander-token-0123456789",
     "H1": "hog-one-token-0123456789",
     "H2": "hog-two-token-0123456789",
+    "N": "newcomer-token-0123456789",
 }
 
 
@@ -71,7 +73,7 @@ async def _gateway(
             "upstreams": {"slow": {"url": url, **limits}},
             "auth": {
                 "mode": "bearer",
-                "tokens": [{"name": n, "token": "${" + var + "}"} for n, var in _NAMES.items()],
+                "tokens": [{"name": n, "token": "${" + var + "}"} for n, var in _ALL.items()],
             },
             "agent": {"memory": {"store": "memory"}},
         }
@@ -86,6 +88,8 @@ async def _gateway(
 
 
 _NAMES = {"bystander": "B", "hog1": "H1", "hog2": "H2"}
+"""The clients each test is given."""
+_ALL = _NAMES | {"newcomer": "N"}
 
 
 @pytest.fixture(autouse=True)
@@ -115,6 +119,13 @@ async def _settled(guard: Guard, sent: int, *outcomes: list[str]) -> None:
     """Until each of the ``sent`` calls is in flight upstream or has its outcome."""
     with anyio.fail_after(20):
         while guard.in_flight + sum(map(len, outcomes)) < sent:
+            await anyio.sleep(0.02)
+
+
+async def _until_waiting(queue: CallQueue, calls: int) -> None:
+    """Until ``calls`` wait for their turn at the upstream."""
+    with anyio.fail_after(20):
+        while queue.waiting < calls:
             await anyio.sleep(0.02)
 
 
@@ -187,15 +198,19 @@ async def test_a_fixed_share_bounds_each_client_and_says_so(caplog: pytest.LogCa
     assert "client hog1 holds its share of upstream slow's calls: 3 in flight there, its share " in logged[0]
 
 
-async def test_a_client_arriving_at_a_full_upstream_waits_for_the_next_slot_and_is_served() -> None:
+@pytest.mark.parametrize("session", ["shared", "per_client"])
+async def test_a_client_arriving_at_a_full_upstream_waits_for_the_next_slot_and_is_served(
+    session: str,
+) -> None:
     # Before, a call past max_concurrency was refused at once, whoever sent it: clients each
     # holding their share, and sending again as their calls ended, kept the upstream full,
-    # and a client arriving was refused however short their calls were.
+    # and a client arriving was refused however short their calls were. Dedicated sessions'
+    # calls (per_client) were still refused so after the shared session's waited: one queue
+    # per upstream now serves both.
     upstream = Upstream()
-    async with _gateway(upstream, max_concurrency=2) as (gw, (bystander, hog1, hog2)):
+    async with _gateway(upstream, max_concurrency=2, session=session) as (gw, (bystander, hog1, hog2)):
         shared = gw.gateway.pool.get("slow")
-        queue = shared.session().queue
-        assert queue is not None
+        queue = shared.queue
         refused: list[str] = []
         served: list[str] = []
 
@@ -222,6 +237,38 @@ async def test_a_client_arriving_at_a_full_upstream_waits_for_the_next_slot_and_
         assert served == ["served"]
         assert [text for text, _ in upstream.echoed] == ["served"]  # it reached the upstream
         assert refused.count("released") == 2
+
+
+async def test_a_dedicated_session_whose_call_waits_its_turn_is_in_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A call waiting for its turn is no call in flight: its dedicated session looked idle, a
+    # new client's session (max_sessions full) took its place, and the waiting call failed
+    # "not connected" while the newcomer was served ahead of it.
+    monkeypatch.setattr(dedicated, "_IDLE", 0.0)  # any session without a call would be idle
+    upstream = Upstream()
+    limits = {"max_concurrency": 2, "session": "per_client", "max_sessions": 3, "max_sessions_per_client": 3}
+    async with _gateway(upstream, **limits) as (gw, (bystander, hog1, hog2)):
+        shared = gw.gateway.pool.get("slow")
+        refused: list[str] = []
+        served: list[str] = []
+
+        async def bystanders_call() -> None:
+            served.append(_text(await bystander.call_tool("slow__echo", {"text": "served"})))
+
+        async with anyio.create_task_group() as tg:
+            await _hog(hog1, 1, refused, tg)
+            await _hog(hog2, 1, refused, tg)
+            await _arrived(upstream, 2)  # full, and three sessions open with the bystander's
+            tg.start_soon(bystanders_call)
+            await _until_waiting(shared.queue, 1)
+            async with client(gw.url, TOKENS["N"]) as newcomer:
+                again = await newcomer.call_tool("slow__echo", {"text": "new"})
+            assert again.is_error
+            assert "3 sessions (max_sessions) are in use" in _text(again)
+            upstream.release.set()
+        assert served == ["served"]
+        assert [text for text, _ in upstream.echoed] == ["served"]
 
 
 async def test_a_guard_keeps_no_entry_for_a_client_without_a_call_in_flight() -> None:

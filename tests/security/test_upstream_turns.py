@@ -15,8 +15,10 @@ import itertools
 import math
 import re
 import statistics
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -29,7 +31,7 @@ from mcp import Client
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamBusy
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.queueing import FLOOR, CallQueue
+from agent_gateway.upstreams.queueing import FLOOR, CallQueue, Turn
 from tests.security.test_hostile_load import client
 from tests.support import RunningGateway, python_upstream, running_gateway
 
@@ -149,7 +151,7 @@ async def test_calls_past_the_window_are_sent_client_by_client_in_turn() -> None
     release = anyio.Event()
 
     async def call(who: str) -> None:
-        async with queue.turn(who, lambda: 10):
+        async with _turn(queue, who, 10):
             sent.append(who)
             await release.wait()
 
@@ -172,17 +174,17 @@ async def test_a_call_not_sent_within_its_wait_is_refused_and_leaves_no_place_be
     async with _holding(queue, FLOOR):
         _late(queue)
         with pytest.raises(UpstreamBusy, match=r"not sent within 0\.05s"):
-            async with queue.turn("b", lambda: 0.05):
+            async with _turn(queue, "b", 0.05):
                 pytest.fail("sent past the window")
         assert queue.waiting == 0
         with anyio.CancelScope() as scope:  # one cancelled while it waits: its place goes too
             scope.cancel()
-            async with queue.turn("b", lambda: 10):
+            async with _turn(queue, "b", 10):
                 pytest.fail("sent past the window")
         assert queue.waiting == 0
 
         async def given_then_cancelled() -> None:
-            async with queue.turn("b", lambda: 10):
+            async with _turn(queue, "b", 10):
                 pytest.fail("sent though cancelled")
 
         # Given its turn and cancelled in the same step, before it runs again: asyncio's own
@@ -203,7 +205,7 @@ async def test_the_window_widens_back_to_max_concurrency_while_pings_are_answere
     release = anyio.Event()
 
     async def held() -> None:
-        async with queue.turn("b", lambda: 10):
+        async with _turn(queue, "b", 10):
             await release.wait()
 
     async with _holding(queue, FLOOR + 3) as hold, anyio.create_task_group() as tg:
@@ -269,7 +271,7 @@ async def test_waiting_calls_are_bounded_by_max_concurrency_and_sent_on_when_the
     outcomes: list[str] = []
 
     async def waiting(client: str) -> None:
-        async with queue.turn(client, lambda: 10):
+        async with _turn(queue, client, 10):
             outcomes.append("sent")
 
     async with _holding(queue, FLOOR), anyio.create_task_group() as tg:
@@ -278,13 +280,82 @@ async def test_waiting_calls_are_bounded_by_max_concurrency_and_sent_on_when_the
             tg.start_soon(waiting, f"b{n}")
             await _until(lambda n=n: queue.waiting == n)
         with pytest.raises(UpstreamBusy, match="8 calls are waiting for their turn already"):
-            async with queue.turn("c", lambda: 10):
+            async with _turn(queue, "c", 10):
                 pytest.fail("queued past the bound")
-        queue.close()  # as its connection is lost: each goes on to fail there, saying so
+        _lose(queue)  # its connection lost: each goes on to fail there, saying so
         await _until(lambda: len(outcomes) == 8)
         assert queue.waiting == 0
-        async with queue.turn("c", lambda: 10):  # one that took the session just before
+        async with _turn(queue, "c", 10):  # one that took the session just before
             assert queue.sent == FLOOR + 1
+
+
+async def test_a_lost_session_sends_on_its_own_waiting_calls_and_the_others_wait_on() -> None:
+    # One queue per upstream, for its shared session and its dedicated ones: a dedicated
+    # session lost (its process exited) fails its own waiting calls at once, and the calls
+    # waiting for the upstream's other sessions keep their places.
+    guard, queue = _capped(2)
+    mine, other = _Session(), _Session()
+    release = anyio.Event()
+    sent: list[str] = []
+
+    async def holder(who: str) -> None:
+        async with _call(queue, guard, who):
+            await release.wait()
+
+    async def waiting(who: str, session: _Session) -> None:
+        async with _turn(queue, who, 10, session):
+            sent.append(who)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(holder, "a")
+        tg.start_soon(holder, "d")
+        await _until(lambda: guard.in_flight == 2)  # full
+        tg.start_soon(waiting, "b", mine)
+        await _until(lambda: queue.waiting == 1)
+        tg.start_soon(waiting, "c", other)
+        await _until(lambda: queue.waiting == 2)
+        assert mine.waiting == other.waiting == 1  # each session in use while its call waits
+        _lose(queue, mine)
+        await _until(lambda: sent == ["b"])  # on at once, to fail at its session
+        assert queue.waiting == 1
+        assert (mine.waiting, other.waiting) == (0, 1)
+        release.set()  # a's or d's slot is c's
+    assert sent == ["b", "c"]
+    assert queue.sent == guard.in_flight == guard.reserved == 0
+
+
+async def test_once_the_shared_session_is_lost_the_window_is_whole_and_the_fastest_ping_measured_anew() -> (
+    None
+):
+    # The queue outlives the session whose pings narrowed its window: the next session may
+    # take another route, faster or slower.
+    queue = CallQueue("up", 100)
+    async with _holding(queue, FLOOR) as hold:
+        _late(queue)
+        hold(2)
+        await _until(lambda: queue.waiting == 2)
+        assert queue.window == FLOOR
+        queue.reset()  # as connection.py does on the shared session's loss
+        assert queue.window == 100
+        assert queue.fastest == math.inf
+        assert queue.waiting == 0  # sent as it widened
+        assert queue.sent == FLOOR + 2
+
+
+async def test_once_the_shared_session_is_lost_the_next_one_is_sent_calls_as_they_come() -> None:
+    # One queue per upstream outlives its shared session: the window its pings narrowed held
+    # the next session's calls (and a per_client upstream's dedicated ones) back, with nothing
+    # to widen it until that session was busy.
+    async with _clients() as (gw, bystander, _):
+        upstream = gw.gateway.pool.get("serial")
+        lost = upstream.session()
+        await _until(lambda: upstream.queue.fastest < math.inf)  # pinged once as it connected
+        _late(upstream.queue)
+        assert upstream.queue.held_back == FLOOR
+        lost.lose("unanswered health check")  # as the health check gives it up
+        await _until(lambda: upstream.queue.held_back is None)
+        await _until(lambda: upstream.live_session() not in (None, lost), 30)  # connected again
+        await _work(bystander, "bystander")
 
 
 async def test_once_idle_the_window_is_whole_again_and_the_fastest_ping_measured_anew() -> None:
@@ -337,7 +408,7 @@ async def test_at_the_whole_max_concurrency_a_client_with_no_call_there_waits_fo
                 match=r"^upstream 'up': 2 calls in flight, the limit \(max_concurrency\) is 2; a client "
                 "with calls in flight or waiting here is refused, one with none waits for the next slot$",
             ):
-                async with queue.turn(who, lambda: 10):
+                async with _turn(queue, who, 10):
                     pytest.fail("sent past the cap")
         assert served == []
         ends[0].set()  # one of a's calls ends: its slot goes to b, then (b's ended) to c
@@ -355,7 +426,7 @@ async def test_a_call_waiting_at_the_whole_max_concurrency_is_refused_after_its_
             match=r"^upstream 'up': not sent within 0.05s: every one of the upstream's 1 slots \(its "
             r"max_concurrency\) stayed taken; retry later$",
         ):
-            async with queue.turn("b", lambda: 0.05):
+            async with _turn(queue, "b", 0.05):
                 pytest.fail("sent past the cap")
         assert queue.waiting == 0
 
@@ -379,23 +450,33 @@ async def test_at_the_whole_max_concurrency_a_client_given_its_turn_waits_in_no_
                 match=r"^upstream 'up': 1 calls are waiting for their turn already \(its max_concurrency\): "
                 "every one of the upstream's 1 slots",
             ):
-                async with queue.turn("c", lambda: 10):
+                async with _turn(queue, "c", 10):
                     pytest.fail("waited past the places")
         # a's turn given back: b's is given, b not yet running
         with pytest.raises(UpstreamBusy, match="a client with calls in flight or waiting here is refused"):
-            async with queue.turn("b", lambda: 10):
+            async with _turn(queue, "b", 10):
                 pytest.fail("a second place to wait")
     assert served == ["b"]
 
 
-async def test_once_the_session_is_lost_a_call_at_the_whole_max_concurrency_goes_on_to_fail_there() -> None:
+@pytest.mark.parametrize("how", ["lost", "closed"])
+async def test_once_the_session_is_lost_a_call_at_the_whole_max_concurrency_goes_on_to_fail_there(
+    how: str,
+) -> None:
     # Neither refused for the cap nor waiting for calls that are failing: the session is gone
-    # (its calls fail as they take it, before the guard: session.py's _calling).
+    # (its calls fail as they take it, before the guard: session.py's _calling). Closed: a
+    # dedicated session its client's end closed, as a call took it just before.
     guard, queue = _capped(1)
-    async with _call(queue, guard, "a"):
-        queue.close()
-        async with queue.turn("a", lambda: 10), queue.turn("b", lambda: 10):
-            assert queue.sent == 3
+    session = _Session()
+    async with _turn(queue, "a", 10, session):
+        if how == "lost":
+            _lose(queue, session)
+        else:
+            session.client = None
+            queue.gone(session)
+        with guard.admitted("a"):  # full
+            async with _turn(queue, "a", 10, session), _turn(queue, "b", 10, session):
+                assert queue.sent == 3
 
 
 async def test_a_slot_given_to_a_call_cancelled_before_it_runs_goes_to_the_next_one() -> None:
@@ -424,12 +505,13 @@ async def test_a_slot_given_to_a_call_cancelled_before_it_runs_goes_to_the_next_
 async def test_a_slot_held_by_a_call_that_takes_no_turn_is_waited_for_and_kept_for_the_call_given_it(
     other: str | None,
 ) -> None:
-    # The gateway's own calls (and a dedicated session's, a held call's after its first round)
-    # take no turn here but hold the upstream's slots. Before, the turns went by their own count:
-    # a call past the cap took its turn and was refused at the guard at once, and a slot given to
-    # a waiting call could be taken by one of those calls before it ran. Kept per client (a
-    # version of this stop), another call of that client (its dedicated session's, sharing the
-    # guard) took it past the cap, and the waiting call was refused after its wait.
+    # The gateway's own calls (and a held call's after its first round; a dedicated session's
+    # until one queue per upstream) take no turn here but hold the upstream's slots. Before, the
+    # turns went by their own count: a call past the cap took its turn and was refused at the
+    # guard at once, and a slot given to a waiting call could be taken by one of those calls
+    # before it ran. Kept per client (a version of this stop), another call of that client (its
+    # dedicated session's, sharing the guard) took it past the cap, and the waiting call was
+    # refused after its wait.
     guard, queue = _capped(2)
     served: list[str] = []
 
@@ -454,7 +536,7 @@ async def test_a_client_waits_in_as_many_places_as_it_leaves_free_and_another_st
     queue = CallQueue("up", 8)
 
     async def waiting(client: str) -> None:
-        async with queue.turn(client, lambda: 10):
+        async with _turn(queue, client, 10):
             pass
 
     async with _holding(queue, FLOOR), anyio.create_task_group() as tg:
@@ -465,11 +547,11 @@ async def test_a_client_waits_in_as_many_places_as_it_leaves_free_and_another_st
         with pytest.raises(
             UpstreamBusy, match="client 'hog' has 4 calls waiting for their turn here, and 4 of"
         ):
-            async with queue.turn("hog", lambda: 10):
+            async with _turn(queue, "hog", 10):
                 pytest.fail("queued past its share")
         tg.start_soon(waiting, "bystander")
         await _until(lambda: queue.waiting == 5)
-        queue.close()
+        _lose(queue)
 
 
 async def test_a_client_with_a_fixed_share_waits_in_as_many_places_as_that_share() -> None:
@@ -478,7 +560,7 @@ async def test_a_client_with_a_fixed_share_waits_in_as_many_places_as_that_share
     queue = CallQueue("up", 100, share=2)
 
     async def waiting() -> None:
-        async with queue.turn("hog", lambda: 10):
+        async with _turn(queue, "hog", 10):
             pass
 
     async with _holding(queue, FLOOR), anyio.create_task_group() as tg:
@@ -487,9 +569,9 @@ async def test_a_client_with_a_fixed_share_waits_in_as_many_places_as_that_share
             tg.start_soon(waiting)
             await _until(lambda n=n: queue.waiting == n)
         with pytest.raises(UpstreamBusy, match=r"2 at most \(max_concurrency_per_client\)"):
-            async with queue.turn("hog", lambda: 10):
+            async with _turn(queue, "hog", 10):
                 pytest.fail("queued past its share")
-        queue.close()
+        _lose(queue)
 
 
 @asynccontextmanager
@@ -499,7 +581,7 @@ async def _holding(queue: CallQueue, calls: int) -> AsyncIterator[Callable[[int]
     release = anyio.Event()
 
     async def held() -> None:
-        async with queue.turn("a", lambda: 10):
+        async with _turn(queue, "a", 10):
             await release.wait()
 
     async with anyio.create_task_group() as tg:
@@ -528,7 +610,7 @@ async def test_a_slot_given_to_a_call_is_kept_until_its_upstream_call_is_admitte
             admitted.append("b")
 
     async def held_call() -> None:
-        async with queue.turn("b", lambda: 10), anyio.create_task_group() as tg:
+        async with _turn(queue, "b", 10), anyio.create_task_group() as tg:
             tg.start_soon(upstream_call)  # runs a loop pass later
             with (
                 pytest.raises(UpstreamBusy, match=r"^upstream 'up': 2 calls in flight"),
@@ -551,7 +633,7 @@ async def test_a_slot_kept_for_a_call_that_never_reaches_the_guard_is_given_on_a
     served: list[str] = []
 
     async def failing() -> None:
-        async with queue.turn("b", lambda: 10):
+        async with _turn(queue, "b", 10):
             pass  # no admission: it failed first
 
     async def call(who: str) -> None:
@@ -569,24 +651,49 @@ async def test_a_slot_kept_for_a_call_that_never_reaches_the_guard_is_given_on_a
 
 
 def _capped(limit: int, share: int | None = None) -> tuple[Guard, CallQueue]:
-    """An upstream's guard of ``limit`` slots (``share`` a client's), and its shared session's turns."""
+    """An upstream's guard of ``limit`` slots (``share`` a client's), and its turns."""
     guard = Guard(
         "up", UpstreamConfig(url="http://up/mcp", max_concurrency=limit, max_concurrency_per_client=share)
     )
     return guard, CallQueue("up", limit, share, guard)
 
 
+@dataclass(eq=False)
+class _Session:
+    """What the queue knows of the upstream session a call goes to (``queueing.Session``)."""
+
+    lost: anyio.Event = field(default_factory=anyio.Event)
+    client: object | None = "connected"
+    waiting: int = 0
+
+
+_SESSIONS: weakref.WeakKeyDictionary[CallQueue, _Session] = weakref.WeakKeyDictionary()
+"""The session each queue's calls go to, unless a test gives one."""
+
+
+def _turn(queue: CallQueue, who: str, wait: float, session: _Session | None = None) -> Turn:
+    """``who``'s call to ``session``, in its turn, waiting ``wait`` seconds at most."""
+    return queue.turn(who, lambda: wait, session or _SESSIONS.setdefault(queue, _Session()))
+
+
+def _lose(queue: CallQueue, session: _Session | None = None) -> None:
+    """The session lost, as ``UpstreamSession.lose`` does it."""
+    session = session or _SESSIONS.setdefault(queue, _Session())
+    session.lost.set()
+    queue.gone(session)
+
+
 @asynccontextmanager
 async def _call(queue: CallQueue, guard: Guard, who: str) -> AsyncIterator[None]:
     """One call of ``who`` as the gateway makes it: its turn, then the guard's admission
     (``proxy.py``, then ``session.py``'s ``_calling``)."""
-    async with queue.turn(who, lambda: 10):
+    async with _turn(queue, who, 10):
         with guard.admitted(who):
             yield
 
 
-async def _until(done: object) -> None:
+async def _until(done: object, bound: float = 5) -> None:
     assert callable(done)
-    with anyio.fail_after(5):
+    with anyio.fail_after(bound):
         while not done():
             await anyio.sleep(0.01)

@@ -40,6 +40,7 @@ from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.backoff import Backoff
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import Hooks, connected, unanswered
+from agent_gateway.upstreams.queueing import CallQueue
 from agent_gateway.upstreams.session import UpstreamSession
 from agent_gateway.upstreams.translation import cut_message, secrets_of
 
@@ -83,9 +84,10 @@ class Upstream:
     """The life of one upstream's shared connection: connect, list, watch, reconnect."""
 
     def __init__(self, name: str, config: UpstreamConfig, hooks: Hooks) -> None:
-        self.name = name
-        self.config = config
+        self.name, self.config = name, config
         self.guard = Guard(name, config)
+        self.queue = CallQueue(name, config.max_concurrency, config.max_concurrency_per_client, self.guard)
+        """Its clients' turns, on its shared session and its dedicated ones (``queueing.py``)."""
         self.state = UpstreamState.CONNECTING
         self.last_error: str | None = None
         self.up_since: float | None = None
@@ -113,6 +115,7 @@ class Upstream:
                 was_up = self._mark_down(exc)
             finally:
                 self._session = None
+                self.queue.reset()  # its window was judged from that session's pings
                 self.settled.set()
             if was_up:
                 self._backoff.held(time.monotonic() - began)
@@ -124,7 +127,9 @@ class Upstream:
         self.state = UpstreamState.CONNECTING
         started = time.perf_counter()
         logger.info("starting %s (%s)", self.name, describe_target(self.config))
-        session = UpstreamSession(self.name, self.config, broadcast=self._hooks.broadcast, guard=self.guard)
+        session = UpstreamSession(
+            self.name, self.config, broadcast=self._hooks.broadcast, guard=self.guard, queue=self.queue
+        )
         fetch = partial(fetch_listing, upstream=self.name)
         async with connected(session, self._on_message, self._hooks.updates, fetch) as (
             client,
@@ -146,14 +151,12 @@ class Upstream:
         # with nothing else heard: one client's slow calls opened the circuit for every client.
         interval = self.config.health.interval
         tg.start_soon(self._ping, client, session, math.inf if interval is None else interval)
-        if session.queue is not None:  # clients' turns: pinged while busy (queueing.py)
-            tg.start_soon(session.queue.watch, partial(unanswered, client, session))
+        if self.config.session == "shared" or self.config.kind != "stdio":  # see queueing.py
+            tg.start_soon(self.queue.watch, partial(unanswered, client, session))
         await session.lost.wait()
         # Down at once: /readyz and new calls need not wait for the transport's close (a
         # WebSocket's closing handshake, a child's exit).
         self.state = UpstreamState.DOWN
-        if session.queue is not None:  # its calls waiting for a turn go on, to fail saying why
-            session.queue.close()
         tg.cancel_scope.cancel()
 
     async def _ping(self, client: Client, session: UpstreamSession, interval: float) -> None:

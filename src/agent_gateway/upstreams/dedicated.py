@@ -13,7 +13,7 @@ opens another. Without it every later call of that client waited out its whole t
 Each such session may be a process, so an upstream holds at most its ``max_sessions`` of
 them, and one client a quarter (at least one): else one client opening sessions by the
 hundred would start as many processes. A new session past either bound takes the place of an
-idle one (no call in flight, no subscription, unused for ``_IDLE`` seconds): the client's
+idle one (no call in flight or waiting its turn, no subscription, unused for ``_IDLE`` seconds): the client's
 own least recently used past its share, else one of the client holding the most. With none
 idle it is refused, and the client retries later; the others are still served.
 
@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import anyio
 import mcp_types as types
@@ -50,13 +51,24 @@ from agent_gateway.store.sessions import SessionRecords
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
 from agent_gateway.upstreams.lifecycle import UpdateSink, connected, nothing, unanswered
+from agent_gateway.upstreams.queueing import CallQueue
 from agent_gateway.upstreams.session import ClientSide, UpstreamSession
 
 logger = logging.getLogger(__name__)
 
 _IDLE = 1.0
-"""Seconds a dedicated session must go unused before a new one may take its place: a client
-between two calls keeps its own."""
+"""Seconds a dedicated session must go unused (and have no call waiting its turn there) before
+a new one may take its place: a client between two calls keeps its own."""
+
+
+class Shared(Protocol):
+    """What a dedicated session shares with the upstream's others (``connection.Upstream``)."""
+
+    @property
+    def guard(self) -> Guard: ...
+
+    @property
+    def queue(self) -> CallQueue: ...
 
 
 @dataclass(eq=False)
@@ -81,17 +93,18 @@ class DedicatedSessions(TaskHost):
         self,
         configs: Mapping[str, UpstreamConfig],
         updates: UpdateSink | None = None,
-        guards: Mapping[str, Guard] | None = None,
+        upstreams: Mapping[str, Shared] | None = None,
         records: SessionRecords | None = None,
         idle_timeout: float = 1800.0,
     ) -> None:
-        """``records``: with a shared store, where each client session's dedicated upstream
+        """``upstreams``: the pool's, read as each session opens (a reload adds and restarts
+        them), for the guard and queue it shares. ``records``: with a shared store, where each client session's dedicated upstream
         sessions are recorded, so that any replica serving the client resumes the same one.
         ``idle_timeout``: how long a standing owner's session is kept unused."""
         self._configs = configs
         self._idle_timeout = idle_timeout
         self._updates = updates
-        self._guards = guards or {}
+        self._upstreams = upstreams or {}
         self._records = records
         self._sessions: dict[str, dict[str, _Dedicated]] = {}
         """Owner (downstream session) -> upstream -> its session: a client's own found at once."""
@@ -133,8 +146,8 @@ class DedicatedSessions(TaskHost):
     async def _open(self, upstream: str, owner: ClientSide, client: str, standing: bool) -> _Dedicated:
         if self._tg is None:
             raise UpstreamUnavailable(upstream, "the gateway is shutting down")
-        if (guard := self._guards.get(upstream)) is not None and guard.breaker is not None:
-            guard.breaker.refuse_if_open()
+        if (shared := self._upstreams.get(upstream)) is not None and shared.guard.breaker is not None:
+            shared.guard.breaker.refuse_if_open()
         await self._make_room(upstream, owner.session_id, client)
         if (entry := self._live(owner.session_id, upstream)) is not None:  # opened meanwhile
             return entry
@@ -267,17 +280,16 @@ class DedicatedSessions(TaskHost):
                     await self._records.upstream_lost(*key)
 
     async def _until_idle(self, entry: _Dedicated) -> None:
-        """Until ``entry`` is closed, or has gone unused (no call, no subscription) for the idle
+        """Until ``entry`` is closed, or has gone unused (``_unused``) for the idle
         timeout. Each call's end stamps ``used``, so one wait per idle period suffices."""
         session = entry.session
         while True:
             unused = time.monotonic() - session.used
-            busy = session.pending > 0 or session.subscribed
+            busy = not _unused(session)
             with anyio.move_on_after(self._idle_timeout if busy else self._idle_timeout - unused):
                 await entry.close.wait()
                 return
-            idle = session.pending == 0 and not session.subscribed
-            if idle and time.monotonic() - session.used >= self._idle_timeout:
+            if _unused(session) and time.monotonic() - session.used >= self._idle_timeout:
                 logger.info(
                     "dedicated upstream session %s of %s closed: unused for %gs",
                     session.id, entry.client, self._idle_timeout,
@@ -303,14 +315,14 @@ class DedicatedSessions(TaskHost):
 
     def _new_session(self, upstream: str, owner: ClientSide | None) -> UpstreamSession:
         config = self._configs[upstream]
-        return UpstreamSession(upstream, config, owner=owner, guard=self._guards.get(upstream))
+        if (shared := self._upstreams.get(upstream)) is None:
+            return UpstreamSession(upstream, config, owner=owner)
+        return UpstreamSession(upstream, config, owner=owner, guard=shared.guard, queue=shared.queue)
 
-    async def reconfigure(
-        self, configs: Mapping[str, UpstreamConfig], guards: Mapping[str, Guard], closing: Iterable[str]
-    ) -> None:
+    async def reconfigure(self, configs: Mapping[str, UpstreamConfig], closing: Iterable[str]) -> None:
         """Take a reloaded configuration; close the sessions on the ``closing`` upstreams
         (removed, or restarted with a new configuration) and wait (bounded) until they are."""
-        self._configs, self._guards = configs, guards
+        self._configs = configs
         gone = set(closing)
         await self._close([e for owned in self._sessions.values() for u, e in owned.items() if u in gone])
 
@@ -345,13 +357,14 @@ def _idlest(entries: list[_Dedicated]) -> _Dedicated | None:
     idle = [
         e
         for e in entries
-        if e.ready.is_set()
-        and not e.close.is_set()
-        and e.session.pending == 0
-        and not e.session.subscribed
-        and now - e.session.used >= _IDLE
+        if e.ready.is_set() and not e.close.is_set() and _unused(e.session) and now - e.session.used >= _IDLE
     ]
     return max(idle, key=lambda e: (held[e.client], -e.session.used), default=None)
+
+
+def _unused(session: UpstreamSession) -> bool:
+    """No call in flight on ``session``, none waiting for its turn there, no subscription."""
+    return session.pending == 0 and session.waiting == 0 and not session.subscribed
 
 
 async def _set_on(source: anyio.Event, target: anyio.Event) -> None:

@@ -23,10 +23,11 @@ The cap (``max_concurrency``) is shared fairly between clients: a call of one cl
 share of the upstream's calls in flight (``max_concurrency_per_client``; by default as many as
 it leaves free). Slow calls hold their slots for minutes, and first come, first served let one
 client (or two) hold every slot while every other client's call was refused. Calls of the
-gateway's own (no client) count against the cap alone. At the cap, a shared session's call of a
-client with none in flight here waits for the next slot (``queueing.py``), which is ``reserved``
-for that call until it is admitted (``Kept``), and each call's end is told to those turns (``freed``): a slot freed by a
-call that took no turn there (a dedicated session's, the gateway's own) is given on too.
+gateway's own (no client) count against the cap alone. At the cap, a call (on a shared
+session or a dedicated one) of a client with none in flight here waits for the next slot
+(``queueing.py``), which is ``reserved`` for that call until it is admitted (``Kept``), and
+each call's end is told to those turns (``freed``): a slot freed by a call that took no turn
+there (the gateway's own) is given on too.
 """
 
 from __future__ import annotations
@@ -182,12 +183,12 @@ class Guard:
         """Calls in flight per client label: only clients with one at least (at most
         ``max_concurrency`` entries, whatever the number of clients)."""
         self.reserved = 0
-        """Slots given to calls that waited for them in the shared session's turns
-        (``queueing.py``) and not yet admitted: not free for any other call meanwhile."""
+        """Slots given to calls that waited for them in the upstream's turns (``queueing.py``)
+        and not yet admitted: not free for any other call meanwhile."""
         self.reserved_for: dict[str, int] = {}
         """Those slots per client label (``Kept``)."""
         self.freed: Callable[[], None] | None = None
-        """Told as each call ends (the shared session's turns: the next waiting call's)."""
+        """Told as each call ends (the upstream's turns: the next waiting call's)."""
         self.heard_at = -math.inf
         """When the upstream last answered a call."""
         self.checked = False

@@ -138,7 +138,7 @@ async def connected(
     with anyio.CancelScope(deadline=anyio.current_time() + timeout) as connecting:
         writes = WritesEnded(session.lose)
         opened = open_transport(session.config, link, session.id, writes)
-        transport = watched(opened, session.lost, session.id, session.pace, writes)
+        transport = watched(opened, session.lose, session.id, session.pace, writes)
         try:
             async with session.new_client(transport, on_message, resumed) as client:
                 if resumed is None:

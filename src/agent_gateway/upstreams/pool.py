@@ -41,11 +41,12 @@ class UpstreamStatus:
     listing_refused: str | None = None
     """Why its latest listing was refused (a name collision), its earlier one served."""
     window: int | None = None
-    """Clients' calls sent to its shared session at once while its pings say it has calls
+    """Clients' calls sent to it at once while its shared session's pings say it has calls
     queued (``queueing.py``); None while they are sent as they come."""
     sent: int = 0
-    """Clients' calls on its shared session, sent and not yet answered: the ones the window
-    counts (``in_flight`` also counts its other sessions and the gateway's own requests)."""
+    """Clients' calls sent through its turns and not yet answered, on its shared session and
+    its dedicated ones: the ones the window counts (``in_flight`` also counts the gateway's
+    own requests)."""
     waiting: int = 0
     """Clients' calls waiting in the gateway for their turn to be sent to it."""
 
@@ -124,11 +125,6 @@ class UpstreamPool:
         self.upstreams = {name: self._make(name, config) for name, config in configs.items()}
         self._tg: TaskGroup | None = None
         self._lives: dict[str, _Life] = {}
-
-    @property
-    def guards(self) -> dict[str, Guard]:
-        """Each upstream's breaker and concurrency cap, for its dedicated sessions to share."""
-        return {name: upstream.guard for name, upstream in self.upstreams.items()}
 
     @asynccontextmanager
     async def running(self, *, settle_timeout: float | None = None) -> AsyncIterator[UpstreamPool]:
@@ -231,8 +227,7 @@ class UpstreamPool:
 
 
 def _status(u: Upstream, now: float, refused: str | None) -> UpstreamStatus:
-    session = u.live_session()
-    queue = None if session is None else session.queue
+    queue = u.queue
     return UpstreamStatus(
         name=u.name,
         transport=u.config.kind,
@@ -244,9 +239,9 @@ def _status(u: Upstream, now: float, refused: str | None) -> UpstreamStatus:
         connections=u.connections,
         in_flight=u.guard.in_flight,
         listing_refused=refused,
-        window=None if queue is None else queue.held_back,
-        sent=0 if queue is None else queue.sent,
-        waiting=0 if queue is None else queue.waiting,
+        window=queue.held_back,
+        sent=queue.sent,
+        waiting=queue.waiting,
     )
 
 

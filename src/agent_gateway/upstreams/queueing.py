@@ -1,51 +1,44 @@
-"""Clients' calls to one shared upstream session taking turns: at most ``window`` sent at once,
-the others waiting in the gateway, served client by client.
+"""Clients' calls to one upstream taking turns: at most ``window`` sent at once, the others
+waiting in the gateway, served client by client. One queue per upstream, for its shared session
+and its dedicated (``per_client``) ones alike.
 
 An upstream works on the calls sent to it in the order they came, out of the gateway's sight:
 one client's calls of a fast tool on 64 connections put 64 calls ahead of every other client's
-there, and a bystander's call took 109 ms instead of 7 (``bench/README.md``). A ping waits in
-that queue as a call does. The gateway pings each shared session once as it connects (idle:
-the fastest answer), then every ``PROBE_INTERVAL`` while ``FLOOR`` calls or more are in flight
-there (``server/discover`` in the modern era). Each ping's time is taken less ``LAGS`` times
-how late the gateway's own loop woke a timer just before it: a gateway busy with its own work
-is not an upstream with calls queued.
+there (``bench/README.md``). A ping waits in that queue as a call does. The gateway pings the
+shared session once as it connects (idle: the fastest answer), then every ``PROBE_INTERVAL``
+while ``FLOOR`` calls or more are in flight (``server/discover`` in the modern era), each
+ping's time taken less ``LAGS`` times how late the gateway's own loop woke a timer just before.
 
 - Two pings in a row answered ``TARGET`` later than the fastest one (and in twice its time) say
   the upstream has calls queued. The window shrinks to the calls in flight times fastest plus
-  target over the ping's time (Little's law: the calls the upstream works through in that
-  time), by half at most at each ping, ``FLOOR`` at least.
+  target over the ping's time (Little's law), by half at most at each ping, ``FLOOR`` at least.
 - A ping answered in time while the window held calls back widens it past the calls in flight,
-  up to the upstream's ``max_concurrency``: by one after a late ping (an upstream working
-  through its calls as fast as they come stays near its edge), else twice as wide (a burst
-  that made pings late is over in a few).
+  up to ``max_concurrency``: by one after a late ping, else twice as wide.
 
-Calls that wait on I/O, a database or a model, and an upstream that works on many at once,
-leave its pings fast: the window stays open for them whatever their tools' latency. It is not
-judged from the calls themselves, whose tools differ a thousandfold.
+Calls that wait on I/O, and an upstream that works on many at once, leave its pings fast: the
+window stays open whatever their tools' latency (it is not judged from the calls themselves,
+whose tools differ a thousandfold). Once idle again (fewer than ``FLOOR`` in flight, none
+waiting), or once the shared session is lost (``reset``), the window is whole and the fastest
+ping measured anew. It is judged only where the shared session's server is the one the calls
+go to: not for a ``per_client`` stdio upstream, whose dedicated sessions are processes of their
+own (their calls wait at the cap alone).
 
-Once idle again (fewer than ``FLOOR`` in flight, none waiting) the window is whole and the
-fastest ping measured anew. Calls past the window wait in one queue per client, and the next
-one sent is the next client's (round robin): a client with one call waiting is served next to
-one with sixty. At most ``max_concurrency`` calls wait (one more is refused at once), and a
-client's at most as many as it leaves free and its ``max_concurrency_per_client`` (as its share
-of the upstream's slots, ``guard.over_share``); when the
-session is lost, every call waiting goes on at once, to fail saying so. A call waits at most
-its timeout for its turn, then is refused as not sent (``UpstreamBusy``); once sent, its
-timeout starts. An upstream that answers pings apart from its calls keeps its window open: the
-gateway then sends as it did without one. A dedicated (``per_client``) session takes no turns:
-its upstream serves one client.
+Calls past the window wait in one queue per client, the next one sent the next client's (round
+robin). At most ``max_concurrency`` calls wait, a client's at most as many as it leaves free
+and its ``max_concurrency_per_client`` (its share of the slots, ``guard.over_share``). A call
+waits at most its timeout, then is refused as not sent (``UpstreamBusy``); once sent, its
+timeout starts. When a session is lost or closed, the calls waiting to go to it go on at once,
+to fail saying so (``gone``).
 
 At the cap itself (the window whole, ``max_concurrency`` calls sent) a call of a client with
-none in flight at the upstream waits for the next one to end, which is sent for it before any
-other client's; a call of a client holding some there, or with one waiting, is refused at once.
-Before, every call past the cap was refused: about log2(``max_concurrency``) greedy clients,
-each holding its share (``guard.py``) and sending again the moment a call ended, kept the
-upstream full, and a client arriving found it full however short their calls. The slots are
-the guard's, which calls that take no turn here hold too (a dedicated session's, the gateway's
-own, a held call's after its first round): a call is sent only while one is free there, a slot
-given to a waiting call is kept there for that call (``Kept``, carried by its turn's context
-into a task it starts: a held call's, a loop pass after its turn) until it is admitted or its
-turn ends, and a slot any call frees is given on (``Guard.freed``).
+none in flight at the upstream waits for the next slot, sent for it before any other client's;
+a call of a client holding some there, or with one waiting, is refused at once (else a few
+greedy clients, each holding its share and sending again as a call ends, kept the upstream full
+for every client arriving). The slots are the guard's, which calls that take no turn here hold
+too (the gateway's own, a held call's after its first round): a call is sent only while one is
+free there, a slot given to a waiting call is kept there for that call (``Kept``, carried by
+its turn's context into a task it starts: a held call's, a loop pass after its turn) until it
+is admitted or its turn ends, and a slot any call frees is given on (``Guard.freed``).
 """
 
 from __future__ import annotations
@@ -55,6 +48,8 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 from opentelemetry import trace
@@ -90,14 +85,14 @@ calls_waited = Tally(
 class Turn:
     """One call's turn (``CallQueue.turn``): a class, not a generator, as it is on every call."""
 
-    __slots__ = ("_client", "_kept", "_queue", "_set", "_wait")
+    __slots__ = ("_client", "_kept", "_queue", "_session", "_set", "_wait")
 
-    def __init__(self, queue: CallQueue, client: str, wait: Callable[[], float]) -> None:
-        self._queue, self._client, self._wait = queue, client, wait
+    def __init__(self, queue: CallQueue, client: str, wait: Callable[[], float], session: Session) -> None:
+        self._queue, self._client, self._wait, self._session = queue, client, wait, session
         self._kept: Kept | None = None
 
     async def __aenter__(self) -> None:
-        self._kept = await self._queue._taken(self._client, self._wait)
+        self._kept = await self._queue._taken(self._client, self._wait, self._session)
         if self._kept is not None:  # for the guard, as this call (or a task it starts) is admitted
             self._set = KEPT.set(self._kept)
 
@@ -105,11 +100,13 @@ class Turn:
         if (kept := self._kept) is not None:
             KEPT.reset(self._set)
             kept.guard.give_back(kept)  # not taken: it never reached the guard
-        self._queue._given_back()
+        self._queue.sent -= 1
+        self._queue._send_next()
 
 
 class CallQueue:
-    """The turns of the clients calling one shared upstream session (its ``queue``)."""
+    """The turns of the clients calling one upstream, on its shared session and its dedicated
+    ones (its ``queue``)."""
 
     def __init__(
         self,
@@ -130,14 +127,13 @@ class CallQueue:
         self.window = self._ceiling
         self.sent = 0
         """Calls sent and not yet answered."""
-        self._closed = False
         self._given: dict[anyio.Event, Kept] = {}
         """The slot kept at the guard for each call given its turn that has not run yet."""
-        self._waiting: dict[str, deque[anyio.Event]] = {}
+        self._waiting: dict[str, deque[_Waiting]] = {}
         """Each client's calls waiting, in the order of its turns (a client's key moves last
         as one of its calls is sent)."""
         self.fastest = math.inf
-        """The fastest ping of this session (seconds): what a ping takes with nothing queued."""
+        """The shared session's fastest ping (seconds): what a ping takes with nothing queued."""
         self._busy = anyio.Event()
         self._late = False
         """The last ping was late."""
@@ -154,22 +150,22 @@ class CallQueue:
         """The window while it holds calls back (narrower than ``max_concurrency``), else None."""
         return self.window if self.window < self._ceiling else None
 
-    def turn(self, client: str, wait: Callable[[], float]) -> Turn:
-        """``client``'s call sent in its turn (waiting ``wait()`` seconds at most) and counted
-        in flight until it ends: ``async with queue.turn(...)``.
+    def turn(self, client: str, wait: Callable[[], float], session: Session) -> Turn:
+        """``client``'s call to ``session`` sent in its turn (waiting ``wait()`` seconds at
+        most) and counted in flight until it ends: ``async with queue.turn(...)``.
 
         Raises:
             UpstreamBusy: no turn within its wait; the call was not sent.
         """
-        return Turn(self, client, wait)
+        return Turn(self, client, wait, session)
 
-    async def _taken(self, client: str, wait: Callable[[], float]) -> Kept | None:
+    async def _taken(self, client: str, wait: Callable[[], float], session: Session) -> Kept | None:
         """The slot kept for the call at the guard, when it waited for its turn."""
         if self.sent < self.window and not self._waiting and self._free():
             self.sent += 1
             if self.sent >= FLOOR:
                 self._busy.set()
-        elif self._closed:  # on to fail as the session is lost, saying so
+        elif session.lost.is_set() or session.client is None:  # on to fail there, saying why
             self.sent += 1
         elif self.window >= self._ceiling and self._holds(client):
             # Refused here, saying why: the guard would refuse it too (every slot is held or
@@ -181,12 +177,8 @@ class CallQueue:
                 "for the next slot",
             )
         else:
-            return await self._wait(client, wait())
+            return await self._wait(client, wait(), session)
         return None
-
-    def _given_back(self) -> None:
-        self.sent -= 1
-        self._send_next()
 
     def _in_flight(self) -> int:
         """Calls holding the upstream's slots: the guard's, with those given theirs here."""
@@ -194,15 +186,15 @@ class CallQueue:
         return self.sent if guard is None else guard.in_flight + guard.reserved
 
     def _free(self) -> bool:
-        """A slot is free at the guard: calls that take no turn here (a dedicated session's,
-        the gateway's own, a held call's after its first round) hold some of them."""
+        """A slot is free at the guard: calls that take no turn here (the gateway's own, a
+        held call's after its first round) hold some of them."""
         return self._guard is None or self._guard.room()
 
     def _holds(self, client: str) -> bool:
         """``client`` has calls in flight at the upstream, waiting here, or given their turn."""
         return client in self._waiting or (self._guard is not None and self._guard.holds(client))
 
-    async def _wait(self, client: str, wait: float) -> Kept | None:
+    async def _wait(self, client: str, wait: float, session: Session) -> Kept | None:
         self._refuse_over_share(client)
         full = self.window >= self._ceiling
         calls_waited.add(1, {"agent_gateway.upstream": self.upstream, "why": "full" if full else "window"})
@@ -210,21 +202,24 @@ class CallQueue:
             logger.debug(
                 "upstream %s is full: a call of client %s waits for the next slot", self.upstream, client
             )
-        sent = anyio.Event()
-        self._waiting.setdefault(client, deque()).append(sent)
+        waiting = _Waiting(sent := anyio.Event(), session)
+        self._waiting.setdefault(client, deque()).append(waiting)
         started = time.perf_counter()
+        session.waiting += 1
         try:
             with anyio.move_on_after(wait):
                 await sent.wait()
         except BaseException:
-            self._left(client, sent)
+            self._left(client, waiting)
             raise
+        finally:
+            session.waiting -= 1
         if not sent.is_set():
-            self._left(client, sent)
+            self._left(client, waiting)
             raise UpstreamBusy(self.upstream, f"not sent within {wait:g}s: " + self._why_held())
         waited = (time.perf_counter() - started) * 1e3
         trace.get_current_span().set_attribute("agent_gateway.upstream.waited_ms", round(waited, 1))
-        return self._given.pop(sent, None)  # none for a call the session's loss sent on
+        return self._given.pop(sent, None)  # none for a call its session's loss sent on
 
     def _why_held(self) -> str:
         """Why calls wait now: every slot taken, or the window narrowed."""
@@ -239,8 +234,7 @@ class CallQueue:
         """Raises ``UpstreamBusy`` when ``max_concurrency`` calls wait, or ``client`` holds its
         share of the places: as many as it leaves free, and ``max_concurrency_per_client`` at
         most, as its share of the upstream's slots (``guard.py``: a call past it would wait
-        only to be refused there). Before, one client's calls could take every place, and
-        each other client's call was refused at once."""
+        only to be refused there)."""
         free = self._ceiling - self.waiting
         if free <= 0:
             raise UpstreamBusy(
@@ -258,36 +252,44 @@ class CallQueue:
         )
         raise over_share(self.upstream, client, ("places to wait", held, "waiting for their turn"), share)
 
-    def _left(self, client: str, sent: anyio.Event) -> None:
+    def _left(self, client: str, waiting: _Waiting) -> None:
         """A waiting call gone (cancelled, or out of time): a turn it was given goes on."""
-        if sent.is_set():
+        if (sent := waiting.sent).is_set():
             self.sent -= 1
             if (kept := self._given.pop(sent, None)) is not None:
                 kept.guard.give_back(kept)
             self._send_next()
             return
         calls = self._waiting[client]
-        calls.remove(sent)
+        calls.remove(waiting)
         if not calls:
             del self._waiting[client]
 
-    def close(self) -> None:
-        """The session is lost: every call waiting is sent on at once (to fail there, saying
-        so), none waits out its timeout for a turn on a session that is gone; nor does a call
-        that took the session just before."""
-        self.window = self._ceiling
-        self._closed = True
-        for calls in self._waiting.values():
-            for sent in calls:
-                sent.set()
+    def gone(self, session: Session) -> None:
+        """``session`` is lost or closed: each call waiting to go to it is sent on at once (to
+        fail there, saying so), as is one that took it just before (``_taken``); the calls
+        waiting for the upstream's other sessions wait on."""
+        for client, calls in list(self._waiting.items()):
+            for waiting in [w for w in calls if w.session is session]:
+                calls.remove(waiting)
+                waiting.sent.set()
                 self.sent += 1
-        self._waiting.clear()
+            if not calls:
+                del self._waiting[client]
+
+    def reset(self) -> None:
+        """The shared session, whose pings judge the window, is lost: the whole window again,
+        and the fastest ping measured anew on the next one (it may take another route)."""
+        self.fastest = math.inf
+        self._late = False
+        self._resize(self._ceiling, 0.0)
+        self._send_next()
 
     def _send_next(self) -> None:
         while self._waiting and self.sent < self.window and self._free():
             client = next(iter(self._waiting))
             calls = self._waiting.pop(client)
-            sent = calls.popleft()
+            sent = calls.popleft().sent
             sent.set()
             self.sent += 1
             if self._guard is not None:  # its slot, until the call is admitted or its turn ends
@@ -365,6 +367,28 @@ class CallQueue:
         if level == logging.INFO:
             self._told[held_back] = now
         logger.log(level, message, *values)
+
+
+class Session(Protocol):
+    """What the queue knows of the upstream session a call goes to (``UpstreamSession``): its
+    calls waiting here (a dedicated session with any is in use, ``dedicated.py``), and whether
+    it is lost, or closed (no client)."""
+
+    waiting: int
+
+    @property
+    def lost(self) -> anyio.Event: ...
+
+    @property
+    def client(self) -> object | None: ...
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Waiting:
+    """A call waiting for its turn: set ``sent`` to send it to ``session``."""
+
+    sent: anyio.Event
+    session: Session
 
 
 async def _timed(ping: Callable[[], Awaitable[str | None]]) -> float | None:

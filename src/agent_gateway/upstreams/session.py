@@ -62,20 +62,17 @@ class UpstreamSession:
         owner: ClientSide | None = None,
         broadcast: Broadcast | None = None,
         guard: Guard | None = None,
+        queue: CallQueue | None = None,
     ) -> None:
-        self.name = name
-        self.config = config
+        self.name, self.config = name, config
         self.owner = owner
+        """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.guard = guard or Guard(name, config)
         """The upstream's breaker and concurrency cap, shared with its other sessions."""
-        """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
+        self.queue = queue  # the upstream's clients' turns, shared likewise; None: sent at once
+        self.waiting = 0  # its calls waiting for their turn there: a dedicated one's are in use
         self.id = f"{name}/{uuid.uuid4().hex[:8]}"
         self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
-        self.queue = (
-            CallQueue(name, config.max_concurrency, config.max_concurrency_per_client, self.guard)
-            if owner is None
-            else None
-        )
         self.level = Level(self.id, self._send_level)
         """The log level this session runs at (handshake era: a modern one's is per request)."""
         self.lost = anyio.Event()
@@ -214,26 +211,30 @@ class UpstreamSession:
         await self._doubted.wait()
         self._doubted = anyio.Event()
 
-    def lose(self, reason: str, *, given_up: bool = False) -> None:
-        """Give the connection up (its owner closes it, failing every pending call)."""
+    def lose(self, reason: str | None = None, *, given_up: bool = False) -> None:
+        """Give the connection up, failing its pending calls (no ``reason``: its stream ended)."""
         if not self.lost.is_set():
             self.lost_reason, self.given_up = reason, given_up
             self.lost.set()
+        self._gone()
 
     def attach(self, client: Client, http: httpx2.AsyncClient | None = None) -> None:
         """``http``: a Streamable HTTP transport's client, for calls forwarded below the SDK's."""
         self._client = client
-        if http is not None and self.config.url is not None and self._on_message is not None:
+        if http is not None and (url := self.config.url) is not None and self._on_message is not None:
             sinks = (self.replies.on_log, self._on_message)
-            self._forwarder = Forwarder(
-                http, self.config.url, self.config.max_message_bytes, sinks, self.pace
-            )
+            self._forwarder = Forwarder(http, url, self.config.max_message_bytes, sinks, self.pace)
 
     def detach(self) -> None:
         """The session is over: no more calls, and its update queue is closed."""
         self._client = self._forwarder = None
         self._updates_in.close()
         self._updates_out.close()
+        self._gone()
+
+    def _gone(self) -> None:  # its calls waiting for their turn go on at once, to fail here
+        if self.queue is not None:
+            self.queue.gone(self)
 
     @property
     def client(self) -> Client | None:

@@ -68,7 +68,7 @@ class WritesEnded:
 
 
 class WatchedReadStream(StreamWrapper[ReadStream[SessionMessage | Exception]]):
-    """A read stream that sets ``closed`` when the peer's stream ends (or its writes do:
+    """A read stream that calls ``closed`` when the peer's stream ends (or its writes do:
     ``WritesEnded``), drops responses to ids the session never sent (``correlation``), and
     takes what the peer sends unasked at its ``pace``.
 
@@ -79,7 +79,7 @@ class WatchedReadStream(StreamWrapper[ReadStream[SessionMessage | Exception]]):
     def __init__(
         self,
         inner: ReadStream[SessionMessage | Exception],
-        closed: anyio.Event,
+        closed: Callable[[], None],
         sent: SentRequests,
         pace: Pace,
         answer: RecordingWriteStream,
@@ -113,7 +113,7 @@ class WatchedReadStream(StreamWrapper[ReadStream[SessionMessage | Exception]]):
                 if isinstance(item, Exception) or self._sent.admits(item):
                     return item
         except (anyio.EndOfStream, anyio.ClosedResourceError):
-            self._closed.set()
+            self._closed()
             raise
 
     async def _next(self) -> SessionMessage | Exception:
@@ -137,9 +137,9 @@ class WatchedReadStream(StreamWrapper[ReadStream[SessionMessage | Exception]]):
 
 @asynccontextmanager
 async def watched(
-    transport: Transport, closed: anyio.Event, label: str, pace: Pace, writes: WritesEnded
+    transport: Transport, closed: Callable[[], None], label: str, pace: Pace, writes: WritesEnded
 ) -> AsyncIterator[TransportStreams]:
-    """Enter ``transport`` for upstream session ``label``; ``closed`` is set when its read
+    """Enter ``transport`` for upstream session ``label``; ``closed`` is called when its read
     side reaches end-of-stream, or its writes end (``writes``, told by the transport, or a
     send finding its write side closed); responses only pass to requests sent on it; what it
     sends unasked is read at ``pace``."""
