@@ -337,3 +337,38 @@ async def test_a_reload_adding_an_upstream_that_never_answers_is_done_in_seconds
         tg.cancel_scope.cancel()
     said = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.reload"]
     assert "reload: silent not connected within 1 s; applied, connecting on in the background" in said
+
+
+async def test_a_dedicated_session_opened_while_a_reload_drains_is_the_new_upstreams_and_kept(
+    tmp_path: Path,
+) -> None:
+    # A per_client upstream a reload restarts is the pool's at once, its old one draining: a
+    # session a client opened meanwhile took the old configuration with the new upstream's
+    # slots, and the end of the drain closed it with the old one's sessions (the client's
+    # upstream state, here its process, gone with it).
+    slow = python_upstream("faulty.py") | {"session": "per_client"}
+    path = write(tmp_path / "g.yaml", {"slow": slow}, server={"drain_timeout": BOUND})
+    async with (
+        from_file(path) as (gw, reloader),
+        Client(gw.url, mode="legacy") as holder,
+        Client(gw.url, mode="legacy") as other,
+    ):
+        pool = gw.gateway.pool
+        old = pool.get("slow")
+        first = ""
+        async with anyio.create_task_group() as reloading, anyio.create_task_group() as holding:
+            holding.start_soon(holder.call_tool, "slow__slow", {"seconds": BOUND})  # holds the drain
+            with anyio.fail_after(BOUND):
+                while old.guard.in_flight == 0:
+                    await anyio.sleep(0.02)
+            # A call waits for a restarted upstream's first connection, its timeout at most.
+            write(path, {"slow": slow | {"timeout": 2}}, server={"drain_timeout": BOUND})
+            reloading.start_soon(reloader.reload)
+            with anyio.fail_after(BOUND):
+                while pool.upstreams["slow"] is old:
+                    await anyio.sleep(0.02)
+            first = text_of(await other.call_tool("slow__pid", {}))  # opened while old drains
+            assert old.guard.in_flight == 1
+            holding.cancel_scope.cancel()  # the holder's call ends: so does the drain
+        assert text_of(await other.call_tool("slow__pid", {})) == first
+        assert [s.config.timeout for s in gw.gateway.dedicated.live if s.owner is not None] == [2.0]

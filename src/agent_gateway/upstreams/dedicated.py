@@ -64,11 +64,9 @@ a new one may take its place: a client between two calls keeps its own."""
 class Shared(Protocol):
     """What a dedicated session shares with the upstream's others (``connection.Upstream``)."""
 
-    @property
-    def guard(self) -> Guard: ...
-
-    @property
-    def queue(self) -> CallQueue: ...
+    guard: Guard
+    queue: CallQueue
+    config: UpstreamConfig
 
 
 @dataclass(eq=False)
@@ -126,7 +124,7 @@ class DedicatedSessions(TaskHost):
             UpstreamBusy: the upstream holds its ``max_sessions``, or ``client`` its share of
                 them, and none is idle.
         """
-        config = self._configs[upstream]
+        config = self._config(upstream)
         entry = self._live(owner.session_id, upstream) or await self._open(upstream, owner, client, standing)
         entry.session.used = time.monotonic()  # in use from here: not taken for another's
         with anyio.move_on_after(config.connect_timeout + 1):
@@ -167,7 +165,7 @@ class DedicatedSessions(TaskHost):
         Raises:
             UpstreamBusy: none is idle or closing.
         """
-        config = self._configs[upstream]
+        config = self._config(upstream)
         cap = config.max_sessions
         share = config.max_sessions_per_client or max(1, cap // 4)
         bound = ""
@@ -299,32 +297,40 @@ class DedicatedSessions(TaskHost):
 
     async def _recorded(self, key: tuple[str, str], entry: _Dedicated) -> UpstreamRecord | None:
         """The upstream session another replica opened for this client, to resume."""
-        if self._records is None or entry.standing or self._configs[key[1]].kind != "streamable-http":
+        if self._records is None or entry.standing or self._config(key[1]).kind != "streamable-http":
             return None  # a standing owner has no client session record: each replica its own
         return await self._records.upstream_session(*key)
 
     async def _record(self, key: tuple[str, str], client: Client, link: HttpSession) -> UpstreamRecord | None:
         """Share a handshake-era upstream session's id, so another replica can resume it."""
         assert self._records is not None
-        result = client.session.initialize_result
-        if result is None or link.session_id is None:
+        if (result := client.session.initialize_result) is None or link.session_id is None:
             return None
         record = UpstreamRecord(link.session_id, result)
         await self._records.upstream_opened(*key, record)
         return record
 
     def _new_session(self, upstream: str, owner: ClientSide | None) -> UpstreamSession:
-        config = self._configs[upstream]
         if (shared := self._upstreams.get(upstream)) is None:
-            return UpstreamSession(upstream, config, owner=owner)
-        return UpstreamSession(upstream, config, owner=owner, guard=shared.guard, queue=shared.queue)
+            return UpstreamSession(upstream, self._configs[upstream], owner=owner)
+        return UpstreamSession(upstream, shared.config, owner=owner, guard=shared.guard, queue=shared.queue)
+
+    def _config(self, upstream: str) -> UpstreamConfig:
+        """The pool's upstream's configuration (a reload replaces it before ``reconfigure``)."""
+        shared = self._upstreams.get(upstream)
+        return shared.config if shared is not None else self._configs[upstream]
 
     async def reconfigure(self, configs: Mapping[str, UpstreamConfig], closing: Iterable[str]) -> None:
-        """Take a reloaded configuration; close the sessions on the ``closing`` upstreams
-        (removed, or restarted with a new configuration) and wait (bounded) until they are."""
-        self._configs = configs
-        gone = set(closing)
-        await self._close([e for owned in self._sessions.values() for u, e in owned.items() if u in gone])
+        """Take a reloaded configuration; close the sessions on the ``closing`` upstreams (removed,
+        or restarted) but those opened for the pool's new one, and wait (bounded) until they are."""
+        self._configs, gone = configs, set(closing)
+        stale = [e for owned in self._sessions.values() for u, e in owned.items() if u in gone]
+        await self._close([e for e in stale if not self._current(e)])
+
+    def _current(self, entry: _Dedicated) -> bool:
+        """Whether ``entry`` shares the guard of the upstream the pool holds now."""
+        shared = self._upstreams.get(entry.session.name)
+        return shared is not None and entry.session.guard is shared.guard
 
     def records_of(self, downstream_id: str) -> dict[str, UpstreamRecord]:
         """The shared records of ``downstream_id``'s dedicated sessions, by upstream."""

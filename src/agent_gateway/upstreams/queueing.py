@@ -5,9 +5,9 @@ and its dedicated (``per_client``) ones alike.
 An upstream works on the calls sent to it in the order they came, out of the gateway's sight:
 one client's calls of a fast tool on 64 connections put 64 calls ahead of every other client's
 there (``bench/README.md``). A ping waits in that queue as a call does. The gateway pings the
-shared session once as it connects (idle: the fastest answer), then every ``PROBE_INTERVAL``
-while ``FLOOR`` calls or more are in flight (``server/discover`` in the modern era), each
-ping's time taken less ``LAGS`` times how late the gateway's own loop woke a timer just before.
+shared session as it connects (idle: the fastest answer), then every ``PROBE_INTERVAL`` while
+``FLOOR`` calls or more are in flight (``server/discover`` in the modern era), each ping's time
+taken less ``LAGS`` times how late the gateway's own loop woke a timer just before.
 
 - Two pings in a row answered ``TARGET`` later than the fastest one (and in twice its time) say
   the upstream has calls queued. The window shrinks to the calls in flight times fastest plus
@@ -18,10 +18,10 @@ ping's time taken less ``LAGS`` times how late the gateway's own loop woke a tim
 Calls that wait on I/O, and an upstream that works on many at once, leave its pings fast: the
 window stays open whatever their tools' latency (it is not judged from the calls themselves,
 whose tools differ a thousandfold). Once idle again (fewer than ``FLOOR`` in flight, none
-waiting), or once the shared session is lost (``reset``), the window is whole and the fastest
-ping measured anew. It is judged only where the shared session's server is the one the calls
-go to: not for a ``per_client`` stdio upstream, whose dedicated sessions are processes of their
-own (their calls wait at the cap alone).
+waiting) the window is whole and the fastest ping measured anew; once the shared session is
+lost (``reset``), the window is whole. It is judged only where the shared session's server is
+the one the calls go to: not for a ``per_client`` stdio upstream, whose dedicated sessions are
+processes of their own (their calls wait at the cap alone).
 
 Calls past the window wait in one queue per client, the next one sent the next client's (round
 robin). At most ``max_concurrency`` calls wait, a client's at most as many as it leaves free
@@ -77,8 +77,7 @@ _TOLD_EVERY = 60.0
 calls_waited = Tally(
     "agent_gateway.upstream.calls.waited",
     "Clients' calls that waited for their turn to be sent to an upstream, by upstream and why: "
-    "window (its pings said it had calls queued, so at most its window of calls were sent at "
-    "once) or full (max_concurrency calls were in flight there, none of the waiting client's).",
+    "window (its pings said it had calls queued) or full (max_concurrency calls in flight there).",
 )
 
 
@@ -105,8 +104,7 @@ class Turn:
 
 
 class CallQueue:
-    """The turns of the clients calling one upstream, on its shared session and its dedicated
-    ones (its ``queue``)."""
+    """The turns of the clients calling one upstream, on any of its sessions (its ``queue``)."""
 
     def __init__(
         self,
@@ -214,6 +212,7 @@ class CallQueue:
             raise
         finally:
             session.waiting -= 1
+            session.used = time.monotonic()
         if not sent.is_set():
             self._left(client, waiting)
             raise UpstreamBusy(self.upstream, f"not sent within {wait:g}s: " + self._why_held())
@@ -278,9 +277,10 @@ class CallQueue:
                 del self._waiting[client]
 
     def reset(self) -> None:
-        """The shared session, whose pings judge the window, is lost: the whole window again,
-        and the fastest ping measured anew on the next one (it may take another route)."""
-        self.fastest = math.inf
+        """The shared session, whose pings judge the window, is lost: the whole window again.
+        The fastest ping is kept: the next session's first ping may meet its dedicated
+        sessions' calls, and would be no measure of an idle upstream (``_idle`` measures it
+        anew)."""
         self._late = False
         self._resize(self._ceiling, 0.0)
         self._send_next()
@@ -371,10 +371,12 @@ class CallQueue:
 
 class Session(Protocol):
     """What the queue knows of the upstream session a call goes to (``UpstreamSession``): its
-    calls waiting here (a dedicated session with any is in use, ``dedicated.py``), and whether
-    it is lost, or closed (no client)."""
+    calls waiting here and when one last stopped waiting (a dedicated session is in use till
+    then, ``dedicated.py``; a held call is admitted a loop pass on), whether it is lost or
+    closed (no client)."""
 
     waiting: int
+    used: float
 
     @property
     def lost(self) -> anyio.Event: ...
