@@ -13,9 +13,9 @@ opens another. Without it every later call of that client waited out its whole t
 Each such session may be a process, so an upstream holds at most its ``max_sessions`` of
 them, and one client a quarter (at least one): else one client opening sessions by the
 hundred would start as many processes. A new session past either bound takes the place of an
-idle one (no call in flight or waiting its turn, no subscription, unused for ``_IDLE`` seconds): the client's
-own least recently used past its share, else one of the client holding the most. With none
-idle it is refused, and the client retries later; the others are still served.
+idle one (no call in flight or waiting its turn, no subscription, unused for ``_IDLE``
+seconds): the client's own least recently used past its share, else one of the client holding
+the most. With none idle it is refused (the client retries later; the others are served).
 
 A modern-era (2026-07-28) client has no session: each request is one. An authenticated one's
 dedicated sessions are its own across its requests (a *standing* owner, keyed by who it is),
@@ -96,8 +96,8 @@ class DedicatedSessions(TaskHost):
         idle_timeout: float = 1800.0,
     ) -> None:
         """``upstreams``: the pool's, read as each session opens (a reload adds and restarts
-        them), for the guard and queue it shares. ``records``: with a shared store, where each client session's dedicated upstream
-        sessions are recorded, so that any replica serving the client resumes the same one.
+        them): the guard, queue and configuration it takes. ``records``: with a shared store,
+        each client session's dedicated sessions, for any replica to resume the same one.
         ``idle_timeout``: how long a standing owner's session is kept unused."""
         self._configs = configs
         self._idle_timeout = idle_timeout
