@@ -123,9 +123,11 @@ async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_c
     # A process that exits mid-call fails it as a lost connection, counted; restarted, it
     # exits again. (A call that only times out is not counted: the health check it sends at
     # once, answered, says the upstream is alive.)
-    # reset: time to restart it (a second or two) before its circuit half-opens.
+    # reset: time to restart it before its circuit half-opens, and to ask /readyz while it is
+    # open. A second or two here; 6 s was too short once in CI (on a loaded machine the
+    # restart took so long the circuit was half-open, and ready, by the time it was asked).
     config = faulty_stdio(
-        breaker={"failures": 2, "reset": 6}, retry={"initial_delay": 0.05, "max_delay": 0.1}
+        breaker={"failures": 2, "reset": 15}, retry={"initial_delay": 0.05, "max_delay": 0.1}
     )
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         upstream = faulted.gw.gateway.pool.get("faulty")
