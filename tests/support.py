@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import shlex
 import signal
 import socket
@@ -49,6 +50,52 @@ def free_socket() -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
+
+
+_OWN_PORTS = 12_000
+"""Ports below the kernel's ephemeral range that ``free_port`` hands out, split between the
+test workers."""
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def _worker_ports() -> Iterator[int]:
+    """This test worker's ports, from a random place in its own slice, round and round."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), worker + 1)
+    size = _OWN_PORTS // workers
+    first = _ephemeral_floor() - _OWN_PORTS + worker * size
+    start = random.randrange(size)  # another run on the same machine starts elsewhere
+    while True:
+        for offset in range(size):
+            yield first + (start + offset) % size
+
+
+_PORTS = _worker_ports()
+
+
+def free_port() -> int:
+    """A loopback port no one listens on, for a server in another process (or one started
+    later). Not an ephemeral port freed for it: between its close and the child's bind, one
+    was taken by another worker's server (``bind(0)``, a client's ``connect``), the child
+    failed to start, and the test asked the other server, which answered ``/readyz``. These
+    come from this worker's own slice below the ephemeral range, which nothing else takes,
+    each checked free."""
+    for _ in range(_OWN_PORTS):
+        port = next(_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in this worker's range")
 
 
 class _Unsignalled(uvicorn.Server):
@@ -171,9 +218,7 @@ async def gateway_child(
 ) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
     """``gateway_process``, with the process itself (to read its memory from /proc); its
     output to ``log`` when given."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     path = directory / "gateway.yaml"
     path.write_text(yaml.safe_dump({**data, "server": {**data.get("server", {}), "port": port}}))
     command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]

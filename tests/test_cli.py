@@ -30,6 +30,7 @@ from tests.e2e.peers import command_of, descendants, exited
 from tests.support import (
     LOOPBACK_HEX,
     SERVERS,
+    free_port,
     free_socket,
     gateway_env,
     listening_addresses,
@@ -132,9 +133,7 @@ async def test_a_module_is_imported_in_a_worker_thread_while_the_body_runs(
 
 
 async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp_path: Path) -> None:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     # A shell that outlives the server's end of input: only the gateway's stop can end it.
     path = write_config(tmp_path, {"counter": outliving_its_input(counter())}, port=port)
     gateway = subprocess.Popen(
@@ -167,12 +166,6 @@ async def test_serve_over_http_answers_clients_and_reaps_children_on_sigterm(tmp
         if gateway.poll() is None:
             gateway.kill()
             gateway.wait(timeout=10)
-
-
-def free_port() -> int:
-    """A loopback port nothing listens on now."""
-    with free_socket() as sock:
-        return int(sock.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -16,8 +16,8 @@ import mcp_types as types
 import yaml
 from anyio.abc import TaskStatus
 
-from tests.support import SERVERS, ready
-from tests.test_cli import LEGACY, free_port, handshake, serve_process
+from tests.support import SERVERS, free_port, ready
+from tests.test_cli import LEGACY, handshake, serve_process
 
 MODERN = "2026-07-28"
 WAIT = {"name": "rec__wait", "arguments": {"seconds": 3600}}

@@ -21,7 +21,7 @@ from starlette.types import Receive, Scope, Send
 from agent_gateway.in_flight import IN_FLIGHT, bounded
 from agent_gateway.upstreams.answer import CutShort
 from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
-from tests.support import free_socket, serving
+from tests.support import free_port, serving
 
 BOUND = 10.0
 
@@ -124,9 +124,7 @@ async def test_a_finished_answer_gives_its_connection_back_and_an_abandoned_one_
 
 
 async def test_a_refused_connection_is_httpx2s_connect_error() -> None:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     async with client() as http:
         with pytest.raises(httpx2.ConnectError):
             await http.get(f"http://127.0.0.1:{port}/")

@@ -26,7 +26,7 @@ from agent_gateway.config_files import load_config
 from agent_gateway.http import build_app
 from agent_gateway.reload import Reloader
 from agent_gateway.server import Gateway
-from tests.support import RunningGateway, free_socket, gateway_env, python_upstream, serving
+from tests.support import RunningGateway, free_port, gateway_env, python_upstream, serving
 from tests.test_upstreams import pid_alive
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
@@ -252,8 +252,7 @@ async def until_upstreams(http: httpx.AsyncClient, base: str, expected: set[str]
 
 @pytest.mark.parametrize("how", ["sighup", "watch"])
 async def test_serve_applies_an_edited_file_on_sighup_or_with_watch(tmp_path: Path, how: str) -> None:
-    with free_socket() as sock:
-        port = sock.getsockname()[1]
+    port = free_port()
     path = write(tmp_path / "g.yaml", {"one": counter()}, server={"port": port})
     flags = ["--watch"] if how == "watch" else []
     async with serving_process(path, *flags) as (process, base), httpx.AsyncClient() as http:

@@ -32,18 +32,18 @@ from tests.agent.model_apis import Turn, openai_api
 from tests.otlp import Received, SpanSeen, otlp_receiver
 from tests.replicas.services import Redis
 from tests.servers import recorder
-from tests.support import SERVERS, child_process, free_socket, gateway_env, running_gateway, serving
+from tests.support import (
+    SERVERS,
+    child_process,
+    free_port,
+    gateway_env,
+    running_gateway,
+    serving,
+)
 
 API_KEY = "sk-otel-secret-1234567890"
 UPSTREAM_TOKEN = "tok-otel-secret-abcdef"
 BOUND = 30.0
-
-
-def free_port() -> int:
-    sock = free_socket()
-    port = int(sock.getsockname()[1])
-    sock.close()
-    return port
 
 
 async def until_ready(url: str, any_answer: bool = False) -> None:

@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agent_gateway.upstreams.websocket import websocket_client
-from tests.support import free_socket, running_gateway, serving, serving_upstream
+from tests.support import free_port, free_socket, running_gateway, serving, serving_upstream
 from tests.websocket_server import serving_websocket_upstream
 
 PROTOCOLS = ["legacy", "auto"]
@@ -316,8 +316,8 @@ def socket_on(port: int) -> socket.socket:
 
 
 async def test_a_websocket_upstream_that_goes_away_fails_calls_naming_it_and_is_back_when_it_is() -> None:
-    sock = free_socket()
-    port = sock.getsockname()[1]
+    port = free_port()  # served again on it later: not one another worker may take meanwhile
+    sock = socket_on(port)
     stop, stopped = anyio.Event(), anyio.Event()
 
     async def first_life(*, task_status: TaskStatus[str]) -> None:

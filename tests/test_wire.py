@@ -15,7 +15,7 @@ import pytest
 
 from agent_gateway.in_flight import IN_FLIGHT, bounded
 from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
-from tests.support import free_socket, serving
+from tests.support import free_port, serving
 from tests.test_http_transport import BOUND, Peers, raw_server, self_signed
 
 JSON = {"content-type": "application/json"}
@@ -186,9 +186,7 @@ async def test_a_post_waits_for_a_free_connection_no_longer_than_the_pool_timeou
 
 
 async def test_a_refused_connection_and_a_silent_server_are_httpx2s_errors() -> None:
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     peers = Peers()
     wire = transport()
     try:

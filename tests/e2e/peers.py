@@ -16,7 +16,7 @@ import mcp_types as types
 from anyio.abc import ByteReceiveStream, Process
 from mcp import Client
 
-from tests.support import NODE_MODULES, free_socket, running_gateway
+from tests.support import NODE_MODULES, free_port, running_gateway
 
 T = TypeVar("T")
 
@@ -181,8 +181,7 @@ async def stop_process(process: Process) -> None:
 async def everything_on_a_port(transport: str, ready_marker: str) -> AsyncIterator[int]:
     """server-everything's ``transport`` (``sse`` or ``streamableHttp``) on a free loopback
     port, once it prints ``ready_marker``; yields the port; the process is stopped on exit."""
-    with free_socket() as sock:
-        port = sock.getsockname()[1]
+    port = free_port()
     command = ["node", "--require", str(FORCE_LOOPBACK), str(EVERYTHING / "index.js"), transport]
     process = await anyio.open_process(
         command, env={**os.environ, "PORT": str(port)}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL

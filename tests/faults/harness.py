@@ -23,7 +23,7 @@ import mcp_types as types
 from mcp import Client
 
 from agent_gateway.runtime import child_pids
-from tests.support import SERVERS, RunningGateway, free_socket, python_upstream, running_gateway
+from tests.support import SERVERS, RunningGateway, free_port, python_upstream, running_gateway
 
 FAULTY = SERVERS / "faulty.py"
 BOUND = 20.0
@@ -154,17 +154,12 @@ def faulty_stdio(**extra: Any) -> dict[str, Any]:
     return python_upstream("faulty.py", **extra)
 
 
-def unused_port() -> int:
-    with free_socket() as sock:
-        return sock.getsockname()[1]
-
-
 class HttpProcess:
     """``faulty.py`` serving Streamable HTTP as its own process, on a port that stays the same
     across restarts (so the gateway reconnects to the same URL)."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or unused_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.process: subprocess.Popen[bytes] | None = None
 

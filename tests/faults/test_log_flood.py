@@ -31,7 +31,7 @@ from mcp.client.session import LoggingFnT
 
 from agent_gateway.downstream.broadcast import MAX_DATA
 from tests.faults.harness import text_of
-from tests.support import SERVERS, child_process, free_socket, gateway_env, ready
+from tests.support import SERVERS, child_process, free_port, gateway_env, ready
 
 BOUND = 90.0
 """Against a hang."""
@@ -61,9 +61,7 @@ Status = Callable[[], Awaitable[dict[str, Any]]]
 async def noisy_gateway(tmp_path: Path) -> AsyncIterator[tuple[str, Status]]:
     """A gateway process (its clients in another, as deployed: their reading is not the
     gateway's loop's) on two noisy upstreams: its MCP URL, and its ``/status``."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     config = tmp_path / "gateway.yaml"
     config.write_text(
         yaml.safe_dump({"server": {"port": port}, "upstreams": {"noisy": NOISY, "calm": NOISY}})

@@ -26,7 +26,7 @@ from tests.faults.harness import text_of
 from tests.support import (
     SERVERS,
     child_process,
-    free_socket,
+    free_port,
     gateway_env,
     intercepted,
     ready,
@@ -71,9 +71,7 @@ async def test_an_upstreams_malformed_notifications_by_the_hundred_write_one_lin
     # One gateway process over the noisy upstream in both eras (each was a case of its own, a
     # gateway process each): a handshake-era upstream's notifications are read by the SDK, a
     # modern one's by the forwarder.
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     log = tmp_path / "gateway.log"
     protocols = ("legacy", "auto")
     async with serving(noisy_upstream()) as base:
@@ -132,9 +130,7 @@ async def test_a_stdio_upstreams_garbage_and_stray_answers_by_the_hundred_write_
     upstreams: the calls are served, and each kind of warning is written once per upstream,
     naming it (each line wrote one before; then the first upstream's hid the second's, and
     the lines about garbage named no upstream)."""
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     log = tmp_path / "gateway.log"
     config = tmp_path / "gateway.yaml"
     upstream = {"command": sys.executable, "args": [str(SERVERS / "noisy.py")]}

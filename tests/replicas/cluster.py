@@ -17,8 +17,8 @@ import anyio
 import httpx
 import yaml
 
-from tests.replicas.services import free_port, nginx_balancer
-from tests.support import gateway_env
+from tests.replicas.services import nginx_balancer
+from tests.support import free_port, gateway_env
 
 AGENT_GATEWAY = str(Path(sys.executable).parent / "agent-gateway")
 

@@ -21,16 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import ROOT, free_socket
+from tests.support import ROOT, free_port
 
 _BOUND = 30.0
-
-
-def free_port() -> int:
-    sock = free_socket()
-    port: int = sock.getsockname()[1]
-    sock.close()
-    return port
 
 
 def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:

@@ -27,9 +27,9 @@ from tests.agent.test_retention import (
 )
 from tests.agent.test_rounds import WITH_TOOLS, call_round, finished, paused, unused
 from tests.replicas.cluster import AGENT_GATEWAY, replicas, write_config
-from tests.replicas.services import Redis, free_port, postgres_server
+from tests.replicas.services import Redis, postgres_server
 from tests.replicas.test_sessions import BOUND, text_of
-from tests.support import gateway_env, running_gateway, serving
+from tests.support import free_port, gateway_env, running_gateway, serving
 
 
 async def rows(database: str, query: str) -> list[tuple[Any, ...]]:

@@ -20,10 +20,10 @@ from fastmcp import Context, FastMCP
 from agent_gateway.store.holders import HEARTBEAT_TTL
 from agent_gateway.store.sessions import ENDED
 from tests.replicas.cluster import AGENT_GATEWAY, Cluster, replicas, write_config
-from tests.replicas.services import Redis, free_port, redis_server
+from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_sessions import BOUND, cluster_of, config, counter_server, session_to, text_of
 from tests.servers import recorder
-from tests.support import gateway_env, serving_upstream
+from tests.support import free_port, gateway_env, serving_upstream
 
 ACCEPT = {"Accept": "application/json, text/event-stream"}
 VERSION = "2025-11-25"

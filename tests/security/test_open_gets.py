@@ -29,7 +29,14 @@ from agent_gateway.config import AuthConfig
 from agent_gateway.page_budget import PAGE_BURST, SMALLEST
 from agent_gateway.token_bucket import ByteBudget
 from tests.replicas.test_store import opened
-from tests.support import child_process, free_socket, gateway_env, ready, running_gateway, serving_upstream
+from tests.support import (
+    child_process,
+    free_port,
+    gateway_env,
+    ready,
+    running_gateway,
+    serving_upstream,
+)
 
 BOUND = 20.0
 POLLERS = 20
@@ -58,9 +65,7 @@ async def test_status_and_metrics_are_rendered_at_most_once_a_second_however_man
 ) -> None:
     # Each rendering is loop time every client waits for (/status was ~24 ms, /metrics ~6 ms):
     # four clients polling flat out made a bystander's calls a hundred times slower.
-    sock = free_socket()
-    port = sock.getsockname()[1]
-    sock.close()
+    port = free_port()
     log = tmp_path / "gateway.log"
     async with serving_upstream(_upstream()) as url:
         config = tmp_path / "gateway.yaml"

@@ -30,7 +30,14 @@ from agent_gateway.config_files import parse_config
 from agent_gateway.host_check import HostNames
 from tests.agent.scripted import ScriptedChatModel, answer
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, INITIALIZE, client
-from tests.support import RunningGateway, free_socket, gateway_env, ready, running_gateway, serving_upstream
+from tests.support import (
+    RunningGateway,
+    free_port,
+    gateway_env,
+    ready,
+    running_gateway,
+    serving_upstream,
+)
 
 
 def _library() -> FastMCP:
@@ -246,10 +253,8 @@ async def test_the_conversations_file_and_its_directory_are_private(tmp_path: Pa
 
 
 async def test_sigterm_exits_promptly_when_the_collector_is_unreachable(tmp_path: Path) -> None:
-    port, closed = free_socket(), free_socket()
-    gateway_port, collector = port.getsockname()[1], closed.getsockname()[1]
-    port.close()
-    closed.close()  # nothing listens there: every export fails
+    gateway_port, collector = free_port(), free_port()  # nothing listens on the collector's:
+    # every export fails
     path = tmp_path / "gateway.yaml"
     path.write_text(
         yaml.safe_dump(

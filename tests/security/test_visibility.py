@@ -25,13 +25,13 @@ from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, be
 from tests.support import (
     RunningGateway,
     child_process,
+    free_port,
     gateway_env,
     python_upstream,
     ready,
     running_gateway,
     serving_upstream,
 )
-from tests.test_telemetry import free_port
 
 
 def _server(name: str) -> FastMCP:
