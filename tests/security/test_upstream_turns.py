@@ -19,6 +19,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -354,6 +355,34 @@ async def test_once_the_shared_session_is_lost_the_next_one_is_sent_calls_as_the
         await _until(lambda: upstream.queue.held_back is None)
         await _until(lambda: upstream.live_session() not in (None, lost), 30)  # connected again
         await _work(bystander, "bystander")
+
+
+@pytest.mark.parametrize("session", ["shared", "per_client"])
+async def test_a_per_client_stdio_upstreams_shared_process_is_not_pinged_for_the_window(
+    tmp_path: Path, session: str
+) -> None:
+    # The window's pings judge the process they reach. A per_client stdio upstream's calls
+    # go to processes of their own, so its shared process is not pinged for them: its late
+    # answers (it serves the calls with no client session, an agent run's) held every
+    # client's calls back. A shared one is pinged as it connects, which shows the record.
+    requests = tmp_path / "requests"
+    upstream = python_upstream(
+        "raw_stdio.py", session=session, env={"RAW_REQUESTS": str(requests)}, health={"interval": None}
+    )
+    async with running_gateway({"upstreams": {"raw": upstream}}) as gw, Client(gw.url) as client:
+        for _ in range(FLOOR + 1):
+            assert not (await client.call_tool("raw__hello", {})).is_error
+        if session == "shared":
+            await _until(lambda: gw.gateway.pool.get("raw").queue.fastest < math.inf)
+        lines = requests.read_text().splitlines()
+    by_process: dict[str, list[str]] = {}
+    for line in lines:
+        pid, method = line.split()
+        by_process.setdefault(pid, []).append(method)
+    shared, *dedicated = by_process.values()  # the shared process started first
+    assert bool(dedicated) is (session == "per_client")
+    assert ("ping" in shared) is (session == "shared")
+    assert all("ping" not in methods for methods in dedicated)
 
 
 async def test_once_idle_the_window_is_whole_again_and_the_fastest_ping_measured_anew() -> None:

@@ -6,6 +6,7 @@ how the gateway treats the process itself:
   100,000 characters and 5,000 short lines;
 - ``RAW_EXIT_AFTER_LIST``: exits once it has answered its listing (up, and at once gone);
 - ``RAW_CALLS``: a file each call appends a line to;
+- ``RAW_REQUESTS``: a file each request (pings too) appends its process id and method to;
 - ``RAW_HANG_ON_CALL``: at its first call, writes its pid to this file, then answers nothing
   more and ignores SIGTERM (stopped only by SIGKILL);
 - ``RAW_ENDINGS``: four more tools: ``held`` (the pipes and sockets it holds past 0, 1 and 2),
@@ -62,6 +63,9 @@ for line in sys.stdin:
     if "id" not in request:
         continue
     method, result = request["method"], {}
+    if requests := os.environ.get("RAW_REQUESTS"):
+        with open(requests, "a") as record:
+            record.write(f"{os.getpid()} {method}\n")
     if method == "initialize":
         result = {
             "protocolVersion": request["params"]["protocolVersion"],
