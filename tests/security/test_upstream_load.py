@@ -4,6 +4,7 @@ and the upstream is never marked down for being busy."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,12 +15,13 @@ import pytest
 from fastmcp import FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.upstreams import queueing
 from agent_gateway.upstreams.transports import PROBE_LANE, pool_size
 from tests.security.test_hostile_load import ATTACKER_TOKEN, BYSTANDER_TOKEN, bearer, client
-from tests.support import RunningGateway, running_gateway, serving_upstream
+from tests.support import RunningGateway, running_gateway, serving
 
 
 def _slow_server(release: anyio.Event) -> FastMCP:
@@ -58,12 +60,33 @@ def _turns_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(queueing, "TARGET", 1.0)
 
 
+def _counting_pings(app: ASGIApp, pings: list[None]) -> ASGIApp:
+    """``app``, appending to ``pings`` as each ``ping`` request's body arrives."""
+
+    async def counting(scope: Scope, receive: Receive, send: Send) -> None:
+        async def received() -> Message:
+            message = await receive()
+            if _PING.search(message.get("body", b"")):
+                pings.append(None)
+            return message
+
+        await app(scope, received if scope["type"] == "http" else receive, send)
+
+    return counting
+
+
+_PING = re.compile(rb'"method"\s*:\s*"ping"')
+
+
 @asynccontextmanager
 async def _attacked(
-    release: anyio.Event, upstream: dict[str, Any], max_concurrency: int
+    release: anyio.Event, upstream: dict[str, Any], max_concurrency: int, pings: list[None] | None = None
 ) -> AsyncIterator[tuple[RunningGateway, Client, Client]]:
-    """The slow upstream behind a gateway; the attacker's calls in flight bounded by its policy."""
-    async with serving_upstream(_slow_server(release)) as url:
+    """The slow upstream behind a gateway; the attacker's calls in flight bounded by its policy.
+    ``pings``: a record of the pings the upstream is sent."""
+    app = _slow_server(release).http_app(path="/mcp")
+    async with serving(_counting_pings(app, [] if pings is None else pings)) as base:
+        url = f"{base}/mcp"
         config = {"upstreams": {"slow": {"url": url} | upstream}} | bearer(
             {"max_concurrency": max_concurrency}
         )
@@ -100,7 +123,8 @@ async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
         "protocol": "legacy",
         "health": {"interval": 0.2, "timeout": 1},
     }
-    async with _attacked(release, upstream, 8) as (gw, attacker, bystander):
+    pings: list[None] = []
+    async with _attacked(release, upstream, 8, pings) as (gw, attacker, bystander):
         guard = gw.gateway.pool.get("slow").guard
         theirs: list[types.CallToolResult] = []
         ours: list[types.CallToolResult] = []
@@ -118,9 +142,15 @@ async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
             for _ in range(5):
                 tg.start_soon(call, bystander, ours)
             with anyio.fail_after(20):
-                while len(ours) < 3:
+                while len(ours) < 3 or guard.in_flight < 10:
                     await anyio.sleep(0.02)
-            await anyio.sleep(1.5)  # several health checks while every call slot is taken
+            # Pings reach the upstream while every call slot is taken: health checks (every
+            # 0.2 s) and the window's (every 0.1 s while busy). With no lane, none did, and the
+            # first health check sent then marked the upstream down as it timed out.
+            seen = len(pings)
+            with anyio.fail_after(20):
+                while len(pings) < seen + 3:
+                    await anyio.sleep(0.02)
             status = {s.name: s for s in gw.gateway.pool.statuses()}["slow"]
             assert status.serving
             assert status.connections == 1  # never lost, never reconnected
