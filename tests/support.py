@@ -69,7 +69,9 @@ def _worker_ports() -> Iterator[int]:
     worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
     workers = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), worker + 1)
     size = _OWN_PORTS // workers
-    first = _ephemeral_floor() - _OWN_PORTS + worker * size
+    # Never below 1024: where the ephemeral range starts low the slice overlaps it instead
+    # (the bind check still skips a port taken).
+    first = max(_ephemeral_floor() - _OWN_PORTS, 1024) + worker * size
     start = random.randrange(size)  # another run on the same machine starts elsewhere
     while True:
         for offset in range(size):
