@@ -187,15 +187,11 @@ async def test_a_modern_client_with_a_token_keeps_its_upstream_state_across_requ
         before = len(runtime.child_pids())
         async with AsyncExitStack() as stack:
             one, two = await modern_client(stack, gw, "c1"), await modern_client(stack, gw, "c2")
-            # c1's requests one after another, before c2's: on a loaded machine c2's process
-            # took past the idle timeout to start, and c1's session was closed meanwhile.
-            first, again = await whoami(one), await whoami(one)
-            assert [await tally(one), await tally(one)] == [1, 2]
+            first, again, other = await whoami(one), await whoami(one), await whoami(two)
+            assert [await tally(one), await tally(one), await tally(two)] == [1, 2, 1]
+            assert first["pid"] == again["pid"] != other["pid"]  # kept past the request that opened it
             await one.call_tool("rec__wait", {"seconds": 4})  # in flight past the idle timeout
             assert await tally(one) == 3  # its session was not closed under the call
-            other = await whoami(two)
-            assert await tally(two) == 1
-            assert first["pid"] == again["pid"] != other["pid"]  # kept past the request that opened it
         await settled(before)  # unused for 3 s: closed, their processes reaped
 
 
