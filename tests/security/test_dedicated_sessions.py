@@ -187,10 +187,13 @@ async def test_a_modern_client_with_a_token_keeps_its_upstream_state_across_requ
         before = len(runtime.child_pids())
         async with AsyncExitStack() as stack:
             one, two = await modern_client(stack, gw, "c1"), await modern_client(stack, gw, "c2")
-            first, again, other = await whoami(one), await whoami(one), await whoami(two)
-            assert [await tally(one), await tally(one), await tally(two)] == [1, 2, 1]
+            # c2's first: however slow its process starts, c1's session is not yet open to idle.
+            other, others = await whoami(two), await tally(two)
+            first, again = await whoami(one), await whoami(one)
+            assert [await tally(one), await tally(one), others] == [1, 2, 1]
             assert first["pid"] == again["pid"] != other["pid"]  # kept past the request that opened it
-            await one.call_tool("rec__wait", {"seconds": 4})  # in flight past the idle timeout
+            # In flight past two idle checks, so one of them falls inside it whatever the timing.
+            await one.call_tool("rec__wait", {"seconds": 7})
             assert await tally(one) == 3  # its session was not closed under the call
         await settled(before)  # unused for 3 s: closed, their processes reaped
 
