@@ -62,12 +62,12 @@ async def test_the_in_memory_store_keeps_only_a_threads_latest_checkpoint() -> N
 
 async def test_an_unused_in_memory_thread_expires_and_a_used_one_stays() -> None:
     await an_unused_thread_expires_and_a_used_one_stays(
-        MemoryConfig(store="memory", retention_days=0.3 * SECONDS)
+        MemoryConfig(store="memory", retention_days=1.0 * SECONDS)
     )
 
 
 async def an_unused_thread_expires_and_a_used_one_stays(config: MemoryConfig) -> None:
-    """With ``config``'s store (a retention of a fraction of a second)."""
+    """With ``config``'s store (a retention of a second)."""
     async with Conversations(config) as conversations:
         await conversations.checkpointer()
         await conversations.used("old", "someone")
@@ -92,7 +92,7 @@ async def test_the_gateway_deletes_a_thread_unused_for_its_retention_and_keeps_t
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "conversations.sqlite"
-    memory = {"store": "sqlite", "path": str(path), "retention_days": 1.5 * SECONDS}
+    memory = {"store": "sqlite", "path": str(path), "retention_days": 3 * SECONDS}
     model = ScriptedChatModel(respond=lambda _: answer("ok"))
     async with (
         agent_gateway(model, tmp_path, memory=memory) as (gw, _, _),

@@ -247,7 +247,7 @@ async def test_a_run_waiting_for_its_busy_conversation_ends_at_its_run_timeout_w
     model = ScriptedChatModel(script=[hangs, answer("Free again.")])
     waits: list[types.CallToolResult] = []
     async with (
-        agent_gateway(model, tmp_path, run_timeout=1) as (gw, _, _),
+        agent_gateway(model, tmp_path, run_timeout=4) as (gw, _, _),
         Client(gw.url, mode="legacy") as client,
     ):
         async with anyio.create_task_group() as tg:
@@ -264,7 +264,7 @@ async def test_a_run_waiting_for_its_busy_conversation_ends_at_its_run_timeout_w
         again = await ask(client, "Now?", conversation_id="c")
     (waited,) = waits
     assert waited.is_error
-    assert "the conversation was busy: another run on it held it for all of this run's 1s" in text(waited)
+    assert "the conversation was busy: another run on it held it for all of this run's 4s" in text(waited)
     assert asked == ["Hold on."]  # the waiting run never reached the model
     assert record(waited)["steps"] == 0
     assert text(again) == "Free again.", text(again)  # the thread is free, and served

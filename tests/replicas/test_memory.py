@@ -64,7 +64,7 @@ async def test_postgres_keeps_only_a_threads_latest_checkpoint(database: str) ->
 
 
 async def test_an_unused_postgres_thread_expires_and_a_used_one_stays(database: str) -> None:
-    config = MemoryConfig(store="postgres", url=database, retention_days=0.3 * SECONDS)
+    config = MemoryConfig(store="postgres", url=database, retention_days=1.0 * SECONDS)
     await an_unused_thread_expires_and_a_used_one_stays(config)
     assert await rows(database, "SELECT thread_id FROM agent_gateway_threads") == []
 
