@@ -115,13 +115,13 @@ async def test_a_cancelled_call_is_cancelled_upstream_under_the_upstreams_own_id
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_a_call_that_times_out_is_cancelled_upstream(transport: str, tmp_path: Path) -> None:
     async with (
-        recorded_gateway(transport, tmp_path, timeout=0.5, protocol="legacy") as (gw, seen),
+        recorded_gateway(transport, tmp_path, timeout=3, protocol="legacy") as (gw, seen),
         Client(gw.url, mode="legacy") as client,
     ):
         result = await client.call_tool("rec__wait", {"seconds": 30})
         events = await seen.wait_for(lambda ev: bool(cancels(ev)))
     assert result.is_error
-    assert "no answer within 0.5s" in str(result.content[0])
+    assert "no answer within 3s" in str(result.content[0])
     started = [e["request_id"] for e in events if e["event"] == "started"]
     assert cancels(events) == started
 

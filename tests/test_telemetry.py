@@ -225,7 +225,7 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
 ) -> None:
     # The pipe upstream fails its health check and opens its circuit on the first lost call,
     # the agent runs once, and a shared store is set, so every instrument shows on /metrics.
-    pipe = {"health": {"interval": 0.2, "timeout": 0.5}, "breaker": {"failures": 1, "reset": 30}}
+    pipe = {"health": {"interval": 0.2, "timeout": 2}, "breaker": {"failures": 1, "reset": 30}}
     async with traced_gateway(tmp_path, [Turn(text="done")], store=redis.url, **pipe) as traced:
         async with Client(f"{traced.gateway}/mcp", mode="legacy") as client:
             for _ in range(3):

@@ -399,7 +399,7 @@ async def test_a_draining_replica_cuts_off_a_call_longer_than_its_drain_timeout(
 
         async def long_call() -> None:
             try:
-                await client.call_tool("counter__slow", {"text": "long", "seconds": 3.0})
+                await client.call_tool("counter__slow", {"text": "long", "seconds": 30.0})
             except Exception as exc:
                 failed.append(exc)
 

@@ -121,7 +121,7 @@ async def test_a_busy_upstream_refuses_past_its_bounds_and_stays_up() -> None:
         "max_concurrency": 10,
         "max_concurrency_per_client": 10,
         "protocol": "legacy",
-        "health": {"interval": 0.2, "timeout": 1},
+        "health": {"interval": 0.2, "timeout": 5},
     }
     pings: list[None] = []
     async with _attacked(release, upstream, 8, pings) as (gw, attacker, bystander):
