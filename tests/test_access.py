@@ -54,7 +54,7 @@ CI_TOKEN = "ci-token-0123456789abcdef"
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 POLICIES = {
     "readonly": {"tools": ["counter__increment"], "prompts": [], "resources": []},
-    "limited": {"rate_limit": {"per_minute": 60, "burst": 3}},
+    "limited": {"rate_limit": {"per_minute": 10, "burst": 3}},
     "single": {"max_concurrency": 1},
     "pid_only": {"tools": ["counter__pid"]},
     "operators": {"admin": True},

@@ -24,7 +24,7 @@ from tests.support import python_upstream, running_gateway
 SECRET = "a-shared-secret-of-at-least-32-chars!"
 AUTH = {"mode": "jwt", "jwt": {"secret": SECRET, "algorithm": "HS256", "audience": "gw"}}
 UPSTREAMS = {"rec": python_upstream("recorder.py", protocol="legacy")}
-LIFETIME = 4
+LIFETIME = 8
 """Seconds the short-lived client's token is valid."""
 BOUND = 30.0
 
