@@ -171,15 +171,19 @@ class HttpProcess:
             stderr=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
         )
-        await wait_until(self._listening)
+        with anyio.fail_after(BOUND):
+            while not await self._listening():
+                await anyio.sleep(0.02)
 
-    def _listening(self) -> bool:
+    async def _listening(self) -> bool:
+        # Asked without blocking the loop: the gateway under test runs on it (its health
+        # checks and calls would stall behind a blocking GET).
         assert self.process is not None
         if self.process.poll() is not None:
             raise RuntimeError(f"faulty.py http exited with {self.process.returncode}")
         try:
-            with httpx.Client() as http:
-                http.get(f"http://127.0.0.1:{self.port}/", timeout=0.5)
+            async with httpx.AsyncClient() as http:
+                await http.get(f"http://127.0.0.1:{self.port}/", timeout=0.5)
         except httpx.TransportError:
             return False
         return True
