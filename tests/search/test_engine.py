@@ -90,17 +90,23 @@ async def test_a_change_while_the_start_up_index_is_built_is_not_undone_by_it() 
         assert "u29__u29_tool_7" not in [f.tool.name for f in found]
 
 
-async def test_the_start_up_indexing_waits_again_when_running_again() -> None:
+async def test_the_start_up_indexing_waits_again_when_running_again(caplog: pytest.LogCaptureFixture) -> None:
+    # The second start-up lists 2,000 tools: a load that returned before the worker thread had
+    # indexed them would count the first start-up's one (its log line says how many it holds
+    # as it returns), however soon the thread caught up for the search after it.
     config = parse_config({"upstreams": {"tracker": {"url": "http://127.0.0.1:9/mcp"}}}, {}, source="t")
     search = ToolSearch()
-    for tool in ("create_issue", "close_issue"):
+    for tools in (["create_issue"], [f"close_issue_{n}" for n in range(2000)]):
         catalog = Catalog(config)
         catalog.subscribe_early(search.prepare)
         async with search.running():
-            await catalog.update("tracker", listing(tool))
-            await search.load(catalog.start())
-            found, _ = await search.search(catalog.snapshot, tool, 10)
-            assert [f.tool.name for f in found] == [f"tracker__{tool}"]
+            await catalog.update("tracker", listing(*tools))
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="agent_gateway.search.engine"):
+                await search.load(catalog.start())
+            assert f"tool index ready: {len(tools)} tools from 1 upstreams" in caplog.text, caplog.text
+            found, _ = await search.search(catalog.snapshot, tools[-1], 10)
+            assert [f.tool.name for f in found][:1] == [f"tracker__{tools[-1]}"]
 
 
 async def test_among_a_few_candidates_a_hairs_difference_in_meaning_does_not_outweigh_the_words() -> None:

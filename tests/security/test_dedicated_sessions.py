@@ -233,6 +233,7 @@ async def test_a_modern_clients_log_line_reaches_it_with_another_of_its_calls_in
     ):
         await client.call_tool("rec__say", {"text": "alone"})
         tg.start_soon(client.call_tool, "rec__wait", {"seconds": 30})
+        await in_flight(gw, 1)  # upstream before the line is said: two of its requests in flight
         await client.call_tool("rec__say", {"text": "with another in flight"})
         tg.cancel_scope.cancel()
     assert lines == ["alone", "with another in flight"]
