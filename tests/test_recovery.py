@@ -17,6 +17,7 @@ import pytest
 from mcp import Client
 from mcp.client.session import IncomingMessage
 
+from agent_gateway import runtime
 from agent_gateway.config import BreakerConfig
 from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.connection import UpstreamState
@@ -290,21 +291,29 @@ async def test_an_upstream_that_dies_on_every_call_is_cut_off_by_its_breaker() -
         assert upstream.connections == 3  # refused unsent: it did not crash again
 
 
-@pytest.mark.parametrize("interval", [30, None], ids=["health checks", "no health checks"])
+@pytest.mark.parametrize(
+    "case",
+    ["health checks", "no health checks", "shared session down"],
+    ids=["health checks", "no health checks", "shared session down"],
+)
 async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_opens_another(
-    interval: float | None,
+    case: str,
 ) -> None:
     # The upstream's health checks run on its shared session, which answers while one
     # client's own process is stopped: that client then waited out the whole timeout on
     # every later call, for as long as its session lived. A health check on the session
     # itself, sent once a call on it times out, now tells; the other client's session is
     # untouched, and the two calls the given-up session fails together do not open the
-    # circuit (two failures in a row would) while the other client is answered.
+    # circuit (two failures in a row would) while the other client is answered. With the
+    # shared session down (its process killed, its restart far off), no check runs there:
+    # the other client's answer, heard after the two calls were sent, is what spares them.
+    down = case == "shared session down"
     config = faulty_stdio(
         session="per_client",
         tool_timeouts={"freeze": 0.3, "hang": 30},
-        health={"interval": interval, "timeout": 0.3},
+        health={"interval": 30 if case == "health checks" else None, "timeout": 0.3},
         breaker={"failures": 2},
+        retry={"initial_delay": 60, "max_delay": 60} if down else {},
     )
     async with (
         gateway_under_fault({"faulty": config}) as faulted,
@@ -312,6 +321,11 @@ async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_op
         Client(faulted.gw.url, mode="legacy") as other,
     ):
         dedicated = faulted.gw.gateway.dedicated
+        if down:
+            upstream = faulted.gw.gateway.pool.get("faulty")
+            (shared,) = [pid for pid in runtime.child_pids() if b"faulty.py" in _cmdline(pid)]
+            os.kill(shared, signal.SIGKILL)
+            await wait_until(lambda: upstream.state != "up" and not upstream.guard.checked)
         frozen = int(text_of(await victim.call_tool("faulty__pid", {})))
         others = int(text_of(await other.call_tool("faulty__pid", {})))
         pending: list[types.CallToolResult] = []
@@ -334,6 +348,12 @@ async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_op
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGKILL)
+
+
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    return b""
 
 
 async def test_a_dedicated_session_whose_process_dies_on_every_call_opens_the_circuit() -> None:
