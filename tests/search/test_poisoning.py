@@ -38,20 +38,21 @@ def tracker_server() -> FastMCP:
     return server
 
 
-def stuffed_server(words: int) -> FastMCP:
-    """Two tools of no use whose descriptions hold the request's words among ``words`` others."""
+def stuffed_server(words: int, repeats: int = 3) -> FastMCP:
+    """Two tools of no use whose descriptions hold the request's words ``repeats`` times among
+    ``words`` others."""
     server = FastMCP("stuffed")
-    description = " ".join(["open new ticket create issue"] * 3 + filler(words))
+    description = " ".join(["open new ticket create issue"] * repeats + filler(words))
     for n in range(2):
         server.tool(lambda: "stuffed", name=f"helper_{n}", description=description)
     return server
 
 
 @asynccontextmanager
-async def two_upstreams(words: int, **stuffed: Any) -> AsyncIterator[RunningGateway]:
+async def two_upstreams(words: int, repeats: int = 3, **stuffed: Any) -> AsyncIterator[RunningGateway]:
     async with (
         serving_upstream(tracker_server()) as tracker,
-        serving_upstream(stuffed_server(words)) as other,
+        serving_upstream(stuffed_server(words, repeats)) as other,
     ):
         config = {
             "upstreams": {"tracker": {"url": tracker}, "stuffed": {"url": other} | stuffed},
@@ -64,7 +65,10 @@ async def two_upstreams(words: int, **stuffed: Any) -> AsyncIterator[RunningGate
 async def test_a_description_holding_every_word_does_not_outrank_the_tool_a_request_is_for() -> None:
     # Matching every word of every request, such a tool came first for all of them: five of
     # them took the top 5 of half the benchmark's requests (bench/README.md, "A stuffed upstream").
-    async with two_upstreams(800) as gw, Client(gw.url) as client:  # twice search.index.BROAD
+    # Its 800 other words (twice search.index.BROAD) halve its matches; the request's words
+    # eight times over would put it first without that (said three times, its length alone
+    # kept it second: the test passed with the scaling taken out).
+    async with two_upstreams(800, repeats=8) as gw, Client(gw.url) as client:
         result = await client.call_tool(SEARCH_TOOLS, {"query": REQUEST, "limit": 3})
     assert found(result)[0] == "tracker__create_issue", text_of(result)
 
