@@ -130,10 +130,12 @@ async def test_a_new_sessions_first_requests_find_nothing_lost(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
     # Nothing is lost here. Yet the request that follows initialize (notifications/initialized,
-    # sent as soon as the answer arrives) is admitted before the opening request is settled
+    # sent as soon as the answer arrives) was admitted before the opening request was settled
     # (its reservation replaced by the session in the client's count): the touch's
-    # ZADD XX CH finds no member, says "lost", and the replica runs the restore script inline
+    # ZADD XX CH found no member, said "lost", and the replica ran the restore script inline
     # in admission (a second round trip before the request is served). HSETNX is only in it.
+    # The session is now counted as its answer starts, before the next request can come; the
+    # touch's own rule is the next test's.
     async with (
         counter_replicas(redis, prefix, tmp_path, 1) as (cluster, http),
         aioredis.Redis.from_url(redis.url) as client,
@@ -150,6 +152,31 @@ async def test_a_new_sessions_first_requests_find_nothing_lost(
         stats = await client.info("commandstats")
     restores = stats.get("cmdstat_hsetnx", {}).get("calls", 0) // 5  # five fields a record
     assert restores == 0
+
+
+async def test_a_session_the_count_lost_is_counted_again_and_not_restored(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # The count (a sorted set) and the session's record are apart: a request finding itself
+    # gone from the count only is counted again as it is touched. Taken for a lost session,
+    # it ran the restore script inline (HSETNX of the record's fields) for a record intact.
+    async with (
+        counter_replicas(redis, prefix, tmp_path, 1, session_idle_timeout=10) as (cluster, http),
+        aioredis.Redis.from_url(redis.url) as client,
+    ):
+        headers = {**await opened(http, cluster.endpoint(0)), **ACCEPT}
+        session = headers["Mcp-Session-Id"].encode()
+        (count,) = [
+            key async for key in client.scan_iter(f"{prefix}:sessions:*") if await client.zscore(key, session)
+        ]
+        await anyio.sleep(1.5)  # past the replica's touch interval (a tenth of the idle timeout)
+        await client.zrem(count, session)
+        await client.config_resetstat()
+        assert (await http.post(cluster.endpoint(0), json=PING, headers=headers)).status_code == 200
+        stats = await client.info("commandstats")
+        counted = await client.zscore(count, session)
+    assert stats.get("cmdstat_hsetnx", {}).get("calls", 0) == 0
+    assert counted is not None
 
 
 async def test_a_session_held_elsewhere_is_answered_retry_not_gone_while_the_store_is_away(
