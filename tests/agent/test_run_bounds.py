@@ -48,6 +48,7 @@ async def test_a_runs_record_keeps_each_tool_calls_arguments_cut_saying_how_long
     kept = record(result)
     size = len(json.dumps(kept))
     assert size < 40_000, size  # 24,835 here
+    assert len(kept["tool_calls"]) == 4  # each cut, so none left out for the record's bound
     for made in kept["tool_calls"]:
         cut = made["arguments"]["cut_by_gateway"]
         assert cut.startswith('{"text": "éé')
