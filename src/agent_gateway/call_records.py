@@ -87,9 +87,10 @@ class CallRecord:
             self.detail = type(exc).__name__
         detail = cut(self.detail)
         if detail is not None and self._secrets is not None:
-            # A tool's error result is the upstream's text, read by no translation of errors:
-            # one quoting the credential the upstream is sent put it in the trail, the log
-            # and the status page.
+            # A tool's error result is the upstream's text: one quoting the credential the
+            # upstream is sent put it in the trail, the log and the status page. The upstream
+            # session takes it out first (``translation.unquoted``); this is for any detail
+            # that reaches a record by another path.
             detail = scrubbed(detail, self._secrets())
         self._activity.finished(
             self._called(

@@ -24,8 +24,9 @@ from fastmcp import FastMCP
 from fastmcp.exceptions import ToolError
 from mcp import Client
 
-from agent_gateway.activity import Call, cut
+from agent_gateway.activity import Activity, Call, cut
 from agent_gateway.audit import QUEUED_BYTES, AuditLog
+from agent_gateway.call_records import CallRecorder, RunCall
 from agent_gateway.cli import main
 from agent_gateway.config import AuditConfig
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
@@ -516,6 +517,30 @@ async def test_an_upstreams_error_result_quoting_its_credential_is_recorded_with
     assert "invalid credentials: &#x27;Bearer [redacted]&#x27;" in page
     assert LEAKED not in page
     assert not [r.getMessage() for r in caplog.records if LEAKED in r.getMessage()]
+
+
+def test_a_records_detail_is_scrubbed_of_its_upstreams_credential_by_the_record_itself() -> None:
+    # The upstream session takes the credential out of an error result before anyone sees it
+    # (the test above, end to end); the record takes it out again of whatever detail reaches
+    # it, so no path that skips the first (an agent run's call, a future one) puts it in the
+    # trail, the log or the status page.
+    activity = Activity()
+    recorder = CallRecorder(activity, secrets=lambda upstream: (LEAKED,) if upstream == "vault" else ())
+    quoted = types.CallToolResult(
+        content=[types.TextContent(type="text", text=f"invalid credentials: 'Bearer {LEAKED}'")],
+        is_error=True,
+    )
+    for upstream in ("vault", "other"):
+        call = RunCall(
+            run="r1", client=None, caller=None, name=f"{upstream}__login", upstream=upstream, arguments={}
+        )
+        with recorder.run_call(call) as record:
+            record.answered(quoted)
+    details = {c.name: c.detail for c in activity.calls}
+    assert details == {
+        "vault__login": "invalid credentials: 'Bearer [redacted]'",
+        "other__login": f"invalid credentials: 'Bearer {LEAKED}'",  # not what "other" is sent
+    }
 
 
 def test_a_records_detail_is_cut_before_it_is_flattened() -> None:
