@@ -22,6 +22,7 @@ from agent_gateway.config import BreakerConfig
 from agent_gateway.errors import CircuitOpen, UpstreamRejected, UpstreamTimeout
 from agent_gateway.upstreams.connection import UpstreamState
 from agent_gateway.upstreams.guard import Circuit, Guard
+from tests.e2e.peers import command_of
 from tests.faults.harness import (
     BOUND,
     Faulted,
@@ -291,11 +292,7 @@ async def test_an_upstream_that_dies_on_every_call_is_cut_off_by_its_breaker() -
         assert upstream.connections == 3  # refused unsent: it did not crash again
 
 
-@pytest.mark.parametrize(
-    "case",
-    ["health checks", "no health checks", "shared session down"],
-    ids=["health checks", "no health checks", "shared session down"],
-)
+@pytest.mark.parametrize("case", ["health checks", "no health checks", "shared session down"])
 async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_opens_another(
     case: str,
 ) -> None:
@@ -323,7 +320,7 @@ async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_op
         dedicated = faulted.gw.gateway.dedicated
         if down:
             upstream = faulted.gw.gateway.pool.get("faulty")
-            (shared,) = [pid for pid in runtime.child_pids() if b"faulty.py" in _cmdline(pid)]
+            (shared,) = [pid for pid in runtime.child_pids() if "faulty.py" in command_of(pid)]
             os.kill(shared, signal.SIGKILL)
             await wait_until(lambda: upstream.state != "up" and not upstream.guard.checked)
         frozen = int(text_of(await victim.call_tool("faulty__pid", {})))
@@ -348,12 +345,6 @@ async def test_a_clients_hung_dedicated_session_is_given_up_and_its_next_call_op
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGKILL)
-
-
-def _cmdline(pid: int) -> bytes:
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    return b""
 
 
 async def test_a_dedicated_session_whose_process_dies_on_every_call_opens_the_circuit() -> None:
