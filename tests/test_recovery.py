@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -125,15 +126,18 @@ async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_c
     # A process that exits mid-call fails it as a lost connection, counted; restarted, it
     # exits again. (A call that only times out is not counted: the health check it sends at
     # once, answered, says the upstream is alive.)
-    # reset: time to restart it before its circuit half-opens, and to ask /readyz while it is
-    # open. A second or two here; 6 s was too short once in CI (on a loaded machine the
-    # restart took so long the circuit was half-open, and ready, by the time it was asked).
+    # reset: longer than any restart, so the circuit is still open when the restarted
+    # upstream is asked (at 6 s, and once at 15 s, a loaded machine's restart outlasted it);
+    # the breaker's clock is then moved past it, so nothing waits for it.
     config = faulty_stdio(
-        breaker={"failures": 2, "reset": 15}, retry={"initial_delay": 0.05, "max_delay": 0.1}
+        breaker={"failures": 2, "reset": 600}, retry={"initial_delay": 0.05, "max_delay": 0.1}
     )
     async with gateway_under_fault({"faulty": config}) as faulted, Client(faulted.gw.url) as client:
         upstream = faulted.gw.gateway.pool.get("faulty")
         guard = upstream.guard
+        assert guard.breaker is not None
+        shift = [0.0]
+        guard.breaker._clock = lambda: time.monotonic() + shift[0]
         for connection in (1, 2):
             await wait_until(
                 lambda n=connection: upstream.connections == n and upstream.state is UpstreamState.UP
@@ -148,7 +152,8 @@ async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_c
         assert (missing["name"], missing["state"], missing["circuit"]) == ("faulty", "up", "open")
         assert "connection closed during the call" in missing["last_error"]
 
-        await wait_until(lambda: guard.circuit is Circuit.HALF_OPEN)
+        shift[0] = 600.0
+        assert guard.circuit is Circuit.HALF_OPEN
         probe: dict[str, types.CallToolResult] = {}
         async with anyio.create_task_group() as tg:
 
