@@ -279,9 +279,12 @@ async def test_a_paused_modern_run_is_charged_each_model_turn_once() -> None:
 
 async def test_a_runs_model_tokens_after_a_reload_sets_a_budget_count_against_it() -> None:
     # A run in flight charged the spend it started under: one a reload gave a budget it had
-    # not had charged its later turns to none, however many tokens they took.
+    # not had charged its later turns to none, however many tokens they took. Two turns of
+    # 15 tokens come after the reload, one before it: 30 is what the budget's hour holds
+    # (15 would be the turn before it, taken while the client had no budget).
     release, started = anyio.Event(), list[int]()
-    model = ScriptedChatModel(script=[calls(call("slow__wait")), answer("done"), answer("again")])
+    script = [calls(call("slow__wait")), calls(call("slow__wait")), answer("done"), answer("again")]
+    model = ScriptedChatModel(script=script)
     async with serving_upstream(_waiting_server(release, started)) as url:
         config = {"upstreams": {"slow": {"url": url}}, "agent": {"memory": {"store": "memory"}}}
         async with running_gateway(config, chat_model=model) as gw, Client(gw.url, mode="legacy") as c:
@@ -293,8 +296,26 @@ async def test_a_runs_model_tokens_after_a_reload_sets_a_budget_count_against_it
                 budget = {"policies": {"default": {"agent": {"tokens_per_hour": 10}}}}
                 new = gw.gateway.config.model_copy(update={"auth": AuthConfig.model_validate(budget)})
                 assert (await reload.apply(gw.gateway, new)).access
-                release.set()  # its second turn, 15 tokens, taken under the budget
+                release.set()  # its second and third turns, 15 tokens each, taken under the budget
             again = await ask(c, "again")
+    assert again.is_error
+    assert (
+        _text(again)
+        == "client limit: 30 model tokens in the last hour, the limit (agent.tokens_per_hour) is 10"
+    )
+
+
+async def test_a_reload_lowering_the_budget_counts_the_tokens_already_spent() -> None:
+    # 15 tokens spent under a budget of 100; a reload lowers it to 10. The hour's tokens are
+    # the client's whatever its budget: a new budget that started from none made a reload
+    # (or an operator's typo fixed) forgive every client its spend.
+    model = ScriptedChatModel(script=[answer("one"), answer("two")])
+    async with _budgeted(model, 100) as (gw, _), Client(gw.url, mode="legacy") as c:
+        assert not (await ask(c, "one")).is_error
+        budget = {"policies": {"default": {"agent": {"tokens_per_hour": 10}}}}
+        new = gw.gateway.config.model_copy(update={"auth": AuthConfig.model_validate(budget)})
+        assert (await reload.apply(gw.gateway, new)).access
+        again = await ask(c, "two")
     assert again.is_error
     assert (
         _text(again)
