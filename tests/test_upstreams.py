@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from agent_gateway.runtime import child_pids
 from agent_gateway.upstreams.connection import describe_target
+from tests.security.test_list_pages import shifting_server
 from tests.support import (
     config_of,
     free_socket,
@@ -232,6 +233,32 @@ async def test_a_modern_client_hears_of_catalog_changes_on_its_listen_stream() -
                 event = await subscription.__anext__()
         assert type(event).__name__ == "ToolsListChanged"
         assert "counter__later" in {t.name for t in (await client.list_tools()).tools}
+
+
+async def test_an_upstreams_prompt_and_resource_list_changes_reach_clients_of_both_eras() -> None:
+    # The upstream's `shift` changes its prompts and resources and says so: a handshake-era
+    # client is sent both notifications, a modern one hears both on its listen stream.
+    heard: list[str] = []
+
+    async def record(message: IncomingMessage) -> None:
+        heard.append(type(message).__name__)
+
+    wanted = {"PromptListChangedNotification", "ResourceListChangedNotification"}
+    async with (
+        serving_upstream(shifting_server("a", 4)) as url,
+        running_gateway({"upstreams": {"a": {"url": url}}}) as gw,
+        Client(gw.url, mode="legacy", message_handler=record) as watcher,
+        Client(gw.url, mode="auto") as modern,
+        modern.listen(prompts_list_changed=True, resources_list_changed=True) as subscription,
+    ):
+        assert text_of(await modern.call_tool("a__shift", {})) == "shifted"
+        events: set[str] = set()
+        with anyio.fail_after(10):
+            while len(events) < 2:
+                events.add(type(await subscription.__anext__()).__name__)
+        await wait_until(lambda: wanted <= set(heard), 10)
+        assert "a__new1" in {p.name for p in (await watcher.list_prompts()).prompts}
+    assert events == {"PromptsListChanged", "ResourcesListChanged"}
 
 
 async def test_a_crashing_stdio_upstream_fails_the_call_at_once_and_is_restarted() -> None:

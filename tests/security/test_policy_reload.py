@@ -234,3 +234,44 @@ async def test_a_revoked_tokens_open_stream_is_relayed_nothing_not_the_default_p
         with anyio.fail_after(BOUND):
             await last.wait()  # one stream, in order: all sent before it has arrived
     assert updated == ["note://last"]
+
+
+async def test_a_catalog_change_is_told_to_the_clients_whose_policy_lists_it_and_no_others(
+    tmp_path: Path,
+) -> None:
+    # `fresh` is in the bystander's list only, `later` in both. Whether a change altered a
+    # client's list is asked once per policy: asked once for all, the first client's answer
+    # went to everyone (`ci` told of `fresh`, or the bystander not).
+    path = write(tmp_path / "g.yaml", {"keep": counter()}, auth=_auth(["keep__pid", "keep__later"]))
+    heard: dict[str, list[str]] = {"ci": [], "bystander": []}
+
+    def recorder(who: str) -> Any:
+        async def record(message: IncomingMessage) -> None:
+            heard[who].append(type(message).__name__)
+
+        return record
+
+    tools = lambda who: heard[who].count("ToolListChangedNotification")  # noqa: E731
+    async with (
+        from_file(path) as (gw, reloader),
+        client(gw.url, CI_TOKEN, recorder("ci")) as ci,
+        client(gw.url, BYSTANDER_TOKEN, recorder("bystander")) as bystander,
+    ):
+        for name, told in (("fresh", 1), ("later", 2)):
+            await bystander.call_tool("keep__add_tool", {"name": name})
+            with anyio.fail_after(BOUND):
+                while tools("bystander") < told:
+                    await anyio.sleep(0.01)
+        with anyio.fail_after(BOUND):
+            while tools("ci") < 1:  # `later`'s, before the reload's
+                await anyio.sleep(0.01)
+        # A reload widening ci's policy tells ci (alone) that each of its lists may have
+        # changed; its prompts notice comes after every tools notice sent to it before.
+        write(path, {"keep": counter()}, auth=_auth(["keep__*"]))
+        assert await reloader.reload() is not None
+        with anyio.fail_after(BOUND):
+            while "PromptListChangedNotification" not in heard["ci"]:
+                await anyio.sleep(0.01)
+        assert {t.name for t in (await ci.list_tools()).tools} >= {"keep__fresh", "keep__later"}
+    assert tools("ci") == 2  # `later`, and the reload
+    assert tools("bystander") == 2
