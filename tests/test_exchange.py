@@ -26,6 +26,7 @@ from starlette.datastructures import Headers
 from agent_gateway.compat import exchange
 from agent_gateway.compat.headers import IndexedHeaders
 from agent_gateway.compat.stdlib import holds_callbacks
+from agent_gateway.errors import SHOWN
 from tests.replicas.test_store import opened
 from tests.support import RunningGateway, gateway_process, running_gateway, serving_upstream
 from tests.test_responses import BOUND, events, upstream
@@ -100,6 +101,21 @@ async def test_params_of_the_wrong_type_are_named_by_their_field() -> None:
         "params.arguments: should be a valid dictionary",
         "params.arguments: should be a valid dictionary",
     ]
+
+
+async def test_a_key_of_the_clients_in_a_fields_path_is_clipped_and_few_fields_are_named() -> None:
+    # A prompt's argument names are the client's own: the error repeats 80 characters of one,
+    # and names three fields of the four wrong (the client fixes those, then learns the rest).
+    key = "k" * 5_000
+    arguments = {key: 1, "a": 2, "b": 3, "c": 4}
+    async with gateway() as (http, gw):
+        response = await post(http, gw, "prompts/get", {"name": "up__brief", "arguments": arguments})
+    clipped = f"params.arguments.{key}"[:SHOWN]
+    assert response.json()["error"]["message"] == (
+        f"Invalid request parameters: {clipped}...: should be a valid string; "
+        "params.arguments.a: should be a valid string; params.arguments.b: should be a valid string "
+        "(and 1 more)"
+    )
 
 
 async def test_progress_before_the_result_commits_a_stream_with_everything_in_order() -> None:

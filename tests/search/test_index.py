@@ -69,6 +69,9 @@ def test_the_tool_whose_name_says_it_ranks_first() -> None:
 def test_a_request_in_other_words_finds_the_tool_through_the_thesaurus() -> None:
     index = index_of(("tracker", tracker()), ("chat", chat()))
     assert keys(index, "open a new ticket")[0] == "tracker__create_issue"
+    # No word in common with create_issue's text ("new" is in its description): only the
+    # thesaurus (ticket -> issue) finds it.
+    assert keys(index, "file a ticket")[0] == "tracker__create_issue"
     assert keys(index, "remove the feature branch")[0] == "tracker__delete_branch"
     assert keys(index, "show me that PR")[0] == "tracker__getMergeRequest"
 
