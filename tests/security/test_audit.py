@@ -89,6 +89,20 @@ async def audited(
             yield gw
 
 
+async def test_a_trail_left_readable_by_others_is_made_private_and_written_on(tmp_path: Path) -> None:
+    # A trail an older release or a copy left 0644 holds every client's actions: made 0600 at
+    # start-up, not only when created.
+    trail = tmp_path / "trail" / "audit.jsonl"
+    trail.parent.mkdir(mode=0o700)
+    trail.touch(mode=0o644)
+    os.chmod(trail, 0o644)
+    async with audited(trail) as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        assert stat.S_IMODE(trail.stat().st_mode) == 0o600
+        await c.call_tool("desk__echo", {"text": "hi"})
+    assert [r["name"] for r in records(trail)] == ["desk__echo"]
+    assert main(["audit", "verify", str(trail)]) == 0
+
+
 def records(path: Path) -> list[dict[str, Any]]:
     """The trail's records, but a last line still being written (read while the gateway runs)."""
     text = path.read_text()
