@@ -242,6 +242,11 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
         scraped = await scraped_once(f"{traced.gateway}/metrics", lambda text: "reconnects_total{" in text)
     assert frozen.is_error
     assert not asked.is_error
+    # The agent's one model call, its tokens by type (the scripted API counts 11 in, 7 out).
+    usage = re.findall(
+        r'^gen_ai_client_token_usage_sum\{.*gen_ai_token_type="(\w+)".*\} (\S+)$', scraped, re.M
+    )
+    assert {kind: float(total) for kind, total in usage} == {"input": 11, "output": 7}
     # The same metrics went out over OTLP too (at the latest when the gateway stopped).
     exported = await traced.received.wait_for_metrics(lambda m: len(m) > 0)
     names = {m.name for e in exported for r in e.resource_metrics for s in r.scope_metrics for m in s.metrics}

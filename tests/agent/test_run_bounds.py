@@ -33,16 +33,26 @@ async def test_a_runs_record_keeps_each_tool_calls_arguments_cut_saying_how_long
     tmp_path: Path,
 ) -> None:
     # Four turns of 80,000 non-ASCII characters of arguments each: the record kept them whole,
-    # 1.9 MB of JSON, past a client's 1 MiB bound on an answer.
+    # 1.9 MB of JSON, past a client's 1 MiB bound on an answer. Each call's tool_started log
+    # line to the client keeps them as the record does.
     model = ScriptedChatModel(
         script=[calls(call("words__upper", text=WIDE)) for _ in range(4)] + [answer("Done.")]
     )
-    # A context window wide enough for the turns: only the record's bound is under test.
+    started: list[dict[str, object]] = []
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        if isinstance(params.data, dict) and params.data.get("event") == "tool_started":
+            started.append(params.data)
+
+    # A context window wide enough for the turns: only the record's (and log lines') bound is under test.
     async with (
         agent_gateway(model, tmp_path, max_context_tokens=400_000) as (gw, _, words),
-        Client(gw.url, mode="legacy") as client,
+        Client(gw.url, mode="legacy", logging_callback=on_log) as client,
     ):
         result = await ask(client, "Shout it four times.")
+        with anyio.fail_after(BOUND):  # log lines may arrive after the result
+            while len(started) < 4:
+                await anyio.sleep(0.01)
     assert not result.is_error, text(result)
     assert [len(c["text"]) for _, c in words.calls] == [80_000] * 4  # the tool had them whole
     kept = record(result)
@@ -53,6 +63,7 @@ async def test_a_runs_record_keeps_each_tool_calls_arguments_cut_saying_how_long
         cut = made["arguments"]["cut_by_gateway"]
         assert cut.startswith('{"text": "éé')
         assert cut.endswith("… (80012 characters)")
+    assert [line["arguments"] for line in started] == [made["arguments"] for made in kept["tool_calls"]]
 
 
 PAGE = 100_000

@@ -26,6 +26,7 @@ from pydantic import Field
 from starlette.types import ASGIApp, Scope, Send
 
 from agent_gateway.in_flight import IN_FLIGHT
+from agent_gateway.memory import Trimmer
 from tests.replicas.test_store import ACCEPT, opened
 from tests.support import gateway_child, intercepted, running_gateway, serving, serving_upstream
 from tests.test_gateway import modern_request
@@ -196,6 +197,17 @@ async def test_the_memory_large_answers_used_is_given_back_once_they_are_let_go(
                 tg.start_soon(one)
         assert any(served)  # some memory was used (those past the client's share were refused)
         await until(lambda: memory_mb(child.pid, "VmRSS") - before < 16)
+
+
+async def test_large_answers_let_go_after_a_walk_get_a_walk_of_their_own() -> None:
+    # A burst of large answers costs one walk; one let go after it needs the next: when the
+    # walk that ran stayed due, no later answer's memory was given back while the gateway ran.
+    trimmer = Trimmer()
+    trimmer.after_large()
+    trimmer.after_large()
+    await until(lambda: trimmer.trims == 1)
+    trimmer.after_large()
+    await until(lambda: trimmer.trims == 2)
 
 
 def resource_text(result: types.ReadResourceResult) -> str:
