@@ -15,8 +15,10 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from agent_gateway.agent.provider_http import MAX_REPLY_BYTES
+from tests.agent.model_apis import Turn, openai_api
 from tests.agent.test_ask_agent import ask, text
 from tests.agent.test_models import SECRET, gateway_with_model, openai_model
 from tests.support import serving
@@ -93,6 +95,33 @@ async def test_a_model_call_that_does_not_end_ends_the_run_at_its_deadline(how: 
                 await seen.ended.wait()
     assert len(seen.headers) == 1  # no retry past the deadline
     assert math.calls == []
+
+
+async def test_a_model_call_whose_first_attempt_times_out_is_answered_by_the_sdks_retry() -> None:
+    # agent.model.timeout bounds each attempt, and the call as a whole has one for each of
+    # 1 + max_retries: the first attempt hangs past its 2 s, the SDK's retry is answered. With
+    # one attempt's time for the whole call, the retry was cut off and the run failed.
+    app, api = openai_api([Turn(text="It is 5.")])
+    attempts: list[int] = []
+
+    async def first_hangs(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            attempts.append(1)
+            if len(attempts) == 1:  # never answered: held until the client gives up on it
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                return
+        await app(scope, receive, send)
+
+    async with (
+        serving(first_hangs) as base,
+        gateway_with_model(openai_model(base, timeout=2, max_retries=1)) as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "What is 2 + 3?")
+    assert not result.is_error, text(result)
+    assert len(attempts) == 2
+    assert len(api.requests) == 1  # the retry's
 
 
 @pytest.mark.parametrize("provider", ["openai", "anthropic"])
