@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import signal
 import stat
@@ -252,6 +253,24 @@ async def test_full_arguments_rotation_and_a_chain_that_survives_restarts(tmp_pa
     assert [r["seq"] for r in kept] == list(range(1, 41))
     assert kept[-1]["arguments"] == {"text": "call 19"}
     assert main(["audit", "verify", *map(str, files)]) == 0
+
+
+async def test_arguments_kept_in_the_trail_are_never_in_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # audit.arguments: full keeps what the client sent in the trail, a 0600 file; the access
+    # line (its text and its structured fields, which the JSON log format writes) names the
+    # call and its digest only, for logs are read and shipped more widely.
+    caplog.set_level(logging.INFO, logger="agent_gateway.calls")
+    said = "the client's password is hunter2-0123"
+    trail = tmp_path / "audit.jsonl"
+    async with audited(trail, arguments="full") as gw, client(gw.url, BYSTANDER_TOKEN) as c:
+        await c.call_tool("desk__echo", {"text": said})
+    assert [r["arguments"] for r in records(trail)] == [{"text": said}]
+    lines = [r for r in caplog.records if r.name == "agent_gateway.calls"]
+    assert len(lines) == 1
+    assert said not in lines[0].getMessage()
+    assert said not in json.dumps(lines[0].fields)  # type: ignore[attr-defined]
 
 
 async def test_a_record_holding_unicode_line_breaks_stays_one_line_and_verifies(tmp_path: Path) -> None:
