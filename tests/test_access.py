@@ -108,8 +108,13 @@ async def bearer_gateway() -> AsyncIterator[Any]:
 
 
 def test_no_auth_on_a_public_address_is_refused_unless_explicitly_allowed() -> None:
-    with pytest.raises(ConfigError, match=r"auth\.mode: server\.host '0\.0\.0\.0' is not loopback"):
-        config_of({"server": {"host": "0.0.0.0"}})
+    # Not only the wildcard: an interface's own address or a name is reached from other machines too.
+    for host in ("0.0.0.0", "192.168.1.20", "gateway.internal"):
+        with pytest.raises(
+            ConfigError, match=rf"auth\.mode: server\.host '{re.escape(host)}' is not loopback"
+        ):
+            config_of({"server": {"host": host}})
+    assert config_of({"server": {"host": "::1"}})
     assert config_of({"server": {"host": "0.0.0.0"}, "auth": {"allow_unauthenticated": True}})
     assert config_of({"server": {"host": "0.0.0.0", "transport": "stdio"}})
 

@@ -33,6 +33,9 @@ def test_variables_are_interpolated_with_defaults(tmp_path: Path) -> None:
     assert config.upstreams["s"].url == "http://127.0.0.1:3101/mcp"
     assert config.upstreams["s"].headers == {"Authorization": "Bearer t0k"}
     assert config.upstreams["s"].kind == "streamable-http"
+    # Set but empty (`export PORT=`) takes the default too, as in the shell: not a url with no port.
+    config = load_config(write(tmp_path, "g.yaml", text), {"TOKEN": "t0k", "PORT": ""})
+    assert config.upstreams["s"].url == "http://127.0.0.1:3101/mcp"
 
 
 def test_a_missing_variable_names_file_field_and_variable(tmp_path: Path) -> None:
@@ -75,6 +78,25 @@ def test_an_upstream_name_ending_as_the_separator_begins_is_refused() -> None:
 def test_an_upstream_needs_exactly_one_of_command_or_url() -> None:
     with pytest.raises(ConfigError, match=r"upstreams\.a: set exactly one of 'command'"):
         parse_config({"upstreams": {"a": {"command": "x", "url": "http://y"}}}, {}, source="s")
+
+
+@pytest.mark.parametrize(
+    ("transport", "url", "reason"),
+    [
+        ("websocket", "http://h/mcp", "transport 'websocket' needs a ws:// or wss:// url, not http://..."),
+        ("sse", "ws://h/mcp", "transport 'sse' needs an http:// or https:// url, not ws://..."),
+        ("streamable-http", "wss://h/mcp", "transport 'streamable-http' needs an http:// or https://"),
+        ("stdio", "http://h/mcp", "transport 'stdio' needs a 'command', not a 'url'"),
+    ],
+    ids=["websocket-over-http", "sse-over-ws", "http-over-wss", "stdio-with-url"],
+)
+def test_a_transport_its_url_cannot_speak_is_refused(transport: str, url: str, reason: str) -> None:
+    # Accepted, the upstream would only be down at start-up with the HTTP or WebSocket
+    # library's own complaint about the scheme, far from the line that is wrong.
+    data = {"upstreams": {"a": {"url": url, "transport": transport}}}
+    with pytest.raises(ConfigError) as caught:
+        parse_config(data, {}, source="s")
+    assert str(caught.value).startswith(f"s: upstreams.a: {reason}")
 
 
 def test_several_problems_are_reported_together() -> None:

@@ -19,7 +19,7 @@ from mcp.client.session import IncomingMessage
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.listing import PAGE_BYTES
-from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS
+from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, WEAK
 from tests.servers import recorder
 from tests.support import RunningGateway, running_gateway, serving_upstream
 from tests.test_access import client_with
@@ -132,7 +132,8 @@ async def test_with_search_off_the_whole_catalog_is_listed_and_the_search_tools_
 async def test_auto_turns_search_on_only_past_the_threshold() -> None:
     async with tracker_gateway({"mode": "auto", "threshold": 100}) as gw, Client(gw.url) as client:
         assert "tracker__create_issue" in names(await client.list_tools())
-    async with tracker_gateway({"mode": "auto", "threshold": 5}) as gw, Client(gw.url) as client:
+    # auto is the default: a file that only sets the threshold gets it.
+    async with tracker_gateway({"threshold": 5}) as gw, Client(gw.url) as client:
         assert names(await client.list_tools()) == OWN
 
 
@@ -198,6 +199,20 @@ async def test_search_tools_takes_a_limit_and_an_upstream() -> None:
         assert (
             found(await client.call_tool(SEARCH_TOOLS, {"query": "project", "upstream": "elsewhere"})) == []
         )
+
+
+async def test_a_weak_match_is_said_to_be_one_in_the_listing_and_by_its_score() -> None:
+    # The tool that archives is a strong match; the others share only "project" with the
+    # request. A caller (a model reading the text) must be able to tell them apart.
+    async with tracker_gateway() as gw, Client(gw.url) as client:
+        result = await client.call_tool(SEARCH_TOOLS, {"query": "archive the project's invoices", "limit": 3})
+    best, *rest = text_of(result).splitlines()[1:]
+    assert best.startswith("- tracker__archive_project_thing [tracker, ")
+    assert "(weak match)" not in best
+    assert len(rest) == 2
+    assert all("(weak match)" in line for line in rest)
+    scores = [entry["score"] for entry in result.structured_content["tools"]]  # type: ignore[index]
+    assert scores[0] >= WEAK > max(scores[1:])
 
 
 @pytest.mark.parametrize("mode", MODES)
