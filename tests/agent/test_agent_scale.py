@@ -100,6 +100,34 @@ async def test_a_tool_the_request_does_not_name_is_found_by_the_models_own_searc
     assert [c["name"] for c in record(result)["tool_calls"]] == ["search_tools", ACK]
 
 
+async def test_a_tool_found_by_search_displaces_the_least_relevant_of_a_full_offer() -> None:
+    # The request matches more tools than a call is offered: what the model finds must come
+    # first, or merged after a full offer it is cut off and never offered at all.
+    first: list[str] = []
+
+    def search_first(body: dict[str, Any]) -> Turn:
+        first.extend(offered(body))
+        assert len(first) == 12, first  # 11 chosen, and search_tools: full
+        assert ACK not in first
+        return Turn(calls=[("search_tools", {"query": "acknowledge an incident", "limit": 1})])
+
+    def then_call(body: dict[str, Any]) -> Turn:
+        assert offered(body) == [ACK, *first[:10], "search_tools"], offered(body)
+        return Turn(calls=[(ACK, {"id": "INC-4"})])
+
+    app, api = openai_api([search_first, then_call, Turn(text="Done.")])
+    calls: list[tuple[str, dict[str, Any]]] = []
+    async with (
+        serving(app) as base,
+        big_gateway(openai_model(base), calls, max_tools=12) as gw,
+        Client(gw.url) as client,
+    ):
+        result = await ask(client, "Export the billing reports")
+    assert not result.is_error, text(result)
+    assert calls == [("oncall_acknowledge_incident", {"id": "INC-4"})]
+    assert len(api.requests) == 3
+
+
 async def test_the_models_searches_with_a_whole_float_limit_or_bad_arguments_keep_the_run_going() -> None:
     turns: list[Turn] = [
         Turn(calls=[("search_tools", {"query": "acknowledge an incident", "limit": 5.0})]),

@@ -214,7 +214,10 @@ async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
     replies = [
         types.CreateMessageResultWithTools(
             role="assistant",
-            content=[types.ToolUseContent(id="t1", name="math__add", input={"a": 20, "b": 22})],
+            content=[
+                types.ToolUseContent(id="t1", name="math__add", input={"a": 20, "b": 22}),
+                types.ToolUseContent(id="t2", name="math__fail", input={}),
+            ],
             model="client-model",
             stop_reason="toolUse",
         ),
@@ -230,19 +233,24 @@ async def test_the_clients_own_model_calls_tools_through_sampling_with_tools(
     assert not result.is_error, text(result)
     assert text(result) == "42"
     assert record(result)["model"] == "client-model"
-    assert math.calls == [("add", {"a": 20, "b": 22})]
+    assert sorted(math.calls) == [("add", {"a": 20, "b": 22}), ("fail", {})]
     first, second = seen
     assert first.tools is not None
     tools = {t.name: t for t in first.tools}
     assert tools["math__add"].input_schema["required"] == ["a", "b"]
     assert first.system_prompt is not None
     assert "[math] Math answers are exact integers." in first.system_prompt
-    last = second.messages[-1]
+    # Both results of the turn's calls in the one user message right after it (as the spec has
+    # every tool_use answered), the failed one marked as an error for the client's model.
+    call, last = second.messages[-2:]
+    assert [b.type for b in call.content_as_list] == ["tool_use", "tool_use"]
     assert last.role == "user"
-    block = last.content_as_list[0]
-    assert isinstance(block, types.ToolResultContent)
-    assert block.tool_use_id == "t1"
-    assert block.content == [types.TextContent(type="text", text="42")]
+    added, failed = last.content_as_list
+    assert isinstance(added, types.ToolResultContent)
+    assert (added.tool_use_id, added.is_error) == ("t1", False)
+    assert added.content == [types.TextContent(type="text", text="42")]
+    assert isinstance(failed, types.ToolResultContent)
+    assert (failed.tool_use_id, failed.is_error) == ("t2", True)
 
 
 @ERAS

@@ -633,6 +633,8 @@ async def test_initialize_and_notifications_are_counted_by_the_rate_limit() -> N
         assert [a.status_code for a in answers] == [200, 200, 200, 429, 429]
         assert "rate limit exceeded for client 'attacker'" in answers[-1].json()["error"]["message"]
         assert answers[-1].headers["retry-after"]
+        # And in the error itself, for a client that reads only the JSON-RPC answer.
+        assert answers[-1].json()["error"]["data"]["retryAfterSeconds"] > 0
         note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         headers = HEADERS | {
             "Authorization": f"Bearer {ATTACKER_TOKEN}",
