@@ -743,6 +743,40 @@ async def test_resource_updates_cross_the_gateway_in_both_eras(
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_listen_stream_the_upstream_ends_is_reopened_and_its_subscribers_told_to_read_again(
+    transport: str, tmp_path: Path
+) -> None:
+    # A modern upstream replays nothing: what changed while its stream was down is unknown.
+    uri = "counter://value"
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    def listens(events: list[dict[str, Any]]) -> int:
+        return len([e for e in events if e["event"] == "listen" and e["uris"]])
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol="auto") as (gw, seen),
+        Client(gw.url, mode="legacy", message_handler=on_message) as client,
+    ):
+        with pytest.warns(MCPDeprecationWarning):
+            await client.subscribe_resource(uri)
+        await client.call_tool("rec__end_listens", {})
+        events = await seen.wait_for(lambda ev: listens(ev) == 2)
+        with anyio.fail_after(BOUND):
+            while not updates:
+                await anyio.sleep(0.01)
+    assert upstream_subscriptions(events)[:3] == [
+        ("listen", [uri]),
+        ("listen_ended", [uri]),
+        ("listen", [uri]),
+    ]
+    assert updates == [uri]  # nothing changed upstream: the one update is the reopened stream's
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_roots_list_changed_reaches_the_clients_own_upstream_session(
     transport: str, tmp_path: Path
 ) -> None:

@@ -72,8 +72,10 @@ async def test_a_declared_length_past_the_limit_naming_no_session_here_is_refuse
     assert answer.status == 413, answer
 
 
-async def _session_of(url: str, capabilities: dict[str, Any] | None = None) -> str:
-    """The id of a handshake-era session opened at ``url`` (left open), initialized."""
+async def _session_of(
+    url: str, capabilities: dict[str, Any] | None = None, headers: Mapping[str, str] = HEADERS
+) -> str:
+    """The id of a handshake-era session opened at ``url`` with ``headers`` (left open), initialized."""
     hello = {
         "protocolVersion": "2025-06-18",
         "capabilities": capabilities or {},
@@ -81,10 +83,10 @@ async def _session_of(url: str, capabilities: dict[str, Any] | None = None) -> s
     }
     async with httpx.AsyncClient(timeout=30) as http:
         opened = await http.post(
-            url, headers=HEADERS, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+            url, headers=headers, json={"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
         )
         session = opened.headers["mcp-session-id"]
-        headers = {**HEADERS, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+        headers = {**headers, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
         await http.post(url, headers=headers, json={"jsonrpc": "2.0", "method": "notifications/initialized"})
     return session
 
@@ -114,6 +116,39 @@ async def test_an_oversized_answer_whose_id_comes_after_a_small_first_chunk_fail
     assert refused.status == 413, refused
     told = result["result"]["content"][0]["text"]
     assert "the client's answer was not read: its request body is " in told, result
+
+
+async def test_an_oversized_answer_under_another_credential_fails_no_question_of_the_session() -> None:
+    # Only a session's own credential answers its questions: another's body past the limit,
+    # naming the session and a question's id, must not fail that question as unread.
+    tokens = [{"name": who, "token": f"{who}-token-0123456789abcdef"} for who in ("alice", "bob")]
+    auth = {"mode": "bearer", "tokens": tokens, "policies": {"default": {}}}
+    agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling", "timeout": 60}}
+    config = {"server": {"max_body_bytes": 65536}, "upstreams": {}, "agent": agent, "auth": auth}
+    alice = {**HEADERS, "Authorization": "Bearer alice-token-0123456789abcdef"}
+    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
+        session = await _session_of(gw.url, {"sampling": {}}, alice)
+        headers = {**alice, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        call["params"] = {"name": "ask_agent", "arguments": {"query": "Hi"}}
+        with anyio.fail_after(20):  # the question's own timeout is 60 s
+            async with http.stream("POST", gw.url, headers=headers, json=call) as stream:
+                events = aiter(stream.aiter_lines())
+                asked = await _next_message(events)
+                assert asked["method"] == "sampling/createMessage", asked
+                answer = {"jsonrpc": "2.0", "id": asked["id"]}
+                bobs = {**headers, "Authorization": "Bearer bob-token-0123456789abcdef"}
+                start = json.dumps(answer).encode()[:-1] + b',"result":{"role":"assistant","model":"m"'
+                refused = await answer_before_the_body_ends(  # past the head the gateway reads
+                    gw.url, {**bobs, "Content-Length": "100000000"}, start + b',"x":"' + b"x" * 2048
+                )
+                content = {"type": "text", "text": "answered by alice"}
+                answer["result"] = {"role": "assistant", "model": "m", "content": content}
+                assert (await http.post(gw.url, headers=headers, json=answer)).status_code == 202
+                result = await _next_message(events)
+    assert refused.status == 413, refused
+    told = result["result"]["content"][0]["text"]
+    assert "answered by alice" in told, result
 
 
 async def _posted_in_two_chunks(url: str, headers: Mapping[str, str], framing: str, body: bytes) -> RawAnswer:

@@ -188,6 +188,29 @@ async def test_sampling_with_tools_never_reaches_a_client_that_did_not_declare_s
     assert asked == direct_asked
 
 
+@pytest.mark.parametrize("mode", MODES)
+async def test_sampling_with_tools_reaches_a_client_that_declared_sampling_tools(mode: str) -> None:
+    # A shared upstream session tells a handshake-era upstream its client can answer everything
+    # (upstreams/client_side.EVERYTHING): what it leaves out, the upstream never asks anyone.
+    asked: list[Any] = []
+    tools = types.SamplingCapability(tools=types.SamplingToolsCapability())
+
+    async def sampler(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append([tool.name for tool in params.tools or []])
+        return types.CreateMessageResult(
+            role="assistant", content=types.TextContent(type="text", text="ok"), model="m"
+        )
+
+    options: dict[str, Any] = {"sampling_callback": sampler, "sampling_capabilities": tools}
+    async with serving_upstream(sampling_upstream()) as url:
+        config = {"upstreams": {"samp": {"url": url, "protocol": "legacy"}}}
+        async with running_gateway(config) as gw, Client(gw.url, mode=mode, **options) as client:  # type: ignore[arg-type]
+            with anyio.fail_after(BOUND):
+                result = await client.call_tool("samp__sample_with_tools", {})
+    assert asked == [["lookup"]]
+    assert not result.is_error, result
+
+
 def test_a_url_elicitation_is_not_asked_of_a_client_that_declared_forms_only() -> None:
     # An empty elicitation capability is forms only (as before URL mode existed).
     url = types.ElicitRequest(

@@ -49,6 +49,13 @@ def asking_server(answered: list[str]) -> FastMCP:
         return f"hello {name}"
 
     @server.tool
+    async def ask_twice(ctx: Context) -> str:
+        """Ask for a first name, then for a last name."""
+        first = await ctx.elicit("first name?", response_type=str)
+        last = await ctx.elicit("last name?", response_type=str)
+        return f"hello {getattr(first, 'data', '')} {getattr(last, 'data', '')}"
+
+    @server.tool
     async def ask_then_wait(ctx: Context) -> str:
         """Ask, then wait until cancelled."""
         await ctx.elicit("name?", response_type=str)
@@ -190,6 +197,34 @@ async def test_a_retry_reaching_the_other_replica_is_served_by_the_one_holding_t
             == "hello bea"
         )
         assert answered == ["ada", "bea"]
+
+
+async def test_a_round_served_across_replicas_may_end_in_the_calls_next_question(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    # The holder sends a round's outcome back as a message (store/round_messages.Outcome):
+    # more questions are an outcome too, and the next round goes across again.
+    answered: list[str] = []
+    async with alice_on_both(redis, prefix, tmp_path, answered) as (_cluster, _, on_0, on_1):
+        state, key = await first_round(on_0, "asker__ask_twice")
+        with anyio.fail_after(BOUND):
+            second = await on_1.session.call_tool(
+                "asker__ask_twice",
+                {},
+                input_responses={key: accepting("ada")},
+                request_state=state,
+                allow_input_required=True,
+            )
+            assert isinstance(second, types.InputRequiredResult), second
+            assert second.request_state is not None
+            [key] = second.input_requests or {}
+            done = await on_1.session.call_tool(
+                "asker__ask_twice",
+                {},
+                input_responses={key: accepting("lovelace")},
+                request_state=second.request_state,
+            )
+        assert text_of(done) == "hello ada lovelace"
 
 
 async def test_a_round_given_up_on_the_other_replica_cancels_the_call_upstream(

@@ -220,12 +220,25 @@ def build(sink: Sink) -> FastMCP:
         sink({"event": "unsubscribe", "uri": params.uri})
         return types.EmptyResult()
 
+    listening = ListenHandler(events)  # the gateway's own stream of list changes
+    watching = ListenHandler(events)  # streams naming resources: end_listens ends these alone
+
+    async def listen(
+        ctx: Any, params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        handler = watching if params.notifications.resource_subscriptions else listening
+        return await handler(ctx, params)
+
+    @server.tool
+    async def end_listens() -> str:
+        """End every listen stream naming resources gracefully (modern era)."""
+        watching.close()
+        return "ended"
+
     lowlevel = server._mcp_server  # pyright: ignore[reportPrivateUsage]
     lowlevel.add_request_handler("resources/subscribe", types.SubscribeRequestParams, subscribe)
     lowlevel.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, unsubscribe)
-    lowlevel.add_request_handler(
-        "subscriptions/listen", types.SubscriptionsListenRequestParams, ListenHandler(events)
-    )
+    lowlevel.add_request_handler("subscriptions/listen", types.SubscriptionsListenRequestParams, listen)
     return server
 
 
