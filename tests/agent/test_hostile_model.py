@@ -99,8 +99,9 @@ async def test_a_model_call_that_does_not_end_ends_the_run_at_its_deadline(how: 
 
 async def test_a_model_call_whose_first_attempt_times_out_is_answered_by_the_sdks_retry() -> None:
     # agent.model.timeout bounds each attempt, and the call as a whole has one for each of
-    # 1 + max_retries: the first attempt hangs past its 2 s, the SDK's retry is answered. With
-    # one attempt's time for the whole call, the retry was cut off and the run failed.
+    # 1 + max_retries: the first attempt hangs past its 3 s, the SDK's retry (about 0.5 s
+    # later) is answered, 5 s inside the call's 9. With one attempt's time for the whole call,
+    # the retry was cut off and the run failed.
     app, api = openai_api([Turn(text="It is 5.")])
     attempts: list[int] = []
 
@@ -115,7 +116,7 @@ async def test_a_model_call_whose_first_attempt_times_out_is_answered_by_the_sdk
 
     async with (
         serving(first_hangs) as base,
-        gateway_with_model(openai_model(base, timeout=2, max_retries=1)) as (gw, _),
+        gateway_with_model(openai_model(base, timeout=3, max_retries=2)) as (gw, _),
         Client(gw.url, mode="legacy") as client,
     ):
         result = await ask(client, "What is 2 + 3?")
