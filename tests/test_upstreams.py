@@ -13,7 +13,7 @@ import httpx
 import mcp_types as types
 import pytest
 from anyio.abc import TaskStatus
-from fastmcp import FastMCP
+from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
 from starlette.types import Receive, Scope, Send
@@ -259,6 +259,44 @@ async def test_an_upstreams_prompt_and_resource_list_changes_reach_clients_of_bo
         await wait_until(lambda: wanted <= set(heard), 10)
         assert "a__new1" in {p.name for p in (await watcher.list_prompts()).prompts}
     assert events == {"PromptsListChanged", "ResourcesListChanged"}
+
+
+def reshaping_server() -> FastMCP:
+    """A tool ``put`` taking an integer ``a``, and a tool ``reshape`` that makes ``a`` a string."""
+    server = FastMCP("shapes")
+
+    @server.tool
+    def put(a: int) -> str:
+        return f"put {a}"
+
+    def put_text(a: str) -> str:
+        return f"put {a}"
+
+    @server.tool
+    async def reshape(ctx: Context) -> str:
+        server.local_provider.remove_tool("put")
+        server.tool(name="put")(put_text)
+        await ctx.send_notification(types.ToolListChangedNotification())
+        return "reshaped"
+
+    return server
+
+
+async def test_a_tool_whose_schema_its_upstream_changes_takes_arguments_by_the_new_schema() -> None:
+    # Arguments are checked against each tool's schema, compiled at its first call and kept
+    # while its upstream lists nothing new: a relisting upstream's own must be compiled again.
+    # (Pinning "warn" serves the changed tool; "hold" would withhold it.)
+    async with (
+        serving_upstream(reshaping_server()) as url,
+        running_gateway({"upstreams": {"s": {"url": url}}, "pinning": "warn"}) as gw,
+        Client(gw.url, mode="auto") as client,
+    ):
+        assert text_of(await client.call_tool("s__put", {"a": 1})) == "put 1"  # its check compiled
+        async with client.listen(tools_list_changed=True) as subscription:
+            assert text_of(await client.call_tool("s__reshape", {})) == "reshaped"
+            with anyio.fail_after(10):
+                await subscription.__anext__()
+        assert text_of(await client.call_tool("s__put", {"a": "one"})) == "put one"
 
 
 async def test_a_crashing_stdio_upstream_fails_the_call_at_once_and_is_restarted() -> None:

@@ -106,6 +106,24 @@ async def test_a_declined_tool_is_not_run_and_the_model_is_told(
     assert told == [f"The user {verb} math__drop_table. It was not run; do not try it again in this run."]
 
 
+async def test_an_approval_shows_the_models_long_arguments_cut(tmp_path: Path) -> None:
+    # The model chooses the arguments: a reply may hold 500,000 characters of them, all of
+    # which would go into the form a person reads.
+    asked: list[str] = []
+    model = ScriptedChatModel(script=[calls(call("math__drop_table", table="x" * 100_000)), answer("No.")])
+    async with (
+        agent_gateway(model, tmp_path) as (gw, math, _),
+        Client(gw.url, mode="legacy", elicitation_callback=approving("decline", asked)) as client,
+    ):
+        result = await ask(client, "Drop it.")
+    assert not result.is_error, text(result)
+    assert math.calls == []
+    assert len(asked) == 1
+    assert '{"table": "xxx' in asked[0]
+    assert asked[0].endswith("x …. Allow it?")
+    assert len(asked[0]) < 2_200, len(asked[0])
+
+
 @ERAS
 async def test_a_client_without_elicitation_gets_the_tool_refused_with_a_message_the_model_sees(
     tmp_path: Path, mode: str
