@@ -3,14 +3,23 @@ FastMCP's older keys too, and ``OTEL_*`` variables over the ``telemetry:`` block
 
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 from opentelemetry import baggage, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 
+from agent_gateway import exporters
 from agent_gateway.config import TelemetryConfig
 from agent_gateway.errors import ConfigError
-from agent_gateway.exporters import MAX_ATTRIBUTE_LENGTH, Settings, _tracer_provider  # pyright: ignore[reportPrivateUsage]
+from agent_gateway.exporters import (
+    MAX_ATTRIBUTE_LENGTH,
+    Installed,
+    Settings,
+    _tracer_provider,  # pyright: ignore[reportPrivateUsage]
+)
 from agent_gateway.trace_context import incoming_context
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -62,6 +71,30 @@ def test_otel_variables_win_over_the_telemetry_block() -> None:
     assert Settings.of(config, {"OTEL_SDK_DISABLED": "true"}).disabled
 
 
+def test_metrics_are_off_when_the_config_or_the_standard_variable_says_so() -> None:
+    # Either turns /metrics and the metrics' export off; neither turns them on over the other.
+    assert Settings.of(TelemetryConfig(), {}).metrics
+    assert not Settings.of(TelemetryConfig(metrics=False), {}).metrics
+    assert not Settings.of(TelemetryConfig(), {"OTEL_METRICS_EXPORTER": "none"}).metrics
+    assert not Settings.of(TelemetryConfig(metrics=False), {"OTEL_METRICS_EXPORTER": "otlp"}).metrics
+
+
+def test_a_callers_sampling_decision_stands_whatever_the_ratio() -> None:
+    # The ratio decides for the traces the gateway starts; a caller that sampled its trace
+    # gets the gateway's spans in it at any ratio, and one that did not gets none.
+    unsampled = PARENT[:-2] + "00"
+    for ratio, parent, recorded in ((0.0, PARENT, True), (1.0, unsampled, False)):
+        config = TelemetryConfig(otlp_endpoint="http://127.0.0.1:9", sampling_ratio=ratio)
+        provider = _tracer_provider(Settings.of(config, {}), Resource.create({}))
+        try:
+            tracer = provider.get_tracer("t")
+            caller = incoming_context({"traceparent": parent}, None)
+            assert tracer.start_span("s", context=caller).is_recording() is recorded, ratio
+            assert tracer.start_span("s").is_recording() is (ratio == 1.0), ratio  # a root: the ratio's
+        finally:
+            provider.shutdown()
+
+
 def test_a_bad_sampler_argument_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="OTEL_TRACES_SAMPLER_ARG"):
         Settings.of(TelemetryConfig(), {"OTEL_TRACES_SAMPLER_ARG": "most"})
@@ -88,3 +121,21 @@ def test_a_spans_attribute_values_are_cut_to_a_bound_and_the_standard_variable_w
         assert len(str(span.attributes["mcp.session.id"])) == kept
     finally:
         provider.shutdown()
+
+
+def test_shutdown_waits_for_a_collector_that_never_answers_no_longer_than_its_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A collector that takes the connection and answers nothing (a partition, a hung host):
+    # each provider's exporter waits out its own 5 s timeout, in turn, unless shutdown gives
+    # up at its bound. (One that refuses the connection fails too fast to tell: the SIGTERM
+    # test in tests/security/test_small_ones.py exits in time without the bound.)
+    monkeypatch.setattr(exporters, "SHUTDOWN_TIMEOUT", 0.5)  # the bound, not its 5 s, is tested
+    with socket.create_server(("127.0.0.1", 0)) as collector:
+        config = TelemetryConfig(otlp_endpoint=f"http://127.0.0.1:{collector.getsockname()[1]}")
+        settings = Settings.of(config, {})
+        provider = _tracer_provider(settings, Resource.create({}))
+        provider.get_tracer("t").start_span("s").end()
+        started = time.monotonic()
+        Installed(settings, provider, None, prometheus=False).shutdown()
+        assert time.monotonic() - started < 3

@@ -20,6 +20,7 @@ from agent_gateway import pins_postgres
 from agent_gateway.cli import main
 from agent_gateway.pins_postgres import SharedPins
 from agent_gateway.reload import apply
+from agent_gateway.store.client import redacted
 from tests.replicas.services import Postgres, postgres_server
 from tests.security.test_pinning import RUG, listed
 from tests.support import running_gateway, serving_upstream
@@ -54,10 +55,14 @@ async def test_a_tool_another_replica_pinned_is_held_here_once_changed_and_accep
             capsys.readouterr()
             assert main(["pins", "list", "-c", path]) == 0
             shown = capsys.readouterr().out
-            assert "postgresql://" in shown
+            assert redacted(database) in shown  # the database, its password not shown
             assert "tracker__close_issue" in shown
             assert "CHANGED (description" in shown
             assert main(["pins", "accept", "-c", path, "tracker__close_issue"]) == 0
+            capsys.readouterr()
+            # A name with nothing pending (or mistyped) accepts nothing: said, and the command fails.
+            assert main(["pins", "accept", "-c", path, "tracker__delete_project"]) == 1
+            assert capsys.readouterr().out == "tracker__delete_project: no pending change\n"
             await apply(second.gateway, second.gateway.config)  # what SIGHUP does
             assert "tracker__close_issue" in await listed(client)
     # The far end: the database holds the accepted definition, nothing pending.
@@ -100,6 +105,18 @@ async def test_replicas_starting_together_make_the_pins_table_once_and_write_thr
     async with await psycopg.AsyncConnection.connect(database) as conn:
         names = await (await conn.execute("SELECT name FROM agent_gateway_pins ORDER BY name")).fetchall()
     assert [n for (n,) in names] == ["tool_0", "tool_1", "tool_2", "tool_3"]
+
+
+async def test_a_tool_pinned_by_two_replicas_keeps_the_first_ones_definition(database: str) -> None:
+    # Two replicas seeing a new tool at the same moment, the upstream changing it in between:
+    # the second's pin must not replace the first's, or the change is pinned as the original
+    # and served unheld (the first replica's copy follows the database at its next reload).
+    for digest in ("first", "second"):
+        async with SharedPins(database).running() as shared:
+            shared.write("pin", ("source", "tool", "up", digest, f'{{"v": "{digest}"}}', 0.0))
+    async with await psycopg.AsyncConnection.connect(database) as conn:
+        rows = await (await conn.execute("SELECT digest, definition FROM agent_gateway_pins")).fetchall()
+    assert rows == [("first", '{"v": "first"}')]
 
 
 async def pending_of(url: str, name: str) -> str | None:
