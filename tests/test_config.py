@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -138,6 +139,35 @@ def test_secrets_do_not_appear_in_the_config_repr() -> None:
         source="s",
     )
     assert "s3cret" not in repr(config)
+    # The shared store's and the conversations' database URLs hold passwords too.
+    shared = parse_config(
+        {
+            "upstreams": {},
+            "store": {"url": "redis://:r3dis-s3cret@h:6379/0"},
+            "agent": {"memory": {"store": "postgres", "url": "postgresql://u:pg-s3cret@h/db"}},
+        },
+        {},
+        source="s",
+    )
+    assert "r3dis-s3cret" not in repr(shared)
+    assert "pg-s3cret" not in repr(shared)
+
+
+def test_conversations_in_postgres_need_its_url() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"upstreams": {}, "agent": {"memory": {"store": "postgres"}}}, {}, source="s")
+    assert "s: agent.memory.url: store 'postgres' needs url: postgresql://user:password@host/db" in str(
+        caught.value
+    )
+
+
+def test_a_trusted_proxy_that_is_no_address_is_refused() -> None:
+    # A typo accepted would trust no proxy (every client seen as the balancer's one address)
+    # or, worse, be read as some other network.
+    for proxy in ("10.0.0.0/33", "loadbalancer.internal"):
+        data = {"upstreams": {}, "server": {"connections": {"trusted_proxies": ["127.0.0.1", proxy]}}}
+        with pytest.raises(ConfigError, match=f"trusted_proxies: '{re.escape(proxy)}' is not an IP address"):
+            parse_config(data, {}, source="s")
 
 
 def test_the_example_gateway_yaml_is_valid() -> None:
