@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -99,20 +100,15 @@ async def test_an_oversized_answer_whose_id_comes_after_a_small_first_chunk_fail
     # bytes had its sampling question wait out the model's timeout (60 s), then say it had no answer.
     agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling", "timeout": 60}}
     config = {"server": {"max_body_bytes": 65536}, "upstreams": {}, "agent": agent}
-    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
-        session = await _session_of(gw.url, {"sampling": {}})
-        headers = {**HEADERS, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
-        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-        call["params"] = {"name": "ask_agent", "arguments": {"query": "Hi"}}
-        with anyio.fail_after(20):  # the question's own timeout is 60 s
-            async with http.stream("POST", gw.url, headers=headers, json=call) as stream:
-                events = aiter(stream.aiter_lines())
-                asked = await _next_message(events)
-                assert asked["method"] == "sampling/createMessage", asked
-                answer = b'{"jsonrpc":"2.0","id":' + json.dumps(asked["id"]).encode()
-                answer += b',"result":{"role":"assistant","model":"m","content":{"type":"text","text":"'
-                refused = await _posted_in_two_chunks(gw.url, headers, framing, answer + b"x" * 70000)
-                result = await _next_message(events)
+    async with (
+        running_gateway(config) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+        _asked_to_sample(http, gw.url, HEADERS) as (headers, asked, events),
+    ):
+        answer = b'{"jsonrpc":"2.0","id":' + json.dumps(asked["id"]).encode()
+        answer += b',"result":{"role":"assistant","model":"m","content":{"type":"text","text":"'
+        refused = await _posted_in_two_chunks(gw.url, headers, framing, answer + b"x" * 70000)
+        result = await _next_message(events)
     assert refused.status == 413, refused
     told = result["result"]["content"][0]["text"]
     assert "the client's answer was not read: its request body is " in told, result
@@ -126,26 +122,21 @@ async def test_an_oversized_answer_under_another_credential_fails_no_question_of
     agent = {"memory": {"store": "memory"}, "model": {"provider": "sampling", "timeout": 60}}
     config = {"server": {"max_body_bytes": 65536}, "upstreams": {}, "agent": agent, "auth": auth}
     alice = {**HEADERS, "Authorization": "Bearer alice-token-0123456789abcdef"}
-    async with running_gateway(config) as gw, httpx.AsyncClient(timeout=30) as http:
-        session = await _session_of(gw.url, {"sampling": {}}, alice)
-        headers = {**alice, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
-        call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-        call["params"] = {"name": "ask_agent", "arguments": {"query": "Hi"}}
-        with anyio.fail_after(20):  # the question's own timeout is 60 s
-            async with http.stream("POST", gw.url, headers=headers, json=call) as stream:
-                events = aiter(stream.aiter_lines())
-                asked = await _next_message(events)
-                assert asked["method"] == "sampling/createMessage", asked
-                answer = {"jsonrpc": "2.0", "id": asked["id"]}
-                bobs = {**headers, "Authorization": "Bearer bob-token-0123456789abcdef"}
-                start = json.dumps(answer).encode()[:-1] + b',"result":{"role":"assistant","model":"m"'
-                refused = await answer_before_the_body_ends(  # past the head the gateway reads
-                    gw.url, {**bobs, "Content-Length": "100000000"}, start + b',"x":"' + b"x" * 2048
-                )
-                content = {"type": "text", "text": "answered by alice"}
-                answer["result"] = {"role": "assistant", "model": "m", "content": content}
-                assert (await http.post(gw.url, headers=headers, json=answer)).status_code == 202
-                result = await _next_message(events)
+    async with (
+        running_gateway(config) as gw,
+        httpx.AsyncClient(timeout=30) as http,
+        _asked_to_sample(http, gw.url, alice) as (headers, asked, events),
+    ):
+        answer: dict[str, Any] = {"jsonrpc": "2.0", "id": asked["id"]}
+        bobs = {**headers, "Authorization": "Bearer bob-token-0123456789abcdef"}
+        start = json.dumps(answer).encode()[:-1] + b',"result":{"role":"assistant","model":"m"'
+        refused = await answer_before_the_body_ends(  # past the head the gateway reads
+            gw.url, {**bobs, "Content-Length": "100000000"}, start + b',"x":"' + b"x" * 2048
+        )
+        content = {"type": "text", "text": "answered by alice"}
+        answer["result"] = {"role": "assistant", "model": "m", "content": content}
+        assert (await http.post(gw.url, headers=headers, json=answer)).status_code == 202
+        result = await _next_message(events)
     assert refused.status == 413, refused
     told = result["result"]["content"][0]["text"]
     assert "answered by alice" in told, result
@@ -184,6 +175,24 @@ async def _taken(client_port: int) -> None:
             if int(fields[2].split(":")[1], 16) == client_port and int(fields[4].split(":")[1], 16) == 0:
                 return
         await anyio.sleep(0.01)
+
+
+@asynccontextmanager
+async def _asked_to_sample(
+    http: httpx.AsyncClient, url: str, headers: Mapping[str, str]
+) -> AsyncIterator[tuple[dict[str, str], dict[str, Any], AsyncIterator[str]]]:
+    """A session opened with ``headers`` that can sample, its ``ask_agent`` call in flight and
+    its model's question asked: the session's headers, the question, the call's stream."""
+    session = await _session_of(url, {"sampling": {}}, headers)
+    headers = {**headers, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-06-18"}
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    call["params"] = {"name": "ask_agent", "arguments": {"query": "Hi"}}
+    with anyio.fail_after(20):  # the question's own timeout is 60 s
+        async with http.stream("POST", url, headers=headers, json=call) as stream:
+            events = aiter(stream.aiter_lines())
+            asked = await _next_message(events)
+            assert asked["method"] == "sampling/createMessage", asked
+            yield headers, asked, events
 
 
 async def _next_message(lines: AsyncIterator[str]) -> dict[str, Any]:

@@ -42,10 +42,10 @@ async def big_gateway(
 
 
 async def asked_vaguely(
-    turns: Sequence[Script],
+    turns: Sequence[Script], request: str = "Please deal with what Sam mentioned in standup"
 ) -> tuple[ScriptedApi, list[tuple[str, dict[str, Any]]], types.CallToolResult]:
-    """A request that names no tool, over the thousand tools with 12 bound per model call: the
-    scripted endpoint, the calls the upstream received, and the answer."""
+    """``request`` (by default one that names no tool), over the thousand tools with 12 bound
+    per model call: the scripted endpoint, the calls the upstream received, and the answer."""
     app, api = openai_api(turns)
     calls: list[tuple[str, dict[str, Any]]] = []
     async with (
@@ -53,7 +53,7 @@ async def asked_vaguely(
         big_gateway(openai_model(base), calls, max_tools=12) as gw,
         Client(gw.url) as client,
     ):
-        result = await ask(client, "Please deal with what Sam mentioned in standup")
+        result = await ask(client, request)
     return api, calls, result
 
 
@@ -115,14 +115,9 @@ async def test_a_tool_found_by_search_displaces_the_least_relevant_of_a_full_off
         assert offered(body) == [ACK, *first[:10], "search_tools"], offered(body)
         return Turn(calls=[(ACK, {"id": "INC-4"})])
 
-    app, api = openai_api([search_first, then_call, Turn(text="Done.")])
-    calls: list[tuple[str, dict[str, Any]]] = []
-    async with (
-        serving(app) as base,
-        big_gateway(openai_model(base), calls, max_tools=12) as gw,
-        Client(gw.url) as client,
-    ):
-        result = await ask(client, "Export the billing reports")
+    api, calls, result = await asked_vaguely(
+        [search_first, then_call, Turn(text="Done.")], "Export the billing reports"
+    )
     assert not result.is_error, text(result)
     assert calls == [("oncall_acknowledge_incident", {"id": "INC-4"})]
     assert len(api.requests) == 3
