@@ -137,6 +137,7 @@ async def test_through_the_gateway_an_open_circuit_refuses_at_once_and_a_probe_c
         guard = upstream.guard
         assert guard.breaker is not None
         shift = [0.0]
+        # The breaker's clock, moved forward below: the gateway under test built the breaker.
         guard.breaker._clock = lambda: time.monotonic() + shift[0]
         for connection in (1, 2):
             await wait_until(

@@ -246,6 +246,7 @@ async def test_metrics_count_each_call_by_tool_and_upstream_with_no_secret_in_a_
     usage = re.findall(
         r'^gen_ai_client_token_usage_sum\{.*gen_ai_token_type="(\w+)".*\} (\S+)$', scraped, re.M
     )
+    assert len(usage) == 2, usage
     assert {kind: float(total) for kind, total in usage} == {"input": 11, "output": 7}
     # The same metrics went out over OTLP too (at the latest when the gateway stopped).
     exported = await traced.received.wait_for_metrics(lambda m: len(m) > 0)

@@ -144,3 +144,4 @@ def test_shutdown_waits_for_a_collector_that_never_answers_no_longer_than_its_bo
         for thread in threading.enumerate():
             if thread.name == "telemetry-shutdown":
                 thread.join(15)
+                assert not thread.is_alive()

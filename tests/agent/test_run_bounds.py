@@ -19,6 +19,7 @@ from langchain_core.messages.utils import count_tokens_approximately
 from mcp import Client
 from mcp.client.client import ConnectMode
 
+from agent_gateway.agent.run_record import MAX_CALLS_JSON, kept_calls
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
 from tests.agent.test_models import sampling_client
@@ -146,6 +147,16 @@ async def test_a_runs_record_keeps_its_first_tool_calls_within_its_budget_and_co
     assert 0 < len(kept["tool_calls"]) < 384
     assert len(kept["tool_calls"]) + kept["tool_calls_left_out"] == 384
     assert all(c["name"] == NAME[:128] for c in kept["tool_calls"])  # the run's first calls
+
+
+def test_once_a_call_is_left_out_of_a_runs_record_every_later_one_is_too() -> None:
+    # The record's calls are the run's first ones, in order, then a count: a small call after
+    # one left out would fit, but kept it would read as the call that came next.
+    small: dict[str, object] = {"name": "t", "arguments": {}}
+    large: dict[str, object] = {"name": "t", "arguments": "x" * MAX_CALLS_JSON}
+    kept, left_out = kept_calls([small], [large, small], 0)
+    assert (kept, left_out) == ([small], 2)
+    assert kept_calls(kept, [small], left_out) == ([small], 3)
 
 
 async def test_a_runs_long_answer_is_cut_in_its_text_and_record_saying_how_much(tmp_path: Path) -> None:

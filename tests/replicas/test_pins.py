@@ -108,9 +108,10 @@ async def test_replicas_starting_together_make_the_pins_table_once_and_write_thr
 
 
 async def test_a_tool_pinned_by_two_replicas_keeps_the_first_ones_definition(database: str) -> None:
-    # Two replicas seeing a new tool at the same moment, the upstream changing it in between:
-    # the second's pin must not replace the first's, or the change is pinned as the original
-    # and served unheld (the first replica's copy follows the database at its next reload).
+    # Two replicas pinning a new tool, the upstream changing it in between: the second's pin,
+    # arriving once the first's row exists, must not replace it, or the change is pinned as the
+    # original and served unheld (the first replica's copy follows the database at its next
+    # reload).
     for digest in ("first", "second"):
         async with SharedPins(database).running() as shared:
             shared.write("pin", ("source", "tool", "up", digest, f'{{"v": "{digest}"}}', 0.0))
