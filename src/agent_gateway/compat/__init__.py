@@ -10,10 +10,10 @@ compatible releases in ``pyproject.toml``:
   FastMCP's session manager, answering a call that sends nothing before its result as JSON;
   ``replay.py``: a GET's ``Last-Event-ID`` with no event store; ``idle.py``: a client's
   session idle the longest, ended to make room for its next);
-- ``fastmcp`` 4.1.2 (``fastmcp.py``);
-- ``httpx2`` 2.16 (``httpx2.py``);
+- ``fastmcp`` 4.2.3 (``fastmcp.py``);
+- ``httpx2`` 2.17 (``httpx2.py``);
 - ``websockets`` 17.4 (``websockets.py``);
-- ``langchain-anthropic`` 1.7 (``langchain.py``);
+- ``langchain-anthropic`` 1.7 and ``langchain-openai`` 1.8 (``langchain.py``);
 - ``langgraph`` 1.2 with ``langgraph-checkpoint`` 4.3 and ``langgraph-checkpoint-sqlite``
   3.1 (``langgraph.py``).
 """

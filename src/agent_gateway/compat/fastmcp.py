@@ -1,4 +1,4 @@
-"""FastMCP's internals the gateway uses (verified against fastmcp 4.1.2): its low-level
+"""FastMCP's internals the gateway uses (verified against fastmcp 4.2.3): its low-level
 ``mcp`` server, where the gateway adds its middleware and its own handlers (FastMCP has no
 public accessor for it; everything used on it is ``mcp``'s public API), its root
 low-level middleware, which the gateway's own methods skip, and its lifespan, which stdio

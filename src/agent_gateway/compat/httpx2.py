@@ -1,4 +1,4 @@
-"""``httpx2``'s internals the gateway uses (verified against httpx2 2.16): its reading of
+"""``httpx2``'s internals the gateway uses (verified against httpx2 2.17): its reading of
 the proxy environment variables, so the aiohttp transport honours them exactly as the
 SDK's own httpx2 client would."""
 

@@ -1,5 +1,5 @@
 """LangChain integrations' internals the gateway uses (verified against langchain-anthropic 1.7
-and langchain-openai 1.x)."""
+and langchain-openai 1.8)."""
 
 from __future__ import annotations
 
