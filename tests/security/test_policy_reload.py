@@ -273,5 +273,11 @@ async def test_a_catalog_change_is_told_to_the_clients_whose_policy_lists_it_and
             while "PromptListChangedNotification" not in heard["ci"]:
                 await anyio.sleep(0.01)
         assert {t.name for t in (await ci.list_tools()).tools} >= {"keep__fresh", "keep__later"}
-    assert tools("ci") == 2  # `later`, and the reload
-    assert tools("bystander") == 2
+        # A third change in both lists: each client's notices come in the order sent, so once
+        # `last`'s has reached both, a notice of the reload sent to the bystander would have too.
+        await bystander.call_tool("keep__add_tool", {"name": "last"})
+        with anyio.fail_after(BOUND):
+            while tools("ci") < 3 or tools("bystander") < 3:
+                await anyio.sleep(0.01)
+    assert tools("ci") == 3  # `later`, the reload and `last`
+    assert tools("bystander") == 3  # `fresh`, `later` and `last`: not the reload
