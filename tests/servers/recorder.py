@@ -205,7 +205,11 @@ def build(sink: Sink) -> FastMCP:
 
     @server.tool
     async def updates(uri: str, times: int, ctx: Context) -> int:
-        """Announce ``times`` updates of ``uri`` to its subscribers (handshake era)."""
+        """Announce ``times`` updates of ``uri`` to its subscribers."""
+        if _modern(ctx):  # on the listen streams that named it
+            for _ in range(times):
+                await events.publish(ResourceUpdated(uri=uri))
+            return times
         for _ in range(times):
             params = types.ResourceUpdatedNotificationParams(uri=uri)
             await ctx.send_notification(types.ResourceUpdatedNotification(params=params))
