@@ -629,6 +629,16 @@ def test_fastmcps_jwt_verifier_fetches_its_jwks_through_the_one_method_bounded_j
     )
 
 
+def test_fastmcps_jwt_verifier_reads_its_nbf_bound_from_the_module_global_the_gateway_lifts() -> None:
+    # compat/fastmcp.leave_nbf_to_caller makes the module's bound infinite: the verifier must
+    # read it there, at each check (a bound kept per verifier, or copied, would be left as it was).
+    from fastmcp.server.auth.providers import jwt as fastmcp_jwt
+
+    assert isinstance(fastmcp_jwt._NBF_CLOCK_SKEW_SECONDS, int | float), "fastmcp: the nbf bound moved"  # pyright: ignore[reportPrivateUsage]
+    check = inspect.getsource(JWTVerifier.load_access_token)
+    assert "nbf > time.time() + _NBF_CLOCK_SKEW_SECONDS" in check, "fastmcp: nbf is checked otherwise now"
+
+
 def test_fastmcps_stdio_run_is_still_what_run_stdio_repeats() -> None:
     # compat/fastmcp.run_stdio does what run_stdio_async does, with its own stdin reader.
     source = inspect.getsource(FastMCP.run_stdio_async)

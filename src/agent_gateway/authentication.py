@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 
-from agent_gateway.compat.fastmcp import BoundedJwks
+from agent_gateway.compat.fastmcp import BoundedJwks, leave_nbf_to_caller
 from agent_gateway.config import AuthConfig
 from agent_gateway.refusals import refused
 
@@ -98,6 +98,7 @@ class ClaimedJWTVerifier(BoundedJwks):
 
     def __init__(self, subject_claim: str, leeway: float, **options: Any) -> None:
         super().__init__(**options)
+        leave_nbf_to_caller()  # FastMCP's own 30 s would cut a larger leeway short
         self._subject_claim = subject_claim
         self._leeway = leeway
 

@@ -31,14 +31,19 @@ def token(**claims: Any) -> str:
 
 
 @asynccontextmanager
-async def jwt_gateway(model: ScriptedChatModel | None = None) -> AsyncIterator[RunningGateway]:
+async def jwt_gateway(
+    model: ScriptedChatModel | None = None, *, leeway: float | None = None
+) -> AsyncIterator[RunningGateway]:
+    jwt_config: dict[str, Any] = {"secret": SECRET, "algorithm": "HS256", "audience": "gw"}
+    if leeway is not None:
+        jwt_config["leeway"] = leeway
     async with serving_upstream(_echo_server()) as url:
         config = {
             "upstreams": {"echo": {"url": url}},
             "agent": {"memory": {"store": "memory"}},
             "auth": {
                 "mode": "jwt",
-                "jwt": {"secret": SECRET, "algorithm": "HS256", "audience": "gw"},
+                "jwt": jwt_config,
                 "subjects": {"admin-*": "admin"},
                 "policies": {"admin": {}},
             },
@@ -64,6 +69,27 @@ async def test_tokens_without_exp_from_the_future_or_without_sub_are_refused() -
         # No subject: client_id/azp are not taken in its place (and matched to admin-*).
         assert await status(token(client_id="admin-evil")) == 401
         assert await status(token(azp="admin-evil")) == 401
+
+
+async def test_a_configured_leeway_past_fastmcps_own_30_s_is_honoured_for_nbf(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # auth.jwt.leeway allows up to 600 s of clock difference for nbf. FastMCP 4.2's verifier
+    # refuses a token whose nbf is over 30 s ahead by itself, before the gateway's check: a
+    # token 90 s ahead of a 120 s leeway was refused 401 (its client throws it away), and one
+    # past any leeway was refused unlogged and uncounted, as no refusal of the gateway's.
+    now = int(time.time())
+    async with jwt_gateway(leeway=120) as gw, httpx.AsyncClient() as http:
+
+        async def status(bearer: str) -> int:
+            headers = {"Authorization": f"Bearer {bearer}", "Accept": "application/json, text/event-stream"}
+            return (await http.post(gw.url, json=INITIALIZE, headers=headers)).status_code
+
+        assert await status(token(sub="bot", nbf=now + 90)) == 200  # within the configured leeway
+        assert await status(token(sub="bot", iat=now + 90)) == 200
+        assert "not valid yet (nbf)" not in caplog.text
+        assert await status(token(sub="bot", nbf=now + 3600)) == 401
+    assert "bearer token refused: not valid yet (nbf)" in caplog.text  # the gateway's refusal
 
 
 @pytest.mark.parametrize(

@@ -2,14 +2,16 @@
 ``mcp`` server, where the gateway adds its middleware and its own handlers (FastMCP has no
 public accessor for it; everything used on it is ``mcp``'s public API), its root
 low-level middleware, which the gateway's own methods skip, and its lifespan, which stdio
-serving enters itself (``run_stdio``); and its JWT verifier's fetch of the JWKS, bounded
-(``BoundedJwks``)."""
+serving enters itself (``run_stdio``); its JWT verifier's fetch of the JWKS, bounded
+(``BoundedJwks``), and its own check of a token's ``nbf``, left to the gateway's
+(``leave_nbf_to_caller``)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import math
 import time
 from functools import partial
 from typing import Any, Protocol, cast
@@ -18,6 +20,7 @@ import anyio
 import httpx2
 from fastmcp import FastMCP
 from fastmcp.server.auth import JWTVerifier
+from fastmcp.server.auth.providers import jwt as fastmcp_jwt
 from fastmcp.server.context import reset_transport, set_transport
 from fastmcp.server.low_level import FastMCPServerMiddleware
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -230,6 +233,16 @@ class BoundedJwks(JWTVerifier):
                 return
             await anyio.sleep(wait)
             wait = min(wait * 2, KEYS_RETRY_MAX)
+
+
+def leave_nbf_to_caller() -> None:
+    """FastMCP's verifier (4.2) refuses a token whose ``nbf`` is over ``_NBF_CLOCK_SKEW_SECONDS``
+    (30 s) ahead before any check of the gateway's, which allows ``auth.jwt.leeway`` (up to
+    600 s) and logs and counts its refusal: a token within a larger leeway was refused 401, and
+    one past it refused unlogged. Its bound made infinite, the gateway's check decides
+    (``authentication.ClaimedJWTVerifier``, the only JWT verifier the gateway makes). The bound
+    is the module's (no verifier has its own): a process's every verifier leaves it."""
+    fastmcp_jwt._NBF_CLOCK_SKEW_SECONDS = math.inf  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
 
 
 async def _read_bounded(uri: str) -> bytes:
