@@ -5,6 +5,7 @@ why, and the endpoint sees its connection closed early."""
 from __future__ import annotations
 
 import gzip
+import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -162,3 +163,33 @@ async def test_a_compressed_model_reply_is_refused_unpacked() -> None:
         "ask_agent failed: the model call failed: the model's endpoint answered gzip-compressed "
         "though asked not to; refused, as its size is unknown until unpacked"
     )
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+async def test_a_model_endpoint_that_cannot_be_reached_is_not_named_to_the_client(
+    provider: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Which host serves the agent's model is the operator's (as upstream hosts are, shown to
+    # admin clients only): a failed run tells its client the kind of failure, the log the
+    # rest. anthropic 2.17's APIConnectionError reads "Connection to 127.0.0.1:PORT failed:
+    # [Errno 111] Connect call failed ('127.0.0.1', PORT)" where 2.12's read "Connection
+    # error.", and the SDK's text went on to every ask_agent caller.
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    async with (
+        gateway_with_model(model_of(provider, base, max_retries=0)) as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Hi")
+    assert result.is_error
+    assert text(result).startswith("ask_agent failed: the model call failed: ")
+    wrapper = {"openai": "OpenAIConnectionError", "anthropic": "AnthropicConnectionError"}[provider]
+    assert text(result) == (
+        f"ask_agent failed: the model call failed: {wrapper}: the model's endpoint could not be "
+        "reached (ConnectionRefusedError)"
+    )
+    assert f"agent: the model call failed: {wrapper}: " in caplog.text  # the operator's
+    if provider == "anthropic":
+        assert f"127.0.0.1:{port}" in caplog.text

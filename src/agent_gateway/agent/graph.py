@@ -9,6 +9,7 @@ model turn and widened by the model's own ``search_tools`` calls.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypedDict
@@ -28,7 +29,7 @@ from langsmith import tracing_context
 
 from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
-from agent_gateway.agent.provider_http import refusal
+from agent_gateway.agent.provider_http import refusal, unreached
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
 from agent_gateway.agent.run_record import MAX_OFFERED_NAMES, kept_calls
 from agent_gateway.agent.spans import chat_span
@@ -36,6 +37,8 @@ from agent_gateway.agent.toolbox import system_prompt
 from agent_gateway.agent.turn_bound import fitted, turn_limit, within_reach
 from agent_gateway.errors import AgentError, ModelFailed
 from agent_gateway.logs import scrubbed
+
+logger = logging.getLogger(__name__)
 
 
 class Usage(TypedDict):
@@ -192,6 +195,11 @@ async def _reply(
     except Exception as exc:  # any provider failure ends the run as a clear isError result
         if (refused := refusal(exc)) is not None:
             raise ModelFailed(f"the model call failed: {refused}") from exc
+        if (told := unreached(exc)) is not None:
+            logger.warning(
+                "agent: the model call failed: %s", scrubbed(f"{type(exc).__name__}: {exc}", scrub)
+            )
+            raise ModelFailed(f"the model call failed: {told}") from exc
         raise ModelFailed(scrubbed(f"the model call failed: {type(exc).__name__}: {exc}", scrub)) from exc
     if not isinstance(reply, AIMessage):
         raise ModelFailed(f"the model returned {type(reply).__name__}, not an AI message")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx2
+from langchain_core.exceptions import ModelConnectionError, ModelTimeoutError
 
 MAX_REPLY_BYTES = 16 * 1024 * 1024
 """Bytes of one reply's body: five times the most a reply the run takes can be as JSON
@@ -64,6 +65,27 @@ class _Capped(httpx2.AsyncByteStream):
 
     async def aclose(self) -> None:
         await self._stream.aclose()
+
+
+def unreached(exc: BaseException) -> str | None:
+    """What a client is told of a failure to reach the model's endpoint (LangChain's
+    ``ModelConnectionError`` or ``ModelTimeoutError``, or the SDK's own ``APIConnectionError``
+    where no integration wrapped it), or None for another failure. The SDK's text may name the
+    endpoint's host, port and address (anthropic 2.17: "Connection to HOST:PORT failed: ..."),
+    which are the operator's, as an upstream's are: the client is told the kind of failure (the
+    innermost cause's type), the log the whole text."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    timed_out = isinstance(exc, ModelTimeoutError) or "APITimeoutError" in names
+    if not (timed_out or isinstance(exc, ModelConnectionError) or "APIConnectionError" in names):
+        return None
+    root = exc
+    for _ in range(_CHAIN):
+        if (cause := root.__cause__ or root.__context__) is None:
+            break
+        root = cause
+    kind = f" ({type(root).__name__})" if root is not exc else ""
+    what = "did not answer in time" if timed_out else "could not be reached"
+    return f"{type(exc).__name__}: the model's endpoint {what}{kind}"
 
 
 def _too_large(size: str) -> str:
