@@ -18,6 +18,7 @@ import yaml
 from anyio.abc import Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+from agent_gateway.downstream.stdout import MAX_IN_FLIGHT
 from tests.e2e.peers import BOUND, descendants
 from tests.e2e.test_stdio_gateway import AGENT_GATEWAY, _initialize, all_exited, serve_args
 from tests.support import gateway_env, python_upstream
@@ -274,3 +275,47 @@ async def test_a_stdout_pipe_left_non_blocking_is_waited_on_when_full_and_every_
         answers.close()
     assert sorted(json.loads(line)["id"] for line in lines) == list(range(FLOOD))
     assert recorded(calls) == FLOOD
+
+
+async def test_requests_one_after_another_past_the_in_flight_bound_are_all_served(tmp_path: Path) -> None:
+    # Each answer handed to stdout releases its request's place in flight: a client that
+    # reads each answer before its next request is never held, however many it sends.
+    calls = tmp_path / "calls"
+    process = await anyio.open_process(
+        [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))], env=gateway_env()
+    )
+    async with process:
+        replies = await initialized(process)
+        assert process.stdin is not None
+        answers = []
+        with anyio.fail_after(BOUND):
+            for n in range(MAX_IN_FLIGHT * 2):
+                await process.stdin.send(call(n))
+                answers.append(json.loads(await replies.receive_until(b"\n", 1_000_000)))
+            await process.stdin.aclose()
+            await process.wait()
+    assert [answer["id"] for answer in answers] == list(range(MAX_IN_FLIGHT * 2))
+    assert all("result" in answer for answer in answers), answers[-1]
+
+
+async def test_the_last_answer_is_written_whole_to_a_slow_reader_before_the_gateway_exits(
+    tmp_path: Path,
+) -> None:
+    # The end of input ends serving once the calls in flight are answered; the last answer,
+    # handed to stdout's writer, is still being written while the client reads slowly:
+    # the gateway waits for it (up to server.stdio_drain) rather than exit mid-line.
+    calls = tmp_path / "calls"
+    process = await anyio.open_process(
+        [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))], env=gateway_env()
+    )
+    megabytes = 4
+    async with process:
+        replies = await initialized(process)
+        assert process.stdin is not None
+        await process.stdin.send(call(2, "slow__big", megabytes=megabytes))
+        await process.stdin.aclose()
+        await anyio.sleep(3)  # the answer fills the pipe; the gateway has ended serving meanwhile
+        with anyio.fail_after(BOUND):
+            answer = json.loads(await replies.receive_until(b"\n", 4 * megabytes << 20))
+            await process.wait()
+    assert len(answer["result"]["content"][0]["text"]) == megabytes << 20

@@ -6,10 +6,12 @@ the client's session ends, and not when one replica lets it go."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
 from fastmcp import Context, FastMCP
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
@@ -17,10 +19,25 @@ from tests.replicas.test_sessions import BOUND, session_to, text_of
 from tests.support import serving_upstream
 
 
-def visits_server() -> FastMCP:
+class Handshakes(Middleware):
+    """The upstream session of each ``initialize`` request an upstream is sent."""
+
+    def __init__(self) -> None:
+        self.sessions: list[str] = []
+
+    async def on_initialize(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
+        answer = await call_next(context)
+        assert context.fastmcp_context is not None
+        self.sessions.append(context.fastmcp_context.session_id)
+        return answer
+
+
+def visits_server(handshakes: Handshakes | None = None) -> FastMCP:
     """Counts each upstream session's visits: its state lives in that session only."""
     server = FastMCP("visits")
     counts: dict[str, int] = {}
+    if handshakes is not None:
+        server.add_middleware(handshakes)
 
     @server.tool
     def visit(ctx: Context) -> str:
@@ -46,7 +63,8 @@ async def known_upstream(url: str, session: str) -> bool:
 async def test_a_dedicated_upstream_session_is_resumed_by_the_other_replica_and_ends_with_the_client(
     redis: Redis, prefix: str, tmp_path: Path
 ) -> None:
-    async with serving_upstream(visits_server()) as upstream:
+    handshakes = Handshakes()
+    async with serving_upstream(visits_server(handshakes)) as upstream:
         data = {
             "store": {"url": redis.url, "prefix": prefix},
             "upstreams": {"visits": {"url": upstream, "protocol": "legacy", "session": "per_client"}},
@@ -64,3 +82,5 @@ async def test_a_dedicated_upstream_session_is_resumed_by_the_other_replica_and_
                     await anyio.sleep(0.05)
     assert min(served) >= 2  # both replicas served the client, in turn
     assert [int(text.split()[1]) for text in seen] == [1, 2, 3, 4, 5, 6]
+    # Opened once: the replica resuming it adopts the recorded handshake, sending none.
+    assert handshakes.sessions.count(session) == 1, handshakes.sessions
