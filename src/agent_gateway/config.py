@@ -118,8 +118,9 @@ class UpstreamConfig(_Strict):
     alone takes at most half the slots, a second half the rest, and a client with fewer calls
     in flight finds one. A gateway with one client sets it to ``max_concurrency``."""
     max_message_bytes: int = Field(default=128 * 2**20, ge=1024, le=2**31)
-    """The largest message accepted from this upstream (stdio and WebSocket). Over it, on
-    stdio the call it answers fails at once saying so; on WebSocket the connection closes."""
+    """The largest message accepted from this upstream, on any transport. Over it, the call it
+    answers fails at once saying so (over HTTP and SSE, read no further); on WebSocket the
+    connection closes."""
     notification_rate: int | None = Field(default=1000, ge=1, le=1_000_000)
     """Notifications and requests one session of this upstream may send unasked a second (a
     second's worth at once); past it the gateway reads the upstream more slowly, dropping
