@@ -67,7 +67,7 @@ def alpha_server(calls: list[dict[str, Any]]) -> FastMCP:
         return f"alpha item {item}"
 
     @server.prompt
-    def greet(name: str) -> str:
+    def greet(name: Annotated[str, Field(title="Name to greet")]) -> str:
         """Greet someone."""
         return f"Hello, {name}!"
 
@@ -170,9 +170,12 @@ async def test_unknown_names_get_errors_that_name_them(mode: str) -> None:
 @pytest.mark.parametrize("mode", MODES)
 async def test_prompts_are_namespaced_and_rendered_by_their_upstream(mode: str) -> None:
     async with two_upstreams() as (gw, _), Client(gw.url, mode=mode) as client:
-        assert "alpha__greet" in {p.name for p in (await client.list_prompts()).prompts}
+        listed = {p.name: p for p in (await client.list_prompts()).prompts}
         result = await client.get_prompt("alpha__greet", {"name": "Ada"})
     assert result.messages[0].content == types.TextContent(type="text", text="Hello, Ada!")
+    # Its arguments as the upstream lists them, their titles too (FastMCP 4.2 keeps them).
+    arguments = listed["alpha__greet"].arguments or []
+    assert [(a.name, a.title, a.required) for a in arguments] == [("name", "Name to greet", True)]
 
 
 @pytest.mark.parametrize("mode", MODES)

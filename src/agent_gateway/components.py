@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 def _prompt(public: str, prompt: types.Prompt) -> Prompt:
     arguments = [
-        PromptArgument(name=a.name, description=a.description, required=bool(a.required))
+        PromptArgument(name=a.name, title=a.title, description=a.description, required=bool(a.required))
         for a in prompt.arguments or []
     ]
     return Prompt(
