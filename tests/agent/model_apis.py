@@ -28,6 +28,8 @@ class Turn:
     status: int = 200
     error: str = ""
     code: str | None = None
+    refusal: str | None = None
+    """OpenAI's ``refusal``: the model's words declining the request, its content null."""
 
 
 Script = Turn | Callable[[dict[str, Any]], Turn]
@@ -73,6 +75,8 @@ def openai_api(turns: Sequence[Script], model: str = "gpt-test") -> tuple[Starle
             error = {"message": turn.error, "type": "invalid_request_error", "param": None, "code": turn.code}
             return JSONResponse({"error": error}, turn.status)
         message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+        if turn.refusal is not None:
+            message["refusal"] = turn.refusal
         if turn.calls:
             message["tool_calls"] = [
                 {"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}

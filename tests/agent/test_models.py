@@ -92,6 +92,22 @@ async def test_the_openai_provider_calls_tools_over_an_openai_compatible_endpoin
     assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_0", "content": "5"}
 
 
+async def test_an_openai_models_refusal_is_the_runs_answer() -> None:
+    # A reply with `refusal` and no content is the model declining, in words meant for the
+    # user; read as content alone, it ended the run "with an empty answer".
+    declined = "I can't help with that request."
+    app, _ = openai_api([Turn(refusal=declined)])
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base)) as (gw, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Help me with something I should not ask")
+    assert not result.is_error, text(result)
+    assert text(result) == declined
+    assert record(result)["answer"] == declined
+
+
 async def test_the_anthropic_provider_calls_tools_over_the_messages_api() -> None:
     app, api = anthropic_api([Turn(calls=[("math__add", {"a": 4, "b": 5})]), Turn(text="Nine.")])
     async with serving(app) as base:

@@ -318,11 +318,18 @@ class AgentRunner:
                 f"the agent reached its step limit ({self.config.max_steps} model turns) and still wanted "
                 f"to call tools; raise agent.max_steps or ask for less at once"
             )
-        answer = last.text if isinstance(last, AIMessage) else ""
+        answer = (last.text or _refusal(last)) if isinstance(last, AIMessage) else ""
         if not answer.strip():
             raise BadModelOutput("the model ended the run with an empty answer")
         record["answer"] = answered(answer)
         return RunOutcome(record)
+
+
+def _refusal(message: AIMessage) -> str:
+    """The model's words declining the request, its answer: OpenAI's ``refusal``, which
+    langchain-openai (1.8) keeps in ``additional_kwargs``, the reply's content empty."""
+    refusal = message.additional_kwargs.get("refusal")
+    return refusal if isinstance(refusal, str) else ""
 
 
 async def _read_partial(record: dict[str, Any], graph: AgentGraph, config: RunnableConfig) -> None:
