@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from mcp.client.session import ClientRequestContext, SamplingFnT
 from agent_gateway.config_files import parse_config
 from agent_gateway.errors import ConfigError
 from agent_gateway.server import Gateway
-from tests.agent.model_apis import Turn, anthropic_api, openai_api
+from tests.agent.model_apis import Script, ScriptedApi, Turn, anthropic_api, openai_api
 from tests.agent.test_ask_agent import ask, record, text
 from tests.agent.upstreams import Ran, two_upstreams
 from tests.support import RunningGateway, gateway_process, running_gateway, serving
@@ -46,17 +46,26 @@ def openai_model(base: str, **extra: Any) -> dict[str, Any]:
     return {"provider": "openai", "model": "gpt-test", "base_url": f"{base}/v1", "api_key": SECRET, **extra}
 
 
+async def asked_openai(
+    turns: Sequence[Script], question: str, **model: Any
+) -> tuple[types.CallToolResult, ScriptedApi, Ran]:
+    """``question`` asked of ``ask_agent`` (a handshake-era client), the scripted OpenAI-compatible
+    endpoint answering ``turns``: the result, what the endpoint was sent, what the tools ran."""
+    app, api = openai_api(turns)
+    async with (
+        serving(app) as base,
+        gateway_with_model(openai_model(base, **model)) as (gw, math),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, question)
+    return result, api, math
+
+
 async def test_an_openai_tool_call_whose_arguments_are_not_an_object_is_told_to_the_model() -> None:
     # JSON, but a list: one call the model is told was not run; the other call runs, and so
     # does the rest of the run.
     bad, good = ("math__add", [1, 2]), ("math__add", {"a": 2, "b": 3})
-    app, api = openai_api([Turn(calls=[bad, good]), Turn(text="It is 5.")])
-    async with (
-        serving(app) as base,
-        gateway_with_model(openai_model(base)) as (gw, math),
-        Client(gw.url, mode="legacy") as client,
-    ):
-        result = await ask(client, "What is 2 + 3?")
+    result, api, math = await asked_openai([Turn(calls=[bad, good]), Turn(text="It is 5.")], "What is 2 + 3?")
     assert not result.is_error, text(result)
     assert math.calls == [("add", {"a": 2, "b": 3})]
     told = [m["content"] for m in api.requests[1]["messages"] if m["role"] == "tool"]
@@ -66,13 +75,8 @@ async def test_an_openai_tool_call_whose_arguments_are_not_an_object_is_told_to_
 
 
 async def test_the_openai_provider_calls_tools_over_an_openai_compatible_endpoint() -> None:
-    app, api = openai_api([Turn(calls=[("math__add", {"a": 2, "b": 3})]), Turn(text="It is 5.")])
-    async with (
-        serving(app) as base,
-        gateway_with_model(openai_model(base, temperature=0)) as (gw, math),
-        Client(gw.url, mode="legacy") as client,
-    ):
-        result = await ask(client, "What is 2 + 3?")
+    turns = [Turn(calls=[("math__add", {"a": 2, "b": 3})]), Turn(text="It is 5.")]
+    result, api, math = await asked_openai(turns, "What is 2 + 3?", temperature=0)
     assert not result.is_error, text(result)
     assert text(result) == "It is 5."
     out = record(result)
@@ -96,13 +100,7 @@ async def test_an_openai_models_refusal_is_the_runs_answer() -> None:
     # A reply with `refusal` and no content is the model declining, in words meant for the
     # user; read as content alone, it ended the run "with an empty answer".
     declined = "I can't help with that request."
-    app, _ = openai_api([Turn(refusal=declined)])
-    async with (
-        serving(app) as base,
-        gateway_with_model(openai_model(base)) as (gw, _),
-        Client(gw.url, mode="legacy") as client,
-    ):
-        result = await ask(client, "Help me with something I should not ask")
+    result, _, _ = await asked_openai([Turn(refusal=declined)], "Help me with something I should not ask")
     assert not result.is_error, text(result)
     assert text(result) == declined
     assert record(result)["answer"] == declined
@@ -134,13 +132,8 @@ async def test_a_provider_error_is_an_error_result_that_never_shows_the_key(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    app, _ = openai_api([Turn(status=401, error=f"Incorrect API key provided: {SECRET}")])
-    async with (
-        serving(app) as base,
-        gateway_with_model(openai_model(base, max_retries=0)) as (gw, _),
-        Client(gw.url, mode="legacy") as client,
-    ):
-        result = await ask(client, "Hi")
+    refused = Turn(status=401, error=f"Incorrect API key provided: {SECRET}")
+    result, _, _ = await asked_openai([refused], "Hi", max_retries=0)
     assert result.is_error
     assert "the model call failed: OpenAIAuthenticationError: Error code: 401" in text(result)
     assert "[redacted]" in text(result)

@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import yaml
-from anyio.abc import Process
+from anyio.abc import ByteSendStream, Process
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from agent_gateway.downstream.stdout import MAX_IN_FLIGHT
@@ -70,6 +72,19 @@ async def initialized(process: Process) -> BufferedByteReceiveStream:
         await process.stdin.send(json.dumps(_initialize()).encode() + b"\n")
         await replies.receive_until(b"\n", 1_000_000)
     return replies
+
+
+@asynccontextmanager
+async def stdio_gateway(
+    args: list[str],
+) -> AsyncIterator[tuple[Process, ByteSendStream, BufferedByteReceiveStream]]:
+    """``agent-gateway serve`` over stdio with ``args``, initialized: its process, its stdin
+    and its answers."""
+    process = await anyio.open_process([AGENT_GATEWAY, *args], env=gateway_env())
+    async with process:
+        replies = await initialized(process)
+        assert process.stdin is not None
+        yield process, process.stdin, replies
 
 
 def recorded(calls: Path) -> int:
@@ -139,17 +154,12 @@ async def _written(fd: int, data: bytes) -> None:
 
 async def test_a_stdio_requests_long_id_or_an_id_in_flight_is_refused_as_over_http(tmp_path: Path) -> None:
     calls = tmp_path / "calls"
-    process = await anyio.open_process(
-        [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))], env=gateway_env()
-    )
-    async with process:
-        replies = await initialized(process)
-        assert process.stdin is not None
+    async with stdio_gateway(serve_args(stdio_config(tmp_path, calls))) as (process, stdin, replies):
         with anyio.fail_after(BOUND):
             slow = call(7, "slow__slow", seconds=3)  # in flight while the next two are read
-            await process.stdin.send(call("x" * 300_000) + call(10**4000) + slow + call(7) + call(8))
+            await stdin.send(call("x" * 300_000) + call(10**4000) + slow + call(7) + call(8))
             answers = [json.loads(await replies.receive_until(b"\n", 1_000_000)) for _ in range(5)]
-            await process.stdin.aclose()
+            await stdin.aclose()
             await process.wait()
     by_id: dict[Any, list[dict[str, Any]]] = {}
     for answer in answers:
@@ -177,16 +187,13 @@ async def test_a_call_in_flight_when_the_client_closes_stdin_completes_upstream_
     # A call longer than the grace (server.stdio_drain, here 2 s) is still answered so, and
     # its upstream told.
     calls, recorded = tmp_path / "calls", tmp_path / "recorded"
-    args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls, recorded, drain=2))]
-    process = await anyio.open_process(args, env=gateway_env())
-    async with process:
-        replies = await initialized(process)
-        assert process.stdin is not None
-        await process.stdin.send(call(2, "rec__wait", seconds=0.5) + call(3, "rec__wait", seconds=120))
+    args = serve_args(stdio_config(tmp_path, calls, recorded, drain=2))
+    async with stdio_gateway(args) as (process, stdin, replies):
+        await stdin.send(call(2, "rec__wait", seconds=0.5) + call(3, "rec__wait", seconds=120))
         with anyio.fail_after(BOUND):
             while _in_flight(recorded) < 2:
                 await anyio.sleep(0.05)
-        await process.stdin.aclose()  # half-closed: its stdout is still read
+        await stdin.aclose()  # half-closed: its stdout is still read
         with anyio.fail_after(BOUND):
             answers = [json.loads(await replies.receive_until(b"\n", 1_000_000)) for _ in range(2)]
             await process.wait()
@@ -281,18 +288,13 @@ async def test_requests_one_after_another_past_the_in_flight_bound_are_all_serve
     # Each answer handed to stdout releases its request's place in flight: a client that
     # reads each answer before its next request is never held, however many it sends.
     calls = tmp_path / "calls"
-    process = await anyio.open_process(
-        [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))], env=gateway_env()
-    )
-    async with process:
-        replies = await initialized(process)
-        assert process.stdin is not None
+    async with stdio_gateway(serve_args(stdio_config(tmp_path, calls))) as (process, stdin, replies):
         answers = []
         with anyio.fail_after(BOUND):
             for n in range(MAX_IN_FLIGHT * 2):
-                await process.stdin.send(call(n))
+                await stdin.send(call(n))
                 answers.append(json.loads(await replies.receive_until(b"\n", 1_000_000)))
-            await process.stdin.aclose()
+            await stdin.aclose()
             await process.wait()
     assert [answer["id"] for answer in answers] == list(range(MAX_IN_FLIGHT * 2))
     assert all("result" in answer for answer in answers), answers[-1]
@@ -305,15 +307,10 @@ async def test_the_last_answer_is_written_whole_to_a_slow_reader_before_the_gate
     # handed to stdout's writer, is still being written while the client reads slowly:
     # the gateway waits for it (up to server.stdio_drain) rather than exit mid-line.
     calls = tmp_path / "calls"
-    process = await anyio.open_process(
-        [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls))], env=gateway_env()
-    )
     megabytes = 4
-    async with process:
-        replies = await initialized(process)
-        assert process.stdin is not None
-        await process.stdin.send(call(2, "slow__big", megabytes=megabytes))
-        await process.stdin.aclose()
+    async with stdio_gateway(serve_args(stdio_config(tmp_path, calls))) as (process, stdin, replies):
+        await stdin.send(call(2, "slow__big", megabytes=megabytes))
+        await stdin.aclose()
         await anyio.sleep(3)  # the answer fills the pipe; the gateway has ended serving meanwhile
         with anyio.fail_after(BOUND):
             answer = json.loads(await replies.receive_until(b"\n", 4 * megabytes << 20))
