@@ -29,7 +29,8 @@ class Turn:
     error: str = ""
     code: str | None = None
     refusal: str | None = None
-    """OpenAI's ``refusal``: the model's words declining the request, its content null."""
+    """The model declining the request: OpenAI's ``refusal`` (its words, the content null);
+    Anthropic's ``stop_reason: refusal`` (with ``text``, if any)."""
 
 
 Script = Turn | Callable[[dict[str, Any]], Turn]
@@ -120,7 +121,11 @@ def anthropic_api(turns: Sequence[Script], model: str = "claude-test") -> tuple[
                 "role": "assistant",
                 "model": api.model,
                 "content": content,
-                "stop_reason": "tool_use" if turn.calls else "end_turn",
+                "stop_reason": "refusal"
+                if turn.refusal is not None
+                else "tool_use"
+                if turn.calls
+                else "end_turn",
                 "stop_sequence": None,
                 "usage": {"input_tokens": 13, "output_tokens": 8},
             }

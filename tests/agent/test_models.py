@@ -106,6 +106,20 @@ async def test_an_openai_models_refusal_is_the_runs_answer() -> None:
     assert record(result)["answer"] == declined
 
 
+async def test_an_anthropic_models_refusal_without_words_ends_the_run_saying_so() -> None:
+    # Anthropic's `stop_reason: refusal` with no text: the run fails saying the model declined,
+    # not that it "ended the run with an empty answer".
+    app, _ = anthropic_api([Turn(refusal="")])
+    async with serving(app) as base:
+        model = {"provider": "anthropic", "model": "claude-test", "base_url": base, "api_key": SECRET}
+        async with gateway_with_model(model) as (gw, _), Client(gw.url, mode="legacy") as client:
+            result = await ask(client, "Help me with something I should not ask")
+    assert result.is_error
+    assert text(result) == (
+        "ask_agent failed: the model declined the request (its stop reason: refusal) and wrote no answer"
+    )
+
+
 async def test_the_anthropic_provider_calls_tools_over_the_messages_api() -> None:
     app, api = anthropic_api([Turn(calls=[("math__add", {"a": 4, "b": 5})]), Turn(text="Nine.")])
     async with serving(app) as base:

@@ -320,6 +320,10 @@ class AgentRunner:
             )
         answer = (last.text or _refusal(last)) if isinstance(last, AIMessage) else ""
         if not answer.strip():
+            if isinstance(last, AIMessage) and last.response_metadata.get("stop_reason") == "refusal":
+                raise BadModelOutput(
+                    "the model declined the request (its stop reason: refusal) and wrote no answer"
+                )
             raise BadModelOutput("the model ended the run with an empty answer")
         record["answer"] = answered(answer)
         return RunOutcome(record)
