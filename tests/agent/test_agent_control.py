@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from langchain_core.messages import ToolMessage
+from langchain_core.messages import AIMessage, ToolMessage
 from mcp import Client
 
 from agent_gateway.agent.calls import MAX_CALLS_KEPT, MAX_CALLS_PER_TURN, MAX_NAME_CHARS, MAX_REPLY_CHARS
@@ -368,6 +368,42 @@ async def test_a_reply_over_the_characters_a_run_takes_ends_the_run_before_any_c
     assert result.is_error
     assert f"at most {MAX_REPLY_CHARS:,}" in text(result)
     assert math.calls == []
+
+
+async def test_a_refusal_over_the_characters_a_run_takes_ends_the_run(tmp_path: Path) -> None:
+    # OpenAI's refusal is the run's answer, so it counts as the reply's text: uncounted, a
+    # refusal of 600,000 characters was taken whole into the conversation.
+    refusal = AIMessage(content="", additional_kwargs={"refusal": "no" * MAX_REPLY_CHARS})
+    async with (
+        agent_gateway(ScriptedChatModel(script=[refusal]), tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Refuse at length.")
+    assert result.is_error
+    assert f"holds {2 * MAX_REPLY_CHARS:,} characters" in text(result)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        AIMessage(content="  \n", additional_kwargs={"refusal": "I can't help with that."}),
+        AIMessage(content=[{"type": "refusal", "refusal": "I can't help with that."}]),
+    ],
+    ids=["blank-content", "responses-api-block"],
+)
+async def test_a_refusal_beside_blank_content_or_in_a_block_is_the_answer(
+    reply: AIMessage, tmp_path: Path
+) -> None:
+    # Chat Completions with whitespace for content, and the Responses API's refusal block
+    # (langchain-openai uses that API for some models by itself): each ended the run "with an
+    # empty answer".
+    async with (
+        agent_gateway(ScriptedChatModel(script=[reply]), tmp_path) as (gw, _, _),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        result = await ask(client, "Help me with something I should not ask")
+    assert not result.is_error, text(result)
+    assert text(result) == "I can't help with that."
 
 
 async def test_a_tool_name_of_megabytes_is_cut_wherever_the_run_keeps_it(tmp_path: Path) -> None:

@@ -226,17 +226,35 @@ class ToolRunner:
         return render(result), bool(result.is_error)
 
 
+def refusal_of(reply: AIMessage) -> str:
+    """The model's words declining the request, its text empty: OpenAI's ``refusal``, which
+    langchain-openai (1.8) keeps in ``additional_kwargs`` over Chat Completions, and in
+    ``refusal`` content blocks over the Responses API."""
+    kept = reply.additional_kwargs.get("refusal")
+    words = [kept] if isinstance(kept, str) else []
+    for block in reply.content if isinstance(reply.content, list) else []:
+        if (
+            isinstance(block, dict)
+            and block.get("type") == "refusal"
+            and isinstance(block.get("refusal"), str)
+        ):
+            words.append(block["refusal"])
+    return "\n".join(words)
+
+
 def taken(reply: AIMessage) -> AIMessage:
     """The model's ``reply`` as the run takes it: with at most ``MAX_CALLS_KEPT`` tool calls,
     valid ones first (the rest are cut from the conversation, the model's own view of its
     turn included).
 
     Raises:
-        ModelFailed: its text and tool arguments hold more than ``MAX_REPLY_CHARS``.
+        ModelFailed: its text (or refusal) and tool arguments hold more than ``MAX_REPLY_CHARS``.
     """
     reply = _names_cut(reply)
     calls, invalid = reply.tool_calls, reply.invalid_tool_calls
-    size = len(reply.text) + sum(len(json.dumps(c["args"], default=str)) for c in calls)
+    size = (
+        len(reply.text) + len(refusal_of(reply)) + sum(len(json.dumps(c["args"], default=str)) for c in calls)
+    )
     size += sum(len(c.get("args") or "") for c in invalid)
     if size > MAX_REPLY_CHARS:
         raise ModelFailed(

@@ -27,7 +27,7 @@ from langgraph.types import Command
 from agent_gateway import access
 from agent_gateway.activity import Activity, RunStatus
 from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker
-from agent_gateway.agent.calls import ToolRunner
+from agent_gateway.agent.calls import ToolRunner, refusal_of
 from agent_gateway.agent.graph import (
     AgentGraph,
     RunContext,
@@ -318,7 +318,9 @@ class AgentRunner:
                 f"the agent reached its step limit ({self.config.max_steps} model turns) and still wanted "
                 f"to call tools; raise agent.max_steps or ask for less at once"
             )
-        answer = (last.text or _refusal(last)) if isinstance(last, AIMessage) else ""
+        answer = (
+            "" if not isinstance(last, AIMessage) else last.text if last.text.strip() else refusal_of(last)
+        )
         if not answer.strip():
             if isinstance(last, AIMessage) and last.response_metadata.get("stop_reason") == "refusal":
                 raise BadModelOutput(
@@ -327,13 +329,6 @@ class AgentRunner:
             raise BadModelOutput("the model ended the run with an empty answer")
         record["answer"] = answered(answer)
         return RunOutcome(record)
-
-
-def _refusal(message: AIMessage) -> str:
-    """The model's words declining the request, its answer: OpenAI's ``refusal``, which
-    langchain-openai (1.8) keeps in ``additional_kwargs``, the reply's content empty."""
-    refusal = message.additional_kwargs.get("refusal")
-    return refusal if isinstance(refusal, str) else ""
 
 
 async def _read_partial(record: dict[str, Any], graph: AgentGraph, config: RunnableConfig) -> None:
