@@ -128,9 +128,15 @@ class ClaimedJWTVerifier(BoundedJwks):
         if any(isinstance(claim, float) and not math.isfinite(claim) for claim in (exp, nbf, iat)):
             # Python's parser reads them; a NaN nbf passed as valid, as every comparison is False.
             return "a time claim (exp, nbf or iat) is NaN or Infinity, which JSON does not have"
-        if nbf is not None and (not _is_time(nbf) or nbf - self._leeway > now):
+        if any(_is_time(claim) and abs(claim) > _LATEST for claim in (exp, nbf, iat)):
+            # JSON's integers have no bound: an exp of 10**400 held its stream's timer past a
+            # float's range (a 500 at its GET).
+            return "a time claim (exp, nbf or iat) is out of range (beyond the year 9999)"
+        # Compared with now + leeway, never nbf - leeway: an integer past a float's range (JSON
+        # has no bound) overflowed in that subtraction, a 500; int and float compare exactly.
+        if nbf is not None and (not _is_time(nbf) or nbf > now + self._leeway):
             return "not valid yet (nbf)"
-        if iat is not None and (not _is_time(iat) or iat - self._leeway > now):
+        if iat is not None and (not _is_time(iat) or iat > now + self._leeway):
             return "issued in the future (iat)"
         subject = claims.get(self._subject_claim)
         if not isinstance(subject, str) or not subject:
@@ -148,6 +154,10 @@ def _is_text(value: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+_LATEST = 253_402_300_799
+"""9999-12-31T23:59:59Z: the latest time a claim may name (RFC 7519's NumericDate is any number)."""
 
 
 def _is_time(value: Any) -> bool:

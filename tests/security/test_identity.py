@@ -94,14 +94,32 @@ async def test_a_configured_leeway_past_fastmcps_own_30_s_is_honoured_for_nbf(
 
 @pytest.mark.parametrize(
     "claims",
-    [{"exp": math.inf}, {"nbf": math.nan}, {"iat": -math.inf}, {"nbf": -math.inf}],
-    ids=["exp-Infinity", "nbf-NaN", "iat-minus-Infinity", "nbf-minus-Infinity"],
+    [
+        {"exp": math.inf},
+        {"nbf": math.nan},
+        {"iat": -math.inf},
+        {"nbf": -math.inf},
+        {"nbf": 10**400},
+        {"iat": 10**400},
+        {"exp": 10**400},
+    ],
+    ids=[
+        "exp-Infinity",
+        "nbf-NaN",
+        "iat-minus-Infinity",
+        "nbf-minus-Infinity",
+        "nbf-huge",
+        "iat-huge",
+        "exp-huge",
+    ],
 )
 async def test_time_claims_json_does_not_have_are_refused_401_and_a_bystander_served(
     claims: dict[str, float],
 ) -> None:
     # Python's parser reads NaN and Infinity: an exp of Infinity was a 500 and an ERROR
-    # traceback for each request (FastMCP's int(exp)), a NaN nbf let its token in.
+    # traceback for each request (FastMCP's int(exp)), a NaN nbf let its token in. An integer
+    # past a float's range (JSON has no bound) was a 500: at the nbf or iat check (the leeway
+    # taken from it overflowed), and for an exp at its notification stream's timer.
     async with jwt_gateway() as gw, httpx.AsyncClient() as http:
 
         async def status(bearer: str) -> int:
