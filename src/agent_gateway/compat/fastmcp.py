@@ -165,7 +165,7 @@ class BoundedJwks(JWTVerifier):
         except (TimeoutError, ValueError, httpx2.HTTPError) as exc:
             reason = f"no answer within {JWKS_TIMEOUT:g} s" if isinstance(exc, TimeoutError) else str(exc)
             logger.warning("JWKS from %s not fetched: %s", uri, reason)
-            self._outage = reason
+            self._outage = _outage_shown(exc) if isinstance(exc, httpx2.HTTPError) else reason
             raise ValueError(f"Failed to fetch JWKS: {reason}") from None
         self._outage = None
         return cast(dict[str, Any], keys)
@@ -243,6 +243,15 @@ def leave_nbf_to_caller() -> None:
     (``authentication.ClaimedJWTVerifier``, the only JWT verifier the gateway makes). The bound
     is the module's (no verifier has its own): a process's every verifier leaves it."""
     fastmcp_jwt._NBF_CLOCK_SKEW_SECONDS = math.inf  # pyright: ignore[reportPrivateUsage, reportAttributeAccessIssue]
+
+
+def _outage_shown(exc: httpx2.HTTPError) -> str:
+    """What a client is told of a failed fetch of the JWKS (``KeysUnavailable``'s 503): httpx2's
+    text names the URL ("... for url 'https://...'"), which may carry credentials and is the
+    operator's (the log has it): the provider's status, or the kind of failure."""
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return f"the provider answered HTTP {exc.response.status_code}"
+    return type(exc).__name__
 
 
 async def _read_bounded(uri: str) -> bytes:
