@@ -8,7 +8,7 @@ import hashlib
 import hmac
 import math
 import time
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from fastmcp.server.auth import AccessToken, AuthProvider, RemoteAuthProvider, TokenVerifier
 
@@ -160,7 +160,7 @@ _LATEST = 253_402_300_799
 """9999-12-31T23:59:59Z: the latest time a claim may name (RFC 7519's NumericDate is any number)."""
 
 
-def _is_time(value: Any) -> bool:
+def _is_time(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
