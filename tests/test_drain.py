@@ -1,6 +1,7 @@
 """A stop's drain (SIGTERM over HTTP) as clients and the audit trail see it, against a real
 ``agent-gateway serve`` process: a call still running when ``server.drain_timeout`` is up is
-answered with an error saying so, in both eras, and recorded."""
+answered with an error saying so, in both eras, and recorded. And, in process, the answer to a
+notification stream asked for once the drain has begun."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ import mcp_types as types
 import yaml
 from anyio.abc import TaskStatus
 
-from tests.support import SERVERS, free_port, ready
+from agent_gateway.http import begin_draining, build_app
+from agent_gateway.server import Gateway
+from agent_gateway.serving import listener_options
+from tests.support import SERVERS, config_of, free_port, ready, serving
 from tests.test_cli import LEGACY, handshake, serve_process
 
 MODERN = "2026-07-28"
@@ -84,3 +88,29 @@ async def test_a_call_still_running_when_the_drain_ends_is_answered_and_audited(
     calls = [(r["name"], r["outcome"], r["detail"]) for r in records if r["method"] == "tools/call"]
     assert calls == [("rec__wait", "error", told)] * 2
     assert "Traceback" not in log.read_text()
+
+
+async def test_a_notification_stream_asked_for_while_draining_is_refused_with_a_retry_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A GET that reaches the gateway once the drain has begun (its listener closes up to a
+    tick later) is told 503, ``retry-after: 1``, and the connection closes: the client's retry
+    reaches a listening replica, not this one's open connection."""
+    state = {
+        "audit": {"path": str(tmp_path / "audit.jsonl")},
+        "agent": {"memory": {"path": str(tmp_path / "m")}},
+    }
+    gateway = Gateway(config_of({"upstreams": {}} | state))
+    app = build_app(gateway)
+    async with (
+        gateway.running(),
+        serving(app, **listener_options(gateway)) as base,
+        httpx.AsyncClient(timeout=5) as http,
+    ):
+        session = await handshake(http, f"{base}/mcp")
+        begin_draining(app)  # what SIGTERM's handler does (serving.py)
+        headers = {"accept": "text/event-stream", "mcp-session-id": session, "mcp-protocol-version": LEGACY}
+        async with http.stream("GET", f"{base}/mcp", headers=headers) as answer:
+            status, told = answer.status_code, answer.headers
+    assert status == 503
+    assert (told.get("retry-after"), told.get("connection")) == ("1", "close")

@@ -15,7 +15,7 @@ import pytest
 from fastmcp import Context, FastMCP
 
 from agent_gateway.compat import deferred as responses
-from tests.support import RunningGateway, running_gateway, serving_upstream
+from tests.support import RunningGateway, intercepted, running_gateway, serving, serving_upstream
 
 BOUND = 10.0
 VERSION = "2025-11-25"
@@ -215,3 +215,36 @@ async def test_a_call_whose_session_ends_meanwhile_gets_a_stream_that_ends_unans
         answer = await answered()
     assert answer.content_type == "text/event-stream"
     assert answer.messages == []
+
+
+async def test_a_request_sent_right_behind_initialize_is_served_once_the_handshake_is_done() -> None:
+    """A client may send its session's first request as soon as ``initialize``'s stream has
+    named the session, before its answer: the SDK's loop holds it until the handshake is done,
+    and so must the gateway (served in its POST's task at once, it was refused as sent before
+    initialization). The handshake is held open here by the upstream: a second client's
+    ``initialize`` takes back the first's quiet log level, which the upstream is slow to take."""
+
+    async def slow_to_take_levels(scope: Any, message: dict[str, Any], send: Any) -> bool:
+        if message.get("method") == "logging/setLevel" and message["params"]["level"] != "error":
+            await anyio.sleep(0.5)
+        return False
+
+    hello = {"protocolVersion": VERSION, "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}
+    initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+    async with (
+        serving(intercepted(upstream(), slow_to_take_levels)) as base,
+        running_gateway({"upstreams": {"up": {"url": f"{base}/mcp", "protocol": "legacy"}}}) as gw,
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        quiet = Session(http, gw)
+        opened = await http.post(gw.url, json=initialize, headers=quiet.headers())
+        quiet.session_id = opened.headers["mcp-session-id"]
+        await quiet.post({"method": "notifications/initialized"})
+        await quiet.post({"id": 1, "method": "logging/setLevel", "params": {"level": "error"}})
+        eager = Session(http, gw)
+        async with http.stream("POST", gw.url, json=initialize, headers=eager.headers()) as handshake:
+            eager.session_id = handshake.headers["mcp-session-id"]  # its answer not yet sent
+            listed = await eager.post({"id": 1, "method": "tools/list"})
+            answered = events((await handshake.aread()).decode())
+    assert answered[0]["result"]["protocolVersion"] == VERSION
+    assert "up__echo" in {tool["name"] for tool in listed.messages[0]["result"]["tools"]}

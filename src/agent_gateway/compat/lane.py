@@ -361,8 +361,8 @@ async def refused_twice(request_id: RequestId, send: Send) -> None:
 
 
 async def refused_while_draining(send: Send) -> None:
-    """A draining replica's answer to a POST. The connection closes after it: the client's
-    next try reaches a listening replica."""
+    """A draining replica's answer to a GET (a notification stream it would hold past its
+    stop). The connection closes after it: the client's next try reaches a listening replica."""
     headers = [(b"content-length", b"0"), (b"connection", b"close"), (b"retry-after", b"1")]
     await send({"type": "http.response.start", "status": HTTPStatus.SERVICE_UNAVAILABLE, "headers": headers})
     await send({"type": "http.response.body", "body": b""})
