@@ -40,6 +40,7 @@ from agent_gateway.access import Principal
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
+from agent_gateway.agent.run_record import refusal_of
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import AgentTool, Search, Toolbox, merged, within_bytes
 from agent_gateway.call_records import CallRecorder, RunCall
@@ -224,22 +225,6 @@ class ToolRunner:
         except GatewayError as exc:
             return str(exc), True
         return render(result), bool(result.is_error)
-
-
-def refusal_of(reply: AIMessage) -> str:
-    """The model's words declining the request, its text empty: OpenAI's ``refusal``, which
-    langchain-openai (1.8) keeps in ``additional_kwargs`` over Chat Completions, and in
-    ``refusal`` content blocks over the Responses API."""
-    kept = reply.additional_kwargs.get("refusal")
-    words = [kept] if isinstance(kept, str) else []
-    for block in reply.content if isinstance(reply.content, list) else []:
-        if (
-            isinstance(block, dict)
-            and block.get("type") == "refusal"
-            and isinstance(block.get("refusal"), str)
-        ):
-            words.append(block["refusal"])
-    return "\n".join(words)
 
 
 def taken(reply: AIMessage) -> AIMessage:

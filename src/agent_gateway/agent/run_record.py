@@ -19,6 +19,7 @@ from typing import Any
 
 from langchain_core.messages import AIMessage
 
+from agent_gateway.errors import BadModelOutput
 from agent_gateway.logs import clipped
 
 MAX_CALLS_JSON = 256 * 1024
@@ -86,6 +87,36 @@ def kept_calls(kept: list[Any], made: Iterable[Any], left_out: int) -> tuple[lis
             return taken, len(made) - index
         taken.append(call)
     return taken, 0
+
+
+def refusal_of(reply: AIMessage) -> str:
+    """The model's words declining the request, its text empty: OpenAI's ``refusal``, which
+    langchain-openai (1.8) keeps in ``additional_kwargs`` over Chat Completions, and in
+    ``refusal`` content blocks over the Responses API."""
+    kept = reply.additional_kwargs.get("refusal")
+    words = [kept] if isinstance(kept, str) else []
+    for block in reply.content if isinstance(reply.content, list) else []:
+        if (
+            isinstance(block, dict)
+            and block.get("type") == "refusal"
+            and isinstance(block.get("refusal"), str)
+        ):
+            words.append(block["refusal"])
+    return "\n".join(words)
+
+
+def final_answer(last: object) -> str:
+    """The answer a run ends with: its last reply's text, or the model's refusal in its place.
+
+    Raises:
+        BadModelOutput: the reply holds neither (saying so when the model declined in no words).
+    """
+    answer = "" if not isinstance(last, AIMessage) else last.text if last.text.strip() else refusal_of(last)
+    if answer.strip():
+        return answer
+    if isinstance(last, AIMessage) and last.response_metadata.get("stop_reason") == "refusal":
+        raise BadModelOutput("the model declined the request (its stop reason: refusal) and wrote no answer")
+    raise BadModelOutput("the model ended the run with an empty answer")
 
 
 def answered(text: str) -> str:

@@ -27,7 +27,7 @@ from langgraph.types import Command
 from agent_gateway import access
 from agent_gateway.activity import Activity, RunStatus
 from agent_gateway.agent.asking import Asker, Pause, RoundAsker, SessionAsker
-from agent_gateway.agent.calls import ToolRunner, refusal_of
+from agent_gateway.agent.calls import ToolRunner
 from agent_gateway.agent.graph import (
     AgentGraph,
     RunContext,
@@ -41,7 +41,7 @@ from agent_gateway.agent.models import ModelSource
 from agent_gateway.agent.reporting import ClientObserver, LogObserver, RecordedObserver, RunObserver
 from agent_gateway.agent.request import AgentRequest
 from agent_gateway.agent.resumption import Resumption, pause_of, resume_input
-from agent_gateway.agent.run_record import answered, error_text, fill, new_record, now
+from agent_gateway.agent.run_record import answered, error_text, fill, final_answer, new_record, now
 from agent_gateway.agent.spans import agent_finished, agent_span
 from agent_gateway.agent.threads import holds, owner_of, thread_of
 from agent_gateway.agent.toolbox import Reach, Toolbox, searcher
@@ -50,7 +50,7 @@ from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
-from agent_gateway.errors import AgentError, BadModelOutput, StepLimitReached
+from agent_gateway.errors import AgentError, StepLimitReached
 from agent_gateway.logs import scrubbed
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
@@ -318,16 +318,7 @@ class AgentRunner:
                 f"the agent reached its step limit ({self.config.max_steps} model turns) and still wanted "
                 f"to call tools; raise agent.max_steps or ask for less at once"
             )
-        answer = (
-            "" if not isinstance(last, AIMessage) else last.text if last.text.strip() else refusal_of(last)
-        )
-        if not answer.strip():
-            if isinstance(last, AIMessage) and last.response_metadata.get("stop_reason") == "refusal":
-                raise BadModelOutput(
-                    "the model declined the request (its stop reason: refusal) and wrote no answer"
-                )
-            raise BadModelOutput("the model ended the run with an empty answer")
-        record["answer"] = answered(answer)
+        record["answer"] = answered(final_answer(last))
         return RunOutcome(record)
 
 
