@@ -21,6 +21,7 @@ import mcp_types as types
 import pytest
 import yaml
 from anyio.abc import TaskStatus
+from fastmcp import FastMCP
 from mcp import Client
 
 import agent_gateway
@@ -30,6 +31,7 @@ from tests.e2e.peers import command_of, descendants, exited
 from tests.support import (
     LOOPBACK_HEX,
     SERVERS,
+    child_process,
     free_port,
     free_socket,
     gateway_env,
@@ -38,6 +40,7 @@ from tests.support import (
     python_upstream,
     ready,
     running_gateway,
+    serving_upstream,
 )
 
 LEGACY = "2025-11-25"
@@ -372,6 +375,37 @@ def test_http_client_libraries_log_each_request_only_at_debug(
     finally:
         for logger, level in zip(chatty, before, strict=True):
             logger.setLevel(level)
+
+
+@pytest.mark.parametrize(("flag", "logged"), [("info", False), ("debug", True)])
+async def test_an_http_upstreams_requests_are_in_the_log_only_at_debug(
+    tmp_path: Path, flag: str, logged: bool
+) -> None:
+    upstream = FastMCP("up")
+
+    @upstream.tool
+    def echo(text: str) -> str:
+        return text
+
+    port = free_port()
+    log = tmp_path / "gateway.log"
+    async with serving_upstream(upstream) as url:
+        path = write_config(tmp_path, {"up": {"url": url}}, port=port)
+        command = [
+            str(Path(sys.executable).parent / "agent-gateway"),
+            "--log-level",
+            flag,
+            "serve",
+            "-c",
+            str(path),
+        ]
+        async with child_process(command, gateway_env(), log):
+            await ready(port)
+            for mode in ("legacy", "auto"):  # a handshake-era upstream session, and the modern era's calls
+                async with Client(f"http://127.0.0.1:{port}/mcp", mode=mode) as client:
+                    assert (await client.call_tool("up__echo", {"text": "x"})).is_error is False
+    # httpx2's INFO line for each request the gateway sends its upstream: only when asked for.
+    assert ("httpx2: HTTP Request: POST " + url in log.read_text()) is logged
 
 
 def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
