@@ -128,7 +128,11 @@ async def test_a_dedicated_upstream_session_is_resumed_by_the_other_replica_and_
         with anyio.fail_after(BOUND):
             while await known_upstream(upstream, session):
                 await anyio.sleep(0.05)
+        logs = cluster.log(0) + cluster.log(1)
     assert min(served) >= 2  # both replicas served the client, in turn
+    # The resume's check that the upstream still knows the session warns of nothing.
+    assert "resumed" in logs
+    assert "Warning" not in logs
     assert [int(text.split()[1]) for text in seen] == [1, 2, 3, 4, 5, 6]
     # Opened once: the replica resuming it adopts the recorded handshake, sending none.
     assert handshakes.sessions.count(session) == 1, handshakes.sessions

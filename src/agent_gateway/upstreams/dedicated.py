@@ -50,7 +50,7 @@ from agent_gateway.store.record import UpstreamRecord
 from agent_gateway.store.sessions import SessionRecords
 from agent_gateway.telemetry import health_failures
 from agent_gateway.upstreams.guard import Guard
-from agent_gateway.upstreams.lifecycle import UpdateSink, connected, nothing, unanswered
+from agent_gateway.upstreams.lifecycle import UpdateSink, connected, nothing, probe, unanswered
 from agent_gateway.upstreams.queueing import CallQueue
 from agent_gateway.upstreams.session import ClientSide, UpstreamSession
 
@@ -391,8 +391,10 @@ async def _answering(client: Client, session: UpstreamSession) -> None:
 
 
 async def _answers(client: Client) -> None:
-    """A resumed session is still known upstream (else the upstream refuses the ping)."""
-    await client.send_ping()
+    """A resumed session is still known upstream (else the upstream refuses the health check:
+    ``lifecycle.probe``, not ``Client.send_ping``, which warns that ping is gone from the modern
+    era on each call, a line in the log for each resume)."""
+    await probe(client)
 
 
 async def _ignore(message: IncomingMessage) -> None:
