@@ -308,10 +308,21 @@ async def test_the_last_answer_is_written_whole_to_a_slow_reader_before_the_gate
     # the gateway waits for it (up to server.stdio_drain) rather than exit mid-line.
     calls = tmp_path / "calls"
     megabytes = 4
-    async with stdio_gateway(serve_args(stdio_config(tmp_path, calls))) as (process, stdin, replies):
+    config = stdio_config(tmp_path, calls, drain=8)
+    args = ["--log-level", "info", *serve_args(config)[2:]]  # the line waited for
+    async with stdio_gateway(args) as (process, stdin, replies):
         await stdin.send(call(2, "slow__big", megabytes=megabytes))
         await stdin.aclose()
-        await anyio.sleep(3)  # the answer fills the pipe; the gateway has ended serving meanwhile
+        assert process.stderr is not None
+        log = BufferedByteReceiveStream(process.stderr)
+        with anyio.fail_after(BOUND):  # the answer fills the pipe, and the gateway ends serving
+            while b"stdio: serving ended, an answer still being written" not in await log.receive_until(
+                b"\n", 65536
+            ):
+                pass
+        # The reader is slow: half the drain, unless the gateway exits before (mid-line).
+        with anyio.move_on_after(4):
+            await process.wait()
         with anyio.fail_after(BOUND):
             answer = json.loads(await replies.receive_until(b"\n", 4 * megabytes << 20))
             await process.wait()

@@ -114,6 +114,8 @@ class StdoutLines:
         self._receive: MemoryObjectReceiveStream[bytes] = receive
         self._written = anyio.Event()
         self._wire = -1
+        self._handed = 0
+        self._done = 0  # lines the thread has written whole; behind ``_handed`` while one is on its way
         self.closed = anyio.Event()
         """Set when stdout cannot be written (the client closed it): nobody reads the answers."""
 
@@ -128,16 +130,24 @@ class StdoutLines:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._send.close()
+        if self._done < self._handed:
+            logger.info(
+                "stdio: serving ended, an answer still being written: the client has %g s to take it",
+                self._grace,
+            )
         with anyio.CancelScope(shield=True), anyio.move_on_after(self._grace):
             await self._written.wait()  # what was handed over is written, or the client reads no more
-        self._receive.close()  # the thread, if blocked in its write, ends with the process
+        self._receive.close()
         os.dup2(self._wire, self._fd)
+        if self._written.is_set():  # else the thread, blocked in its write, ends with the process
+            os.close(self._wire)
 
     async def write(self, text: str) -> None:
         try:
             await self._send.send(text.encode())
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             return  # stdout is gone (the client closed it): nobody reads the answer
+        self._handed += 1
 
     async def flush(self) -> None:
         """Each line is flushed as it is written."""
@@ -148,6 +158,7 @@ class StdoutLines:
         try:
             while True:
                 _write_all(self._wire, anyio.from_thread.run(self._receive.receive, token=token))
+                self._done += 1
         except OSError as exc:  # EPIPE: the client closed its end
             logger.warning("stdio: writing stdout failed (%s): the client reads no more answers", exc)
             failed = True
