@@ -16,6 +16,7 @@ from anyio.abc import TaskStatus
 from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.session import IncomingMessage
+from mcp.server.lowlevel import Server
 from starlette.types import Receive, Scope, Send
 
 from agent_gateway.runtime import child_pids
@@ -97,6 +98,50 @@ async def serve_until(server: FastMCP, stop: anyio.Event, *, task_status: TaskSt
     async with serving_upstream(server) as url:
         task_status.started(url)
         await stop.wait()
+
+
+def resources_without_templates() -> Server:
+    """A low-level server of a tool and a resource, given no templates handler: it answers
+    ``resources/templates/list`` with Method not found."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name="echo", input_schema={"type": "object"})])
+
+    async def call_tool(ctx: Any, params: Any) -> types.CallToolResult:
+        return types.CallToolResult(content=[types.TextContent(text="echoed")])
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[types.Resource(uri="mem://a", name="a")])
+
+    async def read_resource(ctx: Any, params: Any) -> types.ReadResourceResult:
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text="A")])
+
+    return Server(
+        "plain",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+
+
+@pytest.mark.parametrize("mode", ["legacy", "2026-07-28"])
+async def test_an_upstream_of_resources_without_a_templates_method_is_served_whole(mode: str) -> None:
+    async with (
+        serving(resources_without_templates().streamable_http_app()) as base,
+        running_gateway({"upstreams": {"plain": {"url": f"{base}/mcp", "protocol": mode}}}) as gw,
+        Client(gw.url, mode=mode) as client,
+    ):
+        tools = [tool.name for tool in (await client.list_tools()).tools]
+        called = await client.call_tool("plain__echo", {})
+        resources = [str(resource.uri) for resource in (await client.list_resources()).resources]
+        read = await client.read_resource("mem://a")
+        templates = (await client.list_resource_templates()).resource_templates
+    assert "plain__echo" in tools
+    assert called.content == [types.TextContent(text="echoed")]
+    assert resources == ["mem://a"]
+    assert read.contents == [types.TextResourceContents(uri="mem://a", text="A")]
+    assert templates == []
 
 
 async def test_a_call_to_an_upstream_that_went_away_fails_quickly_naming_it() -> None:

@@ -328,16 +328,26 @@ async def fetch_listing(client: Client, upstream: str) -> Listing:
             if caps.resources
             else ()
         ),
-        templates=(
-            await pages.all(
-                client.list_resource_templates, lambda r: r.resource_templates, "resource templates"
-            )
-            if caps.resources
-            else ()
-        ),
+        templates=await _templates(client, pages) if caps.resources else (),
         instructions=kept_instructions(client.instructions, upstream),
         protocol_version=client.protocol_version,
     )
+
+
+async def _templates(client: Client, pages: _Pages) -> tuple[types.ResourceTemplate, ...]:
+    """The upstream's resource templates: none when it answers Method not found. Its
+    capabilities cannot say it has no templates method (``resources`` covers both lists), and
+    the SDK's low-level server has one only when given a handler: a server of resources and
+    no templates was taken for down, with every tool it had."""
+    try:
+        return await pages.all(
+            client.list_resource_templates, lambda r: r.resource_templates, "resource templates"
+        )
+    except MCPError as exc:
+        if exc.code != types.METHOD_NOT_FOUND:
+            raise
+        logger.debug("upstream %s has no resources/templates/list (%s): no templates", pages.upstream, exc)
+        return ()
 
 
 @dataclass(frozen=True)
