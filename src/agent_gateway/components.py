@@ -10,14 +10,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import mcp_types as types
-from fastmcp.prompts.base import Prompt, PromptArgument
+from fastmcp.prompts.base import Prompt
 from fastmcp.resources.base import Resource
 from fastmcp.resources.template import ResourceTemplate
 from fastmcp.server.providers import Provider
 from fastmcp.utilities.versions import VersionSpec
-from pydantic import AnyUrl
+from pydantic import AnyUrl, PrivateAttr
 
 from agent_gateway import access
 from agent_gateway.catalog import Catalog, CatalogSnapshot
@@ -26,23 +27,44 @@ from agent_gateway.errors import shown
 logger = logging.getLogger(__name__)
 
 
+# Each is listed as its upstream listed it, under its public name or URI: FastMCP's own
+# conversion added its tags to ``_meta``, ``required: false`` to the arguments that said
+# nothing, ``text/plain`` where no MIME type is known, and dropped a resource's ``size``.
+
+
+class ListedPrompt(Prompt):
+    _listed: types.Prompt = PrivateAttr()
+
+    def to_mcp_prompt(self, **overrides: Any) -> types.Prompt:
+        return self._listed.model_copy(update={"name": self.name})
+
+
+class ListedResource(Resource):
+    _listed: types.Resource = PrivateAttr()
+
+    def to_mcp_resource(self, **overrides: Any) -> types.Resource:
+        return self._listed.model_copy(update={"uri": str(self.uri)})
+
+
+class ListedTemplate(ResourceTemplate):
+    _listed: types.ResourceTemplate = PrivateAttr()
+
+    def to_mcp_template(self, **overrides: Any) -> types.ResourceTemplate:
+        return self._listed.model_copy(update={"uri_template": self.uri_template})
+
+
 def _prompt(public: str, prompt: types.Prompt) -> Prompt:
-    arguments = [
-        PromptArgument(name=a.name, title=a.title, description=a.description, required=bool(a.required))
-        for a in prompt.arguments or []
-    ]
-    return Prompt(
-        name=public,
-        title=prompt.title,
-        description=prompt.description,
-        arguments=arguments,
-        icons=prompt.icons,
-        meta=prompt.meta,
+    # Its arguments are in what is listed: nothing of FastMCP's reads them (the pipeline gets
+    # prompts).
+    component = ListedPrompt(
+        name=public, title=prompt.title, description=prompt.description, icons=prompt.icons, meta=prompt.meta
     )
+    component._listed = prompt
+    return component
 
 
 def _resource(public: str, resource: types.Resource) -> Resource:
-    return Resource(
+    component = ListedResource(
         uri=AnyUrl(public),
         name=resource.name,
         title=resource.title,
@@ -52,10 +74,12 @@ def _resource(public: str, resource: types.Resource) -> Resource:
         annotations=resource.annotations,
         meta=resource.meta,
     )
+    component._listed = resource
+    return component
 
 
 def _template(public: str, template: types.ResourceTemplate) -> ResourceTemplate:
-    return ResourceTemplate(
+    component = ListedTemplate(
         uri_template=public,
         name=template.name,
         title=template.title,
@@ -66,6 +90,8 @@ def _template(public: str, template: types.ResourceTemplate) -> ResourceTemplate
         parameters={},
         meta=template.meta,
     )
+    component._listed = template
+    return component
 
 
 @dataclass(frozen=True)

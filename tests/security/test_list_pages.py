@@ -16,13 +16,11 @@ import httpx2
 import mcp_types as types
 import pytest
 from fastmcp import Context, FastMCP
-from fastmcp.prompts.base import Prompt
-from fastmcp.resources.base import Resource
-from fastmcp.resources.template import ResourceTemplate
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.components import ListedPrompt, ListedResource, ListedTemplate
 from tests.faults.harness import text_of, wait_until
 from tests.support import running_gateway, serving_upstream
 
@@ -99,8 +97,11 @@ async def templates(client: Client, cursor: str | None) -> tuple[list[str], str 
     return [t.uri_template for t in page.resource_templates], page.next_cursor
 
 
-LISTS = {"prompts": (prompts, Prompt, "to_mcp_prompt"), "resources": (resources, Resource, "to_mcp_resource")}
-LISTS["templates"] = (templates, ResourceTemplate, "to_mcp_template")
+LISTS = {
+    "prompts": (prompts, ListedPrompt, "to_mcp_prompt"),
+    "resources": (resources, ListedResource, "to_mcp_resource"),
+    "templates": (templates, ListedTemplate, "to_mcp_template"),
+}
 
 
 async def walked(client: Client, page: Page) -> tuple[list[str], list[str | None]]:
