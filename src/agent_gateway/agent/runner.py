@@ -49,7 +49,7 @@ from agent_gateway.agent.upkeep import Exclusive, Upkeep, Vacant
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
-from agent_gateway.downstream.caller import Caller
+from agent_gateway.downstream.caller import NO_META, Caller
 from agent_gateway.errors import AgentError, StepLimitReached
 from agent_gateway.logs import scrubbed
 from agent_gateway.proxy import Proxy
@@ -271,7 +271,9 @@ class AgentRunner:
         toolbox, names = self.toolbox(client)
         # The agent reports its own progress; the upstreams' progress would count on the same token.
         tool_caller = (
-            dataclasses.replace(caller, progress_token=None, input_responses=None, request_state=None)
+            dataclasses.replace(
+                caller, progress_token=None, input_responses=None, request_state=None, relayed_meta=NO_META
+            )
             if caller
             else None
         )

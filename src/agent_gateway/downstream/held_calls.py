@@ -36,8 +36,9 @@ from __future__ import annotations
 import itertools
 import logging
 import secrets
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -127,6 +128,10 @@ class HeldCaller:
     @property
     def input_responses(self) -> types.InputResponses | None:
         return None  # answered here, never passed to the handshake-era upstream
+
+    @property
+    def relayed_meta(self) -> Mapping[str, Any]:
+        return self._held.caller.relayed_meta
 
     @property
     def request_state(self) -> str | None:

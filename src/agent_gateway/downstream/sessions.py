@@ -133,6 +133,10 @@ class DownstreamSession:
     def request_state(self) -> str | None:
         return None
 
+    @property
+    def relayed_meta(self) -> Mapping[str, Any]:
+        return {}  # no request of its own: a session's calls are its callers'
+
     def progress_relay(self) -> ProgressFnT | None:
         return None
 

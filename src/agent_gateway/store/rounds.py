@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
+from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -293,6 +295,10 @@ class _Remote:
     @property
     def request_state(self) -> str | None:
         return None
+
+    @property
+    def relayed_meta(self) -> Mapping[str, Any]:
+        return {}  # a later round's: the upstream call it answers was sent with the first's
 
     def progress_relay(self) -> ProgressFnT | None:
         if self.progress_token is None:

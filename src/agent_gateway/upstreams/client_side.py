@@ -4,7 +4,8 @@ upstream session) satisfies it, so the upstream layer imports nothing of the cli
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import mcp_types as types
 from mcp.shared.dispatcher import ProgressFnT
@@ -38,6 +39,11 @@ class ClientSide(Protocol):
     @property
     def request_state(self) -> str | None:
         """The opaque state a modern client echoes back with its answers."""
+
+    @property
+    def relayed_meta(self) -> Mapping[str, Any]:
+        """The client's own ``_meta`` keys of its request, passed on to the upstream."""
+        ...  # a Protocol member: the signature is the contract
 
     def progress_relay(self) -> ProgressFnT | None:
         """Where upstream progress for this call goes, if the client asked for progress."""

@@ -311,8 +311,9 @@ class UpstreamSession:
         target = params.ref.name if isinstance(params.ref, types.PromptReference) else params.ref.uri
         operation = ("completion/complete", target)
         with self._calling(caller, f"completion for {target!r}", operation, None, who) as client:
-            context = params.context.arguments if params.context is not None else None
-            return await client.complete(params.ref, params.argument.model_dump(), context)
+            # As the SDK's ``complete`` sends it, with the session id and the client's keys.
+            sent = params.model_copy(update={"meta": self._meta(caller)})
+            return await client.session.send_request(types.CompleteRequest(params=sent), types.CompleteResult)
 
     async def read_resource(
         self, uri: str, caller: ClientSide | None, who: str | None = None
@@ -352,7 +353,7 @@ class UpstreamSession:
     def _meta(self, caller: ClientSide | None) -> dict[str, Any] | None:
         if caller is None:
             return None
-        meta: dict[str, Any] = {SESSION_META_KEY: caller.session_id}
+        meta: dict[str, Any] = {**caller.relayed_meta, SESSION_META_KEY: caller.session_id}
         if self.modern and caller.log_level is not None:
             meta[types.LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
         return meta
