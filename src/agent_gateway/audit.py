@@ -247,6 +247,18 @@ class AuditLog:
             logger.error("audit: %d records not written on the way out: %s", len(rest), exc.strerror or exc)
         with self._writing:
             self._closed()
+        self._unlittered()
+
+    def _unlittered(self) -> None:
+        """A file of this process's own beside the trail (``_claim``) that took no record is
+        removed, with its lock: a ``check``, or a stdio gateway an IDE starts beside a serving
+        one, each left an empty pair behind, named by its process id, never used again."""
+        if self.path == Path(self.config.path):
+            return
+        with contextlib.suppress(OSError):
+            if self.path.stat().st_size == 0:
+                self.path.unlink()
+                self.path.with_name(f".{self.path.name}.lock").unlink()
 
     def _closed(self) -> None:
         if self._file is not None:
@@ -274,8 +286,8 @@ class AuditLog:
                 lock.close()
                 continue
             self._lock = lock
-            if attempt:
-                logger.warning(
+            if attempt:  # as meant (two IDEs on one config): said, not warned of
+                logger.info(
                     "audit: %s is written by another gateway process; this one writes %s", wanted, self.path
                 )
             return

@@ -386,6 +386,7 @@ async def test_two_gateways_on_one_trail_each_keep_a_whole_chain(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # As two IDEs each launching a gateway on the same config: the second writes beside it.
+    caplog.set_level(logging.INFO, "agent_gateway.audit")
     trail = tmp_path / "audit.jsonl"
     async with (
         audited(trail) as first,
@@ -402,6 +403,26 @@ async def test_two_gateways_on_one_trail_each_keep_a_whole_chain(
         assert [r["seq"] for r in records(path)] == [1, 2, 3], path
         assert main(["audit", "verify", str(path)]) == 0, path
     assert f"this one writes {beside}" in caplog.text
+
+
+async def test_a_second_gateway_on_one_trail_that_records_nothing_leaves_no_file_beside_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # As a stdio gateway an IDE starts beside a serving one, and no call goes through it.
+    caplog.set_level(logging.INFO, "agent_gateway.audit")
+    trail = tmp_path / "audit.jsonl"
+    async with audited(trail) as first, client(first.url, BYSTANDER_TOKEN) as one:
+        async with audited(trail):
+            [beside] = list(tmp_path.glob("audit.*.jsonl"))  # noqa: ASYNC240 (a name, no I/O to wait on)
+            [said] = [r for r in caplog.records if "this one writes" in r.getMessage()]
+        await one.call_tool("desk__echo", {"text": "one"})
+    assert sorted(p.name for p in tmp_path.iterdir() if "audit" in p.name) == [  # noqa: ASYNC240 (stopped)
+        ".audit.jsonl.lock",
+        "audit.jsonl",
+    ]
+    assert not beside.exists()
+    assert said.levelno == logging.INFO  # as meant: two processes, two files
+    assert [r["seq"] for r in records(trail)] == [1]
 
 
 async def test_a_call_through_call_tool_is_recorded_as_the_tool_it_called(tmp_path: Path) -> None:
