@@ -190,6 +190,8 @@ async def test_resources_keep_unique_uris_and_qualify_shared_ones(mode: str) -> 
     assert only.contents[0].text == "only alpha"
     assert isinstance(beta.contents[0], types.TextResourceContents)
     assert beta.contents[0].text == "beta readme"
+    # Under the URI read: the upstream's own (shared://readme) is nobody's in the catalog.
+    assert (only.contents[0].uri, beta.contents[0].uri) == ("alpha://only", "beta+shared://readme")
 
 
 @pytest.mark.parametrize("mode", MODES)

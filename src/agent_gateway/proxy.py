@@ -84,6 +84,15 @@ def _relayed(result: R) -> R:
     return result.model_copy(update={"meta": kept or None})
 
 
+def _as_read(result: types.ReadResourceResult, upstream_uri: str, uri: str) -> types.ReadResourceResult:
+    """The contents of the resource read carry the URI the client read (``beta+shared://x``),
+    not the upstream's for it, which in the catalog is another upstream's, or nobody's."""
+    if upstream_uri == uri or all(content.uri != upstream_uri for content in result.contents):
+        return result
+    contents = [c.model_copy(update={"uri": uri}) if c.uri == upstream_uri else c for c in result.contents]
+    return result.model_copy(update={"contents": contents})
+
+
 class Proxy:
     """Routes public names to upstream sessions through the current catalog snapshot."""
 
@@ -156,7 +165,8 @@ class Proxy:
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
-                return _relayed(await session.read_resource(upstream_uri, caller, who.label))
+                read = await session.read_resource(upstream_uri, caller, who.label)
+        return _as_read(_relayed(read), upstream_uri, uri)
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
         """Forward ``completion/complete`` for a public prompt or template to its upstream,
