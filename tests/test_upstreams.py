@@ -433,7 +433,34 @@ async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(
     ready = [line for line in lines[starting:] if line.startswith("counter ready: ")]
     assert len(ready) == 1
     assert re.fullmatch(
-        r"counter ready: 4 tools, 0 prompts, 0 resources in \d+\.\d s \(protocol .+\)", ready[0]
+        r"counter ready: 4 tools, 0 prompts, 0 resources, 0 templates in \d+\.\d s \(protocol .+\)",
+        ready[0],
+    )
+
+
+async def test_the_ready_line_counts_what_is_served_tools_after_exclusion_and_templates_apart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # It said "3 tools" for an upstream with one of its 3 excluded (2 served), "3 resources"
+    # for 2 resources and a template, and "1 prompts".
+    server = FastMCP("notes")
+    for name in ("add", "search", "word_count"):
+        server.tool(lambda: "ok", name=name)
+    server.prompt(lambda: "hello", name="greet")
+    server.resource("notes://one", name="one")(lambda: "1")
+    server.resource("notes://two", name="two")(lambda: "2")
+    server.resource("notes://{name}", name="note")(lambda name: name)
+    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams")
+    async with serving_upstream(server) as url:
+        config = {"upstreams": {"notes": {"url": url, "exclude": ["word_count"]}}}
+        async with running_gateway(config) as gw, Client(gw.url) as client:
+            served = {t.name for t in (await client.list_tools()).tools if t.name.startswith("notes__")}
+    assert served == {"notes__add", "notes__search"}
+    ready = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notes ready: ")]
+    assert len(ready) == 1
+    assert re.fullmatch(
+        r"notes ready: 2 tools \(1 excluded\), 1 prompt, 2 resources, 1 template in \d+\.\d s \(protocol .+\)",
+        ready[0],
     )
 
 

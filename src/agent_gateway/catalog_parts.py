@@ -318,6 +318,21 @@ def _prompt_entries(
     ]
 
 
+def served_counts(listing: Listing, config: UpstreamConfig) -> str:
+    """What a listing serves, as the upstream's ready line says it: its tools after the
+    upstream's ``include``/``exclude`` (and how many those left out), then its prompts,
+    resources and templates, each counted apart (``2 tools (1 excluded), 1 prompt, …``)."""
+    served = sum(is_selected(t.name, config.include, config.exclude) for t in listing.tools)
+    left_out = len(listing.tools) - served
+    tools = _counted(served, "tool") + (f" ({left_out} excluded)" if left_out else "")
+    rest = [(listing.prompts, "prompt"), (listing.resources, "resource"), (listing.templates, "template")]
+    return ", ".join([tools, *(_counted(len(items), noun) for items, noun in rest)])
+
+
+def _counted(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def source_of(config: UpstreamConfig) -> str:
     """The upstream as configured: what it runs or where it is (not its headers or env): what
     its tools are pinned under (``pins.py``), so the same tools from elsewhere are not trusted."""

@@ -31,6 +31,7 @@ from agent_gateway.catalog_parts import (
     Listing,
     kept_instructions,
     rest_size,
+    served_counts,
 )
 from agent_gateway.compat.mcp import PageTooLong
 from agent_gateway.config import UpstreamConfig
@@ -188,11 +189,9 @@ class Upstream:
         # The breaker is not reset here: an upstream that dies on every call reconnects each
         # time, and only the breaker's memory across connections stops that loop.
         logger.info(
-            "%s ready: %d tools, %d prompts, %d resources in %.1f s (protocol %s)",
+            "%s ready: %s in %.1f s (protocol %s)",
             self.name,
-            len(listing.tools),
-            len(listing.prompts),
-            len(listing.resources) + len(listing.templates),
+            served_counts(listing, self.config),
             took,
             client.protocol_version,
         )
