@@ -241,7 +241,9 @@ async def _child_serve(role: str, upstream: str, conn: Connection, otlp_endpoint
     # With an endpoint: this process's SDK providers, set before the app is built (as `serve`
     # does), so the gateway's spans and metrics are recorded and exported from the start.
     telemetry = (
-        install(TelemetryConfig(otlp_endpoint=otlp_endpoint, sampling_ratio=1.0, metrics=True), {})
+        install(
+            TelemetryConfig(otlp_endpoint=otlp_endpoint, sampling_ratio=1.0, metrics=True), {}, scraped=True
+        )
         if otlp_endpoint
         else None
     )

@@ -424,6 +424,36 @@ def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
     assert (gc.get_threshold(), gc.get_freeze_count()) == collector  # the process left as it was
 
 
+@pytest.mark.parametrize(
+    "command", [["serve", "--transport", "stdio"], ["ask", "hello"]], ids=["stdio", "ask"]
+)
+async def test_telemetry_says_metrics_are_off_where_no_metrics_endpoint_is_served(
+    tmp_path: Path, command: list[str]
+) -> None:
+    # Over stdio and in ask there is no /metrics: the line said "metrics on /metrics".
+    path = write_config(tmp_path, {"counter": counter()})
+    args = [str(Path(sys.executable).parent / "agent-gateway"), command[0], "-c", str(path), *command[1:]]
+    env = {k: v for k, v in gateway_env().items() if not k.startswith("OTEL_")}
+    with anyio.fail_after(60):
+        done = await anyio.run_process(args, env=env, stdin=subprocess.DEVNULL, check=False)
+    said = (
+        "telemetry: traces off, metrics off (/metrics is served over HTTP only, and no OTLP endpoint is set)"
+    )
+    assert f"INFO agent_gateway.exporters: {said}\n" in done.stderr.decode()
+
+
+async def test_telemetry_says_metrics_are_on_metrics_where_it_is_served(tmp_path: Path) -> None:
+    port = free_port()
+    path = write_config(tmp_path, {"counter": counter()}, port=port)
+    log = tmp_path / "gateway.log"
+    command = [str(Path(sys.executable).parent / "agent-gateway"), "serve", "-c", str(path)]
+    env = {k: v for k, v in gateway_env().items() if not k.startswith("OTEL_")}
+    async with child_process(command, env, log), httpx.AsyncClient() as http:
+        await ready(port)
+        assert (await http.get(f"http://127.0.0.1:{port}/metrics")).status_code == 200
+    assert "INFO agent_gateway.exporters: telemetry: traces off, metrics on /metrics\n" in log.read_text()
+
+
 def test_check_starts_the_upstreams_and_reports_a_name_collision_as_serve_would(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

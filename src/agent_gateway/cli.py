@@ -86,9 +86,10 @@ def _log_handler(log_format: str) -> logging.Handler:
 
 
 @contextmanager
-def _telemetry(config: GatewayConfig) -> Generator[None, None, None]:
-    """The process's telemetry for a command that serves or runs the agent, flushed at exit."""
-    installed = install(config.telemetry, os.environ)
+def _telemetry(config: GatewayConfig, *, scraped: bool) -> Generator[None, None, None]:
+    """The process's telemetry for a command that serves or runs the agent, flushed at exit;
+    ``scraped`` when it serves ``/metrics``."""
+    installed = install(config.telemetry, os.environ, scraped=scraped)
     try:
         yield
     finally:
@@ -202,7 +203,7 @@ def serve_config(args: argparse.Namespace, config: GatewayConfig) -> GatewayConf
 def _serve(args: argparse.Namespace, config: GatewayConfig) -> int:
     config = serve_config(args, config)
     lean_log_records()
-    with _telemetry(config):
+    with _telemetry(config, scraped=config.server.transport == "http"):
         gateway = Gateway(config)
         reloader = Reloader(
             gateway, lambda: serve_config(args, load_config(args.config, os.environ)), args.config
@@ -229,7 +230,7 @@ async def _print_catalog(gateway: Gateway, as_json: bool) -> int:
 def _ask(args: argparse.Namespace, config: GatewayConfig) -> int:
     if not config.agent.enabled:
         raise ConfigError(f"{args.config}: agent.enabled: the agent is switched off in this file")
-    with _telemetry(config):
+    with _telemetry(config, scraped=False):
         return anyio.run(
             _run_agent, Gateway(config), AgentRequest(args.query, args.conversation), bool(args.json)
         )

@@ -105,31 +105,44 @@ _EXPORT_TIMEOUT = 5.0
 _installed: Installed | None = None
 
 
-def install(config: TelemetryConfig, environ: Mapping[str, str]) -> Installed:
-    """Set up this process's providers from ``config`` (once: later calls return the first)."""
+def install(config: TelemetryConfig, environ: Mapping[str, str], *, scraped: bool) -> Installed:
+    """Set up this process's providers from ``config`` (once: later calls return the first).
+    ``scraped``: the process serves ``/metrics`` (the HTTP transport; not stdio, not ``ask``),
+    so metrics are kept for it; without it they are made only for an OTLP endpoint."""
     global _installed
     if _installed is not None:
         return _installed
     settings = Settings.of(config, environ)
     resource = Resource.create({"service.name": settings.service_name})
     tracing = None if settings.disabled or settings.endpoint is None else _tracer_provider(settings, resource)
-    meters, prometheus = (
-        (None, False)
-        if settings.disabled or not settings.metrics
-        else _meter_provider(settings, resource, traced=tracing is not None, environ=environ)
+    wanted = settings.metrics and not settings.disabled
+    meters = (
+        _meter_provider(settings, resource, traced=tracing is not None, environ=environ, scraped=scraped)
+        if wanted and (scraped or settings.endpoint is not None)
+        else None
     )
     if tracing is not None:
         trace.set_tracer_provider(tracing)
         trace_context.tracing.installed()
     if meters is not None:
         metrics.set_meter_provider(meters)
-    _installed = Installed(settings, tracing, meters, prometheus)
+    _installed = Installed(settings, tracing, meters, prometheus=meters is not None and scraped)
     logger.info(
         "telemetry: traces %s, metrics %s",
         f"to {_where(settings.endpoint)} (sampling {settings.sampling_ratio:g})" if tracing else "off",
-        "on /metrics" + (" and OTLP" if settings.endpoint else "") if meters else "off",
+        _metrics_said(wanted, scraped=scraped, exported=settings.endpoint is not None),
     )
     return _installed
+
+
+def _metrics_said(wanted: bool, *, scraped: bool, exported: bool) -> str:
+    """Where metrics go, as the start-up line says it: ``/metrics`` only where it is served."""
+    where = [name for name, on in (("/metrics", scraped), ("OTLP", exported)) if on]
+    if not wanted:
+        return "off"
+    if not where:
+        return "off (/metrics is served over HTTP only, and no OTLP endpoint is set)"
+    return ("on " if scraped else "to ") + " and ".join(where)
 
 
 def installed() -> Installed | None:
@@ -154,11 +167,13 @@ def _tracer_provider(settings: Settings, resource: Resource) -> TracerProvider:
 
 
 def _meter_provider(
-    settings: Settings, resource: Resource, *, traced: bool, environ: Mapping[str, str]
-) -> tuple[MeterProvider, bool]:
-    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    settings: Settings, resource: Resource, *, traced: bool, environ: Mapping[str, str], scraped: bool
+) -> MeterProvider:
+    readers: list[MetricReader] = []
+    if scraped:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
 
-    readers: list[MetricReader] = [PrometheusMetricReader()]
+        readers.append(PrometheusMetricReader())
     if settings.endpoint is not None:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -171,7 +186,7 @@ def _meter_provider(
     # third of a histogram's cost). OTEL_METRICS_EXEMPLAR_FILTER, when set, decides.
     untraced = not traced and OTEL_METRICS_EXEMPLAR_FILTER not in environ
     exemplars = AlwaysOffExemplarFilter() if untraced else None
-    return MeterProvider(resource=resource, metric_readers=readers, exemplar_filter=exemplars), True
+    return MeterProvider(resource=resource, metric_readers=readers, exemplar_filter=exemplars)
 
 
 def _where(endpoint: str | None) -> str:
