@@ -59,6 +59,44 @@ def test_a_wrong_type_is_reported_with_its_path(tmp_path: Path) -> None:
         load_config(path, {})
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (
+            "upstreams:\n  notes: {command: echo, exclude: word_count}\n",
+            "upstreams.notes.exclude: should be a list (of strings), not a string",
+        ),
+        (
+            "upstreams:\n  notes: {command: echo}\nagent:\n  require_approval: memory__delete_*\n",
+            "agent.require_approval: should be a list (of strings), not a string",
+        ),
+        (
+            "upstreams:\n  notes: {command: echo, args: 5}\n",
+            "upstreams.notes.args: should be a list (of strings), not a number",
+        ),
+        (
+            "upstreams:\n  notes: {command: echo, env: A=b}\n",
+            "upstreams.notes.env: should be a mapping (key: value), not a string",
+        ),
+        ("upstreams:\n  notes: echo\n", "upstreams.notes: should be a mapping (key: value), not a string"),
+        (
+            "upstreams:\n  notes: {command: echo}\nauth:\n  mode: bearer\n  tokens: secret-of-forty-characters\n",
+            "auth.tokens: should be a list, not a string",
+        ),
+    ],
+    ids=["exclude", "require_approval", "args", "env", "upstream", "tokens"],
+)
+def test_a_value_of_the_wrong_shape_is_said_to_be_a_list_or_a_mapping_in_yamls_words(
+    tmp_path: Path, text: str, said: str
+) -> None:
+    # It said "Input should be a valid tuple" for a string written where a list goes; the
+    # value itself is never repeated (it may be a secret).
+    path = write(tmp_path, "g.yaml", text)
+    with pytest.raises(ConfigError) as refused:
+        load_config(path, {})
+    assert str(refused.value) == f"{path}: {said}"
+
+
 def test_a_bad_upstream_name_is_rejected(tmp_path: Path) -> None:
     path = write(tmp_path, "g.yaml", "upstreams:\n  'my server': {command: echo}\n")
     with pytest.raises(ConfigError, match=r"upstreams\.my server: upstream name 'my server' must be"):

@@ -8,9 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from agent_gateway.config import FieldProblem, GatewayConfig
 from agent_gateway.config_paths import resolved
@@ -164,7 +165,69 @@ def _describe_one(error: Any) -> str:
         reason = f"unknown key {loc[-1]!r}"
     elif error["type"] == "missing":
         reason = f"required key {loc[-1]!r} is missing"
+    elif (shape := _SHAPES.get(error["type"])) is not None:
+        reason = _wrong_shape(shape, loc, error["input"])
     return f"{_dotted(loc) or '(top level)'}: {reason}"
+
+
+_SHAPES = {
+    "tuple_type": "a list",
+    "list_type": "a list",
+    "set_type": "a list",
+    "frozen_set_type": "a list",
+    "dict_type": "a mapping (key: value)",
+    "model_type": "a mapping (key: value)",
+}
+"""Pydantic's words for a value of the wrong shape (``Input should be a valid tuple``, for a
+YAML string written where a list goes), in the file's own: a list, a mapping."""
+
+
+def _wrong_shape(shape: str, loc: tuple[str, ...], given: object) -> str:
+    # Never the value itself: it may be a secret (server.state_keys, a token).
+    items = " (of strings)" if shape == "a list" and _holds_strings(loc) else ""
+    return f"should be {shape}{items}, not {_kind_of(given)}"
+
+
+_KINDS: tuple[tuple[type | UnionType, str], ...] = (
+    (bool, "true or false"),  # before int: a bool is one
+    (str, "a string"),
+    (int | float, "a number"),
+    (list, "a list"),
+    (dict, "a mapping"),
+    (type(None), "empty"),
+)
+
+
+def _kind_of(value: object) -> str:
+    return next((kind for cls, kind in _KINDS if isinstance(value, cls)), type(value).__name__)
+
+
+def _holds_strings(loc: tuple[str, ...]) -> bool:
+    """Whether the list at ``loc`` in a ``GatewayConfig`` is one of strings."""
+    kind: object = GatewayConfig
+    for key in loc:
+        kind = _unwrapped(kind)
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            field = kind.model_fields.get(key)
+            kind = field.annotation if field is not None else None
+        elif get_origin(kind) is dict:
+            kind = get_args(kind)[1]
+        elif get_origin(kind) is tuple:
+            kind = get_args(kind)[0]
+        else:
+            return False
+    items = get_args(_unwrapped(kind))
+    return bool(items) and _unwrapped(items[0]) is str
+
+
+def _unwrapped(kind: object) -> object:
+    """``X`` of ``Annotated[X, …]`` and of ``X | None``."""
+    if get_origin(kind) is Annotated:
+        return _unwrapped(get_args(kind)[0])
+    if get_origin(kind) in (Union, UnionType):
+        rest = [arg for arg in get_args(kind) if arg is not type(None)]
+        return _unwrapped(rest[0]) if len(rest) == 1 else kind
+    return kind
 
 
 def _dotted(path: tuple[str, ...]) -> str:
