@@ -26,7 +26,7 @@ from mcp import Client
 
 import agent_gateway
 from agent_gateway import runtime
-from agent_gateway.cli import main
+from agent_gateway.cli import main, parse_arguments
 from tests.e2e.peers import command_of, descendants, exited
 from tests.support import (
     LOOPBACK_HEX,
@@ -362,19 +362,35 @@ def test_serve_on_a_public_address_from_the_command_line_meets_the_auth_check(
     assert "(with the command line's options): auth.mode: server.host '0.0.0.0' is not loopback" in err
 
 
+@pytest.mark.parametrize("where", ["before", "after"])
 @pytest.mark.parametrize(("flag", "expected"), [("info", logging.WARNING), ("debug", logging.DEBUG)])
 def test_http_client_libraries_log_each_request_only_at_debug(
-    tmp_path: Path, flag: str, expected: int, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, flag: str, expected: int, where: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # --log-level is taken after the command too (scripts/serve passes its arguments on to
+    # serve): "serve --log-level debug" was refused as unrecognized.
     path = write_config(tmp_path, {"counter": counter()})
     chatty = [logging.getLogger(name) for name in runtime.CHATTY_LOGGERS]
     before = [logger.level for logger in chatty]
+    command = ["check", "--offline", "-c", str(path)]
+    argv = ["--log-level", flag, *command] if where == "before" else [*command, "--log-level", flag]
     try:
-        assert main(["--log-level", flag, "check", "--offline", "-c", str(path)]) == 0
+        assert main(argv) == 0
         assert [logger.level for logger in chatty] == [expected] * len(chatty)
     finally:
         for logger, level in zip(chatty, before, strict=True):
             logger.setLevel(level)
+
+
+def test_log_level_after_the_command_wins_over_one_before_and_has_the_same_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert parse_arguments(["--log-level", "error", "serve", "--log-level", "debug"]).log_level == "debug"
+    assert parse_arguments(["pins", "list", "--log-level", "warning"]).log_level == "warning"
+    assert parse_arguments(["serve"]).log_level == "info"
+    with pytest.raises(SystemExit):
+        parse_arguments(["serve", "--log-level", "loud"])
+    assert "argument --log-level: invalid choice: 'loud'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("flag", "logged"), [("info", False), ("debug", True)])

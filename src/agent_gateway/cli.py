@@ -101,11 +101,29 @@ def parse_arguments(argv: Sequence[str] | None) -> argparse.Namespace:
     return _parser().parse_args(argv)
 
 
+LOG_LEVELS = ["debug", "info", "warning", "error"]
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: ``--log-level`` is taken after the command too (``serve … --log-level
+    debug``, as ``scripts/serve`` passes its arguments on), not only before it. Its commands'
+    parsers are of this class as well (argparse makes them of their parent's)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # SUPPRESS: unset unless given here, so one given before the command stands.
+        self.add_argument(
+            "--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS, help="info by default"
+        )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-gateway", description="One MCP endpoint in front of many.")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="info by default; also taken after COMMAND"
+    )
     parser.add_argument("--version", action="version", version=f"agent-gateway {__version__}")
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND", parser_class=_CommandParser)
 
     serve = commands.add_parser("serve", help="serve the federated catalog over stdio or HTTP")
     _config_arg(serve)
