@@ -151,8 +151,20 @@ def test_invalid_yaml_names_the_file(tmp_path: Path) -> None:
 
 
 def test_a_missing_file_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read the file"):
+    with pytest.raises(ConfigError) as refused:
         load_config(tmp_path / "nope.yaml", {})
+    assert str(refused.value) == f"{tmp_path / 'nope.yaml'}: cannot read the file: No such file or directory"
+
+
+def test_a_missing_file_named_relative_is_said_with_the_whole_path_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Run from another directory, "gateway.yaml: cannot read the file" did not say where.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as refused:
+        load_config("gateway.yaml", {})
+    said = f"gateway.yaml: cannot read the file {tmp_path / 'gateway.yaml'}: No such file or directory"
+    assert str(refused.value) == said
 
 
 def test_the_mcp_servers_json_format_is_accepted(tmp_path: Path) -> None:

@@ -86,7 +86,9 @@ def _read(path: Path) -> object:
             raise ConfigError(f"{path}: larger than {MAX_BYTES // 2**20} MiB; is it the configuration?")
         text = data.decode("utf-8")
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the file: {exc.strerror or exc}") from None
+        # The whole path: run from another directory, a relative one names the wrong file.
+        tried = "" if path.is_absolute() else f" {path.absolute()}"
+        raise ConfigError(f"{path}: cannot read the file{tried}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save it as UTF-8"
