@@ -27,6 +27,8 @@ from mcp import Client
 import agent_gateway
 from agent_gateway import runtime
 from agent_gateway.cli import main, parse_arguments
+from agent_gateway.errors import CommandNotFound
+from agent_gateway.upstreams.environment import check_command
 from tests.e2e.peers import command_of, descendants, exited
 from tests.support import (
     LOOPBACK_HEX,
@@ -491,14 +493,26 @@ def test_check_reports_each_upstream_up_with_its_tools(
 
 
 @pytest.mark.parametrize("offline", [False, True])
-def test_check_names_a_missing_command_and_exits_non_zero(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], offline: bool
+def test_check_names_a_missing_command_and_the_path_searched_and_exits_non_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offline: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("PATH", f"{tmp_path}/bin:/nowhere")
     path = write_config(tmp_path, {"counter": counter(), "ghost": {"command": "no-such-mcp-server"}})
     flags = ["--offline"] if offline else []
     assert main(["--log-level", "error", "check", *flags, "-c", str(path)]) == 1
     err = capsys.readouterr().err
-    assert "error: upstream ghost: command 'no-such-mcp-server' not found on PATH\n" in err
+    said = f"command 'no-such-mcp-server' not found on PATH '{tmp_path}/bin:/nowhere'"
+    assert f"error: upstream ghost: {said}\n" in err
+
+
+def test_a_long_path_searched_is_cut_in_the_message() -> None:
+    searched = ":".join(f"/opt/tool-{n}/bin" for n in range(100))
+    with pytest.raises(CommandNotFound) as missing:
+        check_command("no-such-mcp-server", {"PATH": searched})
+    said = str(missing.value)
+    assert said.startswith(f"command 'no-such-mcp-server' not found on PATH '{searched[:40]}")
+    assert said.endswith("…'")
+    assert len(said) < 400
 
 
 def test_a_missing_command_is_named_in_the_upstreams_state_and_log(

@@ -72,11 +72,21 @@ def check_command(command: str, environment: Mapping[str, str], cwd: str | None 
         CommandNotFound: there is no such executable.
     """
     if os.sep not in command:
-        if shutil.which(command, path=environment.get("PATH", os.defpath)) is None:
-            raise CommandNotFound(f"command {command!r} not found on PATH")
+        searched = environment.get("PATH", os.defpath)
+        if shutil.which(command, path=searched) is None:
+            raise CommandNotFound(f"command {command!r} not found on PATH {_shown_path(searched)}")
         return
     path = Path(cwd or ".") / command
     if not path.is_file():
         raise CommandNotFound(f"command {command!r} not found")
     if not os.access(path, os.X_OK):
         raise CommandNotFound(f"command {command!r} is not executable")
+
+
+MAX_SHOWN_PATH = 300
+"""The characters of a ``PATH`` an error shows (not a secret; a long one is cut)."""
+
+
+def _shown_path(searched: str) -> str:
+    shown = searched if len(searched) <= MAX_SHOWN_PATH else f"{searched[:MAX_SHOWN_PATH]}…"
+    return repr(shown)
