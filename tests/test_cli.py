@@ -437,7 +437,10 @@ def test_a_taken_port_is_one_line_and_exit_2_before_any_upstream_starts(
         path = write_config(tmp_path, {"witness": witness}, port=port)
         collector = (gc.get_threshold(), gc.get_freeze_count())
         assert main(["serve", "-c", str(path)]) == 2
-    assert capsys.readouterr().err == f"error: cannot listen on 127.0.0.1:{port}: address already in use\n"
+    assert capsys.readouterr().err == (
+        f"error: cannot listen on 127.0.0.1:{port}: address already in use; pick another port with"
+        " --port (or AGENT_GATEWAY_PORT, which the example gateway.yaml reads)\n"
+    )
     assert not started.exists()
     assert (gc.get_threshold(), gc.get_freeze_count()) == collector  # the process left as it was
 

@@ -3,8 +3,9 @@ or stdio, reload the configuration on SIGHUP (and file changes with ``--watch``)
 on SIGINT/SIGTERM.
 
 The HTTP address is bound before any upstream is started, so a taken port is one line
-(``cannot listen on 127.0.0.1:8000: address already in use``) and not a process tree started
-only to be stopped again; while the upstreams start it answers probes (``starting.py``).
+(``cannot listen on 127.0.0.1:8000: address already in use; pick another port …``) and not
+a process tree started only to be stopped again; while the upstreams start it answers probes
+(``starting.py``).
 """
 
 from __future__ import annotations
@@ -65,7 +66,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def _reason(exc: OSError) -> str:
     if exc.errno is None:
         return str(exc)
-    return os.strerror(exc.errno).lower() if exc.errno != errno.EADDRINUSE else "address already in use"
+    if exc.errno != errno.EADDRINUSE:
+        return os.strerror(exc.errno).lower()
+    # One line that says what to do: the example gateway.yaml takes its port from the variable.
+    return "address already in use; pick another port with --port (or AGENT_GATEWAY_PORT, which the example gateway.yaml reads)"
 
 
 @dataclass(frozen=True)
