@@ -1,8 +1,9 @@
-"""A client's own ``_meta`` keys on a request reach the upstream as they are, on every method
-that is forwarded (``tools/call``, ``prompts/get``, ``resources/read``,
-``completion/complete``), in both eras and both ways to an HTTP upstream (the SDK's client,
-and the modern era's forwarder below it); the keys the gateway owns are its own: the session
-id (a client cannot speak for another's session), progress, the protocol's."""
+"""A client's own ``_meta`` keys on a request (``meta_keys``: prefixed, the prefix nobody's)
+reach the upstream as they are, on every method that is forwarded (``tools/call``,
+``prompts/get``, ``resources/read``, ``completion/complete``), in both eras and both ways to
+an HTTP upstream (the SDK's client, and the modern era's forwarder below it); the others
+never do: the protocol's, the gateway's (a client cannot speak for another's session), and
+bare names the SDK or FastMCP act on."""
 
 from __future__ import annotations
 
@@ -18,7 +19,23 @@ from tests.support import running_gateway, serving
 
 KEY = "example.com/request-key"
 SESSION_KEY = "io.agent-gateway/session-id"
-SENT = {KEY: {"v": [1, 2]}, SESSION_KEY: "someone-elses", "io.modelcontextprotocol/made-up": "x"}
+IDE_KEY = "claudecode/toolUseId"
+NOT_THE_CLIENTS = {
+    SESSION_KEY: "someone-elses",
+    "IO.Agent-Gateway/session-id": "someone-elses",
+    "io.modelcontextprotocol/made-up": "x",
+    "dev.mcp/x": "x",
+    "modelcontextprotocol.io/related-task": "x",
+    # Bare names the SDK or FastMCP act on: progress aimed at another's call (the SDK writes
+    # progress_token upstream as progressToken), a tool version never listed, an identity.
+    # (The trace context is carried on by the gateway itself: tests/test_telemetry.py.)
+    "progressToken": "chosen-by-client",
+    "progress_token": "chosen-by-client",
+    "fastmcp": {"version": "1.0"},
+    "client_id": "admin",
+    " example.com/spaced": "x",
+}
+SENT = {KEY: {"v": [1, 2]}, IDE_KEY: "toolu_01"} | NOT_THE_CLIENTS
 
 
 def recording_server(seen: dict[str, dict[str, Any]]) -> Server:
@@ -85,9 +102,10 @@ async def test_a_clients_own_meta_keys_reach_the_upstream_on_every_forwarded_met
             await client.session.send_request(types.CompleteRequest(params=params), types.CompleteResult)
     assert sorted(seen) == ["completion/complete", "prompts/get", "resources/read", "tools/call"]
     for method, meta in seen.items():
-        assert meta[KEY] == {"v": [1, 2]}, method
+        assert (meta[KEY], meta[IDE_KEY]) == ({"v": [1, 2]}, "toolu_01"), method
         assert meta[SESSION_KEY] not in ("someone-elses", None), method  # the gateway's own
-        assert "io.modelcontextprotocol/made-up" not in meta, method
+        # Absent, or the gateway's own value.
+        assert [k for k, v in NOT_THE_CLIENTS.items() if meta.get(k) == v] == [], method
 
 
 async def test_the_agents_calls_do_not_carry_the_meta_keys_of_the_clients_ask_agent() -> None:

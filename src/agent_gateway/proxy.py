@@ -23,6 +23,7 @@ from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
+from agent_gateway.meta_keys import RESULT_DROPPED
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -70,7 +71,6 @@ def _turn(
 _AT_ONCE = nullcontext()
 
 
-_UPSTREAM_META = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
 R = TypeVar("R", bound=types.Result)
 
 
@@ -78,9 +78,9 @@ def _relayed(result: R) -> R:
     """An upstream's result as the gateway's: the ``_meta`` keys that describe the upstream
     itself (its serverInfo, its protocol version) are dropped; the rest pass through."""
     meta = result.meta
-    if not meta or _UPSTREAM_META.isdisjoint(meta):
+    if not meta or RESULT_DROPPED.isdisjoint(meta):
         return result
-    kept = {key: value for key, value in meta.items() if key not in _UPSTREAM_META}
+    kept = {key: value for key, value in meta.items() if key not in RESULT_DROPPED}
     return result.model_copy(update={"meta": kept or None})
 
 

@@ -49,9 +49,10 @@ from agent_gateway.agent.upkeep import Exclusive, Upkeep, Vacant
 from agent_gateway.call_records import CallRecorder
 from agent_gateway.catalog import Catalog
 from agent_gateway.config import AgentConfig
-from agent_gateway.downstream.caller import NO_META, Caller
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError, StepLimitReached
 from agent_gateway.logs import scrubbed
+from agent_gateway.meta_keys import NO_META
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 
@@ -272,7 +273,7 @@ class AgentRunner:
         # The agent reports its own progress; the upstreams' progress would count on the same token.
         tool_caller = (
             dataclasses.replace(
-                caller, progress_token=None, input_responses=None, request_state=None, relayed_meta=NO_META
+                caller, progress_token=None, input_responses=None, request_state=None, client_meta=NO_META
             )
             if caller
             else None

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -22,20 +21,10 @@ from agent_gateway.access import Principal
 from agent_gateway.downstream.input_requests import elicits_by_url, refusal, result_type
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, relabelled, wanted
 from agent_gateway.logs import QUESTION_REFUSED
+from agent_gateway.meta_keys import NO_META, client_meta
 from agent_gateway.runtime import SEND_TIMEOUT
 
 logger = logging.getLogger(__name__)
-
-NO_META: Mapping[str, Any] = MappingProxyType({})
-OWN_META_PREFIXES = ("io.modelcontextprotocol/", "io.agent-gateway/")
-"""``_meta`` keys a client's request does not pass on: the protocol's (its version, log level,
-client info: the gateway's own request to the upstream says its own) and the gateway's (a
-client must not speak for another's session)."""
-OWN_META_KEYS = frozenset(
-    {"progressToken", "traceparent", "tracestate", "baggage", "fastmcp.traceparent", "fastmcp.tracestate"}
-)
-"""Passed on by the gateway in its own way: progress under its own token, the trace context
-as its span's."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,8 +45,8 @@ class Caller:
     client: Principal | None = None
     """Who asked, from the request's own identity (``AccessControl.identify``); None: no
     identity, so nothing is forwarded for it."""
-    relayed_meta: Mapping[str, Any] = field(default_factory=lambda: NO_META)
-    """The request's own ``_meta`` keys (``example.com/key``), passed on to the upstream."""
+    client_meta: Mapping[str, Any] = field(default_factory=lambda: NO_META)
+    """The client's own ``_meta`` keys of the request (``meta_keys``), passed on upstream."""
 
     @classmethod
     def of_request(
@@ -82,7 +71,7 @@ class Caller:
             input_responses=params.input_responses if params is not None else None,
             request_state=params.request_state if params is not None else None,
             client=client,
-            relayed_meta=relayed(meta),
+            client_meta=client_meta(meta),
         )
 
     @property
@@ -160,13 +149,3 @@ class Caller:
             )
         except MCPError as exc:
             return exc.error
-
-
-def relayed(meta: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The keys of a request's ``_meta`` that are the client's own, to pass on as they are."""
-    kept = {
-        key: value
-        for key, value in meta.items()
-        if key not in OWN_META_KEYS and not key.startswith(OWN_META_PREFIXES)
-    }
-    return kept or NO_META

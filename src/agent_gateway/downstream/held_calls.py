@@ -130,8 +130,8 @@ class HeldCaller:
         return None  # answered here, never passed to the handshake-era upstream
 
     @property
-    def relayed_meta(self) -> Mapping[str, Any]:
-        return self._held.caller.relayed_meta
+    def client_meta(self) -> Mapping[str, Any]:
+        return self._held.caller.client_meta
 
     @property
     def request_state(self) -> str | None:

@@ -34,6 +34,7 @@ from agent_gateway.authentication import secret_of
 from agent_gateway.compat.mcp import connection_of
 from agent_gateway.compat.questions import credential_of
 from agent_gateway.downstream.input_requests import asked, elicits_by_url, refusal, result_type
+from agent_gateway.meta_keys import NO_META
 from agent_gateway.opening import session_opened
 from agent_gateway.runtime import CLEANUP_TIMEOUT, SEND_TIMEOUT
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
@@ -134,8 +135,8 @@ class DownstreamSession:
         return None
 
     @property
-    def relayed_meta(self) -> Mapping[str, Any]:
-        return {}  # no request of its own: a session's calls are its callers'
+    def client_meta(self) -> Mapping[str, Any]:
+        return NO_META  # no request of its own: a session's calls are its callers'
 
     def progress_relay(self) -> ProgressFnT | None:
         return None

@@ -40,6 +40,7 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.held_rounds import Elsewhere, ToolResult
 from agent_gateway.errors import GatewayError, ReplicaError, StoreUnavailable, UnknownRound
+from agent_gateway.meta_keys import NO_META
 from agent_gateway.store import SharedState
 from agent_gateway.store import rounds_channel as channel
 from agent_gateway.store.bus import Bus
@@ -297,8 +298,8 @@ class _Remote:
         return None
 
     @property
-    def relayed_meta(self) -> Mapping[str, Any]:
-        return {}  # a later round's: the upstream call it answers was sent with the first's
+    def client_meta(self) -> Mapping[str, Any]:
+        return NO_META  # a later round's: the upstream call it answers was sent with the first's
 
     def progress_relay(self) -> ProgressFnT | None:
         if self.progress_token is None:

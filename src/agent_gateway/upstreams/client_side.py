@@ -41,8 +41,8 @@ class ClientSide(Protocol):
         """The opaque state a modern client echoes back with its answers."""
 
     @property
-    def relayed_meta(self) -> Mapping[str, Any]:
-        """The client's own ``_meta`` keys of its request, passed on to the upstream."""
+    def client_meta(self) -> Mapping[str, Any]:
+        """The client's own ``_meta`` keys of its request (``meta_keys``), passed on upstream."""
         ...  # a Protocol member: the signature is the contract
 
     def progress_relay(self) -> ProgressFnT | None:

@@ -353,7 +353,7 @@ class UpstreamSession:
     def _meta(self, caller: ClientSide | None) -> dict[str, Any] | None:
         if caller is None:
             return None
-        meta: dict[str, Any] = {**caller.relayed_meta, SESSION_META_KEY: caller.session_id}
+        meta: dict[str, Any] = {**caller.client_meta, SESSION_META_KEY: caller.session_id}
         if self.modern and caller.log_level is not None:
             meta[types.LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
         return meta
