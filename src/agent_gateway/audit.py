@@ -16,7 +16,6 @@ full queue drops records rather than slow calls, counted in a metric and a warni
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
@@ -34,6 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from opentelemetry import metrics
 
 from agent_gateway.activity import Call
+from agent_gateway.audit_claim import claim, unlittered
 from agent_gateway.audit_outage import Outage
 from agent_gateway.audit_verify import GENESIS, canonical_json
 from agent_gateway.config import AuditConfig
@@ -44,8 +44,6 @@ from agent_gateway.runtime import CLEANUP_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
-_CLAIMS = 100
-"""Files a trail may be written to, itself and the ones beside it for other processes."""
 _BATCH = 512
 QUEUED_BYTES = 64 << 20
 """Bytes of arguments (``audit.arguments: full``) queued for the writer at most; past that a
@@ -246,19 +244,8 @@ class AuditLog:
             audit_records.add(len(rest), {"state": "dropped"})
             logger.error("audit: %d records not written on the way out: %s", len(rest), exc.strerror or exc)
         with self._writing:
+            unlittered(self.path, Path(self.config.path))  # while its lock is held (audit_claim)
             self._closed()
-        self._unlittered()
-
-    def _unlittered(self) -> None:
-        """A file of this process's own beside the trail (``_claim``) that took no record is
-        removed, with its lock: a ``check``, or a stdio gateway an IDE starts beside a serving
-        one, each left an empty pair behind, named by its process id, never used again."""
-        if self.path == Path(self.config.path):
-            return
-        with contextlib.suppress(OSError):
-            if self.path.stat().st_size == 0:
-                self.path.unlink()
-                self.path.with_name(f".{self.path.name}.lock").unlink()
 
     def _closed(self) -> None:
         if self._file is not None:
@@ -269,29 +256,7 @@ class AuditLog:
             self._lock = None
 
     def _claim(self) -> None:
-        """Hold the trail for this process (a lock beside it, kept until the writer closes): a
-        second gateway on the same file, as two IDEs each launching one on the same config,
-        would fork its chain, and verify would call it tampered with. That one writes a file of
-        its own beside it instead, and says so."""
-        wanted = self.path
-        for attempt in range(_CLAIMS):
-            if attempt:
-                self.path = wanted.with_name(f"{wanted.stem}.{os.getpid()}-{attempt}{wanted.suffix}")
-            held = self.path.with_name(f".{self.path.name}.lock")  # not matched by audit.jsonl.*
-            private(held)  # its directory made, as the trail's is
-            lock = open(held, "ab")  # noqa: SIM115 (held open until the writer closes)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lock.close()
-                continue
-            self._lock = lock
-            if attempt:  # as meant (two IDEs on one config): said, not warned of
-                logger.info(
-                    "audit: %s is written by another gateway process; this one writes %s", wanted, self.path
-                )
-            return
-        raise OSError(f"audit: {wanted} and {_CLAIMS - 1} files beside it are held by other processes")
+        self.path, self._lock = claim(self.path)
 
     def _rotate(self) -> None:
         if self._file is not None:

@@ -386,7 +386,7 @@ async def test_two_gateways_on_one_trail_each_keep_a_whole_chain(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # As two IDEs each launching a gateway on the same config: the second writes beside it.
-    caplog.set_level(logging.INFO, "agent_gateway.audit")
+    caplog.set_level(logging.INFO, "agent_gateway")
     trail = tmp_path / "audit.jsonl"
     async with (
         audited(trail) as first,
@@ -409,7 +409,7 @@ async def test_a_second_gateway_on_one_trail_that_records_nothing_leaves_no_file
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     # As a stdio gateway an IDE starts beside a serving one, and no call goes through it.
-    caplog.set_level(logging.INFO, "agent_gateway.audit")
+    caplog.set_level(logging.INFO, "agent_gateway")
     trail = tmp_path / "audit.jsonl"
     async with audited(trail) as first, client(first.url, BYSTANDER_TOKEN) as one:
         async with audited(trail):
