@@ -6,6 +6,7 @@ the client's session ends, and not when one replica lets it go."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import warnings
 from pathlib import Path
@@ -132,7 +133,7 @@ async def test_a_dedicated_upstream_session_is_resumed_by_the_other_replica_and_
     assert min(served) >= 2  # both replicas served the client, in turn
     # The resume's check that the upstream still knows the session warns of nothing.
     assert "resumed" in logs
-    assert "Warning" not in logs
+    assert re.search(r"\w+Warning: ", logs) is None  # a Python warning's line (warnings.warn)
     assert [int(text.split()[1]) for text in seen] == [1, 2, 3, 4, 5, 6]
     # Opened once: the replica resuming it adopts the recorded handshake, sending none.
     assert handshakes.sessions.count(session) == 1, handshakes.sessions
