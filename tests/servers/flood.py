@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -73,12 +74,14 @@ class Flood:
     async def caller(self, k: int, template: str, session: str, end: float) -> None:
         reader, writer = await self.connected()
         n = k * 10**7
-        while time.monotonic() < end:
-            n += 1
-            writer.write(self.request(template % n if "%d" in template else template, session))
-            status = (await answer(reader))[0]
-            self.counted[status] = self.counted.get(status, 0) + 1
-        writer.close()
+        try:
+            while time.monotonic() < end:
+                n += 1
+                writer.write(self.request(template % n if "%d" in template else template, session))
+                status = (await answer(reader))[0]
+                self.counted[status] = self.counted.get(status, 0) + 1
+        finally:  # cancelled too, when the flood is ended from outside
+            writer.close()
 
 
 async def answer(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
@@ -116,6 +119,8 @@ async def main() -> None:
     if args.seconds == float("inf"):  # until the stdin its parent holds is closed
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         callers.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # its callers' connections closed
+            await callers
     else:
         await callers
     print(", ".join(f"{n} {status}" for status, n in sorted(flood.counted.items())), flush=True)
