@@ -423,10 +423,12 @@ async def test_a_handshake_era_http_session_is_ended_upstream_when_the_gateway_s
 async def test_each_upstream_is_logged_as_it_starts_and_when_it_is_ready(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="agent_gateway.upstreams")
+    caplog.set_level(logging.INFO, logger="agent_gateway")
     config = {"upstreams": {"counter": python_upstream("counter.py")}}
     async with running_gateway(config):
         pass
+    said = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.catalog"]
+    assert "catalog ready: 4 tools, 0 prompts, 0 resources, 0 templates from 1 upstream" in said
     lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.upstreams.connection"]
     starting = next(i for i, line in enumerate(lines) if line.startswith("starting counter ("))
     assert "counter.py)" in lines[starting]

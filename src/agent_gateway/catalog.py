@@ -16,7 +16,7 @@ from typing import Any, Literal, TypeVar
 import mcp_types as types
 from mcp.shared.inbound import X_MCP_HEADER_KEY
 
-from agent_gateway.catalog_parts import Listing, Part, Review, build_part, unchanged
+from agent_gateway.catalog_parts import Listing, Part, Review, build_part, counted, unchanged
 from agent_gateway.catalog_resources import (
     ResourceTable,
     TemplateEntry,
@@ -87,10 +87,11 @@ class CatalogSnapshot:
         return most_specific_first(self.templates)
 
     def log_ready(self, upstreams: int) -> None:
-        logger.info(
-            "catalog ready: %d tools, %d prompts, %d resources, %d templates from %d upstreams",
-            *(len(self.tools), len(self.prompts), len(self.resources), len(self.templates), upstreams),
+        kinds = [(self.tools, "tool"), (self.prompts, "prompt"), (self.resources, "resource")]
+        served = ", ".join(
+            counted(len(items), noun) for items, noun in [*kinds, (self.templates, "template")]
         )
+        logger.info("catalog ready: %s from %s", served, counted(upstreams, "upstream"))
 
     def declares_headers(self, name: str) -> bool:
         """Whether tool ``name``'s inputSchema may annotate a property with ``x-mcp-header``:

@@ -324,12 +324,13 @@ def served_counts(listing: Listing, config: UpstreamConfig) -> str:
     resources and templates, each counted apart (``2 tools (1 excluded), 1 prompt, …``)."""
     served = sum(is_selected(t.name, config.include, config.exclude) for t in listing.tools)
     left_out = len(listing.tools) - served
-    tools = _counted(served, "tool") + (f" ({left_out} excluded)" if left_out else "")
+    tools = counted(served, "tool") + (f" ({left_out} excluded)" if left_out else "")
     rest = [(listing.prompts, "prompt"), (listing.resources, "resource"), (listing.templates, "template")]
-    return ", ".join([tools, *(_counted(len(items), noun) for items, noun in rest)])
+    return ", ".join([tools, *(counted(len(items), noun) for items, noun in rest)])
 
 
-def _counted(n: int, noun: str) -> str:
+def counted(n: int, noun: str) -> str:
+    """``1 tool``, ``2 tools``: for log lines."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
 
 

@@ -104,7 +104,8 @@ async def test_the_start_up_indexing_waits_again_when_running_again(caplog: pyte
             caplog.clear()
             with caplog.at_level(logging.INFO, logger="agent_gateway.search.engine"):
                 await search.load(catalog.start())
-            assert f"tool index ready: {len(tools)} tools from 1 upstreams" in caplog.text, caplog.text
+            said = f"{len(tools)} tool{'s' if len(tools) > 1 else ''} from 1 upstream ("
+            assert f"tool index ready: {said}" in caplog.text, caplog.text
             found, _ = await search.search(catalog.snapshot, tools[-1], 10)
             assert [f.tool.name for f in found][:1] == [f"tracker__{tools[-1]}"]
 

@@ -18,6 +18,7 @@ import mcp_types as types
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from agent_gateway.catalog import CatalogChange, CatalogSnapshot, Part
+from agent_gateway.catalog_parts import counted
 from agent_gateway.config import EmbeddingsConfig
 from agent_gateway.runtime import CLEANUP_TIMEOUT
 from agent_gateway.search.dense import DenseIndex, Embedder, EmbeddingsFailed
@@ -141,9 +142,9 @@ class ToolSearch:
         self._prepared.clear()
         self._loaded.set()
         logger.info(
-            "tool index ready: %d tools from %d upstreams (%d indexed as they connected) in %.0f ms",
-            len(self._index),
-            len(snapshot.parts),
+            "tool index ready: %s from %s (%d indexed as they connected) in %.0f ms",
+            counted(len(self._index), "tool"),
+            counted(len(snapshot.parts), "upstream"),
             early,
             (time.perf_counter() - started) * 1e3,
         )
