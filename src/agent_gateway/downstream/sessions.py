@@ -1,10 +1,8 @@
 """Downstream sessions: who is connected, their gateway session ids, and when they end.
 
-A handshake-era client has one session for its connection (the HTTP ``Mcp-Session-Id``,
-or the stdio pipe). The modern era (2026-07-28) is stateless: each request is a session
-of its own, ended when the request ends. Whatever a session held upstream (dedicated
-upstream sessions) is released when it ends: HTTP DELETE, idle expiry, stdio EOF, or
-server shutdown all unwind the connection's exit stack, which is where we hook in.
+A handshake-era client has one session for its connection (``Mcp-Session-Id``, or the stdio
+pipe), a modern one (2026-07-28) one per request, ended with it. What a session held upstream
+(dedicated sessions) is released when it ends (HTTP DELETE, idle expiry, stdio EOF, shutdown).
 """
 
 from __future__ import annotations

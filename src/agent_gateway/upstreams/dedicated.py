@@ -391,9 +391,7 @@ async def _answering(client: Client, session: UpstreamSession) -> None:
 
 
 async def _answers(client: Client) -> None:
-    """A resumed session is still known upstream (else the upstream refuses the health check:
-    ``lifecycle.probe``, not ``Client.send_ping``, which warns that ping is gone from the modern
-    era on each call, a line in the log for each resume)."""
+    """A resumed session is still known upstream (``probe``: ``send_ping`` warned at each)."""
     await probe(client)
 
 

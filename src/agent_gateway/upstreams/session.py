@@ -311,8 +311,7 @@ class UpstreamSession:
         target = params.ref.name if isinstance(params.ref, types.PromptReference) else params.ref.uri
         operation = ("completion/complete", target)
         with self._calling(caller, f"completion for {target!r}", operation, None, who) as client:
-            # As the SDK's ``complete`` sends it, with the session id and the client's keys.
-            sent = params.model_copy(update={"meta": self._meta(caller)})
+            sent = params.model_copy(update={"meta": self._meta(caller)})  # the SDK's, with _meta
             return await client.session.send_request(types.CompleteRequest(params=sent), types.CompleteResult)
 
     async def read_resource(
