@@ -22,6 +22,7 @@ from agent_gateway.catalog_resources import (
     TemplateEntry,
     matching,
     most_specific_first,
+    namespace_of,
     resource_table,
     template_entries,
 )
@@ -74,11 +75,14 @@ class CatalogSnapshot:
         return origin
 
     def resource(self, uri: str) -> tuple[str, str]:
-        """(upstream, upstream URI) for a public URI, listed or matching a template (else UnknownName)."""
+        """(upstream, upstream URI) for a public URI listed, matching a template, or else in a
+        served upstream's namespace (``docs+…``: unlisted, a link its tool gave; else UnknownName)."""
         if (origin := self.resources.get(uri)) is not None:
             return origin.upstream, origin.name
         if (entry := matching(self._most_specific_first, uri, self.upstreams)) is not None:
             return entry.origin.upstream, entry.upstream_uri(uri)
+        if (upstream := namespace_of(uri, self.upstreams)[:-1]) in self.parts:
+            return upstream, uri[len(upstream) + 1 :]
         raise UnknownName("resource", uri)
 
     @cached_property
@@ -208,9 +212,8 @@ class Catalog:
         self._live = False
         self._refused: NameCollision | None = None
         self._hidden: dict[str, Part] = {}
-        """Parts taken out while their upstream is down (``withdraw``): their public names stay
-        theirs, so another upstream cannot take one over meanwhile and, when the first comes
-        back, have the whole of it refused as the newcomer of a collision."""
+        """Parts taken out while their upstream is down (``withdraw``): their names stay theirs,
+        so another cannot take one meanwhile and have the first refused when it is back."""
         self.snapshot = CatalogSnapshot()
         self.problems: dict[str, str] = {}
         """Upstreams whose latest listing was refused (a collision), with the reason."""
@@ -223,9 +226,8 @@ class Catalog:
         self._listeners.append(listener)
 
     def subscribe_early(self, listener: Callable[[Part], None]) -> None:
-        """Before start-up, call ``listener`` with each upstream's part as it is built, so work
-        on it (the search index) overlaps the other upstreams' connecting. A part may come
-        again, or never reach the first snapshot: ``start()``'s snapshot is what counts."""
+        """Before start-up, call ``listener`` with each part as it is built (the search index's
+        work overlaps connecting); a part may come again: ``start()``'s snapshot counts."""
         self._early.append(listener)
 
     def start(self) -> CatalogSnapshot:
@@ -357,8 +359,7 @@ class Catalog:
 
 
 def _check_against(part: Part, others: Iterable[Part]) -> None:
-    """Raises ``NameCollision`` when ``part`` takes a public name of one of ``others`` (of
-    another upstream)."""
+    """Raises ``NameCollision`` when ``part`` takes a public name of another upstream's part."""
     for other in others:
         if other.upstream != part.upstream:
             _add_all("tool", dict(other.tools), part.tools)
@@ -368,8 +369,7 @@ def _check_against(part: Part, others: Iterable[Part]) -> None:
 def _changed_lists(
     old: CatalogSnapshot, new: CatalogSnapshot, upstreams: frozenset[str]
 ) -> frozenset[ListName]:
-    """The lists that differ, comparing only the parts of ``upstreams`` (the others are
-    shared)."""
+    """The lists that differ, comparing only the parts of ``upstreams`` (the others are shared)."""
     lists: set[ListName] = set()
     for upstream in upstreams:
         before, after = old.parts.get(upstream), new.parts.get(upstream)

@@ -17,13 +17,15 @@ import anyio
 import mcp_types as types
 
 from agent_gateway.access import Principal
-from agent_gateway.catalog import Catalog
+from agent_gateway.catalog import Catalog, CatalogSnapshot
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.held_calls import HeldCalls
+from agent_gateway.downstream.held_rounds import ToolResult
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
 from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.meta_keys import RESULT_DROPPED
+from agent_gateway.resource_links import linked_prompt, linked_result, public_contents, public_uri
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -42,13 +44,17 @@ def _identity(caller: Caller | None, client: Principal | None, kind: str, name: 
 
 
 def _unseen(
-    caller: Caller, kind: Literal["prompt", "resource"], name: str, shown_as: str | None = None
+    caller: Caller,
+    kind: Literal["prompt", "resource"],
+    name: str,
+    shown_as: str | None = None,
+    public: str | None = None,
 ) -> Principal:
-    """The caller's client, which may reach ``name``. Raises ``UnknownName`` when it may
-    not: the answer a name that does not exist gets, so a client cannot probe which hidden
-    names exist."""
+    """The caller's client, which may reach ``name`` (its policy matched against ``public``,
+    else ``name``). Raises ``UnknownName`` when it may not: the answer a name that does not
+    exist gets, so a client cannot probe which hidden names exist."""
     who = caller.client
-    if who is None or not who.allows(kind, name):
+    if who is None or not who.allows(kind, public or name):
         subject = who.label if who is not None else "(no identity)"
         logger.warning(UNSEEN_REFUSED, subject, kind, name, extra={"peer": subject})
         raise UnknownName(shown_as or kind, name)
@@ -84,13 +90,18 @@ def _relayed(result: R) -> R:
     return result.model_copy(update={"meta": kept or None})
 
 
-def _as_read(result: types.ReadResourceResult, upstream_uri: str, uri: str) -> types.ReadResourceResult:
-    """The contents of the resource read carry the URI the client read (``beta+shared://x``),
-    not the upstream's for it, which in the catalog is another upstream's, or nobody's."""
-    if upstream_uri == uri or all(content.uri != upstream_uri for content in result.contents):
-        return result
-    contents = [c.model_copy(update={"uri": uri}) if c.uri == upstream_uri else c for c in result.contents]
-    return result.model_copy(update={"contents": contents})
+def _linked(result: ToolResult, upstream: str, catalog: Catalog) -> ToolResult:
+    """A tool's result relayed, its resource links under public URIs (``resource_links``)."""
+    if isinstance(result, types.CallToolResult):
+        return linked_result(_relayed(result), upstream, catalog.snapshot)
+    return _relayed(result)
+
+
+def _policy_uri(snapshot: CatalogSnapshot, upstream: str, upstream_uri: str, uri: str) -> str:
+    """The public URI a client's policy is matched against for a read of ``uri``: ``uri``,
+    unless it is an alias in ``upstream``'s namespace of a URI the catalog serves as its own
+    (``docs+file:///a`` for docs's ``file:///a``: a policy allowing that allows both)."""
+    return uri if uri == upstream_uri else public_uri(snapshot, upstream, upstream_uri)
 
 
 class Proxy:
@@ -132,7 +143,7 @@ class Proxy:
         await snapshot.validate_arguments(name, arguments)
         if held and caller is not None and (round_of := self.held.resumed(caller, name)) is not None:
             with who.calling():
-                return _relayed(await self.held.round(round_of, caller))
+                return _linked(await self.held.round(round_of, caller), origin.upstream, self._catalog)
         started = time.perf_counter()
         session = await self._session(origin.upstream, caller)
         try:
@@ -140,8 +151,11 @@ class Proxy:
                 async with _turn(session, who, origin.name):
                     if held and caller is not None and _may_be_held(caller, session):
                         start = partial(session.call_tool, origin.name, arguments, who=who.label)
-                        return _relayed(await self.held.call(caller, name, start))
-                    return _relayed(await session.call_tool(origin.name, arguments, caller, who.label))
+                        return _linked(
+                            await self.held.call(caller, name, start), origin.upstream, self._catalog
+                        )
+                    result = await session.call_tool(origin.name, arguments, caller, who.label)
+                    return _linked(result, origin.upstream, self._catalog)
         finally:
             logger.debug(
                 "tools/call %s -> %s (%.1f ms)", name, session.id, (time.perf_counter() - started) * 1e3
@@ -156,17 +170,19 @@ class Proxy:
         session = await self._session(origin.upstream, caller)
         with who.calling():  # a slow render holds an upstream's slot as a tool call does
             async with _turn(session, who):
-                return _relayed(await session.get_prompt(origin.name, arguments, caller, who.label))
+                rendered = await session.get_prompt(origin.name, arguments, caller, who.label)
+        return linked_prompt(_relayed(rendered), origin.upstream, self._catalog.snapshot)
 
     async def read_resource(self, uri: str, caller: Caller) -> types.ReadResourceResult:
         """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError)."""
-        upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        who = _unseen(caller, "resource", uri)
+        snapshot = self._catalog.snapshot
+        upstream, upstream_uri = snapshot.resource(uri)
+        who = _unseen(caller, "resource", uri, public=_policy_uri(snapshot, upstream, upstream_uri, uri))
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
                 read = await session.read_resource(upstream_uri, caller, who.label)
-        return _as_read(_relayed(read), upstream_uri, uri)
+        return public_contents(_relayed(read), upstream, upstream_uri, uri, self._catalog.snapshot)
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
         """Forward ``completion/complete`` for a public prompt or template to its upstream,
@@ -194,8 +210,11 @@ class Proxy:
         self, uri: str, owner: DownstreamSession, client: Principal | None
     ) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
-        upstream, upstream_uri = self._catalog.snapshot.resource(uri)
-        if client is None or not client.allows("resource", uri):
+        snapshot = self._catalog.snapshot
+        upstream, upstream_uri = snapshot.resource(uri)
+        if client is None or not client.allows(
+            "resource", _policy_uri(snapshot, upstream, upstream_uri, uri)
+        ):
             raise UnknownName("resource", uri)  # as for a read: probing learns nothing
         return await self._session_of(upstream, owner, client), upstream_uri
 

@@ -5,6 +5,8 @@ server-everything reports back, so the far end saw what the client said.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -230,3 +232,34 @@ async def test_resource_updates_reach_the_subscribed_client(shared_url: str, mod
 async def _toggle_updates(client: Client) -> None:
     result = await client.call_tool("everything__toggle-subscriber-updates", {})
     assert not result.is_error, text_of(result)
+
+
+async def gzipped_and_read(url: str, mode: str, name: str) -> tuple[str, bytes]:
+    """server-everything's ``gzip-file-as-resource`` run on a data URI: the link it returns
+    (to a resource it makes for this session, which it has not listed when the result comes
+    back), and the bytes read through it, unzipped."""
+    data = "data:text/plain;base64," + base64.b64encode(b"hello through a link").decode()
+    with anyio.fail_after(BOUND):
+        async with Client(url, mode=mode) as client:
+            result = await client.call_tool("everything__gzip-file-as-resource", {"name": name, "data": data})
+            link = next(block for block in result.content if isinstance(block, types.ResourceLink))
+            read = await client.read_resource(link.uri)
+    blob = read.contents[0]
+    assert isinstance(blob, types.BlobResourceContents), read
+    return link.uri, gzip.decompress(base64.b64decode(blob.blob))
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_file_a_tool_made_is_read_through_the_link_it_returned(shared_url: str, mode: str) -> None:
+    # Before: "Resource not found" (the catalog listed the file only once the upstream's
+    # list_changed was handled, after the client had its result).
+    uri, unzipped = await gzipped_and_read(shared_url, mode, f"shared-{mode}.gz")
+    assert uri.endswith(f"demo://resource/session/shared-{mode}.gz")
+    assert unzipped == b"hello through a link"
+
+
+async def test_a_file_made_in_a_clients_own_session_is_read_through_its_link(per_client_url: str) -> None:
+    # Before: "Resource not found" for ever (the catalog lists the shared session's resources).
+    uri, unzipped = await gzipped_and_read(per_client_url, "legacy", "own.gz")
+    assert uri == "everything+demo://resource/session/own.gz"
+    assert unzipped == b"hello through a link"

@@ -1,0 +1,148 @@
+"""Resource links an upstream hands out (in a tool's result, a prompt's messages, a read's
+contents) carry URIs a client of the gateway can read, and a read of one reaches the upstream
+that handed it out: the upstream records every URI it is asked for."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+import pytest
+from fastmcp import FastMCP
+from mcp import Client
+from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
+
+from tests.support import running_gateway, serving, serving_upstream
+from tests.test_access import client_with
+
+NARROW = "n" * 32
+
+
+def linker(reads: list[str]) -> Server:
+    """An upstream listing ``solo://a``, whose tool and prompt hand out links to it, to
+    ``shared://readme`` (which ``other`` lists) and to URIs nobody lists; it reads any URI, and
+    ``made://dir`` as a directory of one child."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name="make", input_schema={"type": "object"})])
+
+    async def call_tool(ctx: Any, params: Any) -> types.CallToolResult:
+        made = types.TextResourceContents(uri="made://embedded", text="inline")
+        return types.CallToolResult(
+            content=[
+                types.TextContent(text="made a report"),
+                types.ResourceLink(uri="made://report/1", name="report"),
+                types.ResourceLink(uri="shared://readme", name="readme"),
+                types.ResourceLink(uri="solo://a", name="a"),
+                types.EmbeddedResource(resource=made),
+            ]
+        )
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[types.Resource(uri="solo://a", name="a")])
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        reads.append(params.uri)
+        contents: list[types.TextResourceContents | types.BlobResourceContents] = [
+            types.TextResourceContents(uri=params.uri, text=f"linker's {params.uri}")
+        ]
+        if params.uri == "made://dir":
+            contents.append(types.TextResourceContents(uri="made://dir/child", text="a child"))
+        return types.ReadResourceResult(contents=contents)
+
+    async def list_prompts(ctx: Any, params: Any) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[types.Prompt(name="brief")])
+
+    async def get_prompt(ctx: Any, params: Any) -> types.GetPromptResult:
+        link = types.ResourceLink(uri="made://brief", name="brief")
+        return types.GetPromptResult(messages=[types.PromptMessage(role="user", content=link)])
+
+    return Server(
+        "linker",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+    )
+
+
+def other() -> FastMCP:
+    server = FastMCP("other")
+    server.resource("shared://readme", name="readme")(lambda: "other's readme")
+    return server
+
+
+@asynccontextmanager
+async def linked_gateway(reads: list[str], **config: Any) -> AsyncIterator[str]:
+    async with (
+        serving(linker(reads).streamable_http_app()) as base,
+        serving_upstream(other()) as second,
+    ):
+        upstreams = {"linker": {"url": f"{base}/mcp"}, "other": {"url": second}}
+        async with running_gateway({"upstreams": upstreams, **config}) as gw:
+            yield gw.url
+
+
+def texts(read: types.ReadResourceResult) -> list[tuple[str, str]]:
+    return [(c.uri, c.text) for c in read.contents if isinstance(c, types.TextResourceContents)]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_tools_links_are_read_from_the_upstream_that_made_them(mode: str) -> None:
+    reads: list[str] = []
+    async with linked_gateway(reads) as url, Client(url, mode=mode) as client:
+        result = await client.call_tool("linker__make", {})
+        links = [block.uri for block in result.content if isinstance(block, types.ResourceLink)]
+        embedded = [
+            block.resource.uri for block in result.content if isinstance(block, types.EmbeddedResource)
+        ]
+        read = [texts(await client.read_resource(uri)) for uri in links if "+" in uri]
+    # Before: made://report/1 (listed by nobody: "Resource not found") and shared://readme,
+    # which the catalog serves as other's (read from other).
+    assert links == ["linker+made://report/1", "linker+shared://readme", "solo://a"]
+    assert embedded == ["linker+made://embedded"]
+    assert read == [
+        [("linker+made://report/1", "linker's made://report/1")],
+        [("linker+shared://readme", "linker's shared://readme")],
+    ]
+    assert reads == ["made://report/1", "shared://readme"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_prompts_links_and_a_reads_other_contents_carry_public_uris(mode: str) -> None:
+    reads: list[str] = []
+    async with linked_gateway(reads) as url, Client(url, mode=mode) as client:
+        prompt = await client.get_prompt("linker__brief")
+        link = prompt.messages[0].content
+        assert isinstance(link, types.ResourceLink)
+        brief = texts(await client.read_resource(link.uri)) if "+" in link.uri else []
+        directory = texts(await client.read_resource("linker+made://dir"))
+    assert link.uri == "linker+made://brief"
+    assert brief == [("linker+made://brief", "linker's made://brief")]
+    # Before, the child kept the upstream's URI, which nobody's in the catalog serves.
+    assert directory == [("linker+made://dir", "linker's made://dir"), ("linker+made://dir/child", "a child")]
+    assert reads == ["made://brief", "made://dir"]
+
+
+async def test_a_link_is_read_only_where_the_policy_allows_its_public_uri() -> None:
+    reads: list[str] = []
+    auth = {
+        "mode": "bearer",
+        "tokens": [{"name": "narrow", "token": NARROW, "policy": "narrow"}],
+        "policies": {"narrow": {"resources": ["linker+made://report/*", "solo://*"]}},
+    }
+    async with linked_gateway(reads, auth=auth) as url, client_with(url, NARROW) as client:
+        assert texts(await client.read_resource("linker+made://report/1"))[0][1] == "linker's made://report/1"
+        # An alias of a URI the catalog serves as linker's is matched as that URI.
+        assert texts(await client.read_resource("linker+solo://a")) == [
+            ("linker+solo://a", "linker's solo://a")
+        ]
+        for refused in ("linker+made://secret", "linker+shared://readme", "nobody+made://report/1"):
+            with pytest.raises(MCPError, match="Resource not found"):
+                await client.read_resource(refused)
+    assert reads == ["made://report/1", "solo://a"]
