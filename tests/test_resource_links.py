@@ -15,21 +15,35 @@ from mcp import Client
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 
+from agent_gateway.resource_links import LOOKUPS
 from tests.support import running_gateway, serving, serving_upstream
 from tests.test_access import client_with
 
 NARROW = "n" * 32
+TEMPLATES = 200
 
 
 def linker(reads: list[str]) -> Server:
-    """An upstream listing ``solo://a``, whose tool and prompt hand out links to it, to
-    ``shared://readme`` (which ``other`` lists) and to URIs nobody lists; it reads any URI, and
-    ``made://dir`` as a directory of one child."""
+    """An upstream listing ``solo://a`` and the templates ``t0://{n}`` to ``t199://{n}``, whose
+    tool ``make`` and prompt hand out links to ``solo://a``, to ``shared://readme`` (which
+    ``other`` lists) and to URIs nobody lists, and whose tool ``many`` ``count`` links (to
+    ``t0://…``, the last to ``solo://a``); it reads any URI, and ``made://dir`` as a directory of one child."""
 
     async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=[types.Tool(name="make", input_schema={"type": "object"})])
+        tools = [types.Tool(name=name, input_schema={"type": "object"}) for name in ("make", "many")]
+        return types.ListToolsResult(tools=tools)
 
-    async def call_tool(ctx: Any, params: Any) -> types.CallToolResult:
+    async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        listed = [
+            types.ResourceTemplate(uri_template=f"t{i}://{{n}}", name=f"t{i}") for i in range(TEMPLATES)
+        ]
+        return types.ListResourceTemplatesResult(resource_templates=listed)
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        if params.name == "many":
+            count = (params.arguments or {})["count"]
+            links = [types.ResourceLink(uri=f"t0://{n}", name="t") for n in range(count - 1)]
+            return types.CallToolResult(content=[*links, types.ResourceLink(uri="solo://a", name="a")])
         made = types.TextResourceContents(uri="made://embedded", text="inline")
         return types.CallToolResult(
             content=[
@@ -65,6 +79,7 @@ def linker(reads: list[str]) -> Server:
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
         on_list_prompts=list_prompts,
         on_get_prompt=get_prompt,
@@ -146,3 +161,22 @@ async def test_a_link_is_read_only_where_the_policy_allows_its_public_uri() -> N
             with pytest.raises(MCPError, match="Resource not found"):
                 await client.read_resource(refused)
     assert reads == ["made://report/1", "solo://a"]
+
+
+async def test_many_links_against_many_templates_are_qualified_unmatched_and_stay_readable() -> None:
+    reads: list[str] = []
+    async with linked_gateway(reads) as url, Client(url, mode="legacy") as client:
+        few = await client.call_tool("linker__many", {"count": LOOKUPS // TEMPLATES})
+        many = await client.call_tool("linker__many", {"count": LOOKUPS // TEMPLATES + 1})
+        links = [block.uri for block in many.content if isinstance(block, types.ResourceLink)]
+        read = texts(await client.read_resource(links[-2]))
+    # Within the bound each link is matched against the templates: t0://{n} is linker's own.
+    assert [block.uri for block in few.content if isinstance(block, types.ResourceLink)][:2] == [
+        "t0://0",
+        "t0://1",
+    ]
+    # Past it, one not listed is qualified without a match, and is read from its upstream; one
+    # the catalog lists as the upstream's own keeps its URI.
+    assert links[:2] + links[-1:] == ["linker+t0://0", "linker+t0://1", "solo://a"]
+    assert read == [(links[-2], f"linker's t0://{len(links) - 2}")]
+    assert reads == [f"t0://{len(links) - 2}"]

@@ -17,6 +17,13 @@ import mcp_types as types
 from agent_gateway.catalog import CatalogSnapshot
 from agent_gateway.errors import UnknownName
 
+LOOKUPS = 20_000
+"""Templates one answer's resource URIs may be matched against, all told (about 6 ms of the
+event loop): past that, an upstream's answer of many links against many templates (300,000
+links fit its bound on a message: minutes at 10,000 templates) has its URIs that the catalog
+does not list as its own qualified unmatched, which stays readable (``{upstream}+…`` always
+reaches that upstream)."""
+
 B = TypeVar("B", bound=types.ContentBlock)
 C = TypeVar("C", bound=types.TextResourceContents | types.BlobResourceContents)
 
@@ -25,7 +32,8 @@ def linked_result(
     result: types.CallToolResult, upstream: str, snapshot: CatalogSnapshot
 ) -> types.CallToolResult:
     """``result`` with its blocks' resource URIs public (the same object when none changes)."""
-    content = _public_blocks(result.content, upstream, snapshot)
+    matched = len(result.content) * len(snapshot.templates) <= LOOKUPS
+    content = _public_blocks(result.content, upstream, snapshot, matched)
     return result if content is None else result.model_copy(update={"content": content})
 
 
@@ -33,9 +41,10 @@ def linked_prompt(
     result: types.GetPromptResult, upstream: str, snapshot: CatalogSnapshot
 ) -> types.GetPromptResult:
     """``result`` with its messages' resource URIs public."""
+    matched = len(result.messages) * len(snapshot.templates) <= LOOKUPS
     messages: list[types.PromptMessage] = []
     for message in result.messages:
-        block = _public_blocks([message.content], upstream, snapshot)
+        block = _public_blocks([message.content], upstream, snapshot, matched)
         messages.append(message if block is None else message.model_copy(update={"content": block[0]}))
     if all(new is old for new, old in zip(messages, result.messages, strict=True)):
         return result
@@ -47,22 +56,32 @@ def public_contents(
 ) -> types.ReadResourceResult:
     """A read's contents under public URIs: the resource read under the URI the client read
     (``beta+shared://x``), others (a directory's children) as a link to them would be."""
-    contents = [_public_contents(c, upstream, snapshot, (upstream_uri, uri)) for c in result.contents]
+    matched = len(result.contents) * len(snapshot.templates) <= LOOKUPS
+    contents = [
+        _public_contents(c, upstream, snapshot, matched, (upstream_uri, uri)) for c in result.contents
+    ]
     if all(new is old for new, old in zip(contents, result.contents, strict=True)):
         return result
     return result.model_copy(update={"contents": contents})
 
 
-def public_uri(snapshot: CatalogSnapshot, upstream: str, uri: str) -> str:
+def public_uri(snapshot: CatalogSnapshot, upstream: str, uri: str, matched: bool = True) -> str:
     """The URI a client reads ``upstream``'s ``uri`` by: ``uri`` where the catalog routes it
-    to ``upstream``, else ``{upstream}+{uri}`` (listed as another's, or unlisted)."""
+    to ``upstream``, else ``{upstream}+{uri}`` (listed as another's, or unlisted). Not
+    ``matched``: ``uri`` only where the catalog lists it as ``upstream``'s (no template tried)."""
+    if not matched:
+        listed = snapshot.resources.get(uri)
+        own = listed is not None and (listed.upstream, listed.name) == (upstream, uri)
+        return uri if own else f"{upstream}+{uri}"
     with suppress(UnknownName):
         if snapshot.resource(uri) == (upstream, uri):
             return uri
     return f"{upstream}+{uri}"
 
 
-def _public_blocks(blocks: Sequence[B], upstream: str, snapshot: CatalogSnapshot) -> list[B] | None:
+def _public_blocks(
+    blocks: Sequence[B], upstream: str, snapshot: CatalogSnapshot, matched: bool
+) -> list[B] | None:
     """``blocks`` with resource URIs public, or None when none changes (most results hold no
     resource: one look at each block's type)."""
     if not any(block.type == "resource_link" or block.type == "resource" for block in blocks):
@@ -70,19 +89,19 @@ def _public_blocks(blocks: Sequence[B], upstream: str, snapshot: CatalogSnapshot
     public: list[B] = []
     for block in blocks:
         if isinstance(block, types.ResourceLink):
-            uri = public_uri(snapshot, upstream, block.uri)
+            uri = public_uri(snapshot, upstream, block.uri, matched)
             block = block if uri == block.uri else block.model_copy(update={"uri": uri})
         elif isinstance(block, types.EmbeddedResource):
-            contents = _public_contents(block.resource, upstream, snapshot)
+            contents = _public_contents(block.resource, upstream, snapshot, matched)
             block = block if contents is block.resource else block.model_copy(update={"resource": contents})
         public.append(block)  # pyright: ignore[reportArgumentType]
     return None if all(new is old for new, old in zip(public, blocks, strict=True)) else public
 
 
 def _public_contents(
-    contents: C, upstream: str, snapshot: CatalogSnapshot, read: tuple[str, str] = ("", "")
+    contents: C, upstream: str, snapshot: CatalogSnapshot, matched: bool, read: tuple[str, str] = ("", "")
 ) -> C:
     """``contents`` under its public URI (``read``: the upstream URI read and the URI the
     client read it by, which is its public URI)."""
-    uri = read[1] if contents.uri == read[0] else public_uri(snapshot, upstream, contents.uri)
+    uri = read[1] if contents.uri == read[0] else public_uri(snapshot, upstream, contents.uri, matched)
     return contents if uri == contents.uri else contents.model_copy(update={"uri": uri})
