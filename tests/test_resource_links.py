@@ -51,6 +51,7 @@ def linker(reads: list[str]) -> Server:
                 types.ResourceLink(uri="made://report/1", name="report"),
                 types.ResourceLink(uri="shared://readme", name="readme"),
                 types.ResourceLink(uri="solo://a", name="a"),
+                types.ResourceLink(uri="https://example.org/report", name="on the web"),
                 types.EmbeddedResource(resource=made),
             ]
         )
@@ -119,7 +120,13 @@ async def test_a_tools_links_are_read_from_the_upstream_that_made_them(mode: str
         read = [texts(await client.read_resource(uri)) for uri in links if "+" in uri]
     # Before: made://report/1 (listed by nobody: "Resource not found") and shared://readme,
     # which the catalog serves as other's (read from other).
-    assert links == ["linker+made://report/1", "linker+shared://readme", "solo://a"]
+    # A web address is kept: it names the same page whoever reads it.
+    assert links == [
+        "linker+made://report/1",
+        "linker+shared://readme",
+        "solo://a",
+        "https://example.org/report",
+    ]
     assert embedded == ["linker+made://embedded"]
     assert read == [
         [("linker+made://report/1", "linker's made://report/1")],

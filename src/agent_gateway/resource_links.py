@@ -24,6 +24,10 @@ links fit its bound on a message: minutes at 10,000 templates) has its URIs that
 does not list as its own qualified unmatched, which stays readable (``{upstream}+…`` always
 reaches that upstream)."""
 
+WEB = ("http://", "https://", "data:")
+"""URIs that name the same thing whoever reads them: kept as they are (a client may open a
+web address itself; ``vault+https://…`` is none)."""
+
 B = TypeVar("B", bound=types.ContentBlock)
 C = TypeVar("C", bound=types.TextResourceContents | types.BlobResourceContents)
 
@@ -67,8 +71,11 @@ def public_contents(
 
 def public_uri(snapshot: CatalogSnapshot, upstream: str, uri: str, matched: bool = True) -> str:
     """The URI a client reads ``upstream``'s ``uri`` by: ``uri`` where the catalog routes it
-    to ``upstream``, else ``{upstream}+{uri}`` (listed as another's, or unlisted). Not
-    ``matched``: ``uri`` only where the catalog lists it as ``upstream``'s (no template tried)."""
+    to ``upstream``, or where it is a web address (``WEB``), else ``{upstream}+{uri}`` (listed
+    as another's, or unlisted). Not ``matched``: ``uri`` only where the catalog lists it as
+    ``upstream``'s or it is a web address (no template tried)."""
+    if uri[:8].lower().startswith(WEB):
+        return uri
     if not matched:
         listed = snapshot.resources.get(uri)
         own = listed is not None and (listed.upstream, listed.name) == (upstream, uri)
