@@ -203,6 +203,21 @@ def build(sink: Sink) -> FastMCP:
     def note(name: str) -> str:
         return name
 
+    @server.resource("slow://{steps}", mime_type="text/plain")
+    async def slow(steps: str, ctx: Context) -> str:
+        """Report ``steps`` progress steps while read; record the request's ``_meta``."""
+        sink({"event": "read", **_request(ctx)})
+        for step in range(1, int(steps) + 1):
+            await ctx.report_progress(step, int(steps), f"read {step}")
+        return f"read in {steps}"
+
+    @server.prompt
+    async def drafted(steps: str, ctx: Context) -> str:
+        """Report ``steps`` progress steps while rendered."""
+        for step in range(1, int(steps) + 1):
+            await ctx.report_progress(step, int(steps), f"draft {step}")
+        return f"drafted in {steps}"
+
     @server.tool
     async def updates(uri: str, times: int, ctx: Context) -> int:
         """Announce ``times`` updates of ``uri`` to its subscribers."""

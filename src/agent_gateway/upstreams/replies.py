@@ -1,4 +1,4 @@
-"""What an upstream sends during a call besides its answer: log lines, and sampling,
+"""What an upstream sends during a call besides its answer: log lines, progress, and sampling,
 elicitation and roots requests, relayed to the downstream client whose call caused them.
 
 An upstream's messages say nothing about which of our calls caused them (JSON-RPC has no
@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextvars
 import itertools
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from typing import get_args
@@ -52,6 +53,8 @@ class Replies:
         self._tokens = itertools.count()
         self._passing = 0
         """Log lines and progress reports of this session being passed on to clients now."""
+        self._progress: dict[str, ProgressFnT] = {}
+        """The relays of requests sent with a progress token of ours (``progress_token``)."""
 
     @property
     def pending(self) -> int:
@@ -115,6 +118,28 @@ class Replies:
                     await relay(progress, total, message)
 
         return passed_on
+
+    @contextmanager
+    def progress_token(self, caller: ClientSide | None) -> Iterator[str | None]:
+        """A progress token of ours for a request whose SDK method takes no progress callback
+        (``prompts/get``, ``resources/read``), when ``caller`` asked for progress: the reports
+        carrying it go to ``caller`` (``on_progress``) until the request ends. Random, and not
+        a number (the SDK's client takes a number for one of its own requests' ids)."""
+        relay = self.progress_relay(caller.progress_relay()) if caller is not None else None
+        if relay is None:
+            yield None
+            return
+        token = f"gw-{secrets.token_hex(8)}"
+        self._progress[token] = relay
+        try:
+            yield token
+        finally:
+            del self._progress[token]
+
+    async def on_progress(self, params: types.ProgressNotificationParams) -> None:
+        """A progress report the SDK's client had no callback for: its request's, if ours."""
+        if isinstance(params.progress_token, str) and (relay := self._progress.get(params.progress_token)):
+            await relay(params.progress, params.total, params.message)
 
     @contextmanager
     def _passing_on(self, kind: str) -> Iterator[bool]:

@@ -1,8 +1,6 @@
 """One live client session to an upstream: its calls (guarded, bounded, their errors
 translated by ``translation.py``), its resource subscriptions, and its end. What the upstream
-sends back during a call (log lines, sampling / elicitation / roots requests) is relayed by
-``replies``.
-"""
+sends back during a call (log lines, progress, questions) is relayed by ``replies``."""
 
 from __future__ import annotations
 
@@ -92,11 +90,9 @@ class UpstreamSession:
         )
         """A modern upstream's subscriptions: one listen stream per URI."""
         self.used = time.monotonic()
-        """When a call on it last ended, or (``dedicated.get``) was about to begin: how long a
-        dedicated session has been idle."""
+        """When a call on it last ended or (``dedicated.get``) was about to begin: its idle time."""
         self.subscribed: set[str] = set()
-        """The URIs subscribed to on this session, in either era (a dedicated session holding
-        any is in use between calls)."""
+        """The URIs subscribed to on it, in either era (a dedicated one holding any is in use)."""
 
     # -- the client -----------------------------------------------------------------------
 
@@ -106,10 +102,9 @@ class UpstreamSession:
         message_handler: MessageHandlerFnT,
         resumed: types.InitializeResult | None = None,
     ) -> Client:
-        """The ``mcp.Client`` for this session, declaring only what can be relayed: exactly its
-        owner's capabilities for a dedicated session, all of them for a shared one (a call from
-        a client without one gets a clear error upstream). ``resumed``: the handshake of a
-        session another replica opened (then nothing is sent)."""
+        """The ``mcp.Client`` for this session, declaring only what can be relayed: its owner's
+        capabilities for a dedicated session, all for a shared one (a client without one gets a
+        clear error upstream). ``resumed``: another replica's session's handshake (none sent)."""
         self._on_message = self._watching(message_handler)  # forwarded calls' notifications too
         caps = self.owner.capabilities if self.owner is not None else EVERYTHING
         caps = caps or types.ClientCapabilities()
@@ -139,6 +134,8 @@ class UpstreamSession:
                 self._queue_update(message.params.uri)
             elif isinstance(message, types.ElicitCompleteNotification):
                 await self.replies.on_elicitation_complete(message.params)
+            elif isinstance(message, types.ProgressNotification):
+                await self.replies.on_progress(message.params)
             await handler(message)
 
         return on_message
@@ -156,11 +153,8 @@ class UpstreamSession:
     ) -> None:
         """Hand each resource update to ``sink``, and tell it when the session ends; run by
         whoever owns this session, with ``TaskGroup.start`` before the session is handed out
-        (subscribing needs this running).
-
-        Also hosts the ``subscriptions/listen`` streams of a modern upstream, so they end
-        with the session.
-        """
+        (subscribing needs this running). Also hosts a modern upstream's
+        ``subscriptions/listen`` streams, so they end with the session."""
         try:
             async with anyio.create_task_group() as tg, self._updates_out:
                 with self._streams.hosted_by(tg):
@@ -175,10 +169,8 @@ class UpstreamSession:
                 await sink.ended(self)
 
     async def subscribe(self, uri: str, *, subscribe: bool = True) -> None:
-        """Subscribe to (or unsubscribe from) updates of ``uri`` upstream.
-
-        A handshake-era upstream gets ``resources/subscribe``; a modern one (2026-07-28),
-        which has no such request, gets a ``subscriptions/listen`` stream for ``uri``.
+        """Subscribe to (or unsubscribe from) updates of ``uri`` upstream: ``resources/subscribe``
+        in the handshake era, a ``subscriptions/listen`` stream for ``uri`` in the modern one.
 
         Raises:
             UpstreamRejected, UpstreamUnavailable, UpstreamTimeout: the upstream refused or failed.
@@ -297,8 +289,11 @@ class UpstreamSession:
         self, name: str, arguments: dict[str, str] | None, caller: ClientSide | None, who: str | None = None
     ) -> types.GetPromptResult:
         """Render prompt ``name`` upstream (raises like ``call_tool``)."""
-        with self._calling(caller, f"prompt {name!r}", ("prompts/get", name), None, who) as client:
-            return await client.get_prompt(name, arguments, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
+        with (
+            self._calling(caller, f"prompt {name!r}", ("prompts/get", name), None, who) as client,
+            self.replies.progress_token(caller) as token,
+        ):
+            return await client.get_prompt(name, arguments, meta=self._meta(caller, token))  # pyright: ignore[reportArgumentType]
 
     async def complete(
         self, params: types.CompleteRequestParams, caller: ClientSide | None, who: str | None = None
@@ -318,8 +313,11 @@ class UpstreamSession:
         self, uri: str, caller: ClientSide | None, who: str | None = None
     ) -> types.ReadResourceResult:
         """Read ``uri`` upstream (raises like ``call_tool``)."""
-        with self._calling(caller, f"resource {uri!r}", ("resources/read", uri), None, who) as client:
-            return await client.read_resource(uri, meta=self._meta(caller))  # pyright: ignore[reportArgumentType]
+        with (
+            self._calling(caller, f"resource {uri!r}", ("resources/read", uri), None, who) as client,
+            self.replies.progress_token(caller) as token,
+        ):
+            return await client.read_resource(uri, meta=self._meta(caller, token))  # pyright: ignore[reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
         """Apply ``level`` upstream, as last asked (``level.ask`` first, see ``levels.py``).
@@ -349,12 +347,14 @@ class UpstreamSession:
             logger.info("upstream %s does not implement logging/setLevel: not sent again", self.name)
             return False
 
-    def _meta(self, caller: ClientSide | None) -> dict[str, Any] | None:
+    def _meta(self, caller: ClientSide | None, progress_token: str | None = None) -> dict[str, Any] | None:
         if caller is None:
             return None
         meta: dict[str, Any] = {**caller.client_meta, SESSION_META_KEY: caller.session_id}
         if self.modern and caller.log_level is not None:
             meta[types.LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
+        if progress_token is not None:
+            meta["progressToken"] = progress_token
         return meta
 
     @contextmanager
@@ -367,9 +367,8 @@ class UpstreamSession:
         who: str | None = None,
     ) -> Iterator[Client]:
         """The client, for one request of ``who`` (a client's label; None: the gateway's own):
-        admitted by the guard, bounded by the timeout, its errors translated, and, for an
-        ``operation`` (method, target), its span enriched and its duration recorded. One
-        generator, the bound a bare cancel scope (``fail_after``'s): this runs on every call."""
+        admitted by the guard, bounded by the timeout, its errors translated, an ``operation``'s
+        (method, target) span and duration recorded. One generator: it runs on every call."""
         client = self._client
         if client is None:
             raise UpstreamUnavailable(self.name, "not connected")
