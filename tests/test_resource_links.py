@@ -187,3 +187,78 @@ async def test_many_links_against_many_templates_are_qualified_unmatched_and_sta
     assert links[:2] + links[-1:] == ["linker+t0://0", "linker+t0://1", "solo://a"]
     assert read == [(links[-2], f"linker's t0://{len(links) - 2}")]
     assert reads == [f"t0://{len(links) - 2}"]
+
+
+def test_long_links_against_templates_with_no_literal_text_are_scanned_within_a_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every URI may match a template with no literal text ({v0}, {v1}...): each try is the
+    # matcher's Python scan of the whole URI (about 9 ms for 60 KB). Before, LOOKUPS let one
+    # 60 KB link be scanned against 1,000 of them: 3.7 s of the event loop.
+    from mcp.shared.uri_template import UriTemplate
+
+    from agent_gateway.catalog import build_snapshot
+    from agent_gateway.catalog_parts import Listing
+    from agent_gateway.config_files import parse_config
+    from agent_gateway.resource_links import SCANNED, linked_result
+
+    config = parse_config({"upstreams": {"up": {"url": "http://127.0.0.1:9/mcp"}}}, {}, source="test")
+    listed = tuple(types.ResourceTemplate(uri_template=f"{{v{i}}}", name=f"t{i}") for i in range(1000))
+    snapshot = build_snapshot(config, {"up": Listing(templates=listed)}, version=1)
+    scanned: list[int] = []
+    match = UriTemplate.match
+
+    def counted(self: UriTemplate, uri: str, **options: Any) -> Any:
+        scanned.append(len(uri))
+        return match(self, uri, **options)
+
+    monkeypatch.setattr(UriTemplate, "match", counted)
+    long = "x://" + "a." * 30_000
+    content: list[types.ContentBlock] = [types.ResourceLink(uri=f"{long}{n}", name="x") for n in range(20)]
+    result = types.CallToolResult(content=[*content, types.ResourceLink(uri="x://short", name="s")])
+    links = [
+        b.uri for b in linked_result(result, "up", snapshot).content if isinstance(b, types.ResourceLink)
+    ]
+    assert sum(scanned) <= SCANNED + len(long) + 2
+    # Past the bound, qualified without a try: still read from their upstream.
+    assert links == [f"up+{long}{n}" for n in range(20)] + ["up+x://short"]
+    assert snapshot.resource(links[0]) == ("up", f"{long}0")
+
+
+async def test_an_alias_subscribed_under_a_narrow_policy_is_sent_its_updates() -> None:
+    # The policy allows counter://*: the subscription to rec+counter://value is matched as
+    # counter://value (the URI the catalog serves as rec's own) and accepted; before, each of
+    # its updates was matched as rec+counter://value, and held back.
+    import anyio
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared.exceptions import MCPDeprecationWarning
+
+    from tests.servers import recorder
+
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    auth = {
+        "mode": "bearer",
+        "tokens": [{"name": "narrow", "token": NARROW, "policy": "narrow"}],
+        "policies": {"narrow": {"resources": ["counter://*"]}},
+    }
+    async with (
+        serving_upstream(recorder.build(lambda _: None)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url, "protocol": "legacy"}}, "auth": auth}) as gw,
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {NARROW}"}) as http,
+        Client(
+            streamable_http_client(gw.url, http_client=http), mode="legacy", message_handler=on_message
+        ) as client,
+    ):
+        with pytest.warns(MCPDeprecationWarning):
+            await client.subscribe_resource("rec+counter://value")
+        await client.call_tool("rec__updates", {"uri": "counter://value", "times": 1})
+        with anyio.fail_after(10):
+            while not updates:
+                await anyio.sleep(0.02)
+    assert updates == ["rec+counter://value"]

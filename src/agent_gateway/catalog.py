@@ -19,6 +19,7 @@ from mcp.shared.inbound import X_MCP_HEADER_KEY
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part, counted, unchanged
 from agent_gateway.catalog_resources import (
     ResourceTable,
+    Scan,
     TemplateEntry,
     matching,
     most_specific_first,
@@ -74,12 +75,11 @@ class CatalogSnapshot:
             raise UnknownName("prompt", name)
         return origin
 
-    def resource(self, uri: str) -> tuple[str, str]:
-        """(upstream, upstream URI) for a public URI listed, matching a template, or else in a
-        served upstream's namespace (``docs+…``: unlisted, a link its tool gave; else UnknownName)."""
+    def resource(self, uri: str, scan: Scan | None = None) -> tuple[str, str]:
+        """(upstream, upstream URI) of a public URI listed, templated or in a served namespace."""
         if (origin := self.resources.get(uri)) is not None:
             return origin.upstream, origin.name
-        if (entry := matching(self._most_specific_first, uri, self.upstreams)) is not None:
+        if (entry := matching(self._most_specific_first, uri, self.upstreams, scan)) is not None:
             return entry.origin.upstream, entry.upstream_uri(uri)
         if (upstream := namespace_of(uri, self.upstreams)[:-1]) in self.parts:
             return upstream, uri[len(upstream) + 1 :]

@@ -218,6 +218,12 @@ class Proxy:
             raise UnknownName("resource", uri)  # as for a read: probing learns nothing
         return await self._session_of(upstream, owner, client), upstream_uri
 
+    def follows(self, client: Principal, upstream: str, upstream_uri: str, uri: str) -> bool:
+        """Whether ``client``'s policy lets it follow public ``uri`` (``upstream``'s
+        ``upstream_uri``) now: matched as a read's and a subscription's are (``_policy_uri``),
+        so an update to an alias it subscribed to is not held back by the alias's spelling."""
+        return client.allows("resource", _policy_uri(self._catalog.snapshot, upstream, upstream_uri, uri))
+
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
         if caller is None:
             shared = self._pool.get(upstream)

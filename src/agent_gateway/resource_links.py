@@ -15,7 +15,12 @@ from typing import TypeVar
 import mcp_types as types
 
 from agent_gateway.catalog import CatalogSnapshot
+from agent_gateway.catalog_resources import Scan, Unscanned
 from agent_gateway.errors import UnknownName
+
+WEB = ("http://", "https://", "data:")
+"""URIs that name the same thing whoever reads them: kept as they are (a client may open a
+web address itself; ``vault+https://…`` is none)."""
 
 LOOKUPS = 20_000
 """Templates one answer's resource URIs may be matched against, all told (about 6 ms of the
@@ -24,9 +29,12 @@ links fit its bound on a message: minutes at 10,000 templates) has its URIs that
 does not list as its own qualified unmatched, which stays readable (``{upstream}+…`` always
 reaches that upstream)."""
 
-WEB = ("http://", "https://", "data:")
-"""URIs that name the same thing whoever reads them: kept as they are (a client may open a
-web address itself; ``vault+https://…`` is none)."""
+SCANNED = 65_536
+"""Characters the template matchers may scan for one answer's URIs, all told (a matcher's
+scan is Python, about 0.3 us a character: some 20 ms). ``LOOKUPS`` counts tries, not their
+length: an upstream listing templates with no literal text (``{v0}``, ``{v1}``…, which every
+URI may match) answered a 60 KB link that took 3.7 s of the event loop at 1,000 of them.
+Past it, as past ``LOOKUPS``, the answer's other URIs are qualified unmatched."""
 
 B = TypeVar("B", bound=types.ContentBlock)
 C = TypeVar("C", bound=types.TextResourceContents | types.BlobResourceContents)
@@ -36,7 +44,7 @@ def linked_result(
     result: types.CallToolResult, upstream: str, snapshot: CatalogSnapshot
 ) -> types.CallToolResult:
     """``result`` with its blocks' resource URIs public (the same object when none changes)."""
-    matched = len(result.content) * len(snapshot.templates) <= LOOKUPS
+    matched = _scan(len(result.content), snapshot)
     content = _public_blocks(result.content, upstream, snapshot, matched)
     return result if content is None else result.model_copy(update={"content": content})
 
@@ -45,7 +53,7 @@ def linked_prompt(
     result: types.GetPromptResult, upstream: str, snapshot: CatalogSnapshot
 ) -> types.GetPromptResult:
     """``result`` with its messages' resource URIs public."""
-    matched = len(result.messages) * len(snapshot.templates) <= LOOKUPS
+    matched = _scan(len(result.messages), snapshot)
     messages: list[types.PromptMessage] = []
     for message in result.messages:
         block = _public_blocks([message.content], upstream, snapshot, matched)
@@ -60,7 +68,7 @@ def public_contents(
 ) -> types.ReadResourceResult:
     """A read's contents under public URIs: the resource read under the URI the client read
     (``beta+shared://x``), others (a directory's children) as a link to them would be."""
-    matched = len(result.contents) * len(snapshot.templates) <= LOOKUPS
+    matched = _scan(len(result.contents), snapshot)
     contents = [
         _public_contents(c, upstream, snapshot, matched, (upstream_uri, uri)) for c in result.contents
     ]
@@ -69,25 +77,31 @@ def public_contents(
     return result.model_copy(update={"contents": contents})
 
 
-def public_uri(snapshot: CatalogSnapshot, upstream: str, uri: str, matched: bool = True) -> str:
+def public_uri(snapshot: CatalogSnapshot, upstream: str, uri: str, matched: bool | Scan = True) -> str:
     """The URI a client reads ``upstream``'s ``uri`` by: ``uri`` where the catalog routes it
     to ``upstream``, or where it is a web address (``WEB``), else ``{upstream}+{uri}`` (listed
     as another's, or unlisted). Not ``matched``: ``uri`` only where the catalog lists it as
-    ``upstream``'s or it is a web address (no template tried)."""
+    ``upstream``'s or it is a web address (no template tried); a ``Scan``: templates tried
+    while it lasts, then as not matched."""
     if uri[:8].lower().startswith(WEB):
         return uri
-    if not matched:
-        listed = snapshot.resources.get(uri)
-        own = listed is not None and (listed.upstream, listed.name) == (upstream, uri)
-        return uri if own else f"{upstream}+{uri}"
-    with suppress(UnknownName):
-        if snapshot.resource(uri) == (upstream, uri):
-            return uri
-    return f"{upstream}+{uri}"
+    if matched is not False:
+        with suppress(UnknownName, Unscanned):
+            routed = snapshot.resource(uri, matched if isinstance(matched, Scan) else None)
+            return uri if routed == (upstream, uri) else f"{upstream}+{uri}"
+    listed = snapshot.resources.get(uri)
+    own = listed is not None and (listed.upstream, listed.name) == (upstream, uri)
+    return uri if own else f"{upstream}+{uri}"
+
+
+def _scan(count: int, snapshot: CatalogSnapshot) -> Scan | bool:
+    """How an answer of ``count`` URIs is matched: against the templates within ``SCANNED``
+    characters, or (past ``LOOKUPS`` tries) not at all."""
+    return Scan(SCANNED) if count * len(snapshot.templates) <= LOOKUPS else False
 
 
 def _public_blocks(
-    blocks: Sequence[B], upstream: str, snapshot: CatalogSnapshot, matched: bool
+    blocks: Sequence[B], upstream: str, snapshot: CatalogSnapshot, matched: bool | Scan
 ) -> list[B] | None:
     """``blocks`` with resource URIs public, or None when none changes (most results hold no
     resource: one look at each block's type)."""
@@ -106,7 +120,11 @@ def _public_blocks(
 
 
 def _public_contents(
-    contents: C, upstream: str, snapshot: CatalogSnapshot, matched: bool, read: tuple[str, str] = ("", "")
+    contents: C,
+    upstream: str,
+    snapshot: CatalogSnapshot,
+    matched: bool | Scan,
+    read: tuple[str, str] = ("", ""),
 ) -> C:
     """``contents`` under its public URI (``read``: the upstream URI read and the URI the
     client read it by, which is its public URI)."""

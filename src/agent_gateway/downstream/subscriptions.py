@@ -362,7 +362,9 @@ class ResourceSubscriptions:
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
         for session, public in list(self._subscribers.get((upstream.id, uri), {}).items()):
-            if session.client is not None and not session.client.allows("resource", public):
+            if session.client is not None and not self._proxy.follows(
+                session.client, upstream.name, uri, public
+            ):
                 continue  # a reload took it out of the client's policy: its subscription stays mute
             with anyio.move_on_after(SEND_TIMEOUT):
                 if session.connection is not None:
