@@ -112,6 +112,8 @@ class Proxy:
         self._pool = pool
         self._dedicated = dedicated
         self.held = HeldCalls(self._concurrency_of)
+        self._followed: tuple[int, dict[tuple[str, str, str], str]] = (-1, {})
+        """The URI each subscription's policy is matched against (``follows``), this version."""
         """Modern clients' calls held across rounds for a handshake-era upstream's questions."""
 
     def _concurrency_of(self, upstream: str) -> int | None:
@@ -221,8 +223,15 @@ class Proxy:
     def follows(self, client: Principal, upstream: str, upstream_uri: str, uri: str) -> bool:
         """Whether ``client``'s policy lets it follow public ``uri`` (``upstream``'s
         ``upstream_uri``) now: matched as a read's and a subscription's are (``_policy_uri``),
-        so an update to an alias it subscribed to is not held back by the alias's spelling."""
-        return client.allows("resource", _policy_uri(self._catalog.snapshot, upstream, upstream_uri, uri))
+        so an update to an alias it subscribed to is not held back by the alias's spelling.
+        Worked out once per catalog version: an upstream's updates come as often as it likes."""
+        snapshot = self._catalog.snapshot
+        if self._followed[0] != snapshot.version or len(self._followed[1]) >= _FOLLOWED:
+            self._followed = (snapshot.version, {})
+        key = (upstream, upstream_uri, uri)
+        if (matched := self._followed[1].get(key)) is None:
+            matched = self._followed[1][key] = _policy_uri(snapshot, upstream, upstream_uri, uri)
+        return client.allows("resource", matched)
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
         if caller is None:
@@ -318,6 +327,9 @@ class Proxy:
 
 
 _EVERY_LINE: types.LoggingLevel = "debug"
+
+
+_FOLLOWED = 4096
 
 
 def _may_be_held(caller: Caller, session: UpstreamSession) -> bool:
