@@ -112,9 +112,9 @@ class Proxy:
         self._pool = pool
         self._dedicated = dedicated
         self.held = HeldCalls(self._concurrency_of)
+        """Modern clients' calls held across rounds for a handshake-era upstream's questions."""
         self._followed: tuple[int, dict[tuple[str, str, str], str]] = (-1, {})
         """The URI each subscription's policy is matched against (``follows``), this version."""
-        """Modern clients' calls held across rounds for a handshake-era upstream's questions."""
 
     def _concurrency_of(self, upstream: str) -> int | None:
         """``upstream``'s ``max_concurrency`` (None: none, or no such upstream)."""
@@ -330,6 +330,7 @@ _EVERY_LINE: types.LoggingLevel = "debug"
 
 
 _FOLLOWED = 4096
+"""Subscriptions whose policy URI ``follows`` keeps for one catalog version (then it starts over)."""
 
 
 def _may_be_held(caller: Caller, session: UpstreamSession) -> bool:
