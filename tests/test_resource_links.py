@@ -258,3 +258,14 @@ async def test_an_alias_subscribed_under_a_narrow_policy_is_sent_its_updates() -
             while not updates:
                 await anyio.sleep(0.02)
     assert updates == ["rec+counter://value"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstreams_refusal_of_a_namespaced_read_names_the_uri_the_client_read(mode: str) -> None:
+    async with linked_gateway([]) as url, Client(url, mode=mode) as client:
+        with pytest.raises(MCPError) as refused:
+            await client.read_resource("other+made://nothing")
+    # FastMCP's refusal, its code and message kept; before, its data named made://nothing,
+    # which in the catalog is nobody's.
+    assert "Resource not found" in refused.value.error.message
+    assert refused.value.error.data == {"uri": "other+made://nothing"}

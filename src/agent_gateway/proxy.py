@@ -22,7 +22,7 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.held_rounds import ToolResult
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
-from agent_gateway.errors import GatewayError, NotAllowed, UnknownName
+from agent_gateway.errors import GatewayError, NotAllowed, UnknownName, UpstreamAnswered
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.meta_keys import RESULT_DROPPED
 from agent_gateway.resource_links import linked_prompt, linked_result, public_contents, public_uri
@@ -95,6 +95,13 @@ def _linked(result: ToolResult, upstream: str, catalog: Catalog) -> ToolResult:
     if isinstance(result, types.CallToolResult):
         return linked_result(_relayed(result), upstream, catalog.snapshot)
     return _relayed(result)
+
+
+def _named_as_read(refusal: UpstreamAnswered, upstream_uri: str, uri: str) -> None:
+    """An upstream's refusal of a read names, in its data (``{"uri": …}``, as the SDK's and
+    FastMCP's do), the URI the client read, not the upstream's (another's or nobody's)."""
+    if uri != upstream_uri and isinstance(refusal.data, dict) and refusal.data.get("uri") == upstream_uri:
+        refusal.data = {**refusal.data, "uri": uri}
 
 
 def _policy_uri(snapshot: CatalogSnapshot, upstream: str, upstream_uri: str, uri: str) -> str:
@@ -183,7 +190,11 @@ class Proxy:
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
-                read = await session.read_resource(upstream_uri, caller, who.label)
+                try:
+                    read = await session.read_resource(upstream_uri, caller, who.label)
+                except UpstreamAnswered as exc:
+                    _named_as_read(exc, upstream_uri, uri)
+                    raise
         return public_contents(_relayed(read), upstream, upstream_uri, uri, self._catalog.snapshot)
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:
