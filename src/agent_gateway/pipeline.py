@@ -135,14 +135,16 @@ class Pipeline:
         async with self._sessions.serving(ctx) as session, away():  # a run's wait on models and tools
             return await self._agent.call(params.arguments or {}, who, _caller(ctx, session, who, params))
 
-    async def get_prompt(self, ctx: Context, params: types.GetPromptRequestParams) -> types.GetPromptResult:
+    async def get_prompt(
+        self, ctx: Context, params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult | types.InputRequiredResult:
         return await self._answered(
             ctx, params, lambda caller: self._proxy.get_prompt(params.name, params.arguments, caller)
         )
 
     async def read_resource(
         self, ctx: Context, params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
         uri = self._public_uri(params.uri)
         return await self._answered(ctx, params, lambda caller: self._proxy.read_resource(uri, caller))
 

@@ -172,18 +172,24 @@ class Proxy:
 
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None, caller: Caller
-    ) -> types.GetPromptResult:
-        """Forward a prompt render (raises UnknownName, ClientLimited or UpstreamError)."""
+    ) -> types.GetPromptResult | types.InputRequiredResult:
+        """Forward a prompt render (raises UnknownName, ClientLimited or UpstreamError); a
+        modern upstream's input requests to a modern client pass as they are."""
         origin = self._catalog.snapshot.prompt(name)
         who = _unseen(caller, "prompt", name)
         session = await self._session(origin.upstream, caller)
         with who.calling():  # a slow render holds an upstream's slot as a tool call does
             async with _turn(session, who):
                 rendered = await session.get_prompt(origin.name, arguments, caller, who.label)
+        if isinstance(rendered, types.InputRequiredResult):
+            return _relayed(rendered)
         return linked_prompt(_relayed(rendered), origin.upstream, self._catalog.snapshot)
 
-    async def read_resource(self, uri: str, caller: Caller) -> types.ReadResourceResult:
-        """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError)."""
+    async def read_resource(
+        self, uri: str, caller: Caller
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
+        """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError; input
+        requests pass as a render's do)."""
         snapshot = self._catalog.snapshot
         upstream, upstream_uri = snapshot.resource(uri)
         who = _unseen(caller, "resource", uri, public=_policy_uri(snapshot, upstream, upstream_uri, uri))
@@ -195,6 +201,8 @@ class Proxy:
                 except UpstreamAnswered as exc:
                     _named_as_read(exc, upstream_uri, uri)
                     raise
+        if isinstance(read, types.InputRequiredResult):
+            return _relayed(read)
         return public_contents(_relayed(read), upstream, upstream_uri, uri, self._catalog.snapshot)
 
     async def complete(self, params: types.CompleteRequestParams, caller: Caller) -> types.CompleteResult:

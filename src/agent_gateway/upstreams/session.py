@@ -102,16 +102,14 @@ class UpstreamSession:
         message_handler: MessageHandlerFnT,
         resumed: types.InitializeResult | None = None,
     ) -> Client:
-        """The ``mcp.Client`` for this session, declaring only what can be relayed: its owner's
-        capabilities for a dedicated session, all for a shared one (a client without one gets a
-        clear error upstream). ``resumed``: another replica's session's handshake (none sent)."""
+        """The ``mcp.Client`` for this session, declaring what can be relayed: its owner's
+        capabilities (dedicated) or all (shared). ``resumed``: another replica's handshake."""
         self._on_message = self._watching(message_handler)  # forwarded calls' notifications too
         caps = self.owner.capabilities if self.owner is not None else EVERYTHING
         caps = caps or types.ClientCapabilities()
         options: dict[str, Any] = dict(
             server=transport,
-            # No session-wide read timeout: it would bound the handshake too (connect_timeout
-            # does); each call gets `timeout` in _calling, and its cancel reaches the upstream.
+            # No session-wide read timeout (it would bound the handshake): each call has _calling's.
             message_handler=self._on_message,
             logging_callback=self.replies.on_log,
             sampling_callback=self.replies.on_sampling if caps.sampling is not None else None,
@@ -127,9 +125,8 @@ class UpstreamSession:
 
     def _watching(self, handler: MessageHandlerFnT) -> MessageHandlerFnT:
         async def on_message(message: Any) -> None:
-            # On the read loop: queue without waiting; relay_updates does the sending.
-            # A modern upstream's updates come on listen streams (ListenStreams), and the
-            # client also shows them here: taking both would relay each one twice.
+            # Queued without waiting (relay_updates sends); a modern upstream's updates come on
+            # listen streams (ListenStreams) and here too: taking both would relay them twice.
             if isinstance(message, types.ResourceUpdatedNotification) and not self.modern:
                 self._queue_update(message.params.uri)
             elif isinstance(message, types.ElicitCompleteNotification):
@@ -151,10 +148,8 @@ class UpstreamSession:
     async def relay_updates(
         self, sink: UpdateSink, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Hand each resource update to ``sink``, and tell it when the session ends; run by
-        whoever owns this session, with ``TaskGroup.start`` before the session is handed out
-        (subscribing needs this running). Also hosts a modern upstream's
-        ``subscriptions/listen`` streams, so they end with the session."""
+        """Hand each resource update to ``sink``, and tell it when the session ends (started
+        before the session is handed out); hosts a modern upstream's listen streams too."""
         try:
             async with anyio.create_task_group() as tg, self._updates_out:
                 with self._streams.hosted_by(tg):
@@ -170,11 +165,8 @@ class UpstreamSession:
 
     async def subscribe(self, uri: str, *, subscribe: bool = True) -> None:
         """Subscribe to (or unsubscribe from) updates of ``uri`` upstream: ``resources/subscribe``
-        in the handshake era, a ``subscriptions/listen`` stream for ``uri`` in the modern one.
-
-        Raises:
-            UpstreamRejected, UpstreamUnavailable, UpstreamTimeout: the upstream refused or failed.
-        """
+        in the handshake era, a ``subscriptions/listen`` stream in the modern one (raises
+        UpstreamRejected, UpstreamUnavailable, UpstreamTimeout)."""
         if not subscribe:  # given up here even when the upstream does not answer
             self.subscribed.discard(uri)
         if self.modern:
@@ -246,10 +238,8 @@ class UpstreamSession:
     async def call_tool(
         self, name: str, arguments: dict[str, Any], caller: ClientSide | None, who: str | None = None
     ) -> types.CallToolResult | types.InputRequiredResult:
-        """Call ``name`` upstream for ``caller``, in client ``who``'s share (see ``_calling``). When
-        both speak the modern era, the upstream's input requests (``InputRequiredResult``) are
-        returned as they are, for the client to answer and retry; otherwise the ``mcp`` client
-        answers them through our callbacks.
+        """Call ``name`` upstream for ``caller``, in client ``who``'s share (see ``_calling``); the
+        upstream's input requests (``InputRequiredResult``) returned as they are (``_rounds``).
 
         Raises:
             UpstreamUnavailable, UpstreamTimeout, UpstreamRejected
@@ -287,19 +277,21 @@ class UpstreamSession:
 
     async def get_prompt(
         self, name: str, arguments: dict[str, str] | None, caller: ClientSide | None, who: str | None = None
-    ) -> types.GetPromptResult:
-        """Render prompt ``name`` upstream (raises like ``call_tool``)."""
+    ) -> types.GetPromptResult | types.InputRequiredResult:
+        """Render prompt ``name`` upstream (raises, and returns input requests, like ``call_tool``)."""
         with (
             self._calling(caller, f"prompt {name!r}", ("prompts/get", name), None, who) as client,
             self.replies.progress_token(caller) as token,
         ):
-            return await client.get_prompt(name, arguments, meta=self._meta(caller, token))  # pyright: ignore[reportArgumentType]
+            meta, rounds = self._meta(caller, token), self._rounds(caller)
+            if not rounds:
+                return await client.get_prompt(name, arguments, meta=meta)  # pyright: ignore[reportArgumentType]
+            return await client.session.get_prompt(name, arguments, meta=meta, **rounds)  # pyright: ignore[reportCallIssue, reportArgumentType]
 
     async def complete(
         self, params: types.CompleteRequestParams, caller: ClientSide | None, who: str | None = None
     ) -> types.CompleteResult:
-        """Ask for completions of a prompt or template argument; an upstream that offers none
-        answers with no values (the gateway offers completions for all its upstreams)."""
+        """Completions of a prompt's or template's argument (none from an upstream without them)."""
         client = self._client
         if client is not None and client.server_capabilities.completions is None:
             return types.CompleteResult(completion=types.Completion(values=[]))
@@ -311,20 +303,20 @@ class UpstreamSession:
 
     async def read_resource(
         self, uri: str, caller: ClientSide | None, who: str | None = None
-    ) -> types.ReadResourceResult:
-        """Read ``uri`` upstream (raises like ``call_tool``)."""
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
+        """Read ``uri`` upstream (raises, and returns input requests, like ``call_tool``)."""
         with (
             self._calling(caller, f"resource {uri!r}", ("resources/read", uri), None, who) as client,
             self.replies.progress_token(caller) as token,
         ):
-            return await client.read_resource(uri, meta=self._meta(caller, token))  # pyright: ignore[reportArgumentType]
+            meta, rounds = self._meta(caller, token), self._rounds(caller)
+            if not rounds:
+                return await client.read_resource(uri, meta=meta)  # pyright: ignore[reportArgumentType]
+            return await client.session.read_resource(uri, meta=meta, **rounds)  # pyright: ignore[reportCallIssue, reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
-        """Apply ``level`` upstream, as last asked (``level.ask`` first, see ``levels.py``).
-
-        Not sent to an upstream that did not declare logging, nor again to one that answered
-        Method not found: it is optional, and a warning per client would be noise.
-        """
+        """Apply ``level`` upstream, as last asked (``level.ask`` first, see ``levels.py``); not
+        to one that did not declare logging, nor again to one that answered Method not found."""
         client = self._client
         if self.modern or client is None or client.server_capabilities.logging is None:
             return
@@ -346,6 +338,14 @@ class UpstreamSession:
             self.guard.unimplemented.add("logging/setLevel")
             logger.info("upstream %s does not implement logging/setLevel: not sent again", self.name)
             return False
+
+    def _rounds(self, caller: ClientSide | None) -> dict[str, Any]:
+        """The SDK session's arguments passing a modern upstream's input requests to a modern
+        ``caller`` as they are, and its answers back (none: our callbacks answer them)."""
+        if caller is None or not caller.modern or not self.modern:
+            return {}
+        answers, state = caller.input_responses, caller.request_state
+        return {"input_responses": answers, "request_state": state, "allow_input_required": True}
 
     def _meta(self, caller: ClientSide | None, progress_token: str | None = None) -> dict[str, Any] | None:
         if caller is None:

@@ -1,0 +1,102 @@
+"""A modern upstream's input requests (``InputRequiredResult``) on ``prompts/get`` and
+``resources/read`` reach a modern client as they are, and its retry carrying the answers
+reaches the upstream, which records them (as for ``tools/call``). A handshake-era client has
+them answered through the gateway's own client, as before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.server.lowlevel import Server
+
+from tests.support import running_gateway, serving
+
+SCHEMA = {"type": "object", "properties": {"value": {"type": "string"}}, "required": ["value"]}
+
+
+def asking(answers: list[str]) -> Server:
+    """A low-level upstream whose prompt ``greeting`` and resource ``ask://name`` first ask for
+    a name (an elicitation, as an input request), then use the answer, which they record."""
+
+    def question(message: str) -> types.InputRequiredResult:
+        request = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message=message, requested_schema=SCHEMA)
+        )
+        return types.InputRequiredResult(
+            input_requests={"name": request}, request_state=f"state of {message}"
+        )
+
+    def answered(params: Any) -> str | None:
+        if not params.input_responses:
+            return None
+        answer = params.input_responses["name"]
+        assert isinstance(answer, types.ElicitResult)
+        value = f"{(answer.content or {}).get('value')} ({params.request_state})"
+        answers.append(value)
+        return value
+
+    async def list_prompts(ctx: Any, params: Any) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[types.Prompt(name="greeting")])
+
+    async def get_prompt(ctx: Any, params: Any) -> types.GetPromptResult | types.InputRequiredResult:
+        if (name := answered(params)) is None:
+            return question("who is greeted?")
+        text = types.TextContent(text=f"hello {name}")
+        return types.GetPromptResult(messages=[types.PromptMessage(role="user", content=text)])
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[types.Resource(uri="ask://name", name="name")])
+
+    async def read_resource(ctx: Any, params: Any) -> types.ReadResourceResult | types.InputRequiredResult:
+        if (name := answered(params)) is None:
+            return question("whose file?")
+        return types.ReadResourceResult(
+            contents=[types.TextResourceContents(uri=params.uri, text=f"file of {name}")]
+        )
+
+    return Server(
+        "asking",
+        on_list_prompts=list_prompts,
+        on_get_prompt=get_prompt,
+        on_list_resources=list_resources,
+        on_read_resource=read_resource,
+    )
+
+
+@asynccontextmanager
+async def asking_gateway(answers: list[str]) -> AsyncIterator[str]:
+    async with (
+        serving(asking(answers).streamable_http_app()) as base,
+        running_gateway({"upstreams": {"up": {"url": f"{base}/mcp"}}}) as gw,
+    ):
+        yield gw.url
+
+
+async def elicited(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"value": "ada"})
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_an_upstreams_input_requests_on_a_prompt_and_a_read_are_answered_by_the_client(
+    mode: str,
+) -> None:
+    answers: list[str] = []
+    async with (
+        asking_gateway(answers) as url,
+        Client(url, mode=mode, elicitation_callback=elicited) as client,
+    ):
+        prompt = await client.get_prompt("up__greeting")
+        read = await client.read_resource("ask://name")
+    text = prompt.messages[0].content
+    assert isinstance(text, types.TextContent)
+    assert text.text == "hello ada (state of who is greeted?)"
+    contents = read.contents[0]
+    assert isinstance(contents, types.TextResourceContents)
+    assert contents.text == "file of ada (state of whose file?)"
+    # The upstream had the client's answer, with the state it handed out.
+    assert answers == ["ada (state of who is greeted?)", "ada (state of whose file?)"]
