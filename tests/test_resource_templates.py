@@ -13,12 +13,13 @@ import mcp_types as types
 import pytest
 from fastmcp import Context, FastMCP
 from mcp import Client
+from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import UriTemplate
 
-from agent_gateway.catalog_resources import MAX_VARIABLES
+from agent_gateway.catalog_resources import MAX_VARIABLES, READ_SCAN
 from tests.faults.harness import wait_until
-from tests.support import running_gateway, serving_upstream
+from tests.support import running_gateway, serving, serving_upstream
 
 TEMPLATES = 200
 
@@ -152,3 +153,57 @@ async def test_a_template_of_more_variables_than_the_bound_is_not_served(mode: s
         assert served.contents[0].text == f"{MAX_VARIABLES} values"
         with pytest.raises(MCPError, match="Resource not found"):
             await client.read_resource(f"file:///wide{MAX_VARIABLES + 1}" + "/a" * (MAX_VARIABLES + 1))
+
+
+def bare_templates(reads: list[str]) -> Server:
+    """A low-level upstream listing 100 templates of no literal text (``{v0}``…), which every
+    URI may match, and reading whatever it is asked (recorded)."""
+
+    async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
+        listed = [types.ResourceTemplate(uri_template=f"{{v{i}}}", name=f"v{i}") for i in range(100)]
+        return types.ListResourceTemplatesResult(resource_templates=listed)
+
+    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        reads.append(params.uri)
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text="read")])
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[])
+
+    return Server(
+        "bare",
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
+        on_read_resource=read_resource,
+    )
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_a_long_uri_against_templates_of_no_literal_text_is_scanned_within_a_bound(
+    mode: str, scans: list[str]
+) -> None:
+    reads: list[str] = []
+    long = "x://" + "a." * 4_090  # 8 KB (a client's bound): each try scans it all, failing at its end
+    async with (
+        serving(bare_templates(reads).streamable_http_app()) as base,
+        running_gateway({"upstreams": {"bare": {"url": f"{base}/mcp"}}}) as gw,
+        Client(gw.url, mode=mode) as client,
+    ):
+        refusal: MCPError | None = None
+        try:
+            await client.read_resource(long)
+        except MCPError as exc:
+            refusal = exc
+        short = texts(await client.read_resource("short"))
+    assert refusal is not None
+    assert "given up matching its 8184 characters" in refusal.error.message
+    assert refusal.error.code == types.INVALID_PARAMS
+    assert short == ["read"]
+    # Before: 100 scans of 8 KB for the read, and as many for its span (47 ms each time; at
+    # 1,000 such templates, 0.5 s); now at most READ_SCAN characters each (about 15 ms).
+    assert sum(len(uri) for uri in scans if uri == long) <= 2 * READ_SCAN
+    assert reads == ["short"]
+
+
+def texts(read: types.ReadResourceResult) -> list[str]:
+    return [c.text for c in read.contents if isinstance(c, types.TextResourceContents)]

@@ -14,7 +14,7 @@ import mcp_types as types
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from agent_gateway.catalog_parts import Listing, Part
-from agent_gateway.errors import shown
+from agent_gateway.errors import UnmatchedURI, shown
 from agent_gateway.naming import Origin
 
 logger = logging.getLogger("agent_gateway.catalog")
@@ -22,6 +22,12 @@ logger = logging.getLogger("agent_gateway.catalog")
 MAX_VARIABLES = 16
 """Variables in one resource template (the SDK takes 256): a template's parse is Python, about
 0.1 ms a variable, and an upstream lists up to 10,000 (about 15 s of the event loop at 256)."""
+
+READ_SCAN = 262_144
+"""Characters the templates' matchers may scan for one URI a client reads (about 15 ms: a
+matcher's scan is Python). A template with no literal text (``{v0}``), or whose literal text
+a URI holds, is tried by a scan of the whole URI: a 60 KB read tried against 100 such
+templates held the event loop for 350 ms; past this, the read is refused (``UnmatchedURI``)."""
 
 _EXPRESSION = re.compile(r"\{[^}]*\}")
 """A URI template's expression (``{name}``, ``{+path}``): what is left is its literal text."""
@@ -175,16 +181,28 @@ def matching(
     """The first of ``entries`` (most specific first) that ``uri`` matches. A URI in an
     upstream's namespace (``docs+…``) is matched by that upstream's qualified templates only:
     another's catch-all (``{+uri}``) or leading expression (``{s}+file:///{x}``) never takes
-    a read a client addressed to ``docs``. ``scan``: raises ``Unscanned`` once spent."""
+    a read a client addressed to ``docs``. ``scan``: raises ``Unscanned`` once spent; none:
+    ``READ_SCAN`` characters, then ``UnmatchedURI``."""
+    if scan is not None:
+        return _matching(entries, uri, upstreams, scan)
+    try:
+        return _matching(entries, uri, upstreams, Scan(READ_SCAN))
+    except Unscanned:
+        raise UnmatchedURI(uri, READ_SCAN) from None
+
+
+def _matching(
+    entries: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[str], scan: Scan
+) -> TemplateEntry | None:
     namespace = namespace_of(uri, upstreams)
     glance = len(uri) >> 8  # may_match's search for literal text: C, some 250 times the scan's pace
     for entry in entries:
         if entry.prefix != namespace:
             continue
-        if scan is not None and glance and not scan.spend(glance):
+        if glance and not scan.spend(glance):
             raise Unscanned(uri)
         if entry.may_match(uri):
-            if scan is not None and not scan.spend(len(uri)):
+            if not scan.spend(len(uri)):
                 raise Unscanned(uri)
             if entry.matcher.match(uri) is not None:
                 return entry

@@ -6,7 +6,8 @@
     │   └── StoreUnavailable   the shared store (Redis) or database (Postgres) does not answer
     ├── CommandNotFound        a stdio upstream's command is not there (named in the message)
     ├── UnknownName            a tool, prompt or resource the catalog does not have
-    │   └── ToolHeld           a pinned tool that changed, withheld until an operator accepts it
+    │   ├── ToolHeld           a pinned tool that changed, withheld until an operator accepts it
+    │   └── UnmatchedURI       a resource URI too costly to match against the templates
     ├── InvalidArguments       tool arguments that fail the tool's inputSchema
     ├── InvalidRequest         a request taken as it is by nothing (an over-long name, a cursor not ours)
     ├── NotAllowed             a name outside the calling client's policy (never forwarded)
@@ -89,6 +90,18 @@ class UnknownName(GatewayError):
         else:
             super().__init__(f"Unknown {kind}: {shown(name)}")
         self.kind, self.name = kind, name
+
+
+class UnmatchedURI(UnknownName):
+    """A resource URI whose match against the templates was given up: past the characters its
+    matchers may scan (``catalog_resources.READ_SCAN``)."""
+
+    def __init__(self, uri: str, scanned: int) -> None:
+        super().__init__("resource", uri)
+        self.args = (
+            f"{self.args[0]} (given up matching its {len(uri)} characters against the resource "
+            f"templates after {scanned} characters scanned)",
+        )
 
 
 class ToolHeld(UnknownName):
