@@ -13,6 +13,7 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
 
 from tests.support import running_gateway, serving
 
@@ -100,3 +101,48 @@ async def test_an_upstreams_input_requests_on_a_prompt_and_a_read_are_answered_b
     assert contents.text == "file of ada (state of whose file?)"
     # The upstream had the client's answer, with the state it handed out.
     assert answers == ["ada (state of who is greeted?)", "ada (state of whose file?)"]
+
+
+def endless() -> Server:
+    """A low-level upstream whose prompt and resource ask again whatever they are answered."""
+
+    def again(ctx: Any, params: Any) -> Any:
+        request = types.ElicitRequest(
+            params=types.ElicitRequestFormParams(message="again?", requested_schema=SCHEMA)
+        )
+        return types.InputRequiredResult(input_requests={"name": request}, request_state="s")
+
+    async def list_prompts(ctx: Any, params: Any) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[types.Prompt(name="loop")])
+
+    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
+        return types.ListResourcesResult(resources=[types.Resource(uri="loop://x", name="x")])
+
+    async def asked(ctx: Any, params: Any) -> Any:
+        return again(ctx, params)
+
+    return Server(
+        "endless",
+        on_list_prompts=list_prompts,
+        on_get_prompt=asked,
+        on_list_resources=list_resources,
+        on_read_resource=asked,
+    )
+
+
+async def test_an_upstream_that_never_stops_asking_a_handshake_era_client_is_named() -> None:
+    async with (
+        serving(endless().streamable_http_app()) as base,
+        running_gateway({"upstreams": {"up": {"url": f"{base}/mcp"}}}) as gw,
+        Client(gw.url, mode="legacy", elicitation_callback=elicited) as client,
+    ):
+        errors = []
+        for ask in (lambda: client.get_prompt("up__loop"), lambda: client.read_resource("loop://x")):
+            with pytest.raises(MCPError) as caught:
+                await ask()
+            errors.append(caught.value.error.message)
+    # Before: -32603 "Internal server error" (the SDK's rounds bound escaped untranslated).
+    assert errors == [
+        "upstream 'up': prompt 'loop': still asking for input after 10 rounds",
+        "upstream 'up': resource 'loop://x': still asking for input after 10 rounds",
+    ]

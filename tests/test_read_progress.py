@@ -8,6 +8,7 @@ from functools import partial
 from pathlib import Path
 
 import anyio
+import httpx
 import mcp_types as types
 import pytest
 from mcp import Client
@@ -83,3 +84,36 @@ async def test_a_reads_and_a_renders_progress_reach_the_client_that_asked(
     tokens = [str(r["meta"].get("progressToken")) for r in reads]
     assert all(token.startswith("gw-") for token in tokens), tokens
     assert len(set(tokens)) == 2
+
+
+@pytest.mark.parametrize("token", [True, False])
+async def test_a_bool_progress_token_asks_for_no_progress(token: bool, tmp_path: Path) -> None:
+    """As the SDK reads a token: true is no token, never 1 (another request's, perhaps)."""
+    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    params = {"name": "rec__drafted", "arguments": {"steps": "2"}, "_meta": {"progressToken": token}}
+    async with (
+        recorded_gateway("http", tmp_path, protocol="legacy") as (gw, _),
+        httpx.AsyncClient(timeout=BOUND) as http,
+    ):
+        opened = await http.post(gw.url, json=initialize, headers=headers)
+        headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        await http.post(
+            gw.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
+        )
+        answer = await http.post(
+            gw.url,
+            json={"jsonrpc": "2.0", "id": 2, "method": "prompts/get", "params": params},
+            headers=headers,
+        )
+    assert "drafted in 2" in answer.text
+    assert "notifications/progress" not in answer.text  # before: reports under 1 (or 0)

@@ -15,6 +15,7 @@ import mcp_types as types
 from mcp.server.session import ServerSession
 from mcp.shared.dispatcher import ProgressFnT
 from mcp.shared.exceptions import MCPError
+from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from mcp.shared.message import ServerMessageMetadata
 
 from agent_gateway.access import Principal
@@ -66,7 +67,8 @@ class Caller:
             server_session=server_session,
             # As a string, as FastMCP passes it: the transport finds the request's stream by it.
             request_id=None if request_id is None else str(request_id),
-            progress_token=meta.get("progressToken"),
+            # As the SDK reads it: a string or an integer, never a bool (true would alias 1).
+            progress_token=progress_token_from_params({"_meta": meta}),
             request_log_level=level if level in LEVELS else None,
             input_responses=params.input_responses if params is not None else None,
             request_state=params.request_state if params is not None else None,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx2
 import mcp_types as types
+from mcp import InputRequiredRoundsExceededError
 from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
@@ -65,6 +66,12 @@ def translated(session: UpstreamSession, what: str) -> Iterator[None]:
         raise UpstreamRejected(
             session.name,
             f"{what}: answered with an invalid result: {exc.error_count()} problem(s)",
+            types.INTERNAL_ERROR,
+        ) from exc
+    except InputRequiredRoundsExceededError as exc:  # a modern upstream asking on and on
+        raise UpstreamRejected(
+            session.name,
+            f"{what}: still asking for input after {exc.max_rounds} rounds",
             types.INTERNAL_ERROR,
         ) from exc
     except RuntimeError as exc:  # the SDK's verdict on a result against the tool's output schema
