@@ -23,6 +23,7 @@ from typing import Any, TypeGuard
 import mcp_types as types
 
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
+from agent_gateway.request_body import requested_id
 
 MAX_ID_LENGTH = 256
 _LONGEST_INTEGER = 10**MAX_ID_LENGTH
@@ -79,6 +80,15 @@ def problem(body: bytes, message: dict[str, Any]) -> tuple[str, int] | None:
     if (found := _cursor_problem(message)) is not None:
         return found, types.INVALID_PARAMS  # as the spec answers an invalid cursor
     return None
+
+
+def answerable_id(body: bytes) -> types.RequestId | None:
+    """The id a refusal of request ``body`` is answered by: its own, as its first kilobyte
+    tells it, when it is one (a string or an integer, not too long); else None (null)."""
+    found = requested_id(body)
+    if found is None or isinstance(found, bool) or not isinstance(found, str | int) or too_long(found):
+        return None
+    return found
 
 
 def is_request(message: Any) -> TypeGuard[dict[str, Any]]:

@@ -22,7 +22,7 @@ Every POST to the endpoint (a request, a notification, an answer) passes here fi
   error before any of it is parsed. A declared ``Content-Length`` is refused up front; a
   chunked body is counted as it arrives and refused as soon as it passes the limit.
 - The body's shape (``body_shape.py``: its id, its method, what is kept of its client); a
-  request it refuses gets ``Invalid Request`` (a null id, as for an unreadable id).
+  request it refuses gets ``Invalid Request`` by its id (null for an id it refuses).
 - Any other request (a GET, a DELETE) carries no body: one with a body is refused unread, a
   chunked one at its first chunk (the SDK read any body whole, uncounted, with no deadline);
   one without takes its client's working turn (``turns.py``), but a GET of the MCP endpoint.
@@ -190,7 +190,7 @@ class Admission:
         async with parsing_turn(turns, client.label, len(body)):
             problem = self._shape_problem(body, scope)
         if problem is not None:
-            await self._refuse_body(send, client, 400, *problem)
+            await self._refuse_body(send, client, 400, *problem, request_id=body_shape.answerable_id(body))
             if verdict is not None and verdict.reservation is not None:
                 await self._settle(client, verdict.reservation, None)
             return

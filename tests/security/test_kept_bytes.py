@@ -61,6 +61,7 @@ async def test_a_modern_requests_envelope_is_bounded_and_its_arguments_are_not(m
     if meta_bytes:
         assert answer["error"]["code"] == INVALID_REQUEST, answer
         assert "_meta of" in answer["error"]["message"]
+        assert answer["id"] == 3  # its own id (before: null, as for an id it cannot tell)
         assert received == []
     else:
         assert answer["result"]["content"][0]["text"] == "kept", answer
@@ -90,6 +91,7 @@ async def test_a_request_id_longer_than_the_limit_is_refused_and_reaches_no_upst
     refused, served = answers
     assert refused["error"]["code"] == INVALID_REQUEST, refused
     assert "request id of" in refused["error"]["message"]
+    assert refused["id"] is None  # an id it refuses is not repeated back
     assert served["id"] == longest
     assert received == [1]
 
