@@ -14,6 +14,7 @@ import pytest
 from mcp import Client
 from mcp.shared.dispatcher import ProgressFnT
 
+from tests.replicas.test_store import ACCEPT, opened
 from tests.test_proxying import BOUND, MODES, UPSTREAMS, recorded_gateway
 
 Reports = list[tuple[float, float | None, str | None]]
@@ -89,27 +90,12 @@ async def test_a_reads_and_a_renders_progress_reach_the_client_that_asked(
 @pytest.mark.parametrize("token", [True, False])
 async def test_a_bool_progress_token_asks_for_no_progress(token: bool, tmp_path: Path) -> None:
     """As the SDK reads a token: true is no token, never 1 (another request's, perhaps)."""
-    headers = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"},
-        },
-    }
     params = {"name": "rec__drafted", "arguments": {"steps": "2"}, "_meta": {"progressToken": token}}
     async with (
         recorded_gateway("http", tmp_path, protocol="legacy") as (gw, _),
         httpx.AsyncClient(timeout=BOUND) as http,
     ):
-        opened = await http.post(gw.url, json=initialize, headers=headers)
-        headers |= {"mcp-session-id": opened.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
-        await http.post(
-            gw.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=headers
-        )
+        headers = {**ACCEPT, **await opened(http, gw.url)}
         answer = await http.post(
             gw.url,
             json={"jsonrpc": "2.0", "id": 2, "method": "prompts/get", "params": params},
