@@ -180,7 +180,7 @@ def bare_templates(reads: list[str]) -> Server:
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_a_long_uri_against_templates_of_no_literal_text_is_scanned_within_a_bound(
-    mode: str, scans: list[str]
+    mode: str, scans: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     reads: list[str] = []
     long = "x://" + "a." * 4_090  # 8 KB (a client's bound): each try scans it all, failing at its end
@@ -199,6 +199,9 @@ async def test_a_long_uri_against_templates_of_no_literal_text_is_scanned_within
     assert "given up matching its 8184 characters" in refusal.error.message
     assert refusal.error.code == types.INVALID_PARAMS
     assert short == ["read"]
+    # One refusal, counted and logged once (its span's lookup gives it up too, silently).
+    lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
+    assert len([line for line in lines if line.startswith("refused a resource of")]) == 1, lines
     # Before: 100 scans of 8 KB for the read, and as many for its span (47 ms each time; at
     # 1,000 such templates, 0.5 s); now at most READ_SCAN characters each (about 15 ms).
     assert sum(len(uri) for uri in scans if uri == long) <= 2 * READ_SCAN

@@ -22,9 +22,10 @@ from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.held_rounds import ToolResult
 from agent_gateway.downstream.sessions import LEVELS, DownstreamSession, standing
-from agent_gateway.errors import GatewayError, NotAllowed, UnknownName, UpstreamAnswered
+from agent_gateway.errors import GatewayError, NotAllowed, UnknownName, UnmatchedURI, UpstreamAnswered
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.meta_keys import RESULT_DROPPED
+from agent_gateway.refusals import refused
 from agent_gateway.resource_links import linked_prompt, linked_result, public_contents, public_uri
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams import UpstreamPool
@@ -102,6 +103,17 @@ def _named_as_read(refusal: UpstreamAnswered, upstream_uri: str, uri: str) -> No
     FastMCP's do), the URI the client read, not the upstream's (another's or nobody's)."""
     if uri != upstream_uri and isinstance(refusal.data, dict) and refusal.data.get("uri") == upstream_uri:
         refusal.data = {**refusal.data, "uri": uri}
+
+
+def _routed(snapshot: CatalogSnapshot, uri: str, client: Principal | None) -> tuple[str, str]:
+    """``snapshot.resource(uri)``; a URI whose match against the templates was given up (a
+    bound, ``catalog_resources.READ_SCAN``) is counted and logged as a refusal, once."""
+    try:
+        return snapshot.resource(uri)
+    except UnmatchedURI as exc:
+        label = client.label if client is not None else ""
+        refused("name", "refused a resource of %s: %s", label, str(exc), peer=label)
+        raise
 
 
 def _policy_uri(snapshot: CatalogSnapshot, upstream: str, upstream_uri: str, uri: str) -> str:
@@ -191,7 +203,7 @@ class Proxy:
         """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError; input
         requests pass as a render's do)."""
         snapshot = self._catalog.snapshot
-        upstream, upstream_uri = snapshot.resource(uri)
+        upstream, upstream_uri = _routed(snapshot, uri, caller.client)
         who = _unseen(caller, "resource", uri, public=_policy_uri(snapshot, upstream, upstream_uri, uri))
         session = await self._session(upstream, caller)
         with who.calling():
@@ -232,7 +244,7 @@ class Proxy:
     ) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
         snapshot = self._catalog.snapshot
-        upstream, upstream_uri = snapshot.resource(uri)
+        upstream, upstream_uri = _routed(snapshot, uri, client)
         if client is None or not client.allows(
             "resource", _policy_uri(snapshot, upstream, upstream_uri, uri)
         ):

@@ -8,6 +8,7 @@ the other."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from contextlib import suppress
 from typing import TypeVar
@@ -17,6 +18,8 @@ import mcp_types as types
 from agent_gateway.catalog import CatalogSnapshot
 from agent_gateway.catalog_resources import Scan, Unscanned
 from agent_gateway.errors import UnknownName
+
+logger = logging.getLogger(__name__)
 
 WEB = ("http://", "https://", "data:")
 """URIs that name the same thing whoever reads them: kept as they are (a client may open a
@@ -97,7 +100,12 @@ def public_uri(snapshot: CatalogSnapshot, upstream: str, uri: str, matched: bool
 def _scan(count: int, snapshot: CatalogSnapshot) -> Scan | bool:
     """How an answer of ``count`` URIs is matched: against the templates within ``SCANNED``
     characters, or (past ``LOOKUPS`` tries) not at all."""
-    return Scan(SCANNED) if count * len(snapshot.templates) <= LOOKUPS else False
+    if count * len(snapshot.templates) <= LOOKUPS:
+        return Scan(SCANNED)
+    logger.debug(
+        "an answer of %d URIs against %d templates: made public unmatched", count, len(snapshot.templates)
+    )
+    return False
 
 
 def _public_blocks(
