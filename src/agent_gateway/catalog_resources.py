@@ -25,10 +25,10 @@ MAX_VARIABLES = 16
 
 READ_SCAN = 65_536
 """Characters the templates' matchers may scan for one URI a client reads (4-10 ms: a
-matcher's scan is Python; 64 tries of a 1 KB URI, 8 of a client's longest). A template with no literal text (``{v0}``), or whose literal text
-a URI holds, is tried by a scan of the whole URI: an 8 KB read (a client's longest) against
-100 such templates held the event loop 47 ms, twice a read (0.5 s at 1,000); past this, the
-read is refused (``UnmatchedURI``)."""
+matcher's scan is Python; 64 tries of a 1 KB URI, 8 of an 8 KB one, a client's longest). A
+template with no literal text (``{v0}``), or whose literal text a URI holds, is tried by a
+scan of the whole URI: an 8 KB read against 100 such templates held the event loop 47 ms,
+twice a read (0.5 s at 1,000); past this, the read is refused (``UnmatchedURI``)."""
 
 _EXPRESSION = re.compile(r"\{[^}]*\}")
 """A URI template's expression (``{name}``, ``{+path}``): what is left is its literal text."""
@@ -161,8 +161,8 @@ def _share(
 
 @dataclass(slots=True)
 class Scan:
-    """Characters the template matchers may still scan for one answer (``resource_links``):
-    a matcher's scan is Python, O(len(uri)), 0.06-0.15 us a character."""
+    """Characters the template matchers may still scan for one lookup, or one answer's links
+    (``resource_links``): a matcher's scan is Python, O(len(uri)), 0.06-0.15 us a character."""
 
     left: int
 
