@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from agent_gateway.listing import PAGE_BYTES
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, WEAK
+from agent_gateway.upstreams.connection import REFRESH_SPACING_MAX
 from tests.servers import recorder
 from tests.support import RunningGateway, running_gateway, serving_upstream
 from tests.test_access import client_with
@@ -322,7 +323,7 @@ async def test_a_changed_catalog_is_searched_at_once_and_only_clients_whose_list
             assert hits[0] == "tracker__frobnicate_widgets"
             pinned = {"name": "pinned_report", "description": "A pinned report."}
             await searching.call_tool(CALL_TOOL, {"name": "tracker__add_tool", "arguments": pinned})
-            with anyio.fail_after(BOUND):
+            with anyio.fail_after(REFRESH_SPACING_MAX + BOUND):  # after the first's spacing
                 while not told["searching"]:
                     await anyio.sleep(0.01)
             assert "tracker__pinned_report" in names(await searching.list_tools(cache_mode="bypass"))

@@ -24,6 +24,7 @@ from agent_gateway import pins
 from agent_gateway.cli import main
 from agent_gateway.pins import Pins, digest_of, pinned_form
 from agent_gateway.search.tools import CALL_TOOL
+from agent_gateway.upstreams.connection import REFRESH_SPACING_MAX
 from tests.support import (
     RunningGateway,
     free_port,
@@ -244,7 +245,7 @@ async def test_an_upstream_rewriting_all_its_tools_at_each_listing_writes_one_wa
             for version in (1, 2):
                 before = gw.gateway.catalog.snapshot.version
                 await client.call_tool("flux__rewrite", {"version": version})
-                with anyio.fail_after(10):
+                with anyio.fail_after(REFRESH_SPACING_MAX + 10):  # the second waits the first's spacing
                     while gw.gateway.catalog.snapshot.version == before:
                         await anyio.sleep(0.01)
                 assert await listed(bystander) == {
