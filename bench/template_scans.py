@@ -6,7 +6,8 @@ of the whole URI) and a tool ``echo``. ``--attackers`` clients each read 8 KB UR
 template matches (a client's longest), one after another, for the whole run; a bystander
 makes ``--calls`` sequential ``echo`` calls meanwhile. Printed: the bystander's p50 and p99,
 with no attack, and under the attack with the read bound as shipped
-(``catalog_resources.READ_SCAN``) and without it (set past any read: the code before it),
+(``catalog_resources.READ_SCAN``), with each of a read's lookups its own match (the code
+before ``Matches``) and without the bound too (set past any read: the code before it),
 all in one process and one run (upstream, gateway and clients share its event loop, as a
 gateway's clients share its loop)::
 
@@ -36,6 +37,19 @@ from tests.support import running_gateway, serving  # noqa: E402
 from agent_gateway import catalog_resources  # noqa: E402
 
 HOSTILE = "x://" + "a." * 4_090  # 8,184 characters: each try scans it all, failing at its end
+
+
+def hostile(n: int) -> str:
+    """The ``n``th of an attacker's URIs: each its own (a URI's match is kept per snapshot,
+    ``catalog_resources.Matches``; the same one read again would cost nothing), 8,184 characters."""
+    return f"x://{n:08d}" + HOSTILE[12:]
+
+
+def matched_at_each_lookup(
+    self: catalog_resources.Matches, templates: Any, uri: str, upstreams: Any, scan: Any
+) -> Any:
+    """``Matches.matching`` as it was before it kept a URI's match: one match per lookup."""
+    return catalog_resources.matching(catalog_resources.most_specific_first(templates), uri, upstreams, scan)
 
 
 def upstream(templates: int) -> Server:
@@ -69,7 +83,7 @@ async def attacker(url: str, stop: anyio.Event, reads: list[int]) -> None:
     async with Client(url, mode="legacy") as client:
         while not stop.is_set():
             with suppress(MCPError):  # not found, or refused past the bound: either way, again
-                await client.read_resource(HOSTILE)
+                await client.read_resource(hostile(reads[0]))
             reads[0] += 1
 
 
@@ -108,11 +122,18 @@ async def main(args: argparse.Namespace) -> None:
     ):
         rows = [row("no attack", *await scenario(gw.url, 0, args.calls))]
         rows.append(row("attack, bound as shipped", *await scenario(gw.url, args.attackers, args.calls)))
-        catalog_resources.READ_SCAN = 10**18
+        kept = catalog_resources.Matches.matching
+        catalog_resources.Matches.matching = matched_at_each_lookup  # type: ignore[method-assign]
         try:
-            rows.append(row("attack, no bound (before)", *await scenario(gw.url, args.attackers, args.calls)))
+            name = "attack, bound, each lookup its own match (before `Matches`)"
+            rows.append(row(name, *await scenario(gw.url, args.attackers, args.calls)))
+            catalog_resources.READ_SCAN = 10**18
+            rows.append(
+                row("attack, no bound (before both)", *await scenario(gw.url, args.attackers, args.calls))
+            )
         finally:
             catalog_resources.READ_SCAN = shipped
+            catalog_resources.Matches.matching = kept  # type: ignore[method-assign]
     print(f"{args.templates} templates of no literal text, {args.attackers} clients reading 8 KB URIs\n")
     print("| bystander | p50 ms | p99 ms | attacker reads |")
     print("|---|---:|---:|---:|")

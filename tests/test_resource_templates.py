@@ -203,8 +203,11 @@ async def test_a_long_uri_against_templates_of_no_literal_text_is_scanned_within
     lines = [r.getMessage() for r in caplog.records if r.name == "agent_gateway.refusals"]
     assert len([line for line in lines if line.startswith("refused a resource of")]) == 1, lines
     # Before: 100 scans of 8 KB for the read, and as many for its span (47 ms each time; at
-    # 1,000 such templates, 0.5 s); now at most READ_SCAN characters each (about 15 ms).
-    assert sum(len(uri) for uri in scans if uri == long) <= 2 * READ_SCAN
+    # 1,000 such templates, 0.5 s); then at most READ_SCAN characters each (about 15 ms); now
+    # the read's lookups share one match (catalog_resources.Matches).
+    assert sum(len(uri) for uri in scans if uri == long) <= READ_SCAN
+    # A URI read is matched once, not by its span, its route and its contents' URI each.
+    assert scans.count("short") == 1, scans.count("short")
     assert reads == ["short"]
 
 

@@ -10,7 +10,6 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 import mcp_types as types
@@ -18,11 +17,10 @@ from mcp.shared.inbound import X_MCP_HEADER_KEY
 
 from agent_gateway.catalog_parts import Listing, Part, Review, build_part, counted, unchanged
 from agent_gateway.catalog_resources import (
+    Matches,
     ResourceTable,
     Scan,
     TemplateEntry,
-    matching,
-    most_specific_first,
     namespace_of,
     resource_table,
     template_entries,
@@ -60,6 +58,7 @@ class CatalogSnapshot:
     _validators: dict[str, SchemaCheck] = field(default_factory=dict, repr=False, compare=False)
     _resources: ResourceTable = field(default_factory=ResourceTable, repr=False, compare=False)
     _headed: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+    _matches: Matches = field(default_factory=Matches, repr=False, compare=False)
 
     def tool(self, name: str) -> Origin[types.Tool]:
         """Raises ``UnknownName`` when no tool has this public name."""
@@ -79,16 +78,11 @@ class CatalogSnapshot:
         """(upstream, upstream URI) of a public URI listed, templated or in a served namespace."""
         if (origin := self.resources.get(uri)) is not None:
             return origin.upstream, origin.name
-        if (entry := matching(self._most_specific_first, uri, self.upstreams, scan)) is not None:
+        if (entry := self._matches.matching(self.templates, uri, self.upstreams, scan)) is not None:
             return entry.origin.upstream, entry.upstream_uri(uri)
         if (upstream := namespace_of(uri, self.upstreams)[:-1]) in self.parts:
             return upstream, uri[len(upstream) + 1 :]
         raise UnknownName("resource", uri)
-
-    @cached_property
-    def _most_specific_first(self) -> tuple[TemplateEntry, ...]:
-        """The templates in the order a URI is matched against them (``most_specific_first``)."""
-        return most_specific_first(self.templates)
 
     def log_ready(self, upstreams: int) -> None:
         kinds = [(self.tools, "tool"), (self.prompts, "prompt"), (self.resources, "resource")]

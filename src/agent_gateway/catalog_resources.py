@@ -192,6 +192,52 @@ def matching(
         raise UnmatchedURI(uri, READ_SCAN) from None
 
 
+MATCHED = 1 << 20
+"""Characters of URIs whose match one snapshot keeps (``Matches``), then forgets them all."""
+
+
+class Matches:
+    """The match of each URI looked up in one snapshot's templates, kept: a read's URI is
+    looked up by its span, its route and the contents it gets back (its policy's, for an
+    alias, is another's), each a scan of up to ``READ_SCAN`` characters. Kept, it costs one."""
+
+    def __init__(self) -> None:
+        self._ordered: tuple[TemplateEntry, ...] | None = None
+        self._found: dict[str, TemplateEntry | _GivenUp | None] = {}
+        self._chars = 0
+
+    def matching(
+        self, templates: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[str], scan: Scan | None
+    ) -> TemplateEntry | None:
+        """``matching`` over ``templates`` (the snapshot's, always the same), once per URI: a
+        match given up at ``READ_SCAN`` is kept so, and raised as the lookup's own bound says;
+        one cut short by a ``Scan`` is not kept (it may have had less than that left)."""
+        if uri in self._found:
+            if isinstance(found := self._found[uri], _GivenUp):
+                raise Unscanned(uri) if scan is not None else UnmatchedURI(uri, READ_SCAN)
+            return found
+        if self._ordered is None:
+            self._ordered = most_specific_first(templates)
+        try:
+            entry = matching(self._ordered, uri, upstreams, scan)
+        except UnmatchedURI:
+            self._keep(uri, _GivenUp())
+            raise
+        self._keep(uri, entry)
+        return entry
+
+    def _keep(self, uri: str, found: TemplateEntry | _GivenUp | None) -> None:
+        if self._chars + len(uri) > MATCHED:
+            self._found.clear()
+            self._chars = 0
+        self._found[uri] = found
+        self._chars += len(uri)
+
+
+class _GivenUp:
+    """What ``Matches`` keeps of a URI whose match was given up at ``READ_SCAN``."""
+
+
 def _matching(
     entries: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[str], scan: Scan
 ) -> TemplateEntry | None:
