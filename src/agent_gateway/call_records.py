@@ -113,6 +113,8 @@ class RunCall:
     name: str
     upstream: str | None
     arguments: dict[str, Any]
+    method: str = "tools/call"
+    """What the client's own request would be: ``resources/read`` for the model's ``read_resource``."""
 
 
 class CallRecorder:
@@ -163,16 +165,16 @@ class CallRecorder:
 
     def run_call(self, call: RunCall) -> CallRecord:
         """To enter around one tool call an ``ask_agent`` run makes for its client: recorded as
-        that client's ``tools/call``, with the run's id (the trail says who called what, and
-        the agent's calls are the client's, on the client's policy); ``check_audited`` within
-        it, as the client's own call is checked."""
+        that client's ``tools/call`` (a read as its ``resources/read``), with the run's id (the
+        trail says who called what, and the agent's calls are the client's, on the client's
+        policy); ``check_audited`` within it, as the client's own call is checked."""
         server_session = call.caller.server_session if call.caller is not None else None
         called = partial(
             Call,
             client=call.client.subject if call.client is not None else ANONYMOUS,
             software=_software(server_session) if server_session is not None else None,
             session=_session_id(server_session) if server_session is not None else None,
-            method="tools/call",
+            method=call.method,
             name=call.name,
             upstream=call.upstream,
             run=call.run,

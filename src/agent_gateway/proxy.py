@@ -45,16 +45,15 @@ def _identity(caller: Caller | None, client: Principal | None, kind: str, name: 
 
 
 def _unseen(
-    caller: Caller,
+    who: Principal | None,
     kind: Literal["prompt", "resource"],
     name: str,
     shown_as: str | None = None,
     public: str | None = None,
 ) -> Principal:
-    """The caller's client, which may reach ``name`` (its policy matched against ``public``,
-    else ``name``). Raises ``UnknownName`` when it may not: the answer a name that does not
-    exist gets, so a client cannot probe which hidden names exist."""
-    who = caller.client
+    """``who``, which may reach ``name`` (its policy matched against ``public``, else
+    ``name``). Raises ``UnknownName`` when it may not: the answer a name that does not exist
+    gets, so a client cannot probe which hidden names exist."""
     if who is None or not who.allows(kind, public or name):
         subject = who.label if who is not None else "(no identity)"
         logger.warning(UNSEEN_REFUSED, subject, kind, name, extra={"peer": subject})
@@ -188,7 +187,7 @@ class Proxy:
         """Forward a prompt render (raises UnknownName, ClientLimited or UpstreamError); a
         modern upstream's input requests to a modern client pass as they are."""
         origin = self._catalog.snapshot.prompt(name)
-        who = _unseen(caller, "prompt", name)
+        who = _unseen(caller.client, "prompt", name)
         session = await self._session(origin.upstream, caller)
         with who.calling():  # a slow render holds an upstream's slot as a tool call does
             async with _turn(session, who):
@@ -198,13 +197,14 @@ class Proxy:
         return linked_prompt(_relayed(rendered), origin.upstream, self._catalog.snapshot)
 
     async def read_resource(
-        self, uri: str, caller: Caller
+        self, uri: str, caller: Caller | None, client: Principal | None = None
     ) -> types.ReadResourceResult | types.InputRequiredResult:
-        """Forward a resource read (raises UnknownName, ClientLimited or UpstreamError; input
-        requests pass as a render's do)."""
+        """Forward a resource read for ``client``, else the caller's (raises UnknownName,
+        ClientLimited or UpstreamError; input requests pass as a render's do)."""
         snapshot = self._catalog.snapshot
-        upstream, upstream_uri = _routed(snapshot, uri, caller.client)
-        who = _unseen(caller, "resource", uri, public=_policy_uri(snapshot, upstream, upstream_uri, uri))
+        who = client if client is not None else (caller.client if caller is not None else None)
+        upstream, upstream_uri = _routed(snapshot, uri, who)
+        who = _unseen(who, "resource", uri, public=_policy_uri(snapshot, upstream, upstream_uri, uri))
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
@@ -224,13 +224,13 @@ class Proxy:
         ref = params.ref
         if isinstance(ref, types.PromptReference):
             origin = snapshot.prompt(ref.name)
-            who = _unseen(caller, "prompt", ref.name)
+            who = _unseen(caller.client, "prompt", ref.name)
             upstream, ref = origin.upstream, ref.model_copy(update={"name": origin.name})
         else:
             entry = next((e for e in snapshot.templates if e.public == ref.uri), None)
             if entry is None:
                 raise UnknownName("resource template", ref.uri)
-            who = _unseen(caller, "resource", ref.uri, "resource template")
+            who = _unseen(caller.client, "resource", ref.uri, "resource template")
             upstream, ref = entry.origin.upstream, ref.model_copy(update={"uri": entry.origin.name})
         session = await self._session(upstream, caller)
         with who.calling():

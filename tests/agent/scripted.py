@@ -44,6 +44,8 @@ class ScriptedChatModel(BaseChatModel):
     seen: list[list[BaseMessage]] = Field(default_factory=list)
     """Each model call's messages, as the graph sent them."""
     tools: list[Any] = Field(default_factory=list)
+    bound: list[list[str]] = Field(default_factory=list)
+    """The names of the tools bound for each model call that bound any, in order."""
 
     @property
     def _llm_type(self) -> str:
@@ -51,6 +53,7 @@ class ScriptedChatModel(BaseChatModel):
 
     def bind_tools(self, tools: Sequence[Any], **kwargs: Any) -> Any:
         self.tools = list(tools)
+        self.bound.append([t["function"]["name"] for t in tools if isinstance(t, dict)])
         return self
 
     def _generate(

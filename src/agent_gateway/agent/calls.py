@@ -42,7 +42,7 @@ from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
 from agent_gateway.agent.run_record import refusal_of
 from agent_gateway.agent.spans import tool_span
-from agent_gateway.agent.toolbox import AgentTool, Search, Toolbox, merged, within_bytes
+from agent_gateway.agent.toolbox import READ_RESOURCE, AgentTool, Search, Toolbox, merged, within_bytes
 from agent_gateway.call_records import CallRecorder, RunCall
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import GatewayError, ModelFailed, shown
@@ -68,6 +68,9 @@ longer one ends the run. A client's model answered each of a run's ten turns wit
 took 1.1 GB of memory and 446 MB of disk."""
 MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
+
+LINK = "[resource link: "
+"""How a tool result's resource link begins as the model reads it (``render``)."""
 
 Outcome = tuple[ToolMessage, ToolCallRecord]
 _CONVERSATION_TURNS = 3
@@ -176,11 +179,12 @@ class ToolRunner:
         started = time.perf_counter()
         tool = self.toolbox.get(name)
         with tool_span(name, tool.upstream if tool else None) as traced:
-            text, is_error = (
-                (refused, True)
-                if refused is _TOO_MANY
-                else await self._outcome(name, tool, arguments, refused)
-            )
+            if refused is _TOO_MANY:
+                text, is_error = refused, True
+            elif name == READ_RESOURCE and tool is None:  # the gateway's own, unless the catalog's
+                text, is_error = await self._read(arguments)
+            else:
+                text, is_error = await self._outcome(name, tool, arguments, refused)
             if is_error:
                 traced.error_type = "tool_error"
         record = ToolCallRecord(
@@ -225,6 +229,29 @@ class ToolRunner:
         except GatewayError as exc:
             return str(exc), True
         return render(result), bool(result.is_error)
+
+    async def _read(self, arguments: dict[str, Any]) -> tuple[str, bool]:
+        """The model's ``read_resource`` call: the resource read as the client would read it
+        (its policy, its session), recorded as the client's ``resources/read``."""
+        uri = arguments.get("uri")
+        if not isinstance(uri, str) or not uri:
+            return f'{READ_RESOURCE} takes {{"uri": string}}: the URI a resource link gives.', True
+        call = RunCall(self.run_id, self.client, self.caller, uri, None, arguments, "resources/read")
+        try:
+            with self.recorder.run_call(call) as record:
+                self.recorder.check_audited("resources/read")
+                async with _slots(self.client):
+                    read = await self.proxy.read_resource(uri, self.caller, self.client)
+                record.answered(read)
+                if isinstance(read, types.InputRequiredResult):
+                    unanswered = (
+                        f"Reading {uri} asked for input from the user, which the agent cannot supply."
+                    )
+                    record.outcome, record.detail = "tool_error", unanswered
+                    return unanswered, True
+        except GatewayError as exc:
+            return str(exc), True
+        return _cut("\n".join(_contents_text(c, len(read.contents) > 1) for c in read.contents)), False
 
 
 def taken(reply: AIMessage) -> AIMessage:
@@ -332,11 +359,29 @@ def render(result: types.CallToolResult) -> str:
     parts = [_block_text(block) for block in result.content]
     if not parts and result.structured_content is not None:
         parts = [json.dumps(result.structured_content, ensure_ascii=False, default=str)]
-    text = "\n".join(parts) if parts else "(no content)"
+    return _cut("\n".join(parts) if parts else "(no content)")
+
+
+def linked(view: Sequence[AnyMessage]) -> bool:
+    """Whether a tool result in ``view`` links to a resource (``render``'s ``LINK``): the
+    model is then offered ``read_resource``, and not before (a tool of every model call)."""
+    return any(isinstance(m, ToolMessage) and isinstance(m.content, str) and LINK in m.content for m in view)
+
+
+def _cut(text: str) -> str:
+    """``text`` as the model gets it: at most ``MAX_RESULT_CHARS``, saying how much more there was."""
     if len(text) > MAX_RESULT_CHARS:
         cut = len(text) - MAX_RESULT_CHARS
         text = f"{text[:MAX_RESULT_CHARS]}\n[… {cut} more characters cut by the gateway]"
     return text
+
+
+def _contents_text(contents: types.TextResourceContents | types.BlobResourceContents, named: bool) -> str:
+    """One of a read's contents for the model: its text (under its URI when there are several)."""
+    if isinstance(contents, types.BlobResourceContents):
+        kind = contents.mime_type or "unknown type"
+        return f"[binary resource {contents.uri}, {kind}, {len(contents.blob)} bytes of base64]"
+    return f"[{contents.uri}]\n{contents.text}" if named else contents.text
 
 
 def _block_text(block: types.ContentBlock) -> str:
@@ -345,7 +390,7 @@ def _block_text(block: types.ContentBlock) -> str:
     if isinstance(block, types.ImageContent | types.AudioContent):
         return f"[{block.type} content, {block.mime_type}, {len(block.data)} bytes of base64]"
     if isinstance(block, types.ResourceLink):
-        return f"[resource link: {block.uri}]"
+        return f"{LINK}{block.uri}]"
     resource = block.resource
     if isinstance(resource, types.TextResourceContents):
         return resource.text

@@ -27,7 +27,7 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 from langsmith import tracing_context
 
-from agent_gateway.agent.calls import ToolRunner, taken
+from agent_gateway.agent.calls import ToolRunner, linked, taken
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.provider_http import refusal, unreached
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
@@ -118,11 +118,11 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         await run.observer.model_turn(step)
         history = state["messages"]
         offered = state.get("offered") or await run.tools.choose(history)
-        specs = run.tools.toolbox.specs(offered)
-        bound = run.model.bind_tools(specs) if specs else run.model
         prompt = system_prompt(run.instructions, run.tools.toolbox, offered)
         view = model_view(prompt, history, run.max_context_tokens)
         within_reach(view, run.max_context_tokens)
+        specs = run.tools.toolbox.specs(offered, reading=linked(view))
+        bound = run.model.bind_tools(specs) if specs else run.model
         with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
             reply = taken(await _reply(bound, view, run.scrub, run.deadline))
             usage = reply.usage_metadata or {}
@@ -138,7 +138,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
             "steps": step,
             "usage": _added(state["usage"], reply),
             "offered": offered,
-            # As the model was offered them: search_tools too, when it was bound.
+            # As the model was offered them: search_tools and read_resource too, when bound.
             **_seen(state, [s["function"]["name"] for s in specs]),
         }
 

@@ -56,6 +56,21 @@ SEARCH_SPEC = function_spec(
 )
 
 
+READ_RESOURCE = "read_resource"
+"""The gateway's own tool with which the model reads what a tool result links to."""
+READ_SPEC = function_spec(
+    READ_RESOURCE,
+    "Read a resource by its URI: what a tool result's [resource link: URI] points to. Returns "
+    "its text (binary contents are described, not returned).",
+    {
+        "type": "object",
+        "properties": {"uri": {"type": "string", "description": "The URI, as the link gives it."}},
+        "required": ["uri"],
+        "additionalProperties": False,
+    },
+)
+
+
 class Search(Protocol):
     def __call__(
         self, query: str, limit: int, upstream: str | None, accept: Callable[[str], bool]
@@ -105,10 +120,14 @@ class Toolbox:
         """Whether a model call is offered a selection and ``search_tools``, not every tool."""
         return self.size > self.config.max_tools or self.wide
 
-    def specs(self, offered: Sequence[str]) -> list[dict[str, Any]]:
-        """What one model call binds: the ``offered`` tools, and ``search_tools`` when searching."""
-        specs = [tool.spec for name in offered if (tool := self.get(name)) is not None]
-        return [*specs, SEARCH_SPEC] if self.searching else specs
+    def specs(self, offered: Sequence[str], reading: bool = False) -> list[dict[str, Any]]:
+        """What one model call binds: the ``offered`` tools, ``search_tools`` when searching,
+        and ``read_resource`` when ``reading`` (a tool result in view links to a resource) and
+        no catalog tool has its name; the last offered left out for them past ``max_tools``."""
+        own = [SEARCH_SPEC] if self.searching else []
+        own += [READ_SPEC] if reading and not self.accepts(READ_RESOURCE) else []
+        room = self.config.max_tools - len(own)
+        return [*(tool.spec for name in offered[:room] if (tool := self.get(name)) is not None), *own]
 
     def instructions(self, offered: Sequence[str]) -> dict[str, str]:
         """The connect-time instructions of the upstreams the ``offered`` tools come from."""

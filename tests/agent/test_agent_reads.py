@@ -1,0 +1,106 @@
+"""``ask_agent`` reads what its tools' results link to (``read_resource``) as its client would:
+under the client's policy, through the gateway's own path; the upstream records each read."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
+from mcp import Client
+
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.support import RunningGateway, running_gateway, serving, serving_upstream
+from tests.test_access import client_with
+from tests.test_resource_links import linker, other
+
+BOUND = 20.0
+NARROW = "n" * 32
+REPORT = "linker+made://report/1"
+"""The link ``linker__make`` gives to a report it lists nowhere, as the gateway makes it public."""
+
+
+@asynccontextmanager
+async def linked_agent(
+    reads: list[str], model: ScriptedChatModel, **config: Any
+) -> AsyncIterator[RunningGateway]:
+    agent = {"memory": {"store": "memory"}, "max_tools": 2}
+    async with (
+        serving(linker(reads).streamable_http_app()) as base,
+        serving_upstream(other()) as second,
+    ):
+        upstreams = {"linker": {"url": f"{base}/mcp"}, "other": {"url": second}}
+        async with running_gateway(
+            {"upstreams": upstreams, "agent": agent, **config}, chat_model=model
+        ) as gw:
+            yield gw
+
+
+def reading(*uris: str) -> Any:
+    """A model turn that reads ``uris``, or (none given) the report its last turn was linked to."""
+
+    async def turn(messages: list[BaseMessage]) -> AIMessage:
+        linked = [m.text for m in messages if isinstance(m, ToolMessage) and "[resource link: " in m.text]
+        links = uris or tuple(
+            line[len("[resource link: ") : -1] for line in linked[-1].splitlines() if "made://report" in line
+        )
+        return calls(*(call("read_resource", uri=uri) for uri in links))
+
+    return turn
+
+
+def tool_texts(model: ScriptedChatModel, turn: int) -> list[str]:
+    """The tool results the model was sent at its ``turn``th call (from 0)."""
+    return [m.text for m in model.seen[turn] if isinstance(m, ToolMessage)]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_agent_reads_the_resource_a_tools_result_links_to(mode: str) -> None:
+    reads: list[str] = []
+    model = ScriptedChatModel(script=[calls(call("linker__make")), reading(), answer("The report is read.")])
+    async with linked_agent(reads, model) as gw, Client(gw.url, mode=mode) as client:
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("ask_agent", {"query": "Make the report and read it."})
+        made = [(c.method, c.name, c.outcome) for c in gw.gateway.activity.calls if c.run is not None]
+    out = result.structured_content or {}
+    assert not result.is_error, result.content
+    # Recorded as the client's own read would be (the access log, the audit trail), with the run.
+    assert made == [("tools/call", "linker__make", "ok"), ("resources/read", REPORT, "ok")]
+    # Before: "Unknown tool 'read_resource'", and the upstream never asked.
+    assert reads == ["made://report/1"]
+    assert tool_texts(model, 2)[-1] == "linker's made://report/1"
+    # Offered from the turn after a result linked to a resource, not before; within max_tools.
+    assert "read_resource" not in model.bound[0]
+    assert "read_resource" in model.bound[1], model.bound
+    assert len(model.bound[1]) == 2, model.bound
+    assert [(c["name"], c["arguments"], c["is_error"]) for c in out["tool_calls"]] == [
+        ("linker__make", {}, False),
+        ("read_resource", {"uri": REPORT}, False),
+    ]
+    assert "read_resource" in out["offered_tools"]["names"]
+
+
+async def test_the_agent_reads_only_what_its_clients_policy_allows() -> None:
+    reads: list[str] = []
+    auth = {
+        "mode": "bearer",
+        "tokens": [{"name": "narrow", "token": NARROW, "policy": "narrow"}],
+        "policies": {"narrow": {"tools": ["linker__make", "ask_agent"], "resources": ["solo://*"]}},
+    }
+    model = ScriptedChatModel(
+        script=[calls(call("linker__make")), reading(REPORT, "solo://a", ""), answer("Read what I may.")]
+    )
+    async with linked_agent(reads, model, auth=auth) as gw, client_with(gw.url, NARROW) as client:
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("ask_agent", {"query": "Make the report and read it."})
+    out = result.structured_content or {}
+    assert not result.is_error, result.content
+    refused, allowed, empty = tool_texts(model, 2)[-3:]
+    assert refused == f"Resource not found: {REPORT!r}"  # as the client's own read is answered
+    assert allowed == "linker's solo://a"
+    assert empty == 'read_resource takes {"uri": string}: the URI a resource link gives.'
+    assert [c["is_error"] for c in out["tool_calls"]][1:] == [True, False, True]
+    assert reads == ["solo://a"]
