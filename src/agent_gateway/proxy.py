@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from functools import partial
 from typing import Any, Literal, TypeVar
 
@@ -26,7 +26,7 @@ from agent_gateway.errors import GatewayError, NotAllowed, UnknownName, Unmatche
 from agent_gateway.logs import NO_IDENTITY_REFUSED, UNSEEN_REFUSED
 from agent_gateway.meta_keys import RESULT_DROPPED
 from agent_gateway.refusals import refused
-from agent_gateway.resource_links import linked_prompt, linked_result, public_contents, public_uri
+from agent_gateway.resource_links import linked_prompt, linked_result, public_contents
 from agent_gateway.runtime import SEND_TIMEOUT
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -104,11 +104,13 @@ def _named_as_read(refusal: UpstreamAnswered, upstream_uri: str, uri: str) -> No
         refusal.data = {**refusal.data, "uri": uri}
 
 
-def _routed(snapshot: CatalogSnapshot, uri: str, client: Principal | None) -> tuple[str, str]:
-    """``snapshot.resource(uri)``; a URI whose match against the templates was given up (a
-    bound, ``catalog_resources.READ_SCAN``) is counted and logged as a refusal, once."""
+def _routed(snapshot: CatalogSnapshot, uri: str, client: Principal | None) -> tuple[str, str, str]:
+    """``snapshot.resource(uri)`` and the URI the client's policy is matched against
+    (``_policy_uri``); a URI whose match against the templates was given up (a bound,
+    ``catalog_resources.READ_SCAN``) is counted and logged as a refusal, once."""
     try:
-        return snapshot.resource(uri)
+        upstream, upstream_uri = snapshot.resource(uri)
+        return upstream, upstream_uri, _policy_uri(snapshot, upstream, upstream_uri, uri)
     except UnmatchedURI as exc:
         label = client.label if client is not None else ""
         refused("name", "refused a resource of %s: %s", label, str(exc), peer=label)
@@ -118,8 +120,15 @@ def _routed(snapshot: CatalogSnapshot, uri: str, client: Principal | None) -> tu
 def _policy_uri(snapshot: CatalogSnapshot, upstream: str, upstream_uri: str, uri: str) -> str:
     """The public URI a client's policy is matched against for a read of ``uri``: ``uri``,
     unless it is an alias in ``upstream``'s namespace of a URI the catalog serves as its own
-    (``docs+file:///a`` for docs's ``file:///a``: a policy allowing that allows both)."""
-    return uri if uri == upstream_uri else public_uri(snapshot, upstream, upstream_uri)
+    (``docs+file:///a`` for docs's ``file:///a``: a policy allowing that allows both), not
+    a web address's page; a match given up raises ``UnmatchedURI``: fails closed."""
+    try:
+        served = uri == upstream_uri or snapshot.resource(upstream_uri) == (upstream, upstream_uri)
+    except UnmatchedURI:
+        raise
+    except UnknownName:
+        served = False
+    return upstream_uri if served else uri
 
 
 class Proxy:
@@ -203,8 +212,8 @@ class Proxy:
         ClientLimited or UpstreamError; input requests pass as a render's do)."""
         snapshot = self._catalog.snapshot
         who = client if client is not None else (caller.client if caller is not None else None)
-        upstream, upstream_uri = _routed(snapshot, uri, who)
-        who = _unseen(who, "resource", uri, public=_policy_uri(snapshot, upstream, upstream_uri, uri))
+        upstream, upstream_uri, policy_uri = _routed(snapshot, uri, who)
+        who = _unseen(who, "resource", uri, public=policy_uri)
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
@@ -244,10 +253,8 @@ class Proxy:
     ) -> tuple[UpstreamSession, str]:
         """The upstream session ``owner`` reaches public ``uri`` through, and the upstream's URI."""
         snapshot = self._catalog.snapshot
-        upstream, upstream_uri = _routed(snapshot, uri, client)
-        if client is None or not client.allows(
-            "resource", _policy_uri(snapshot, upstream, upstream_uri, uri)
-        ):
+        upstream, upstream_uri, policy_uri = _routed(snapshot, uri, client)
+        if client is None or not client.allows("resource", policy_uri):
             raise UnknownName("resource", uri)  # as for a read: probing learns nothing
         return await self._session_of(upstream, owner, client), upstream_uri
 
@@ -261,7 +268,10 @@ class Proxy:
             self._followed = (snapshot.version, {})
         key = (upstream, upstream_uri, uri)
         if (matched := self._followed[1].get(key)) is None:
-            matched = self._followed[1][key] = _policy_uri(snapshot, upstream, upstream_uri, uri)
+            matched = ""  # given up (UnmatchedURI): only an allow-all glob matches it
+            with suppress(UnmatchedURI):
+                matched = _policy_uri(snapshot, upstream, upstream_uri, uri)
+            self._followed[1][key] = matched
         return client.allows("resource", matched)
 
     async def _session(self, upstream: str, caller: Caller | None) -> UpstreamSession:
