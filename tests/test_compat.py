@@ -68,6 +68,7 @@ from agent_gateway.compat import httpx2 as httpx2_compat
 from agent_gateway.compat import langchain as langchain_compat
 from agent_gateway.compat import langgraph as langgraph_compat
 from agent_gateway.compat import mcp as mcp_compat
+from agent_gateway.compat.capabilities import told_per_request
 from agent_gateway.compat.deferred import DeferredStreamTransport
 from agent_gateway.compat.opentelemetry import restatus
 from agent_gateway.compat.replay import ReplayFromStore
@@ -500,6 +501,20 @@ def test_the_sdk_client_checks_results_through_the_module_function_lean_checks_r
     assert parameters(mcp_methods._adapter) == ["target"]  # pyright: ignore[reportPrivateUsage]
     mcp_compat.lean_result_checks()
     assert mcp_methods.validate_server_result is mcp_compat._validate_server_result  # pyright: ignore[reportPrivateUsage]
+
+
+async def test_a_requests_own_capabilities_outlast_the_sessions_modern_stamp() -> None:
+    server = FastMCP("x")
+    async with serving_upstream(server) as url, Client(url, mode="auto") as client:
+        told_per_request(client.session)
+        caps = types.CLIENT_CAPABILITIES_META_KEY
+        own = {"sampling": {}}
+        mine: dict[str, Any] = {"method": "tools/call", "params": {"name": "t", "_meta": {caps: own}}}
+        theirs: dict[str, Any] = {"method": "tools/call", "params": {"name": "t"}}
+        mcp_compat.stamp(client.session, mine)
+        mcp_compat.stamp(client.session, theirs)
+    assert mine["params"]["_meta"][caps] == own
+    assert "sampling" not in theirs["params"]["_meta"][caps]  # the session's own: no callbacks
 
 
 async def test_stamp_gives_what_the_session_adds_to_a_request_in_the_modern_era() -> None:

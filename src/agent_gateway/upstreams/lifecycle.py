@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway.catalog_parts import Listing
+from agent_gateway.compat.capabilities import told_per_request
 from agent_gateway.compat.resumed import HttpSession
 from agent_gateway.errors import UpstreamError, UpstreamRejected, UpstreamUnavailable, lone
 from agent_gateway.upstreams.replies import Broadcast
@@ -143,6 +144,7 @@ async def connected(
             async with session.new_client(transport, on_message, resumed) as client:
                 if resumed is None:
                     await discovered(client, session.config.protocol)
+                told_per_request(client.session)  # its era adopted: its stamp is the era's
                 prepared = await prepare(client)
                 connecting.deadline = math.inf
                 session.attach(client, link.client)

@@ -21,6 +21,7 @@ from mcp.client.session import MessageHandlerFnT
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from agent_gateway import __version__
+from agent_gateway.compat.capabilities import told
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
@@ -73,12 +74,10 @@ class UpstreamSession:
         self.pace = Pace(name, self.id, config.notification_rate)  # for its calls' streams too
         self.level = Level(self.id, self._send_level)
         """The log level this session runs at (handshake era: a modern one's is per request)."""
-        self.lost = anyio.Event()
-        """Set when a call finds the connection broken (the life loop then reconnects)."""
+        self.lost = anyio.Event()  # a call found the connection broken: the life loop reconnects
         self.lost_reason: str | None = None
         self.given_up = False  # lost by its own health check (dedicated.py), not its connection
-        self._doubted = anyio.Event()
-        """A call on this session timed out: its own health check is due (``dedicated.py``)."""
+        self._doubted = anyio.Event()  # a call on it timed out: its health check is due (dedicated.py)
         self.replies = Replies(name, owner, broadcast)
         """Where the upstream's log lines and requests go: the client whose call caused them."""
         self._client: Client | None = None
@@ -351,8 +350,10 @@ class UpstreamSession:
         if caller is None:
             return None
         meta: dict[str, Any] = {**caller.client_meta, SESSION_META_KEY: caller.session_id}
-        if self.modern and caller.log_level is not None:
-            meta[types.LOG_LEVEL_META_KEY] = caller.log_level  # the modern era opts in per request
+        if self.modern:  # the modern era opts in to log lines, and says what it answers, per request
+            meta[types.CLIENT_CAPABILITIES_META_KEY] = told(caller.capabilities)
+            if caller.log_level is not None:
+                meta[types.LOG_LEVEL_META_KEY] = caller.log_level
         if progress_token is not None:
             meta["progressToken"] = progress_token
         return meta
