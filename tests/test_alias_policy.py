@@ -21,49 +21,39 @@ PADDED = "sec://secret/" + "a" * 8000
 """A URI docs's catch-all serves: longer than its other templates' matchers may all scan."""
 
 
-def docs(reads: list[str]) -> Server:
-    """An upstream templating ``sec://{a0}`` … ``sec://{a7}`` (one path segment) and the
-    catch-all ``sec://{+path}``, and serving ``https://…`` too (an intranet fetcher)."""
+def templated(name: str, templates: list[str], text: str, reads: list[str] | None = None) -> Server:
+    """An upstream ``name`` listing ``templates`` and no resource, reading any URI as ``text``
+    (recording each in ``reads``)."""
 
     async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        names = [f"sec://{{a{i}}}" for i in range(8)] + ["sec://{+path}"]
-        listed = [types.ResourceTemplate(uri_template=name, name=name) for name in names]
+        listed = [types.ResourceTemplate(uri_template=t, name=t) for t in templates]
         return types.ListResourceTemplatesResult(resource_templates=listed)
 
     async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
         return types.ListResourcesResult(resources=[])
 
     async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        reads.append(params.uri)
-        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text="secret")])
+        if reads is not None:
+            reads.append(params.uri)
+        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text=text)])
 
     return Server(
-        "docs",
+        name,
         on_list_resources=list_resources,
         on_list_resource_templates=list_templates,
         on_read_resource=read_resource,
     )
+
+
+def docs(reads: list[str]) -> Server:
+    """An upstream templating ``sec://{a0}`` … ``sec://{a7}`` (one path segment) and the
+    catch-all ``sec://{+path}``, and serving ``https://…`` too (an intranet fetcher)."""
+    return templated("docs", [f"sec://{{a{i}}}" for i in range(8)] + ["sec://{+path}"], "secret", reads)
 
 
 def web() -> Server:
     """An upstream serving any web page (``https://{+rest}``): the one a narrow client may read."""
-
-    async def list_templates(ctx: Any, params: Any) -> types.ListResourceTemplatesResult:
-        listed = [types.ResourceTemplate(uri_template="https://{+rest}", name="page")]
-        return types.ListResourceTemplatesResult(resource_templates=listed)
-
-    async def list_resources(ctx: Any, params: Any) -> types.ListResourcesResult:
-        return types.ListResourcesResult(resources=[])
-
-    async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
-        return types.ReadResourceResult(contents=[types.TextResourceContents(uri=params.uri, text="page")])
-
-    return Server(
-        "web",
-        on_list_resources=list_resources,
-        on_list_resource_templates=list_templates,
-        on_read_resource=read_resource,
-    )
+    return templated("web", ["https://{+rest}"], "page")
 
 
 @asynccontextmanager
