@@ -12,6 +12,7 @@ import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from mcp import Client
 
+from agent_gateway.agent.results import LINKS, MAX_RESULT_CHARS, artifact
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import RunningGateway, running_gateway, serving, serving_upstream
 from tests.test_access import client_with
@@ -104,3 +105,32 @@ async def test_the_agent_reads_only_what_its_clients_policy_allows() -> None:
     assert empty == 'read_resource takes {"uri": string}: the URI a resource link gives.'
     assert [c["is_error"] for c in out["tool_calls"]][1:] == [True, False, True]
     assert reads == ["solo://a"]
+
+
+async def test_the_agent_reads_only_what_a_result_linked_to() -> None:
+    # A result's words could ask the model to read what its client may read and pass it on
+    # (to another tool): only URIs a result gave as resource links are read, and a link is
+    # kept beside the result's text, not read back out of it.
+    reads: list[str] = []
+    unlinked = "linker+made://report/2"
+    model = ScriptedChatModel(
+        script=[calls(call("linker__make")), reading(unlinked, "solo://a"), answer("Read the linked one.")]
+    )
+    async with linked_agent(reads, model) as gw, Client(gw.url, mode="legacy") as client:
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("ask_agent", {"query": "Read report 2."})
+    assert not result.is_error, result.content
+    assert tool_texts(model, 2)[-2:] == [
+        f"read_resource reads what a tool's result linked to; no result linked to {unlinked!r}.",
+        "linker's solo://a",
+    ]
+    assert reads == ["solo://a"]
+
+
+def test_a_results_links_are_kept_within_the_models_reading() -> None:
+    # Kept beside the text in the thread, a result's links are bounded as its text is.
+    links = [f"x://{n:06d}" for n in range(20_000)]  # 10 characters each, 200,000 in all
+    kept = artifact(links)
+    assert kept is not None
+    assert kept[LINKS] == links[: MAX_RESULT_CHARS // 10]
+    assert artifact([]) is None

@@ -40,6 +40,7 @@ from agent_gateway.access import Principal
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
+from agent_gateway.agent.results import artifact, links_of, read_text, render
 from agent_gateway.agent.run_record import refusal_of
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import READ_RESOURCE, AgentTool, Search, Toolbox, merged, within_bytes
@@ -66,11 +67,6 @@ MAX_NAME_CHARS = 128
 longer one ends the run. A client's model answered each of a run's ten turns with a call of
 3.5 MB of arguments: every turn was kept whole, the run's record held them all, and one run
 took 1.1 GB of memory and 446 MB of disk."""
-MAX_RESULT_CHARS = 100_000
-"""A tool result longer than this reaches the model cut, with a note saying so."""
-
-LINK = "[resource link: "
-"""How a tool result's resource link begins as the model reads it (``render``)."""
 
 Outcome = tuple[ToolMessage, ToolCallRecord]
 _CONVERSATION_TURNS = 3
@@ -117,10 +113,13 @@ class ToolRunner:
         return within_bytes(self.toolbox, merged(offered, found, self.toolbox.config.max_tools - 1))
 
     async def run(
-        self, calls: Sequence[ToolCall], invalid: Sequence[InvalidToolCall] = ()
+        self,
+        calls: Sequence[ToolCall],
+        invalid: Sequence[InvalidToolCall] = (),
+        linked: frozenset[str] = frozenset(),
     ) -> tuple[list[Outcome], list[str]]:
         """One outcome per call, in the model's order, and the tools its searches found; the
-        calls run concurrently.
+        calls run concurrently; ``read_resource`` reads only what a result ``linked`` to.
 
         Approvals are asked first, all at once: asking may pause the run (a modern client),
         and on resume this runs again from the start, so no tool may have run before it.
@@ -131,11 +130,11 @@ class ToolRunner:
 
         async def one(index: int, call: ToolCall) -> None:
             if index >= MAX_CALLS_PER_TURN:
-                outcomes[index] = await self._run_one(call, _TOO_MANY)
+                outcomes[index] = await self._run_one(call, _TOO_MANY, linked)
             elif call["name"] == SEARCH_TOOLS and self.toolbox.searching:
                 outcomes[index], found[index] = await self._search_one(call)
             else:
-                outcomes[index] = await self._run_one(call, refused.get(_key(index)))
+                outcomes[index] = await self._run_one(call, refused.get(_key(index)), linked)
 
         async with anyio.create_task_group() as tg:
             for index, call in enumerate(calls):
@@ -173,8 +172,8 @@ class ToolRunner:
                 proposed[_key(index)] = Proposed(tool, call["args"])
         return await refusals(proposed, self.asker, self.approval_timeout)
 
-    async def _run_one(self, call: ToolCall, refused: str | None) -> Outcome:
-        name, arguments = call["name"], call["args"]
+    async def _run_one(self, call: ToolCall, refused: str | None, linked: frozenset[str]) -> Outcome:
+        name, arguments, links = call["name"], call["args"], list[str]()
         await self.observer.tool_started(name, arguments)
         started = time.perf_counter()
         tool = self.toolbox.get(name)
@@ -182,9 +181,9 @@ class ToolRunner:
             if refused is _TOO_MANY:
                 text, is_error = refused, True
             elif name == READ_RESOURCE and tool is None:  # the gateway's own, unless the catalog's
-                text, is_error = await self._read(arguments)
+                text, is_error = await self._read(arguments, linked)
             else:
-                text, is_error = await self._outcome(name, tool, arguments, refused)
+                text, is_error = await self._outcome(name, tool, arguments, refused, links)
             if is_error:
                 traced.error_type = "tool_error"
         record = ToolCallRecord(
@@ -199,14 +198,20 @@ class ToolRunner:
             tool_call_id=call["id"] or name,
             name=name,
             status="error" if is_error else "success",
+            artifact=artifact(links),  # beside the text, which the upstream's words could fake
         )
         return message, record
 
     async def _outcome(
-        self, name: str, tool: AgentTool | None, arguments: dict[str, Any], refused: str | None
+        self,
+        name: str,
+        tool: AgentTool | None,
+        arguments: dict[str, Any],
+        refused: str | None,
+        links: list[str],
     ) -> tuple[str, bool]:
         """The call's result for the model: ``tool`` is ``name`` in the toolbox (None: not
-        there); ``refused``: why its approval was not given."""
+        there); ``refused``: why its approval was not given; ``links`` given what it links to."""
         if tool is None:
             if self.toolbox.searching:
                 return f"Unknown tool {name!r}. Call {SEARCH_TOOLS} to find the tools you need.", True
@@ -228,14 +233,18 @@ class ToolRunner:
                     return unanswered, True
         except GatewayError as exc:
             return str(exc), True
+        links += links_of(result)
         return render(result), bool(result.is_error)
 
-    async def _read(self, arguments: dict[str, Any]) -> tuple[str, bool]:
-        """The model's ``read_resource`` call: the resource read as the client would read it
-        (its policy, its session), recorded as the client's ``resources/read``."""
+    async def _read(self, arguments: dict[str, Any], linked: frozenset[str]) -> tuple[str, bool]:
+        """The model's ``read_resource`` call of a URI a result ``linked`` to: read as the
+        client would read it (its policy, its session), recorded as its ``resources/read``. No
+        other: a result's words could ask the model to read what its client may, and pass it on."""
         uri = arguments.get("uri")
         if not isinstance(uri, str) or not uri:
             return f'{READ_RESOURCE} takes {{"uri": string}}: the URI a resource link gives.', True
+        if uri not in linked:
+            return f"{READ_RESOURCE} reads what a tool's result linked to; no result linked to {uri!r}.", True
         call = RunCall(self.run_id, self.client, self.caller, uri, None, arguments, "resources/read")
         try:
             with self.recorder.run_call(call) as record:
@@ -251,7 +260,7 @@ class ToolRunner:
                     return unanswered, True
         except GatewayError as exc:
             return str(exc), True
-        return _cut("\n".join(_contents_text(c, len(read.contents) > 1) for c in read.contents)), False
+        return read_text(read), False
 
 
 def taken(reply: AIMessage) -> AIMessage:
@@ -352,46 +361,3 @@ def _unparsable(call: InvalidToolCall) -> Outcome:
     )
     message = ToolMessage(content=text, tool_call_id=call.get("id") or name, name=name, status="error")
     return message, record
-
-
-def render(result: types.CallToolResult) -> str:
-    """A tool result as text for the model: text blocks as they are, other blocks described."""
-    parts = [_block_text(block) for block in result.content]
-    if not parts and result.structured_content is not None:
-        parts = [json.dumps(result.structured_content, ensure_ascii=False, default=str)]
-    return _cut("\n".join(parts) if parts else "(no content)")
-
-
-def linked(view: Sequence[AnyMessage]) -> bool:
-    """Whether a tool result in ``view`` links to a resource (``render``'s ``LINK``): the
-    model is then offered ``read_resource``, and not before (a tool of every model call)."""
-    return any(isinstance(m, ToolMessage) and isinstance(m.content, str) and LINK in m.content for m in view)
-
-
-def _cut(text: str) -> str:
-    """``text`` as the model gets it: at most ``MAX_RESULT_CHARS``, saying how much more there was."""
-    if len(text) > MAX_RESULT_CHARS:
-        cut = len(text) - MAX_RESULT_CHARS
-        text = f"{text[:MAX_RESULT_CHARS]}\n[… {cut} more characters cut by the gateway]"
-    return text
-
-
-def _contents_text(contents: types.TextResourceContents | types.BlobResourceContents, named: bool) -> str:
-    """One of a read's contents for the model: its text (under its URI when there are several)."""
-    if isinstance(contents, types.BlobResourceContents):
-        kind = contents.mime_type or "unknown type"
-        return f"[binary resource {contents.uri}, {kind}, {len(contents.blob)} bytes of base64]"
-    return f"[{contents.uri}]\n{contents.text}" if named else contents.text
-
-
-def _block_text(block: types.ContentBlock) -> str:
-    if isinstance(block, types.TextContent):
-        return block.text
-    if isinstance(block, types.ImageContent | types.AudioContent):
-        return f"[{block.type} content, {block.mime_type}, {len(block.data)} bytes of base64]"
-    if isinstance(block, types.ResourceLink):
-        return f"{LINK}{block.uri}]"
-    resource = block.resource
-    if isinstance(resource, types.TextResourceContents):
-        return resource.text
-    return f"[binary resource {resource.uri}, {resource.mime_type or 'unknown type'}]"

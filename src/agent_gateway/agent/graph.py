@@ -27,10 +27,11 @@ from langgraph.runtime import Runtime
 from langgraph.types import Command
 from langsmith import tracing_context
 
-from agent_gateway.agent.calls import ToolRunner, linked, taken
+from agent_gateway.agent.calls import ToolRunner, taken
 from agent_gateway.agent.memory import model_view, out_of_view
 from agent_gateway.agent.provider_http import refusal, unreached
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord
+from agent_gateway.agent.results import linked
 from agent_gateway.agent.run_record import MAX_OFFERED_NAMES, kept_calls
 from agent_gateway.agent.spans import chat_span
 from agent_gateway.agent.toolbox import system_prompt
@@ -121,7 +122,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         prompt = system_prompt(run.instructions, run.tools.toolbox, offered)
         view = model_view(prompt, history, run.max_context_tokens)
         within_reach(view, run.max_context_tokens)
-        specs = run.tools.toolbox.specs(offered, reading=linked(view))
+        specs = run.tools.toolbox.specs(offered, reading=bool(linked(view)))
         bound = run.model.bind_tools(specs) if specs else run.model
         with chat_span(run.provider, run.model_name, pausing=(GraphBubbleUp,)) as call:
             reply = taken(await _reply(bound, view, run.scrub, run.deadline))
@@ -149,7 +150,7 @@ def build_graph(checkpointer: BaseCheckpointSaver[str]) -> AgentGraph:
         runner, before = run.tools, state.get("offered") or []
         # The model's reply may have taken the turn past its bound: then no call is run.
         left = within_reach(_next_view(run, history, before), run.max_context_tokens)
-        outcomes, found = await runner.run(last.tool_calls, last.invalid_tool_calls)
+        outcomes, found = await runner.run(last.tool_calls, last.invalid_tool_calls, linked(history))
         offered = runner.widened(before, found)
         if offered != before:  # the next view's system prompt describes other tools: counted again
             left = within_reach(_next_view(run, history, offered), run.max_context_tokens)

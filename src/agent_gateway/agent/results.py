@@ -1,0 +1,89 @@
+"""What the model reads of a tool's result, or of a resource it read (``read_resource``), and
+the resource links a result gives: kept beside the text (a ``ToolMessage``'s ``artifact``,
+stored with it in the thread), never read back out of it, where an upstream's own words could
+write one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+
+import mcp_types as types
+from langchain_core.messages import AnyMessage, ToolMessage
+
+MAX_RESULT_CHARS = 100_000
+"""A tool result longer than this reaches the model cut, with a note saying so."""
+LINKS = "links"
+"""The key of a ``ToolMessage``'s artifact that holds the URIs its result linked to."""
+
+
+def render(result: types.CallToolResult) -> str:
+    """A tool result as text for the model: text blocks as they are, other blocks described."""
+    parts = [_block_text(block) for block in result.content]
+    if not parts and result.structured_content is not None:
+        parts = [json.dumps(result.structured_content, ensure_ascii=False, default=str)]
+    return cut("\n".join(parts) if parts else "(no content)")
+
+
+def read_text(read: types.ReadResourceResult) -> str:
+    """A resource read as text for the model: each content's text (under its URI when there
+    are several), binary ones described."""
+    named = len(read.contents) > 1
+    return cut("\n".join(_contents_text(contents, named) for contents in read.contents))
+
+
+def links_of(result: types.CallToolResult) -> list[str]:
+    """The URIs ``result``'s resource links give (public ones: the proxy made them so)."""
+    return [block.uri for block in result.content if isinstance(block, types.ResourceLink)]
+
+
+def artifact(links: Sequence[str]) -> dict[str, list[str]] | None:
+    """What a ``ToolMessage`` keeps beside its text: the links its result gave, if any, as
+    many as fit ``MAX_RESULT_CHARS`` (the model reads no more of the result, and the thread
+    keeps what is here)."""
+    kept, size = [], 0
+    for uri in links:
+        if (size := size + len(uri)) > MAX_RESULT_CHARS:
+            break
+        kept.append(uri)
+    return {LINKS: kept} if kept else None
+
+
+def linked(messages: Iterable[AnyMessage]) -> frozenset[str]:
+    """Every URI a tool result among ``messages`` linked to: the model is offered
+    ``read_resource`` once there is one, and may read those."""
+    found: set[str] = set()
+    for message in messages:
+        if isinstance(message, ToolMessage) and isinstance(message.artifact, dict):
+            kept: dict[str, object] = message.artifact  # pyright: ignore[reportUnknownMemberType]
+            if isinstance(uris := kept.get(LINKS), list):
+                found.update(uri for uri in uris if isinstance(uri, str))  # pyright: ignore[reportUnknownVariableType]
+    return frozenset(found)
+
+
+def cut(text: str) -> str:
+    """``text`` as the model gets it: at most ``MAX_RESULT_CHARS``, saying how much more there was."""
+    if len(text) > MAX_RESULT_CHARS:
+        over = len(text) - MAX_RESULT_CHARS
+        text = f"{text[:MAX_RESULT_CHARS]}\n[… {over} more characters cut by the gateway]"
+    return text
+
+
+def _contents_text(contents: types.TextResourceContents | types.BlobResourceContents, named: bool) -> str:
+    if isinstance(contents, types.BlobResourceContents):
+        kind = contents.mime_type or "unknown type"
+        return f"[binary resource {contents.uri}, {kind}, {len(contents.blob)} bytes of base64]"
+    return f"[{contents.uri}]\n{contents.text}" if named else contents.text
+
+
+def _block_text(block: types.ContentBlock) -> str:
+    if isinstance(block, types.TextContent):
+        return block.text
+    if isinstance(block, types.ImageContent | types.AudioContent):
+        return f"[{block.type} content, {block.mime_type}, {len(block.data)} bytes of base64]"
+    if isinstance(block, types.ResourceLink):
+        return f"[resource link: {block.uri}]"
+    resource = block.resource
+    if isinstance(resource, types.TextResourceContents):
+        return resource.text
+    return f"[binary resource {resource.uri}, {resource.mime_type or 'unknown type'}]"
