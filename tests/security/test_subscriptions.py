@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from agent_gateway.downstream import subscription_bounds
-from tests.servers import watched
+from tests.servers import recorder, watched
 from tests.support import RunningGateway, python_upstream, running_gateway, serving_upstream
 
 # resources/subscribe is deprecated in 2026-07-28; these clients use it by the hundred.
@@ -162,3 +162,39 @@ async def test_an_upstream_session_lost_with_many_subscribers_is_one_warning(
     lost = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert len(lost) == 1, lost
     assert "5 subscriptions of 5 sessions lost" in lost[0]
+
+
+async def test_a_uri_and_its_alias_are_two_subscriptions_of_one_session() -> None:
+    # Before, one session subscribed to counter://value and to rec+counter://value held one:
+    # its updates came under the name subscribed last, and unsubscribing the other did nothing.
+    updates: list[str] = []
+    events: list[dict[str, Any]] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    async def updated(count: int) -> None:
+        await client.call_tool("rec__updates", {"uri": "counter://value", "times": 1})
+        with anyio.fail_after(BOUND):
+            while len(updates) < count:
+                await anyio.sleep(0.02)
+
+    async with (
+        serving_upstream(recorder.build(events.append)) as url,
+        running_gateway({"upstreams": {"rec": {"url": url, "protocol": "legacy"}}}) as gw,
+        Client(gw.url, mode="legacy", message_handler=on_message) as client,
+    ):
+        await client.subscribe_resource("counter://value")
+        await client.subscribe_resource("rec+counter://value")
+        await updated(2)  # one update upstream: one under each name
+        both = sorted(updates)
+        await client.unsubscribe_resource("counter://value")
+        await updated(3)  # the alias still subscribed
+        await client.unsubscribe_resource("rec+counter://value")
+        count = gw.gateway.subscriptions.count
+    assert both == ["counter://value", "rec+counter://value"]
+    assert updates[2] == "rec+counter://value"
+    assert count == 0
+    upstream = [(e["event"], e["uri"]) for e in events if e.get("event") in ("subscribe", "unsubscribe")]
+    assert upstream == [("subscribe", "counter://value"), ("unsubscribe", "counter://value")]

@@ -4,7 +4,8 @@ A client subscribes to a public URI: with ``resources/subscribe`` in the handsha
 naming it in a ``subscriptions/listen`` stream in the modern era. The gateway subscribes
 once upstream per upstream session and URI, however many clients share it, and unsubscribes
 when the last one leaves (or its session ends). Each update from an upstream session goes to
-exactly the clients subscribed through that session, under the URI they used.
+exactly the clients subscribed through that session, under each URI they used (a URI and its
+alias, ``file:///a`` and ``docs+file:///a``, are two subscriptions of one upstream's).
 
 A session holds at most its client's ``max_subscriptions``. When it ends, its subscriptions
 leave the tables at once and the upstream unsubscribes go out a few at a time within a
@@ -49,7 +50,7 @@ JOIN_CONCURRENCY = 16
 thousand resources of a remote upstream waited a thousand round trips before it opened."""
 
 Key = tuple[str, str]
-"""(upstream session id, upstream URI)"""
+"""(upstream session id, upstream URI): a session holds one by each public URI it subscribed by."""
 Released = tuple[Key, str, UpstreamSession | None]
 """An ended session's subscription: its key, its public URI, the upstream session to leave
 (None: others are still subscribed)."""
@@ -77,7 +78,7 @@ class ResourceSubscriptions:
         """``max_streams``: listen streams open at once (``server.max_listen_streams``)."""
         self._proxy = proxy
         self._holders = holders
-        self._subscribers: dict[Key, dict[DownstreamSession, str]] = defaultdict(dict)
+        self._subscribers: dict[Key, dict[DownstreamSession, tuple[str, ...]]] = defaultdict(dict)
         self._keys: dict[DownstreamSession, set[Key]] = {}
         """Each subscribed session's keys: a session's end (every modern-era request is one)
         touches its own subscriptions, not everyone's."""
@@ -100,8 +101,8 @@ class ResourceSubscriptions:
         session = _session(ctx)
         async with away():
             for key in list(self._keys.get(session, ())):
-                if self._subscribers.get(key, {}).get(session) == params.uri:
-                    await self._leave(key, session)
+                if params.uri in self._subscribers.get(key, {}).get(session, ()):
+                    await self._leave(key, session, params.uri)
             if self._holders is not None and session.connection is not None:
                 await self._holders.dropped(session.id, params.uri)
         return types.EmptyResult()
@@ -165,8 +166,8 @@ class ResourceSubscriptions:
 
     def held(self, session: DownstreamSession) -> list[str]:
         """The URIs ``session`` is subscribed to here."""
-        uris = (self._subscribers.get(key, {}).get(session) for key in self._keys.get(session, ()))
-        return [uri for uri in uris if uri is not None]
+        keys = self._keys.get(session, ())
+        return [uri for key in keys for uri in self._subscribers.get(key, {}).get(session, ())]
 
     async def session_ended(self, session: DownstreamSession) -> None:
         """``session`` ended here: its subscriptions leave the tables at once, then are left
@@ -218,17 +219,20 @@ class ResourceSubscriptions:
         dropped: list[Released] = []
         for key in list(self._keys.get(session, ())):
             subscribers = self._subscribers.get(key, {})
-            if only is not None and subscribers.get(session) != only:
+            names = subscribers.get(session, ())
+            if only is not None and only not in names:
+                continue
+            if (kept := tuple(n for n in names if n != only)) and only is not None:
+                subscribers[session] = kept  # its other name still holds the upstream's
+                dropped.append((key, only, None))
                 continue
             self._forget(session, key)
-            public = subscribers.pop(session, None)
-            if public is None:
-                continue
+            subscribers.pop(session, None)
             upstream = None
             if not subscribers:
                 del self._subscribers[key]
                 upstream = self._upstream.pop(key, None)
-            dropped.append((key, public, upstream))
+            dropped += [(key, name, upstream if n == 0 else None) for n, name in enumerate(names)]
         return dropped
 
     async def _release(self, session: DownstreamSession, released: Released, shared: bool) -> None:
@@ -267,7 +271,8 @@ class ResourceSubscriptions:
                         with _calling(session.client):  # a call in flight, as any: else one
                             await upstream.subscribe(uri)  # client's flood took the upstream's slots
                         self._upstream[key] = upstream
-                    self._subscribers[key][session] = public
+                    if public not in (names := self._subscribers[key].get(session, ())):
+                        self._subscribers[key][session] = (*names, public)
                     self._keys.setdefault(session, set()).add(key)
         except GatewayError as exc:
             raise to_wire(exc) from exc
@@ -290,9 +295,12 @@ class ResourceSubscriptions:
             if (left := self._joining.pop(session) - 1) > 0:
                 self._joining[session] = left
 
-    async def _leave(self, key: Key, session: DownstreamSession) -> None:
+    async def _leave(self, key: Key, session: DownstreamSession, public: str) -> None:
         async with self._lock(key):
             subscribers = self._subscribers.get(key, {})
+            if kept := tuple(n for n in subscribers.get(session, ()) if n != public):
+                subscribers[session] = kept  # subscribed by its other name too: still is
+                return
             subscribers.pop(session, None)
             self._forget(session, key)
             if subscribers:
@@ -336,9 +344,9 @@ class ResourceSubscriptions:
             subscribers = self._subscribers.pop(key)
             self._upstream.pop(key, None)
             self._locks.pop(key, None)
-            for session, public in subscribers.items():
+            for session, names in subscribers.items():
                 self._forget(session, key)
-                lost.append((session, public))
+                lost += [(session, public) for public in names]
         if not lost:
             return
         # One line, not one per subscription: at shutdown they are many.
@@ -361,7 +369,8 @@ class ResourceSubscriptions:
 
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
-        for session, public in list(self._subscribers.get((upstream.id, uri), {}).items()):
+        subscribers = self._subscribers.get((upstream.id, uri), {})
+        for session, public in [(s, public) for s, names in subscribers.items() for public in names]:
             if session.client is not None and not self._proxy.follows(
                 session.client, upstream.name, uri, public
             ):
@@ -374,7 +383,7 @@ class ResourceSubscriptions:
 
     @property
     def count(self) -> int:
-        return sum(len(s) for s in self._subscribers.values())
+        return sum(len(names) for s in self._subscribers.values() for names in s.values())
 
 
 def _session(ctx: Any) -> DownstreamSession:
