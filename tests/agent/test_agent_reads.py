@@ -8,12 +8,14 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import mcp_types as types
 import pytest
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from mcp import Client
 
 from agent_gateway.agent.results import LINKS, MAX_RESULT_CHARS, artifact
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.agent.test_models import said, sampling_script
 from tests.support import RunningGateway, running_gateway, serving, serving_upstream
 from tests.test_access import client_with
 from tests.test_resource_links import linker, other
@@ -26,8 +28,10 @@ REPORT = "linker+made://report/1"
 
 @asynccontextmanager
 async def linked_agent(
-    reads: list[str], model: ScriptedChatModel, **config: Any
+    reads: list[str], model: ScriptedChatModel | None, **config: Any
 ) -> AsyncIterator[RunningGateway]:
+    """A gateway over ``linker`` and ``other`` whose agent's model is ``model`` (None: the
+    client's own, through sampling)."""
     agent = {"memory": {"store": "memory"}, "max_tools": 2}
     async with (
         serving(linker(reads).streamable_http_app()) as base,
@@ -134,3 +138,29 @@ def test_a_results_links_are_kept_within_the_models_reading() -> None:
     assert kept is not None
     assert kept[LINKS] == links[: MAX_RESULT_CHARS // 10]
     assert artifact([]) is None
+
+
+async def test_a_client_model_in_the_json_envelope_reads_a_link_it_is_shown() -> None:
+    # The sampling provider describes only the bound tools: read_resource among them once a
+    # result linked to a resource, in the envelope's own words.
+    reads: list[str] = []
+    seen: list[types.CreateMessageRequestParams] = []
+    replies = [
+        said('{"type": "tool_call", "name": "linker__make", "args": {}}'),
+        said(f'{{"type": "tool_call", "name": "read_resource", "args": {{"uri": "{REPORT}"}}}}'),
+        said('{"type": "final", "content": "read"}'),
+    ]
+    async with (
+        linked_agent(reads, None) as gw,
+        Client(gw.url, mode="legacy", sampling_callback=sampling_script(replies, seen)) as client,
+    ):
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("ask_agent", {"query": "Make the report and read it."})
+    assert not result.is_error, result.content
+    assert reads == ["made://report/1"]
+    prompts = [p.system_prompt or "" for p in seen]
+    assert "- read_resource:" not in prompts[0]
+    assert "- read_resource: Read a resource by its URI" in prompts[1]
+    last = seen[2].messages[-1].content
+    assert isinstance(last, types.TextContent)
+    assert last.text == "Tool read_resource returned:\nlinker's made://report/1"
