@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from contextlib import AbstractAsyncContextManager, nullcontext, suppress
 from functools import partial
 from typing import Any, Literal, TypeVar
@@ -206,14 +206,15 @@ class Proxy:
         return linked_prompt(_relayed(rendered), origin.upstream, self._catalog.snapshot)
 
     async def read_resource(
-        self, uri: str, caller: Caller | None, client: Principal | None = None
+        self, uri: str, caller: Caller | None, client: Principal | None = None, within: Collection[str] = ()
     ) -> types.ReadResourceResult | types.InputRequiredResult:
-        """Forward a resource read for ``client``, else the caller's (raises UnknownName,
-        ClientLimited or UpstreamError; input requests pass as a render's do)."""
-        snapshot = self._catalog.snapshot
+        """Forward a resource read for ``client``, else the caller's, ``within`` these upstreams
+        if given (raises UnknownName, ClientLimited or UpstreamError; input requests pass)."""
         who = client if client is not None else (caller.client if caller is not None else None)
-        upstream, upstream_uri, policy_uri = _routed(snapshot, uri, who)
+        upstream, upstream_uri, policy_uri = _routed(self._catalog.snapshot, uri, who)
         who = _unseen(who, "resource", uri, public=policy_uri)
+        if within and upstream not in within:  # an agent's read of what another upstream linked to
+            raise UnknownName("resource", uri)
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
@@ -244,9 +245,8 @@ class Proxy:
         session = await self._session(upstream, caller)
         with who.calling():
             async with _turn(session, who):
-                return _relayed(
-                    await session.complete(params.model_copy(update={"ref": ref}), caller, who.label)
-                )
+                sent = params.model_copy(update={"ref": ref})
+                return _relayed(await session.complete(sent, caller, who.label))
 
     async def resource_session(
         self, uri: str, owner: DownstreamSession, client: Principal | None

@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+from fastmcp import FastMCP
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from mcp import Client
 
@@ -164,3 +165,36 @@ async def test_a_client_model_in_the_json_envelope_reads_a_link_it_is_shown() ->
     last = seen[2].messages[-1].content
     assert isinstance(last, types.TextContent)
     assert last.text == "Tool read_resource returned:\nlinker's made://report/1"
+
+
+def web() -> FastMCP:
+    """An upstream serving a web address as its own resource (a fetcher, a vault behind https)."""
+    server = FastMCP("web")
+    server.resource("https://example.org/report", name="report")(lambda: "web's private report")
+    return server
+
+
+async def test_a_web_link_is_not_read_from_another_upstream() -> None:
+    # linker's make links to https://example.org/report, kept as it is (a web address): the
+    # catalog serves that URI as web's. A link from one upstream must not have the agent read
+    # another's resource (its words would choose which, and pass it on to linker's tools).
+    reads: list[str] = []
+    model = ScriptedChatModel(
+        script=[calls(call("linker__make")), reading("https://example.org/report"), answer("Done.")]
+    )
+    agent = {"memory": {"store": "memory"}, "max_tools": 2}
+    async with (
+        serving(linker(reads).streamable_http_app()) as base,
+        serving_upstream(web()) as second,
+    ):
+        upstreams = {"linker": {"url": f"{base}/mcp"}, "web": {"url": second}}
+        async with (
+            running_gateway({"upstreams": upstreams, "agent": agent}, chat_model=model) as gw,
+            Client(gw.url, mode="legacy") as client,
+        ):
+            with anyio.fail_after(BOUND):
+                result = await client.call_tool("ask_agent", {"query": "Make the report and read it."})
+    assert not result.is_error, result.content
+    read = tool_texts(model, 2)[-1]
+    assert "web's private report" not in read
+    assert read == "Resource not found: 'https://example.org/report'"

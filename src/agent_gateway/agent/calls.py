@@ -40,7 +40,7 @@ from agent_gateway.access import Principal
 from agent_gateway.agent.approvals import Proposed, refusals
 from agent_gateway.agent.asking import Asker
 from agent_gateway.agent.reporting import RunObserver, ToolCallRecord, recorded
-from agent_gateway.agent.results import artifact, links_of, read_text, render
+from agent_gateway.agent.results import Linked, artifact, links_of, read_text, render
 from agent_gateway.agent.run_record import refusal_of
 from agent_gateway.agent.spans import tool_span
 from agent_gateway.agent.toolbox import READ_RESOURCE, AgentTool, Search, Toolbox, merged, within_bytes
@@ -116,7 +116,7 @@ class ToolRunner:
         self,
         calls: Sequence[ToolCall],
         invalid: Sequence[InvalidToolCall] = (),
-        linked: frozenset[str] = frozenset(),
+        linked: Linked | None = None,
     ) -> tuple[list[Outcome], list[str]]:
         """One outcome per call, in the model's order, and the tools its searches found; the
         calls run concurrently; ``read_resource`` reads only what a result ``linked`` to.
@@ -124,7 +124,7 @@ class ToolRunner:
         Approvals are asked first, all at once: asking may pause the run (a modern client),
         and on resume this runs again from the start, so no tool may have run before it.
         """
-        refused = await self._approvals(calls)
+        refused, linked = await self._approvals(calls), linked or {}
         outcomes: list[Outcome | None] = [None] * len(calls)
         found: list[list[str]] = [[] for _ in calls]
 
@@ -172,7 +172,7 @@ class ToolRunner:
                 proposed[_key(index)] = Proposed(tool, call["args"])
         return await refusals(proposed, self.asker, self.approval_timeout)
 
-    async def _run_one(self, call: ToolCall, refused: str | None, linked: frozenset[str]) -> Outcome:
+    async def _run_one(self, call: ToolCall, refused: str | None, linked: Linked) -> Outcome:
         name, arguments, links = call["name"], call["args"], list[str]()
         await self.observer.tool_started(name, arguments)
         started = time.perf_counter()
@@ -198,7 +198,7 @@ class ToolRunner:
             tool_call_id=call["id"] or name,
             name=name,
             status="error" if is_error else "success",
-            artifact=artifact(links),  # beside the text, which the upstream's words could fake
+            artifact=artifact(links, tool.upstream if tool else ""),  # beside the text its words make
         )
         return message, record
 
@@ -236,10 +236,11 @@ class ToolRunner:
         links += links_of(result)
         return render(result), bool(result.is_error)
 
-    async def _read(self, arguments: dict[str, Any], linked: frozenset[str]) -> tuple[str, bool]:
+    async def _read(self, arguments: dict[str, Any], linked: Linked) -> tuple[str, bool]:
         """The model's ``read_resource`` call of a URI a result ``linked`` to: read as the
-        client would read it (its policy, its session), recorded as its ``resources/read``. No
-        other: a result's words could ask the model to read what its client may, and pass it on."""
+        client would read it (its policy, its session), recorded as its ``resources/read``, from
+        an upstream that linked to it. No other: a result's words could ask the model to read
+        what its client may, and pass it on."""
         uri = arguments.get("uri")
         if not isinstance(uri, str) or not uri:
             return f'{READ_RESOURCE} takes {{"uri": string}}: the URI a resource link gives.', True
@@ -250,7 +251,7 @@ class ToolRunner:
             with self.recorder.run_call(call) as record:
                 self.recorder.check_audited("resources/read")
                 async with _slots(self.client):
-                    read = await self.proxy.read_resource(uri, self.caller, self.client)
+                    read = await self.proxy.read_resource(uri, self.caller, self.client, linked[uri])
                 record.answered(read)
                 if isinstance(read, types.InputRequiredResult):
                     unanswered = (

@@ -6,7 +6,7 @@ write one."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import mcp_types as types
 from langchain_core.messages import AnyMessage, ToolMessage
@@ -15,6 +15,8 @@ MAX_RESULT_CHARS = 100_000
 """A tool result longer than this reaches the model cut, with a note saying so."""
 LINKS = "links"
 """The key of a ``ToolMessage``'s artifact that holds the URIs its result linked to."""
+FROM = "upstream"
+"""The key of the artifact that names the upstream whose result gave those links."""
 
 
 def render(result: types.CallToolResult) -> str:
@@ -37,28 +39,38 @@ def links_of(result: types.CallToolResult) -> list[str]:
     return [block.uri for block in result.content if isinstance(block, types.ResourceLink)]
 
 
-def artifact(links: Sequence[str]) -> dict[str, list[str]] | None:
+def artifact(links: Sequence[str], upstream: str = "") -> dict[str, str | list[str]] | None:
     """What a ``ToolMessage`` keeps beside its text: the links its result gave, if any, as
     many as fit ``MAX_RESULT_CHARS`` (the model reads no more of the result, and the thread
-    keeps what is here)."""
+    keeps what is here), and the ``upstream`` that gave them."""
     kept, size = [], 0
     for uri in links:
         if (size := size + len(uri)) > MAX_RESULT_CHARS:
             break
         kept.append(uri)
-    return {LINKS: kept} if kept else None
+    return {LINKS: kept, FROM: upstream} if kept else None
 
 
-def linked(messages: Iterable[AnyMessage]) -> frozenset[str]:
-    """Every URI a tool result among ``messages`` linked to: the model is offered
-    ``read_resource`` once there is one, and may read those."""
-    found: set[str] = set()
+Linked = Mapping[str, frozenset[str]]
+"""Each URI a result linked to, and the upstreams whose results did."""
+
+
+def linked(messages: Iterable[AnyMessage]) -> Linked:
+    """Every URI a tool result among ``messages`` linked to, with the upstreams that gave it:
+    the model is offered ``read_resource`` once there is one, and may read those, each from
+    an upstream that linked to it. A web address is kept as it is (``resource_links.WEB``),
+    and the catalog may serve it as another upstream's: one upstream's link must not read
+    that (its words would choose it, and the model pass it on)."""
+    found: dict[str, set[str]] = {}
     for message in messages:
         if isinstance(message, ToolMessage) and isinstance(message.artifact, dict):
             kept: dict[str, object] = message.artifact  # pyright: ignore[reportUnknownMemberType]
-            if isinstance(uris := kept.get(LINKS), list):
-                found.update(uri for uri in uris if isinstance(uri, str))  # pyright: ignore[reportUnknownVariableType]
-    return frozenset(found)
+            uris, upstream = kept.get(LINKS), kept.get(FROM)
+            if isinstance(uris, list) and isinstance(upstream, str) and upstream:
+                for uri in uris:  # pyright: ignore[reportUnknownVariableType]
+                    if isinstance(uri, str):
+                        found.setdefault(uri, set()).add(upstream)
+    return {uri: frozenset(upstreams) for uri, upstreams in found.items()}
 
 
 def cut(text: str) -> str:
