@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.server.lowlevel import Server
 
+from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.support import running_gateway, serving
 
 CAPABILITIES = types.CLIENT_CAPABILITIES_META_KEY
@@ -63,3 +65,29 @@ async def test_a_modern_upstream_is_told_only_what_each_client_can_answer(mode: 
     told = [(kind, set(capabilities or {})) for kind, capabilities in seen]
     # Before: sampling, elicitation and roots for both, the shared session's own (all it can relay).
     assert told == [("prompt", set()), ("tool", set()), ("prompt", {"sampling"}), ("tool", {"sampling"})]
+
+
+@pytest.mark.parametrize(
+    ("mode", "expected"), [("legacy", {"sampling"}), ("auto", set())], ids=["legacy", "auto"]
+)
+async def test_the_agents_calls_tell_a_modern_upstream_what_the_agent_can_answer(
+    mode: str, expected: set[str]
+) -> None:
+    # A modern client's input rounds are not passed through the agent: an upstream's input
+    # request in a run's call is answered "the agent cannot supply" (agent/calls.py). Told
+    # the client could sample, the upstream asks and the call fails, where told the truth it
+    # takes its fallback. A handshake-era client's are relayed to it (the SDK's callbacks).
+    seen: list[tuple[str, Any]] = []
+    model = ScriptedChatModel(script=[calls(call("up__t")), answer("called")])
+    agent = {"memory": {"store": "memory"}}
+    async with (
+        serving(recording(seen).streamable_http_app()) as base,
+        running_gateway(
+            {"upstreams": {"up": {"url": f"{base}/mcp"}}, "agent": agent}, chat_model=model
+        ) as gw,
+        Client(gw.url, mode=mode, sampling_callback=sample) as sampling,
+    ):
+        with anyio.fail_after(20):
+            result = await sampling.call_tool("ask_agent", {"query": "Call t."})
+    assert not result.is_error, result.content
+    assert [(kind, set(capabilities or {})) for kind, capabilities in seen] == [("tool", expected)]

@@ -7,7 +7,6 @@ but cancellation.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import secrets
 import traceback
@@ -52,7 +51,6 @@ from agent_gateway.config import AgentConfig
 from agent_gateway.downstream.caller import Caller
 from agent_gateway.errors import AgentError, StepLimitReached
 from agent_gateway.logs import scrubbed
-from agent_gateway.meta_keys import NO_META
 from agent_gateway.proxy import Proxy
 from agent_gateway.search.engine import ToolSearch
 
@@ -270,14 +268,7 @@ class AgentRunner:
         """The run's context: its model, and a toolbox of what the calling client may call
         (the model is shown nothing else)."""
         toolbox, names = self.toolbox(client)
-        # The agent reports its own progress; the upstreams' progress would count on the same token.
-        tool_caller = (
-            dataclasses.replace(
-                caller, progress_token=None, input_responses=None, request_state=None, client_meta=NO_META
-            )
-            if caller
-            else None
-        )
+        tool_caller = caller.of_runs() if caller else None
         asker = self._asker(caller, token)
         secret = self._models.secret
         return RunContext(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -48,6 +48,9 @@ class Caller:
     identity, so nothing is forwarded for it."""
     client_meta: Mapping[str, Any] = field(default_factory=lambda: NO_META)
     """The client's own ``_meta`` keys of the request (``meta_keys``), passed on upstream."""
+    answers: bool = True
+    """Whether what an upstream asks during this call reaches the client (False: it has no
+    ``capabilities``, and an upstream is told it can answer nothing)."""
 
     @classmethod
     def of_request(
@@ -76,6 +79,20 @@ class Caller:
             client_meta=client_meta(meta),
         )
 
+    def of_runs(self) -> Caller:
+        """This request as its agent run's tool calls are made: the run reports its own
+        progress (the upstreams' would count on the same token) and sends none of the client's
+        ``_meta`` keys; a modern client is asked nothing in them (an upstream's input request
+        is answered "the agent cannot supply", ``agent/calls.py``), so an upstream is told so."""
+        return replace(
+            self,
+            progress_token=None,
+            input_responses=None,
+            request_state=None,
+            client_meta=NO_META,
+            answers=not self.modern,
+        )
+
     @property
     def session_id(self) -> str:
         return self.session.id
@@ -86,7 +103,7 @@ class Caller:
 
     @property
     def capabilities(self) -> types.ClientCapabilities | None:
-        return self.session.capabilities
+        return self.session.capabilities if self.answers else None
 
     @property
     def log_level(self) -> types.LoggingLevel | None:
