@@ -9,6 +9,7 @@ import sqlite3
 from functools import partial
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import anyio
 import mcp_types as types
@@ -18,12 +19,13 @@ from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 from mcp import Client
 from mcp.client.client import ConnectMode
+from mcp.server.lowlevel import Server
 
 from agent_gateway.agent.run_record import MAX_CALLS_JSON, kept_calls
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
 from tests.agent.test_ask_agent import BOUND, agent_gateway, ask, record, text
 from tests.agent.test_models import sampling_client
-from tests.support import running_gateway, serving_upstream
+from tests.support import running_gateway, serving, serving_upstream
 
 WIDE = "é" * 80_000
 """A tool call's argument just under a reply's bound (500,000 characters once JSON-escaped,
@@ -328,3 +330,45 @@ async def test_a_failed_run_lets_go_of_its_conversation_without_waiting_for_the_
     assert result.is_error
     assert "the run's conversation holds about" in text(result)
     assert held == []
+
+
+def links_server() -> Server:
+    """An upstream whose tool ``page`` links to 1,000 resources of 100 characters each URI."""
+
+    async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[types.Tool(name="page", input_schema={"type": "object"})])
+
+    async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        number = (params.arguments or {}).get("number", 0)
+        uris = [f"page://{number:03d}/{n:04d}/".ljust(94, "x") for n in range(1_000)]
+        return types.CallToolResult(content=[types.ResourceLink(uri=uri, name="part") for uri in uris])
+
+    return Server("links", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def test_one_tool_steps_links_are_cut_with_the_results_that_give_them(tmp_path: Path) -> None:
+    # A result's links are kept beside its text (read_resource reads them): cut to a note by
+    # the turn's bound, 32 results each kept their 100,000 characters of links, 3.2 MB in the
+    # thread each step and written at each, however little of them the model could read.
+    seen: list[list[BaseMessage]] = []
+
+    async def reads(messages: list[BaseMessage]) -> AIMessage:
+        seen.append(messages)
+        return answer("I read the links that fit.")
+
+    model = ScriptedChatModel(script=[calls(*[call("links__page", number=n) for n in range(32)]), reads])
+    memory = {"store": "sqlite", "path": str(tmp_path / "conversations.sqlite")}
+    async with serving(links_server().streamable_http_app()) as base:
+        config = {"upstreams": {"links": {"url": f"{base}/mcp"}}, "agent": {"memory": memory}}
+        async with running_gateway(config, chat_model=model) as gw, Client(gw.url, mode="legacy") as client:
+            result = await ask(client, "Read every page's links.")
+    assert not result.is_error, text(result)
+    (view,) = seen
+    results = [m for m in view if isinstance(m, ToolMessage)]
+    assert len(results) == 32
+    assert "cut by the gateway: the run's turn holds" in results[-1].text
+    held = sum(len(json.dumps(m.artifact)) for m in results if m.artifact is not None)
+    assert held < 1_000_000, held  # as much as the text they kept (3.3 MB before)
+    with sqlite3.connect(tmp_path / "conversations.sqlite") as db:
+        (kept,) = db.execute("SELECT sum(length(checkpoint)) FROM checkpoints").fetchone()
+    assert kept < 2_000_000, kept  # 3.8 MB before, in one step

@@ -39,16 +39,31 @@ def links_of(result: types.CallToolResult) -> list[str]:
     return [block.uri for block in result.content if isinstance(block, types.ResourceLink)]
 
 
-def artifact(links: Sequence[str], upstream: str = "") -> dict[str, str | list[str]] | None:
+def artifact(
+    links: Sequence[str], upstream: str = "", chars: int = MAX_RESULT_CHARS
+) -> dict[str, str | list[str]] | None:
     """What a ``ToolMessage`` keeps beside its text: the links its result gave, if any, as
-    many as fit ``MAX_RESULT_CHARS`` (the model reads no more of the result, and the thread
-    keeps what is here), and the ``upstream`` that gave them."""
+    many as fit ``chars`` (the model reads no more of the result, and the thread keeps what
+    is here), and the ``upstream`` that gave them."""
     kept, size = [], 0
     for uri in links:
-        if (size := size + len(uri)) > MAX_RESULT_CHARS:
+        if (size := size + len(uri)) > chars:
             break
         kept.append(uri)
     return {LINKS: kept, FROM: upstream} if kept else None
+
+
+def cut_links(kept: object, chars: int) -> object:
+    """An artifact (``kept``) of a result whose text was cut to ``chars`` characters, its
+    links cut alike: cut to a note by the turn's bound (``turn_bound.fitted``), 32 results
+    each kept 100,000 characters of links in the thread, 3.2 MB a step, written at each."""
+    if not isinstance(kept, dict):
+        return kept
+    held: dict[str, object] = kept  # pyright: ignore[reportUnknownVariableType]
+    links, upstream = held.get(LINKS), held.get(FROM)
+    if not isinstance(links, list) or not isinstance(upstream, str):
+        return None
+    return artifact([uri for uri in links if isinstance(uri, str)], upstream, chars)  # pyright: ignore[reportUnknownVariableType]
 
 
 Linked = Mapping[str, frozenset[str]]

@@ -15,6 +15,7 @@ from langchain_core.messages import AnyMessage, ToolMessage
 from langchain_core.messages.utils import count_tokens_approximately
 
 from agent_gateway.agent.calls import Outcome
+from agent_gateway.agent.results import cut_links
 from agent_gateway.errors import AgentError
 
 RUN_WINDOWS = 4
@@ -79,7 +80,8 @@ def fitted(outcomes: Sequence[Outcome], left: int, limit: int) -> list[Outcome]:
 def _cut(message: ToolMessage, kept: int, limit: int) -> ToolMessage:
     text = message.text
     note = f"[{_why(len(text), kept, limit)}; ask for less at once]"
-    return message.model_copy(update={"content": f"{text[:kept]}\n{note}" if kept else note})
+    content = f"{text[:kept]}\n{note}" if kept else note
+    return message.model_copy(update={"content": content, "artifact": cut_links(message.artifact, kept)})
 
 
 def _why(size: int, kept: int, limit: int) -> str:
