@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -193,7 +194,11 @@ def matching(
 
 
 MATCHED = 1 << 20
-"""Characters of URIs whose match one snapshot keeps (``Matches``), then forgets them all."""
+"""Bytes of URIs (their strings and their entries) whose match one snapshot keeps
+(``Matches``), then forgets them all. Counted in characters, a client reading short fresh
+URIs (``a:10000``, ``a:10001``...) had it keep 150,000 of them, 12 MB."""
+_SLOT = 48
+"""A kept URI's share of the dict beside its string (its entry, its index, the table's slack)."""
 
 
 class Matches:
@@ -204,7 +209,7 @@ class Matches:
     def __init__(self) -> None:
         self._ordered: tuple[TemplateEntry, ...] | None = None
         self._found: dict[str, TemplateEntry | _GivenUp | None] = {}
-        self._chars = 0
+        self._bytes = 0
 
     def matching(
         self, templates: tuple[TemplateEntry, ...], uri: str, upstreams: frozenset[str], scan: Scan | None
@@ -227,11 +232,12 @@ class Matches:
         return entry
 
     def _keep(self, uri: str, found: TemplateEntry | _GivenUp | None) -> None:
-        if self._chars + len(uri) > MATCHED:
+        size = sys.getsizeof(uri) + _SLOT
+        if self._bytes + size > MATCHED:
             self._found.clear()
-            self._chars = 0
+            self._bytes = 0
         self._found[uri] = found
-        self._chars += len(uri)
+        self._bytes += size
 
 
 class _GivenUp:
