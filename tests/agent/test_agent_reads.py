@@ -16,6 +16,7 @@ from mcp import Client
 
 from agent_gateway.agent.results import LINKS, MAX_RESULT_CHARS, artifact
 from tests.agent.scripted import ScriptedChatModel, answer, call, calls
+from tests.agent.test_agent_control import approving
 from tests.agent.test_models import said, sampling_script
 from tests.support import RunningGateway, running_gateway, serving, serving_upstream
 from tests.test_access import client_with
@@ -29,11 +30,11 @@ REPORT = "linker+made://report/1"
 
 @asynccontextmanager
 async def linked_agent(
-    reads: list[str], model: ScriptedChatModel | None, **config: Any
+    reads: list[str], model: ScriptedChatModel | None, agent: dict[str, Any] | None = None, **config: Any
 ) -> AsyncIterator[RunningGateway]:
     """A gateway over ``linker`` and ``other`` whose agent's model is ``model`` (None: the
-    client's own, through sampling)."""
-    agent = {"memory": {"store": "memory"}, "max_tools": 2}
+    client's own, through sampling), its ``agent`` settings added."""
+    agent = {"memory": {"store": "memory"}, "max_tools": 2, **(agent or {})}
     async with (
         serving(linker(reads).streamable_http_app()) as base,
         serving_upstream(other()) as second,
@@ -198,3 +199,31 @@ async def test_a_web_link_is_not_read_from_another_upstream() -> None:
     read = tool_texts(model, 2)[-1]
     assert "web's private report" not in read
     assert read == "Resource not found: 'https://example.org/report'"
+
+
+@pytest.mark.parametrize(
+    ("agent", "said_to_model"),
+    [
+        ({"tools": {"exclude": ["read_resource"]}}, "Unknown tool 'read_resource'. The tools are:"),
+        ({"require_approval": ["read_resource"]}, "The user declined to run read_resource."),
+    ],
+    ids=["excluded", "approval"],
+)
+async def test_an_operator_turns_reading_off_or_has_it_approved(
+    agent: dict[str, Any], said_to_model: str
+) -> None:
+    reads: list[str] = []
+    asked: list[str] = []
+    model = ScriptedChatModel(script=[calls(call("linker__make")), reading(REPORT), answer("Not read.")])
+    async with (
+        linked_agent(reads, model, agent) as gw,
+        Client(gw.url, mode="legacy", elicitation_callback=approving("decline", asked)) as client,
+    ):
+        with anyio.fail_after(BOUND):
+            result = await client.call_tool("ask_agent", {"query": "Make the report and read it."})
+    assert not result.is_error, result.content
+    assert tool_texts(model, 2)[-1].startswith(said_to_model)
+    excluded = "exclude" in agent.get("tools", {})
+    assert ("read_resource" in model.bound[1]) is not excluded  # offered only where it may be called
+    assert len(asked) == (0 if excluded else 1)
+    assert reads == []

@@ -167,7 +167,7 @@ class ToolRunner:
     async def _approvals(self, calls: Sequence[ToolCall]) -> dict[str, str | None]:
         proposed: dict[str, Proposed] = {}
         for index, call in enumerate(calls[:MAX_CALLS_PER_TURN]):  # the rest are not run: not asked
-            tool = self.toolbox.get(call["name"])
+            tool = self.toolbox.get(call["name"]) or self._reader(call["name"])
             if tool is not None and tool.needs_approval:
                 proposed[_key(index)] = Proposed(tool, call["args"])
         return await refusals(proposed, self.asker, self.approval_timeout)
@@ -180,8 +180,8 @@ class ToolRunner:
         with tool_span(name, tool.upstream if tool else None) as traced:
             if refused is _TOO_MANY:
                 text, is_error = refused, True
-            elif name == READ_RESOURCE and tool is None:  # the gateway's own, unless the catalog's
-                text, is_error = await self._read(arguments, linked)
+            elif tool is None and self._reader(name) is not None:  # the gateway's own read_resource
+                text, is_error = await self._read(arguments, linked, refused)
             else:
                 text, is_error = await self._outcome(name, tool, arguments, refused, links)
             if is_error:
@@ -236,7 +236,11 @@ class ToolRunner:
         links += links_of(result)
         return render(result), bool(result.is_error)
 
-    async def _read(self, arguments: dict[str, Any], linked: Linked) -> tuple[str, bool]:
+    def _reader(self, name: str) -> AgentTool | None:
+        """The gateway's ``read_resource``, if ``name`` is it and the run may call it."""
+        return self.toolbox.reader() if name == READ_RESOURCE else None
+
+    async def _read(self, arguments: dict[str, Any], linked: Linked, refused: str | None) -> tuple[str, bool]:
         """The model's ``read_resource`` call of a URI a result ``linked`` to: read as the
         client would read it (its policy, its session), recorded as its ``resources/read``, from
         an upstream that linked to it. No other: a result's words could ask the model to read
@@ -249,6 +253,9 @@ class ToolRunner:
         call = RunCall(self.run_id, self.client, self.caller, uri, None, arguments, "resources/read")
         try:
             with self.recorder.run_call(call) as record:
+                if refused is not None:  # its approval not given: recorded, as a tool's is
+                    record.outcome, record.detail = "refused", refused
+                    return refused, True
                 self.recorder.check_audited("resources/read")
                 async with _slots(self.client):
                     read = await self.proxy.read_resource(uri, self.caller, self.client, linked[uri])

@@ -58,17 +58,18 @@ SEARCH_SPEC = function_spec(
 
 READ_RESOURCE = "read_resource"
 """The gateway's own tool with which the model reads what a tool result links to."""
-READ_SPEC = function_spec(
-    READ_RESOURCE,
-    "Read a resource by its URI: what a tool result's [resource link: URI] points to. Returns "
-    "its text (binary contents are described, not returned).",
-    {
+READ_TOOL = types.Tool(
+    name=READ_RESOURCE,
+    description="Read a resource by its URI: what a tool result's [resource link: URI] points to. "
+    "Returns its text (binary contents are described, not returned).",
+    input_schema={
         "type": "object",
         "properties": {"uri": {"type": "string", "description": "The URI, as the link gives it."}},
         "required": ["uri"],
         "additionalProperties": False,
     },
 )
+READ_SPEC = function_spec(READ_RESOURCE, READ_TOOL.description or "", READ_TOOL.input_schema)
 
 
 class Search(Protocol):
@@ -109,6 +110,16 @@ class Toolbox:
         origin = self.snapshot.tools[name]
         return AgentTool(name, origin.item, origin.upstream, _needs_approval(name, origin.item, self.config))
 
+    def reader(self) -> AgentTool | None:
+        """The gateway's ``read_resource`` as a run may call it; None where a catalog tool has
+        its name, or ``agent.tools.exclude`` names it (an operator's way to turn it off).
+        ``agent.require_approval`` globs apply to it as to a catalog tool."""
+        if self.accepts(READ_RESOURCE) or matches_any(READ_RESOURCE, self.config.tools.exclude):
+            return None
+        return AgentTool(
+            READ_RESOURCE, READ_TOOL, "", matches_any(READ_RESOURCE, self.config.require_approval)
+        )
+
     def definition_bytes(self, name: str) -> int:
         """About the bytes of tool ``name``'s definition (0: no such tool)."""
         origin = self.snapshot.tools.get(name)
@@ -125,7 +136,7 @@ class Toolbox:
         and ``read_resource`` when ``reading`` (a tool result in view links to a resource) and
         no catalog tool has its name; the last offered left out for them past ``max_tools``."""
         own = [SEARCH_SPEC] if self.searching else []
-        own += [READ_SPEC] if reading and not self.accepts(READ_RESOURCE) else []
+        own += [READ_SPEC] if reading and self.reader() is not None else []
         room = self.config.max_tools - len(own)
         return [*(tool.spec for name in offered[:room] if (tool := self.get(name)) is not None), *own]
 
