@@ -71,11 +71,14 @@ async def test_the_agent_reads_the_resource_a_tools_result_links_to(mode: str) -
     async with linked_agent(reads, model) as gw, Client(gw.url, mode=mode) as client:
         with anyio.fail_after(BOUND):
             result = await client.call_tool("ask_agent", {"query": "Make the report and read it."})
-        made = [(c.method, c.name, c.outcome) for c in gw.gateway.activity.calls if c.run is not None]
+        made = [(c.method, c.name, c.upstream, c.outcome) for c in gw.gateway.activity.calls if c.run]
     out = result.structured_content or {}
     assert not result.is_error, result.content
     # Recorded as the client's own read would be (the access log, the audit trail), with the run.
-    assert made == [("tools/call", "linker__make", "ok"), ("resources/read", REPORT, "ok")]
+    assert made == [
+        ("tools/call", "linker__make", "linker", "ok"),
+        ("resources/read", REPORT, "linker", "ok"),
+    ]
     # Before: "Unknown tool 'read_resource'", and the upstream never asked.
     assert reads == ["made://report/1"]
     assert tool_texts(model, 2)[-1] == "linker's made://report/1"

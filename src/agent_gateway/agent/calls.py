@@ -250,7 +250,8 @@ class ToolRunner:
             return f'{READ_RESOURCE} takes {{"uri": string}}: the URI a resource link gives.', True
         if uri not in linked:
             return f"{READ_RESOURCE} reads what a tool's result linked to; no result linked to {uri!r}.", True
-        call = RunCall(self.run_id, self.client, self.caller, uri, None, arguments, "resources/read")
+        gave = next(iter(linked[uri])) if len(linked[uri]) == 1 else None  # the one it may reach
+        call = RunCall(self.run_id, self.client, self.caller, uri, gave, arguments, "resources/read")
         try:
             with self.recorder.run_call(call) as record:
                 if refused is not None:  # its approval not given: recorded, as a tool's is
