@@ -79,9 +79,9 @@ class ResourceSubscriptions:
         self._proxy = proxy
         self._holders = holders
         self._subscribers: dict[Key, dict[DownstreamSession, tuple[str, ...]]] = defaultdict(dict)
-        self._keys: dict[DownstreamSession, set[Key]] = {}
-        """Each subscribed session's keys: a session's end (every modern-era request is one)
-        touches its own subscriptions, not everyone's."""
+        self._held: dict[DownstreamSession, set[tuple[Key, str]]] = {}
+        """Each subscribed session's subscriptions, one by name (what its bound counts): a
+        session's end (every modern-era request is one) touches its own, not everyone's."""
         self._upstream: dict[Key, UpstreamSession] = {}
         self._listeners = Listeners(catalog_events, max_streams)
         self._locks: dict[Key, anyio.Lock] = {}
@@ -100,9 +100,9 @@ class ResourceSubscriptions:
         """The ``resources/unsubscribe`` handler."""
         session = _session(ctx)
         async with away():
-            for key in list(self._keys.get(session, ())):
-                if params.uri in self._subscribers.get(key, {}).get(session, ()):
-                    await self._leave(key, session, params.uri)
+            for key, public in list(self._held.get(session, ())):
+                if public == params.uri:
+                    await self._leave(key, session, public)
             if self._holders is not None and session.connection is not None:
                 await self._holders.dropped(session.id, params.uri)
         return types.EmptyResult()
@@ -162,12 +162,11 @@ class ResourceSubscriptions:
 
     def holds(self, session: DownstreamSession) -> bool:
         """Whether ``session`` is subscribed to anything here."""
-        return bool(self._keys.get(session))
+        return bool(self._held.get(session))
 
     def held(self, session: DownstreamSession) -> list[str]:
         """The URIs ``session`` is subscribed to here."""
-        keys = self._keys.get(session, ())
-        return [uri for key in keys for uri in self._subscribers.get(key, {}).get(session, ())]
+        return [public for _, public in self._held.get(session, ())]
 
     async def session_ended(self, session: DownstreamSession) -> None:
         """``session`` ended here: its subscriptions leave the tables at once, then are left
@@ -188,7 +187,7 @@ class ResourceSubscriptions:
         """``session_id``'s subscription to ``public``, held here, was dropped by its client
         through another replica: out of the tables now, left upstream by ``Leaving`` (no
         wait: the replicas' channel calls this)."""
-        session = next((s for s in self._keys if s.id == session_id), None)
+        session = next((s for s in self._held if s.id == session_id), None)
         if session is None:
             return
         for released in self._drop(session, public):
@@ -217,22 +216,21 @@ class ResourceSubscriptions:
         its subscription to ``only``; each subscription taken, with the upstream session to
         unsubscribe on if it was the last."""
         dropped: list[Released] = []
-        for key in list(self._keys.get(session, ())):
+        for key, public in list(self._held.get(session, ())):
+            if only is not None and public != only:
+                continue
+            self._forget(session, key, public)
             subscribers = self._subscribers.get(key, {})
-            names = subscribers.get(session, ())
-            if only is not None and only not in names:
-                continue
-            if (kept := tuple(n for n in names if n != only)) and only is not None:
+            if kept := tuple(n for n in subscribers.get(session, ()) if n != public):
                 subscribers[session] = kept  # its other name still holds the upstream's
-                dropped.append((key, only, None))
+                dropped.append((key, public, None))
                 continue
-            self._forget(session, key)
             subscribers.pop(session, None)
             upstream = None
             if not subscribers:
-                del self._subscribers[key]
+                self._subscribers.pop(key, None)
                 upstream = self._upstream.pop(key, None)
-            dropped += [(key, name, upstream if n == 0 else None) for n, name in enumerate(names)]
+            dropped.append((key, public, upstream))
         return dropped
 
     async def _release(self, session: DownstreamSession, released: Released, shared: bool) -> None:
@@ -265,7 +263,7 @@ class ResourceSubscriptions:
         try:
             upstream, uri = await self._proxy.resource_session(public, session, session.client)
             key = (upstream.id, uri)
-            with self._room(session, key):
+            with self._room(session, (key, public)):
                 async with self._lock(key):
                     if key not in self._upstream:
                         with _calling(session.client):  # a call in flight, as any: else one
@@ -273,7 +271,7 @@ class ResourceSubscriptions:
                         self._upstream[key] = upstream
                     if public not in (names := self._subscribers[key].get(session, ())):
                         self._subscribers[key][session] = (*names, public)
-                    self._keys.setdefault(session, set()).add(key)
+                    self._held.setdefault(session, set()).add((key, public))
         except GatewayError as exc:
             raise to_wire(exc) from exc
         if self._holders is not None and session.connection is not None:
@@ -281,12 +279,13 @@ class ResourceSubscriptions:
         logger.info("session %s subscribed to %s (%s on %s)", session.id, public, uri, upstream.id)
 
     @contextmanager
-    def _room(self, session: DownstreamSession, key: Key) -> Iterator[None]:
-        """``key`` subscribed for ``session`` inside, within its bound (one it holds already
-        takes no more room; one being made counts, so concurrent requests cannot pass it)."""
-        held = self._keys.get(session, set())
+    def _room(self, session: DownstreamSession, name: tuple[Key, str]) -> Iterator[None]:
+        """``name`` subscribed for ``session`` inside, within its bound (each name counts, a URI
+        and its alias two; one it holds takes no more room; one being made counts, so concurrent
+        requests cannot pass it); its key's lock let go after (else a refused one kept it)."""
+        held = self._held.get(session, set())
         joining = self._joining.get(session, 0)
-        if key not in held:
+        if name not in held:
             check_room(session, len(held) + joining + 1)
         self._joining[session] = joining + 1
         try:
@@ -294,15 +293,16 @@ class ResourceSubscriptions:
         finally:
             if (left := self._joining.pop(session) - 1) > 0:
                 self._joining[session] = left
+            self._free_lock(name[0])
 
     async def _leave(self, key: Key, session: DownstreamSession, public: str) -> None:
         async with self._lock(key):
+            self._forget(session, key, public)
             subscribers = self._subscribers.get(key, {})
             if kept := tuple(n for n in subscribers.get(session, ()) if n != public):
                 subscribers[session] = kept  # subscribed by its other name too: still is
                 return
             subscribers.pop(session, None)
-            self._forget(session, key)
             if subscribers:
                 return
             self._subscribers.pop(key, None)
@@ -322,12 +322,12 @@ class ResourceSubscriptions:
         if lock is not None and not lock.locked() and lock.statistics().tasks_waiting == 0:
             del self._locks[key]
 
-    def _forget(self, session: DownstreamSession, key: Key) -> None:
-        keys = self._keys.get(session)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._keys[session]
+    def _forget(self, session: DownstreamSession, key: Key, public: str) -> None:
+        held = self._held.get(session)
+        if held is not None:
+            held.discard((key, public))
+            if not held:
+                del self._held[session]
 
     def _lock(self, key: Key) -> anyio.Lock:
         return self._locks.setdefault(key, anyio.Lock())
@@ -344,9 +344,9 @@ class ResourceSubscriptions:
             subscribers = self._subscribers.pop(key)
             self._upstream.pop(key, None)
             self._locks.pop(key, None)
-            for session, names in subscribers.items():
-                self._forget(session, key)
-                lost += [(session, public) for public in names]
+            for session, public in [(s, public) for s, names in subscribers.items() for public in names]:
+                self._forget(session, key, public)
+                lost.append((session, public))
         if not lost:
             return
         # One line, not one per subscription: at shutdown they are many.
