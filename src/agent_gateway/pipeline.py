@@ -115,10 +115,13 @@ class Pipeline:
         try:
             async with self._sessions.serving(ctx) as session:
                 caller = _caller(ctx, session, client, params)
-                async with away():  # the upstream's time: its client's next request is worked on
-                    result = await self._proxy.call_tool(
-                        params.name, params.arguments or {}, caller, held=True
-                    )
+                try:
+                    async with away():  # the upstream's time: its client's next request is worked on
+                        result = await self._proxy.call_tool(
+                            params.name, params.arguments or {}, caller, held=True
+                        )
+                finally:  # ended (or cancelled): what the upstream still asks its client is withdrawn
+                    await caller.withdraw_questions()
             hold(_scope(ctx), result, client)
         except GatewayError as exc:
             return _error_result(exc)
@@ -132,8 +135,13 @@ class Pipeline:
             who = _authorized(client, params.name)
         except NotAllowed as exc:
             return _error_result(exc)
-        async with self._sessions.serving(ctx) as session, away():  # a run's wait on models and tools
-            return await self._agent.call(params.arguments or {}, who, _caller(ctx, session, who, params))
+        async with self._sessions.serving(ctx) as session:
+            caller = _caller(ctx, session, who, params)
+            try:
+                async with away():  # a run's wait on models and tools
+                    return await self._agent.call(params.arguments or {}, who, caller)
+            finally:  # its tool calls' questions too
+                await caller.withdraw_questions()
 
     async def get_prompt(
         self, ctx: Context, params: types.GetPromptRequestParams
@@ -168,6 +176,8 @@ class Pipeline:
                 hold(_scope(ctx), result, client)
             except GatewayError as exc:
                 raise to_wire(exc) from exc
+            finally:
+                await caller.withdraw_questions()
         return result
 
     async def _search_tools(

@@ -19,6 +19,7 @@ import anyio.lowlevel
 import mcp_types as types
 import uvicorn
 from fastmcp import Context, FastMCP
+from fastmcp.server.dependencies import get_context
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ResourceUpdated
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
@@ -217,6 +218,34 @@ def build(sink: Sink) -> FastMCP:
         for step in range(1, int(steps) + 1):
             await ctx.report_progress(step, int(steps), f"draft {step}")
         return f"drafted in {steps}"
+
+    async def _waiting(what: str, seconds: float, ctx: Context) -> None:
+        """Sleep for ``seconds`` while serving ``what``; record its start and cancellation."""
+        seen = {"what": what, **_request(ctx)}
+        sink({"event": "started", **seen})
+        try:
+            await anyio.sleep(seconds)
+        except anyio.get_cancelled_exc_class():
+            sink({"event": "handler_cancelled", **seen})
+            raise
+
+    @server.prompt
+    async def waiting(seconds: str, ctx: Context) -> str:
+        """Rendered after ``seconds``; records its start and cancellation."""
+        await _waiting("prompt", float(seconds), ctx)
+        return f"waited {seconds}"
+
+    @server.resource("wait://{seconds}", mime_type="text/plain")
+    async def waited(seconds: str, ctx: Context) -> str:
+        """Read after ``seconds``; records its start and cancellation."""
+        await _waiting("resource", float(seconds), ctx)
+        return f"waited {seconds}"
+
+    @server.completion
+    async def complete(ref: Any, argument: types.CompletionArgument, context: Any) -> list[str]:
+        """Completes after ``argument.value`` seconds; records its start and cancellation."""
+        await _waiting("completion", float(argument.value or 0), get_context())
+        return [argument.value]
 
     @server.tool
     async def updates(uri: str, times: int, ctx: Context) -> int:

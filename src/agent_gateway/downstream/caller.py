@@ -27,6 +27,8 @@ from agent_gateway.runtime import SEND_TIMEOUT
 
 logger = logging.getLogger(__name__)
 
+_WITHDRAWN = "agent-gateway: the client's request this was asked during has ended"
+
 
 @dataclass(frozen=True, eq=False)
 class Caller:
@@ -51,6 +53,8 @@ class Caller:
     answers: bool = True
     """Whether what an upstream asks during this call reaches the client (False: it has no
     ``capabilities``, and an upstream is told it can answer nothing)."""
+    questions: dict[anyio.CancelScope, anyio.Event] = field(default_factory=dict, repr=False)
+    """The upstreams' questions (``ask``) its client is answering now, each ended when set."""
 
     @classmethod
     def of_request(
@@ -160,11 +164,33 @@ class Caller:
             )
             return refused
         logger.info("relaying %s from %s to session %s", request.method, upstream, self.session_id)
-        try:
-            return await self.server_session.send_request(
-                request,  # pyright: ignore[reportArgumentType]
-                result_type(request),
-                metadata=ServerMessageMetadata(related_request_id=self.request_id),
-            )
-        except MCPError as exc:
-            return exc.error
+        # Its own scope, which ``withdraw_questions`` cancels: the SDK then tells the client.
+        with anyio.CancelScope() as asking:
+            self.questions[asking] = ended = anyio.Event()
+            try:
+                return await self.server_session.send_request(
+                    request,  # pyright: ignore[reportArgumentType]
+                    result_type(request),
+                    metadata=ServerMessageMetadata(related_request_id=self.request_id),
+                )
+            except MCPError as exc:
+                return exc.error
+            finally:
+                del self.questions[asking]
+                ended.set()
+        return types.ErrorData(code=types.INVALID_REQUEST, message=_WITHDRAWN)
+
+    async def withdraw_questions(self) -> None:
+        """Withdraw what the client is still being asked for this request, which has ended:
+        each question cancelled at the client (``notifications/cancelled``, as an upstream's SDK
+        cancels its own when its handler is), before the request's answer ends its stream, the
+        only way the cancel reaches an HTTP client. Before, a cancelled call left its client
+        answering a question of a call that no longer was (a dialog open, its model sampling).
+        Within ``SEND_TIMEOUT``; nothing awaited when nothing is asked (nearly always)."""
+        if not self.questions:
+            return
+        asked = list(self.questions.items())
+        with anyio.CancelScope(shield=True), anyio.move_on_after(SEND_TIMEOUT):
+            for asking, ended in asked:
+                asking.cancel()
+                await ended.wait()
