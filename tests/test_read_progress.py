@@ -103,3 +103,29 @@ async def test_a_bool_progress_token_asks_for_no_progress(token: bool, tmp_path:
         )
     assert "drafted in 2" in answer.text
     assert "notifications/progress" not in answer.text  # before: reports under 1 (or 0)
+
+
+@pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_completions_progress_reaches_the_client_that_asked(
+    transport: str, protocol: str, mode: str, tmp_path: Path
+) -> None:
+    """As a read's: before, a completion went upstream with no token, and the upstream, which
+    reports progress to a client that asks directly, reported none."""
+    completed: Reports = []
+    params = types.CompleteRequestParams(
+        ref=types.PromptReference(type="ref/prompt", name="rec__drafted"),
+        argument=types.CompletionArgument(name="steps", value="3"),
+    )
+    async with (
+        recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, _),
+        Client(gw.url, mode=mode) as client,
+    ):
+        answer = await client.session.send_request(
+            types.CompleteRequest(params=params),
+            types.CompleteResult,
+            progress_callback=collecting(completed),
+        )
+        await all_of(completed, 3)
+    assert answer.completion.values == ["3"]
+    assert completed == [(float(n), 3.0, f"complete {n}") for n in range(1, 4)]

@@ -243,7 +243,13 @@ def build(sink: Sink) -> FastMCP:
 
     @server.completion
     async def complete(ref: Any, argument: types.CompletionArgument, context: Any) -> list[str]:
-        """Completes after ``argument.value`` seconds; records its start and cancellation."""
+        """Completes ``steps`` reporting that many progress steps; any other argument after
+        ``argument.value`` seconds, recording its start and cancellation."""
+        if argument.name == "steps":
+            steps = int(argument.value)
+            for step in range(1, steps + 1):
+                await get_context().report_progress(step, steps, f"complete {step}")
+            return [argument.value]
         await _waiting("completion", float(argument.value or 0), get_context())
         return [argument.value]
 

@@ -163,9 +163,8 @@ class UpstreamSession:
                 await sink.ended(self)
 
     async def subscribe(self, uri: str, *, subscribe: bool = True) -> None:
-        """Subscribe to (or unsubscribe from) updates of ``uri`` upstream: ``resources/subscribe``
-        in the handshake era, a ``subscriptions/listen`` stream in the modern one (raises
-        UpstreamRejected, UpstreamUnavailable, UpstreamTimeout)."""
+        """Subscribe to (or unsubscribe from) ``uri`` upstream: ``resources/subscribe``, or a modern
+        ``subscriptions/listen`` stream (raises UpstreamRejected, UpstreamUnavailable, UpstreamTimeout)."""
         if not subscribe:  # given up here even when the upstream does not answer
             self.subscribed.discard(uri)
         if self.modern:
@@ -291,13 +290,15 @@ class UpstreamSession:
         self, params: types.CompleteRequestParams, caller: ClientSide | None, who: str | None = None
     ) -> types.CompleteResult:
         """Completions of a prompt's or template's argument (none from an upstream without them)."""
-        client = self._client
-        if client is not None and client.server_capabilities.completions is None:
+        if (client := self._client) is not None and client.server_capabilities.completions is None:
             return types.CompleteResult(completion=types.Completion(values=[]))
         target = params.ref.name if isinstance(params.ref, types.PromptReference) else params.ref.uri
         operation = ("completion/complete", target)
-        with self._calling(caller, f"completion for {target!r}", operation, None, who) as client:
-            sent = params.model_copy(update={"meta": self._meta(caller)})  # the SDK's, with _meta
+        with (
+            self._calling(caller, f"completion for {target!r}", operation, None, who) as client,
+            self.replies.progress_token(caller) as token,  # its reports the caller's, as a read's
+        ):
+            sent = params.model_copy(update={"meta": self._meta(caller, token)})  # the SDK's, with _meta
             return await client.session.send_request(types.CompleteRequest(params=sent), types.CompleteResult)
 
     async def read_resource(
@@ -339,8 +340,7 @@ class UpstreamSession:
             return False
 
     def _rounds(self, caller: ClientSide | None) -> dict[str, Any]:
-        """The SDK session's arguments passing a modern upstream's input requests to a modern
-        ``caller`` as they are, and its answers back (none: our callbacks answer them)."""
+        """The SDK's arguments passing a modern upstream's input requests to a modern caller as is."""
         if caller is None or not caller.modern or not self.modern:
             return {}
         answers, state = caller.input_responses, caller.request_state
