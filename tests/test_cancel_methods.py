@@ -6,6 +6,7 @@ meanwhile is withdrawn at the client too."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -15,8 +16,12 @@ import mcp_types as types
 import pytest
 from mcp import Client
 from mcp.client.session import ClientRequestContext
+from mcp.shared.exceptions import MCPDeprecationWarning
 
-from tests.test_proxying import BOUND, MODES, UPSTREAMS, cancels, recorded_gateway
+from tests.agent.scripted import ScriptedChatModel, call, calls
+from tests.servers import recorder
+from tests.support import running_gateway, serving_upstream
+from tests.test_proxying import BOUND, MODES, UPSTREAMS, Recorded, cancels, recorded_gateway
 
 REQUESTS: dict[str, Callable[[Client], Coroutine[Any, Any, Any]]] = {
     "prompt": lambda client: client.get_prompt("rec__waiting", {"seconds": "30"}),
@@ -108,3 +113,51 @@ async def test_a_call_cancelled_while_its_client_is_asked_withdraws_the_question
         await seen.wait_for(lambda ev: bool(cancels(ev)))  # the upstream was told
         with anyio.fail_after(BOUND):
             await client_side.withdrawn.wait()  # and so was the client
+
+
+async def test_cancelling_ask_agent_withdraws_what_its_tool_calls_upstream_is_asking_the_client() -> None:
+    """A run's tool calls are its request's: their questions are withdrawn with it."""
+    model = ScriptedChatModel(script=[calls(call("rec__ask", question="name?"))])
+    seen, client_side = Recorded(), Asked()
+    async with serving_upstream(recorder.build(seen.memory.append)) as url:
+        upstreams = {"rec": {"url": url, "protocol": "legacy"}}
+        async with (
+            running_gateway(
+                {"upstreams": upstreams, "agent": {"memory": {"store": "memory"}}}, chat_model=model
+            ) as gw,
+            Client(gw.url, mode="legacy", elicitation_callback=client_side.elicit) as client,
+        ):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "ask_agent", {"query": "ask me"})
+                with anyio.fail_after(BOUND):
+                    await client_side.asked.wait()
+                tg.cancel_scope.cancel()
+            await seen.wait_for(lambda ev: bool(cancels(ev)))
+            with anyio.fail_after(BOUND):
+                await client_side.withdrawn.wait()
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_a_cancelled_subscribe_is_cancelled_upstream_under_its_own_id_and_holds_nothing(
+    transport: str, tmp_path: Path
+) -> None:
+    async def subscribe(client: Client) -> None:
+        with warnings.catch_warnings(action="ignore", category=MCPDeprecationWarning):
+            await client.subscribe_resource("wait://30")  # the recorder answers after 30 s
+
+    async with (
+        recorded_gateway(transport, tmp_path, protocol="legacy") as (gw, seen),
+        Client(gw.url, mode="legacy") as client,
+    ):
+        started: dict[str, Any] = {}
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(subscribe, client)
+            started = (await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev)))[-1]
+            tg.cancel_scope.cancel()
+        events = await seen.wait_for(
+            lambda ev: any(e["event"] == "handler_cancelled" for e in ev) and bool(cancels(ev))
+        )
+        held = gw.gateway.status()["subscriptions"]
+    assert started["what"] == "subscribe"
+    assert cancels(events) == [started["request_id"]]
+    assert held == 0

@@ -268,6 +268,14 @@ def build(sink: Sink) -> FastMCP:
     # FastMCP serves no resources/subscribe; a real stateful server would.
     async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         sink({"event": "subscribe", "uri": params.uri})
+        if params.uri.startswith("wait://"):  # answered after that many seconds
+            seen = {"what": "subscribe", "request_id": str(ctx.request_id), "meta": {}}
+            sink({"event": "started", **seen})
+            try:
+                await anyio.sleep(float(params.uri.removeprefix("wait://")))
+            except anyio.get_cancelled_exc_class():
+                sink({"event": "handler_cancelled", **seen})
+                raise
         return types.EmptyResult()
 
     async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
