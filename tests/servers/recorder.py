@@ -111,10 +111,10 @@ def build(sink: Sink) -> FastMCP:
         return tallies[key]
 
     @server.tool
-    async def steps(count: int, ctx: Context) -> int:
-        """Report ``count`` progress steps, in order, then return ``count``."""
+    async def steps(count: int, ctx: Context, pad: str = "") -> int:
+        """Report ``count`` progress steps, in order (``pad`` after each message), then return ``count``."""
         for step in range(1, count + 1):
-            await ctx.report_progress(step, count, f"step {step}")
+            await ctx.report_progress(step, count, f"step {step}{pad}")
         return count
 
     @server.tool

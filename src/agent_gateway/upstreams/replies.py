@@ -30,9 +30,11 @@ logger = logging.getLogger(__name__)
 
 Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
 MAX_PASSING = 64
-"""Log lines and progress reports of one upstream session passed on to clients at once; more
-are dropped. The SDK's client starts a task for each notification and each waits until its
-client takes it: an upstream sending faster than its clients read held every one in memory."""
+"""Log lines and progress reports of one upstream session passed on to one request's client at
+once; more of its are dropped. The SDK's client starts a task for each notification and each
+waits until its client takes it: an upstream sending faster than its clients read held every one
+in memory. Counted per request (``Replies._passing``): counted for the session, a client that
+read nothing held every slot and every other client's reports and lines were dropped."""
 
 _CALLER: contextvars.ContextVar[ClientSide | None] = contextvars.ContextVar(
     "agent_gateway_caller", default=None
@@ -51,8 +53,9 @@ class Replies:
         self._broadcast = broadcast
         self._in_flight: dict[int, ClientSide] = {}
         self._tokens = itertools.count()
-        self._passing = 0
-        """Log lines and progress reports of this session being passed on to clients now."""
+        self._passing: dict[int, int] = {}
+        """Log lines and progress reports of this session being passed on now, per request (its
+        caller's ``id``: a caller is alive while its relays run)."""
         self._progress: dict[str, ProgressFnT] = {}
         """The relays of requests sent with a progress token of ours (``progress_token``)."""
 
@@ -98,7 +101,7 @@ class Replies:
         # Chosen before any await: the call may finish right after its last log line.
         target = self._log_target(params.level)
         if target is not None:
-            with self._passing_on("log") as passing:
+            with self._passing_on("log", target) as passing:
                 if passing:
                     await target.log(self.name, params)
         elif not self._in_flight and self._broadcast is not None:
@@ -106,14 +109,14 @@ class Replies:
         else:
             logger.debug("log line from %s dropped: several clients have calls in flight", self.name)
 
-    def progress_relay(self, relay: ProgressFnT | None) -> ProgressFnT | None:
-        """``relay`` (a caller's progress relay), passing on at most ``MAX_PASSING`` of this
-        session's reports and log lines at once (the SDK's client starts a task for each)."""
-        if relay is None:
+    def progress_relay(self, caller: ClientSide | None) -> ProgressFnT | None:
+        """``caller``'s progress relay, passing on at most ``MAX_PASSING`` of this session's
+        reports and log lines for it at once (the SDK's client starts a task for each)."""
+        if caller is None or (relay := caller.progress_relay()) is None:
             return None
 
         async def passed_on(progress: float, total: float | None, message: str | None) -> None:
-            with self._passing_on("progress") as passing:
+            with self._passing_on("progress", caller) as passing:
                 if passing:
                     await relay(progress, total, message)
 
@@ -125,7 +128,7 @@ class Replies:
         (``prompts/get``, ``resources/read``), when ``caller`` asked for progress: the reports
         carrying it go to ``caller`` (``on_progress``) until the request ends. Random, and not
         a number (the SDK's client takes a number for one of its own requests' ids)."""
-        relay = self.progress_relay(caller.progress_relay()) if caller is not None else None
+        relay = self.progress_relay(caller)
         if relay is None:
             yield None
             return
@@ -142,24 +145,29 @@ class Replies:
             await relay(params.progress, params.total, params.message)
 
     @contextmanager
-    def _passing_on(self, kind: str) -> Iterator[bool]:
-        """Whether one more line or report may be passed on now; counted in ``_passing``
-        while it is, when it may."""
-        if self._passing >= MAX_PASSING:
+    def _passing_on(self, kind: str, target: ClientSide) -> Iterator[bool]:
+        """Whether one more line or report may be passed on to ``target`` now; counted in
+        ``_passing`` while it is, when it may."""
+        key = id(target)
+        passing = self._passing.get(key, 0)
+        if passing >= MAX_PASSING:
             notifications_dropped.add(1, {"kind": kind, "why": "backlog"})
             logger.warning(
-                "%s from %s dropped: %d are being passed on already (its clients read slower than it sends)",
+                "%s from %s dropped: %d are being passed on already (its client reads slower than it sends)",
                 kind,
                 self.name,
                 MAX_PASSING,
             )
             yield False
             return
-        self._passing += 1
+        self._passing[key] = passing + 1
         try:
             yield True
         finally:
-            self._passing -= 1
+            if (left := self._passing[key] - 1) > 0:
+                self._passing[key] = left
+            else:
+                del self._passing[key]
 
     async def on_elicitation_complete(self, params: types.ElicitCompleteNotificationParams) -> None:
         """A URL-mode elicitation finished: told to the client it was asked of, if known."""

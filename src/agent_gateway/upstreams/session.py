@@ -244,7 +244,7 @@ class UpstreamSession:
         """
         timeout = self.config.timeout_of(name)
         with self._calling(caller, f"tool {name!r}", ("tools/call", name), timeout, who) as client:
-            progress = self.replies.progress_relay(caller.progress_relay()) if caller is not None else None
+            progress = self.replies.progress_relay(caller)
             meta = self._meta(caller)
             # A modern caller answers a modern upstream's input requests itself.
             passing = caller if caller is not None and caller.modern and self.modern else None
