@@ -30,11 +30,15 @@ logger = logging.getLogger(__name__)
 
 Broadcast = Callable[[str, types.LoggingMessageNotificationParams], Awaitable[None]]
 MAX_PASSING = 64
-"""Log lines and progress reports of one upstream session passed on to one request's client at
+"""Log lines and progress reports of one upstream session passed on to one downstream session at
 once; more of its are dropped. The SDK's client starts a task for each notification and each
 waits until its client takes it: an upstream sending faster than its clients read held every one
-in memory. Counted per request (``Replies._passing``): counted for the session, a client that
-read nothing held every slot and every other client's reports and lines were dropped."""
+in memory. Counted per downstream session (``Replies._passing``): counted for the upstream
+session alone, a client that read nothing held every slot, and every other client's reports and
+lines were dropped."""
+MAX_PASSING_ALL = 16 * MAX_PASSING
+"""The same for all of one upstream session's clients together: what it holds stays bounded
+whatever the number of its calls in flight."""
 
 _CALLER: contextvars.ContextVar[ClientSide | None] = contextvars.ContextVar(
     "agent_gateway_caller", default=None
@@ -53,9 +57,10 @@ class Replies:
         self._broadcast = broadcast
         self._in_flight: dict[int, ClientSide] = {}
         self._tokens = itertools.count()
-        self._passing: dict[int, int] = {}
-        """Log lines and progress reports of this session being passed on now, per request (its
-        caller's ``id``: a caller is alive while its relays run)."""
+        self._passing: dict[str, int] = {}
+        """Log lines and progress reports of this session being passed on now, per downstream
+        session (its id); ``_passing_all`` in all."""
+        self._passing_all = 0
         self._progress: dict[str, ProgressFnT] = {}
         """The relays of requests sent with a progress token of ours (``progress_token``)."""
 
@@ -148,9 +153,9 @@ class Replies:
     def _passing_on(self, kind: str, target: ClientSide) -> Iterator[bool]:
         """Whether one more line or report may be passed on to ``target`` now; counted in
         ``_passing`` while it is, when it may."""
-        key = id(target)
+        key = target.session_id
         passing = self._passing.get(key, 0)
-        if passing >= MAX_PASSING:
+        if passing >= MAX_PASSING or self._passing_all >= MAX_PASSING_ALL:
             notifications_dropped.add(1, {"kind": kind, "why": "backlog"})
             logger.warning(
                 "%s from %s dropped: %d are being passed on already (its client reads slower than it sends)",
@@ -161,9 +166,11 @@ class Replies:
             yield False
             return
         self._passing[key] = passing + 1
+        self._passing_all += 1
         try:
             yield True
         finally:
+            self._passing_all -= 1
             if (left := self._passing[key] - 1) > 0:
                 self._passing[key] = left
             else:
