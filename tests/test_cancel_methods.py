@@ -21,7 +21,15 @@ from mcp.shared.exceptions import MCPDeprecationWarning
 from tests.agent.scripted import ScriptedChatModel, call, calls
 from tests.servers import recorder
 from tests.support import running_gateway, serving_upstream
-from tests.test_proxying import BOUND, MODES, UPSTREAMS, Recorded, cancels, recorded_gateway
+from tests.test_proxying import (
+    BOUND,
+    MODES,
+    UPSTREAMS,
+    Recorded,
+    cancelled_once_started,
+    cancels,
+    recorded_gateway,
+)
 
 REQUESTS: dict[str, Callable[[Client], Coroutine[Any, Any, Any]]] = {
     "prompt": lambda client: client.get_prompt("rec__waiting", {"seconds": "30"}),
@@ -42,17 +50,10 @@ async def test_a_cancelled_render_read_or_completion_is_cancelled_upstream_under
         recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, seen),
         Client(gw.url, mode=mode) as client,
     ):
-        started: dict[str, Any] = {}
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(REQUESTS[what], client)
-            started = (await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev)))[-1]
-            tg.cancel_scope.cancel()
-        modern_http = transport == "http" and protocol != "legacy"
-        events = await seen.wait_for(
-            lambda ev: (
-                any(e["event"] == "handler_cancelled" for e in ev) and (modern_http or bool(cancels(ev)))
-            )
+        started, events = await cancelled_once_started(
+            lambda: REQUESTS[what](client), seen, transport, protocol
         )
+    modern_http = transport == "http" and protocol != "legacy"
     upstream_id = started["request_id"]
     assert started["what"] == what
     assert [e["request_id"] for e in events if e["event"] == "handler_cancelled"] == [upstream_id]

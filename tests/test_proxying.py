@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +84,26 @@ def cancels(events: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+async def cancelled_once_started(
+    request: Callable[[], Coroutine[Any, Any, Any]], seen: Recorded, transport: str, protocol: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``request`` cancelled once the recording upstream has started on it: the upstream's
+    ``started`` record, and its records once the cancel has reached it."""
+    started: dict[str, Any] = {}
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(request)
+        started = (await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev)))[-1]
+        tg.cancel_scope.cancel()
+    # A modern HTTP upstream is cancelled by closing the request's stream, not by a notification.
+    modern_http = transport == "http" and protocol != "legacy"
+    # Both recorded, in either order: the SDK cancels the handler as the notification comes
+    # in, and the notification's own record is made on its way to the server's handlers.
+    events = await seen.wait_for(
+        lambda ev: any(e["event"] == "handler_cancelled" for e in ev) and (modern_http or bool(cancels(ev)))
+    )
+    return started, events
+
+
 @pytest.mark.parametrize(("transport", "protocol"), UPSTREAMS)
 @pytest.mark.parametrize("mode", MODES)
 async def test_a_cancelled_call_is_cancelled_upstream_under_the_upstreams_own_id(
@@ -93,20 +113,10 @@ async def test_a_cancelled_call_is_cancelled_upstream_under_the_upstreams_own_id
         recorded_gateway(transport, tmp_path, protocol=protocol) as (gw, seen),
         Client(gw.url, mode=mode) as client,
     ):
-        started: dict[str, Any] = {}
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(client.call_tool, "rec__wait", {"seconds": 30})
-            started = (await seen.wait_for(lambda ev: any(e["event"] == "started" for e in ev)))[-1]
-            tg.cancel_scope.cancel()
-        # A modern HTTP upstream is cancelled by closing the request's stream, not by a notification.
-        modern_http = transport == "http" and protocol != "legacy"
-        # Both recorded, in either order: the SDK cancels the handler as the notification comes
-        # in, and the notification's own record is made on its way to the server's handlers.
-        events = await seen.wait_for(
-            lambda ev: (
-                any(e["event"] == "handler_cancelled" for e in ev) and (modern_http or bool(cancels(ev)))
-            )
+        started, events = await cancelled_once_started(
+            lambda: client.call_tool("rec__wait", {"seconds": 30}), seen, transport, protocol
         )
+    modern_http = transport == "http" and protocol != "legacy"
     upstream_id = started["request_id"]
     assert [e["request_id"] for e in events if e["event"] == "handler_cancelled"] == [upstream_id]
     assert cancels(events) == ([] if modern_http else [upstream_id])
