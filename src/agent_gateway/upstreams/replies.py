@@ -158,10 +158,13 @@ class Replies:
         if passing >= MAX_PASSING or self._passing_all >= MAX_PASSING_ALL:
             notifications_dropped.add(1, {"kind": kind, "why": "backlog"})
             logger.warning(
-                "%s from %s dropped: %d are being passed on already (its client reads slower than it sends)",
+                "%s from %s dropped: %d are being passed on already (%s)",
                 kind,
                 self.name,
-                MAX_PASSING,
+                passing if passing >= MAX_PASSING else self._passing_all,
+                "its client reads slower than it sends"
+                if passing >= MAX_PASSING
+                else "its clients read slower than it sends",
             )
             yield False
             return
