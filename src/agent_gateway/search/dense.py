@@ -14,7 +14,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import httpx2
 
 from agent_gateway.config import EmbeddingsConfig
 from agent_gateway.errors import ConfigError, GatewayError
@@ -47,7 +47,7 @@ class Embedder:
     def __init__(self, config: EmbeddingsConfig) -> None:
         self._config = config
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-        self._http = httpx.AsyncClient(
+        self._http = httpx2.AsyncClient(
             base_url=config.base_url.rstrip("/"), headers=headers, timeout=config.timeout
         )
         self._queries: OrderedDict[str, list[float]] = OrderedDict()
@@ -83,14 +83,14 @@ class Embedder:
             response = await self._http.post(
                 "/embeddings", json={"model": self._config.model, "input": texts}
             )
-        except httpx.HTTPError as exc:  # never the URL or key: the message names the kind only
+        except httpx2.HTTPError as exc:  # never the URL or key: the message names the kind only
             raise EmbeddingsFailed(f"embeddings endpoint unreachable: {type(exc).__name__}") from None
         if response.status_code != 200:
             raise EmbeddingsFailed(f"embeddings endpoint answered HTTP {response.status_code}")
         return _vectors(response, len(texts))
 
 
-def _vectors(response: httpx.Response, count: int) -> list[list[float]]:
+def _vectors(response: httpx2.Response, count: int) -> list[list[float]]:
     try:
         data = sorted(response.json()["data"], key=lambda item: item["index"])
         vectors = [[float(x) for x in item["embedding"]] for item in data]
