@@ -22,34 +22,67 @@ from mcp.server.stdio import stdio_server
 Context = ServerRequestContext[Any]
 
 
-def _schema(properties: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
-    return schema | ({"required": required} if required else {})
-
-
-def _returns(kind: str) -> dict[str, Any]:
-    return {"type": "object", "properties": {"result": {"type": kind}}, "required": ["result"]}
-
-
+Handler = Callable[[Context, dict[str, Any]], Any]
+_tools: dict[str, tuple[types.Tool, Handler]] = {}
 calls = {"n": 0}
 
 
+def _tool(
+    name: str,
+    description: str,
+    returns: str,
+    title: str | None = None,
+    properties: dict[str, dict[str, Any]] | None = None,
+) -> Callable[[Handler], Handler]:
+    """Register the decorated handler as tool ``name``, as FastMCP describes one: its
+    arguments an object of ``properties`` (those without a default required), its result
+    ``{"result": <returns>}``."""
+    properties = properties or {}
+    required = [key for key, schema in properties.items() if "default" not in schema]
+    arguments: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    result = {"type": "object", "properties": {"result": {"type": returns}}, "required": ["result"]}
+    tool = types.Tool(
+        name=name,
+        title=title,
+        description=description,
+        input_schema=arguments | ({"required": required} if required else {}),
+        output_schema=result,
+    )
+
+    def register(handler: Handler) -> Handler:
+        _tools[name] = (tool, handler)
+        return handler
+
+    return register
+
+
+@_tool(
+    "increment",
+    "Add ``by`` to the counter and return it.",
+    "integer",
+    "Increment",
+    {"by": {"type": "integer", "default": 1}},
+)
 def _increment(_: Context, arguments: dict[str, Any]) -> int:
     calls["n"] += arguments.get("by", 1)
     return calls["n"]
 
 
+@_tool("pid", "This server's process id.", "integer", "Pid")
+def _pid(_: Context, __: dict[str, Any]) -> int:
+    return os.getpid()
+
+
+@_tool(
+    "add_tool",
+    "Register a new tool called ``name`` (announces tools/list_changed).",
+    "string",
+    "Add Tool",
+    {"name": {"type": "string"}},
+)
 async def _add_tool(ctx: Context, arguments: dict[str, Any]) -> str:
     name = str(arguments["name"])
-    _tools[name] = (
-        types.Tool(
-            name=name,
-            description=f"added at run time: {name}",
-            input_schema=_schema({}),
-            output_schema=_returns("string"),
-        ),
-        lambda _ctx, _args: name,
-    )
+    _tool(name, f"added at run time: {name}", "string")(lambda _ctx, _args: name)
     # On the call's own stream: a modern (2026-07-28) session drops a notification related to
     # no request, as FastMCP's Context.send_notification knows.
     await ctx.session.send_notification(
@@ -58,54 +91,10 @@ async def _add_tool(ctx: Context, arguments: dict[str, Any]) -> str:
     return name
 
 
+@_tool("crash", "Exit the process immediately, mid-call.", "string", "Crash")
 def _crash(_: Context, __: dict[str, Any]) -> str:
     sys.stdout.flush()
     os._exit(3)
-
-
-Handler = Callable[[Context, dict[str, Any]], Any]
-_tools: dict[str, tuple[types.Tool, Handler]] = {
-    "increment": (
-        types.Tool(
-            name="increment",
-            title="Increment",
-            description="Add ``by`` to the counter and return it.",
-            input_schema=_schema({"by": {"type": "integer", "default": 1}}),
-            output_schema=_returns("integer"),
-        ),
-        _increment,
-    ),
-    "pid": (
-        types.Tool(
-            name="pid",
-            title="Pid",
-            description="This server's process id.",
-            input_schema=_schema({}),
-            output_schema=_returns("integer"),
-        ),
-        lambda _ctx, _args: os.getpid(),
-    ),
-    "add_tool": (
-        types.Tool(
-            name="add_tool",
-            title="Add Tool",
-            description="Register a new tool called ``name`` (announces tools/list_changed).",
-            input_schema=_schema({"name": {"type": "string"}}, ["name"]),
-            output_schema=_returns("string"),
-        ),
-        _add_tool,
-    ),
-    "crash": (
-        types.Tool(
-            name="crash",
-            title="Crash",
-            description="Exit the process immediately, mid-call.",
-            input_schema=_schema({}),
-            output_schema=_returns("string"),
-        ),
-        _crash,
-    ),
-}
 
 
 async def _list_tools(_: Context, __: types.PaginatedRequestParams | None) -> types.ListToolsResult:
