@@ -28,6 +28,7 @@ from agent_gateway.compat.mcp import connection_of
 from agent_gateway.components import CatalogProvider
 from agent_gateway.config import GatewayConfig, ServerConfig
 from agent_gateway.downstream.broadcast import LogBroadcast
+from agent_gateway.downstream.level_changes import LevelChanges
 from agent_gateway.downstream.notifier import ListChangedNotifier
 from agent_gateway.downstream.records import HeldRecords
 from agent_gateway.downstream.sessions import STATE_KEY, DownstreamSession, SessionRegistry
@@ -79,7 +80,7 @@ class Gateway:
         self.sessions = SessionRegistry(
             on_end=self._session_ended,
             holds=lambda session: self.subscriptions.holds(session) or self.proxy.holds_dedicated(session),
-            on_levels=self._levels_changed,
+            on_levels=lambda session: self.level_changes.changed(session),
             records=self.shared.sessions if self.shared is not None else None,
         )
         self._updates = UpdateSink(self._resource_updated, self._upstream_ended)
@@ -99,6 +100,7 @@ class Gateway:
             idle_timeout=config.server.session_idle_timeout,
         )
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
+        self.level_changes = LevelChanges(self.proxy.apply_log_levels, self.sessions.handshake_sessions)
         self.rounds = Rounds(self.shared, self.proxy.held) if self.shared is not None else None
         self.search = ToolSearch(config.search.embeddings)
         self.listing = ToolListing(self.catalog, config.search, config.server.page_size, self._own_tools)
@@ -260,6 +262,7 @@ class Gateway:
                 self.proxy.held.running(),
                 self.broadcast.running(),
                 self.subscriptions.running(),
+                self.level_changes.running(),
                 self._agent_running(agent_imported) as agent_refused,
                 self.audit.running() if self.audit is not None else nullcontext(),
             ):
@@ -344,9 +347,6 @@ class Gateway:
 
     async def _upstream_ended(self, upstream: UpstreamSession) -> None:
         await self.subscriptions.upstream_ended(upstream)
-
-    async def _levels_changed(self, session: DownstreamSession | None) -> None:
-        await self.proxy.apply_log_levels(session, self.sessions.handshake_sessions())
 
     async def _upstream_listed(self, upstream: str, listing: Listing) -> None:
         await self.catalog.update(upstream, listing)
