@@ -21,6 +21,7 @@ import json
 from typing import Any, TypeGuard
 
 import mcp_types as types
+from mcp_types import JSONRPCMessage, jsonrpc_message_adapter
 
 from agent_gateway.json_text import Unrepresentable, json_values, parsed
 from agent_gateway.request_body import requested_id
@@ -154,3 +155,11 @@ def _kept_problem(body: bytes, message: dict[str, Any]) -> str | None:
         return None
     what = f"{method} params" if kept is params else "_meta"
     return f"{what} of {size} bytes; the gateway keeps at most {MAX_KEPT_BYTES} bytes of them"
+
+
+def message_of(body: bytes, parsed: tuple[bytes, Any] | None) -> JSONRPCMessage:
+    """``body``'s message, validated from ``parsed`` (admission's parse of a body and what it
+    holds) when that is of this very body: not parsed twice (4 ms at 3.5 MB)."""
+    if parsed is not None and parsed[0] == body:
+        return jsonrpc_message_adapter.validate_python(parsed[1], by_name=False)
+    return jsonrpc_message_adapter.validate_json(body, by_name=False)

@@ -218,3 +218,14 @@ def _utf8(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def answers(message: object) -> bool:
+    """Whether a parsed JSON-RPC ``message`` answers a request: an object with an id the
+    request could have had (a string or an integer) and a ``result`` or an ``error``, and no
+    ``method``. Asked of one that is not a valid message, to fail the request it answers."""
+    if not isinstance(message, dict) or "method" in message:
+        return False
+    known = message.get("id")  # pyright: ignore[reportUnknownMemberType, reportUnknownVariableType]
+    named = isinstance(known, str | int) and not isinstance(known, bool)
+    return named and ("result" in message or "error" in message)

@@ -57,6 +57,7 @@ from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from agent_gateway.body_shape import message_of
 from agent_gateway.compat import exchange
 from agent_gateway.compat.exchange import ModernLane
 from agent_gateway.compat.headers import names_json
@@ -73,7 +74,6 @@ from agent_gateway.compat.lane import (
     refused_while_draining,
     route_of,
 )
-from agent_gateway.compat.mcp import message_of
 from agent_gateway.compat.replay import ReplayFromStore
 from agent_gateway.downstream.keepalive import Keepalive
 from agent_gateway.limits import PARSED
