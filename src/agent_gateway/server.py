@@ -116,7 +116,7 @@ class Gateway:
         if (shared := self.shared) is not None:
             subscribed, dedicated = self.subscriptions.held, self.dedicated.records_of
             shared.keeper.keep(HeldRecords(self.sessions, dedicated, subscribed, shared.replica))
-            shared.on_level_set(self.sessions.level_set_elsewhere)
+            shared.on_level_set(self.level_changes.hears(self.sessions.level_set_elsewhere))
             shared.holders.on_dropped(self.subscriptions.dropped_elsewhere)
         # In this order: searches and listings reflect a change before any client is told of it.
         self.catalog.subscribe_early(self.search.prepare)
