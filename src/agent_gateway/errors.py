@@ -359,6 +359,19 @@ def shown(value: str) -> str:
     return f"{value[:SHOWN]!r}... ({len(value)} characters)"
 
 
+WIRE_CODES = range(-(2**31), 2**31)
+"""Error codes passed on as they are. JSON-RPC's code is any integer, but clients read it into
+a 32-bit field (Rust's, Go's int32s) or a JavaScript number: one answer's code of 10**30 failed
+such a client's parse of the whole message. A code past it is passed on as -32603."""
+
+
+def wire_code(code: int) -> tuple[int, str]:
+    """``code`` as it is passed on, and what to add to its message when it is not."""
+    if code in WIRE_CODES:
+        return code, ""
+    return types.INTERNAL_ERROR, f" (its error code, {len(str(abs(code)))} digits, is past what clients read)"
+
+
 MAX_ERROR_CHARS = 1000
 """Characters of a client's error answer to a question (sampling, elicitation, roots) passed
 on to whoever asked, an upstream or an agent run (its ``data`` only when that short too). A
@@ -373,6 +386,7 @@ def cut_client_error(error: types.ErrorData) -> types.ErrorData:
     if len(message) > MAX_ERROR_CHARS:
         message = f"{message[:MAX_ERROR_CHARS]}… ({len(message)} characters)"
     data = error.data if len(json.dumps(error.data, default=str)) <= MAX_ERROR_CHARS else None
-    if message is error.message and data is error.data:
+    code, said = wire_code(error.code)
+    if message is error.message and data is error.data and not said:
         return error
-    return types.ErrorData(code=error.code, message=message, data=data)
+    return types.ErrorData(code=code, message=message + said, data=data)

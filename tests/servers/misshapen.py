@@ -1,7 +1,7 @@
 """A handshake-era stdio upstream whose answers to its prompts, reads and completions are
 JSON of the wrong shape for JSON-RPC, written as raw JSON-RPC (an SDK server would not send
 them): what it answers is chosen by the prompt's name, the read URI's last segment, the
-completed argument's value, each one of ``SHAPES``."""
+completed argument's value, each one of ``SHAPES`` (and a prompt's, of ``CODES``: well-formed errors of odd codes)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ SHAPES: dict[str, dict[str, Any]] = {
     "text": {"result": "done"},
     "code": {"error": {"code": "E1", "message": "failed"}},  # an error whose code is no integer
     "nomessage": {"error": {"code": -32000}},
+}
+CODES: dict[str, dict[str, Any]] = {
+    "bigcode": {"error": {"code": 10**30, "message": "failed"}},  # JSON-RPC's shape, past int32
+    "owncode": {"error": {"code": -32099, "message": "failed its own way"}},
 }
 
 
@@ -32,13 +36,13 @@ def answer(method: str, params: dict[str, Any]) -> dict[str, Any]:
     if method == "tools/list":
         return {"result": {"tools": []}}
     if method == "prompts/list":
-        return {"result": {"prompts": [{"name": shape} for shape in SHAPES]}}
+        return {"result": {"prompts": [{"name": shape} for shape in SHAPES | CODES]}}
     if method == "resources/list":
         return {"result": {"resources": []}}
     if method == "resources/templates/list":
         return {"result": {"resourceTemplates": [{"uriTemplate": "shape://{name}", "name": "shape"}]}}
     if method == "prompts/get":
-        return SHAPES[params["name"]]
+        return (SHAPES | CODES)[params["name"]]
     if method == "resources/read":
         return SHAPES[params["uri"].removeprefix("shape://")]
     if method == "completion/complete":

@@ -35,6 +35,7 @@ from agent_gateway.errors import (
     UpstreamRejected,
     UpstreamUnavailable,
     describe,
+    wire_code,
 )
 from agent_gateway.json_text import fits
 from agent_gateway.logs import ECHO, KNOWN_CREDENTIAL, clipped, flagged_secret, masked_form, scrubbed
@@ -113,7 +114,8 @@ def _from_mcp_error(session: UpstreamSession, exc: MCPError, what: str) -> Excep
         message = scrubbed(message, secrets)
         if data is not None:
             data = scrubbed_json(data, partial(scrubbed, secrets=secrets), _scrubber(secrets))
-    return UpstreamAnswered(session.name, f"{what}: {message}", code, data)
+    code, said = wire_code(code)
+    return UpstreamAnswered(session.name, f"{what}: {message}{said}", code, data)
 
 
 MAX_ERROR_MESSAGE = 4096
