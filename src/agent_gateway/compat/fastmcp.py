@@ -30,7 +30,7 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCError
 
 from agent_gateway.downstream.stdin import StdinLines
-from agent_gateway.downstream.stdout import AnsweringStream, StdoutLines
+from agent_gateway.downstream.stdout import AnsweringStream, SettlingStream, StdoutLines
 from agent_gateway.errors import KeysUnavailable
 
 logger = logging.getLogger(__name__)
@@ -108,7 +108,8 @@ async def run_stdio(server: FastMCP[Any], requests: StdinLines) -> None:
             async with stdio_server(stdin=stdin, stdout=stdout) as (read, write):
                 requests.refuse = partial(_refused, write)
                 answering = AnsweringStream(write, requests.in_flight)
-                await lowlevel.run(read, answering, lowlevel.create_initialization_options())
+                settling = SettlingStream(read, requests.in_flight)
+                await lowlevel.run(settling, answering, lowlevel.create_initialization_options())
             tg.cancel_scope.cancel()
     finally:
         reset_transport(token)

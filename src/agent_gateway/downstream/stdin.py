@@ -137,16 +137,10 @@ class StdinLines:
     async def _admitted(self, line: bytes) -> Malformed | None:
         """Why a request is refused for its shape (as an HTTP body's is) or for an id already
         in flight; None once it is counted in flight (room waited for: ``stdout.InFlight``).
-        A client's cancel releases the request it names: the SDK answers it no more."""
+        A client's cancel releases nothing here: the SDK may answer its request still, and
+        settles it (``stdout.SettlingStream``) if not."""
         message = msgspec.json.decode(line)  # JSON, as ``malformed`` found
-        if not isinstance(message, dict):
-            return None
-        if message.get("method") == "notifications/cancelled":
-            params = message.get("params")
-            if isinstance(params, dict) and isinstance(cancelled := params.get("requestId"), str | int):
-                self.in_flight.answered(cancelled)
-            return None
-        if not is_request(message):
+        if not isinstance(message, dict) or not is_request(message):
             return None
         request_id = message["id"]
         if (found := problem(line, message)) is not None:
