@@ -58,8 +58,9 @@ requests_refused = Tally(
 )
 notifications_dropped = Tally(
     "agent_gateway.notifications.dropped",
-    "Log lines and progress reports from upstreams not passed on, by kind (log, progress) and "
-    "why: behind (16 lines no call owns were waiting for the client already), backlog (an "
+    "Log lines, progress reports and resource updates from upstreams not passed on, by kind (log, "
+    "progress, resource_updated) and why: behind (16 lines no call owns, or 64 resource updates, "
+    "were waiting for the client already), backlog (an "
     "upstream session already had its bound of them being passed on: its clients read slower "
     "than it sends) or rate (over 100 lines a second no call owns from one upstream); and "
     "notifications of a method MCP does not define (kind unknown, why method), which nothing reads.",

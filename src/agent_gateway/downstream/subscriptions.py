@@ -37,6 +37,7 @@ from agent_gateway.downstream import sessions
 from agent_gateway.downstream.listeners import Listeners
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.downstream.subscription_bounds import RELEASE_TIMEOUT, Leaving, check_room, each_bounded
+from agent_gateway.downstream.update_sends import UpdateSends
 from agent_gateway.errors import GatewayError, InvalidRequest, to_wire
 from agent_gateway.proxy import Proxy
 from agent_gateway.runtime import SEND_TIMEOUT
@@ -89,6 +90,7 @@ class ResourceSubscriptions:
         self._joining: dict[DownstreamSession, int] = {}
         """Subscriptions each session is making now, counted against its bound with those held."""
         self._leaving = Leaving()
+        self._sends = UpdateSends()
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
@@ -205,8 +207,8 @@ class ResourceSubscriptions:
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        """Subscriptions dropped through another replica left upstream while inside."""
-        async with anyio.create_task_group() as tg:
+        """Subscriptions dropped through another replica left upstream, and updates sent, while inside."""
+        async with self._sends.running(), anyio.create_task_group() as tg:
             await tg.start(self._leaving.run)
             yield
             tg.cancel_scope.cancel()
@@ -371,15 +373,13 @@ class ResourceSubscriptions:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
         subscribers = self._subscribers.get((upstream.id, uri), {})
         for session, public in [(s, public) for s, names in subscribers.items() for public in names]:
-            if session.client is not None and not self._proxy.follows(
-                session.client, upstream.name, uri, public
-            ):
+            client = session.client
+            if client is not None and not self._proxy.follows(client, upstream.name, uri, public):
                 continue  # a reload took it out of the client's policy: its subscription stays mute
-            with anyio.move_on_after(SEND_TIMEOUT):
-                if session.connection is not None:
-                    await session.connection.send_resource_updated(public)
-                elif (own := self._listeners.own(session)) is not None:
-                    await own.publish(ResourceUpdated(uri=public))
+            if session.connection is not None:  # queued: one client not reading holds up no other's
+                self._sends.send(session, public)
+            elif (own := self._listeners.own(session)) is not None:  # its listeners never wait
+                await own.publish(ResourceUpdated(uri=public))
 
     @property
     def count(self) -> int:
