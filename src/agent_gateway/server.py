@@ -108,6 +108,7 @@ class Gateway:
             self.sessions.handshake_sessions,
             lambda: self.subscriptions.streams(),
             self.listing.changed_for,
+            lambda session, lists: self.subscriptions.sends.lists_changed(session, lists),
         )
         holders = self.shared.holders if self.shared is not None else None
         self.subscriptions = ResourceSubscriptions(

@@ -19,7 +19,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 from tests.servers import recorder
-from tests.support import running_gateway, serving_upstream
+from tests.support import python_upstream, running_gateway, serving_upstream
 
 BOUND = 30.0
 VERSION = "2025-11-25"
@@ -101,3 +101,32 @@ def _read_until_quiet(stream: socket.socket) -> int:
     except TimeoutError:
         pass
     return data.count(b"notifications/resources/updated")
+
+
+STUCK = 16
+"""The attacker's sessions whose streams are full: told one after another, 2 s each, they
+held a later client's list change 32 s."""
+
+
+async def test_a_clients_sessions_not_reading_hold_up_no_other_clients_list_changes() -> None:
+    told = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            told.set()
+
+    upstreams = {"rec": {"url": "", "protocol": "legacy"}, "counter": python_upstream("counter.py")}
+    async with serving_upstream(recorder.build(lambda _: None)) as url:
+        upstreams["rec"]["url"] = url
+        async with running_gateway({"upstreams": upstreams}) as gw:
+            streams = [_unread_stream(gw.url, await _subscribed_session(gw.url)) for _ in range(STUCK)]
+            try:
+                async with Client(gw.url, mode="legacy") as filler:  # each stream's socket filled
+                    await filler.call_tool("rec__updates", {"uri": LONG, "times": 1000})
+                async with Client(gw.url, mode="legacy", message_handler=on_message) as bystander:
+                    await bystander.call_tool("counter__add_tool", {"name": "fresh"})
+                    with anyio.fail_after(BOUND / 2):
+                        await told.wait()
+            finally:
+                for stream in streams:
+                    stream.close()

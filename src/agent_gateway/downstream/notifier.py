@@ -10,10 +10,8 @@ every one of them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-import anyio
-from mcp.server.connection import Connection
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     PromptsListChanged,
@@ -28,9 +26,6 @@ from agent_gateway.downstream.sessions import DownstreamSession
 
 logger = logging.getLogger(__name__)
 
-_BROADCAST_BOUND = 2.0
-"""Per client, shorter than ``runtime.SEND_TIMEOUT``: clients are told one after another, so
-a stuck one must not hold the rest back long."""
 _EVENTS: dict[ListName, ServerEvent] = {
     "tools": ToolsListChanged(),
     "prompts": PromptsListChanged(),
@@ -38,6 +33,10 @@ _EVENTS: dict[ListName, ServerEvent] = {
 }
 ChangedFor = Callable[[CatalogChange, Principal | None], bool]
 """Whether a change altered the tools a client is listed."""
+Tell = Callable[[DownstreamSession, Iterable[ListName]], None]
+"""Queues a handshake-era session's list changes (``update_sends.UpdateSends``): never waits on
+its client. Told one after another, each allowed 2 s, ten sessions of one client that did not
+read their streams held a bystander's ``tools/list_changed`` 20 s, and the catalog with it."""
 
 
 class ListChangedNotifier:
@@ -48,12 +47,15 @@ class ListChangedNotifier:
         sessions: Callable[[], Iterable[DownstreamSession]],
         streams: Callable[[], Mapping[DownstreamSession, InMemorySubscriptionBus]],
         changed_for: ChangedFor,
+        tell: Tell,
     ) -> None:
         """``sessions()``: the handshake-era sessions; ``streams()``: each modern client's
-        listen stream; ``changed_for``: whether a change altered a client's tool list."""
+        listen stream; ``changed_for``: whether a change altered a client's tool list;
+        ``tell``: how a handshake-era session is told its lists changed."""
         self._sessions = sessions
         self._streams = streams
         self._changed_for = changed_for
+        self._tell = tell
         self.bus = InMemorySubscriptionBus()
         """Prompt and resource list changes for every modern listen stream."""
 
@@ -76,10 +78,7 @@ class ListChangedNotifier:
         for session in list(self._sessions()):
             lists: list[ListName] = [*shared, "tools"] if tools_changed(session) else shared
             if session.connection is not None and lists:
-                # Connection.notify is best-effort and never raises; the bound guards a stuck peer.
-                with anyio.move_on_after(_BROADCAST_BOUND):
-                    for kind in sorted(lists):
-                        await _SENDERS[kind](session.connection)
+                self._tell(session, lists)
 
     async def policies_changed(self, clients: set[Principal]) -> None:
         """Tell ``clients`` (a reload changed their policies) that each of their lists may have
@@ -90,13 +89,4 @@ class ListChangedNotifier:
                     await stream.publish(event)
         for session in list(self._sessions()):
             if session.client in clients and session.connection is not None:
-                with anyio.move_on_after(_BROADCAST_BOUND):
-                    for send in _SENDERS.values():
-                        await send(session.connection)
-
-
-_SENDERS: dict[ListName, Callable[[Connection], Awaitable[None]]] = {
-    "tools": lambda c: c.send_tool_list_changed(),
-    "prompts": lambda c: c.send_prompt_list_changed(),
-    "resources": lambda c: c.send_resource_list_changed(),
-}
+                self._tell(session, _EVENTS)

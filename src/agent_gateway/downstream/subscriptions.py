@@ -90,7 +90,7 @@ class ResourceSubscriptions:
         self._joining: dict[DownstreamSession, int] = {}
         """Subscriptions each session is making now, counted against its bound with those held."""
         self._leaving = Leaving()
-        self._sends = UpdateSends()
+        self.sends = UpdateSends()  # resource updates and list changes to handshake-era sessions
 
     async def subscribe(self, ctx: Any, params: types.SubscribeRequestParams) -> types.EmptyResult:
         """The ``resources/subscribe`` handler (handshake-era clients)."""
@@ -208,7 +208,7 @@ class ResourceSubscriptions:
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
         """Subscriptions dropped through another replica left upstream, and updates sent, while inside."""
-        async with self._sends.running(), anyio.create_task_group() as tg:
+        async with self.sends.running(), anyio.create_task_group() as tg:
             await tg.start(self._leaving.run)
             yield
             tg.cancel_scope.cancel()
@@ -377,7 +377,7 @@ class ResourceSubscriptions:
             if client is not None and not self._proxy.follows(client, upstream.name, uri, public):
                 continue  # a reload took it out of the client's policy: its subscription stays mute
             if session.connection is not None:  # queued: one client not reading holds up no other's
-                self._sends.send(session, public)
+                self.sends.send(session, public)
             elif (own := self._listeners.own(session)) is not None:  # its listeners never wait
                 await own.publish(ResourceUpdated(uri=public))
 
