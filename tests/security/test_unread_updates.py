@@ -8,6 +8,8 @@ are kept for a session that far behind."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import warnings
 from typing import Any
@@ -130,3 +132,33 @@ async def test_a_clients_sessions_not_reading_hold_up_no_other_clients_list_chan
             finally:
                 for stream in streams:
                     stream.close()
+
+
+async def test_a_clients_sessions_not_reading_keep_no_other_client_from_learning_its_subscription_lost() -> (
+    None
+):
+    # An upstream session's end is told to each subscriber (read it again, subscribe again),
+    # 16 at a time within 3 s: 16 stuck sessions took every turn for all of it, and a
+    # bystander's subscription was gone without a word.
+    updates: list[str] = []
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            updates.append(message.params.uri)
+
+    upstream = python_upstream("recorder.py", protocol="legacy")
+    async with running_gateway({"upstreams": {"rec": upstream}}) as gw:
+        streams = [_unread_stream(gw.url, await _subscribed_session(gw.url)) for _ in range(STUCK)]
+        try:
+            async with Client(gw.url, mode="legacy", message_handler=on_message) as bystander:
+                await bystander.call_tool("rec__updates", {"uri": LONG, "times": 1000})
+                with warnings.catch_warnings(action="ignore", category=MCPDeprecationWarning):
+                    await bystander.subscribe_resource("note://mine")
+                pid = (await bystander.call_tool("rec__whoami", {})).structured_content["pid"]  # type: ignore[index]
+                os.kill(pid, signal.SIGKILL)
+                with anyio.fail_after(BOUND):  # before: never
+                    while "note://mine" not in updates:
+                        await anyio.sleep(0.02)
+        finally:
+            for stream in streams:
+                stream.close()

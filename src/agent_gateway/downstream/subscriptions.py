@@ -363,11 +363,10 @@ class ResourceSubscriptions:
     async def _tell_lost(self, session: DownstreamSession, public: str) -> None:
         if self._holders is not None and session.connection is not None:
             await self._holders.dropped(session.id, public)  # it must subscribe again
-        with anyio.move_on_after(SEND_TIMEOUT):
-            if session.connection is not None:
-                await session.connection.send_resource_updated(public)
-            else:
-                self._listeners.end(session)
+        if session.connection is not None:  # queued: stuck clients took every turn of each_bounded
+            self.sends.send(session, public)
+        else:
+            self._listeners.end(session)
 
     async def updated(self, upstream: UpstreamSession, uri: str) -> None:
         """Relay one upstream update to the clients subscribed through ``upstream``."""
