@@ -17,9 +17,8 @@ import pytest
 
 from agent_gateway.downstream.stdout import MAX_IN_FLIGHT
 from tests.e2e.peers import BOUND
-from tests.e2e.test_stdio_client_bounds import call, exited, stdio_config, stdio_gateway, stopped
-from tests.e2e.test_stdio_gateway import AGENT_GATEWAY, _initialize, serve_args
-from tests.support import gateway_env
+from tests.e2e.test_stdio_client_bounds import call, exited, stdio_config, stdio_gateway, undrained_gateway
+from tests.e2e.test_stdio_gateway import AGENT_GATEWAY, serve_args
 
 pytestmark = pytest.mark.e2e
 
@@ -55,17 +54,8 @@ async def test_a_client_cancelling_each_request_it_wrote_is_still_held_back_when
     tmp_path: Path,
 ) -> None:
     args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, tmp_path / "calls", drain=1))]
-    gateway = subprocess.Popen(
-        args, env=gateway_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
+    async with undrained_gateway(args, subprocess.DEVNULL) as gateway:
         assert gateway.stdin is not None
-        assert gateway.stdout is not None
-        gateway.stdin.write(json.dumps(_initialize()).encode() + b"\n")
-        gateway.stdin.flush()
-        with anyio.fail_after(BOUND):
-            await anyio.to_thread.run_sync(gateway.stdout.readline, abandon_on_cancel=True)
-        os.set_blocking(gateway.stdin.fileno(), False)
         # Each listing's handler returns at once: its answer waits on the full stdout, and
         # the cancel that follows it reaches a request the SDK answers still.
         flood = b"".join(_listing(n) + _cancel(n) for n in range(PAIRS))
@@ -73,11 +63,6 @@ async def test_a_client_cancelling_each_request_it_wrote_is_still_held_back_when
             taken = await _taken(gateway.stdin.fileno(), flood)
         gateway.stdin.close()
         await exited(gateway)
-    finally:
-        stopped(gateway)
-        for pipe in (gateway.stdin, gateway.stdout):
-            if pipe is not None:
-                pipe.close()
     # What the bound lets in (64 requests, the answers the stdout pipe holds) and the 64 KiB
     # the stdin pipe holds: a small part of the flood.
     assert taken < len(flood) // 2, f"{taken} of the flood's {len(flood)} bytes read"

@@ -75,6 +75,29 @@ async def initialized(process: Process) -> BufferedByteReceiveStream:
 
 
 @asynccontextmanager
+async def undrained_gateway(args: list[str], stderr: Any) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """``args`` run as a stdio gateway on pipes no reader drains (the kernel's 64 KiB of
+    answers, no event loop's read-ahead), initialized; its stdin non-blocking. Stopped after."""
+    gateway = subprocess.Popen(
+        args, env=gateway_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr
+    )
+    try:
+        assert gateway.stdin is not None
+        assert gateway.stdout is not None
+        gateway.stdin.write(json.dumps(_initialize()).encode() + b"\n")
+        gateway.stdin.flush()
+        with anyio.fail_after(BOUND):
+            await anyio.to_thread.run_sync(gateway.stdout.readline, abandon_on_cancel=True)
+        os.set_blocking(gateway.stdin.fileno(), False)
+        yield gateway
+    finally:
+        stopped(gateway)
+        for pipe in (gateway.stdin, gateway.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@asynccontextmanager
 async def stdio_gateway(
     args: list[str],
 ) -> AsyncIterator[tuple[Process, ByteSendStream, BufferedByteReceiveStream]]:
@@ -112,33 +135,18 @@ async def test_a_client_reading_no_answers_is_held_back_and_its_end_of_input_end
     stderr = tmp_path / "gateway.stderr"
     args = [AGENT_GATEWAY, *serve_args(stdio_config(tmp_path, calls, drain=1))]
     with stderr.open("wb") as log:
-        # Pipes no reader drains: the kernel's 64 KiB of answers, no event loop's read-ahead.
-        gateway = subprocess.Popen(
-            args, env=gateway_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
-        )
-    try:
-        assert gateway.stdin is not None
-        assert gateway.stdout is not None
-        gateway.stdin.write(json.dumps(_initialize()).encode() + b"\n")
-        gateway.stdin.flush()
-        with anyio.fail_after(BOUND):
-            await anyio.to_thread.run_sync(gateway.stdout.readline, abandon_on_cancel=True)
-        children = descendants(gateway.pid)
-        os.set_blocking(gateway.stdin.fileno(), False)
-        flood, served = b"".join(call(n) for n in range(FLOOD)), 0
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_written, gateway.stdin.fileno(), flood)
-            served = await settled(calls)
-            tg.cancel_scope.cancel()
-        # The in-flight bound, plus what the stdout pipe holds of ~100-byte answers.
-        assert served < FLOOD // 2, served
-        gateway.stdin.close()  # the end of input; stdout is still never read
-        await exited(gateway)
-    finally:
-        stopped(gateway)
-        for pipe in (gateway.stdin, gateway.stdout):
-            if pipe is not None:
-                pipe.close()
+        async with undrained_gateway(args, log) as gateway:
+            assert gateway.stdin is not None
+            children = descendants(gateway.pid)
+            flood, served = b"".join(call(n) for n in range(FLOOD)), 0
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_written, gateway.stdin.fileno(), flood)
+                served = await settled(calls)
+                tg.cancel_scope.cancel()
+            # The in-flight bound, plus what the stdout pipe holds of ~100-byte answers.
+            assert served < FLOOD // 2, served
+            gateway.stdin.close()  # the end of input; stdout is still never read
+            await exited(gateway)
     await all_exited(children)
     assert "input ended 1 s ago and the answers left are not taken: stopping" in stderr.read_text()
 
