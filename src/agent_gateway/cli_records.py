@@ -12,12 +12,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agent_gateway import pins_postgres
 from agent_gateway.audit_verify import verify
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import StoreUnavailable
+from agent_gateway.logs import without_password
 from agent_gateway.pins import Pin, Pins, pins_path
-from agent_gateway.store.client import redacted
 
 
 def add_commands(commands: Any, config_arg: Any) -> None:
@@ -57,6 +56,8 @@ def _shared_url(config: GatewayConfig) -> str | None:
 
 def _listed(config: GatewayConfig) -> list[Pin]:
     if (url := _shared_url(config)) is not None:
+        from agent_gateway import pins_postgres  # psycopg: ~0.1 s, only where pins are in Postgres
+
         return [Pin(*row) for row in pins_postgres.listed(url)]
     with _local_pins(config) as pins:
         return pins.pins()
@@ -64,6 +65,8 @@ def _listed(config: GatewayConfig) -> list[Pin]:
 
 def _accepted(config: GatewayConfig, names: list[str] | None) -> list[str]:
     if (url := _shared_url(config)) is not None:
+        from agent_gateway import pins_postgres  # psycopg: ~0.1 s, only where pins are in Postgres
+
         return pins_postgres.accepted(url, names)
     with _local_pins(config) as pins:
         return pins.accept(names)
@@ -85,7 +88,7 @@ def _local_pins(config: GatewayConfig) -> Iterator[Pins]:
 
 def _pins_list(args: argparse.Namespace, config: GatewayConfig) -> int:
     rows = _listed(config)
-    where = redacted(url) if (url := _shared_url(config)) is not None else pins_path(config)
+    where = without_password(url) if (url := _shared_url(config)) is not None else pins_path(config)
     print(f"{len(rows)} pinned tools in {where}")
     for pin in rows:
         seen = time.strftime("%Y-%m-%d %H:%M", time.localtime(pin.first_seen))

@@ -29,6 +29,22 @@ def redacted_url(text: str) -> str:
     return _QUERY_VALUE.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
 
 
+def without_password(url: str) -> str:
+    """``url`` without its password, for log lines and errors: before the ``@``, or in the
+    query (``?password=…``, which Redis and Postgres clients read too: every query value)."""
+    url, question, query = url.partition("?")
+    if question:  # each value hidden, each name kept (it says what was set)
+        query = "&".join(
+            part.partition("=")[0] + ("=***" if "=" in part else "") for part in query.split("&")
+        )
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if at:
+        user = userinfo.split(":", 1)[0]
+        url = f"{scheme}{sep}{user}:***@{host}" if user else f"{scheme}{sep}***@{host}"
+    return f"{url}{question}{query}"
+
+
 def scrubbed(text: str, secrets: tuple[str, ...]) -> str:
     """``text`` with every secret taken out: whole, in any case, any echo of 8 or more of
     its characters in a row, and a masked form (``sk-…abcd``: its start and its end)."""

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import mcp_types as types
@@ -34,8 +34,10 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import CannotServe, StoreUnavailable
-from agent_gateway.pins_postgres import Change, SharedPins
 from agent_gateway.private_files import private
+
+if TYPE_CHECKING:
+    from agent_gateway.pins_postgres import Change, SharedPins
 
 logger = logging.getLogger(__name__)
 
@@ -144,6 +146,9 @@ def pins_for(config: GatewayConfig) -> Pins:
     memory = config.agent.memory
     if memory.store == "postgres":
         assert memory.url is not None, "validated: store postgres has a url"
+        # Imported here: psycopg takes ~0.1 s of a start that does not use Postgres.
+        from agent_gateway.pins_postgres import SharedPins
+
         return Pins(None, config.pinning, SharedPins(memory.url))
     return Pins(pins_path(config) if memory.store == "sqlite" else None, config.pinning)
 

@@ -21,8 +21,8 @@ import psycopg
 from psycopg import AsyncConnection
 
 from agent_gateway.errors import StoreUnavailable
+from agent_gateway.logs import without_password
 from agent_gateway.postgres import set_up
-from agent_gateway.store.client import redacted
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class SharedPins:
     def __init__(self, url: str) -> None:
         self._url = url
         # Named as the agent's memory is: the same setting (agent.memory.url), the same fix.
-        self._where = f"conversation memory {redacted(url)}"
+        self._where = f"conversation memory {without_password(url)}"
         self._conn: AsyncConnection[Any] | None = None
         self._unwritten: dict[tuple[str, str], list[tuple[Change, tuple[Any, ...]]]] = {}
         """Each pin's changes not written yet, in order, pins first come first: a pin's later
@@ -216,5 +216,7 @@ def _connection(url: str) -> psycopg.Connection[Any]:
         conn = psycopg.connect(url, autocommit=True, connect_timeout=_CONNECT_BOUND)
         conn.execute(_CREATE)
     except psycopg.Error as exc:
-        raise StoreUnavailable(f"conversation memory {redacted(url)}: cannot reach Postgres: {exc}") from exc
+        raise StoreUnavailable(
+            f"conversation memory {without_password(url)}: cannot reach Postgres: {exc}"
+        ) from exc
     return conn

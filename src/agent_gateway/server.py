@@ -44,8 +44,7 @@ from agent_gateway.proxy import Proxy
 from agent_gateway.request_wrapper import RequestWrapper
 from agent_gateway.search.engine import ToolSearch
 from agent_gateway.search.tools import CALL_TOOL, SEARCH_TOOLS, call_tool, search_tool
-from agent_gateway.store import SharedState
-from agent_gateway.store.rounds import Rounds
+from agent_gateway.store import shared_state
 from agent_gateway.telemetry import RequestTelemetry, watch_upstreams
 from agent_gateway.upstreams import UpstreamPool
 from agent_gateway.upstreams.dedicated import DedicatedSessions
@@ -75,7 +74,7 @@ class Gateway:
         self.pins = pins_for(config)
         self.catalog = Catalog(config, reserved=own_tool_names(config), review=self.pins.review)
         self.visibility = Visibility(self.catalog, config.server.instructions)
-        self.shared = SharedState(config, config.store) if config.store is not None else None
+        self.shared = shared_state(config)
         """What the replicas share (None: one replica, everything in this process)."""
         self.sessions = SessionRegistry(
             on_end=self._session_ended,
@@ -101,7 +100,7 @@ class Gateway:
         )
         self.proxy = Proxy(self.catalog, self.pool, self.dedicated)
         self.level_changes = LevelChanges(self.proxy.apply_log_levels, self.sessions.handshake_sessions)
-        self.rounds = Rounds(self.shared, self.proxy.held) if self.shared is not None else None
+        self.rounds = self.shared.rounds(self.proxy.held) if self.shared is not None else None
         self.search = ToolSearch(config.search.embeddings)
         self.listing = ToolListing(self.catalog, config.search, config.server.page_size, self._own_tools)
         self.notifier = ListChangedNotifier(

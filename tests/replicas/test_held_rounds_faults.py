@@ -30,9 +30,9 @@ from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.held_rounds import Elsewhere
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.errors import ReplicaError, StoreUnavailable, UnknownRound
-from agent_gateway.store import SharedState
 from agent_gateway.store import rounds as rounds_module
 from agent_gateway.store.rounds import Rounds
+from agent_gateway.store.state import SharedState
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis, redis_server
 from tests.replicas.test_held_rounds import (

@@ -18,9 +18,9 @@ from mcp import Client
 
 from agent_gateway import pins_postgres
 from agent_gateway.cli import main
+from agent_gateway.logs import without_password
 from agent_gateway.pins_postgres import SharedPins
 from agent_gateway.reload import apply
-from agent_gateway.store.client import redacted
 from tests.replicas.services import Postgres, postgres_server
 from tests.security.test_pinning import RUG, listed
 from tests.support import running_gateway, serving_upstream
@@ -55,7 +55,7 @@ async def test_a_tool_another_replica_pinned_is_held_here_once_changed_and_accep
             capsys.readouterr()
             assert main(["pins", "list", "-c", path]) == 0
             shown = capsys.readouterr().out
-            assert redacted(database) in shown  # the database, its password not shown
+            assert without_password(database) in shown  # the database, its password not shown
             assert "tracker__close_issue" in shown
             assert "CHANGED (description" in shown
             assert main(["pins", "accept", "-c", path, "tracker__close_issue"]) == 0

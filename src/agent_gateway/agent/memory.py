@@ -13,6 +13,7 @@ import time
 from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage, SystemMessage, ToolMessage
@@ -21,12 +22,14 @@ from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 
-from agent_gateway.agent.postgres_memory import PostgresThreads, open_postgres
 from agent_gateway.compat.langgraph import THREADS_IN_STORE, keep_latest_in_memory, keep_latest_sqlite
 from agent_gateway.config import MemoryConfig
 from agent_gateway.errors import AgentError
 from agent_gateway.private_files import private
 from agent_gateway.runtime import CLEANUP_TIMEOUT
+
+if TYPE_CHECKING:
+    from agent_gateway.agent.postgres_memory import PostgresThreads
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +142,9 @@ class Conversations:
             return InMemorySaver()
         if self._config.store == "postgres":
             assert self._config.url is not None, "validated: store postgres has a url"
+            # Imported here: psycopg takes ~0.1 s of a start that does not use Postgres.
+            from agent_gateway.agent.postgres_memory import PostgresThreads, open_postgres
+
             saver = await open_postgres(self._config.url, self._stack)
             self._shared = PostgresThreads(saver, self._config.url)
             return saver

@@ -20,8 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent_gateway.compat.langgraph import keep_latest_postgres
 from agent_gateway.errors import StoreUnavailable
+from agent_gateway.logs import without_password
 from agent_gateway.postgres import set_up
-from agent_gateway.store.client import redacted
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
     except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StoreUnavailable(
-            f"conversation memory {redacted(url)}: cannot reach Postgres: {reason}"
+            f"conversation memory {without_password(url)}: cannot reach Postgres: {reason}"
         ) from exc
     await probe.close()
     pool: Pool = AsyncConnectionPool(
@@ -85,16 +85,18 @@ async def open_postgres(url: str, stack: AsyncExitStack) -> AsyncPostgresSaver:
         await pool.open(wait=True, timeout=10.0)
     except Exception as exc:  # psycopg's PoolTimeout and OperationalError alike
         await pool.close()
-        raise StoreUnavailable(f"conversation memory {redacted(url)}: cannot reach Postgres: {exc}") from exc
+        raise StoreUnavailable(
+            f"conversation memory {without_password(url)}: cannot reach Postgres: {exc}"
+        ) from exc
     stack.push_async_callback(pool.close)
     saver = AsyncPostgresSaver(conn=pool)  # pyright: ignore[reportArgumentType]  # a pool of dict-row connections
     try:
         await _set_up(pool, saver)
     except Exception as exc:
         raise StoreUnavailable(
-            f"conversation memory {redacted(url)}: cannot create its tables: {exc}"
+            f"conversation memory {without_password(url)}: cannot create its tables: {exc}"
         ) from exc
-    logger.info("conversation memory: %s", redacted(url))
+    logger.info("conversation memory: %s", without_password(url))
     return saver
 
 
@@ -117,7 +119,7 @@ class PostgresThreads:
     def __init__(self, saver: AsyncPostgresSaver, url: str) -> None:
         self._pool: Pool = saver.conn  # pyright: ignore[reportAttributeAccessIssue]
         self._saver = saver
-        self._where = redacted(url)
+        self._where = without_password(url)
         self.problem: str | None = None
         """Why the database does not answer now, or None while it does."""
 

@@ -5,11 +5,13 @@ drops them itself, in the saver's own tables and maps."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
-from psycopg import AsyncConnection
+
+if TYPE_CHECKING:
+    from psycopg import AsyncConnection
 
 CHECKPOINT_TABLES = ("writes", "checkpoints")
 """``AsyncSqliteSaver``'s tables with a row per checkpoint (``thread_id``, ``checkpoint_ns``,

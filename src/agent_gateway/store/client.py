@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from agent_gateway.config import StoreConfig
 from agent_gateway.errors import StoreUnavailable
+from agent_gateway.logs import without_password
 
 logger = logging.getLogger(__name__)
 
@@ -35,22 +36,6 @@ failures = metrics.get_meter("agent-gateway").create_counter(
     "agent_gateway.store.failures",
     description="Shared-store operations that failed or timed out (the request went on without).",
 )
-
-
-def redacted(url: str) -> str:
-    """``url`` without its password, for log lines and errors: before the ``@``, or in the
-    query (``?password=…``, which Redis and Postgres clients read too: every query value)."""
-    url, question, query = url.partition("?")
-    if question:  # each value hidden, each name kept (it says what was set)
-        query = "&".join(
-            part.partition("=")[0] + ("=***" if "=" in part else "") for part in query.split("&")
-        )
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if at:
-        user = userinfo.split(":", 1)[0]
-        url = f"{scheme}{sep}{user}:***@{host}" if user else f"{scheme}{sep}***@{host}"
-    return f"{url}{question}{query}"
 
 
 class SharedStore:
@@ -96,7 +81,7 @@ class SharedStore:
                 await self.redis.ping()  # pyright: ignore[reportUnknownMemberType]  # redis-py's union return
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(
-                f"the shared store {redacted(self.config.url)} cannot be reached: {_reason(exc)}"
+                f"the shared store {without_password(self.config.url)} cannot be reached: {_reason(exc)}"
             ) from exc
         self._mark_up()
 
@@ -138,7 +123,7 @@ class SharedStore:
     def _mark_up(self) -> None:
         if self.problem is not None:
             if self.problem != "not connected yet":
-                logger.warning("shared store %s answers again", redacted(self.config.url))
+                logger.warning("shared store %s answers again", without_password(self.config.url))
             self.problem = None
             _availability.add(1)
 
@@ -148,7 +133,7 @@ class SharedStore:
             logger.error(
                 "shared store %s unavailable (%s): limits fall back to this replica's own, "
                 "sessions started elsewhere cannot be adopted until it answers",
-                redacted(self.config.url),
+                without_password(self.config.url),
                 problem,
             )
             _availability.add(-1)

@@ -30,7 +30,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -47,7 +47,9 @@ from opentelemetry import metrics
 from pydantic import ValidationError
 
 from agent_gateway.config import EventsConfig
-from agent_gateway.store.client import SharedStore
+
+if TYPE_CHECKING:
+    from agent_gateway.store.client import SharedStore
 
 logger = logging.getLogger(__name__)
 

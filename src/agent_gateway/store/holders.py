@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 from anyio.abc import TaskStatus
 
 from agent_gateway.access import MAX_URI_LENGTH
 from agent_gateway.store.bus import Bus
-from agent_gateway.store.client import SharedStore
 from agent_gateway.store.record import SUBSCRIPTION
 from agent_gateway.store.sessions import SessionRecords
+
+if TYPE_CHECKING:
+    from agent_gateway.store.client import SharedStore
 
 logger = logging.getLogger(__name__)
 

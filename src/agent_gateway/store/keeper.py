@@ -21,16 +21,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import anyio
 from anyio.abc import TaskStatus
 from opentelemetry import metrics, trace
 
 from agent_gateway.runtime import CLEANUP_TIMEOUT
-from agent_gateway.store.client import SharedStore
 from agent_gateway.store.sessions import SessionRecord, SessionRecords
 from agent_gateway.telemetry import SCOPE
+
+if TYPE_CHECKING:
+    from agent_gateway.store.client import SharedStore
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,13 @@ import math
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import anyio
 
-from agent_gateway.store.client import SharedStore
+if TYPE_CHECKING:
+    from agent_gateway.store.client import SharedStore
+
 
 logger = logging.getLogger(__name__)
 

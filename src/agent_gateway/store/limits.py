@@ -15,11 +15,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-from redis.commands.core import AsyncScript
+from typing import TYPE_CHECKING
 
 from agent_gateway.access import Principal
-from agent_gateway.store.client import SharedStore
+
+if TYPE_CHECKING:
+    from redis.commands.core import AsyncScript
+
+    from agent_gateway.store.client import SharedStore
 
 _RESERVATION = 60.0
 """Seconds a place taken by an opening request is held before the session is established."""

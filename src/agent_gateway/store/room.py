@@ -24,11 +24,14 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from agent_gateway.access import Principal
 from agent_gateway.store.bus import Bus
-from agent_gateway.store.client import SharedStore
 from agent_gateway.store.sessions import SessionRecords
+
+if TYPE_CHECKING:
+    from agent_gateway.store.client import SharedStore
 
 MAKE_WAY = "make-way"
 """The channel of the question: ``<question id> <session id>...``."""

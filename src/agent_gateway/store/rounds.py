@@ -25,7 +25,7 @@ import secrets
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
@@ -41,8 +41,6 @@ from agent_gateway.downstream.held_calls import HeldCalls
 from agent_gateway.downstream.held_rounds import Elsewhere, ToolResult
 from agent_gateway.errors import GatewayError, ReplicaError, StoreUnavailable, UnknownRound
 from agent_gateway.meta_keys import NO_META
-from agent_gateway.store import SharedState
-from agent_gateway.store import rounds_channel as channel
 from agent_gateway.store.bus import Bus
 from agent_gateway.store.round_messages import (
     KEEPALIVE,
@@ -60,6 +58,9 @@ from agent_gateway.tally import held_rounds
 from agent_gateway.telemetry import SCOPE
 from agent_gateway.trace_context import tracing
 
+if TYPE_CHECKING:
+    from agent_gateway.store.state import SharedState
+
 logger = logging.getLogger(__name__)
 
 _SILENCE = 3 * KEEPALIVE
@@ -70,6 +71,11 @@ _tracer = trace.get_tracer(SCOPE)
 
 Said = Serving | Progress | Log
 """What a holder says during a round."""
+
+
+def rounds_channel(replica: str) -> str:
+    """The channel of ``replica``'s held calls' rounds."""
+    return f"rounds:{replica}"
 
 
 @dataclass(eq=False)
@@ -113,7 +119,7 @@ class Rounds:
         self._served: dict[tuple[str, str], anyio.CancelScope] = {}
         """The rounds served here for other replicas' requests, by (asking replica, round)."""
         calls.replica, calls.elsewhere = shared.replica, self
-        shared.bus.on(channel(shared.replica), self._heard)
+        shared.bus.on(rounds_channel(shared.replica), self._heard)
 
     # -- asked for here ----------------------------------------------------------------------
 
@@ -136,7 +142,7 @@ class Rounds:
             if waiting.outcome is None:  # ended here first (a hang-up, a failure): so it is there
                 with anyio.CancelScope(shield=True):  # bounded by the store's timeout
                     await self._bus.publish(
-                        channel(elsewhere.replica), said(Cancel(id=nonce, sender=self._replica))
+                        rounds_channel(elsewhere.replica), said(Cancel(id=nonce, sender=self._replica))
                     )
             raise
         finally:
@@ -149,7 +155,7 @@ class Rounds:
         carrier: dict[str, str] = {}
         propagate.inject(carrier)  # the holder's span of the round is this one's child
         heard = await self._bus.publish(
-            channel(elsewhere.replica), said(_asked(nonce, self._replica, elsewhere, caller, carrier))
+            rounds_channel(elsewhere.replica), said(_asked(nonce, self._replica, elsewhere, caller, carrier))
         )
         if heard is None:
             raise StoreUnavailable(
@@ -186,7 +192,7 @@ class Rounds:
     async def _serve(self, asked: Asked, served: anyio.CancelScope) -> None:
         """Serve ``asked`` and send its outcome back; nothing escapes (this runs in the held
         calls' task group, beside every call this replica holds)."""
-        reply = _Reply(self._bus, channel(asked.sender), asked.id)
+        reply = _Reply(self._bus, rounds_channel(asked.sender), asked.id)
         parent = propagate.extract(asked.trace)
         try:
             with served, _span(asked.tool, SpanKind.SERVER, self._replica, parent):
@@ -255,7 +261,7 @@ class Rounds:
         if not self._calls.start_soon(self._serve, asked, served, name=f"round of {asked.tool}"):
             del self._served[key]
             stopping = "the replica holding this call is stopping: call the tool again"
-            await _Reply(self._bus, channel(asked.sender), asked.id).send(
+            await _Reply(self._bus, rounds_channel(asked.sender), asked.id).send(
                 Failed(id=asked.id, code=types.INTERNAL_ERROR, message=stopping)
             )
 

@@ -20,16 +20,18 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import mcp_types as types
 
 from agent_gateway.errors import StoreUnavailable
-from agent_gateway.store.client import SharedStore
 from agent_gateway.store.events import STREAMS
 from agent_gateway.store.limits import kept_for
 from agent_gateway.store.record import FIELDS, READ, READ_MOST, UPSTREAM, SessionRecord, UpstreamRecord
+
+if TYPE_CHECKING:
+    from agent_gateway.store.client import SharedStore
 
 logger = logging.getLogger(__name__)
 
