@@ -380,7 +380,7 @@ class _Round:
         return None
 
     async def elicitation_complete(
-        self, upstream: str, params: types.ElicitCompleteNotificationParams
+        self, upstream: str, params: types.ElicitCompleteNotificationParams, *, during_call: bool
     ) -> None:
         return None
 

@@ -125,7 +125,11 @@ async def test_an_upstreams_url_elicitation_required_error_on_a_tool_call_reache
         async with running_gateway(config) as gw, Client(gw.url, mode=mode) as client:  # type: ignore[arg-type]
             through = await outcome(client.call_tool("up__sign_in", {}))
     assert expected == ("error", *URL_REQUIRED.values())
-    # The client needs the code and data.elicitations to open the URL and retry.
+    # The client needs the code and data.elicitations to open the URL and retry; each under
+    # an id of the gateway's (tests/security/test_elicitation_ids.py).
+    shown = through[3]["elicitations"][0].pop("elicitationId")
+    expected[3]["elicitations"][0].pop("elicitationId")
+    assert shown.startswith("gw-")
     assert _code_and_data({"tools/call": through}) == _code_and_data({"tools/call": expected})
 
 
@@ -251,7 +255,9 @@ def completing_upstream() -> FastMCP:
 
     @server.tool
     async def completes(ctx: Context) -> str:
-        """Tell the client its URL-mode elicitation e1 is complete (2025-11-25)."""
+        """Ask the client by URL (elicitation e1), then tell it e1 is complete (2025-11-25)."""
+        url = "https://example.com/auth"
+        await ctx.session.elicit_url("Sign in", url, "e1", related_request_id=ctx.request_id)
         await ctx.session.send_elicit_complete("e1", related_request_id=ctx.request_id)
         return "done"
 
@@ -260,12 +266,14 @@ def completing_upstream() -> FastMCP:
 
 async def test_an_upstreams_elicitation_complete_notification_reaches_the_client_of_the_call() -> None:
     heard: list[str] = []
+    asked: list[str] = []
 
     async def handler(message: Any) -> None:
         if isinstance(message, types.ElicitCompleteNotification):
             heard.append(message.params.elicitation_id)
 
     async def elicited(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.elicitation_id)
         return types.ElicitResult(action="accept")
 
     options: dict[str, Any] = {"message_handler": handler, "elicitation_callback": elicited}
@@ -282,4 +290,6 @@ async def test_an_upstreams_elicitation_complete_notification_reaches_the_client
                 while len(heard) < 2:
                     await anyio.sleep(0.01)
     assert not result.is_error
-    assert heard == ["e1", "e1"]  # directly, then through the gateway
+    assert heard == asked  # directly, then through the gateway: under the id it was asked
+    assert asked[0] == "e1"
+    assert asked[1].startswith("gw-")

@@ -62,6 +62,8 @@ notifications_dropped = Tally(
     "progress, resource_updated) and why: behind (16 lines no call owns, or 64 resource updates, "
     "were waiting for the client already), backlog (an "
     "upstream session already had its bound of them being passed on: its clients read slower "
-    "than it sends) or rate (over 100 lines a second no call owns from one upstream); and "
+    "than it sends) or rate (over 100 lines a second no call owns from one upstream); URL elicitations' "
+    "completions naming an id the upstream session showed no client (kind elicitation_complete, why "
+    "unknown); and "
     "notifications of a method MCP does not define (kind unknown, why method), which nothing reads.",
 )

@@ -143,9 +143,12 @@ class Caller:
             await self.server_session.send_notification(line, related_request_id=self.request_id)
 
     async def elicitation_complete(
-        self, upstream: str, params: types.ElicitCompleteNotificationParams
+        self, upstream: str, params: types.ElicitCompleteNotificationParams, *, during_call: bool
     ) -> None:
         if self.modern or not elicits_by_url(self.capabilities):
+            return
+        if not during_call:  # its request's stream is gone: on the session's own channel
+            await self.session.elicitation_complete(upstream, params)
             return
         with anyio.move_on_after(SEND_TIMEOUT):
             await self.server_session.send_notification(

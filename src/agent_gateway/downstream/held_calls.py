@@ -152,7 +152,7 @@ class HeldCaller:
         await self._held.caller.log(upstream, params)
 
     async def elicitation_complete(
-        self, upstream: str, params: types.ElicitCompleteNotificationParams
+        self, upstream: str, params: types.ElicitCompleteNotificationParams, *, during_call: bool
     ) -> None:
         return  # a held call's client is modern: it learns the outcome from its next round
 

@@ -148,7 +148,7 @@ class DownstreamSession:
             await self.connection.notify("notifications/message", line)
 
     async def elicitation_complete(
-        self, upstream: str, params: types.ElicitCompleteNotificationParams
+        self, upstream: str, params: types.ElicitCompleteNotificationParams, *, during_call: bool = False
     ) -> None:
         if self.connection is None or self.modern or not elicits_by_url(self.capabilities):
             return

@@ -322,7 +322,7 @@ class _Remote:
         await self._reply.send(Log(id=self._reply.nonce, upstream=upstream, params=params))
 
     async def elicitation_complete(
-        self, upstream: str, params: types.ElicitCompleteNotificationParams
+        self, upstream: str, params: types.ElicitCompleteNotificationParams, *, during_call: bool
     ) -> None:
         return  # a held call's client is modern (as in held_calls.HeldCaller)
 

@@ -56,10 +56,12 @@ class ClientSide(Protocol):
         ...  # a Protocol member: the signature is the contract
 
     async def elicitation_complete(
-        self, upstream: str, params: types.ElicitCompleteNotificationParams
+        self, upstream: str, params: types.ElicitCompleteNotificationParams, *, during_call: bool
     ) -> None:
         """Tell a handshake-era client that can elicit by URL that the upstream's URL-mode
-        elicitation ``params`` names is complete (2025-11-25); others are told nothing."""
+        elicitation ``params`` names is complete (2025-11-25); others are told nothing.
+        ``during_call``: this client side's call is still in flight (else only its session
+        is left to tell)."""
 
 
 EVERYTHING = types.ClientCapabilities(

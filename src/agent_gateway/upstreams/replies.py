@@ -22,9 +22,10 @@ import mcp_types as types
 from mcp.client.session import ClientRequestContext
 from mcp.shared.dispatcher import ProgressFnT
 
-from agent_gateway.errors import cut_client_error
+from agent_gateway.errors import UpstreamAnswered, cut_client_error
 from agent_gateway.tally import notifications_dropped
 from agent_gateway.upstreams.client_side import ClientSide
+from agent_gateway.upstreams.elicitations import Elicitations
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class Replies:
         self._passing_all = 0
         self._progress: dict[str, ProgressFnT] = {}
         """The relays of requests sent with a progress token of ours (``progress_token``)."""
+        self._elicitations = Elicitations()
+        """The URL elicitations this session showed clients, under ids of ours."""
 
     @property
     def pending(self) -> int:
@@ -78,6 +81,10 @@ class Replies:
         bound = _CALLER.set(caller)
         try:
             yield
+        except UpstreamAnswered as exc:
+            if exc.code == types.URL_ELICITATION_REQUIRED and caller is not None:
+                exc.data = self._elicitations.error_data(exc.data, caller)  # ids of ours
+            raise
         finally:
             _CALLER.reset(bound)
             self._in_flight.pop(token, None)
@@ -180,11 +187,17 @@ class Replies:
                 del self._passing[key]
 
     async def on_elicitation_complete(self, params: types.ElicitCompleteNotificationParams) -> None:
-        """A URL-mode elicitation finished: told to the client it was asked of, if known."""
-        if (target := self.attributed()) is not None:
-            await target.elicitation_complete(self.name, params)
-        else:
-            logger.debug("elicitation/complete from %s dropped: whose it is is unknown", self.name)
+        """A URL-mode elicitation finished: told to each client this session showed its id,
+        under the id it was shown (during the call it was asked in, if that is still going
+        on); an id it showed nobody is dropped (``elicitations.py``)."""
+        told = self._elicitations.completed(params.elicitation_id)
+        if not told:
+            notifications_dropped.add(1, {"kind": "elicitation_complete", "why": "unknown"})
+            logger.debug("elicitation/complete from %s dropped: it showed no client that id", self.name)
+        for shown, target in told:
+            during = any(caller is target for caller in self._in_flight.values())
+            said = params.model_copy(update={"elicitation_id": shown})
+            await target.elicitation_complete(self.name, said, during_call=during)
 
     async def on_sampling(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
@@ -221,7 +234,7 @@ class Replies:
             reason = self._unattributed()
             logger.warning("%s from %s refused: %s", request.method, self.name, reason)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
-        answer = await target.ask(self.name, request)
+        answer = await target.ask(self.name, self._elicitations.asked(request, target))
         return cut_client_error(answer) if isinstance(answer, types.ErrorData) else answer
 
     def _unattributed(self) -> str:

@@ -1,0 +1,115 @@
+"""The URL-mode elicitations one upstream session showed its clients (2025-11-25): the id of
+the gateway's each client sees for each, and so who the upstream's completion of it is for.
+
+An upstream names a URL elicitation with an id of its own choosing, in an ``elicitation/create``
+request or in the data of a -32042 error, and later says it is done
+(``notifications/elicitation/complete``). Passed through as they came, ids of different
+upstreams met in one client: two upstreams' ``auth-1`` were one id to it, and any upstream
+could close another's elicitation by naming its id. Here each client is shown a random id for
+each (upstream session, upstream id) asked of it, and a completion goes only to the clients
+its upstream session showed that id, under the id each was shown, whatever call is in flight
+then (before, to whichever client alone had a call in flight, or to nobody). An id the session
+never showed anybody closes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+
+from agent_gateway.upstreams.client_side import ClientSide
+
+MAX_SHOWN = 64
+"""URL elicitations of one upstream session remembered for one client; past it the client's
+oldest is forgotten (its completion is then dropped)."""
+KEPT = 3600.0
+"""Seconds a URL elicitation is remembered for its completion."""
+
+
+@dataclass(eq=False)
+class _Shown:
+    id: str
+    """The id its client was shown."""
+    client: ClientSide
+    """Whom it was asked of: a request's caller (told during that call), or a session."""
+    at: float
+
+
+class Elicitations:
+    """The URL elicitations one upstream session showed, by client session and upstream id."""
+
+    def __init__(self) -> None:
+        self._shown: dict[str, OrderedDict[bytes, _Shown]] = {}
+        """Per client session id, by the upstream's id (hashed: it chose its length), oldest first."""
+
+    def asked(self, request: types.InputRequest, client: ClientSide) -> types.InputRequest:
+        """``request`` as ``client`` is asked it: a URL elicitation under the id shown to it."""
+        if not isinstance(request, types.ElicitRequest):
+            return request
+        params = request.params
+        if not isinstance(params, types.ElicitRequestURLParams) or params.elicitation_id is None:
+            return request
+        shown = self.shown(params.elicitation_id, client)
+        return types.ElicitRequest(params=params.model_copy(update={"elicitation_id": shown}))
+
+    def error_data(self, data: Any, client: ClientSide) -> Any:
+        """A -32042 error's ``data`` as ``client`` is shown it: each URL elicitation it lists
+        under the id shown to it (an entry of another shape, naming no string id, as it is)."""
+        if not isinstance(data, dict) or not isinstance(listed := data.get("elicitations"), list):
+            return data
+        return {**data, "elicitations": [self._entry(entry, client) for entry in listed]}
+
+    def shown(self, upstream_id: str, client: ClientSide) -> str:
+        """The id ``client`` sees for the upstream's ``upstream_id``: the same one each time it
+        is shown it again (a call retried and refused again), remembered for ``KEPT`` s."""
+        if client.modern:  # never told a completion (2026-07-28 has none): nothing to remember
+            return _new_id()
+        now = time.monotonic()
+        self._forget_old(now)
+        mine = self._shown.setdefault(client.session_id, OrderedDict())
+        key = _key(upstream_id)
+        if (known := mine.pop(key, None)) is not None:
+            known.client, known.at = client, now  # the latest call asked it: told there
+        else:
+            known = _Shown(_new_id(), client, now)
+        mine[key] = known
+        if len(mine) > MAX_SHOWN:
+            mine.popitem(last=False)
+        return known.id
+
+    def completed(self, upstream_id: str) -> list[tuple[str, ClientSide]]:
+        """Who was shown the upstream's ``upstream_id``, under which id; forgotten (told once)."""
+        self._forget_old(time.monotonic())
+        key, told = _key(upstream_id), []
+        for session_id, mine in list(self._shown.items()):
+            if (known := mine.pop(key, None)) is not None:
+                told.append((known.id, known.client))
+                if not mine:
+                    del self._shown[session_id]
+        return told
+
+    def _entry(self, entry: Any, client: ClientSide) -> Any:
+        if isinstance(entry, dict) and isinstance(upstream_id := entry.get("elicitationId"), str):
+            return {**entry, "elicitationId": self.shown(upstream_id, client)}
+        return entry
+
+    def _forget_old(self, now: float) -> None:
+        for session_id, mine in list(self._shown.items()):
+            while mine and next(iter(mine.values())).at < now - KEPT:
+                mine.popitem(last=False)
+            if not mine:
+                del self._shown[session_id]
+
+
+def _new_id() -> str:
+    return f"gw-{secrets.token_hex(8)}"
+
+
+def _key(upstream_id: str) -> bytes:
+    return hashlib.blake2b(upstream_id.encode(errors="surrogatepass"), digest_size=16).digest()

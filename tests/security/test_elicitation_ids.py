@@ -1,0 +1,162 @@
+"""A URL-mode elicitation's id names one upstream's question to one client: the client sees an
+id of the gateway's for it (two upstreams' ``auth-1`` are two ids), and the upstream's
+``notifications/elicitation/complete`` for it reaches that client alone, whenever it comes.
+Another upstream sending the same id, or the upstream sending it during another client's
+call, closes nothing (``upstreams/elicitations.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from fastmcp import Context, FastMCP
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+from starlette.responses import JSONResponse
+
+from tests.support import intercepted, running_gateway, serving
+
+BOUND = 10.0
+
+
+def signing_upstream(name: str, ids: list[str]) -> Any:
+    """FastMCP whose ``sign_in`` answers -32042 naming a URL elicitation with the next of
+    ``ids`` (as the SDK's ``UrlElicitationRequiredError`` answers), and whose ``finish``,
+    ``ask`` and ``spoof`` tools send completions: of the id given, as a server whose
+    user finished in the browser tells its session (not related to any request of it)."""
+    server = FastMCP(name)
+
+    @server.tool
+    def sign_in() -> str:
+        return "never reached: intercepted"
+
+    @server.tool
+    async def finish(elicitation_id: str, ctx: Context) -> str:
+        await ctx.session.send_elicit_complete(elicitation_id)
+        return "told"
+
+    @server.tool
+    async def ask(elicitation_id: str, ctx: Context) -> str:
+        """Ask by URL during the call, then say it is complete, both on the call's stream."""
+        answer = await ctx.session.elicit_url(
+            "Sign in", "https://example.com/auth", elicitation_id, related_request_id=ctx.request_id
+        )
+        await ctx.session.send_elicit_complete(elicitation_id, related_request_id=ctx.request_id)
+        return answer.action
+
+    async def intercept(scope: Any, message: dict[str, Any], send: Any) -> bool:
+        if message.get("method") != "tools/call" or message["params"]["name"] != "sign_in":
+            return False
+        elicitation = {
+            "mode": "url",
+            "message": "Sign in",
+            "url": "https://example.com/a",
+            "elicitationId": ids.pop(0),
+        }
+        error = {"code": types.URL_ELICITATION_REQUIRED, "message": "URL elicitation required"}
+        error["data"] = {"elicitations": [elicitation]}
+
+        async def nothing() -> Any:
+            return {"type": "http.request", "body": b""}
+
+        await JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error})(scope, nothing, send)
+        return True
+
+    return intercepted(server, intercept)
+
+
+class Heard:
+    """What one client hears: completions by id, and the URL elicitations it was asked."""
+
+    def __init__(self) -> None:
+        self.completed: list[str] = []
+        self.asked: list[str] = []
+        self.news = anyio.Event()
+
+    async def on_message(self, message: Any) -> None:
+        if isinstance(message, types.ElicitCompleteNotification):
+            self.completed.append(message.params.elicitation_id)
+            self.news.set()
+
+    async def on_elicitation(self, context: Any, params: Any) -> types.ElicitResult:
+        self.asked.append(params.elicitation_id)
+        return types.ElicitResult(action="accept")
+
+    def client(self, url: str) -> Client:
+        return Client(
+            url, mode="legacy", message_handler=self.on_message, elicitation_callback=self.on_elicitation
+        )
+
+    async def completion(self) -> str:
+        with anyio.fail_after(BOUND):
+            while not self.completed:
+                self.news = anyio.Event()
+                await self.news.wait()
+        return self.completed.pop(0)
+
+
+async def required(client: Client, tool: str) -> str:
+    """The elicitation id in the -32042 answer to ``tool``."""
+    with anyio.fail_after(BOUND), pytest.raises(MCPError) as raised:
+        await client.call_tool(tool, {})
+    assert raised.value.error.code == types.URL_ELICITATION_REQUIRED
+    return raised.value.error.data["elicitations"][0]["elicitationId"]
+
+
+@asynccontextmanager
+async def gateway_of(**upstreams: list[str]) -> AsyncIterator[str]:
+    """A gateway in front of one ``signing_upstream`` per name (shared handshake-era sessions)."""
+    async with AsyncExitStack() as stack:
+        config: dict[str, Any] = {"upstreams": {}}
+        for name, ids in upstreams.items():
+            base = await stack.enter_async_context(serving(signing_upstream(name, ids)))
+            config["upstreams"][name] = {"url": f"{base}/mcp", "protocol": "legacy"}
+        gateway = await stack.enter_async_context(running_gateway(config))
+        yield gateway.url
+
+
+async def test_another_upstream_cannot_complete_an_upstreams_url_elicitation() -> None:
+    heard = Heard()
+    async with gateway_of(a=["auth-1"], b=["auth-1"]) as url, heard.client(url) as client:
+        of_a = await required(client, "a__sign_in")
+        of_b = await required(client, "b__sign_in")  # the same id upstream: two ids here
+        # b says a's id (and an id it never issued) is complete, during a call of this client.
+        await client.call_tool("b__finish", {"elicitation_id": "auth-1"})
+        assert await heard.completion() == of_b
+        await client.call_tool("b__finish", {"elicitation_id": "never-issued"})
+        await client.call_tool("b__finish", {"elicitation_id": of_a})  # what this client saw
+        await client.call_tool("a__finish", {"elicitation_id": "auth-1"})
+        assert await heard.completion() == of_a
+    assert of_a != of_b
+    assert heard.completed == []  # nothing but the two, once each
+
+
+async def test_an_upstreams_completion_reaches_the_client_it_asked_not_the_one_calling() -> None:
+    first, second = Heard(), Heard()
+    async with (
+        gateway_of(a=["auth-1"]) as url,
+        first.client(url) as asked,
+        second.client(url) as bystander,
+    ):
+        issued = await required(asked, "a__sign_in")
+        # The first client's call has ended; the upstream tells its shared session the
+        # elicitation is done while only the second client has a call in flight on it.
+        await bystander.call_tool("a__finish", {"elicitation_id": "auth-1"})
+        assert await first.completion() == issued
+        await bystander.call_tool("a__finish", {"elicitation_id": "auth-1"})  # told once only
+        await asked.call_tool("a__finish", {"elicitation_id": "auth-1"})
+    assert second.completed == first.completed == []
+
+
+async def test_a_url_elicitation_asked_during_a_call_is_completed_under_the_id_the_client_was_asked() -> None:
+    heard = Heard()
+    async with gateway_of(a=[], b=[]) as url, heard.client(url) as client:
+        await client.call_tool("a__ask", {"elicitation_id": "e1"})
+        await client.call_tool("b__ask", {"elicitation_id": "e1"})
+        assert [await heard.completion(), await heard.completion()] == heard.asked
+    assert len(set(heard.asked)) == 2
+    assert "e1" not in heard.asked
