@@ -13,6 +13,7 @@ is the gateway's span's. Prefixes are compared case-blind; a key not of MCP's fo
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -21,6 +22,9 @@ from typing import Any
 import mcp_types as types
 
 NO_META: Mapping[str, Any] = MappingProxyType({})
+
+SESSION_META_KEY = "io.agent-gateway/session-id"
+"""The ``_meta`` key carrying the downstream session id to upstreams (``told_session``)."""
 
 RESULT_DROPPED = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
 """An upstream result's keys that describe the upstream (its serverInfo, protocol version)."""
@@ -46,3 +50,13 @@ def _clients(key: str) -> bool:
         return False
     prefix = matched[1].lower()
     return prefix != _GATEWAYS and _RESERVED_LABELS.isdisjoint(prefix.split("."))
+
+
+def told_session(session_id: str) -> str:
+    """Downstream session ``session_id`` as upstreams are told it: the same for each of its
+    calls (on any replica), another for each session, and not the id itself. A handshake-era
+    HTTP client's is its ``Mcp-Session-Id``, which, without auth, is all it takes to act in
+    its session: an upstream told it could end it, take its notification stream, answer what
+    it is asked and call as it."""
+    told = f"agent-gateway session {session_id}".encode(errors="surrogatepass")
+    return hashlib.sha256(told).hexdigest()[:32]

@@ -25,6 +25,7 @@ from agent_gateway.compat.capabilities import told
 from agent_gateway.compat.resumed import resumed_client
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
+from agent_gateway.meta_keys import SESSION_META_KEY, told_session
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
 from agent_gateway.upstreams.client_side import EVERYTHING, ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
@@ -40,9 +41,6 @@ if TYPE_CHECKING:
     from agent_gateway.upstreams.lifecycle import UpdateSink
 
 logger = logging.getLogger(__name__)
-
-SESSION_META_KEY = "io.agent-gateway/session-id"
-"""The ``_meta`` key carrying the downstream session id to upstreams."""
 
 CLIENT_INFO = types.Implementation(name="agent-gateway", version=__version__)
 
@@ -349,7 +347,7 @@ class UpstreamSession:
     def _meta(self, caller: ClientSide | None, progress_token: str | None = None) -> dict[str, Any] | None:
         if caller is None:
             return None
-        meta: dict[str, Any] = {**caller.client_meta, SESSION_META_KEY: caller.session_id}
+        meta: dict[str, Any] = {**caller.client_meta, SESSION_META_KEY: told_session(caller.session_id)}
         if self.modern:  # the modern era opts in to log lines, and says what it answers, per request
             meta[types.CLIENT_CAPABILITIES_META_KEY] = told(caller.capabilities)
             if caller.log_level is not None:
