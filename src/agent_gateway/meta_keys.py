@@ -56,7 +56,6 @@ def told_session(session_id: str) -> str:
     """Downstream session ``session_id`` as upstreams are told it: the same for each of its
     calls (on any replica), another for each session, and not the id itself. A handshake-era
     HTTP client's is its ``Mcp-Session-Id``, which, without auth, is all it takes to act in
-    its session: an upstream told it could end it, take its notification stream, answer what
-    it is asked and call as it."""
+    its session: an upstream told it could end it, or send requests and answers in it."""
     told = f"agent-gateway session {session_id}".encode(errors="surrogatepass")
     return hashlib.sha256(told).hexdigest()[:32]

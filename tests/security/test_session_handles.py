@@ -1,7 +1,7 @@
 """What an upstream is told of its client's session is no handle on it: the id in
 ``_meta`` (``io.agent-gateway/session-id``) is not the client's ``Mcp-Session-Id``, which,
-without auth, is all it takes to act in that session (end it, take its notification stream,
-answer what it is asked, call as it)."""
+without auth, is all it takes to act in that session (end it, send requests and answers in
+it)."""
 
 from __future__ import annotations
 
