@@ -63,7 +63,7 @@ notifications_dropped = Tally(
     "were waiting for the client already), backlog (an "
     "upstream session already had its bound of them being passed on: its clients read slower "
     "than it sends) or rate (over 100 lines a second no call owns from one upstream); URL elicitations' "
-    "completions naming an id the upstream session showed no client (kind elicitation_complete, why "
+    "completions naming an id the upstream session showed no handshake-era client (kind elicitation_complete, why "
     "unknown); and "
     "notifications of a method MCP does not define (kind unknown, why method), which nothing reads.",
 )

@@ -193,7 +193,9 @@ class Replies:
         told = self._elicitations.completed(params.elicitation_id)
         if not told:
             notifications_dropped.add(1, {"kind": "elicitation_complete", "why": "unknown"})
-            logger.debug("elicitation/complete from %s dropped: it showed no client that id", self.name)
+            logger.debug(
+                "elicitation/complete from %s dropped: it showed no handshake-era client that id", self.name
+            )
         for shown, target in told:
             during = any(caller is target for caller in self._in_flight.values())
             said = params.model_copy(update={"elicitation_id": shown})
