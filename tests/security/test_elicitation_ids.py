@@ -18,14 +18,15 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from starlette.responses import JSONResponse
 
+from agent_gateway.upstreams.elicitations import MAX_SHOWN
 from tests.support import intercepted, running_gateway, serving
 
 BOUND = 10.0
 
 
-def signing_upstream(name: str, ids: list[str]) -> Any:
-    """FastMCP whose ``sign_in`` answers -32042 naming a URL elicitation with the next of
-    ``ids`` (as the SDK's ``UrlElicitationRequiredError`` answers), and whose ``finish``,
+def signing_upstream(name: str, ids: list[str | list[str]]) -> Any:
+    """FastMCP whose ``sign_in`` answers -32042 naming URL elicitations by the next of ``ids``
+    (an id, or several) as the SDK's ``UrlElicitationRequiredError`` answers, and whose ``finish``,
     ``ask`` and ``spoof`` tools send completions: of the id given, as a server whose
     user finished in the browser tells its session (not related to any request of it)."""
     server = FastMCP(name)
@@ -51,14 +52,14 @@ def signing_upstream(name: str, ids: list[str]) -> Any:
     async def intercept(scope: Any, message: dict[str, Any], send: Any) -> bool:
         if message.get("method") != "tools/call" or message["params"]["name"] != "sign_in":
             return False
-        elicitation = {
-            "mode": "url",
-            "message": "Sign in",
-            "url": "https://example.com/a",
-            "elicitationId": ids.pop(0),
-        }
+        named = ids.pop(0)
+        url = "https://example.com/a"
+        elicitations = [
+            {"mode": "url", "message": "Sign in", "url": url, "elicitationId": one}
+            for one in ([named] if isinstance(named, str) else named)
+        ]
         error = {"code": types.URL_ELICITATION_REQUIRED, "message": "URL elicitation required"}
-        error["data"] = {"elicitations": [elicitation]}
+        error["data"] = {"elicitations": elicitations}
 
         async def nothing() -> Any:
             return {"type": "http.request", "body": b""}
@@ -101,14 +102,19 @@ class Heard:
 
 async def required(client: Client, tool: str) -> str:
     """The elicitation id in the -32042 answer to ``tool``."""
+    return (await all_required(client, tool))[0]
+
+
+async def all_required(client: Client, tool: str) -> list[str]:
+    """The elicitation ids in the -32042 answer to ``tool``."""
     with anyio.fail_after(BOUND), pytest.raises(MCPError) as raised:
         await client.call_tool(tool, {})
     assert raised.value.error.code == types.URL_ELICITATION_REQUIRED
-    return raised.value.error.data["elicitations"][0]["elicitationId"]
+    return [e["elicitationId"] for e in raised.value.error.data["elicitations"]]
 
 
 @asynccontextmanager
-async def gateway_of(**upstreams: list[str]) -> AsyncIterator[str]:
+async def gateway_of(**upstreams: list[str | list[str]]) -> AsyncIterator[str]:
     """A gateway in front of one ``signing_upstream`` per name (shared handshake-era sessions)."""
     async with AsyncExitStack() as stack:
         config: dict[str, Any] = {"upstreams": {}}
@@ -160,3 +166,15 @@ async def test_a_url_elicitation_asked_during_a_call_is_completed_under_the_id_t
         assert [await heard.completion(), await heard.completion()] == heard.asked
     assert len(set(heard.asked)) == 2
     assert "e1" not in heard.asked
+
+
+async def test_a_client_is_told_of_its_latest_url_elicitations_of_an_upstream_only() -> None:
+    heard = Heard()
+    named = [f"e{n}" for n in range(MAX_SHOWN + 1)]
+    async with gateway_of(a=[named]) as url, heard.client(url) as client:
+        shown = await all_required(client, "a__sign_in")
+        # Its first is forgotten (the bound), the last is not; told in the order sent.
+        await client.call_tool("a__finish", {"elicitation_id": named[0]})
+        await client.call_tool("a__finish", {"elicitation_id": named[-1]})
+        assert await heard.completion() == shown[-1]
+    assert len(set(shown)) == len(named)

@@ -30,6 +30,8 @@ MAX_SHOWN = 64
 oldest is forgotten (its completion is then dropped)."""
 KEPT = 3600.0
 """Seconds a URL elicitation is remembered for its completion."""
+_SWEEP = 60.0
+"""Seconds between looks for elicitations past ``KEPT`` (each is checked when completed too)."""
 
 
 @dataclass(eq=False)
@@ -47,6 +49,9 @@ class Elicitations:
     def __init__(self) -> None:
         self._shown: dict[str, OrderedDict[bytes, _Shown]] = {}
         """Per client session id, by the upstream's id (hashed: it chose its length), oldest first."""
+        self._holders: dict[bytes, set[str]] = {}
+        """The client sessions shown each upstream id: a completion finds them at once."""
+        self._swept = time.monotonic()
 
     def asked(self, request: types.InputRequest, client: ClientSide) -> types.InputRequest:
         """``request`` as ``client`` is asked it: a URL elicitation under the id shown to it."""
@@ -70,28 +75,26 @@ class Elicitations:
         is shown it again (a call retried and refused again), remembered for ``KEPT`` s."""
         if client.modern:  # never told a completion (2026-07-28 has none): nothing to remember
             return _new_id()
-        now = time.monotonic()
-        self._forget_old(now)
-        mine = self._shown.setdefault(client.session_id, OrderedDict())
-        key = _key(upstream_id)
-        if (known := mine.pop(key, None)) is not None:
+        now = self._now()
+        key, session_id = _key(upstream_id), client.session_id
+        mine = self._shown.setdefault(session_id, OrderedDict())
+        if (known := mine.pop(key, None)) is not None and known.at >= now - KEPT:
             known.client, known.at = client, now  # the latest call asked it: told there
         else:
             known = _Shown(_new_id(), client, now)
         mine[key] = known
+        self._holders.setdefault(key, set()).add(session_id)
         if len(mine) > MAX_SHOWN:
-            mine.popitem(last=False)
+            self._forget(session_id, next(iter(mine)))
         return known.id
 
     def completed(self, upstream_id: str) -> list[tuple[str, ClientSide]]:
         """Who was shown the upstream's ``upstream_id``, under which id; forgotten (told once)."""
-        self._forget_old(time.monotonic())
-        key, told = _key(upstream_id), []
-        for session_id, mine in list(self._shown.items()):
-            if (known := mine.pop(key, None)) is not None:
+        now, key, told = self._now(), _key(upstream_id), []
+        for session_id in list(self._holders.get(key, ())):
+            known = self._forget(session_id, key)
+            if known is not None and known.at >= now - KEPT:
                 told.append((known.id, known.client))
-                if not mine:
-                    del self._shown[session_id]
         return told
 
     def _entry(self, entry: Any, client: ClientSide) -> Any:
@@ -99,12 +102,27 @@ class Elicitations:
             return {**entry, "elicitationId": self.shown(upstream_id, client)}
         return entry
 
-    def _forget_old(self, now: float) -> None:
-        for session_id, mine in list(self._shown.items()):
-            while mine and next(iter(mine.values())).at < now - KEPT:
-                mine.popitem(last=False)
-            if not mine:
-                del self._shown[session_id]
+    def _forget(self, session_id: str, key: bytes) -> _Shown | None:
+        mine = self._shown.get(session_id)
+        known = mine.pop(key, None) if mine is not None else None
+        if mine is not None and not mine:
+            del self._shown[session_id]
+        if (holders := self._holders.get(key)) is not None:
+            holders.discard(session_id)
+            if not holders:
+                del self._holders[key]
+        return known
+
+    def _now(self) -> float:
+        """The time, and the elicitations past ``KEPT`` forgotten (every ``_SWEEP`` s at most:
+        a completion or a -32042 listing hundreds must not walk every client's each time)."""
+        now = time.monotonic()
+        if now - self._swept >= _SWEEP:
+            self._swept = now
+            for session_id, mine in list(self._shown.items()):
+                while mine and (oldest := next(iter(mine.items())))[1].at < now - KEPT:
+                    self._forget(session_id, oldest[0])
+        return now
 
 
 def _new_id() -> str:
