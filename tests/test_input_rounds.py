@@ -146,3 +146,42 @@ async def test_an_upstream_that_never_stops_asking_a_handshake_era_client_is_nam
         "upstream 'up': prompt 'loop': still asking for input after 10 rounds",
         "upstream 'up': resource 'loop://x': still asking for input after 10 rounds",
     ]
+
+
+def signing_in(answers: list[str]) -> Server:
+    """A low-level modern upstream whose prompt ``signin`` first asks the client to open a URL
+    (an input request in URL mode: no ``elicitationId`` in 2026-07-28), then records the answer."""
+
+    async def list_prompts(ctx: Any, params: Any) -> types.ListPromptsResult:
+        return types.ListPromptsResult(prompts=[types.Prompt(name="signin")])
+
+    async def get_prompt(ctx: Any, params: Any) -> types.GetPromptResult | types.InputRequiredResult:
+        if not params.input_responses:
+            url = types.ElicitRequestURLParams(message="Sign in", url="https://example.com/a")
+            return types.InputRequiredResult(input_requests={"auth": types.ElicitRequest(params=url)})
+        answers.append(params.input_responses["auth"].action)
+        return types.GetPromptResult(
+            messages=[types.PromptMessage(role="user", content=types.TextContent(text="in"))]
+        )
+
+    return Server("signing", on_list_prompts=list_prompts, on_get_prompt=get_prompt)
+
+
+async def test_a_modern_upstreams_url_elicitation_reaches_a_handshake_era_client_with_an_id() -> None:
+    answers: list[str] = []
+    asked: list[str | None] = []
+
+    async def opened(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.elicitation_id)
+        return types.ElicitResult(action="accept")
+
+    async with (
+        serving(signing_in(answers).streamable_http_app()) as base,
+        running_gateway({"upstreams": {"up": {"url": f"{base}/mcp"}}}) as gw,
+        Client(gw.url, mode="legacy", elicitation_callback=opened) as client,
+    ):
+        result = await client.get_prompt("up__signin")
+    # Before: the client refused it (2025-11-25 requires the id): "Invalid request parameters".
+    assert result.messages[0].content == types.TextContent(text="in")
+    assert answers == ["accept"]
+    assert [bool(one) for one in asked] == [True]

@@ -54,13 +54,20 @@ class Elicitations:
         self._swept = time.monotonic()
 
     def asked(self, request: types.InputRequest, client: ClientSide) -> types.InputRequest:
-        """``request`` as ``client`` is asked it: a URL elicitation under the id shown to it."""
+        """``request`` as ``client`` is asked it: a URL elicitation under the id shown to it. A
+        modern upstream's has none (2026-07-28 dropped it), which a handshake-era client
+        requires: it is given one of its own (nothing can complete it)."""
         if not isinstance(request, types.ElicitRequest):
             return request
         params = request.params
-        if not isinstance(params, types.ElicitRequestURLParams) or params.elicitation_id is None:
+        if not isinstance(params, types.ElicitRequestURLParams):
             return request
-        shown = self.shown(params.elicitation_id, client)
+        if params.elicitation_id is not None:
+            shown = self.shown(params.elicitation_id, client)
+        elif not client.modern:
+            shown = _new_id()
+        else:
+            return request
         return types.ElicitRequest(params=params.model_copy(update={"elicitation_id": shown}))
 
     def error_data(self, data: Any, client: ClientSide) -> Any:
