@@ -4,7 +4,7 @@ A replica that cannot reach Redis at start-up refuses to start with one clear me
 that loses it while running keeps serving: each operation is bounded by ``store.timeout``;
 a failure marks the store unavailable (logged once, ``/readyz`` says why, the
 ``agent_gateway.store.available`` gauge drops to 0) and the callers fall back to what this
-replica knows; a watcher pings until it answers again and says so.
+replica knows; a watcher tries a write until one is taken again and says so.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from agent_gateway.logs import without_password
 logger = logging.getLogger(__name__)
 
 _WATCH_INTERVAL = 1.0
+_PROBE_KEPT_MS = 10_000
+"""How long the watcher's probe key outlives its write (it is written only while the store is
+unavailable)."""
 _availability = metrics.get_meter("agent-gateway").create_up_down_counter(
     "agent_gateway.store.available",
     description="1 while the shared store (Redis) answers, 0 while it does not.",
@@ -102,7 +105,7 @@ class SharedStore:
             return None
 
     async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Ping while the store is unavailable, and mark it up when it answers again."""
+        """Probe while the store is unavailable, and mark it up when it takes a write again."""
         task_status.started()
         while True:
             await anyio.sleep(_WATCH_INTERVAL)
@@ -110,11 +113,18 @@ class SharedStore:
                 continue
             try:
                 with anyio.fail_after(self.config.timeout):
-                    await self.redis.ping()  # pyright: ignore[reportUnknownMemberType]
+                    await self._probe()
             except (RedisError, OSError, TimeoutError) as exc:
                 self.problem = f"the shared store does not answer: {_reason(exc)}"
                 continue
             self._mark_up()
+
+    async def _probe(self) -> None:
+        # A write, as a request's scripts are: Redis paused for writes (``CLIENT PAUSE WRITE``,
+        # as a failover pauses its primary) answers a PING at once and holds every script, so
+        # a watcher that pinged marked it up each second, and the next request waited out
+        # ``store.timeout`` again: most of the pause, not its first moment.
+        await self.redis.set(self.key("probe"), b"1", px=_PROBE_KEPT_MS)  # pyright: ignore[reportUnknownMemberType]
 
     async def close(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.config.timeout):
