@@ -22,6 +22,10 @@ class EventsConfig(_Strict):
     """A larger event (a large answer) is not kept: a client whose stream drops before it
     arrives asks again. Every event is in Redis for ``ttl``: one client's large answers held
     gigabytes there."""
+    per_client: int = Field(default=32 * 2**20, ge=2**20)
+    """Bytes of one client's events a replica writes within ``ttl`` (a budget refilled over
+    it, so at most twice this is held): past it, its events are not kept. Unbounded, one client
+    streaming large answers put 176 MB a replica in Redis every 10 s, for ``ttl`` each."""
     max_replay_bytes: int = Field(default=4 * 2**20, ge=1024)
     """A resume that would replay more is refused (the client starts its request again):
     a replay is read whole, and held once per resume."""

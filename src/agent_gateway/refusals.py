@@ -24,6 +24,7 @@ refusals = metrics.get_meter("agent-gateway").create_counter(
     description="Requests and connections refused by a bound, by reason (connections, "
     "header_timeout, rate_limit, sessions, sessions_all, session_made_way, subscriptions, body, "
     "name, in_flight, concurrency, upstream_share, dedicated_sessions, checks, token, pipelined, pages; "
+    "events: stream events past a client's share not kept for a resume; "
     "token_rotated: a session or request a reload ended, opened or sent with a static token's "
     "secret the reload replaced; token_removed: a request a reload ended, sent with a token it "
     "took out).",

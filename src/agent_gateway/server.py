@@ -118,6 +118,7 @@ class Gateway:
             shared.keeper.keep(HeldRecords(self.sessions, dedicated, subscribed, shared.replica))
             shared.on_level_set(self.level_changes.hears(self.sessions.level_set_elsewhere))
             shared.holders.on_dropped(self.subscriptions.dropped_elsewhere)
+            shared.events.client_of = lambda sid: s.label if (s := self.sessions.live.get(sid)) else None
         # In this order: searches and listings reflect a change before any client is told of it.
         self.catalog.subscribe_early(self.search.prepare)
         self.catalog.subscribe(self.search.changed)

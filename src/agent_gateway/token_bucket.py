@@ -60,6 +60,11 @@ class ByteBudget:
         self._refill()
         self._left -= size
 
+    def full(self) -> bool:
+        """Whether nothing has been spent that is not refilled (forgetting it loses nothing)."""
+        self._refill()
+        return self._left >= self._burst
+
     def _refill(self) -> None:
         now = self._clock()
         self._left = min(self._burst, self._left + (now - self._at) * self._rate)

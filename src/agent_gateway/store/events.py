@@ -30,6 +30,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -47,6 +48,8 @@ from opentelemetry import metrics
 from pydantic import ValidationError
 
 from agent_gateway.config import EventsConfig
+from agent_gateway.refusals import refused
+from agent_gateway.token_bucket import ByteBudget
 
 if TYPE_CHECKING:
     from agent_gateway.store.client import SharedStore
@@ -99,6 +102,8 @@ for _ = 1, tonumber(ARGV[2]) do
 end
 return page
 """
+_SHARES_KEPT = 10_000
+"""Clients' event budgets kept before those refilled are forgotten."""
 _PARTS = 6
 """Fields and values of an event this replica writes (``s``, ``i`` and ``m``: ``_send``)."""
 _REPLAYS = 4
@@ -128,6 +133,11 @@ class SharedEventStore(EventStore):
         self._max_event = config.max_event_bytes
         self._max_replay = config.max_replay_bytes
         self._replays = anyio.Semaphore(_REPLAYS)
+        self._per_client = config.per_client
+        self._shares: dict[str, ByteBudget] = {}
+        """Each client's budget of event bytes (``store.events.per_client``), by its label."""
+        self.client_of: Callable[[str], str | None] = lambda _: None
+        """The label of a session's client (its id), while this replica serves it."""
         self._page_read = store.redis.register_script(_PAGE_READ)
         self.replica = uuid.uuid4().hex[:12]
         """The first part of this replica's event ids."""
@@ -146,11 +156,33 @@ class SharedEventStore(EventStore):
         if len(data) > self._max_event:
             _dropped.add(1, {"reason": "too_large"})
             return event_id
+        if not self._within_share(stream_id, len(data)):
+            _dropped.add(1, {"reason": "client_share"})
+            return event_id
         try:
             self._queue[0].send_nowait((self._key(digest), stream_id, event_id, data))
         except (anyio.WouldBlock, anyio.ClosedResourceError):  # full, or the writer has stopped
             _dropped.add(1, {"reason": "queue_full"})
         return event_id
+
+    def _within_share(self, stream_id: str, size: int) -> bool:
+        """Whether the client of ``stream_id``'s session has ``per_client`` left to spend
+        (then spent); else its events are not kept meanwhile (logged once per 10 s)."""
+        session = session_of(stream_id)
+        client = (self.client_of(session) if session is not None else None) or ""
+        share = self._shares.get(client)
+        if share is None:
+            if len(self._shares) >= _SHARES_KEPT:  # those refilled are forgotten
+                self._shares = {c: b for c, b in self._shares.items() if not b.full()}
+            share = self._shares[client] = ByteBudget(self._per_client / self._ttl, self._per_client)
+        if share.wait() is not None:
+            refused(
+                "events", "client %s: its stream events past %d bytes within %d s are not kept for a resume",
+                client, self._per_client, self._ttl, peer=client,
+            )  # fmt: skip
+            return False
+        share.spend(size)
+        return True
 
     async def write(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Send queued events to Redis in pipelines until cancelled (then what is queued, bounded)."""

@@ -1,0 +1,80 @@
+"""What one client's streams put in the shared store: each replica keeps at most its
+``store.events.per_client`` bytes of a client's events within their ttl (unbounded, one
+client's streamed answers put 176 MB in Redis in 10 s through one replica, each kept 5
+minutes), and another client's events are kept all the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+import httpx
+import redis.asyncio as aioredis
+from fastmcp import Context, FastMCP
+
+from agent_gateway.store.events import Entry
+from tests.replicas.cluster import replicas
+from tests.replicas.services import Redis
+from tests.replicas.test_sessions import BOUND, TOKEN_ENV, TOKENS, bearer, config
+from tests.replicas.test_store import ACCEPT, opened
+from tests.support import serving_upstream
+
+SHARE = 2**20
+PART = 150_000
+"""Characters of each progress message and of the answer of one call: ~600 KB of events."""
+
+
+def reporting_server() -> FastMCP:
+    server = FastMCP("big")
+
+    @server.tool
+    async def big(n: int, ctx: Context) -> str:
+        """Report progress three times, n characters each, then answer n characters."""
+        for i in range(3):
+            await ctx.report_progress(i + 1, 4, "p" * n)
+        return "y" * n
+
+    return server
+
+
+async def streamed(http: httpx.AsyncClient, url: str, headers: dict[str, str], n: int) -> str:
+    """A call answered as a stream (it reports progress); its stream's key in Redis."""
+    call = {
+        "jsonrpc": "2.0", "id": n, "method": "tools/call",
+        "params": {"name": "big__big", "arguments": {"n": PART}, "_meta": {"progressToken": n}},
+    }  # fmt: skip
+    async with http.stream("POST", url, json=call, headers=headers) as answer:
+        ids = [line[3:].strip() async for line in answer.aiter_lines() if line.startswith("id:")]
+    assert len(ids) == 4, ids
+    return ids[0].partition("/")[2]
+
+
+async def kept(raw: aioredis.Redis, prefix: str, digest: str) -> list[bytes]:
+    entries: list[Entry] = await raw.xrange(f"{prefix}:events:{digest}")  # pyright: ignore[reportAssignmentType]
+    return [fields.get(b"m", b"") for _, fields in entries]
+
+
+async def test_a_clients_stream_events_past_its_share_are_not_kept_and_anothers_are(
+    redis: Redis, prefix: str, tmp_path: Path
+) -> None:
+    async with serving_upstream(reporting_server()) as upstream:
+        data = config(redis, prefix, upstream, auth=bearer())
+        data["upstreams"] = {"big": {"url": upstream}}
+        data["store"]["events"] = {"per_client": SHARE}
+        async with (
+            replicas(data, tmp_path, count=1, env=TOKEN_ENV) as cluster,
+            httpx.AsyncClient(timeout=BOUND) as http,
+            aioredis.Redis.from_url(redis.url) as raw,
+        ):
+            url = cluster.endpoint(0)
+            alice, bob = ({**ACCEPT, "Authorization": f"Bearer {TOKENS[n]}"} for n in ("alice", "bob"))
+            alice |= await opened(http, url, alice)
+            bob |= await opened(http, url, bob)
+            hers = [await streamed(http, url, alice, n) for n in range(1, 5)]
+            his = await streamed(http, url, bob, 9)
+            with anyio.fail_after(BOUND):  # written behind, in order: hers before his
+                while not any(b'"result"' in m for m in await kept(raw, prefix, his)):
+                    await anyio.sleep(0.05)
+            held = sum([len(m) for digest in hers for m in await kept(raw, prefix, digest)])
+    assert held <= SHARE + PART + 1_000  # the share, overrun by one event at most; 2.4 MB before
+    assert "stream events past 1048576 bytes" in cluster.log(0)
