@@ -11,10 +11,12 @@ import anyio
 import httpx
 import redis.asyncio as aioredis
 from fastmcp import Context, FastMCP
+from mcp.server.streamable_http import GET_STREAM_KEY
 
-from agent_gateway.store.events import Entry
+from agent_gateway.store.events import LIVE, Entry, stream_digest
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
+from tests.replicas.test_event_bounds import event_store, note
 from tests.replicas.test_sessions import BOUND, TOKEN_ENV, TOKENS, bearer, config
 from tests.replicas.test_store import ACCEPT, opened
 from tests.support import serving_upstream
@@ -78,3 +80,22 @@ async def test_a_clients_stream_events_past_its_share_are_not_kept_and_anothers_
             held = sum([len(m) for digest in hers for m in await kept(raw, prefix, digest)])
     assert held <= SHARE + PART + 1_000  # the share, overrun by one event at most; 2.4 MB before
     assert "stream events past 1048576 bytes" in cluster.log(0)
+
+
+async def test_a_notification_past_its_clients_share_is_still_relayed_though_not_kept(
+    redis: Redis, prefix: str
+) -> None:
+    # The replica holding the session's notification stream may be another: it hears the
+    # event on the channel only, and must, whatever the share says of keeping it.
+    listening = f"3:abc:{GET_STREAM_KEY}"
+    async with event_store(redis, prefix, per_client=SHARE) as (shared, raw), raw.pubsub() as live:
+        shared.client_of = lambda _: "alice"
+        await live.subscribe(f"{prefix}:{LIVE}")
+        for _ in range(2):  # her share spent on a call's stream
+            await shared.store_event("3:abc:request-1", note(600_000))
+        event_id = await shared.store_event(listening, note(10))
+        with anyio.fail_after(BOUND):
+            while (heard := await live.get_message(ignore_subscribe_messages=True, timeout=1)) is None:
+                pass
+        assert heard["data"].startswith(event_id.encode() + b"\n")
+        assert await raw.xlen(f"{prefix}:events:{stream_digest(listening)}") == 0

@@ -59,8 +59,8 @@ logger = logging.getLogger(__name__)
 Fields = dict[bytes, bytes]
 Entry = tuple[bytes, Fields]
 """A Redis stream entry as redis-py reads it (id, fields)."""
-Pending = tuple[str, str, str, bytes]
-"""An event waiting to be written: (key, stream id, event id, message)."""
+Pending = tuple[str, str, str, bytes, bool]
+"""An event waiting to be written: (key, stream id, event id, message, kept for a resume)."""
 _PRIMING = b""
 """A priming event's stored message: it opens a stream and is never replayed."""
 STREAMS = "streams"
@@ -156,11 +156,13 @@ class SharedEventStore(EventStore):
         if len(data) > self._max_event:
             _dropped.add(1, {"reason": "too_large"})
             return event_id
-        if not self._within_share(stream_id, len(data)):
+        kept = self._within_share(stream_id, len(data))
+        if not kept:
             _dropped.add(1, {"reason": "client_share"})
-            return event_id
+            if not stream_id.endswith(_LISTENING):  # else still published, for its stream's replica
+                return event_id
         try:
-            self._queue[0].send_nowait((self._key(digest), stream_id, event_id, data))
+            self._queue[0].send_nowait((self._key(digest), stream_id, event_id, data, kept))
         except (anyio.WouldBlock, anyio.ClosedResourceError):  # full, or the writer has stopped
             _dropped.add(1, {"reason": "queue_full"})
         return event_id
@@ -207,16 +209,17 @@ class SharedEventStore(EventStore):
 
     async def _send(self, batch: list[Pending]) -> None:
         pipe = self.store.redis.pipeline(transaction=False)
-        for key, stream_id, event_id, data in batch:
-            fields = {"s": stream_id, "i": event_id, "m": data}
-            pipe.xadd(key, fields, maxlen=self._per_stream, approximate=True)  # pyright: ignore[reportArgumentType]
-            pipe.expire(key, self._ttl)
+        for key, stream_id, event_id, data, kept in batch:
+            if kept:
+                fields = {"s": stream_id, "i": event_id, "m": data}
+                pipe.xadd(key, fields, maxlen=self._per_stream, approximate=True)  # pyright: ignore[reportArgumentType]
+                pipe.expire(key, self._ttl)
             if stream_id.endswith(_LISTENING) and data != _PRIMING:
                 pipe.publish(self.store.key(LIVE), event_id.encode() + b"\n" + data)
         # Events older than the ttl go, not only whole streams unwritten for as long: a stream
         # written to now and then (a resume adds a priming event) kept all it ever held.
         now = time.time()
-        for key, stream_id in {key: stream_id for key, stream_id, *_ in batch}.items():
+        for key, stream_id in {key: stream_id for key, stream_id, *_, kept in batch if kept}.items():
             pipe.xtrim(key, minid=_oldest(self._ttl), approximate=False)
             if (session := session_of(stream_id)) is not None:  # listed for its DELETE
                 listed = self.store.key(STREAMS, session)
