@@ -9,10 +9,12 @@ from pathlib import Path
 
 import anyio
 import httpx
+import pytest
 import redis.asyncio as aioredis
 from fastmcp import Context, FastMCP
 from mcp.server.streamable_http import GET_STREAM_KEY
 
+from agent_gateway.store import events
 from agent_gateway.store.events import LIVE, Entry, stream_digest
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
@@ -99,3 +101,23 @@ async def test_a_notification_past_its_clients_share_is_still_relayed_though_not
                 pass
         assert heard["data"].startswith(event_id.encode() + b"\n")
         assert await raw.xlen(f"{prefix}:events:{stream_digest(listening)}") == 0
+
+
+async def test_past_the_shares_kept_newcomers_share_one(
+    redis: Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(events, "_SHARES_KEPT", 2)  # each is a budget a replica keeps
+    dave = f"4:dave:{GET_STREAM_KEY}"
+    async with event_store(redis, prefix, per_client=SHARE) as (shared, raw), raw.pubsub() as live:
+        shared.client_of = lambda session: session
+        await live.subscribe(f"{prefix}:{LIVE}")
+        for stream in ("5:alice:request-1", "3:bob:request-1", "5:carol:request-1"):
+            for _ in range(2):  # each spends its share; carol the one newcomers share
+                await shared.store_event(stream, note(600_000))
+        event_id = await shared.store_event(dave, note(10))  # published still, written last
+        with anyio.fail_after(BOUND):
+            while (heard := await live.get_message(ignore_subscribe_messages=True, timeout=1)) is None:
+                pass
+        assert heard["data"].startswith(event_id.encode())
+        assert await raw.xlen(f"{prefix}:events:{stream_digest('5:carol:request-1')}") == 2
+        assert await raw.xlen(f"{prefix}:events:{stream_digest(dave)}") == 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -135,6 +136,7 @@ class SharedEventStore(EventStore):
         self._replays = anyio.Semaphore(_REPLAYS)
         self._per_client = config.per_client
         self._shares: dict[str, ByteBudget] = {}
+        self._pruned = -math.inf
         """Each client's budget of event bytes (``store.events.per_client``), by its label."""
         self.client_of: Callable[[str], str | None] = lambda _: None
         """The label of a session's client (its id), while this replica serves it."""
@@ -172,11 +174,7 @@ class SharedEventStore(EventStore):
         (then spent); else its events are not kept meanwhile (logged once per 10 s)."""
         session = session_of(stream_id)
         client = (self.client_of(session) if session is not None else None) or ""
-        share = self._shares.get(client)
-        if share is None:
-            if len(self._shares) >= _SHARES_KEPT:  # those refilled are forgotten
-                self._shares = {c: b for c, b in self._shares.items() if not b.full()}
-            share = self._shares[client] = ByteBudget(self._per_client / self._ttl, self._per_client)
+        share = self._shares.get(client) or self._new_share(client)
         if share.wait() is not None:
             refused(
                 "events", "client %s: its stream events past %d bytes within %d s are not kept for a resume",
@@ -185,6 +183,16 @@ class SharedEventStore(EventStore):
             return False
         share.spend(size)
         return True
+
+    def _new_share(self, client: str) -> ByteBudget:
+        """A share for ``client``; past ``_SHARES_KEPT`` those refilled are forgotten (once a
+        second at most: each look is a pass over all), and while none is, newcomers share one."""
+        if len(self._shares) >= _SHARES_KEPT and (now := time.monotonic()) - self._pruned >= 1.0:
+            self._pruned = now
+            self._shares = {c: b for c, b in self._shares.items() if not b.full()}
+        if len(self._shares) >= _SHARES_KEPT:
+            client = ""
+        return self._shares.setdefault(client, ByteBudget(self._per_client / self._ttl, self._per_client))
 
     async def write(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Send queued events to Redis in pipelines until cancelled (then what is queued, bounded)."""
