@@ -121,3 +121,18 @@ async def test_past_the_shares_kept_newcomers_share_one(
         assert heard["data"].startswith(event_id.encode())
         assert await raw.xlen(f"{prefix}:events:{stream_digest('5:carol:request-1')}") == 2
         assert await raw.xlen(f"{prefix}:events:{stream_digest(dave)}") == 0
+
+
+async def test_events_of_no_size_spend_a_share_too(redis: Redis, prefix: str) -> None:
+    # A streamed call opens its stream with an empty priming event: counted by their bytes
+    # alone, a client's tiny streams were kept without end, each a key in Redis.
+    async with event_store(redis, prefix, per_client=SHARE) as (shared, raw):
+        shared.client_of = lambda session: session
+        for n in range(2 * SHARE // events._STREAM_COST):  # pyright: ignore[reportPrivateUsage]
+            await shared.store_event(f"5:alice:request-{n}", None)
+        await shared.store_event("3:bob:request-1", note(10))  # another's, kept, written last
+        with anyio.fail_after(BOUND):
+            while await raw.xlen(f"{prefix}:events:{stream_digest('3:bob:request-1')}") == 0:
+                await anyio.sleep(0.05)
+        kept = [key async for key in raw.scan_iter(f"{prefix}:events:*")]
+    assert len(kept) <= SHARE // events._STREAM_COST + 2  # pyright: ignore[reportPrivateUsage]

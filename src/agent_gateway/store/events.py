@@ -103,6 +103,12 @@ for _ = 1, tonumber(ARGV[2]) do
 end
 return page
 """
+_STREAM_COST = 4096
+_EVENT_COST = 256
+"""What a priming event (it opens a stream: a key of its own, listed for its session) and any
+other event cost their client's share at least: what Redis holds for them besides their message
+(~4.4 KB a stream of one). Counted by their message alone, a priming event cost nothing, and a
+client's tiny streams were kept without end."""
 _SHARES_KEPT = 10_000
 """Clients' event budgets kept before those refilled are forgotten."""
 _PARTS = 6
@@ -158,7 +164,7 @@ class SharedEventStore(EventStore):
         if len(data) > self._max_event:
             _dropped.add(1, {"reason": "too_large"})
             return event_id
-        kept = self._within_share(stream_id, len(data))
+        kept = self._within_share(stream_id, _cost(data))
         if not kept:
             _dropped.add(1, {"reason": "client_share"})
             if not stream_id.endswith(_LISTENING):  # else still published, for its stream's replica
@@ -308,6 +314,11 @@ class SharedEventStore(EventStore):
 def _oldest(ttl: int) -> str:
     """The stream id before which events are older than ``ttl`` (Redis ids start with ms)."""
     return f"{int((time.time() - ttl) * 1000)}-0"
+
+
+def _cost(data: bytes) -> int:
+    """What an event costs its client's share (``_STREAM_COST``, ``_EVENT_COST``)."""
+    return _STREAM_COST if data == _PRIMING else max(len(data), _EVENT_COST)
 
 
 def _drain(reader: MemoryObjectReceiveStream[Pending], most: int) -> list[Pending]:
