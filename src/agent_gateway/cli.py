@@ -30,12 +30,12 @@ from agent_gateway.logs import (
     LineFormatter,
     PeerRepeats,
     TraceIds,
-    redacted_url,
     shown_command,
 )
 from agent_gateway.reload import Reloader, stamp
 from agent_gateway.server import Gateway
 from agent_gateway.serving import Reloading, serve
+from agent_gateway.shown_urls import redacted_url
 from agent_gateway.upstreams.environment import command_problem
 
 logger = logging.getLogger("agent_gateway")

@@ -15,8 +15,8 @@ from typing import Any
 from agent_gateway.audit_verify import verify
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import StoreUnavailable
-from agent_gateway.logs import without_password
 from agent_gateway.pins import Pin, Pins, pins_path
+from agent_gateway.shown_urls import without_password
 
 
 def add_commands(commands: Any, config_arg: Any) -> None:

@@ -15,7 +15,6 @@ transaction per upstream listing), never per call.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import sqlite3
@@ -34,6 +33,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from agent_gateway.config import GatewayConfig
 from agent_gateway.errors import CannotServe, StoreUnavailable
+from agent_gateway.pin_digest import FIELDS, digest_of, pinned_form
 from agent_gateway.private_files import private
 
 if TYPE_CHECKING:
@@ -51,8 +51,6 @@ NAMED_CHANGES = 5
 """Changed tools one listing's WARNING names besides the first; the rest are counted."""
 REVIEW_AGAIN_EVERY = 5.0
 """Seconds between two listings of an upstream whose last review could not be written."""
-
-FIELDS = ("description", "title", "inputSchema", "outputSchema", "annotations")
 
 _open_pins: weakref.WeakSet[Pins] = weakref.WeakSet()
 
@@ -95,45 +93,6 @@ class Pin:
     first_seen: float
     changed: str | None
     """The fields of a pending change (``description, inputSchema``), or None: as pinned."""
-
-
-def pinned_form(name: str, tool: types.Tool) -> tuple[dict[str, Any], str]:
-    """What is pinned of a tool (its public name and each of ``FIELDS`` it has, as a JSON dump
-    of the tool has them), and that as the text its digest is of and as it is stored.
-
-    Read from the fields: the schemas are parsed JSON already, and dumping the whole tool
-    walked them once more. Except where a schema holds a number JSON cannot (``1e400`` parses
-    as infinity): the dump writes it as null, and so did every release before this one.
-    """
-    definition = _definition(name, tool)
-    try:
-        return definition, _canonical(definition)
-    except ValueError:  # a non-finite number
-        dumped = tool.model_dump(by_alias=True, mode="json", exclude_none=True)
-        definition = {"name": name} | {f: dumped[f] for f in FIELDS if f in dumped}
-        return definition, _canonical(definition)
-
-
-def _definition(name: str, tool: types.Tool) -> dict[str, Any]:
-    annotations = tool.annotations
-    fields = {
-        "description": tool.description,
-        "title": tool.title,
-        "inputSchema": tool.input_schema,
-        "outputSchema": tool.output_schema,
-        "annotations": (
-            annotations.model_dump(by_alias=True, mode="json", exclude_none=True) if annotations else None
-        ),
-    }
-    return {"name": name} | {f: value for f, value in fields.items() if value is not None}
-
-
-def _canonical(definition: Mapping[str, Any]) -> str:
-    return json.dumps(definition, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def digest_of(canonical: str) -> str:
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def pins_path(config: GatewayConfig) -> Path:

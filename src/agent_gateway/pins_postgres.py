@@ -21,8 +21,8 @@ import psycopg
 from psycopg import AsyncConnection
 
 from agent_gateway.errors import StoreUnavailable
-from agent_gateway.logs import without_password
 from agent_gateway.postgres import set_up
+from agent_gateway.shown_urls import without_password
 
 logger = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ from mcp import Client
 
 from agent_gateway import pins_postgres
 from agent_gateway.cli import main
-from agent_gateway.logs import without_password
 from agent_gateway.pins_postgres import SharedPins
 from agent_gateway.reload import apply
+from agent_gateway.shown_urls import without_password
 from tests.replicas.services import Postgres, postgres_server
 from tests.security.test_pinning import RUG, listed
 from tests.support import running_gateway, serving_upstream

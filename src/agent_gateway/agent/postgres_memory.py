@@ -20,8 +20,8 @@ from psycopg_pool import AsyncConnectionPool
 
 from agent_gateway.compat.langgraph import keep_latest_postgres
 from agent_gateway.errors import StoreUnavailable
-from agent_gateway.logs import without_password
 from agent_gateway.postgres import set_up
+from agent_gateway.shown_urls import without_password
 
 logger = logging.getLogger(__name__)
 

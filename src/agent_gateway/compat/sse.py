@@ -51,8 +51,9 @@ from agent_gateway.compat.http_streams import StreamNoise, message_made, quiet_e
 from agent_gateway.compat.mcp import Unreadable, parse_message
 from agent_gateway.compat.streams import StreamWrapper
 from agent_gateway.errors import UpstreamUnavailable, describe
-from agent_gateway.logs import clipped, redacted_url
+from agent_gateway.logs import clipped
 from agent_gateway.noise import QUIET_BYTES, QUIET_WINDOW
+from agent_gateway.shown_urls import redacted_url
 
 logger = logging.getLogger(__name__)
 

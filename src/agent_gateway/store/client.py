@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from agent_gateway.config import StoreConfig
 from agent_gateway.errors import StoreUnavailable
-from agent_gateway.logs import without_password
+from agent_gateway.shown_urls import without_password
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import anyio
 
 from agent_gateway.config import GatewayConfig, StoreConfig
 from agent_gateway.downstream.held_calls import HeldCalls
-from agent_gateway.logs import without_password
+from agent_gateway.shown_urls import without_password
 from agent_gateway.store.bus import Bus
 from agent_gateway.store.client import SharedStore
 from agent_gateway.store.events import LIVE, SharedEventStore

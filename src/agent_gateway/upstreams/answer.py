@@ -12,7 +12,7 @@ import anyio
 import httpx2
 
 from agent_gateway.in_flight import IN_FLIGHT
-from agent_gateway.logs import redacted_url
+from agent_gateway.shown_urls import redacted_url
 
 logger = logging.getLogger(__name__)
 

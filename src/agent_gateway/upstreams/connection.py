@@ -25,7 +25,8 @@ from agent_gateway.catalog_parts import (
 )
 from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamUnavailable, describe
-from agent_gateway.logs import redacted_url, scrubbed, shown_command
+from agent_gateway.logs import scrubbed, shown_command
+from agent_gateway.shown_urls import redacted_url
 from agent_gateway.telemetry import health_failures, reconnects
 from agent_gateway.upstreams.backoff import Backoff
 from agent_gateway.upstreams.fetching import fetch_listing
