@@ -28,7 +28,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
-from agent_gateway.upstreams.http_transport import AiohttpTransport, UpstreamClient
+from agent_gateway.upstreams.http_client import UpstreamClient
+from agent_gateway.upstreams.http_transport import AiohttpTransport
 from agent_gateway.upstreams.pace import Pace
 from tests.servers import recorder
 from tests.support import Seen, serving, serving_upstream

@@ -20,7 +20,8 @@ from starlette.types import Receive, Scope, Send
 
 from agent_gateway.in_flight import IN_FLIGHT, bounded
 from agent_gateway.upstreams.answer import CutShort
-from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
+from agent_gateway.upstreams.http_client import ssl_context
+from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody
 from tests.support import free_port, serving
 
 BOUND = 10.0

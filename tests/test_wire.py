@@ -14,7 +14,8 @@ import httpx2
 import pytest
 
 from agent_gateway.in_flight import IN_FLIGHT, bounded
-from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody, ssl_context
+from agent_gateway.upstreams.http_client import ssl_context
+from agent_gateway.upstreams.http_transport import AiohttpTransport, OversizedBody
 from tests.support import free_port, serving
 from tests.test_http_transport import BOUND, Peers, raw_server, self_signed
 

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from agent_gateway.compat.mcp import CLIENT_SESSION_LOGGER
 from agent_gateway.logs import PeerRepeats
 from agent_gateway.upstreams.connection import REFRESH_SHARE, REFRESH_SPACING
-from agent_gateway.upstreams.http_transport import MAX_COOKIES
+from agent_gateway.upstreams.http_client import MAX_COOKIES
 from tests.faults.harness import text_of
 from tests.support import (
     SERVERS,

@@ -68,7 +68,7 @@ from agent_gateway.errors import error_type_of
 from agent_gateway.schema_check import SchemaCheck
 from agent_gateway.trace_context import carried, tracing
 from agent_gateway.upstreams.client_side import ClientSide
-from agent_gateway.upstreams.http_transport import UpstreamClient
+from agent_gateway.upstreams.http_client import UpstreamClient
 from agent_gateway.upstreams.pace import Pace
 
 logger = logging.getLogger(__name__)

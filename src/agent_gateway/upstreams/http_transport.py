@@ -19,12 +19,9 @@ its parse: that call's error, named as such).
 from __future__ import annotations
 
 import ssl
-import urllib.request
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from http.cookiejar import Cookie, CookieJar, DefaultCookiePolicy
-from typing import Any
 
 import aiohttp
 import httpx2
@@ -298,61 +295,4 @@ def _translated(request: httpx2.Request, *, connecting: bool) -> Iterator[None]:
         raise error(str(exc) or type(exc).__name__, request=request) from exc
 
 
-class UpstreamClient(httpx2.AsyncClient):
-    """httpx2's client on an ``AiohttpTransport``, which a call forwarded below the SDK's client
-    posts on directly (``upstreams/forwarding.py``); its cookies bounded (``BoundedCookies``)."""
-
-    def __init__(self, *, wire: AiohttpTransport, **options: Any) -> None:
-        super().__init__(transport=wire, cookies=bounded_jar(), **options)
-        self.wire = wire
-
-
-def bounded_jar() -> CookieJar:
-    """A cookie jar that keeps what ``BoundedCookies`` lets it (one per HTTP client)."""
-    policy = BoundedCookies()
-    jar = policy.jar = CookieJar(policy)
-    return jar
-
-
-MAX_COOKIES = 50
-"""Cookies kept for one upstream: RFC 6265's least a client should keep per domain."""
-MAX_COOKIE_BYTES = 4096
-"""The longest cookie kept, its name and value (RFC 6265's least a client should keep)."""
-
-
-class BoundedCookies(DefaultCookiePolicy):
-    """httpx2's (the standard library's) cookie rules, and at most ``MAX_COOKIES`` cookies of at
-    most ``MAX_COOKIE_BYTES``. The jar kept all an upstream set and sent them with every
-    request, walking it each time: one setting 100 new cookies an answer took 0.85 of a core
-    within 25 s, every client's calls to it slowed, and health checks carried the jar."""
-
-    jar: CookieJar | None = None
-
-    def set_ok(self, cookie: Cookie, request: urllib.request.Request) -> bool:
-        if len(cookie.name) + len(cookie.value or "") > MAX_COOKIE_BYTES:
-            return False
-        jar = self.jar
-        if jar is not None and len(jar) >= MAX_COOKIES and not any(_same(cookie, kept) for kept in jar):
-            return False  # a cookie already kept may still be replaced
-        return super().set_ok(cookie, request)
-
-
-def _same(one: Cookie, other: Cookie) -> bool:
-    return (one.domain, one.path, one.name) == (other.domain, other.path, other.name)
-
-
-def ssl_context() -> ssl.SSLContext:
-    """The certificate store httpx2 would use (certifi, or ``SSL_CERT_FILE``/``SSL_CERT_DIR``)."""
-    return httpx2.create_ssl_context()
-
-
-__all__ = [
-    "AiohttpTransport",
-    "BoundedCookies",
-    "OversizedBody",
-    "Posted",
-    "Target",
-    "UpstreamClient",
-    "bounded_jar",
-    "ssl_context",
-]
+__all__ = ["AiohttpTransport", "OversizedBody", "Posted", "Target"]
