@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from agent_gateway.audit_verify import verify
@@ -54,20 +55,23 @@ def _shared_url(config: GatewayConfig) -> str | None:
     return memory.url if memory.store == "postgres" else None
 
 
+def _postgres() -> ModuleType:
+    """The pins in Postgres, imported here only: psycopg takes ~0.1 s to load."""
+    from agent_gateway import pins_postgres
+
+    return pins_postgres
+
+
 def _listed(config: GatewayConfig) -> list[Pin]:
     if (url := _shared_url(config)) is not None:
-        from agent_gateway import pins_postgres  # psycopg: ~0.1 s, only where pins are in Postgres
-
-        return [Pin(*row) for row in pins_postgres.listed(url)]
+        return [Pin(*row) for row in _postgres().listed(url)]
     with _local_pins(config) as pins:
         return pins.pins()
 
 
 def _accepted(config: GatewayConfig, names: list[str] | None) -> list[str]:
     if (url := _shared_url(config)) is not None:
-        from agent_gateway import pins_postgres  # psycopg: ~0.1 s, only where pins are in Postgres
-
-        return pins_postgres.accepted(url, names)
+        return _postgres().accepted(url, names)
     with _local_pins(config) as pins:
         return pins.accept(names)
 
