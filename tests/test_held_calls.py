@@ -164,7 +164,7 @@ async def test_the_upstreams_question_goes_to_the_client_and_its_retry_answers_t
         assert first.request_state is not None  # ours, sealed by the SDK's request-state boundary
         [(key, question)] = (first.input_requests or {}).items()
         assert isinstance(question, types.ElicitRequest)
-        assert question.params.message == "name?"
+        assert question.params.message == "[rec] name?"  # naming the upstream that asks
 
         # Another client's retry, or one for another tool, answers nothing: the call is a's.
         # (The SDK's seal refuses another client's; ours would refuse it as well.)

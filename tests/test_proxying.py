@@ -192,22 +192,33 @@ async def test_progress_reaches_the_client_under_its_own_token_in_order(
     assert received == [(float(n), 5.0, f"step {n}") for n in range(1, 6)]
 
 
+ASKER_KEY = "io.agent-gateway/upstream"
+
+
+def asker(context: Any) -> str:
+    """Who the gateway says is asking, in the question's ``_meta`` (``upstreams/asking.py``)."""
+    return str((context.meta or {}).get(ASKER_KEY))
+
+
 async def sampled(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
     prompt = params.messages[0].content
     text = prompt.text if isinstance(prompt, types.TextContent) else "?"
     return types.CreateMessageResult(
         role="assistant",
-        content=types.TextContent(type="text", text=f"model says: {text}"),
+        content=types.TextContent(type="text", text=f"model says: {text} (asked by {asker(context)})"),
         model="test-model",
     )
 
 
 async def elicited(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
-    return types.ElicitResult(action="accept", content={"value": f"answer to {params.message}"})
+    return types.ElicitResult(
+        action="accept", content={"value": f"answer to {params.message} ({asker(context)})"}
+    )
 
 
 async def rooted(context: Any) -> types.ListRootsResult:
-    return types.ListRootsResult(roots=[types.Root(uri=FileUrl("file:///work/project"), name="project")])
+    uri = FileUrl(f"file:///work/project-for-{asker(context)}")
+    return types.ListRootsResult(roots=[types.Root(uri=uri, name="project")])
 
 
 def answering_client(url: str, mode: str) -> Client:
@@ -231,9 +242,14 @@ async def test_sampling_elicitation_and_roots_are_answered_by_the_calling_client
     # A modern client asked by a handshake-era upstream answers in rounds: the call is held
     # across them (downstream/held_calls.py), and the mcp client sends its answers back.
     assert not sample.is_error, sample.content
-    assert sample.content[0] == types.TextContent(type="text", text="model says: hi")
-    assert ask.content[0] == types.TextContent(type="text", text="accept:answer to name?")
-    assert roots.structured_content == {"result": ["file:///work/project"]}
+    # Each question names the upstream asking: in a form's message, which the client shows its
+    # user, and in its _meta (2026-07-28 defines no _meta on the sampling and elicitation
+    # requests of an InputRequiredResult, so a modern client's have none). The model's
+    # messages stay as they came.
+    named = "rec" if mode == "legacy" else "None"
+    assert sample.content[0] == types.TextContent(type="text", text=f"model says: hi (asked by {named})")
+    assert ask.content[0] == types.TextContent(type="text", text=f"accept:answer to [rec] name? ({named})")
+    assert roots.structured_content == {"result": ["file:///work/project-for-rec"]}
 
 
 @dataclass

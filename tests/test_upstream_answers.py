@@ -126,10 +126,14 @@ async def test_an_upstreams_url_elicitation_required_error_on_a_tool_call_reache
             through = await outcome(client.call_tool("up__sign_in", {}))
     assert expected == ("error", *URL_REQUIRED.values())
     # The client needs the code and data.elicitations to open the URL and retry; each under
-    # an id of the gateway's (tests/security/test_elicitation_ids.py).
+    # an id of the gateway's (tests/security/test_elicitation_ids.py), its message naming the
+    # upstream that asks (upstreams/asking.py).
     shown = through[3]["elicitations"][0].pop("elicitationId")
     expected[3]["elicitations"][0].pop("elicitationId")
     assert shown.startswith("gw-")
+    said = through[3]["elicitations"][0]["message"]
+    assert said == "[up] " + expected[3]["elicitations"][0]["message"]
+    through[3]["elicitations"][0]["message"] = expected[3]["elicitations"][0]["message"]
     assert _code_and_data({"tools/call": through}) == _code_and_data({"tools/call": expected})
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
@@ -25,6 +26,9 @@ NO_META: Mapping[str, Any] = MappingProxyType({})
 
 SESSION_META_KEY = "io.agent-gateway/session-id"
 """The ``_meta`` key carrying the downstream session id to upstreams (``told_session``)."""
+
+ASKER_META_KEY = "io.agent-gateway/upstream"
+"""The ``_meta`` key naming, to a client, the upstream that asks it something (``upstreams/asking.py``)."""
 
 RESULT_DROPPED = frozenset({types.SERVER_INFO_META_KEY, types.PROTOCOL_VERSION_META_KEY})
 """An upstream result's keys that describe the upstream (its serverInfo, protocol version)."""
@@ -52,6 +56,7 @@ def _clients(key: str) -> bool:
     return prefix != _GATEWAYS and _RESERVED_LABELS.isdisjoint(prefix.split("."))
 
 
+@lru_cache(maxsize=4096)  # a session's calls share one: the hash is taken once per session, not per call
 def told_session(session_id: str) -> str:
     """Downstream session ``session_id`` as upstreams are told it: the same for each of its
     calls (on any replica), another for each session, and not the id itself. A handshake-era

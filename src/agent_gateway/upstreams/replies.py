@@ -24,6 +24,7 @@ from mcp.shared.dispatcher import ProgressFnT
 
 from agent_gateway.errors import UpstreamAnswered, cut_client_error
 from agent_gateway.tally import notifications_dropped
+from agent_gateway.upstreams.asking import asked_by, listing_by
 from agent_gateway.upstreams.client_side import ClientSide
 from agent_gateway.upstreams.elicitations import Elicitations
 
@@ -82,8 +83,8 @@ class Replies:
         try:
             yield
         except UpstreamAnswered as exc:
-            if exc.code == types.URL_ELICITATION_REQUIRED and caller is not None:
-                exc.data = self._elicitations.error_data(exc.data, caller)  # ids of ours
+            if exc.code == types.URL_ELICITATION_REQUIRED and caller is not None:  # ids of ours, named
+                exc.data = listing_by(self.name, self._elicitations.error_data(exc.data, caller))
             raise
         finally:
             _CALLER.reset(bound)
@@ -236,7 +237,7 @@ class Replies:
             reason = self._unattributed()
             logger.warning("%s from %s refused: %s", request.method, self.name, reason)
             return types.ErrorData(code=types.INVALID_REQUEST, message=f"agent-gateway: {reason}")
-        answer = await target.ask(self.name, self._elicitations.asked(request, target))
+        answer = await target.ask(self.name, asked_by(self.name, self._elicitations.asked(request, target)))
         return cut_client_error(answer) if isinstance(answer, types.ErrorData) else answer
 
     def _unattributed(self) -> str:

@@ -27,6 +27,7 @@ from agent_gateway.config import UpstreamConfig
 from agent_gateway.errors import UpstreamRejected, UpstreamTimeout, UpstreamUnavailable
 from agent_gateway.meta_keys import SESSION_META_KEY, told_session
 from agent_gateway.telemetry import mark_upstream_error, sent_directly, upstream_call
+from agent_gateway.upstreams.asking import named
 from agent_gateway.upstreams.client_side import EVERYTHING, ClientSide
 from agent_gateway.upstreams.forwarding import Forwarder, ToolCall
 from agent_gateway.upstreams.guard import Guard
@@ -61,8 +62,7 @@ class UpstreamSession:
         guard: Guard | None = None,
         queue: CallQueue | None = None,
     ) -> None:
-        self.name, self.config = name, config
-        self.owner = owner
+        self.name, self.config, self.owner = name, config, owner
         """The downstream session a dedicated (``per_client``) session belongs to; None if shared."""
         self.guard = guard or Guard(name, config)
         """The upstream's breaker and concurrency cap, shared with its other sessions."""
@@ -265,7 +265,9 @@ class UpstreamSession:
             if isinstance(result, types.CallToolResult) and result.is_error:
                 mark_upstream_error("tool_error")
                 return unquoted(result, secrets_of(self.config))  # its credential, quoted
-            if isinstance(result, types.CallToolResult | types.InputRequiredResult):
+            if isinstance(result, types.InputRequiredResult):  # a modern upstream's questions
+                return named(self.name, result)
+            if isinstance(result, types.CallToolResult):
                 return result
             raise UpstreamRejected(
                 self.name, f"tool {name!r}: answered with an unknown result", types.INTERNAL_ERROR
@@ -282,7 +284,7 @@ class UpstreamSession:
             meta, rounds = self._meta(caller, token), self._rounds(caller)
             if not rounds:
                 return await client.get_prompt(name, arguments, meta=meta)  # pyright: ignore[reportArgumentType]
-            return await client.session.get_prompt(name, arguments, meta=meta, **rounds)  # pyright: ignore[reportCallIssue, reportArgumentType]
+            return named(self.name, await client.session.get_prompt(name, arguments, meta=meta, **rounds))  # pyright: ignore[reportCallIssue, reportArgumentType]
 
     async def complete(
         self, params: types.CompleteRequestParams, caller: ClientSide | None, who: str | None = None
@@ -310,7 +312,7 @@ class UpstreamSession:
             meta, rounds = self._meta(caller, token), self._rounds(caller)
             if not rounds:
                 return await client.read_resource(uri, meta=meta)  # pyright: ignore[reportArgumentType]
-            return await client.session.read_resource(uri, meta=meta, **rounds)  # pyright: ignore[reportCallIssue, reportArgumentType]
+            return named(self.name, await client.session.read_resource(uri, meta=meta, **rounds))  # pyright: ignore[reportCallIssue, reportArgumentType]
 
     async def set_logging_level(self, level: types.LoggingLevel) -> None:
         """Apply ``level`` upstream, as last asked (``level.ask`` first, see ``levels.py``); not
