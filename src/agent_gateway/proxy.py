@@ -360,15 +360,15 @@ class Proxy:
         return sum(s.pending for s in [*self._pool.live_sessions(), *self._dedicated.live])
 
     def holds_dedicated(self, session: DownstreamSession) -> bool:
-        """Whether ``session`` has dedicated upstream sessions (``session: per_client``)."""
-        return self._dedicated.holds(session.id)
+        """Whether ``session`` holds dedicated upstream sessions or URL elicitations shown it."""
+        return self._dedicated.holds(session.id) or self._pool.showed(session.id)
 
     async def end_session(self, session: DownstreamSession) -> None:
+        self._pool.client_ended(session.id)
         await self._dedicated.close(session.id)
 
 
 _EVERY_LINE: types.LoggingLevel = "debug"
-
 
 _FOLLOWED = 4096
 """Subscriptions whose policy URI ``follows`` keeps for one catalog version (then it starts over)."""

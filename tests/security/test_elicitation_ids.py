@@ -6,6 +6,7 @@ call, closes nothing (``upstreams/elicitations.py``)."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -18,6 +19,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from starlette.responses import JSONResponse
 
+from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.upstreams.elicitations import MAX_SHOWN
 from tests.support import intercepted, running_gateway, serving
 
@@ -178,3 +180,28 @@ async def test_a_client_is_told_of_its_latest_url_elicitations_of_an_upstream_on
         await client.call_tool("a__finish", {"elicitation_id": named[-1]})
         assert await heard.completion() == shown[-1]
     assert len(set(shown)) == len(named)
+
+
+async def test_url_elicitations_shown_to_sessions_are_forgotten_when_those_sessions_end() -> None:
+    """Remembered for an hour after their session ended, each id held its client's request and
+    session: a client opening sessions in a loop, each shown 64, held them all for that hour."""
+    bystander = Heard()
+    named = [f"e{n}" for n in range(MAX_SHOWN)]
+    ids: list[str | list[str]] = ["kept", *[named] * 30]
+    async with AsyncExitStack() as stack:
+        upstream = await stack.enter_async_context(serving(signing_upstream("a", ids)))
+        config = {"upstreams": {"a": {"url": f"{upstream}/mcp", "protocol": "legacy"}}}
+        running = await stack.enter_async_context(running_gateway(config))
+        stays = await stack.enter_async_context(bystander.client(running.url))
+        kept = await required(stays, "a__sign_in")
+        for _ in range(30):
+            async with Heard().client(running.url) as client:
+                assert len(await all_required(client, "a__sign_in")) == MAX_SHOWN
+        with anyio.fail_after(BOUND):
+            while len(running.gateway.sessions.live) > 1:
+                await anyio.sleep(0.01)
+        await stays.call_tool("a__finish", {"elicitation_id": "kept"})  # the last call upstream
+        assert await bystander.completion() == kept  # the bystander's is remembered still
+        gc.collect()
+        held = [o for o in gc.get_objects() if isinstance(o, DownstreamSession)]
+        assert len(held) <= 5, len(held)  # the bystander's, and what timers not yet due hold

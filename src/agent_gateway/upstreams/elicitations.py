@@ -104,6 +104,17 @@ class Elicitations:
                 told.append((known.id, known.client))
         return told
 
+    def showed(self, session_id: str) -> bool:
+        """Whether client session ``session_id`` was shown any still remembered."""
+        return session_id in self._shown
+
+    def ended(self, session_id: str) -> None:
+        """Client session ``session_id`` ended: its elicitations are forgotten. Kept for
+        ``KEPT`` instead, each held its request and session (what it was told through): a
+        client opening sessions in a loop, each shown ``MAX_SHOWN``, held them all that long."""
+        for key in list(self._shown.get(session_id, ())):
+            self._forget(session_id, key)
+
     def _entry(self, entry: Any, client: ClientSide) -> Any:
         if isinstance(entry, dict) and isinstance(upstream_id := entry.get("elicitationId"), str):
             return {**entry, "elicitationId": self.shown(upstream_id, client)}

@@ -221,6 +221,17 @@ class UpstreamPool:
         """The shared sessions of the upstreams connected now."""
         return [s for u in self.upstreams.values() if (s := u.live_session()) is not None]
 
+    def showed(self, session_id: str) -> bool:
+        """Whether a shared session keeps URL elicitations it showed ``session_id`` (its end
+        then has something to release: ``client_ended``)."""
+        return any(session.replies.showed(session_id) for session in self.live_sessions())
+
+    def client_ended(self, session_id: str) -> None:
+        """Downstream session ``session_id`` ended: the shared sessions forget what they kept
+        for it (a dedicated one ends with it)."""
+        for session in self.live_sessions():
+            session.replies.client_ended(session_id)
+
     @property
     def ready(self) -> bool:
         return all(s.serving for s in self.statuses())

@@ -202,6 +202,14 @@ class Replies:
             said = params.model_copy(update={"elicitation_id": shown})
             await target.elicitation_complete(self.name, said, during_call=during)
 
+    def showed(self, session_id: str) -> bool:
+        """Whether this session keeps URL elicitations it showed ``session_id``."""
+        return self._elicitations.showed(session_id)
+
+    def client_ended(self, session_id: str) -> None:
+        """Downstream session ``session_id`` ended: nothing of it is kept for its completions."""
+        self._elicitations.ended(session_id)
+
     async def on_sampling(
         self, context: ClientRequestContext, params: types.CreateMessageRequestParams
     ) -> types.CreateMessageResult | types.CreateMessageResultWithTools | types.ErrorData:
