@@ -360,8 +360,8 @@ class Proxy:
         return sum(s.pending for s in [*self._pool.live_sessions(), *self._dedicated.live])
 
     def holds_dedicated(self, session: DownstreamSession) -> bool:
-        """Whether ``session`` holds dedicated upstream sessions or URL elicitations shown it."""
-        return self._dedicated.holds(session.id) or self._pool.showed(session.id)
+        """Whether ``session`` holds dedicated upstream sessions or URL elicitations (a modern: none)."""
+        return self._dedicated.holds(session.id) or (not session.modern and self._pool.showed(session.id))
 
     async def end_session(self, session: DownstreamSession) -> None:
         self._pool.client_ended(session.id)
