@@ -384,6 +384,10 @@ class _Round:
     ) -> None:
         return None
 
+    @property
+    def lasting(self) -> Any:
+        return self
+
 
 async def test_a_round_whose_request_is_ended_as_its_question_wakes_it_gives_the_call_up() -> None:
     # A reload ending the round's request (its token withdrawn) in the loop step in which the

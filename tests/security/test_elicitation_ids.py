@@ -19,6 +19,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from starlette.responses import JSONResponse
 
+from agent_gateway.downstream.caller import Caller
 from agent_gateway.downstream.sessions import DownstreamSession
 from agent_gateway.upstreams.elicitations import MAX_SHOWN
 from tests.support import intercepted, running_gateway, serving
@@ -205,3 +206,22 @@ async def test_url_elicitations_shown_to_sessions_are_forgotten_when_those_sessi
         gc.collect()
         held = [o for o in gc.get_objects() if isinstance(o, DownstreamSession)]
         assert len(held) <= 5, len(held)  # the bystander's, and what timers not yet due hold
+
+
+async def test_a_url_elicitation_remembered_holds_its_client_session_not_the_request_it_came_in() -> None:
+    """Remembered for its completion, each id held the whole request it was shown in, the
+    client's own ``_meta`` with it: 64 calls each with 1 MB of it held 64 MB for an hour."""
+    heard = Heard()
+    calls = 16
+    async with gateway_of(a=[f"e{n}" for n in range(calls)]) as url, heard.client(url) as client:
+        blob = {"com.example/blob": "x" * 60_000}
+        for _ in range(calls):
+            with anyio.fail_after(BOUND), pytest.raises(MCPError) as raised:
+                await client.call_tool("a__sign_in", {}, meta=blob)  # pyright: ignore[reportArgumentType]
+            assert raised.value.error.code == types.URL_ELICITATION_REQUIRED, raised.value.error
+        await client.call_tool("a__finish", {"elicitation_id": "never-issued"})  # the last call
+        gc.collect()
+        held = [o for o in gc.get_objects() if isinstance(o, Caller) and o.client_meta]
+        assert len(held) <= 4, len(held)  # what the last requests' contexts hold, not 16
+        await client.call_tool("a__finish", {"elicitation_id": f"e{calls - 1}"})
+        assert (await heard.completion()).startswith("gw-")  # its session is still told

@@ -106,6 +106,10 @@ class Caller:
         return self.session.modern
 
     @property
+    def lasting(self) -> DownstreamSession:
+        return self.session
+
+    @property
     def capabilities(self) -> types.ClientCapabilities | None:
         return self.session.capabilities if self.answers else None
 

@@ -126,6 +126,10 @@ class HeldCaller:
         return True
 
     @property
+    def lasting(self) -> HeldCaller:
+        return self  # modern: nothing of it is kept for later (``upstreams/elicitations.py``)
+
+    @property
     def input_responses(self) -> types.InputResponses | None:
         return None  # answered here, never passed to the handshake-era upstream
 

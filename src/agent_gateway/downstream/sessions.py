@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import Any
+from typing import Any, get_args
 
 import anyio
 import mcp_types as types
@@ -41,16 +41,8 @@ from agent_gateway.upstreams.client_side import EVERYTHING
 
 logger = logging.getLogger(__name__)
 
-LEVELS: tuple[types.LoggingLevel, ...] = (
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-)
+LEVELS: tuple[types.LoggingLevel, ...] = get_args(types.LoggingLevel)
+"""The log levels, least severe first (as MCP lists them)."""
 STATE_KEY = "agent_gateway.session"
 
 CURRENT: contextvars.ContextVar[DownstreamSession | None] = contextvars.ContextVar(
@@ -123,6 +115,10 @@ class DownstreamSession:
     @property
     def modern(self) -> bool:
         return self.era == "modern"
+
+    @property
+    def lasting(self) -> DownstreamSession:
+        return self
 
     @property
     def input_responses(self) -> types.InputResponses | None:

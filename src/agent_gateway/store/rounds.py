@@ -300,6 +300,10 @@ class _Remote:
         return True
 
     @property
+    def lasting(self) -> _Remote:
+        return self  # modern: nothing of it is kept for later (``upstreams/elicitations.py``)
+
+    @property
     def request_state(self) -> str | None:
         return None
 

@@ -63,6 +63,12 @@ class ClientSide(Protocol):
         ``during_call``: this client side's call is still in flight (else only its session
         is left to tell)."""
 
+    @property
+    def lasting(self) -> ClientSide:
+        """What is left to tell once this client side's call has ended: its session (a
+        session is its own), which holds nothing of the request (its ``_meta``, its answers)."""
+        ...  # a Protocol member: the signature is the contract
+
 
 EVERYTHING = types.ClientCapabilities(
     sampling=types.SamplingCapability(tools=types.SamplingToolsCapability()),

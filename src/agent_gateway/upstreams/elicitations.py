@@ -39,7 +39,8 @@ class _Shown:
     id: str
     """The id its client was shown."""
     client: ClientSide
-    """Whom it was asked of: a request's caller (told during that call), or a session."""
+    """Whom it was asked of: a request's caller while that call goes on (told on its stream),
+    else a session (``call_ended``)."""
     at: float
 
 
@@ -103,6 +104,14 @@ class Elicitations:
             if known is not None and known.at >= now - KEPT:
                 told.append((known.id, known.client))
         return told
+
+    def call_ended(self, caller: ClientSide) -> None:
+        """``caller``'s call ended: what it was shown is told through its session from now
+        on. The request held, each kept the client's ``_meta`` (64 KiB at most) as long as
+        its session: 64 of a session's calls answered -32042, 4 MB (``MAX_SHOWN``)."""
+        for known in self._shown.get(caller.session_id, {}).values():
+            if known.client is caller:
+                known.client = caller.lasting
 
     def showed(self, session_id: str) -> bool:
         """Whether client session ``session_id`` was shown any still remembered."""

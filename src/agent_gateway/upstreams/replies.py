@@ -89,6 +89,8 @@ class Replies:
         finally:
             _CALLER.reset(bound)
             self._in_flight.pop(token, None)
+            if caller is not None:
+                self._elicitations.call_ended(caller)
 
     def attributed(self) -> ClientSide | None:
         """The one downstream session this session's traffic can belong to, if there is one:
