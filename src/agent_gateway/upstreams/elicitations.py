@@ -109,7 +109,8 @@ class Elicitations:
         """``caller``'s call ended: what it was shown is told through its session from now
         on. The request held, each kept the client's ``_meta`` (64 KiB at most) as long as
         its session: 64 of a session's calls answered -32042, 4 MB (``MAX_SHOWN``)."""
-        for known in self._shown.get(caller.session_id, {}).values():
+        mine = self._shown.get(caller.session_id)  # None for most: every call ends here
+        for known in mine.values() if mine is not None else ():
             if known.client is caller:
                 known.client = caller.lasting
 
