@@ -48,8 +48,9 @@ class Elicitations:
     """The URL elicitations one upstream session showed, by client session and upstream id."""
 
     def __init__(self) -> None:
-        self._shown: dict[str, OrderedDict[bytes, _Shown]] = {}
-        """Per client session id, by the upstream's id (hashed: it chose its length), oldest first."""
+        self.shown_to: dict[str, OrderedDict[bytes, _Shown]] = {}
+        """Per client session id, by the upstream's id (hashed: it chose its length), oldest
+        first. ``Replies`` looks here as each call ends: a call shown none does nothing more."""
         self._holders: dict[bytes, set[str]] = {}
         """The client sessions shown each upstream id: a completion finds them at once."""
         self._swept = time.monotonic()
@@ -85,7 +86,7 @@ class Elicitations:
             return _new_id()
         now = self._now()
         key, session_id = _key(upstream_id), client.session_id
-        mine = self._shown.setdefault(session_id, OrderedDict())
+        mine = self.shown_to.setdefault(session_id, OrderedDict())
         if (known := mine.pop(key, None)) is not None and known.at >= now - KEPT:
             known.client, known.at = client, now  # the latest call asked it: told there
         else:
@@ -109,20 +110,20 @@ class Elicitations:
         """``caller``'s call ended: what it was shown is told through its session from now
         on. The request held, each kept the client's ``_meta`` (64 KiB at most) as long as
         its session: 64 of a session's calls answered -32042, 4 MB (``MAX_SHOWN``)."""
-        mine = self._shown.get(caller.session_id)  # None for most: every call ends here
+        mine = self.shown_to.get(caller.session_id)
         for known in mine.values() if mine is not None else ():
             if known.client is caller:
                 known.client = caller.lasting
 
     def showed(self, session_id: str) -> bool:
         """Whether client session ``session_id`` was shown any still remembered."""
-        return session_id in self._shown
+        return session_id in self.shown_to
 
     def ended(self, session_id: str) -> None:
         """Client session ``session_id`` ended: its elicitations are forgotten. Kept for
         ``KEPT`` instead, each held its request and session (what it was told through): a
         client opening sessions in a loop, each shown ``MAX_SHOWN``, held them all that long."""
-        for key in list(self._shown.get(session_id, ())):
+        for key in list(self.shown_to.get(session_id, ())):
             self._forget(session_id, key)
 
     def _entry(self, entry: Any, client: ClientSide) -> Any:
@@ -131,10 +132,10 @@ class Elicitations:
         return entry
 
     def _forget(self, session_id: str, key: bytes) -> _Shown | None:
-        mine = self._shown.get(session_id)
+        mine = self.shown_to.get(session_id)
         known = mine.pop(key, None) if mine is not None else None
         if mine is not None and not mine:
-            del self._shown[session_id]
+            del self.shown_to[session_id]
         if (holders := self._holders.get(key)) is not None:
             holders.discard(session_id)
             if not holders:
@@ -147,7 +148,7 @@ class Elicitations:
         now = time.monotonic()
         if now - self._swept >= _SWEEP:
             self._swept = now
-            for session_id, mine in list(self._shown.items()):
+            for session_id, mine in list(self.shown_to.items()):
                 while mine and (oldest := next(iter(mine.items())))[1].at < now - KEPT:
                     self._forget(session_id, oldest[0])
         return now

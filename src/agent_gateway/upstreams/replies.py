@@ -89,7 +89,7 @@ class Replies:
         finally:
             _CALLER.reset(bound)
             self._in_flight.pop(token, None)
-            if caller is not None:
+            if caller is not None and caller.session_id in self._elicitations.shown_to:  # rarely
                 self._elicitations.call_ended(caller)
 
     def attributed(self) -> ClientSide | None:
