@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import anyio
@@ -100,6 +100,12 @@ def free_port() -> int:
     raise RuntimeError("no free port in this worker's range")
 
 
+class HttpServable(Protocol):
+    """An inline upstream: what ``serving_upstream`` needs of it (FastMCP's ``http_app``)."""
+
+    def http_app(self, path: str) -> Any: ...
+
+
 class _Unsignalled(uvicorn.Server):
     """uvicorn leaving signals to the test runner. Its own handling installs the server's
     handler for SIGTERM and restores the one before on exit: with servers stopping out of
@@ -165,8 +171,9 @@ def intercepted(server: FastMCP, intercept: Intercept) -> ASGIApp:
 
 
 @asynccontextmanager
-async def serving_upstream(server: FastMCP, sock: socket.socket | None = None) -> AsyncIterator[str]:
-    """Serve an inline FastMCP upstream over Streamable HTTP; yield its ``/mcp`` URL."""
+async def serving_upstream(server: HttpServable, sock: socket.socket | None = None) -> AsyncIterator[str]:
+    """Serve an inline upstream (FastMCP, or ``recorder.build``'s) over Streamable HTTP; yield
+    its ``/mcp`` URL."""
     async with serving(server.http_app(path="/mcp"), sock) as base:
         yield f"{base}/mcp"
 

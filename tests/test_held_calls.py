@@ -18,7 +18,6 @@ import anyio.lowlevel
 import httpx2
 import mcp_types as types
 import pytest
-from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -46,27 +45,26 @@ class Seen(list[dict[str, Any]]):
         self.grew = anyio.Event()
 
 
-def upstream(seen: Seen) -> FastMCP:
+def upstream(seen: Seen) -> recorder.Recorder:
     """The recorder, and a tool that asks and then works on: its round waits after the answer."""
     server = recorder.build(seen.append)
+    seconds = {"seconds": {"type": "number"}}
 
-    @server.tool
-    async def ask_then_work(seconds: float, ctx: Context) -> str:
-        """Ask for a name, then work ``seconds`` on it."""
-        answer = await ctx.elicit("name?", response_type=str)
+    @server.tool("ask_then_work", "Ask for a name, then work ``seconds`` on it.", seconds)
+    async def _ask_then_work(ctx: recorder.Context, arguments: dict[str, Any]) -> str:
+        answer = await recorder.elicit_text(ctx, "name?")
         seen.append({"event": "answered_then_working"})
-        await anyio.sleep(seconds)
-        return f"{answer.action}:{getattr(answer, 'data', '')}"
+        await anyio.sleep(float(arguments["seconds"]))
+        return recorder.answered(answer)
 
-    @server.tool
-    async def ask_or_work(seconds: float, ctx: Context) -> str:
-        """Ask for a name; with no answer, work ``seconds`` anyway."""
+    @server.tool("ask_or_work", "Ask for a name; with no answer, work ``seconds`` anyway.", seconds)
+    async def _ask_or_work(ctx: recorder.Context, arguments: dict[str, Any]) -> str:
         try:
-            await ctx.elicit("name?", response_type=str)
+            await recorder.elicit_text(ctx, "name?")
         except Exception:  # the upstream's own choice: carry on without it
             seen.append({"event": "working_unanswered"})
         try:
-            await anyio.sleep(seconds)
+            await anyio.sleep(float(arguments["seconds"]))
         except anyio.get_cancelled_exc_class():
             seen.append({"event": "work_cancelled"})
             raise

@@ -19,8 +19,8 @@ import anyio
 import httpx
 import mcp_types as types
 import pytest
-from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from mcp import Client
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 from pydantic import FileUrl
 
@@ -457,19 +457,19 @@ async def test_one_clients_quiet_level_holds_back_no_other_clients_lines_and_lea
     assert [e["level"] for e in seen.of("set_level")] == ["error", "debug", "error", "debug"]
 
 
-class _HeldLevel(Middleware):
+class _HeldLevel:
     """Answers ``logging/setLevel`` to ``level`` once ``release`` is set, from its second on."""
 
     def __init__(self, level: str, release: anyio.Event) -> None:
         self._level, self._release, self._seen = level, release, 0
 
-    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
-        params = context.message  # the raw wire params (a dict)
-        if context.method == "logging/setLevel" and params.get("level") == self._level:
+    async def __call__(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        params = ctx.params or {}  # the raw wire params
+        if ctx.method == "logging/setLevel" and params.get("level") == self._level:
             self._seen += 1
             if self._seen > 1:
                 await self._release.wait()
-        return await call_next(context)
+        return await call_next(ctx)
 
 
 async def test_a_client_leaving_while_anothers_leaving_is_still_being_told_upstream_sets_the_level_of_those_left(
@@ -515,17 +515,17 @@ async def test_a_client_leaving_while_anothers_leaving_is_still_being_told_upstr
         await seen.wait_for(lambda _: levels() == ["error", "debug", "error", "debug"])
 
 
-class _RefusedOnce(Middleware):
+class _RefusedOnce:
     """Refuses the first ``logging/setLevel`` it is sent (a moment's fault upstream)."""
 
     def __init__(self) -> None:
         self._refused = False
 
-    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
-        if context.method == "logging/setLevel" and not self._refused:
+    async def __call__(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "logging/setLevel" and not self._refused:
             self._refused = True
             raise MCPError(types.INTERNAL_ERROR, "not now")
-        return await call_next(context)
+        return await call_next(ctx)
 
 
 async def test_a_level_the_upstream_refused_is_sent_again_at_the_next_change() -> None:

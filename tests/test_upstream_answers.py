@@ -14,6 +14,7 @@ import pytest
 from fastmcp import Context, FastMCP
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.responses import JSONResponse
 
 from agent_gateway.downstream.input_requests import unsupported
@@ -140,9 +141,12 @@ async def test_an_upstreams_url_elicitation_required_error_on_a_tool_call_reache
 # --- No question a client did not declare it can answer ---------------------------------------
 
 
-def sampling_upstream() -> FastMCP:
-    from tests.servers.recorder import _modern
+def _modern(ctx: Context) -> bool:
+    request = ctx.request_context
+    return request is not None and request.protocol_version in MODERN_PROTOCOL_VERSIONS
 
+
+def sampling_upstream() -> FastMCP:
     server = FastMCP("samp")
     tool = types.Tool(name="lookup", input_schema={"type": "object", "properties": {}})
     message = types.SamplingMessage(role="user", content=types.TextContent(type="text", text="hi"))

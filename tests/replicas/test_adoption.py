@@ -11,7 +11,7 @@ from typing import Any
 
 import anyio
 import httpx
-from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 
 from tests.replicas.cluster import replicas
 from tests.replicas.services import Redis
@@ -22,7 +22,7 @@ from tests.servers import recorder
 from tests.support import serving_upstream
 
 
-class HeldLevels(Middleware):
+class HeldLevels:
     """An upstream whose ``logging/setLevel`` waits, while ``held``, until the gateway gives
     up on it (``gave_up`` counts those); ``waiting`` is set once one waits."""
 
@@ -34,15 +34,15 @@ class HeldLevels(Middleware):
         """Set once the test has looked: what still waits is let go (the upstream's shutdown
         waited 5 s for it, the replica that asked being gone)."""
 
-    async def on_request(self, context: MiddlewareContext[Any], call_next: CallNext[Any, Any]) -> Any:
-        if context.method == "logging/setLevel" and self.held:
+    async def __call__(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        if ctx.method == "logging/setLevel" and self.held:
             self.waiting.set()
             try:
                 await self.released.wait()  # until the gateway cancels it, at its bound
             except anyio.get_cancelled_exc_class():
                 self.gave_up += 1
                 raise
-        return await call_next(context)
+        return await call_next(ctx)
 
 
 async def test_an_adoption_does_not_wait_on_another_adoptions_stuck_upstream(

@@ -3,31 +3,30 @@ while a later request of the same client is in flight, outside either call's cha
 
 from __future__ import annotations
 
-import warnings
+from typing import Any
 
 import anyio
 import recorder
-from fastmcp import Context
 
 server = recorder.build(lambda _: None)
 
 
-@server.tool
-async def later_say(delay: float, text: str, ctx: Context) -> str:
-    """Sleep ``delay``, then log ``text`` at info."""
-    await anyio.sleep(delay)
-    with warnings.catch_warnings(action="ignore"):  # deprecated in 2026-07-28, not in this era
-        await ctx.log(text, level="info")
-    return text
+@server.tool(
+    "later_say",
+    "Sleep ``delay``, then log ``text`` at info.",
+    {"delay": {"type": "number"}, "text": {"type": "string"}},
+)
+async def _later_say(ctx: recorder.Context, arguments: dict[str, Any]) -> str:
+    await anyio.sleep(float(arguments["delay"]))
+    await recorder.log(ctx, str(arguments["text"]), "info")
+    return str(arguments["text"])
 
 
-@server.tool
-async def later_ask(delay: float, ctx: Context) -> str:
-    """Sleep ``delay``, then ask the client for a name."""
-    await anyio.sleep(delay)
-    result = await ctx.elicit("name?", response_type=str)
-    return f"{result.action}:{getattr(result, 'data', '')}"
+@server.tool("later_ask", "Sleep ``delay``, then ask the client for a name.", {"delay": {"type": "number"}})
+async def _later_ask(ctx: recorder.Context, arguments: dict[str, Any]) -> str:
+    await anyio.sleep(float(arguments["delay"]))
+    return recorder.answered(await recorder.elicit_text(ctx, "name?"))
 
 
 if __name__ == "__main__":
-    server.run(show_banner=False, log_level="WARNING")
+    recorder.main(server)
