@@ -16,9 +16,11 @@ def build(
     subscribe_delay: float = 0.0,
     unsubscribe_delay: float = 0.0,
     most: list[int] | None = None,
+    release: anyio.Event | None = None,
 ) -> FastMCP:
     """The server; ``seen`` gets ``("subscribe" | "unsubscribe", uri)`` as each is answered,
-    ``most[0]`` the most subscribes in flight at once."""
+    ``most[0]`` the most subscribes in flight at once. With ``release``, a subscribe is held
+    until it is set (``subscribe_delay`` at most)."""
     server = FastMCP("watched")
     in_flight = 0
 
@@ -32,7 +34,8 @@ def build(
         if most is not None:
             most[0] = max(most[0], in_flight)
         try:
-            await anyio.sleep(subscribe_delay)
+            with anyio.move_on_after(subscribe_delay):
+                await (release.wait() if release is not None else anyio.sleep_forever())
         finally:
             in_flight -= 1
         seen.append(("subscribe", params.uri))
